@@ -1,0 +1,31 @@
+"""The ``kvroute`` command: one entry point with subcommands."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kvroute")
+def cli() -> None:
+    """kvroute: simulate vLLM workers behind a router, calibrate, and validate live."""
+
+
+def _register() -> None:
+    from kvroute.cli import sim_commands, trace_commands
+
+    cli.add_command(sim_commands.simulate)
+    cli.add_command(sim_commands.compare)
+    cli.add_command(trace_commands.trace)
+    try:  # calibration and validation need the live extra's HTTP client
+        from kvroute.calibrate import commands as calibrate_commands
+    except ImportError:  # pragma: no cover - depends on the install
+        return
+    for command in calibrate_commands.COMMANDS:
+        cli.add_command(command)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _register()
+    cli()

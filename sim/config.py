@@ -1,0 +1,52 @@
+"""Engine settings of one simulated vLLM worker, with vLLM's defaults and their sources."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """The vLLM engine arguments the worker model obeys.
+
+    Attributes:
+        block_size: tokens per KV block. vLLM default 16 (``vllm/config/cache.py``); the CPU
+            backend requires a multiple of 32.
+        num_gpu_blocks: KV blocks in the pool, including the reserved null block 0, as vLLM
+            reports it in ``vllm:cache_config_info``. Usable blocks are ``num_gpu_blocks - 1``.
+        max_num_batched_tokens: token budget of one engine step. ``vllm serve`` uses 2048 on
+            devices under 70 GiB and 8192 on H100-class devices (``engine/arg_utils.py``).
+        max_num_seqs: most requests in the running queue (256 under 70 GiB, 1024 on H100-class).
+        max_model_len: longest sequence (prompt + output) the server accepts, in tokens.
+        long_prefill_token_threshold: cap on one prefill chunk when more than one request is
+            running or waiting; 0 disables it (vLLM default when ``max_num_partial_prefills`` is 1).
+        enable_prefix_caching: vLLM's prefix caching; on by default in the v1 engine.
+
+    Raises:
+        ValueError: on a non-positive size or a pool without a usable block.
+    """
+
+    block_size: int = 16
+    num_gpu_blocks: int = 4096
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 32768
+    long_prefill_token_threshold: int = 0
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"EngineConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.num_gpu_blocks < 2:
+            raise ValueError(
+                f"EngineConfig.num_gpu_blocks must be at least 2 (block 0 is reserved), "
+                f"got {self.num_gpu_blocks}"
+            )
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("EngineConfig.long_prefill_token_threshold must be >= 0")
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks a request can use: all but the reserved null block 0."""
+        return self.num_gpu_blocks - 1

@@ -1,0 +1,103 @@
+"""Token content as segments, and vLLM's chained block hashes over it.
+
+A sequence is a list of segments ``(content_id, start, length)``: ``length`` tokens taken from
+position ``start`` of the token stream named ``content_id``. Equal streams at equal positions are
+equal tokens, so two sequences share a block exactly when the segment pieces covering that block
+are equal; no token ids need to exist. Content ids are non-negative ints: trace ``hash_ids`` as
+they are, and ids allocated by the run (``ContentIds``) for new user text and generated output.
+
+Block ``i``'s hash is ``hash((hash of block i-1, pieces of block i))`` with a fixed root, so a
+hash names the whole prefix up to its block, as in vLLM (``vllm/v1/core/kv_cache_utils.py:
+hash_block_tokens``). Only full blocks get a hash. Python's tuple hash of ints is deterministic
+across processes (no string hashing is involved), so the same input gives the same run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Segment = tuple[int, int, int]
+"""``(content_id, start, length)``; tokens ``start .. start + length - 1`` of stream ``content_id``."""
+
+ROOT_HASH = 0x6B76726F757465  # parent hash of block 0 (vLLM seeds it with NONE_HASH)
+GENERATED_CONTENT_BASE = 1 << 48  # run-allocated content ids start here, above any trace id
+
+
+@dataclass(slots=True)
+class ContentIds:
+    """Allocator of fresh content ids for one run (no global counter).
+
+    Attributes:
+        next_id: the id the next call returns; starts above every trace ``hash_id``.
+    """
+
+    next_id: int = GENERATED_CONTENT_BASE
+
+    def new(self) -> int:
+        """A content id no other stream of this run uses."""
+        value = self.next_id
+        self.next_id += 1
+        return value
+
+
+def num_tokens(segments: list[Segment]) -> int:
+    """Total tokens of a segment list."""
+    return sum(seg[2] for seg in segments)
+
+
+def block_hashes(
+    segments: list[Segment], block_size: int, known: list[int] | None = None
+) -> list[int]:
+    """Hashes of every full block of ``segments``.
+
+    Args:
+        segments: the sequence, as ``(content_id, start, length)`` triples.
+        block_size: tokens per block.
+        known: hashes already computed for a prefix of this same sequence (for a chat turn, the
+            parent's prompt-plus-output hashes); they are reused, not recomputed.
+
+    Returns:
+        ``num_tokens(segments) // block_size`` hashes, the first ``len(known)`` equal to ``known``.
+    """
+    hashes = list(known) if known else []
+    pos = len(hashes) * block_size
+    parent = hashes[-1] if hashes else ROOT_HASH
+    append = hashes.append
+    n = len(segments)
+    i = 0
+    while i < n and pos >= segments[i][2]:  # skip segments the known blocks cover
+        pos -= segments[i][2]
+        i += 1
+    offset = pos
+    pieces: list[int] = []
+    need = block_size
+    while i < n:
+        cid, start, length = segments[i]
+        avail = length - offset
+        if need == block_size and avail >= block_size:
+            # Fast path: whole blocks inside one segment.
+            full = avail // block_size
+            s = start + offset
+            for _ in range(full):
+                parent = hash((parent, cid, s, block_size))
+                append(parent)
+                s += block_size
+            offset += full * block_size
+            avail -= full * block_size
+            if avail == 0:
+                i += 1
+                offset = 0
+                continue
+        take = avail if avail < need else need
+        pieces.extend((cid, start + offset, take))
+        need -= take
+        offset += take
+        if offset == length:
+            i += 1
+            offset = 0
+        if need == 0:
+            parent = hash((parent, *pieces))
+            append(parent)
+            pieces.clear()
+            need = block_size
+    return hashes

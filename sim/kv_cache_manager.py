@@ -1,0 +1,163 @@
+"""Per-request KV block tables over a BlockPool (``vllm/v1/core/kv_cache_manager.py`` and
+``single_type_kv_cache_manager.py`` for one full-attention group), and vLLM's prefix-cache
+counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvroute.sim.block_pool import BlockPool
+from kvroute.sim.request import Request
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Token counters as vLLM exports them, recorded once per admission.
+
+    ``queries``/``hits`` are ``vllm:prefix_cache_queries_total``/``hits_total``: tokens of first
+    admissions (``request.num_tokens``) and their cached tokens. Re-admissions after preemption
+    go to ``preempted_queries``/``preempted_hits``, which no Prometheus metric exports
+    (``vllm/v1/metrics/stats.py: PrefixCacheStats.record``).
+    """
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        """Count one admission of ``num_tokens`` tokens of which ``num_hits`` were cached."""
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+
+class KVCacheManager:
+    """Block tables of the requests of one worker.
+
+    Args:
+        pool: the worker's BlockPool.
+        block_size: tokens per block.
+        max_model_len: longest sequence; slots are never allocated past it.
+
+    Attributes:
+        stats: prefix-cache counters (tokens).
+    """
+
+    def __init__(self, pool: BlockPool, block_size: int, max_model_len: int) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.req_to_blocks: dict[int, list[int]] = {}
+        self.num_cached_block: dict[int, int] = {}
+        self.stats = PrefixCacheStats()
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """Look up the longest cached prefix of a request that has no computed tokens.
+
+        The hit is capped at ``request.num_tokens - 1`` tokens, so at least one token is always
+        computed and a fully cached, block-aligned prompt recomputes its last block.
+
+        Returns:
+            ``(hit block ids, hit tokens)``; nothing is taken or counted until ``allocate_slots``.
+        """
+        if not self.pool.enable_caching:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hit = self.pool.longest_cache_hit(request.block_hashes, max_blocks)
+        return hit, len(hit) * self.block_size
+
+    def can_allocate(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[int] = (),  # type: ignore[assignment]
+        full_sequence: bool = False,
+    ) -> bool:
+        """Whether ``allocate_slots`` with the same arguments would succeed.
+
+        Blocks needed = ceil(tokens needing a slot / block_size) - blocks already held - hit
+        blocks, plus every hit block with no reference (it sits in the free queue, so taking it
+        uses free capacity). With ``full_sequence`` (admission, vLLM's default
+        ``scheduler_reserve_full_isl``) the whole current sequence must fit, not only this chunk.
+        """
+        pool = self.pool
+        ref_cnt = pool.ref_cnt
+        num_held = len(self.req_to_blocks.get(request.request_id, ()))
+        num_evictable = 0
+        for bid in new_computed_blocks:
+            if ref_cnt[bid] == 0:
+                num_evictable += 1
+        num_local = num_held + len(new_computed_blocks)
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        bs = self.block_size
+        free = len(pool._free)
+        if full_sequence:
+            full = min(request.num_tokens, self.max_model_len)
+            need = max(-(-full // bs) - num_local, 0) + num_evictable
+            if need > free:
+                return False
+        slots = min(num_computed + num_new_tokens, self.max_model_len)
+        need = max(-(-slots // bs) - num_local, 0) + num_evictable
+        return need <= free
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[int] = (),  # type: ignore[assignment]
+        full_sequence: bool = False,
+    ) -> bool:
+        """Give ``request`` the blocks for its hit and its next ``num_new_tokens`` tokens.
+
+        On success the hit blocks are touched and appended, new blocks are popped from the head
+        of the free queue, and every block that becomes full with the scheduled tokens is
+        registered in the prefix cache now (vLLM caches at schedule time).
+
+        Returns:
+            False, changing nothing, when the blocks do not fit (see ``can_allocate``).
+        """
+        if not self.can_allocate(request, num_new_tokens, new_computed_blocks, full_sequence):
+            return False
+        rid = request.request_id
+        blocks = self.req_to_blocks.get(rid)
+        if blocks is None:
+            blocks = self.req_to_blocks[rid] = []
+            self.num_cached_block[rid] = 0
+        pool = self.pool
+        if new_computed_blocks:
+            pool.touch(new_computed_blocks)
+            blocks.extend(new_computed_blocks)
+            self.num_cached_block[rid] = len(blocks)
+        bs = self.block_size
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * bs
+        slots = min(num_computed + num_new_tokens, self.max_model_len)
+        need = -(-slots // bs) - len(blocks)
+        if need > 0:
+            blocks.extend(pool.get_new_blocks(need))
+        num_full = min(num_computed + num_new_tokens, request.num_tokens) // bs
+        start = self.num_cached_block[rid]
+        if num_full > start:
+            pool.cache_full_blocks(blocks, request.block_hashes, start, num_full)
+            self.num_cached_block[rid] = num_full
+        return True
+
+    def free(self, request: Request) -> None:
+        """Release a finished or preempted request's blocks, last block first."""
+        rid = request.request_id
+        blocks = self.req_to_blocks.pop(rid, None)
+        self.num_cached_block.pop(rid, None)
+        if blocks:
+            self.pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request: Request) -> list[int]:
+        """The request's block table (a copy)."""
+        return list(self.req_to_blocks.get(request.request_id, ()))

@@ -1,0 +1,86 @@
+"""A request inside one simulated vLLM engine (vLLM's ``vllm/v1/request.py``, reduced)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class RequestStatus(enum.IntEnum):
+    """Where a request is in the engine (vLLM's ``RequestStatus``, the states used here)."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_LENGTH_CAPPED = 3
+    FINISHED_ABORTED = 4
+
+
+class Request:
+    """One generation request as the scheduler sees it.
+
+    Attributes:
+        request_id: unique within the engine.
+        num_prompt_tokens: prompt length, tokens.
+        max_tokens: tokens to generate (outputs are forced to this length, as with
+            ``ignore_eos``).
+        block_hashes: hashes of every full block of prompt + all ``max_tokens`` outputs; vLLM
+            hashes output blocks as they fill, and their content here is known in advance.
+        num_computed_tokens: tokens whose KV is computed or scheduled (vLLM advances it at
+            schedule time).
+        num_output_tokens: tokens sampled so far.
+        num_cached_tokens: prefix-cache hit tokens at the first admission, None before it.
+        num_preemptions: times preempted (recompute).
+        client: opaque slot for whoever submitted the request (the worker's record).
+
+    Raises:
+        ValueError: on an empty prompt or ``max_tokens < 1``.
+    """
+
+    __slots__ = (
+        "request_id",
+        "num_prompt_tokens",
+        "max_tokens",
+        "block_hashes",
+        "num_computed_tokens",
+        "num_output_tokens",
+        "num_cached_tokens",
+        "num_preemptions",
+        "status",
+        "client",
+    )
+
+    def __init__(
+        self,
+        request_id: int,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        block_hashes: list[int],
+        client: Any = None,
+    ) -> None:
+        if num_prompt_tokens < 1:
+            raise ValueError(f"request {request_id}: prompt must have at least one token")
+        if max_tokens < 1:
+            raise ValueError(f"request {request_id}: max_tokens must be >= 1, got {max_tokens}")
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens
+        self.block_hashes = block_hashes
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.num_cached_tokens: int | None = None
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.client = client
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus sampled tokens (vLLM's ``Request.num_tokens``)."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id}, prompt={self.num_prompt_tokens}, "
+            f"computed={self.num_computed_tokens}, out={self.num_output_tokens}/{self.max_tokens}, "
+            f"{self.status.name})"
+        )

@@ -1,0 +1,246 @@
+"""vLLM v1's step scheduler for one engine (``vllm/v1/core/sched/scheduler.py: schedule``,
+``update_from_output``), with chunked prefill on, FCFS, recompute preemption, no async
+scheduling (the CPU backend's setting) and no speculative decoding.
+
+One step: a token budget of ``max_num_batched_tokens`` shared by prefill chunks and decodes.
+Pass 1 walks the running queue in order; a request whose blocks cannot be allocated preempts the
+last running request (possibly itself) until they fit. Pass 2 admits waiting requests in FCFS
+order, only when pass 1 preempted nothing, and stops at the first that does not fit. Plain class:
+no SimPy, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvroute.sim.block_pool import BlockPool
+from kvroute.sim.config import EngineConfig
+from kvroute.sim.kv_cache_manager import KVCacheManager
+from kvroute.sim.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one step runs, in vLLM's order (running requests first, then admitted ones).
+
+    Attributes:
+        requests: scheduled requests.
+        num_scheduled_tokens: tokens scheduled per request, parallel to ``requests``.
+        num_batched_tokens: sum of ``num_scheduled_tokens``.
+        prefill_token_pairs: causal attention pairs of chunks longer than one token.
+        decode_context_tokens: context tokens read by one-token requests.
+        preempted: requests preempted in this step, in preemption order.
+        admitted: requests moved from waiting to running in this step.
+    """
+
+    requests: list[Request] = field(default_factory=list)
+    num_scheduled_tokens: list[int] = field(default_factory=list)
+    num_batched_tokens: int = 0
+    prefill_token_pairs: float = 0.0
+    decode_context_tokens: int = 0
+    preempted: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_reqs(self) -> int:
+        """Requests scheduled in the step."""
+        return len(self.requests)
+
+    def is_empty(self) -> bool:
+        """True when the step schedules nothing."""
+        return not self.requests
+
+
+@dataclass(slots=True)
+class StepResult:
+    """Tokens a step produced.
+
+    Attributes:
+        emitted: requests that sampled one token in this step (their first when
+            ``num_output_tokens == 1``).
+        finished: requests that reached ``max_tokens`` (or ``max_model_len``); their blocks
+            are already freed.
+    """
+
+    emitted: list[Request]
+    finished: list[Request]
+
+
+def admission_error(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> str | None:
+    """The error vLLM's OpenAI server returns for a request it rejects, or None.
+
+    vLLM rejects a prompt plus requested output longer than ``max_model_len`` with HTTP 400
+    before the engine sees it (``vllm/entrypoints/utils.py: get_max_tokens`` and the input
+    processor's length check).
+    """
+    if num_prompt_tokens + max_tokens > max_model_len:
+        return (
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the "
+            f"messages, {max_tokens} in the completion)."
+        )
+    return None
+
+
+class Scheduler:
+    """The waiting and running queues of one engine and the step algorithm over them.
+
+    Args:
+        config: engine settings.
+
+    Attributes:
+        waiting: FCFS queue; preempted requests return to its front.
+        running: requests holding blocks, in admission order.
+        kv_cache_manager: block tables and prefix-cache counters.
+        num_preemptions: preemptions so far (``vllm:num_preemptions_total``).
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_gpu_blocks, config.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(self.pool, config.block_size, config.max_model_len)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # -- queue management ---------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Append a new request to the waiting queue."""
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return bool(self.waiting) or bool(self.running)
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Choose the requests and token counts of the next step and allocate their blocks.
+
+        Advances each scheduled request's ``num_computed_tokens`` by its scheduled tokens (vLLM
+        does so right after scheduling).
+        """
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        num_eligible = len(self.running) + len(self.waiting)
+        # NOTE: the long-prefill cap applies only when another request competes for the step.
+        threshold = self.config.long_prefill_token_threshold if num_eligible > 1 else 0
+        budget = self._schedule_running(out, budget, threshold)
+        if not out.preempted:
+            self._schedule_waiting(out, budget, threshold)
+        for req, n in zip(out.requests, out.num_scheduled_tokens):
+            req.num_computed_tokens += n
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int) -> int:
+        running = self.running
+        kv = self.kv_cache_manager
+        max_model_len = self.config.max_model_len
+        req_index = 0
+        while req_index < len(running) and budget > 0:
+            req = running[req_index]
+            computed = req.num_computed_tokens
+            num_new = req.num_prompt_tokens + req.num_output_tokens - computed
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            if num_new > max_model_len - computed - 1:
+                num_new = max_model_len - computed - 1
+            if num_new <= 0:
+                req_index += 1
+                continue
+            scheduled = True
+            while not kv.allocate_slots(req, num_new):
+                victim = running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    scheduled = False
+                    break
+            if not scheduled:
+                break
+            self._add_to_output(out, req, num_new, computed)
+            budget -= num_new
+            req_index += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int) -> None:
+        waiting, running = self.waiting, self.running
+        kv = self.kv_cache_manager
+        max_num_seqs = self.config.max_num_seqs
+        while budget > 0 and waiting:
+            if len(running) >= max_num_seqs:
+                break
+            req = waiting[0]
+            hit_blocks: list[int] = []
+            num_hit = 0
+            looked_up = req.num_computed_tokens == 0
+            if looked_up:
+                hit_blocks, num_hit = kv.get_computed_blocks(req)
+            num_computed = req.num_computed_tokens + num_hit
+            num_new = req.num_prompt_tokens + req.num_output_tokens - num_computed
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            if not kv.allocate_slots(req, num_new, hit_blocks, full_sequence=True):
+                break  # NOTE: head-of-line blocking: the rest of the queue waits too.
+            waiting.popleft()
+            running.append(req)
+            if looked_up:
+                # vLLM records prefix-cache stats at admission only, not on failed lookups.
+                kv.stats.record(req.num_tokens, num_hit, preempted=req.num_preemptions > 0)
+                if req.num_cached_tokens is None:
+                    req.num_cached_tokens = num_hit
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_computed
+            out.admitted.append(req)
+            self._add_to_output(out, req, num_new, num_computed)
+            budget -= num_new
+
+    @staticmethod
+    def _add_to_output(out: SchedulerOutput, req: Request, num_new: int, computed: int) -> None:
+        out.requests.append(req)
+        out.num_scheduled_tokens.append(num_new)
+        out.num_batched_tokens += num_new
+        if num_new == 1:
+            out.decode_context_tokens += computed + 1
+        else:
+            out.prefill_token_pairs += num_new * (computed + (num_new + 1) / 2)
+
+    def _preempt(self, req: Request) -> None:
+        """Free a running request's blocks and put it at the front of the waiting queue."""
+        self.kv_cache_manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def update(self, out: SchedulerOutput) -> StepResult:
+        """Apply a finished step: sample one token for every request whose prompt (and, after a
+        preemption, replayed output) is computed; finish and free those that reach
+        ``max_tokens`` or ``max_model_len``.
+        """
+        emitted: list[Request] = []
+        finished: list[Request] = []
+        max_model_len = self.config.max_model_len
+        for req in out.requests:
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            if req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
+                continue  # a prefill chunk that does not finish the sequence samples nothing
+            req.num_output_tokens += 1
+            emitted.append(req)
+            if req.num_output_tokens >= req.max_tokens or req.num_tokens >= max_model_len:
+                req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                finished.append(req)
+        if finished:
+            for req in finished:
+                self.kv_cache_manager.free(req)
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return StepResult(emitted, finished)

@@ -1,0 +1,313 @@
+"""Read kvroute / Mooncake JSON Lines traces, with validation that names file, line and field.
+
+The format is described in :mod:`kvroute.traces.format`. Mooncake's own files (no metadata line,
+512-token blocks, only ``timestamp``/``input_length``/``output_length``/``hash_ids``) are a subset
+of it and load unchanged.
+
+Also here: :class:`TraceError`, the one exception of the ``traces`` package, and
+:func:`check_block_sizes`, the rule that maps a trace's block size onto an engine's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable
+
+from kvroute.traces.format import Trace, TraceRecord
+
+MOONCAKE_BLOCK_SIZE = 512
+"""Tokens per ``hash_ids`` block in Mooncake's traces; the default when nothing else says."""
+
+FORMAT_VERSION = 1
+"""Value of ``kvroute_trace`` in the metadata line this reader understands."""
+
+_INT_FIELDS = ("input_length", "output_length")
+_OPTIONAL_FIELDS = ("request_id", "session_id", "turn", "parent", "think_time")
+
+
+class TraceError(ValueError):
+    """A trace (file or in-memory) is malformed, or two block sizes cannot be mapped.
+
+    Attributes:
+        path: the file (or trace source) concerned, or None.
+        line: 1-based line number in that file, or None.
+        field: the offending field name (e.g. ``"hash_ids"``), or None.
+        reason: the bare explanation, without the location prefix.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        path: str | os.PathLike[str] | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.path = None if path is None else str(path)
+        self.line = line
+        self.field = field
+        self.reason = reason
+        where = self.path or ""
+        if line is not None:
+            where += f":{line}" if where else f"line {line}"
+        prefix = f"{where}: " if where else ""
+        if field is not None:
+            prefix += f"field '{field}': "
+        super().__init__(prefix + reason)
+
+
+def check_block_sizes(trace_block_size: int, engine_block_size: int) -> None:
+    """Check that an engine's KV block size can replay a trace's ``hash_ids``.
+
+    An engine block of ``engine_block_size`` tokens maps onto trace blocks of
+    ``trace_block_size`` tokens when it divides the trace's size (each trace block splits into
+    whole engine blocks) or is a multiple of it (each engine block covers whole trace blocks).
+
+    Args:
+        trace_block_size: tokens per ``hash_ids`` entry of the trace (> 0).
+        engine_block_size: tokens per KV block of the engine (> 0).
+
+    Raises:
+        TraceError (a ValueError): the sizes are not positive ints, or neither divides the
+            other; the message lists the engine sizes that would work.
+    """
+    for name, value in (("trace_block_size", trace_block_size), ("engine_block_size", engine_block_size)):
+        if type(value) is not int or value <= 0:
+            raise TraceError(f"must be a positive int, got {value!r}", field=name)
+    if trace_block_size % engine_block_size == 0 or engine_block_size % trace_block_size == 0:
+        return
+    divisors = [d for d in range(1, trace_block_size + 1) if trace_block_size % d == 0]
+    multiples = ", ".join(str(trace_block_size * k) for k in (2, 3, 4))
+    raise TraceError(
+        f"engine block size {engine_block_size} is neither a divisor nor a multiple of the "
+        f"trace's block size {trace_block_size}, so trace blocks cannot be mapped onto engine "
+        f"blocks; engine block sizes that work: a divisor of {trace_block_size} "
+        f"({', '.join(map(str, divisors))}) or a multiple of it ({multiples}, ...)",
+        field="block_size",
+    )
+
+
+def read_trace(path: str | os.PathLike[str], block_size: int | None = None) -> Trace:
+    """Read a kvroute or Mooncake JSON Lines trace.
+
+    Args:
+        path: the ``.jsonl`` file. Blank lines are skipped (line numbers still count them).
+        block_size: tokens per ``hash_ids`` block, used when the file has no metadata line.
+            If the file declares one and this differs, that is an error. Default: 512.
+
+    Returns:
+        A :class:`Trace` with ``records`` in file order (``timestamp_ms`` and ``think_time_ms``
+        in ms as floats, lengths in tokens, ``hash_ids`` as tuples or None), ``block_size``,
+        ``source=str(path)`` and ``metadata`` holding the metadata line's extra keys.
+
+    Raises:
+        TraceError (a ValueError) naming path, line and field for: malformed JSON or a line that
+            is not an object; an unsupported or misplaced metadata line; a missing required field;
+            a wrong type (bools are not numbers, lengths and ids must be ints); a negative or
+            non-finite number; ``len(hash_ids) != ceil(input_length / block_size)``; a negative
+            hash id; a duplicate ``request_id``; a ``parent`` that is not an earlier record; a
+            record with a parent whose ``input_length`` is below the parent's
+            ``input_length + output_length``; a record with neither ``hash_ids`` nor ``parent``.
+            Unknown fields are ignored.
+        OSError: the file cannot be opened.
+    """
+    source = str(path)
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.readlines()
+    return parse_trace_lines(lines, source=source, block_size=block_size)
+
+
+def parse_trace_lines(
+    lines: Iterable[str] | list[str], source: str = "<memory>", block_size: int | None = None
+) -> Trace:
+    """Parse JSON Lines already in memory; same rules and errors as :func:`read_trace`.
+
+    Args:
+        lines: the file's lines (with or without newlines), line 1 first.
+        source: the name used in error messages and stored as ``Trace.source``.
+        block_size: as in :func:`read_trace`.
+    """
+    lines = list(lines)
+    if block_size is not None and (type(block_size) is not int or block_size <= 0):
+        raise TraceError(f"block_size argument must be a positive int, got {block_size!r}",
+                         source, None, "block_size")
+    records: list[TraceRecord] = []
+    by_id: dict[int, TraceRecord] = {}
+    metadata: dict = {}
+    declared: int | None = None
+    seen_content = False
+    loads = json.loads
+    isfinite = math.isfinite
+
+    for lineno, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"malformed JSON: {exc.msg} (column {exc.colno})", source, lineno) from None
+        if type(obj) is not dict:
+            raise TraceError(f"expected a JSON object, got {type(obj).__name__}", source, lineno)
+
+        if "kvroute_trace" in obj:
+            if seen_content:
+                raise TraceError("metadata line must be the first line of the file",
+                                 source, lineno, "kvroute_trace")
+            seen_content = True
+            declared = _parse_metadata(obj, source, lineno, block_size)
+            metadata = {k: v for k, v in obj.items() if k not in ("kvroute_trace", "block_size")}
+            continue
+        if not seen_content:
+            seen_content = True
+            declared = block_size if block_size is not None else MOONCAKE_BLOCK_SIZE
+        bs = declared
+
+        # required fields
+        try:
+            ts = obj["timestamp"]
+            n_in = obj["input_length"]
+            n_out = obj["output_length"]
+        except KeyError as exc:
+            raise TraceError("required field missing", source, lineno, exc.args[0]) from None
+        if type(ts) is not int and type(ts) is not float:
+            raise TraceError(f"expected a number (ms), got {_jtype(ts)}", source, lineno, "timestamp")
+        if not isfinite(ts) or ts < 0:
+            raise TraceError(f"must be a finite number >= 0, got {ts!r}", source, lineno, "timestamp")
+        for name, value in (("input_length", n_in), ("output_length", n_out)):
+            if type(value) is not int:
+                raise TraceError(f"expected an int (tokens), got {_jtype(value)}", source, lineno, name)
+            if value < 0:
+                raise TraceError(f"length must be >= 0, got {value}", source, lineno, name)
+
+        hash_ids = obj.get("hash_ids")
+        if hash_ids is not None:
+            if type(hash_ids) is not list:
+                raise TraceError(f"expected a list of ints, got {_jtype(hash_ids)}",
+                                 source, lineno, "hash_ids")
+            if not all(type(h) is int for h in hash_ids):
+                i, bad = next((i, h) for i, h in enumerate(hash_ids) if type(h) is not int)
+                raise TraceError(f"entry {i} is {_jtype(bad)}, expected an int", source, lineno, "hash_ids")
+            if hash_ids and min(hash_ids) < 0:
+                i, bad = next((i, h) for i, h in enumerate(hash_ids) if h < 0)
+                raise TraceError(f"entry {i} is negative ({bad}); hash ids must be >= 0",
+                                 source, lineno, "hash_ids")
+            need = -(-n_in // bs)
+            if len(hash_ids) != need:
+                raise TraceError(
+                    f"has {len(hash_ids)} ids but input_length {n_in} at block size {bs} "
+                    f"needs ceil({n_in}/{bs}) = {need}", source, lineno, "hash_ids")
+            hash_ids = tuple(hash_ids)
+
+        # optional fields (JSON null means absent)
+        request_id: int = len(records)
+        session_id = turn = parent = None
+        think = 0.0
+        if len(obj) > 4 or hash_ids is None:
+            rid = obj.get("request_id")
+            if rid is not None:
+                if type(rid) is not int:
+                    raise TraceError(f"expected an int, got {_jtype(rid)}", source, lineno, "request_id")
+                request_id = rid
+            session_id = obj.get("session_id")
+            if session_id is not None and type(session_id) not in (int, str):
+                raise TraceError(f"expected an int or a string, got {_jtype(session_id)}",
+                                 source, lineno, "session_id")
+            turn = obj.get("turn")
+            if turn is not None and (type(turn) is not int or turn < 1):
+                raise TraceError(f"expected an int >= 1, got {turn!r}", source, lineno, "turn")
+            think = obj.get("think_time")
+            if think is None:
+                think = 0.0
+            elif type(think) is not int and type(think) is not float:
+                raise TraceError(f"expected a number (ms), got {_jtype(think)}", source, lineno, "think_time")
+            elif not isfinite(think) or think < 0:
+                raise TraceError(f"must be a finite number >= 0, got {think!r}", source, lineno, "think_time")
+            parent = obj.get("parent")
+            if parent is not None:
+                if type(parent) is not int:
+                    raise TraceError(f"expected an int request_id, got {_jtype(parent)}",
+                                     source, lineno, "parent")
+                prec = by_id.get(parent)
+                if prec is None:
+                    raise TraceError(_missing_parent_reason(parent, request_id, lines, lineno, len(records)),
+                                     source, lineno, "parent")
+                floor = prec.input_length + prec.output_length
+                if n_in < floor:
+                    raise TraceError(
+                        f"{n_in} is shorter than its parent's prompt plus output "
+                        f"({prec.input_length} + {prec.output_length} = {floor}); a record with a "
+                        f"parent extends the parent's prompt and output", source, lineno, "input_length")
+            elif hash_ids is None:
+                raise TraceError("record has neither hash_ids nor a parent; one is required",
+                                 source, lineno, "hash_ids")
+
+        if request_id in by_id:
+            raise TraceError(f"duplicate request_id {request_id}", source, lineno, "request_id")
+        rec = TraceRecord(request_id, float(ts), n_in, n_out, hash_ids, session_id, turn, parent, float(think))
+        by_id[request_id] = rec
+        records.append(rec)
+
+    if declared is None:  # empty file
+        declared = block_size if block_size is not None else MOONCAKE_BLOCK_SIZE
+    return Trace(records=records, block_size=declared, source=source, metadata=metadata)
+
+
+def _parse_metadata(obj: dict, source: str, lineno: int, block_size: int | None) -> int:
+    """Validate a metadata line and return the block size it settles on."""
+    version = obj["kvroute_trace"]
+    if version != FORMAT_VERSION or type(version) is not int:
+        raise TraceError(f"unsupported trace format version {version!r} (this reader knows {FORMAT_VERSION})",
+                         source, lineno, "kvroute_trace")
+    declared = obj.get("block_size")
+    if declared is None:
+        return block_size if block_size is not None else MOONCAKE_BLOCK_SIZE
+    if type(declared) is not int or declared <= 0:
+        raise TraceError(f"expected a positive int (tokens), got {declared!r}", source, lineno, "block_size")
+    if block_size is not None and block_size != declared:
+        raise TraceError(f"file declares block size {declared} but {block_size} was given",
+                         source, lineno, "block_size")
+    return declared
+
+
+def _missing_parent_reason(parent: int, request_id: int, lines: list[str], lineno: int, index: int) -> str:
+    """Explain why ``parent`` is not an earlier record (only called on the error path).
+
+    ``index`` is the 0-based position of the record on ``lineno``; later records without a
+    ``request_id`` get their position as id, as in the reader.
+    """
+    if parent == request_id:
+        return f"record names itself ({parent}) as its parent"
+    for later_no in range(lineno + 1, len(lines) + 1):
+        text = lines[later_no - 1]
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            obj = None
+        if type(obj) is not dict or "kvroute_trace" in obj:
+            continue
+        index += 1
+        rid = obj.get("request_id")
+        if (index if rid is None else rid) == parent:
+            return (f"parent {parent} is a later request (line {later_no}); "
+                    f"a parent must come before the records that extend it")
+    return f"parent {parent} names no earlier request_id in this trace"
+
+
+def _jtype(value: object) -> str:
+    """A JSON-ish name for a value's type, for error messages."""
+    if value is None:
+        return "null"
+    if type(value) is bool:
+        return "a boolean"
+    if type(value) is str:
+        return f"a string ({value!r})"
+    if type(value) is float:
+        return f"a float ({value!r})"
+    if type(value) is list:
+        return "a list"
+    if type(value) is dict:
+        return "an object"
+    return f"{type(value).__name__} ({value!r})"
