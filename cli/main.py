@@ -17,12 +17,6 @@ def _register() -> None:
     cli.add_command(sim_commands.simulate)
     cli.add_command(sim_commands.compare)
     cli.add_command(trace_commands.trace)
-    try:  # calibration and validation need the live extra's HTTP client
-        from kvroute.calibrate import commands as calibrate_commands
-    except ImportError:  # pragma: no cover - depends on the install
-        return
-    for command in calibrate_commands.COMMANDS:
-        cli.add_command(command)
 
 
 def main() -> None:

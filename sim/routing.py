@@ -58,6 +58,7 @@ class RouterView:
         self.stride = max(1, router_block_tokens // block_size)
         self.track_prefixes = track_prefixes
         self._index: dict[int, int] = {}  # sampled block hash -> bitmask of workers
+        self.sessions: dict[object, int] = {}  # session id -> worker of its latest request
 
     def alive_workers(self) -> list[int]:
         """Indices of workers the router still sends to."""
@@ -108,6 +109,8 @@ class RouterView:
     def on_routed(self, worker: int, request: RouteRequest) -> None:
         """Record that ``request`` was sent to ``worker``."""
         self.in_flight[worker] += 1
+        if request.session_id is not None:
+            self.sessions[request.session_id] = worker
         if self.track_prefixes:
             bit = 1 << worker
             index = self._index
@@ -185,20 +188,33 @@ class RandomPolicy(Policy):
 class KVAware(Policy):
     """The live worker whose routed history holds the longest prefix of this prompt.
 
-    For a chat this is the worker that served the previous turn. A prompt that matches nowhere
-    beyond what every worker shares (e.g. the common system prompt), and every tie, goes to the
-    least loaded of the best matches.
+    For a chat this is the worker that served the previous turn. Three guards keep a prefix
+    that every request shares (a common system prompt) from pulling all traffic to the first
+    worker that saw it:
+
+    - the first request of a session the router has not seen goes to the least loaded worker;
+    - the best match must cover at least ``min_match_share`` of the prompt (SGLang's
+      ``cache_threshold``, default 0.5 there too), otherwise the least loaded worker wins;
+    - ties between equally long matches go to the least loaded of them.
     """
 
     name = "kv_aware"
     uses_prefixes = True
 
+    def __init__(self, min_match_share: float = 0.5) -> None:
+        self.min_match_share = min_match_share
+
     def choose(self, request: RouteRequest, view: RouterView) -> int:
-        matched = view.matched_blocks(request.block_hashes)
         alive = view.alive_workers()
         if not alive:
             raise RuntimeError("no live worker to route to")
+        if request.session_id is not None and request.session_id not in view.sessions:
+            return view.least_loaded(alive)
+        matched = view.matched_blocks(request.block_hashes)
         best = max(matched[w] for w in alive)
+        num_blocks = len(request.block_hashes)
+        if best == 0 or best < self.min_match_share * num_blocks:
+            return view.least_loaded(alive)
         return view.least_loaded([w for w in alive if matched[w] == best])
 
 

@@ -67,20 +67,26 @@ class StepResult:
     finished: list[Request]
 
 
-def admission_error(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> str | None:
-    """The error vLLM's OpenAI server returns for a request it rejects, or None.
+def admission_error(num_prompt_tokens: int, max_model_len: int) -> str | None:
+    """The error vLLM returns for a prompt it rejects, or None.
 
-    vLLM rejects a prompt plus requested output longer than ``max_model_len`` with HTTP 400
-    before the engine sees it (``vllm/entrypoints/utils.py: get_max_tokens`` and the input
-    processor's length check).
+    vLLM 0.32 rejects a prompt that leaves no room for one output token, i.e.
+    ``num_prompt_tokens >= max_model_len`` (``renderers/params.py: _token_len_check``, and the
+    engine's ``input_processor.py: _validate_prompt_len``); a longer ``max_tokens`` is clamped
+    instead (see ``clamp_max_tokens``).
     """
-    if num_prompt_tokens + max_tokens > max_model_len:
+    if num_prompt_tokens >= max_model_len:
         return (
-            f"This model's maximum context length is {max_model_len} tokens. However, you "
-            f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the "
-            f"messages, {max_tokens} in the completion)."
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {num_prompt_tokens} input tokens."
         )
     return None
+
+
+def clamp_max_tokens(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> int:
+    """``max_tokens`` as vLLM's OpenAI server passes it on: at most ``max_model_len - prompt``
+    (``entrypoints/serve/utils/api_utils.py: get_max_tokens``)."""
+    return min(max_tokens, max_model_len - num_prompt_tokens)
 
 
 class Scheduler:

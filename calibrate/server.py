@@ -1,0 +1,321 @@
+"""Start, watch and stop vLLM OpenAI-compatible servers as subprocesses.
+
+One :class:`VllmServer` is one ``python -m vllm.entrypoints.openai.api_server`` process with its
+own log file. :func:`serve_many` starts one per GPU (``CUDA_VISIBLE_DEVICES``) or, on a machine
+without GPUs, one per CPU core (``VLLM_CPU_OMP_THREADS_BIND``; the vLLM CPU build), waits until
+every ``GET /health`` answers 200 and stops them all on exit: SIGINT, then SIGTERM, then SIGKILL.
+
+``VLLM_SERVER_DEV_MODE=1`` is set so that ``POST /reset_prefix_cache`` and ``GET /server_info``
+(the engine's full configuration) work; ``--enable-prompt-tokens-details`` makes the streamed
+usage report cached prompt tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """A vLLM server did not start or died; the message names the log file and its last lines."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """How to start one vLLM server.
+
+    Attributes:
+        model: model directory or Hugging Face id.
+        port: TCP port on 127.0.0.1 (``host`` to change).
+        served_model_name: name clients use in requests; default: ``model``.
+        block_size: KV block size, tokens (a multiple of 32 on the CPU backend).
+        gpu_memory_utilization: vLLM's flag (GPU only; None leaves vLLM's default).
+        cpu_core: pin the server's threads to this core (CPU backend); None: no pinning.
+        cuda_device: expose only this GPU index (``CUDA_VISIBLE_DEVICES``); None: no change.
+        kv_cache_gib: KV cache size on the CPU backend (``VLLM_CPU_KVCACHE_SPACE``), GiB.
+        max_model_len: ``--max-model-len``; None: the model's own limit.
+        extra_args: more vLLM command-line arguments, passed as they are.
+        host: interface to bind.
+        log_path: file receiving the server's stdout and stderr; default ``vllm-<port>.log`` in
+            the current directory.
+    """
+
+    model: str
+    port: int = 8100
+    served_model_name: str | None = None
+    block_size: int | None = 32
+    gpu_memory_utilization: float | None = None
+    cpu_core: int | None = None
+    cuda_device: int | None = None
+    kv_cache_gib: float | None = 1.0
+    max_model_len: int | None = None
+    extra_args: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:8100``."""
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        """The server's command line."""
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model,
+            "--served-model-name", self.served_model_name or self.model,
+            "--host", self.host,
+            "--port", str(self.port),
+            "--enable-prompt-tokens-details",
+        ]
+        if self.block_size is not None:
+            cmd += ["--block-size", str(self.block_size)]
+        if self.gpu_memory_utilization is not None:
+            cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
+        if self.max_model_len is not None:
+            cmd += ["--max-model-len", str(self.max_model_len)]
+        return cmd + list(self.extra_args)
+
+    def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The server's environment: ``base`` (default ``os.environ``) plus vLLM's settings."""
+        env = dict(os.environ if base is None else base)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("DO_NOT_TRACK", "1")
+        if self.cpu_core is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(self.cpu_core)
+        if self.kv_cache_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_gib:g}"
+        if self.cuda_device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.cuda_device)
+        return env
+
+
+def _health(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _port_free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+@dataclass
+class VllmServer:
+    """One vLLM server process.
+
+    Args:
+        spec: how to start it.
+
+    Attributes:
+        process: the ``Popen`` once started, else None.
+        log_path: where its output goes.
+    """
+
+    spec: ServerSpec
+    process: subprocess.Popen | None = field(default=None, init=False)
+    log_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_path = Path(self.spec.log_path or f"vllm-{self.spec.port}.log")
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server."""
+        return self.spec.url
+
+    def start(self) -> None:
+        """Launch the process (returns at once; see :meth:`wait_ready`).
+
+        Raises:
+            ServerError: if the port is already taken.
+        """
+        if not _port_free(self.spec.host, self.spec.port):
+            raise ServerError(f"port {self.spec.port} on {self.spec.host} is already in use")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        try:
+            self.process = subprocess.Popen(
+                self.spec.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.spec.environment(),
+                start_new_session=True,  # Ctrl-C in a terminal reaches us, we forward it
+            )
+        finally:
+            log.close()
+
+    def wait_ready(self, timeout_s: float = 600.0) -> None:
+        """Block until ``GET /health`` answers 200.
+
+        Raises:
+            ServerError: the process exited, or ``timeout_s`` passed; with the log's last lines.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ServerError(
+                    f"vLLM server on port {self.spec.port} exited with code {self.process.returncode}; "
+                    f"log {self.log_path}:\n{_tail(self.log_path)}"
+                )
+            if _health(self.url):
+                return
+            time.sleep(0.5)
+        raise ServerError(
+            f"vLLM server on port {self.spec.port} not healthy after {timeout_s:.0f} s; "
+            f"log {self.log_path}:\n{_tail(self.log_path)}"
+        )
+
+    def stop(self, grace_s: float = 20.0) -> int | None:
+        """Stop the server: SIGINT to its process group, then SIGTERM, then SIGKILL.
+
+        Returns:
+            The exit code, or None if it was never started.
+        """
+        proc = self.process
+        if proc is None:
+            return None
+        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            if proc.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+        return proc.poll()
+
+
+def detect_gpus() -> list[int]:
+    """Indices of visible NVIDIA GPUs: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi -L``.
+
+    Returns an empty list on a machine without GPUs.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [int(x) for x in visible.split(",") if x.strip().isdigit()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [i for i, line in enumerate(l for l in out.stdout.splitlines() if l.startswith("GPU "))]
+
+
+def cpu_cores() -> list[int]:
+    """CPU cores this process may run on (``sched_getaffinity``), sorted."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def plan_servers(
+    model: str,
+    num_servers: int | None = None,
+    port_base: int = 8100,
+    served_model_name: str | None = None,
+    block_size: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    kv_cache_gib: float = 1.0,
+    max_model_len: int | None = None,
+    extra_args: Sequence[str] = (),
+    log_dir: str | Path = ".",
+    device: str = "auto",
+) -> list[ServerSpec]:
+    """Specs of one server per GPU, or one per CPU core without GPUs.
+
+    Args:
+        model: model directory or id.
+        num_servers: how many (default: every GPU, or every core).
+        port_base: first port; server ``i`` listens on ``port_base + i``.
+        block_size: KV block size; default 16 on GPUs and 32 on the CPU backend.
+        device: ``"auto"``, ``"gpu"`` or ``"cpu"``.
+
+    Raises:
+        ValueError: more servers than devices, or ``device="gpu"`` without GPUs.
+    """
+    gpus = detect_gpus() if device in ("auto", "gpu") else []
+    if device == "gpu" and not gpus:
+        raise ValueError("no GPU found (nvidia-smi -L lists none and CUDA_VISIBLE_DEVICES is unset)")
+    devices = gpus if gpus else cpu_cores()
+    n = len(devices) if num_servers is None else num_servers
+    if not 1 <= n <= len(devices):
+        kind = "GPUs" if gpus else "CPU cores"
+        raise ValueError(f"asked for {n} servers but this machine has {len(devices)} {kind}: {devices}")
+    specs = []
+    for i in range(n):
+        common = dict(
+            model=model,
+            port=port_base + i,
+            served_model_name=served_model_name,
+            max_model_len=max_model_len,
+            extra_args=tuple(extra_args),
+            log_path=Path(log_dir) / f"vllm-{port_base + i}.log",
+        )
+        if gpus:
+            specs.append(ServerSpec(**common, block_size=block_size or 16, cuda_device=devices[i],
+                                    gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=None))
+        else:
+            specs.append(ServerSpec(**common, block_size=block_size or 32, cpu_core=devices[i],
+                                    kv_cache_gib=kv_cache_gib))
+    return specs
+
+
+@contextlib.contextmanager
+def serve_many(specs: Sequence[ServerSpec], timeout_s: float = 600.0) -> Iterator[list[VllmServer]]:
+    """Start every server, wait until all are healthy, yield them, stop them all on exit.
+
+    Raises:
+        ServerError: a server failed to start (the others are stopped first).
+    """
+    servers = [VllmServer(s) for s in specs]
+    try:
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.wait_ready(timeout_s)
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@contextlib.contextmanager
+def serve_one(spec: ServerSpec, timeout_s: float = 600.0) -> Iterator[VllmServer]:
+    """:func:`serve_many` for a single server."""
+    with serve_many([spec], timeout_s) as servers:
+        yield servers[0]

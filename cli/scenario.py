@@ -1,0 +1,145 @@
+"""Options shared by ``simulate`` and ``compare``: which trace, which cluster."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import click
+import numpy as np
+
+from kvroute.sim.cluster import ClusterSpec
+from kvroute.sim.profile import load_profile
+from kvroute.sim.routing import POLICIES
+from kvroute.traces.format import Trace
+
+WORKLOADS = ("seed-chat", "agent")
+
+
+def scenario_options(func):
+    """Decorate a command with the trace and cluster options."""
+    options = [
+        click.option("--workload", type=click.Choice(WORKLOADS), default="seed-chat", show_default=True,
+                     help="Built-in workload (ignored with --trace)."),
+        click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Trace file: kvroute/Mooncake JSONL or Azure CSV."),
+        click.option("--trace-block-size", type=int, default=None,
+                     help="Tokens per hash_ids block when the trace file does not declare it [512]."),
+        click.option("--max-requests", type=int, default=None, help="Use only the first N records of the trace."),
+        click.option("--turns", type=int, default=6, show_default=True, help="Turns per chat (seed-chat, agent)."),
+        click.option("--chats", type=int, default=64, show_default=True, help="Chats (seed-chat) or sessions (agent)."),
+        click.option("--think-time", type=float, default=0.0, show_default=True,
+                     help="Seconds between a reply's last token and the next turn (generated workloads)."),
+        click.option("--workers", type=int, default=4, show_default=True, help="vLLM workers behind the router."),
+        click.option("--gpus", type=int, default=None, help="GPUs; fewer than workers means sharing [one each]."),
+        click.option("--profile", "profile_name", default="a6000-qwen2.5-7b", show_default=True,
+                     help="Shipped profile name or profile JSON file."),
+        click.option("--arrival-spread", type=float, default=0.005, show_default=True,
+                     help="Uniform start jitter of root requests, s."),
+        click.option("--replay", type=click.Choice(["auto", "closed", "open"]), default="auto", show_default=True,
+                     help="closed: later turns wait for their parent; open: trace timestamps."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed of round 0 (round r uses seed + r)."),
+        click.option("--slo-ttft", type=float, default=2.0, show_default=True, help="Goodput bound on TTFT, s."),
+        click.option("--slo-tpot", type=float, default=0.1, show_default=True, help="Goodput bound on TPOT, s."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def load_trace(trace_path: Path | None, workload: str, turns: int, chats: int, think_time: float,
+               trace_block_size: int | None, max_requests: int | None, seed: int) -> Trace:
+    """The trace a command runs: a file, or a built-in workload generated deterministically."""
+    from kvroute.traces import generators
+
+    if trace_path is not None:
+        trace = read_any_trace(trace_path, trace_block_size)
+    elif workload == "seed-chat":
+        trace = generators.seed_chat(num_chats=chats, num_turns=turns, think_time_ms=think_time * 1000)
+    else:
+        trace = generators.agent_sessions(
+            np.random.default_rng(seed), num_sessions=chats, num_turns=turns,
+            think_time_ms=(think_time * 1000, think_time * 1000),
+        )
+    if max_requests is not None:
+        trace = truncate(trace, max_requests)
+    return trace
+
+
+def read_any_trace(path: Path, block_size: int | None) -> Trace:
+    """Read a JSONL trace, or an Azure CSV trace by its ``.csv`` suffix.
+
+    Raises:
+        click.BadParameter: the file is missing or malformed (the message names line and field).
+    """
+    from kvroute.traces.azure import read_azure_csv
+    from kvroute.traces.reader import read_trace
+
+    if not path.exists():
+        raise click.BadParameter(f"{path} does not exist", param_hint="--trace")
+    try:
+        if path.suffix.lower() == ".csv":
+            return read_azure_csv(path)
+        return read_trace(path, block_size)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def truncate(trace: Trace, n: int) -> Trace:
+    """The first ``n`` records, with records whose parent was cut dropped too."""
+    kept, ids = [], set()
+    for rec in trace.records[:n]:
+        if rec.parent is None or rec.parent in ids:
+            kept.append(rec)
+            ids.add(rec.request_id)
+    return Trace(kept, trace.block_size, trace.source, dict(trace.metadata))
+
+
+def parse_policies(text: str) -> list[str]:
+    """Split ``a,b,c`` and check every name.
+
+    Raises:
+        click.BadParameter: naming the unknown policy and listing the valid ones.
+    """
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    for name in names:
+        if name not in POLICIES:
+            raise click.BadParameter(
+                f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}", param_hint="--policies"
+            )
+    if not names:
+        raise click.BadParameter("give at least one policy", param_hint="--policies")
+    return names
+
+
+def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread: float, replay: str) -> ClusterSpec:
+    """The ClusterSpec for the options; unknown profiles list the shipped names."""
+    try:
+        profile = load_profile(profile_name)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--profile") from exc
+    closed = {"auto": None, "closed": True, "open": False}[replay]
+    try:
+        return ClusterSpec(profile, num_workers=workers, num_gpus=gpus, arrival_spread_s=arrival_spread,
+                           closed_loop=closed)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def describe(trace: Trace, spec: ClusterSpec) -> str:
+    """One line naming the scenario."""
+    gpus = spec.num_gpus or spec.num_workers
+    return (f"trace {trace.source}: {len(trace.records)} requests | {spec.num_workers} workers on {gpus} GPUs | "
+            f"profile {spec.profile.name} ({spec.profile.engine.num_gpu_blocks} KV blocks of "
+            f"{spec.profile.engine.block_size} tokens per worker)")
+
+
+def with_errors(func):
+    """Turn the simulator's ValueErrors into clean CLI errors."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from exc
+    return wrapper

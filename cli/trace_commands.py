@@ -1,0 +1,64 @@
+"""``kvroute trace generate|import|stats``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+
+from kvroute.cli.scenario import read_any_trace
+
+
+@click.group()
+def trace() -> None:
+    """Generate, import and describe traces."""
+
+
+@trace.command()
+@click.argument("kind", type=click.Choice(["seed-chat", "agent"]))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
+@click.option("--chats", type=int, default=None, help="Chats (seed-chat, default 64) or sessions (agent, default 16).")
+@click.option("--turns", type=int, default=None, help="Turns per chat (seed-chat 6, agent 10).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed (agent).")
+@click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per hash_ids block.")
+def generate(kind, out, chats, turns, seed, block_size):
+    """Write a generated workload as a kvroute trace."""
+    from kvroute.traces import generators
+    from kvroute.traces.writer import write_trace
+
+    kwargs = {"block_size": block_size}
+    if kind == "seed-chat":
+        kwargs.update(num_chats=chats or 64, num_turns=turns or 6)
+        result = generators.seed_chat(**kwargs)
+    else:
+        kwargs.update(num_sessions=chats or 16, num_turns=turns or 10)
+        result = generators.agent_sessions(np.random.default_rng(seed), **kwargs)
+    write_trace(result, out)
+    click.echo(f"wrote {len(result.records)} requests to {out}")
+
+
+@trace.command("import")
+@click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
+@click.option("--block-size", type=int, default=None, help="Block size of the source's hash_ids [512].")
+def import_(source, out, block_size):
+    """Convert a Mooncake JSONL or Azure CSV trace to kvroute's format (validating it)."""
+    from kvroute.traces.writer import write_trace
+
+    result = read_any_trace(source, block_size)
+    write_trace(result, out)
+    click.echo(f"wrote {len(result.records)} requests to {out}")
+
+
+@trace.command()
+@click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--block-size", type=int, default=None, help="Block size of the source's hash_ids [512].")
+@click.option("--json", "json_out", is_flag=True, help="Print JSON.")
+def stats(source, block_size, json_out):
+    """Print a trace's size, token and prefix-sharing figures."""
+    from kvroute.traces.stats import format_stats, trace_stats
+
+    figures = trace_stats(read_any_trace(source, block_size))
+    click.echo(json.dumps(figures, indent=2, default=float) if json_out else format_stats(figures))

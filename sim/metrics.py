@@ -1,0 +1,240 @@
+"""Per-request records, run results, and the summaries the lab reports.
+
+Definitions (times in seconds, from the client's side):
+- TTFT: first token received - request sent. ITL: gap between consecutive tokens of one
+  request (every gap of the run pooled). TPOT: (last token - first token) / (output tokens - 1)
+  per request. E2E: last token - request sent.
+- Time to complete: last token of the run - first request sent (the burst's makespan).
+- Hit rate: cached prompt tokens / prompt tokens over first admissions, vLLM's
+  ``prefix_cache_hits_total / prefix_cache_queries_total``.
+- Goodput: share (and rate, per second of time to complete) of requests whose TTFT and TPOT
+  both meet the service class's bounds; a failed request never meets them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from kvroute.traces.format import TraceRecord
+
+if TYPE_CHECKING:
+    from kvroute.sim.cluster import Cluster
+
+RECORD_COLUMNS = [
+    "request_id", "session_id", "turn", "worker", "arrival", "first_token", "finish",
+    "ttft", "e2e", "tpot", "prompt_tokens", "cached_tokens", "output_tokens", "preemptions",
+    "status", "error",
+]
+
+
+class RequestRecord:
+    """What a client observed of one request (mutable while the run goes on).
+
+    Attributes:
+        trace: the trace record sent.
+        worker: the worker it was routed to (-1 if never sent).
+        arrival: send time, s.
+        first_token, last_token, finish: token arrival times, s (None until they happen).
+        cached_tokens: prefix-cache hit tokens at first admission.
+        output_tokens: tokens received.
+        preemptions: times the engine preempted it.
+        error: why it failed, or None.
+    """
+
+    __slots__ = (
+        "trace", "worker", "arrival", "first_token", "last_token", "finish",
+        "cached_tokens", "output_tokens", "preemptions", "error",
+    )
+
+    def __init__(self, trace: TraceRecord, worker: int, arrival: float) -> None:
+        self.trace = trace
+        self.worker = worker
+        self.arrival = arrival
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.finish: float | None = None
+        self.cached_tokens = 0
+        self.output_tokens = 0
+        self.preemptions = 0
+        self.error: str | None = None
+
+    def as_row(self) -> tuple:
+        """One row in ``RECORD_COLUMNS`` order."""
+        t = self.trace
+        ok = self.error is None and self.finish is not None
+        ttft = self.first_token - self.arrival if ok else math.nan
+        e2e = self.finish - self.arrival if ok else math.nan
+        tpot = (
+            (self.finish - self.first_token) / (self.output_tokens - 1)
+            if ok and self.output_tokens > 1
+            else math.nan
+        )
+        return (
+            t.request_id, t.session_id, t.turn, self.worker, self.arrival,
+            self.first_token if ok else math.nan, self.finish if ok else math.nan,
+            ttft, e2e, tpot, t.input_length, self.cached_tokens, self.output_tokens,
+            self.preemptions, "ok" if ok else "failed", self.error,
+        )
+
+
+def records_frame(records: list[RequestRecord]) -> pd.DataFrame:
+    """Records as a DataFrame with ``RECORD_COLUMNS``, sorted by request id."""
+    frame = pd.DataFrame([r.as_row() for r in records], columns=RECORD_COLUMNS)
+    return frame.sort_values("request_id", kind="stable").reset_index(drop=True)
+
+
+@dataclass(slots=True)
+class RunResult:
+    """One run's outcome.
+
+    Attributes:
+        records: per-request DataFrame (``RECORD_COLUMNS``).
+        itl: every inter-token gap of the run, s.
+        workers: per-worker counters (steps, busy time, prefix-cache tokens, preemptions,
+            evictions, KV blocks).
+        policy: routing policy name.
+        seed: the run's seed.
+        step_logs: per-worker step logs when requested, else None.
+    """
+
+    records: pd.DataFrame
+    itl: np.ndarray
+    workers: pd.DataFrame
+    policy: str
+    seed: int
+    step_logs: list[np.ndarray] | None = None
+
+    @classmethod
+    def from_cluster(cls, cluster: "Cluster") -> "RunResult":
+        """Collect a finished cluster's records and counters."""
+        rows = []
+        for w in cluster.workers:
+            st = w.scheduler.kv_cache_manager.stats
+            rows.append(
+                {
+                    "worker": w.index,
+                    "gpu": cluster.spec.gpu_of(w.index),
+                    "num_gpu_blocks": w.scheduler.config.num_gpu_blocks,
+                    "num_steps": w.num_steps,
+                    "busy_time": w.busy_time,
+                    "prefix_cache_queries": st.queries,
+                    "prefix_cache_hits": st.hits,
+                    "preempted_queries": st.preempted_queries,
+                    "preempted_hits": st.preempted_hits,
+                    "num_preemptions": w.scheduler.num_preemptions,
+                    "num_evictions": w.scheduler.pool.num_evictions,
+                }
+            )
+        logs = None
+        if cluster.spec.record_steps:
+            logs = [np.asarray(w.step_log).reshape(-1, 4) for w in cluster.workers]
+        return cls(
+            records=records_frame(cluster.records),
+            itl=np.asarray(cluster.itl_gaps, dtype=float),
+            workers=pd.DataFrame(rows),
+            policy=cluster.spec.policy,
+            seed=cluster.seed,
+            step_logs=logs,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceClass:
+    """A goodput bound: TTFT and TPOT limits, s."""
+
+    ttft_s: float = 2.0
+    tpot_s: float = 0.1
+
+
+SUMMARY_METRICS: dict[str, str] = {
+    "time_to_complete_s": "time to complete (s)",
+    "ttft_mean_s": "TTFT mean (s)",
+    "ttft_p50_s": "TTFT p50 (s)",
+    "ttft_p90_s": "TTFT p90 (s)",
+    "ttft_p99_s": "TTFT p99 (s)",
+    "later_ttft_mean_s": "TTFT mean, turns >= 2 (s)",
+    "later_ttft_p50_s": "TTFT p50, turns >= 2 (s)",
+    "later_ttft_p90_s": "TTFT p90, turns >= 2 (s)",
+    "later_ttft_p99_s": "TTFT p99, turns >= 2 (s)",
+    "itl_mean_s": "ITL mean (s)",
+    "itl_p90_s": "ITL p90 (s)",
+    "tpot_mean_s": "TPOT mean (s)",
+    "e2e_mean_s": "E2E mean (s)",
+    "e2e_p90_s": "E2E p90 (s)",
+    "hit_rate": "hit rate (cached/prompt tokens)",
+    "output_throughput_tps": "output throughput (tok/s)",
+    "goodput_share": "goodput (share of requests in SLO)",
+    "goodput_rps": "goodput (requests/s in SLO)",
+    "preemptions": "preemptions",
+    "failed": "failed requests",
+}
+"""Summary keys and their human labels, in report order."""
+
+
+def _q(values: np.ndarray, q: float) -> float:
+    return float(np.quantile(values, q)) if len(values) else math.nan
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if len(values) else math.nan
+
+
+def summarize(result: RunResult, slo: ServiceClass = ServiceClass()) -> dict[str, float]:
+    """The run's summary metrics, keyed as ``SUMMARY_METRICS``.
+
+    Later-turn TTFT uses requests with ``turn >= 2``; it is NaN for traces without turns.
+    """
+    df = result.records
+    ok = df[df["status"] == "ok"]
+    ttft = ok["ttft"].to_numpy(float)
+    later = ok[ok["turn"].fillna(0).astype(float) >= 2]["ttft"].to_numpy(float)
+    start = float(df["arrival"].min()) if len(df) else 0.0
+    makespan = float(ok["finish"].max()) - start if len(ok) else math.nan
+    met = (ok["ttft"] <= slo.ttft_s) & (ok["tpot"].fillna(0.0) <= slo.tpot_s)
+    prompt = float(ok["prompt_tokens"].sum())
+    return {
+        "time_to_complete_s": makespan,
+        "ttft_mean_s": _mean(ttft),
+        "ttft_p50_s": _q(ttft, 0.5),
+        "ttft_p90_s": _q(ttft, 0.9),
+        "ttft_p99_s": _q(ttft, 0.99),
+        "later_ttft_mean_s": _mean(later),
+        "later_ttft_p50_s": _q(later, 0.5),
+        "later_ttft_p90_s": _q(later, 0.9),
+        "later_ttft_p99_s": _q(later, 0.99),
+        "itl_mean_s": _mean(result.itl),
+        "itl_p90_s": _q(result.itl, 0.9),
+        "tpot_mean_s": _mean(ok["tpot"].dropna().to_numpy(float)),
+        "e2e_mean_s": _mean(ok["e2e"].to_numpy(float)),
+        "e2e_p90_s": _q(ok["e2e"].to_numpy(float), 0.9),
+        "hit_rate": float(ok["cached_tokens"].sum()) / prompt if prompt else math.nan,
+        "output_throughput_tps": float(ok["output_tokens"].sum()) / makespan if makespan else math.nan,
+        "goodput_share": float(met.sum()) / len(df) if len(df) else math.nan,
+        "goodput_rps": float(met.sum()) / makespan if makespan else math.nan,
+        "preemptions": float(ok["preemptions"].sum()),
+        "failed": float((df["status"] != "ok").sum()),
+    }
+
+
+def summarize_rounds(summaries: list[dict[str, float]], confidence: float = 0.95) -> pd.DataFrame:
+    """Mean and two-sided Student-t interval over rounds, one row per metric.
+
+    Returns:
+        DataFrame indexed by metric with columns ``mean``, ``low``, ``high``, ``rounds``; with
+        one round the interval is the value itself.
+    """
+    frame = pd.DataFrame(summaries)
+    n = len(frame)
+    mean = frame.mean()
+    if n > 1:
+        sem = frame.std(ddof=1) / math.sqrt(n)
+        half = sem * sps.t.ppf(0.5 + confidence / 2, n - 1)
+    else:
+        half = mean * 0.0
+    return pd.DataFrame({"mean": mean, "low": mean - half, "high": mean + half, "rounds": n})

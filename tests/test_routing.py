@@ -1,0 +1,96 @@
+"""Routing policies: choices and tie-breaking, from the router's own knowledge only."""
+
+import numpy as np
+import pytest
+
+from kvroute.sim.routing import POLICIES, RouteRequest, RouterView, make_policy
+
+
+def rr(rid, hashes, session=None):
+    return RouteRequest(rid, session, list(hashes), len(hashes) * 16)
+
+
+def view(n=4, stride_tokens=16):
+    return RouterView(n, block_size=16, router_block_tokens=stride_tokens)
+
+
+def test_round_robin_cycles_and_skips_dead_workers():
+    policy, v = make_policy("round_robin", np.random.default_rng(0)), view(3)
+    assert [policy.choose(rr(i, []), v) for i in range(4)] == [0, 1, 2, 0]
+    v.mark_dead(1)
+    assert [policy.choose(rr(i, []), v) for i in range(3)] == [2, 0, 2]
+
+
+def test_least_loaded_breaks_ties_by_lower_index():
+    policy, v = make_policy("least_loaded", np.random.default_rng(0)), view(3)
+    v.in_flight[:] = [2, 1, 1]
+    assert policy.choose(rr(0, []), v) == 1
+    v.in_flight[:] = [0, 0, 0]
+    assert policy.choose(rr(0, []), v) == 0
+
+
+def test_kv_aware_returns_a_chat_to_the_worker_of_its_previous_turn():
+    policy, v = make_policy("kv_aware", np.random.default_rng(0)), view(4)
+    first = rr(0, [1, 2, 3], session="chat")
+    w = policy.choose(first, v)
+    assert w == 0
+    v.on_routed(w, first)
+    v.in_flight[:] = [5, 0, 0, 0]  # much busier, still preferred: it holds the history
+    assert policy.choose(rr(1, [1, 2, 3, 4, 5], session="chat"), v) == 0
+
+
+def test_kv_aware_sends_a_new_session_to_the_least_loaded_even_if_its_prefix_is_shared():
+    policy, v = make_policy("kv_aware", np.random.default_rng(0)), view(2)
+    v.on_routed(0, rr(0, [1, 2, 3, 4], session="a"))
+    assert policy.choose(rr(1, [1, 2, 3, 4, 99], session="b"), v) == 1
+
+
+def test_kv_aware_without_sessions_needs_half_the_prompt_matched():
+    policy, v = make_policy("kv_aware", np.random.default_rng(0)), view(2)
+    v.on_routed(0, rr(0, [1, 2, 3, 4]))
+    assert policy.choose(rr(1, [1, 2, 3, 4, 5, 6]), v) == 0  # 4 of 6 blocks matched
+    assert policy.choose(rr(2, [1, 7, 8, 9, 10, 11]), v) == 1  # 1 of 6: least loaded
+
+
+def test_matched_blocks_is_the_longest_prefix_per_worker():
+    v = view(3)
+    v.on_routed(0, rr(0, [1, 2, 3]))
+    v.on_routed(1, rr(1, [1, 2, 9]))
+    assert v.matched_blocks([1, 2, 3, 4]) == [3, 2, 0]
+    assert v.matched_blocks([5, 2, 3]) == [0, 0, 0]  # no prefix without its first block
+
+
+def test_router_index_granularity():
+    v = RouterView(2, block_size=16, router_block_tokens=32)  # every second block is indexed
+    v.on_routed(0, rr(0, [1, 2, 3, 4]))
+    assert v.matched_blocks([1, 2, 3, 4, 5]) == [4, 0]
+    assert v.matched_blocks([1, 2, 3]) == [2, 0]
+
+
+def test_prefix_balanced_leaves_an_overloaded_cache_holder():
+    policy, v = make_policy("prefix_balanced", np.random.default_rng(0)), view(2)
+    v.on_routed(0, rr(0, [1, 2, 3], session="s"))
+    v.in_flight[:] = [3, 0]
+    assert policy.choose(rr(1, [1, 2, 3, 4], session="s"), v) == 0  # gap 3 <= 4: stay
+    v.in_flight[:] = [6, 1]
+    assert policy.choose(rr(1, [1, 2, 3, 4], session="s"), v) == 1  # gap 5 > 4 and 6 > 1.5
+
+
+def test_random_is_seeded():
+    a = make_policy("random", np.random.default_rng(7))
+    b = make_policy("random", np.random.default_rng(7))
+    v = view(4)
+    assert [a.choose(rr(i, []), v) for i in range(20)] == [b.choose(rr(i, []), v) for i in range(20)]
+
+
+def test_unknown_policy_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="valid policies: round_robin, least_loaded, kv_aware"):
+        make_policy("fastest", np.random.default_rng(0))
+    assert set(POLICIES) == {"round_robin", "least_loaded", "kv_aware", "prefix_balanced", "random"}
+
+
+def test_no_live_worker_is_an_error():
+    v = view(1)
+    v.mark_dead(0)
+    with pytest.raises(RuntimeError, match="no live worker"):
+        make_policy("least_loaded", np.random.default_rng(0)).choose(rr(0, []), v)
