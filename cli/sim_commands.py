@@ -23,7 +23,7 @@ def _run(policies, rounds, json_out, out, workload, trace_path, trace_block_size
     spec = build_spec(profile_name, workers, gpus, arrival_spread, replay)
     header = describe(trace, spec)
     if not json_out:
-        click.echo(header, err=True)
+        click.echo(f"{header} | {rounds} round(s) per policy")
     bar = tqdm(total=len(policies) * rounds, desc="simulating", unit="run", file=sys.stderr,
                disable=json_out or not sys.stderr.isatty())
     comparison = run_compare(trace, spec, policies, rounds=rounds, seed=seed,

@@ -125,10 +125,12 @@ class KVCacheManager:
         Returns:
             False, changing nothing, when the blocks do not fit (see ``can_allocate``).
         """
-        if not self.can_allocate(request, num_new_tokens, new_computed_blocks, full_sequence):
-            return False
         rid = request.request_id
         blocks = self.req_to_blocks.get(rid)
+        if blocks is not None and not new_computed_blocks and not full_sequence:
+            return self._extend_running(request, blocks, num_new_tokens)
+        if not self.can_allocate(request, num_new_tokens, new_computed_blocks, full_sequence):
+            return False
         if blocks is None:
             blocks = self.req_to_blocks[rid] = []
             self.num_cached_block[rid] = 0
@@ -147,6 +149,26 @@ class KVCacheManager:
         start = self.num_cached_block[rid]
         if num_full > start:
             pool.cache_full_blocks(blocks, request.block_hashes, start, num_full)
+            self.num_cached_block[rid] = num_full
+        return True
+
+    def _extend_running(self, request: Request, blocks: list[int], num_new_tokens: int) -> bool:
+        # Hot path of every step: a running request (no prefix lookup, no admission check)
+        # takes the same decision as ``can_allocate`` with nothing hit.
+        bs = self.block_size
+        end = request.num_computed_tokens + num_new_tokens
+        slots = end if end < self.max_model_len else self.max_model_len
+        need = -(-slots // bs) - len(blocks)
+        if need > 0:
+            if need > len(self.pool._free):
+                return False
+            blocks.extend(self.pool.get_new_blocks(need))
+        num_tokens = request.num_prompt_tokens + request.num_output_tokens
+        num_full = (end if end < num_tokens else num_tokens) // bs
+        rid = request.request_id
+        start = self.num_cached_block[rid]
+        if num_full > start:
+            self.pool.cache_full_blocks(blocks, request.block_hashes, start, num_full)
             self.num_cached_block[rid] = num_full
         return True
 

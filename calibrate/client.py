@@ -1,0 +1,431 @@
+"""An async client of one vLLM OpenAI-compatible server, for measuring.
+
+- :meth:`VllmClient.complete`: a streaming ``/v1/completions`` request whose prompt is a list of
+  token ids (prefix sharing is exact), ``ignore_eos`` and ``max_tokens`` (exactly that many tokens
+  come back), with the client-side arrival time of every streamed token and the usage block
+  (prompt and cached prompt tokens).
+- :meth:`VllmClient.probe`: the engine's settings and the server's identity from ``/v1/models``,
+  ``/version``, ``/metrics`` (``vllm:cache_config_info``) and, where the server runs with
+  ``VLLM_SERVER_DEV_MODE=1``, ``/server_info`` (scheduler settings and hardware).
+- :func:`parse_prometheus`: Prometheus text format to samples; :class:`MetricsSnapshot` sums
+  counters and histograms over engines and takes differences.
+
+``httpx`` is imported inside functions so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class CalibrationError(RuntimeError):
+    """A measurement cannot go on: one clear message naming the server and the cause."""
+
+
+# --------------------------------------------------------------------------------------------
+# Prometheus text format
+# --------------------------------------------------------------------------------------------
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Parse Prometheus text exposition into ``(name, labels, value)`` samples.
+
+    Comment lines (``# HELP``, ``# TYPE``) and malformed lines are skipped; values such as
+    ``+Inf`` and ``NaN`` become floats.
+    """
+    samples = []
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        m = _SAMPLE.match(line.strip())
+        if not m:
+            continue
+        name, _, body, value = m.group(1), m.group(2), m.group(3), m.group(4)
+        labels = {k: bytes(v, "utf-8").decode("unicode_escape") for k, v in _LABEL.findall(body or "")}
+        try:
+            samples.append((name, labels, float(value)))
+        except ValueError:
+            continue
+    return samples
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """Counters and histogram sums/counts of one ``/metrics`` scrape, summed over label sets
+    (engines), plus the labels of every ``*_info`` gauge.
+
+    Attributes:
+        values: ``name -> value`` for counters (``*_total``), histogram ``*_sum`` and ``*_count``
+            and gauges; each summed over label sets except ``le`` buckets, which are dropped.
+        info: ``name -> labels`` of the first sample of each ``*_info`` metric.
+        taken_at: ``time.perf_counter()`` when the scrape finished, s.
+    """
+
+    values: dict[str, float]
+    info: dict[str, dict[str, str]]
+    taken_at: float = 0.0
+
+    @classmethod
+    def from_text(cls, text: str, taken_at: float = 0.0) -> "MetricsSnapshot":
+        """Build from the text of a ``/metrics`` response."""
+        values: dict[str, float] = {}
+        info: dict[str, dict[str, str]] = {}
+        for name, labels, value in parse_prometheus(text):
+            if name.endswith("_bucket"):
+                continue
+            if name.endswith("_info"):
+                info.setdefault(name, labels)
+                continue
+            if name.endswith("_created"):
+                continue
+            values[name] = values.get(name, 0.0) + value
+        return cls(values, info, taken_at)
+
+    def get(self, name: str, default: float = math.nan) -> float:
+        """A summed value, or ``default`` when the server does not export it."""
+        return self.values.get(name, default)
+
+    def delta(self, earlier: "MetricsSnapshot", name: str) -> float:
+        """``self[name] - earlier[name]``; NaN if either scrape lacks the metric."""
+        return self.get(name) - earlier.get(name)
+
+
+# --------------------------------------------------------------------------------------------
+# Server identity and engine settings
+# --------------------------------------------------------------------------------------------
+
+#: vLLM 0.32 defaults for ``vllm serve`` (engine/arg_utils.py: get_batch_defaults), used only
+#: when ``/server_info`` is unavailable: CPU backend 2048 / 128; GPUs under 70 GiB 2048 / 256.
+CPU_BATCH_DEFAULTS = (2048, 128)
+GPU_BATCH_DEFAULTS = (2048, 256)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What a server says about itself.
+
+    Attributes:
+        url: base URL.
+        model: served model name used in requests.
+        model_root: the model path or id the server loaded (``root`` in ``/v1/models``).
+        served_models: every name the server serves.
+        vllm_version: from ``/version``.
+        max_model_len: longest sequence (prompt + output), tokens.
+        block_size: KV block size, tokens.
+        num_gpu_blocks: KV blocks (vLLM counts block 0, which is reserved).
+        enable_prefix_caching: whether the engine caches prefixes.
+        max_num_batched_tokens: step token budget.
+        max_num_seqs: most running requests.
+        long_prefill_token_threshold: prefill chunk cap when requests compete (0: off).
+        gpu_memory_utilization: vLLM's flag as the engine reports it.
+        hardware: a one-line description (GPU models, or the CPU model name and core count).
+        device: ``"cuda"``, ``"cpu"`` or what the server reports.
+        dev_mode: whether ``/server_info`` answered (``VLLM_SERVER_DEV_MODE=1``).
+        sources: where each engine setting came from.
+    """
+
+    url: str
+    model: str
+    model_root: str
+    served_models: tuple[str, ...]
+    vllm_version: str
+    max_model_len: int
+    block_size: int
+    num_gpu_blocks: int
+    enable_prefix_caching: bool
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    long_prefill_token_threshold: int = 0
+    gpu_memory_utilization: float | None = None
+    hardware: str = "unknown"
+    device: str = "unknown"
+    dev_mode: bool = False
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        d = asdict(self)
+        d["served_models"] = list(self.served_models)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ServerInfo":
+        """Inverse of :meth:`to_dict`."""
+        d = dict(d)
+        d["served_models"] = tuple(d.get("served_models", ()))
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def _hardware_from_system_env(env: dict[str, Any]) -> tuple[str, str]:
+    gpus = env.get("nvidia_gpu_models") or env.get("intel_gpu_models")
+    if gpus:
+        models = [re.sub(r"^GPU \d+:\s*", "", l).split(" (UUID")[0].strip() for l in str(gpus).splitlines()]
+        models = [m for m in models if m]
+        if models:
+            uniq = sorted(set(models))
+            return (", ".join(f"{models.count(m)} x {m}" for m in uniq), "cuda")
+    cpu = str(env.get("cpu_info") or "")
+    name = re.search(r"Model name:\s*(.+)", cpu)
+    cores = re.search(r"^CPU\(s\):\s*(\d+)", cpu, re.M)
+    if name:
+        return (f"CPU {name.group(1).strip()} ({cores.group(1) if cores else '?'} cores)", "cpu")
+    return ("unknown", "unknown")
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming results
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class StreamResult:
+    """One streamed completion as the client saw it.
+
+    Attributes:
+        t_send: ``time.perf_counter()`` just before the request was sent, s.
+        token_times: arrival time of every output token, s after ``t_send`` (a chunk carrying
+            k tokens contributes k equal times).
+        prompt_tokens: prompt length the server counted.
+        cached_tokens: prompt tokens served from the prefix cache (None if not reported).
+        completion_tokens: output tokens the server counted.
+        t_done: end of the stream, s after ``t_send``.
+        error: the server's error message, or None.
+        status: HTTP status.
+    """
+
+    t_send: float
+    token_times: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    t_done: float = math.nan
+    error: str | None = None
+    status: int = 0
+
+    @property
+    def ttft(self) -> float:
+        """Time to the first token, s (NaN when none came)."""
+        return self.token_times[0] if self.token_times else math.nan
+
+
+def _error_message(body: bytes | str) -> str:
+    try:
+        doc = json.loads(body)
+        err = doc.get("error", doc)
+        return str(err.get("message", err) if isinstance(err, dict) else err)
+    except (ValueError, AttributeError):
+        return (body.decode(errors="replace") if isinstance(body, bytes) else body)[:500]
+
+
+class VllmClient:
+    """Async client of one vLLM server.
+
+    Args:
+        url: base URL, e.g. ``http://127.0.0.1:8100``.
+        model: served model name; None: the server's only model (see :meth:`probe`).
+        timeout_s: per-request timeout, s.
+
+    Use as ``async with VllmClient(url) as c: info = await c.probe()``.
+    """
+
+    def __init__(self, url: str, model: str | None = None, timeout_s: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self._http = None
+
+    async def __aenter__(self) -> "VllmClient":
+        import httpx
+
+        limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s, limits=limits)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    async def _get(self, path: str, **params):
+        import httpx
+
+        try:
+            return await self._http.get(path, params=params or None)
+        except httpx.TransportError as exc:
+            raise CalibrationError(
+                f"cannot reach the vLLM server at {self.url}: {type(exc).__name__}: {exc or 'no answer'}"
+            ) from exc
+
+    async def metrics(self) -> MetricsSnapshot:
+        """Scrape ``/metrics``.
+
+        Raises:
+            CalibrationError: the server is unreachable.
+        """
+        resp = await self._get("/metrics")
+        resp.raise_for_status()
+        return MetricsSnapshot.from_text(resp.text, time.perf_counter())
+
+    async def reset_prefix_cache(self) -> bool:
+        """``POST /reset_prefix_cache``; True if the server did it (needs dev mode, idle engine)."""
+        import httpx
+
+        try:
+            resp = await self._http.post("/reset_prefix_cache")
+        except httpx.TransportError:
+            return False
+        return resp.status_code == 200
+
+    async def probe(self) -> ServerInfo:
+        """Identify the server and read its engine settings.
+
+        Sets :attr:`model` to the server's model when it was None.
+
+        Raises:
+            CalibrationError: unreachable server; a model name the server does not serve (the
+                message lists what it serves); a server serving several models with none chosen.
+        """
+        resp = await self._get("/v1/models")
+        if resp.status_code != 200:
+            raise CalibrationError(f"{self.url}/v1/models answered {resp.status_code}: {_error_message(resp.content)}")
+        models = resp.json().get("data", [])
+        names = tuple(m["id"] for m in models)
+        if self.model is None:
+            if len(names) != 1:
+                raise CalibrationError(f"{self.url} serves {len(names)} models {list(names)}; choose one with --model")
+            self.model = names[0]
+        if self.model not in names:
+            raise CalibrationError(
+                f"the server at {self.url} does not serve model {self.model!r}; it serves: {', '.join(names)}"
+            )
+        entry = next(m for m in models if m["id"] == self.model)
+        sources: dict[str, str] = {}
+        version = "unknown"
+        vresp = await self._get("/version")
+        if vresp.status_code == 200:
+            version = str(vresp.json().get("version", "unknown"))
+        snap = await self.metrics()
+        cache = snap.info.get("vllm:cache_config_info", {})
+        if not cache:
+            raise CalibrationError(f"{self.url}/metrics has no vllm:cache_config_info; is this a vLLM v1 server?")
+        block_size = int(cache.get("block_size", "0") or 0)
+        num_blocks = int(cache.get("num_gpu_blocks", "0") or 0)
+        prefix = cache.get("enable_prefix_caching", "True") == "True"
+        util = cache.get("gpu_memory_utilization")
+        for k in ("block_size", "num_gpu_blocks", "enable_prefix_caching", "gpu_memory_utilization"):
+            sources[k] = f"{self.url}/metrics vllm:cache_config_info"
+        max_model_len = int(entry.get("max_model_len") or 0)
+        sources["max_model_len"] = f"{self.url}/v1/models max_model_len"
+        hardware, device = "unknown", "unknown"
+        sched: dict[str, Any] = {}
+        dev_mode = False
+        sresp = await self._get("/server_info", config_format="json")
+        if sresp.status_code == 200:
+            dev_mode = True
+            doc = sresp.json()
+            cfg = doc.get("vllm_config", {})
+            if isinstance(cfg, dict):
+                sched = cfg.get("scheduler_config", {}) or {}
+                device = str((cfg.get("device_config") or {}).get("device_type") or device)
+            hardware, dev2 = _hardware_from_system_env(doc.get("system_env", {}) or {})
+            device = device if device != "unknown" else dev2
+        if sched:
+            mnbt, mns = int(sched["max_num_batched_tokens"]), int(sched["max_num_seqs"])
+            lptt = int(sched.get("long_prefill_token_threshold") or 0)
+            for k in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold"):
+                sources[k] = f"{self.url}/server_info scheduler_config"
+            sources["hardware"] = f"{self.url}/server_info system_env"
+        else:
+            mnbt, mns = CPU_BATCH_DEFAULTS if device == "cpu" else GPU_BATCH_DEFAULTS
+            lptt = 0
+            note = "vLLM 0.32 vllm-serve default (engine/arg_utils.py: get_batch_defaults); /server_info unavailable"
+            for k in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold"):
+                sources[k] = note
+        return ServerInfo(
+            url=self.url,
+            model=self.model,
+            model_root=str(entry.get("root") or self.model),
+            served_models=names,
+            vllm_version=version,
+            max_model_len=max_model_len,
+            block_size=block_size,
+            num_gpu_blocks=num_blocks,
+            enable_prefix_caching=prefix,
+            max_num_batched_tokens=mnbt,
+            max_num_seqs=mns,
+            long_prefill_token_threshold=lptt,
+            gpu_memory_utilization=float(util) if util not in (None, "None") else None,
+            hardware=hardware,
+            device=device,
+            dev_mode=dev_mode,
+            sources=sources,
+        )
+
+    async def complete(self, prompt: Sequence[int], max_tokens: int) -> StreamResult:
+        """Stream one completion of a token-id prompt; exactly ``max_tokens`` tokens come back.
+
+        Args:
+            prompt: prompt token ids.
+            max_tokens: output tokens (``ignore_eos`` is set).
+
+        Returns:
+            The stream's timings and usage; a server-side rejection (HTTP 4xx/5xx) is returned
+            in ``error``, not raised.
+
+        Raises:
+            CalibrationError: the server is unreachable or the connection broke.
+        """
+        import httpx
+
+        body = {
+            "model": self.model,
+            "prompt": list(map(int, prompt)),
+            "max_tokens": int(max_tokens),
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+        res = StreamResult(t_send=time.perf_counter())
+        try:
+            async with self._http.stream("POST", "/v1/completions", json=body) as resp:
+                res.status = resp.status_code
+                if resp.status_code != 200:
+                    res.error = _error_message(await resp.aread())
+                    return res
+                async for line in resp.aiter_lines():
+                    now = time.perf_counter()
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:]
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    for choice in chunk.get("choices") or ():
+                        ids = choice.get("token_ids")
+                        n = len(ids) if ids is not None else (1 if choice.get("text") is not None else 0)
+                        res.token_times.extend([now - res.t_send] * n)
+                    usage = chunk.get("usage")
+                    if usage:
+                        res.prompt_tokens = usage.get("prompt_tokens")
+                        res.completion_tokens = usage.get("completion_tokens")
+                        details = usage.get("prompt_tokens_details") or {}
+                        res.cached_tokens = details.get("cached_tokens")
+                    if "error" in chunk:
+                        res.error = _error_message(data)
+        except httpx.TransportError as exc:
+            raise CalibrationError(
+                f"lost the vLLM server at {self.url}: {type(exc).__name__}: {exc or 'no answer'}"
+            ) from exc
+        res.t_done = time.perf_counter() - res.t_send
+        return res

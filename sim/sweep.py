@@ -1,0 +1,374 @@
+"""Sweeps: grids of scenarios run on a process pool or a Dask cluster, as one tidy DataFrame.
+
+A :class:`Scenario` names a workload, a cluster and a policy; ``run_scenario(scenario, round)``
+simulates it with seed ``scenario.seed + round`` and returns one row. The trace is built from the
+scenario alone (the agent workload draws it from ``scenario.seed``), and the spec the same way
+``kvroute compare`` builds it, so a sweep row equals the matching row of
+``kvroute.sim.experiment.compare(...).summaries`` (common random numbers across policies).
+
+Executors (every one gives the same rows for the same scenarios):
+
+- ``"sequential"``: in this process, one run after another;
+- ``"local"`` (default): ``concurrent.futures.ProcessPoolExecutor``;
+- ``"dask"``: a Dask distributed cluster at ``address`` (``tcp://host:8786``); without an address a
+  temporary ``LocalCluster`` of processes is started and closed. Every Dask worker must have
+  kvroute installed (same version).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from kvroute.sim.cluster import ClusterSpec, simulate
+from kvroute.sim.metrics import SUMMARY_METRICS, ServiceClass, summarize, summarize_rounds
+from kvroute.sim.profile import Profile, load_profile
+from kvroute.sim.routing import POLICIES
+from kvroute.traces import generators
+from kvroute.traces.format import Trace
+
+WORKLOADS = ("seed-chat", "agent")
+EXECUTORS = ("local", "sequential", "dask")
+
+COUNTER_COLUMNS: dict[str, str] = {
+    "num_requests": "requests in the trace",
+    "prompt_tokens": "prompt tokens of completed requests",
+    "prefill_tokens": "prompt tokens prefilled (not from the prefix cache), first admissions",
+    "output_tokens": "output tokens received",
+    "num_gpu_blocks": "KV blocks per worker (smallest worker)",
+    "num_evictions": "cached blocks evicted, all workers",
+    "num_preemptions": "engine preemptions, all workers",
+    "busy_time_s": "GPU busy time, all workers (s)",
+}
+"""Columns a row has besides the scenario fields and ``SUMMARY_METRICS``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One simulated scenario (everything but the round).
+
+    Attributes:
+        workload: ``"seed-chat"`` (the lab's burst) or ``"agent"`` (long-history sessions).
+        chats: chats (seed-chat) or sessions (agent).
+        turns: turns per chat; an agent session stops earlier when its history would exceed
+            the history range's top.
+        reply: reply tokens: exact for seed-chat; for agent, an int is exact and a
+            ``(low, high)`` pair is a uniform range; None keeps the generator's default
+            (seed-chat 128, agent 50-300).
+        history: agent only: prompt tokens, a ``(low, high)`` range (turn 1 drawn uniformly in
+            it, later turns grow until they would pass ``high``) or an int ``H`` meaning
+            ``(H // 2, H)``; None keeps the generator's default (8000, 32000).
+        think_time_s: seconds between a reply's last token and the next turn.
+        profile: shipped profile name or profile JSON path.
+        workers: vLLM workers behind the router.
+        gpus: GPUs (fewer than workers means sharing); None means one per worker.
+        policy: routing policy name.
+        kv_blocks: override of each worker's ``num_gpu_blocks``; None keeps the profile's.
+            Not allowed with shared GPUs (there vLLM's memory rule sets the blocks).
+        arrival_spread_s: uniform start jitter of root requests, s.
+        seed: round r runs with seed ``seed + r``; the agent trace is drawn from ``seed``.
+    """
+
+    workload: str = "seed-chat"
+    chats: int = 64
+    turns: int = 6
+    reply: int | tuple[int, int] | None = None
+    history: int | tuple[int, int] | None = None
+    think_time_s: float = 0.0
+    profile: str = "a6000-qwen2.5-7b"
+    workers: int = 4
+    gpus: int | None = None
+    policy: str = "round_robin"
+    kv_blocks: int | None = None
+    arrival_spread_s: float = 0.005
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r}; valid workloads: {', '.join(WORKLOADS)}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; valid policies: {', '.join(POLICIES)}")
+        if self.workload == "seed-chat" and self.history is not None:
+            raise ValueError("history applies to the agent workload only (seed-chat histories grow with turns)")
+        if self.workload == "seed-chat" and isinstance(self.reply, tuple):
+            raise ValueError("seed-chat replies have one length; give an int")
+        if self.kv_blocks is not None and self.kv_blocks < 2:
+            raise ValueError(f"kv_blocks must be >= 2, got {self.kv_blocks}")
+        if self.kv_blocks is not None and self.gpus is not None and self.gpus < self.workers:
+            raise ValueError("kv_blocks cannot be overridden when workers share GPUs "
+                             "(vLLM's memory rule sets each shared worker's blocks)")
+        # Lists (e.g. from JSON) become tuples so that scenarios stay hashable.
+        for name in ("reply", "history"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+
+    @property
+    def history_range(self) -> tuple[int, int] | None:
+        """The agent workload's prompt-token range, or None for the generator's default."""
+        if self.history is None or isinstance(self.history, tuple):
+            return self.history
+        return (self.history // 2, self.history)
+
+    def trace(self) -> Trace:
+        """The scenario's trace (cached per process)."""
+        return _trace(*self._trace_key())
+
+    def _trace_key(self) -> tuple:
+        return (self.workload, self.chats, self.turns, self.reply, self.history_range,
+                self.think_time_s, self.seed if self.workload == "agent" else 0)
+
+    def spec(self) -> ClusterSpec:
+        """The scenario's cluster, built as ``kvroute compare`` builds it."""
+        profile = _profile(self.profile)
+        if self.kv_blocks is not None:
+            # NOTE: the memory model is dropped so that nothing re-derives the overridden blocks.
+            profile = replace(profile, engine=replace(profile.engine, num_gpu_blocks=self.kv_blocks), memory=None)
+        return ClusterSpec(profile, num_workers=self.workers, num_gpus=self.gpus, policy=self.policy,
+                           arrival_spread_s=self.arrival_spread_s)
+
+    def label(self) -> dict[str, Any]:
+        """The scenario's fields as row columns (ranges as ``"low-high"`` strings)."""
+        row = asdict(self)
+        for name in ("reply", "history"):
+            if isinstance(row[name], (tuple, list)):
+                row[name] = f"{row[name][0]}-{row[name][1]}"
+        return row
+
+
+SCENARIO_FIELDS = tuple(f.name for f in fields(Scenario))
+
+
+@functools.lru_cache(maxsize=8)
+def _profile(name: str) -> Profile:
+    return load_profile(name)
+
+
+@functools.lru_cache(maxsize=16)
+def _trace(workload: str, chats: int, turns: int, reply, history, think_time_s: float, seed: int) -> Trace:
+    # NOTE: the same generator calls as kvroute.cli.scenario.load_trace, so that a sweep and
+    # `kvroute compare` simulate the same trace.
+    if workload == "seed-chat":
+        kwargs = {} if reply is None else {"reply_tokens": reply}
+        return generators.seed_chat(num_chats=chats, num_turns=turns, think_time_ms=think_time_s * 1000, **kwargs)
+    kwargs = {}
+    if reply is not None:
+        kwargs["reply_tokens"] = (reply, reply) if isinstance(reply, int) else tuple(reply)
+    if history is not None:
+        kwargs["history_tokens"] = tuple(history)
+    return generators.agent_sessions(
+        np.random.default_rng(seed), num_sessions=chats, num_turns=turns,
+        think_time_ms=(think_time_s * 1000, think_time_s * 1000), **kwargs,
+    )
+
+
+def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = ServiceClass()) -> dict[str, Any]:
+    """Simulate ``scenario`` once with seed ``scenario.seed + round``; return its row.
+
+    Returns:
+        The scenario's fields, ``round``, ``run_seed``, the SLO bounds, every
+        ``SUMMARY_METRICS`` key and the ``COUNTER_COLUMNS``.
+
+    Raises:
+        ValueError: from building the trace or spec, or from ``simulate``.
+    """
+    trace = scenario.trace()
+    spec = scenario.spec()
+    result = simulate(trace, spec, seed=scenario.seed + round)
+    ok = result.records[result.records["status"] == "ok"]
+    workers = result.workers
+    counters = {
+        "num_requests": len(result.records),
+        "prompt_tokens": int(ok["prompt_tokens"].sum()),
+        "prefill_tokens": int((ok["prompt_tokens"] - ok["cached_tokens"]).sum()),
+        "output_tokens": int(ok["output_tokens"].sum()),
+        "num_gpu_blocks": int(workers["num_gpu_blocks"].min()),
+        "num_evictions": int(workers["num_evictions"].sum()),
+        "num_preemptions": int(workers["num_preemptions"].sum()),
+        "busy_time_s": float(workers["busy_time"].sum()),
+    }
+    return {
+        **scenario.label(), "round": round, "run_seed": scenario.seed + round,
+        "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s,
+        **summarize(result, slo), **counters,
+    }
+
+
+def _run_task(task: tuple[Scenario, int, ServiceClass]) -> dict[str, Any]:
+    return run_scenario(*task)
+
+
+def grid(base: Scenario | None = None, **axes: Iterable[Any] | Any) -> list[Scenario]:
+    """The Cartesian product of ``axes`` over ``base`` (default ``Scenario()``).
+
+    Each keyword is a ``Scenario`` field; a list (or other non-string iterable) is an axis, a
+    scalar or tuple a fixed value. The first axis varies slowest.
+
+    Example: ``grid(workers=[2, 4, 8], policy=["round_robin", "kv_aware"], chats=32)``.
+
+    Raises:
+        ValueError: an unknown field (listing the valid ones) or an invalid scenario.
+    """
+    base = base or Scenario()
+    unknown = [k for k in axes if k not in SCENARIO_FIELDS]
+    if unknown:
+        raise ValueError(f"unknown scenario field(s) {', '.join(unknown)}; valid fields: {', '.join(SCENARIO_FIELDS)}")
+    names, values = [], []
+    for name, value in axes.items():
+        names.append(name)
+        is_axis = isinstance(value, Iterable) and not isinstance(value, (str, tuple))
+        values.append(list(value) if is_axis else [value])
+    return [replace(base, **dict(zip(names, combo))) for combo in itertools.product(*values)]
+
+
+def sweep(
+    scenarios: Scenario | Iterable[Scenario],
+    rounds: int = 1,
+    executor: str = "local",
+    address: str | None = None,
+    max_workers: int | None = None,
+    progress: bool = True,
+    slo: ServiceClass = ServiceClass(),
+) -> pd.DataFrame:
+    """Run every scenario for ``rounds`` rounds; one row per (scenario, round), in grid order.
+
+    Args:
+        scenarios: a scenario or a list (e.g. from ``grid``).
+        rounds: rounds per scenario; round r uses seed ``scenario.seed + r``.
+        executor: ``"local"`` (process pool), ``"sequential"`` or ``"dask"``.
+        address: Dask scheduler address (``tcp://host:8786``); only with ``executor="dask"``.
+        max_workers: processes of the local pool or of a temporary Dask LocalCluster
+            (default: the CPU count, at most the number of runs).
+        progress: show a progress bar on stderr.
+        slo: the service class goodput is measured against.
+
+    Returns:
+        A DataFrame with the scenario fields, ``round``, ``run_seed``, ``slo_ttft_s``,
+        ``slo_tpot_s``, the ``SUMMARY_METRICS`` and the ``COUNTER_COLUMNS``.
+
+    Raises:
+        ValueError: an unknown executor, rounds < 1, an address without Dask, or any error of a
+            run (raised as soon as it is seen).
+    """
+    if isinstance(scenarios, Scenario):
+        scenarios = [scenarios]
+    scenarios = list(scenarios)
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if address is not None and executor != "dask":
+        raise ValueError("an address is for executor='dask'")
+    tasks = [(s, r, slo) for s in scenarios for r in range(rounds)]
+    if not tasks:
+        return pd.DataFrame(columns=[*SCENARIO_FIELDS, "round", "run_seed"])
+    for scenario in dict.fromkeys(scenarios):  # fail early, in this process, on a bad scenario
+        scenario.spec()
+    bar = tqdm(total=len(tasks), desc="sweep", unit="run", file=sys.stderr, disable=not progress)
+    rows: list[dict | None] = [None] * len(tasks)
+
+    def done(i: int, row: dict) -> None:
+        rows[i] = row
+        bar.update()
+
+    try:
+        if executor == "sequential":
+            for i, task in enumerate(tasks):
+                done(i, _run_task(task))
+        elif executor == "local":
+            workers = max_workers or min(len(tasks), os.cpu_count() or 1)
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                futures = {pool.submit(_run_task, task): i for i, task in enumerate(tasks)}
+                for future in as_completed(futures):
+                    done(futures[future], future.result())
+        else:
+            _run_dask(tasks, address, max_workers, done)
+    finally:
+        bar.close()
+    return pd.DataFrame(rows)
+
+
+def _run_dask(tasks: list, address: str | None, max_workers: int | None, done) -> None:
+    try:
+        from distributed import Client, LocalCluster, as_completed as dask_completed
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ValueError("executor='dask' needs Dask distributed: pip install 'kvroute[dask]'") from exc
+    cluster = None
+    if address is None:
+        n = max_workers or min(len(tasks), os.cpu_count() or 1)
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+        address = cluster.scheduler_address
+    try:
+        with Client(address) as client:
+            futures = client.map(_run_task, tasks, pure=False)
+            index = {f.key: i for i, f in enumerate(futures)}
+            for future in dask_completed(futures):
+                done(index[future.key], future.result())
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def group_columns(frame: pd.DataFrame) -> list[str]:
+    """The scenario fields that vary in ``frame`` (the columns to group rounds by)."""
+    return [c for c in SCENARIO_FIELDS if c in frame and c != "seed" and frame[c].nunique(dropna=False) > 1]
+
+
+def intervals(frame: pd.DataFrame, metrics: list[str] | None = None, by: list[str] | None = None,
+              confidence: float = 0.95) -> pd.DataFrame:
+    """Mean and Student-t interval over rounds of ``metrics`` for each scenario of a sweep.
+
+    Args:
+        frame: a ``sweep`` result.
+        metrics: columns to summarise (default: every ``SUMMARY_METRICS`` key).
+        by: columns naming a scenario (default: the scenario fields that vary, without seed).
+        confidence: two-sided confidence of the interval.
+
+    Returns:
+        One row per scenario: the ``by`` columns, ``rounds``, and ``<metric>``,
+        ``<metric>_low``, ``<metric>_high`` per metric (``kvroute.sim.metrics.summarize_rounds``).
+    """
+    metrics = metrics or list(SUMMARY_METRICS)
+    by = group_columns(frame) if by is None else by
+    out = []
+    groups = frame.groupby(by, sort=False, dropna=False) if by else [((), frame)]
+    for key, group in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        iv = summarize_rounds(group[metrics].to_dict("records"), confidence)
+        row = dict(zip(by, key))
+        row["rounds"] = len(group)
+        for m in metrics:
+            row[m], row[f"{m}_low"], row[f"{m}_high"] = iv.loc[m, "mean"], iv.loc[m, "low"], iv.loc[m, "high"]
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def gpus_used(frame: pd.DataFrame) -> pd.Series:
+    """GPUs of each row's cluster (``gpus``, or one per worker when it is empty)."""
+    return frame["gpus"].fillna(frame["workers"]).astype(int)
+
+
+def cost_per_million_tokens(frame: pd.DataFrame, usd_per_gpu_hour: float, tokens: str = "output") -> pd.Series:
+    """GPU cost of each run per million tokens, USD.
+
+    ``cost = usd_per_gpu_hour * GPUs * time_to_complete_s / 3600``, divided by the run's
+    tokens in millions: ``"output"`` tokens, or ``"total"`` (prompt + output) tokens.
+
+    Raises:
+        ValueError: ``tokens`` is neither ``"output"`` nor ``"total"``.
+    """
+    if tokens not in ("output", "total"):
+        raise ValueError(f"tokens must be 'output' or 'total', got {tokens!r}")
+    count = frame["output_tokens"] + (frame["prompt_tokens"] if tokens == "total" else 0)
+    usd = usd_per_gpu_hour * gpus_used(frame) * frame["time_to_complete_s"] / 3600.0
+    return (usd / (count / 1e6)).where(count > 0, math.nan)
