@@ -97,13 +97,11 @@ class BlockPool:
             raise ValueError(f"cannot get {num_blocks} free blocks, only {len(self._free)} free")
         popitem = self._free.popitem
         ref_cnt, block_hash = self.ref_cnt, self.block_hash
-        out = []
-        for _ in range(num_blocks):
-            bid = popitem(last=False)[0]
+        out = [popitem(False)[0] for _ in range(num_blocks)]
+        for bid in out:
             if block_hash[bid] is not None:
                 self._evict(bid)
             ref_cnt[bid] = 1
-            out.append(bid)
         return out
 
     def touch(self, block_ids: Iterable[int]) -> None:

@@ -41,6 +41,8 @@ class ClusterSpec:
             ``[0, arrival_spread_s]`` (the lab's burst started within a few ms, not at once).
         router_block_tokens: granularity of the router's routed-prefix index, tokens.
         record_steps: keep a per-step log on each worker.
+        fast_forward: advance runs of identical decode steps as one event (same result up to
+            floating-point rounding; much faster on long decodes).
     """
 
     profile: Profile
@@ -51,6 +53,7 @@ class ClusterSpec:
     arrival_spread_s: float = 0.005
     router_block_tokens: int = 256
     record_steps: bool = False
+    fast_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -123,7 +126,9 @@ class Cluster:
                 gpus[spec.gpu_of(w)] if spec.workers_on_gpu(spec.gpu_of(w)) > 1 else None,
                 self._on_token,
                 self._on_finish,
+                self._on_decode_run,
                 spec.record_steps,
+                spec.fast_forward,
             )
             for w in range(spec.num_workers)
         ]
@@ -189,6 +194,13 @@ class Cluster:
         else:
             self.itl_gaps.append(now - record.last_token)
         record.last_token = now
+
+    def _on_decode_run(self, requests: list[Request], step_ends: list[float]) -> None:
+        gaps = [b - a for a, b in zip(step_ends, step_ends[1:])]
+        last = step_ends[-1]
+        for request in requests:
+            request.client.last_token = last
+            self.itl_gaps.extend(gaps)
 
     def _on_finish(self, request: Request, now: float) -> None:
         record: RequestRecord = request.client

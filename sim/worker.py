@@ -4,6 +4,11 @@ Each iteration schedules a step, holds the worker's GPU for the step time the co
 applies the step and streams its tokens: a token reaches the client when its step ends. An idle
 worker sleeps on an event that ``add_request`` triggers, so there is no polling. GPUs are SimPy
 resources of capacity 1: two workers on one GPU alternate their steps, each at half speed.
+
+A run of decode steps whose batch cannot change (nothing waiting, nobody finishing, enough free
+blocks) is advanced as one event: the step times are summed in closed form and the run is
+cut short at the step in progress when a request arrives, so the result equals stepping one
+at a time (up to floating-point rounding of the summed times).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ class Worker:
             (holding an uncontended resource would change nothing but cost time).
         on_token: called as ``on_token(request, now)`` for every sampled token.
         on_finish: called as ``on_finish(request, now)`` when a request has all its tokens.
+        on_decode_run: called as ``on_decode_run(requests, step_ends)`` for a run of decode
+            steps advanced at once: every request got one token at each time in ``step_ends``.
+        fast_forward: advance runs of identical decode steps as one event (needs an unshared GPU).
 
     Attributes:
         scheduler: the engine's scheduler (queues, block pool, prefix-cache counters).
@@ -50,7 +58,9 @@ class Worker:
         gpu: simpy.Resource | None,
         on_token,
         on_finish,
+        on_decode_run,
         record_steps: bool = False,
+        fast_forward: bool = True,
     ) -> None:
         self.env = env
         self.index = index
@@ -59,6 +69,8 @@ class Worker:
         self.gpu = gpu
         self.on_token = on_token
         self.on_finish = on_finish
+        self.on_decode_run = on_decode_run
+        self.fast_forward = fast_forward and gpu is None
         self.num_steps = 0
         self.busy_time = 0.0
         self.step_log: array | None = array("d") if record_steps else None
@@ -93,6 +105,11 @@ class Worker:
                 out.prefill_token_pairs,
                 out.decode_context_tokens,
             )
+            if self.fast_forward:
+                run = scheduler.decode_run_length(out)
+                if run > 0:
+                    yield from self._decode_run(out, dt, run)
+                    continue
             if self.gpu is not None:
                 with self.gpu.request() as slot:
                     yield slot
@@ -101,14 +118,56 @@ class Worker:
             else:
                 start = env.now
                 yield env.timeout(dt)
-            self.num_steps += 1
-            self.busy_time += dt
-            if self.step_log is not None:
-                self.step_log.extend((start, dt, out.num_batched_tokens, len(out.requests)))
-            result = scheduler.update(out)
+            self._account(start, dt, out.num_batched_tokens, len(out.requests))
+            self._finish_step(out, env.now)
+
+    def _finish_step(self, out, now: float) -> None:
+        result = self.scheduler.update(out)
+        on_token = self.on_token
+        for req in result.emitted:
+            on_token(req, now)
+        for req in result.finished:
+            self.on_finish(req, now)
+
+    def _account(self, start: float, dt: float, tokens: int, reqs: int) -> None:
+        self.num_steps += 1
+        self.busy_time += dt
+        if self.step_log is not None:
+            self.step_log.extend((start, dt, tokens, reqs))
+
+    def _decode_run(self, out, dt: float, run: int):
+        """Step ``out`` plus up to ``run`` identical decode steps, as one wait.
+
+        Step j's time grows only through the context every request reads (one more token each
+        per step). An arrival cuts the run after the step in progress, as a real engine would
+        take the new request into the next step it schedules.
+        """
+        env, cost = self.env, self.step_cost
+        batch = len(out.requests)
+        start = env.now
+        ends = [start + dt]
+        durations = [dt]
+        context = out.decode_context_tokens
+        for j in range(1, run + 1):
+            step = cost.step_time(batch, batch, 0.0, context + batch * j)
+            durations.append(step)
+            ends.append(ends[-1] + step)
+        self._wakeup = env.event()
+        yield env.timeout(ends[-1] - start) | self._wakeup
+        self._wakeup = None
+        done = run
+        if env.now < ends[-1]:  # an arrival: finish the step in progress, then stop
             now = env.now
-            on_token = self.on_token
-            for req in result.emitted:
-                on_token(req, now)
-            for req in result.finished:
-                self.on_finish(req, now)
+            done = next(j for j, end in enumerate(ends) if end >= now)
+            if ends[done] > now:
+                yield env.timeout(ends[done] - now)
+        self.num_steps += done + 1
+        self.busy_time += sum(durations[: done + 1])
+        if self.step_log is not None:
+            for j in range(done + 1):
+                self.step_log.extend((ends[j] - durations[j], durations[j], batch, batch))
+        self._finish_step(out, ends[0])
+        if done:
+            requests = list(out.requests)
+            self.scheduler.advance_decode_run(requests, done)
+            self.on_decode_run(requests, ends[: done + 1])

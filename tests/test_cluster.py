@@ -140,3 +140,24 @@ def test_mooncake_first20_runs_on_real_input():
     # the second hits exactly those 6,144 tokens on the worker that holds them.
     assert df.loc[5, "worker"] == df.loc[4, "worker"]
     assert df.loc[5, "cached_tokens"] == 12 * 512
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "kv_aware"])
+def test_fast_forwarded_decode_runs_equal_step_by_step_simulation(policy):
+    """Advancing runs of identical decode steps as one event changes nothing but rounding."""
+    from kvroute.sim.profile import load_profile
+
+    trace = seed_chat(num_chats=12, num_turns=4, think_time_ms=300.0)
+    profile = load_profile("a6000-qwen2.5-7b")
+    small = replace(profile, engine=replace(profile.engine, num_gpu_blocks=300))  # evictions, preemptions
+    spec = ClusterSpec(small, num_workers=2, policy=policy)
+    fast = simulate(trace, spec, seed=5)
+    slow = simulate(trace, replace(spec, fast_forward=False), seed=5)
+    for column in ["worker", "prompt_tokens", "cached_tokens", "output_tokens", "preemptions", "status"]:
+        assert list(fast.records[column]) == list(slow.records[column]), column
+    for column in ["arrival", "first_token", "finish", "ttft", "e2e"]:
+        assert list(fast.records[column]) == pytest.approx(list(slow.records[column]), rel=1e-9, abs=1e-9)
+    assert sorted(fast.itl) == pytest.approx(sorted(slow.itl), rel=1e-9, abs=1e-12)
+    for column in ["num_steps", "prefix_cache_hits", "prefix_cache_queries", "num_evictions", "num_preemptions"]:
+        assert list(fast.workers[column]) == list(slow.workers[column]), column
+    assert fast.workers["num_evictions"].sum() > 0 and fast.workers["num_preemptions"].sum() > 0

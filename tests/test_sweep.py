@@ -1,0 +1,176 @@
+"""Sweeps: grids, rows equal to ``compare``'s, the same numbers on every executor, and the CLI."""
+
+import math
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from kvroute.cli.scenario import build_spec, load_trace
+from kvroute.cli.sweep_command import sweep_command
+from kvroute.sim.experiment import compare
+from kvroute.sim.metrics import SUMMARY_METRICS, summarize_rounds
+from kvroute.sim.profile import load_profile
+from kvroute.sim.sweep import (
+    COUNTER_COLUMNS, SCENARIO_FIELDS, Scenario, cost_per_million_tokens, grid, intervals, run_scenario, sweep,
+)
+
+SMALL = Scenario(chats=8, turns=3)
+POLICIES = ["round_robin", "least_loaded", "kv_aware"]
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        yield cluster
+
+
+def test_grid_is_the_cartesian_product_first_axis_slowest():
+    scenarios = grid(SMALL, workers=[2, 4], policy=["round_robin", "kv_aware"], chats=16)
+    assert [(s.workers, s.policy, s.chats) for s in scenarios] == [
+        (2, "round_robin", 16), (2, "kv_aware", 16), (4, "round_robin", 16), (4, "kv_aware", 16)]
+    assert grid(SMALL) == [SMALL]
+    # a tuple is one value (a range), not an axis
+    assert [s.history for s in grid(Scenario(workload="agent"), history=(8000, 16000))] == [(8000, 16000)]
+
+
+def test_bad_names_list_the_valid_ones():
+    with pytest.raises(ValueError, match="valid fields: workload, chats"):
+        grid(SMALL, worker=[2])
+    with pytest.raises(ValueError, match="valid policies: round_robin"):
+        Scenario(policy="sticky")
+    with pytest.raises(ValueError, match="valid workloads: seed-chat, agent"):
+        Scenario(workload="chat")
+    with pytest.raises(ValueError, match="agent workload only"):
+        Scenario(history=8000)
+    with pytest.raises(ValueError, match="share GPUs"):
+        Scenario(workers=2, gpus=1, kv_blocks=1000)
+    with pytest.raises(ValueError, match="valid executors: local, sequential, dask"):
+        sweep([SMALL], executor="ray")
+
+
+def test_rows_equal_compare_for_the_same_seeds():
+    frame = sweep(grid(SMALL, policy=POLICIES), rounds=2, executor="sequential", progress=False)
+    trace = load_trace(None, "seed-chat", 3, 8, 0.0, None, None, 0)
+    expected = compare(trace, build_spec("a6000-qwen2.5-7b", 4, None, 0.005, "auto"), POLICIES, rounds=2)
+    assert list(frame["policy"]) == list(expected.summaries["policy"])
+    assert list(frame["run_seed"]) == list(expected.summaries["seed"])
+    for metric in SUMMARY_METRICS:
+        assert frame[metric].tolist() == pytest.approx(expected.summaries[metric].tolist(), rel=0, abs=0,
+                                                       nan_ok=True), metric
+
+
+def test_agent_rows_equal_compare_with_the_cli_trace():
+    scenario = Scenario(workload="agent", chats=4, turns=3, seed=5, policy="kv_aware")
+    frame = sweep(scenario, rounds=2, executor="sequential", progress=False)
+    trace = load_trace(None, "agent", 3, 4, 0.0, None, None, 5)
+    expected = compare(trace, build_spec("a6000-qwen2.5-7b", 4, None, 0.005, "auto"), ["kv_aware"],
+                       rounds=2, seed=5)
+    for metric in ("time_to_complete_s", "later_ttft_mean_s", "hit_rate", "goodput_share"):
+        assert frame[metric].tolist() == expected.summaries[metric].tolist()
+
+
+def test_row_has_scenario_fields_metrics_and_counters():
+    row = run_scenario(Scenario(chats=4, turns=2, workers=2, policy="kv_aware"), round=1)
+    assert set(SCENARIO_FIELDS) | set(SUMMARY_METRICS) | set(COUNTER_COLUMNS) <= set(row)
+    assert row["round"] == 1 and row["run_seed"] == 1
+    assert row["num_requests"] == 8
+    assert row["output_tokens"] == 8 * 128
+    assert row["prefill_tokens"] == pytest.approx(row["prompt_tokens"] * (1 - row["hit_rate"]))
+    assert row["num_gpu_blocks"] == load_profile("a6000-qwen2.5-7b").engine.num_gpu_blocks
+    assert row["num_evictions"] == 0 and row["num_preemptions"] == row["preemptions"] == 0
+
+
+def test_kv_blocks_override_makes_evictions_appear():
+    base = Scenario(workload="agent", chats=8, turns=4, history=(8000, 12000), policy="kv_aware", workers=2)
+    frame = sweep(grid(base, kv_blocks=[1000, 100_000]), executor="sequential", progress=False)
+    assert frame["num_gpu_blocks"].tolist() == [1000, 100_000]
+    small, large = frame.iloc[0], frame.iloc[1]
+    assert small["num_evictions"] > 0 and large["num_evictions"] == 0
+    assert small["hit_rate"] < large["hit_rate"]
+
+
+def test_shared_gpu_follows_the_memory_rule():
+    row = run_scenario(Scenario(chats=4, turns=2, workers=2, gpus=1, profile="a100-80gb-qwen2.5-7b"))
+    assert row["num_gpu_blocks"] == load_profile("a100-80gb-qwen2.5-7b").shared(2).engine.num_gpu_blocks
+
+
+def test_same_numbers_on_every_executor(dask_cluster):
+    scenarios = grid(SMALL, workers=[2, 4], policy=["round_robin", "kv_aware"])
+    sequential = sweep(scenarios, rounds=2, executor="sequential", progress=False)
+    local = sweep(scenarios, rounds=2, executor="local", max_workers=2, progress=False)
+    dask = sweep(scenarios, rounds=2, executor="dask", address=dask_cluster.scheduler_address, progress=False)
+    assert len(sequential) == 8
+    pd.testing.assert_frame_equal(local, sequential)
+    pd.testing.assert_frame_equal(dask, sequential)
+
+
+def test_intervals_use_summarize_rounds():
+    frame = sweep(grid(SMALL, policy=["round_robin", "kv_aware"]), rounds=3, executor="sequential", progress=False)
+    iv = intervals(frame, ["time_to_complete_s", "hit_rate"])
+    assert iv["policy"].tolist() == ["round_robin", "kv_aware"] and iv["rounds"].tolist() == [3, 3]
+    rr = frame[frame["policy"] == "round_robin"]
+    expected = summarize_rounds(rr[["time_to_complete_s", "hit_rate"]].to_dict("records"))
+    assert iv.loc[0, "hit_rate_low"] == expected.loc["hit_rate", "low"]
+    assert iv.loc[0, "time_to_complete_s"] == expected.loc["time_to_complete_s", "mean"]
+
+
+def test_cost_per_million_tokens():
+    frame = pd.DataFrame({"workers": [2, 2], "gpus": [None, 1], "time_to_complete_s": [3600.0, 1800.0],
+                          "output_tokens": [500_000, 0], "prompt_tokens": [1_500_000, 0]})
+    # 2 GPUs for an hour at $2/h = $4 for half a million output tokens
+    assert cost_per_million_tokens(frame, 2.0).iloc[0] == pytest.approx(8.0)
+    assert cost_per_million_tokens(frame, 2.0, tokens="total").iloc[0] == pytest.approx(2.0)
+    assert math.isnan(cost_per_million_tokens(frame, 2.0).iloc[1])
+
+
+def test_cli_prints_pivot_tables_and_writes_rows(tmp_path):
+    out = tmp_path / "rows.csv"
+    result = CliRunner().invoke(sweep_command, [
+        "--chats", "4", "--turns", "2", "--workers", "2,4", "--policies", "round_robin,kv_aware",
+        "--rounds", "2", "--executor", "sequential", "--no-progress", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "time to complete (s)" in result.output and "hit rate" in result.output
+    header = next(line for line in result.output.splitlines() if "round_robin" in line)
+    assert header.split() == ["round_robin", "kv_aware"]
+    rows = pd.read_csv(out)
+    assert len(rows) == 8 and set(rows["workers"]) == {2, 4}
+
+
+def test_cli_agent_ranges_and_parquet(tmp_path):
+    out = tmp_path / "rows.parquet"
+    result = CliRunner().invoke(sweep_command, [
+        "--workload", "agent", "--chats", "2", "--turns", "2", "--history", "8000,8000-12000", "--reply", "32",
+        "--policies", "kv_aware", "--rounds", "1", "--executor", "sequential", "--no-progress",
+        "--show", "num_evictions", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = pd.read_parquet(out)
+    assert rows["history"].tolist() == ["8000", "8000-12000"]
+    assert (rows["output_tokens"] == 32 * rows["num_requests"]).all()
+
+
+def test_cli_dask_address(dask_cluster):
+    result = CliRunner().invoke(sweep_command, [
+        "--chats", "4", "--turns", "2", "--policies", "kv_aware", "--rounds", "2", "--no-progress",
+        "--address", dask_cluster.scheduler_address])
+    assert result.exit_code == 0, result.output
+    assert "executor dask" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policies", "round_robin,sticky"], "valid policies: round_robin"),
+    (["--workload", "chat"], "valid names: seed-chat, agent"),
+    (["--profile", "v100"], "shipped profiles:"),
+    (["--show", "latency"], "valid names: time_to_complete_s"),
+    (["--workers", "two"], "comma-separated integers"),
+    (["--history", "8000"], "--workload agent only"),
+    (["--out", "rows.json"], ".parquet or .csv"),
+    (["--workers", "2", "--gpus", "3"], "num_gpus must be between"),
+])
+def test_cli_rejects_bad_input_with_the_valid_choices(args, message):
+    result = CliRunner().invoke(sweep_command, ["--chats", "2", "--turns", "1", "--rounds", "1",
+                                                "--executor", "sequential", "--no-progress", *args])
+    assert result.exit_code != 0
+    assert message in result.output
