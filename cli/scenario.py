@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -34,6 +35,10 @@ def scenario_options(func):
         click.option("--gpus", type=int, default=None, help="GPUs; fewer than workers means sharing [one each]."),
         click.option("--profile", "profile_name", default="a6000-qwen2.5-7b", show_default=True,
                      help="Shipped profile name or profile JSON file."),
+        click.option("--max-model-len", type=int, default=None,
+                     help="Override the profile's max_model_len (tokens); longer prompts are rejected as vLLM does."),
+        click.option("--kv-blocks", type=int, default=None,
+                     help="Override the profile's num_gpu_blocks per worker (KV capacity)."),
         click.option("--arrival-spread", type=float, default=0.005, show_default=True,
                      help="Uniform start jitter of root requests, s."),
         click.option("--replay", type=click.Choice(["auto", "closed", "open"]), default="auto", show_default=True,
@@ -112,10 +117,14 @@ def parse_policies(text: str) -> list[str]:
     return names
 
 
-def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread: float, replay: str) -> ClusterSpec:
+def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread: float, replay: str,
+               max_model_len: int | None = None, kv_blocks: int | None = None) -> ClusterSpec:
     """The ClusterSpec for the options; unknown profiles list the shipped names."""
     try:
         profile = load_profile(profile_name)
+        overrides = {k: v for k, v in (("max_model_len", max_model_len), ("num_gpu_blocks", kv_blocks)) if v}
+        if overrides:
+            profile = dataclasses.replace(profile, engine=dataclasses.replace(profile.engine, **overrides))
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--profile") from exc
     closed = {"auto": None, "closed": True, "open": False}[replay]

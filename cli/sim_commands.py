@@ -18,9 +18,10 @@ DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
 
 
 def _run(policies, rounds, json_out, out, workload, trace_path, trace_block_size, max_requests, turns, chats,
-         think_time, workers, gpus, profile_name, arrival_spread, replay, seed, slo_ttft, slo_tpot):
+         think_time, workers, gpus, profile_name, max_model_len, kv_blocks, arrival_spread, replay, seed,
+         slo_ttft, slo_tpot):
     trace = load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, seed)
-    spec = build_spec(profile_name, workers, gpus, arrival_spread, replay)
+    spec = build_spec(profile_name, workers, gpus, arrival_spread, replay, max_model_len, kv_blocks)
     header = describe(trace, spec)
     if not json_out:
         click.echo(f"{header} | {rounds} round(s) per policy")

@@ -1,0 +1,206 @@
+"""``kvroute sweep``: a grid of scenarios on a local process pool or a Dask cluster."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import click
+import pandas as pd
+
+from kvroute.cli.scenario import parse_policies, with_errors
+from kvroute.sim.metrics import SUMMARY_METRICS
+from kvroute.sim.profile import load_profile
+from kvroute.sim.sweep import COUNTER_COLUMNS, EXECUTORS, WORKLOADS, Scenario, grid, intervals, sweep
+from kvroute.sim.metrics import ServiceClass
+
+DEFAULT_SHOW = "time_to_complete_s,later_ttft_mean_s,later_ttft_p90_s,hit_rate"
+
+
+def _split(text: str | None) -> list[str]:
+    return [item.strip() for item in (text or "").split(",") if item.strip()]
+
+
+def _ints(text: str | None, hint: str, minimum: int = 1) -> list[int] | None:
+    """``"2,4,8"`` -> ``[2, 4, 8]``; None or empty -> None."""
+    items = _split(text)
+    if not items:
+        return None
+    try:
+        values = [int(item) for item in items]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {text!r}", param_hint=hint) from None
+    for value in values:
+        if value < minimum:
+            raise click.BadParameter(f"values must be >= {minimum}, got {value}", param_hint=hint)
+    return values
+
+
+def _floats(text: str, hint: str) -> list[float]:
+    try:
+        values = [float(item) for item in _split(text)]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, got {text!r}", param_hint=hint) from None
+    if not values or any(v < 0 for v in values):
+        raise click.BadParameter(f"expected numbers >= 0, got {text!r}", param_hint=hint)
+    return values
+
+
+def _lengths(text: str | None, hint: str) -> list[int | tuple[int, int]] | None:
+    """``"8000,8000-16000"`` -> ``[8000, (8000, 16000)]``; None or empty -> None."""
+    items = _split(text)
+    if not items:
+        return None
+    out: list[int | tuple[int, int]] = []
+    for item in items:
+        try:
+            if "-" in item:
+                low, high = (int(part) for part in item.split("-", 1))
+                if not 0 <= low <= high:
+                    raise ValueError
+                out.append((low, high))
+            else:
+                out.append(int(item))
+        except ValueError:
+            raise click.BadParameter(f"{item!r} is neither a token count nor a range LOW-HIGH", param_hint=hint) from None
+    return out
+
+
+def _choices(text: str, valid: tuple[str, ...] | list[str], hint: str) -> list[str]:
+    names = _split(text)
+    for name in names:
+        if name not in valid:
+            raise click.BadParameter(f"unknown name {name!r}; valid names: {', '.join(valid)}", param_hint=hint)
+    if not names:
+        raise click.BadParameter("give at least one value", param_hint=hint)
+    return names
+
+
+def _profiles(text: str) -> list[str]:
+    names = _split(text)
+    for name in names:
+        try:
+            load_profile(name)
+        except (FileNotFoundError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--profile") from exc
+    if not names:
+        raise click.BadParameter("give at least one profile", param_hint="--profile")
+    return names
+
+
+def pivot_table(frame: pd.DataFrame, metric: str) -> str:
+    """``metric``'s mean ± 95% half-width over rounds: a row per scenario, a column per policy."""
+    iv = intervals(frame, [metric])
+    by = [c for c in iv.columns if c not in ("rounds", metric, f"{metric}_low", f"{metric}_high")]
+    values = iv[metric].dropna()
+    integral = len(values) > 0 and bool((values == values.round()).all())
+    digits = 0 if integral else 3 if values.abs().max() < 10 else 1
+
+    def cell(row) -> str:
+        if math.isnan(row[metric]):
+            return "-"
+        if row["rounds"] > 1:
+            return f"{row[metric]:.{digits}f} ± {row[f'{metric}_high'] - row[metric]:.{digits}f}"
+        return f"{row[metric]:.{digits}f}"
+
+    iv["cell"] = iv.apply(cell, axis=1)
+    index = [c for c in by if c != "policy"]
+    if "policy" in by and index:
+        table = iv.pivot(index=index, columns="policy", values="cell")[list(dict.fromkeys(iv["policy"]))]
+        table.columns.name = None
+    elif "policy" in by:
+        table = iv.set_index("policy")[["cell"]].T
+        table.index = [""]
+    elif index:
+        table = iv.set_index(index)[["cell"]]
+    else:
+        table = iv[["cell"]]
+        table.index = [""]
+    table = table.rename(columns={"cell": metric})
+    label = SUMMARY_METRICS.get(metric) or COUNTER_COLUMNS.get(metric, metric)
+    return f"{label}\n{table.to_string()}"
+
+
+@click.command("sweep")
+@click.option("--workload", "workloads", default="seed-chat", show_default=True,
+              help=f"Comma-separated workloads: {', '.join(WORKLOADS)}.")
+@click.option("--chats", default="64", show_default=True, help="Chats or agent sessions, comma list.")
+@click.option("--turns", default="6", show_default=True, help="Turns per chat, comma list.")
+@click.option("--history", default=None,
+              help="Agent prompt tokens, comma list of H (meaning H/2-H) or LOW-HIGH ranges [8000-32000].")
+@click.option("--reply", default=None,
+              help="Reply tokens, comma list of N or (agent) LOW-HIGH ranges [seed-chat 128, agent 50-300].")
+@click.option("--think-time", default="0", show_default=True, help="Seconds between turns, comma list.")
+@click.option("--profile", "profiles", default="a6000-qwen2.5-7b", show_default=True,
+              help="Shipped profile names or profile JSON files, comma list.")
+@click.option("--workers", default="4", show_default=True, help="vLLM workers, comma list.")
+@click.option("--gpus", default=None, help="GPUs, comma list (fewer than workers means sharing) [one per worker].")
+@click.option("--policies", default="round_robin,least_loaded,kv_aware", show_default=True,
+              help="Routing policies, comma list.")
+@click.option("--kv-blocks", default=None, help="Override of each worker's KV blocks, comma list [the profile's].")
+@click.option("--arrival-spread", type=float, default=0.005, show_default=True,
+              help="Uniform start jitter of root requests, s.")
+@click.option("--seeds", default="0", show_default=True,
+              help="Base seeds, comma list (round r uses seed + r; agent traces are drawn from the seed).")
+@click.option("--rounds", type=int, default=3, show_default=True, help="Seeded rounds per scenario.")
+@click.option("--slo-ttft", type=float, default=2.0, show_default=True, help="Goodput bound on TTFT, s.")
+@click.option("--slo-tpot", type=float, default=0.1, show_default=True, help="Goodput bound on TPOT, s.")
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
+              help="local: process pool; sequential: this process; dask: a Dask cluster.")
+@click.option("--address", default=None,
+              help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask) "
+                   "[dask without it: a temporary local cluster].")
+@click.option("--max-workers", type=int, default=None, help="Local processes [CPU count].")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write every row to FILE.parquet or FILE.csv.")
+@click.option("--show", default=DEFAULT_SHOW, show_default=True, help="Metrics to print, comma list.")
+@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@with_errors
+def sweep_command(workloads, chats, turns, history, reply, think_time, profiles, workers, gpus, policies,
+                  kv_blocks, arrival_spread, seeds, rounds, slo_ttft, slo_tpot, executor, address, max_workers,
+                  out, show, no_progress):
+    """Run a grid of scenarios (every combination of the comma lists) and print pivot tables.
+
+    Example: kvroute sweep --workload agent --workers 2,4,8 --policies round_robin,kv_aware
+    --history 8000,16000 --reply 64,128 --chats 32 --rounds 3 --out sweep.parquet
+    """
+    valid_metrics = [*SUMMARY_METRICS, *COUNTER_COLUMNS]
+    shown = _choices(show, valid_metrics, "--show")
+    if out is not None and out.suffix.lower() not in (".parquet", ".csv"):
+        raise click.BadParameter(f"{out} must end in .parquet or .csv", param_hint="--out")
+    if address is not None:
+        executor = "dask"
+    axes = {
+        "workload": _choices(workloads, WORKLOADS, "--workload"),
+        "chats": _ints(chats, "--chats"),
+        "turns": _ints(turns, "--turns"),
+        "history": _lengths(history, "--history"),
+        "reply": _lengths(reply, "--reply"),
+        "think_time_s": _floats(think_time, "--think-time"),
+        "profile": _profiles(profiles),
+        "workers": _ints(workers, "--workers"),
+        "gpus": _ints(gpus, "--gpus"),
+        "policy": parse_policies(policies),
+        "kv_blocks": _ints(kv_blocks, "--kv-blocks", minimum=2),
+        "seed": _ints(seeds, "--seeds", minimum=0),
+    }
+    if axes["history"] is not None and "seed-chat" in axes["workload"]:
+        raise click.BadParameter("applies to --workload agent only", param_hint="--history")
+    scenarios = grid(Scenario(arrival_spread_s=arrival_spread), **{k: v for k, v in axes.items() if v is not None})
+    click.echo(f"{len(scenarios)} scenario(s) x {rounds} round(s) on executor {executor}", err=True)
+    frame = sweep(scenarios, rounds=rounds, executor=executor, address=address, max_workers=max_workers,
+                  progress=not no_progress, slo=ServiceClass(slo_ttft, slo_tpot))
+    for metric in shown:
+        click.echo(pivot_table(frame, metric) + "\n")
+    click.echo(f"{rounds} round(s) per scenario; ± is the 95% interval over rounds; "
+               f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        table = frame.copy()
+        for column in ("reply", "history"):  # mixed ints and ranges: store as text
+            table[column] = table[column].map(lambda v: None if v is None else str(v))
+        if out.suffix.lower() == ".parquet":
+            table.to_parquet(out, index=False)
+        else:
+            table.to_csv(out, index=False)
+        click.echo(f"wrote {len(frame)} rows to {out}", err=True)
