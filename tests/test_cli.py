@@ -1,0 +1,88 @@
+"""The kvroute command line: main job, JSON output, files written, and clear errors."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from kvroute.cli.main import _register, cli
+from kvroute.sim.cluster import ClusterSpec
+from kvroute.sim.experiment import compare
+from kvroute.sim.metrics import SUMMARY_METRICS
+from kvroute.sim.profile import load_profile
+from kvroute.traces.generators import seed_chat
+
+SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+_register()
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_compare_json_equals_the_python_api_for_the_same_seeds():
+    result = invoke("compare", "--turns", "2", "--chats", "8", "--rounds", "2", "--seed", "4", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert list(doc["policies"]) == ["round_robin", "least_loaded", "kv_aware"]
+    spec = ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=4)
+    api = compare(seed_chat(num_chats=8, num_turns=2), spec, ["round_robin", "least_loaded", "kv_aware"],
+                  rounds=2, seed=4)
+    for policy in api.policies:
+        for metric in SUMMARY_METRICS:
+            expected = list(api.summaries[api.summaries["policy"] == policy][metric])
+            got = doc["policies"][policy][metric]["rounds"]
+            assert got == pytest.approx(expected, nan_ok=True), (policy, metric)
+    assert "change_vs_baseline_pct" in doc["policies"]["kv_aware"]["hit_rate"]
+
+
+def test_compare_table_and_output_files(tmp_path):
+    result = invoke("compare", "--turns", "2", "--chats", "8", "--rounds", "1", "--policies",
+                    "round_robin,kv_aware", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "Δ vs round_robin" in result.output and "hit rate" in result.output
+    records = pd.read_parquet(tmp_path / "records.parquet")
+    assert len(records) == 2 * 16 and set(records["policy"]) == {"round_robin", "kv_aware"}
+    assert (tmp_path / "ttft.png").stat().st_size > 10_000
+    assert set(json.loads((tmp_path / "compare.json").read_text())["policies"]) == {"round_robin", "kv_aware"}
+
+
+def test_unknown_names_list_the_valid_ones():
+    result = CliRunner().invoke(cli, ["compare", "--policies", "round_robin,fastest"])
+    assert result.exit_code == 2
+    assert "unknown policy 'fastest'; valid policies: round_robin, least_loaded, kv_aware" in result.output
+    result = CliRunner().invoke(cli, ["simulate", "--profile", "a7000"])
+    assert result.exit_code == 2 and "a6000-qwen2.5-7b" in result.output
+
+
+def test_malformed_trace_names_file_line_and_field(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
+                   '{"timestamp": 0, "input_length": 20, "output_length": 5, "hash_ids": [1, 2]}\n')
+    result = CliRunner().invoke(cli, ["simulate", "--trace", str(bad)])
+    assert result.exit_code == 1
+    assert f"{bad}:2: field 'hash_ids'" in result.output
+
+
+def test_trace_generate_then_simulate(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    assert invoke("trace", "generate", "seed-chat", "--chats", "4", "--turns", "3", "--out", str(path)).exit_code == 0
+    result = invoke("simulate", "--trace", str(path), "--policy", "kv_aware", "--json")
+    doc = json.loads(result.output)
+    assert doc["policies"]["kv_aware"]["failed"]["mean"] == 0.0
+    # Each of 4 chats on its own worker: turn 1 finds nothing; turn 2 hits the 69 full blocks of
+    # turn 1's 986 + 127 computed tokens, turn 3 the 90 blocks of 1316 + 127.
+    assert doc["policies"]["kv_aware"]["hit_rate"]["mean"] == pytest.approx((1104 + 1440) / (986 + 1316 + 1646))
+
+
+def test_trace_stats_reproduces_the_published_mooncake_figures():
+    path = SHARED_TRACES / "mooncake" / "conversation_trace.jsonl"
+    if not path.exists():
+        pytest.skip(f"shared traces not found at {path}")
+    doc = json.loads(invoke("trace", "stats", str(path), "--json").output)
+    assert doc["records"] == 12031
+    assert doc["distinct_block_ids"] == 182790
+    assert doc["block_references"] == 288500
+    assert doc["repeated_references"] == 105710
