@@ -1,0 +1,64 @@
+"""Metric definitions, on hand-made records with known answers."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from kvroute.sim.metrics import RECORD_COLUMNS, RunResult, ServiceClass, summarize, summarize_rounds
+
+
+def frame(rows):
+    return pd.DataFrame(rows, columns=RECORD_COLUMNS)
+
+
+def row(rid, turn, arrival, first, finish, prompt, cached, out, status="ok"):
+    ok = status == "ok"
+    return (rid, 0, turn, 0, arrival, first if ok else math.nan, finish if ok else math.nan,
+            first - arrival if ok else math.nan, finish - arrival if ok else math.nan,
+            (finish - first) / (out - 1) if ok and out > 1 else math.nan,
+            prompt, cached, out, 0, status, None if ok else "boom")
+
+
+def result(rows, itl=()):
+    return RunResult(frame(rows), np.asarray(itl, dtype=float), pd.DataFrame(), "p", 0)
+
+
+def test_summary_definitions():
+    rows = [
+        row(0, 1, 0.0, 0.5, 2.5, 100, 0, 5),    # ttft 0.5, tpot 0.5
+        row(1, 2, 3.0, 3.2, 4.0, 200, 150, 5),  # ttft 0.2, tpot 0.2
+        row(2, 2, 1.0, 4.0, 6.0, 300, 60, 3),   # ttft 3.0, tpot 1.0
+        row(3, 1, 0.5, 0, 0, 50, 0, 1, status="failed"),
+    ]
+    s = summarize(result(rows, itl=[0.1, 0.2, 0.3, 0.4]), ServiceClass(ttft_s=1.0, tpot_s=0.6))
+    assert s["time_to_complete_s"] == 6.0            # last token 6.0 - first send 0.0
+    assert s["ttft_mean_s"] == pytest.approx((0.5 + 0.2 + 3.0) / 3)
+    assert s["later_ttft_mean_s"] == pytest.approx((0.2 + 3.0) / 2)
+    assert s["later_ttft_p50_s"] == pytest.approx(1.6)
+    assert s["hit_rate"] == pytest.approx(210 / 600)  # failed requests' prompts are not counted
+    assert s["itl_mean_s"] == pytest.approx(0.25) and s["itl_p90_s"] == pytest.approx(0.37)
+    assert s["tpot_mean_s"] == pytest.approx((0.5 + 0.2 + 1.0) / 3)
+    assert s["e2e_mean_s"] == pytest.approx((2.5 + 1.0 + 5.0) / 3)
+    assert s["goodput_share"] == pytest.approx(2 / 4)  # rows 0 and 1 meet both bounds
+    assert s["goodput_rps"] == pytest.approx(2 / 6.0)
+    assert s["output_throughput_tps"] == pytest.approx(13 / 6.0)
+    assert s["failed"] == 1.0
+
+
+def test_turnless_traces_have_no_later_turn_ttft():
+    s = summarize(result([row(0, None, 0.0, 0.5, 1.0, 10, 0, 2)]))
+    assert math.isnan(s["later_ttft_mean_s"])
+
+
+def test_round_intervals_are_student_t():
+    rounds = [{"x": 1.0}, {"x": 2.0}, {"x": 4.0}]
+    out = summarize_rounds(rounds).loc["x"]
+    half = np.std([1, 2, 4], ddof=1) / math.sqrt(3) * stats.t.ppf(0.975, 2)
+    assert out["mean"] == pytest.approx(7 / 3)
+    assert out["high"] - out["mean"] == pytest.approx(half)
+    assert out["rounds"] == 3
+    single = summarize_rounds([{"x": 5.0}]).loc["x"]
+    assert (single["low"], single["mean"], single["high"]) == (5.0, 5.0, 5.0)
