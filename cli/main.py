@@ -12,11 +12,12 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from kvroute.cli import sim_commands, trace_commands
+    from kvroute.cli import sim_commands, sweep_command, trace_commands
 
     cli.add_command(sim_commands.simulate)
     cli.add_command(sim_commands.compare)
     cli.add_command(trace_commands.trace)
+    cli.add_command(sweep_command.sweep_command)
 
 
 def main() -> None:

@@ -7,14 +7,13 @@ import functools
 from pathlib import Path
 
 import click
-import numpy as np
 
 from kvroute.sim.cluster import ClusterSpec
 from kvroute.sim.profile import load_profile
 from kvroute.sim.routing import POLICIES
 from kvroute.traces.format import Trace
 
-WORKLOADS = ("seed-chat", "agent")
+from kvroute.traces.generators import BUILTIN_WORKLOADS as WORKLOADS
 
 
 def scenario_options(func):
@@ -59,13 +58,8 @@ def load_trace(trace_path: Path | None, workload: str, turns: int, chats: int, t
 
     if trace_path is not None:
         trace = read_any_trace(trace_path, trace_block_size)
-    elif workload == "seed-chat":
-        trace = generators.seed_chat(num_chats=chats, num_turns=turns, think_time_ms=think_time * 1000)
     else:
-        trace = generators.agent_sessions(
-            np.random.default_rng(seed), num_sessions=chats, num_turns=turns,
-            think_time_ms=(think_time * 1000, think_time * 1000),
-        )
+        trace = generators.builtin_workload(workload, chats, turns, think_time, seed)
     if max_requests is not None:
         trace = truncate(trace, max_requests)
     return trace
@@ -120,11 +114,17 @@ def parse_policies(text: str) -> list[str]:
 def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread: float, replay: str,
                max_model_len: int | None = None, kv_blocks: int | None = None) -> ClusterSpec:
     """The ClusterSpec for the options; unknown profiles list the shipped names."""
+    if kv_blocks is not None and gpus is not None and gpus < workers:
+        raise click.UsageError("--kv-blocks sets each worker's blocks and cannot be combined with workers "
+                               "sharing GPUs, whose blocks follow vLLM's memory rule")
     try:
         profile = load_profile(profile_name)
         overrides = {k: v for k, v in (("max_model_len", max_model_len), ("num_gpu_blocks", kv_blocks)) if v}
         if overrides:
             profile = dataclasses.replace(profile, engine=dataclasses.replace(profile.engine, **overrides))
+        if kv_blocks is not None:
+            # NOTE: the memory model is dropped so that nothing re-derives the overridden blocks.
+            profile = dataclasses.replace(profile, memory=None)
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--profile") from exc
     closed = {"auto": None, "closed": True, "open": False}[replay]

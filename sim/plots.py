@@ -1,15 +1,12 @@
-"""Figures: TTFT distributions per policy and TTFT by turn (matplotlib, Agg backend)."""
+"""Figures: TTFT distributions per policy and TTFT by turn (matplotlib, no pyplot state)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
 
 def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "") -> Path:
@@ -26,7 +23,10 @@ def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "") -> Path:
         The path written.
     """
     ok = records[records["status"] == "ok"]
-    fig, (ax_cdf, ax_turn) = plt.subplots(1, 2, figsize=(11, 4.2))
+    # NOTE: a bare Figure (no pyplot) draws with whatever backend is active and leaves a
+    # notebook's inline backend alone.
+    fig = Figure(figsize=(11, 4.2))
+    ax_cdf, ax_turn = fig.subplots(1, 2)
     has_turns = ok["turn"].notna().any()
     for policy, group in ok.groupby("policy", sort=False):
         ttft = np.sort(group["ttft"].to_numpy(float))
@@ -55,5 +55,4 @@ def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

@@ -26,7 +26,6 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Iterable
 
-import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
@@ -94,6 +93,11 @@ class Scenario:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        # Lists (e.g. from JSON) become tuples so that scenarios stay hashable.
+        for name in ("reply", "history"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; valid workloads: {', '.join(WORKLOADS)}")
         if self.policy not in POLICIES:
@@ -107,11 +111,6 @@ class Scenario:
         if self.kv_blocks is not None and self.gpus is not None and self.gpus < self.workers:
             raise ValueError("kv_blocks cannot be overridden when workers share GPUs "
                              "(vLLM's memory rule sets each shared worker's blocks)")
-        # Lists (e.g. from JSON) become tuples so that scenarios stay hashable.
-        for name in ("reply", "history"):
-            value = getattr(self, name)
-            if isinstance(value, list):
-                object.__setattr__(self, name, tuple(value))
 
     @property
     def history_range(self) -> tuple[int, int] | None:
@@ -156,20 +155,7 @@ def _profile(name: str) -> Profile:
 
 @functools.lru_cache(maxsize=16)
 def _trace(workload: str, chats: int, turns: int, reply, history, think_time_s: float, seed: int) -> Trace:
-    # NOTE: the same generator calls as kvroute.cli.scenario.load_trace, so that a sweep and
-    # `kvroute compare` simulate the same trace.
-    if workload == "seed-chat":
-        kwargs = {} if reply is None else {"reply_tokens": reply}
-        return generators.seed_chat(num_chats=chats, num_turns=turns, think_time_ms=think_time_s * 1000, **kwargs)
-    kwargs = {}
-    if reply is not None:
-        kwargs["reply_tokens"] = (reply, reply) if isinstance(reply, int) else tuple(reply)
-    if history is not None:
-        kwargs["history_tokens"] = tuple(history)
-    return generators.agent_sessions(
-        np.random.default_rng(seed), num_sessions=chats, num_turns=turns,
-        think_time_ms=(think_time_s * 1000, think_time_s * 1000), **kwargs,
-    )
+    return generators.builtin_workload(workload, chats, turns, think_time_s, seed, reply, history)
 
 
 def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = ServiceClass()) -> dict[str, Any]:
@@ -306,7 +292,7 @@ def _run_dask(tasks: list, address: str | None, max_workers: int | None, done) -
     cluster = None
     if address is None:
         n = max_workers or min(len(tasks), os.cpu_count() or 1)
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0")
         address = cluster.scheduler_address
     try:
         with Client(address) as client:

@@ -23,7 +23,7 @@ POLICIES = ["round_robin", "least_loaded", "kv_aware"]
 def dask_cluster():
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=None) as cluster:
+                                  dashboard_address=":0") as cluster:
         yield cluster
 
 
@@ -72,6 +72,17 @@ def test_agent_rows_equal_compare_with_the_cli_trace():
         assert frame[metric].tolist() == expected.summaries[metric].tolist()
 
 
+def test_kv_blocks_rows_equal_compare_with_the_same_override():
+    scenario = Scenario(workload="agent", chats=4, turns=3, history=None, workers=2, kv_blocks=2500, seed=2)
+    frame = sweep(grid(scenario, policy=["round_robin", "kv_aware"]), rounds=2, executor="sequential", progress=False)
+    trace = load_trace(None, "agent", 3, 4, 0.0, None, None, 2)
+    spec = build_spec("a6000-qwen2.5-7b", 2, None, 0.005, "auto", kv_blocks=2500)
+    expected = compare(trace, spec, ["round_robin", "kv_aware"], rounds=2, seed=2)
+    assert frame["num_evictions"].sum() > 0
+    for metric in ("time_to_complete_s", "later_ttft_p90_s", "hit_rate"):
+        assert frame[metric].tolist() == expected.summaries[metric].tolist()
+
+
 def test_row_has_scenario_fields_metrics_and_counters():
     row = run_scenario(Scenario(chats=4, turns=2, workers=2, policy="kv_aware"), round=1)
     assert set(SCENARIO_FIELDS) | set(SUMMARY_METRICS) | set(COUNTER_COLUMNS) <= set(row)
@@ -97,14 +108,23 @@ def test_shared_gpu_follows_the_memory_rule():
     assert row["num_gpu_blocks"] == load_profile("a100-80gb-qwen2.5-7b").shared(2).engine.num_gpu_blocks
 
 
-def test_same_numbers_on_every_executor(dask_cluster):
-    scenarios = grid(SMALL, workers=[2, 4], policy=["round_robin", "kv_aware"])
-    sequential = sweep(scenarios, rounds=2, executor="sequential", progress=False)
-    local = sweep(scenarios, rounds=2, executor="local", max_workers=2, progress=False)
-    dask = sweep(scenarios, rounds=2, executor="dask", address=dask_cluster.scheduler_address, progress=False)
-    assert len(sequential) == 8
-    pd.testing.assert_frame_equal(local, sequential)
-    pd.testing.assert_frame_equal(dask, sequential)
+EXECUTOR_GRID = grid(SMALL, workers=[2, 4], policy=["round_robin", "kv_aware"])
+
+
+@pytest.fixture(scope="module")
+def sequential_rows():
+    return sweep(EXECUTOR_GRID, rounds=2, executor="sequential", progress=False)
+
+
+def test_local_pool_gives_the_sequential_numbers(sequential_rows):
+    local = sweep(EXECUTOR_GRID, rounds=2, executor="local", max_workers=2, progress=False)
+    assert len(sequential_rows) == 8
+    pd.testing.assert_frame_equal(local, sequential_rows)
+
+
+def test_dask_cluster_gives_the_sequential_numbers(dask_cluster, sequential_rows):
+    dask = sweep(EXECUTOR_GRID, rounds=2, executor="dask", address=dask_cluster.scheduler_address, progress=False)
+    pd.testing.assert_frame_equal(dask, sequential_rows)
 
 
 def test_intervals_use_summarize_rounds():
@@ -174,3 +194,9 @@ def test_cli_rejects_bad_input_with_the_valid_choices(args, message):
                                                 "--executor", "sequential", "--no-progress", *args])
     assert result.exit_code != 0
     assert message in result.output
+
+
+def test_dask_without_an_address_starts_and_closes_a_local_cluster(sequential_rows):
+    pytest.importorskip("distributed")
+    rows = sweep(EXECUTOR_GRID[:2], rounds=2, executor="dask", max_workers=1, progress=False)
+    pd.testing.assert_frame_equal(rows, sequential_rows.iloc[:4])

@@ -216,3 +216,46 @@ class _BlockIds:
         ids = tuple(range(n_shared)) + tuple(range(self.next_id, self.next_id + n_own))
         self.next_id += n_own
         return ids
+
+
+BUILTIN_WORKLOADS = ("seed-chat", "agent")
+
+
+def builtin_workload(
+    name: str,
+    chats: int,
+    turns: int,
+    think_time_s: float = 0.0,
+    seed: int = 0,
+    reply: int | tuple[int, int] | None = None,
+    history: tuple[int, int] | None = None,
+) -> Trace:
+    """A built-in workload by its CLI name, as ``kvroute compare`` and ``kvroute sweep`` build it.
+
+    Args:
+        name: ``"seed-chat"`` (the lab's burst) or ``"agent"`` (long-history sessions).
+        chats: chats or sessions.
+        turns: turns per chat (the agent generator may stop a session earlier).
+        think_time_s: seconds between a reply's last token and the next turn.
+        seed: seeds the agent generator (the seed burst is deterministic).
+        reply: reply tokens (seed-chat), or a fixed value or ``(low, high)`` range (agent);
+            None keeps the generator's default.
+        history: agent history range in tokens; None keeps the default (8,000-32,000).
+
+    Raises:
+        ValueError: for an unknown name (the message lists the valid ones).
+    """
+    if name == "seed-chat":
+        kwargs = {} if reply is None else {"reply_tokens": int(reply)}
+        return seed_chat(num_chats=chats, num_turns=turns, think_time_ms=think_time_s * 1000, **kwargs)
+    if name == "agent":
+        kwargs: dict = {}
+        if reply is not None:
+            kwargs["reply_tokens"] = (reply, reply) if isinstance(reply, int) else tuple(reply)
+        if history is not None:
+            kwargs["history_tokens"] = tuple(history)
+        return agent_sessions(
+            np.random.default_rng(seed), num_sessions=chats, num_turns=turns,
+            think_time_ms=(think_time_s * 1000, think_time_s * 1000), **kwargs,
+        )
+    raise ValueError(f"unknown workload {name!r}; valid workloads: {', '.join(BUILTIN_WORKLOADS)}")

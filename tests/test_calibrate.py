@@ -1,0 +1,462 @@
+"""Calibration without a real server: the fit on synthetic measurements with known coefficients,
+the step derivation against the simulator's scheduler, Prometheus parsing, the sweep plan, and
+the sweep's bad-input messages against a small fake vLLM server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvroute.calibrate.client import CalibrationError, MetricsSnapshot, ServerInfo, parse_prometheus
+from kvroute.calibrate.fit import fit, profile_document, split_holdout
+from kvroute.calibrate.measure import PromptFactory, SweepPlan, run_sweep
+from kvroute.calibrate.observations import Observation, build_observations, engine_config, load_sweep
+from kvroute.calibrate.steps import (COEFFICIENTS, decode_context, decode_step, expected_cached_tokens,
+                                     mixed_steps, predict, prefill_steps)
+from kvroute.sim.config import EngineConfig
+from kvroute.sim.cost_model import StepCost, prefill_pairs
+from kvroute.sim.profile import profile_from_dict
+from kvroute.sim.request import Request
+from kvroute.sim.scheduler import Scheduler
+
+ENGINE = EngineConfig(block_size=32, num_gpu_blocks=65536, max_num_batched_tokens=2048, max_num_seqs=128,
+                      max_model_len=32768)
+#: Known coefficients with a binding weight floor (steps under 200 tokens sit on it).
+TRUE = StepCost(step_overhead_s=1.5e-3, weight_load_s=2.0e-3, per_token_s=1.0e-5, per_request_s=2.0e-5,
+                prefill_attn_s=6.0e-9, decode_attn_s=2.0e-8)
+API_S, API_PER_TOKEN_S = 5e-3, 1e-6
+
+
+# --------------------------------------------------------------------------------------------
+# synthetic measurements
+# --------------------------------------------------------------------------------------------
+
+
+def _synthetic(noise: float, seed: int = 0) -> list[Observation]:
+    """Observations of the full sweep's shapes, timed by TRUE (+ API time for TTFT), times a
+    lognormal factor of CV ``noise``."""
+    rng = np.random.default_rng(seed)
+    f = (lambda: float(rng.lognormal(0, noise))) if noise else (lambda: 1.0)
+    plan = SweepPlan()
+    obs, e = [], 0
+    for rep in range(2):
+        for L in plan.cold_lengths:
+            st = tuple(prefill_steps(ENGINE, L, 0))
+            eng = predict(list(st), TRUE) * f()
+            over = (API_S + API_PER_TOKEN_S * L) * f()
+            obs.append(Observation(e, "cold", eng + over, st, eng, over, dict(prompt_len=L, prefix_len=0)))
+            e += 1
+        for P in plan.cached_prefixes:
+            for N in plan.cached_new:
+                st = tuple(prefill_steps(ENGINE, P + N, P))
+                eng = predict(list(st), TRUE) * f()
+                over = (API_S + API_PER_TOKEN_S * (P + N)) * f()
+                obs.append(Observation(e, "cached", eng + over, st, eng, over, dict(prompt_len=P + N, prefix_len=P)))
+                e += 1
+        for L in plan.decode_contexts:
+            for B in plan.decode_batches:
+                st = (decode_step(B, B * decode_context(L, 32)),)
+                t = predict(list(st), TRUE) * f()
+                obs.append(Observation(e, "decode", t, st, t, math.nan, dict(batch=B, context_len=L)))
+                e += 1
+        for B in plan.mixed_batches:
+            for P in plan.mixed_prefills:
+                st = tuple(mixed_steps(ENGINE, B, 1024, 992, 10, P))
+                t = predict(list(st), TRUE) * f()
+                obs.append(Observation(e, "mixed", t, st, t, math.nan, dict(batch=B, context_len=1024, prefill_len=P)))
+                e += 1
+    return obs
+
+
+@pytest.mark.parametrize("overhead", ["fit", "metrics"])
+def test_fit_recovers_exact_coefficients_without_noise(overhead):
+    res = fit(_synthetic(0.0), holdout=0.25, seed=1, overhead=overhead, loss="linear")
+    for k in COEFFICIENTS:
+        assert getattr(res.cost, k) == pytest.approx(getattr(TRUE, k), rel=1e-4), k
+    assert res.api_server_s == pytest.approx(API_S, rel=1e-3)
+    assert res.api_server_per_token_s == pytest.approx(API_PER_TOKEN_S, rel=1e-3)
+    assert res.quality["heldout"]["ttft"].median_ape < 1e-6
+    assert res.quality["heldout"]["itl"].median_ape < 1e-6
+
+
+@pytest.mark.parametrize("loss", ["linear", "soft_l1"])
+def test_fit_recovers_coefficients_within_tolerance_under_noise(loss):
+    """Stated tolerance with 3% lognormal noise on every time: the big terms within 10%, the
+    small per-request terms within 35%; held-out median error below 4%."""
+    res = fit(_synthetic(0.03, seed=2), holdout=0.25, seed=0, overhead="fit", loss=loss)
+    for k in ("step_overhead_s", "weight_load_s", "per_token_s", "prefill_attn_s", "decode_attn_s"):
+        assert getattr(res.cost, k) == pytest.approx(getattr(TRUE, k), rel=0.10), k
+    assert res.cost.per_request_s == pytest.approx(TRUE.per_request_s, rel=0.35)
+    assert res.api_server_s == pytest.approx(API_S, rel=0.10)
+    assert res.api_server_per_token_s == pytest.approx(API_PER_TOKEN_S, rel=0.35)
+    assert res.quality["heldout"]["ttft"].median_ape < 0.04
+    assert res.quality["heldout"]["itl"].median_ape < 0.04
+    assert res.quality["heldout"]["ttft"].n > 0 and res.quality["heldout"]["itl"].n > 0
+
+
+def test_fit_needs_both_kinds():
+    obs = [o for o in _synthetic(0.0) if o.kind == "cold"]
+    with pytest.raises(ValueError, match="TTFT and ITL"):
+        fit(obs)
+
+
+def test_holdout_split_is_seeded_stratified_and_keeps_experiments_together():
+    obs = _synthetic(0.0)
+    a, b = split_holdout(obs, 0.25, 7), split_holdout(obs, 0.25, 7)
+    assert (a == b).all()
+    for kind in ("cold", "cached", "decode", "mixed"):
+        assert a[[o.kind == kind for o in obs]].any()
+    with pytest.raises(ValueError):
+        split_holdout(obs, 1.0, 0)
+
+
+def test_profile_document_is_a_valid_profile():
+    res = fit(_synthetic(0.01), seed=0)
+    info = ServerInfo(url="http://x:1", model="m", model_root="/m", served_models=("m",), vllm_version="0.32.0",
+                      max_model_len=32768, block_size=32, num_gpu_blocks=65536, enable_prefix_caching=True,
+                      max_num_batched_tokens=2048, max_num_seqs=128, hardware="CPU test", device="cpu")
+    doc = profile_document(res, info, {"started": "2026-11-29T00:00:00+00:00", "urls": ["http://x:1"]}, "t")
+    prof = profile_from_dict(json.loads(json.dumps(doc)))
+    assert prof.engine.block_size == 32 and prof.engine.max_num_seqs == 128
+    assert prof.step_cost == res.cost
+    assert doc["provenance"]["kind"] == "measured" and doc["provenance"]["date"] == "2026-11-29"
+    assert doc["provenance"]["fit"]["heldout"]["ttft"]["median_ape"] is not None
+
+
+# --------------------------------------------------------------------------------------------
+# steps against the simulator's scheduler
+# --------------------------------------------------------------------------------------------
+
+
+def test_cold_prefill_is_chunked_by_the_token_budget():
+    st = prefill_steps(ENGINE, 5000, 0)
+    assert [s.tokens for s in st] == [2048, 2048, 904]
+    assert st[1].pairs == pytest.approx(prefill_pairs(2048, 2048))
+    assert all(s.reqs == 1 and s.ctx == 0 for s in st)
+
+
+def test_cached_prefix_computes_only_the_new_tokens():
+    (s,) = prefill_steps(ENGINE, 2048 + 100, 2048)
+    assert s.tokens == 100 and s.pairs == pytest.approx(prefill_pairs(2048, 100))
+    (s,) = prefill_steps(ENGINE, 2048, 2048)  # fully cached, block-aligned: last block recomputed
+    assert s.tokens == 32
+    assert expected_cached_tokens(ENGINE, 2048, 2048) == 2016
+    assert expected_cached_tokens(ENGINE, 2148, 2048) == 2048
+
+
+def test_decode_step_matches_the_scheduler():
+    sched = Scheduler(ENGINE)
+    reqs = [Request(i, 100 + 7 * i, 20, list(range(1000 * i, 1000 * i + 4))) for i in range(5)]
+    for r in reqs:
+        sched.add_request(r)
+    for _ in range(6):
+        out = sched.schedule()
+        sched.update(out)
+    out = sched.schedule()
+    outputs = reqs[0].num_output_tokens
+    want = decode_step(5, sum(decode_context(r.num_prompt_tokens, outputs) for r in reqs))
+    assert (out.num_batched_tokens, out.num_reqs, out.prefill_token_pairs, out.decode_context_tokens) == (
+        want.tokens, want.reqs, want.pairs, want.ctx)
+
+
+def test_mixed_step_holds_decodes_and_the_new_prompt():
+    (s,) = mixed_steps(ENGINE, 4, 1024, 992, 10, 512)
+    assert s.tokens == 4 + 512 and s.reqs == 5
+    assert s.ctx == 4 * (1024 + 10)
+    assert s.pairs == pytest.approx(prefill_pairs(0, 512))
+    assert len(mixed_steps(ENGINE, 4, 1024, 992, 10, 4000)) == 2  # 2044 + 1956 tokens
+
+
+# --------------------------------------------------------------------------------------------
+# client pieces, prompts, plan
+# --------------------------------------------------------------------------------------------
+
+METRICS_TEXT = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="32",enable_prefix_caching="True",engine="0",num_gpu_blocks="65536"} 1.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 0.5
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 3.0
+vllm:request_prefill_time_seconds_bucket{engine="0",le="0.3",model_name="m"} 2.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 64.0
+vllm:prefix_cache_hits_total{engine="1",model_name="m"} 32.0
+vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e+09
+"""
+
+
+def test_prometheus_parsing_sums_engines_and_keeps_info_labels():
+    samples = parse_prometheus(METRICS_TEXT)
+    assert ("vllm:request_prefill_time_seconds_sum", {"engine": "0", "model_name": "m"}, 0.5) in samples
+    snap = MetricsSnapshot.from_text(METRICS_TEXT)
+    assert snap.get("vllm:prefix_cache_hits_total") == 96.0
+    assert snap.info["vllm:cache_config_info"]["num_gpu_blocks"] == "65536"
+    later = MetricsSnapshot.from_text(METRICS_TEXT.replace("} 0.5", "} 0.75").replace("} 3.0", "} 4.0"))
+    assert later.delta(snap, "vllm:request_prefill_time_seconds_sum") == pytest.approx(0.25)
+    assert math.isnan(snap.get("vllm:absent"))
+
+
+def test_prompt_factory_is_seeded_unique_and_in_range():
+    a = PromptFactory(np.random.default_rng(3), 100, 200)
+    b = PromptFactory(np.random.default_rng(3), 100, 200)
+    pa = [a.unique(64) for _ in range(50)]
+    assert pa == [b.unique(64) for _ in range(50)]
+    assert len({tuple(p[:32]) for p in pa}) == 50  # no two share a first block
+    assert all(100 <= t < 200 for p in pa for t in p)
+    assert len(a.unique(1)) == 1
+
+
+def _info(**kw) -> ServerInfo:
+    base = dict(url="http://s:1", model="m", model_root="/m", served_models=("m",), vllm_version="0.32.0",
+                max_model_len=32768, block_size=32, num_gpu_blocks=65536, enable_prefix_caching=True,
+                max_num_batched_tokens=2048, max_num_seqs=128)
+    return ServerInfo(**{**base, **kw})
+
+
+def test_plan_longer_than_max_model_len_gets_one_clear_message():
+    with pytest.raises(CalibrationError, match=r"16448 tokens.*max_model_len 8192"):
+        SweepPlan().check_fits(_info(max_model_len=8192))
+    clipped = SweepPlan().clipped(8192)
+    clipped.check_fits(_info(max_model_len=8192))
+    assert max(clipped.cold_lengths) <= 8191
+
+
+def test_plan_leaves_out_decode_points_that_overflow_the_cache():
+    exps = SweepPlan().experiments(capacity_tokens=100_000)
+    assert all(e["batch"] * (e["context_len"] + 64) <= 90_000 for e in exps if e["kind"] == "decode")
+    assert any(e["kind"] == "decode" for e in exps)
+
+
+# --------------------------------------------------------------------------------------------
+# a fake vLLM server: bad inputs and interrupted sweeps
+# --------------------------------------------------------------------------------------------
+
+
+class _FakeVllm:
+    """Just enough of vLLM's OpenAI server for the sweep: models, version, metrics, streaming
+    completions with a prefix cache over 32-token blocks; ``die_after`` drops the connection of
+    every completion after that many."""
+
+    def __init__(self, model="tiny", max_model_len=32768, caching=True, die_after=None):
+        self.model, self.max_model_len, self.caching, self.die_after = model, max_model_len, caching, die_after
+        self.cache: set[int] = set()
+        self.completions = 0
+        self.m = dict(prefill=0.0, n=0, itl=0.0, itl_n=0, e2e_n=0)
+        self.lock = threading.Lock()
+        fake = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def log_message(self, *a):
+                pass
+
+            def _json(self, code, doc):
+                body = json.dumps(doc).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    self._json(200, {"data": [{"id": fake.model, "root": "/m", "max_model_len": fake.max_model_len}]})
+                elif self.path == "/version":
+                    self._json(200, {"version": "0.32.0"})
+                elif self.path == "/metrics":
+                    m = fake.m
+                    text = (
+                        f'vllm:cache_config_info{{block_size="32",enable_prefix_caching="{fake.caching}",'
+                        f'num_gpu_blocks="65536"}} 1.0\n'
+                        f"vllm:request_prefill_time_seconds_sum {m['prefill']}\n"
+                        f"vllm:request_prefill_time_seconds_count {m['n']}\n"
+                        f"vllm:request_queue_time_seconds_sum 0.0\n"
+                        f"vllm:time_to_first_token_seconds_sum {m['prefill']}\n"
+                        f"vllm:inter_token_latency_seconds_sum {m['itl']}\n"
+                        f"vllm:inter_token_latency_seconds_count {m['itl_n']}\n"
+                        f"vllm:e2e_request_latency_seconds_count {m['e2e_n']}\n"
+                    ).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(text)))
+                    self.end_headers()
+                    self.wfile.write(text)
+                else:
+                    self._json(404, {"error": {"message": "not found"}})
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path == "/reset_prefix_cache":
+                    fake.cache.clear()
+                    return self._json(200, {"success": True})
+                req = json.loads(body)
+                if req["model"] != fake.model:
+                    return self._json(404, {"error": {"message": f"The model `{req['model']}` does not exist."}})
+                prompt = req["prompt"]
+                if len(prompt) >= fake.max_model_len:
+                    return self._json(400, {"error": {"message": "This model's maximum context length is "
+                                                      f"{fake.max_model_len} tokens."}})
+                with fake.lock:
+                    fake.completions += 1
+                    if fake.die_after is not None and fake.completions > fake.die_after:
+                        self.close_connection = True
+                        return
+                    cached, h = 0, 0
+                    for k in range((len(prompt) - 1) // 32):
+                        h = hash((h, tuple(prompt[32 * k: 32 * k + 32])))
+                        if fake.caching and h in fake.cache:
+                            cached = 32 * (k + 1)
+                        else:
+                            break
+                    h = 0
+                    for k in range(len(prompt) // 32):
+                        h = hash((h, tuple(prompt[32 * k: 32 * k + 32])))
+                        fake.cache.add(h)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                n = req["max_tokens"]
+                for i in range(n):
+                    time.sleep(0.002)
+                    chunk = {"choices": [{"index": 0, "text": "x", "token_ids": [7]}]}
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    self.wfile.flush()
+                usage = {"choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
+                                                  "prompt_tokens_details": {"cached_tokens": cached}}}
+                self.wfile.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+                with fake.lock:
+                    fake.m["prefill"] += 0.001 + 1e-6 * (len(prompt) - cached)
+                    fake.m["n"] += 1
+                    fake.m["itl"] += 0.001 * (n - 1)
+                    fake.m["itl_n"] += n - 1
+                    fake.m["e2e_n"] += 1
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake_server():
+    servers = []
+
+    def make(**kw):
+        s = _FakeVllm(**kw)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+TINY_PLAN = SweepPlan(cold_lengths=(16, 64), cold_reps=1, cached_prefixes=(64,), cached_new=(8,), cached_reps=1,
+                      decode_batches=(1, 2), decode_contexts=(96,), decode_tokens=8, decode_reps=1,
+                      mixed_batches=(2,), mixed_prefills=(64,), mixed_context=96, mixed_tokens=40, mixed_reps=1)
+
+
+def _sweep(url, out, plan=TINY_PLAN, model=None):
+    return asyncio.run(run_sweep([url], out, plan, model=model, progress=False))
+
+
+def test_sweep_against_fake_server_writes_rows_and_fits(fake_server, tmp_path):
+    s = fake_server()
+    summary = _sweep(s.url, tmp_path)
+    assert summary.status == "complete" and summary.num_experiments == len(TINY_PLAN.experiments())
+    meta, servers, req, exp = load_sweep(tmp_path)
+    assert meta["status"] == "complete" and servers[0].block_size == 32
+    assert (tmp_path / "requests.parquet").exists()
+    assert set(req["role"]) >= {"cold", "warm", "cached", "decode", "context", "prefill"}
+    assert (req.loc[req.role == "cached", "cached_tokens"] == 64).all()
+    obs, notes = build_observations(req, exp, engine_config(servers[0]))
+    assert {o.kind for o in obs} == {"cold", "cached", "decode", "mixed"}, notes
+
+
+def test_unreachable_server_is_one_clear_message(tmp_path):
+    with pytest.raises(CalibrationError, match=r"cannot reach the vLLM server at http://127.0.0.1:9"):
+        _sweep("http://127.0.0.1:9", tmp_path)
+
+
+def test_wrong_model_name_lists_served_models(fake_server, tmp_path):
+    s = fake_server(model="tiny-qwen2")
+    with pytest.raises(CalibrationError, match=r"does not serve model 'llama'; it serves: tiny-qwen2"):
+        _sweep(s.url, tmp_path, model="llama")
+
+
+def test_prefix_caching_off_is_detected(fake_server, tmp_path):
+    s = fake_server(caching=False)
+    with pytest.raises(CalibrationError, match="prefix caching is off"):
+        _sweep(s.url, tmp_path)
+
+
+def test_sweep_past_max_model_len_names_length_and_limit(fake_server, tmp_path):
+    s = fake_server(max_model_len=64)
+    with pytest.raises(CalibrationError, match=r"max_model_len 64"):
+        _sweep(s.url, tmp_path)
+    assert not (tmp_path / "requests.csv").exists()  # refused before measuring
+
+
+def test_server_dying_mid_sweep_keeps_the_rows(fake_server, tmp_path):
+    s = fake_server(die_after=6)  # 2 probe requests + 4 measured
+    with pytest.raises(CalibrationError, match="lost the vLLM server"):
+        _sweep(s.url, tmp_path)
+    meta, _, req, _ = load_sweep(tmp_path)
+    assert len(req) == 4 and meta["status"].startswith("failed")
+
+
+def test_fit_command_writes_a_loadable_profile_and_report(tmp_path):
+    """The CLI path end to end on synthetic raw rows timed by TRUE."""
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.commands import calibrate
+    from kvroute.sim.profile import load_profile
+
+    _write_synthetic_run(tmp_path / "run")
+    out = tmp_path / "prof" / "synthetic.json"
+    result = CliRunner().invoke(calibrate, ["fit", str(tmp_path / "run"), "--out", str(out), "--loss", "linear"])
+    assert result.exit_code == 0, result.output
+    prof = load_profile(out)
+    assert prof.name == "synthetic"
+    assert prof.step_cost.decode_attn_s == pytest.approx(TRUE.decode_attn_s, rel=1e-3)
+    assert (tmp_path / "prof" / "synthetic.fit.png").stat().st_size > 10_000
+
+
+def _write_synthetic_run(d: Path) -> None:
+    d.mkdir(parents=True)
+    info = _info()
+    (d / "meta.json").write_text(json.dumps({"status": "complete", "started": "2026-11-29T00:00:00+00:00",
+                                             "urls": [info.url], "servers": [info.to_dict()]}))
+    rows, exps, e = [], [], 0
+    for L in (16, 128, 512, 2048, 4096, 8192):
+        for P in (0, 1024):
+            if P >= L:
+                continue
+            eng = predict(prefill_steps(ENGINE, L, P), TRUE)
+            over = API_S + API_PER_TOKEN_S * L
+            rows.append(dict(exp_id=e, kind="cold", role="cached" if P else "cold", prompt_len=L, prefix_len=P,
+                             max_tokens=1, t_send_s=0.0, ttft_s=eng + over, token_times=f"{eng + over:.9f}",
+                             cached_tokens=P, expected_cached=P, engine_prefill_s=eng, engine_queue_s=0.0))
+            e += 1
+    for L in (128, 1024, 4096):
+        for B in (1, 4, 16, 64):
+            T = 16
+            itl = predict([decode_step(B, B * decode_context(L, T / 2))], TRUE)
+            for i in range(B):
+                rows.append(dict(exp_id=e, kind="decode", role="decode", prompt_len=L, prefix_len=L - 32, max_tokens=T,
+                                 t_send_s=0.0, ttft_s=0.01, token_times=" ".join(f"{0.01 + k * itl:.9f}" for k in range(T))))
+            exps.append(dict(exp_id=e, kind="decode", batch=B, context_len=L, itl_engine_s=itl))
+            e += 1
+    pd.DataFrame(rows).to_csv(d / "requests.csv", index=False)
+    pd.DataFrame(exps).to_csv(d / "experiments.csv", index=False)

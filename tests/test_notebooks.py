@@ -1,0 +1,181 @@
+"""The notebooks are tests: each runs top to bottom with small parameters, and its key numbers
+are checked against the package (01's table against `kvroute compare --json` for the same seeds).
+
+A notebook runs in a fresh kernel from a temporary directory, with a cell injected after its
+``parameters`` cell (papermill's convention) and a last cell that prints its key numbers as JSON.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+from kvroute.cli.sim_commands import compare as compare_command  # noqa: E402
+from kvroute.sim.sweep import Scenario, cost_per_million_tokens, grid, intervals, sweep  # noqa: E402
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NAMES = ["01_seed_study", "02_more_workers", "03_long_histories", "04_calibration", "05_validation"]
+MARK = "KVROUTE-CHECK "
+
+SMALL = {
+    "01_seed_study": "CHATS = 8\nTURNS = [2, 3]\nROUNDS = 2\nA100_TURNS = 2\n",
+    "02_more_workers": ("WORKER_COUNTS = [2, 4]\nHIGHLIGHT = 8\nCHATS_PER_WORKER = 3\nTURNS = 3\nROUNDS = 2\n"
+                        "EXECUTOR = 'local'\n"),
+    "03_long_histories": ("WORKERS = 2\nSESSIONS = 4\nTURNS = 3\nHISTORY = (8000, 12000)\n"
+                          "KV_FRACTIONS = [1.0, 0.02]\nROUNDS = 2\nEXECUTOR = 'local'\n"),
+    "04_calibration": "",
+    "05_validation": "",
+}
+
+
+def load(name: str):
+    return nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+
+
+def run(name: str, workdir: Path, params: str = "", check: str = "") -> tuple[object, object]:
+    """Execute notebook ``name`` with ``params`` injected; return (notebook, parsed check output)."""
+    book = load(name)
+    index = next(i for i, c in enumerate(book.cells) if "parameters" in c.metadata.get("tags", []))
+    book.cells.insert(index + 1, nbformat.v4.new_code_cell(params, metadata={"tags": ["injected-parameters"]}))
+    if check:
+        book.cells.append(nbformat.v4.new_code_cell(f"import json\nprint({MARK!r} + json.dumps({check}))"))
+    client = nbclient.NotebookClient(book, timeout=600, kernel_name="python3",
+                                     resources={"metadata": {"path": str(workdir)}})
+    client.execute()
+    if not check:
+        return book, None
+    text = "".join(o.get("text", "") for o in book.cells[-1].outputs if o.output_type == "stream")
+    line = next(line for line in text.splitlines() if line.startswith(MARK))
+    return book, json.loads(line[len(MARK):])
+
+
+def printed(book) -> str:
+    return "\n".join(o.get("text", "") for c in book.cells if c.cell_type == "code"
+                     for o in c.outputs if o.output_type == "stream")
+
+
+def cli_compare(*args: str) -> dict:
+    result = CliRunner().invoke(compare_command, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+# -- the committed files --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+def test_committed_notebook_is_clean_and_parameterised(name):
+    book = load(name)
+    nbformat.validate(book)
+    code = [c for c in book.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), "commit notebooks without outputs"
+    assert "parameters" in code[0].metadata.get("tags", []), "the first code cell holds the parameters"
+    source = "\n".join(c.source for c in code)
+    for forbidden in ("import simpy", "from sim.", "from traces.", "import sim\n", "savefig", "to_csv(",
+                      "to_parquet(", "open("):
+        assert forbidden not in source, f"{name} uses {forbidden!r}"
+    if name != "05_validation":  # 05 reads a JSON report only
+        assert "from kvroute." in source
+
+
+def test_every_notebook_is_tested():
+    assert sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb")) == NAMES
+
+
+# -- executed with small parameters ---------------------------------------------------------------
+
+def test_01_seed_study_equals_kvroute_compare(tmp_path):
+    book, out = run("01_seed_study", tmp_path, SMALL["01_seed_study"],
+                    "{'seed_study': seed_study.to_dict('records'), 'a100': a100_study.to_dict('records')}")
+    assert not any(tmp_path.iterdir()), "the notebook wrote files"
+    common = ["--chats", "8", "--rounds", "2", "--seed", "0"]
+    expected = {t: cli_compare(*common, "--turns", str(t)) for t in (2, 3)}
+    assert len(out["seed_study"]) == 2 * 3 * 4
+    for row in out["seed_study"]:
+        want = expected[row["turns"]]["policies"][row["policy"]][row["metric"]]
+        assert (row["mean"], row["low"], row["high"], row["rounds"]) == (
+            want["mean"], want["low"], want["high"], want["rounds"]), row
+    a100 = ["--profile", "a100-80gb-qwen2.5-7b", "--turns", "2", *common]
+    expected = {"2 workers share 1 GPU": cli_compare(*a100, "--workers", "2", "--gpus", "1",
+                                                     "--policies", "round_robin,kv_aware"),
+                "1 worker, whole GPU": cli_compare(*a100, "--workers", "1", "--policies", "round_robin")}
+    assert len(out["a100"]) == 3 * 4
+    for row in out["a100"]:
+        want = expected[row["arrangement"]]["policies"][row["policy"]][row["metric"]]
+        assert (row["mean"], row["rounds"]) == (want["mean"], want["rounds"]), row
+    assert "kv_aware vs round_robin" in printed(book)
+
+
+def test_02_more_workers_numbers_are_the_sweep(tmp_path):
+    book, out = run("02_more_workers", tmp_path, SMALL["02_more_workers"],
+                    "{'iv': iv.to_dict('records'), 'gain': gain.reset_index().values.tolist()}")
+    assert not any(tmp_path.iterdir())
+    scenarios = [Scenario(chats=3 * n, turns=3, workers=n, policy=p)
+                 for n in (2, 4) for p in ("round_robin", "least_loaded", "kv_aware")]
+    frame = sweep(scenarios, rounds=2, executor="sequential", progress=False)
+    frame["prefill_mtok"] = frame["prefill_tokens"] / 1e6
+    expected = intervals(frame, ["time_to_complete_s", "hit_rate", "prefill_mtok"], by=["workers", "policy"])
+    assert len(out["iv"]) == 6
+    for row, want in zip(out["iv"], expected.to_dict("records")):
+        for key in ("workers", "policy", "time_to_complete_s", "time_to_complete_s_high", "hit_rate", "prefill_mtok"):
+            assert row[key] == want[key], key
+    # HIGHLIGHT = 8 is not in the small grid: the closest count is reported
+    assert "4 workers, kv_aware vs round_robin: time to complete" in printed(book)
+
+
+def test_03_long_histories_evictions_goodput_and_cost(tmp_path):
+    book, out = run("03_long_histories", tmp_path, SMALL["03_long_histories"],
+                    "{'frame': frame.to_dict('records'), 'iv': iv.to_dict('records'), 'kv_blocks': kv_blocks}")
+    assert not any(tmp_path.iterdir())
+    full, small = out["kv_blocks"]
+    assert small == round(0.02 * full)
+    iv = {(r["kv_mtok_per_worker"], r["policy"]): r for r in out["iv"]}
+    tight, roomy = min(k[0] for k in iv), max(k[0] for k in iv)
+    assert iv[(roomy, "kv_aware")]["num_evictions"] == 0
+    assert iv[(tight, "round_robin")]["num_evictions"] > 0
+    for row in out["frame"]:
+        hours = row["time_to_complete_s"] / 3600
+        assert row["usd_per_mtok_output"] == pytest.approx(2.0 * 2 * hours / (row["output_tokens"] / 1e6))
+        assert 0 <= row["goodput_share"] <= 1
+    # one run recomputed outside the notebook gives the same numbers
+    base = Scenario(workload="agent", chats=4, turns=3, history=(8000, 12000), reply=(50, 300), think_time_s=1.0,
+                    profile="a100-80gb-qwen2.5-7b", workers=2)
+    again = sweep(grid(base, kv_blocks=small, policy="kv_aware"), rounds=2, executor="sequential", progress=False)
+    mine = [r for r in out["frame"] if r["kv_blocks"] == small and r["policy"] == "kv_aware"]
+    assert [r["goodput_share"] for r in mine] == again["goodput_share"].tolist()
+    assert [r["usd_per_mtok_output"] for r in mine] == cost_per_million_tokens(again, 2.0).tolist()
+    assert "USD per million tokens at $2.00 per GPU-hour (assumed)" in printed(book)
+
+
+def test_04_calibration_runs_with_or_without_the_profile(tmp_path):
+    book, out = run("04_calibration", tmp_path, check="{'found': profile is not None, 'rows': list(coefficients.index)}")
+    assert out["rows"] == ["step_overhead_s", "weight_load_s", "per_token_s", "per_request_s",
+                           "prefill_attn_s", "decode_attn_s"]
+    if not out["found"]:
+        assert "not yet available" in printed(book)
+    assert not any(tmp_path.iterdir())
+
+
+def test_05_validation_without_a_report_stops_gracefully(tmp_path):
+    book, out = run("05_validation", tmp_path, check="report is None")
+    assert out is True
+    assert "No validation report" in printed(book)
+
+
+def test_05_validation_shows_a_report(tmp_path):
+    report = tmp_path / "validate" / "report.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps({
+        "trace": "seed_chat", "rounds": 1,
+        "policies": {"kv_aware": {"ttft_mean_s": {"predicted": 0.44, "measured": 0.40}}},
+        "requests": [{"request_id": 0, "ttft_sim": 0.1, "ttft_live": 0.12}],
+    }))
+    book, out = run("05_validation", tmp_path, f"REPORT = {str(report)!r}\n",
+                    "compared.to_dict('records')")
+    assert out == [{"quantity": "policies.kv_aware.ttft_mean_s", "predicted": 0.44, "measured": 0.40,
+                    "error_pct": pytest.approx(10.0)}]
+    assert math.isclose(out[0]["error_pct"], 10.0)
