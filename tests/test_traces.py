@@ -111,7 +111,7 @@ def _sample_trace() -> Trace:
         TraceRecord(0, 0.0, 20, 5, (0, 1)),
         TraceRecord(1, 12.5, 40, 7, (0, 2, 3), session_id="s1", turn=1),
         TraceRecord(7, 100.0, 60, 3, None, session_id="s1", turn=2, parent=1, think_time_ms=250.5),
-        TraceRecord(3, 3000.0, 17, 0, (9, 10), session_id=4),
+        TraceRecord(3, 3000.0, 17, 1, (9, 10), session_id=4),
     ]
     return Trace(records=records, block_size=16, source="sample", metadata={"note": "x", "n": [1, 2]})
 
@@ -177,6 +177,7 @@ MALFORMED = [
     ("negative timestamp", {**GOOD, "timestamp": -1}, "timestamp"),
     ("negative input", {**GOOD, "input_length": -1, "hash_ids": []}, "input_length"),
     ("negative output", {**GOOD, "output_length": -5}, "output_length"),
+    ("zero output", {**GOOD, "output_length": 0}, "output_length"),
     ("too many hash ids", {**GOOD, "hash_ids": [0, 1]}, "hash_ids"),
     ("too few hash ids", {**GOOD, "input_length": 600}, "hash_ids"),
     ("hash ids not a list", {**GOOD, "hash_ids": 0}, "hash_ids"),

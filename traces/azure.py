@@ -98,6 +98,6 @@ def _count(text: str, source: str, lineno: int, field: str) -> int:
         value = int(text.strip())
     except ValueError:
         raise TraceError(f"expected a non-negative int (tokens), got {text!r}", source, lineno, field) from None
-    if value < 0:
-        raise TraceError(f"length must be >= 0, got {value}", source, lineno, field)
+    if value < 1:  # a request sends at least one token and asks for at least one
+        raise TraceError(f"length must be >= 1, got {value}", source, lineno, field)
     return value

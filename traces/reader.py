@@ -177,8 +177,8 @@ def parse_trace_lines(
         for name, value in (("input_length", n_in), ("output_length", n_out)):
             if type(value) is not int:
                 raise TraceError(f"expected an int (tokens), got {_jtype(value)}", source, lineno, name)
-            if value < 0:
-                raise TraceError(f"length must be >= 0, got {value}", source, lineno, name)
+            if value < 1:  # a request sends at least one token and asks for at least one
+                raise TraceError(f"length must be >= 1, got {value}", source, lineno, name)
 
         hash_ids = obj.get("hash_ids")
         if hash_ids is not None:
