@@ -43,6 +43,9 @@ class ClusterSpec:
         record_steps: keep a per-step log on each worker.
         fast_forward: advance runs of identical decode steps as one event (same result up to
             floating-point rounding; much faster on long decodes).
+        max_in_flight: the client keeps at most this many requests outstanding; the others wait
+            in the client in the order they became ready (1 sends requests one at a time).
+            None: no limit.
     """
 
     profile: Profile
@@ -54,8 +57,11 @@ class ClusterSpec:
     router_block_tokens: int = 256
     record_steps: bool = False
     fast_forward: bool = True
+    max_in_flight: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
         if self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         if self.num_gpus is not None and not 1 <= self.num_gpus <= self.num_workers:
@@ -143,6 +149,8 @@ class Cluster:
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []
         self.itl_gaps: list[float] = []
+        self._slots = simpy.Resource(self.env, spec.max_in_flight) if spec.max_in_flight else None
+        self._held: dict[int, simpy.resources.resource.Request] = {}
         over = spec.profile.overheads
         self._overhead_mean = over.api_server_s + over.gateway_s
         self._sigma = math.sqrt(math.log1p(over.jitter_cv**2))
@@ -163,6 +171,9 @@ class Cluster:
         env = self.env
         if send_at > env.now:
             yield env.timeout(send_at - env.now)
+        if self._slots is not None:
+            slot = self._held[rec.request_id] = self._slots.request()
+            yield slot
         segments, hashes = self.workload.build(rec)
         bs = self.spec.profile.engine.block_size
         route = RouteRequest(rec.request_id, rec.session_id, hashes[: rec.input_length // bs], rec.input_length)
@@ -181,6 +192,7 @@ class Cluster:
             record.error = error
             record.finish = env.now
             self.view.on_finished(worker)
+            self._release_slot(rec.request_id)
             self._release_children(rec)
             return
         max_tokens = clamp_max_tokens(rec.input_length, rec.output_length, engine.max_model_len)
@@ -209,9 +221,14 @@ class Cluster:
         record.output_tokens = request.num_output_tokens
         record.preemptions = request.num_preemptions
         self.view.on_finished(record.worker)
+        self._release_slot(record.trace.request_id)
         if self.closed_loop:
             for child in self.workload.children.get(record.trace.request_id, ()):
                 self.env.process(self._client(child, now + child.think_time_ms / 1000.0))
+
+    def _release_slot(self, request_id: int) -> None:
+        if self._slots is not None:
+            self._slots.release(self._held.pop(request_id))
 
     def _release_children(self, rec: TraceRecord) -> None:
         """A failed request's later turns are never sent (closed loop); record them as skipped."""

@@ -161,3 +161,13 @@ def test_fast_forwarded_decode_runs_equal_step_by_step_simulation(policy):
     for column in ["num_steps", "prefix_cache_hits", "prefix_cache_queries", "num_evictions", "num_preemptions"]:
         assert list(fast.workers[column]) == list(slow.workers[column]), column
     assert fast.workers["num_evictions"].sum() > 0 and fast.workers["num_preemptions"].sum() > 0
+
+
+def test_max_in_flight_one_sends_requests_one_at_a_time_in_ready_order():
+    trace = seed_chat(num_chats=3, num_turns=2)
+    spec = ClusterSpec(simple_profile(), num_workers=2, policy="round_robin", arrival_spread_s=0.0, max_in_flight=1)
+    df = simulate(trace, spec).records.sort_values("arrival")
+    # Chats 0, 1, 2 send turn 1 in trace order; each turn 2 becomes ready after its turn 1 and
+    # queues behind the turn 1s already waiting.
+    assert list(df["request_id"]) == [0, 1, 2, 3, 4, 5]
+    assert (df["arrival"].to_numpy()[1:] >= df["finish"].to_numpy()[:-1]).all()
