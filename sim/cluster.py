@@ -151,9 +151,8 @@ class Cluster:
         self.itl_gaps: list[float] = []
         self._slots = simpy.Resource(self.env, spec.max_in_flight) if spec.max_in_flight else None
         self._held: dict[int, simpy.resources.resource.Request] = {}
-        over = spec.profile.overheads
-        self._overhead_mean = over.api_server_s + over.gateway_s
-        self._sigma = math.sqrt(math.log1p(over.jitter_cv**2))
+        self._overheads = spec.profile.overheads
+        self._sigma = math.sqrt(math.log1p(self._overheads.jitter_cv**2))
 
     def run(self) -> RunResult:
         """Simulate until every request has finished; return the records and counters."""
@@ -185,7 +184,7 @@ class Cluster:
             factor = self.rng.lognormal(-0.5 * self._sigma**2, self._sigma)
         else:
             factor = 1.0
-        yield env.timeout(self._overhead_mean * factor)
+        yield env.timeout(self._overheads.mean_s(rec.input_length) * factor)
         engine = self.profiles[worker].engine
         error = admission_error(rec.input_length, engine.max_model_len)
         if error:

@@ -14,7 +14,8 @@ Layout of a profile file::
                  "non_torch_bytes": ..., "kv_bytes_per_block": ...},
       "step_cost": {"step_overhead_s": ..., "weight_load_s": ..., "per_token_s": ...,
                     "per_request_s": ..., "prefill_attn_s": ..., "decode_attn_s": ...},
-      "overheads": {"api_server_s": 0.1, "gateway_s": 0.001, "jitter_cv": 0.1},
+      "overheads": {"api_server_s": 0.1, "gateway_s": 0.001, "jitter_cv": 0.1,
+                    "api_server_per_token_s": 0.0},
       "provenance": {"kind": "derived" | "measured", "source": "...", "date": "...", ...},
       "sources": {"<field>": "<where the number comes from>"}
     }
@@ -38,13 +39,20 @@ class Overheads:
     Attributes:
         api_server_s: mean time the OpenAI API server spends before the engine sees a request
             (tokenisation, validation, queueing into the engine).
+        api_server_per_token_s: API-server time per prompt token (request parsing and
+            validation grow with the prompt; measured by calibration, 0 in derived priors).
         gateway_s: mean time the router/gateway adds to every request.
-        jitter_cv: coefficient of variation of both, applied as a seeded lognormal factor.
+        jitter_cv: coefficient of variation of the total, applied as a seeded lognormal factor.
     """
 
     api_server_s: float = 0.1
     gateway_s: float = 0.001
     jitter_cv: float = 0.1
+    api_server_per_token_s: float = 0.0
+
+    def mean_s(self, num_prompt_tokens: int) -> float:
+        """Mean overhead of a request with ``num_prompt_tokens`` prompt tokens, seconds."""
+        return self.api_server_s + self.gateway_s + self.api_server_per_token_s * num_prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
