@@ -40,7 +40,13 @@ class ServerSpec:
         served_model_name: name clients use in requests; default: ``model``.
         block_size: KV block size, tokens (a multiple of 32 on the CPU backend).
         gpu_memory_utilization: vLLM's flag (GPU only; None leaves vLLM's default).
-        cpu_core: pin the server's threads to this core (CPU backend); None: no pinning.
+        cpu_core: run the engine (engine-core process and model worker, whose OpenMP threads
+            ``VLLM_CPU_OMP_THREADS_BIND`` pins) on this core (CPU backend); None: no pinning.
+        frontend_cores: once the server is up, move the API-server process to these cores; None:
+            every core this process may use. Keeping the API server (and the measuring client)
+            off the engine's core is what makes step times reproducible on a small machine: the
+            engine core busy-waits for its worker, and sharing a core with the API server made
+            decode steps up to three times slower, at random.
         cuda_device: expose only this GPU index (``CUDA_VISIBLE_DEVICES``); None: no change.
         kv_cache_gib: KV cache size on the CPU backend (``VLLM_CPU_KVCACHE_SPACE``), GiB.
         max_model_len: ``--max-model-len``; None: the model's own limit.
@@ -56,6 +62,7 @@ class ServerSpec:
     block_size: int | None = 32
     gpu_memory_utilization: float | None = None
     cpu_core: int | None = None
+    frontend_cores: tuple[int, ...] | None = None
     cuda_device: int | None = None
     kv_cache_gib: float | None = 1.0
     max_model_len: int | None = None
@@ -164,6 +171,8 @@ class VllmServer:
             raise ServerError(f"port {self.spec.port} on {self.spec.host} is already in use")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
+        core = self.spec.cpu_core
+        preexec = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
         try:
             self.process = subprocess.Popen(
                 self.spec.command(),
@@ -171,7 +180,8 @@ class VllmServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=self.spec.environment(),
-                start_new_session=True,  # Ctrl-C in a terminal reaches us, we forward it
+                start_new_session=True,  # our own process group: stop() signals the whole tree
+                preexec_fn=preexec,
             )
         finally:
             log.close()
@@ -190,6 +200,10 @@ class VllmServer:
                     f"log {self.log_path}:\n{_tail(self.log_path)}"
                 )
             if _health(self.url):
+                if self.spec.cpu_core is not None and self.process is not None:
+                    # the engine-core and worker processes were forked pinned to the engine's
+                    # core; only the API server itself moves
+                    set_affinity(self.process.pid, self.spec.frontend_cores or cpu_cores())
                 return
             time.sleep(0.5)
         raise ServerError(
@@ -216,6 +230,33 @@ class VllmServer:
             except subprocess.TimeoutExpired:
                 continue
         return proc.poll()
+
+
+def set_affinity(pid: int, cores) -> None:
+    """Pin every thread of process ``pid`` to ``cores`` (Linux; silently skipped elsewhere)."""
+    cores = set(cores)
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    for tid in tids:
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setaffinity(tid, cores)
+
+
+@contextlib.contextmanager
+def pinned(cores) -> Iterator[None]:
+    """Run the calling process on ``cores`` inside the block (e.g. keep a measuring client off
+    the engine's core); None or empty: no change. Restores the previous affinity."""
+    if not cores or not hasattr(os, "sched_getaffinity"):
+        yield
+        return
+    old = os.sched_getaffinity(0)
+    set_affinity(os.getpid(), cores)
+    try:
+        yield
+    finally:
+        set_affinity(os.getpid(), old)
 
 
 def detect_gpus() -> list[int]:
@@ -258,6 +299,9 @@ def plan_servers(
 ) -> list[ServerSpec]:
     """Specs of one server per GPU, or one per CPU core without GPUs.
 
+    On the CPU, server ``i``'s engine runs on core ``i``; the API servers run on the cores no
+    engine uses, or on every core when each core has an engine.
+
     Args:
         model: model directory or id.
         num_servers: how many (default: every GPU, or every core).
@@ -277,6 +321,7 @@ def plan_servers(
         kind = "GPUs" if gpus else "CPU cores"
         raise ValueError(f"asked for {n} servers but this machine has {len(devices)} {kind}: {devices}")
     specs = []
+    spare = tuple(c for c in devices if c not in devices[:n]) if not gpus else ()
     for i in range(n):
         common = dict(
             model=model,
@@ -291,7 +336,7 @@ def plan_servers(
                                     gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=None))
         else:
             specs.append(ServerSpec(**common, block_size=block_size or 32, cpu_core=devices[i],
-                                    kv_cache_gib=kv_cache_gib))
+                                    frontend_cores=spare or None, kv_cache_gib=kv_cache_gib))
     return specs
 
 

@@ -1,0 +1,270 @@
+"""Command line: ``kvroute serve`` and ``kvroute calibrate {measure,fit,tiny-model}``.
+
+Register with ``for c in COMMANDS: cli.add_command(c)``. Heavy imports stay inside the
+commands so that ``kvroute --help`` is fast. Also runnable as
+``python -m kvroute.calibrate.commands {serve,calibrate} ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+
+def _fail(message: str) -> None:
+    raise click.ClickException(message)
+
+
+def _cores(text: str | None) -> tuple[int, ...] | None:
+    """``"1"``, ``"1,3"`` or ``"2-5"`` to core ids."""
+    if not text:
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out += range(int(a), int(b) + 1)
+        elif part.strip():
+            out.append(int(part))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------
+# serve
+# --------------------------------------------------------------------------------------------
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
+@click.option("--model", required=True,
+              help="Model directory or Hugging Face id; 'tiny-qwen2' builds the tiny random-weight test model.")
+@click.option("--served-model-name", default=None, help="Name clients use (default: the model; 'tiny-qwen2' for the tiny model).")
+@click.option("-n", "--num-servers", type=int, default=None, help="Servers to start (default: one per GPU, or one per CPU core).")
+@click.option("--port-base", type=int, default=8100, show_default=True, help="Server i listens on port-base + i.")
+@click.option("--block-size", type=int, default=None, help="KV block size (default 16 on GPUs, 32 on the CPU backend).")
+@click.option("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of each GPU (GPU only).")
+@click.option("--kv-cache-gib", type=float, default=1.0, show_default=True, help="KV cache per server on the CPU backend, GiB.")
+@click.option("--max-model-len", type=int, default=None, help="vLLM --max-model-len.")
+@click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True)
+@click.option("--log-dir", type=click.Path(file_okay=False), default=".", show_default=True, help="Where vllm-<port>.log files go.")
+@click.option("--vllm-args", default="", help="More vLLM arguments, as one shell-quoted string.")
+@click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds to wait for /health.")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memory_utilization, kv_cache_gib,
+          max_model_len, device, log_dir, vllm_args, timeout, extra):
+    """Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up
+    until Ctrl-C. Arguments after ``--`` go to vLLM as they are.
+
+    \b
+    Examples:
+      kvroute serve --model Qwen/Qwen2.5-7B-Instruct            # every GPU, ports 8100...
+      kvroute serve --model tiny-qwen2 -n 1 -- --max-num-seqs 64  # CPU, engine on core 0
+    """
+    import signal
+    import time
+
+    from kvroute.calibrate.server import ServerError, plan_servers, serve_many
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    # Ctrl-C and SIGTERM both stop the servers cleanly, also when a script started us in the
+    # background (where SIGINT arrives ignored)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    from kvroute.calibrate.tiny_model import TINY_MODEL_NAME, build_tiny_model
+
+    if model == TINY_MODEL_NAME and not Path(model).exists():
+        click.echo("building the tiny random-weight Qwen2 model ...", err=True)
+        model_path = str(build_tiny_model())
+        served_model_name = served_model_name or TINY_MODEL_NAME
+    else:
+        model_path = model
+    args = shlex.split(vllm_args) + list(extra)
+    try:
+        specs = plan_servers(model_path, num_servers, port_base, served_model_name or model, block_size,
+                             gpu_memory_utilization, kv_cache_gib, max_model_len, args, log_dir, device)
+    except ValueError as exc:
+        _fail(str(exc))
+    for s in specs:
+        where = f"GPU {s.cuda_device}" if s.cuda_device is not None else f"CPU core {s.cpu_core}"
+        click.echo(f"starting {s.url} on {where} (log {s.log_path})", err=True)
+    try:
+        with serve_many(specs, timeout) as servers:
+            for s in servers:
+                click.echo(s.url)
+            sys.stdout.flush()
+            click.echo("ready; Ctrl-C stops the servers", err=True)
+            while True:
+                for s in servers:
+                    if s.process is not None and s.process.poll() is not None:
+                        _fail(f"server {s.url} exited with code {s.process.returncode}; see {s.log_path}")
+                time.sleep(1.0)
+    except ServerError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)
+
+
+# --------------------------------------------------------------------------------------------
+# calibrate
+# --------------------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def calibrate():
+    """Measure real vLLM servers and fit a profile for the simulator."""
+
+
+@calibrate.command()
+@click.option("--url", "urls", multiple=True, required=True, help="Server base URL; repeat for identical servers.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory for the raw rows.")
+@click.option("--model", default=None, help="Served model name (default: the server's only model).")
+@click.option("--preset", type=click.Choice(["full", "quick"]), default="full", show_default=True, help="Sweep size.")
+@click.option("--max-len", type=int, default=None, help="Drop sweep lengths whose sequences exceed this many tokens.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the prompts' token ids.")
+@click.option("--token-range", default="100:1700", show_default=True, help="LO:HI range of prompt token ids.")
+@click.option("--hardware", default=None, help="Hardware description for the profile (default: what the server reports).")
+@click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engine's core.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress):
+    """Drive live servers through their OpenAI API: prefill (cold and cached prefixes), decode
+    (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive."""
+    import asyncio
+
+    from kvroute.calibrate.client import CalibrationError
+    from kvroute.calibrate.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.server import pinned
+
+    plan = SweepPlan.preset(preset)
+    if max_len is not None:
+        plan = plan.clipped(max_len)
+    try:
+        lo, hi = (int(x) for x in token_range.split(":"))
+    except ValueError:
+        _fail(f"--token-range must be LO:HI, got {token_range!r}")
+    out = Path(out_dir)
+    try:
+        with pinned(_cores(client_cores)):
+            summary = asyncio.run(run_sweep(list(urls), out, plan, model, seed, (lo, hi), progress, hardware))
+    except CalibrationError as exc:
+        kept = _rows(out / "requests.csv")
+        _fail(f"{exc}" + (f"\n{kept} measured requests are kept in {out / 'requests.csv'}" if kept else ""))
+    except KeyboardInterrupt:
+        kept = _rows(out / "requests.csv")
+        click.echo(f"\ninterrupted: {kept} measured requests are kept in {out / 'requests.csv'}", err=True)
+        sys.exit(130)
+    s = summary.servers[0]
+    click.echo(
+        f"measured {summary.num_requests} requests in {summary.num_experiments} experiments in "
+        f"{summary.elapsed_s:.0f} s on {len(summary.servers)} server(s): {s.model} on {s.hardware}, vLLM "
+        f"{s.vllm_version}, block size {s.block_size}, {s.num_gpu_blocks} blocks -> {out}"
+    )
+
+
+def _rows(path: Path) -> int:
+    try:
+        with open(path) as fh:
+            return max(0, sum(1 for _ in fh) - 1)
+    except OSError:
+        return 0
+
+
+@calibrate.command("fit")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+              help="Profile JSON to write (default RUN_DIR/profile.json).")
+@click.option("--name", default=None, help="Profile name (default: the output file's stem).")
+@click.option("--report", default=None, type=click.Path(dir_okay=False),
+              help="PNG report (default: beside the profile, <stem>.fit.png).")
+@click.option("--holdout", type=float, default=0.25, show_default=True, help="Share of experiments held out.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the hold-out split.")
+@click.option("--overhead", type=click.Choice(["auto", "metrics", "fit"]), default="auto", show_default=True,
+              help="API-server time from the server's /metrics or fitted.")
+@click.option("--loss", type=click.Choice(["linear", "soft_l1", "huber", "cauchy"]), default="soft_l1",
+              show_default=True, help="linear: NNLS; else a robust least_squares refinement.")
+@click.option("--itl-source", type=click.Choice(["auto", "engine", "stream"]), default="auto", show_default=True,
+              help="Decode and mixed step times from the server's histograms or the client's streams.")
+@click.option("--per-token-overhead/--no-per-token-overhead", default=True, show_default=True,
+              help="Fit the per-prompt-token part of the API-server time.")
+@click.option("--folds", type=int, default=4, show_default=True, help="Cross-validation folds (0: none).")
+def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds):
+    """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report."""
+    from kvroute.calibrate.fit import fit, plot_report, profile_document
+    from kvroute.calibrate.observations import (build_observations, engine_config, load_sweep,
+                                                observations_frame)
+    from kvroute.sim.profile import load_profile
+
+    try:
+        meta, servers, req, exp = load_sweep(run_dir)
+    except FileNotFoundError as exc:
+        _fail(str(exc))
+    if not servers:
+        _fail(f"{run_dir}/meta.json names no server")
+    info = servers[0]
+    obs, notes = build_observations(req, exp, engine_config(info), itl_source)
+    for n in notes[:8]:
+        click.echo(f"note: {n}", err=True)
+    if len(notes) > 8:
+        click.echo(f"note: ... {len(notes) - 8} more left out", err=True)
+    try:
+        result = fit(obs, holdout, seed, overhead, loss, per_token_overhead, folds)
+    except ValueError as exc:
+        _fail(str(exc))
+    out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
+    name = name or out.stem
+    doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    load_profile(out)  # the simulator must accept what we wrote
+    png = Path(report) if report else out.with_name(out.stem + ".fit.png")
+    plot_report(result, png, f"{name}: {info.model} on {info.hardware}, vLLM {info.vllm_version}")
+    frame = observations_frame(obs)
+    frame["predicted_s"] = result.predicted_s
+    frame["held_out"] = result.held_out
+    frame.to_csv(Path(run_dir) / "fit_points.csv", index=False)
+    click.echo(result.summary())
+    click.echo(f"profile {out}\nreport  {png}")
+
+
+def _model_doc(root: str) -> dict:
+    """Shapes from a local model directory's config.json, if there is one."""
+    cfg = Path(root) / "config.json"
+    if not cfg.is_file():
+        return {}
+    try:
+        c = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return {}
+    keys = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
+            "num_key_value_heads": "num_kv_heads", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
+            "torch_dtype": "dtype", "dtype": "dtype", "architectures": "architectures"}
+    return {v: c[k] for k, v in keys.items() if k in c}
+
+
+@calibrate.command("tiny-model")
+@click.argument("out_dir", required=False, type=click.Path(file_okay=False))
+def tiny_model(out_dir):
+    """Build the tiny random-weight Qwen2 model and tokenizer (no download) and print its path."""
+    from kvroute.calibrate.tiny_model import build_tiny_model
+
+    click.echo(build_tiny_model(out_dir))
+
+
+COMMANDS = [serve, calibrate]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _main() -> None:
+    """kvroute calibration commands (standalone entry point)."""
+
+
+for _c in COMMANDS:
+    _main.add_command(_c)
+
+
+if __name__ == "__main__":
+    _main()

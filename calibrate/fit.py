@@ -1,0 +1,559 @@
+"""Fit the simulator's step-cost model to observations, hold some out, write a profile.
+
+Model: an observation's time is ``api_server_s`` (TTFT only) plus the sum of
+``StepCost.step_time`` over its steps (:mod:`kvroute.calibrate.steps`). Given which steps sit on
+the weight-load floor, that is linear in the six coefficients, so the fit is non-negative least
+squares on relative residuals (every observation weighs by ``1 / measured``, so short and long
+times count alike). The floor is handled by trying every token threshold below which steps are
+on it and keeping the best consistent solution; ``loss="soft_l1"`` (or ``"huber"``) then refines
+with ``scipy.optimize.least_squares`` under bounds >= 0 on the exact (max) model.
+
+``api_server_s`` comes from the server's ``/metrics`` (``overhead="metrics"``: median of client
+TTFT minus the engine's queue + prefill time) and the TTFT targets become the engine's share; or
+it is fitted as a free non-negative coefficient (``overhead="fit"``; the default when the server
+exported no histograms).
+
+Hold-out: a seeded share of the configurations of every kind (all repetitions of a prompt length,
+a batch x context point, ...) is left out of the fit; quality (R^2, median and p90 absolute
+percentage error) is reported on TTFT and ITL for the held-out and the fitted configurations,
+comparing each configuration's median over its repetitions with the prediction, and for every
+single measurement. The profile's coefficients are the ones fitted without the held-out share.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kvroute.calibrate.observations import Observation, TTFT_KINDS
+from kvroute.calibrate.steps import COEFFICIENTS, Step, design_row, predict
+from kvroute.sim.cost_model import StepCost
+
+
+@dataclass(frozen=True, slots=True)
+class Quality:
+    """Fit quality on one set of observations.
+
+    Attributes:
+        n: observations.
+        r2: coefficient of determination of predicted vs measured (NaN for n < 2).
+        median_ape, p90_ape: median and 90th percentile of ``|pred - meas| / meas`` (fractions).
+    """
+
+    n: int
+    r2: float
+    median_ape: float
+    p90_ape: float
+
+
+def quality(measured: np.ndarray, predicted: np.ndarray) -> Quality:
+    """R^2 and absolute percentage errors of ``predicted`` against ``measured`` (same shape)."""
+    m, p = np.asarray(measured, float), np.asarray(predicted, float)
+    if len(m) == 0:
+        return Quality(0, math.nan, math.nan, math.nan)
+    ape = np.abs(p - m) / m
+    ss = float(np.sum((m - m.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((p - m) ** 2)) / ss if len(m) > 1 and ss > 0 else math.nan
+    return Quality(len(m), r2, float(np.median(ape)), float(np.percentile(ape, 90)))
+
+
+@dataclass
+class FitResult:
+    """A fitted cost model and how well it predicts.
+
+    Attributes:
+        cost: fitted step-cost coefficients.
+        api_server_s: API-server time added to every TTFT, s.
+        overhead_source: ``"metrics"`` or ``"fit"``.
+        jitter_cv: coefficient of variation of the measured per-request overhead (0 if unknown).
+        observations: every observation used.
+        held_out: parallel to ``observations``: True for the held-out share.
+        predicted_s: parallel predictions, s (API time included for TTFT).
+        quality: ``{split: {"ttft"|"itl"|<kind>: Quality}}``; splits ``"heldout"`` and ``"fit"``
+            compare each configuration's median over its repetitions with the prediction,
+            ``"heldout_raw"`` and ``"fit_raw"`` every single measurement.
+        method: e.g. ``"nnls"`` or ``"least_squares/soft_l1"``.
+        holdout: share of experiments held out; ``seed``: split seed.
+    """
+
+    cost: StepCost
+    api_server_s: float
+    overhead_source: str
+    jitter_cv: float
+    observations: list[Observation]
+    held_out: np.ndarray
+    predicted_s: np.ndarray
+    quality: dict[str, dict[str, Quality]]
+    method: str
+    holdout: float
+    seed: int
+    api_server_per_token_s: float = 0.0
+    parts: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """A few lines: coefficients and held-out errors."""
+        lines = [f"{k} = {getattr(self.cost, k):.4g}" for k in COEFFICIENTS]
+        lines.append(f"api_server_s = {self.api_server_s:.4g} + {self.api_server_per_token_s:.3g} x prompt tokens"
+                     f" ({self.overhead_source})")
+        names = {"heldout": "held-out configurations (median of repetitions)",
+                 "heldout_raw": "held-out single measurements",
+                 "crossval": "cross-validated configurations (every configuration held out once)",
+                 "crossval_raw": "cross-validated single measurements",
+                 "fit": "fitted configurations", "fit_raw": "fitted single measurements"}
+        for split in ("heldout", "heldout_raw", "crossval", "crossval_raw", "fit", "fit_raw"):
+            if split not in self.quality:
+                continue
+            lines.append(names[split] + ":")
+            for key in ("ttft", "itl", "cold", "cached", "decode", "mixed"):
+                q = self.quality[split].get(key)
+                if q and q.n:
+                    lines.append(
+                        f"  {key:6s} n={q.n:4d}  R^2={q.r2:6.3f}  median APE={100 * q.median_ape:5.1f}%"
+                        f"  p90 APE={100 * q.p90_ape:5.1f}%"
+                    )
+        return "\n".join(lines)
+
+
+def split_holdout(obs: list[Observation], share: float, seed: int) -> np.ndarray:
+    """Boolean mask of held-out observations: ``share`` of the configurations of each kind (at
+    least one when a kind has two or more), chosen with ``numpy.random.default_rng(seed)``; all
+    repetitions of a configuration (:attr:`Observation.config`) stay on the same side.
+
+    Raises:
+        ValueError: ``share`` outside ``[0, 1)``.
+    """
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"holdout share must be in [0, 1), got {share}")
+    rng = np.random.default_rng(seed)
+    held: set[tuple] = set()
+    for kind in sorted({o.kind for o in obs}):
+        configs = sorted({o.config for o in obs if o.kind == kind}, key=repr)
+        k = int(round(share * len(configs)))
+        if share > 0 and k == 0 and len(configs) >= 2:
+            k = 1
+        for i in rng.permutation(len(configs))[:k]:
+            held.add(configs[i])
+    return np.array([o.config in held for o in obs], dtype=bool)
+
+
+def _nnls_rel(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    from scipy.optimize import nnls
+
+    A = X * w[:, None]
+    b = y * w
+    scale = np.abs(A).max(axis=0)
+    scale[scale == 0] = 1.0
+    x, _ = nnls(A / scale, b, maxiter=50 * A.shape[1])
+    return x / scale
+
+
+def _as_cost(x: np.ndarray) -> StepCost:
+    return StepCost(**{k: float(max(v, 0.0)) for k, v in zip(COEFFICIENTS, x[: len(COEFFICIENTS)])})
+
+
+def _floor_design(steps_list: list[tuple[Step, ...]], threshold: float, extra: np.ndarray) -> np.ndarray:
+    """Design matrix when every step with fewer than ``threshold`` tokens sits on the floor,
+    followed by the ``extra`` columns."""
+    fake = StepCost(0.0, 1.0, 1.0 / threshold, 0.0, 0.0, 0.0) if threshold > 0 else None
+    X = np.array([design_row(list(s), fake) for s in steps_list])
+    return np.hstack([X, extra])
+
+
+@dataclass(frozen=True, slots=True)
+class CostFit:
+    """Output of :func:`fit_cost`.
+
+    Attributes:
+        cost: step-cost coefficients.
+        api_server_s: per-request time before the first token beyond the engine steps, s.
+        api_server_per_token_s: its growth per prompt token, s/token (JSON, validation and block
+            hashing of the prompt; the simulator applies it only if it knows the field).
+        overhead_source: ``"metrics"`` or ``"fit"``.
+        jitter_cv: coefficient of variation of the measured API-server time around its fitted
+            line in prompt length (0 if unknown).
+        method: ``"nnls"`` or ``"least_squares/<loss>"``.
+        parts: the pieces of ``api_server_s`` and ``api_server_per_token_s``, for provenance.
+    """
+
+    cost: StepCost
+    api_server_s: float
+    api_server_per_token_s: float
+    overhead_source: str
+    jitter_cv: float
+    method: str
+    parts: dict
+
+
+def fit_cost(
+    obs: list[Observation],
+    mask: np.ndarray | None = None,
+    overhead: str = "auto",
+    loss: str = "linear",
+    per_token_overhead: bool = True,
+) -> CostFit:
+    """Fit the coefficients on ``obs[mask]``.
+
+    Every TTFT observation also gets ``a + b * prompt_len`` (the per-request time outside the
+    engine's steps: the API server, plus the engine's admission of a new request), ``a, b >= 0``.
+
+    Args:
+        obs: observations.
+        mask: which to fit on (default all).
+        overhead: ``"metrics"``: TTFT targets are the engine's share (queue + prefill time from
+            ``/metrics``), so ``a, b`` fit only the engine's admission cost and the API server's
+            time is added from a robust line through the measured ``client TTFT - engine``
+            times; ``"fit"``: TTFT targets are the client's TTFT and ``a, b`` fit everything;
+            ``"auto"``: ``"metrics"`` when every TTFT observation has an engine share.
+        loss: ``"linear"`` (NNLS only) or a ``scipy.optimize.least_squares`` robust loss
+            (``"soft_l1"``, ``"huber"``, ``"cauchy"``) refining the NNLS solution.
+        per_token_overhead: fit ``b``; False fixes it at 0.
+
+    Raises:
+        ValueError: no TTFT or no ITL observation to fit on, or an unknown option.
+    """
+    sel = [o for o, m in zip(obs, np.ones(len(obs), bool) if mask is None else mask) if m]
+    ttft = [o for o in sel if o.kind in TTFT_KINDS]
+    itl = [o for o in sel if o.kind not in TTFT_KINDS]
+    if not ttft or not itl:
+        raise ValueError(
+            f"need both TTFT and ITL observations to fit (have {len(ttft)} TTFT, {len(itl)} ITL); "
+            f"was the sweep interrupted before its decode part?"
+        )
+    if overhead not in ("auto", "metrics", "fit"):
+        raise ValueError(f"overhead must be 'auto', 'metrics' or 'fit', got {overhead!r}")
+    if loss not in ("linear", "soft_l1", "huber", "cauchy", "arctan"):
+        raise ValueError(f"unknown loss {loss!r}")
+    have_engine = all(o.engine_s > 0 for o in ttft)
+    if overhead == "metrics" and not have_engine:
+        raise ValueError("overhead='metrics' needs the server's /metrics histograms, which this sweep lacks")
+    mode = "metrics" if (overhead == "metrics" or (overhead == "auto" and have_engine)) else "fit"
+    over = np.array([o.overhead_s for o in ttft if o.overhead_s == o.overhead_s])
+    over_L = np.array([o.desc.get("prompt_len", 0) for o in ttft if o.overhead_s == o.overhead_s], float)
+    a_o, b_o = _robust_line(over_L, over, per_token_overhead)
+    line = a_o + b_o * over_L
+    # spread of the measured API-server time around its line, as the simulator's lognormal CV
+    jitter = float(np.std(over / line)) if len(over) > 1 and (line > 0).all() else 0.0
+
+    meas = np.array([o.measured_s for o in sel])
+    is_ttft = np.array([o.kind in TTFT_KINDS for o in sel], float)
+    plen = np.array([o.desc.get("prompt_len", 0) for o in sel], float)
+    extra = np.column_stack([is_ttft, is_ttft * plen if per_token_overhead else np.zeros(len(sel))])
+    w = 1.0 / meas
+    y = np.array([o.engine_s if (mode == "metrics" and o.kind in TTFT_KINDS) else o.measured_s for o in sel])
+    steps_list = [o.steps for o in sel]
+    all_tokens = sorted({s.tokens for st in steps_list for s in st})
+    n = len(COEFFICIENTS)
+
+    def predicted(x: np.ndarray) -> np.ndarray:
+        cost = _as_cost(x)
+        return np.array([predict(list(st), cost) for st in steps_list]) + extra @ x[n:]
+
+    best_x, best_f = None, math.inf
+    for thr in [0.0] + [t + 0.5 for t in all_tokens]:
+        x = _nnls_rel(_floor_design(steps_list, thr, extra), y, w)
+        if thr > 0 and (x[2] <= 0 or x[1] <= 0):
+            continue  # no floor in this solution: the same as thr = 0
+        f = float(np.sum(((predicted(x) - y) * w) ** 2))
+        if f < best_f:
+            best_x, best_f = x, f
+    method = "nnls"
+    if loss != "linear":
+        from scipy.optimize import least_squares
+
+        scale = np.where(best_x > 0, best_x, 1e-12)
+        upper = np.full(len(best_x), np.inf)
+        if not per_token_overhead:
+            upper[n + 1] = 1e-30
+        res = least_squares(lambda x: (predicted(x) - y) * w, np.clip(best_x, 0, upper), bounds=(0, upper),
+                            loss=loss, f_scale=0.05, x_scale=scale, max_nfev=2000)
+        best_x = res.x
+        method = f"least_squares/{loss}"
+    a, b = float(best_x[n]), float(best_x[n + 1])
+    parts: dict = {}
+    if mode == "metrics":
+        parts = {"api_server_from_metrics_s": a_o, "api_server_from_metrics_per_token_s": b_o,
+                 "engine_admission_s": a, "engine_admission_per_token_s": b,
+                 "api_server_median_s": float(np.median(over)) if len(over) else None}
+        a, b = a + a_o, b + b_o
+    else:
+        parts = {"fitted_intercept_s": a, "fitted_per_token_s": b,
+                 "api_server_median_s": float(np.median(over)) if len(over) else None}
+    return CostFit(_as_cost(best_x), a, b, mode, jitter, method, parts)
+
+
+def _config_medians(obs: list[Observation], meas: np.ndarray, pred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Median measured and predicted time per configuration (repetitions pooled)."""
+    by: dict[tuple, list[int]] = {}
+    for i, o in enumerate(obs):
+        by.setdefault(o.config, []).append(i)
+    idx = list(by.values())
+    return (np.array([np.median(meas[i]) for i in idx]), np.array([np.median(pred[i]) for i in idx]))
+
+
+def _robust_line(x: np.ndarray, y: np.ndarray, slope: bool) -> tuple[float, float]:
+    """Intercept and non-negative slope of a robust (Siegel repeated-medians) line; the median
+    alone when ``slope`` is False or the data cannot give a slope."""
+    if len(y) == 0:
+        return 0.0, 0.0
+    if not slope or len(set(x.tolist())) < 2:
+        return float(np.median(y)), 0.0
+    from scipy.stats import siegelslopes
+
+    m, c = siegelslopes(y, x)
+    if m < 0:
+        return float(np.median(y)), 0.0
+    return max(float(c), 0.0), float(m)
+
+
+def _predict_all(obs: list[Observation], cf: CostFit) -> np.ndarray:
+    return np.array([
+        predict(list(o.steps), cf.cost)
+        + ((cf.api_server_s + cf.api_server_per_token_s * o.desc.get("prompt_len", 0)) if o.kind in TTFT_KINDS else 0.0)
+        for o in obs
+    ])
+
+
+_GROUPS = ((("ttft", TTFT_KINDS), ("itl", ("decode", "mixed")))
+           + tuple((k, (k,)) for k in ("cold", "cached", "decode", "mixed")))
+
+
+def _qualities(obs: list[Observation], meas: np.ndarray, pred: np.ndarray, m: np.ndarray) -> tuple[dict, dict]:
+    """(per-configuration, per-measurement) quality of ``obs[m]`` for every group."""
+    per_config, raw = {}, {}
+    for key, kinds in _GROUPS:
+        sel = m & np.array([o.kind in kinds for o in obs])
+        raw[key] = quality(meas[sel], pred[sel])
+        cm, cp = _config_medians([o for o, s in zip(obs, sel) if s], meas[sel], pred[sel])
+        per_config[key] = quality(cm, cp)
+    return per_config, raw
+
+
+def fold_assignment(obs: list[Observation], folds: int, seed: int) -> np.ndarray:
+    """Fold index (0..folds-1) of every observation: the configurations of each kind dealt to the
+    folds in a seeded random order; repetitions of a configuration share a fold."""
+    rng = np.random.default_rng(seed + 1_000_003)
+    fold_of: dict[tuple, int] = {}
+    for kind in sorted({o.kind for o in obs}):
+        configs = sorted({o.config for o in obs if o.kind == kind}, key=repr)
+        for j, i in enumerate(rng.permutation(len(configs))):
+            fold_of[configs[i]] = j % folds
+    return np.array([fold_of[o.config] for o in obs])
+
+
+def fit(
+    obs: list[Observation],
+    holdout: float = 0.25,
+    seed: int = 0,
+    overhead: str = "auto",
+    loss: str = "linear",
+    per_token_overhead: bool = True,
+    folds: int = 4,
+) -> FitResult:
+    """Split, fit on the kept share, predict everything, and measure the quality.
+
+    Besides the single hold-out split (whose fit gives the coefficients), ``folds``-fold cross
+    validation over configurations (every configuration predicted once by a fit that did not see
+    it) gives a steadier estimate of the held-out error: quality keys ``"crossval"`` and
+    ``"crossval_raw"``; ``folds < 2`` skips it.
+
+    Raises:
+        ValueError: see :func:`fit_cost` and :func:`split_holdout`.
+    """
+    held = split_holdout(obs, holdout, seed)
+    cf = fit_cost(obs, ~held, overhead, loss, per_token_overhead)
+    pred = _predict_all(obs, cf)
+    meas = np.array([o.measured_s for o in obs])
+    q: dict[str, dict[str, Quality]] = {}
+    for split, m in (("heldout", held), ("fit", ~held)):
+        q[split], q[split + "_raw"] = _qualities(obs, meas, pred, m)
+    if folds >= 2:
+        fold = fold_assignment(obs, folds, seed)
+        cv_pred = np.full(len(obs), np.nan)
+        for k in range(folds):
+            test = fold == k
+            if test.any() and (~test).any():
+                cv_pred[test] = _predict_all([o for o, t in zip(obs, test) if t],
+                                             fit_cost(obs, ~test, overhead, loss, per_token_overhead))
+        ok = ~np.isnan(cv_pred)
+        q["crossval"], q["crossval_raw"] = _qualities(obs, meas, np.where(ok, cv_pred, 0.0), ok)
+    return FitResult(cf.cost, cf.api_server_s, cf.overhead_source, cf.jitter_cv, obs, held, pred, q, cf.method,
+                     holdout, seed, api_server_per_token_s=cf.api_server_per_token_s, parts=cf.parts)
+
+
+# --------------------------------------------------------------------------------------------
+# Profile and report
+# --------------------------------------------------------------------------------------------
+
+
+def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: dict | None = None) -> dict:
+    """The profile JSON document (layout of ``kvroute.sim.profile``) of a fit.
+
+    Args:
+        result: the fit.
+        info: the measured server's :class:`~kvroute.calibrate.client.ServerInfo`.
+        meta: the sweep's ``meta.json`` (dates, URLs, seed, plan).
+        name: profile name.
+        model_doc: extra model facts (e.g. shapes read from its ``config.json``).
+    """
+    def q(x: Quality) -> dict:
+        return {"n": x.n, "r2": _r(x.r2), "median_ape": _r(x.median_ape), "p90_ape": _r(x.p90_ape)}
+
+    urls = meta.get("urls", [info.url])
+    date = (meta.get("started") or _dt.date.today().isoformat())[:10]
+    engine = {
+        "vllm_version": info.vllm_version,
+        "block_size": info.block_size,
+        "num_gpu_blocks": info.num_gpu_blocks,
+        "max_num_batched_tokens": info.max_num_batched_tokens,
+        "max_num_seqs": info.max_num_seqs,
+        "max_model_len": info.max_model_len,
+        "long_prefill_token_threshold": info.long_prefill_token_threshold,
+        "enable_prefix_caching": info.enable_prefix_caching,
+    }
+    if info.gpu_memory_utilization is not None:
+        engine["gpu_memory_utilization"] = info.gpu_memory_utilization
+    return {
+        "name": name,
+        "hardware": {"description": info.hardware, "device": info.device},
+        "model": {"name": info.model, "path_or_id": info.model_root, **(model_doc or {})},
+        "engine": engine,
+        "step_cost": {k: getattr(result.cost, k) for k in COEFFICIENTS},
+        "overheads": {"api_server_s": result.api_server_s, "api_server_per_token_s": result.api_server_per_token_s,
+                      "gateway_s": 0.0, "jitter_cv": _r(result.jitter_cv)},
+        "provenance": {
+            "kind": "measured",
+            "source": "kvroute calibrate measure + fit",
+            "date": date,
+            "measured_started": meta.get("started"),
+            "measured_finished": meta.get("finished"),
+            "sweep_status": meta.get("status"),
+            "server_urls": urls,
+            "model": info.model,
+            "vllm_version": info.vllm_version,
+            "hardware": info.hardware,
+            "seed": meta.get("seed"),
+            "fit": {
+                "method": result.method,
+                "overhead_source": result.overhead_source,
+                "holdout_share": result.holdout,
+                "holdout_seed": result.seed,
+                "overhead_parts": {k: _r(v) for k, v in result.parts.items()},
+                "num_observations": len(result.observations),
+                "heldout": {k: q(v) for k, v in result.quality["heldout"].items()},
+                "heldout_single_measurements": {k: q(v) for k, v in result.quality["heldout_raw"].items()},
+                "fitted": {k: q(v) for k, v in result.quality["fit"].items()},
+                "fitted_single_measurements": {k: q(v) for k, v in result.quality["fit_raw"].items()},
+                **({"crossval": {k: q(v) for k, v in result.quality["crossval"].items()},
+                    "crossval_single_measurements": {k: q(v) for k, v in result.quality["crossval_raw"].items()}}
+                   if "crossval" in result.quality else {}),
+                "note": ("heldout/fitted: each configuration's median over its repetitions against the "
+                         "prediction of the profile's coefficients (fitted without the held-out share); "
+                         "crossval: 4-fold cross validation over configurations; *_single_measurements: "
+                         "every measurement"),
+            },
+        },
+        "sources": {
+            **{f"engine.{k}": v for k, v in info.sources.items() if k in engine},
+            "engine.vllm_version": f"{info.url}/version",
+            "step_cost": "fitted to the sweep's TTFT and ITL (kvroute.calibrate.fit)",
+            "overheads.api_server_s": (
+                "intercept of a robust line through client TTFT minus the engine's queue + prefill time "
+                "(vllm:request_queue_time_seconds, vllm:request_prefill_time_seconds) against prompt length, plus "
+                "the fitted engine time of admitting a new request (beyond its step costs)"
+                if result.overhead_source == "metrics"
+                else "fitted TTFT intercept beyond the step costs (API server plus the engine's admission of a request)"
+            ),
+            "overheads.api_server_per_token_s": (
+                "growth of the API-server time per prompt token (JSON, validation, block hashing), fitted "
+                "like api_server_s; a simulator without this field ignores it"
+            ),
+            "overheads.gateway_s": "0: the sweep talked to the servers directly",
+            "overheads.jitter_cv": "coefficient of variation of the measured API-server time around its line in prompt length",
+            "hardware": info.sources.get("hardware", "server report"),
+        },
+    }
+
+
+def _r(x: float) -> float | None:
+    """Six significant digits; None for a missing value."""
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(f"{float(x):.6g}")
+
+
+def plot_report(result: FitResult, path: str | Path, title: str = "") -> Path:
+    """Write a PNG: measured against predicted TTFT and ITL (log axes, fitted vs held-out), and
+    TTFT against prompt length and ITL against batch size with the model's curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    obs, pred, held = result.observations, result.predicted_s, result.held_out
+    meas = np.array([o.measured_s for o in obs])
+    fig, axes = plt.subplots(2, 2, figsize=(12, 10))
+    colors = {"cold": "tab:blue", "cached": "tab:green", "decode": "tab:orange", "mixed": "tab:red"}
+    for ax, kinds, label in ((axes[0, 0], ("cold", "cached"), "TTFT"), (axes[0, 1], ("decode", "mixed"), "ITL / step")):
+        lo, hi = math.inf, 0.0
+        for kind in kinds:
+            for h, marker in ((False, "o"), (True, "x")):
+                sel = np.array([o.kind == kind for o in obs]) & (held == h)
+                if sel.any():
+                    ax.scatter(meas[sel] * 1e3, pred[sel] * 1e3, c=colors[kind], marker=marker, s=22,
+                               label=f"{kind} ({'held out' if h else 'fitted'})", alpha=0.8)
+                    lo, hi = min(lo, meas[sel].min(), pred[sel].min()), max(hi, meas[sel].max(), pred[sel].max())
+        if hi > 0:
+            xs = np.array([lo * 0.8, hi * 1.25]) * 1e3
+            ax.plot(xs, xs, "k-", lw=0.8)
+            ax.fill_between(xs, xs * 0.9, xs * 1.1, color="grey", alpha=0.15, label="±10%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        key = "ttft" if label == "TTFT" else "itl"
+        qh = result.quality["heldout"][key]
+        ax.set_title(f"{label}: held-out median APE {100 * qh.median_ape:.1f}%, p90 {100 * qh.p90_ape:.1f}% (n={qh.n})")
+        ax.set_xlabel(f"measured {label} (ms)")
+        ax.set_ylabel(f"predicted {label} (ms)")
+        ax.legend(fontsize=8)
+    # TTFT vs prompt length
+    ax = axes[1, 0]
+    for kind in ("cold", "cached"):
+        sel = [i for i, o in enumerate(obs) if o.kind == kind]
+        if sel:
+            x = [obs[i].desc.get("prompt_len", 0) - (obs[i].desc.get("prefix_len", 0) if kind == "cached" else 0) for i in sel]
+            ax.scatter(x, meas[sel] * 1e3, c=colors[kind], s=16, label=f"{kind} measured")
+            ax.scatter(x, pred[sel] * 1e3, facecolors="none", edgecolors="k", s=30, label=f"{kind} predicted")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens computed (prompt minus cached prefix)")
+    ax.set_ylabel("TTFT (ms)")
+    ax.set_title("Prefill")
+    ax.legend(fontsize=8)
+    # ITL vs batch
+    ax = axes[1, 1]
+    dec = [i for i, o in enumerate(obs) if o.kind == "decode"]
+    ctxs = sorted({obs[i].desc.get("context_len") for i in dec})
+    cmap = plt.get_cmap("viridis")
+    for j, L in enumerate(ctxs):
+        sel = [i for i in dec if obs[i].desc.get("context_len") == L]
+        b = [obs[i].desc["batch"] for i in sel]
+        c = cmap(j / max(1, len(ctxs) - 1))
+        ax.scatter(b, meas[sel] * 1e3, color=c, s=18, label=f"context {L}")
+        order = np.argsort(b)
+        ax.plot(np.array(b)[order], pred[sel][order] * 1e3, color=c, lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("decode batch size B")
+    ax.set_ylabel("ITL (ms); lines: model")
+    ax.set_title("Decode")
+    ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

@@ -1,0 +1,664 @@
+"""The calibration sweeps against live vLLM servers; raw rows go to disk as they arrive.
+
+Experiments (every prompt is a list of token ids, so prefix sharing is exact):
+
+- ``cold``: a unique prompt of L tokens, ``max_tokens`` 1, alone on an idle engine: TTFT.
+- ``cached``: a unique prompt of P tokens (the *warm* request, itself a cold measurement), then
+  the same P tokens plus N new ones: TTFT with a cached prefix of known length.
+- ``decode``: B requests at once, each a distinct cached context plus one new block (context L),
+  ``max_tokens`` T: per-token arrival times from the streams (and the server's inter-token
+  latency histogram) give the decode step time.
+- ``mixed``: B requests decoding; when each has streamed a few tokens, a cold prompt of P
+  tokens arrives: the decode streams' gap around its first token is the mixed step.
+
+Sequential requests are bracketed by ``/metrics`` scrapes, so the server's own histograms
+(``vllm:request_queue_time_seconds``, ``vllm:request_prefill_time_seconds``,
+``vllm:inter_token_latency_seconds``) separate engine time from API-server overhead.
+
+Files in the output directory: ``meta.json`` (plan, servers' settings, status), ``requests.csv``
+(one row per request, appended and flushed as each finishes, token arrival times included) and
+``experiments.csv`` (one row per experiment with the engine-side metrics); Parquet copies of both
+when the sweep ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import datetime as _dt
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvroute.calibrate.client import CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, VllmClient
+
+REQUEST_COLUMNS = [
+    "url", "exp_id", "kind", "role", "rep", "batch", "prompt_len", "prefix_len", "max_tokens",
+    "t_send_s", "ttft_s", "t_done_s", "n_tokens", "prompt_tokens", "cached_tokens",
+    "expected_cached", "engine_queue_s", "engine_prefill_s", "engine_ttft_s", "overhead_s",
+    "error", "token_times",
+]
+EXPERIMENT_COLUMNS = [
+    "url", "exp_id", "kind", "rep", "batch", "context_len", "prefix_len", "new_len", "prefill_len",
+    "max_tokens", "itl_engine_s", "itl_engine_count", "t_start_s", "t_end_s", "error",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Plan
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPlan:
+    """What to measure. All lengths in tokens.
+
+    Attributes:
+        cold_lengths, cold_reps: unique-prompt lengths and repetitions.
+        cached_prefixes, cached_new, cached_reps: cached-prefix lengths (rounded down to whole
+            blocks), new tokens after them, repetitions.
+        decode_batches, decode_contexts, decode_tokens, decode_reps: B, context L (rounded to
+            whole blocks), output tokens T per request, repetitions.
+        mixed_batches, mixed_prefills, mixed_context, mixed_lead, mixed_tokens, mixed_reps: B
+            decoding requests of context ``mixed_context``; the cold prompt of each length in
+            ``mixed_prefills`` is sent once every decode has streamed ``mixed_lead`` tokens;
+            decodes run ``mixed_tokens`` tokens (enough that none finishes before the prompt's first
+            token, so the server's prefill-time histogram gains exactly that prompt's sample).
+    """
+
+    cold_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096,
+                                     6144, 8192, 12288, 16384)
+    cold_reps: int = 3
+    cached_prefixes: tuple[int, ...] = (512, 2048, 8192)
+    cached_new: tuple[int, ...] = (16, 128, 512, 2048)
+    cached_reps: int = 2
+    decode_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    decode_contexts: tuple[int, ...] = (128, 1024, 4096, 16384)
+    decode_tokens: int = 64
+    decode_reps: int = 3
+    mixed_batches: tuple[int, ...] = (4, 16)
+    mixed_prefills: tuple[int, ...] = (128, 512, 1536)
+    mixed_context: int = 1024
+    mixed_lead: int = 8
+    mixed_tokens: int = 160
+    mixed_reps: int = 2
+
+    @classmethod
+    def preset(cls, name: str) -> "SweepPlan":
+        """``"full"`` (the shipped profile's sweep) or ``"quick"`` (the live tests, about a minute
+        on the tiny CPU model).
+
+        Raises:
+            ValueError: unknown name.
+        """
+        if name == "full":
+            return cls()
+        if name == "quick":
+            return cls(
+                cold_lengths=(16, 64, 256, 1024, 2048, 4096),
+                cold_reps=2,
+                cached_prefixes=(1024,),
+                cached_new=(32, 512),
+                cached_reps=1,
+                decode_batches=(1, 4, 16),
+                decode_contexts=(128, 2048),
+                decode_tokens=32,
+                decode_reps=1,
+                mixed_batches=(4,),
+                mixed_prefills=(512,),
+                mixed_context=512,
+                mixed_tokens=96,
+                mixed_reps=1,
+            )
+        raise ValueError(f"unknown sweep preset {name!r}; choose 'full' or 'quick'")
+
+    def longest_sequence(self) -> tuple[int, int]:
+        """``(prompt, prompt + max_tokens)`` of the longest request of the plan, tokens."""
+        cands = [(L, L + 1) for L in self.cold_lengths]
+        cands += [(P + N, P + N + 1) for P in self.cached_prefixes for N in self.cached_new]
+        cands += [(L, L + self.decode_tokens) for L in self.decode_contexts]
+        if self.mixed_batches:
+            cands += [(self.mixed_context, self.mixed_context + self.mixed_tokens)]
+            cands += [(P, P + 1) for P in self.mixed_prefills]
+        return max(cands, key=lambda c: c[1]) if cands else (0, 0)
+
+    def check_fits(self, info: ServerInfo) -> None:
+        """Raise when the plan does not fit the server.
+
+        Raises:
+            CalibrationError: a sequence longer than ``max_model_len``, a decode batch above
+                ``max_num_seqs`` or a mixed step above ``max_num_batched_tokens``.
+        """
+        prompt, total = self.longest_sequence()
+        if prompt >= info.max_model_len or total > info.max_model_len:
+            raise CalibrationError(
+                f"the sweep needs sequences of {total} tokens (a {prompt}-token prompt plus its output) "
+                f"but the server at {info.url} has max_model_len {info.max_model_len}; "
+                f"pass --max-len {info.max_model_len - self.decode_tokens - 1} (or less), or start the server "
+                f"with a larger --max-model-len"
+            )
+        too_big = [b for b in (*self.decode_batches, *self.mixed_batches) if b > info.max_num_seqs]
+        if too_big:
+            raise CalibrationError(
+                f"decode batches {too_big} exceed the server's max_num_seqs {info.max_num_seqs} at {info.url}"
+            )
+        for b in self.mixed_batches:
+            for p in self.mixed_prefills:
+                if b + p > info.max_num_batched_tokens:
+                    raise CalibrationError(
+                        f"a mixed step of {b} decodes and a {p}-token prompt exceeds the server's "
+                        f"max_num_batched_tokens {info.max_num_batched_tokens} at {info.url}"
+                    )
+
+    def clipped(self, max_len: int) -> "SweepPlan":
+        """The plan without the lengths whose sequences exceed ``max_len`` tokens."""
+        keep = lambda xs, extra: tuple(x for x in xs if x + extra <= max_len)  # noqa: E731
+        return replace(
+            self,
+            cold_lengths=keep(self.cold_lengths, 1),
+            cached_prefixes=tuple(P for P in self.cached_prefixes if P + max(self.cached_new, default=0) + 1 <= max_len),
+            decode_contexts=keep(self.decode_contexts, self.decode_tokens),
+            mixed_prefills=keep(self.mixed_prefills, 1),
+            mixed_batches=self.mixed_batches if self.mixed_context + self.mixed_tokens <= max_len else (),
+        )
+
+    def experiments(self, capacity_tokens: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
+        """The experiments in sweep order: cold, cached, decode, mixed; repetitions interleaved
+        (every shape once before any twice) and shapes in a seeded random order within each
+        repetition, so a drift or an interruption spreads over the grid instead of along it.
+
+        Args:
+            capacity_tokens: KV tokens the server holds; decode points whose B contexts do not
+                fit in 90% of it are left out (they would measure preemption, not decoding).
+        """
+        exps: list[dict[str, Any]] = []
+        cap = math.inf if capacity_tokens is None else 0.9 * capacity_tokens
+        fits = lambda B, L, T: B * (L + T) <= cap  # noqa: E731
+        for rep in range(self.cold_reps):
+            exps += [dict(kind="cold", rep=rep, prompt_len=L) for L in self.cold_lengths]
+        for rep in range(self.cached_reps):
+            exps += [dict(kind="cached", rep=rep, prefix_len=P, new_len=N)
+                     for P in self.cached_prefixes for N in self.cached_new]
+        for rep in range(self.decode_reps):
+            exps += [dict(kind="decode", rep=rep, batch=B, context_len=L)
+                     for L in self.decode_contexts for B in self.decode_batches
+                     if fits(B, L, self.decode_tokens)]
+        for rep in range(self.mixed_reps):
+            exps += [dict(kind="mixed", rep=rep, batch=B, prefill_len=P)
+                     for B in self.mixed_batches for P in self.mixed_prefills
+                     if fits(B, self.mixed_context, self.mixed_tokens)]
+        rng = np.random.default_rng(seed)
+        blocks: dict[tuple, list] = {}
+        for e in exps:
+            blocks.setdefault((e["kind"], e["rep"]), []).append(e)
+        exps = []
+        for block in blocks.values():
+            exps += [block[i] for i in rng.permutation(len(block))]
+        for i, e in enumerate(exps):
+            e["exp_id"] = i
+        return exps
+
+
+# --------------------------------------------------------------------------------------------
+# Prompts
+# --------------------------------------------------------------------------------------------
+
+
+class PromptFactory:
+    """Token-id prompts from a seeded generator, unique where asked.
+
+    Every :meth:`unique` prompt starts with a two-token header that encodes a counter, so no two
+    unique prompts of one factory share even their first block (a "cold" prompt is really cold);
+    the remaining ids are uniform in ``[lo, hi)``.
+
+    Args:
+        rng: the numpy Generator to draw from (the caller seeds it).
+        lo, hi: token-id range, ``hi - lo >= 2``; keep it inside the tokenizer's ordinary tokens.
+
+    Raises:
+        ValueError: on an empty range.
+    """
+
+    def __init__(self, rng: np.random.Generator, lo: int = 100, hi: int = 1700) -> None:
+        if hi - lo < 2:
+            raise ValueError(f"token range [{lo}, {hi}) is too small")
+        self.rng, self.lo, self.hi = rng, lo, hi
+        self._count = 0
+
+    def unique(self, n: int) -> list[int]:
+        """A prompt of ``n`` tokens sharing no block with any other unique prompt of this factory.
+
+        Raises:
+            ValueError: ``n < 1`` or the factory has used up its ``(hi - lo)**2`` headers.
+        """
+        if n < 1:
+            raise ValueError("a prompt needs at least one token")
+        span = self.hi - self.lo
+        if self._count >= span * span:
+            raise ValueError("prompt factory exhausted its unique headers")
+        head = [self.lo + self._count // span, self.lo + self._count % span]
+        self._count += 1
+        return (head + self.tail(max(0, n - 2)))[:n]
+
+    def tail(self, n: int) -> list[int]:
+        """``n`` random token ids (to append to a prefix)."""
+        return [int(x) for x in self.rng.integers(self.lo, self.hi, size=n)]
+
+
+# --------------------------------------------------------------------------------------------
+# Output files
+# --------------------------------------------------------------------------------------------
+
+
+class RowWriter:
+    """Append rows to a CSV file, flushing after each so an interrupted sweep keeps them.
+
+    Args:
+        path: CSV file; its header is written when the file is new.
+        columns: column names; missing keys are written empty.
+    """
+
+    def __init__(self, path: Path, columns: Sequence[str]) -> None:
+        self.path = path
+        new = not path.exists() or path.stat().st_size == 0
+        self._fh = open(path, "a", newline="")
+        self._w = csv.DictWriter(self._fh, fieldnames=list(columns), extrasaction="ignore")
+        if new:
+            self._w.writeheader()
+            self._fh.flush()
+        self.rows = 0
+
+    def write(self, row: dict[str, Any]) -> None:
+        """Write one row and flush it to disk."""
+        self._w.writerow({k: ("" if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+                          for k, v in row.items()})
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self.rows += 1
+
+    def close(self) -> None:
+        """Close the file."""
+        self._fh.close()
+
+
+def _to_parquet(csv_path: Path) -> None:
+    try:
+        import pandas as pd
+
+        if csv_path.exists() and csv_path.stat().st_size > 0:
+            pd.read_csv(csv_path).to_parquet(csv_path.with_suffix(".parquet"), index=False)
+    except Exception:  # noqa: BLE001 - the CSV is the record; Parquet is a convenience
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# One server's sweep
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Ctx:
+    client: VllmClient
+    info: ServerInfo
+    factory: PromptFactory
+    requests: RowWriter
+    experiments: RowWriter
+    t0: float
+    metrics_ok: bool = True
+    errors: list[str] = field(default_factory=list)
+
+
+async def _settle(ctx: _Ctx, before: MetricsSnapshot, name: str, count: float, timeout_s: float = 2.0) -> MetricsSnapshot:
+    """Scrape ``/metrics`` until ``name``'s count grew by ``count`` (the server records a request's
+    histograms just after its last token goes out)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        snap = await ctx.client.metrics()
+        if snap.delta(before, name) >= count or loop.time() > deadline or math.isnan(snap.get(name)):
+            return snap
+        await asyncio.sleep(0.005)
+
+
+def _times(res: StreamResult) -> str:
+    return " ".join(f"{t:.6f}" for t in res.token_times)
+
+
+def _request_row(ctx: _Ctx, exp: dict, role: str, res: StreamResult, prompt_len: int, prefix_len: int,
+                 max_tokens: int, expected_cached: int, batch: int = 1) -> dict[str, Any]:
+    return dict(
+        url=ctx.info.url, exp_id=exp["exp_id"], kind=exp["kind"], role=role, rep=exp["rep"], batch=batch,
+        prompt_len=prompt_len, prefix_len=prefix_len, max_tokens=max_tokens,
+        t_send_s=round(res.t_send - ctx.t0, 6), ttft_s=res.ttft, t_done_s=res.t_done,
+        n_tokens=len(res.token_times), prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
+        expected_cached=expected_cached, error=res.error, token_times=_times(res),
+    )
+
+
+async def _sequential(ctx: _Ctx, exp: dict, role: str, prompt: list[int], prefix_len: int,
+                      expected_cached: int, bracket: bool = True) -> StreamResult:
+    """One request alone on the engine, bracketed by metrics scrapes (when ``bracket``); its row
+    is written."""
+    before = await ctx.client.metrics() if ctx.metrics_ok and bracket else None
+    res = await ctx.client.complete(prompt, 1)
+    row = _request_row(ctx, exp, role, res, len(prompt), prefix_len, 1, expected_cached)
+    if before is not None and res.error is None:
+        after = await _settle(ctx, before, "vllm:request_prefill_time_seconds_count", 1)
+        n = after.delta(before, "vllm:request_prefill_time_seconds_count")
+        if n == 1:
+            row["engine_prefill_s"] = after.delta(before, "vllm:request_prefill_time_seconds_sum")
+            row["engine_queue_s"] = after.delta(before, "vllm:request_queue_time_seconds_sum")
+            row["engine_ttft_s"] = after.delta(before, "vllm:time_to_first_token_seconds_sum")
+            row["overhead_s"] = res.ttft - row["engine_prefill_s"] - row["engine_queue_s"]
+        elif math.isnan(n):
+            ctx.metrics_ok = False
+    ctx.requests.write(row)
+    _check(ctx, res, len(prompt))
+    return res
+
+
+def _check(ctx: _Ctx, res: StreamResult, prompt_len: int) -> None:
+    if res.error is not None:
+        if "maximum context length" in res.error or "max_model_len" in res.error:
+            raise CalibrationError(
+                f"the server at {ctx.info.url} rejected a {prompt_len}-token prompt: {res.error} "
+                f"(max_model_len {ctx.info.max_model_len}); measured rows are kept"
+            )
+        raise CalibrationError(f"the server at {ctx.info.url} answered HTTP {res.status}: {res.error}")
+
+
+async def _cold(ctx: _Ctx, exp: dict) -> None:
+    await _sequential(ctx, exp, "cold", ctx.factory.unique(exp["prompt_len"]), 0, 0)
+
+
+async def _cached(ctx: _Ctx, exp: dict) -> None:
+    bs = ctx.info.block_size
+    P = max(bs, exp["prefix_len"] // bs * bs)
+    warm = ctx.factory.unique(P)
+    await _sequential(ctx, exp, "warm", warm, 0, 0)
+    prompt = warm + ctx.factory.tail(exp["new_len"])
+    expected = min(P // bs, (len(prompt) - 1) // bs) * bs
+    await _sequential(ctx, exp, "cached", prompt, P, expected)
+
+
+def _start_streams(ctx: _Ctx, prompts: list[list[int]], max_tokens: int,
+                   events: list[asyncio.Event] | None = None, lead: int = 0) -> list[asyncio.Task]:
+    """Start one streaming request per prompt; ``events[i]`` is set once stream i has ``lead``
+    tokens."""
+    def cb(i):
+        def on_token(n):
+            if events is not None and n >= lead and not events[i].is_set():
+                events[i].set()
+        return on_token
+
+    tasks = [asyncio.create_task(ctx.client.complete(p, max_tokens, cb(i))) for i, p in enumerate(prompts)]
+    if events is not None:
+        for task, event in zip(tasks, events):
+            task.add_done_callback(lambda _t, e=event: e.set())  # a failed stream must not stall the wait
+    return tasks
+
+
+async def _decode_like(ctx: _Ctx, exp: dict, context_len: int, batch: int, max_tokens: int,
+                       prefill_len: int | None, lead: int) -> None:
+    bs = ctx.info.block_size
+    L = max(2 * bs, context_len // bs * bs)
+    # Distinct contexts, each cached first by a request of its own (so the batch starts decoding
+    # at once, each request computing one new block): requests sharing one prefix would read the
+    # same KV blocks, which caches (a CPU's L3, a GPU's L2) serve faster than real batches of
+    # different conversations.
+    prompts = []
+    for i in range(batch):
+        prefix = ctx.factory.unique(L - bs)
+        await _sequential(ctx, exp, "warm" if i == 0 else "context", prefix, 0, 0, bracket=i == 0)
+        prompts.append(prefix + ctx.factory.tail(bs))
+    before = await ctx.client.metrics() if ctx.metrics_ok else None
+    t_start = time.perf_counter() - ctx.t0
+    events = [asyncio.Event() for _ in prompts] if prefill_len else None
+    tasks = _start_streams(ctx, prompts, max_tokens, events, lead)
+    pf_res = None
+    try:
+        if prefill_len:
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), timeout=ctx.client.timeout_s)
+            pf_prompt = ctx.factory.unique(prefill_len)
+            pf_before = await ctx.client.metrics() if ctx.metrics_ok else None
+            pf_res = await ctx.client.complete(pf_prompt, 1)
+            pf_row = _request_row(ctx, exp, "prefill", pf_res, prefill_len, 0, 1, 0, batch)
+            if pf_before is not None and pf_res.error is None:
+                # the decodes are far from done, so the one new prefill-time sample is this prompt's:
+                # the engine time of the mixed step(s), from scheduling to its first token
+                after = await _settle(ctx, pf_before, "vllm:request_prefill_time_seconds_count", 1)
+                if after.delta(pf_before, "vllm:request_prefill_time_seconds_count") == 1:
+                    pf_row["engine_prefill_s"] = after.delta(pf_before, "vllm:request_prefill_time_seconds_sum")
+                    pf_row["engine_queue_s"] = after.delta(pf_before, "vllm:request_queue_time_seconds_sum")
+            ctx.requests.write(pf_row)
+        results = await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
+    t_end = time.perf_counter() - ctx.t0
+    expected = (L - bs)
+    for res in results:
+        ctx.requests.write(_request_row(ctx, exp, "decode", res, L, L - bs, max_tokens, expected, batch))
+    erow = dict(url=ctx.info.url, exp_id=exp["exp_id"], kind=exp["kind"], rep=exp["rep"], batch=batch,
+                context_len=L, prefix_len=L - bs, prefill_len=prefill_len, max_tokens=max_tokens,
+                t_start_s=t_start, t_end_s=t_end)
+    if before is not None:
+        n_req = batch + (1 if prefill_len else 0)
+        after = await _settle(ctx, before, "vllm:e2e_request_latency_seconds_count", n_req)
+        cnt = after.delta(before, "vllm:inter_token_latency_seconds_count")
+        if cnt > 0:
+            erow["itl_engine_s"] = after.delta(before, "vllm:inter_token_latency_seconds_sum") / cnt
+            erow["itl_engine_count"] = cnt
+    errs = [r.error for r in results if r.error] + ([pf_res.error] if pf_res is not None and pf_res.error else [])
+    erow["error"] = errs[0] if errs else None
+    ctx.experiments.write(erow)
+    for res in results:
+        _check(ctx, res, L)
+    if pf_res is not None:
+        _check(ctx, pf_res, prefill_len)
+
+
+async def _decode(ctx: _Ctx, exp: dict, plan: SweepPlan) -> None:
+    await _decode_like(ctx, exp, exp["context_len"], exp["batch"], plan.decode_tokens, None, 0)
+
+
+async def _mixed(ctx: _Ctx, exp: dict, plan: SweepPlan) -> None:
+    await _decode_like(ctx, exp, plan.mixed_context, exp["batch"], plan.mixed_tokens, exp["prefill_len"],
+                       plan.mixed_lead)
+
+
+async def probe_server(client: VllmClient, factory: PromptFactory, plan: SweepPlan | None = None) -> ServerInfo:
+    """Identify a server, check that ``plan`` fits it, and that prefix caching works (a repeated
+    two-block prompt must hit the cache).
+
+    Raises:
+        CalibrationError: unreachable, wrong model, a plan that does not fit, or prefix caching
+            off (detected from ``vllm:cache_config_info`` or from the repeated prompt).
+    """
+    info = await client.probe()
+    if plan is not None:
+        plan.check_fits(info)
+    if not info.enable_prefix_caching:
+        raise CalibrationError(
+            f"prefix caching is off on the server at {info.url} (vllm:cache_config_info "
+            f"enable_prefix_caching=False); restart it without --no-enable-prefix-caching: the "
+            f"cached-prefix sweep and kvroute's worker model need it"
+        )
+    prompt = factory.unique(2 * info.block_size + 1)
+    before = await client.metrics()
+    first = await client.complete(prompt, 1)
+    second = await client.complete(prompt, 1)
+    for r in (first, second):
+        if r.error:
+            raise CalibrationError(f"the server at {info.url} rejected a probe request: {r.error}")
+    after = await client.metrics()
+    hits = second.cached_tokens
+    if hits is None:
+        hits = after.delta(before, "vllm:prefix_cache_hits_total")
+    if not hits or hits < info.block_size:
+        raise CalibrationError(
+            f"prefix caching is off on the server at {info.url}: the same {len(prompt)}-token prompt sent "
+            f"twice found no cached tokens the second time; restart it without --no-enable-prefix-caching"
+        )
+    return info
+
+
+async def warm_up(ctx: _Ctx, plan: SweepPlan) -> None:
+    """Run, unrecorded, a decode burst of every batch size of the plan and a mixed step: the
+    first steps of a new batch shape were measurably slower (up to 40% on the CPU backend)."""
+    bs = ctx.info.block_size
+    for B in sorted({*plan.decode_batches, *plan.mixed_batches, 1}):
+        prompts = [ctx.factory.unique(2 * bs) for _ in range(B)]
+        tasks = [asyncio.create_task(ctx.client.complete(p, 24)) for p in prompts]
+        await asyncio.sleep(0.005)
+        for L in sorted({64, *plan.mixed_prefills}):
+            await ctx.client.complete(ctx.factory.unique(L), 1)
+        for r in await asyncio.gather(*tasks):
+            _check(ctx, r, 2 * bs)
+
+
+async def _sweep_one(ctx: _Ctx, exps: list[dict], plan: SweepPlan, bar) -> None:
+    await warm_up(ctx, plan)
+    runners = {"cold": lambda e: _cold(ctx, e), "cached": lambda e: _cached(ctx, e),
+               "decode": lambda e: _decode(ctx, e, plan), "mixed": lambda e: _mixed(ctx, e, plan)}
+    for exp in exps:
+        await runners[exp["kind"]](exp)
+        if bar is not None:
+            bar.update(1)
+
+
+@dataclass(frozen=True, slots=True)
+class MeasureSummary:
+    """What a sweep left on disk.
+
+    Attributes:
+        out_dir: the output directory.
+        servers: each server's settings.
+        num_requests: rows in ``requests.csv`` written by this run.
+        num_experiments: experiments finished.
+        status: ``"complete"``, ``"interrupted"`` or ``"failed: <message>"``.
+        elapsed_s: wall time, s.
+    """
+
+    out_dir: Path
+    servers: list[ServerInfo]
+    num_requests: int
+    num_experiments: int
+    status: str
+    elapsed_s: float
+
+
+async def run_sweep(
+    urls: Sequence[str],
+    out_dir: str | Path,
+    plan: SweepPlan,
+    model: str | None = None,
+    seed: int = 0,
+    token_range: tuple[int, int] = (100, 1700),
+    progress: bool = True,
+    hardware: str | None = None,
+) -> MeasureSummary:
+    """Probe every server, check the plan fits, then run the sweep; experiments are dealt
+    round-robin to the servers, which run concurrently (each runs its own share one at a time).
+
+    Args:
+        urls: base URLs of identical servers (same hardware, model and settings).
+        out_dir: output directory (created; existing CSVs are appended to).
+        plan: the sweep.
+        model: served model name; None: each server's only model.
+        seed: seeds the prompts (``numpy.random.default_rng(seed)``).
+        token_range: ``[lo, hi)`` of prompt token ids.
+        progress: show a tqdm progress bar.
+        hardware: hardware description overriding what the servers report.
+
+    Returns:
+        A :class:`MeasureSummary`.
+
+    Raises:
+        CalibrationError: a bad server or plan (nothing measured yet), or a failure mid-sweep (the
+            rows measured so far are on disk; ``meta.json`` says ``failed``).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    started = _dt.datetime.now(_dt.timezone.utc)
+    t_wall = time.monotonic()
+    clients = [VllmClient(u, model) for u in urls]
+    for c in clients:
+        await c.__aenter__()
+    writers: list[RowWriter] = []
+    meta: dict[str, Any] = {}
+    infos: list[ServerInfo] = []
+    status = "failed"
+    done = 0
+    try:
+        factories = [PromptFactory(np.random.default_rng(rng.integers(2**63)), *token_range) for _ in clients]
+        for c, f in zip(clients, factories):
+            infos.append(await probe_server(c, f, plan))
+        if hardware:
+            infos = [replace(i, hardware=hardware, sources={**i.sources, "hardware": "--hardware"}) for i in infos]
+        keys = ("model_root", "vllm_version", "block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
+        for i in infos[1:]:
+            diff = [k for k in keys if getattr(i, k) != getattr(infos[0], k)]
+            if diff:
+                raise CalibrationError(
+                    f"servers differ in {', '.join(diff)} ({infos[0].url} vs {i.url}); calibrate identical "
+                    f"workers together and different ones separately"
+                )
+        meta = dict(
+            status="running", started=started.isoformat(timespec="seconds"), seed=seed, urls=list(urls),
+            token_range=list(token_range), plan=asdict(plan), servers=[i.to_dict() for i in infos],
+        )
+        (out / "meta.json").write_text(json.dumps(meta, indent=2))
+        req_w = RowWriter(out / "requests.csv", REQUEST_COLUMNS)
+        exp_w = RowWriter(out / "experiments.csv", EXPERIMENT_COLUMNS)
+        writers = [req_w, exp_w]
+        t0 = time.perf_counter()
+        ctxs = [_Ctx(c, i, f, req_w, exp_w, t0) for c, i, f in zip(clients, infos, factories)]
+        for ctx in ctxs:
+            if not await ctx.client.reset_prefix_cache():
+                ctx.errors.append("could not reset the prefix cache (start the server with VLLM_SERVER_DEV_MODE=1)")
+        exps = plan.experiments(min((i.num_gpu_blocks - 1) * i.block_size for i in infos), seed)
+        shares = [exps[k::len(ctxs)] for k in range(len(ctxs))]
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(exps), desc="calibration sweep", unit="exp")
+        try:
+            await asyncio.gather(*(_sweep_one(ctx, share, plan, bar) for ctx, share in zip(ctxs, shares)))
+            status = "complete"
+        finally:
+            if bar is not None:
+                done = bar.n
+                bar.close()
+            else:
+                done = len(exps) if status == "complete" else 0
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        status = "interrupted"
+        raise
+    except CalibrationError as exc:
+        status = f"failed: {exc}"
+        raise
+    finally:
+        for w in writers:
+            w.close()
+        for c in clients:
+            await c.__aexit__(None, None, None)
+        if meta:
+            meta["status"] = status
+            meta["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+            meta["elapsed_s"] = round(time.monotonic() - t_wall, 1)
+            (out / "meta.json").write_text(json.dumps(meta, indent=2))
+            _to_parquet(out / "requests.csv")
+            _to_parquet(out / "experiments.csv")
+    return MeasureSummary(out, infos, writers[0].rows if writers else 0, done, status,
+                          time.monotonic() - t_wall)

