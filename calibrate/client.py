@@ -278,15 +278,31 @@ class VllmClient:
         resp.raise_for_status()
         return MetricsSnapshot.from_text(resp.text, time.perf_counter())
 
-    async def reset_prefix_cache(self) -> bool:
-        """``POST /reset_prefix_cache``; True if the server did it (needs dev mode, idle engine)."""
+    async def reset_prefix_cache(self, attempts: int = 20, wait_s: float = 0.25) -> bool:
+        """``POST /reset_prefix_cache``; True if the server did it (needs dev mode).
+
+        vLLM answers 200 with ``{"success": false}`` while a request still holds blocks, so the
+        call is retried ``attempts`` times, ``wait_s`` apart.
+        """
+        import asyncio
+
         import httpx
 
-        try:
-            resp = await self._http.post("/reset_prefix_cache")
-        except httpx.TransportError:
-            return False
-        return resp.status_code == 200
+        for _ in range(attempts):
+            try:
+                resp = await self._http.post("/reset_prefix_cache")
+            except httpx.TransportError:
+                return False
+            if resp.status_code != 200:
+                return False
+            try:
+                ok = bool(resp.json().get("success", True))
+            except ValueError:  # older servers answer 200 with an empty body
+                ok = True
+            if ok:
+                return True
+            await asyncio.sleep(wait_s)
+        return False
 
     async def probe(self) -> ServerInfo:
         """Identify the server and read its engine settings.

@@ -18,10 +18,12 @@ def _register() -> None:
     cli.add_command(sim_commands.compare)
     cli.add_command(trace_commands.trace)
     cli.add_command(sweep_command.sweep_command)
+    from kvroute.calibrate import validate_command
     from kvroute.calibrate.commands import COMMANDS
 
     for command in COMMANDS:
         cli.add_command(command)
+    cli.add_command(validate_command.validate)
 
 
 def main() -> None:

@@ -1,0 +1,197 @@
+"""Streaming one completion with its token ids, and client-side FIFO slots, for the live replay.
+
+``kvroute.calibrate.client.stream_completion`` keeps only token arrival times; a replayed chat
+must resend the exact ids the server generated, so this reader keeps them too (vLLM's
+``"return_token_ids": true`` puts them in every streamed chunk). It reads the server-sent events
+with plain asyncio streams, for the reason given there (httpx's per-chunk cost slows a server
+that shares the machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from kvroute.calibrate.client import _error_message
+
+
+class WorkerLost(RuntimeError):
+    """A server's connection failed, broke mid-stream or timed out."""
+
+
+# --------------------------------------------------------------------------------------------
+# One streamed completion, with its token ids
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Stream:
+    """One streamed completion as the client saw it.
+
+    Attributes:
+        t_send: ``time.perf_counter()`` just before the request was written, s.
+        token_times: ``perf_counter`` arrival time of every output token, s (a chunk of k
+            tokens gives k equal times).
+        token_ids: the output token ids, in order.
+        prompt_tokens, cached_tokens, completion_tokens: the usage block (None if absent;
+            ``cached_tokens`` needs ``--enable-prompt-tokens-details`` on the server).
+        status: HTTP status.
+        error: the server's error message, or None.
+    """
+
+    t_send: float
+    token_times: list[float] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    status: int = 0
+    error: str | None = None
+
+
+def _on_event(res: Stream, data: bytes, now: float, on_tokens) -> bool:
+    """Apply one server-sent event; True at ``[DONE]``."""
+    if data == b"[DONE]":
+        return True
+    chunk = json.loads(data)
+    if "error" in chunk:
+        res.error = _error_message(data)
+    for choice in chunk.get("choices") or ():
+        ids = choice.get("token_ids")
+        if ids is None:
+            ids = [-1] if choice.get("text") else []  # a server without token-id output
+        if ids:
+            res.token_ids.extend(int(i) for i in ids)
+            res.token_times.extend([now] * len(ids))
+            if on_tokens is not None:
+                on_tokens(len(ids), now)
+    usage = chunk.get("usage")
+    if usage:
+        res.prompt_tokens = usage.get("prompt_tokens")
+        res.completion_tokens = usage.get("completion_tokens")
+        res.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return False
+
+
+async def stream_tokens(
+    url: str, body: dict, timeout_s: float, on_tokens: Callable[[int, float], None] | None = None
+) -> Stream:
+    """POST ``body`` to ``url``/v1/completions and read the stream, keeping the token ids.
+
+    Args:
+        url: server base URL.
+        body: the completion request (``stream`` and ``return_token_ids`` should be set).
+        timeout_s: limit on the whole request, s.
+        on_tokens: called as ``on_tokens(k, t)`` when ``k`` tokens arrive at ``perf_counter`` t.
+
+    Returns:
+        The stream; an HTTP error status or an error event is returned in ``status``/``error``.
+
+    Raises:
+        WorkerLost: connection refused, reset or closed early, or ``timeout_s`` passed.
+    """
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {parts.path.rstrip('/')}/v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+        f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    res = Stream(t_send=time.perf_counter())
+    writer = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(host, port)
+            res.t_send = time.perf_counter()
+            writer.write(head + payload)
+            await writer.drain()
+            status_line = await reader.readline()
+            if not status_line:
+                raise ConnectionResetError("the server closed the connection without answering")
+            res.status = int(status_line.split()[1])
+            chunked = False
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                k, _, v = line.decode("latin-1").partition(":")
+                chunked |= k.strip().lower() == "transfer-encoding" and "chunked" in v.lower()
+            buf, done = b"", False
+            while not done:
+                if chunked:
+                    size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        break
+                    data = (await reader.readexactly(size + 2))[:-2]
+                else:
+                    data = await reader.read(65536)
+                    if not data:
+                        break
+                buf += data
+                if res.status != 200:
+                    continue
+                now = time.perf_counter()
+                while b"\n\n" in buf and not done:
+                    event, buf = buf.split(b"\n\n", 1)
+                    event = event.strip()
+                    if event.startswith(b"data:"):
+                        done = _on_event(res, event[5:].strip(), now, on_tokens)
+            if res.status != 200:
+                res.error = f"HTTP {res.status}: {_error_message(buf)}"
+            elif not done and res.error is None:
+                raise ConnectionResetError("the stream ended before [DONE]")
+    except TimeoutError as exc:
+        raise WorkerLost(f"no complete answer from {url} within {timeout_s:g} s") from exc
+    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        raise WorkerLost(f"lost {url}: {type(exc).__name__}: {exc or 'no answer'}") from exc
+    finally:
+        if writer is not None:
+            writer.close()
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# Client-side slots, first come first served
+# --------------------------------------------------------------------------------------------
+
+
+class FifoSlots:
+    """At most ``size`` holders; waiters get a slot in the order they asked (as SimPy's
+    ``Resource``, which the simulated client uses)."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {size}")
+        self.free = size
+        self._waiters: deque[asyncio.Future] = deque()
+
+    async def acquire(self) -> None:
+        """Wait for a slot."""
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # handed a slot while being cancelled: pass it on
+            else:
+                self._waiters.remove(fut)
+            raise
+
+    def release(self) -> None:
+        """Give a slot back: to the longest waiter, else to the pool."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self.free += 1

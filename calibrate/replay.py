@@ -1,0 +1,345 @@
+"""Live replay: a trace sent to real vLLM servers through the simulator's own routing policies.
+
+The same ``Policy`` and ``RouterView`` objects the simulator uses decide where each request
+goes; the view learns only what this client knows (its own in-flight counts, what it routed,
+which workers failed). Replay follows the simulator's client (``kvroute.sim.cluster``):
+
+- closed loop (traces with sessions, by default): every root is sent at its timestamp, a later
+  turn when its parent's last token arrived plus its think time; a chat whose turn failed stops
+  and its later turns are recorded as not sent;
+- open loop: every request at its timestamp; a turn sent before its parent's reply exists
+  carries the simulator's stand-in reply tokens instead;
+- ``max_in_flight`` slots are handed out in the order requests became ready (FIFO).
+
+Prompts are token ids (``kvroute.calibrate.prompts``); outputs are forced to the trace's length
+(``ignore_eos``) and streamed with their token ids, which a later turn resends. Records have the
+simulator's columns (``kvroute.sim.metrics.RECORD_COLUMNS``); times are seconds since the replay
+started. A worker whose connection breaks or whose request times out is marked dead: its
+in-flight requests fail with the error, the policy stops choosing it, and the replay goes on.
+Cancelling :meth:`LiveReplay.run` (Ctrl-C) records the requests in flight as interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kvroute.calibrate.livestream import FifoSlots, WorkerLost, stream_tokens
+from kvroute.calibrate.prompts import PromptBuilder, TokenSynth, chained_block_hashes
+from kvroute.sim.metrics import RequestRecord, RunResult, records_frame
+from kvroute.sim.routing import RouteRequest, RouterView, make_policy
+from kvroute.sim.scheduler import clamp_max_tokens
+from kvroute.sim.workload import Workload
+from kvroute.traces.format import Trace, TraceRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySpec:
+    """How to replay.
+
+    Attributes:
+        policy: routing policy name (``kvroute.sim.routing.POLICIES``).
+        closed_loop: later turns wait for their parent; None: closed loop when the trace has
+            sessions, as the simulator decides.
+        max_in_flight: most requests outstanding at once (1: one at a time); None: no limit.
+        router_block_tokens: granularity of the router's routed-prefix index, tokens.
+        timeout_s: limit on one request from send to its last token, s; passing it marks the
+            worker dead.
+        seed: seeds the ``random`` policy.
+    """
+
+    policy: str = "round_robin"
+    closed_loop: bool | None = None
+    max_in_flight: int | None = None
+    router_block_tokens: int = 256
+    timeout_s: float = 600.0
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One server behind the router: base URL and served model name."""
+
+    url: str
+    model: str
+
+
+class LiveReplay:
+    """One live replay of a trace under one policy.
+
+    Args:
+        trace: the requests.
+        endpoints: the servers, worker ``i`` being ``endpoints[i]``.
+        block_size: the servers' KV block size, tokens (router hashes use it).
+        spec: policy and replay mode.
+        synth: token ids of content positions.
+        max_model_len: the servers' longest sequence; ``max_tokens`` is clamped as the server
+            would clamp it. None: no clamp.
+
+    Attributes:
+        records: one per request sent or skipped so far (in send order).
+        itl_gaps: every inter-token gap seen, s.
+        dead: worker -> why it was marked dead.
+        interrupted: the run was cancelled before it finished.
+        elapsed_s: wall time of :meth:`run`, s.
+        usage_reported: every finished response reported its cached prompt tokens.
+
+    Raises:
+        ValueError: unknown policy, no endpoint, or a block size that cannot map the trace's.
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        endpoints: Sequence[Endpoint],
+        block_size: int,
+        spec: ReplaySpec = ReplaySpec(),
+        synth: TokenSynth = TokenSynth(),
+        max_model_len: int | None = None,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("a live replay needs at least one server")
+        self.trace = trace
+        self.endpoints = list(endpoints)
+        self.block_size = block_size
+        self.spec = spec
+        self.max_model_len = max_model_len
+        self.workload = Workload(trace, block_size)
+        self.prompts = PromptBuilder(self.workload, synth)
+        self.policy = make_policy(spec.policy, np.random.default_rng(spec.seed))
+        self.view = RouterView(len(endpoints), block_size, spec.router_block_tokens,
+                               track_prefixes=self.policy.uses_prefixes)
+        self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
+        self.records: list[RequestRecord] = []
+        self.itl_gaps: list[float] = []
+        self.dead: dict[int, str] = {}
+        self.interrupted = False
+        self.elapsed_s = 0.0
+        self.usage_reported = True
+        self._t0 = 0.0
+        self._tasks: set[asyncio.Task] = set()
+        self._slots: FifoSlots | None = None
+        self._streams: list[dict[int, asyncio.Task]] = [{} for _ in endpoints]
+        self._killed: dict[int, str] = {}
+        self._prompt: dict[int, np.ndarray] = {}  # request id -> prompt ids sent (kept for children)
+        self._output: dict[int, list[int]] = {}  # request id -> output ids received
+        self._pending = {rid: len(kids) for rid, kids in self.workload.children.items()}
+
+    # -- public ---------------------------------------------------------------------------------
+
+    @property
+    def num_finished(self) -> int:
+        """Requests that got all their tokens so far."""
+        return sum(1 for r in self.records if r.finish is not None and r.error is None)
+
+    def now(self) -> float:
+        """Seconds since :meth:`run` started."""
+        return time.perf_counter() - self._t0
+
+    async def run(self) -> None:
+        """Replay the whole trace; returns when every request finished, failed or was skipped.
+
+        Raises:
+            asyncio.CancelledError: when cancelled (Ctrl-C); requests in flight are first
+                recorded as failed with ``"interrupted"`` and :attr:`interrupted` is set.
+        """
+        self._t0 = time.perf_counter()
+        self._slots = FifoSlots(self.spec.max_in_flight) if self.spec.max_in_flight else None
+        sent = self.workload.roots if self.closed_loop else self.trace.records
+        try:
+            for rec in sent:
+                self._spawn(rec, rec.timestamp_ms / 1000.0)
+            while self._tasks:
+                await asyncio.wait(set(self._tasks))
+        except asyncio.CancelledError:
+            self.interrupted = True
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            raise
+        finally:
+            self.elapsed_s = self.now()
+
+    def result(self) -> RunResult:
+        """Records and counters of what was replayed so far, in the simulator's shape.
+
+        Requests never sent because the run was interrupted are recorded as failed with worker
+        -1. ``workers`` has one row per server: ``worker``, ``url``, ``alive``, ``requests``
+        routed there and ``usage_cached_tokens`` (sum of the usage's cached tokens).
+        """
+        records = list(self.records)
+        if self.interrupted:
+            seen = {r.trace.request_id for r in records}
+            for rec in self.trace.records:
+                if rec.request_id not in seen:
+                    skipped = RequestRecord(rec, -1, self.elapsed_s)
+                    skipped.error = "not sent: the replay was interrupted"
+                    records.append(skipped)
+        frame = records_frame(records)
+        rows = []
+        for w, ep in enumerate(self.endpoints):
+            mine = frame[frame["worker"] == w]
+            rows.append({"worker": w, "url": ep.url, "alive": w not in self.dead, "requests": len(mine),
+                         "usage_cached_tokens": int(mine.loc[mine["status"] == "ok", "cached_tokens"].sum())})
+        return RunResult(records=frame, itl=np.asarray(self.itl_gaps, dtype=float), workers=pd.DataFrame(rows),
+                         policy=self.spec.policy, seed=self.spec.seed)
+
+    # -- clients --------------------------------------------------------------------------------
+
+    def _spawn(self, rec: TraceRecord, send_at: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._client(rec, send_at))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _client(self, rec: TraceRecord, send_at: float) -> None:
+        delay = send_at - self.now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if self._slots is not None:
+            await self._slots.acquire()
+        try:
+            await self._send(rec)
+        finally:
+            if self._slots is not None:
+                self._slots.release()
+
+    async def _send(self, rec: TraceRecord) -> None:
+        prompt = self._prompt_ids(rec)
+        hashes = chained_block_hashes(prompt, self.block_size)
+        route = RouteRequest(rec.request_id, rec.session_id, hashes, len(prompt))
+        try:
+            worker = self.policy.choose(route, self.view)
+        except RuntimeError as exc:  # every worker is dead
+            record = RequestRecord(rec, -1, self.now())
+            record.error = f"not sent: {exc}"
+            self.records.append(record)
+            self._skip_children(rec)
+            return
+        self.view.on_routed(worker, route)
+        record = RequestRecord(rec, worker, self.now())
+        self.records.append(record)
+        ok = False
+        try:
+            ok = await self._stream(rec, worker, prompt, record)
+        finally:
+            if record.error is None and record.finish is None:
+                record.error = "interrupted"
+            self.view.on_finished(worker)
+        if ok:
+            self._on_done(rec, record)
+        else:
+            self._skip_children(rec)
+
+    async def _stream(self, rec: TraceRecord, worker: int, prompt: np.ndarray, record: RequestRecord) -> bool:
+        ep = self.endpoints[worker]
+        max_tokens = rec.output_length
+        if self.max_model_len is not None:
+            max_tokens = max(1, clamp_max_tokens(len(prompt), max_tokens, self.max_model_len))
+        body = {
+            "model": ep.model, "prompt": prompt.tolist(), "max_tokens": int(max_tokens),
+            "ignore_eos": True, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True,
+        }
+        t0, gaps = self._t0, self.itl_gaps
+
+        def on_tokens(k: int, t: float) -> None:
+            now = t - t0
+            if record.first_token is None:
+                record.first_token = now
+            else:
+                gaps.append(now - record.last_token)
+            gaps.extend([0.0] * (k - 1))
+            record.last_token = now
+            record.output_tokens += k
+
+        task = asyncio.get_running_loop().create_task(
+            stream_tokens(ep.url, body, self.spec.timeout_s, on_tokens))
+        self._streams[worker][rec.request_id] = task
+        try:
+            res = await task
+        except WorkerLost as exc:
+            record.error = str(exc)
+            self.mark_dead(worker, str(exc))
+            return False
+        except asyncio.CancelledError:
+            reason = self._killed.pop(rec.request_id, None)
+            current = asyncio.current_task()
+            if reason is None or (current is not None and current.cancelling()):
+                raise
+            record.error = reason
+            return False
+        finally:
+            self._streams[worker].pop(rec.request_id, None)
+        record.arrival = res.t_send - t0
+        if res.error is not None:
+            record.error = res.error
+            return False
+        record.finish = record.last_token if record.last_token is not None else res.t_send - t0
+        record.cached_tokens = res.cached_tokens or 0
+        self.usage_reported &= res.cached_tokens is not None
+        if rec.request_id in self._pending:
+            self._output[rec.request_id] = res.token_ids
+        return True
+
+    def _on_done(self, rec: TraceRecord, record: RequestRecord) -> None:
+        if self.closed_loop:
+            for child in self.workload.children.get(rec.request_id, ()):
+                self._spawn(child, record.finish + child.think_time_ms / 1000.0)
+
+    def _skip_children(self, rec: TraceRecord) -> None:
+        """A failed turn's later turns are never sent (closed loop), as in the simulator."""
+        if not self.closed_loop:
+            return
+        for child in self.workload.children.get(rec.request_id, ()):
+            skipped = RequestRecord(child, -1, self.now())
+            skipped.error = f"not sent: its parent request {rec.request_id} failed"
+            self.records.append(skipped)
+            self._skip_children(child)
+        self._release(rec.request_id, all_children=True)
+
+    def mark_dead(self, worker: int, reason: str) -> None:
+        """Stop routing to ``worker`` and fail its requests in flight with ``reason``."""
+        if worker in self.dead:
+            return
+        self.dead[worker] = reason
+        self.view.mark_dead(worker)
+        note = f"worker {worker} ({self.endpoints[worker].url}) failed: {reason}"
+        for rid, task in list(self._streams[worker].items()):
+            if not task.done():
+                self._killed[rid] = note
+                task.cancel()
+
+    # -- prompts --------------------------------------------------------------------------------
+
+    def _prompt_ids(self, rec: TraceRecord) -> np.ndarray:
+        """The ids to send for ``rec``; built once and kept while children still need them."""
+        kept = self._prompt.get(rec.request_id)
+        if kept is not None:  # built earlier for a child sent first (open loop)
+            return kept
+        if rec.parent is None:
+            prompt = self.prompts.root(rec)
+        else:
+            parent = self.workload.by_id[rec.parent]
+            output = self._output.get(parent.request_id)
+            if output is None:  # open loop: the parent's reply does not exist yet
+                output = self.prompts.synthetic_output(parent)
+            prompt = self.prompts.child(rec, self._prompt_ids(parent), output)
+            self._release(parent.request_id)
+        if rec.request_id in self._pending:
+            self._prompt[rec.request_id] = prompt
+        return prompt
+
+    def _release(self, request_id: int, all_children: bool = False) -> None:
+        """One child of ``request_id`` was built (or all were dropped): free what it no longer needs."""
+        left = 0 if all_children else self._pending.get(request_id, 0) - 1
+        if left <= 0:
+            self._pending.pop(request_id, None)
+            self._prompt.pop(request_id, None)
+            self._output.pop(request_id, None)
+        else:
+            self._pending[request_id] = left

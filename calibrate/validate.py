@@ -1,0 +1,364 @@
+"""Validation: replay a trace live, simulate the same trace, and compare metric by metric.
+
+For each policy in turn: every server's prefix cache is reset (``POST /reset_prefix_cache``,
+retried until the engine has freed its blocks; a server that refuses leaves the run marked
+*warm*), ``/metrics`` is scraped, the trace is replayed live (``kvroute.calibrate.replay``) and
+``/metrics`` is scraped again, so per-worker ``vllm:prefix_cache_hits_total`` and
+``queries_total`` deltas belong to that run alone. The prediction is the simulator run on the
+same trace with the same number of workers, the same client (``max_in_flight``, replay mode)
+and the given profile whose engine settings are replaced by what the servers report (block size,
+``num_gpu_blocks``, ``max_num_batched_tokens``, ``max_num_seqs``, ``max_model_len``), averaged
+over seeded rounds. Ctrl-C stops the live part and keeps what was measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kvroute.calibrate.client import CalibrationError, MetricsSnapshot, ServerInfo, VllmClient
+from kvroute.calibrate.prompts import DEFAULT_TOKEN_RANGE, TokenSynth
+from kvroute.calibrate.replay import Endpoint, LiveReplay, ReplaySpec
+from kvroute.sim.cluster import ClusterSpec
+from kvroute.sim.experiment import compare
+from kvroute.sim.metrics import RunResult, summarize
+from kvroute.sim.profile import Profile
+from kvroute.traces.format import Trace
+
+HITS = "vllm:prefix_cache_hits_total"
+QUERIES = "vllm:prefix_cache_queries_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationSpec:
+    """What to validate.
+
+    Attributes:
+        urls: server base URLs; worker ``i`` is ``urls[i]``.
+        policies: routing policies, run in this order; the first is the baseline of changes.
+        max_in_flight: most requests outstanding at the client (1: one at a time); None: no limit.
+        closed_loop: later turns wait for their parent; None: closed loop for traces with sessions.
+        arrival_spread_s: the simulator's start jitter of root requests, s (the live client sends
+            a burst's roots within milliseconds; 0 compares one-at-a-time runs exactly).
+        router_block_tokens: the router's prefix-index granularity, tokens.
+        timeout_s: limit on one live request, s; passing it marks the worker dead.
+        sim_rounds: seeded simulation rounds averaged into the prediction.
+        seed: first simulation seed; also seeds prompt tokens and the ``random`` policy.
+        model: served model name; None: each server's only model.
+        token_range: ``(lo, hi)`` prompt token ids; None: the ordinary ids of the model's
+            tokenizer when the server's model directory is readable here, else
+            ``DEFAULT_TOKEN_RANGE``.
+    """
+
+    urls: tuple[str, ...]
+    policies: tuple[str, ...] = ("round_robin",)
+    max_in_flight: int | None = None
+    closed_loop: bool | None = None
+    arrival_spread_s: float = 0.0
+    router_block_tokens: int = 256
+    timeout_s: float = 600.0
+    sim_rounds: int = 3
+    seed: int = 0
+    model: str | None = None
+    token_range: tuple[int, int] | None = None
+
+
+@dataclass(slots=True)
+class PolicyRun:
+    """Prediction and measurement of one policy.
+
+    Attributes:
+        policy: the policy name.
+        predicted: summary metrics (``kvroute.sim.metrics.SUMMARY_METRICS`` keys), mean over rounds.
+        sim_runs: the simulated runs.
+        live: the live records and counters (None before the live run started).
+        measured: summary metrics of ``live``.
+        cache_reset: per server, whether its prefix cache was reset before the run (None: the
+            server did not answer, and the run started with it marked dead).
+        before, after: per server ``/metrics`` scrapes around the run (None when unreachable).
+        interrupted: Ctrl-C stopped this run.
+    """
+
+    policy: str
+    predicted: dict[str, float]
+    sim_runs: list[RunResult]
+    live: RunResult | None = None
+    measured: dict[str, float] = field(default_factory=dict)
+    cache_reset: list[bool | None] = field(default_factory=list)
+    before: list[MetricsSnapshot | None] = field(default_factory=list)
+    after: list[MetricsSnapshot | None] = field(default_factory=list)
+    dead: dict[int, str] = field(default_factory=dict)
+    interrupted: bool = False
+    elapsed_s: float = math.nan
+    usage_reported: bool = True
+
+    @property
+    def warm(self) -> bool:
+        """Whether some live server's cache could not be reset before the run."""
+        return any(ok is False for ok in self.cache_reset)
+
+    def measured_counter(self, name: str, num_servers: int) -> list[float]:
+        """Per server, the run's delta of counter ``name`` (NaN where a scrape is missing)."""
+        out = []
+        for i in range(num_servers):
+            b = self.before[i] if i < len(self.before) else None
+            a = self.after[i] if i < len(self.after) else None
+            out.append(a.delta(b, name) if a is not None and b is not None else math.nan)
+        return out
+
+    def predicted_counter(self, column: str) -> list[float]:
+        """Per worker, the mean over rounds of the simulator's counter ``column``."""
+        stacked = np.array([run.workers[column].to_numpy(float) for run in self.sim_runs])
+        return [float(v) for v in stacked.mean(axis=0)]
+
+
+@dataclass(slots=True)
+class Validation:
+    """A whole validation: scenario, servers and one :class:`PolicyRun` per policy run so far.
+
+    Attributes:
+        trace: the trace replayed.
+        spec: what was asked.
+        servers: what each server reported.
+        sim_spec: the simulated cluster (its ``policy`` field is replaced per policy).
+        runs: per policy, in run order.
+        notes: remarks for the report (engine settings that differ between servers, ...).
+        interrupted: Ctrl-C stopped the validation.
+    """
+
+    trace: Trace
+    spec: ValidationSpec
+    servers: list[ServerInfo]
+    sim_spec: ClusterSpec
+    runs: list[PolicyRun] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+
+# --------------------------------------------------------------------------------------------
+# Server housekeeping
+# --------------------------------------------------------------------------------------------
+
+
+async def probe_servers(urls: list[str], model: str | None = None) -> list[ServerInfo]:
+    """Identify every server and read its engine settings.
+
+    Raises:
+        CalibrationError: a server is unreachable or does not serve ``model``.
+    """
+    infos = []
+    for url in urls:
+        async with VllmClient(url, model, timeout_s=30.0) as client:
+            infos.append(await client.probe())
+    return infos
+
+
+async def reset_prefix_cache(url: str, attempts: int = 60, wait_s: float = 0.5) -> bool | None:
+    """``POST /reset_prefix_cache`` until the engine reports success.
+
+    vLLM answers ``{"success": false}`` while some request still holds blocks, so the call is
+    retried ``attempts`` times, ``wait_s`` apart.
+
+    Returns:
+        True if the cache was reset; False if the server refused (no ``VLLM_SERVER_DEV_MODE=1``,
+        404) or never succeeded; None if it is unreachable.
+    """
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=30.0) as http:
+        for _ in range(attempts):
+            try:
+                resp = await http.post("/reset_prefix_cache")
+            except httpx.TransportError:
+                return None
+            if resp.status_code != 200:
+                return False
+            try:
+                ok = bool(resp.json().get("success", True))
+            except ValueError:  # older servers answer 200 with an empty body
+                ok = True
+            if ok:
+                return True
+            await asyncio.sleep(wait_s)
+    return False
+
+
+async def scrape(urls: list[str]) -> list[MetricsSnapshot | None]:
+    """``/metrics`` of every server; None for a server that does not answer."""
+
+    async def one(url: str) -> MetricsSnapshot | None:
+        try:
+            async with VllmClient(url, timeout_s=10.0) as client:
+                return await client.metrics()
+        except Exception:  # noqa: BLE001 - a dead server has no metrics; the report says so
+            return None
+
+    return list(await asyncio.gather(*(one(u) for u in urls)))
+
+
+# --------------------------------------------------------------------------------------------
+# Prediction and measurement
+# --------------------------------------------------------------------------------------------
+
+
+def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSpec) -> tuple[ClusterSpec, list[str]]:
+    """The simulated cluster matching the live one, and notes on what differs between servers.
+
+    The profile's step costs and overheads are kept; its engine settings become server 0's.
+
+    Raises:
+        ValueError: servers with different block sizes, or a bad ``max_in_flight``.
+    """
+    from kvroute.calibrate.observations import engine_config
+
+    notes = []
+    sizes = {s.block_size for s in servers}
+    if len(sizes) > 1:
+        raise ValueError(f"the servers use different KV block sizes {sorted(sizes)}; "
+                         "a router's block hashes need one size")
+    engines = [engine_config(s) for s in servers]
+    for i, e in enumerate(engines[1:], 1):
+        if e != engines[0]:
+            notes.append(f"server {i} ({servers[i].url}) has engine settings {e} unlike server 0's "
+                         f"{engines[0]}; the simulation uses server 0's for every worker")
+    if profile.engine.block_size != engines[0].block_size:
+        notes.append(f"profile {profile.name!r} was measured at block size {profile.engine.block_size}; "
+                     f"the servers use {engines[0].block_size}")
+    live_profile = dataclasses.replace(profile, engine=engines[0], memory=None)
+    cluster = ClusterSpec(
+        live_profile, num_workers=len(servers), closed_loop=spec.closed_loop,
+        arrival_spread_s=spec.arrival_spread_s, router_block_tokens=spec.router_block_tokens,
+        max_in_flight=spec.max_in_flight,
+    )
+    return cluster, notes
+
+
+def token_range(servers: list[ServerInfo], override: tuple[int, int] | None) -> tuple[int, int]:
+    """Prompt token-id range: ``override``, else the tokenizer's ordinary ids when the model
+    directory the server loaded is readable here, else ``DEFAULT_TOKEN_RANGE``."""
+    if override is not None:
+        return override
+    from kvroute.calibrate.tiny_model import token_id_range
+
+    root = Path(servers[0].model_root)
+    if (root / "tokenizer.json").is_file() or (root / "config.json").is_file():
+        lo, hi = token_id_range(root)
+        return max(lo, 0), hi
+    return DEFAULT_TOKEN_RANGE
+
+
+def predict(trace: Trace, cluster: ClusterSpec, policies: list[str], rounds: int, seed: int) -> list[PolicyRun]:
+    """Simulate every policy; one :class:`PolicyRun` each, with ``predicted`` filled in.
+
+    Raises:
+        ValueError: as ``kvroute.sim.cluster.simulate`` (capacity, block sizes, policy names).
+    """
+    comparison = compare(trace, cluster, policies, rounds=rounds, seed=seed)
+    return [
+        PolicyRun(policy=p, predicted={k: float(v) for k, v in comparison.intervals[p]["mean"].items()},
+                  sim_runs=comparison.runs[p])
+        for p in policies
+    ]
+
+
+async def measure(run: PolicyRun, replay: LiveReplay, urls: list[str]) -> None:
+    """Reset caches, scrape, replay, scrape: fills ``run``'s live fields (not ``measured``).
+
+    A server that answers neither the reset nor ``/metrics`` (it died in an earlier run) starts
+    the replay marked dead. Cancellation (Ctrl-C) propagates after the replay recorded what it had.
+    """
+    run.cache_reset = list(await asyncio.gather(*(reset_prefix_cache(u) for u in urls)))
+    run.before = await scrape(urls)
+    for w, (reset, snap) in enumerate(zip(run.cache_reset, run.before)):
+        if reset is None and snap is None:
+            replay.mark_dead(w, f"{urls[w]} did not answer before the run")
+    await replay.run()
+    run.after = await scrape(urls)
+
+
+def finish_run(run: PolicyRun, replay: LiveReplay) -> None:
+    """Collect the replay's records into ``run`` and summarise them."""
+    run.live = replay.result()
+    n = len(replay.endpoints)
+    hits, queries, pre = (run.measured_counter(name, n) for name in (HITS, QUERIES, PREEMPTIONS))
+    run.live.workers["prefix_cache_hits"] = hits
+    run.live.workers["prefix_cache_queries"] = queries
+    run.live.workers["num_preemptions"] = pre
+    run.measured = summarize(run.live)
+    run.dead = dict(replay.dead)
+    run.interrupted = run.interrupted or replay.interrupted
+    run.elapsed_s = replay.elapsed_s
+    run.usage_reported = replay.usage_reported
+
+
+def run_validation(
+    trace: Trace,
+    profile: Profile,
+    spec: ValidationSpec,
+    progress: Callable[[str], None] = lambda msg: None,
+) -> Validation:
+    """Predict and measure every policy of ``spec`` on ``trace``.
+
+    Args:
+        trace: the requests.
+        profile: the workers' profile (step costs and overheads; engine settings come from the
+            servers).
+        spec: servers, policies and replay mode.
+        progress: called with one-line progress messages.
+
+    Returns:
+        The validation; on Ctrl-C during a live run, what was measured so far with
+        ``interrupted`` set (the interrupted run is included).
+
+    Raises:
+        CalibrationError: a server is unreachable at the start.
+        ValueError: the trace cannot run on these servers (block size, capacity), or a policy
+            name is unknown.
+    """
+    if not spec.urls:
+        raise ValueError("give at least one server URL")
+    urls = list(spec.urls)
+    servers = asyncio.run(probe_servers(urls, spec.model))
+    cluster, notes = cluster_spec(profile, servers, spec)
+    validation = Validation(trace, spec, servers, cluster, notes=notes)
+    if not all(s.dev_mode for s in servers):
+        validation.notes.append("some server runs without VLLM_SERVER_DEV_MODE=1; its prefix cache "
+                                "cannot be reset, so its runs may start warm")
+    progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds")
+    runs = predict(trace, cluster, list(spec.policies), spec.sim_rounds, spec.seed)
+    lo, hi = token_range(servers, spec.token_range)
+    endpoints = [Endpoint(s.url, s.model) for s in servers]
+    engine = cluster.profile.engine
+    for run in runs:
+        replay_spec = ReplaySpec(run.policy, spec.closed_loop, spec.max_in_flight, spec.router_block_tokens,
+                                 spec.timeout_s, spec.seed)
+        replay = LiveReplay(trace, endpoints, engine.block_size, replay_spec, TokenSynth(lo, hi, spec.seed),
+                            engine.max_model_len)
+        validation.runs.append(run)
+        progress(f"replaying {len(trace.records)} requests live with {run.policy}")
+        try:
+            asyncio.run(measure(run, replay, urls))
+        except KeyboardInterrupt:
+            validation.interrupted = run.interrupted = True
+            run.after = _scrape_quietly(urls)
+        finally:
+            finish_run(run, replay)
+        progress(f"{run.policy}: {run.measured['time_to_complete_s']:.2f} s measured, "
+                 f"{run.predicted['time_to_complete_s']:.2f} s predicted")
+        if validation.interrupted:
+            break
+    return validation
+
+
+def _scrape_quietly(urls: list[str]) -> list[MetricsSnapshot | None]:
+    try:
+        return asyncio.run(scrape(urls))
+    except (KeyboardInterrupt, CalibrationError, OSError):
+        return [None] * len(urls)

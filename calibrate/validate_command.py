@@ -1,0 +1,101 @@
+"""``kvroute validate``: live replay + prediction + comparison report.
+
+Register with ``cli.add_command(validate)``. Heavy imports stay inside the command.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+def _policies(single: tuple[str, ...], joined: str | None) -> list[str]:
+    from kvroute.cli.scenario import parse_policies
+
+    names = [p for text in (*single, joined or "") for p in text.split(",") if p.strip()]
+    return parse_policies(",".join(names) or "round_robin")
+
+
+def _token_range(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"must be LO:HI, got {text!r}", param_hint="--token-range") from None
+    return lo, hi
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Trace file (kvroute/Mooncake JSONL or Azure CSV); default: the built-in --workload.")
+@click.option("--trace-block-size", type=int, default=None, help="Tokens per hash_ids block when the file does not say.")
+@click.option("--max-requests", type=int, default=None, help="Use only the first N records of the trace.")
+@click.option("--workload", type=click.Choice(["seed-chat", "agent"]), default="seed-chat", show_default=True,
+              help="Built-in workload when no --trace is given.")
+@click.option("--chats", type=int, default=8, show_default=True, help="Chats of the built-in workload.")
+@click.option("--turns", type=int, default=4, show_default=True, help="Turns per chat of the built-in workload.")
+@click.option("--url", "urls", multiple=True, required=True, help="vLLM server base URL; repeat, one per worker.")
+@click.option("--policy", "policy", multiple=True, help="Routing policy; repeat to compare several.")
+@click.option("--policies", "policies_text", default=None, help="Comma-separated policies (same as repeated --policy).")
+@click.option("--profile", "profile_name", default="cpu-tiny-qwen2", show_default=True,
+              help="Profile (shipped name or JSON file) for step costs and overheads; engine settings come from the servers.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory for report.json, report.md, records_*.parquet and ttft_*.png.")
+@click.option("--max-in-flight", type=int, default=None, help="Most requests outstanding at the client (1: one at a time).")
+@click.option("--replay", type=click.Choice(["auto", "closed", "open"]), default="auto", show_default=True,
+              help="closed: later turns wait for their parent; open: trace timestamps.")
+@click.option("--arrival-spread", type=float, default=0.0, show_default=True,
+              help="The simulation's start jitter of root requests, s.")
+@click.option("--rounds", type=int, default=3, show_default=True, help="Seeded simulation rounds averaged.")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Limit on one live request, s; a worker that passes it is treated as dead.")
+@click.option("--router-block-tokens", type=int, default=256, show_default=True, help="Router prefix-index granularity.")
+@click.option("--model", default=None, help="Served model name (default: each server's only model).")
+@click.option("--token-range", default=None, help="LO:HI prompt token ids (default: from the model's tokenizer).")
+@click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engines'.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds simulation rounds and prompt tokens.")
+def validate(trace_path, trace_block_size, max_requests, workload, chats, turns, urls, policy, policies_text,
+             profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, timeout, router_block_tokens,
+             model, token_range, client_cores, seed):
+    """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
+    same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate,
+    per-worker hit tokens). Ctrl-C writes what was measured so far.
+
+    \b
+    Example:
+      kvroute validate --trace chat.jsonl --url http://127.0.0.1:8100 --url http://127.0.0.1:8101 \\
+          --policies round_robin,kv_aware --profile cpu-tiny-qwen2 --out runs/validate
+    """
+    from kvroute.calibrate.client import CalibrationError
+    from kvroute.calibrate.commands import _cores
+    from kvroute.calibrate.server import pinned
+    from kvroute.calibrate.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validate_report import report_markdown, write_report
+    from kvroute.cli.scenario import load_trace
+    from kvroute.sim.profile import load_profile
+
+    names = _policies(policy, policies_text)
+    trace = load_trace(trace_path, workload, turns, chats, 0.0, trace_block_size, max_requests, seed)
+    try:
+        profile = load_profile(profile_name)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--profile") from exc
+    closed = {"auto": None, "closed": True, "open": False}[replay]
+    spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread, router_block_tokens,
+                          timeout, rounds, seed, model, _token_range(token_range))
+    try:
+        with pinned(_cores(client_cores)):
+            result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))
+    except (CalibrationError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        click.echo("interrupted before any live measurement; nothing written", err=True)
+        sys.exit(130)
+    path = write_report(result, out_dir)
+    click.echo(report_markdown(result))
+    click.echo(f"wrote {path}, report.md, records_live.parquet, records_sim.parquet, ttft_*.png in {out_dir}", err=True)
+    if result.interrupted:
+        sys.exit(130)

@@ -1,0 +1,276 @@
+"""The validation report: ``report.json``, ``report.md``, records as Parquet, TTFT figures.
+
+Every compared quantity is a ``{"predicted": p, "measured": m, "error_pct": e}`` mapping with
+``e = 100 (p - m) / m`` (null when undefined), so a reader can find the pairs generically
+(``notebooks/05_validation.ipynb`` does).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+from kvroute.calibrate.validate import PolicyRun, Validation
+from kvroute.sim.metrics import SUMMARY_METRICS
+
+#: Metrics of the per-policy table, in order.
+REPORT_METRICS = (
+    "time_to_complete_s", "ttft_mean_s", "ttft_p90_s", "later_ttft_mean_s", "later_ttft_p90_s",
+    "itl_mean_s", "tpot_mean_s", "e2e_mean_s", "hit_rate", "failed",
+)
+#: Metrics of the change-between-policies table.
+CHANGE_METRICS = ("time_to_complete_s", "ttft_mean_s", "ttft_p90_s", "later_ttft_mean_s", "itl_mean_s", "hit_rate")
+MAX_LISTED_FAILURES = 200
+
+
+def _num(x) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) or math.isinf(v) else v
+
+
+def error_pct(predicted: float, measured: float) -> float:
+    """``100 (predicted - measured) / measured``; NaN when undefined."""
+    if measured is None or predicted is None or not measured or math.isnan(measured) or math.isnan(predicted):
+        return math.nan
+    return 100.0 * (predicted - measured) / measured
+
+
+def change_pct(value: float, base: float) -> float:
+    """Relative change of ``value`` against ``base``, percent; NaN when undefined."""
+    return error_pct(value, base)
+
+
+def _pair(predicted: float, measured: float) -> dict:
+    return {"predicted": _num(predicted), "measured": _num(measured), "error_pct": _num(error_pct(predicted, measured))}
+
+
+def worker_rows(run: PolicyRun) -> list[dict]:
+    """Per worker: predicted and measured hit and query tokens, requests, liveness.
+
+    Measured hit tokens are ``/metrics`` deltas; where a scrape is missing (a dead server) the
+    sum of the usage's cached tokens stands in, and ``hit_source`` says which was used.
+    """
+    pred_hits = run.predicted_counter("prefix_cache_hits")
+    pred_queries = run.predicted_counter("prefix_cache_queries")
+    workers = run.live.workers if run.live is not None else pd.DataFrame()
+    rows = []
+    for w, ph in enumerate(pred_hits):
+        live = workers.iloc[w].to_dict() if w < len(workers) else {}
+        hits, source = _num(live.get("prefix_cache_hits")), "metrics"
+        if hits is None and live:
+            hits, source = float(live["usage_cached_tokens"]), "usage"
+        rows.append({
+            "worker": w,
+            "url": live.get("url"),
+            "alive": bool(live.get("alive", True)),
+            "requests": int(live.get("requests", 0)),
+            "hit_tokens": _pair(ph, math.nan if hits is None else hits),
+            "query_tokens": _pair(pred_queries[w], live.get("prefix_cache_queries", math.nan)),
+            "usage_cached_tokens": int(live.get("usage_cached_tokens", 0)),
+            "preemptions": _num(live.get("num_preemptions")),
+            "hit_source": source,
+        })
+    return rows
+
+
+def failures(run: PolicyRun) -> list[dict]:
+    """The live run's failed requests: request, session, turn, worker, error."""
+    if run.live is None:
+        return []
+    df = run.live.records
+    bad = df[df["status"] != "ok"]
+    return [
+        {"policy": run.policy, "request_id": int(r.request_id),
+         "session_id": None if pd.isna(r.session_id) else r.session_id,
+         "turn": None if pd.isna(r.turn) else int(r.turn), "worker": int(r.worker), "error": r.error}
+        for r in bad.itertuples()
+    ]
+
+
+def report_dict(v: Validation) -> dict:
+    """The machine-readable report."""
+    spec = v.spec
+    doc: dict = {
+        "trace": v.trace.source,
+        "num_requests": len(v.trace.records),
+        "profile": v.sim_spec.profile.name,
+        "num_workers": len(spec.urls),
+        "max_in_flight": spec.max_in_flight,
+        "closed_loop": (v.spec.closed_loop if v.spec.closed_loop is not None
+                        else any(r.parent is not None for r in v.trace.records)),
+        "sim_rounds": spec.sim_rounds,
+        "seed": spec.seed,
+        "warm_cache": any(r.warm for r in v.runs),
+        "interrupted": v.interrupted,
+        "failed_requests": sum(len(failures(r)) for r in v.runs),
+        "servers": [
+            {"url": s.url, "model": s.model, "vllm_version": s.vllm_version, "hardware": s.hardware,
+             "block_size": s.block_size, "num_gpu_blocks": s.num_gpu_blocks,
+             "max_num_batched_tokens": s.max_num_batched_tokens, "max_num_seqs": s.max_num_seqs,
+             "max_model_len": s.max_model_len, "dev_mode": s.dev_mode}
+            for s in v.servers
+        ],
+        "notes": list(v.notes) + run_notes(v),
+        "policies": {},
+        "changes": {},
+    }
+    for run in v.runs:
+        fails = failures(run)
+        doc["policies"][run.policy] = {
+            "metrics": {m: {"label": SUMMARY_METRICS[m], **_pair(run.predicted.get(m, math.nan),
+                                                                 run.measured.get(m, math.nan))}
+                        for m in REPORT_METRICS},
+            "workers": {str(row["worker"]): row for row in worker_rows(run)},
+            "cache_reset": list(run.cache_reset),
+            "warm_cache": run.warm,
+            "dead_workers": {str(w): why for w, why in run.dead.items()},
+            "failed_requests": len(fails),
+            "errors": dict(Counter(f["error"] for f in fails).most_common(20)),
+            "interrupted": run.interrupted,
+            "live_wall_time_s": _num(run.elapsed_s),
+            "usage_reported_cached_tokens": run.usage_reported,
+        }
+    base = v.runs[0] if v.runs else None
+    for run in v.runs[1:]:
+        doc["changes"][run.policy] = {
+            m: {"label": SUMMARY_METRICS[m], "vs": base.policy, **change_pair(base, run, m)}
+            for m in CHANGE_METRICS
+        }
+    doc["failures"] = [f for r in v.runs for f in failures(r)][:MAX_LISTED_FAILURES]
+    return doc
+
+
+def change_pair(base: PolicyRun, run: PolicyRun, metric: str) -> dict:
+    """Predicted and measured change of ``metric`` from ``base`` to ``run`` (percent) and their
+    difference (percentage points)."""
+    p = change_pct(run.predicted.get(metric, math.nan), base.predicted.get(metric, math.nan))
+    m = change_pct(run.measured.get(metric, math.nan), base.measured.get(metric, math.nan))
+    return {"predicted": _num(p), "measured": _num(m), "difference_pp": _num(p - m)}
+
+
+def run_notes(v: Validation) -> list[str]:
+    """Warm caches, dead workers, failures and interruptions, in words."""
+    notes = []
+    for run in v.runs:
+        if run.warm:
+            bad = [v.servers[i].url for i, ok in enumerate(run.cache_reset) if ok is False]
+            notes.append(f"{run.policy}: the prefix cache of {', '.join(bad) or 'some server'} could not be "
+                         "reset, so the run started WARM (the simulation starts cold)")
+        for w, why in run.dead.items():
+            notes.append(f"{run.policy}: worker {w} ({v.servers[w].url}) died or timed out mid-replay and "
+                         f"the policy stopped sending to it; the replay finished on the others ({why})")
+        n_fail = len(failures(run))
+        if n_fail:
+            notes.append(f"{run.policy}: {n_fail} of {len(v.trace.records)} requests failed or were not sent; "
+                         "measured metrics cover the rest")
+        if not run.usage_reported:
+            notes.append(f"{run.policy}: some responses carried no cached-token usage (server without "
+                         "--enable-prompt-tokens-details); per-request cached tokens read 0")
+        if run.interrupted:
+            notes.append(f"{run.policy}: interrupted (Ctrl-C); the report holds what was measured until then")
+    return notes
+
+
+def _fmt(x, digits: int = 3) -> str:
+    x = _num(x)
+    if x is None:
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}f}" if abs(x) < 100 else f"{x:.1f}"
+
+
+def _pct(x) -> str:
+    x = _num(x)
+    return "-" if x is None else f"{x:+.1f}%"
+
+
+def report_markdown(v: Validation, doc: dict | None = None) -> str:
+    """The human report: scenario, one table per policy, the change table, notes."""
+    doc = doc or report_dict(v)
+    lines = [f"# Validation: {doc['trace']} ({doc['num_requests']} requests)", ""]
+    loop = "closed loop" if doc["closed_loop"] else "open loop (trace timestamps)"
+    lines.append(f"- replay: {loop}, max in flight {doc['max_in_flight'] or 'unlimited'}; "
+                 f"prediction: profile `{doc['profile']}`, mean of {doc['sim_rounds']} seeded round(s)")
+    for s in doc["servers"]:
+        lines.append(f"- worker {s['url']}: {s['model']}, vLLM {s['vllm_version']}, {s['hardware']}, "
+                     f"block size {s['block_size']}, {s['num_gpu_blocks']} KV blocks")
+    lines.append(f"- cache: {'WARM for some run (see notes)' if doc['warm_cache'] else 'reset before every run (cold)'}")
+    if doc["interrupted"]:
+        lines.append("- **interrupted**: partial measurement")
+    for policy, p in doc["policies"].items():
+        lines += ["", f"## {policy}", "",
+                  f"live wall time {_fmt(p['live_wall_time_s'], 1)} s, failed requests {p['failed_requests']}"
+                  + (", **warm cache**" if p["warm_cache"] else "") + "", "",
+                  "| metric | predicted | measured | error % |", "|---|---:|---:|---:|"]
+        for m in p["metrics"].values():
+            lines.append(f"| {m['label']} | {_fmt(m['predicted'])} | {_fmt(m['measured'])} | {_pct(m['error_pct'])} |")
+        for w, row in p["workers"].items():
+            h = row["hit_tokens"]
+            tag = "" if row["alive"] else " (died)"
+            lines.append(f"| hit tokens, worker {w}{tag} | {_fmt(h['predicted'], 0)} | {_fmt(h['measured'], 0)} "
+                         f"| {_pct(h['error_pct'])} |")
+    if doc["changes"]:
+        base = next(iter(doc["policies"]))
+        lines += ["", f"## Change vs {base}", "",
+                  "| metric | policy | predicted | measured | difference (pp) |", "|---|---|---:|---:|---:|"]
+        for policy, ch in doc["changes"].items():
+            for c in ch.values():
+                diff = _num(c["difference_pp"])
+                lines.append(f"| {c['label']} | {policy} | {_pct(c['predicted'])} | {_pct(c['measured'])} | "
+                             f"{'-' if diff is None else f'{diff:+.1f}'} |")
+    if doc["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(v: Validation, out_dir: str | Path) -> Path:
+    """Write ``report.json``, ``report.md``, ``records_live.parquet``, ``records_sim.parquet``
+    and ``ttft_<policy>.png`` (plus ``ttft_all.png`` for several policies) into ``out_dir``.
+
+    Returns:
+        The path of ``report.json``.
+    """
+    from kvroute.sim.plots import plot_ttft
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = report_dict(v)
+    (out / "report.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (out / "report.md").write_text(report_markdown(v, doc))
+    live = [r.live.records.assign(policy=r.policy, url=r.live.records["worker"].map(
+        lambda w: v.servers[w].url if 0 <= w < len(v.servers) else None)) for r in v.runs if r.live is not None]
+    sim = [run.records.assign(policy=r.policy, round=k) for r in v.runs for k, run in enumerate(r.sim_runs)]
+    if live:
+        _parquet(pd.concat(live, ignore_index=True), out / "records_live.parquet")
+    if sim:
+        _parquet(pd.concat(sim, ignore_index=True), out / "records_sim.parquet")
+    both = []
+    for r in v.runs:
+        frames = [run.records.assign(policy=f"{r.policy} predicted") for run in r.sim_runs]
+        if r.live is not None and (r.live.records["status"] == "ok").any():
+            frames.append(r.live.records.assign(policy=f"{r.policy} measured"))
+        frame = pd.concat(frames, ignore_index=True)
+        both.append(frame)
+        plot_ttft(frame, out / f"ttft_{r.policy}.png", title=f"{r.policy}: predicted vs measured")
+    if len(both) > 1:
+        plot_ttft(pd.concat(both, ignore_index=True), out / "ttft_all.png", title="predicted vs measured")
+    return out / "report.json"
+
+
+def _parquet(frame: pd.DataFrame, path: Path) -> None:
+    frame = frame.copy()
+    for col in ("session_id", "error", "url"):
+        if col not in frame:
+            continue
+        values = frame[col].dropna()
+        if len({type(x) for x in values}) > 1:  # mixed ints and strings: store as text
+            frame[col] = frame[col].map(lambda x: None if pd.isna(x) else str(x))
+    frame.to_parquet(path, index=False)

@@ -1,0 +1,495 @@
+"""Validation mode without vLLM: token synthesis, slots, and the live replay against fake servers.
+
+The fake server speaks the parts of vLLM's OpenAI API the replay uses (streamed completions of
+token-id prompts with ``return_token_ids`` and cached-token usage, ``/metrics``, ``/v1/models``,
+``/reset_prefix_cache``) and keeps an unbounded prefix cache with vLLM's rules (chained full-block
+hashes, prompt plus all but the last output token cached, hits capped at prompt - 1 tokens), so
+one-at-a-time replays must match the simulator's hit tokens exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from kvroute.calibrate.livestream import FifoSlots
+from kvroute.calibrate.prompts import PromptBuilder, TokenSynth, chained_block_hashes, root_segments
+from kvroute.calibrate.replay import Endpoint, LiveReplay, ReplaySpec
+from kvroute.sim.metrics import RECORD_COLUMNS, summarize
+from kvroute.sim.workload import Workload
+from kvroute.traces.format import Trace, TraceRecord
+from kvroute.traces.generators import seed_chat
+
+BLOCK = 32
+
+
+# --------------------------------------------------------------------------------------------
+# A fake vLLM server
+# --------------------------------------------------------------------------------------------
+
+
+class FakeVllm:
+    """A vLLM-like server on a background thread.
+
+    Args:
+        die_after: close every connection (mid-stream) once this many completions have started,
+            and stop listening, like a killed server.
+        hang: never answer completions.
+        token_delay_s: time between streamed tokens.
+    """
+
+    def __init__(self, die_after: int | None = None, hang: bool = False, token_delay_s: float = 0.0005,
+                 block_size: int = BLOCK) -> None:
+        self.die_after, self.hang, self.delay, self.block_size = die_after, hang, token_delay_s, block_size
+        self.cache: set[int] = set()
+        self.hits = self.queries = 0
+        self.started = 0
+        self.prompts: list[list[int]] = []
+        self.replies: list[tuple[list[int], list[int]]] = []
+        self.dead = False
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        async def stop():
+            self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._loop.stop()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop)
+        self._thread.join(5)
+
+    async def _handle(self, reader, writer) -> None:
+        try:
+            line = await reader.readline()
+            if not line:
+                return
+            method, path, _ = line.decode().split(" ", 2)
+            length = 0
+            while True:
+                h = await reader.readline()
+                if h in (b"\r\n", b"\n", b""):
+                    break
+                k, _, v = h.decode().partition(":")
+                if k.strip().lower() == "content-length":
+                    length = int(v)
+            body = await reader.readexactly(length) if length else b""
+            path = path.split("?")[0]
+            if path == "/v1/completions":
+                await self._complete(json.loads(body), writer)
+            elif path == "/v1/models":
+                self._json(writer, {"data": [{"id": "fake", "root": "/nonexistent/fake", "max_model_len": 8192}]})
+            elif path == "/version":
+                self._json(writer, {"version": "0.32.0"})
+            elif path == "/metrics":
+                text = (f'vllm:cache_config_info{{block_size="{self.block_size}",num_gpu_blocks="100000",'
+                        f'enable_prefix_caching="True"}} 1.0\n'
+                        f"vllm:prefix_cache_queries_total {self.queries}\n"
+                        f"vllm:prefix_cache_hits_total {self.hits}\nvllm:num_preemptions_total 0\n")
+                self._send(writer, 200, text.encode(), "text/plain")
+            elif path == "/reset_prefix_cache" and method == "POST":
+                self.cache.clear()
+                self._json(writer, {"success": True})
+            elif path == "/health":
+                self._send(writer, 200, b"", "text/plain")
+            else:
+                self._send(writer, 404, b'{"detail":"Not Found"}', "application/json")
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    def _send(self, writer, status: int, payload: bytes, ctype: str) -> None:
+        writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {len(payload)}\r\n"
+                     f"Connection: close\r\n\r\n".encode() + payload)
+
+    def _json(self, writer, doc) -> None:
+        self._send(writer, 200, json.dumps(doc).encode(), "application/json")
+
+    def _hashes(self, ids: list[int]) -> list[int]:
+        return chained_block_hashes(ids, self.block_size)
+
+    async def _complete(self, req: dict, writer) -> None:
+        if self.dead:
+            return  # closes the connection at once
+        if self.hang:
+            await asyncio.sleep(3600)
+        self.started += 1
+        prompt = [int(t) for t in req["prompt"]]
+        self.prompts.append(prompt)
+        n = len(prompt)
+        hashes = self._hashes(prompt)
+        hit = 0
+        for h in hashes[: (n - 1) // self.block_size]:
+            if h not in self.cache:
+                break
+            hit += 1
+        cached = hit * self.block_size
+        self.queries += n
+        self.hits += cached
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        out: list[int] = []
+        for i in range(int(req["max_tokens"])):
+            if self.die_after is not None and self.started > self.die_after:
+                self.dead = True
+                self._server.close()
+                writer.transport.abort()
+                return
+            tok = 100 + (prompt[-1] * 31 + i * 7 + n) % 900
+            out.append(tok)
+            chunk = {"choices": [{"index": 0, "text": "x", "token_ids": [tok], "finish_reason": None}]}
+            writer.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await writer.drain()
+            await asyncio.sleep(self.delay)
+        self.cache.update(self._hashes(prompt + out[:-1]))
+        self.replies.append((prompt, out))
+        usage = {"choices": [], "usage": {"prompt_tokens": n, "completion_tokens": len(out),
+                                          "prompt_tokens_details": {"cached_tokens": cached}}}
+        writer.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+
+@pytest.fixture
+def fakes(request):
+    servers = []
+
+    def make(n=2, **kw):
+        for i in range(n):
+            opts = kw.get(f"s{i}", {})
+            servers.append(FakeVllm(**opts))
+        return servers
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def small_chat(chats=4, turns=3):
+    return seed_chat(num_chats=chats, num_turns=turns, system_words=150, user_words=30, reply_tokens=20,
+                     block_size=16)
+
+
+# --------------------------------------------------------------------------------------------
+# Prompts
+# --------------------------------------------------------------------------------------------
+
+
+def test_token_synthesis_is_deterministic_and_in_range():
+    s = TokenSynth(100, 1700, seed=3)
+    a, b = s.tokens(7, 10, 500), s.tokens(7, 10, 500)
+    assert (a == b).all() and a.min() >= 100 and a.max() < 1700
+    assert (s.tokens(7, 0, 510)[10:] == a).all()  # position, not call, decides the token
+    assert (s.tokens(8, 10, 500) != a).mean() > 0.99
+    assert (TokenSynth(100, 1700, seed=4).tokens(7, 10, 500) != a).mean() > 0.99
+    assert (s.tokens(1 << 48, 0, 64) != s.tokens((1 << 48) + 1, 0, 64)).any()
+    with pytest.raises(ValueError):
+        TokenSynth(5, 6)
+
+
+def test_chained_hashes_reuse_a_known_prefix():
+    ids = TokenSynth().tokens(1, 0, 300)
+    full = chained_block_hashes(ids, 32)
+    assert len(full) == 9
+    assert chained_block_hashes(ids, 32, full[:4]) == full
+    assert chained_block_hashes(ids[:100], 32) == full[:3]
+    other = ids.copy()
+    other[40] += 1
+    h2 = chained_block_hashes(other, 32)
+    assert h2[0] == full[0] and all(x != y for x, y in zip(h2[1:], full[1:]))  # a hash names its whole prefix
+
+
+def test_live_prompts_share_blocks_exactly_where_the_simulated_ones_do():
+    """The equality pattern of live block hashes matches the simulator's content hashes, so the
+    routing policies see the same structure (replies stand in as the simulator's streams)."""
+    trace = small_chat(chats=3, turns=3)
+    wl = Workload(trace, BLOCK)
+    builder = PromptBuilder(Workload(trace, BLOCK), TokenSynth())
+    prompts, sim_to_live, live_to_sim = {}, {}, {}
+    for rec in trace.records:
+        if rec.parent is None:
+            ids = builder.root(rec)
+        else:
+            parent = wl.by_id[rec.parent]
+            ids = builder.child(rec, prompts[parent.request_id], builder.synthetic_output(parent))
+        prompts[rec.request_id] = ids
+        assert len(ids) == rec.input_length
+        _, sim_hashes = wl.build(rec)
+        live_hashes = chained_block_hashes(ids, BLOCK)
+        for s, l in zip(sim_hashes[: rec.input_length // BLOCK], live_hashes):
+            assert sim_to_live.setdefault(s, l) == l
+            assert live_to_sim.setdefault(l, s) == s
+    assert len(sim_to_live) < sum(r.input_length // BLOCK for r in trace.records)  # some sharing happened
+
+
+def test_root_segments_match_the_workload():
+    rec = TraceRecord(0, 0.0, 40, 5, hash_ids=(3, 4, 9))
+    assert root_segments(rec, 16) == [(3, 0, 16), (4, 0, 16), (9, 0, 8)]
+    with pytest.raises(ValueError):
+        root_segments(TraceRecord(1, 0.0, 40, 5, parent=0), 16)
+
+
+def test_fifo_slots_serve_in_request_order():
+    async def main():
+        slots, order = FifoSlots(1), []
+
+        async def user(i):
+            await slots.acquire()
+            order.append(i)
+            await asyncio.sleep(0.001)
+            slots.release()
+
+        await asyncio.gather(*(user(i) for i in range(6)))
+        return order
+
+    assert asyncio.run(main()) == list(range(6))
+
+
+# --------------------------------------------------------------------------------------------
+# Replay against fake servers
+# --------------------------------------------------------------------------------------------
+
+
+def _replay(trace, servers, **kw):
+    replay = LiveReplay(trace, [Endpoint(s.url, "fake") for s in servers], BLOCK, ReplaySpec(**kw))
+    asyncio.run(replay.run())
+    return replay
+
+
+def test_replay_records_have_the_simulator_columns_and_resend_real_replies(fakes):
+    servers = fakes(2)
+    trace = small_chat()
+    replay = _replay(trace, servers, policy="round_robin", max_in_flight=2)
+    res = replay.result()
+    assert list(res.records.columns) == RECORD_COLUMNS
+    assert (res.records["status"] == "ok").all() and len(res.records) == len(trace.records)
+    assert (res.records["output_tokens"] == 20).all()
+    assert len(res.itl) == len(trace.records) * 19
+    s = summarize(res)
+    assert s["time_to_complete_s"] > 0 and 0 < s["hit_rate"] < 1
+    # a later turn's prompt starts with its parent's prompt and the tokens the server generated
+    replies = [r for srv in servers for r in srv.replies]
+    first = trace.records[0].input_length
+    later = [p for srv in servers for p in srv.prompts if len(p) > first]
+    assert len(later) == len(trace.records) - 4
+    for p in later:
+        assert any(p[: len(q) + len(o)] == q + o for q, o in replies)
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "kv_aware"])
+def test_one_at_a_time_hits_equal_the_simulation_exactly(fakes, tmp_path, policy):
+    from kvroute.calibrate.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validate_report import write_report
+    from kvroute.sim.profile import load_profile
+
+    servers = fakes(2)
+    trace = small_chat(chats=6, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), (policy,), max_in_flight=1, sim_rounds=1)
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    run = v.runs[0]
+    assert run.cache_reset == [True, True] and not run.warm
+    live = run.live.workers
+    sim = run.sim_runs[0].workers
+    assert list(live["prefix_cache_hits"]) == list(sim["prefix_cache_hits"].astype(float))
+    assert list(live["prefix_cache_queries"]) == list(sim["prefix_cache_queries"].astype(float))
+    assert list(live["usage_cached_tokens"]) == list(sim["prefix_cache_hits"])
+    # same routing decision for every request
+    lw = run.live.records.set_index("request_id")["worker"]
+    sw = run.sim_runs[0].records.set_index("request_id")["worker"]
+    assert (lw == sw).all()
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    w0 = doc["policies"][policy]["workers"]["0"]["hit_tokens"]
+    assert w0["predicted"] == w0["measured"] and w0["error_pct"] == 0
+    assert doc["warm_cache"] is False and doc["failed_requests"] == 0
+    for name in ("report.md", "records_live.parquet", "records_sim.parquet", f"ttft_{policy}.png"):
+        assert (tmp_path / name).exists()
+
+
+def test_two_policies_give_a_change_table_and_kv_aware_hits_more(fakes, tmp_path):
+    from kvroute.calibrate.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validate_report import report_markdown, write_report
+    from kvroute.sim.profile import load_profile
+
+    servers = fakes(2)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), max_in_flight=4, sim_rounds=2)
+    # an odd number of chats: round robin does not happen to keep each chat on one worker
+    v = run_validation(small_chat(chats=5, turns=3), load_profile("a6000-qwen2.5-7b"), spec)
+    rr, kv = v.runs
+    assert kv.measured["hit_rate"] > rr.measured["hit_rate"]
+    assert kv.predicted["hit_rate"] > rr.predicted["hit_rate"]
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    ch = doc["changes"]["kv_aware"]["hit_rate"]
+    assert ch["predicted"] > 0 and ch["measured"] > 0 and ch["vs"] == "round_robin"
+    md = report_markdown(v)
+    assert "## Change vs round_robin" in md and "| hit tokens, worker 1 |" in md
+    assert (tmp_path / "ttft_all.png").exists()
+    import pandas as pd
+
+    live = pd.read_parquet(tmp_path / "records_live.parquet")
+    assert set(live["policy"]) == {"round_robin", "kv_aware"} and live["url"].notna().all()
+
+
+def test_a_worker_dying_mid_replay_is_survived(fakes, tmp_path):
+    from kvroute.calibrate.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validate_report import write_report
+    from kvroute.sim.profile import load_profile
+
+    servers = fakes(2, s1={"die_after": 3, "token_delay_s": 0.002})
+    trace = small_chat(chats=6, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin",), max_in_flight=3, sim_rounds=1)
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    run = v.runs[0]
+    df = run.live.records
+    assert list(run.dead) == [1]
+    failed = df[df["status"] != "ok"]
+    lost = failed[failed["worker"] == 1]
+    assert len(lost) >= 1 and lost["error"].str.contains(servers[1].url.split("//")[1]).all()
+    assert failed[failed["worker"] == -1]["error"].str.startswith("not sent: its parent request").all()
+    ok = df[df["status"] == "ok"]
+    assert len(ok) > 0 and (ok["worker"] == 0).sum() >= len(ok) - 3
+    assert len(df) == len(trace.records)  # every request is accounted for
+    # sessions never touched by a failure completed all their turns
+    hurt = set(failed["session_id"])
+    assert all(len(g) == 3 for s, g in ok.groupby("session_id") if s not in hurt)
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    assert doc["policies"]["round_robin"]["dead_workers"].keys() == {"1"}
+    assert any("died or timed out" in n for n in doc["notes"])
+    assert doc["policies"]["round_robin"]["workers"]["1"]["alive"] is False
+    assert doc["failures"] and doc["failures"][0]["error"]
+
+
+def test_a_hanging_worker_times_out_and_is_marked_dead(fakes):
+    servers = fakes(2, s1={"hang": True})
+    trace = small_chat(chats=4, turns=2)
+    replay = _replay(trace, servers, policy="round_robin", timeout_s=0.5)
+    df = replay.result().records
+    assert list(replay.dead) == [1] and "within 0.5 s" in replay.dead[1]
+    assert (df.loc[df["status"] != "ok", "worker"] != 0).all()
+    assert (df["status"] == "ok").sum() >= 2 and (df.loc[df["status"] == "ok", "worker"] == 0).all()
+
+
+def test_all_workers_dead_means_nothing_more_is_sent(fakes):
+    servers = fakes(1, s0={"hang": True})
+    replay = _replay(small_chat(chats=2, turns=2), servers, timeout_s=0.3)
+    df = replay.result().records
+    assert (df["status"] == "failed").all() and len(df) == 4
+    assert df["error"].str.contains("not sent").sum() == 2
+
+
+def test_interrupting_keeps_what_was_measured(fakes):
+    servers = fakes(2, s0={"token_delay_s": 0.003}, s1={"token_delay_s": 0.003})
+    trace = small_chat(chats=4, turns=4)
+    replay = LiveReplay(trace, [Endpoint(s.url, "fake") for s in servers], BLOCK, ReplaySpec(max_in_flight=2))
+
+    async def main():
+        task = asyncio.create_task(replay.run())
+        while replay.num_finished < 3:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    df = replay.result().records
+    assert replay.interrupted and len(df) == len(trace.records)
+    assert (df["status"] == "ok").sum() >= 3
+    assert df["error"].isin(["interrupted", "not sent: the replay was interrupted"]).sum() >= 1
+    assert math.isfinite(summarize(replay.result())["ttft_mean_s"])
+
+
+def test_open_loop_sends_at_timestamps(fakes):
+    servers = fakes(2)
+    recs = [TraceRecord(i, 100.0 * i, 70, 4, hash_ids=(0, 1, 10 + i)) for i in range(4)]
+    replay = _replay(Trace(recs, 32), servers, policy="kv_aware")
+    df = replay.result().records
+    assert (df["status"] == "ok").all()
+    assert np.all(np.diff(df["arrival"].to_numpy()) > 0.08)
+    assert df["cached_tokens"].iloc[1:].max() == 64  # the shared two blocks hit after the first
+
+
+def test_open_loop_child_before_its_parent_replied(fakes):
+    servers = fakes(1)
+    recs = [TraceRecord(0, 0.0, 64, 8, hash_ids=(0, 1)), TraceRecord(1, 0.0, 64 + 8 + 24, 4, parent=0, session_id=0)]
+    replay = _replay(Trace(recs, 32), servers, closed_loop=False)
+    df = replay.result().records
+    assert (df["status"] == "ok").all()
+    child = next(p for p in servers[0].prompts if len(p) == 96)
+    assert child[:64] == next(p for p in servers[0].prompts if len(p) == 64)
+
+
+def test_validate_command(fakes, tmp_path):
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.validate_command import validate
+
+    servers = fakes(2)
+    trace_file = tmp_path / "chat.jsonl"
+    from kvroute.traces.writer import write_trace
+
+    write_trace(small_chat(chats=3, turns=2), trace_file)
+    out = tmp_path / "out"
+    args = ["--trace", str(trace_file), "--url", servers[0].url, "--url", servers[1].url,
+            "--policies", "round_robin,kv_aware", "--profile", "a6000-qwen2.5-7b", "--out", str(out),
+            "--max-in-flight", "1", "--rounds", "1"]
+    res = CliRunner().invoke(validate, args)
+    assert res.exit_code == 0, res.output
+    assert "| time to complete (s) |" in res.output
+    doc = json.loads((out / "report.json").read_text())
+    assert set(doc["policies"]) == {"round_robin", "kv_aware"} and doc["max_in_flight"] == 1
+    bad = CliRunner().invoke(validate, ["--url", servers[0].url, "--policy", "nope", "--out", str(out)])
+    assert bad.exit_code != 0 and "valid policies" in bad.output
+
+
+def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from kvroute.traces.writer import write_trace
+
+    servers = fakes(2, s0={"token_delay_s": 0.01}, s1={"token_delay_s": 0.01})
+    trace_file = tmp_path / "chat.jsonl"
+    write_trace(small_chat(chats=5, turns=3), trace_file)
+    out = tmp_path / "out"
+    code = ("import sys; from kvroute.calibrate.validate_command import validate; "
+            "validate(sys.argv[1:], prog_name='kvroute validate')")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "--trace", str(trace_file), "--url", servers[0].url, "--url", servers[1].url,
+         "--policies", "round_robin,kv_aware", "--profile", "a6000-qwen2.5-7b", "--out", str(out),
+         "--max-in-flight", "1", "--rounds", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "replaying" not in proc.stderr.readline():
+        pass
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["interrupted"] is True and list(doc["policies"]) == ["round_robin"]
+    rr = doc["policies"]["round_robin"]
+    assert rr["interrupted"] and 0 < rr["failed_requests"] < doc["num_requests"]
+    assert rr["metrics"]["ttft_mean_s"]["measured"] > 0
+    assert "interrupted" in (out / "report.md").read_text()
