@@ -278,11 +278,15 @@ class VllmClient:
         resp.raise_for_status()
         return MetricsSnapshot.from_text(resp.text, time.perf_counter())
 
-    async def reset_prefix_cache(self, attempts: int = 20, wait_s: float = 0.25) -> bool:
-        """``POST /reset_prefix_cache``; True if the server did it (needs dev mode).
+    async def reset_prefix_cache(self, attempts: int = 60, wait_s: float = 0.5) -> bool | None:
+        """``POST /reset_prefix_cache`` until the engine reports success (needs dev mode).
 
         vLLM answers 200 with ``{"success": false}`` while a request still holds blocks, so the
         call is retried ``attempts`` times, ``wait_s`` apart.
+
+        Returns:
+            True if the cache was reset; False if the server refused (no
+            ``VLLM_SERVER_DEV_MODE=1``: 404) or never succeeded; None if it is unreachable.
         """
         import asyncio
 
@@ -292,7 +296,7 @@ class VllmClient:
             try:
                 resp = await self._http.post("/reset_prefix_cache")
             except httpx.TransportError:
-                return False
+                return None
             if resp.status_code != 200:
                 return False
             try:

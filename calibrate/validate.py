@@ -160,34 +160,10 @@ async def probe_servers(urls: list[str], model: str | None = None) -> list[Serve
     return infos
 
 
-async def reset_prefix_cache(url: str, attempts: int = 60, wait_s: float = 0.5) -> bool | None:
-    """``POST /reset_prefix_cache`` until the engine reports success.
-
-    vLLM answers ``{"success": false}`` while some request still holds blocks, so the call is
-    retried ``attempts`` times, ``wait_s`` apart.
-
-    Returns:
-        True if the cache was reset; False if the server refused (no ``VLLM_SERVER_DEV_MODE=1``,
-        404) or never succeeded; None if it is unreachable.
-    """
-    import httpx
-
-    async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=30.0) as http:
-        for _ in range(attempts):
-            try:
-                resp = await http.post("/reset_prefix_cache")
-            except httpx.TransportError:
-                return None
-            if resp.status_code != 200:
-                return False
-            try:
-                ok = bool(resp.json().get("success", True))
-            except ValueError:  # older servers answer 200 with an empty body
-                ok = True
-            if ok:
-                return True
-            await asyncio.sleep(wait_s)
-    return False
+async def reset_prefix_cache(url: str) -> bool | None:
+    """Reset one server's prefix cache; see ``VllmClient.reset_prefix_cache`` for the result."""
+    async with VllmClient(url, timeout_s=30.0) as client:
+        return await client.reset_prefix_cache()
 
 
 async def scrape(urls: list[str]) -> list[MetricsSnapshot | None]:
