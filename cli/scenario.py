@@ -94,7 +94,7 @@ def truncate(trace: Trace, n: int) -> Trace:
     return Trace(kept, trace.block_size, trace.source, dict(trace.metadata))
 
 
-def parse_policies(text: str) -> list[str]:
+def parse_policies(text: str, param_hint: str = "--policies") -> list[str]:
     """Split ``a,b,c`` and check every name.
 
     Raises:
@@ -104,10 +104,10 @@ def parse_policies(text: str) -> list[str]:
     for name in names:
         if name not in POLICIES:
             raise click.BadParameter(
-                f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}", param_hint="--policies"
+                f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}", param_hint=param_hint
             )
     if not names:
-        raise click.BadParameter("give at least one policy", param_hint="--policies")
+        raise click.BadParameter("give at least one policy", param_hint=param_hint)
     return names
 
 
@@ -136,10 +136,12 @@ def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread
 
 
 def describe(trace: Trace, spec: ClusterSpec) -> str:
-    """One line naming the scenario."""
+    """One line naming the scenario (KV blocks per worker after any GPU sharing)."""
     gpus = spec.num_gpus or spec.num_workers
+    blocks = sorted({spec.profile.shared(spec.workers_on_gpu(spec.gpu_of(w))).engine.num_gpu_blocks
+                     for w in range(spec.num_workers)})
     return (f"trace {trace.source}: {len(trace.records)} requests | {spec.num_workers} workers on {gpus} GPUs | "
-            f"profile {spec.profile.name} ({spec.profile.engine.num_gpu_blocks} KV blocks of "
+            f"profile {spec.profile.name} ({'/'.join(map(str, blocks))} KV blocks of "
             f"{spec.profile.engine.block_size} tokens per worker)")
 
 

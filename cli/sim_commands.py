@@ -56,7 +56,7 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
     (out / "compare.json").write_text(json.dumps({"scenario": header, **comparison.to_dict()}, indent=2))
     plot_ttft(records, out / "ttft.png", title=header.split(" | ")[0])
     if not quiet:
-        click.echo(f"wrote {records_file}, {out}/summary.csv, compare.json, ttft.png")
+        click.echo(f"wrote {', '.join(str(out / name) for name in (records_file.name, 'summary.csv', 'compare.json', 'ttft.png'))}")
 
 
 def output_options(func):
@@ -92,4 +92,4 @@ def compare(policies_text, rounds, json_out, out, records_format, **scenario):
 @with_errors
 def simulate(policy, rounds, json_out, out, records_format, **scenario):
     """Simulate one routing policy and print its summary."""
-    _run(parse_policies(policy), rounds, json_out, out, records_format, **scenario)
+    _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario)
