@@ -427,10 +427,97 @@ class VllmClient:
         return await stream_completion(self.url, body, self.timeout_s, on_token)
 
 
+class CompletionStream:
+    """One streamed ``POST /v1/completions`` over plain asyncio (HTTP/1.1, server-sent events).
+
+    A hand-written reader rather than httpx: at vLLM's decode speed httpx took about half a
+    core, slowing the server it measured. The caller owns the timeout and maps errors (``open``
+    and the iterators raise OSError, asyncio.IncompleteReadError or ValueError).
+
+    Attributes:
+        status: the HTTP status, after ``open``.
+        t_send: ``time.perf_counter()`` when the request was written.
+    """
+
+    def __init__(self, url: str, body: dict) -> None:
+        self.url = url
+        self._parts = urlsplit(url)
+        self._payload = json.dumps(body).encode()
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._chunked = False
+        self.status = 0
+        self.t_send = time.perf_counter()
+
+    async def open(self) -> int:
+        """Connect, send the request, read the status line and headers; returns the status."""
+        parts = self._parts
+        host = parts.hostname or "127.0.0.1"
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        head = (
+            f"POST {parts.path.rstrip('/')}/v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Length: {len(self._payload)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        self._reader, self._writer = await asyncio.open_connection(
+            host, port, ssl=(parts.scheme == "https") or None
+        )
+        self.t_send = time.perf_counter()
+        self._writer.write(head + self._payload)
+        await self._writer.drain()
+        status_line = await self._reader.readline()
+        if not status_line:
+            raise ConnectionResetError("the server closed the connection without answering")
+        self.status = int(status_line.split()[1])
+        while True:
+            line = await self._reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            k, _, v = line.decode("latin-1").partition(":")
+            self._chunked |= k.strip().lower() == "transfer-encoding" and "chunked" in v.lower()
+        return self.status
+
+    async def _chunks(self):
+        reader = self._reader
+        while True:
+            if self._chunked:
+                size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    return
+                yield (await reader.readexactly(size + 2))[:-2]
+            else:
+                data = await reader.read(65536)
+                if not data:
+                    return
+                yield data
+
+    async def body(self) -> bytes:
+        """The rest of the response body (an error answer)."""
+        return b"".join([data async for data in self._chunks()])
+
+    async def events(self):
+        """Yield ``(perf_counter at arrival, payload)`` for every ``data:`` event, in order."""
+        buf = b""
+        async for data in self._chunks():
+            now = time.perf_counter()
+            buf += data
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                event = event.strip()
+                if event.startswith(b"data:"):
+                    yield now, event[5:].strip()
+
+    def close(self) -> None:
+        """Close the connection (safe to call more than once)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
 async def stream_completion(
     url: str, body: dict, timeout_s: float = 600.0, on_token: Callable[[int], None] | None = None
 ) -> StreamResult:
-    """POST ``body`` to ``url``/v1/completions over HTTP/1.1 and read the server-sent events.
+    """POST ``body`` to ``url``/v1/completions and read the server-sent events.
 
     Returns:
         A :class:`StreamResult` (token arrival times relative to the send).
@@ -438,61 +525,18 @@ async def stream_completion(
     Raises:
         CalibrationError: connection refused, reset or timed out.
     """
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
-    payload = json.dumps(body).encode()
-    head = (
-        f"POST {parts.path.rstrip('/')}/v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-        f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-    ).encode()
     res = StreamResult(t_send=time.perf_counter())
-    writer = None
+    conn = CompletionStream(url, body)
     try:
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=(parts.scheme == "https") or None
-            )
-            res.t_send = time.perf_counter()
-            writer.write(head + payload)
-            await writer.drain()
-            status_line = await reader.readline()
-            if not status_line:
-                raise ConnectionResetError("empty response")
-            res.status = int(status_line.split()[1])
-            headers: dict[str, str] = {}
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                k, _, v = line.decode("latin-1").partition(":")
-                headers[k.strip().lower()] = v.strip()
-            chunked = headers.get("transfer-encoding", "").lower() == "chunked"
-            buf = b""
-            done = False
-            times = res.token_times
-            while not done:
-                if chunked:
-                    size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-                    if size == 0:
-                        break
-                    data = (await reader.readexactly(size + 2))[:-2]
-                else:
-                    data = await reader.read(65536)
-                    if not data:
-                        break
-                now = time.perf_counter() - res.t_send
-                buf += data
-                if res.status != 200:
-                    continue
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    event = event.strip()
-                    if not event.startswith(b"data:"):
-                        continue
-                    data_s = event[5:].strip()
+            res.status = await conn.open()
+            res.t_send = conn.t_send
+            if res.status != 200:
+                res.error = _error_message(await conn.body()) or f"HTTP {res.status}"
+            else:
+                times = res.token_times
+                async for t, data_s in conn.events():
                     if data_s == b"[DONE]":
-                        done = True
                         break
                     chunk = json.loads(data_s)
                     if "error" in chunk:
@@ -502,7 +546,7 @@ async def stream_completion(
                         ids = choice.get("token_ids")
                         n += len(ids) if ids is not None else (1 if choice.get("text") is not None else 0)
                     if n:
-                        times.extend([now] * n)
+                        times.extend([t - res.t_send] * n)
                         if on_token is not None:
                             on_token(len(times))
                     usage = chunk.get("usage")
@@ -510,14 +554,11 @@ async def stream_completion(
                         res.prompt_tokens = usage.get("prompt_tokens")
                         res.completion_tokens = usage.get("completion_tokens")
                         res.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-            if res.status != 200:
-                res.error = _error_message(buf) or f"HTTP {res.status}"
     except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
         raise CalibrationError(
             f"lost the vLLM server at {url}: {type(exc).__name__}: {exc or 'no answer'}"
         ) from exc
     finally:
-        if writer is not None:
-            writer.close()
+        conn.close()
     res.t_done = time.perf_counter() - res.t_send
     return res

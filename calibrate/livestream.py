@@ -15,9 +15,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
-from kvroute.calibrate.client import _error_message
+from kvroute.calibrate.client import CompletionStream, _error_message
 
 
 class WorkerLost(RuntimeError):
@@ -95,64 +94,28 @@ async def stream_tokens(
     Raises:
         WorkerLost: connection refused, reset or closed early, or ``timeout_s`` passed.
     """
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    payload = json.dumps(body).encode()
-    head = (
-        f"POST {parts.path.rstrip('/')}/v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-        f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-    ).encode()
     res = Stream(t_send=time.perf_counter())
-    writer = None
+    conn = CompletionStream(url, body)
     try:
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host, port)
-            res.t_send = time.perf_counter()
-            writer.write(head + payload)
-            await writer.drain()
-            status_line = await reader.readline()
-            if not status_line:
-                raise ConnectionResetError("the server closed the connection without answering")
-            res.status = int(status_line.split()[1])
-            chunked = False
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                k, _, v = line.decode("latin-1").partition(":")
-                chunked |= k.strip().lower() == "transfer-encoding" and "chunked" in v.lower()
-            buf, done = b"", False
-            while not done:
-                if chunked:
-                    size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-                    if size == 0:
-                        break
-                    data = (await reader.readexactly(size + 2))[:-2]
-                else:
-                    data = await reader.read(65536)
-                    if not data:
-                        break
-                buf += data
-                if res.status != 200:
-                    continue
-                now = time.perf_counter()
-                while b"\n\n" in buf and not done:
-                    event, buf = buf.split(b"\n\n", 1)
-                    event = event.strip()
-                    if event.startswith(b"data:"):
-                        done = _on_event(res, event[5:].strip(), now, on_tokens)
+            res.status = await conn.open()
+            res.t_send = conn.t_send
             if res.status != 200:
-                res.error = f"HTTP {res.status}: {_error_message(buf)}"
-            elif not done and res.error is None:
+                res.error = f"HTTP {res.status}: {_error_message(await conn.body())}"
+                return res
+            done = False
+            async for now, data in conn.events():
+                if _on_event(res, data, now, on_tokens):
+                    done = True
+                    break
+            if not done and res.error is None:
                 raise ConnectionResetError("the stream ended before [DONE]")
     except TimeoutError as exc:
         raise WorkerLost(f"no complete answer from {url} within {timeout_s:g} s") from exc
     except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
         raise WorkerLost(f"lost {url}: {type(exc).__name__}: {exc or 'no answer'}") from exc
     finally:
-        if writer is not None:
-            writer.close()
+        conn.close()
     return res
 
 
