@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from kvroute.calibrate.client import CalibrationError, MetricsSnapshot, ServerInfo, parse_prometheus
-from kvroute.calibrate.fit import fit, profile_document, split_holdout
+from kvroute.calibrate.fit import fit, lognormal_cv, profile_document, split_holdout
 from kvroute.calibrate.measure import PromptFactory, SweepPlan, run_sweep
 from kvroute.calibrate.observations import Observation, build_observations, engine_config, load_sweep
 from kvroute.calibrate.steps import (COEFFICIENTS, decode_context, decode_step, expected_cached_tokens,
@@ -102,6 +102,32 @@ def test_fit_recovers_coefficients_within_tolerance_under_noise(loss):
     assert res.quality["heldout"]["ttft"].median_ape < 0.04
     assert res.quality["heldout"]["itl"].median_ape < 0.04
     assert res.quality["heldout"]["ttft"].n > 0 and res.quality["heldout"]["itl"].n > 0
+
+
+def test_lognormal_cv_from_the_interquartile_range_of_the_logs():
+    # logs -1, -0.5, 0, 0.5, 1: quartiles -0.5 and 0.5, so sigma = 1 / 1.349
+    ratios = np.exp([-1.0, -0.5, 0.0, 0.5, 1.0])
+    assert lognormal_cv(ratios) == pytest.approx(math.sqrt(math.expm1((1 / 1.349) ** 2)), rel=1e-12)
+    assert lognormal_cv(np.array([1.0])) == 0.0
+    assert lognormal_cv(np.array([0.0, -1.0, 2.0])) == 0.0  # one positive ratio left
+
+
+def test_lognormal_cv_ignores_rare_stalls_that_inflate_the_standard_deviation():
+    from scipy.stats import norm
+
+    logs = 0.3 * norm.ppf((np.arange(1000) + 0.5) / 1000)
+    bulk = np.exp(logs)
+    assert lognormal_cv(bulk) == pytest.approx(math.sqrt(math.expm1(0.09)), rel=0.01)
+    stalled = bulk.copy()
+    stalled[::20] *= 30.0  # 5 % of requests wait 30x longer behind another process
+    assert np.std(stalled) > 4 * np.std(bulk)
+    assert lognormal_cv(stalled) == pytest.approx(lognormal_cv(bulk), rel=0.15)
+
+
+@pytest.mark.parametrize("noise", [0.03, 0.2])
+def test_fit_recovers_the_overhead_spread(noise):
+    res = fit(_synthetic(noise, seed=2), holdout=0.25, seed=0, overhead="fit", loss="linear")
+    assert res.jitter_cv == pytest.approx(noise, rel=0.25)
 
 
 def test_fit_needs_both_kinds():
