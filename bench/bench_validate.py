@@ -138,6 +138,13 @@ def main() -> None:
         cluster, _ = cluster_spec(profile, first.servers, spec)
         runs = predict(trace, cluster, list(spec.policies), args.rounds, spec.seed)
         missed += _score(profile.name, runs, validations, args.rounds)
+    from kvroute.calibrate.validate_report import send_lags
+
+    for i, run in enumerate(first.runs):
+        lags = [x for v in validations if i < len(v.runs) for x in send_lags(v.runs[i], trace)]
+        if lags:
+            print(f"{run.policy}: the live client sent later turns {1000 * statistics.median(lags):.1f} ms "
+                  f"(median) after the parent's last token; the simulation sends at once")
     print(f"\nwall time: {t2 - t0:.0f} s ({t1 - t0:.0f} s server start-up); reports in {args.out}/round*/report.md")
     for note in first.notes + run_notes(first):
         print(f"note: {note}")

@@ -12,6 +12,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvroute.calibrate.validate import PolicyRun, Validation
@@ -80,6 +81,23 @@ def worker_rows(run: PolicyRun) -> list[dict]:
     return rows
 
 
+def send_lags(run: PolicyRun, trace) -> np.ndarray:
+    """Closed loop: per later turn sent live, seconds between its parent's last token and its
+    send, beyond the trace's think time (the client's own work: building the prompt, encoding
+    it, connecting). The simulation sends a turn exactly at its parent's last token plus think
+    time, so this is what the live workload adds; empty when there is none."""
+    if run.live is None:
+        return np.array([])
+    df = run.live.records.set_index("request_id")
+    ok = df[df["status"] == "ok"]
+    lags = []
+    for rec in trace.records:
+        if rec.parent is None or rec.request_id not in ok.index or rec.parent not in ok.index:
+            continue
+        lags.append(ok.at[rec.request_id, "arrival"] - ok.at[rec.parent, "finish"] - rec.think_time_ms / 1000.0)
+    return np.array(lags, float)
+
+
 def failures(run: PolicyRun) -> list[dict]:
     """The live run's failed requests: request, session, turn, worker, error."""
     if run.live is None:
@@ -136,6 +154,7 @@ def report_dict(v: Validation) -> dict:
             "interrupted": run.interrupted,
             "live_wall_time_s": _num(run.elapsed_s),
             "usage_reported_cached_tokens": run.usage_reported,
+            "client_send_lag_s": _lag_summary(send_lags(run, v.trace)),
         }
     base = v.runs[0] if v.runs else None
     for run in v.runs[1:]:
@@ -145,6 +164,13 @@ def report_dict(v: Validation) -> dict:
         }
     doc["failures"] = [f for r in v.runs for f in failures(r)][:MAX_LISTED_FAILURES]
     return doc
+
+
+def _lag_summary(lags: np.ndarray) -> dict | None:
+    if not len(lags):
+        return None
+    return {"n": int(len(lags)), "median": _num(np.median(lags)), "p90": _num(np.percentile(lags, 90)),
+            "max": _num(lags.max())}
 
 
 def change_pair(base: PolicyRun, run: PolicyRun, metric: str) -> dict:
@@ -192,6 +218,13 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x:+.1f}%"
 
 
+def _lag_text(lag: dict | None) -> str:
+    if not lag:
+        return ""
+    return (f"; the client sent later turns {1000 * lag['median']:.1f} ms (median, p90 "
+            f"{1000 * lag['p90']:.1f} ms) after their parent's last token, which the simulation does not add")
+
+
 def report_markdown(v: Validation, doc: dict | None = None) -> str:
     """The human report: scenario, one table per policy, the change table, notes."""
     doc = doc or report_dict(v)
@@ -208,7 +241,7 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
     for policy, p in doc["policies"].items():
         lines += ["", f"## {policy}", "",
                   f"live wall time {_fmt(p['live_wall_time_s'], 1)} s, failed requests {p['failed_requests']}"
-                  + (", **warm cache**" if p["warm_cache"] else "") + "", "",
+                  + (", **warm cache**" if p["warm_cache"] else "") + _lag_text(p["client_send_lag_s"]), "",
                   "| metric | predicted | measured | error % |", "|---|---:|---:|---:|"]
         for m in p["metrics"].values():
             lines.append(f"| {m['label']} | {_fmt(m['predicted'])} | {_fmt(m['measured'])} | {_pct(m['error_pct'])} |")

@@ -344,10 +344,40 @@ def test_two_policies_give_a_change_table_and_kv_aware_hits_more(fakes, tmp_path
     md = report_markdown(v)
     assert "## Change vs round_robin" in md and "| hit tokens, worker 1 |" in md
     assert (tmp_path / "ttft_all.png").exists()
+    lag = doc["policies"]["kv_aware"]["client_send_lag_s"]
+    assert lag["n"] == 10 and 0 <= lag["median"] <= lag["p90"] <= lag["max"]
+    assert "after their parent's last token" in md
     import pandas as pd
 
     live = pd.read_parquet(tmp_path / "records_live.parquet")
     assert set(live["policy"]) == {"round_robin", "kv_aware"} and live["url"].notna().all()
+
+
+def test_send_lag_is_arrival_minus_parent_finish_minus_think_time():
+    import dataclasses
+
+    import numpy as np
+    import pandas as pd
+
+    from kvroute.calibrate.validate import PolicyRun
+    from kvroute.calibrate.validate_report import send_lags
+    from kvroute.sim.metrics import RunResult
+
+    trace = small_chat(chats=2, turns=3)
+    trace = dataclasses.replace(trace, records=[dataclasses.replace(r, think_time_ms=100.0 if r.parent is not None else 0.0)
+                                                for r in trace.records])
+    rows = []
+    for i, rec in enumerate(trace.records):  # arrivals 0, 1, 2, ... s; each finishes 0.5 s later
+        status = "failed" if (rec.session_id, rec.turn) == (trace.records[-1].session_id, 3) else "ok"
+        rows.append({"request_id": rec.request_id, "arrival": float(i), "finish": i + 0.5, "status": status})
+    live = RunResult(pd.DataFrame(rows), np.array([]), pd.DataFrame(), "round_robin", 0)
+    run = PolicyRun("round_robin", {}, [], live=live)
+    arrival = {r["request_id"]: r["arrival"] for r in rows}
+    want = [arrival[r.request_id] - (arrival[r.parent] + 0.5) - 0.1 for r in trace.records
+            if r.parent is not None and not (r.session_id == trace.records[-1].session_id and r.turn == 3)]
+    assert len(want) == 3  # four later turns, one failed
+    assert send_lags(run, trace).tolist() == pytest.approx(want, abs=1e-12)
+    assert len(send_lags(PolicyRun("x", {}, []), trace)) == 0
 
 
 def test_a_worker_dying_mid_replay_is_survived(fakes, tmp_path):
