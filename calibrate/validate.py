@@ -64,7 +64,7 @@ class ValidationSpec:
     arrival_spread_s: float = 0.0
     router_block_tokens: int = 256
     timeout_s: float = 600.0
-    sim_rounds: int = 3
+    sim_rounds: int = 10
     seed: int = 0
     model: str | None = None
     token_range: tuple[int, int] | None = None
@@ -77,6 +77,8 @@ class PolicyRun:
     Attributes:
         policy: the policy name.
         predicted: summary metrics (``kvroute.sim.metrics.SUMMARY_METRICS`` keys), mean over rounds.
+        predicted_interval: per metric, the 95 % Student-t interval ``(low, high)`` of that mean
+            over the simulated rounds (closed-loop bursts vary a lot from seed to seed).
         sim_runs: the simulated runs.
         live: the live records and counters (None before the live run started).
         measured: summary metrics of ``live``.
@@ -89,6 +91,7 @@ class PolicyRun:
     policy: str
     predicted: dict[str, float]
     sim_runs: list[RunResult]
+    predicted_interval: dict[str, tuple[float, float]] = field(default_factory=dict)
     live: RunResult | None = None
     measured: dict[str, float] = field(default_factory=dict)
     cache_reset: list[bool | None] = field(default_factory=list)
@@ -237,11 +240,14 @@ def predict(trace: Trace, cluster: ClusterSpec, policies: list[str], rounds: int
         ValueError: as ``kvroute.sim.cluster.simulate`` (capacity, block sizes, policy names).
     """
     comparison = compare(trace, cluster, policies, rounds=rounds, seed=seed)
-    return [
-        PolicyRun(policy=p, predicted={k: float(v) for k, v in comparison.intervals[p]["mean"].items()},
-                  sim_runs=comparison.runs[p])
-        for p in policies
-    ]
+    runs = []
+    for p in policies:
+        iv = comparison.intervals[p]
+        runs.append(PolicyRun(policy=p, predicted={k: float(v) for k, v in iv["mean"].items()},
+                              sim_runs=comparison.runs[p],
+                              predicted_interval={k: (float(iv.at[k, "low"]), float(iv.at[k, "high"]))
+                                                  for k in iv.index}))
+    return runs
 
 
 async def measure(run: PolicyRun, replay: LiveReplay, urls: list[str]) -> None:

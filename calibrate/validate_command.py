@@ -49,7 +49,8 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
               help="closed: later turns wait for their parent; open: trace timestamps.")
 @click.option("--arrival-spread", type=float, default=0.0, show_default=True,
               help="The simulation's start jitter of root requests, s.")
-@click.option("--rounds", type=int, default=3, show_default=True, help="Seeded simulation rounds averaged.")
+@click.option("--rounds", type=int, default=10, show_default=True,
+              help="Seeded simulation rounds averaged (the report gives the mean's 95 % interval).")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Limit on one live request, s; a worker that passes it is treated as dead.")
 @click.option("--router-block-tokens", type=int, default=256, show_default=True, help="Router prefix-index granularity.")

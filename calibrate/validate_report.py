@@ -143,7 +143,8 @@ def report_dict(v: Validation) -> dict:
         fails = failures(run)
         doc["policies"][run.policy] = {
             "metrics": {m: {"label": SUMMARY_METRICS[m], **_pair(run.predicted.get(m, math.nan),
-                                                                 run.measured.get(m, math.nan))}
+                                                                 run.measured.get(m, math.nan)),
+                            "predicted_interval": [_num(x) for x in run.predicted_interval.get(m, (None, None))]}
                         for m in REPORT_METRICS},
             "workers": {str(row["worker"]): row for row in worker_rows(run)},
             "cache_reset": list(run.cache_reset),
@@ -242,13 +243,17 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
         lines += ["", f"## {policy}", "",
                   f"live wall time {_fmt(p['live_wall_time_s'], 1)} s, failed requests {p['failed_requests']}"
                   + (", **warm cache**" if p["warm_cache"] else "") + _lag_text(p["client_send_lag_s"]), "",
-                  "| metric | predicted | measured | error % |", "|---|---:|---:|---:|"]
+                  "| metric | predicted | 95 % interval of the prediction | measured | error % |",
+                  "|---|---:|---:|---:|---:|"]
         for m in p["metrics"].values():
-            lines.append(f"| {m['label']} | {_fmt(m['predicted'])} | {_fmt(m['measured'])} | {_pct(m['error_pct'])} |")
+            lo, hi = m["predicted_interval"]
+            iv = "-" if lo is None or hi is None else f"{_fmt(lo)} - {_fmt(hi)}"
+            lines.append(f"| {m['label']} | {_fmt(m['predicted'])} | {iv} | {_fmt(m['measured'])} | "
+                         f"{_pct(m['error_pct'])} |")
         for w, row in p["workers"].items():
             h = row["hit_tokens"]
             tag = "" if row["alive"] else " (died)"
-            lines.append(f"| hit tokens, worker {w}{tag} | {_fmt(h['predicted'], 0)} | {_fmt(h['measured'], 0)} "
+            lines.append(f"| hit tokens, worker {w}{tag} | {_fmt(h['predicted'], 0)} | - | {_fmt(h['measured'], 0)} "
                          f"| {_pct(h['error_pct'])} |")
     if doc["changes"]:
         base = next(iter(doc["policies"]))

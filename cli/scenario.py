@@ -26,7 +26,9 @@ def scenario_options(func):
         click.option("--trace-block-size", type=int, default=None,
                      help="Tokens per hash_ids block when the trace file does not declare it [512]."),
         click.option("--max-requests", type=int, default=None, help="Use only the first N records of the trace."),
-        click.option("--turns", type=int, default=6, show_default=True, help="Turns per chat (seed-chat, agent)."),
+        click.option("--turns", type=int, default=6, show_default=True,
+                     help="Turns per chat (seed-chat); most turns per session (agent: a session stops "
+                          "once its next prompt would pass 32,000 tokens)."),
         click.option("--chats", type=int, default=64, show_default=True, help="Chats (seed-chat) or sessions (agent)."),
         click.option("--think-time", type=float, default=0.0, show_default=True,
                      help="Seconds between a reply's last token and the next turn (generated workloads)."),
@@ -140,7 +142,8 @@ def describe(trace: Trace, spec: ClusterSpec) -> str:
     gpus = spec.num_gpus or spec.num_workers
     blocks = sorted({spec.profile.shared(spec.workers_on_gpu(spec.gpu_of(w))).engine.num_gpu_blocks
                      for w in range(spec.num_workers)})
-    return (f"trace {trace.source}: {len(trace.records)} requests | {spec.num_workers} workers on {gpus} GPUs | "
+    on = f"{gpus} GPU" if gpus == 1 else f"{gpus} GPUs"
+    return (f"trace {trace.source}: {len(trace.records)} requests | {spec.num_workers} workers on {on} | "
             f"profile {spec.profile.name} ({'/'.join(map(str, blocks))} KV blocks of "
             f"{spec.profile.engine.block_size} tokens per worker)")
 

@@ -35,6 +35,7 @@ def generate(kind, out, chats, turns, seed, block_size):
     else:
         kwargs.update(num_sessions=chats or 16, num_turns=turns or 10)
         result = generators.agent_sessions(np.random.default_rng(seed), **kwargs)
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(result, out)
     click.echo(f"wrote {len(result.records)} requests to {out}")
 
@@ -48,6 +49,7 @@ def import_(source, out, block_size):
     from kvroute.traces.writer import write_trace
 
     result = read_any_trace(source, block_size)
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(result, out)
     click.echo(f"wrote {len(result.records)} requests to {out}")
 

@@ -28,9 +28,12 @@ def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     fig = Figure(figsize=(11, 4.2))
     ax_cdf, ax_turn = fig.subplots(1, 2)
     has_turns = ok["turn"].notna().any()
-    for policy, group in ok.groupby("policy", sort=False):
+    # Later policies are drawn thinner with their own marker, so a policy whose results equal
+    # an earlier one's (least_loaded and kv_aware often do in closed-loop bursts) stays visible.
+    for i, (policy, group) in enumerate(ok.groupby("policy", sort=False)):
+        lw, marker = max(1.0, 3.2 - 0.8 * i), "osD^v<>"[i % 7]
         ttft = np.sort(group["ttft"].to_numpy(float))
-        ax_cdf.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), label=policy)
+        ax_cdf.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), lw=lw, label=policy)
         if has_turns:
             by = group.groupby("turn")["ttft"]
         else:  # no turns: TTFT against prompt length, in ten equal-count bins
@@ -38,8 +41,8 @@ def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "") -> Path:
             by = group.groupby(bins, observed=True)["ttft"]
         mean, p90 = by.mean(), by.quantile(0.9)
         x = mean.index if has_turns else [interval.mid for interval in mean.index]
-        line = ax_turn.plot(x, mean.values, marker="o", label=f"{policy} mean")[0]
-        ax_turn.plot(x, p90.values, ls="--", color=line.get_color(), label=f"{policy} p90")
+        line = ax_turn.plot(x, mean.values, lw=lw, marker=marker, ms=3 + 2 * lw, label=f"{policy} mean")[0]
+        ax_turn.plot(x, p90.values, ls="--", lw=lw, color=line.get_color(), label=f"{policy} p90")
     ax_cdf.set_xlabel("TTFT (s)")
     ax_cdf.set_ylabel("share of requests")
     ax_cdf.set_title("TTFT distribution")

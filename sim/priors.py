@@ -563,8 +563,10 @@ def sanity_report(profile_doc: dict) -> str:
     ]
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
+    same_gpu = "a6000" in profile.name.lower()
     lines = [
-        f"{profile.name}: derived prior vs the lab's A6000 observations (not tuned to them)",
+        f"{profile.name}: derived prior vs the lab's A6000 observations (not tuned to them)"
+        + ("" if same_gpu else "; a different GPU, so the lab column is for scale only"),
         f"{'quantity':<{w0}}  {'prior':<{w1}}  lab (4 x RTX A6000, vLLM 0.11)",
     ]
     lines += [f"{a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows]

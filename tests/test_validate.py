@@ -344,6 +344,9 @@ def test_two_policies_give_a_change_table_and_kv_aware_hits_more(fakes, tmp_path
     md = report_markdown(v)
     assert "## Change vs round_robin" in md and "| hit tokens, worker 1 |" in md
     assert (tmp_path / "ttft_all.png").exists()
+    ttft = doc["policies"]["kv_aware"]["metrics"]["ttft_mean_s"]
+    lo, hi = ttft["predicted_interval"]
+    assert lo <= ttft["predicted"] <= hi and lo < hi  # two simulated rounds differ
     lag = doc["policies"]["kv_aware"]["client_send_lag_s"]
     assert lag["n"] == 10 and 0 <= lag["median"] <= lag["p90"] <= lag["max"]
     assert "after their parent's last token" in md
