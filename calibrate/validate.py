@@ -207,6 +207,11 @@ def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSp
         if e != engines[0]:
             notes.append(f"server {i} ({servers[i].url}) has engine settings {e} unlike server 0's "
                          f"{engines[0]}; the simulation uses server 0's for every worker")
+    measured_on = _profile_model(profile)
+    if measured_on and not any(measured_on in f"{s.model} {s.model_root}".lower() for s in servers):
+        notes.append(f"profile {profile.name!r} describes model {measured_on!r}, but the servers serve "
+                     f"{sorted({s.model for s in servers})}: its step costs are another model's "
+                     f"(calibrate these servers with `kvroute calibrate` and pass --profile)")
     if profile.engine.block_size != engines[0].block_size:
         notes.append(f"profile {profile.name!r} was measured at block size {profile.engine.block_size}; "
                      f"the servers use {engines[0].block_size}")
@@ -217,6 +222,13 @@ def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSp
         max_in_flight=spec.max_in_flight,
     )
     return cluster, notes
+
+
+def _profile_model(profile: Profile) -> str:
+    """The last path component of the model a profile describes, lower case ('' if unknown)."""
+    model = profile.raw.get("model") or {}
+    name = str(model.get("name") or model.get("path_or_id") or "")
+    return name.rstrip("/").rsplit("/", 1)[-1].lower()
 
 
 def token_range(servers: list[ServerInfo], override: tuple[int, int] | None) -> tuple[int, int]:

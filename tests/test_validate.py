@@ -526,3 +526,19 @@ def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path):
     assert rr["interrupted"] and 0 < rr["failed_requests"] < doc["num_requests"]
     assert rr["metrics"]["ttft_mean_s"]["measured"] > 0
     assert "interrupted" in (out / "report.md").read_text()
+
+
+def test_cluster_spec_notes_a_profile_of_another_model():
+    from kvroute.calibrate.client import ServerInfo
+    from kvroute.calibrate.validate import ValidationSpec, cluster_spec
+    from kvroute.sim.profile import load_profile
+
+    server = ServerInfo(url="http://x:1", model="tiny-qwen2", model_root="/cache/kvroute/tiny-qwen2",
+                        served_models=("tiny-qwen2",), vllm_version="0.32.0", max_model_len=32768, block_size=32,
+                        num_gpu_blocks=4096, enable_prefix_caching=True, max_num_batched_tokens=2048,
+                        max_num_seqs=128, hardware="CPU", device="cpu")
+    spec = ValidationSpec(("http://x:1",))
+    cluster, notes = cluster_spec(load_profile("cpu-tiny-qwen2-x2"), [server], spec)
+    assert notes == [] and cluster.profile.engine.num_gpu_blocks == 4096
+    _, notes = cluster_spec(load_profile("a6000-qwen2.5-7b"), [server], spec)
+    assert any("describes model 'qwen2.5-7b-instruct'" in n and "['tiny-qwen2']" in n for n in notes)
