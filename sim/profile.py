@@ -43,6 +43,14 @@ class Overheads:
             validation grow with the prompt; measured by calibration, 0 in derived priors).
         gateway_s: mean time the router/gateway adds to every request.
         jitter_cv: coefficient of variation of the total, applied as a seeded lognormal factor.
+
+    All of it passes before the engine sees the request, and none of it delays running requests.
+    That holds for the engine core's share too (measured profiles fold the engine's admission of
+    a request, its block hashing included, into ``api_server_s``): vLLM v1 builds the
+    ``Request`` in the engine core's input thread "in parallel with Model forward"
+    (``vllm/v1/engine/core.py: preprocess_add_request``, called from ``process_input_sockets``).
+    Charging it inside the next step instead was tried against the CPU validation bench: one
+    server's mean TTFT fell 12 % below the measured value and ITL rose 21 % above it.
     """
 
     api_server_s: float = 0.1
