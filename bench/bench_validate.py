@@ -8,10 +8,9 @@ Replays a chat burst live under round_robin and kv_aware (prefix cache reset bef
 ``--live-rounds`` times, and simulates it (``--rounds`` seeds) with each ``--profile`` (default: the
 shipped ``cpu-tiny-qwen2-x2``, measured on two servers sharing this machine as here, and
 ``cpu-tiny-qwen2``, measured on one server alone); every profile is scored against the same live
-rounds. Targets
-(validation-mode issue): for each policy the predicted time to complete within 10 % of the
-measured one and the mean TTFT within 20 %; the predicted kv_aware-vs-round_robin change within 5
-percentage points of the measured change. Each round's full report (report.md, report.json,
+rounds. Targets (the validation mode's acceptance criteria): for each policy the predicted time
+to complete within 10 % of the measured one and the mean TTFT within 20 %; the predicted
+kv_aware-vs-round_robin change within 5 percentage points of the measured change. Each round's full report (report.md, report.json,
 records, TTFT figures) is written to ``--out``/round<r>.
 
 The default burst (12 chats x 6 turns, a 3,904-token system prompt, 3,904-token user turns,
@@ -123,8 +122,9 @@ def main() -> None:
     parser.add_argument("--reply", type=int, default=16)
     parser.add_argument("--max-in-flight", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=40,
-                        help="Simulation rounds (seeds) averaged: round_robin's time to complete varies by "
-                             "+-5 %% from seed to seed here, so 10 seeds leave about 1.5 pp of noise in the change.")
+                        help="Simulation rounds (seeds) averaged (default 40): round_robin's time to complete "
+                             "varies by +-5 %% from seed to seed here, so 10 seeds would leave about 1.5 pp of "
+                             "noise in the change.")
     parser.add_argument("--live-rounds", type=int, default=5, help="Live replays per policy averaged.")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_validate"))
     args = parser.parse_args()

@@ -332,7 +332,7 @@ def test_two_policies_give_a_change_table_and_kv_aware_hits_more(fakes, tmp_path
     from kvroute.sim.profile import load_profile
 
     servers = fakes(2)
-    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), max_in_flight=4, sim_rounds=2)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), max_in_flight=1, sim_rounds=2)
     # an odd number of chats: round robin does not happen to keep each chat on one worker
     v = run_validation(small_chat(chats=5, turns=3), load_profile("a6000-qwen2.5-7b"), spec)
     rr, kv = v.runs
