@@ -55,6 +55,9 @@ class ValidationSpec:
         token_range: ``(lo, hi)`` prompt token ids; None: the ordinary ids of the model's
             tokenizer when the server's model directory is readable here, else
             ``DEFAULT_TOKEN_RANGE``.
+        client_lag_s: seconds the simulation adds to every later turn's think time, standing
+            for the live client's own delay between a reply's last token and sending the next
+            turn (the report measures it); 0 simulates the trace as written.
     """
 
     urls: tuple[str, ...]
@@ -68,6 +71,7 @@ class ValidationSpec:
     seed: int = 0
     model: str | None = None
     token_range: tuple[int, int] | None = None
+    client_lag_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -245,6 +249,21 @@ def token_range(servers: list[ServerInfo], override: tuple[int, int] | None) -> 
     return DEFAULT_TOKEN_RANGE
 
 
+def with_client_lag(trace: Trace, lag_s: float) -> Trace:
+    """``trace`` with ``lag_s`` seconds added to the think time of every record that has a parent.
+
+    Raises:
+        ValueError: a negative lag.
+    """
+    if lag_s < 0:
+        raise ValueError(f"client lag must be >= 0 s, got {lag_s}")
+    if lag_s == 0:
+        return trace
+    records = [dataclasses.replace(r, think_time_ms=r.think_time_ms + 1000.0 * lag_s) if r.parent is not None else r
+               for r in trace.records]
+    return dataclasses.replace(trace, records=records)
+
+
 def predict(trace: Trace, cluster: ClusterSpec, policies: list[str], rounds: int, seed: int) -> list[PolicyRun]:
     """Simulate every policy; one :class:`PolicyRun` each, with ``predicted`` filled in.
 
@@ -326,7 +345,8 @@ def run_validation(
         validation.notes.append("some server runs without VLLM_SERVER_DEV_MODE=1; its prefix cache "
                                 "cannot be reset, so its runs may start warm")
     progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds")
-    runs = predict(trace, cluster, list(spec.policies), spec.sim_rounds, spec.seed)
+    runs = predict(with_client_lag(trace, spec.client_lag_s), cluster, list(spec.policies), spec.sim_rounds,
+                   spec.seed)
     lo, hi = token_range(servers, spec.token_range)
     endpoints = [Endpoint(s.url, s.model) for s in servers]
     engine = cluster.profile.engine

@@ -124,6 +124,7 @@ def report_dict(v: Validation) -> dict:
         "closed_loop": (v.spec.closed_loop if v.spec.closed_loop is not None
                         else any(r.parent is not None for r in v.trace.records)),
         "sim_rounds": spec.sim_rounds,
+        "sim_client_lag_s": spec.client_lag_s,
         "seed": spec.seed,
         "warm_cache": any(r.warm for r in v.runs),
         "interrupted": v.interrupted,
@@ -219,11 +220,13 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x:+.1f}%"
 
 
-def _lag_text(lag: dict | None) -> str:
+def _lag_text(lag: dict | None, simulated_s: float) -> str:
     if not lag:
         return ""
+    sim = (f"the simulation adds {1000 * simulated_s:.1f} ms (--client-lag)" if simulated_s
+           else "which the simulation does not add (--client-lag)")
     return (f"; the client sent later turns {1000 * lag['median']:.1f} ms (median, p90 "
-            f"{1000 * lag['p90']:.1f} ms) after their parent's last token, which the simulation does not add")
+            f"{1000 * lag['p90']:.1f} ms) after their parent's last token, {sim}")
 
 
 def report_markdown(v: Validation, doc: dict | None = None) -> str:
@@ -242,7 +245,8 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
     for policy, p in doc["policies"].items():
         lines += ["", f"## {policy}", "",
                   f"live wall time {_fmt(p['live_wall_time_s'], 1)} s, failed requests {p['failed_requests']}"
-                  + (", **warm cache**" if p["warm_cache"] else "") + _lag_text(p["client_send_lag_s"]), "",
+                  + (", **warm cache**" if p["warm_cache"] else "")
+                  + _lag_text(p["client_send_lag_s"], doc["sim_client_lag_s"]), "",
                   "| metric | predicted | 95 % interval of the prediction | measured | error % |",
                   "|---|---:|---:|---:|---:|"]
         for m in p["metrics"].values():

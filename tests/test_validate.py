@@ -542,3 +542,21 @@ def test_cluster_spec_notes_a_profile_of_another_model():
     assert notes == [] and cluster.profile.engine.num_gpu_blocks == 4096
     _, notes = cluster_spec(load_profile("a6000-qwen2.5-7b"), [server], spec)
     assert any("describes model 'qwen2.5-7b-instruct'" in n and "['tiny-qwen2']" in n for n in notes)
+
+
+def test_client_lag_delays_every_later_turn_of_the_simulation_exactly():
+    from kvroute.calibrate.validate import with_client_lag
+    from kvroute.sim.cluster import ClusterSpec, simulate
+    from kvroute.sim.profile import load_profile
+
+    trace = small_chat(chats=3, turns=3)
+    lagged = with_client_lag(trace, 0.025)
+    assert with_client_lag(trace, 0.0) is trace
+    with pytest.raises(ValueError, match="client lag"):
+        with_client_lag(trace, -0.001)
+    res = simulate(lagged, ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=2, arrival_spread_s=0.0))
+    df = res.records.set_index("request_id")
+    parents = {r.request_id: r.parent for r in trace.records if r.parent is not None}
+    assert len(parents) == 6
+    for rid, parent in parents.items():
+        assert df.at[rid, "arrival"] - df.at[parent, "finish"] == pytest.approx(0.025, abs=1e-9)
