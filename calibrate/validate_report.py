@@ -17,6 +17,7 @@ import pandas as pd
 
 from kvroute.calibrate.validate import PolicyRun, Validation
 from kvroute.sim.metrics import SUMMARY_METRICS
+from kvroute.traces.format import Trace
 
 #: Metrics of the per-policy table, in order.
 REPORT_METRICS = (
@@ -81,7 +82,7 @@ def worker_rows(run: PolicyRun) -> list[dict]:
     return rows
 
 
-def send_lags(run: PolicyRun, trace) -> np.ndarray:
+def send_lags(run: PolicyRun, trace: Trace) -> np.ndarray:
     """Closed loop: per later turn sent live, seconds between its parent's last token and its
     send, beyond the trace's think time (the client's own work: building the prompt, encoding
     it, connecting). The simulation sends a turn exactly at its parent's last token plus think
