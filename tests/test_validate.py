@@ -495,10 +495,7 @@ def test_validate_command(fakes, tmp_path):
 
 
 def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
+    from validate_driver import interrupt_validate
 
     from kvroute.traces.writer import write_trace
 
@@ -506,21 +503,9 @@ def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path):
     trace_file = tmp_path / "chat.jsonl"
     write_trace(small_chat(chats=5, turns=3), trace_file)
     out = tmp_path / "out"
-    code = ("import sys; from kvroute.calibrate.validate_command import validate; "
-            "validate(sys.argv[1:], prog_name='kvroute validate')")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, "--trace", str(trace_file), "--url", servers[0].url, "--url", servers[1].url,
-         "--policies", "round_robin,kv_aware", "--profile", "a6000-qwen2.5-7b", "--out", str(out),
-         "--max-in-flight", "1", "--rounds", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and "replaying" not in proc.stderr.readline():
-        pass
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    doc = json.loads((out / "report.json").read_text())
+    code, err, doc = interrupt_validate(trace_file, [s.url for s in servers], "a6000-qwen2.5-7b", out,
+                                        settle_s=1.0, timeout_s=60)
+    assert code == 130, err
     assert doc["interrupted"] is True and list(doc["policies"]) == ["round_robin"]
     rr = doc["policies"]["round_robin"]
     assert rr["interrupted"] and 0 < rr["failed_requests"] < doc["num_requests"]

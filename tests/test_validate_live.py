@@ -14,9 +14,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -136,27 +133,16 @@ def test_report_files(concurrent, tmp_path):
 
 
 def test_ctrl_c_writes_what_was_measured(servers, tmp_path):
-    trace = tmp_path / "chat.jsonl"
+    from validate_driver import interrupt_validate
+
     from kvroute.traces.writer import write_trace
 
+    trace = tmp_path / "chat.jsonl"
     write_trace(chat_trace(turns=10), trace)  # one at a time, about 20 s per policy
     out = tmp_path / "out"
-    code = ("import sys; from kvroute.calibrate.validate_command import validate; "
-            "validate(sys.argv[1:], prog_name='kvroute validate')")
-    args = [sys.executable, "-c", code, "--trace", str(trace), "--url", servers[0].url, "--url", servers[1].url,
-            "--policies", "round_robin,kv_aware", "--profile", PROFILE, "--out", str(out), "--max-in-flight", "1",
-            "--rounds", "1"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait until the live replay is under way
-        line = proc.stderr.readline()
-        if "replaying" in line:
-            break
-    time.sleep(3.0)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
-    doc = json.loads((out / "report.json").read_text())
+    code, stderr, doc = interrupt_validate(trace, [s.url for s in servers[:2]], PROFILE, out,
+                                           settle_s=3.0, timeout_s=120)
+    assert code == 130, stderr
     assert doc["interrupted"] is True and list(doc["policies"]) == ["round_robin"]
     rr = doc["policies"]["round_robin"]
     assert rr["interrupted"] and 0 < rr["failed_requests"] < doc["num_requests"]

@@ -1,0 +1,35 @@
+"""Run ``kvroute validate`` in a subprocess and press Ctrl-C once the live replay is under way
+(shared by the fake-server and the real-server tests)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_CODE = ("import sys; from kvroute.calibrate.validate_command import validate; "
+         "validate(sys.argv[1:], prog_name='kvroute validate')")
+
+
+def interrupt_validate(trace: Path, urls: list[str], profile: str, out: Path, settle_s: float,
+                       timeout_s: float) -> tuple[int, str, dict]:
+    """Validate round_robin then kv_aware one request at a time, send SIGINT ``settle_s`` seconds
+    after the first "replaying" line (or after ``timeout_s`` without one); returns the exit code,
+    stderr and the report written to ``out``."""
+    args = [sys.executable, "-c", _CODE, "--trace", str(trace)]
+    for url in urls:
+        args += ["--url", url]
+    args += ["--policies", "round_robin,kv_aware", "--profile", profile, "--out", str(out),
+             "--max-in-flight", "1", "--rounds", "1"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and "replaying" not in proc.stderr.readline():
+        pass
+    time.sleep(settle_s)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=timeout_s)
+    doc = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
+    return proc.returncode, err, doc
