@@ -114,6 +114,21 @@ def _run_until(sched: Scheduler, done) -> list[Step]:
     raise RuntimeError("experiment did not finish")  # pragma: no cover
 
 
+def _warmed(engine: EngineConfig, prefix_len: int) -> tuple[Scheduler, _Ids, list[int]]:
+    """An idle scheduler on a roomy copy of ``engine`` whose cache holds a prefix of
+    ``prefix_len`` tokens (request 0 prefilled it and finished), the block-hash id source, and
+    the prefix's block hashes (full blocks only)."""
+    engine = _engine(engine)
+    bs = engine.block_size
+    sched = Scheduler(engine)
+    ids = _Ids()
+    prefix_hashes = ids.fresh(prefix_len // bs)
+    if prefix_len > 0:
+        sched.add_request(Request(0, prefix_len, 1, _hashes(ids, prefix_hashes, prefix_len, 1, bs)))
+        _run_until(sched, lambda r: bool(r.finished))
+    return sched, ids, prefix_hashes
+
+
 def prefill_steps(engine: EngineConfig, prompt_len: int, prefix_len: int = 0) -> list[Step]:
     """Steps from admission to the first token of a prompt of ``prompt_len`` tokens on an idle
     engine whose cache holds the first ``prefix_len`` tokens (left there by an earlier prompt of
@@ -127,15 +142,8 @@ def prefill_steps(engine: EngineConfig, prompt_len: int, prefix_len: int = 0) ->
     """
     if prompt_len < 1 or not 0 <= prefix_len <= prompt_len:
         raise ValueError(f"bad prefill experiment: prompt {prompt_len}, prefix {prefix_len}")
-    engine = _engine(engine)
-    bs = engine.block_size
-    sched = Scheduler(engine)
-    ids = _Ids()
-    prefix_hashes = ids.fresh(prefix_len // bs)
-    if prefix_len > 0:
-        warm = Request(0, prefix_len, 1, _hashes(ids, prefix_hashes, prefix_len, 1, bs))
-        sched.add_request(warm)
-        _run_until(sched, lambda r: bool(r.finished))
+    sched, ids, prefix_hashes = _warmed(engine, prefix_len)
+    bs = sched.config.block_size
     req = Request(1, prompt_len, 1, _hashes(ids, prefix_hashes, prompt_len, 1, bs))
     sched.add_request(req)
     return _run_until(sched, lambda r: req in r.emitted)
@@ -182,14 +190,8 @@ def mixed_steps(
         The mixed steps (decodes plus prefill chunks); their sum is what the decode streams see
         as the gap(s) around the new prompt's first token.
     """
-    engine = _engine(engine)
-    bs = engine.block_size
-    sched = Scheduler(engine)
-    ids = _Ids()
-    prefix_hashes = ids.fresh(decode_prefix_len // bs)
-    if decode_prefix_len > 0:
-        sched.add_request(Request(0, decode_prefix_len, 1, _hashes(ids, prefix_hashes, decode_prefix_len, 1, bs)))
-        _run_until(sched, lambda r: bool(r.finished))
+    sched, ids, prefix_hashes = _warmed(engine, decode_prefix_len)
+    bs = sched.config.block_size
     horizon = outputs_before + 10_000
     decs = [Request(1 + i, decode_prompt_len, horizon, _hashes(ids, prefix_hashes, decode_prompt_len, horizon, bs))
             for i in range(batch)]
