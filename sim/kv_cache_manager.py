@@ -99,7 +99,7 @@ class KVCacheManager:
         num_local = num_held + len(new_computed_blocks)
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         bs = self.block_size
-        free = len(pool._free)
+        free = pool.num_free_blocks
         if full_sequence:
             full = min(request.num_tokens, self.max_model_len)
             need = max(-(-full // bs) - num_local, 0) + num_evictable
@@ -160,7 +160,7 @@ class KVCacheManager:
         slots = end if end < self.max_model_len else self.max_model_len
         need = -(-slots // bs) - len(blocks)
         if need > 0:
-            if need > len(self.pool._free):
+            if need > self.pool.num_free_blocks:
                 return False
             blocks.extend(self.pool.get_new_blocks(need))
         num_tokens = request.num_prompt_tokens + request.num_output_tokens
