@@ -76,7 +76,10 @@ def _score(name: str, runs, validations, rounds: int) -> int:
             print(f"{run.policy:<12} {metric:<20} {p:>10.3f} {m:>10.3f} {f'[{min(ms):.3f}, {max(ms):.3f}]':>18} "
                   f"{e:>+7.1f}% {'-' if target is None else f'±{target:g}%':>7}  {'' if ok is None else 'yes' if ok else 'NO'}")
     if len(runs) == 2 and all(len(measured(i, "ttft_mean_s")) for i in (0, 1)):
+        from kvroute.sim.metrics import summarize
+
         base, kv = runs
+        simulated = [[summarize(r) for r in run.sim_runs] for run in runs]
         print(f"change {kv.policy} vs {base.policy}:  {'metric':<20} {'predicted':>10} {'measured':>10} "
               f"{'diff':>8} {'target':>7}  ok")
         for metric in ("time_to_complete_s", "ttft_mean_s", "hit_rate"):
@@ -84,27 +87,28 @@ def _score(name: str, runs, validations, rounds: int) -> int:
             m = change_pct(statistics.fmean(measured(1, metric)), statistics.fmean(measured(0, metric)))
             ok = None if metric == "hit_rate" else abs(p - m) <= CHANGE_TARGET_PP
             missed += ok is False
-            lo, hi = _diff_interval(runs, validations, metric)
+            lo, hi = _diff_interval([[x[metric] for x in sims] for sims in simulated],
+                                    [measured(0, metric), measured(1, metric)])
             print(f"{'':<33}{metric:<20} {p:>+9.1f}% {m:>+9.1f}% {p - m:>+6.1f}pp "
                   f"{'-' if ok is None else '±5pp':>7}  {'' if ok is None else ('yes' if ok else 'NO'):<3}  "
                   f"90% interval of the diff [{lo:+.1f}, {hi:+.1f}] pp")
     return missed
 
 
-def _diff_interval(runs, validations, metric: str, n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Bootstrap 90 % interval of (predicted - measured change), resampling simulated seeds and
-    live rounds: how much of the difference the rounds' own spread could explain."""
+def _diff_interval(simulated: list[list[float]], live: list[list[float]], n: int = 2000,
+                   seed: int = 0) -> tuple[float, float]:
+    """Bootstrap 90 % interval of (predicted - measured change), resampling the simulated seeds
+    and the live rounds of the base policy (index 0) and the other (index 1): how much of the
+    difference the rounds' own spread could explain."""
     import numpy as np
 
-    from kvroute.sim.metrics import summarize
-
     rng = np.random.default_rng(seed)
-    sim = [np.array([summarize(r)[metric] for r in run.sim_runs]) for run in runs]
-    live = [np.array([v.runs[i].measured[metric] for v in validations if i < len(v.runs)]) for i in range(2)]
+    sim = [np.asarray(x, float) for x in simulated]
+    meas = [np.asarray(x, float) for x in live]
     diffs = []
     for _ in range(n):
         s0, s1 = (rng.choice(x, len(x)).mean() for x in sim)
-        m0, m1 = (rng.choice(x, len(x)).mean() for x in live)
+        m0, m1 = (rng.choice(x, len(x)).mean() for x in meas)
         diffs.append(100 * (s1 / s0 - m1 / m0))
     lo, hi = np.percentile(diffs, [5, 95])
     return float(lo), float(hi)
