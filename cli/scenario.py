@@ -30,8 +30,7 @@ def scenario_options(func):
                      help="Turns per chat (seed-chat); most turns per session (agent: a session stops "
                           "once its next prompt would pass 32,000 tokens)."),
         click.option("--chats", type=int, default=64, show_default=True, help="Chats (seed-chat) or sessions (agent)."),
-        click.option("--think-time", type=float, default=0.0, show_default=True,
-                     help="Seconds between a reply's last token and the next turn (generated workloads)."),
+        *length_options(),
         click.option("--workers", type=int, default=4, show_default=True, help="vLLM workers behind the router."),
         click.option("--gpus", type=int, default=None, help="GPUs; fewer than workers means sharing [one each]."),
         click.option("--profile", "profile_name", default="a6000-qwen2.5-7b", show_default=True,
@@ -53,15 +52,60 @@ def scenario_options(func):
     return func
 
 
-def load_trace(trace_path: Path | None, workload: str, turns: int, chats: int, think_time: float,
-               trace_block_size: int | None, max_requests: int | None, seed: int) -> Trace:
-    """The trace a command runs: a file, or a built-in workload generated deterministically."""
+def length_options() -> list:
+    """The workload-length options of generated workloads (``kvroute.traces.lengths`` syntax)."""
+    return [
+        click.option("--reply-tokens", default=None, callback=_dist_option,
+                     help="Where replies stop, tokens: N, uniform:LO:HI, lognormal:MEDIAN:CV, "
+                          "empirical:FILE, ... (capped at --max-tokens) [seed-chat: the fitted "
+                          "default, see README; agent: uniform:50:300]."),
+        click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+                     help="Reply limit of every request (vLLM's max_tokens) [seed-chat 128, agent none]."),
+        click.option("--user-tokens", default=None, callback=_dist_option,
+                     help="Tokens of each user message (seed-chat) or new tokens per later turn (agent), "
+                          "as a distribution [seed-chat 195, agent uniform:200:1000]."),
+        click.option("--think-time", default="0", show_default=True, callback=_dist_option,
+                     help="Seconds between a reply's last token and the next turn: a number or a distribution."),
+        click.option("--start", default="0", show_default=True, callback=_dist_option,
+                     help="Seed-chat: each chat's first send, seconds (a distribution; on top of --arrival-spread)."),
+    ]
+
+
+def workload_length_options(func):
+    """Decorate a command with the workload-length options alone (``length_options``)."""
+    for option in reversed(length_options()):
+        func = option(func)
+    return func
+
+
+def _dist_option(ctx: click.Context, param: click.Parameter, value: str | None):
+    """Check a distribution flag's text at parse time; keep the text (None stays None)."""
+    if value is None:
+        return None
+    from kvroute.traces.lengths import parse_dist
+
+    try:
+        return parse_dist(value, f"--{param.name.replace('_', '-')}").text
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+def load_trace(trace_path: Path | None, workload: str, turns: int, chats: int, think_time: float | str,
+               trace_block_size: int | None, max_requests: int | None, seed: int,
+               reply_tokens: str | None = None, max_tokens: int | None = None, user_tokens: str | None = None,
+               start: str | float = 0.0) -> Trace:
+    """The trace a command runs: a file, or a built-in workload drawn for run seed ``seed``.
+
+    ``think_time``, ``reply_tokens``, ``user_tokens`` and ``start`` are distributions
+    (:mod:`kvroute.traces.lengths`); random ones are drawn from ``workload_rng(seed)``.
+    """
     from kvroute.traces import generators
 
     if trace_path is not None:
         trace = read_any_trace(trace_path, trace_block_size)
     else:
-        trace = generators.builtin_workload(workload, chats, turns, think_time, seed)
+        trace = generators.builtin_workload(workload, chats, turns, think_time, seed, reply_tokens,
+                                            max_tokens=max_tokens, user=user_tokens, start_s=start)
     if max_requests is not None:
         trace = truncate(trace, max_requests)
     return trace

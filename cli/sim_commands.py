@@ -18,16 +18,21 @@ DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
 
 
 def _run(policies, rounds, json_out, out, records_format, workload, trace_path, trace_block_size, max_requests, turns, chats,
-         think_time, workers, gpus, profile_name, max_model_len, kv_blocks, arrival_spread, replay, seed,
-         slo_ttft, slo_tpot):
-    trace = load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, seed)
+         think_time, reply_tokens, max_tokens, user_tokens, start, workers, gpus, profile_name, max_model_len,
+         kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot):
+    def trace_for(run_seed: int):
+        return load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, run_seed,
+                          reply_tokens, max_tokens, user_tokens, start)
+
+    trace = trace_for(seed)
     spec = build_spec(profile_name, workers, gpus, arrival_spread, replay, max_model_len, kv_blocks)
     header = describe(trace, spec)
     if not json_out:
         click.echo(f"{header} | {rounds} round(s) per policy")
     bar = tqdm(total=len(policies) * rounds, desc="simulating", unit="run", file=sys.stderr,
                disable=json_out or not sys.stderr.isatty())
-    comparison = run_compare(trace, spec, policies, rounds=rounds, seed=seed,
+    # A generated workload draws its lengths per round; a trace file is the same in every round.
+    comparison = run_compare(trace if trace_path is not None else trace_for, spec, policies, rounds=rounds, seed=seed,
                              slo=ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update())
     bar.close()
     if json_out:

@@ -13,6 +13,7 @@ from kvroute.sim.metrics import SUMMARY_METRICS
 from kvroute.sim.profile import load_profile
 from kvroute.sim.sweep import COUNTER_COLUMNS, EXECUTORS, WORKLOADS, Scenario, grid, intervals, sweep
 from kvroute.sim.metrics import ServiceClass
+from kvroute.traces.lengths import parse_dist
 
 DEFAULT_SHOW = "time_to_complete_s,later_ttft_mean_s,later_ttft_p90_s,hit_rate"
 
@@ -36,23 +37,29 @@ def _ints(text: str | None, hint: str, minimum: int = 1) -> list[int] | None:
     return values
 
 
-def _floats(text: str, hint: str) -> list[float]:
-    try:
-        values = [float(item) for item in _split(text)]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated numbers, got {text!r}", param_hint=hint) from None
-    if not values or any(v < 0 for v in values):
-        raise click.BadParameter(f"expected numbers >= 0, got {text!r}", param_hint=hint)
-    return values
-
-
-def _lengths(text: str | None, hint: str) -> list[int | tuple[int, int]] | None:
-    """``"8000,8000-16000"`` -> ``[8000, (8000, 16000)]``; None or empty -> None."""
+def _dists(text: str | None, hint: str) -> list[float | str] | None:
+    """``"0,uniform:0:2"`` -> ``[0.0, "uniform:0:2"]`` (fixed values as numbers, others as checked
+    distribution texts); None or empty -> None."""
     items = _split(text)
     if not items:
         return None
-    out: list[int | tuple[int, int]] = []
+    try:
+        dists = [parse_dist(item, hint) for item in items]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+    return [d.params[0] if d.kind == "fixed" else d.text for d in dists]
+
+
+def _lengths(text: str | None, hint: str) -> list[int | tuple[int, int] | str] | None:
+    """``"8000,8000-16000,lognormal:150:1"`` -> ``[8000, (8000, 16000), "lognormal:150:1"]``."""
+    items = _split(text)
+    if not items:
+        return None
+    out: list[int | tuple[int, int] | str] = []
     for item in items:
+        if ":" in item:
+            out.extend(_dists(item, hint))
+            continue
         try:
             if "-" in item:
                 low, high = (int(part) for part in item.split("-", 1))
@@ -129,8 +136,15 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
 @click.option("--history", default=None,
               help="Agent prompt tokens, comma list of H (meaning H/2-H) or LOW-HIGH ranges [8000-32000].")
 @click.option("--reply", default=None,
-              help="Reply tokens, comma list of N or (agent) LOW-HIGH ranges [seed-chat 128, agent 50-300].")
-@click.option("--think-time", default="0", show_default=True, help="Seconds between turns, comma list.")
+              help="Where replies stop, tokens: comma list of N, LOW-HIGH ranges or distributions "
+                   "(lognormal:MEDIAN:CV, ...) [seed-chat: the fitted default, agent 50-300].")
+@click.option("--max-tokens", default=None, help="Reply limit, comma list [seed-chat 128, agent none].")
+@click.option("--user-tokens", default=None,
+              help="User-message tokens (seed-chat) or new tokens per turn (agent), comma list of distributions.")
+@click.option("--think-time", default="0", show_default=True,
+              help="Seconds between turns, comma list of numbers or distributions.")
+@click.option("--start", default="0", show_default=True,
+              help="Seed-chat: each chat's first send, s, comma list of numbers or distributions.")
 @click.option("--profile", "profiles", default="a6000-qwen2.5-7b", show_default=True,
               help="Shipped profile names or profile JSON files, comma list.")
 @click.option("--workers", default="4", show_default=True, help="vLLM workers, comma list.")
@@ -156,7 +170,7 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
 @click.option("--show", default=DEFAULT_SHOW, show_default=True, help="Metrics to print, comma list.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @with_errors
-def sweep_command(workloads, chats, turns, history, reply, think_time, profiles, workers, gpus, policies,
+def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_tokens, think_time, start, profiles, workers, gpus, policies,
                   kv_blocks, arrival_spread, seeds, rounds, slo_ttft, slo_tpot, executor, address, max_workers,
                   out, show, no_progress):
     """Run a grid of scenarios (every combination of the comma lists) and print pivot tables.
@@ -176,7 +190,10 @@ def sweep_command(workloads, chats, turns, history, reply, think_time, profiles,
         "turns": _ints(turns, "--turns"),
         "history": _lengths(history, "--history"),
         "reply": _lengths(reply, "--reply"),
-        "think_time_s": _floats(think_time, "--think-time"),
+        "max_tokens": _ints(max_tokens, "--max-tokens"),
+        "user": _dists(user_tokens, "--user-tokens"),
+        "think_time_s": _dists(think_time, "--think-time"),
+        "start_s": _dists(start, "--start"),
         "profile": _profiles(profiles),
         "workers": _ints(workers, "--workers"),
         "gpus": _ints(gpus, "--gpus"),

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import click
-import numpy as np
 
-from kvroute.cli.scenario import read_any_trace
+from kvroute.cli.scenario import read_any_trace, workload_length_options
 
 
 @click.group()
@@ -21,20 +20,24 @@ def trace() -> None:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
 @click.option("--chats", type=int, default=None, help="Chats (seed-chat, default 64) or sessions (agent, default 16).")
 @click.option("--turns", type=int, default=None, help="Turns per chat (seed-chat 6, agent 10).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed (agent).")
+@workload_length_options
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the length draws (the same as a simulation round with this seed draws).")
 @click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per hash_ids block.")
-def generate(kind, out, chats, turns, seed, block_size):
-    """Write a generated workload as a kvroute trace."""
+def generate(kind, out, chats, turns, seed, block_size, reply_tokens, max_tokens, user_tokens, think_time, start):
+    """Write a generated workload as a kvroute trace, with every drawn length written out.
+
+    The file replays exactly: `kvroute simulate --trace FILE` gives the records of the built-in
+    workload's round with this seed, and `kvroute validate --trace FILE` sends these lengths.
+    """
     from kvroute.traces import generators
     from kvroute.traces.writer import write_trace
 
-    kwargs = {"block_size": block_size}
-    if kind == "seed-chat":
-        kwargs.update(num_chats=chats or 64, num_turns=turns or 6)
-        result = generators.seed_chat(**kwargs)
-    else:
-        kwargs.update(num_sessions=chats or 16, num_turns=turns or 10)
-        result = generators.agent_sessions(np.random.default_rng(seed), **kwargs)
+    chats = chats or (64 if kind == "seed-chat" else 16)
+    turns = turns or (6 if kind == "seed-chat" else 10)
+    result = generators.builtin_workload(kind, chats, turns, think_time, seed, reply_tokens,
+                                         max_tokens=max_tokens, user=user_tokens, start_s=start,
+                                         block_size=block_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(result, out)
     click.echo(f"wrote {len(result.records)} requests to {out}")

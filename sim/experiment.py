@@ -1,12 +1,13 @@
 """Experiments: several policies on the same trace and cluster, over several seeded rounds.
 
 Round ``r`` of every policy uses seed ``seed + r``, so policies are compared under the same
-jitter draws (common random numbers).
+jitter draws and the same workload draws (common random numbers).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -73,7 +74,7 @@ def _num(value: float) -> float | None:
 
 
 def compare(
-    trace: Trace,
+    trace: Trace | Callable[[int], Trace],
     spec: ClusterSpec,
     policies: list[str],
     rounds: int = 3,
@@ -84,7 +85,9 @@ def compare(
     """Simulate ``trace`` on ``spec`` under each policy for ``rounds`` seeded rounds.
 
     Args:
-        trace: the requests.
+        trace: the requests, or a function ``trace(seed)`` giving the trace of the round with
+            that seed (a generated workload with random lengths draws one per round; every
+            policy replays the same draws).
         spec: the cluster; its ``policy`` field is replaced by each of ``policies``.
         policies: policy names; the first is the baseline of the change columns.
         rounds: rounds per policy (seeds ``seed .. seed + rounds - 1``).
@@ -99,12 +102,13 @@ def compare(
         raise ValueError("compare needs at least one policy")
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    traces = [trace(seed + r) for r in range(rounds)] if callable(trace) else [trace] * rounds
     runs: dict[str, list[RunResult]] = {}
     rows = []
     for policy in policies:
         runs[policy] = []
         for r in range(rounds):
-            result = simulate(trace, replace(spec, policy=policy), seed=seed + r)
+            result = simulate(traces[r], replace(spec, policy=policy), seed=seed + r)
             runs[policy].append(result)
             rows.append({"policy": policy, "round": r, "seed": seed + r, **summarize(result, slo)})
             if progress is not None:

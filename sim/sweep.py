@@ -35,6 +35,7 @@ from kvroute.sim.profile import Profile, load_profile
 from kvroute.sim.routing import POLICIES
 from kvroute.traces import generators
 from kvroute.traces.format import Trace
+from kvroute.traces.lengths import parse_dist
 
 WORKLOADS = ("seed-chat", "agent")
 EXECUTORS = ("local", "sequential", "dask")
@@ -61,13 +62,19 @@ class Scenario:
         chats: chats (seed-chat) or sessions (agent).
         turns: turns per chat; an agent session stops earlier when its history would exceed
             the history range's top.
-        reply: reply tokens: exact for seed-chat; for agent, an int is exact and a
-            ``(low, high)`` pair is a uniform range; None keeps the generator's default
-            (seed-chat 128, agent 50-300).
+        reply: where replies stop, tokens: an int (exact), a ``(low, high)`` uniform range or a
+            distribution in ``kvroute.traces.lengths`` syntax (e.g. ``"lognormal:150:1"``); None
+            keeps the generator's default (seed-chat: the fitted default capped at 128; agent
+            50-300).
         history: agent only: prompt tokens, a ``(low, high)`` range (turn 1 drawn uniformly in
             it, later turns grow until they would pass ``high``) or an int ``H`` meaning
             ``(H // 2, H)``; None keeps the generator's default (8000, 32000).
-        think_time_s: seconds between a reply's last token and the next turn.
+        think_time_s: seconds between a reply's last token and the next turn (a number or a
+            distribution).
+        max_tokens: the requests' reply limit; None keeps the default (seed-chat 128, agent none).
+        user: seed-chat: tokens of each user message; agent: new tokens per later turn (a number
+            or a distribution); None keeps the default.
+        start_s: seed-chat: each chat's first send, s (a number or a distribution).
         profile: shipped profile name or profile JSON path.
         workers: vLLM workers behind the router.
         gpus: GPUs (fewer than workers means sharing); None means one per worker.
@@ -75,7 +82,8 @@ class Scenario:
         kv_blocks: override of each worker's ``num_gpu_blocks``; None keeps the profile's.
             Not allowed with shared GPUs (there vLLM's memory rule sets the blocks).
         arrival_spread_s: uniform start jitter of root requests, s.
-        seed: round r runs with seed ``seed + r``; the agent trace is drawn from ``seed``.
+        seed: round r runs with seed ``seed + r``, and random workload lengths are drawn for
+            that seed (``kvroute.traces.generators.workload_rng``).
     """
 
     workload: str = "seed-chat"
@@ -83,7 +91,10 @@ class Scenario:
     turns: int = 6
     reply: int | tuple[int, int] | None = None
     history: int | tuple[int, int] | None = None
-    think_time_s: float = 0.0
+    think_time_s: float | str = 0.0
+    max_tokens: int | None = None
+    user: int | str | None = None
+    start_s: float | str = 0.0
     profile: str = "a6000-qwen2.5-7b"
     workers: int = 4
     gpus: int | None = None
@@ -104,8 +115,10 @@ class Scenario:
             raise ValueError(f"unknown policy {self.policy!r}; valid policies: {', '.join(POLICIES)}")
         if self.workload == "seed-chat" and self.history is not None:
             raise ValueError("history applies to the agent workload only (seed-chat histories grow with turns)")
-        if self.workload == "seed-chat" and isinstance(self.reply, tuple):
-            raise ValueError("seed-chat replies have one length; give an int")
+        for name in ("reply", "think_time_s", "user", "start_s"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                parse_dist(value, name)  # raises ValueError naming the field
         if self.kv_blocks is not None and self.kv_blocks < 2:
             raise ValueError(f"kv_blocks must be >= 2, got {self.kv_blocks}")
         if self.kv_blocks is not None and self.gpus is not None and self.gpus < self.workers:
@@ -119,13 +132,11 @@ class Scenario:
             return self.history
         return (self.history // 2, self.history)
 
-    def trace(self) -> Trace:
-        """The scenario's trace (cached per process)."""
-        return _trace(*self._trace_key())
-
-    def _trace_key(self) -> tuple:
-        return (self.workload, self.chats, self.turns, self.reply, self.history_range,
-                self.think_time_s, self.seed if self.workload == "agent" else 0)
+    def trace(self, round: int = 0) -> Trace:
+        """The scenario's trace for round ``round`` (lengths drawn for seed ``seed + round``;
+        cached per process)."""
+        return _trace(self.workload, self.chats, self.turns, self.reply, self.history_range,
+                      self.think_time_s, self.seed + round, self.max_tokens, self.user, self.start_s)
 
     def spec(self) -> ClusterSpec:
         """The scenario's cluster, built as ``kvroute compare`` builds it."""
@@ -154,8 +165,10 @@ def _profile(name: str) -> Profile:
 
 
 @functools.lru_cache(maxsize=16)
-def _trace(workload: str, chats: int, turns: int, reply, history, think_time_s: float, seed: int) -> Trace:
-    return generators.builtin_workload(workload, chats, turns, think_time_s, seed, reply, history)
+def _trace(workload: str, chats: int, turns: int, reply, history, think_time_s, seed: int, max_tokens, user,
+           start_s) -> Trace:
+    return generators.builtin_workload(workload, chats, turns, think_time_s, seed, reply, history,
+                                       max_tokens=max_tokens, user=user, start_s=start_s)
 
 
 def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = ServiceClass()) -> dict[str, Any]:
@@ -168,7 +181,7 @@ def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = Service
     Raises:
         ValueError: from building the trace or spec, or from ``simulate``.
     """
-    trace = scenario.trace()
+    trace = scenario.trace(round)
     spec = scenario.spec()
     result = simulate(trace, spec, seed=scenario.seed + round)
     ok = result.records[result.records["status"] == "ok"]

@@ -12,7 +12,7 @@ from kvroute.sim.cluster import ClusterSpec
 from kvroute.sim.experiment import compare
 from kvroute.sim.metrics import SUMMARY_METRICS
 from kvroute.sim.profile import load_profile
-from kvroute.traces.generators import seed_chat
+from kvroute.traces.generators import builtin_workload, seed_chat
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 _register()
@@ -28,7 +28,8 @@ def test_compare_json_equals_the_python_api_for_the_same_seeds():
     doc = json.loads(result.output)
     assert list(doc["policies"]) == ["round_robin", "least_loaded", "kv_aware"]
     spec = ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=4)
-    api = compare(seed_chat(num_chats=8, num_turns=2), spec, ["round_robin", "least_loaded", "kv_aware"],
+    # The CLI's seed-chat draws its reply lengths per round from the round's seed.
+    api = compare(lambda seed: builtin_workload("seed-chat", 8, 2, seed=seed), spec, ["round_robin", "least_loaded", "kv_aware"],
                   rounds=2, seed=4)
     for policy in api.policies:
         for metric in SUMMARY_METRICS:
@@ -68,7 +69,8 @@ def test_malformed_trace_names_file_line_and_field(tmp_path):
 
 def test_trace_generate_then_simulate(tmp_path):
     path = tmp_path / "chats.jsonl"
-    assert invoke("trace", "generate", "seed-chat", "--chats", "4", "--turns", "3", "--out", str(path)).exit_code == 0
+    assert invoke("trace", "generate", "seed-chat", "--chats", "4", "--turns", "3", "--reply-tokens", "128",
+                  "--out", str(path)).exit_code == 0
     result = invoke("simulate", "--trace", str(path), "--policy", "kv_aware", "--json")
     doc = json.loads(result.output)
     assert doc["policies"]["kv_aware"]["failed"]["mean"] == 0.0
@@ -86,3 +88,31 @@ def test_trace_stats_reproduces_the_published_mooncake_figures():
     assert doc["distinct_block_ids"] == 182790
     assert doc["block_references"] == 288500
     assert doc["repeated_references"] == 105710
+
+
+def test_generated_trace_with_drawn_lengths_replays_to_identical_records(tmp_path):
+    from kvroute.sim.cluster import simulate
+    from kvroute.traces.reader import read_trace
+
+    path = tmp_path / "chats.jsonl"
+    result = invoke("trace", "generate", "seed-chat", "--chats", "6", "--turns", "3", "--seed", "7",
+                    "--reply-tokens", "lognormal:90:1", "--user-tokens", "uniform:180:210",
+                    "--start", "uniform:0:0.01", "--think-time", "exponential:0.2", "--out", str(path))
+    assert result.exit_code == 0, result.output
+    written = read_trace(path)
+    drawn = builtin_workload("seed-chat", 6, 3, "exponential:0.2", 7, "lognormal:90:1", user="uniform:180:210",
+                             start_s="uniform:0:0.01")
+    assert written.records == drawn.records
+    assert len({r.output_length for r in written.records}) > 3  # the lengths really vary
+    spec = ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=2, policy="kv_aware")
+    a = simulate(written, spec, seed=7).records
+    b = simulate(drawn, spec, seed=7).records
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_length_flags_name_the_flag_in_errors():
+    result = CliRunner().invoke(cli, ["compare", "--reply-tokens", "lognormal:90"])
+    assert result.exit_code != 0
+    assert "--reply-tokens: lognormal takes 2 number(s)" in result.output
+    result = CliRunner().invoke(cli, ["compare", "--think-time", "-1"])
+    assert "--think-time: value must be a finite number >= 0" in result.output

@@ -53,7 +53,7 @@ def test_bad_names_list_the_valid_ones():
 
 def test_rows_equal_compare_for_the_same_seeds():
     frame = sweep(grid(SMALL, policy=POLICIES), rounds=2, executor="sequential", progress=False)
-    trace = load_trace(None, "seed-chat", 3, 8, 0.0, None, None, 0)
+    trace = lambda seed: load_trace(None, "seed-chat", 3, 8, 0.0, None, None, seed)  # noqa: E731
     expected = compare(trace, build_spec("a6000-qwen2.5-7b", 4, None, 0.005, "auto"), POLICIES, rounds=2)
     assert list(frame["policy"]) == list(expected.summaries["policy"])
     assert list(frame["run_seed"]) == list(expected.summaries["seed"])
@@ -65,7 +65,8 @@ def test_rows_equal_compare_for_the_same_seeds():
 def test_agent_rows_equal_compare_with_the_cli_trace():
     scenario = Scenario(workload="agent", chats=4, turns=3, seed=5, policy="kv_aware")
     frame = sweep(scenario, rounds=2, executor="sequential", progress=False)
-    trace = load_trace(None, "agent", 3, 4, 0.0, None, None, 5)
+    # Each round draws its own agent trace from its run seed, in the CLI as in sweeps.
+    trace = lambda seed: load_trace(None, "agent", 3, 4, 0.0, None, None, seed)  # noqa: E731
     expected = compare(trace, build_spec("a6000-qwen2.5-7b", 4, None, 0.005, "auto"), ["kv_aware"],
                        rounds=2, seed=5)
     for metric in ("time_to_complete_s", "later_ttft_mean_s", "hit_rate", "goodput_share"):
@@ -75,7 +76,7 @@ def test_agent_rows_equal_compare_with_the_cli_trace():
 def test_kv_blocks_rows_equal_compare_with_the_same_override():
     scenario = Scenario(workload="agent", chats=4, turns=3, history=None, workers=2, kv_blocks=2500, seed=2)
     frame = sweep(grid(scenario, policy=["round_robin", "kv_aware"]), rounds=2, executor="sequential", progress=False)
-    trace = load_trace(None, "agent", 3, 4, 0.0, None, None, 2)
+    trace = lambda seed: load_trace(None, "agent", 3, 4, 0.0, None, None, seed)  # noqa: E731
     spec = build_spec("a6000-qwen2.5-7b", 2, None, 0.005, "auto", kv_blocks=2500)
     expected = compare(trace, spec, ["round_robin", "kv_aware"], rounds=2, seed=2)
     assert frame["num_evictions"].sum() > 0
@@ -84,7 +85,7 @@ def test_kv_blocks_rows_equal_compare_with_the_same_override():
 
 
 def test_row_has_scenario_fields_metrics_and_counters():
-    row = run_scenario(Scenario(chats=4, turns=2, workers=2, policy="kv_aware"), round=1)
+    row = run_scenario(Scenario(chats=4, turns=2, workers=2, policy="kv_aware", reply=128), round=1)
     assert set(SCENARIO_FIELDS) | set(SUMMARY_METRICS) | set(COUNTER_COLUMNS) <= set(row)
     assert row["round"] == 1 and row["run_seed"] == 1
     assert row["num_requests"] == 8

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvroute.traces.format import Trace, TraceRecord
+from kvroute.traces.lengths import Dist, parse_dist
 
 
 def seed_chat(
@@ -22,12 +23,17 @@ def seed_chat(
     num_turns: int = 6,
     system_words: int = 600,
     user_words: int = 150,
-    reply_tokens: int = 128,
+    reply_tokens: int | Dist | str = 128,
     tokens_per_word: float = 1.3,
     template_tokens_per_message: int = 4,
     generation_prompt_tokens: int = 3,
-    think_time_ms: float = 0.0,
+    think_time_ms: float | Dist | str = 0.0,
     block_size: int = 16,
+    *,
+    max_tokens: int | None = None,
+    user_tokens: int | Dist | str | None = None,
+    start_ms: float | Dist | str = 0.0,
+    rng: np.random.Generator | None = None,
 ) -> Trace:
     """The lab's burst: ``num_chats`` chats of ``num_turns`` turns, all started at once.
 
@@ -35,18 +41,27 @@ def seed_chat(
 
     - system prompt ``S = round(system_words * tokens_per_word) + template_tokens_per_message``
       [780 + 4 = 784], identical in every chat;
-    - user message ``U = round(user_words * tokens_per_word) + template_tokens_per_message``
-      [195 + 4 = 199];
+    - user message ``U = u + template_tokens_per_message`` with ``u`` the message's own tokens:
+      ``round(user_words * tokens_per_word)`` [195] when ``user_tokens`` is None, else a draw of
+      ``user_tokens`` (at least 1) per turn [199 in all];
     - generation prompt ``G = generation_prompt_tokens`` [3] (e.g. ``<|im_start|>assistant\\n``);
-    - turn 1: ``input_length = S + U + G`` [986], ``output_length = reply_tokens`` [128];
+    - turn 1: ``input_length = S + U + G`` [986];
     - turn t >= 2: ``input_length = parent.input_length + parent.output_length + N`` with
       ``N = U + G`` [202] new tokens: the next user message with its template tokens plus the
       generation prompt. The closing template tokens of the previous assistant reply (e.g.
       ``<|im_end|>\\n``) are counted inside these ``N`` (within the per-message template
-      allowance), not added on top, so turn t has ``S + U + G + (t - 1) * (reply_tokens + N)``
-      prompt tokens [986, 1316, 1646, 1976, 2306, 2636 for t = 1..6];
-      ``output_length = reply_tokens``, ``think_time_ms = think_time_ms`` (ms after the parent's
-      last token).
+      allowance), not added on top, so with fixed lengths turn t has
+      ``S + U + G + (t - 1) * (reply + N)`` prompt tokens [986, 1316, 1646, 1976, 2306, 2636];
+    - every turn's ``output_length``: a draw of ``reply_tokens`` (where the model stops; at
+      least 1) capped at ``max_tokens`` (the request's limit; None = no cap) [128];
+    - ``think_time_ms`` (ms after the parent's last token) per later turn and ``start_ms`` (ms,
+      the chat's first send, written as turn 1's ``timestamp_ms``) per chat [0, 0].
+
+    Any of ``reply_tokens``, ``user_tokens``, ``think_time_ms`` and ``start_ms`` may be a number
+    or a distribution in :mod:`kvroute.traces.lengths` syntax. Random ones draw from ``rng`` in a
+    fixed order: starts (one per chat), user tokens (chat-major, turn 1..T), replies (same), then
+    think times (chat-major, turn 2..T); fixed ones draw nothing, so a trace with fixed lengths is
+    the same for every ``rng``.
 
     Hash ids (turn 1 only, at ``block_size`` tokens per block, ``ceil(input_length/block_size)``
     of them [62]): the ``S // block_size`` blocks lying fully inside the system prompt [49] get
@@ -56,53 +71,95 @@ def seed_chat(
     Returns:
         A :class:`Trace` of ``num_chats * num_turns`` records, turn-major (``request_id`` of chat
         c, turn t is ``(t - 1) * num_chats + c``), ``session_id = c`` (0-based int), ``turn = t``
-        (1-based), ``timestamp_ms = 0``, ``block_size = block_size``, source ``"seed_chat"`` and
-        the parameters in ``metadata``.
+        (1-based), ``block_size = block_size``, source ``"seed_chat"`` and the parameters (with
+        each distribution's text) in ``metadata``.
 
     Raises:
-        ValueError: a count is negative, ``num_chats``/``num_turns``/``block_size`` < 1, or
-            ``think_time_ms`` < 0.
+        ValueError: a count is negative, ``num_chats``/``num_turns``/``block_size`` < 1,
+            ``max_tokens`` < 1, a distribution is malformed, or a random distribution is given
+            without ``rng``.
     """
     for name, value in (("num_chats", num_chats), ("num_turns", num_turns), ("block_size", block_size)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     for name, value in (("system_words", system_words), ("user_words", user_words),
-                        ("reply_tokens", reply_tokens), ("tokens_per_word", tokens_per_word),
+                        ("tokens_per_word", tokens_per_word),
                         ("template_tokens_per_message", template_tokens_per_message),
-                        ("generation_prompt_tokens", generation_prompt_tokens),
-                        ("think_time_ms", think_time_ms)):
+                        ("generation_prompt_tokens", generation_prompt_tokens)):
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    reply = parse_dist(reply_tokens, "reply_tokens")
+    user = parse_dist(round(user_words * tokens_per_word) if user_tokens is None else user_tokens, "user_tokens")
+    think = parse_dist(think_time_ms, "think_time_ms")
+    start = parse_dist(start_ms, "start_ms")
+    draws = _Draws(rng)
+    starts = draws.times(start, num_chats, "start_ms")
+    users = draws.tokens(user, num_chats * num_turns, "user_tokens").reshape(num_chats, num_turns)
+    replies = draws.tokens(reply, num_chats * num_turns, "reply_tokens", cap=max_tokens).reshape(num_chats, num_turns)
+    thinks = draws.times(think, num_chats * max(num_turns - 1, 0), "think_time_ms").reshape(num_chats, -1)
+
     system = round(system_words * tokens_per_word) + template_tokens_per_message
-    user = round(user_words * tokens_per_word) + template_tokens_per_message
-    first_input = system + user + generation_prompt_tokens
-    new_per_turn = user + generation_prompt_tokens
+    template, gen = template_tokens_per_message, generation_prompt_tokens
 
     ids = _BlockIds(system, block_size)
     records: list[TraceRecord] = []
     for c in range(num_chats):
+        first_input = system + int(users[c, 0]) + template + gen
         records.append(TraceRecord(
-            request_id=c, timestamp_ms=0.0, input_length=first_input, output_length=reply_tokens,
-            hash_ids=ids.first_prompt(first_input), session_id=c, turn=1,
+            request_id=c, timestamp_ms=float(starts[c]), input_length=first_input,
+            output_length=int(replies[c, 0]), hash_ids=ids.first_prompt(first_input), session_id=c, turn=1,
         ))
     for t in range(2, num_turns + 1):
         for c in range(num_chats):
             parent = records[(t - 2) * num_chats + c]
             records.append(TraceRecord(
-                request_id=len(records), timestamp_ms=0.0,
-                input_length=parent.input_length + parent.output_length + new_per_turn,
-                output_length=reply_tokens, session_id=c, turn=t, parent=parent.request_id,
-                think_time_ms=float(think_time_ms),
+                request_id=len(records), timestamp_ms=float(starts[c]),
+                input_length=parent.input_length + parent.output_length + int(users[c, t - 1]) + template + gen,
+                output_length=int(replies[c, t - 1]), session_id=c, turn=t, parent=parent.request_id,
+                think_time_ms=float(thinks[c, t - 2]),
             ))
+    user_fixed = round(user_words * tokens_per_word) + template
     metadata = {"generator": "seed_chat", "params": {
         "num_chats": num_chats, "num_turns": num_turns, "system_words": system_words,
-        "user_words": user_words, "reply_tokens": reply_tokens, "tokens_per_word": tokens_per_word,
+        "user_words": user_words, "reply_tokens": _param(reply), "tokens_per_word": tokens_per_word,
         "template_tokens_per_message": template_tokens_per_message,
-        "generation_prompt_tokens": generation_prompt_tokens, "think_time_ms": think_time_ms,
-        "system_tokens": system, "user_tokens": user, "first_input_tokens": first_input,
-        "new_tokens_per_turn": new_per_turn,
+        "generation_prompt_tokens": generation_prompt_tokens, "think_time_ms": _param(think),
+        "system_tokens": system,
+        "max_tokens": max_tokens, "user_tokens": None if user_tokens is None else user.text,
+        "start_ms": _param(start),
+        **({"user_tokens_total": user_fixed, "first_input_tokens": system + user_fixed + gen,
+            "new_tokens_per_turn": user_fixed + gen} if user.is_fixed else {}),
     }}
     return Trace(records=records, block_size=block_size, source="seed_chat", metadata=metadata)
+
+
+def _param(dist: Dist) -> float | str:
+    """A fixed distribution as its number (as the metadata held before), else its text."""
+    return dist.params[0] if dist.kind == "fixed" else dist.text
+
+
+class _Draws:
+    """Draws of one generator call: fixed distributions use no random numbers."""
+
+    def __init__(self, rng: np.random.Generator | None) -> None:
+        self.rng = rng
+
+    def _need(self, dist: Dist, what: str) -> np.random.Generator:
+        if self.rng is None:
+            raise ValueError(f"{what} is random ({dist.text}): pass rng (a seeded numpy Generator)")
+        return self.rng
+
+    def tokens(self, dist: Dist, n: int, what: str, cap: int | None = None) -> np.ndarray:
+        if dist.is_fixed:
+            return dist.draw_tokens(None, n, cap)  # type: ignore[arg-type]
+        return dist.draw_tokens(self._need(dist, what), n, cap)
+
+    def times(self, dist: Dist, n: int, what: str) -> np.ndarray:
+        if dist.is_fixed:
+            return np.full(n, dist.params[0], dtype=float)
+        return dist.sample(self._need(dist, what), n)
 
 
 def agent_sessions(
@@ -110,23 +167,27 @@ def agent_sessions(
     num_sessions: int = 16,
     num_turns: int = 10,
     history_tokens: tuple[int, int] = (8000, 32000),
-    new_tokens: tuple[int, int] = (200, 1000),
-    reply_tokens: tuple[int, int] = (50, 300),
+    new_tokens: tuple[int, int] | Dist | str = (200, 1000),
+    reply_tokens: tuple[int, int] | Dist | str = (50, 300),
     system_tokens: int = 2000,
-    think_time_ms: tuple[float, float] = (0, 2000),
+    think_time_ms: tuple[float, float] | Dist | str = (0, 2000),
     block_size: int = 16,
+    max_tokens: int | None = None,
 ) -> Trace:
     """Long-history agent traffic: sessions whose prompts hold 8k-32k tokens, with short replies.
 
-    Distributions (all from ``rng``; integer ranges inclusive at both ends):
+    Distributions (all from ``rng``; a ``(low, high)`` pair means ``uniform:low:high``, integer
+    ranges inclusive at both ends; ``reply_tokens``, ``new_tokens`` and ``think_time_ms`` may
+    also be any :mod:`kvroute.traces.lengths` distribution):
 
     - turn 1 ``input_length ~ UniformInt[history_tokens]``: a shared system prompt of
       ``system_tokens`` tokens (same in every session) plus a history unique to the session
       making up the rest;
-    - every turn's ``output_length ~ UniformInt[reply_tokens]`` (tokens);
-    - turn t >= 2 extends its parent by ``n ~ UniformInt[new_tokens]`` new tokens (tool output or
+    - every turn's ``output_length ~ reply_tokens`` (tokens, at least 1), capped at
+      ``max_tokens`` when given;
+    - turn t >= 2 extends its parent by ``n ~ new_tokens`` new tokens (tool output or
       a new message): ``input_length = parent.input_length + parent.output_length + n``;
-      ``think_time_ms ~ Uniform[think_time_ms)`` (ms, float) after the parent's last token;
+      ``think_time_ms`` (ms, float) after the parent's last token;
     - a session stops before ``num_turns`` if its next prompt would exceed ``history_tokens[1]``
       (that turn is not emitted), so sessions have 1 to ``num_turns`` turns.
 
@@ -150,10 +211,13 @@ def agent_sessions(
     for name, value in (("num_sessions", num_sessions), ("num_turns", num_turns), ("block_size", block_size)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    for name, (low, high) in (("history_tokens", history_tokens), ("new_tokens", new_tokens),
-                              ("reply_tokens", reply_tokens), ("think_time_ms", think_time_ms)):
-        if low < 0 or low > high:
-            raise ValueError(f"{name} must be a range 0 <= low <= high, got {(low, high)}")
+    low, high = history_tokens
+    if low < 0 or low > high:
+        raise ValueError(f"history_tokens must be a range 0 <= low <= high, got {(low, high)}")
+    new_dist, reply_dist, think_dist = (_range_dist(value, name) for value, name in (
+        (new_tokens, "new_tokens"), (reply_tokens, "reply_tokens"), (think_time_ms, "think_time_ms")))
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if not 0 <= system_tokens <= history_tokens[0]:
         raise ValueError(f"system_tokens must be in [0, history_tokens[0]={history_tokens[0]}], "
                          f"got {system_tokens}")
@@ -161,13 +225,16 @@ def agent_sessions(
     def uniform_int(bounds: tuple[int, int]) -> int:
         return int(rng.integers(bounds[0], bounds[1], endpoint=True))
 
+    def reply() -> int:
+        return int(reply_dist.draw_tokens(rng, 1, max_tokens)[0])
+
     top = history_tokens[1]
     sessions: list[list[tuple[int, int, float]]] = []  # per session: (input, output, think)
     for _ in range(num_sessions):
-        turns = [(uniform_int(history_tokens), uniform_int(reply_tokens), 0.0)]
+        turns = [(uniform_int(history_tokens), reply(), 0.0)]
         for _ in range(1, num_turns):
-            n_new, n_out = uniform_int(new_tokens), uniform_int(reply_tokens)
-            think = float(rng.uniform(think_time_ms[0], think_time_ms[1]))
+            n_new, n_out = int(new_dist.draw_tokens(rng, 1, minimum=0)[0]), reply()
+            think = float(think_dist.sample(rng, 1)[0])
             n_in = turns[-1][0] + turns[-1][1] + n_new
             if n_in > top:
                 break
@@ -190,10 +257,20 @@ def agent_sessions(
             previous[s] = rid
     metadata = {"generator": "agent_sessions", "params": {
         "num_sessions": num_sessions, "num_turns": num_turns, "history_tokens": list(history_tokens),
-        "new_tokens": list(new_tokens), "reply_tokens": list(reply_tokens),
-        "system_tokens": system_tokens, "think_time_ms": list(think_time_ms),
+        "new_tokens": new_dist.text, "reply_tokens": reply_dist.text, "max_tokens": max_tokens,
+        "system_tokens": system_tokens, "think_time_ms": think_dist.text,
     }}
     return Trace(records=records, block_size=block_size, source="agent_sessions", metadata=metadata)
+
+
+def _range_dist(value: tuple[float, float] | Dist | str, name: str) -> Dist:
+    """A ``(low, high)`` pair as ``uniform:low:high``; anything else through ``parse_dist``."""
+    if isinstance(value, (tuple, list)):
+        low, high = value
+        if low < 0 or low > high:
+            raise ValueError(f"{name} must be a range 0 <= low <= high, got {tuple(value)}")
+        return parse_dist(f"uniform:{low}:{high}", name)
+    return parse_dist(value, name)
 
 
 class _BlockIds:
@@ -220,15 +297,40 @@ class _BlockIds:
 
 BUILTIN_WORKLOADS = ("seed-chat", "agent")
 
+SEED_CHAT_MAX_TOKENS = 128
+"""The lab's reply limit: "128-token replies" (``../shared/seed-study.md``), read as ``max_tokens``."""
+
+SEED_CHAT_REPLY = "lognormal:90:1"
+"""Where the seed burst's replies stop before the 128-token cap: fitted to the lab's four 6-turn
+numbers by ``bench/bench_seed_fit.py`` (median 90 tokens fitted; CV 1.0 fixed, the fit being flat
+between 0.5 and 1.5). Capped at 128, replies average 86.5 tokens and 34 % reach the cap."""
+
+SEED_CHAT_USER = "fixed:195"
+"""Tokens of a 150-word user message (1.3 tokens per word, before template tokens)."""
+
+
+def workload_rng(seed: int) -> np.random.Generator:
+    """The generator a built-in workload draws its lengths from for run seed ``seed``.
+
+    A stream of its own (``SeedSequence([seed, 1])``), so length draws are independent of the
+    simulator's jitter draws, which use ``default_rng(seed)``.
+    """
+    return np.random.default_rng([seed, 1])
+
 
 def builtin_workload(
     name: str,
     chats: int,
     turns: int,
-    think_time_s: float = 0.0,
+    think_time_s: float | Dist | str = 0.0,
     seed: int = 0,
-    reply: int | tuple[int, int] | None = None,
+    reply: int | tuple[int, int] | Dist | str | None = None,
     history: tuple[int, int] | None = None,
+    *,
+    max_tokens: int | None = None,
+    user: int | Dist | str | None = None,
+    start_s: float | Dist | str = 0.0,
+    block_size: int = 16,
 ) -> Trace:
     """A built-in workload by its CLI name, as ``kvroute compare`` and ``kvroute sweep`` build it.
 
@@ -236,26 +338,48 @@ def builtin_workload(
         name: ``"seed-chat"`` (the lab's burst) or ``"agent"`` (long-history sessions).
         chats: chats or sessions.
         turns: turns per chat (the agent generator may stop a session earlier).
-        think_time_s: seconds between a reply's last token and the next turn.
-        seed: seeds the agent generator (the seed burst is deterministic).
-        reply: reply tokens (seed-chat), or a fixed value or ``(low, high)`` range (agent);
-            None keeps the generator's default.
+        think_time_s: seconds between a reply's last token and the next turn: a number or a
+            distribution (:mod:`kvroute.traces.lengths`).
+        seed: the run's seed; random lengths are drawn from ``workload_rng(seed)``, so every
+            round of a comparison draws its own workload and a fixed workload is the same in all.
+        reply: where replies stop, tokens: a number, a distribution, or (agent) a ``(low, high)``
+            range; None keeps the default (seed-chat ``SEED_CHAT_REPLY``, agent 50-300).
         history: agent history range in tokens; None keeps the default (8,000-32,000).
+        max_tokens: the requests' reply limit (cap on ``reply``); None keeps the default
+            (seed-chat ``SEED_CHAT_MAX_TOKENS``, agent none).
+        user: seed-chat: tokens of each user message (before template tokens); agent: new tokens
+            per later turn. None keeps the default (seed-chat ``SEED_CHAT_USER``, agent 200-1000).
+        start_s: seed-chat only: each chat's first send, seconds after the start (a number or a
+            distribution), on top of the simulator's ``arrival_spread``.
+        block_size: tokens per ``hash_ids`` block of the trace.
 
     Raises:
-        ValueError: for an unknown name (the message lists the valid ones).
+        ValueError: for an unknown name (the message lists the valid ones) or a bad distribution.
     """
+    rng = workload_rng(seed)
     if name == "seed-chat":
-        kwargs = {} if reply is None else {"reply_tokens": int(reply)}
-        return seed_chat(num_chats=chats, num_turns=turns, think_time_ms=think_time_s * 1000, **kwargs)
+        return seed_chat(
+            num_chats=chats, num_turns=turns,
+            reply_tokens=SEED_CHAT_REPLY if reply is None else _dist_arg(reply, "reply"),
+            max_tokens=SEED_CHAT_MAX_TOKENS if max_tokens is None else max_tokens,
+            user_tokens=SEED_CHAT_USER if user is None else user,
+            think_time_ms=parse_dist(think_time_s, "think_time").scaled(1000.0),
+            start_ms=parse_dist(start_s, "start").scaled(1000.0), rng=rng, block_size=block_size,
+        )
     if name == "agent":
         kwargs: dict = {}
         if reply is not None:
-            kwargs["reply_tokens"] = (reply, reply) if isinstance(reply, int) else tuple(reply)
+            kwargs["reply_tokens"] = _dist_arg(reply, "reply")
+        if user is not None:
+            kwargs["new_tokens"] = user
         if history is not None:
             kwargs["history_tokens"] = tuple(history)
         return agent_sessions(
-            np.random.default_rng(seed), num_sessions=chats, num_turns=turns,
-            think_time_ms=(think_time_s * 1000, think_time_s * 1000), **kwargs,
+            rng, num_sessions=chats, num_turns=turns, max_tokens=max_tokens, block_size=block_size,
+            think_time_ms=parse_dist(think_time_s, "think_time").scaled(1000.0), **kwargs,
         )
     raise ValueError(f"unknown workload {name!r}; valid workloads: {', '.join(BUILTIN_WORKLOADS)}")
+
+
+def _dist_arg(value: int | tuple[int, int] | Dist | str, name: str) -> Dist:
+    return _range_dist(value, name)
