@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from kvroute.cli.lengths import workload_length_options
+
 
 def _policies(single: tuple[str, ...], joined: str | None) -> list[str]:
     from kvroute.cli.scenario import parse_policies
@@ -58,12 +60,14 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @click.option("--token-range", default=None, help="LO:HI prompt token ids (default: from the model's tokenizer).")
 @click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engines'.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds simulation rounds and prompt tokens.")
+@workload_length_options
 @click.option("--client-lag", type=float, default=0.0, show_default=True,
               help="Seconds the simulation adds before every later turn, for the live client's own send delay "
                    "(the report measures it; a rerun can pass it here).")
 def validate(trace_path, trace_block_size, max_requests, workload, chats, turns, urls, policy, policies_text,
              profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, timeout, router_block_tokens,
-             model, token_range, client_cores, seed, client_lag):
+             model, token_range, client_cores, seed, client_lag, reply_tokens, max_tokens, user_tokens, think_time,
+             start):
     """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
     same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate,
     per-worker hit tokens). Ctrl-C writes what was measured so far.
@@ -82,7 +86,8 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     from kvroute.sim.profile import load_profile
 
     names = _policies(policy, policies_text)
-    trace = load_trace(trace_path, workload, turns, chats, 0.0, trace_block_size, max_requests, seed)
+    trace = load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, seed,
+                       reply_tokens, max_tokens, user_tokens, start)
     try:
         profile = load_profile(profile_name)
     except (FileNotFoundError, ValueError) as exc:

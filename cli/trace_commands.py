@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from kvroute.cli.scenario import read_any_trace, workload_length_options
+from kvroute.cli.lengths import workload_length_options
+from kvroute.cli.scenario import read_any_trace
 
 
 @click.group()

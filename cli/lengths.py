@@ -1,0 +1,48 @@
+"""The workload-length options shared by every command that generates a workload.
+
+Their values use one syntax (:mod:`kvroute.traces.lengths`), checked when the command line is
+parsed so a bad value names its flag. Kept apart from ``scenario`` so that commands can take these
+options without importing the simulator.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+def length_options() -> list:
+    """The workload-length options of generated workloads (``kvroute.traces.lengths`` syntax)."""
+    return [
+        click.option("--reply-tokens", default=None, callback=_dist_option,
+                     help="Where replies stop, tokens: N, uniform:LO:HI, lognormal:MEDIAN:CV, "
+                          "empirical:FILE, ... (capped at --max-tokens) [seed-chat: the fitted "
+                          "default, see README; agent: uniform:50:300]."),
+        click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+                     help="Reply limit of every request (vLLM's max_tokens) [seed-chat 128, agent none]."),
+        click.option("--user-tokens", default=None, callback=_dist_option,
+                     help="Tokens of each user message (seed-chat) or new tokens per later turn (agent), "
+                          "as a distribution [seed-chat 195, agent uniform:200:1000]."),
+        click.option("--think-time", default="0", show_default=True, callback=_dist_option,
+                     help="Seconds between a reply's last token and the next turn: a number or a distribution."),
+        click.option("--start", default="0", show_default=True, callback=_dist_option,
+                     help="Seed-chat: each chat's first send, seconds (a distribution; on top of --arrival-spread)."),
+    ]
+
+
+def workload_length_options(func):
+    """Decorate a command with the workload-length options alone (``length_options``)."""
+    for option in reversed(length_options()):
+        func = option(func)
+    return func
+
+
+def _dist_option(ctx: click.Context, param: click.Parameter, value: str | None):
+    """Check a distribution flag's text at parse time; keep the text (None stays None)."""
+    if value is None:
+        return None
+    from kvroute.traces.lengths import parse_dist
+
+    try:
+        return parse_dist(value, f"--{param.name.replace('_', '-')}").text
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
