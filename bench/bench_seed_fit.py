@@ -17,6 +17,7 @@ Usage::
     python bench/bench_seed_fit.py --refit    # the grid search that chose the default (~5 min)
     python bench/bench_seed_fit.py --refit --api-server 0.06,0.08,0.1   # also fit the API-server
                                               # time, to show how far that prior would have to move
+    python bench/bench_seed_fit.py --predict  # the default's predictions for the held-back runs
 """
 
 from __future__ import annotations
@@ -72,6 +73,29 @@ def report(label: str, predicted: dict) -> None:
               f"{100 * (pred - lab):+6.1f} pp")
 
 
+def predict(rounds: int) -> None:
+    """The shipped default's predictions for the lab's held-back runs, mean [95 % interval]."""
+    metrics = ["time_to_complete_s", "later_ttft_mean_s", "later_ttft_p90_s", "hit_rate"]
+
+    def show(label: str, result) -> None:
+        for policy in result.policies:
+            iv = result.intervals[policy]
+            cells = "  ".join(f"{m} {iv.loc[m, 'mean']:.3f} [{iv.loc[m, 'low']:.3f}, {iv.loc[m, 'high']:.3f}]"
+                              for m in metrics)
+            print(f"{label:28s} {policy:13s} {cells}")
+
+    a6000, a100 = load_profile("a6000-qwen2.5-7b"), load_profile("a100-80gb-qwen2.5-7b")
+    print(f"\npredictions ({rounds} rounds, seeds 0..{rounds - 1}; mean [95 % interval over rounds])")
+    for turns in (6, 20):
+        show(f"{turns} turns, 4 x A6000", compare(lambda seed: builtin_workload("seed-chat", 64, turns, seed=seed),
+                                                  ClusterSpec(a6000, num_workers=4),
+                                                  ["round_robin", "least_loaded", "kv_aware"], rounds=rounds))
+    six = lambda seed: builtin_workload("seed-chat", 64, 6, seed=seed)  # noqa: E731
+    show("1 x A100, 2 workers share", compare(six, ClusterSpec(a100, num_workers=2, num_gpus=1),
+                                               ["round_robin", "kv_aware"], rounds=rounds))
+    show("1 x A100, 1 worker owns it", compare(six, ClusterSpec(a100, num_workers=1), ["round_robin"], rounds=rounds))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=6)
@@ -79,6 +103,7 @@ def main() -> None:
     parser.add_argument("--medians", default="80,100,120,140,160,200,250,320")
     parser.add_argument("--cvs", default="0.25,0.5,0.75,1.0,1.5")
     parser.add_argument("--api-server", default=None, help="Comma list of API-server means (s) to fit too.")
+    parser.add_argument("--predict", action="store_true", help="Print the predictions for the held-back runs.")
     args = parser.parse_args()
     started = time.perf_counter()
     report(f"shipped default: replies {SEED_CHAT_REPLY} capped at 128 ({args.rounds} rounds)",
@@ -98,6 +123,8 @@ def main() -> None:
             if best is None or value < best[0]:
                 best = (value, reply, api, predicted)
         report(f"best: replies {best[1]}, API server {best[2] or 0.1:.3f} s, loss {best[0]:.4f}", best[3])
+    if args.predict:
+        predict(args.rounds)
     print(f"\nwall time {time.perf_counter() - started:.0f} s")
 
 
