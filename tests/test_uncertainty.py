@@ -73,3 +73,53 @@ def test_uncertainty_section_errors_name_the_file_and_field():
     assert rel.uncertainty.interval("step_cost.decode_attn_s", 2.0) is None
     with pytest.raises(ValueError, match="must be >= 1"):
         draw_profiles(replace(rel, uncertainty=None), 0, np.random.default_rng(0))
+
+
+def test_prediction_interval_is_the_normal_theory_one():
+    from scipy.stats import t
+
+    from kvroute.sim.experiment import prediction_interval
+
+    lo, hi = prediction_interval([1.0, 2.0, 3.0, float("nan")])
+    half = t.ppf(0.975, 2) * 1.0 * (4 / 3) ** 0.5
+    assert (lo, hi) == pytest.approx((2 - half, 2 + half))
+    assert all(np.isnan(prediction_interval([1.0])))
+
+
+def test_compare_uncertainty_keeps_the_seed_only_results_and_adds_model_intervals():
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import _register, cli
+
+    _register()
+    args = ["compare", "--chats", "6", "--turns", "2", "--workers", "2", "--rounds", "2", "--seed", "3",
+            "--policies", "round_robin,kv_aware", "--profile", "cpu-tiny-qwen2", "--json"]
+    plain = json.loads(CliRunner().invoke(cli, args, catch_exceptions=False).output)
+    result = CliRunner().invoke(cli, args + ["--uncertainty", "3"], catch_exceptions=False)
+    doc = json.loads(result.output)
+    assert doc["uncertainty"]["draws"] == 3 and doc["uncertainty"]["method"].startswith("bootstrap: 100 refits")
+    for policy in ("round_robin", "kv_aware"):
+        for metric, entry in doc["policies"][policy].items():
+            assert entry["rounds"] == plain["policies"][policy][metric]["rounds"], (policy, metric)
+            assert set(entry["model_interval"]) == {"low", "high"}
+    ttc = doc["policies"]["kv_aware"]["time_to_complete_s"]
+    assert ttc["model_interval"]["low"] < ttc["mean"] < ttc["model_interval"]["high"]
+    assert "change_model_interval_pct" in ttc
+    bad = CliRunner().invoke(cli, args + ["--uncertainty", "-1"])
+    assert bad.exit_code != 0 and "--uncertainty" in bad.output
+
+
+def test_each_draw_runs_on_its_own_seeds_shared_by_the_policies():
+    from kvroute.sim.cluster import ClusterSpec
+    from kvroute.sim.experiment import compare_uncertain
+    from kvroute.traces.generators import seed_chat
+
+    spec = ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=2)
+    res = compare_uncertain(seed_chat(num_chats=4, num_turns=2), spec, ["round_robin", "kv_aware"], draws=2,
+                            rounds=2, seed=5)
+    seeds = res.summaries.groupby(["draw", "policy"])["seed"].apply(list).to_dict()
+    assert seeds == {(0, "round_robin"): [7, 8], (0, "kv_aware"): [7, 8],
+                     (1, "round_robin"): [9, 10], (1, "kv_aware"): [9, 10]}
+    assert list(res.base.summaries["seed"]) == [5, 6, 5, 6]
+    with pytest.raises(ValueError, match="draws must be >= 1"):
+        compare_uncertain(seed_chat(num_chats=4, num_turns=2), spec, ["round_robin"], draws=0)
