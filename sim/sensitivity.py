@@ -152,14 +152,14 @@ def fallback_band(value: float, r: float) -> tuple[float, float] | None:
 
 def step_cost_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -> list[Factor]:
     """One factor per non-zero step-cost coefficient."""
-    out = [_coefficient_factor(f"step_cost.{k}", profile, ranges, f"±{100 * ranges.prior_range:g} % of the prior")
+    out = [_coefficient_factor(f"step_cost.{k}", profile, ranges, f"±{100 * ranges.prior_range:g} % (stated)")
            for k in StepCost.__dataclass_fields__]
     return [f for f in out if f is not None]
 
 
 def overhead_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -> list[Factor]:
     """The API-server and gateway means (and per-token growth), and the jitter CV."""
-    out = [_coefficient_factor(f"overheads.{k}", profile, ranges, f"±{100 * ranges.prior_range:g} % of the prior")
+    out = [_coefficient_factor(f"overheads.{k}", profile, ranges, f"±{100 * ranges.prior_range:g} % (stated)")
            for k in ("api_server_s", "api_server_per_token_s", "gateway_s")]
     jitter = _coefficient_factor("overheads.jitter_cv", profile, ranges, "")
     if jitter is None or jitter.source == "":

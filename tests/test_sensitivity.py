@@ -27,7 +27,7 @@ def test_default_factors_of_a_derived_prior_are_its_values_plus_minus_the_stated
     assert list(FACTOR_GROUPS) == ["step_cost", "overheads", "kv_capacity", "start_spread"]
     f = factors["step_cost.per_token_s"]
     assert (f.low, f.high) == (0.75 * profile.step_cost.per_token_s, 1.25 * profile.step_cost.per_token_s)
-    assert f.source == "±25 % of the prior"
+    assert f.source == "±25 % (stated)"
     assert (factors["overheads.api_server_s"].low, factors["overheads.api_server_s"].high) == (0.1 * (1 - 0.25), 0.1 * 1.25)
     assert (factors["overheads.jitter_cv"].low, factors["overheads.jitter_cv"].high) == (0.0, 0.6)
     assert (factors["kv_capacity"].low, factors["kv_capacity"].high) == (0.9, 1.1)
