@@ -191,7 +191,10 @@ def _rows(path: Path) -> int:
 @click.option("--per-token-overhead/--no-per-token-overhead", default=True, show_default=True,
               help="Fit the per-prompt-token part of the API-server time.")
 @click.option("--folds", type=int, default=4, show_default=True, help="Cross-validation folds (0: none).")
-def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds):
+@click.option("--bootstrap", type=int, default=100, show_default=True,
+              help="Refits on resampled configurations, kept in the profile as the coefficients' uncertainty (0: none).")
+def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
+            bootstrap):
     """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report."""
     from kvroute.calibrate.fit import fit, plot_report, profile_document
     from kvroute.calibrate.observations import (build_observations, engine_config, load_sweep,
@@ -211,7 +214,7 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
     if len(notes) > 8:
         click.echo(f"note: ... {len(notes) - 8} more left out", err=True)
     try:
-        result = fit(obs, holdout, seed, overhead, loss, per_token_overhead, folds)
+        result = fit(obs, holdout, seed, overhead, loss, per_token_overhead, folds, bootstrap)
     except ValueError as exc:
         _fail(str(exc))
     out = Path(out_path) if out_path else Path(run_dir) / "profile.json"

@@ -18,6 +18,10 @@ a batch x context point, ...) is left out of the fit; quality (R^2, median and p
 percentage error) is reported on TTFT and ITL for the held-out and the fitted configurations,
 comparing each configuration's median over its repetitions with the prediction, and for every
 single measurement. The profile's coefficients are the ones fitted without the held-out share.
+
+Uncertainty (``bootstrap=N``): the fit is repeated on N resamples of the fitted share's
+configurations (:func:`bootstrap_coefficients`) and the refitted coefficient vectors go into the
+profile's ``step_cost_uncertainty``.
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ class FitResult:
             ``"heldout_raw"`` and ``"fit_raw"`` every single measurement.
         method: e.g. ``"nnls"`` or ``"least_squares/soft_l1"``.
         holdout: share of experiments held out; ``seed``: split seed.
+        bootstrap_samples: ``(N, len(UNCERTAIN_FIELDS))`` coefficient vectors refitted on
+            bootstrap resamples (:func:`bootstrap_coefficients`), or None.
     """
 
     cost: StepCost
@@ -94,6 +100,7 @@ class FitResult:
     api_server_per_token_s: float = 0.0
     parts: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    bootstrap_samples: np.ndarray | None = None
 
     def summary(self) -> str:
         """A few lines: coefficients and held-out errors."""
@@ -116,6 +123,11 @@ class FitResult:
                         f"  {key:6s} n={q.n:4d}  R^2={q.r2:6.3f}  median APE={100 * q.median_ape:5.1f}%"
                         f"  p90 APE={100 * q.p90_ape:5.1f}%"
                     )
+        if self.bootstrap_samples is not None:
+            lines.append(f"bootstrap ({len(self.bootstrap_samples)} refits), 95% range:")
+            for name, column in zip(UNCERTAIN_FIELDS, self.bootstrap_samples.T):
+                lo, hi = np.percentile(column, [2.5, 97.5])
+                lines.append(f"  {name} {lo:.4g} .. {hi:.4g}")
         return "\n".join(lines)
 
 
@@ -367,6 +379,61 @@ def fold_assignment(obs: list[Observation], folds: int, seed: int) -> np.ndarray
     return np.array([fold_of[o.config] for o in obs])
 
 
+UNCERTAIN_FIELDS = tuple(f"step_cost.{k}" for k in COEFFICIENTS) + (
+    "overheads.api_server_s", "overheads.api_server_per_token_s", "overheads.jitter_cv")
+"""The coefficients :func:`bootstrap_coefficients` refits, in column order."""
+
+
+def bootstrap_coefficients(
+    obs: list[Observation],
+    mask: np.ndarray,
+    num_samples: int,
+    seed: int,
+    overhead: str = "auto",
+    loss: str = "linear",
+    per_token_overhead: bool = True,
+) -> np.ndarray:
+    """Coefficients refitted on ``num_samples`` bootstrap resamples of ``obs[mask]``.
+
+    Each resample draws, for every kind of experiment (cold, cached, decode, mixed), as many
+    configurations as that kind has, with replacement (``numpy.random.default_rng(seed)``), and
+    keeps every repetition of a drawn configuration; :func:`fit_cost` is rerun on it with the same
+    options, API-server line and jitter CV included.
+
+    Why configurations, not the fit's covariance: the errors that matter are the model's misfit
+    from one configuration to the next (repetitions of a configuration are nearly identical, so
+    an i.i.d. covariance would count them as independent evidence); several coefficients sit on
+    their bound at 0, where a linearised covariance gives symmetric, partly negative ranges; and
+    the weight-load floor is a discrete choice no Jacobian sees. Resampling whole configurations
+    within each kind keeps all of that, and every refit is non-negative by construction.
+
+    Returns:
+        ``(num_samples, len(UNCERTAIN_FIELDS))`` array.
+
+    Raises:
+        ValueError: ``num_samples < 1`` or as :func:`fit_cost`.
+    """
+    if num_samples < 1:
+        raise ValueError(f"bootstrap needs at least one resample, got {num_samples}")
+    rng = np.random.default_rng(seed + 2_000_003)
+    kept = [o for o, m in zip(obs, mask) if m]
+    by_config: dict[tuple, list[Observation]] = {}
+    for o in kept:
+        by_config.setdefault(o.config, []).append(o)
+    kinds = {kind: sorted({o.config for o in kept if o.kind == kind}, key=repr)
+             for kind in sorted({o.kind for o in kept})}
+    rows = []
+    for _ in range(num_samples):
+        sample: list[Observation] = []
+        for configs in kinds.values():
+            for i in rng.integers(0, len(configs), size=len(configs)):
+                sample.extend(by_config[configs[i]])
+        cf = fit_cost(sample, None, overhead, loss, per_token_overhead)
+        rows.append([getattr(cf.cost, k) for k in COEFFICIENTS] + [cf.api_server_s, cf.api_server_per_token_s,
+                                                                     cf.jitter_cv])
+    return np.array(rows, float)
+
+
 def fit(
     obs: list[Observation],
     holdout: float = 0.25,
@@ -375,13 +442,16 @@ def fit(
     loss: str = "linear",
     per_token_overhead: bool = True,
     folds: int = 4,
+    bootstrap: int = 0,
 ) -> FitResult:
     """Split, fit on the kept share, predict everything, and measure the quality.
 
     Besides the single hold-out split (whose fit gives the coefficients), ``folds``-fold cross
     validation over configurations (every configuration predicted once by a fit that did not see
     it) gives a steadier estimate of the held-out error: quality keys ``"crossval"`` and
-    ``"crossval_raw"``; ``folds < 2`` skips it.
+    ``"crossval_raw"``; ``folds < 2`` skips it. ``bootstrap > 0`` refits that many resamples of
+    the fitted share (:func:`bootstrap_coefficients`, seeded by ``seed``); the coefficients
+    themselves do not change.
 
     Raises:
         ValueError: see :func:`fit_cost` and :func:`split_holdout`.
@@ -403,8 +473,27 @@ def fit(
                                              fit_cost(obs, ~test, overhead, loss, per_token_overhead))
         ok = ~np.isnan(cv_pred)
         q["crossval"], q["crossval_raw"] = _qualities(obs, meas, np.where(ok, cv_pred, 0.0), ok)
+    samples = (bootstrap_coefficients(obs, ~held, bootstrap, seed, overhead, loss, per_token_overhead)
+               if bootstrap > 0 else None)
     return FitResult(cf.cost, cf.api_server_s, cf.overhead_source, cf.jitter_cv, obs, held, pred, q, cf.method,
-                     holdout, seed, api_server_per_token_s=cf.api_server_per_token_s, parts=cf.parts)
+                     holdout, seed, api_server_per_token_s=cf.api_server_per_token_s, parts=cf.parts,
+                     bootstrap_samples=samples)
+
+
+def uncertainty_document(result: FitResult) -> dict | None:
+    """The profile's ``step_cost_uncertainty`` section of a fit with bootstrap samples (values to
+    six significant digits), or None without them."""
+    if result.bootstrap_samples is None:
+        return None
+    return {
+        "method": (f"bootstrap: {len(result.bootstrap_samples)} refits ({result.method}) on resamples of the "
+                   "fitted configurations, drawn with replacement within each kind, all repetitions of a "
+                   "drawn configuration kept"),
+        "seed": result.seed,
+        "fields": list(UNCERTAIN_FIELDS),
+        "num_samples": len(result.bootstrap_samples),
+        "samples": [[_r(v) for v in row] for row in result.bootstrap_samples],
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -498,6 +587,7 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
             "overheads.jitter_cv": "lognormal CV of the measured API-server time around its line in prompt length, from the interquartile range of its log (robust to stalls)",
             "hardware": info.sources.get("hardware", "server report"),
         },
+        **({"step_cost_uncertainty": uncertainty_document(result)} if result.bootstrap_samples is not None else {}),
     }
 
 

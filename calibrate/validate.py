@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from kvroute.calibrate.client import CalibrationError, MetricsSnapshot, ServerInfo, VllmClient
 from kvroute.calibrate.prompts import DEFAULT_TOKEN_RANGE, TokenSynth
 from kvroute.calibrate.replay import Endpoint, LiveReplay, ReplaySpec
 from kvroute.sim.cluster import ClusterSpec
-from kvroute.sim.experiment import compare
+from kvroute.sim.experiment import compare, compare_uncertain
 from kvroute.sim.metrics import RunResult, summarize
 from kvroute.sim.profile import Profile
 from kvroute.traces.format import Trace
@@ -58,6 +59,11 @@ class ValidationSpec:
         client_lag_s: seconds the simulation adds to every later turn's think time, standing
             for the live client's own delay between a reply's last token and sending the next
             turn (the report measures it); 0 simulates the trace as written.
+        uncertainty: profiles drawn from the profile's coefficient uncertainty
+            (``kvroute.sim.uncertainty.draw_profiles``), each simulated ``sim_rounds`` times, so
+            that the interval a measured value is checked against includes the model's share; 0:
+            seeds only.
+        prior_range: relative range of a derived prior's coefficients for ``uncertainty``.
     """
 
     urls: tuple[str, ...]
@@ -72,6 +78,8 @@ class ValidationSpec:
     model: str | None = None
     token_range: tuple[int, int] | None = None
     client_lag_s: float = 0.0
+    uncertainty: int = 0
+    prior_range: float = 0.2
 
 
 @dataclass(slots=True)
@@ -90,6 +98,10 @@ class PolicyRun:
             server did not answer, and the run started with it marked dead).
         before, after: per server ``/metrics`` scrapes around the run (None when unreachable).
         interrupted: Ctrl-C stopped this run.
+        run_values: per metric, the value of every simulated single run (the central profile's
+            rounds, then each drawn profile's), in the same order for every policy, so changes
+            can be paired run by run; a live run is checked against their prediction interval.
+        interval_source: ``"seeds"`` or ``"seeds and model (<how the profiles were drawn>)"``.
     """
 
     policy: str
@@ -105,6 +117,8 @@ class PolicyRun:
     interrupted: bool = False
     elapsed_s: float = math.nan
     usage_reported: bool = True
+    run_values: dict[str, list[float]] = field(default_factory=dict)
+    interval_source: str = "seeds"
 
     @property
     def warm(self) -> bool:
@@ -264,20 +278,35 @@ def with_client_lag(trace: Trace, lag_s: float) -> Trace:
     return dataclasses.replace(trace, records=records)
 
 
-def predict(trace: Trace, cluster: ClusterSpec, policies: list[str], rounds: int, seed: int) -> list[PolicyRun]:
+def predict(trace: Trace, cluster: ClusterSpec, policies: list[str], rounds: int, seed: int,
+            uncertainty: int = 0, prior_range: float = 0.2) -> list[PolicyRun]:
     """Simulate every policy; one :class:`PolicyRun` each, with ``predicted`` filled in.
+
+    ``predicted`` and ``predicted_interval`` come from the central profile's ``rounds`` runs;
+    ``run_values`` holds those runs' values and, with ``uncertainty`` > 0, those of ``rounds``
+    runs under each of ``uncertainty`` drawn profiles
+    (``kvroute.sim.experiment.compare_uncertain``).
 
     Raises:
         ValueError: as ``kvroute.sim.cluster.simulate`` (capacity, block sizes, policy names).
     """
-    comparison = compare(trace, cluster, policies, rounds=rounds, seed=seed)
+    if uncertainty:
+        uncertain = compare_uncertain(trace, cluster, policies, uncertainty, rounds, seed, prior_range)
+        comparison, extra, source = uncertain.base, uncertain.summaries, f"seeds and model ({uncertain.method})"
+    else:
+        comparison, extra, source = compare(trace, cluster, policies, rounds=rounds, seed=seed), None, "seeds"
     runs = []
     for p in policies:
         iv = comparison.intervals[p]
+        rows = comparison.summaries[comparison.summaries["policy"] == p]
+        if extra is not None:
+            rows = pd.concat([rows, extra[extra["policy"] == p]], ignore_index=True)
         runs.append(PolicyRun(policy=p, predicted={k: float(v) for k, v in iv["mean"].items()},
                               sim_runs=comparison.runs[p],
                               predicted_interval={k: (float(iv.at[k, "low"]), float(iv.at[k, "high"]))
-                                                  for k in iv.index}))
+                                                  for k in iv.index},
+                              run_values={k: [float(v) for v in rows[k]] for k in iv.index},
+                              interval_source=source))
     return runs
 
 
@@ -346,7 +375,7 @@ def run_validation(
                                 "cannot be reset, so its runs may start warm")
     progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds")
     runs = predict(with_client_lag(trace, spec.client_lag_s), cluster, list(spec.policies), spec.sim_rounds,
-                   spec.seed)
+                   spec.seed, spec.uncertainty, spec.prior_range)
     lo, hi = token_range(servers, spec.token_range)
     endpoints = [Endpoint(s.url, s.model) for s in servers]
     engine = cluster.profile.engine

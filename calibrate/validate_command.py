@@ -64,10 +64,15 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @click.option("--client-lag", type=float, default=0.0, show_default=True,
               help="Seconds the simulation adds before every later turn, for the live client's own send delay "
                    "(the report measures it; a rerun can pass it here).")
+@click.option("--uncertainty", type=int, default=0, show_default=True,
+              help="Also simulate N profiles drawn from the profile's coefficient uncertainty (x --rounds each), so "
+                   "each measured value is checked against an interval that includes the model's share.")
+@click.option("--prior-range", type=float, default=0.2, show_default=True,
+              help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
 def validate(trace_path, trace_block_size, max_requests, workload, chats, turns, urls, policy, policies_text,
              profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, timeout, router_block_tokens,
-             model, token_range, client_cores, seed, client_lag, reply_tokens, max_tokens, user_tokens, think_time,
-             start):
+             model, token_range, client_cores, seed, client_lag, uncertainty, prior_range, reply_tokens, max_tokens,
+             user_tokens, think_time, start):
     """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
     same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate,
     per-worker hit tokens). Ctrl-C writes what was measured so far.
@@ -93,8 +98,13 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--profile") from exc
     closed = {"auto": None, "closed": True, "open": False}[replay]
+    if uncertainty < 0:
+        raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="--uncertainty")
+    if not 0.0 <= prior_range < 1.0:
+        raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="--prior-range")
     spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread, router_block_tokens,
-                          timeout, rounds, seed, model, _token_range(token_range), client_lag)
+                          timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
+                          prior_range)
     try:
         with pinned(_cores(client_cores)):
             result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))

@@ -3,6 +3,12 @@
 Every compared quantity is a ``{"predicted": p, "measured": m, "error_pct": e}`` mapping with
 ``e = 100 (p - m) / m`` (null when undefined), so a reader can find the pairs generically
 (``notebooks/05_validation.ipynb`` does).
+
+Each measured value (one live run) is also checked against the 95 % prediction interval of one
+simulated run (``run_interval`` and ``inside``), from the simulated runs' values
+(``kvroute.sim.experiment.prediction_interval``): the seeds' spread alone, or seeds and model
+when ``validate --uncertainty N`` drew N profiles from the profile's coefficient uncertainty.
+Changes between policies are checked the same way, pairing the simulated runs seed by seed.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from kvroute.calibrate.validate import PolicyRun, Validation
+from kvroute.sim.experiment import prediction_interval
 from kvroute.sim.metrics import SUMMARY_METRICS
 from kvroute.traces.format import Trace
 
@@ -51,6 +58,23 @@ def change_pct(value: float, base: float) -> float:
 
 def _pair(predicted: float, measured: float) -> dict:
     return {"predicted": _num(predicted), "measured": _num(measured), "error_pct": _num(error_pct(predicted, measured))}
+
+
+def _inside(values, measured) -> dict:
+    """``run_interval`` (95 % prediction interval of one run from ``values``) and whether
+    ``measured`` falls inside it (None when either is undefined)."""
+    lo, hi = prediction_interval(values) if len(values) else (math.nan, math.nan)
+    m = _num(measured)
+    inside = None if m is None or _num(lo) is None else bool(lo <= m <= hi)
+    return {"run_interval": [_num(lo), _num(hi)], "inside": inside}
+
+
+def inside_count(doc: dict) -> tuple[int, int]:
+    """(measured values inside their interval, values checked) over every metric and change."""
+    flags = [m["inside"] for p in doc["policies"].values() for m in p["metrics"].values()]
+    flags += [c["inside"] for ch in doc["changes"].values() for c in ch.values()]
+    checked = [f for f in flags if f is not None]
+    return sum(checked), len(checked)
 
 
 def worker_rows(run: PolicyRun) -> list[dict]:
@@ -146,7 +170,8 @@ def report_dict(v: Validation) -> dict:
         doc["policies"][run.policy] = {
             "metrics": {m: {"label": SUMMARY_METRICS[m], **_pair(run.predicted.get(m, math.nan),
                                                                  run.measured.get(m, math.nan)),
-                            "predicted_interval": [_num(x) for x in run.predicted_interval.get(m, (None, None))]}
+                            "predicted_interval": [_num(x) for x in run.predicted_interval.get(m, (None, None))],
+                            **_inside(run.run_values.get(m, []), run.measured.get(m, math.nan))}
                         for m in REPORT_METRICS},
             "workers": {str(row["worker"]): row for row in worker_rows(run)},
             "cache_reset": list(run.cache_reset),
@@ -166,6 +191,10 @@ def report_dict(v: Validation) -> dict:
             for m in CHANGE_METRICS
         }
     doc["failures"] = [f for r in v.runs for f in failures(r)][:MAX_LISTED_FAILURES]
+    doc["interval_source"] = v.runs[0].interval_source if v.runs else "seeds"
+    doc["uncertainty_draws"] = spec.uncertainty
+    k, n = inside_count(doc)
+    doc["inside_interval"] = {"inside": k, "checked": n}
     return doc
 
 
@@ -181,7 +210,9 @@ def change_pair(base: PolicyRun, run: PolicyRun, metric: str) -> dict:
     difference (percentage points)."""
     p = change_pct(run.predicted.get(metric, math.nan), base.predicted.get(metric, math.nan))
     m = change_pct(run.measured.get(metric, math.nan), base.measured.get(metric, math.nan))
-    return {"predicted": _num(p), "measured": _num(m), "difference_pp": _num(p - m)}
+    paired = [change_pct(b, r) for b, r in zip(base.run_values.get(metric, []), run.run_values.get(metric, []))
+              if b is not None and r is not None]
+    return {"predicted": _num(p), "measured": _num(m), "difference_pp": _num(p - m), **_inside(paired, m)}
 
 
 def run_notes(v: Validation) -> list[str]:
@@ -216,6 +247,15 @@ def _fmt(x, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if abs(x) < 100 else f"{x:.1f}"
 
 
+def _range(pair) -> str:
+    lo, hi = (_num(x) for x in pair)
+    return "-" if lo is None or hi is None else f"{_fmt(lo)} - {_fmt(hi)}"
+
+
+def _yes(flag) -> str:
+    return "-" if flag is None else ("yes" if flag else "**no**")
+
+
 def _pct(x) -> str:
     x = _num(x)
     return "-" if x is None else f"{x:+.1f}%"
@@ -248,27 +288,36 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
                   f"live wall time {_fmt(p['live_wall_time_s'], 1)} s, failed requests {p['failed_requests']}"
                   + (", **warm cache**" if p["warm_cache"] else "")
                   + _lag_text(p["client_send_lag_s"], doc["sim_client_lag_s"]), "",
-                  "| metric | predicted | 95 % interval of the prediction | measured | error % |",
-                  "|---|---:|---:|---:|---:|"]
+                  "| metric | predicted | 95 % interval of the prediction | 95 % interval of one run | measured "
+                  "| inside | error % |",
+                  "|---|---:|---:|---:|---:|:---:|---:|"]
         for m in p["metrics"].values():
             lo, hi = m["predicted_interval"]
             iv = "-" if lo is None or hi is None else f"{_fmt(lo)} - {_fmt(hi)}"
-            lines.append(f"| {m['label']} | {_fmt(m['predicted'])} | {iv} | {_fmt(m['measured'])} | "
-                         f"{_pct(m['error_pct'])} |")
+            lines.append(f"| {m['label']} | {_fmt(m['predicted'])} | {iv} | {_range(m['run_interval'])} | "
+                         f"{_fmt(m['measured'])} | {_yes(m['inside'])} | {_pct(m['error_pct'])} |")
         for w, row in p["workers"].items():
             h = row["hit_tokens"]
             tag = "" if row["alive"] else " (died)"
-            lines.append(f"| hit tokens, worker {w}{tag} | {_fmt(h['predicted'], 0)} | - | {_fmt(h['measured'], 0)} "
-                         f"| {_pct(h['error_pct'])} |")
+            lines.append(f"| hit tokens, worker {w}{tag} | {_fmt(h['predicted'], 0)} | - | - | "
+                         f"{_fmt(h['measured'], 0)} | - | {_pct(h['error_pct'])} |")
     if doc["changes"]:
         base = next(iter(doc["policies"]))
         lines += ["", f"## Change vs {base}", "",
-                  "| metric | policy | predicted | measured | difference (pp) |", "|---|---|---:|---:|---:|"]
+                  "| metric | policy | predicted | 95 % interval of one run | measured | inside | difference (pp) |",
+                  "|---|---|---:|---:|---:|:---:|---:|"]
         for policy, ch in doc["changes"].items():
             for c in ch.values():
                 diff = _num(c["difference_pp"])
-                lines.append(f"| {c['label']} | {policy} | {_pct(c['predicted'])} | {_pct(c['measured'])} | "
-                             f"{'-' if diff is None else f'{diff:+.1f}'} |")
+                lo, hi = c["run_interval"]
+                iv = "-" if lo is None or hi is None else f"{lo:+.1f}% - {hi:+.1f}%"
+                lines.append(f"| {c['label']} | {policy} | {_pct(c['predicted'])} | {iv} | {_pct(c['measured'])} | "
+                             f"{_yes(c['inside'])} | {'-' if diff is None else f'{diff:+.1f}'} |")
+    k, n = doc["inside_interval"]["inside"], doc["inside_interval"]["checked"]
+    lines += ["", f"{k} of {n} measured values fall inside the 95 % prediction interval of one simulated run "
+                  f"(from {doc['interval_source']}; {doc['sim_rounds']} round(s)"
+                  + (f" on the central profile and on each of {doc['uncertainty_draws']} drawn profiles)."
+                     if doc["uncertainty_draws"] else ").")]
     if doc["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"

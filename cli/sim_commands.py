@@ -19,32 +19,54 @@ DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
 
 def _run(policies, rounds, json_out, out, records_format, workload, trace_path, trace_block_size, max_requests, turns, chats,
          think_time, reply_tokens, max_tokens, user_tokens, start, workers, gpus, profile_name, max_model_len,
-         kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot):
+         kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2):
     def trace_for(run_seed: int):
         return load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, run_seed,
                           reply_tokens, max_tokens, user_tokens, start)
 
     trace = trace_for(seed)
+    # A generated workload draws its lengths per round; a trace file is the same in every round.
+    rounds_trace = trace if trace_path is not None else trace_for
     spec = build_spec(profile_name, workers, gpus, arrival_spread, replay, max_model_len, kv_blocks)
     header = describe(trace, spec)
+    if uncertainty < 0:
+        raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="--uncertainty")
+    if not 0.0 <= prior_range < 1.0:
+        raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="--prior-range")
     if not json_out:
-        click.echo(f"{header} | {rounds} round(s) per policy")
-    bar = tqdm(total=len(policies) * rounds, desc="simulating", unit="run", file=sys.stderr,
+        click.echo(f"{header} | {rounds} round(s) per policy"
+                   + (f", plus {uncertainty} drawn profile(s) x {rounds} round(s)" if uncertainty else ""))
+    bar = tqdm(total=len(policies) * rounds * (1 + uncertainty), desc="simulating", unit="run", file=sys.stderr,
                disable=json_out or not sys.stderr.isatty())
-    # A generated workload draws its lengths per round; a trace file is the same in every round.
-    comparison = run_compare(trace if trace_path is not None else trace_for, spec, policies, rounds=rounds, seed=seed,
-                             slo=ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update())
+    if uncertainty:
+        from kvroute.sim.experiment import compare_uncertain, format_uncertain_table
+
+        uncertain = compare_uncertain(rounds_trace, spec, policies, uncertainty, rounds, seed, prior_range,
+                                      ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update())
+        comparison = uncertain.base
+    else:
+        comparison = run_compare(rounds_trace, spec, policies, rounds=rounds, seed=seed,
+                                 slo=ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update())
     bar.close()
     if json_out:
         doc = {"scenario": header, "rounds": rounds, "seed": seed,
-               "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot}, **comparison.to_dict()}
+               "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot},
+               **(uncertain.to_dict() if uncertainty else comparison.to_dict())}
         click.echo(json.dumps(doc, indent=2))
+    elif uncertainty:
+        click.echo(format_uncertain_table(uncertain))
+        click.echo(f"\n(seeds): mean ± 95% interval over {rounds} round(s), seeds {seed}..{seed + rounds - 1}, "
+                   f"central profile. With model unc.: 95% prediction interval of that mean from "
+                   f"{uncertainty} profiles drawn from {uncertain.method}, each on its own seeds.")
     else:
         click.echo(format_table(comparison))
         click.echo(f"\n{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}; "
                    f"± is the 95% interval over rounds; goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     if out is not None:
         _write_outputs(comparison, out, header, json_out, records_format)
+        if uncertainty:
+            uncertain.summaries.to_csv(out / "uncertainty.csv", index=False)
+            (out / "compare.json").write_text(json.dumps({"scenario": header, **uncertain.to_dict()}, indent=2))
 
 
 def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_format: str) -> None:
@@ -82,11 +104,18 @@ def output_options(func):
 @click.option("--policies", "policies_text", default=DEFAULT_POLICIES, show_default=True,
               help="Comma-separated policies; the first is the baseline of the change columns.")
 @click.option("--rounds", type=int, default=3, show_default=True, help="Seeded rounds per policy.")
+@click.option("--uncertainty", type=int, default=0, show_default=True,
+              help="Also run N profiles drawn from the profile's coefficient uncertainty (bootstrap refits of a "
+                   "measured profile, --prior-range for a derived prior), N x rounds runs per policy, and report "
+                   "intervals that include it next to the seed-only ones.")
+@click.option("--prior-range", type=float, default=0.2, show_default=True,
+              help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
 @output_options
 @with_errors
-def compare(policies_text, rounds, json_out, out, records_format, **scenario):
+def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, records_format, **scenario):
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
-    _run(parse_policies(policies_text), rounds, json_out, out, records_format, **scenario)
+    _run(parse_policies(policies_text), rounds, json_out, out, records_format, **scenario, uncertainty=uncertainty,
+         prior_range=prior_range)
 
 
 @click.command()

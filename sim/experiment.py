@@ -1,7 +1,9 @@
 """Experiments: several policies on the same trace and cluster, over several seeded rounds.
 
 Round ``r`` of every policy uses seed ``seed + r``, so policies are compared under the same
-jitter draws and the same workload draws (common random numbers).
+jitter draws and the same workload draws (common random numbers). ``compare_uncertain`` repeats
+the comparison under profiles drawn from the coefficients' uncertainty, for intervals that
+include the model's share.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pandas as pd
 
 from kvroute.sim.cluster import ClusterSpec, simulate
 from kvroute.sim.metrics import SUMMARY_METRICS, RunResult, ServiceClass, summarize, summarize_rounds
+from kvroute.sim.uncertainty import PRIOR_RANGE
 from kvroute.traces.format import Trace
 
 
@@ -157,3 +161,168 @@ def _fmt_interval(mean: float, half: float, rounds: int) -> str:
     if rounds > 1:
         return f"{mean:.{digits}f} ± {half:.{digits}f}"
     return f"{mean:.{digits}f}"
+
+
+@dataclass(slots=True)
+class UncertainComparison:
+    """Results of ``compare_uncertain``: the central profile's comparison plus the same comparison
+    under profiles drawn from the coefficients' uncertainty.
+
+    Attributes:
+        base: ``compare`` on the central profile (seed-only intervals).
+        draws: profiles drawn.
+        rounds: rounds per policy and draw.
+        summaries: one row per (draw, policy, round): ``draw``, ``policy``, ``round``, ``seed`` and
+            every summary metric.
+        method: how the profiles were drawn (the profile's uncertainty ``method``).
+    """
+
+    base: Comparison
+    draws: int
+    rounds: int
+    summaries: pd.DataFrame
+    method: str
+
+    @property
+    def policies(self) -> list[str]:
+        """Policy names; the first is the baseline."""
+        return self.base.policies
+
+    def _draw_means(self, policy: str, metric: str) -> np.ndarray:
+        rows = self.summaries[self.summaries["policy"] == policy]
+        return rows.groupby("draw")[metric].mean().to_numpy(float)
+
+    def mean_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
+        """``coverage`` prediction interval (:func:`prediction_interval`) of the mean over
+        ``rounds`` runs, from the drawn profiles' means (each of which carries its own seeds'
+        noise, so the interval holds the model's and the seeds' share)."""
+        return prediction_interval(self._draw_means(policy, metric), coverage)
+
+    def run_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
+        """``coverage`` prediction interval of a single run's value, from every draw and round."""
+        rows = self.summaries[self.summaries["policy"] == policy]
+        return prediction_interval(rows[metric].to_numpy(float), coverage)
+
+    def change_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
+        """``coverage`` prediction interval of the relative change (percent) of ``policy``'s mean
+        against the baseline's mean, from each draw's change (same profile and seeds for both)."""
+        base = self._draw_means(self.policies[0], metric)
+        value = self._draw_means(policy, metric)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            change = np.where(base != 0, 100.0 * (value - base) / base, np.nan)
+        return prediction_interval(change, coverage)
+
+    def to_dict(self, coverage: float = 0.95) -> dict:
+        """``base.to_dict()`` with, per metric, ``model_interval`` (mean over rounds, model
+        uncertainty included), ``run_interval`` (one run) and, for later policies,
+        ``change_model_interval_pct``; plus ``uncertainty``: draws, rounds, method."""
+        doc = self.base.to_dict()
+        for policy, metrics in doc["policies"].items():
+            for metric, entry in metrics.items():
+                lo, hi = self.mean_interval(policy, metric, coverage)
+                entry["model_interval"] = {"low": _num(lo), "high": _num(hi)}
+                lo, hi = self.run_interval(policy, metric, coverage)
+                entry["run_interval"] = {"low": _num(lo), "high": _num(hi)}
+                if policy != self.policies[0]:
+                    lo, hi = self.change_interval(policy, metric, coverage)
+                    entry["change_model_interval_pct"] = {"low": _num(lo), "high": _num(hi)}
+        doc["uncertainty"] = {"draws": self.draws, "rounds_per_draw": self.rounds, "coverage": coverage,
+                              "method": self.method}
+        return doc
+
+
+def prediction_interval(values, coverage: float = 0.95) -> tuple[float, float]:
+    """Normal-theory prediction interval of one more value like ``values``:
+    ``mean ± t(n - 1) * sd * sqrt(1 + 1 / n)`` (NaNs dropped; ``(nan, nan)`` for fewer than two).
+
+    Unlike percentiles it stays honest with few draws (five draws' percentiles would be nearly
+    their min and max, and cover far less than 95 %).
+    """
+    from scipy.stats import t
+
+    x = np.asarray(values, float)
+    x = x[~np.isnan(x)]
+    if len(x) < 2:
+        return math.nan, math.nan
+    half = float(t.ppf(0.5 + coverage / 2, len(x) - 1)) * float(x.std(ddof=1)) * math.sqrt(1 + 1 / len(x))
+    return float(x.mean()) - half, float(x.mean()) + half
+
+
+def compare_uncertain(
+    trace: Trace | Callable[[int], Trace],
+    spec: ClusterSpec,
+    policies: list[str],
+    draws: int,
+    rounds: int = 3,
+    seed: int = 0,
+    prior_range: float = PRIOR_RANGE,
+    slo: ServiceClass = ServiceClass(),
+    progress=None,
+) -> UncertainComparison:
+    """``compare`` on the central profile, then on ``draws`` profiles drawn from its coefficients'
+    uncertainty (``kvroute.sim.uncertainty.draw_profiles``: bootstrap refits of a measured
+    profile, or ``±prior_range`` for a derived prior).
+
+    Draw ``d`` runs every policy on seeds ``seed + (d + 1) * rounds ..`` (its own seeds, so the
+    spread of the draws' means holds both the model's and the seeds' share; policies share them,
+    so changes keep common random numbers). The profiles are drawn with
+    ``numpy.random.default_rng([seed, 2])`` (the workload lengths use ``[seed, 1]``). Runs: ``(draws + 1) * rounds`` per policy.
+
+    Raises:
+        ValueError: ``draws < 1``, or as ``compare``.
+    """
+    from kvroute.sim.uncertainty import draw_profiles, profile_uncertainty
+
+    if draws < 1:
+        raise ValueError(f"uncertainty draws must be >= 1, got {draws}")
+    base = compare(trace, spec, policies, rounds, seed, slo, progress)
+    profiles = draw_profiles(spec.profile, draws, np.random.default_rng([seed, 2]), prior_range)
+    rows = []
+    for d, profile in enumerate(profiles):
+        first = seed + (d + 1) * rounds
+        comparison = compare(trace, replace(spec, profile=profile), policies, rounds, first, slo, progress)
+        rows.append(comparison.summaries.assign(draw=d))
+    summaries = pd.concat(rows, ignore_index=True)
+    method = profile_uncertainty(spec.profile, prior_range).method
+    return UncertainComparison(base, draws, rounds, summaries, method)
+
+
+def format_uncertain_table(result: UncertainComparison, metrics: list[str] | None = None,
+                           coverage: float = 0.95) -> str:
+    """``format_table``'s layout with, after each policy, its 95 % interval including model
+    uncertainty (``UncertainComparison.mean_interval``), and after each change, the change's
+    (``UncertainComparison.change_interval``)."""
+    metrics = metrics or list(SUMMARY_METRICS)
+    base, first = result.base, result.policies[0]
+    header = ["metric"]
+    for i, p in enumerate(result.policies):
+        header += [f"{p} (seeds)", "with model unc."]
+        if i:
+            header += [f"Δ vs {first}", "Δ with model unc."]
+    rows = [header]
+    for m in metrics:
+        row = [SUMMARY_METRICS[m]]
+        for i, p in enumerate(result.policies):
+            iv = base.intervals[p].loc[m]
+            row.append(_fmt_interval(iv["mean"], iv["high"] - iv["mean"], int(iv["rounds"])))
+            row.append(_fmt_range(*result.mean_interval(p, m, coverage)))
+            if i:
+                ch = base.change(p, m)
+                row.append("" if math.isnan(ch) else f"{ch:+.1f}%")
+                lo, hi = result.change_interval(p, m, coverage)
+                row.append("" if math.isnan(lo) else f"[{lo:+.1f}, {hi:+.1f}]%")
+        rows.append(row)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    lines = []
+    for k, r in enumerate(rows):
+        lines.append("  ".join([r[0].ljust(widths[0])] + [r[c].rjust(widths[c]) for c in range(1, len(r))]))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt_range(lo: float, hi: float) -> str:
+    if math.isnan(lo):
+        return "-"
+    digits = 3 if max(abs(lo), abs(hi)) < 10 else 1
+    return f"[{lo:.{digits}f}, {hi:.{digits}f}]"

@@ -17,8 +17,15 @@ Layout of a profile file::
       "overheads": {"api_server_s": 0.1, "gateway_s": 0.001, "jitter_cv": 0.1,
                     "api_server_per_token_s": 0.0},
       "provenance": {"kind": "derived" | "measured", "source": "...", "date": "...", ...},
-      "sources": {"<field>": "<where the number comes from>"}
+      "sources": {"<field>": "<where the number comes from>"},
+      "step_cost_uncertainty": {"method": "bootstrap", "fields": ["step_cost.per_token_s", ...],
+                                "samples": [[...], ...], ...}          (optional)
     }
+
+``step_cost_uncertainty`` (optional) holds the fitted coefficients' uncertainty: either
+``samples``, coefficient vectors refitted on bootstrap resamples (one value per name in
+``fields``, each ``"step_cost.<coefficient>"`` or ``"overheads.<field>"``), or a
+``relative_range`` r meaning each coefficient lies in ``[(1 - r) c, (1 + r) c]``.
 """
 
 from __future__ import annotations
@@ -99,6 +106,86 @@ class MemoryModel:
 
 
 @dataclass(frozen=True, slots=True)
+class CoefficientUncertainty:
+    """Uncertainty of a profile's fitted coefficients (the ``step_cost_uncertainty`` section).
+
+    Attributes:
+        fields: coefficient names, ``"step_cost.<StepCost field>"`` or ``"overheads.<Overheads field>"``.
+        samples: coefficient vectors, one value per field each (bootstrap refits); may be empty
+            when ``relative_range`` is given.
+        relative_range: r: every field of ``fields`` lies in ``[(1 - r) c, (1 + r) c]`` around the
+            profile's value ``c`` (stated ranges of derived priors); None with ``samples``.
+        method: how the uncertainty was obtained (free text kept for reports).
+
+    Raises:
+        ValueError: unknown field, a sample of the wrong length, a negative or non-finite value,
+            or neither samples nor a relative range.
+    """
+
+    fields: tuple[str, ...]
+    samples: tuple[tuple[float, ...], ...] = ()
+    relative_range: float | None = None
+    method: str = ""
+
+    def __post_init__(self) -> None:
+        for name in self.fields:
+            section, _, key = name.partition(".")
+            known = {"step_cost": StepCost.__dataclass_fields__, "overheads": Overheads.__dataclass_fields__}
+            if key not in known.get(section, ()):
+                raise ValueError(f"unknown uncertain coefficient {name!r} (step_cost.<name> or overheads.<name>)")
+        for i, row in enumerate(self.samples):
+            if len(row) != len(self.fields):
+                raise ValueError(f"sample {i} has {len(row)} values for {len(self.fields)} fields")
+            if not all(v >= 0.0 and v != float("inf") for v in row):
+                raise ValueError(f"sample {i} has a negative or non-finite value")
+        if not self.samples and self.relative_range is None:
+            raise ValueError("give samples or a relative_range")
+        if self.relative_range is not None and not 0.0 <= self.relative_range < 1.0:
+            raise ValueError(f"relative_range must be in [0, 1), got {self.relative_range}")
+
+    def interval(self, name: str, value: float, coverage: float = 0.95) -> tuple[float, float] | None:
+        """Central ``coverage`` range of coefficient ``name`` (whose profile value is ``value``):
+        percentiles of the samples, else ``value`` times ``1 -/+ relative_range``; None when
+        ``name`` is not one of ``fields``."""
+        if name not in self.fields:
+            return None
+        if self.samples:
+            import numpy as np
+
+            column = np.array([row[self.fields.index(name)] for row in self.samples])
+            lo, hi = np.percentile(column, [50 * (1 - coverage), 50 * (1 + coverage)])
+            return float(lo), float(hi)
+        r = float(self.relative_range)
+        return value * (1 - r), value * (1 + r)
+
+    def to_dict(self) -> dict:
+        """The JSON section (layout of the module docstring)."""
+        doc: dict = {"method": self.method, "fields": list(self.fields)}
+        if self.samples:
+            doc["num_samples"] = len(self.samples)
+            doc["samples"] = [list(row) for row in self.samples]
+        if self.relative_range is not None:
+            doc["relative_range"] = self.relative_range
+        return doc
+
+
+def uncertainty_from_dict(doc: dict, where: str = "<dict>") -> CoefficientUncertainty:
+    """Parse a ``step_cost_uncertainty`` section; errors name ``where`` and the field."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where}: step_cost_uncertainty must be an object")
+    try:
+        rel = doc.get("relative_range")
+        return CoefficientUncertainty(
+            fields=tuple(str(f) for f in doc.get("fields", ())),
+            samples=tuple(tuple(float(v) for v in row) for row in doc.get("samples", ())),
+            relative_range=None if rel is None else float(rel),
+            method=str(doc.get("method", "")),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: step_cost_uncertainty: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """Everything the simulator needs to know about one kind of worker.
 
@@ -110,6 +197,7 @@ class Profile:
         gpu_memory_utilization: share of the device one worker takes (vLLM's flag).
         memory: inputs of vLLM's KV-capacity rule, or None when only ``num_gpu_blocks`` is known.
         raw: the whole JSON document (hardware, model, provenance, sources), kept for reports.
+        uncertainty: the fitted coefficients' uncertainty (``step_cost_uncertainty``), or None.
     """
 
     name: str
@@ -119,6 +207,7 @@ class Profile:
     gpu_memory_utilization: float = 0.9
     memory: MemoryModel | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
+    uncertainty: CoefficientUncertainty | None = field(default=None, compare=False, repr=False)
 
     def shared(self, workers_per_gpu: int) -> "Profile":
         """The profile of one of ``workers_per_gpu`` workers splitting one GPU's memory.
@@ -219,4 +308,6 @@ def profile_from_dict(doc: dict, where: str = "<dict>") -> Profile:
         gpu_memory_utilization=float(engine_doc.get("gpu_memory_utilization", 0.9)),
         memory=memory,
         raw=doc,
+        uncertainty=(uncertainty_from_dict(doc["step_cost_uncertainty"], where)
+                     if doc.get("step_cost_uncertainty") is not None else None),
     )

@@ -462,12 +462,14 @@ def test_fit_command_writes_a_loadable_profile_and_report(tmp_path):
 
     _write_synthetic_run(tmp_path / "run")
     out = tmp_path / "prof" / "synthetic.json"
-    result = CliRunner().invoke(calibrate, ["fit", str(tmp_path / "run"), "--out", str(out), "--loss", "linear"])
+    result = CliRunner().invoke(calibrate, ["fit", str(tmp_path / "run"), "--out", str(out), "--loss", "linear",
+                                       "--bootstrap", "3"])
     assert result.exit_code == 0, result.output
     prof = load_profile(out)
     assert prof.name == "synthetic"
     assert prof.step_cost.decode_attn_s == pytest.approx(TRUE.decode_attn_s, rel=1e-3)
     assert (tmp_path / "prof" / "synthetic.fit.png").stat().st_size > 10_000
+    assert len(prof.uncertainty.samples) == 3 and prof.uncertainty.fields[-1] == "overheads.jitter_cv"
 
 
 def _write_synthetic_run(d: Path) -> None:

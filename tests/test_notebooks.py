@@ -23,7 +23,8 @@ NAMES = ["01_seed_study", "02_more_workers", "03_long_histories", "04_calibratio
 MARK = "KVROUTE-CHECK "
 
 SMALL = {
-    "01_seed_study": "CHATS = 8\nTURNS = [2, 3]\nROUNDS = 2\nA100_TURNS = 2\n",
+    "01_seed_study": ("CHATS = 8\nTURNS = [2, 3]\nROUNDS = 2\nA100_TURNS = 2\n"
+                      "SENS_TRAJECTORIES = 2\nSENS_ROUNDS = 1\nSENS_NOISE_ROUNDS = 2\nUNC_DRAWS = 2\n"),
     "02_more_workers": ("WORKER_COUNTS = [2, 4]\nHIGHLIGHT = 8\nCHATS_PER_WORKER = 3\nTURNS = 3\nROUNDS = 2\n"
                         "EXECUTOR = 'local'\n"),
     "03_long_histories": ("WORKERS = 2\nSESSIONS = 4\nTURNS = 3\nHISTORY = (8000, 12000)\n"
@@ -90,7 +91,8 @@ def test_every_notebook_is_tested():
 
 def test_01_seed_study_equals_kvroute_compare(tmp_path):
     book, out = run("01_seed_study", tmp_path, SMALL["01_seed_study"],
-                    "{'seed_study': seed_study.to_dict('records'), 'a100': a100_study.to_dict('records')}")
+                    "{'seed_study': seed_study.to_dict('records'), 'a100': a100_study.to_dict('records'), "
+                    "'sens': sens.indices.to_dict('records'), 'unc': uncertain.to_dict()}")
     assert not any(tmp_path.iterdir()), "the notebook wrote files"
     common = ["--chats", "8", "--rounds", "2", "--seed", "0"]
     expected = {t: cli_compare(*common, "--turns", str(t)) for t in (2, 3)}
@@ -108,6 +110,26 @@ def test_01_seed_study_equals_kvroute_compare(tmp_path):
         want = expected[row["arrangement"]]["policies"][row["policy"]][row["metric"]]
         assert (row["mean"], row["rounds"]) == (want["mean"], want["rounds"]), row
     assert "kv_aware vs round_robin" in printed(book)
+    _check_01_sensitivity(book, out)
+
+
+def _check_01_sensitivity(book, out) -> None:
+    """01's sensitivity section equals ``run_sensitivity``, its intervals ``compare --uncertainty``."""
+    import pandas as pd
+
+    from kvroute.sim.sensitivity import run_sensitivity
+
+    api = run_sensitivity(Scenario(chats=8, turns=2, workers=4, profile="a6000-qwen2.5-7b", seed=0),
+                          ["round_robin", "kv_aware"], trajectories=2, rounds=1, noise_rounds=2, seed=0,
+                          executor="sequential")
+    assert pd.DataFrame(out["sens"]).equals(api.indices)
+    want = cli_compare("--chats", "8", "--turns", "2", "--rounds", "2", "--seed", "0", "--uncertainty", "2",
+                       "--policies", "round_robin,kv_aware")
+    for policy in ("round_robin", "kv_aware"):
+        for metric in ("time_to_complete_s", "later_ttft_mean_s", "hit_rate"):
+            got, exp = out["unc"]["policies"][policy][metric], want["policies"][policy][metric]
+            assert (got["mean"], got["model_interval"]) == (exp["mean"], exp["model_interval"]), (policy, metric)
+    assert "mu* per factor" in printed(book)
 
 
 def test_02_more_workers_numbers_are_the_sweep(tmp_path):

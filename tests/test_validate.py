@@ -545,3 +545,28 @@ def test_client_lag_delays_every_later_turn_of_the_simulation_exactly():
     assert len(parents) == 6
     for rid, parent in parents.items():
         assert df.at[rid, "arrival"] - df.at[parent, "finish"] == pytest.approx(0.025, abs=1e-9)
+
+
+def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fakes, tmp_path):
+    from kvroute.calibrate.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validate_report import report_markdown, write_report
+    from kvroute.sim.experiment import prediction_interval
+    from kvroute.sim.profile import load_profile
+
+    servers = fakes(2)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), max_in_flight=2, sim_rounds=2,
+                          uncertainty=2)
+    v = run_validation(small_chat(chats=5, turns=3), load_profile("cpu-tiny-qwen2"), spec)
+    rr, kv = v.runs
+    assert len(kv.run_values["ttft_mean_s"]) == 2 + 2 * 2  # central rounds, then 2 draws x 2 rounds
+    assert kv.interval_source.startswith("seeds and model (bootstrap")
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    m = doc["policies"]["kv_aware"]["metrics"]["ttft_mean_s"]
+    lo, hi = prediction_interval(kv.run_values["ttft_mean_s"])
+    assert m["run_interval"] == [lo, hi] and m["inside"] == (lo <= m["measured"] <= hi)
+    ch = doc["changes"]["kv_aware"]["time_to_complete_s"]
+    assert ch["inside"] in (True, False) and ch["run_interval"][0] < ch["run_interval"][1]
+    k, n = doc["inside_interval"]["inside"], doc["inside_interval"]["checked"]
+    assert 0 <= k <= n and n >= 2 * 9 + 6  # every defined metric and change of both policies
+    md = report_markdown(v)
+    assert "| inside |" in md and f"{k} of {n} measured values fall inside" in md and "2 drawn profiles" in md

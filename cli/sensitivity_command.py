@@ -1,0 +1,119 @@
+"""``kvroute sensitivity``: Morris screening of a scenario's uncertain inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from kvroute.cli.scenario import parse_policies, read_any_trace, scenario_options, truncate, with_errors
+
+
+def _pair(text: str, hint: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"must be LOW:HIGH, got {text!r}", param_hint=hint) from None
+    return lo, hi
+
+
+@click.command("sensitivity")
+@scenario_options
+@click.option("--policies", "policies_text", default="round_robin,kv_aware", show_default=True,
+              help="Comma-separated policies; every later one also reports its change against the first.")
+@click.option("--trajectories", type=int, default=12, show_default=True,
+              help="Morris trajectories; the design has trajectories x (factors + 1) points.")
+@click.option("--levels", type=int, default=4, show_default=True, help="Morris grid levels (even).")
+@click.option("--rounds", type=int, default=2, show_default=True,
+              help="Seeds per point (the same seeds at every point: common random numbers).")
+@click.option("--noise-rounds", type=int, default=5, show_default=True,
+              help="Seeds of the unperturbed scenario (its value and seed-to-seed sd in the table).")
+@click.option("--design-seed", type=int, default=0, show_default=True,
+              help="Seeds the Morris design and the bootstrap of mu* intervals.")
+@click.option("--prior-range", type=float, default=0.2, show_default=True,
+              help="Relative half-width of a coefficient or overhead mean without fitted uncertainty (derived priors).")
+@click.option("--coverage", type=float, default=0.95, show_default=True,
+              help="Central share of a measured coefficient's bootstrap samples taken as its range.")
+@click.option("--jitter-cv-range", default="0:0.6", show_default=True,
+              help="LOW:HIGH of the overhead jitter CV when the profile has no fitted one.")
+@click.option("--kv-range", type=float, default=0.1, show_default=True, help="Relative half-width of the KV capacity.")
+@click.option("--spread-range", default="0:0.02", show_default=True,
+              help="LOW:HIGH of the start spread of root requests, s.")
+@click.option("--groups", default=None,
+              help="Comma-separated factor groups to vary (default: all; see kvroute.sim.sensitivity.FACTOR_GROUPS).")
+@click.option("--executor", type=click.Choice(["local", "sequential"]), default="local", show_default=True,
+              help="local: a process pool; sequential: this process.")
+@click.option("--max-workers", type=int, default=None, help="Processes of the local pool [CPU count].")
+@click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the tables.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write sensitivity.json, indices.csv, samples.csv and tornado.png here.")
+@with_errors
+def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, design_seed, prior_range, coverage,
+                jitter_cv_range, kv_range, spread_range, groups, executor, max_workers, json_out, out,
+                workload, trace_path, trace_block_size, max_requests, turns, chats, think_time, workers, gpus,
+                profile_name, max_model_len, kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot):
+    """Rank the scenario's uncertain inputs by how much each moves the headline metrics.
+
+    Morris's elementary effects (SALib) over the step-cost coefficients (their bootstrap range
+    for measured profiles, ±--prior-range for derived priors), the overhead means and jitter CV,
+    the KV capacity and the start spread. The table gives mu*: the mean absolute change of a
+    metric when the factor crosses its range (signed + / - for a monotone effect, ~ otherwise).
+    """
+    from kvroute.sim.metrics import ServiceClass
+    from kvroute.sim.sensitivity import Ranges, base_profile, default_factors, run_sensitivity
+    from kvroute.sim.sweep import Scenario
+
+    policies = parse_policies(policies_text)
+    try:
+        ranges = Ranges(prior_range, coverage, _pair(jitter_cv_range, "--jitter-cv-range"), kv_range,
+                        _pair(spread_range, "--spread-range"))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    trace = None
+    if trace_path is not None:
+        trace = read_any_trace(trace_path, trace_block_size)
+        if max_requests is not None:
+            trace = truncate(trace, max_requests)
+    elif max_requests is not None:
+        raise click.UsageError("--max-requests applies to --trace files")
+    scenario = Scenario(workload=workload, chats=chats, turns=turns, think_time_s=think_time, profile=profile_name,
+                        workers=workers, gpus=gpus, policy=policies[0], kv_blocks=kv_blocks,
+                        arrival_spread_s=arrival_spread, seed=seed)
+    try:
+        profile = base_profile(scenario)
+    except FileNotFoundError as exc:
+        raise click.BadParameter(str(exc), param_hint="--profile") from exc
+    if max_model_len:
+        profile = dataclasses.replace(profile, engine=dataclasses.replace(profile.engine, max_model_len=max_model_len))
+    names = [g.strip() for g in groups.split(",") if g.strip()] if groups else None
+    factors = default_factors(scenario, profile, ranges, names)
+    closed = {"auto": None, "closed": True, "open": False}[replay]
+    start = time.perf_counter()
+    result = run_sensitivity(scenario, policies, factors, ranges, trajectories, levels, rounds, design_seed,
+                             noise_rounds, profile, trace, closed, executor, max_workers,
+                             progress=not json_out and sys.stderr.isatty(), slo=ServiceClass(slo_ttft, slo_tpot))
+    wall = time.perf_counter() - start
+    result.settings["wall_s"] = round(wall, 2)
+    source = trace.source if trace is not None else f"{workload}: {chats} chats x {turns} turns"
+    if json_out:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        click.echo(f"{source} | {workers} workers | profile {profile.name} | {len(factors)} factors, "
+                   f"{trajectories} trajectories x {levels} levels = {result.settings['points']} points, "
+                   f"{rounds} round(s) each, policies {', '.join(policies)}\n")
+        click.echo(result.format_table())
+        click.echo(f"\nmu*: mean |change| of the metric when the factor crosses its range (Morris, SALib); "
+                   f"+/- the sign of a monotone effect, ~ mixed signs. Seed sd: {noise_rounds} seeds of the "
+                   f"unperturbed scenario.\nwall time {wall:.1f} s")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sensitivity.json").write_text(json.dumps(result.to_dict(), indent=2))
+        result.indices.to_csv(out / "indices.csv", index=False)
+        result.samples.to_csv(out / "samples.csv", index=False)
+        result.plot(out / "tornado.png")
+        if not json_out:
+            click.echo(f"wrote {out / 'sensitivity.json'}, indices.csv, samples.csv, tornado.png")
