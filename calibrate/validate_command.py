@@ -72,7 +72,7 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 def validate(trace_path, trace_block_size, max_requests, workload, chats, turns, urls, policy, policies_text,
              profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, timeout, router_block_tokens,
              model, token_range, client_cores, seed, client_lag, uncertainty, prior_range, reply_tokens, max_tokens,
-             user_tokens, think_time, start):
+             user_tokens, think_time, start, request_rate, arrival, speedup):
     """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
     same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate,
     per-worker hit tokens). Ctrl-C writes what was measured so far.
@@ -92,7 +92,7 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
 
     names = _policies(policy, policies_text)
     trace = load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, seed,
-                       reply_tokens, max_tokens, user_tokens, start)
+                       reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup)
     try:
         profile = load_profile(profile_name)
     except (FileNotFoundError, ValueError) as exc:

@@ -26,6 +26,14 @@ def length_options() -> list:
                      help="Seconds between a reply's last token and the next turn: a number or a distribution."),
         click.option("--start", default="0", show_default=True, callback=_dist_option,
                      help="Seed-chat: each chat's first send, seconds (a distribution; on top of --arrival-spread)."),
+        click.option("--request-rate", type=float, default=None, callback=_positive,
+                     help="Load: sessions started per second for a generated workload (later turns follow "
+                          "closed-loop); for a --trace file, its timestamps rescaled to this mean request rate "
+                          "[generated: all at once]."),
+        click.option("--arrival", default="poisson", show_default=True, callback=_arrival_option,
+                     help="Arrival process of --request-rate: poisson, gamma:CV (CV > 1 burstier), constant."),
+        click.option("--speedup", type=float, default=None, callback=_positive,
+                     help="Divide a --trace file's timestamps by this factor (2 = twice the load)."),
     ]
 
 
@@ -34,6 +42,24 @@ def workload_length_options(func):
     for option in reversed(length_options()):
         func = option(func)
     return func
+
+
+def _positive(ctx: click.Context, param: click.Parameter, value: float | None):
+    import math
+
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"must be a finite number > 0, got {value}", ctx=ctx, param=param)
+    return value
+
+
+def _arrival_option(ctx: click.Context, param: click.Parameter, value: str):
+    from kvroute.traces.arrivals import parse_arrival
+
+    try:
+        parse_arrival(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return value
 
 
 def _dist_option(ctx: click.Context, param: click.Parameter, value: str | None):

@@ -56,19 +56,34 @@ def scenario_options(func):
 def load_trace(trace_path: Path | None, workload: str, turns: int, chats: int, think_time: float | str,
                trace_block_size: int | None, max_requests: int | None, seed: int,
                reply_tokens: str | None = None, max_tokens: int | None = None, user_tokens: str | None = None,
-               start: str | float = 0.0) -> Trace:
+               start: str | float = 0.0, request_rate: float | None = None, arrival: str = "poisson",
+               speedup: float | None = None) -> Trace:
     """The trace a command runs: a file, or a built-in workload drawn for run seed ``seed``.
 
     ``think_time``, ``reply_tokens``, ``user_tokens`` and ``start`` are distributions
-    (:mod:`kvroute.traces.lengths`); random ones are drawn from ``workload_rng(seed)``.
+    (:mod:`kvroute.traces.lengths`); random ones are drawn from ``workload_rng(seed)``. A
+    generated workload's sessions start at ``request_rate`` per second (``arrival`` process); a
+    file's timestamps are rescaled by ``speedup`` or to a mean ``request_rate``.
+
+    Raises:
+        click.UsageError: ``--speedup`` without a trace file, or both ``--speedup`` and
+            ``--request-rate`` for one.
     """
     from kvroute.traces import generators
+    from kvroute.traces.arrivals import rescaled
 
     if trace_path is not None:
         trace = read_any_trace(trace_path, trace_block_size)
+        if speedup is not None and request_rate is not None:
+            raise click.UsageError("give --speedup or --request-rate for a trace file, not both")
+        if speedup is not None or request_rate is not None:
+            trace = rescaled(trace, speedup, request_rate)
     else:
+        if speedup is not None:
+            raise click.UsageError("--speedup rescales a --trace file; a generated workload takes --request-rate")
         trace = generators.builtin_workload(workload, chats, turns, think_time, seed, reply_tokens,
-                                            max_tokens=max_tokens, user=user_tokens, start_s=start)
+                                            max_tokens=max_tokens, user=user_tokens, start_s=start,
+                                            request_rate=request_rate, arrival=arrival)
     if max_requests is not None:
         trace = truncate(trace, max_requests)
     return trace

@@ -54,8 +54,9 @@ def _pair(text: str, hint: str) -> tuple[float, float]:
 @with_errors
 def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, design_seed, prior_range, coverage,
                 jitter_cv_range, kv_range, spread_range, groups, executor, max_workers, json_out, out,
-                workload, trace_path, trace_block_size, max_requests, turns, chats, think_time, workers, gpus,
-                profile_name, max_model_len, kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot):
+                workload, trace_path, trace_block_size, max_requests, turns, chats, think_time, reply_tokens,
+                max_tokens, user_tokens, start, request_rate, arrival, speedup, workers, gpus, profile_name,
+                max_model_len, kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot):
     """Rank the scenario's uncertain inputs by how much each moves the headline metrics.
 
     Morris's elementary effects (SALib) over the step-cost coefficients (their bootstrap range
@@ -64,7 +65,7 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     metric when the factor crosses its range (signed + / - for a monotone effect, ~ otherwise).
     """
     from kvroute.sim.metrics import ServiceClass
-    from kvroute.sim.sensitivity import Ranges, base_profile, default_factors, run_sensitivity
+    from kvroute.sim.sensitivity import FACTOR_GROUPS, Ranges, base_profile, default_factors, run_sensitivity
     from kvroute.sim.sweep import Scenario
 
     policies = parse_policies(policies_text)
@@ -78,9 +79,15 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
         trace = read_any_trace(trace_path, trace_block_size)
         if max_requests is not None:
             trace = truncate(trace, max_requests)
-    elif max_requests is not None:
-        raise click.UsageError("--max-requests applies to --trace files")
-    scenario = Scenario(workload=workload, chats=chats, turns=turns, think_time_s=think_time, profile=profile_name,
+        if speedup is not None or request_rate is not None:
+            from kvroute.traces.arrivals import rescaled
+
+            trace = rescaled(trace, speedup, None if speedup is not None else request_rate)
+    elif max_requests is not None or speedup is not None:
+        raise click.UsageError("--max-requests and --speedup apply to --trace files")
+    scenario = Scenario(workload=workload, chats=chats, turns=turns, think_time_s=think_time, reply=reply_tokens,
+                        max_tokens=max_tokens, user=user_tokens, start_s=start, request_rate=request_rate,
+                        arrival=arrival, profile=profile_name,
                         workers=workers, gpus=gpus, policy=policies[0], kv_blocks=kv_blocks,
                         arrival_spread_s=arrival_spread, seed=seed)
     try:
@@ -90,6 +97,8 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     if max_model_len:
         profile = dataclasses.replace(profile, engine=dataclasses.replace(profile.engine, max_model_len=max_model_len))
     names = [g.strip() for g in groups.split(",") if g.strip()] if groups else None
+    if names is None and trace is not None:
+        names = [g for g in FACTOR_GROUPS if g != "workload"]  # a trace file's lengths are given
     factors = default_factors(scenario, profile, ranges, names)
     closed = {"auto": None, "closed": True, "open": False}[replay]
     start = time.perf_counter()

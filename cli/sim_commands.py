@@ -18,11 +18,11 @@ DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
 
 
 def _run(policies, rounds, json_out, out, records_format, workload, trace_path, trace_block_size, max_requests, turns, chats,
-         think_time, reply_tokens, max_tokens, user_tokens, start, workers, gpus, profile_name, max_model_len,
+         think_time, reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup, workers, gpus, profile_name, max_model_len,
          kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2):
     def trace_for(run_seed: int):
         return load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, run_seed,
-                          reply_tokens, max_tokens, user_tokens, start)
+                          reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup)
 
     trace = trace_for(seed)
     # A generated workload draws its lengths per round; a trace file is the same in every round.

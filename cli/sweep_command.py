@@ -13,6 +13,7 @@ from kvroute.sim.metrics import SUMMARY_METRICS
 from kvroute.sim.profile import load_profile
 from kvroute.sim.sweep import COUNTER_COLUMNS, EXECUTORS, WORKLOADS, Scenario, grid, intervals, sweep
 from kvroute.sim.metrics import ServiceClass
+from kvroute.traces.arrivals import parse_arrival
 from kvroute.traces.lengths import parse_dist
 
 DEFAULT_SHOW = "time_to_complete_s,later_ttft_mean_s,later_ttft_p90_s,hit_rate"
@@ -48,6 +49,30 @@ def _dists(text: str | None, hint: str) -> list[float | str] | None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint=hint) from None
     return [d.params[0] if d.kind == "fixed" else d.text for d in dists]
+
+
+def _rates(text: str | None) -> list[float] | None:
+    """``"1,2,4"`` -> ``[1.0, 2.0, 4.0]`` sessions per second; None or empty -> None."""
+    items = _split(text)
+    if not items:
+        return None
+    try:
+        values = [float(item) for item in items]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, got {text!r}", param_hint="--request-rate") from None
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise click.BadParameter(f"rates must be finite numbers > 0, got {text!r}", param_hint="--request-rate")
+    return values
+
+
+def _arrivals(text: str) -> list[str]:
+    items = _split(text)
+    try:
+        for item in items:
+            parse_arrival(item)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--arrival") from None
+    return items
 
 
 def _lengths(text: str | None, hint: str) -> list[int | tuple[int, int] | str] | None:
@@ -145,6 +170,10 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
               help="Seconds between turns, comma list of numbers or distributions.")
 @click.option("--start", default="0", show_default=True,
               help="Seed-chat: each chat's first send, s, comma list of numbers or distributions.")
+@click.option("--request-rate", default=None,
+              help="Load: sessions started per second, comma list (e.g. 1,2,4,8) [all at once].")
+@click.option("--arrival", default="poisson", show_default=True,
+              help="Arrival process of --request-rate, comma list: poisson, gamma:CV, constant.")
 @click.option("--profile", "profiles", default="a6000-qwen2.5-7b", show_default=True,
               help="Shipped profile names or profile JSON files, comma list.")
 @click.option("--workers", default="4", show_default=True, help="vLLM workers, comma list.")
@@ -167,17 +196,22 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
 @click.option("--max-workers", type=int, default=None, help="Local processes [CPU count].")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write every row to FILE.parquet or FILE.csv.")
+@click.option("--plot-load", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --request-rate: write a PNG of goodput, TTFT p50/p90 and throughput against load per policy.")
 @click.option("--show", default=DEFAULT_SHOW, show_default=True, help="Metrics to print, comma list.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
 @with_errors
-def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_tokens, think_time, start, profiles, workers, gpus, policies,
+def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_tokens, think_time, start, request_rate,
+                  arrival, profiles, workers, gpus, policies,
                   kv_blocks, arrival_spread, seeds, rounds, slo_ttft, slo_tpot, executor, address, max_workers,
-                  out, show, no_progress):
+                  out, plot_load, show, no_progress):
     """Run a grid of scenarios (every combination of the comma lists) and print pivot tables.
 
     Example: kvroute sweep --workload agent --workers 2,4,8 --policies round_robin,kv_aware
     --history 8000,16000 --reply 64,128 --chats 32 --rounds 3 --out sweep.parquet
     """
+    if plot_load is not None and not request_rate:
+        raise click.UsageError("--plot-load draws against --request-rate: give --request-rate 1,2,4,...")
     valid_metrics = [*SUMMARY_METRICS, *COUNTER_COLUMNS]
     shown = _choices(show, valid_metrics, "--show")
     if out is not None and out.suffix.lower() not in (".parquet", ".csv"):
@@ -194,6 +228,8 @@ def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_toke
         "user": _dists(user_tokens, "--user-tokens"),
         "think_time_s": _dists(think_time, "--think-time"),
         "start_s": _dists(start, "--start"),
+        "request_rate": _rates(request_rate),
+        "arrival": _arrivals(arrival),
         "profile": _profiles(profiles),
         "workers": _ints(workers, "--workers"),
         "gpus": _ints(gpus, "--gpus"),
@@ -214,10 +250,18 @@ def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_toke
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         table = frame.copy()
-        for column in ("reply", "history"):  # mixed ints and ranges: store as text
-            table[column] = table[column].map(lambda v: None if v is None else str(v))
+        for column in ("reply", "history", "think_time_s", "user", "start_s"):
+            # numbers mixed with ranges or distributions: store as text
+            if table[column].map(lambda v: isinstance(v, (str, tuple, list))).any():
+                table[column] = table[column].map(lambda v: None if v is None else str(v))
         if out.suffix.lower() == ".parquet":
             table.to_parquet(out, index=False)
         else:
             table.to_csv(out, index=False)
         click.echo(f"wrote {len(frame)} rows to {out}", err=True)
+    if plot_load is not None:
+        from kvroute.sim.plots import plot_load_curve
+
+        plot_load.parent.mkdir(parents=True, exist_ok=True)
+        plot_load_curve(frame, plot_load, title=f"{len(scenarios)} scenario(s) x {rounds} round(s)")
+        click.echo(f"wrote {plot_load}", err=True)

@@ -25,7 +25,8 @@ def trace() -> None:
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the length draws (the same as a simulation round with this seed draws).")
 @click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per hash_ids block.")
-def generate(kind, out, chats, turns, seed, block_size, reply_tokens, max_tokens, user_tokens, think_time, start):
+def generate(kind, out, chats, turns, seed, block_size, reply_tokens, max_tokens, user_tokens, think_time, start,
+             request_rate, arrival, speedup):
     """Write a generated workload as a kvroute trace, with every drawn length written out.
 
     The file replays exactly: `kvroute simulate --trace FILE` gives the records of the built-in
@@ -34,11 +35,13 @@ def generate(kind, out, chats, turns, seed, block_size, reply_tokens, max_tokens
     from kvroute.traces import generators
     from kvroute.traces.writer import write_trace
 
+    if speedup is not None:
+        raise click.UsageError("--speedup rescales a trace file (kvroute simulate --trace FILE --speedup X)")
     chats = chats or (64 if kind == "seed-chat" else 16)
     turns = turns or (6 if kind == "seed-chat" else 10)
     result = generators.builtin_workload(kind, chats, turns, think_time, seed, reply_tokens,
                                          max_tokens=max_tokens, user=user_tokens, start_s=start,
-                                         block_size=block_size)
+                                         block_size=block_size, request_rate=request_rate, arrival=arrival)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(result, out)
     click.echo(f"wrote {len(result.records)} requests to {out}")

@@ -59,3 +59,51 @@ def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     path = Path(path)
     fig.savefig(path, dpi=120)
     return path
+
+
+LOAD_PANELS = (
+    ("goodput_share", "goodput (share of requests in SLO)"),
+    ("ttft_p50_s", "TTFT p50 (s)"),
+    ("ttft_p90_s", "TTFT p90 (s)"),
+    ("output_throughput_tps", "output throughput (tok/s)"),
+)
+"""The panels of :func:`plot_load_curve`: the curves ``vllm bench serve`` users draw by hand."""
+
+
+def plot_load_curve(frame: pd.DataFrame, path: str | Path, title: str = "") -> Path:
+    """Write a PNG of goodput, TTFT p50/p90 and output throughput against offered load, per policy.
+
+    Args:
+        frame: sweep rows (``kvroute.sim.sweep.sweep``) with ``request_rate`` (sessions/s),
+            ``policy`` and the ``LOAD_PANELS`` metrics; rounds are averaged, and the error bars
+            are the min and max over rounds.
+        path: output PNG path.
+        title: figure title.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: no row has a ``request_rate``.
+    """
+    rows = frame[frame["request_rate"].notna()] if "request_rate" in frame else frame.iloc[0:0]
+    if rows.empty:
+        raise ValueError("the load curve needs rows with a request_rate (kvroute sweep --request-rate 1,2,4,...)")
+    fig = Figure(figsize=(12, 3.6))
+    axes = fig.subplots(1, len(LOAD_PANELS))
+    for i, (policy, group) in enumerate(rows.groupby("policy", sort=False)):
+        by_rate = group.groupby("request_rate")
+        for ax, (metric, label) in zip(axes, LOAD_PANELS):
+            stats = by_rate[metric].agg(["mean", "min", "max"])
+            ax.errorbar(stats.index, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
+                        marker="osD^v<>"[i % 7], ls=("-", "--", ":", "-.")[i % 4], capsize=2, label=policy)
+            ax.set_xlabel("sessions started per second")
+            ax.set_title(label, fontsize=9)
+            ax.grid(alpha=0.3)
+    axes[0].set_ylim(-0.02, 1.02)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return Path(path)

@@ -43,6 +43,8 @@ from kvroute.sim.profile import Profile, load_profile
 from kvroute.sim.sweep import Scenario
 from kvroute.sim.uncertainty import PRIOR_RANGE, coefficient, with_coefficients
 from kvroute.traces.format import Trace
+from kvroute.traces.generators import SEED_CHAT_REPLY, SEED_CHAT_USER
+from kvroute.traces.lengths import Dist, parse_dist
 
 HEADLINE_METRICS: tuple[str, ...] = ("time_to_complete_s", "later_ttft_mean_s", "later_ttft_p90_s", "hit_rate")
 """Metrics every policy reports (``SUMMARY_METRICS`` keys)."""
@@ -96,6 +98,10 @@ class Ranges:
             the profile has no fitted one).
         kv_range: relative half-width of the KV capacity (``num_gpu_blocks``).
         arrival_spread_s: absolute range of the start spread of root requests, s.
+        reply_median_range: relative half-width of a lognormal reply stop point's median.
+        reply_cv: absolute range of that lognormal's coefficient of variation.
+        user_sd: absolute range of the standard deviation of user-message tokens (seed-chat; the
+            mean stays the scenario's), tokens.
     """
 
     prior_range: float = PRIOR_RANGE
@@ -103,6 +109,9 @@ class Ranges:
     jitter_cv: tuple[float, float] = (0.0, 0.6)
     kv_range: float = 0.1
     arrival_spread_s: tuple[float, float] = (0.0, 0.02)
+    reply_median_range: float = 0.3
+    reply_cv: tuple[float, float] = (0.25, 1.5)
+    user_sd: tuple[float, float] = (0.0, 20.0)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.prior_range < 1.0:
@@ -111,7 +120,9 @@ class Ranges:
             raise ValueError(f"kv_range must be in (0, 1), got {self.kv_range}")
         if not 0.0 < self.coverage < 1.0:
             raise ValueError(f"coverage must be in (0, 1), got {self.coverage}")
-        for name in ("jitter_cv", "arrival_spread_s"):
+        if not 0.0 < self.reply_median_range < 1.0:
+            raise ValueError(f"reply_median_range must be in (0, 1), got {self.reply_median_range}")
+        for name in ("jitter_cv", "arrival_spread_s", "reply_cv", "user_sd"):
             lo, hi = getattr(self, name)
             if not 0.0 <= lo < hi:
                 raise ValueError(f"{name} range must satisfy 0 <= low < high, got ({lo}, {hi})")
@@ -195,6 +206,51 @@ def start_spread_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -
     return [Factor("arrival_spread_s", lo, hi, _set_spread, "s", "stated range")]
 
 
+def _reply_dist(scenario: Scenario) -> Dist:
+    reply = scenario.reply
+    if reply is None:
+        return parse_dist(SEED_CHAT_REPLY if scenario.workload == "seed-chat" else "uniform:50:300")
+    if isinstance(reply, tuple):
+        return parse_dist(f"uniform:{reply[0]}:{reply[1]}")
+    return parse_dist(reply)
+
+
+def workload_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -> list[Factor]:
+    """Where replies stop and how long user turns are (generated workloads only).
+
+    A lognormal reply stop point (the seed-chat default) varies its median by
+    ``±reply_median_range`` and its CV over ``reply_cv``; other reply distributions are left
+    alone. Seed-chat user messages become ``normal:MEAN:SD`` with the scenario's mean and SD over
+    ``user_sd``. The seed-chat default was fitted to the lab's run (README), so these ranges state
+    how far that fit might be off.
+    """
+    factors = []
+    reply = _reply_dist(scenario)
+    if reply.kind == "lognormal":
+        median = reply.params[0]
+        r = ranges.reply_median_range
+
+        def set_median(sc: Scenario, pr: Profile, value: float) -> tuple[Scenario, Profile]:
+            current = _reply_dist(sc)
+            return replace(sc, reply=f"lognormal:{value:g}:{current.params[1]:g}"), pr
+
+        def set_cv(sc: Scenario, pr: Profile, value: float) -> tuple[Scenario, Profile]:
+            current = _reply_dist(sc)
+            return replace(sc, reply=f"lognormal:{current.params[0]:g}:{value:g}"), pr
+
+        factors.append(Factor("reply.median_tokens", (1 - r) * median, (1 + r) * median, set_median, "tokens",
+                              f"±{100 * r:g} % of the workload's median"))
+        factors.append(Factor("reply.cv", *ranges.reply_cv, set_cv, "", "stated range"))
+    if scenario.workload == "seed-chat":
+        user = parse_dist(SEED_CHAT_USER if scenario.user is None else scenario.user)
+
+        def set_user_sd(sc: Scenario, pr: Profile, value: float, mean: float = user.mean) -> tuple[Scenario, Profile]:
+            return replace(sc, user=f"normal:{mean:g}:{value:g}"), pr
+
+        factors.append(Factor("user_tokens.sd", *ranges.user_sd, set_user_sd, "tokens", "stated range"))
+    return factors
+
+
 FactorBuilder = Callable[[Scenario, Profile, Ranges], "list[Factor]"]
 
 FACTOR_GROUPS: dict[str, FactorBuilder] = {
@@ -202,6 +258,7 @@ FACTOR_GROUPS: dict[str, FactorBuilder] = {
     "overheads": overhead_factors,
     "kv_capacity": kv_capacity_factors,
     "start_spread": start_spread_factors,
+    "workload": workload_factors,
 }
 """The default factor groups, in table order. Extension point: add ``name: builder`` here."""
 
@@ -257,12 +314,13 @@ def evaluate(point: _Point) -> dict[str, float]:
     """Outputs of one point: each policy's headline metrics averaged over the rounds, and the
     relative changes (percent) of the averages against the first policy."""
     s = point.scenario
-    trace = point.trace if point.trace is not None else s.trace()
+    # A generated workload draws its lengths per round (the same draws for every policy).
+    traces = [point.trace if point.trace is not None else s.trace(r) for r in range(point.rounds)]
     means: dict[str, dict[str, float]] = {}
     for policy in point.policies:
         spec = ClusterSpec(point.profile, num_workers=s.workers, num_gpus=s.gpus, policy=policy,
                            arrival_spread_s=s.arrival_spread_s, closed_loop=point.closed_loop)
-        rows = [summarize(simulate(trace, spec, seed=s.seed + r), point.slo) for r in range(point.rounds)]
+        rows = [summarize(simulate(traces[r], spec, seed=s.seed + r), point.slo) for r in range(point.rounds)]
         means[policy] = {m: float(np.mean([row[m] for row in rows])) for m in HEADLINE_METRICS}
     out = {f"{p}:{m}": means[p][m] for p in point.policies for m in HEADLINE_METRICS}
     first = point.policies[0]

@@ -35,6 +35,7 @@ from kvroute.sim.profile import Profile, load_profile
 from kvroute.sim.routing import POLICIES
 from kvroute.traces import generators
 from kvroute.traces.format import Trace
+from kvroute.traces.arrivals import parse_arrival
 from kvroute.traces.lengths import parse_dist
 
 WORKLOADS = ("seed-chat", "agent")
@@ -75,6 +76,9 @@ class Scenario:
         user: seed-chat: tokens of each user message; agent: new tokens per later turn (a number
             or a distribution); None keeps the default.
         start_s: seed-chat: each chat's first send, s (a number or a distribution).
+        request_rate: sessions started per second (None: all at once); later turns follow
+            closed-loop.
+        arrival: the sessions' arrival process (``poisson``, ``gamma:CV``, ``constant``).
         profile: shipped profile name or profile JSON path.
         workers: vLLM workers behind the router.
         gpus: GPUs (fewer than workers means sharing); None means one per worker.
@@ -95,6 +99,8 @@ class Scenario:
     max_tokens: int | None = None
     user: int | str | None = None
     start_s: float | str = 0.0
+    request_rate: float | None = None
+    arrival: str = "poisson"
     profile: str = "a6000-qwen2.5-7b"
     workers: int = 4
     gpus: int | None = None
@@ -119,6 +125,9 @@ class Scenario:
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
                 parse_dist(value, name)  # raises ValueError naming the field
+        parse_arrival(self.arrival)
+        if self.request_rate is not None and not (math.isfinite(self.request_rate) and self.request_rate > 0):
+            raise ValueError(f"request_rate must be a finite number > 0, got {self.request_rate}")
         if self.kv_blocks is not None and self.kv_blocks < 2:
             raise ValueError(f"kv_blocks must be >= 2, got {self.kv_blocks}")
         if self.kv_blocks is not None and self.gpus is not None and self.gpus < self.workers:
@@ -136,7 +145,8 @@ class Scenario:
         """The scenario's trace for round ``round`` (lengths drawn for seed ``seed + round``;
         cached per process)."""
         return _trace(self.workload, self.chats, self.turns, self.reply, self.history_range,
-                      self.think_time_s, self.seed + round, self.max_tokens, self.user, self.start_s)
+                      self.think_time_s, self.seed + round, self.max_tokens, self.user, self.start_s,
+                      self.request_rate, self.arrival)
 
     def spec(self) -> ClusterSpec:
         """The scenario's cluster, built as ``kvroute compare`` builds it."""
@@ -166,9 +176,10 @@ def _profile(name: str) -> Profile:
 
 @functools.lru_cache(maxsize=16)
 def _trace(workload: str, chats: int, turns: int, reply, history, think_time_s, seed: int, max_tokens, user,
-           start_s) -> Trace:
+           start_s, request_rate, arrival) -> Trace:
     return generators.builtin_workload(workload, chats, turns, think_time_s, seed, reply, history,
-                                       max_tokens=max_tokens, user=user, start_s=start_s)
+                                       max_tokens=max_tokens, user=user, start_s=start_s,
+                                       request_rate=request_rate, arrival=arrival)
 
 
 def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = ServiceClass()) -> dict[str, Any]:

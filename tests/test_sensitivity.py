@@ -24,7 +24,7 @@ def _set(name):
 def test_default_factors_of_a_derived_prior_are_its_values_plus_minus_the_stated_range():
     profile = load_profile("a6000-qwen2.5-7b")
     factors = {f.name: f for f in default_factors(Scenario(), profile, Ranges(prior_range=0.25))}
-    assert list(FACTOR_GROUPS) == ["step_cost", "overheads", "kv_capacity", "start_spread"]
+    assert list(FACTOR_GROUPS) == ["step_cost", "overheads", "kv_capacity", "start_spread", "workload"]
     f = factors["step_cost.per_token_s"]
     assert (f.low, f.high) == (0.75 * profile.step_cost.per_token_s, 1.25 * profile.step_cost.per_token_s)
     assert f.source == "±25 % (stated)"
@@ -34,6 +34,21 @@ def test_default_factors_of_a_derived_prior_are_its_values_plus_minus_the_stated
     assert (factors["arrival_spread_s"].low, factors["arrival_spread_s"].high) == (0.0, 0.02)
     # a zero coefficient has no relative range and is left out
     assert "overheads.api_server_per_token_s" not in factors
+    # the seed workload's fitted reply stop point, lognormal:90:1, and its 195-token user turns
+    assert (factors["reply.median_tokens"].low, factors["reply.median_tokens"].high) == (0.7 * 90, 1.3 * 90)
+    assert (factors["reply.cv"].low, factors["reply.cv"].high) == (0.25, 1.5)
+    assert (factors["user_tokens.sd"].low, factors["user_tokens.sd"].high) == (0.0, 20.0)
+
+
+def test_workload_factors_set_the_scenarios_lengths():
+    profile = load_profile("a6000-qwen2.5-7b")
+    factors = {f.name: f for f in default_factors(TOY, profile, groups=["workload"])}
+    scenario, _ = factors["reply.median_tokens"].apply(TOY, profile, 70.0)
+    scenario, _ = factors["reply.cv"].apply(scenario, profile, 0.5)
+    scenario, _ = factors["user_tokens.sd"].apply(scenario, profile, 12.0)
+    assert (scenario.reply, scenario.user) == ("lognormal:70:0.5", "normal:195:12")
+    fixed = default_factors(replace(TOY, reply=128), profile, groups=["workload"])
+    assert [f.name for f in fixed] == ["user_tokens.sd"]  # a fixed reply has no stop-point spread to vary
 
 
 def test_measured_coefficients_take_their_bootstrap_range():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvroute.traces.arrivals import arrival_times, with_session_starts
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.lengths import Dist, parse_dist
 
@@ -331,6 +332,8 @@ def builtin_workload(
     user: int | Dist | str | None = None,
     start_s: float | Dist | str = 0.0,
     block_size: int = 16,
+    request_rate: float | None = None,
+    arrival: str = "poisson",
 ) -> Trace:
     """A built-in workload by its CLI name, as ``kvroute compare`` and ``kvroute sweep`` build it.
 
@@ -352,11 +355,23 @@ def builtin_workload(
         start_s: seed-chat only: each chat's first send, seconds after the start (a number or a
             distribution), on top of the simulator's ``arrival_spread``.
         block_size: tokens per ``hash_ids`` block of the trace.
+        request_rate: sessions started per second (None: all at once, the lab's burst); each
+            session's first turn is sent at its arrival time, later turns follow closed-loop.
+        arrival: the sessions' arrival process (:mod:`kvroute.traces.arrivals`: ``poisson``,
+            ``gamma:CV``, ``constant``), drawn after the lengths from the same generator.
 
     Raises:
         ValueError: for an unknown name (the message lists the valid ones) or a bad distribution.
     """
     rng = workload_rng(seed)
+    trace = _generate(name, chats, turns, think_time_s, rng, reply, history, max_tokens, user, start_s, block_size)
+    if request_rate is None:
+        return trace
+    sessions = len({rec.session_id for rec in trace.records})
+    return with_session_starts(trace, arrival_times(sessions, request_rate, arrival, rng))
+
+
+def _generate(name, chats, turns, think_time_s, rng, reply, history, max_tokens, user, start_s, block_size) -> Trace:
     if name == "seed-chat":
         return seed_chat(
             num_chats=chats, num_turns=turns,

@@ -1,0 +1,126 @@
+"""Arrival processes and trace rescaling: how fast sessions and requests come.
+
+An arrival process is named by a short text shared by the CLI (``--arrival``), sweeps and Python:
+
+=============  ===========================================================================
+``poisson``    exponential gaps (a Poisson process), as ``vllm bench serve --burstiness 1``
+``gamma:CV``   gamma gaps with coefficient of variation ``CV`` (``CV > 1`` is burstier than
+               Poisson; ``vllm bench serve --burstiness B`` is ``gamma:1/sqrt(B)``)
+``constant``   evenly spaced gaps of ``1 / rate``
+=============  ===========================================================================
+
+The first arrival is at time 0 and later ones follow the drawn gaps, as ``vllm bench serve``
+sends its first request at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from kvroute.traces.format import Trace, TraceRecord
+
+PROCESSES = ("poisson", "gamma:CV", "constant")
+
+
+def parse_arrival(text: str) -> tuple[str, float]:
+    """Read an arrival process: ``("poisson", 1.0)``, ``("gamma", cv)`` or ``("constant", 0.0)``.
+
+    Raises:
+        ValueError: an unknown name or a CV that is not a finite number > 0.
+    """
+    name, _, rest = str(text).strip().lower().partition(":")
+    if name == "poisson" and not rest:
+        return "gamma", 1.0
+    if name == "constant" and not rest:
+        return "constant", 0.0
+    if name == "gamma":
+        try:
+            cv = float(rest)
+        except ValueError:
+            raise ValueError(f"--arrival: gamma needs a CV, as gamma:2, got {text!r}") from None
+        if not math.isfinite(cv) or cv <= 0:
+            raise ValueError(f"--arrival: gamma CV must be a finite number > 0, got {text!r}")
+        return "gamma", cv
+    raise ValueError(f"--arrival: unknown arrival process {text!r}; valid: {', '.join(PROCESSES)}")
+
+
+def arrival_times(n: int, rate: float, process: str, rng: np.random.Generator | None) -> np.ndarray:
+    """``n`` arrival times, seconds, shape ``(n,)``: 0 then cumulative gaps of mean ``1 / rate``.
+
+    Args:
+        n: arrivals.
+        rate: mean arrivals per second (> 0).
+        process: as :func:`parse_arrival` reads it.
+        rng: draws the gaps (not used by ``constant``).
+
+    Raises:
+        ValueError: ``rate`` not a finite number > 0, a bad process, or a random process
+            without ``rng``.
+    """
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"--request-rate must be a finite number > 0, got {rate!r}")
+    kind, cv = parse_arrival(process)
+    if n <= 1:
+        return np.zeros(max(n, 0))
+    if kind == "constant":
+        gaps = np.full(n - 1, 1.0 / rate)
+    else:
+        if rng is None:
+            raise ValueError(f"arrival process {process!r} is random: pass rng (a seeded numpy Generator)")
+        shape = 1.0 / (cv * cv)
+        gaps = rng.gamma(shape, 1.0 / (rate * shape), n - 1)
+    return np.concatenate(([0.0], np.cumsum(gaps)))
+
+
+def with_session_starts(trace: Trace, starts_s: np.ndarray) -> Trace:
+    """``trace`` with session ``s``'s records stamped ``starts_s[s]`` seconds later (roots send then).
+
+    Records without a session id are taken in trace order as sessions of their own.
+
+    Raises:
+        ValueError: fewer start times than sessions.
+    """
+    order: dict[object, int] = {}
+    records = []
+    for rec in trace.records:
+        key = rec.session_id if rec.session_id is not None else ("record", rec.request_id)
+        index = order.setdefault(key, len(order))
+        if index >= len(starts_s):
+            raise ValueError(f"{trace.source}: {len(starts_s)} start times for more sessions")
+        records.append(_shifted(rec, float(starts_s[index]) * 1000.0))
+    return Trace(records, trace.block_size, trace.source, dict(trace.metadata))
+
+
+def rescaled(trace: Trace, speedup: float | None = None, rate: float | None = None) -> Trace:
+    """``trace`` with its timestamps divided by ``speedup``, or scaled to a mean rate of ``rate``.
+
+    The mean rate of a trace is (records - 1) / (last timestamp - first timestamp). Closed-loop
+    gaps (``think_time``) are not scaled: they belong to the client, not to the load.
+
+    Raises:
+        ValueError: both or neither given, a value not finite and > 0, or ``rate`` asked of a
+            trace whose timestamps are all equal.
+    """
+    if (speedup is None) == (rate is None):
+        raise ValueError("give one of --speedup and --request-rate")
+    if rate is not None:
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"--request-rate must be a finite number > 0, got {rate!r}")
+        stamps = [r.timestamp_ms for r in trace.records]
+        span_s = (max(stamps) - min(stamps)) / 1000.0 if stamps else 0.0
+        if span_s <= 0:
+            raise ValueError(f"{trace.source}: all requests share one timestamp; --request-rate cannot rescale it "
+                             "(use a generated workload's --request-rate, or --arrival-spread)")
+        speedup = rate / ((len(stamps) - 1) / span_s)
+    if not (math.isfinite(speedup) and speedup > 0):
+        raise ValueError(f"--speedup must be a finite number > 0, got {speedup!r}")
+    records = [_shifted(rec, rec.timestamp_ms / speedup - rec.timestamp_ms) for rec in trace.records]
+    metadata = {**trace.metadata, "speedup": speedup}
+    return Trace(records, trace.block_size, trace.source, metadata)
+
+
+def _shifted(rec: TraceRecord, delta_ms: float) -> TraceRecord:
+    return replace(rec, timestamp_ms=rec.timestamp_ms + delta_ms)
