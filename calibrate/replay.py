@@ -32,7 +32,7 @@ import pandas as pd
 from kvroute.calibrate.livestream import FifoSlots, WorkerLost, stream_tokens
 from kvroute.calibrate.prompts import PromptBuilder, TokenSynth, chained_block_hashes
 from kvroute.sim.metrics import RequestRecord, RunResult, records_frame
-from kvroute.sim.routing import RouteRequest, RouterView, make_policy
+from kvroute.sim.routing import RouteRequest, RouterView, make_policy, router_rng
 from kvroute.sim.scheduler import clamp_max_tokens
 from kvroute.sim.workload import Workload
 from kvroute.traces.format import Trace, TraceRecord
@@ -111,7 +111,7 @@ class LiveReplay:
         self.max_model_len = max_model_len
         self.workload = Workload(trace, block_size)
         self.prompts = PromptBuilder(self.workload, synth)
-        self.policy = make_policy(spec.policy, np.random.default_rng(spec.seed))
+        self.policy = make_policy(spec.policy, router_rng(spec.seed))
         self.view = RouterView(len(endpoints), block_size, spec.router_block_tokens,
                                track_prefixes=self.policy.uses_prefixes)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop

@@ -18,7 +18,7 @@ import simpy
 from kvroute.sim.metrics import RequestRecord, RunResult
 from kvroute.sim.profile import Profile
 from kvroute.sim.request import Request
-from kvroute.sim.routing import RouteRequest, RouterView, make_policy
+from kvroute.sim.routing import RouteRequest, RouterView, make_policy, router_rng
 from kvroute.sim.scheduler import admission_error, clamp_max_tokens
 from kvroute.sim.worker import Worker
 from kvroute.sim.workload import Workload
@@ -110,7 +110,8 @@ class Cluster:
     Args:
         trace: the requests.
         spec: what to simulate.
-        seed: seeds the one random generator of the run (jitter, random policy).
+        seed: seeds the run's random generator (jitter, overheads) and, through a spawned
+            child, the router's (ties, random choices).
     """
 
     def __init__(self, trace: Trace, spec: ClusterSpec, seed: int) -> None:
@@ -139,7 +140,7 @@ class Cluster:
             for w in range(spec.num_workers)
         ]
         self.workload = Workload(trace, spec.profile.engine.block_size)
-        self.policy = make_policy(spec.policy, self.rng)
+        self.policy = make_policy(spec.policy, router_rng(seed))
         self.view = RouterView(
             spec.num_workers,
             spec.profile.engine.block_size,

@@ -3,7 +3,8 @@
 A policy answers ``choose(request, view) -> worker index``. The ``RouterView`` holds only what a
 real gateway can know. Policies live one per module in this package and register themselves
 by CLI name (``@register("name")``); ``make_policy("name:key=value", rng)`` builds one.
-Policies never pick a worker the view marks dead.
+Ties go uniformly at random among the best, drawn from the router's own seeded generator
+(``router_rng(seed)``). Policies never pick a worker the view marks dead.
 """
 
 from kvroute.sim.routing.base import (
@@ -17,6 +18,7 @@ from kvroute.sim.routing.base import (
     pick_min,
     policy_params,
     register,
+    router_rng,
     split_specs,
 )
 from kvroute.sim.routing.view import RouterView
@@ -26,5 +28,5 @@ from kvroute.sim.routing import round_robin, least_loaded, kv_aware, prefix_bala
 
 __all__ = [
     "POLICIES", "Policy", "RouteRequest", "RouterView", "check_spec", "make_policy", "parse_spec",
-    "pick_max", "pick_min", "policy_params", "register", "split_specs",
+    "pick_max", "pick_min", "policy_params", "register", "router_rng", "split_specs",
 ]

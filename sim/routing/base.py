@@ -52,10 +52,16 @@ class Policy:
 
     name = ""
     uses_prefixes = False
-    tie_rng: np.random.Generator | None = None
 
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
+
+    @property
+    def tie_rng(self) -> np.random.Generator:
+        """The generator that breaks ties: uniformly among the best, as SGLang's tree (first
+        tenant of a hash map), Dynamo's ``DefaultWorkerSelector`` (random among equal logits)
+        and llm-d's ``max-score-picker`` (shuffle, then stable sort) do."""
+        return self.rng
 
     def choose(self, request, view) -> int:
         """The worker index for ``request``; raises RuntimeError if no worker is alive."""
@@ -167,6 +173,13 @@ def check_spec(spec: str) -> str:
     """
     parse_spec(spec)
     return spec
+
+
+def router_rng(seed: int) -> np.random.Generator:
+    """The router's generator for a run seeded ``seed``: a child spawned from the run's
+    generator, so that its draws never shift the run's own (start jitter, overheads).
+    The simulator and the live replay both use it, so they break ties alike."""
+    return np.random.default_rng(seed).spawn(1)[0]
 
 
 def make_policy(spec: str, rng: np.random.Generator) -> Policy:
