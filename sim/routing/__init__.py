@@ -25,8 +25,11 @@ from kvroute.sim.routing.view import RouterView
 
 # Importing the policy modules registers them, in this order.
 from kvroute.sim.routing import round_robin, least_loaded, kv_aware, prefix_balanced, random_choice  # noqa: E402,F401
+from kvroute.sim.routing import sglang, dynamo, llmd, session_affinity, power_of_two  # noqa: E402,F401
+from kvroute.sim.routing.view import CACHE_VIEWS, LOAD_SIGNALS  # noqa: E402
+from kvroute.sim.routing.signals import KVEventIndex, MetricsScrape  # noqa: E402
 
 __all__ = [
-    "POLICIES", "Policy", "RouteRequest", "RouterView", "check_spec", "make_policy", "parse_spec",
+    "CACHE_VIEWS", "KVEventIndex", "LOAD_SIGNALS", "MetricsScrape", "POLICIES", "Policy", "RouteRequest", "RouterView", "check_spec", "make_policy", "parse_spec",
     "pick_max", "pick_min", "policy_params", "register", "router_rng", "split_specs",
 ]

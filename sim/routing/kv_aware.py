@@ -40,7 +40,7 @@ class KVAware(Policy):
         rng = self.tie_rng
         if request.session_id is not None and request.session_id not in view.sessions:
             return view.least_loaded(alive, rng)
-        matched = view.matched_blocks(request.block_hashes)
+        matched = view.matched_blocks(request.block_hashes, request.request_id)
         best = max(matched[w] for w in alive)
         num_blocks = len(request.block_hashes)
         if best == 0 or best < self.min_match_share * num_blocks:
