@@ -9,7 +9,9 @@ from kvroute.sim.routing.base import Policy, register
 
 @register("power_of_two")
 class PowerOfTwo(Policy):
-    """Draw two distinct live workers uniformly and take the one with the lower load
+    """Two live workers drawn at random; the less loaded of them.
+
+    Draw two distinct live workers uniformly and take the one with the lower load
     (Mitzenmacher's two choices; SGLang's ``power_of_two`` policy,
     ``sgl-router/src/policies/power_of_two.rs``, which keeps the first on equal loads; here
     equal loads are broken at random).

@@ -7,7 +7,9 @@ from kvroute.sim.routing.base import Policy, register
 
 @register("random")
 class RandomPolicy(Policy):
-    """A live worker drawn uniformly with the router's seeded generator (SGLang's ``random``)."""
+    """A live worker drawn uniformly with the router's seeded generator.
+
+    SGLang's ``random`` policy."""
 
     def choose(self, request, view) -> int:
         alive = view.alive_workers()

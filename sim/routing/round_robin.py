@@ -9,8 +9,9 @@ from kvroute.sim.routing.base import Policy, register
 
 @register("round_robin")
 class RoundRobin(Policy):
-    """The next live worker in turn, starting at worker 0 (SGLang's and Dynamo's
-    ``round_robin``/``round-robin`` modes)."""
+    """The next live worker in turn, starting at worker 0.
+
+    SGLang's ``round_robin`` policy and Dynamo's ``round-robin`` router mode."""
 
     def __init__(self, rng: np.random.Generator) -> None:
         super().__init__(rng)

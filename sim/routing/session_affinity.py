@@ -11,7 +11,9 @@ from kvroute.sim.routing.base import Policy, pick_min, register
 
 @register("session_affinity")
 class SessionAffinity(Policy):
-    """Every request of a session goes to the live worker with the highest hash of
+    """A consistent hash of the session id picks the worker; no cache or load signal.
+
+    Every request of a session goes to the live worker with the highest hash of
     ``(session id, worker)`` (rendezvous hashing, a consistent hash: when a worker dies only
     its sessions move). Requests without a session go to the least loaded worker. This is the
     sticky-session routing of gateways that hash a header (e.g. Envoy's ring-hash/Maglev load
