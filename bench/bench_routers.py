@@ -6,6 +6,7 @@ kv_aware's measured in the same call (each run in a fresh subprocess).
     python bench/bench_routers.py --one dynamo          # one run, for farm-bench:
     farm-bench --vs 'python bench/bench_routers.py --one kv_aware' -- python bench/bench_routers.py --one llmd
 
+CPU seconds are printed beside wall seconds: on a shared machine they are the steadier figure.
 Target (routing issue): the slowest of the new policies (sglang, dynamo, llmd, session_affinity,
 power_of_two) within 1.5x of kv_aware's wall time. Extra router settings can be given as
 ``--spec key=value`` (ClusterSpec fields, e.g. ``cache_view=events``).
@@ -25,7 +26,7 @@ NEW = ["sglang", "dynamo", "llmd", "session_affinity", "power_of_two"]
 
 CHILD = r"""
 import json, sys, time
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 from kvroute.sim.cluster import ClusterSpec, simulate
 from kvroute.sim.profile import load_profile
 from kvroute.traces.reader import read_trace
@@ -36,7 +37,7 @@ t1 = time.perf_counter()
 result = simulate(trace, spec, seed=0)
 t2 = time.perf_counter()
 r = result.records
-print(json.dumps({"wall_s": t2 - t0, "simulate_s": t2 - t1, "requests": len(r),
+print(json.dumps({"wall_s": t2 - t0, "cpu_s": time.process_time() - c0, "simulate_s": t2 - t1, "requests": len(r),
                   "hit_rate": float(r["cached_tokens"].sum() / r["prompt_tokens"].sum())}))
 """
 
@@ -72,17 +73,19 @@ def main() -> None:
         return
     policies = ["kv_aware"] + [p for p in args.policies.split(",") if p and p != "kv_aware"]
     walls: dict[str, list[float]] = {p: [] for p in policies}
+    cpus: dict[str, list[float]] = {p: [] for p in policies}
     hits: dict[str, float] = {}
     for _ in range(args.runs):  # interleaved, so a drifting machine hits every policy alike
         for p in policies:
             fig = run(p, extra)
             walls[p].append(fig["wall_s"])
+            cpus[p].append(fig["cpu_s"])
             hits[p] = fig["hit_rate"]
-    ref = statistics.median(walls["kv_aware"])
-    print(f"{'policy':<18} {'wall s':>8} {'x kv_aware':>11} {'hit rate':>9}")
+    ref, cref = statistics.median(walls["kv_aware"]), statistics.median(cpus["kv_aware"])
+    print(f"{'policy':<18} {'wall s':>8} {'x kv_aware':>11} {'cpu s':>8} {'x kv_aware':>11} {'hit rate':>9}")
     for p in policies:
-        w = statistics.median(walls[p])
-        print(f"{p:<18} {w:>8.2f} {w / ref:>11.2f} {hits[p]:>9.3f}")
+        w, c = statistics.median(walls[p]), statistics.median(cpus[p])
+        print(f"{p:<18} {w:>8.2f} {w / ref:>11.2f} {c:>8.2f} {c / cref:>11.2f} {hits[p]:>9.3f}")
     slowest = max(policies[1:], key=lambda p: statistics.median(walls[p]), default=None)
     if slowest:
         print(f"slowest new policy: {slowest}, {statistics.median(walls[slowest]) / ref:.2f}x kv_aware "
