@@ -94,3 +94,53 @@ def test_gateway_replicas_lose_hits_with_local_state_and_recover_them_shared():
     assert hit_rate(shared) == pytest.approx(hit_rate(one), abs=0.02)
     # the store's 50 ms is paid by every request before it reaches the engine
     assert shared.records["ttft"].median() > one.records["ttft"].median() + 0.04
+
+
+def test_vllm_metrics_page_parses_into_the_scraped_signals():
+    from kvroute.calibrate.metrics_scrape import parse_vllm_metrics
+
+    page = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 4096.0
+"""
+    assert parse_vllm_metrics(page) == (3, 2, 0.25)
+    with pytest.raises(ValueError, match="no vllm:num_requests_running"):
+        parse_vllm_metrics("up 1\n")
+
+
+def test_policies_say_whether_they_read_metrics():
+    from kvroute.sim.routing import make_policy, router_rng
+
+    assert make_policy("llmd", router_rng(0)).uses_metrics
+    assert not make_policy("llmd:queue_weight=0,kv_weight=0", router_rng(0)).uses_metrics
+    assert make_policy("least_loaded:load=queue", router_rng(0)).uses_metrics
+    assert not make_policy("kv_aware", router_rng(0)).uses_metrics
+
+
+def test_live_metrics_poll_every_server():
+    import asyncio
+
+    import httpx
+
+    from kvroute.calibrate.metrics_scrape import LiveMetrics
+
+    pages = {"a": "vllm:num_requests_running 1\nvllm:num_requests_waiting 4\nvllm:kv_cache_usage_perc 0.5\n",
+             "b": "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.125\n"}
+
+    def answer(request):
+        return httpx.Response(200, text=pages[request.url.host])
+
+    live = LiveMetrics(["http://a", "http://b/"])
+
+    async def poll():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            await live.poll_once(client, strict=True)
+
+    asyncio.run(poll())
+    assert live.scrape.current() == [(1, 4, 0.5), (0, 0, 0.125)]
+    pages["b"] = "up 1\n"
+    with pytest.raises(ValueError, match="http://b/: the /metrics page has no vllm:num_requests_running"):
+        asyncio.run(poll())

@@ -48,10 +48,13 @@ class Policy:
     Attributes:
         name: the CLI name (set by ``register``).
         uses_prefixes: whether the policy reads the router's cache view (``matched_blocks``).
+        uses_metrics: whether the policy reads the workers' scraped ``/metrics`` (the live
+            replay polls the servers only then).
     """
 
     name = ""
     uses_prefixes = False
+    uses_metrics = False
 
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng

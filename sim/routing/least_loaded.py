@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvroute.sim.routing.view import SCRAPED_SIGNALS
 from kvroute.sim.routing.base import Policy, pick_min, register
 
 
@@ -20,6 +21,7 @@ class LeastLoaded(Policy):
     def __init__(self, rng: np.random.Generator, load: str = "in_flight") -> None:
         super().__init__(rng)
         self.load = load
+        self.uses_metrics = load in SCRAPED_SIGNALS
 
     def choose(self, request, view) -> int:
         if self.load == "in_flight":

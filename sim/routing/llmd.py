@@ -66,6 +66,7 @@ class LLMDScheduler(Policy):
         self.load_threshold = load_threshold
         self.picker = picker
         self.uses_prefixes = prefix_weight > 0
+        self.uses_metrics = queue_weight > 0 or kv_weight > 0 or load_weight > 0
 
     def scores(self, request, view, workers: list[int]) -> list[float]:
         """The weighted total score of each of ``workers``."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvroute.sim.routing.view import SCRAPED_SIGNALS
 from kvroute.sim.routing.base import Policy, register
 
 
@@ -24,6 +25,7 @@ class PowerOfTwo(Policy):
     def __init__(self, rng: np.random.Generator, load: str = "in_flight") -> None:
         super().__init__(rng)
         self.load = load
+        self.uses_metrics = load in SCRAPED_SIGNALS
 
     def choose(self, request, view) -> int:
         alive = view.alive_workers()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvroute.sim.routing.view import SCRAPED_SIGNALS
 from kvroute.sim.routing.base import Policy, pick_max, pick_min, register
 
 
@@ -59,6 +60,7 @@ class SGLangCacheAware(Policy):
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
         self.load = load
+        self.uses_metrics = load in SCRAPED_SIGNALS
 
     def is_imbalanced(self, loads: list) -> bool:
         """SGLang's imbalance test over the given loads."""

@@ -19,6 +19,8 @@ CACHE_VIEWS = ("routed", "events", "exact")
 """Where ``matched_blocks`` looks: the gateway's routed-prefix index (today's default), the
 worker's KV-cache events as received (possibly late), or the workers' prefix caches exactly."""
 
+SCRAPED_SIGNALS = ("running", "waiting", "queue", "kv_usage")
+
 LOAD_SIGNALS = ("in_flight", "tokens", "running", "waiting", "queue", "kv_usage")
 """Load signals ``RouterView.load`` gives: requests in flight at this gateway, prompt tokens
 this gateway sent and not yet prefilled, and the scraped ``/metrics``: running, waiting,
