@@ -1,9 +1,11 @@
 """The gateway's view of the workers: what a real router can know when it decides.
 
-A gateway knows what it did itself: its requests in flight per worker, the sessions it routed,
-and an index of the prompt blocks it routed to each worker (SGLang's approximate radix tree,
-llm-d's approximate prefix index, Dynamo's ``--no-kv-events`` mode). It cannot see evictions
-from that index.
+A gateway knows what it did itself: its requests in flight per worker, the prompt tokens it sent
+that are not yet prefilled, the sessions it routed, and an index of the prompt blocks it routed
+to each worker (SGLang's approximate radix tree, llm-d's approximate prefix index, Dynamo's
+``--no-kv-events`` mode), which cannot see evictions. Beyond that it sees only what the workers
+report, as late as it arrives (``signals``): a ``/metrics`` scrape and KV-cache events. An
+``exact`` cache view reads the workers' caches directly, for reference.
 """
 
 from __future__ import annotations
