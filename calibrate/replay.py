@@ -31,8 +31,9 @@ import pandas as pd
 
 from kvroute.calibrate.livestream import FifoSlots, WorkerLost, stream_tokens
 from kvroute.calibrate.prompts import PromptBuilder, TokenSynth, chained_block_hashes
+from kvroute.calibrate.metrics_scrape import LiveMetrics
 from kvroute.sim.metrics import RequestRecord, RunResult, records_frame
-from kvroute.sim.routing import RouteRequest, RouterView, make_policy
+from kvroute.sim.routing import RouteRequest, RouterView, make_policy, router_rng
 from kvroute.sim.scheduler import clamp_max_tokens
 from kvroute.sim.workload import Workload
 from kvroute.traces.format import Trace, TraceRecord
@@ -50,7 +51,9 @@ class ReplaySpec:
         router_block_tokens: granularity of the router's routed-prefix index, tokens.
         timeout_s: limit on one request from send to its last token, s; passing it marks the
             worker dead.
-        seed: seeds the ``random`` policy.
+        seed: seeds the router's generator (ties, random choices).
+        scrape_interval_s: seconds between polls of the servers' ``/metrics`` for a policy that
+            reads them (``Policy.uses_metrics``); 0 polls back to back.
     """
 
     policy: str = "round_robin"
@@ -59,6 +62,7 @@ class ReplaySpec:
     router_block_tokens: int = 256
     timeout_s: float = 600.0
     seed: int = 0
+    scrape_interval_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +115,10 @@ class LiveReplay:
         self.max_model_len = max_model_len
         self.workload = Workload(trace, block_size)
         self.prompts = PromptBuilder(self.workload, synth)
-        self.policy = make_policy(spec.policy, np.random.default_rng(spec.seed))
+        self.policy = make_policy(spec.policy, router_rng(spec.seed))
+        self.metrics = LiveMetrics([ep.url for ep in endpoints], spec.scrape_interval_s)
         self.view = RouterView(len(endpoints), block_size, spec.router_block_tokens,
-                               track_prefixes=self.policy.uses_prefixes)
+                               track_prefixes=self.policy.uses_prefixes, metrics=self.metrics.scrape)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []
         self.itl_gaps: list[float] = []
@@ -151,6 +156,10 @@ class LiveReplay:
         self._t0 = time.perf_counter()
         self._slots = FifoSlots(self.spec.max_in_flight) if self.spec.max_in_flight else None
         sent = self.workload.roots if self.closed_loop else self.trace.records
+        poller = None
+        if self.policy.uses_metrics:
+            await self.metrics.first_poll()  # the gateway knows the servers' state before the first request
+            poller = asyncio.get_running_loop().create_task(self.metrics.run())
         try:
             for rec in sent:
                 self._spawn(rec, rec.timestamp_ms / 1000.0)
@@ -163,6 +172,9 @@ class LiveReplay:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             raise
         finally:
+            if poller is not None:
+                poller.cancel()
+                await asyncio.gather(poller, return_exceptions=True)
             self.elapsed_s = self.now()
 
     def result(self) -> RunResult:
@@ -229,7 +241,7 @@ class LiveReplay:
         finally:
             if record.error is None and record.finish is None:
                 record.error = "interrupted"
-            self.view.on_finished(worker)
+            self.view.on_finished(worker, rec.request_id)
         if ok:
             self._on_done(rec, record)
         else:
@@ -251,6 +263,7 @@ class LiveReplay:
             now = t - t0
             if record.first_token is None:
                 record.first_token = now
+                self.view.on_first_token(rec.request_id)
             else:
                 gaps.append(now - record.last_token)
             gaps.extend([0.0] * (k - 1))

@@ -16,6 +16,7 @@ def _register() -> None:
 
     cli.add_command(sim_commands.simulate)
     cli.add_command(sim_commands.compare)
+    cli.add_command(sim_commands.policies_command)
     cli.add_command(trace_commands.trace)
     cli.add_command(sweep_command.sweep_command)
     from kvroute.cli.sensitivity_command import sensitivity; cli.add_command(sensitivity)  # noqa: E702

@@ -10,8 +10,8 @@ import click
 
 from kvroute.sim.cluster import ClusterSpec
 from kvroute.sim.profile import load_profile
-from kvroute.sim.routing import POLICIES
 from kvroute.cli.lengths import length_options
+from kvroute.sim.routing import CACHE_VIEWS, parse_spec, split_specs
 from kvroute.traces.format import Trace
 
 from kvroute.traces.generators import BUILTIN_WORKLOADS as WORKLOADS
@@ -119,20 +119,44 @@ def truncate(trace: Trace, n: int) -> Trace:
 
 
 def parse_policies(text: str, param_hint: str = "--policies") -> list[str]:
-    """Split ``a,b,c`` and check every name.
+    """Split ``a,b:key=value,key=value,c`` into policy specs and check every one.
 
     Raises:
-        click.BadParameter: naming the unknown policy and listing the valid ones.
+        click.BadParameter: naming the unknown policy (listing the valid ones), the unknown
+            parameter (listing the policy's) or the malformed value.
     """
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    for name in names:
-        if name not in POLICIES:
-            raise click.BadParameter(
-                f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}", param_hint=param_hint
-            )
-    if not names:
+    try:
+        specs = split_specs(text)
+        for spec in specs:
+            parse_spec(spec)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=param_hint) from None
+    if not specs:
         raise click.BadParameter("give at least one policy", param_hint=param_hint)
-    return names
+    return specs
+
+
+def router_options(func):
+    """Decorate a command with what the gateway sees and how many gateways there are."""
+    options = [
+        click.option("--scrape-interval", "scrape_interval_s", type=float, default=0.0, show_default=True,
+                     help="Seconds between the gateway's scrapes of each worker's /metrics (0: live)."),
+        click.option("--cache-view", type=click.Choice(CACHE_VIEWS), default="routed", show_default=True,
+                     help="Cache state cache-aware policies read: the routed-prefix index, the workers' "
+                          "KV-cache events, or the exact caches."),
+        click.option("--kv-event-delay", "kv_event_delay_s", type=float, default=0.0, show_default=True,
+                     help="Seconds before a worker's KV-cache event reaches the gateway (--cache-view events)."),
+        click.option("--gateways", type=int, default=1, show_default=True, help="Gateway replicas."),
+        click.option("--gateway-lb", type=click.Choice(["round_robin", "random"]), default="round_robin",
+                     show_default=True, help="Front load balancer over the gateway replicas."),
+        click.option("--gateway-state", type=click.Choice(["local", "shared"]), default="local", show_default=True,
+                     help="Session/prefix state per replica, or in one shared store."),
+        click.option("--store-latency", "store_latency_s", type=float, default=0.0, show_default=True,
+                     help="Seconds each request waits on the shared store (lab's Redis: 0.05 before its fix, 0.001 after)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
 
 
 def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread: float, replay: str,

@@ -9,7 +9,10 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from kvroute.cli.scenario import build_spec, describe, load_trace, parse_policies, scenario_options, with_errors
+import dataclasses
+
+from kvroute.cli.scenario import (build_spec, describe, load_trace, parse_policies, router_options, scenario_options,
+                                 with_errors)
 from kvroute.sim.experiment import compare as run_compare
 from kvroute.sim.experiment import format_table
 from kvroute.sim.metrics import ServiceClass
@@ -19,7 +22,8 @@ DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
 
 def _run(policies, rounds, json_out, out, records_format, workload, trace_path, trace_block_size, max_requests, turns, chats,
          think_time, reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup, workers, gpus, profile_name, max_model_len,
-         kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2):
+         kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
+         **router):
     def trace_for(run_seed: int):
         return load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, run_seed,
                           reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup)
@@ -28,6 +32,11 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
     # A generated workload draws its lengths per round; a trace file is the same in every round.
     rounds_trace = trace if trace_path is not None else trace_for
     spec = build_spec(profile_name, workers, gpus, arrival_spread, replay, max_model_len, kv_blocks)
+    if router:
+        try:
+            spec = dataclasses.replace(spec, **router)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from exc
     header = describe(trace, spec)
     if uncertainty < 0:
         raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="--uncertainty")
@@ -101,8 +110,10 @@ def output_options(func):
 
 @click.command()
 @scenario_options
+@router_options
 @click.option("--policies", "policies_text", default=DEFAULT_POLICIES, show_default=True,
-              help="Comma-separated policies; the first is the baseline of the change columns.")
+              help="Comma-separated policies, each optionally with parameters (dynamo:overlap_weight=2,temperature=0.5); "
+                   "the first is the baseline of the change columns. `kvroute policies` lists them.")
 @click.option("--rounds", type=int, default=3, show_default=True, help="Seeded rounds per policy.")
 @click.option("--uncertainty", type=int, default=0, show_default=True,
               help="Also run N profiles drawn from the profile's coefficient uncertainty (bootstrap refits of a "
@@ -120,10 +131,23 @@ def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, reco
 
 @click.command()
 @scenario_options
-@click.option("--policy", default="kv_aware", show_default=True, help="Routing policy.")
+@router_options
+@click.option("--policy", default="kv_aware", show_default=True,
+              help="Routing policy, optionally with parameters (sglang:cache_threshold=0.5).")
 @click.option("--rounds", type=int, default=1, show_default=True, help="Seeded rounds.")
 @output_options
 @with_errors
 def simulate(policy, rounds, json_out, out, records_format, **scenario):
     """Simulate one routing policy and print its summary."""
     _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario)
+
+
+@click.command("policies")
+def policies_command():
+    """List the routing policies, one line each: name, parameters with defaults, summary."""
+    from kvroute.sim.routing import POLICIES, policy_params
+
+    for name, cls in POLICIES.items():
+        params = ",".join(f"{k}={v}" for k, v in policy_params(cls).items())
+        summary = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        click.echo(f"{name:<17} {summary}" + (f" [{params}]" if params else ""))

@@ -43,6 +43,9 @@ class BlockPool:
         self._cached: dict[int, int | list[int]] = {}
         self.ref_cnt[0] = 1  # the null block is never freed
         self.num_evictions = 0
+        # Called as listener(stored, hashes) when hashes enter (True) or leave (False) the
+        # prefix cache: vLLM's BlockStored / BlockRemoved KV events. None: no events.
+        self.kv_event_listener = None
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -150,6 +153,8 @@ class BlockPool:
                 cached[h] = [entry, bid]
             else:
                 entry.append(bid)
+        if self.kv_event_listener is not None:
+            self.kv_event_listener(True, block_hashes[start:end])
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash if no block is in use (vLLM's ``reset_prefix_cache``).
@@ -174,3 +179,5 @@ class BlockPool:
             if not entry:
                 del self._cached[h]
         self.num_evictions += 1
+        if self.kv_event_listener is not None:
+            self.kv_event_listener(False, (h,))

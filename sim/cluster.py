@@ -18,7 +18,8 @@ import simpy
 from kvroute.sim.metrics import RequestRecord, RunResult
 from kvroute.sim.profile import Profile
 from kvroute.sim.request import Request
-from kvroute.sim.routing import RouteRequest, RouterView, make_policy
+from kvroute.sim.routing import (CACHE_VIEWS, KVEventIndex, MetricsScrape, RouteRequest, RouterView, make_policy,
+                                 router_rng)
 from kvroute.sim.scheduler import admission_error, clamp_max_tokens
 from kvroute.sim.worker import Worker
 from kvroute.sim.workload import Workload
@@ -46,6 +47,19 @@ class ClusterSpec:
         max_in_flight: the client keeps at most this many requests outstanding; the others wait
             in the client in the order they became ready (1 sends requests one at a time).
             None: no limit.
+        scrape_interval_s: the gateway scrapes each worker's ``/metrics`` (running, waiting,
+            KV usage) every this many seconds; 0 reads them live at each decision.
+        cache_view: where cache-aware policies look up prefixes: ``routed`` (the gateway's
+            routed-prefix index), ``events`` (the workers' KV-cache events) or ``exact``.
+        kv_event_delay_s: KV-cache events reach the gateway this many seconds after the
+            worker's block pool changed (``cache_view="events"``).
+        gateways: gateway replicas behind a front load balancer.
+        gateway_lb: the front balancer: ``round_robin`` or ``random`` over replicas.
+        gateway_state: ``local`` (each replica keeps its own in-flight counts, sessions and
+            routed-prefix index) or ``shared`` (one store for all replicas).
+        store_latency_s: with shared state, seconds each request waits on the store (read
+            before the decision, write after) before it is forwarded. The lab's Redis: 0.05
+            before its fix (writes one after another), about 0.001 after.
     """
 
     profile: Profile
@@ -58,6 +72,13 @@ class ClusterSpec:
     record_steps: bool = False
     fast_forward: bool = True
     max_in_flight: int | None = None
+    scrape_interval_s: float = 0.0
+    cache_view: str = "routed"
+    kv_event_delay_s: float = 0.0
+    gateways: int = 1
+    gateway_lb: str = "round_robin"
+    gateway_state: str = "local"
+    store_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None and self.max_in_flight < 1:
@@ -68,6 +89,16 @@ class ClusterSpec:
             raise ValueError(f"num_gpus must be between 1 and num_workers, got {self.num_gpus}")
         if self.arrival_spread_s < 0:
             raise ValueError("arrival_spread_s must be >= 0")
+        if min(self.scrape_interval_s, self.kv_event_delay_s, self.store_latency_s) < 0:
+            raise ValueError("scrape interval, KV-event delay and store latency must be >= 0 s")
+        if self.cache_view not in CACHE_VIEWS:
+            raise ValueError(f"unknown cache view {self.cache_view!r}; valid: {', '.join(CACHE_VIEWS)}")
+        if self.gateways < 1:
+            raise ValueError(f"gateways must be >= 1, got {self.gateways}")
+        if self.gateway_lb not in ("round_robin", "random"):
+            raise ValueError(f"gateway_lb must be round_robin or random, got {self.gateway_lb!r}")
+        if self.gateway_state not in ("local", "shared"):
+            raise ValueError(f"gateway_state must be local or shared, got {self.gateway_state!r}")
 
     def gpu_of(self, worker: int) -> int:
         """The GPU index worker ``worker`` runs on."""
@@ -110,7 +141,8 @@ class Cluster:
     Args:
         trace: the requests.
         spec: what to simulate.
-        seed: seeds the one random generator of the run (jitter, random policy).
+        seed: seeds the run's random generator (jitter, overheads) and, through a spawned
+            child, the router's (ties, random choices).
     """
 
     def __init__(self, trace: Trace, spec: ClusterSpec, seed: int) -> None:
@@ -139,13 +171,7 @@ class Cluster:
             for w in range(spec.num_workers)
         ]
         self.workload = Workload(trace, spec.profile.engine.block_size)
-        self.policy = make_policy(spec.policy, self.rng)
-        self.view = RouterView(
-            spec.num_workers,
-            spec.profile.engine.block_size,
-            spec.router_block_tokens,
-            track_prefixes=self.policy.uses_prefixes,
-        )
+        self._build_gateways(seed)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []
         self.itl_gaps: list[float] = []
@@ -154,8 +180,77 @@ class Cluster:
         self._overheads = spec.profile.overheads
         self._sigma = math.sqrt(math.log1p(self._overheads.jitter_cv**2))
 
+    def _build_gateways(self, seed: int) -> None:
+        """Policies and views of the gateway replicas, and the worker signals they read."""
+        spec, n = self.spec, self.spec.num_workers
+        workers = self.workers
+        self.metrics = MetricsScrape(
+            lambda: [(len(w.scheduler.running), len(w.scheduler.waiting), w.scheduler.pool.usage()) for w in workers],
+            spec.scrape_interval_s,
+        )
+        self.events = None
+        if spec.cache_view == "events":
+            self.events = KVEventIndex(n)
+            self._pending_events: list | None = None
+            self._pending_due = -1.0
+            for w in workers:
+                w.scheduler.pool.kv_event_listener = self._event_listener(w.index)
+        exact = None
+        if spec.cache_view == "exact":
+            pools = [w.scheduler.pool for w in workers]
+            exact = lambda hashes: [len(p.longest_cache_hit(hashes, len(hashes))) for p in pools]  # noqa: E731
+        rng = router_rng(seed)
+        rngs = [rng] + (rng.spawn(spec.gateways - 1) if spec.gateways > 1 else [])
+        self.policies = [make_policy(spec.policy, r) for r in rngs]
+        num_views = 1 if spec.gateway_state == "shared" else spec.gateways
+        self.views = [
+            RouterView(n, spec.profile.engine.block_size, spec.router_block_tokens,
+                       track_prefixes=self.policies[0].uses_prefixes, cache_view=spec.cache_view,
+                       metrics=self.metrics, events=self.events, exact=exact)
+            for _ in range(num_views)
+        ]
+        self.policy, self.view = self.policies[0], self.views[0]
+        self._lb_rng = np.random.default_rng(seed).spawn(2)[1]
+        self._lb_next = 0
+        self._view_of: dict[int, RouterView] = {}
+        self._num_done = 0
+
+    def _event_listener(self, worker: int):
+        events, delay = self.events, self.spec.kv_event_delay_s
+        if delay == 0:
+            return lambda stored, hashes: events.apply(worker, stored, hashes)
+
+        def later(stored: bool, hashes) -> None:
+            due = self.env.now + delay
+            if self._pending_events is None or due != self._pending_due:
+                batch = self._pending_events = []
+                self._pending_due = due
+                self.env.timeout(delay).callbacks.append(
+                    lambda _ev: [events.apply(*e) for e in batch])
+            self._pending_events.append((worker, stored, hashes))
+
+        return later
+
+    def _gateway(self) -> int:
+        """The replica the front load balancer sends the next request to."""
+        if self.spec.gateways == 1:
+            return 0
+        if self.spec.gateway_lb == "random":
+            return int(self._lb_rng.integers(self.spec.gateways))
+        g = self._lb_next
+        self._lb_next = (g + 1) % self.spec.gateways
+        return g
+
+    def _scraper(self):
+        total, interval = len(self.workload.trace.records), self.spec.scrape_interval_s
+        while self._num_done < total:
+            self.metrics.scrape()
+            yield self.env.timeout(interval)
+
     def run(self) -> RunResult:
         """Simulate until every request has finished; return the records and counters."""
+        if self.spec.scrape_interval_s > 0:
+            self.env.process(self._scraper())
         spread = self.spec.arrival_spread_s
         sent = self.workload.roots if self.closed_loop else self.workload.trace.records
         for rec in sent:
@@ -176,10 +271,15 @@ class Cluster:
         segments, hashes = self.workload.build(rec)
         bs = self.spec.profile.engine.block_size
         route = RouteRequest(rec.request_id, rec.session_id, hashes[: rec.input_length // bs], rec.input_length)
-        worker = self.policy.choose(route, self.view)
-        self.view.on_routed(worker, route)
+        g = self._gateway()
+        view = self.views[g if len(self.views) > 1 else 0]
+        worker = self.policies[g].choose(route, view)
+        view.on_routed(worker, route)
+        self._view_of[rec.request_id] = view
         record = RequestRecord(rec, worker, env.now)
         self.records.append(record)
+        if self.spec.gateway_state == "shared" and self.spec.store_latency_s > 0:
+            yield env.timeout(self.spec.store_latency_s)
         if self._sigma > 0:
             factor = self.rng.lognormal(-0.5 * self._sigma**2, self._sigma)
         else:
@@ -190,7 +290,8 @@ class Cluster:
         if error:
             record.error = error
             record.finish = env.now
-            self.view.on_finished(worker)
+            self._view_of.pop(rec.request_id).on_finished(worker, rec.request_id)
+            self._num_done += 1
             self._release_slot(rec.request_id)
             self._release_children(rec)
             return
@@ -202,6 +303,7 @@ class Cluster:
         record: RequestRecord = request.client
         if request.num_output_tokens == 1 and record.first_token is None:
             record.first_token = now
+            self._view_of[request.request_id].on_first_token(request.request_id)
         else:
             self.itl_gaps.append(now - record.last_token)
         record.last_token = now
@@ -219,7 +321,8 @@ class Cluster:
         record.cached_tokens = request.num_cached_tokens or 0
         record.output_tokens = request.num_output_tokens
         record.preemptions = request.num_preemptions
-        self.view.on_finished(record.worker)
+        self._view_of.pop(request.request_id).on_finished(record.worker, request.request_id)
+        self._num_done += 1
         self._release_slot(record.trace.request_id)
         if self.closed_loop:
             for child in self.workload.children.get(record.trace.request_id, ()):
@@ -237,6 +340,7 @@ class Cluster:
             record = RequestRecord(child, -1, self.env.now)
             record.error = f"not sent: its parent request {rec.request_id} failed"
             self.records.append(record)
+            self._num_done += 1
             self._release_children(child)
 
 

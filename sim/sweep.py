@@ -32,7 +32,7 @@ from tqdm import tqdm
 from kvroute.sim.cluster import ClusterSpec, simulate
 from kvroute.sim.metrics import SUMMARY_METRICS, ServiceClass, summarize, summarize_rounds
 from kvroute.sim.profile import Profile, load_profile
-from kvroute.sim.routing import POLICIES
+from kvroute.sim.routing import check_spec
 from kvroute.traces import generators
 from kvroute.traces.format import Trace
 from kvroute.traces.arrivals import parse_arrival
@@ -82,12 +82,18 @@ class Scenario:
         profile: shipped profile name or profile JSON path.
         workers: vLLM workers behind the router.
         gpus: GPUs (fewer than workers means sharing); None means one per worker.
-        policy: routing policy name.
+        policy: routing policy spec (``name`` or ``name:key=value,...``).
         kv_blocks: override of each worker's ``num_gpu_blocks``; None keeps the profile's.
             Not allowed with shared GPUs (there vLLM's memory rule sets the blocks).
         arrival_spread_s: uniform start jitter of root requests, s.
         seed: round r runs with seed ``seed + r``, and random workload lengths are drawn for
             that seed (``kvroute.traces.generators.workload_rng``).
+        scrape_interval_s: seconds between the gateway's ``/metrics`` scrapes (0: live).
+        cache_view: ``routed``, ``events`` or ``exact`` (see ``ClusterSpec``).
+        kv_event_delay_s: seconds before a KV-cache event reaches the gateway.
+        gateways: gateway replicas (front balancer round robin).
+        gateway_state: ``local`` or ``shared`` session/prefix state.
+        store_latency_s: seconds each request waits on the shared store.
     """
 
     workload: str = "seed-chat"
@@ -108,6 +114,12 @@ class Scenario:
     kv_blocks: int | None = None
     arrival_spread_s: float = 0.005
     seed: int = 0
+    scrape_interval_s: float = 0.0
+    cache_view: str = "routed"
+    kv_event_delay_s: float = 0.0
+    gateways: int = 1
+    gateway_state: str = "local"
+    store_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         # Lists (e.g. from JSON) become tuples so that scenarios stay hashable.
@@ -117,8 +129,7 @@ class Scenario:
                 object.__setattr__(self, name, tuple(value))
         if self.workload not in WORKLOADS:
             raise ValueError(f"unknown workload {self.workload!r}; valid workloads: {', '.join(WORKLOADS)}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; valid policies: {', '.join(POLICIES)}")
+        check_spec(self.policy)
         if self.workload == "seed-chat" and self.history is not None:
             raise ValueError("history applies to the agent workload only (seed-chat histories grow with turns)")
         for name in ("reply", "think_time_s", "user", "start_s"):
@@ -155,7 +166,10 @@ class Scenario:
             # NOTE: the memory model is dropped so that nothing re-derives the overridden blocks.
             profile = replace(profile, engine=replace(profile.engine, num_gpu_blocks=self.kv_blocks), memory=None)
         return ClusterSpec(profile, num_workers=self.workers, num_gpus=self.gpus, policy=self.policy,
-                           arrival_spread_s=self.arrival_spread_s)
+                           arrival_spread_s=self.arrival_spread_s, scrape_interval_s=self.scrape_interval_s,
+                           cache_view=self.cache_view, kv_event_delay_s=self.kv_event_delay_s,
+                           gateways=self.gateways, gateway_state=self.gateway_state,
+                           store_latency_s=self.store_latency_s)
 
     def label(self) -> dict[str, Any]:
         """The scenario's fields as row columns (ranges as ``"low-high"`` strings)."""

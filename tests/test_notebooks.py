@@ -19,7 +19,7 @@ from kvroute.cli.sim_commands import compare as compare_command  # noqa: E402
 from kvroute.sim.sweep import Scenario, cost_per_million_tokens, grid, intervals, sweep  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ["01_seed_study", "02_more_workers", "03_long_histories", "04_calibration", "05_validation"]
+NAMES = ["01_seed_study", "02_more_workers", "03_long_histories", "04_calibration", "05_validation", "06_routers"]
 MARK = "KVROUTE-CHECK "
 
 SMALL = {
@@ -31,6 +31,9 @@ SMALL = {
                           "KV_FRACTIONS = [1.0, 0.02]\nROUNDS = 2\nEXECUTOR = 'local'\n"),
     "04_calibration": "",
     "05_validation": "",
+    "06_routers": ("WORKERS = 2\nCHATS = 4\nTURNS = [2]\nPOLICIES = ['round_robin', 'kv_aware', 'sglang']\n"
+                   "DELAYS_MS = [0, 200]\nDELAY_POLICIES = ['dynamo']\nGATEWAYS = 2\nGATEWAY_POLICIES = ['kv_aware']\n"
+                   "ROUNDS = 2\nMOONCAKE_MAX_REQUESTS = 60\nMOONCAKE_POLICIES = ['kv_aware']\nEXECUTOR = 'sequential'\n"),
 }
 
 
@@ -201,3 +204,29 @@ def test_05_validation_shows_a_report(tmp_path):
     assert out == [{"quantity": "policies.kv_aware.ttft_mean_s", "predicted": 0.44, "measured": 0.40,
                     "error_pct": pytest.approx(10.0)}]
     assert math.isclose(out[0]["error_pct"], 10.0)
+
+
+def test_06_routers_tables_are_the_sweep(tmp_path):
+    mooncake = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+    params = SMALL["06_routers"] + f"MOONCAKE = {str(mooncake)!r}\n"
+    book, out = run("06_routers", tmp_path, params,
+                    "{'policies': policies_iv.to_dict('records'), 'delay': delay_iv.to_dict('records'), "
+                    "'gateways': gateway_iv.to_dict('records'), "
+                    "'mooncake': None if mooncake is None else mooncake.to_dict('records')}")
+    assert not any(tmp_path.iterdir())
+    base = Scenario(chats=4, turns=2, workers=2)
+    again = sweep(grid(base, policy=["round_robin", "kv_aware", "sglang"]), rounds=2, executor="sequential",
+                  progress=False)
+    expected = intervals(again, ["time_to_complete_s", "hit_rate"], by=["turns", "policy"])
+    for row, want in zip(out["policies"], expected.to_dict("records")):
+        assert (row["policy"], row["time_to_complete_s"], row["hit_rate"]) == (
+            want["policy"], want["time_to_complete_s"], want["hit_rate"])
+    assert [(r["policy"], r["delay_ms"]) for r in out["delay"]] == [("dynamo", 0), ("dynamo", 200)]
+    arrangements = [r["arrangement"] for r in out["gateways"]]
+    assert arrangements == ["1 gateway", "2 gateways, local state", "2 gateways, shared store 50 ms",
+                            "2 gateways, shared store 1 ms"]
+    if mooncake.exists():
+        assert [(r["policy"], r["delay_ms"]) for r in out["mooncake"]] == [("kv_aware", 0), ("kv_aware", 200)]
+    else:
+        assert "section skipped" in printed(book)
+    assert "2 turns: fastest" in printed(book)

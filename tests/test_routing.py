@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from kvroute.sim.routing import POLICIES, RouteRequest, RouterView, make_policy
+from kvroute.sim.routing import POLICIES, RouteRequest, RouterView, make_policy, router_rng
 
 
 def rr(rid, hashes, session=None):
@@ -21,22 +21,50 @@ def test_round_robin_cycles_and_skips_dead_workers():
     assert [policy.choose(rr(i, []), v) for i in range(3)] == [2, 0, 2]
 
 
-def test_least_loaded_breaks_ties_by_lower_index():
+def test_least_loaded_picks_the_least_loaded_and_breaks_ties_at_random():
     policy, v = make_policy("least_loaded", np.random.default_rng(0)), view(3)
-    v.in_flight[:] = [2, 1, 1]
+    v.in_flight[:] = [2, 1, 3]
     assert policy.choose(rr(0, []), v) == 1
-    v.in_flight[:] = [0, 0, 0]
-    assert policy.choose(rr(0, []), v) == 0
+    v.in_flight[:] = [2, 1, 1]
+    assert {policy.choose(rr(0, []), v) for _ in range(40)} == {1, 2}  # never the busier 0
+
+
+def test_ties_spread_over_workers_with_the_seed():
+    """Two chats starting on idle workers do not both land on worker 0, and 8 sessions on 4
+    workers use all 4 (before: always worker 0 first, and only 2 workers for 8 sessions)."""
+    for name in ("least_loaded", "kv_aware", "prefix_balanced"):
+        chosen = []
+        for seed in range(20):
+            policy, v = make_policy(name, router_rng(seed)), view(4)
+            chosen.append(policy.choose(rr(0, [1, 2], session="a"), v))
+        assert set(chosen) == {0, 1, 2, 3}, name
+        policy, v = make_policy(name, router_rng(3)), view(4)
+        used = []
+        for i in range(8):  # one session after another: every worker idle at each choice
+            req = rr(i, [100 + i, 200 + i], session=f"s{i}")
+            w = policy.choose(req, v)
+            v.on_routed(w, req)
+            v.on_finished(w)
+            used.append(w)
+        assert len(set(used)) >= 3, (name, used)  # lowest-index ties used worker 0 only
+    a = [make_policy("least_loaded", router_rng(5)).choose(rr(0, []), view(4)) for _ in range(2)]
+    assert a[0] == a[1]  # same seed, same choice
+
+
+def test_router_rng_does_not_shift_the_run_generator():
+    run = np.random.default_rng(11)
+    router_rng(11).integers(4, size=100)
+    assert run.uniform() == np.random.default_rng(11).uniform()
 
 
 def test_kv_aware_returns_a_chat_to_the_worker_of_its_previous_turn():
     policy, v = make_policy("kv_aware", np.random.default_rng(0)), view(4)
     first = rr(0, [1, 2, 3], session="chat")
-    w = policy.choose(first, v)
-    assert w == 0
+    w = policy.choose(first, v)  # idle workers: any of them
     v.on_routed(w, first)
-    v.in_flight[:] = [5, 0, 0, 0]  # much busier, still preferred: it holds the history
-    assert policy.choose(rr(1, [1, 2, 3, 4, 5], session="chat"), v) == 0
+    v.in_flight[:] = [0, 0, 0, 0]
+    v.in_flight[w] = 5  # much busier, still preferred: it holds the history
+    assert policy.choose(rr(1, [1, 2, 3, 4, 5], session="chat"), v) == w
 
 
 def test_kv_aware_sends_a_new_session_to_the_least_loaded_even_if_its_prefix_is_shared():
@@ -86,7 +114,8 @@ def test_random_is_seeded():
 def test_unknown_policy_lists_the_valid_ones():
     with pytest.raises(ValueError, match="valid policies: round_robin, least_loaded, kv_aware"):
         make_policy("fastest", np.random.default_rng(0))
-    assert set(POLICIES) == {"round_robin", "least_loaded", "kv_aware", "prefix_balanced", "random"}
+    assert list(POLICIES) == ["round_robin", "least_loaded", "kv_aware", "prefix_balanced", "random",
+                              "sglang", "dynamo", "llmd", "session_affinity", "power_of_two"]
 
 
 def test_no_live_worker_is_an_error():

@@ -1,0 +1,72 @@
+"""Routing policies behind one interface, shared by the simulator and the live replay.
+
+A policy answers ``choose(request, view) -> worker index``. The ``RouterView`` holds only what a
+real gateway can know. Policies live one per module in this package and register themselves
+by CLI name (``@register("name")``); ``make_policy("name:key=value", rng)`` builds one.
+Ties go uniformly at random among the best, drawn from the router's own seeded generator
+(``router_rng(seed)``). Policies never pick a worker the view marks dead.
+
+User policies: a module that defines a ``Policy`` subclass decorated with ``@register("name")``
+is registered when imported. Two ways to have the CLI import it: an entry point in the group
+``kvroute.policies`` of an installed package, or the environment variable
+``KVROUTE_POLICY_FILES`` (``.py`` paths separated by ``os.pathsep``; sweep processes inherit it).
+"""
+
+from kvroute.sim.routing.base import (
+    POLICIES,
+    Policy,
+    RouteRequest,
+    check_spec,
+    make_policy,
+    parse_spec,
+    pick_max,
+    pick_min,
+    policy_params,
+    register,
+    router_rng,
+    split_specs,
+)
+from kvroute.sim.routing.view import RouterView
+
+# Importing the policy modules registers them, in this order.
+from kvroute.sim.routing import round_robin, least_loaded, kv_aware, prefix_balanced, random_choice  # noqa: E402,F401
+from kvroute.sim.routing import sglang, dynamo, llmd, session_affinity, power_of_two  # noqa: E402,F401
+from kvroute.sim.routing.view import CACHE_VIEWS, LOAD_SIGNALS  # noqa: E402
+from kvroute.sim.routing.signals import KVEventIndex, MetricsScrape  # noqa: E402
+
+__all__ = [
+    "CACHE_VIEWS", "KVEventIndex", "LOAD_SIGNALS", "MetricsScrape", "POLICIES", "Policy", "RouteRequest", "RouterView", "check_spec", "make_policy", "parse_spec",
+    "pick_max", "pick_min", "policy_params", "register", "router_rng", "split_specs",
+]
+
+
+def load_user_policies() -> None:
+    """Import the policies of ``kvroute.policies`` entry points and ``KVROUTE_POLICY_FILES``.
+
+    Raises:
+        ValueError: a listed file is missing or fails to import (the message names it).
+    """
+    import importlib.metadata
+    import importlib.util
+    import os
+    import sys
+
+    for entry in importlib.metadata.entry_points(group="kvroute.policies"):
+        entry.load()
+    for path in filter(None, os.environ.get("KVROUTE_POLICY_FILES", "").split(os.pathsep)):
+        name = "kvroute_user_policy_" + os.path.splitext(os.path.basename(path))[0]
+        if name in sys.modules:
+            continue
+        if not os.path.isfile(path):
+            raise ValueError(f"KVROUTE_POLICY_FILES: {path} does not exist")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            raise ValueError(f"KVROUTE_POLICY_FILES: {path} failed to import: {exc}") from exc
+
+
+load_user_policies()

@@ -1,0 +1,220 @@
+"""The policy interface, its registry and the policy-spec syntax shared by every command.
+
+A policy is a class registered under its CLI name with ``@register("name")``. Its constructor
+takes the router's seeded generator first and then keyword parameters with defaults; those
+parameters are what a spec string can set::
+
+    kv_aware                      the policy with its defaults
+    dynamo:overlap_weight=2       one parameter
+    dynamo:overlap_weight=2,temperature=0.5
+
+In a comma-separated list of policies (``--policies``), an item ``key=value`` without a colon
+belongs to the policy before it, so ``sglang,dynamo:overlap_weight=2,temperature=0.5`` names two
+policies. Values are converted to the type of the parameter's default.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What the router sees of a request.
+
+    Attributes:
+        request_id: the request's id.
+        session_id: conversation id, or None.
+        block_hashes: the prompt's full-block hashes at the engine block size.
+        num_prompt_tokens: prompt length, tokens.
+    """
+
+    request_id: int
+    session_id: object
+    block_hashes: list[int]
+    num_prompt_tokens: int
+
+
+class Policy:
+    """A routing policy. Subclasses are registered with ``@register(name)``.
+
+    Subclasses implement ``choose``; their ``__init__`` takes ``rng`` (the router's seeded
+    generator, used for ties and sampling) and keyword parameters with defaults.
+
+    Attributes:
+        name: the CLI name (set by ``register``).
+        uses_prefixes: whether the policy reads the router's cache view (``matched_blocks``).
+        uses_metrics: whether the policy reads the workers' scraped ``/metrics`` (the live
+            replay polls the servers only then).
+    """
+
+    name = ""
+    uses_prefixes = False
+    uses_metrics = False
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    @property
+    def tie_rng(self) -> np.random.Generator:
+        """The generator that breaks ties: uniformly among the best, as SGLang's tree (first
+        tenant of a hash map), Dynamo's ``DefaultWorkerSelector`` (random among equal logits)
+        and llm-d's ``max-score-picker`` (shuffle, then stable sort) do."""
+        return self.rng
+
+    def choose(self, request, view) -> int:
+        """The worker index for ``request``; raises RuntimeError if no worker is alive."""
+        raise NotImplementedError
+
+
+POLICIES: dict[str, type[Policy]] = {}
+"""Registered policies by CLI name, in registration order."""
+
+
+def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
+    """Class decorator: register a Policy subclass under ``name`` (its CLI name).
+
+    Raises:
+        ValueError: the name is taken by another class or contains ``:``, ``,`` or ``=``.
+    """
+    if not name or any(c in name for c in ":,= "):
+        raise ValueError(f"policy name {name!r} must be non-empty and free of ':', ',', '=' and spaces")
+
+    def decorate(cls: type[Policy]) -> type[Policy]:
+        other = POLICIES.get(name)
+        if other is not None and other is not cls:
+            raise ValueError(f"policy name {name!r} is already registered by {other.__module__}.{other.__qualname__}")
+        cls.name = name
+        POLICIES[name] = cls
+        return cls
+
+    return decorate
+
+
+def policy_params(cls: type[Policy]) -> dict[str, object]:
+    """A policy's settable parameters and their defaults, in constructor order."""
+    sig = inspect.signature(cls.__init__)
+    return {
+        p.name: p.default
+        for p in list(sig.parameters.values())[2:]  # self, rng
+        if p.default is not inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+
+
+def _convert(policy: str, key: str, text: str, default: object) -> object:
+    try:
+        if isinstance(default, bool):
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return float(text)
+    except ValueError:
+        raise ValueError(f"policy {policy!r}: {key}={text!r} is not a valid {type(default).__name__}") from None
+    return text
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
+    """Split ``name:key=value,key=value`` into the registered name and typed parameters.
+
+    Raises:
+        ValueError: unknown policy (listing the valid ones), unknown parameter (listing the
+            policy's parameters) or a value of the wrong type.
+    """
+    name, _, rest = spec.strip().partition(":")
+    name = name.strip()
+    cls = POLICIES.get(name)
+    if cls is None:
+        raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}")
+    defaults = policy_params(cls)
+    params: dict[str, object] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise ValueError(f"policy {name!r}: parameter {item!r} must be key=value")
+        if key not in defaults:
+            valid = ", ".join(defaults) or "none"
+            raise ValueError(f"policy {name!r} has no parameter {key!r}; its parameters: {valid}")
+        params[key] = _convert(name, key, value.strip(), defaults[key])
+    return name, params
+
+
+def split_specs(text: str) -> list[str]:
+    """Split a comma-separated list of policy specs (``a,b:x=1,y=2,c``) into specs.
+
+    An item with ``=`` and no ``:`` continues the parameters of the spec before it.
+
+    Raises:
+        ValueError: a parameter comes before any policy name.
+    """
+    specs: list[str] = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        if "=" in item and ":" not in item:
+            if not specs:
+                raise ValueError(f"parameter {item!r} comes before any policy name")
+            joiner = "," if ":" in specs[-1] else ":"
+            specs[-1] = f"{specs[-1]}{joiner}{item}"
+        else:
+            specs.append(item)
+    return specs
+
+
+def check_spec(spec: str) -> str:
+    """Validate a policy spec and return it unchanged (for config fields).
+
+    Raises:
+        ValueError: as ``parse_spec``.
+    """
+    parse_spec(spec)
+    return spec
+
+
+def router_rng(seed: int) -> np.random.Generator:
+    """The router's generator for a run seeded ``seed``: a child spawned from the run's
+    generator, so that its draws never shift the run's own (start jitter, overheads).
+    The simulator and the live replay both use it, so they break ties alike."""
+    return np.random.default_rng(seed).spawn(1)[0]
+
+
+def make_policy(spec: str, rng: np.random.Generator) -> Policy:
+    """A fresh policy from its spec (``name`` or ``name:key=value,...``).
+
+    Args:
+        spec: the policy's CLI name, optionally with parameters.
+        rng: the router's seeded generator (ties, random choices, sampling).
+
+    Raises:
+        ValueError: as ``parse_spec``, or a parameter value the policy rejects.
+    """
+    name, params = parse_spec(spec)
+    return POLICIES[name](rng, **params)
+
+
+def pick_min(candidates: list[int], key, rng: np.random.Generator | None) -> int:
+    """The candidate with the smallest ``key(c)``; equal keys are broken uniformly at random
+    with ``rng`` (the lowest index when ``rng`` is None). Draws only when there is a tie.
+
+    Raises:
+        RuntimeError: no candidate (no live worker).
+    """
+    if not candidates:
+        raise RuntimeError("no live worker to route to")
+    best = min(key(c) for c in candidates)
+    tied = [c for c in candidates if key(c) == best]
+    if len(tied) == 1 or rng is None:
+        return tied[0]
+    return tied[int(rng.integers(len(tied)))]
+
+
+def pick_max(candidates: list[int], key, rng: np.random.Generator | None) -> int:
+    """As ``pick_min`` for the largest ``key(c)``."""
+    return pick_min(candidates, lambda c: -key(c), rng)

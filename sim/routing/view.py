@@ -1,0 +1,209 @@
+"""The gateway's view of the workers: what a real router can know when it decides.
+
+A gateway knows what it did itself: its requests in flight per worker, the prompt tokens it sent
+that are not yet prefilled, the sessions it routed, and an index of the prompt blocks it routed
+to each worker (SGLang's approximate radix tree, llm-d's approximate prefix index, Dynamo's
+``--no-kv-events`` mode), which cannot see evictions. Beyond that it sees only what the workers
+report, as late as it arrives (``signals``): a ``/metrics`` scrape and KV-cache events. An
+``exact`` cache view reads the workers' caches directly, for reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from typing import Callable
+
+from kvroute.sim.routing.base import RouteRequest, pick_min
+from kvroute.sim.routing.signals import KVEventIndex, MetricsScrape
+
+CACHE_VIEWS = ("routed", "events", "exact")
+"""Where ``matched_blocks`` looks: the gateway's routed-prefix index (today's default), the
+worker's KV-cache events as received (possibly late), or the workers' prefix caches exactly."""
+
+SCRAPED_SIGNALS = ("running", "waiting", "queue", "kv_usage")
+
+LOAD_SIGNALS = ("in_flight", "tokens", "running", "waiting", "queue", "kv_usage")
+"""Load signals ``RouterView.load`` gives: requests in flight at this gateway, prompt tokens
+this gateway sent and not yet prefilled, and the scraped ``/metrics``: running, waiting,
+running + waiting requests and KV usage (0..1)."""
+
+
+class RouterView:
+    """The gateway's knowledge: in-flight counts, liveness, and what it routed where.
+
+    Args:
+        num_workers: workers behind the router.
+        block_size: engine tokens per block of ``RouteRequest.block_hashes``.
+        router_block_tokens: granularity of the routed-prefix index, tokens (a multiple of
+            ``block_size``); coarser is cheaper and matches prefixes to that precision.
+        track_prefixes: keep the routed-prefix index (only cache-aware policies need it).
+        cache_view: where ``matched_blocks`` looks (``CACHE_VIEWS``).
+        metrics: the workers' scraped ``/metrics``; needed for the scraped load signals.
+        events: the KV-event index; needed for ``cache_view="events"``.
+        exact: per-worker longest cached prefix of a hash list, read from the workers
+            themselves; needed for ``cache_view="exact"``.
+
+    Attributes:
+        outstanding_tokens: per worker, prompt tokens this gateway routed there that are not
+            yet prefilled (prompt minus the match seen at routing, until the first token):
+            Dynamo's ``ActiveSequences`` prefill tokens.
+        active_blocks: per worker, prompt blocks of this gateway's requests in flight there
+            (each request's own blocks; Dynamo also merges blocks shared by requests in flight).
+
+    Raises:
+        ValueError: fewer than one worker, an unknown cache view, or a view without its source.
+    """
+
+    def __init__(
+        self,
+        num_workers: int,
+        block_size: int,
+        router_block_tokens: int = 256,
+        track_prefixes: bool = True,
+        cache_view: str = "routed",
+        metrics: MetricsScrape | None = None,
+        events: KVEventIndex | None = None,
+        exact: Callable[[list[int]], list[int]] | None = None,
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError("a router needs at least one worker")
+        if cache_view not in CACHE_VIEWS:
+            raise ValueError(f"unknown cache view {cache_view!r}; valid: {', '.join(CACHE_VIEWS)}")
+        if (cache_view == "events" and events is None) or (cache_view == "exact" and exact is None):
+            raise ValueError(f"cache view {cache_view!r} needs its source")
+        self.cache_view = cache_view
+        self.metrics = metrics
+        self.events = events
+        self.exact = exact
+        self.outstanding_tokens = [0] * num_workers
+        self.active_blocks = [0] * num_workers
+        self._active: dict[int, list[int]] = {}  # request id -> [worker, unprefilled tokens, blocks]
+        self._last_match: tuple[int, list[int]] | None = None
+        self.num_workers = num_workers
+        self.block_size = block_size
+        self.in_flight = [0] * num_workers
+        self.alive = [True] * num_workers
+        self.stride = max(1, router_block_tokens // block_size)
+        self.track_prefixes = track_prefixes and cache_view == "routed"
+        self._index: dict[int, int] = {}  # sampled block hash -> bitmask of workers
+        self.sessions: dict[object, int] = {}  # session id -> worker of its latest request
+
+    def alive_workers(self) -> list[int]:
+        """Indices of workers the router still sends to."""
+        return [i for i in range(self.num_workers) if self.alive[i]]
+
+    def least_loaded(self, candidates: list[int] | None = None, rng: np.random.Generator | None = None) -> int:
+        """The candidate with the fewest requests in flight; ties at random with ``rng``
+        (the lower index without one).
+
+        Raises:
+            RuntimeError: if no worker is alive.
+        """
+        pool = self.alive_workers() if candidates is None else candidates
+        return pick_min(pool, self.in_flight.__getitem__, rng)
+
+    def load(self, signal: str = "in_flight") -> list:
+        """Per worker, the load ``signal`` (one of ``LOAD_SIGNALS``) as this gateway sees it.
+
+        Raises:
+            ValueError: an unknown signal, or a scraped one without a metrics source.
+        """
+        if signal == "in_flight":
+            return self.in_flight
+        if signal == "tokens":
+            return self.outstanding_tokens
+        if signal not in LOAD_SIGNALS:
+            raise ValueError(f"unknown load signal {signal!r}; valid: {', '.join(LOAD_SIGNALS)}")
+        if self.metrics is None:
+            raise ValueError(f"load signal {signal!r} needs the workers' /metrics (none connected)")
+        scraped = self.metrics.current()
+        if signal == "running":
+            return [m[0] for m in scraped]
+        if signal == "waiting":
+            return [m[1] for m in scraped]
+        if signal == "queue":
+            return [m[0] + m[1] for m in scraped]
+        return [m[2] for m in scraped]
+
+    def matched_blocks(self, block_hashes: list[int], request_id: int | None = None) -> list[int]:
+        """Per worker, the engine blocks of the longest prefix of ``block_hashes`` it holds,
+        according to the view's cache source (``cache_view``).
+
+        The routed-prefix index counts at its granularity: a prefix matches up to the last
+        sampled block that every earlier sampled block also matched. Giving ``request_id``
+        lets ``on_routed`` reuse the match for the outstanding-token count.
+        """
+        if self.cache_view == "routed":
+            matched = self._routed_match(block_hashes)
+        elif self.cache_view == "events":
+            matched = self.events.matched_blocks(block_hashes)
+        else:
+            matched = self.exact(block_hashes)
+        if request_id is not None:
+            self._last_match = (request_id, matched)
+        return matched
+
+    def _routed_match(self, block_hashes: list[int]) -> list[int]:
+        matched = [0] * self.num_workers
+        if not self.track_prefixes:
+            return matched
+        index, stride = self._index, self.stride
+        live = (1 << self.num_workers) - 1
+        length = 0  # engine blocks matched by every worker still in ``live``
+        for pos in range(stride - 1, len(block_hashes), stride):
+            mask = index.get(block_hashes[pos], 0) & live
+            lost = live & ~mask
+            w = 0
+            while lost:
+                if lost & 1:
+                    matched[w] = length
+                lost >>= 1
+                w += 1
+            live = mask
+            if not live:
+                return matched
+            length = pos + 1
+        for w in range(self.num_workers):
+            if live >> w & 1:
+                matched[w] = length
+        return matched
+
+    def on_routed(self, worker: int, request: RouteRequest) -> None:
+        """Record that ``request`` was sent to ``worker``."""
+        self.in_flight[worker] += 1
+        last = self._last_match
+        hit = last[1][worker] if last is not None and last[0] == request.request_id else 0
+        tokens = max(request.num_prompt_tokens - hit * self.block_size, 0)
+        blocks = len(request.block_hashes)
+        self.outstanding_tokens[worker] += tokens
+        self.active_blocks[worker] += blocks
+        self._active[request.request_id] = [worker, tokens, blocks]
+        if request.session_id is not None:
+            self.sessions[request.session_id] = worker
+        if self.track_prefixes:
+            bit = 1 << worker
+            index = self._index
+            hashes = request.block_hashes
+            for pos in range(self.stride - 1, len(hashes), self.stride):
+                h = hashes[pos]
+                index[h] = index.get(h, 0) | bit
+
+    def on_first_token(self, request_id: int) -> None:
+        """Record that a request's prefill is done (its first token arrived)."""
+        entry = self._active.get(request_id)
+        if entry is not None:
+            self.outstanding_tokens[entry[0]] -= entry[1]
+            entry[1] = 0
+
+    def on_finished(self, worker: int, request_id: int | None = None) -> None:
+        """Record that a request on ``worker`` finished (or failed)."""
+        self.in_flight[worker] -= 1
+        entry = self._active.pop(request_id, None) if request_id is not None else None
+        if entry is not None:
+            self.outstanding_tokens[entry[0]] -= entry[1]
+            self.active_blocks[entry[0]] -= entry[2]
+
+    def mark_dead(self, worker: int) -> None:
+        """Stop routing to ``worker`` (it failed or timed out)."""
+        self.alive[worker] = False

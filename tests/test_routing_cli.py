@@ -1,0 +1,65 @@
+"""Policies from the command line: specs with parameters, the listing, and a user's own policy."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from kvroute.cli.main import _register, cli
+from kvroute.sim.routing import POLICIES
+
+_register()
+
+USER_POLICY = '''
+from kvroute.sim.routing import Policy, register, pick_min
+
+
+@register("fewest_tokens")
+class FewestTokens(Policy):
+    """The live worker with the fewest prompt tokens waiting to be prefilled."""
+
+    def choose(self, request, view):
+        return pick_min(view.alive_workers(), view.outstanding_tokens.__getitem__, self.rng)
+'''
+
+
+def test_policies_lists_every_policy_on_one_line():
+    out = CliRunner().invoke(cli, ["policies"]).output.splitlines()
+    assert [line.split()[0] for line in out] == list(POLICIES)
+    assert any(line.startswith("dynamo ") and "[overlap_weight=1.0,temperature=0.0]" in line for line in out)
+
+
+def test_compare_takes_policies_with_parameters():
+    result = CliRunner().invoke(cli, ["compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--json",
+                                      "--policies", "sglang,dynamo:overlap_weight=2,temperature=0.5"])
+    assert result.exit_code == 0, result.output
+    assert '"dynamo:overlap_weight=2,temperature=0.5"' in result.output
+    bad = CliRunner().invoke(cli, ["compare", "--policies", "dynamo:weight=1"])
+    assert bad.exit_code == 2
+    assert "policy 'dynamo' has no parameter 'weight'; its parameters: overlap_weight, temperature" in bad.output
+
+
+def test_router_options_reach_the_cluster():
+    args = ["simulate", "--chats", "8", "--turns", "3", "--json", "--policy", "kv_aware"]
+    one = CliRunner().invoke(cli, args)
+    local = CliRunner().invoke(cli, args + ["--gateways", "4"])
+    shared = CliRunner().invoke(cli, args + ["--gateways", "4", "--gateway-state", "shared", "--store-latency", "0.05"])
+    assert one.exit_code == local.exit_code == shared.exit_code == 0
+    assert one.output != local.output and local.output != shared.output
+    bad = CliRunner().invoke(cli, args + ["--gateways", "0"])
+    assert bad.exit_code == 2 and "gateways must be >= 1, got 0" in bad.output
+
+
+def test_a_user_policy_in_one_file_runs_by_name(tmp_path: Path):
+    path = tmp_path / "fewest_tokens.py"
+    path.write_text(USER_POLICY)
+    env = {**os.environ, "KVROUTE_POLICY_FILES": str(path)}
+    kvroute = Path(sys.executable).with_name("kvroute")
+    listing = subprocess.run([str(kvroute), "policies"], env=env, capture_output=True, text=True, check=True)
+    assert listing.stdout.splitlines()[-1].startswith("fewest_tokens")
+    run = subprocess.run([str(kvroute), "simulate", "--chats", "4", "--turns", "2", "--policy", "fewest_tokens"],
+                         env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "fewest_tokens" in run.stdout
