@@ -147,6 +147,8 @@ class LiveReplay:
         Raises:
             asyncio.CancelledError: when cancelled (Ctrl-C); requests in flight are first
                 recorded as failed with ``"interrupted"`` and :attr:`interrupted` is set.
+            Exception: the first error a request's client raised (not a failed request, which is
+                recorded), after the other clients were cancelled.
         """
         self._t0 = time.perf_counter()
         self._slots = FifoSlots(self.spec.max_in_flight) if self.spec.max_in_flight else None
@@ -155,7 +157,13 @@ class LiveReplay:
             for rec in sent:
                 self._spawn(rec, rec.timestamp_ms / 1000.0)
             while self._tasks:
-                await asyncio.wait(set(self._tasks))
+                done, _ = await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_EXCEPTION)
+                failed = next((t for t in done if not t.cancelled() and t.exception() is not None), None)
+                if failed is not None:  # a bug or a bad input in a client: stop, never swallow it
+                    for task in list(self._tasks):
+                        task.cancel()
+                    await asyncio.gather(*self._tasks, return_exceptions=True)
+                    raise failed.exception()
         except asyncio.CancelledError:
             self.interrupted = True
             for task in list(self._tasks):
@@ -295,12 +303,15 @@ class LiveReplay:
         """A failed turn's later turns are never sent (closed loop), as in the simulator."""
         if not self.closed_loop:
             return
-        for child in self.workload.children.get(rec.request_id, ()):
-            skipped = RequestRecord(child, -1, self.now())
-            skipped.error = f"not sent: its parent request {rec.request_id} failed"
-            self.records.append(skipped)
-            self._skip_children(child)
-        self._release(rec.request_id, all_children=True)
+        stack = [rec]  # a loop, not recursion: sessions can be thousands of turns deep
+        while stack:
+            parent = stack.pop()
+            for child in self.workload.children.get(parent.request_id, ()):
+                skipped = RequestRecord(child, -1, self.now())
+                skipped.error = f"not sent: its parent request {parent.request_id} failed"
+                self.records.append(skipped)
+                stack.append(child)
+            self._release(parent.request_id, all_children=True)
 
     def mark_dead(self, worker: int, reason: str) -> None:
         """Stop routing to ``worker`` and fail its requests in flight with ``reason``."""
@@ -318,9 +329,20 @@ class LiveReplay:
 
     def _prompt_ids(self, rec: TraceRecord) -> np.ndarray:
         """The ids to send for ``rec``; built once and kept while children still need them."""
-        kept = self._prompt.get(rec.request_id)
-        if kept is not None:  # built earlier for a child sent first (open loop)
-            return kept
+        # Ancestors not built yet (open loop: a child sent first) are built oldest first, in a
+        # loop rather than by recursion, since sessions can be thousands of turns deep.
+        chain = [rec]
+        while chain[-1].request_id not in self._prompt and chain[-1].parent is not None:
+            chain.append(self.workload.by_id[chain[-1].parent])
+        prompt = self._prompt.get(chain[-1].request_id)
+        if prompt is not None:  # built earlier for a child sent first (open loop)
+            chain.pop()
+        for link in reversed(chain):
+            prompt = self._prompt_one(link, prompt)
+        return prompt
+
+    def _prompt_one(self, rec: TraceRecord, parent_prompt: np.ndarray | None) -> np.ndarray:
+        """The ids of ``rec`` given its parent's (None for a root)."""
         if rec.parent is None:
             prompt = self.prompts.root(rec)
         else:
@@ -328,7 +350,7 @@ class LiveReplay:
             output = self._output.get(parent.request_id)
             if output is None:  # open loop: the parent's reply does not exist yet
                 output = self.prompts.synthetic_output(parent)
-            prompt = self.prompts.child(rec, self._prompt_ids(parent), output)
+            prompt = self.prompts.child(rec, parent_prompt, output)
             self._release(parent.request_id)
         if rec.request_id in self._pending:
             self._prompt[rec.request_id] = prompt

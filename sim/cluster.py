@@ -138,7 +138,7 @@ class Cluster:
             )
             for w in range(spec.num_workers)
         ]
-        self.workload = Workload(trace, spec.profile.engine.block_size)
+        self.workload = Workload(trace, spec.profile.engine.block_size, spec.profile.engine.max_model_len)
         self.policy = make_policy(spec.policy, self.rng)
         self.view = RouterView(
             spec.num_workers,
@@ -233,11 +233,14 @@ class Cluster:
         """A failed request's later turns are never sent (closed loop); record them as skipped."""
         if not self.closed_loop:
             return
-        for child in self.workload.children.get(rec.request_id, ()):
-            record = RequestRecord(child, -1, self.env.now)
-            record.error = f"not sent: its parent request {rec.request_id} failed"
-            self.records.append(record)
-            self._release_children(child)
+        stack = [rec]  # a loop, not recursion: sessions can be thousands of turns deep
+        while stack:
+            parent = stack.pop()
+            for child in self.workload.children.get(parent.request_id, ()):
+                record = RequestRecord(child, -1, self.env.now)
+                record.error = f"not sent: its parent request {parent.request_id} failed"
+                self.records.append(record)
+                stack.append(child)
 
 
 def simulate(trace: Trace, spec: ClusterSpec, seed: int = 0) -> RunResult:
