@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
+from kvroute.cli.values import check_values
 from kvroute.cli.scenario import build_spec, describe, load_trace, parse_policies, scenario_options, with_errors
 from kvroute.sim.experiment import compare as run_compare
 from kvroute.sim.experiment import format_table
@@ -78,6 +79,7 @@ def output_options(func):
               help="Comma-separated policies; the first is the baseline of the change columns.")
 @click.option("--rounds", type=int, default=3, show_default=True, help="Seeded rounds per policy.")
 @output_options
+@check_values
 @with_errors
 def compare(policies_text, rounds, json_out, out, records_format, **scenario):
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
@@ -89,6 +91,7 @@ def compare(policies_text, rounds, json_out, out, records_format, **scenario):
 @click.option("--policy", default="kv_aware", show_default=True, help="Routing policy.")
 @click.option("--rounds", type=int, default=1, show_default=True, help="Seeded rounds.")
 @output_options
+@check_values
 @with_errors
 def simulate(policy, rounds, json_out, out, records_format, **scenario):
     """Simulate one routing policy and print its summary."""

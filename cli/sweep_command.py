@@ -9,6 +9,8 @@ import click
 import pandas as pd
 
 from kvroute.cli.scenario import parse_policies, with_errors
+from kvroute.cli.values import check_values
+from kvroute.sim.inputs import MAX_TOKENS
 from kvroute.sim.metrics import SUMMARY_METRICS
 from kvroute.sim.profile import load_profile
 from kvroute.sim.sweep import COUNTER_COLUMNS, EXECUTORS, WORKLOADS, Scenario, grid, intervals, sweep
@@ -41,8 +43,8 @@ def _floats(text: str, hint: str) -> list[float]:
         values = [float(item) for item in _split(text)]
     except ValueError:
         raise click.BadParameter(f"expected comma-separated numbers, got {text!r}", param_hint=hint) from None
-    if not values or any(v < 0 for v in values):
-        raise click.BadParameter(f"expected numbers >= 0, got {text!r}", param_hint=hint)
+    if not values or any(not math.isfinite(v) or v < 0 for v in values):
+        raise click.BadParameter(f"expected finite numbers >= 0, got {text!r}", param_hint=hint)
     return values
 
 
@@ -61,6 +63,8 @@ def _lengths(text: str | None, hint: str) -> list[int | tuple[int, int]] | None:
                 out.append((low, high))
             else:
                 out.append(int(item))
+                if not 1 <= out[-1] <= MAX_TOKENS:
+                    raise ValueError
         except ValueError:
             raise click.BadParameter(f"{item!r} is neither a token count nor a range LOW-HIGH", param_hint=hint) from None
     return out
@@ -155,6 +159,7 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
               help="Write every row to FILE.parquet or FILE.csv.")
 @click.option("--show", default=DEFAULT_SHOW, show_default=True, help="Metrics to print, comma list.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@check_values
 @with_errors
 def sweep_command(workloads, chats, turns, history, reply, think_time, profiles, workers, gpus, policies,
                   kv_blocks, arrival_spread, seeds, rounds, slo_ttft, slo_tpot, executor, address, max_workers,

@@ -9,6 +9,7 @@ import click
 import numpy as np
 
 from kvroute.cli.scenario import read_any_trace
+from kvroute.cli.values import check_values
 
 
 @click.group()
@@ -23,6 +24,7 @@ def trace() -> None:
 @click.option("--turns", type=int, default=None, help="Turns per chat (seed-chat 6, agent 10).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed (agent).")
 @click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per hash_ids block.")
+@check_values
 def generate(kind, out, chats, turns, seed, block_size):
     """Write a generated workload as a kvroute trace."""
     from kvroute.traces import generators
@@ -44,6 +46,7 @@ def generate(kind, out, chats, turns, seed, block_size):
 @click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
 @click.option("--block-size", type=int, default=None, help="Block size of the source's hash_ids [512].")
+@check_values
 def import_(source, out, block_size):
     """Convert a Mooncake JSONL or Azure CSV trace to kvroute's format (validating it)."""
     from kvroute.traces.writer import write_trace
@@ -58,6 +61,7 @@ def import_(source, out, block_size):
 @click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--block-size", type=int, default=None, help="Block size of the source's hash_ids [512].")
 @click.option("--json", "json_out", is_flag=True, help="Print JSON.")
+@check_values
 def stats(source, block_size, json_out):
     """Print a trace's size, token and prefix-sharing figures."""
     from kvroute.traces.stats import format_stats, trace_stats

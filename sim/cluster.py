@@ -66,8 +66,13 @@ class ClusterSpec:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         if self.num_gpus is not None and not 1 <= self.num_gpus <= self.num_workers:
             raise ValueError(f"num_gpus must be between 1 and num_workers, got {self.num_gpus}")
-        if self.arrival_spread_s < 0:
-            raise ValueError("arrival_spread_s must be >= 0")
+        if not 0 <= self.arrival_spread_s < math.inf:
+            raise ValueError(f"arrival_spread_s must be a finite number >= 0, got {self.arrival_spread_s}")
+        block_size = self.profile.engine.block_size
+        if self.router_block_tokens < 1 or (self.router_block_tokens > block_size
+                                            and self.router_block_tokens % block_size):
+            raise ValueError(f"router_block_tokens must be a multiple of the block size {block_size} "
+                             f"(or at most one block), got {self.router_block_tokens}")
 
     def gpu_of(self, worker: int) -> int:
         """The GPU index worker ``worker`` runs on."""

@@ -1,0 +1,75 @@
+"""Command-line values checked once, by the same rules as every other input.
+
+A command's numeric options are described by a table (parameter name -> :class:`Num` rule from
+:mod:`kvroute.sim.inputs`); :func:`check_values` wraps the command so that every given value is
+checked before any work starts. A failure is a ``click.BadParameter`` naming the flag, e.g.
+``Invalid value for '--think-time': must be a finite number, got inf``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import click
+
+from kvroute.sim.inputs import (BLOCK_SIZE, COUNT, POSITIVE_INT, SECONDS, TOKENS, InputError, Num)
+
+POSITIVE_SECONDS = Num(minimum=0.0, above=True, unit="s")
+
+SCENARIO_VALUES: dict[str, Num] = {
+    "trace_block_size": BLOCK_SIZE,
+    "max_requests": POSITIVE_INT,
+    "turns": POSITIVE_INT,
+    "chats": POSITIVE_INT,
+    "think_time": SECONDS,
+    "workers": POSITIVE_INT,
+    "gpus": POSITIVE_INT,
+    "max_model_len": TOKENS,
+    "kv_blocks": Num(integer=True, minimum=2),
+    "arrival_spread": SECONDS,
+    "seed": COUNT,
+    "slo_ttft": POSITIVE_SECONDS,
+    "slo_tpot": POSITIVE_SECONDS,
+    "rounds": POSITIVE_INT,
+    "max_workers": POSITIVE_INT,
+    "block_size": BLOCK_SIZE,
+    "timeout": POSITIVE_SECONDS,
+}
+"""Rules of the numeric options of every command, by parameter name. A command checks the
+names it has; values left at None (not given, no default) are not checked."""
+
+
+def check_values(func=None, *, rules: dict[str, Num] = SCENARIO_VALUES):
+    """Decorate a click command callback so its numeric options are checked before it runs.
+
+    Apply it below the ``click.option`` decorators (so it wraps the plain function).
+
+    Raises (from the wrapped command):
+        click.BadParameter: naming the flag and the rule the value broke.
+    """
+    if func is None:
+        return functools.partial(check_values, rules=rules)
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        for name, value in kwargs.items():
+            rule = rules.get(name)
+            if rule is None or value is None or isinstance(value, str):
+                continue
+            try:
+                rule.check(value)
+            except InputError as exc:
+                raise click.BadParameter(exc.reason, param_hint=_flag(name)) from None
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _flag(name: str) -> str:
+    """The option string of parameter ``name`` in the running command (``--think-time``)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        for param in ctx.command.params:
+            if param.name == name and param.opts:
+                return f"'{max(param.opts, key=len)}'"
+    return f"'--{name.replace('_', '-')}'"
