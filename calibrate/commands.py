@@ -14,6 +14,9 @@ from pathlib import Path
 
 import click
 
+from kvroute.cli.values import check_urls, check_values
+from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
+
 
 def _fail(message: str) -> None:
     raise click.ClickException(message)
@@ -130,7 +133,9 @@ def calibrate():
 @click.option("--hardware", default=None, help="Hardware description for the profile (default: what the server reports).")
 @click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engine's core.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress):
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Limit on one request, s.")
+@check_values
+def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress, timeout):
     """Drive live servers through their OpenAI API: prefill (cold and cached prefixes), decode
     (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive."""
     import asyncio
@@ -147,9 +152,15 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     except ValueError:
         _fail(f"--token-range must be LO:HI, got {token_range!r}")
     out = Path(out_dir)
+    check_urls(urls)
+    try:  # before any work; a full sweep writes a few MB of rows
+        check_output(out, 16 << 20, is_dir=True)
+    except ValueError as exc:
+        _fail(str(exc))
     try:
         with pinned(_cores(client_cores)):
-            summary = asyncio.run(run_sweep(list(urls), out, plan, model, seed, (lo, hi), progress, hardware))
+            summary = asyncio.run(run_sweep(list(urls), out, plan, model, seed, (lo, hi), progress, hardware,
+                                            timeout))
     except CalibrationError as exc:
         kept = _rows(out / "requests.csv")
         _fail(f"{exc}" + (f"\n{kept} measured requests are kept in {out / 'requests.csv'}" if kept else ""))
@@ -218,14 +229,15 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
     name = name or out.stem
     doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
     load_profile(out)  # the simulator must accept what we wrote
     png = Path(report) if report else out.with_name(out.stem + ".fit.png")
     plot_report(result, png, f"{name}: {info.model} on {info.hardware}, vLLM {info.vllm_version}")
     frame = observations_frame(obs)
     frame["predicted_s"] = result.predicted_s
     frame["held_out"] = result.held_out
-    frame.to_csv(Path(run_dir) / "fit_points.csv", index=False)
+    with atomic_output(Path(run_dir) / "fit_points.csv") as tmp:
+        frame.to_csv(tmp, index=False)
     click.echo(result.summary())
     click.echo(f"profile {out}\nreport  {png}")
 

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import click
 
+from kvroute.cli.values import check_urls, check_values
+from kvroute.sim.outputs import check_output
+
 
 def _policies(single: tuple[str, ...], joined: str | None) -> list[str]:
     from kvroute.cli.scenario import parse_policies
@@ -61,6 +64,7 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @click.option("--client-lag", type=float, default=0.0, show_default=True,
               help="Seconds the simulation adds before every later turn, for the live client's own send delay "
                    "(the report measures it; a rerun can pass it here).")
+@check_values
 def validate(trace_path, trace_block_size, max_requests, workload, chats, turns, urls, policy, policies_text,
              profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, timeout, router_block_tokens,
              model, token_range, client_cores, seed, client_lag):
@@ -81,7 +85,12 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     from kvroute.cli.scenario import load_trace
     from kvroute.sim.profile import load_profile
 
+    check_urls(urls)
     names = _policies(policy, policies_text)
+    try:  # before any work: ~1 KB per record per policy and round
+        check_output(out_dir, 1024 * len(names) * (rounds + 1) * (max_requests or 10**4), is_dir=True)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     trace = load_trace(trace_path, workload, turns, chats, 0.0, trace_block_size, max_requests, seed)
     try:
         profile = load_profile(profile_name)

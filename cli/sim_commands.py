@@ -10,6 +10,7 @@ import click
 from tqdm import tqdm
 
 from kvroute.cli.values import check_values
+from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
 from kvroute.cli.scenario import build_spec, describe, load_trace, parse_policies, scenario_options, with_errors
 from kvroute.sim.experiment import compare as run_compare
 from kvroute.sim.experiment import format_table
@@ -23,6 +24,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
          slo_ttft, slo_tpot):
     trace = load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, seed)
     spec = build_spec(profile_name, workers, gpus, arrival_spread, replay, max_model_len, kv_blocks)
+    if out is not None:  # before the work: ~300 bytes per record row, plus a plot
+        check_output(out, 300 * len(trace.records) * len(policies) * rounds + (1 << 20), is_dir=True)
     header = describe(trace, spec)
     if not json_out:
         click.echo(f"{header} | {rounds} round(s) per policy")
@@ -49,13 +52,16 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
     out.mkdir(parents=True, exist_ok=True)
     records = comparison.records()
     records_file = out / f"records.{records_format}"
-    if records_format == "csv":
-        records.to_csv(records_file, index=False)
-    else:
-        records.to_parquet(records_file, index=False)
-    comparison.summaries.to_csv(out / "summary.csv", index=False)
-    (out / "compare.json").write_text(json.dumps({"scenario": header, **comparison.to_dict()}, indent=2))
-    plot_ttft(records, out / "ttft.png", title=header.split(" | ")[0])
+    with atomic_output(records_file) as tmp:
+        if records_format == "csv":
+            records.to_csv(tmp, index=False)
+        else:
+            records.to_parquet(tmp, index=False)
+    with atomic_output(out / "summary.csv") as tmp:
+        comparison.summaries.to_csv(tmp, index=False)
+    write_text_atomic(out / "compare.json", json.dumps({"scenario": header, **comparison.to_dict()}, indent=2))
+    with atomic_output(out / "ttft.png") as tmp:
+        plot_ttft(records, tmp, title=header.split(" | ")[0])
     if not quiet:
         click.echo(f"wrote {', '.join(str(out / name) for name in (records_file.name, 'summary.csv', 'compare.json', 'ttft.png'))}")
 

@@ -11,6 +11,7 @@ import pandas as pd
 from kvroute.cli.scenario import parse_policies, with_errors
 from kvroute.cli.values import check_values
 from kvroute.sim.inputs import MAX_TOKENS
+from kvroute.sim.outputs import atomic_output, check_output
 from kvroute.sim.metrics import SUMMARY_METRICS
 from kvroute.sim.profile import load_profile
 from kvroute.sim.sweep import COUNTER_COLUMNS, EXECUTORS, WORKLOADS, Scenario, grid, intervals, sweep
@@ -192,6 +193,8 @@ def sweep_command(workloads, chats, turns, history, reply, think_time, profiles,
     if axes["history"] is not None and "seed-chat" in axes["workload"]:
         raise click.BadParameter("applies to --workload agent only", param_hint="--history")
     scenarios = grid(Scenario(arrival_spread_s=arrival_spread), **{k: v for k, v in axes.items() if v is not None})
+    if out is not None:  # before the work: about 1 KB per row
+        check_output(out, 1024 * len(scenarios) * rounds)
     click.echo(f"{len(scenarios)} scenario(s) x {rounds} round(s) on executor {executor}", err=True)
     frame = sweep(scenarios, rounds=rounds, executor=executor, address=address, max_workers=max_workers,
                   progress=not no_progress, slo=ServiceClass(slo_ttft, slo_tpot))
@@ -200,12 +203,12 @@ def sweep_command(workloads, chats, turns, history, reply, think_time, profiles,
     click.echo(f"{rounds} round(s) per scenario; ± is the 95% interval over rounds; "
                f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
         table = frame.copy()
         for column in ("reply", "history"):  # mixed ints and ranges: store as text
             table[column] = table[column].map(lambda v: None if v is None else str(v))
-        if out.suffix.lower() == ".parquet":
-            table.to_parquet(out, index=False)
-        else:
-            table.to_csv(out, index=False)
+        with atomic_output(out) as tmp:
+            if out.suffix.lower() == ".parquet":
+                table.to_parquet(tmp, index=False)
+            else:
+                table.to_csv(tmp, index=False)
         click.echo(f"wrote {len(frame)} rows to {out}", err=True)

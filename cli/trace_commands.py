@@ -17,6 +17,16 @@ def trace() -> None:
     """Generate, import and describe traces."""
 
 
+def _check_out(out: Path) -> None:
+    """``--out`` must be writable before any work."""
+    from kvroute.sim.outputs import check_output
+
+    try:
+        check_output(out)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @trace.command()
 @click.argument("kind", type=click.Choice(["seed-chat", "agent"]))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
@@ -30,6 +40,7 @@ def generate(kind, out, chats, turns, seed, block_size):
     from kvroute.traces import generators
     from kvroute.traces.writer import write_trace
 
+    _check_out(out)
     kwargs = {"block_size": block_size}
     if kind == "seed-chat":
         kwargs.update(num_chats=chats or 64, num_turns=turns or 6)
@@ -51,6 +62,7 @@ def import_(source, out, block_size):
     """Convert a Mooncake JSONL or Azure CSV trace to kvroute's format (validating it)."""
     from kvroute.traces.writer import write_trace
 
+    _check_out(out)
     result = read_any_trace(source, block_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(result, out)

@@ -34,6 +34,9 @@ SCENARIO_VALUES: dict[str, Num] = {
     "max_workers": POSITIVE_INT,
     "block_size": BLOCK_SIZE,
     "timeout": POSITIVE_SECONDS,
+    "max_in_flight": POSITIVE_INT,
+    "router_block_tokens": POSITIVE_INT,
+    "client_lag": SECONDS,
 }
 """Rules of the numeric options of every command, by parameter name. A command checks the
 names it has; values left at None (not given, no default) are not checked."""
@@ -63,6 +66,26 @@ def check_values(func=None, *, rules: dict[str, Num] = SCENARIO_VALUES):
         return func(*args, **kwargs)
 
     return wrapper
+
+
+def check_urls(urls: tuple[str, ...] | list[str], flag: str = "--url") -> None:
+    """Each server URL must be ``http(s)://host[:port]`` with a port in 1-65535.
+
+    Raises:
+        click.BadParameter: naming the flag and the URL.
+    """
+    from urllib.parse import urlsplit
+
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+            port = parts.port  # raises ValueError when out of range or not a number
+        except ValueError as exc:
+            raise click.BadParameter(f"{url!r}: {exc}", param_hint=flag) from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise click.BadParameter(f"{url!r} is not an http(s)://host[:port] URL", param_hint=flag)
+        if port == 0:
+            raise click.BadParameter(f"{url!r}: port must be 1-65535", param_hint=flag)
 
 
 def _flag(name: str) -> str:
