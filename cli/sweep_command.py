@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import click
@@ -14,7 +15,8 @@ from kvroute.sim.inputs import MAX_TOKENS
 from kvroute.sim.outputs import atomic_output, check_output
 from kvroute.sim.metrics import SUMMARY_METRICS
 from kvroute.sim.profile import load_profile
-from kvroute.sim.sweep import COUNTER_COLUMNS, EXECUTORS, WORKLOADS, Scenario, grid, intervals, sweep
+from kvroute.sim.sweep import (COUNTER_COLUMNS, EXECUTORS, WORKLOADS, Scenario, SweepInterrupted, grid, intervals,
+                               sweep)
 from kvroute.sim.metrics import ServiceClass
 
 DEFAULT_SHOW = "time_to_complete_s,later_ttft_mean_s,later_ttft_p90_s,hit_rate"
@@ -196,19 +198,32 @@ def sweep_command(workloads, chats, turns, history, reply, think_time, profiles,
     if out is not None:  # before the work: about 1 KB per row
         check_output(out, 1024 * len(scenarios) * rounds)
     click.echo(f"{len(scenarios)} scenario(s) x {rounds} round(s) on executor {executor}", err=True)
-    frame = sweep(scenarios, rounds=rounds, executor=executor, address=address, max_workers=max_workers,
-                  progress=not no_progress, slo=ServiceClass(slo_ttft, slo_tpot))
+    try:
+        frame = sweep(scenarios, rounds=rounds, executor=executor, address=address, max_workers=max_workers,
+                      progress=not no_progress, slo=ServiceClass(slo_ttft, slo_tpot))
+    except SweepInterrupted as stop:
+        click.echo(f"\ninterrupted ({stop.signal_name}): {len(stop.frame)} of {stop.total} runs finished",
+                   err=True)
+        if out is not None and len(stop.frame):
+            _write_rows(stop.frame, out)
+            click.echo(f"wrote {len(stop.frame)} finished rows to {out} (column partial = true)", err=True)
+        sys.exit(130)
     for metric in shown:
         click.echo(pivot_table(frame, metric) + "\n")
     click.echo(f"{rounds} round(s) per scenario; ± is the 95% interval over rounds; "
                f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     if out is not None:
-        table = frame.copy()
-        for column in ("reply", "history"):  # mixed ints and ranges: store as text
-            table[column] = table[column].map(lambda v: None if v is None else str(v))
-        with atomic_output(out) as tmp:
-            if out.suffix.lower() == ".parquet":
-                table.to_parquet(tmp, index=False)
-            else:
-                table.to_csv(tmp, index=False)
+        _write_rows(frame, out)
         click.echo(f"wrote {len(frame)} rows to {out}", err=True)
+
+
+def _write_rows(frame: pd.DataFrame, out: Path) -> None:
+    """Write sweep rows to ``out`` (.parquet or .csv) atomically."""
+    table = frame.copy()
+    for column in ("reply", "history"):  # mixed ints and ranges: store as text
+        table[column] = table[column].map(lambda v: None if v is None else str(v))
+    with atomic_output(out) as tmp:
+        if out.suffix.lower() == ".parquet":
+            table.to_parquet(tmp, index=False)
+        else:
+            table.to_csv(tmp, index=False)
