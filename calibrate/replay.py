@@ -121,6 +121,7 @@ class LiveReplay:
         self.interrupted = False
         self.elapsed_s = 0.0
         self.usage_reported = True
+        self.warnings: list[str] = []  # the stream reader's notes (usage vs counted tokens)
         self._t0 = 0.0
         self._tasks: set[asyncio.Task] = set()
         self._slots: FifoSlots | None = None
@@ -208,15 +209,16 @@ class LiveReplay:
         delay = send_at - self.now()
         if delay > 0:
             await asyncio.sleep(delay)
+        ready = self.now()
         if self._slots is not None:
             await self._slots.acquire()
         try:
-            await self._send(rec)
+            await self._send(rec, ready)
         finally:
             if self._slots is not None:
                 self._slots.release()
 
-    async def _send(self, rec: TraceRecord) -> None:
+    async def _send(self, rec: TraceRecord, ready: float) -> None:
         prompt = self._prompt_ids(rec)
         hashes = chained_block_hashes(prompt, self.block_size)
         route = RouteRequest(rec.request_id, rec.session_id, hashes, len(prompt))
@@ -237,6 +239,7 @@ class LiveReplay:
         finally:
             if record.error is None and record.finish is None:
                 record.error = "interrupted"
+            record.client_wait = max(0.0, record.arrival - ready)  # ready to send -> sent
             self.view.on_finished(worker)
         if ok:
             self._on_done(rec, record)
@@ -288,6 +291,12 @@ class LiveReplay:
             record.error = res.error
             return False
         record.finish = record.last_token if record.last_token is not None else res.t_send - t0
+        if res.completion_tokens is not None:  # usage over counted chunks, as vllm bench serve
+            record.output_tokens = res.completion_tokens
+        if res.warning is not None:
+            self.warnings.append(res.warning)
+        if res.usage_error is not None:  # the stream is whole: its children go on
+            record.error = f"measurement error: {res.usage_error}"
         record.cached_tokens = res.cached_tokens or 0
         self.usage_reported &= res.cached_tokens is not None
         if rec.request_id in self._pending:

@@ -175,6 +175,7 @@ class Cluster:
         env = self.env
         if send_at > env.now:
             yield env.timeout(send_at - env.now)
+        ready = env.now
         if self._slots is not None:
             slot = self._held[rec.request_id] = self._slots.request()
             yield slot
@@ -184,6 +185,7 @@ class Cluster:
         worker = self.policy.choose(route, self.view)
         self.view.on_routed(worker, route)
         record = RequestRecord(rec, worker, env.now)
+        record.client_wait = env.now - ready
         self.records.append(record)
         if self._sigma > 0:
             factor = self.rng.lognormal(-0.5 * self._sigma**2, self._sigma)
