@@ -22,11 +22,23 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvroute.sim.inputs import COUNT, InputError, check_fields, describe
+from kvroute.sim.inputs import (BLOCK_SIZE, COUNT, FRACTION, POSITIVE_INT, TOKENS, InputError, check_fields,
+                                describe)
+
+SERVER_INFO_SCHEMA = {
+    "max_model_len": TOKENS,
+    "block_size": BLOCK_SIZE,
+    "num_gpu_blocks": COUNT,
+    "max_num_batched_tokens": POSITIVE_INT,
+    "max_num_seqs": POSITIVE_INT,
+    "long_prefill_token_threshold": COUNT,
+    "gpu_memory_utilization": FRACTION,
+}
+"""Rules of the engine settings a server reports (checked in ``ServerInfo``)."""
 
 
 class CalibrationError(RuntimeError):
@@ -156,6 +168,16 @@ class ServerInfo:
     dev_mode: bool = False
     sources: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Check the engine settings once, where they enter (a server's answer or a meta.json).
+
+        Raises:
+            InputError (a ValueError): naming the server and the field.
+        """
+        values = {name: getattr(self, name) for name in SERVER_INFO_SCHEMA}
+        check_fields(values, SERVER_INFO_SCHEMA, self.url,
+                     required=tuple(k for k in SERVER_INFO_SCHEMA if k != "gpu_memory_utilization"))
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         d = asdict(self)
@@ -163,11 +185,25 @@ class ServerInfo:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ServerInfo":
-        """Inverse of :meth:`to_dict`."""
+    def from_dict(cls, d: dict[str, Any], where: str = "<dict>") -> "ServerInfo":
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            InputError (a ValueError): ``d`` is not an object, a field is missing or invalid;
+                the message names ``where`` (or the server) and the field.
+        """
+        if type(d) is not dict:
+            raise InputError(f"a server entry is a JSON object, got {describe(d)}", where)
         d = dict(d)
-        d["served_models"] = tuple(d.get("served_models", ()))
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        d["served_models"] = tuple(d.get("served_models") or ())
+        missing = [k for k, f in cls.__dataclass_fields__.items()
+                   if k not in d and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise InputError("required field missing", where, None, missing[0])
+        try:
+            return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        except InputError as exc:
+            raise InputError(exc.reason, where, None, exc.field) from None
 
 
 def _hardware_from_system_env(env: dict[str, Any]) -> tuple[str, str]:
@@ -418,8 +454,19 @@ class VllmClient:
 
         Raises:
             CalibrationError: unreachable server; a model name the server does not serve (the
-                message lists what it serves); a server serving several models with none chosen.
+                message lists what it serves); a server serving several models with none chosen;
+                an answer that is not what vLLM sends (bad JSON, wrong types, settings out of
+                range), naming the server.
         """
+        try:
+            return await self._probe()
+        except InputError as exc:
+            raise CalibrationError(str(exc)) from None
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            raise CalibrationError(f"{self.url}: its answer is not what a vLLM server sends "
+                                   f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+
+    async def _probe(self) -> ServerInfo:
         resp = await self._get("/v1/models")
         if resp.status_code != 200:
             raise CalibrationError(f"{self.url}/v1/models answered {resp.status_code}: {_error_message(resp.content)}")

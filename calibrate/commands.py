@@ -211,7 +211,7 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
 
     try:
         meta, servers, req, exp = load_sweep(run_dir)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     if not servers:
         _fail(f"{run_dir}/meta.json names no server")
