@@ -82,7 +82,11 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
 
     if model == TINY_MODEL_NAME and not Path(model).exists():
         click.echo("building the tiny random-weight Qwen2 model ...", err=True)
-        model_path = str(build_tiny_model())
+        try:
+            model_path = str(build_tiny_model())
+        except ImportError as exc:
+            _fail(f"building {TINY_MODEL_NAME} needs torch, transformers and tokenizers "
+                  f"(pip install 'kvroute[live]'): {exc}")
         served_model_name = served_model_name or TINY_MODEL_NAME
     else:
         model_path = model
