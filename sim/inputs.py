@@ -110,7 +110,8 @@ COUNT = Num(integer=True, minimum=0)
 POSITIVE_INT = Num(integer=True, minimum=1)
 TOKENS = Num(integer=True, minimum=1, maximum=MAX_TOKENS, unit="tokens")
 BLOCK_SIZE = Num(integer=True, minimum=1, maximum=MAX_BLOCK_SIZE, unit="tokens")
-SECONDS = Num(minimum=0.0, unit="s")
+SECONDS = Num(minimum=0.0, maximum=1e9, unit="s")  # up to ~31 years: later times lose all precision
+COST_SECONDS = Num(minimum=0.0, maximum=3600.0, unit="s")  # a profile coefficient; larger overflows sums
 FRACTION = Num(minimum=0.0, maximum=1.0, above=True)
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from kvroute.sim.config import EngineConfig
 from kvroute.sim.cost_model import StepCost
-from kvroute.sim.inputs import (BLOCK_SIZE, COUNT, FRACTION, POSITIVE_INT, SECONDS, TOKENS, InputError, Num,
+from kvroute.sim.inputs import (BLOCK_SIZE, COST_SECONDS, COUNT, FRACTION, POSITIVE_INT, TOKENS, InputError, Num,
                                 check_fields, describe)
 
 
@@ -197,14 +197,14 @@ ENGINE_SCHEMA = {
 }
 """Rules of a profile's ``engine`` section (block_size and num_gpu_blocks are required)."""
 
-STEP_COST_SCHEMA = {name: SECONDS for name in StepCost.__dataclass_fields__}
-"""Rules of the ``step_cost`` section: every coefficient required, finite, >= 0."""
+STEP_COST_SCHEMA = {name: COST_SECONDS for name in StepCost.__dataclass_fields__}
+"""Rules of the ``step_cost`` section: every coefficient required, finite, between 0 and 3600 s."""
 
 OVERHEADS_SCHEMA = {
-    "api_server_s": SECONDS,
-    "gateway_s": SECONDS,
+    "api_server_s": COST_SECONDS,
+    "gateway_s": COST_SECONDS,
     "jitter_cv": Num(minimum=0.0, maximum=10.0),
-    "api_server_per_token_s": SECONDS,
+    "api_server_per_token_s": COST_SECONDS,
 }
 """Rules of the optional ``overheads`` section."""
 
