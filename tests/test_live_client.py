@@ -151,3 +151,28 @@ def test_client_wait_one_request_at_a_time():
         assert frame["client_wait"].iloc[i] == pytest.approx(max(0.0, expected), abs=1e-9)
         assert frame["arrival"].iloc[i] == pytest.approx(0.1 * i + frame["client_wait"].iloc[i], abs=1e-9)
     assert frame["client_wait"].iloc[7] > 0.5
+
+
+def test_replay_records_client_wait_one_request_at_a_time():
+    """The issue's case live (fake server): 8 requests 100 ms apart, one at a time, each at least
+    0.5 s (10 tokens 50 ms apart): request i waits at least 0.4 s * i in the client, and that wait
+    is not in its TTFT. Only lower bounds: a loaded machine can only make the waits longer."""
+    from test_validate import FakeVllm
+
+    from kvroute.calibrate.replay import Endpoint, LiveReplay, ReplaySpec
+
+    server = FakeVllm(token_delay_s=0.05, block_size=32)
+    try:
+        records = [TraceRecord(i, 100.0 * i, 64, 10, (2 * i, 2 * i + 1)) for i in range(8)]
+        replay = LiveReplay(Trace(records, 32), [Endpoint(server.url, "fake")], 32,
+                            ReplaySpec(closed_loop=False, max_in_flight=1))
+        asyncio.run(replay.run())
+    finally:
+        server.close()
+    frame = replay.result().records
+    assert (frame["status"] == "ok").all(), frame["error"].tolist()
+    waits = frame["client_wait"].tolist()
+    assert all(w >= 0 for w in waits)
+    for i in range(1, 8):
+        assert waits[i] >= 0.4 * i - 0.01, waits
+    assert frame["ttft"].iloc[7] < waits[7]
