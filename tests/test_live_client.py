@@ -176,3 +176,20 @@ def test_replay_records_client_wait_one_request_at_a_time():
     for i in range(1, 8):
         assert waits[i] >= 0.4 * i - 0.01, waits
     assert frame["ttft"].iloc[7] < waits[7]
+
+
+def test_replay_does_not_swallow_a_client_error(monkeypatch):
+    """A bug in one request's client (e.g. a RecursionError) stops the replay with that error,
+    instead of being left in a task nobody awaits (which made `validate` exit 0)."""
+    from kvroute.calibrate.replay import Endpoint, LiveReplay, ReplaySpec
+
+    records = [TraceRecord(i, 0.0, 64, 4, (2 * i, 2 * i + 1)) for i in range(3)]
+    replay = LiveReplay(Trace(records, 32), [Endpoint("http://127.0.0.1:1", "fake")], 32,
+                        ReplaySpec(closed_loop=False))
+
+    async def broken(rec, ready):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(replay, "_send", broken)
+    with pytest.raises(RecursionError):
+        asyncio.run(replay.run())
