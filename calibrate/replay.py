@@ -159,12 +159,14 @@ class LiveReplay:
                 self._spawn(rec, rec.timestamp_ms / 1000.0)
             while self._tasks:
                 done, _ = await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_EXCEPTION)
-                failed = next((t for t in done if not t.cancelled() and t.exception() is not None), None)
-                if failed is not None:  # a bug or a bad input in a client: stop, never swallow it
+                # read every finished task's exception, so that none is logged later by the GC
+                errors = [t.exception() for t in done if not t.cancelled()]
+                error = next((e for e in errors if e is not None), None)
+                if error is not None:  # a bug or a bad input in a client: stop, never swallow it
                     for task in list(self._tasks):
                         task.cancel()
                     await asyncio.gather(*self._tasks, return_exceptions=True)
-                    raise failed.exception()
+                    raise error
         except asyncio.CancelledError:
             self.interrupted = True
             for task in list(self._tasks):
