@@ -37,6 +37,7 @@ SCENARIO_VALUES: dict[str, Num] = {
     "max_in_flight": POSITIVE_INT,
     "router_block_tokens": POSITIVE_INT,
     "client_lag": SECONDS,
+    "max_len": TOKENS,
 }
 """Rules of the numeric options of every command, by parameter name. A command checks the
 names it has; values left at None (not given, no default) are not checked."""
