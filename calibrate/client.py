@@ -22,9 +22,23 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
+
+from kvroute.sim.inputs import (BLOCK_SIZE, COUNT, FRACTION, POSITIVE_INT, TOKENS, InputError, check_fields,
+                                describe)
+
+SERVER_INFO_SCHEMA = {
+    "max_model_len": TOKENS,
+    "block_size": BLOCK_SIZE,
+    "num_gpu_blocks": COUNT,
+    "max_num_batched_tokens": POSITIVE_INT,
+    "max_num_seqs": POSITIVE_INT,
+    "long_prefill_token_threshold": COUNT,
+    "gpu_memory_utilization": FRACTION,
+}
+"""Rules of the engine settings a server reports (checked in ``ServerInfo``)."""
 
 
 class CalibrationError(RuntimeError):
@@ -154,6 +168,16 @@ class ServerInfo:
     dev_mode: bool = False
     sources: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Check the engine settings once, where they enter (a server's answer or a meta.json).
+
+        Raises:
+            InputError (a ValueError): naming the server and the field.
+        """
+        values = {name: getattr(self, name) for name in SERVER_INFO_SCHEMA}
+        check_fields(values, SERVER_INFO_SCHEMA, self.url,
+                     required=tuple(k for k in SERVER_INFO_SCHEMA if k != "gpu_memory_utilization"))
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         d = asdict(self)
@@ -161,11 +185,25 @@ class ServerInfo:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ServerInfo":
-        """Inverse of :meth:`to_dict`."""
+    def from_dict(cls, d: dict[str, Any], where: str = "<dict>") -> "ServerInfo":
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            InputError (a ValueError): ``d`` is not an object, a field is missing or invalid;
+                the message names ``where`` (or the server) and the field.
+        """
+        if type(d) is not dict:
+            raise InputError(f"a server entry is a JSON object, got {describe(d)}", where)
         d = dict(d)
-        d["served_models"] = tuple(d.get("served_models", ()))
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        d["served_models"] = tuple(d.get("served_models") or ())
+        missing = [k for k, f in cls.__dataclass_fields__.items()
+                   if k not in d and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise InputError("required field missing", where, None, missing[0])
+        try:
+            return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        except InputError as exc:
+            raise InputError(exc.reason, where, None, exc.field) from None
 
 
 def _hardware_from_system_env(env: dict[str, Any]) -> tuple[str, str]:
@@ -201,8 +239,10 @@ class StreamResult:
         cached_tokens: prompt tokens served from the prefix cache (None if not reported).
         completion_tokens: output tokens the server counted.
         t_done: end of the stream, s after ``t_send``.
-        error: the server's error message, or None.
+        error: the server's error message (or ``"measurement error: ..."`` for a usage block
+            that fails its checks), or None.
         status: HTTP status.
+        warning: set when usage and the streamed chunks disagree on the token count.
     """
 
     t_send: float
@@ -213,11 +253,110 @@ class StreamResult:
     t_done: float = math.nan
     error: str | None = None
     status: int = 0
+    warning: str | None = None
 
     @property
     def ttft(self) -> float:
         """Time to the first token, s (NaN when none came)."""
         return self.token_times[0] if self.token_times else math.nan
+
+
+USAGE_SCHEMA = {"prompt_tokens": COUNT, "completion_tokens": COUNT}
+"""Rules of a streamed ``usage`` block (``prompt_tokens_details.cached_tokens`` is a COUNT too)."""
+
+
+class StreamEvents:
+    """The one reader of a completion stream's events, for calibration and replay alike.
+
+    Rules of ``vllm bench serve`` (``vllm/benchmarks/lib/endpoint_request_func.py:
+    async_request_openai_completions``): a chunk counts as output only when it carries content
+    (token ids, or non-empty ``text`` for a server that sends no ids), so an empty first chunk is
+    not the first token; the token count is the usage block's ``completion_tokens`` when the
+    server sends one, with :attr:`warning` set when it disagrees with the tokens counted in the
+    chunks. The usage block is checked (ints >= 0); a bad one is kept as :attr:`usage_error` and
+    its figures as None, so what was measured is not thrown away.
+
+    Attributes:
+        url: the server, for messages.
+        counted: output tokens counted in the chunks.
+        token_ids: the ids received, or None once a chunk with content came without ids.
+        prompt_tokens, completion_tokens, cached_tokens: the usage block's figures, or None.
+        error: an error event's message, or None.
+        usage_error: why the usage block was rejected, or None.
+        done: ``[DONE]`` was received.
+    """
+
+    __slots__ = ("url", "counted", "token_ids", "prompt_tokens", "completion_tokens", "cached_tokens",
+                 "error", "usage_error", "done")
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.counted = 0
+        self.token_ids: list[int] | None = []
+        self.prompt_tokens = self.completion_tokens = self.cached_tokens = None
+        self.error: str | None = None
+        self.usage_error: str | None = None
+        self.done = False
+
+    def feed(self, data: bytes) -> tuple[int, list[int] | None]:
+        """Apply one event's payload; returns ``(tokens it carried, their ids or None)``.
+
+        Raises:
+            ValueError: the payload is not JSON or not an object (the server is broken).
+        """
+        if data == b"[DONE]":
+            self.done = True
+            return 0, None
+        chunk = json.loads(data)
+        if type(chunk) is not dict:
+            raise ValueError(f"a stream event is {describe(chunk)}, expected a JSON object")
+        if "error" in chunk:
+            self.error = _error_message(data)
+        n, ids_out = 0, []
+        for choice in chunk.get("choices") or ():
+            ids = choice.get("token_ids") if type(choice) is dict else None
+            if type(ids) is list and ids:
+                n += len(ids)
+                ids_out.extend(int(i) for i in ids)
+            elif type(choice) is dict and choice.get("text"):  # content without ids: one token
+                n += 1
+                ids_out = None
+        if n:
+            self.counted += n
+            if ids_out is None or self.token_ids is None:
+                self.token_ids = None
+            else:
+                self.token_ids.extend(ids_out)
+        usage = chunk.get("usage")
+        if usage:
+            self._usage(usage)
+        return n, ids_out
+
+    def _usage(self, usage: object) -> None:
+        try:
+            figures = check_fields(usage, USAGE_SCHEMA, self.url, prefix="usage.")
+            details = usage.get("prompt_tokens_details") or {}
+            cached = check_fields(details, {"cached_tokens": COUNT}, self.url,
+                                  prefix="usage.prompt_tokens_details.")
+        except InputError as exc:
+            self.usage_error = str(exc)
+            return
+        self.prompt_tokens = figures.get("prompt_tokens")
+        self.completion_tokens = figures.get("completion_tokens")
+        self.cached_tokens = cached.get("cached_tokens")
+
+    @property
+    def num_tokens(self) -> int:
+        """Output tokens: the usage block's count when given, else the tokens counted."""
+        return self.counted if self.completion_tokens is None else self.completion_tokens
+
+    @property
+    def warning(self) -> str | None:
+        """Set when the usage block's token count differs from the tokens counted in the chunks."""
+        if self.completion_tokens is None or self.completion_tokens == self.counted:
+            return None
+        return (f"{self.url}: usage says {self.completion_tokens} completion tokens but "
+                f"{self.counted} came in the stream's chunks; using the usage count")
 
 
 def _error_message(body: bytes | str) -> str:
@@ -315,8 +454,19 @@ class VllmClient:
 
         Raises:
             CalibrationError: unreachable server; a model name the server does not serve (the
-                message lists what it serves); a server serving several models with none chosen.
+                message lists what it serves); a server serving several models with none chosen;
+                an answer that is not what vLLM sends (bad JSON, wrong types, settings out of
+                range), naming the server.
         """
+        try:
+            return await self._probe()
+        except InputError as exc:
+            raise CalibrationError(str(exc)) from None
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            raise CalibrationError(f"{self.url}: its answer is not what a vLLM server sends "
+                                   f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+
+    async def _probe(self) -> ServerInfo:
         resp = await self._get("/v1/models")
         if resp.status_code != 200:
             raise CalibrationError(f"{self.url}/v1/models answered {resp.status_code}: {_error_message(resp.content)}")
@@ -535,25 +685,21 @@ async def stream_completion(
                 res.error = _error_message(await conn.body()) or f"HTTP {res.status}"
             else:
                 times = res.token_times
+                events = StreamEvents(url)
                 async for t, data_s in conn.events():
-                    if data_s == b"[DONE]":
+                    n, _ = events.feed(data_s)
+                    if events.done:
                         break
-                    chunk = json.loads(data_s)
-                    if "error" in chunk:
-                        res.error = _error_message(data_s)
-                    n = 0
-                    for choice in chunk.get("choices") or ():
-                        ids = choice.get("token_ids")
-                        n += len(ids) if ids is not None else (1 if choice.get("text") is not None else 0)
                     if n:
                         times.extend([t - res.t_send] * n)
                         if on_token is not None:
                             on_token(len(times))
-                    usage = chunk.get("usage")
-                    if usage:
-                        res.prompt_tokens = usage.get("prompt_tokens")
-                        res.completion_tokens = usage.get("completion_tokens")
-                        res.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+                if not events.done and events.error is None:
+                    raise ConnectionResetError(f"the stream ended before [DONE], after {len(times)} tokens")
+                res.error = events.error or (None if events.usage_error is None
+                                             else f"measurement error: {events.usage_error}")
+                res.prompt_tokens, res.completion_tokens = events.prompt_tokens, events.completion_tokens
+                res.cached_tokens, res.warning = events.cached_tokens, events.warning
     except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
         raise CalibrationError(
             f"lost the vLLM server at {url}: {type(exc).__name__}: {exc or 'no answer'}"

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import click
 
+from kvroute.cli.values import check_urls, check_values
+from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
+
 
 def _fail(message: str) -> None:
     raise click.ClickException(message)
@@ -79,7 +82,11 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
 
     if model == TINY_MODEL_NAME and not Path(model).exists():
         click.echo("building the tiny random-weight Qwen2 model ...", err=True)
-        model_path = str(build_tiny_model())
+        try:
+            model_path = str(build_tiny_model())
+        except ImportError as exc:
+            _fail(f"building {TINY_MODEL_NAME} needs torch, transformers and tokenizers "
+                  f"(pip install 'kvroute[live]'): {exc}")
         served_model_name = served_model_name or TINY_MODEL_NAME
     else:
         model_path = model
@@ -130,7 +137,9 @@ def calibrate():
 @click.option("--hardware", default=None, help="Hardware description for the profile (default: what the server reports).")
 @click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engine's core.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress):
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Limit on one request, s.")
+@check_values
+def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress, timeout):
     """Drive live servers through their OpenAI API: prefill (cold and cached prefixes), decode
     (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive."""
     import asyncio
@@ -147,9 +156,15 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     except ValueError:
         _fail(f"--token-range must be LO:HI, got {token_range!r}")
     out = Path(out_dir)
+    check_urls(urls)
+    try:  # before any work; a full sweep writes a few MB of rows
+        check_output(out, 16 << 20, is_dir=True)
+    except ValueError as exc:
+        _fail(str(exc))
     try:
         with pinned(_cores(client_cores)):
-            summary = asyncio.run(run_sweep(list(urls), out, plan, model, seed, (lo, hi), progress, hardware))
+            summary = asyncio.run(run_sweep(list(urls), out, plan, model, seed, (lo, hi), progress, hardware,
+                                            timeout))
     except CalibrationError as exc:
         kept = _rows(out / "requests.csv")
         _fail(f"{exc}" + (f"\n{kept} measured requests are kept in {out / 'requests.csv'}" if kept else ""))
@@ -203,7 +218,7 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
 
     try:
         meta, servers, req, exp = load_sweep(run_dir)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     if not servers:
         _fail(f"{run_dir}/meta.json names no server")
@@ -221,14 +236,15 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
     name = name or out.stem
     doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
     load_profile(out)  # the simulator must accept what we wrote
     png = Path(report) if report else out.with_name(out.stem + ".fit.png")
     plot_report(result, png, f"{name}: {info.model} on {info.hardware}, vLLM {info.vllm_version}")
     frame = observations_frame(obs)
     frame["predicted_s"] = result.predicted_s
     frame["held_out"] = result.held_out
-    frame.to_csv(Path(run_dir) / "fit_points.csv", index=False)
+    with atomic_output(Path(run_dir) / "fit_points.csv") as tmp:
+        frame.to_csv(tmp, index=False)
     click.echo(result.summary())
     click.echo(f"profile {out}\nreport  {png}")
 

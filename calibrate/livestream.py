@@ -10,13 +10,12 @@ that shares the machine).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvroute.calibrate.client import CompletionStream, _error_message
+from kvroute.calibrate.client import CompletionStream, StreamEvents, _error_message
 
 
 class WorkerLost(RuntimeError):
@@ -41,6 +40,8 @@ class Stream:
             ``cached_tokens`` needs ``--enable-prompt-tokens-details`` on the server).
         status: HTTP status.
         error: the server's error message, or None.
+        usage_error: why the usage block failed its checks (its figures are then None), or None.
+        warning: set when usage and the streamed chunks disagree on the token count.
     """
 
     t_send: float
@@ -51,30 +52,21 @@ class Stream:
     completion_tokens: int | None = None
     status: int = 0
     error: str | None = None
+    usage_error: str | None = None
+    warning: str | None = None
 
 
-def _on_event(res: Stream, data: bytes, now: float, on_tokens) -> bool:
-    """Apply one server-sent event; True at ``[DONE]``."""
-    if data == b"[DONE]":
-        return True
-    chunk = json.loads(data)
-    if "error" in chunk:
-        res.error = _error_message(data)
-    for choice in chunk.get("choices") or ():
-        ids = choice.get("token_ids")
-        if ids is None:
-            ids = [-1] if choice.get("text") else []  # a server without token-id output
-        if ids:
-            res.token_ids.extend(int(i) for i in ids)
-            res.token_times.extend([now] * len(ids))
-            if on_tokens is not None:
-                on_tokens(len(ids), now)
-    usage = chunk.get("usage")
-    if usage:
-        res.prompt_tokens = usage.get("prompt_tokens")
-        res.completion_tokens = usage.get("completion_tokens")
-        res.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    return False
+def _on_event(res: Stream, events: StreamEvents, data: bytes, now: float, on_tokens) -> bool:
+    """Apply one server-sent event (parsed by the shared :class:`StreamEvents`); True at ``[DONE]``."""
+    n, ids = events.feed(data)
+    if n:
+        res.token_ids.extend(ids if ids is not None else [-1] * n)  # -1: a server without token ids
+        res.token_times.extend([now] * n)
+        if on_tokens is not None:
+            on_tokens(n, now)
+    if events.error is not None:
+        res.error = events.error
+    return events.done
 
 
 async def stream_tokens(
@@ -103,13 +95,14 @@ async def stream_tokens(
             if res.status != 200:
                 res.error = f"HTTP {res.status}: {_error_message(await conn.body())}"
                 return res
-            done = False
+            events = StreamEvents(url)
             async for now, data in conn.events():
-                if _on_event(res, data, now, on_tokens):
-                    done = True
+                if _on_event(res, events, data, now, on_tokens):
                     break
-            if not done and res.error is None:
+            if not events.done and res.error is None:
                 raise ConnectionResetError("the stream ended before [DONE]")
+            res.prompt_tokens, res.completion_tokens = events.prompt_tokens, events.completion_tokens
+            res.cached_tokens, res.usage_error, res.warning = events.cached_tokens, events.usage_error, events.warning
     except TimeoutError as exc:
         raise WorkerLost(f"no complete answer from {url} within {timeout_s:g} s") from exc
     except (OSError, asyncio.IncompleteReadError, ValueError) as exc:

@@ -565,6 +565,7 @@ async def run_sweep(
     token_range: tuple[int, int] = (100, 1700),
     progress: bool = True,
     hardware: str | None = None,
+    timeout_s: float = 600.0,
 ) -> MeasureSummary:
     """Probe every server, check the plan fits, then run the sweep; experiments are dealt
     round-robin to the servers, which run concurrently (each runs its own share one at a time).
@@ -578,6 +579,7 @@ async def run_sweep(
         token_range: ``[lo, hi)`` of prompt token ids.
         progress: show a tqdm progress bar.
         hardware: hardware description overriding what the servers report.
+        timeout_s: limit on one request, s.
 
     Returns:
         A :class:`MeasureSummary`.
@@ -591,7 +593,7 @@ async def run_sweep(
     rng = np.random.default_rng(seed)
     started = _dt.datetime.now(_dt.timezone.utc)
     t_wall = time.monotonic()
-    clients = [VllmClient(u, model) for u in urls]
+    clients = [VllmClient(u, model, timeout_s) for u in urls]
     for c in clients:
         await c.__aenter__()
     writers: list[RowWriter] = []

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvroute.sim.inputs import InputError, describe
 from kvroute.calibrate.client import ServerInfo
 from kvroute.calibrate.steps import Step, decode_context, decode_step, mixed_steps, prefill_steps
 from kvroute.sim.config import EngineConfig
@@ -87,6 +88,8 @@ def load_sweep(run_dir: str | Path) -> tuple[dict, list[ServerInfo], pd.DataFram
 
     Raises:
         FileNotFoundError: no ``meta.json`` or ``requests.csv`` in ``run_dir``.
+        InputError (a ValueError): ``meta.json`` is not JSON, not an object, or a server entry
+            is invalid; the message names the file (and line or field).
     """
     d = Path(run_dir)
 
@@ -103,8 +106,19 @@ def load_sweep(run_dir: str | Path) -> tuple[dict, list[ServerInfo], pd.DataFram
         raise FileNotFoundError(
             f"{d} holds no sweep (meta.json and requests.csv or .parquet); run 'kvroute calibrate measure' first"
         )
-    meta = json.loads((d / "meta.json").read_text())
-    servers = [ServerInfo.from_dict(s) for s in meta.get("servers", [])]
+    where = str(d / "meta.json")
+    try:
+        meta = json.loads((d / "meta.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON: {exc.msg} (column {exc.colno})", where, exc.lineno) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read it: {exc}", where) from None
+    if type(meta) is not dict:
+        raise InputError(f"expected a JSON object, got {describe(meta)}", where)
+    entries = meta.get("servers") or []
+    if type(entries) is not list:
+        raise InputError(f"expected a list of servers, got {describe(entries)}", where, None, "servers")
+    servers = [ServerInfo.from_dict(s, f"{where}: servers[{i}]") for i, s in enumerate(entries)]
     exp = table("experiments")
     return meta, servers, req, exp if exp is not None else pd.DataFrame()
 

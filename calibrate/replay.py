@@ -126,6 +126,7 @@ class LiveReplay:
         self.interrupted = False
         self.elapsed_s = 0.0
         self.usage_reported = True
+        self.warnings: list[str] = []  # the stream reader's notes (usage vs counted tokens)
         self._t0 = 0.0
         self._tasks: set[asyncio.Task] = set()
         self._slots: FifoSlots | None = None
@@ -152,6 +153,8 @@ class LiveReplay:
         Raises:
             asyncio.CancelledError: when cancelled (Ctrl-C); requests in flight are first
                 recorded as failed with ``"interrupted"`` and :attr:`interrupted` is set.
+            Exception: the first error a request's client raised (not a failed request, which is
+                recorded), after the other clients were cancelled.
         """
         self._t0 = time.perf_counter()
         self._slots = FifoSlots(self.spec.max_in_flight) if self.spec.max_in_flight else None
@@ -164,7 +167,15 @@ class LiveReplay:
             for rec in sent:
                 self._spawn(rec, rec.timestamp_ms / 1000.0)
             while self._tasks:
-                await asyncio.wait(set(self._tasks))
+                done, _ = await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_EXCEPTION)
+                # read every finished task's exception, so that none is logged later by the GC
+                errors = [t.exception() for t in done if not t.cancelled()]
+                error = next((e for e in errors if e is not None), None)
+                if error is not None:  # a bug or a bad input in a client: stop, never swallow it
+                    for task in list(self._tasks):
+                        task.cancel()
+                    await asyncio.gather(*self._tasks, return_exceptions=True)
+                    raise error
         except asyncio.CancelledError:
             self.interrupted = True
             for task in list(self._tasks):
@@ -212,15 +223,16 @@ class LiveReplay:
         delay = send_at - self.now()
         if delay > 0:
             await asyncio.sleep(delay)
+        ready = self.now()
         if self._slots is not None:
             await self._slots.acquire()
         try:
-            await self._send(rec)
+            await self._send(rec, ready)
         finally:
             if self._slots is not None:
                 self._slots.release()
 
-    async def _send(self, rec: TraceRecord) -> None:
+    async def _send(self, rec: TraceRecord, ready: float) -> None:
         prompt = self._prompt_ids(rec)
         hashes = chained_block_hashes(prompt, self.block_size)
         route = RouteRequest(rec.request_id, rec.session_id, hashes, len(prompt))
@@ -241,6 +253,7 @@ class LiveReplay:
         finally:
             if record.error is None and record.finish is None:
                 record.error = "interrupted"
+            record.client_wait = max(0.0, record.arrival - ready)  # ready to send -> sent
             self.view.on_finished(worker, rec.request_id)
         if ok:
             self._on_done(rec, record)
@@ -293,6 +306,12 @@ class LiveReplay:
             record.error = res.error
             return False
         record.finish = record.last_token if record.last_token is not None else res.t_send - t0
+        if res.completion_tokens is not None:  # usage over counted chunks, as vllm bench serve
+            record.output_tokens = res.completion_tokens
+        if res.warning is not None:
+            self.warnings.append(res.warning)
+        if res.usage_error is not None:  # the stream is whole: its children go on
+            record.error = f"measurement error: {res.usage_error}"
         record.cached_tokens = res.cached_tokens or 0
         self.usage_reported &= res.cached_tokens is not None
         if rec.request_id in self._pending:
@@ -308,12 +327,15 @@ class LiveReplay:
         """A failed turn's later turns are never sent (closed loop), as in the simulator."""
         if not self.closed_loop:
             return
-        for child in self.workload.children.get(rec.request_id, ()):
-            skipped = RequestRecord(child, -1, self.now())
-            skipped.error = f"not sent: its parent request {rec.request_id} failed"
-            self.records.append(skipped)
-            self._skip_children(child)
-        self._release(rec.request_id, all_children=True)
+        stack = [rec]  # a loop, not recursion: sessions can be thousands of turns deep
+        while stack:
+            parent = stack.pop()
+            for child in self.workload.children.get(parent.request_id, ()):
+                skipped = RequestRecord(child, -1, self.now())
+                skipped.error = f"not sent: its parent request {parent.request_id} failed"
+                self.records.append(skipped)
+                stack.append(child)
+            self._release(parent.request_id, all_children=True)
 
     def mark_dead(self, worker: int, reason: str) -> None:
         """Stop routing to ``worker`` and fail its requests in flight with ``reason``."""
@@ -331,9 +353,20 @@ class LiveReplay:
 
     def _prompt_ids(self, rec: TraceRecord) -> np.ndarray:
         """The ids to send for ``rec``; built once and kept while children still need them."""
-        kept = self._prompt.get(rec.request_id)
-        if kept is not None:  # built earlier for a child sent first (open loop)
-            return kept
+        # Ancestors not built yet (open loop: a child sent first) are built oldest first, in a
+        # loop rather than by recursion, since sessions can be thousands of turns deep.
+        chain = [rec]
+        while chain[-1].request_id not in self._prompt and chain[-1].parent is not None:
+            chain.append(self.workload.by_id[chain[-1].parent])
+        prompt = self._prompt.get(chain[-1].request_id)
+        if prompt is not None:  # built earlier for a child sent first (open loop)
+            chain.pop()
+        for link in reversed(chain):
+            prompt = self._prompt_one(link, prompt)
+        return prompt
+
+    def _prompt_one(self, rec: TraceRecord, parent_prompt: np.ndarray | None) -> np.ndarray:
+        """The ids of ``rec`` given its parent's (None for a root)."""
         if rec.parent is None:
             prompt = self.prompts.root(rec)
         else:
@@ -341,7 +374,7 @@ class LiveReplay:
             output = self._output.get(parent.request_id)
             if output is None:  # open loop: the parent's reply does not exist yet
                 output = self.prompts.synthetic_output(parent)
-            prompt = self.prompts.child(rec, self._prompt_ids(parent), output)
+            prompt = self.prompts.child(rec, parent_prompt, output)
             self._release(parent.request_id)
         if rec.request_id in self._pending:
             self._prompt[rec.request_id] = prompt

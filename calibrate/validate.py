@@ -393,6 +393,10 @@ def run_validation(
             run.after = _scrape_quietly(urls)
         finally:
             finish_run(run, replay)
+            if replay.warnings:
+                validation.notes.append(f"{run.policy}: {len(replay.warnings)} streams disagreed with their "
+                                        f"usage on the token count (the usage count is used); first: "
+                                        f"{replay.warnings[0]}")
         progress(f"{run.policy}: {run.measured['time_to_complete_s']:.2f} s measured, "
                  f"{run.predicted['time_to_complete_s']:.2f} s predicted")
         if validation.interrupted:

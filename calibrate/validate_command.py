@@ -11,6 +11,8 @@ from pathlib import Path
 import click
 
 from kvroute.cli.lengths import workload_length_options
+from kvroute.cli.values import check_urls, check_values
+from kvroute.sim.outputs import check_output
 
 
 def _policies(single: tuple[str, ...], joined: str | None) -> list[str]:
@@ -69,6 +71,7 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
                    "each measured value is checked against an interval that includes the model's share.")
 @click.option("--prior-range", type=float, default=0.2, show_default=True,
               help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
+@check_values
 def validate(trace_path, trace_block_size, max_requests, workload, chats, turns, urls, policy, policies_text,
              profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, timeout, router_block_tokens,
              model, token_range, client_cores, seed, client_lag, uncertainty, prior_range, reply_tokens, max_tokens,
@@ -90,7 +93,12 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     from kvroute.cli.scenario import load_trace
     from kvroute.sim.profile import load_profile
 
+    check_urls(urls)
     names = _policies(policy, policies_text)
+    try:  # before any work: ~1 KB per record per policy and round
+        check_output(out_dir, 1024 * len(names) * (rounds + 1) * (max_requests or 10**4), is_dir=True)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     trace = load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, seed,
                        reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup)
     try:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvroute.sim.outputs import atomic_output, write_text_atomic
 from kvroute.calibrate.validate import PolicyRun, Validation
 from kvroute.sim.experiment import prediction_interval
 from kvroute.sim.metrics import SUMMARY_METRICS
@@ -335,8 +336,8 @@ def write_report(v: Validation, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = report_dict(v)
-    (out / "report.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    (out / "report.md").write_text(report_markdown(v, doc))
+    write_text_atomic(out / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
+    write_text_atomic(out / "report.md", report_markdown(v, doc))
     live = [r.live.records.assign(policy=r.policy, url=r.live.records["worker"].map(
         lambda w: v.servers[w].url if 0 <= w < len(v.servers) else None)) for r in v.runs if r.live is not None]
     sim = [run.records.assign(policy=r.policy, round=k) for r in v.runs for k, run in enumerate(r.sim_runs)]
@@ -351,9 +352,11 @@ def write_report(v: Validation, out_dir: str | Path) -> Path:
             frames.append(r.live.records.assign(policy=f"{r.policy} measured"))
         frame = pd.concat(frames, ignore_index=True)
         both.append(frame)
-        plot_ttft(frame, out / f"ttft_{r.policy}.png", title=f"{r.policy}: predicted vs measured")
+        with atomic_output(out / f"ttft_{r.policy}.png") as tmp:
+            plot_ttft(frame, tmp, title=f"{r.policy}: predicted vs measured")
     if len(both) > 1:
-        plot_ttft(pd.concat(both, ignore_index=True), out / "ttft_all.png", title="predicted vs measured")
+        with atomic_output(out / "ttft_all.png") as tmp:
+            plot_ttft(pd.concat(both, ignore_index=True), tmp, title="predicted vs measured")
     return out / "report.json"
 
 
@@ -365,4 +368,5 @@ def _parquet(frame: pd.DataFrame, path: Path) -> None:
         values = frame[col].dropna()
         if len({type(x) for x in values}) > 1:  # mixed ints and strings: store as text
             frame[col] = frame[col].map(lambda x: None if pd.isna(x) else str(x))
-    frame.to_parquet(path, index=False)
+    with atomic_output(path) as tmp:
+        frame.to_parquet(tmp, index=False)

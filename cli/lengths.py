@@ -68,7 +68,9 @@ def _dist_option(ctx: click.Context, param: click.Parameter, value: str | None):
         return None
     from kvroute.traces.lengths import parse_dist
 
+    flag = f"--{param.name.replace('_', '-')}"
     try:
-        return parse_dist(value, f"--{param.name.replace('_', '-')}").text
+        return parse_dist(value, flag).text
     except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+        # click names the flag already: drop parse_dist's own "--flag: " prefix
+        raise click.BadParameter(str(exc).removeprefix(f"{flag}: "), ctx=ctx, param=param) from None

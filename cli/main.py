@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import click
 
 
@@ -29,6 +32,18 @@ def _register() -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    Every expected failure is a one-line ``Error: ...`` from the command. Anything else is a
+    bug: it is reported on one line too (exit 1), and ``KVROUTE_DEBUG=1`` shows the traceback.
+    """
     _register()
-    cli()
+    try:
+        cli(standalone_mode=True)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence, see the docstring
+        if os.environ.get("KVROUTE_DEBUG"):
+            raise
+        reason = " ".join(str(exc).split())[:300]
+        click.echo(f"Error: internal error (a bug in kvroute; KVROUTE_DEBUG=1 shows the traceback): "
+                   f"{type(exc).__name__}: {reason}", err=True)
+        sys.exit(1)

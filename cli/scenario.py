@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from kvroute.cli.values import check_values
 from kvroute.sim.cluster import ClusterSpec
 from kvroute.sim.profile import load_profile
 from kvroute.cli.lengths import length_options
@@ -48,6 +49,7 @@ def scenario_options(func):
         click.option("--slo-ttft", type=float, default=2.0, show_default=True, help="Goodput bound on TTFT, s."),
         click.option("--slo-tpot", type=float, default=0.1, show_default=True, help="Goodput bound on TPOT, s."),
     ]
+    func = check_values(func)
     for option in reversed(options):
         func = option(func)
     return func
@@ -102,10 +104,12 @@ def read_any_trace(path: Path, block_size: int | None) -> Trace:
         raise click.BadParameter(f"{path} does not exist", param_hint="--trace")
     try:
         if path.suffix.lower() == ".csv":
-            return read_azure_csv(path)
+            return read_azure_csv(path) if block_size is None else read_azure_csv(path, block_size)
         return read_trace(path, block_size)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint="--trace") from None
 
 
 def truncate(trace: Trace, n: int) -> Trace:
@@ -133,6 +137,10 @@ def parse_policies(text: str, param_hint: str = "--policies") -> list[str]:
         raise click.BadParameter(str(exc), param_hint=param_hint) from None
     if not specs:
         raise click.BadParameter("give at least one policy", param_hint=param_hint)
+    twice = sorted({name for name in specs if specs.count(name) > 1})
+    if twice:
+        raise click.BadParameter(f"policy {', '.join(twice)} listed twice; name each policy once",
+                                 param_hint=param_hint)
     return specs
 
 
@@ -167,7 +175,8 @@ def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread
                                "sharing GPUs, whose blocks follow vLLM's memory rule")
     try:
         profile = load_profile(profile_name)
-        overrides = {k: v for k, v in (("max_model_len", max_model_len), ("num_gpu_blocks", kv_blocks)) if v}
+        overrides = {k: v for k, v in (("max_model_len", max_model_len), ("num_gpu_blocks", kv_blocks))
+                     if v is not None}
         if overrides:
             profile = dataclasses.replace(profile, engine=dataclasses.replace(profile.engine, **overrides))
         if kv_blocks is not None:

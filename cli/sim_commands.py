@@ -11,6 +11,8 @@ from tqdm import tqdm
 
 import dataclasses
 
+from kvroute.cli.values import check_values
+from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
 from kvroute.cli.scenario import (build_spec, describe, load_trace, parse_policies, router_options, scenario_options,
                                  with_errors)
 from kvroute.sim.experiment import compare as run_compare
@@ -37,6 +39,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
             spec = dataclasses.replace(spec, **router)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
+    if out is not None:  # before the work: ~300 bytes per record row, plus a plot
+        check_output(out, 300 * len(trace.records) * len(policies) * rounds + (1 << 20), is_dir=True)
     header = describe(trace, spec)
     if uncertainty < 0:
         raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="--uncertainty")
@@ -84,13 +88,16 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
     out.mkdir(parents=True, exist_ok=True)
     records = comparison.records()
     records_file = out / f"records.{records_format}"
-    if records_format == "csv":
-        records.to_csv(records_file, index=False)
-    else:
-        records.to_parquet(records_file, index=False)
-    comparison.summaries.to_csv(out / "summary.csv", index=False)
-    (out / "compare.json").write_text(json.dumps({"scenario": header, **comparison.to_dict()}, indent=2))
-    plot_ttft(records, out / "ttft.png", title=header.split(" | ")[0])
+    with atomic_output(records_file) as tmp:
+        if records_format == "csv":
+            records.to_csv(tmp, index=False)
+        else:
+            records.to_parquet(tmp, index=False)
+    with atomic_output(out / "summary.csv") as tmp:
+        comparison.summaries.to_csv(tmp, index=False)
+    write_text_atomic(out / "compare.json", json.dumps({"scenario": header, **comparison.to_dict()}, indent=2))
+    with atomic_output(out / "ttft.png") as tmp:
+        plot_ttft(records, tmp, title=header.split(" | ")[0])
     if not quiet:
         click.echo(f"wrote {', '.join(str(out / name) for name in (records_file.name, 'summary.csv', 'compare.json', 'ttft.png'))}")
 
@@ -122,6 +129,7 @@ def output_options(func):
 @click.option("--prior-range", type=float, default=0.2, show_default=True,
               help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
 @output_options
+@check_values
 @with_errors
 def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, records_format, **scenario):
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
@@ -136,6 +144,7 @@ def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, reco
               help="Routing policy, optionally with parameters (sglang:cache_threshold=0.5).")
 @click.option("--rounds", type=int, default=1, show_default=True, help="Seeded rounds.")
 @output_options
+@check_values
 @with_errors
 def simulate(policy, rounds, json_out, out, records_format, **scenario):
     """Simulate one routing policy and print its summary."""

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import click
 import pandas as pd
 
 from kvroute.cli.scenario import parse_policies, with_errors
+from kvroute.cli.values import check_values
+from kvroute.sim.inputs import MAX_TOKENS
+from kvroute.sim.outputs import atomic_output, check_output
 from kvroute.sim.metrics import SUMMARY_METRICS
 from kvroute.sim.profile import load_profile
-from kvroute.sim.sweep import COUNTER_COLUMNS, EXECUTORS, WORKLOADS, Scenario, grid, intervals, sweep
+from kvroute.sim.sweep import (COUNTER_COLUMNS, EXECUTORS, WORKLOADS, Scenario, SweepInterrupted, grid, intervals,
+                               sweep)
 from kvroute.sim.metrics import ServiceClass
 from kvroute.traces.arrivals import parse_arrival
 from kvroute.traces.lengths import parse_dist
@@ -93,6 +98,8 @@ def _lengths(text: str | None, hint: str) -> list[int | tuple[int, int] | str] |
                 out.append((low, high))
             else:
                 out.append(int(item))
+                if not 1 <= out[-1] <= MAX_TOKENS:
+                    raise ValueError
         except ValueError:
             raise click.BadParameter(f"{item!r} is neither a token count nor a range LOW-HIGH", param_hint=hint) from None
     return out
@@ -200,6 +207,7 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
               help="With --request-rate: write a PNG of goodput, TTFT p50/p90 and throughput against load per policy.")
 @click.option("--show", default=DEFAULT_SHOW, show_default=True, help="Metrics to print, comma list.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@check_values
 @with_errors
 def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_tokens, think_time, start, request_rate,
                   arrival, profiles, workers, gpus, policies,
@@ -240,24 +248,25 @@ def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_toke
     if axes["history"] is not None and "seed-chat" in axes["workload"]:
         raise click.BadParameter("applies to --workload agent only", param_hint="--history")
     scenarios = grid(Scenario(arrival_spread_s=arrival_spread), **{k: v for k, v in axes.items() if v is not None})
+    if out is not None:  # before the work: about 1 KB per row
+        check_output(out, 1024 * len(scenarios) * rounds)
     click.echo(f"{len(scenarios)} scenario(s) x {rounds} round(s) on executor {executor}", err=True)
-    frame = sweep(scenarios, rounds=rounds, executor=executor, address=address, max_workers=max_workers,
-                  progress=not no_progress, slo=ServiceClass(slo_ttft, slo_tpot))
+    try:
+        frame = sweep(scenarios, rounds=rounds, executor=executor, address=address, max_workers=max_workers,
+                      progress=not no_progress, slo=ServiceClass(slo_ttft, slo_tpot))
+    except SweepInterrupted as stop:
+        click.echo(f"\ninterrupted ({stop.signal_name}): {len(stop.frame)} of {stop.total} runs finished",
+                   err=True)
+        if out is not None and len(stop.frame):
+            _write_rows(stop.frame, out)
+            click.echo(f"wrote {len(stop.frame)} finished rows to {out} (column partial = true)", err=True)
+        sys.exit(130)
     for metric in shown:
         click.echo(pivot_table(frame, metric) + "\n")
     click.echo(f"{rounds} round(s) per scenario; ± is the 95% interval over rounds; "
                f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        table = frame.copy()
-        for column in ("reply", "history", "think_time_s", "user", "start_s"):
-            # numbers mixed with ranges or distributions: store as text
-            if table[column].map(lambda v: isinstance(v, (str, tuple, list))).any():
-                table[column] = table[column].map(lambda v: None if v is None else str(v))
-        if out.suffix.lower() == ".parquet":
-            table.to_parquet(out, index=False)
-        else:
-            table.to_csv(out, index=False)
+        _write_rows(frame, out)
         click.echo(f"wrote {len(frame)} rows to {out}", err=True)
     if plot_load is not None:
         from kvroute.sim.plots import plot_load_curve
@@ -265,3 +274,17 @@ def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_toke
         plot_load.parent.mkdir(parents=True, exist_ok=True)
         plot_load_curve(frame, plot_load, title=f"{len(scenarios)} scenario(s) x {rounds} round(s)")
         click.echo(f"wrote {plot_load}", err=True)
+
+
+def _write_rows(frame: pd.DataFrame, out: Path) -> None:
+    """Write sweep rows to ``out`` (.parquet or .csv) atomically."""
+    table = frame.copy()
+    for column in ("reply", "history", "think_time_s", "user", "start_s"):
+        # numbers mixed with ranges or distributions: store as text
+        if table[column].map(lambda v: isinstance(v, (str, tuple, list))).any():
+            table[column] = table[column].map(lambda v: None if v is None else str(v))
+    with atomic_output(out) as tmp:
+        if out.suffix.lower() == ".parquet":
+            table.to_parquet(tmp, index=False)
+        else:
+            table.to_csv(tmp, index=False)

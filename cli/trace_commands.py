@@ -9,11 +9,22 @@ import click
 
 from kvroute.cli.lengths import workload_length_options
 from kvroute.cli.scenario import read_any_trace
+from kvroute.cli.values import check_values
 
 
 @click.group()
 def trace() -> None:
     """Generate, import and describe traces."""
+
+
+def _check_out(out: Path) -> None:
+    """``--out`` must be writable before any work."""
+    from kvroute.sim.outputs import check_output
+
+    try:
+        check_output(out)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @trace.command()
@@ -25,6 +36,7 @@ def trace() -> None:
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the length draws (the same as a simulation round with this seed draws).")
 @click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per hash_ids block.")
+@check_values
 def generate(kind, out, chats, turns, seed, block_size, reply_tokens, max_tokens, user_tokens, think_time, start,
              request_rate, arrival, speedup):
     """Write a generated workload as a kvroute trace, with every drawn length written out.
@@ -35,6 +47,7 @@ def generate(kind, out, chats, turns, seed, block_size, reply_tokens, max_tokens
     from kvroute.traces import generators
     from kvroute.traces.writer import write_trace
 
+    _check_out(out)
     if speedup is not None:
         raise click.UsageError("--speedup rescales a trace file (kvroute simulate --trace FILE --speedup X)")
     chats = chats or (64 if kind == "seed-chat" else 16)
@@ -51,10 +64,12 @@ def generate(kind, out, chats, turns, seed, block_size, reply_tokens, max_tokens
 @click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
 @click.option("--block-size", type=int, default=None, help="Block size of the source's hash_ids [512].")
+@check_values
 def import_(source, out, block_size):
     """Convert a Mooncake JSONL or Azure CSV trace to kvroute's format (validating it)."""
     from kvroute.traces.writer import write_trace
 
+    _check_out(out)
     result = read_any_trace(source, block_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(result, out)
@@ -65,6 +80,7 @@ def import_(source, out, block_size):
 @click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--block-size", type=int, default=None, help="Block size of the source's hash_ids [512].")
 @click.option("--json", "json_out", is_flag=True, help="Print JSON.")
+@check_values
 def stats(source, block_size, json_out):
     """Print a trace's size, token and prefix-sharing figures."""
     from kvroute.traces.stats import format_stats, trace_stats

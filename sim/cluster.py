@@ -87,8 +87,13 @@ class ClusterSpec:
             raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
         if self.num_gpus is not None and not 1 <= self.num_gpus <= self.num_workers:
             raise ValueError(f"num_gpus must be between 1 and num_workers, got {self.num_gpus}")
-        if self.arrival_spread_s < 0:
-            raise ValueError("arrival_spread_s must be >= 0")
+        if not 0 <= self.arrival_spread_s < math.inf:
+            raise ValueError(f"arrival_spread_s must be a finite number >= 0, got {self.arrival_spread_s}")
+        block_size = self.profile.engine.block_size
+        if self.router_block_tokens < 1 or (self.router_block_tokens > block_size
+                                            and self.router_block_tokens % block_size):
+            raise ValueError(f"router_block_tokens must be a multiple of the block size {block_size} "
+                             f"(or at most one block), got {self.router_block_tokens}")
         if min(self.scrape_interval_s, self.kv_event_delay_s, self.store_latency_s) < 0:
             raise ValueError("scrape interval, KV-event delay and store latency must be >= 0 s")
         if self.cache_view not in CACHE_VIEWS:
@@ -170,7 +175,7 @@ class Cluster:
             )
             for w in range(spec.num_workers)
         ]
-        self.workload = Workload(trace, spec.profile.engine.block_size)
+        self.workload = Workload(trace, spec.profile.engine.block_size, spec.profile.engine.max_model_len)
         self._build_gateways(seed)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []
@@ -265,6 +270,7 @@ class Cluster:
         env = self.env
         if send_at > env.now:
             yield env.timeout(send_at - env.now)
+        ready = env.now
         if self._slots is not None:
             slot = self._held[rec.request_id] = self._slots.request()
             yield slot
@@ -277,6 +283,7 @@ class Cluster:
         view.on_routed(worker, route)
         self._view_of[rec.request_id] = view
         record = RequestRecord(rec, worker, env.now)
+        record.client_wait = env.now - ready
         self.records.append(record)
         if self.spec.gateway_state == "shared" and self.spec.store_latency_s > 0:
             yield env.timeout(self.spec.store_latency_s)
@@ -336,12 +343,15 @@ class Cluster:
         """A failed request's later turns are never sent (closed loop); record them as skipped."""
         if not self.closed_loop:
             return
-        for child in self.workload.children.get(rec.request_id, ()):
-            record = RequestRecord(child, -1, self.env.now)
-            record.error = f"not sent: its parent request {rec.request_id} failed"
-            self.records.append(record)
-            self._num_done += 1
-            self._release_children(child)
+        stack = [rec]  # a loop, not recursion: sessions can be thousands of turns deep
+        while stack:
+            parent = stack.pop()
+            for child in self.workload.children.get(parent.request_id, ()):
+                record = RequestRecord(child, -1, self.env.now)
+                record.error = f"not sent: its parent request {parent.request_id} failed"
+                self.records.append(record)
+                self._num_done += 1
+                stack.append(child)
 
 
 def simulate(trace: Trace, spec: ClusterSpec, seed: int = 0) -> RunResult:

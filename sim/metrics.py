@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 RECORD_COLUMNS = [
     "request_id", "session_id", "turn", "worker", "arrival", "first_token", "finish",
     "ttft", "e2e", "tpot", "prompt_tokens", "cached_tokens", "output_tokens", "preemptions",
-    "status", "error",
+    "status", "error", "client_wait",
 ]
 
 
@@ -45,11 +45,13 @@ class RequestRecord:
         output_tokens: tokens received.
         preemptions: times the engine preempted it.
         error: why it failed, or None.
+        client_wait: time it was ready to send but waited in the client (a ``max_in_flight``
+            or concurrency limit) before it was sent, s.
     """
 
     __slots__ = (
         "trace", "worker", "arrival", "first_token", "last_token", "finish",
-        "cached_tokens", "output_tokens", "preemptions", "error",
+        "cached_tokens", "output_tokens", "preemptions", "error", "client_wait",
     )
 
     def __init__(self, trace: TraceRecord, worker: int, arrival: float) -> None:
@@ -63,6 +65,7 @@ class RequestRecord:
         self.output_tokens = 0
         self.preemptions = 0
         self.error: str | None = None
+        self.client_wait = 0.0
 
     def as_row(self) -> tuple:
         """One row in ``RECORD_COLUMNS`` order."""
@@ -79,7 +82,7 @@ class RequestRecord:
             t.request_id, t.session_id, t.turn, self.worker, self.arrival,
             self.first_token if ok else math.nan, self.finish if ok else math.nan,
             ttft, e2e, tpot, t.input_length, self.cached_tokens, self.output_tokens,
-            self.preemptions, "ok" if ok else "failed", self.error,
+            self.preemptions, "ok" if ok else "failed", self.error, self.client_wait,
         )
 
 

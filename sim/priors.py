@@ -23,6 +23,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from kvroute.sim.outputs import write_text_atomic
 from kvroute.sim.cost_model import prefill_pairs
 from kvroute.sim.profile import MemoryModel, profile_from_dict
 
@@ -503,7 +504,7 @@ def write_profiles(directory: Path | None = None) -> list[Path]:
     paths = []
     for name, doc in shipped_documents().items():
         path = directory / f"{name}.json"
-        path.write_text(json.dumps(doc, indent=2) + "\n")
+        write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
         paths.append(path)
     return paths
 

@@ -37,6 +37,8 @@ from pathlib import Path
 
 from kvroute.sim.config import EngineConfig
 from kvroute.sim.cost_model import StepCost
+from kvroute.sim.inputs import (BLOCK_SIZE, COST_SECONDS, COUNT, FRACTION, POSITIVE_INT, TOKENS, InputError, Num,
+                                check_fields, describe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,13 +246,19 @@ def load_profile(name_or_path: str | Path) -> Profile:
 
     Raises:
         FileNotFoundError: the name is neither a file nor a shipped profile (lists the valid names).
-        ValueError: a field is missing or invalid; the message names the file and the field.
+        InputError (a ValueError): the file cannot be read, is not JSON, or a field is missing
+            or invalid; the one-line message names the file (and line or field).
     """
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
         if not path.exists():
             raise FileNotFoundError(f"profile file {path} does not exist")
-        text, where = path.read_text(), str(path)
+        if path.is_dir():
+            raise InputError("is a directory; give a profile JSON file or a shipped profile name", str(path))
+        try:
+            text, where = path.read_text(encoding="utf-8"), str(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read the profile: {exc}", str(path)) from None
     else:
         root = resources.files("kvroute.sim.profiles")
         entry = root / f"{name_or_path}.json"
@@ -263,49 +271,85 @@ def load_profile(name_or_path: str | Path) -> Profile:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: not valid JSON: {exc}") from exc
+        raise InputError(f"not valid JSON: {exc.msg} (column {exc.colno})", where, exc.lineno) from None
     return profile_from_dict(doc, where)
 
 
-def profile_from_dict(doc: dict, where: str = "<dict>") -> Profile:
-    """Build a Profile from a parsed profile document; errors name ``where`` and the field."""
+ENGINE_SCHEMA = {
+    "block_size": BLOCK_SIZE,
+    "num_gpu_blocks": Num(integer=True, minimum=2),
+    "max_num_batched_tokens": POSITIVE_INT,
+    "max_num_seqs": POSITIVE_INT,
+    "max_model_len": TOKENS,
+    "long_prefill_token_threshold": COUNT,
+    "gpu_memory_utilization": FRACTION,
+}
+"""Rules of a profile's ``engine`` section (block_size and num_gpu_blocks are required)."""
 
-    def section(key: str) -> dict:
+STEP_COST_SCHEMA = {name: COST_SECONDS for name in StepCost.__dataclass_fields__}
+"""Rules of the ``step_cost`` section: every coefficient required, finite, between 0 and 3600 s."""
+
+OVERHEADS_SCHEMA = {
+    "api_server_s": COST_SECONDS,
+    "gateway_s": COST_SECONDS,
+    "jitter_cv": Num(minimum=0.0, maximum=10.0),
+    "api_server_per_token_s": COST_SECONDS,
+}
+"""Rules of the optional ``overheads`` section."""
+
+MEMORY_SCHEMA = {name: COUNT for name in MemoryModel.__dataclass_fields__} | {"kv_bytes_per_block": POSITIVE_INT}
+"""Rules of the optional ``memory`` section (every field required when it is present)."""
+
+
+def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
+    """Build a Profile from a parsed profile document, checking every value once.
+
+    Raises:
+        InputError (a ValueError): ``doc`` or a section is not an object, a required field is
+            missing, or a value has the wrong type, is not finite or is out of range (see the
+            ``*_SCHEMA`` tables); the one-line message names ``where`` and the field.
+    """
+    if type(doc) is not dict:
+        raise InputError(f"a profile is a JSON object, got {describe(doc)}", where)
+
+    def section(key: str, schema: dict[str, Num], required: tuple[str, ...]) -> dict:
         value = doc.get(key)
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: missing or invalid section {key!r}")
-        return value
+        if type(value) is not dict:
+            raise InputError(f"missing or invalid section (expected an object, got {describe(value)})",
+                             where, None, key)
+        return check_fields(value, schema, where, required=required, prefix=f"{key}.")
 
-    engine_doc, cost_doc = section("engine"), section("step_cost")
+    engine_doc = section("engine", ENGINE_SCHEMA, ("block_size", "num_gpu_blocks"))
+    cost_doc = section("step_cost", STEP_COST_SCHEMA, tuple(STEP_COST_SCHEMA))
+    over_doc = section("overheads", OVERHEADS_SCHEMA, ()) if doc.get("overheads") is not None else {}
+    memory = None
+    if doc.get("memory"):
+        memory = MemoryModel(**section("memory", MEMORY_SCHEMA, tuple(MEMORY_SCHEMA)))
+    enable = doc["engine"].get("enable_prefix_caching", True)
+    if type(enable) is not bool:
+        raise InputError(f"expected true or false, got {describe(enable)}", where, None,
+                         "engine.enable_prefix_caching")
     try:
         engine = EngineConfig(
-            block_size=int(engine_doc["block_size"]),
-            num_gpu_blocks=int(engine_doc["num_gpu_blocks"]),
-            max_num_batched_tokens=int(engine_doc.get("max_num_batched_tokens", 2048)),
-            max_num_seqs=int(engine_doc.get("max_num_seqs", 256)),
-            max_model_len=int(engine_doc.get("max_model_len", 32768)),
-            long_prefill_token_threshold=int(engine_doc.get("long_prefill_token_threshold", 0)),
+            block_size=engine_doc["block_size"],
+            num_gpu_blocks=engine_doc["num_gpu_blocks"],
+            max_num_batched_tokens=engine_doc.get("max_num_batched_tokens", 2048),
+            max_num_seqs=engine_doc.get("max_num_seqs", 256),
+            max_model_len=engine_doc.get("max_model_len", 32768),
+            long_prefill_token_threshold=engine_doc.get("long_prefill_token_threshold", 0),
+            enable_prefix_caching=enable,
         )
-        step_cost = StepCost(**{k: float(cost_doc[k]) for k in StepCost.__dataclass_fields__})
-    except KeyError as exc:
-        raise ValueError(f"{where}: missing field {exc.args[0]!r}") from exc
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: {exc}") from exc
-    over_doc = doc.get("overheads", {})
-    overheads = Overheads(**{k: float(v) for k, v in over_doc.items() if k in Overheads.__dataclass_fields__})
-    mem_doc = doc.get("memory")
-    memory = None
-    if mem_doc:
-        try:
-            memory = MemoryModel(**{k: int(mem_doc[k]) for k in MemoryModel.__dataclass_fields__})
-        except KeyError as exc:
-            raise ValueError(f"{where}: memory section lacks {exc.args[0]!r}") from exc
+    except ValueError as exc:
+        raise InputError(str(exc), where, None, "engine") from None
+    name = doc.get("name", where)
+    if type(name) is not str:
+        raise InputError(f"expected a string, got {describe(name)}", where, None, "name")
     return Profile(
-        name=str(doc.get("name", where)),
+        name=name,
         engine=engine,
-        step_cost=step_cost,
-        overheads=overheads,
-        gpu_memory_utilization=float(engine_doc.get("gpu_memory_utilization", 0.9)),
+        step_cost=StepCost(**cost_doc),
+        overheads=Overheads(**over_doc),
+        gpu_memory_utilization=engine_doc.get("gpu_memory_utilization", 0.9),
         memory=memory,
         raw=doc,
         uncertainty=(uncertainty_from_dict(doc["step_cost_uncertainty"], where)

@@ -6,22 +6,29 @@ scenario alone (the agent workload draws it from ``scenario.seed``), and the spe
 ``kvroute compare`` builds it, so a sweep row equals the matching row of
 ``kvroute.sim.experiment.compare(...).summaries`` (common random numbers across policies).
 
+Ctrl-C (SIGINT) or SIGTERM stops a sweep within about a second: the local pool's processes are
+terminated (none is left behind) and :class:`SweepInterrupted` carries the rows finished so far,
+marked ``partial``.
+
 Executors (every one gives the same rows for the same scenarios):
 
 - ``"sequential"``: in this process, one run after another;
 - ``"local"`` (default): ``concurrent.futures.ProcessPoolExecutor``;
 - ``"dask"``: a Dask distributed cluster at ``address`` (``tcp://host:8786``); without an address a
-  temporary ``LocalCluster`` of processes is started and closed. Every Dask worker must have
-  kvroute installed (same version).
+  temporary ``LocalCluster`` of processes is started and closed, bound to 127.0.0.1 with its
+  dashboard off. Every Dask worker must have kvroute installed (same version).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
 import os
+import signal
 import sys
+import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Iterable
@@ -39,6 +46,8 @@ from kvroute.traces.arrivals import parse_arrival
 from kvroute.traces.lengths import parse_dist
 
 WORKLOADS = ("seed-chat", "agent")
+DASK_CONNECT_TIMEOUT_S = 5.0
+"""How long to try a Dask scheduler address before the sweep fails, s."""
 EXECUTORS = ("local", "sequential", "dask")
 
 COUNTER_COLUMNS: dict[str, str] = {
@@ -232,6 +241,73 @@ def _run_task(task: tuple[Scenario, int, ServiceClass]) -> dict[str, Any]:
     return run_scenario(*task)
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep was stopped by Ctrl-C or SIGTERM.
+
+    Attributes:
+        frame: the rows finished before the stop, in grid order, with a ``partial`` column
+            (True on every row).
+        total: how many runs the sweep had.
+        signal_name: ``"SIGINT"`` or ``"SIGTERM"``.
+    """
+
+    def __init__(self, frame: pd.DataFrame, total: int, signal_name: str) -> None:
+        super().__init__(f"sweep interrupted by {signal_name}: {len(frame)} of {total} runs finished")
+        self.frame = frame
+        self.total = total
+        self.signal_name = signal_name
+
+
+class _Stop(KeyboardInterrupt):
+    """Raised in the main thread by the SIGTERM handler, so SIGTERM stops a sweep like Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While a sweep runs, SIGTERM raises :class:`_Stop` and SIGINT KeyboardInterrupt in the main
+    thread, also when a script started us in the background (where SIGINT arrives ignored);
+    the previous handlers are restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise _Stop
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop), signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+
+
+def _pool_worker_init() -> None:
+    """In each pool process: Ctrl-C at the terminal is the parent's to handle (it terminates us);
+    SIGTERM kills at once."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Terminate a pool's processes now (no waiting for running tasks) and reap them."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.terminate()
+    for process in processes:
+        process.join(timeout=1.0)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=1.0)
+    # With every process gone the pool's manager thread sees a broken pool and ends at once;
+    # waiting for it avoids a race with the interpreter's exit hook on its closed pipe.
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 def grid(base: Scenario | None = None, **axes: Iterable[Any] | Any) -> list[Scenario]:
     """The Cartesian product of ``axes`` over ``base`` (default ``Scenario()``).
 
@@ -281,8 +357,9 @@ def sweep(
         ``slo_tpot_s``, the ``SUMMARY_METRICS`` and the ``COUNTER_COLUMNS``.
 
     Raises:
-        ValueError: an unknown executor, rounds < 1, an address without Dask, or any error of a
-            run (raised as soon as it is seen).
+        ValueError: an unknown executor, rounds < 1, an address without Dask, an unreachable
+            Dask scheduler, or any error of a run (raised as soon as it is seen).
+        SweepInterrupted (a KeyboardInterrupt): Ctrl-C or SIGTERM; carries the rows finished.
     """
     if isinstance(scenarios, Scenario):
         scenarios = [scenarios]
@@ -306,20 +383,35 @@ def sweep(
         bar.update()
 
     try:
-        if executor == "sequential":
-            for i, task in enumerate(tasks):
-                done(i, _run_task(task))
-        elif executor == "local":
-            workers = max_workers or min(len(tasks), os.cpu_count() or 1)
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                futures = {pool.submit(_run_task, task): i for i, task in enumerate(tasks)}
-                for future in as_completed(futures):
-                    done(futures[future], future.result())
-        else:
-            _run_dask(tasks, address, max_workers, done)
+        with _sigterm_as_interrupt():
+            if executor == "sequential":
+                for i, task in enumerate(tasks):
+                    done(i, _run_task(task))
+            elif executor == "local":
+                _run_local(tasks, max_workers, done)
+            else:
+                _run_dask(tasks, address, max_workers, done)
+    except KeyboardInterrupt as exc:
+        finished = pd.DataFrame([row for row in rows if row is not None])
+        finished["partial"] = True
+        name = "SIGTERM" if isinstance(exc, _Stop) else "SIGINT"
+        raise SweepInterrupted(finished, len(tasks), name) from None
     finally:
         bar.close()
     return pd.DataFrame(rows)
+
+
+def _run_local(tasks: list, max_workers: int | None, done) -> None:
+    workers = max_workers or min(len(tasks), os.cpu_count() or 1)
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_pool_worker_init)
+    try:
+        futures = {pool.submit(_run_task, task): i for i, task in enumerate(tasks)}
+        for future in as_completed(futures):
+            done(futures[future], future.result())
+    except BaseException:
+        _stop_pool(pool)  # also on a run's error: do not wait for the other runs
+        raise
+    pool.shutdown(wait=True)
 
 
 def _run_dask(tasks: list, address: str | None, max_workers: int | None, done) -> None:
@@ -330,10 +422,17 @@ def _run_dask(tasks: list, address: str | None, max_workers: int | None, done) -
     cluster = None
     if address is None:
         n = max_workers or min(len(tasks), os.cpu_count() or 1)
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0")
+        # NOTE: loopback only and no dashboard: a sweep must not open ports to the network.
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                               dashboard_address=None)
         address = cluster.scheduler_address
     try:
-        with Client(address) as client:
+        try:
+            client = Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError, ValueError) as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise ValueError(f"cannot reach the Dask scheduler at {address}: {reason[:200]}") from None
+        with client:
             futures = client.map(_run_task, tasks, pure=False)
             index = {f.key: i for i, f in enumerate(futures)}
             for future in dask_completed(futures):

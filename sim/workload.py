@@ -6,6 +6,12 @@ sequence (prompt and generated output) followed by its own new tokens. Every req
 a content stream of its own, so a later turn that resends it hits the blocks the reply filled on
 the worker that generated it. Run-allocated content ids derive from the record's position in the
 trace, so the same trace always gives the same hashes.
+
+Given the engine's ``max_model_len``, nothing is expanded past it: a prompt vLLM will reject
+(``input_length >= max_model_len``) gets no segments and no hashes, and an output is cut at
+``max_model_len - input_length`` tokens, as vLLM's OpenAI server clamps ``max_tokens``. A
+child of such a record is rejected too (its prompt holds the whole parent sequence), so the
+cut never changes a prompt that is served. Long sessions are built without recursion.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ class Workload:
     Args:
         trace: the requests.
         block_size: the engine's tokens per block.
+        max_model_len: the engine's longest sequence, tokens; None expands every length in full.
 
     Attributes:
         roots: records without a parent, in trace order.
@@ -32,13 +39,14 @@ class Workload:
         ValueError: on a block-size mismatch, naming the sizes that would work.
     """
 
-    def __init__(self, trace: Trace, block_size: int) -> None:
+    def __init__(self, trace: Trace, block_size: int, max_model_len: int | None = None) -> None:
         try:
             check_block_sizes(trace.block_size, block_size)
         except ValueError as exc:
             raise ValueError(f"{trace.source}: {exc}") from exc
         self.trace = trace
         self.block_size = block_size
+        self.max_model_len = max_model_len
         self.position = {rec.request_id: i for i, rec in enumerate(trace.records)}
         self.by_id = {rec.request_id: rec for rec in trace.records}
         self.roots: list[TraceRecord] = []
@@ -65,26 +73,52 @@ class Workload:
 
         Returns:
             ``(segments, hashes)``: the sequence of ``input_length + output_length`` tokens
-            and one hash per full engine block of it.
+            (output cut at ``max_model_len``) and one hash per full engine block of it; two
+            empty lists for a prompt of ``max_model_len`` tokens or more.
         """
-        out = (self.output_content_id(rec), 0, rec.output_length)
-        if rec.parent is None:
+        # An open-loop child can be sent before its parent: build the missing ancestors first,
+        # oldest first, in a loop (sessions can be thousands of turns deep).
+        chain = [rec]
+        while chain[-1].parent is not None and chain[-1].parent not in self._kept:
+            chain.append(self.by_id[chain[-1].parent])
+        built = None
+        for link in reversed(chain):
+            built = self._build_one(link, built)
+        return built
+
+    def _build_one(self, rec: TraceRecord, parent_built: tuple[list[Segment], list[int]] | None
+                   ) -> tuple[list[Segment], list[int]]:
+        """``build`` for one record whose parent's sequence is ``parent_built`` or kept."""
+        limit = self.max_model_len
+        if rec.parent is not None:
+            parent = self.by_id[rec.parent]
+            if parent_built is None:
+                parent_built = self._kept[rec.parent]
+            self._release_parent(parent.request_id)
+        if limit is not None and rec.input_length >= limit:
+            segments, hashes = [], []  # vLLM rejects the prompt: nothing to hash
+        elif rec.parent is None:
             segments = self._root_prompt(rec)
-            segments.append(out)
+            segments.append(self._output(rec))
             hashes = block_hashes(segments, self.block_size)
         else:
-            parent = self.by_id[rec.parent]
-            parent_segments, parent_hashes = self._parent_sequence(parent)
+            parent_segments, parent_hashes = parent_built
             new = rec.input_length - parent.input_length - parent.output_length
             segments = list(parent_segments)
             if new > 0:
                 segments.append((self.new_content_id(rec), 0, new))
-            segments.append(out)
+            segments.append(self._output(rec))
             hashes = block_hashes(segments, self.block_size, parent_hashes)
-            self._release_parent(parent.request_id)
         if rec.request_id in self._pending:
             self._kept[rec.request_id] = (segments, hashes)
         return segments, hashes
+
+    def _output(self, rec: TraceRecord) -> Segment:
+        """``rec``'s output segment, cut where vLLM clamps ``max_tokens``."""
+        length = rec.output_length
+        if self.max_model_len is not None:
+            length = min(length, self.max_model_len - rec.input_length)
+        return (self.output_content_id(rec), 0, length)
 
     def _root_prompt(self, rec: TraceRecord) -> list[Segment]:
         size = self.trace.block_size
@@ -94,14 +128,6 @@ class Workload:
             last = rec.input_length - size * (len(ids) - 1)
             segments[-1] = (ids[-1], 0, last)
         return segments
-
-    def _parent_sequence(self, parent: TraceRecord) -> tuple[list[Segment], list[int]]:
-        kept = self._kept.get(parent.request_id)
-        if kept is not None:
-            return kept
-        # Open-loop replay can send a child before its parent: build the parent's content too.
-        segments, hashes = self.build(parent)
-        return segments, hashes
 
     def _release_parent(self, parent_id: int) -> None:
         left = self._pending.get(parent_id, 0) - 1

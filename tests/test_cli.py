@@ -113,6 +113,6 @@ def test_generated_trace_with_drawn_lengths_replays_to_identical_records(tmp_pat
 def test_length_flags_name_the_flag_in_errors():
     result = CliRunner().invoke(cli, ["compare", "--reply-tokens", "lognormal:90"])
     assert result.exit_code != 0
-    assert "--reply-tokens: lognormal takes 2 number(s)" in result.output
+    assert "Invalid value for '--reply-tokens': lognormal takes 2 number(s)" in result.output
     result = CliRunner().invoke(cli, ["compare", "--think-time", "-1"])
-    assert "--think-time: value must be a finite number >= 0" in result.output
+    assert "Invalid value for '--think-time': value must be a finite number >= 0" in result.output

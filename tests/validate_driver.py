@@ -15,10 +15,11 @@ _CODE = ("import sys; from kvroute.calibrate.validate_command import validate; "
 
 
 def interrupt_validate(trace: Path, urls: list[str], profile: str, out: Path, settle_s: float,
-                       timeout_s: float) -> tuple[int, str, dict]:
+                       timeout_s: float, ready=None) -> tuple[int, str, dict]:
     """Validate round_robin then kv_aware one request at a time, send SIGINT ``settle_s`` seconds
-    after the first "replaying" line (or after ``timeout_s`` without one); returns the exit code,
-    stderr and the report written to ``out``."""
+    after the first "replaying" line (or after ``timeout_s`` without one) or, given ``ready``, as
+    soon as ``ready()`` is true after that line (an event, robust on a loaded machine); returns
+    the exit code, stderr and the report written to ``out``."""
     args = [sys.executable, "-c", _CODE, "--trace", str(trace)]
     for url in urls:
         args += ["--url", url]
@@ -28,7 +29,11 @@ def interrupt_validate(trace: Path, urls: list[str], profile: str, out: Path, se
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and "replaying" not in proc.stderr.readline():
         pass
-    time.sleep(settle_s)
+    if ready is None:
+        time.sleep(settle_s)
+    else:
+        while time.monotonic() < deadline and not ready():
+            time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=timeout_s)
     doc = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}

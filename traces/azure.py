@@ -12,6 +12,7 @@ import csv
 import os
 from datetime import datetime, timedelta
 
+from kvroute.sim.inputs import BLOCK_SIZE, MAX_TOKENS, InputError
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError
 
@@ -34,15 +35,28 @@ def read_azure_csv(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOC
         across the file, so no two records share a block). ``metadata`` is
         ``{"origin": "azure_csv"}``.
 
+        ``hash_ids`` is a ``range`` (no ids are expanded, whatever the length).
+
     Raises:
         TraceError (a ValueError) naming path, line (1 = header) and field: a missing column, a
-            short row, an unparsable timestamp or one earlier than the first row's, a count that
-            is not a non-negative int.
+            short row, an unparsable timestamp, one earlier than the first row's or one with a
+            time zone when the first row has none (or the reverse), a count that is not an int
+            between 1 and ``MAX_TOKENS``, a file that is not UTF-8 text, a file with no data row;
+            a ``block_size`` that is not an int between 1 and ``MAX_BLOCK_SIZE``.
         OSError: the file cannot be opened.
     """
-    if type(block_size) is not int or block_size <= 0:
-        raise TraceError(f"must be a positive int, got {block_size!r}", path, None, "block_size")
+    try:
+        BLOCK_SIZE.check(block_size, "block_size", str(path))
+    except InputError as exc:
+        raise TraceError(exc.reason, path, None, "block_size") from None
     source = str(path)
+    try:
+        return _read(path, source, block_size)
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"not UTF-8 text ({exc.reason}); an Azure trace is a CSV file", source) from None
+
+
+def _read(path: str | os.PathLike[str], source: str, block_size: int) -> Trace:
     records: list[TraceRecord] = []
     next_id = 0
     with open(path, encoding="utf-8", newline="") as handle:
@@ -71,6 +85,11 @@ def read_azure_csv(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOC
                 raise TraceError(f"not a datetime: {text!r}", source, lineno, "TIMESTAMP") from None
             if t0 is None:
                 t0 = stamp
+            if (stamp.tzinfo is None) != (t0.tzinfo is None):
+                raise TraceError(
+                    f"{text} {'has no' if stamp.tzinfo is None else 'has a'} time zone but the first "
+                    f"row's timestamp {t0} {'has one' if t0.tzinfo is not None else 'has none'}; "
+                    f"timestamps must all have a time zone or none", source, lineno, "TIMESTAMP")
             micros = (stamp - t0) // _MICROSECOND
             if micros < 0:
                 raise TraceError(f"{text} is earlier than the first row's timestamp {t0}",
@@ -83,9 +102,11 @@ def read_azure_csv(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOC
                 timestamp_ms=micros / 1000.0,
                 input_length=n_in,
                 output_length=n_out,
-                hash_ids=tuple(range(next_id, next_id + n_blocks)),
+                hash_ids=range(next_id, next_id + n_blocks),
             ))
             next_id += n_blocks
+    if not records:
+        raise TraceError("the trace has no data rows", source, None)
     return Trace(records=records, block_size=block_size, source=source, metadata={"origin": "azure_csv"})
 
 
@@ -100,4 +121,6 @@ def _count(text: str, source: str, lineno: int, field: str) -> int:
         raise TraceError(f"expected a non-negative int (tokens), got {text!r}", source, lineno, field) from None
     if value < 1:  # a request sends at least one token and asks for at least one
         raise TraceError(f"length must be >= 1, got {value}", source, lineno, field)
+    if value > MAX_TOKENS:
+        raise TraceError(f"length must be <= {MAX_TOKENS:,} tokens, got {value}", source, lineno, field)
     return value

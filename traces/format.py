@@ -13,13 +13,20 @@ id ``i`` names the whole prefix up to and including block ``i``, so
 (ms after the parent's last token before this turn is sent; closed-loop replay uses it).
 A record with a ``parent`` may omit ``hash_ids``: its prompt is the parent's prompt, the
 parent's generated output, then ``input_length - parent.input_length - parent.output_length``
-new tokens unique to this request.
+new tokens unique to this request. A record with both ``parent`` and ``hash_ids`` is built the
+same way; its first ``parent.input_length // block_size`` ids must equal the parent's (the
+parent's full prompt blocks; for a parent without ids, those of its nearest ancestor with ids),
+or the reader rejects it naming the line and ``hash_ids``. Its later ids are not used.
+
+Limits (:mod:`kvroute.sim.inputs`): lengths at most ``MAX_TOKENS``, block sizes at most
+``MAX_BLOCK_SIZE``; a trace has at least one record.
 
 An optional first line declares the trace's block size: ``{"kvroute_trace": 1, "block_size": 16}``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -32,7 +39,8 @@ class TraceRecord:
         timestamp_ms: arrival time (open-loop) or earliest send time, ms since trace start.
         input_length: prompt tokens.
         output_length: tokens to generate.
-        hash_ids: ids of the prompt's blocks at the trace's block size, or None for a record
+        hash_ids: ids of the prompt's blocks at the trace's block size (a tuple, or a ``range``
+            for readers that number fresh blocks, so no ids are expanded), or None for a record
             whose prompt is fully described by its parent plus new tokens.
         session_id: conversation id, or None.
         turn: 1-based turn within the session, or None.
@@ -44,7 +52,7 @@ class TraceRecord:
     timestamp_ms: float
     input_length: int
     output_length: int
-    hash_ids: tuple[int, ...] | None = None
+    hash_ids: Sequence[int] | None = None
     session_id: int | str | None = None
     turn: int | None = None
     parent: int | None = None

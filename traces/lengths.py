@@ -179,9 +179,16 @@ def parse_dist(text: str | int | float | Dist, what: str = "distribution") -> Di
     return Dist(kind, tuple(params), (), f"{kind}:" + ":".join(_num(p) for p in params))
 
 
+LIMIT = 1e9
+"""Largest number a distribution may name (tokens or seconds): far past any real length or wait,
+and small enough that sums of draws stay finite."""
+
+
 def _check(value: float, what: str, name: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{what}: {name} must be a finite number >= 0, got {value!r}")
+    if value > LIMIT:
+        raise ValueError(f"{what}: {name} must be <= {LIMIT:g}, got {value!r}")
     return value
 
 

@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Iterable
 
+from kvroute.sim.inputs import BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_TOKENS, InputError, describe
 from kvroute.traces.format import Trace, TraceRecord
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -27,8 +28,10 @@ _INT_FIELDS = ("input_length", "output_length")
 _OPTIONAL_FIELDS = ("request_id", "session_id", "turn", "parent", "think_time")
 
 
-class TraceError(ValueError):
+class TraceError(InputError):
     """A trace (file or in-memory) is malformed, or two block sizes cannot be mapped.
+
+    An :class:`~kvroute.sim.inputs.InputError` (so a ValueError) whose ``where`` is the file.
 
     Attributes:
         path: the file (or trace source) concerned, or None.
@@ -44,17 +47,8 @@ class TraceError(ValueError):
         line: int | None = None,
         field: str | None = None,
     ) -> None:
-        self.path = None if path is None else str(path)
-        self.line = line
-        self.field = field
-        self.reason = reason
-        where = self.path or ""
-        if line is not None:
-            where += f":{line}" if where else f"line {line}"
-        prefix = f"{where}: " if where else ""
-        if field is not None:
-            prefix += f"field '{field}': "
-        super().__init__(prefix + reason)
+        super().__init__(reason, None if path is None else str(path), line, field)
+        self.path = self.where
 
 
 def check_block_sizes(trace_block_size: int, engine_block_size: int) -> None:
@@ -73,11 +67,12 @@ def check_block_sizes(trace_block_size: int, engine_block_size: int) -> None:
             other; the message lists the engine sizes that would work.
     """
     for name, value in (("trace_block_size", trace_block_size), ("engine_block_size", engine_block_size)):
-        if type(value) is not int or value <= 0:
-            raise TraceError(f"must be a positive int, got {value!r}", field=name)
+        if type(value) is not int or not 0 < value <= MAX_BLOCK_SIZE:
+            raise TraceError(f"must be an int between 1 and {MAX_BLOCK_SIZE:,}, got {value!r}", field=name)
     if trace_block_size % engine_block_size == 0 or engine_block_size % trace_block_size == 0:
         return
-    divisors = [d for d in range(1, trace_block_size + 1) if trace_block_size % d == 0]
+    small = [d for d in range(1, math.isqrt(trace_block_size) + 1) if trace_block_size % d == 0]
+    divisors = sorted({*small, *(trace_block_size // d for d in small)})
     multiples = ", ".join(str(trace_block_size * k) for k in (2, 3, 4))
     raise TraceError(
         f"engine block size {engine_block_size} is neither a divisor nor a multiple of the "
@@ -108,14 +103,25 @@ def read_trace(path: str | os.PathLike[str], block_size: int | None = None) -> T
             non-finite number; ``len(hash_ids) != ceil(input_length / block_size)``; a negative
             hash id; a duplicate ``request_id``; a ``parent`` that is not an earlier record; a
             record with a parent whose ``input_length`` is below the parent's
-            ``input_length + output_length``; a record with neither ``hash_ids`` nor ``parent``.
-            Unknown fields are ignored.
+            ``input_length + output_length``; a record with both ``parent`` and ``hash_ids``
+            whose ids for the parent's full prompt blocks differ from the parent's; a record with
+            neither ``hash_ids`` nor ``parent``; a length above ``MAX_TOKENS`` or a block size
+            above ``MAX_BLOCK_SIZE``; a file that is not UTF-8 text (gzip, binary); a file with
+            no record. Unknown fields are ignored.
         OSError: the file cannot be opened.
     """
     source = str(path)
-    with open(path, encoding="utf-8") as handle:
-        lines = handle.readlines()
-    return parse_trace_lines(lines, source=source, block_size=block_size)
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if data[:2] == b"\x1f\x8b":
+        raise TraceError("is gzip-compressed; decompress it first (gunzip)", source, 1)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise TraceError(f"not UTF-8 text (byte {data[exc.start]:#04x}); a trace is JSON Lines",
+                         source, line) from None
+    return parse_trace_lines(text.splitlines(), source=source, block_size=block_size)
 
 
 def parse_trace_lines(
@@ -129,11 +135,15 @@ def parse_trace_lines(
         block_size: as in :func:`read_trace`.
     """
     lines = list(lines)
-    if block_size is not None and (type(block_size) is not int or block_size <= 0):
-        raise TraceError(f"block_size argument must be a positive int, got {block_size!r}",
-                         source, None, "block_size")
+    if block_size is not None:
+        try:
+            BLOCK_SIZE.check(block_size)
+        except InputError as exc:
+            raise TraceError(f"block_size argument {exc.reason}", source, None, "block_size") from None
     records: list[TraceRecord] = []
     by_id: dict[int, TraceRecord] = {}
+    # request_id -> (trace ids, how many of them name full blocks of this record's prompt)
+    known_blocks: dict[int, tuple[tuple[int, ...], int]] = {}
     metadata: dict = {}
     declared: int | None = None
     seen_content = False
@@ -171,23 +181,25 @@ def parse_trace_lines(
         except KeyError as exc:
             raise TraceError("required field missing", source, lineno, exc.args[0]) from None
         if type(ts) is not int and type(ts) is not float:
-            raise TraceError(f"expected a number (ms), got {_jtype(ts)}", source, lineno, "timestamp")
+            raise TraceError(f"expected a number (ms), got {describe(ts)}", source, lineno, "timestamp")
         if not isfinite(ts) or ts < 0:
             raise TraceError(f"must be a finite number >= 0, got {ts!r}", source, lineno, "timestamp")
         for name, value in (("input_length", n_in), ("output_length", n_out)):
             if type(value) is not int:
-                raise TraceError(f"expected an int (tokens), got {_jtype(value)}", source, lineno, name)
+                raise TraceError(f"expected an int (tokens), got {describe(value)}", source, lineno, name)
             if value < 1:  # a request sends at least one token and asks for at least one
                 raise TraceError(f"length must be >= 1, got {value}", source, lineno, name)
+            if value > MAX_TOKENS:
+                raise TraceError(f"length must be <= {MAX_TOKENS:,} tokens, got {value}", source, lineno, name)
 
         hash_ids = obj.get("hash_ids")
         if hash_ids is not None:
             if type(hash_ids) is not list:
-                raise TraceError(f"expected a list of ints, got {_jtype(hash_ids)}",
+                raise TraceError(f"expected a list of ints, got {describe(hash_ids)}",
                                  source, lineno, "hash_ids")
             if not all(type(h) is int for h in hash_ids):
                 i, bad = next((i, h) for i, h in enumerate(hash_ids) if type(h) is not int)
-                raise TraceError(f"entry {i} is {_jtype(bad)}, expected an int", source, lineno, "hash_ids")
+                raise TraceError(f"entry {i} is {describe(bad)}, expected an int", source, lineno, "hash_ids")
             if hash_ids and min(hash_ids) < 0:
                 i, bad = next((i, h) for i, h in enumerate(hash_ids) if h < 0)
                 raise TraceError(f"entry {i} is negative ({bad}); hash ids must be >= 0",
@@ -207,11 +219,11 @@ def parse_trace_lines(
             rid = obj.get("request_id")
             if rid is not None:
                 if type(rid) is not int:
-                    raise TraceError(f"expected an int, got {_jtype(rid)}", source, lineno, "request_id")
+                    raise TraceError(f"expected an int, got {describe(rid)}", source, lineno, "request_id")
                 request_id = rid
             session_id = obj.get("session_id")
             if session_id is not None and type(session_id) not in (int, str):
-                raise TraceError(f"expected an int or a string, got {_jtype(session_id)}",
+                raise TraceError(f"expected an int or a string, got {describe(session_id)}",
                                  source, lineno, "session_id")
             turn = obj.get("turn")
             if turn is not None and (type(turn) is not int or turn < 1):
@@ -220,13 +232,13 @@ def parse_trace_lines(
             if think is None:
                 think = 0.0
             elif type(think) is not int and type(think) is not float:
-                raise TraceError(f"expected a number (ms), got {_jtype(think)}", source, lineno, "think_time")
+                raise TraceError(f"expected a number (ms), got {describe(think)}", source, lineno, "think_time")
             elif not isfinite(think) or think < 0:
                 raise TraceError(f"must be a finite number >= 0, got {think!r}", source, lineno, "think_time")
             parent = obj.get("parent")
             if parent is not None:
                 if type(parent) is not int:
-                    raise TraceError(f"expected an int request_id, got {_jtype(parent)}",
+                    raise TraceError(f"expected an int request_id, got {describe(parent)}",
                                      source, lineno, "parent")
                 prec = by_id.get(parent)
                 if prec is None:
@@ -238,6 +250,8 @@ def parse_trace_lines(
                         f"{n_in} is shorter than its parent's prompt plus output "
                         f"({prec.input_length} + {prec.output_length} = {floor}); a record with a "
                         f"parent extends the parent's prompt and output", source, lineno, "input_length")
+                if hash_ids is not None:
+                    _check_parent_prefix(hash_ids, parent, known_blocks[parent], source, lineno)
             elif hash_ids is None:
                 raise TraceError("record has neither hash_ids nor a parent; one is required",
                                  source, lineno, "hash_ids")
@@ -247,9 +261,13 @@ def parse_trace_lines(
         rec = TraceRecord(request_id, float(ts), n_in, n_out, hash_ids, session_id, turn, parent, float(think))
         by_id[request_id] = rec
         records.append(rec)
+        if hash_ids is not None:
+            known_blocks[request_id] = (hash_ids, n_in // bs)
+        elif parent is not None:
+            known_blocks[request_id] = known_blocks[parent]
 
-    if declared is None:  # empty file
-        declared = block_size if block_size is not None else MOONCAKE_BLOCK_SIZE
+    if not records:
+        raise TraceError("the trace has no records (an empty file, or only a metadata line)", source)
     return Trace(records=records, block_size=declared, source=source, metadata=metadata)
 
 
@@ -262,12 +280,33 @@ def _parse_metadata(obj: dict, source: str, lineno: int, block_size: int | None)
     declared = obj.get("block_size")
     if declared is None:
         return block_size if block_size is not None else MOONCAKE_BLOCK_SIZE
-    if type(declared) is not int or declared <= 0:
-        raise TraceError(f"expected a positive int (tokens), got {declared!r}", source, lineno, "block_size")
+    if type(declared) is not int or not 0 < declared <= MAX_BLOCK_SIZE:
+        raise TraceError(f"expected an int between 1 and {MAX_BLOCK_SIZE:,} (tokens), got {declared!r}",
+                         source, lineno, "block_size")
     if block_size is not None and block_size != declared:
         raise TraceError(f"file declares block size {declared} but {block_size} was given",
                          source, lineno, "block_size")
     return declared
+
+
+def _check_parent_prefix(hash_ids: tuple[int, ...], parent: int, known: tuple[tuple[int, ...], int],
+                         source: str, lineno: int) -> None:
+    """A record with both ``parent`` and ``hash_ids``: its ids must repeat the parent's.
+
+    The prompt is built from the parent (its prompt, its output, then new tokens), so ids that
+    contradict the parent's full prompt blocks would describe another prompt than the one
+    replayed; the ids past them are not used. ``known`` is the parent's trace ids and how many
+    of them are full prompt blocks (for a parent without ``hash_ids``: its nearest ancestor's).
+    """
+    ids, n_full = known
+    n = min(n_full, len(hash_ids))
+    if hash_ids[:n] == tuple(ids[:n]):
+        return
+    i = next(i for i in range(n) if hash_ids[i] != ids[i])
+    raise TraceError(
+        f"entry {i} is {hash_ids[i]} but block {i} of parent {parent}'s prompt is {ids[i]}; a record "
+        f"with a parent extends the parent's prompt, so its first {n} hash_ids must be the "
+        f"parent's", source, lineno, "hash_ids")
 
 
 def _missing_parent_reason(parent: int, request_id: int, lines: list[str], lineno: int, index: int) -> str:
@@ -294,20 +333,3 @@ def _missing_parent_reason(parent: int, request_id: int, lines: list[str], linen
             return (f"parent {parent} is a later request (line {later_no}); "
                     f"a parent must come before the records that extend it")
     return f"parent {parent} names no earlier request_id in this trace"
-
-
-def _jtype(value: object) -> str:
-    """A JSON-ish name for a value's type, for error messages."""
-    if value is None:
-        return "null"
-    if type(value) is bool:
-        return "a boolean"
-    if type(value) is str:
-        return f"a string ({value!r})"
-    if type(value) is float:
-        return f"a float ({value!r})"
-    if type(value) is list:
-        return "a list"
-    if type(value) is dict:
-        return "an object"
-    return f"{type(value).__name__} ({value!r})"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from kvroute.sim.outputs import write_text_atomic
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import FORMAT_VERSION, TraceError
 
@@ -43,9 +44,8 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
         except (TypeError, ValueError) as exc:
             field = next((k for k, v in obj.items() if not _is_plain_json(v)), None)
             raise TraceError(f"cannot be written as JSON: {exc}", path, index + 2, field) from None
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write("\n".join(out))
-        handle.write("\n")
+    out.append("")
+    write_text_atomic(path, "\n".join(out))  # a failed write never leaves a cut trace
 
 
 def _record_to_json(rec: TraceRecord, index: int) -> dict:

@@ -1,0 +1,310 @@
+"""The corpus of bad inputs from issue 13, each with the one-line message it must give.
+
+Every case runs the real command (click's runner, exceptions not caught) and checks: a non-zero
+exit, exactly one ``Error:`` line holding the expected text, and no traceback. The inputs that
+used to hang, exhaust memory or recurse too deep run to the end with their requests counted.
+Stream-level server answers (negative or string ``cached_tokens``, a cut stream, an empty first
+chunk) are in ``test_live_client.py``; capacity-proportional memory in ``test_memory.py``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvroute.cli.main import _register, cli
+
+_register()
+
+PROFILE = {
+    "name": "p",
+    "engine": {"block_size": 16, "num_gpu_blocks": 4096},
+    "step_cost": {"step_overhead_s": 0.002, "weight_load_s": 0.01, "per_token_s": 1e-4, "per_request_s": 1e-5,
+                  "prefill_attn_s": 1e-9, "decode_attn_s": 1e-7},
+    "overheads": {"api_server_s": 0.1},
+}
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def assert_error(result, expected: str) -> None:
+    """Non-zero exit, one ``Error:`` line containing ``expected``, no traceback."""
+    out = result.output
+    assert result.exit_code != 0, f"silently accepted:\n{out}"
+    errors = [line for line in out.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, out
+    assert expected in errors[0], out
+    assert "Traceback" not in out and "internal error" not in out, out
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def jsonl(path: Path, *objs) -> Path:
+    return write(path, "".join(json.dumps(o) + "\n" for o in objs))
+
+
+def profile_file(tmp_path: Path, **changes) -> Path:
+    doc = json.loads(json.dumps(PROFILE))
+    for dotted, value in changes.items():
+        section, key = dotted.split("__")
+        doc[section][key] = value
+    return write(tmp_path / "profile.json", json.dumps(doc))
+
+
+# -- traces: lengths and sizes that used to hang or exhaust memory -----------------------------
+
+def test_huge_output_length(tmp_path):
+    trace = jsonl(tmp_path / "t.jsonl", {"timestamp": 0, "input_length": 600, "output_length": 10**12,
+                                         "hash_ids": [1, 2]})
+    assert_error(run("simulate", "--trace", trace),
+                 "t.jsonl:1: field 'output_length': length must be <= 134,217,728 tokens, got 1000000000000")
+
+
+def test_long_output_below_the_limit_runs_capped(tmp_path):
+    trace = jsonl(tmp_path / "t.jsonl", {"timestamp": 0, "input_length": 600, "output_length": 10**8,
+                                         "hash_ids": [1, 2]})
+    result = run("simulate", "--trace", trace, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["policies"]["kv_aware"]["failed"]["mean"] == 0
+
+
+def test_azure_huge_context(tmp_path):
+    csv = write(tmp_path / "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                    "2023-11-16 18:15:46.6805900,1000000000000,10\n")
+    assert_error(run("simulate", "--trace", csv),
+                 "a.csv:2: field 'ContextTokens': length must be <= 134,217,728 tokens")
+
+
+def test_azure_long_context_is_rejected_by_max_model_len_without_expanding(tmp_path):
+    csv = write(tmp_path / "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                    "2023-11-16 18:15:46.6805900,100000000,10\n"
+                                    "2023-11-16 18:15:47.6805900,100,10\n")
+    result = run("simulate", "--trace", csv, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["policies"]["kv_aware"]["failed"]["mean"] == 1
+
+
+def test_absurd_block_size_in_metadata(tmp_path):
+    trace = jsonl(tmp_path / "t.jsonl", {"kvroute_trace": 1, "block_size": 10**12},
+                  {"timestamp": 0, "input_length": 60_000_000, "output_length": 10, "hash_ids": [1]})
+    assert_error(run("simulate", "--trace", trace),
+                 "t.jsonl:1: field 'block_size': expected an int between 1 and 1,048,576 (tokens)")
+
+
+# -- sessions that used to recurse too deep ---------------------------------------------------
+
+def test_two_thousand_turns_run_closed_loop(tmp_path):
+    out = tmp_path / "long.jsonl"
+    assert run("trace", "generate", "seed-chat", "--chats", 1, "--turns", 2000, "--out", out).exit_code == 0
+    result = run("simulate", "--trace", out, "--json")
+    assert result.exit_code == 0, result.output
+    failed = json.loads(result.output)["policies"]["kv_aware"]["failed"]["mean"]
+    assert 0 < failed < 2000  # turns past max_model_len fail, and every later turn is counted
+
+
+def test_six_hundred_record_chain_open_loop(tmp_path):
+    objs = [{"kvroute_trace": 1, "block_size": 16}, {"timestamp": 0, "input_length": 16, "output_length": 1,
+                                                     "hash_ids": [1]}]
+    objs += [{"timestamp": 0, "input_length": 16 + 2 * i, "output_length": 1, "parent": i - 1} for i in range(1, 600)]
+    result = run("simulate", "--trace", jsonl(tmp_path / "chain.jsonl", *objs), "--replay", "open", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["policies"]["kv_aware"]["failed"]["mean"] == 0
+
+
+# -- wrong numbers that used to pass with exit 0 ------------------------------------------------
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_profile_non_finite_overhead(tmp_path, value):
+    path = profile_file(tmp_path, overheads__api_server_s=value)
+    assert_error(run("simulate", "--chats", 2, "--turns", 1, "--profile", path),
+                 f"field 'overheads.api_server_s': must be a finite number, got {value!r}")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("--think-time", "inf"), "Invalid value for '--think-time': value must be a finite number >= 0, got inf"),
+    (("--think-time", "nan"), "Invalid value for '--think-time': value must be a finite number >= 0, got nan"),
+    (("--think-time", "exponential:1e300"), "Invalid value for '--think-time': exponential mean must be <= 1e+09"),
+    (("--reply-tokens", "lognormal:90"), "Invalid value for '--reply-tokens': lognormal takes 2 number(s)"),
+    (("--request-rate", "0"), "Invalid value for '--request-rate': must be a finite number > 0, got 0.0"),
+    (("--kv-blocks", "0"), "Invalid value for '--kv-blocks': must be >= 2, got 0"),
+    (("--max-model-len", "0"), "Invalid value for '--max-model-len': must be >= 1, got 0"),
+    (("--max-requests", "-1"), "Invalid value for '--max-requests': must be >= 1, got -1"),
+    (("--arrival-spread", "inf"), "Invalid value for '--arrival-spread': must be a finite number, got inf"),
+    (("--workers", "0"), "Invalid value for '--workers': must be >= 1, got 0"),
+    (("--seed", "-1"), "Invalid value for '--seed': must be >= 0, got -1"),
+    (("--slo-ttft", "0"), "Invalid value for '--slo-ttft': must be > 0.0, got 0.0"),
+    (("--policy", "kv_aware,kv_aware"), "policy kv_aware listed twice; name each policy once"),
+])
+def test_simulate_flags(args, expected):
+    assert_error(run("simulate", "--chats", 2, "--turns", 1, *args), expected)
+
+
+def test_compare_policy_listed_twice():
+    assert_error(run("compare", "--chats", 2, "--turns", 1, "--policies", "kv_aware,round_robin,kv_aware"),
+                 "Invalid value for --policies: policy kv_aware listed twice")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("--chats", "0", "--turns", "0"), "Invalid value for '--chats': must be >= 1, got 0"),
+    (("--block-size", "0"), "Invalid value for '--block-size': must be >= 1, got 0"),
+])
+def test_trace_generate_flags(tmp_path, args, expected):
+    out = tmp_path / "t.jsonl"
+    assert_error(run("trace", "generate", "seed-chat", "--out", out, *args), expected)
+    assert not out.exists()
+
+
+def test_azure_honours_the_block_size(tmp_path):
+    from kvroute.cli.scenario import read_any_trace
+
+    csv = write(tmp_path / "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,100,10\n")
+    trace = read_any_trace(csv, 16)
+    assert trace.block_size == 16 and len(trace.records[0].hash_ids) == 7
+
+
+@pytest.mark.parametrize("name, text, expected", [
+    ("empty.jsonl", "", "empty.jsonl: the trace has no records (an empty file, or only a metadata line)"),
+    ("meta.jsonl", '{"kvroute_trace": 1, "block_size": 16}\n', "meta.jsonl: the trace has no records"),
+    ("empty.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n", "empty.csv: the trace has no data rows"),
+])
+def test_empty_trace(tmp_path, name, text, expected):
+    assert_error(run("simulate", "--trace", write(tmp_path / name, text)), expected)
+
+
+def test_parent_and_hash_ids_that_disagree(tmp_path):
+    trace = jsonl(tmp_path / "t.jsonl", {"kvroute_trace": 1, "block_size": 16},
+                  {"timestamp": 0, "input_length": 32, "output_length": 16, "hash_ids": [1, 2]},
+                  {"timestamp": 0, "input_length": 64, "output_length": 4, "hash_ids": [1, 77, 78, 79], "parent": 0})
+    assert_error(run("simulate", "--trace", trace),
+                 "t.jsonl:3: field 'hash_ids': entry 1 is 77 but block 1 of parent 0's prompt is 2")
+
+
+def test_parent_and_hash_ids_that_agree_are_accepted(tmp_path):
+    trace = jsonl(tmp_path / "t.jsonl", {"kvroute_trace": 1, "block_size": 16},
+                  {"timestamp": 0, "input_length": 32, "output_length": 16, "hash_ids": [1, 2]},
+                  {"timestamp": 0, "input_length": 64, "output_length": 4, "hash_ids": [1, 2, 78, 79], "parent": 0})
+    assert run("simulate", "--trace", trace).exit_code == 0
+
+
+def test_router_block_tokens_not_a_multiple_of_the_block_size():
+    from kvroute.sim.cluster import ClusterSpec
+    from kvroute.sim.profile import load_profile
+
+    with pytest.raises(ValueError, match="router_block_tokens must be a multiple of the block size 16 "
+                                         r"\(or at most one block\), got 24"):
+        ClusterSpec(load_profile("a6000-qwen2.5-7b"), router_block_tokens=24)
+
+
+# -- tracebacks that became errors --------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ("[1, 2]", "a profile is a JSON object, got a list"),
+    ("null", "a profile is a JSON object, got null"),
+    ("{", "profile.json:1: not valid JSON"),
+])
+def test_profile_not_an_object(tmp_path, text, expected):
+    path = write(tmp_path / "profile.json", text)
+    assert_error(run("simulate", "--chats", 2, "--turns", 1, "--profile", path), expected)
+
+
+def test_profile_directory(tmp_path):
+    assert_error(run("simulate", "--chats", 2, "--turns", 1, "--profile", tmp_path), "is a directory")
+
+
+def test_azure_mixed_time_zones(tmp_path):
+    csv = write(tmp_path / "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                    "2023-11-16 18:15:46.6805900+00:00,100,10\n2023-11-16 18:15:47.6805900,100,10\n")
+    assert_error(run("simulate", "--trace", csv), "a.csv:3: field 'TIMESTAMP': 2023-11-16 18:15:47.6805900 has no "
+                                                  "time zone but the first row's timestamp")
+
+
+def test_gzip_and_binary_traces(tmp_path):
+    gz = tmp_path / "t.jsonl.gz"
+    gz.write_bytes(gzip.compress(b'{"timestamp": 0}\n'))
+    assert_error(run("simulate", "--trace", gz), "t.jsonl.gz:1: is gzip-compressed; decompress it first")
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b'{"timestamp": 0}\n\xff\xfe\x00')
+    assert_error(run("simulate", "--trace", binary), "b.jsonl:2: not UTF-8 text (byte 0xff)")
+
+
+def test_url_port_out_of_range(tmp_path):
+    assert_error(run("validate", "--url", "http://127.0.0.1:99999", "--out", tmp_path / "v"),
+                 "Invalid value for --url: 'http://127.0.0.1:99999': Port out of range 0-65535")
+
+
+@pytest.mark.parametrize("meta, expected", [
+    ("[", "meta.json:1: not valid JSON"),
+    ("[1]", "meta.json: expected a JSON object, got a list"),
+    ('{"servers": 5}', "meta.json: field 'servers': expected a list of servers, got int (5)"),
+    ('{"servers": [{"url": "u"}]}', "meta.json: servers[0]: field 'model': required field missing"),
+])
+def test_bad_meta_json_for_fit(tmp_path, meta, expected):
+    write(tmp_path / "meta.json", meta)
+    write(tmp_path / "requests.csv", "x\n1\n")
+    assert_error(run("calibrate", "fit", tmp_path), expected)
+
+
+def test_unreachable_dask_scheduler(monkeypatch):
+    pytest.importorskip("distributed")
+    from kvroute.sim import sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "DASK_CONNECT_TIMEOUT_S", 0.5)
+    assert_error(run("sweep", "--chats", 2, "--turns", 1, "--rounds", 1, "--no-progress",
+                     "--address", "tcp://127.0.0.1:1"),
+                 "cannot reach the Dask scheduler at tcp://127.0.0.1:1")
+
+
+def test_dask_local_cluster_is_loopback_without_dashboard(monkeypatch):
+    distributed = pytest.importorskip("distributed")
+    from kvroute.sim import sweep as sweep_module
+
+    seen = {}
+
+    class Refused(Exception):
+        pass
+
+    def fake_cluster(**kwargs):
+        seen.update(kwargs)
+        raise Refused
+
+    monkeypatch.setattr(distributed, "LocalCluster", fake_cluster)
+    with pytest.raises(Refused):
+        sweep_module.sweep(sweep_module.grid(chats=2, turns=1), executor="dask", progress=False)
+    assert seen["host"] == "127.0.0.1" and seen["dashboard_address"] is None
+
+
+# -- --out checked before the work -------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [
+    ("compare", "--chats", 2, "--turns", 1, "--rounds", 1, "--out", "/proc/kvroute-out"),
+    ("sweep", "--chats", 2, "--turns", 1, "--rounds", 1, "--no-progress", "--out", "/proc/kvroute-out.csv"),
+    ("trace", "generate", "seed-chat", "--out", "/proc/kvroute-out.jsonl"),
+])
+def test_unwritable_out_fails_before_the_work(command):
+    assert_error(run(*command), "cannot write there")
+
+
+def test_out_that_is_a_file(tmp_path):
+    path = write(tmp_path / "file", "x")
+    assert_error(run("compare", "--chats", 2, "--turns", 1, "--rounds", 1, "--out", path),
+                 "is a file")
+
+
+def test_failed_write_leaves_no_file(tmp_path):
+    from kvroute.sim.outputs import atomic_output
+
+    target = tmp_path / "rows.csv"
+    with pytest.raises(OSError):
+        with atomic_output(target) as tmp:
+            tmp.write_text("half")
+            raise OSError(28, "No space left on device")
+    assert list(tmp_path.iterdir()) == []

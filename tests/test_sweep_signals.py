@@ -1,0 +1,99 @@
+"""Ctrl-C and SIGTERM stop a local ``kvroute sweep``: no pool process left, finished rows kept.
+
+The sweep runs in a real process (signals cannot be tested in-process). The signal is sent
+once the progress bar shows a finished run, so the test does not depend on the machine's
+speed; the generous wait is only a guard against a hang, not a speed claim.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+HANG_GUARD_S = 120
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_local_sweep_and_keeps_finished_rows(tmp_path, signum):
+    out = tmp_path / "rows.csv"
+    err = tmp_path / "stderr.txt"
+    cmd = [sys.executable, "-c", "from kvroute.cli.main import main; main()", "sweep",
+           "--workload", "agent", "--chats", "16", "--turns", "10", "--workers", "2,4,8", "--policies", "kv_aware",
+           "--rounds", "20", "--max-workers", "2", "--out", str(out)]
+    with open(err, "w") as err_file:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not re.search(r"\| *[1-9]\d*/\d+ ", err.read_text()):
+            assert proc.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, "the sweep finished no run"
+            time.sleep(0.1)
+        children = _children(proc.pid)
+        assert children, "the local executor runs a process pool"
+        proc.send_signal(signum)
+        code = proc.wait(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = err.read_text()
+    assert code == 130, text
+    name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
+    assert f"interrupted ({name}):" in text
+    assert "Traceback" not in text and "Error" not in text, text
+    time.sleep(0.2)  # reaping by init after the parent exited
+    assert [c for c in children if _alive(c)] == []
+    rows = pd.read_csv(out)
+    assert 1 <= len(rows) < 60
+    assert rows["partial"].all()
+    assert list(out.parent.glob(".*tmp*")) == []  # no temporary file left behind
+
+
+def test_sweep_api_raises_with_finished_rows(monkeypatch):
+    """In-process: a KeyboardInterrupt mid-sweep becomes SweepInterrupted with the rows done."""
+    from kvroute.sim import sweep as sweep_module
+
+    calls = {"n": 0}
+    real = sweep_module._run_task
+
+    def task(t):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(t)
+
+    monkeypatch.setattr(sweep_module, "_run_task", task)
+    scenarios = sweep_module.grid(chats=2, turns=1, workers=[1, 2])
+    with pytest.raises(sweep_module.SweepInterrupted) as info:
+        sweep_module.sweep(scenarios, rounds=2, executor="sequential", progress=False)
+    assert len(info.value.frame) == 2 and info.value.total == 4
+    assert info.value.frame["partial"].all()
+    assert info.value.signal_name == "SIGINT"
