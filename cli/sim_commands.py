@@ -10,8 +10,6 @@ import click
 from tqdm import tqdm
 
 from kvroute.cli.scenario import build_spec, describe, load_trace, parse_policies, scenario_options, with_errors
-from kvroute.sim.experiment import compare as run_compare
-from kvroute.sim.experiment import format_table
 from kvroute.sim.metrics import ServiceClass
 
 DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
@@ -20,6 +18,9 @@ DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
 def _run(policies, rounds, json_out, out, records_format, workload, trace_path, trace_block_size, max_requests, turns, chats,
          think_time, workers, gpus, profile_name, max_model_len, kv_blocks, arrival_spread, replay, seed,
          slo_ttft, slo_tpot):
+    from kvroute.sim.experiment import compare as run_compare
+    from kvroute.sim.experiment import format_table
+
     trace = load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, seed)
     spec = build_spec(profile_name, workers, gpus, arrival_spread, replay, max_model_len, kv_blocks)
     header = describe(trace, spec)
