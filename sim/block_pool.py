@@ -134,11 +134,12 @@ class BlockPool:
 
     def touch(self, block_ids: Iterable[int]) -> None:
         """Take a reference on hit blocks; one with no reference leaves the free queue."""
-        ref_cnt, lru = self.ref_cnt, self._lru
-        for bid in block_ids:
-            if ref_cnt[bid] == 0:
-                del lru[bid]  # a hit block carries a hash, so it sits in the LRU part
-            ref_cnt[bid] += 1
+        ids = list(block_ids)
+        ref_cnt = self.ref_cnt
+        refs = list(map(ref_cnt.__getitem__, ids))
+        if 0 in refs:  # a hit block carries a hash, so a free one sits in the LRU part
+            deque(map(self._lru.__delitem__, [bid for bid, r in zip(ids, refs) if r == 0]), 0)
+        deque(map(ref_cnt.__setitem__, ids, [r + 1 for r in refs]), 0)
 
     def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
         """Drop one reference on each block, in eviction-priority order (first evicted first).
@@ -153,11 +154,8 @@ class BlockPool:
             deque(map(ref_cnt.__setitem__, ids, repeat(0)), 0)
             released = ids
         else:
-            released = []
-            for bid, r in zip(ids, refs):
-                ref_cnt[bid] = r - 1
-                if r == 1:
-                    released.append(bid)
+            deque(map(ref_cnt.__setitem__, ids, [r - 1 for r in refs]), 0)
+            released = [bid for bid, r in zip(ids, refs) if r == 1]
         hashed = list(map(self.block_hash.__getitem__, released))
         num_unhashed = hashed.count(None)
         if None not in hashed[num_unhashed:]:  # unhashed blocks first (a table's tail), then hashed
