@@ -88,6 +88,10 @@ class BlockPool:
         """Distinct hashes currently in the prefix cache."""
         return len(self._cached)
 
+    def none_cached(self, block_hashes: list[int]) -> bool:
+        """True when no hash of ``block_hashes`` is in the prefix cache."""
+        return self._cached.keys().isdisjoint(block_hashes)
+
     def longest_cache_hit(self, block_hashes: list[int], max_num_blocks: int) -> list[int]:
         """Block ids of the longest cached prefix of ``block_hashes``, at most ``max_num_blocks``.
 
