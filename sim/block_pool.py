@@ -144,11 +144,18 @@ class BlockPool:
     def touch(self, block_ids: Iterable[int]) -> None:
         """Take a reference on hit blocks; one with no reference leaves the free queue."""
         ids = list(block_ids)
-        ref_cnt = self.ref_cnt
+        ref_cnt, stale = self.ref_cnt, self._stale
+        if len(set(ids)) != len(ids):  # a block twice (only on a hash collision): one by one
+            for bid in ids:
+                if ref_cnt[bid] == 0:
+                    stale[bid] += 1
+                    self._num_stale += 1
+                    self._lru_len -= 1
+                ref_cnt[bid] += 1
+            return
         refs = list(map(ref_cnt.__getitem__, ids))
         if 0 in refs:  # a hit block carries a hash, so a free one sits in the LRU part
             leaving = [bid for bid, r in zip(ids, refs) if r == 0]
-            stale = self._stale
             deque(map(stale.__setitem__, leaving, [stale[bid] + 1 for bid in leaving]), 0)
             self._num_stale += len(leaving)
             self._lru_len -= len(leaving)
@@ -166,9 +173,12 @@ class BlockPool:
         if refs.count(1) == len(ids):  # the usual case: no block is shared
             deque(map(ref_cnt.__setitem__, ids, repeat(0)), 0)
             released = ids
-        else:
-            deque(map(ref_cnt.__setitem__, ids, [r - 1 for r in refs]), 0)
-            released = [bid for bid, r in zip(ids, refs) if r == 1]
+        else:  # shared blocks, possibly one listed twice: one by one
+            released = []
+            for bid in ids:
+                ref_cnt[bid] -= 1
+                if ref_cnt[bid] == 0:
+                    released.append(bid)
         hashed = list(map(self.block_hash.__getitem__, released))
         num_unhashed = hashed.count(None)
         if None not in hashed[num_unhashed:]:  # unhashed blocks first (a table's tail), then hashed
@@ -182,6 +192,22 @@ class BlockPool:
         self._lru.extend(bid for bid, h in zip(released, hashed) if h is not None)
         self._lru_len += len(released) - len(evict_first)
         self._head.extend(reversed(evict_first))
+
+    def free_table(self, blocks: list[int], num_hashed: int) -> None:
+        """``free_blocks(reversed(blocks))`` for a request's block table whose first
+        ``num_hashed`` blocks, and only those, carry a hash (hits and registered full blocks
+        form a prefix of every table): the same queue order, without looking hashes up.
+        """
+        ref_cnt = self.ref_cnt
+        if list(map(ref_cnt.__getitem__, blocks)).count(1) != len(blocks):
+            self.free_blocks(reversed(blocks))  # some block is shared
+            return
+        deque(map(ref_cnt.__setitem__, blocks, repeat(0)), 0)
+        if num_hashed < len(blocks):
+            self._head.extend(blocks[num_hashed:])  # unhashed: to the head, the last block first
+        if num_hashed:
+            self._lru.extend(reversed(blocks[:num_hashed]))  # hashed: to the tail, last first
+            self._lru_len += num_hashed
 
     def cache_full_blocks(self, block_ids: list[int], block_hashes: list[int], start: int, end: int) -> None:
         """Register blocks ``start .. end - 1`` of a request under their hashes.

@@ -1,6 +1,6 @@
 """The block pool (runs of blocks, list-based free queue) against the per-block reference pool
 it replaced, on random streams of allocations, hits, registrations (with duplicate blocks) and
-frees: same free-queue order, same cache lookups, reference counts and eviction counts after
+frees (``free_blocks`` and ``free_table``): same free-queue order, same cache lookups, reference counts and eviction counts after
 every operation."""
 
 import random
@@ -49,8 +49,11 @@ def test_fast_pool_equals_reference_pool(seed):
             ref.cache_full_blocks(blocks, keys, len(hit), registered)
             held.append((blocks, keys, registered))
         elif held:
-            blocks, _, _ = held.pop(rng.randrange(len(held)))
-            fast.free_blocks(reversed(blocks))
+            blocks, _, registered = held.pop(rng.randrange(len(held)))
+            if rng.random() < 0.5:
+                fast.free_blocks(reversed(blocks))
+            else:  # hits and registered blocks, exactly the hashed ones, lead the table
+                fast.free_table(blocks, registered)
             ref.free_blocks(reversed(blocks))
         _same(fast, ref, range(1000))
     for blocks, _, _ in held:
