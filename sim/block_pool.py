@@ -220,20 +220,14 @@ class BlockPool:
         bids = block_ids[start:end]
         hashes = block_hashes[start:end]
         deque(map(self.block_hash.__setitem__, bids, hashes), 0)
-        cached = self._cached
-        if cached.keys().isdisjoint(hashes):
-            before = len(cached)
-            cached.update(zip(hashes, bids))
-            if len(cached) - before == len(hashes):
-                return
-            # Two of these blocks are identical: undo, and register them one by one below.
-            deque(map(cached.pop, hashes, repeat(None)), 0)
-        dups = self._dups
-        for bid, h in zip(bids, hashes):
-            if h in cached:
-                dups.setdefault(h, []).append(bid)
-            else:
-                cached[h] = bid
+        # setdefault inserts a new hash and returns the block given; for a hash already cached
+        # (or repeated within this call) it keeps the first block and returns that one instead.
+        firsts = list(map(self._cached.setdefault, hashes, bids))
+        if firsts != bids:
+            dups = self._dups
+            for bid, h, first in zip(bids, hashes, firsts):
+                if first != bid:
+                    dups.setdefault(h, []).append(bid)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash if no block is in use (vLLM's ``reset_prefix_cache``).
