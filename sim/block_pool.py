@@ -64,6 +64,9 @@ class BlockPool:
         self._dups: dict[int, list[int]] = {}
         self.ref_cnt[0] = 1  # the null block is never freed
         self.num_evictions = 0
+        # Called as listener(stored, hashes) when hashes enter (True) or leave (False) the
+        # prefix cache: vLLM's BlockStored / BlockRemoved KV events. None: no events.
+        self.kv_event_listener = None
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -228,6 +231,8 @@ class BlockPool:
             for bid, h, first in zip(bids, hashes, firsts):
                 if first != bid:
                     dups.setdefault(h, []).append(bid)
+        if self.kv_event_listener is not None:
+            self.kv_event_listener(True, hashes)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash if no block is in use (vLLM's ``reset_prefix_cache``).
@@ -295,6 +300,8 @@ class BlockPool:
         hashes = list(map(block_hash.__getitem__, bids))
         deque(map(block_hash.__setitem__, bids, repeat(None)), 0)
         self.num_evictions += len(bids)
+        if self.kv_event_listener is not None:
+            self.kv_event_listener(False, hashes)  # one BlockRemoved per evicted block, in order
         dups = self._dups
         if not dups or dups.keys().isdisjoint(hashes):
             deque(map(self._cached.__delitem__, hashes), 0)

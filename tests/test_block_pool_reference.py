@@ -1,9 +1,10 @@
 """The block pool (runs of blocks, list-based free queue) against the per-block reference pool
 it replaced, on random streams of allocations, hits, registrations (with duplicate blocks) and
 frees (``free_blocks`` and ``free_table``): same free-queue order, same cache lookups, reference counts and eviction counts after
-every operation."""
+every operation; and the KV-cache events the fast pool publishes add up to its cached blocks."""
 
 import random
+from collections import Counter
 
 import pytest
 
@@ -25,6 +26,13 @@ def test_fast_pool_equals_reference_pool(seed):
     rng = random.Random(seed)
     num_blocks = rng.choice([8, 20, 64])
     fast, ref = BlockPool(num_blocks), ReferenceBlockPool(num_blocks)
+    events: Counter = Counter()  # hash -> BlockStored minus BlockRemoved events seen
+
+    def listener(stored, hashes):
+        for h in hashes:
+            events[h] += 1 if stored else -1
+
+    fast.kv_event_listener = listener
     alphabet = range(rng.choice([6, 30]))  # few prefixes: many hits and duplicate blocks
     held: list[tuple[list[int], list[int], int]] = []  # (block ids, chain, registered)
     for _ in range(300):
@@ -56,6 +64,9 @@ def test_fast_pool_equals_reference_pool(seed):
                 fast.free_table(blocks, registered)
             ref.free_blocks(reversed(blocks))
         _same(fast, ref, range(1000))
+        # the events add up to the blocks cached under each hash (duplicates included)
+        blocks_cached = Counter(h for h in fast.block_hash if h is not None)
+        assert +events == blocks_cached
     for blocks, _, _ in held:
         fast.free_blocks(reversed(blocks))
         ref.free_blocks(reversed(blocks))
