@@ -8,12 +8,17 @@ Two workloads, each under round_robin and kv_aware with seed 0:
 - the first 1,000 records of the Mooncake conversation trace on 8 workers with the
   ``a100-80gb-qwen2.5-7b`` prior (skipped when ``../shared/traces`` is absent).
 
+The trace file was written once, with the generator of commit a0958e4, by
+``write_trace(seed_chat(**SEED_PARAMS), "tests/golden/seed_burst.jsonl")``; it is never
+rewritten by the test (the generator's defaults and signature have changed since).
+
 Each golden CSV holds, per request in request-id order, the worker, the send, first-token and
 finish times (s, printed with 9 decimals: the fast-forward sums step times in closed form, so
 equality is up to that documented rounding), cached and output tokens and preemptions; then
 summary rows for the ITL gaps (count, mean, p90) and per-worker counters (steps, prefix-cache
-hits, evictions). Regenerate after an intended behaviour change (a routing or generator change
-that moves records) with::
+hits, evictions). Rewrite the CSVs only after an intended behaviour change (e.g. a routing
+change that moves records), from the code before the change, then check the change against
+them::
 
     KVROUTE_REGEN_GOLDEN=1 python -m pytest tests/test_golden.py
 """
@@ -84,11 +89,6 @@ def _check(name: str, text: str) -> None:
 def test_seed_trace_file_is_the_seed_burst():
     """The golden trace file is what ``seed_chat`` gave for ``SEED_PARAMS`` when it was written:
     384 records, 64 chats of 6 turns, turn 1 of 986 prompt tokens, 128-token replies."""
-    if REGENERATE:
-        from kvroute.traces.generators import seed_chat
-        from kvroute.traces.writer import write_trace
-
-        write_trace(seed_chat(**SEED_PARAMS), SEED_TRACE)
     trace = read_trace(SEED_TRACE)
     assert len(trace.records) == 384
     assert trace.block_size == 16
