@@ -300,21 +300,21 @@ class BlockPool:
         hashes = list(map(block_hash.__getitem__, bids))
         deque(map(block_hash.__setitem__, bids, repeat(None)), 0)
         self.num_evictions += len(bids)
-        if self.kv_event_listener is not None:
-            self.kv_event_listener(False, hashes)  # one BlockRemoved per evicted block, in order
         dups = self._dups
         if not dups or dups.keys().isdisjoint(hashes):
             deque(map(self._cached.__delitem__, hashes), 0)
-            return
-        cached = self._cached
-        for bid, h in zip(bids, hashes):
-            others = dups.get(h)
-            if others is None:
-                del cached[h]
-            else:
-                if cached[h] == bid:
-                    cached[h] = others.pop(0)
+        else:
+            cached = self._cached
+            for bid, h in zip(bids, hashes):
+                others = dups.get(h)
+                if others is None:
+                    del cached[h]
                 else:
-                    others.remove(bid)
-                if not others:
-                    del dups[h]
+                    if cached[h] == bid:
+                        cached[h] = others.pop(0)
+                    else:
+                        others.remove(bid)
+                    if not others:
+                        del dups[h]
+        if self.kv_event_listener is not None:
+            self.kv_event_listener(False, hashes)  # one BlockRemoved per evicted block, in order
