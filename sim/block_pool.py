@@ -11,7 +11,9 @@ Representation (same queue order as vLLM's ``FreeKVCacheBlockQueue``, cheaper to
 of blocks): every block without a hash is only ever pushed to the head and every block with a
 hash only ever appended to the tail, and a block's hash changes only while it is in use, so the
 queue is always [blocks without a hash] + [blocks with a hash]. The first part is a list used as
-a stack (its end is the head of the queue). The second is an append-only list read from a moving
+a stack (its end is the head of the queue) above the blocks never handed out, which stay a bare
+range of ids (``_fresh .. num_gpu_blocks - 1``, in id order): per-block state exists only for
+blocks a run has used, so memory follows the run, not the KV capacity. The second is an append-only list read from a moving
 start index: a hit block taken out of the middle (``touch``) leaves a stale entry behind, counted
 per block and skipped when the head reaches it (a block's stale entries always precede its live
 one, which is its latest). Whole runs of blocks then move with list slices and C-level ``map``
@@ -34,8 +36,10 @@ class BlockPool:
         enable_caching: keep hashes of freed blocks so they can be hit later.
 
     Attributes:
-        ref_cnt: reference count per block id.
-        block_hash: hash per block id, None for a block not (or no longer) cached.
+        ref_cnt: reference count per block id handed out so far (a block id at or above
+            ``len(ref_cnt)`` was never used: 0 references).
+        block_hash: hash per block id handed out so far, None for a block not (or no longer)
+            cached.
         num_evictions: cached blocks whose hash was dropped because the block was reused.
 
     Raises:
@@ -47,22 +51,23 @@ class BlockPool:
             raise ValueError(f"num_gpu_blocks must be >= 2 (block 0 is reserved), got {num_gpu_blocks}")
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
-        self.ref_cnt = [0] * num_gpu_blocks
-        self.block_hash: list[int | None] = [None] * num_gpu_blocks
-        # Free blocks without a hash; the END of the list is the head of the free queue.
-        self._head: list[int] = list(range(num_gpu_blocks - 1, 0, -1))
+        self.ref_cnt = [1]  # the null block is never freed
+        self.block_hash: list[int | None] = [None]
+        # Free blocks without a hash that were used before; the END of the list is the head of
+        # the free queue. Below them, the never-used blocks _fresh .. num_gpu_blocks - 1.
+        self._head: list[int] = []
+        self._fresh = 1
         # Free blocks with a hash, in queue order from _lru[_lru_start] (next to be evicted),
         # with stale entries: _stale[bid] of them per block, _num_stale in all, _lru_len live.
         self._lru: list[int] = []
         self._lru_start = 0
         self._lru_len = 0
-        self._stale = [0] * num_gpu_blocks
+        self._stale = [0]
         self._num_stale = 0
         # hash -> the first block registered under it (the one a lookup returns); identical
         # blocks computed twice are kept, vLLM does not merge them: the later ones in _dups.
         self._cached: dict[int, int] = {}
         self._dups: dict[int, list[int]] = {}
-        self.ref_cnt[0] = 1  # the null block is never freed
         self.num_evictions = 0
         # Called as listener(stored, hashes) when hashes enter (True) or leave (False) the
         # prefix cache: vLLM's BlockStored / BlockRemoved KV events. None: no events.
@@ -73,11 +78,11 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks in the free queue, cached (evictable) ones included."""
-        return len(self._head) + self._lru_len
+        return len(self._head) + self.num_gpu_blocks - self._fresh + self._lru_len
 
     def free_queue(self) -> list[int]:
         """Block ids in free-queue order, head (next to be reused) first. For tests and reports."""
-        return self._head[::-1] + self._lru_order()
+        return self._head[::-1] + list(range(self._fresh, self.num_gpu_blocks)) + self._lru_order()
 
     def usage(self) -> float:
         """KV usage as vLLM reports it: 1 - free / usable blocks (evictable counts as free)."""
@@ -134,13 +139,24 @@ class BlockPool:
             out.reverse()
         else:
             m = num_blocks - k
-            if m > self._lru_len:
-                raise ValueError(f"cannot get {num_blocks} free blocks, only {k + self._lru_len} free")
+            fresh = self._fresh
+            num_fresh = self.num_gpu_blocks - fresh
+            if m > num_fresh + self._lru_len:
+                raise ValueError(f"cannot get {num_blocks} free blocks, only {self.num_free_blocks} free")
             out = head[::-1]
             head.clear()
-            taken = self._pop_lru(m)
-            self._evict(taken)
-            out += taken
+            if num_fresh:
+                t = min(m, num_fresh)
+                out += range(fresh, fresh + t)
+                self._fresh = fresh + t
+                self.ref_cnt += repeat(0, t)
+                self.block_hash += repeat(None, t)
+                self._stale += repeat(0, t)
+                m -= t
+            if m:
+                taken = self._pop_lru(m)
+                self._evict(taken)
+                out += taken
         deque(map(self.ref_cnt.__setitem__, out, repeat(1)), 0)
         return out
 
@@ -246,6 +262,8 @@ class BlockPool:
         self._cached.clear()
         self._dups.clear()
         self.block_hash = [None] * self.num_gpu_blocks
+        self.ref_cnt += repeat(0, self.num_gpu_blocks - self._fresh)
+        self._fresh = self.num_gpu_blocks
         self._lru.clear()
         self._lru_start = self._lru_len = self._num_stale = 0
         self._stale = [0] * self.num_gpu_blocks
