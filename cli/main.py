@@ -2,27 +2,62 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 import click
 
+# Subcommands whose modules import numpy/pandas/simpy are loaded only when invoked, so that
+# ``kvroute --help`` and ``kvroute simulate --help`` stay fast (name -> module, attribute, first
+# paragraph of the command's help; tests/test_lazy_imports.py checks it against the command's).
+LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "simulate": ("kvroute.cli.sim_commands", "simulate", "Simulate one routing policy and print its summary."),
+    "compare": ("kvroute.cli.sim_commands", "compare", "Compare routing policies on the same trace and cluster (default: the seed study's burst)."),
+    "trace": ("kvroute.cli.trace_commands", "trace", "Generate, import and describe traces."),
+    "sweep": ("kvroute.cli.sweep_command", "sweep_command", "Run a grid of scenarios (every combination of the comma lists) and print pivot tables."),
+    "policies": ("kvroute.cli.sim_commands", "policies_command", "List the routing policies, one line each: name, parameters with defaults, summary."),
+    "sensitivity": ("kvroute.cli.sensitivity_command", "sensitivity", "Rank the scenario's uncertain inputs by how much each moves the headline metrics."),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """A click group that imports the modules of ``LAZY_COMMANDS`` on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is None and name in LAZY_COMMANDS:
+            module, attribute, _ = LAZY_COMMANDS[name]
+            command = getattr(importlib.import_module(module), attribute)
+            self.add_command(command, name)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names), default=0)  # as click.Group does
+        rows = []
+        for name in names:
+            if name in LAZY_COMMANDS and name not in self.commands:
+                rows.append((name, click.Command(name, help=LAZY_COMMANDS[name][2]).get_short_help_str(limit)))
+            else:
+                command = self.get_command(ctx, name)
+                if command is not None and not command.hidden:
+                    rows.append((name, command.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kvroute")
 def cli() -> None:
     """kvroute: simulate vLLM workers behind a router, calibrate, and validate live."""
 
 
 def _register() -> None:
-    from kvroute.cli import sim_commands, sweep_command, trace_commands
-
-    cli.add_command(sim_commands.simulate)
-    cli.add_command(sim_commands.compare)
-    cli.add_command(sim_commands.policies_command)
-    cli.add_command(trace_commands.trace)
-    cli.add_command(sweep_command.sweep_command)
-    from kvroute.cli.sensitivity_command import sensitivity; cli.add_command(sensitivity)  # noqa: E702
     from kvroute.calibrate import validate_command
     from kvroute.calibrate.commands import COMMANDS
 

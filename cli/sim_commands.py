@@ -15,8 +15,6 @@ from kvroute.cli.values import check_values
 from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
 from kvroute.cli.scenario import (build_spec, describe, load_trace, parse_policies, router_options, scenario_options,
                                  with_errors)
-from kvroute.sim.experiment import compare as run_compare
-from kvroute.sim.experiment import format_table
 from kvroute.sim.metrics import ServiceClass
 
 DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
@@ -26,6 +24,9 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
          think_time, reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup, workers, gpus, profile_name, max_model_len,
          kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
          **router):
+    from kvroute.sim.experiment import compare as run_compare
+    from kvroute.sim.experiment import format_table
+
     def trace_for(run_seed: int):
         return load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, run_seed,
                           reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup)

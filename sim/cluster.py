@@ -10,6 +10,7 @@ its engine step ends.
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -179,7 +180,7 @@ class Cluster:
         self._build_gateways(seed)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []
-        self.itl_gaps: list[float] = []
+        self.itl_gaps = array("d")  # every inter-token gap, s (an array: 3.8 M on Mooncake)
         self._slots = simpy.Resource(self.env, spec.max_in_flight) if spec.max_in_flight else None
         self._held: dict[int, simpy.resources.resource.Request] = {}
         self._overheads = spec.profile.overheads

@@ -8,7 +8,9 @@ they are, and ids allocated by the run (``ContentIds``) for new user text and ge
 
 Block ``i``'s hash is ``hash((hash of block i-1, pieces of block i))`` with a fixed root, so a
 hash names the whole prefix up to its block, as in vLLM (``vllm/v1/core/kv_cache_utils.py:
-hash_block_tokens``). Only full blocks get a hash. Python's tuple hash of ints is deterministic
+hash_block_tokens``). Only full blocks get a hash. A run of whole blocks inside one segment is
+hashed once: its first block gets the chained hash ``h`` and its block ``m`` the key ``h + m``
+(one ``hash()`` per 512-token trace block instead of 32; the keys still identify the prefix). Python's tuple hash of ints is deterministic
 across processes (no string hashing is involved), so the same input gives the same run.
 """
 
@@ -75,13 +77,15 @@ def block_hashes(
         cid, start, length = segments[i]
         avail = length - offset
         if need == block_size and avail >= block_size:
-            # Fast path: whole blocks inside one segment.
+            # Fast path: a run of whole blocks inside one segment (at the trace's 512-token
+            # granularity, 32 engine blocks). The run's first block gets the chained hash; block
+            # m of the run gets that hash + m. The key still names the whole prefix (the run's
+            # parent, stream and start fix every token up to block m), so equal keys mean equal
+            # prefixes exactly when chained hashes would, and the run costs one hash() call.
             full = avail // block_size
-            s = start + offset
-            for _ in range(full):
-                parent = hash((parent, cid, s, block_size))
-                append(parent)
-                s += block_size
+            first = hash((parent, cid, start + offset, block_size))
+            hashes.extend(range(first, first + full))
+            parent = first + full - 1
             offset += full * block_size
             avail -= full * block_size
             if avail == 0:

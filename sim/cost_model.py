@@ -77,6 +77,22 @@ class StepCost:
         )
 
 
+    def decode_run_times(self, num_reqs: int, context_tokens: int, num_steps: int) -> list[float]:
+        """Seconds of steps ``1 .. num_steps`` after a pure-decode step of ``num_reqs`` requests
+        that read ``context_tokens`` context tokens: step ``j`` reads ``num_reqs * j`` more.
+
+        Element ``j - 1`` equals ``step_time(num_reqs, num_reqs, 0.0, context_tokens +
+        num_reqs * j)`` exactly (the same float operations in the same order), computed in one
+        list comprehension instead of ``num_steps`` calls.
+        """
+        linear = self.per_token_s * num_reqs
+        if linear < self.weight_load_s:
+            linear = self.weight_load_s
+        base = self.step_overhead_s + linear + self.per_request_s * num_reqs + self.prefill_attn_s * 0.0
+        attn = self.decode_attn_s
+        return [base + attn * (context_tokens + num_reqs * j) for j in range(1, num_steps + 1)]
+
+
 def prefill_pairs(num_computed: int, num_new: int) -> float:
     """Causal attention pairs of a chunk of ``num_new`` tokens after ``num_computed`` tokens."""
     return num_new * (num_computed + (num_new + 1) / 2)

@@ -176,9 +176,11 @@ class KVCacheManager:
         """Release a finished or preempted request's blocks, last block first."""
         rid = request.request_id
         blocks = self.req_to_blocks.pop(rid, None)
-        self.num_cached_block.pop(rid, None)
+        num_hashed = self.num_cached_block.pop(rid, 0)
         if blocks:
-            self.pool.free_blocks(reversed(blocks))
+            # The table's first num_cached_block blocks are exactly its cached ones (hits, then
+            # blocks registered as they filled); nothing is cached when caching is off.
+            self.pool.free_table(blocks, num_hashed if self.pool.enable_caching else 0)
 
     def get_block_ids(self, request: Request) -> list[int]:
         """The request's block table (a copy)."""

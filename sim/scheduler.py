@@ -289,6 +289,8 @@ class Scheduler:
         bs = self.config.block_size
         kv = self.kv_cache_manager
         pool = self.pool
+        if self._advance_decode_run_by_request(requests, num_steps):
+            return
         events: list[tuple[int, int, int]] = []  # (step, position in running order, kind)
         for pos, req in enumerate(requests):
             c = req.num_computed_tokens  # before run step 1; step j computes token c + j
@@ -310,6 +312,43 @@ class Scheduler:
         for req in requests:
             req.num_computed_tokens += num_steps
             req.num_output_tokens += num_steps
+
+    def _advance_decode_run_by_request(self, requests: list[Request], num_steps: int) -> bool:
+        """``advance_decode_run`` with one allocation for the whole run and one registration
+        per request, when that is provably the same: the blocks opened are popped in the
+        (step, running position) order of the step-by-step loop, and the blocks filled carry
+        hashes that are distinct and not yet cached, so no duplicate entry can arise and the
+        registrations commute with each other and with the run's evictions (which only drop
+        hashes of free blocks). Returns False, changing nothing, when the hashes do not allow it.
+        """
+        bs = self.config.block_size
+        kv = self.kv_cache_manager
+        num_reqs = len(requests)
+        opens: list[int] = []  # step * num_reqs + position, one per block opened
+        fills: list[tuple[int, int]] = []  # (first, end) block indices each request registers
+        filled: list[int] = []
+        for pos, req in enumerate(requests):
+            c = req.num_computed_tokens  # before run step 1; step j computes token c + j
+            first = _first_run_step(c - 1, bs)
+            opens.extend(range(first * num_reqs + pos, num_steps * num_reqs + pos + 1, bs * num_reqs))
+            start = kv.num_cached_block[req.request_id]
+            end = start + len(range(_first_run_step(c, bs), num_steps + 1, bs))
+            fills.append((start, end))
+            filled += req.block_hashes[start:end]
+        if len(set(filled)) != len(filled) or not self.pool.none_cached(filled):
+            return False
+        opens.sort()
+        new = self.pool.get_new_blocks(len(opens))
+        tables = [kv.req_to_blocks[req.request_id] for req in requests]
+        for key, bid in zip(opens, new):
+            tables[key % num_reqs].append(bid)
+        for req, table, (start, end) in zip(requests, tables, fills):
+            if end > start:
+                self.pool.cache_full_blocks(table, req.block_hashes, start, end)
+                kv.num_cached_block[req.request_id] = end
+            req.num_computed_tokens += num_steps
+            req.num_output_tokens += num_steps
+        return True
 
     def update(self, out: SchedulerOutput) -> StepResult:
         """Apply a finished step: sample one token for every request whose prompt (and, after a

@@ -14,6 +14,8 @@ at a time (up to floating-point rounding of the summed times).
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import simpy
@@ -145,20 +147,21 @@ class Worker:
         env, cost = self.env, self.step_cost
         batch = len(out.requests)
         start = env.now
-        ends = [start + dt]
-        durations = [dt]
         context = out.decode_context_tokens
-        for j in range(1, run + 1):
-            step = cost.step_time(batch, batch, 0.0, context + batch * j)
-            durations.append(step)
-            ends.append(ends[-1] + step)
+        # Step j of the run costs base + decode_attn_s * (context + batch * j): the same float
+        # operations, in the same order, as cost.step_time(batch, batch, 0.0, ...), so every
+        # duration and every end time equals stepping one at a time bit for bit.
+        durations = [dt]
+        durations += cost.decode_run_times(batch, context, run)
+        ends = list(accumulate(durations, initial=start))
+        del ends[0]
         self._wakeup = env.event()
         yield env.timeout(ends[-1] - start) | self._wakeup
         self._wakeup = None
         done = run
         if env.now < ends[-1]:  # an arrival: finish the step in progress, then stop
             now = env.now
-            done = next(j for j, end in enumerate(ends) if end >= now)
+            done = bisect_left(ends, now)  # the first step ending at or after the arrival
             if ends[done] > now:
                 yield env.timeout(ends[done] - now)
         self.num_steps += done + 1

@@ -18,7 +18,6 @@ from kvroute.sim.workload import Workload
 from kvroute.traces import generators
 from kvroute.traces.format import Trace, TraceRecord
 
-POOL_REWRITE = "block pool rewrite in progress (issue 12)"
 
 
 def _peak_mb(workers: int, blocks: int) -> float:
@@ -35,13 +34,11 @@ def _peak_mb(workers: int, blocks: int) -> float:
     return peak / 1e6
 
 
-@pytest.mark.xfail(reason=POOL_REWRITE, strict=False)
 def test_pool_memory_does_not_grow_with_kv_capacity():
     small, large = _peak_mb(2, 2**14), _peak_mb(2, 2**18)
     assert large < small + 2.0, f"peak {large:.1f} MB with 2**18 blocks vs {small:.1f} MB with 2**14"
 
 
-@pytest.mark.xfail(reason=POOL_REWRITE, strict=False)
 def test_idle_workers_cost_little_memory():
     few, many = _peak_mb(4, 2**14), _peak_mb(32, 2**14)
     per_worker_kb = (many - few) / 28 * 1000

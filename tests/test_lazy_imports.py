@@ -1,0 +1,37 @@
+"""The CLI's help answers without importing the heavy libraries, and says the same as before."""
+
+import subprocess
+import sys
+
+import click
+import pytest
+
+from kvroute.cli.main import LAZY_COMMANDS
+
+PROBE = """
+import sys
+sys.argv = ["kvroute", *sys.argv[1:]]
+from kvroute.cli.main import main
+try:
+    main()
+except SystemExit:
+    pass
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"pandas", "scipy", "pyarrow", "matplotlib"})
+print("HEAVY", ",".join(heavy))
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["simulate", "--help"], ["compare", "--help"]])
+def test_help_imports_neither_pandas_nor_scipy(args):
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "HEAVY", out
+
+
+def test_lazy_short_help_is_the_commands_own():
+    """The short help printed for a not yet imported command equals what click prints for it."""
+    import importlib
+
+    for name, (module, attribute, text) in LAZY_COMMANDS.items():
+        command = getattr(importlib.import_module(module), attribute)
+        for limit in (30, 45, 60, 200):
+            assert command.get_short_help_str(limit) == click.Command(name, help=text).get_short_help_str(limit), name
