@@ -77,6 +77,7 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
                    f"± is the 95% interval over rounds; goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     if out is not None:
         _write_outputs(comparison, out, header, json_out, records_format)
+        _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), request_rate, arrival)
         if uncertainty:
             uncertain.summaries.to_csv(out / "uncertainty.csv", index=False)
             (out / "compare.json").write_text(json.dumps({"scenario": header, **uncertain.to_dict()}, indent=2))
@@ -102,12 +103,26 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
         click.echo(f"wrote {', '.join(str(out / name) for name in (records_file.name, 'summary.csv', 'compare.json', 'ttft.png'))}")
 
 
+def _write_bench_results(comparison, out: Path, spec, slo: ServiceClass, request_rate, arrival: str) -> None:
+    """One ``vllm bench serve``-style result JSON per policy (its round 0) beside the outputs."""
+    from kvroute.sim.bench_result import result_filename, vllm_bench_result
+    from kvroute.traces.arrivals import parse_arrival
+
+    process, cv = parse_arrival(arrival)
+    burstiness = "inf" if process == "constant" else 1.0 / cv ** 2  # vLLM's burstiness: gamma shape 1/CV^2
+    model = (spec.profile.raw.get("model") or {}).get("name", spec.profile.name)
+    for policy in comparison.policies:
+        doc = vllm_bench_result(comparison.runs[policy][0], slo, model, policy, request_rate, burstiness)
+        write_text_atomic(out / result_filename(policy), json.dumps(doc))
+
+
 def output_options(func):
     """Decorate a command with --json, --out and --records-format."""
     for option in reversed([
         click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the table."),
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-                     help="Write records.parquet, summary.csv, compare.json and ttft.png here."),
+                     help="Write records.parquet, summary.csv, compare.json, ttft.png and a vllm bench serve-style "
+                          "vllm-bench-<policy>.json per policy (round 0) here."),
         click.option("--records-format", type=click.Choice(["parquet", "csv"]), default="parquet",
                      show_default=True, help="Format of the per-request records written with --out."),
     ]):
