@@ -144,14 +144,22 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
                 ch = comparison.change(p, m)
                 row.append("" if math.isnan(ch) else f"{ch:+.1f}%")
         rows.append(row)
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    lines = []
-    for k, r in enumerate(rows):
-        cells = [r[0].ljust(widths[0])] + [r[c].rjust(widths[c]) for c in range(1, len(r))]
-        lines.append("  ".join(cells))
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return _tabulate(rows)
+
+
+def _tabulate(rows: list[list[str]]) -> str:
+    """Rows (the first is the header) as a plain-text table: ``tabulate``'s ``simple`` format,
+    the metric column left-aligned, the others right-aligned, cells kept as written."""
+    from tabulate import SEPARATING_LINE, DataRow, Line, TableFormat, tabulate
+
+    # NOTE: the header goes in as a row above a separating line, since tabulate pads headers by
+    # two extra spaces (MIN_PADDING), which would widen columns narrower than their cells; the
+    # format is "simple" without its top and bottom rules.
+    rule, row = Line("", "-", "  ", ""), DataRow("", "  ", "")
+    fmt = TableFormat(lineabove=None, linebelowheader=rule, linebetweenrows=None, linebelow=None,
+                      headerrow=row, datarow=row, padding=0, with_header_hide=None)
+    return tabulate([rows[0], SEPARATING_LINE, *rows[1:]], tablefmt=fmt, disable_numparse=True,
+                    colalign=("left",) + ("right",) * (len(rows[0]) - 1))
 
 
 def _fmt_interval(mean: float, half: float, rounds: int) -> str:
@@ -312,13 +320,7 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
                 lo, hi = result.change_interval(p, m, coverage)
                 row.append("" if math.isnan(lo) else f"[{lo:+.1f}, {hi:+.1f}]%")
         rows.append(row)
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    lines = []
-    for k, r in enumerate(rows):
-        lines.append("  ".join([r[0].ljust(widths[0])] + [r[c].rjust(widths[c]) for c in range(1, len(r))]))
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return _tabulate(rows)
 
 
 def _fmt_range(lo: float, hi: float) -> str:
