@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 import dataclasses
 
+from kvroute.cli.config import config_option
 from kvroute.cli.values import check_values
 from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
 from kvroute.cli.scenario import (build_spec, describe, load_trace, parse_policies, router_options, scenario_options,
@@ -78,6 +79,7 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
     if out is not None:
         _write_outputs(comparison, out, header, json_out, records_format)
         _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), request_rate, arrival)
+        _write_provenance(out, trace_path, trace_for, spec, seed, rounds)
         if uncertainty:
             uncertain.summaries.to_csv(out / "uncertainty.csv", index=False)
             (out / "compare.json").write_text(json.dumps({"scenario": header, **uncertain.to_dict()}, indent=2))
@@ -116,6 +118,22 @@ def _write_bench_results(comparison, out: Path, spec, slo: ServiceClass, request
         write_text_atomic(out / result_filename(policy), json.dumps(doc))
 
 
+def _write_provenance(out: Path, trace_path, trace_for, spec, seed: int, rounds: int) -> None:
+    """``scenario.yaml`` beside the outputs: resolved options, seeds, version, profile and trace hashes."""
+    from kvroute.cli.provenance import canonical_sha256, file_sha256, records_sha256, write_scenario
+
+    seeds = list(range(seed, seed + rounds))
+    if trace_path is not None:
+        trace_hash = {"file": str(Path(trace_path).resolve()), "sha256": file_sha256(trace_path)}
+    else:  # generated: each round's own draw, by seed
+        trace_hash = {"generated_records_sha256": {s: records_sha256(trace_for(s)) for s in seeds}}
+    write_scenario(out, click.get_current_context(), {
+        "seeds": seeds, "rounds": rounds,
+        "profile": {"name": spec.profile.name, "sha256": canonical_sha256(spec.profile.raw)},
+        "trace": trace_hash,
+    })
+
+
 def output_options(func):
     """Decorate a command with --json, --out and --records-format."""
     for option in reversed([
@@ -131,6 +149,7 @@ def output_options(func):
 
 
 @click.command()
+@config_option
 @scenario_options
 @router_options
 @click.option("--policies", "policies_text", default=DEFAULT_POLICIES, show_default=True,
@@ -153,6 +172,7 @@ def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, reco
 
 
 @click.command()
+@config_option
 @scenario_options
 @router_options
 @click.option("--policy", default="kv_aware", show_default=True,

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from kvroute.cli.config import config_option
 from kvroute.cli.scenario import parse_policies, with_errors
 from kvroute.cli.values import check_values
 from kvroute.sim.inputs import MAX_TOKENS
@@ -207,6 +208,7 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
               help="With --request-rate: write a PNG of goodput, TTFT p50/p90 and throughput against load per policy.")
 @click.option("--show", default=DEFAULT_SHOW, show_default=True, help="Metrics to print, comma list.")
 @click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@config_option
 @check_values
 @with_errors
 def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_tokens, think_time, start, request_rate,
@@ -267,13 +269,30 @@ def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_toke
                f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     if out is not None:
         _write_rows(frame, out)
-        click.echo(f"wrote {len(frame)} rows to {out}", err=True)
+        _write_provenance(out, axes, rounds)
+        click.echo(f"wrote {len(frame)} rows to {out} and its scenario to {out.stem}.scenario.yaml", err=True)
     if plot_load is not None:
         from kvroute.sim.plots import plot_load_curve
 
         plot_load.parent.mkdir(parents=True, exist_ok=True)
         plot_load_curve(frame, plot_load, title=f"{len(scenarios)} scenario(s) x {rounds} round(s)")
         click.echo(f"wrote {plot_load}", err=True)
+
+
+def _write_provenance(out: Path, axes: dict, rounds: int) -> None:
+    """``<out stem>.scenario.yaml`` beside the rows: resolved options, seeds, version, profile hashes.
+
+    Every grid point generates its own workload per seed, so no single trace hash applies; the
+    rows' ``seed`` and options name each one, and ``kvroute trace generate`` writes it out.
+    """
+    from kvroute.cli.provenance import canonical_sha256, write_scenario
+
+    profiles = {name: canonical_sha256(load_profile(name).raw) for name in axes["profile"]}
+    seeds = sorted({s + r for s in (axes["seed"] or [0]) for r in range(rounds)})
+    write_scenario(out.parent, click.get_current_context(), {
+        "seeds": seeds, "rounds": rounds, "profile_sha256": profiles,
+        "trace": "generated per grid point and seed (no trace file)",
+    }, name=f"{out.stem}.scenario.yaml")
 
 
 def _write_rows(frame: pd.DataFrame, out: Path) -> None:
