@@ -23,6 +23,7 @@ def _register() -> None:
     cli.add_command(trace_commands.trace)
     cli.add_command(sweep_command.sweep_command)
     from kvroute.cli.sensitivity_command import sensitivity; cli.add_command(sensitivity)  # noqa: E702
+    from kvroute.cli.profiles_command import profiles_command; cli.add_command(profiles_command)  # noqa: E702
     from kvroute.calibrate import validate_command
     from kvroute.calibrate.commands import COMMANDS
 
