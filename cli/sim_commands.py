@@ -75,7 +75,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
     else:
         click.echo(format_table(comparison))
         click.echo(f"\n{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}; "
-                   f"± is the 95% interval over rounds; goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
+                   f"± is the 95% interval over rounds ([low, high] where clipped to possible values); changes of shares "
+                   f"in percentage points (pp); goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     if out is not None:
         _write_outputs(comparison, out, header, json_out, records_format)
         _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), request_rate, arrival)

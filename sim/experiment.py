@@ -127,7 +127,9 @@ def compare(
 
 def format_table(comparison: Comparison, metrics: list[str] | None = None) -> str:
     """A paper-style table: one row per metric, one column per policy (mean ± 95% half-width
-    over rounds), and after each non-baseline policy its change against the first, percent."""
+    over rounds, or ``mean [low, high]`` where the interval was clipped to possible values), and
+    after each non-baseline policy its change against the first: percent, or for a share
+    (hit rate, goodput share) percentage points (``+3.8 pp``), never a percent of a percent."""
     metrics = metrics or list(SUMMARY_METRICS)
     header = ["metric"]
     for i, p in enumerate(comparison.policies):
@@ -139,12 +141,24 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
         row = [SUMMARY_METRICS[m]]
         for i, p in enumerate(comparison.policies):
             iv = comparison.intervals[p].loc[m]
-            row.append(_fmt_interval(iv["mean"], iv["high"] - iv["mean"], int(iv["rounds"])))
+            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"])))
             if i:
-                ch = comparison.change(p, m)
-                row.append("" if math.isnan(ch) else f"{ch:+.1f}%")
+                row.append(_fmt_change(comparison, p, m))
         rows.append(row)
     return _tabulate(rows)
+
+
+SHARE_METRICS = ("hit_rate", "goodput_share")
+"""Metrics that are shares in [0, 1]: their changes are shown in percentage points."""
+
+
+def _fmt_change(comparison: Comparison, policy: str, metric: str) -> str:
+    if metric in SHARE_METRICS:
+        base = comparison.intervals[comparison.policies[0]].loc[metric, "mean"]
+        points = 100.0 * (comparison.intervals[policy].loc[metric, "mean"] - base)
+        return "" if math.isnan(points) else f"{points:+.1f} pp"
+    change = comparison.change(policy, metric)
+    return "" if math.isnan(change) else f"{change:+.1f}%"
 
 
 def _tabulate(rows: list[list[str]]) -> str:
@@ -162,13 +176,17 @@ def _tabulate(rows: list[list[str]]) -> str:
                     colalign=("left",) + ("right",) * (len(rows[0]) - 1))
 
 
-def _fmt_interval(mean: float, half: float, rounds: int) -> str:
+def _fmt_interval(mean: float, low: float, high: float, rounds: int) -> str:
+    """``mean ± half`` for a symmetric interval; ``mean [low, high]`` for one clipped to the
+    metric's possible values (``summarize_rounds``)."""
     if math.isnan(mean):
         return "-"
     digits = 3 if abs(mean) < 10 else 1
-    if rounds > 1:
-        return f"{mean:.{digits}f} ± {half:.{digits}f}"
-    return f"{mean:.{digits}f}"
+    if rounds <= 1:
+        return f"{mean:.{digits}f}"
+    if math.isclose(mean - low, high - mean, rel_tol=1e-9, abs_tol=1e-12):
+        return f"{mean:.{digits}f} ± {high - mean:.{digits}f}"
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 @dataclass(slots=True)
@@ -312,7 +330,7 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
         row = [SUMMARY_METRICS[m]]
         for i, p in enumerate(result.policies):
             iv = base.intervals[p].loc[m]
-            row.append(_fmt_interval(iv["mean"], iv["high"] - iv["mean"], int(iv["rounds"])))
+            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"])))
             row.append(_fmt_range(*result.mean_interval(p, m, coverage)))
             if i:
                 ch = base.change(p, m)

@@ -1,0 +1,52 @@
+"""Rough edges: intervals within possible values, percentage points for shares, failed grid points."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from kvroute.sim.metrics import summarize_rounds
+
+
+def test_intervals_of_bounded_metrics_are_clipped_to_possible_values():
+    iv = summarize_rounds([{"hit_rate": 0.1, "goodput_share": 1.0, "preemptions": 0.0, "other": -1.0},
+                           {"hit_rate": 0.9, "goodput_share": 0.5, "preemptions": 4.0, "other": 1.0}])
+    t = 12.706204736174707  # Student t, 1 degree of freedom, 97.5 %
+    assert iv.loc["hit_rate"].tolist() == [0.5, 0.0, 1.0, 2]             # unclipped: 0.5 -/+ 5.08
+    assert iv.loc["goodput_share"].tolist() == [0.75, 0.0, 1.0, 2]
+    assert iv.loc["preemptions", "low"] == 0.0
+    assert iv.loc["preemptions", "high"] == pytest.approx(2.0 + 2.0 * t)
+    assert iv.loc["other", "low"] == pytest.approx(-t)                  # unknown metric: not clipped
+
+
+def test_unclipped_intervals_stay_symmetric_and_nan_stays_nan():
+    iv = summarize_rounds([{"hit_rate": 0.50, "ttft_mean_s": math.nan}, {"hit_rate": 0.52, "ttft_mean_s": math.nan}])
+    low, high = iv.loc["hit_rate", "low"], iv.loc["hit_rate", "high"]
+    assert 0 < low < 0.5 and high < 1 and (0.51 - low) == pytest.approx(high - 0.51)
+    assert math.isnan(iv.loc["ttft_mean_s", "low"]) and math.isnan(iv.loc["ttft_mean_s", "high"])
+
+
+def _comparison(base_hit, other_hit):
+    from kvroute.sim.experiment import Comparison
+
+    def iv(hit, ttft):
+        return summarize_rounds([{"hit_rate": hit, "ttft_mean_s": ttft}])
+    return Comparison(["a", "b"], {}, pd.DataFrame(), {"a": iv(base_hit, 2.0), "b": iv(other_hit, 1.0)})
+
+
+def test_table_shows_share_changes_in_points_and_others_in_percent():
+    from kvroute.sim.experiment import format_table
+
+    lines = format_table(_comparison(0.40, 0.55), ["hit_rate", "ttft_mean_s"]).splitlines()
+    assert lines[2].split()[-2:] == ["+15.0", "pp"]      # 0.40 -> 0.55: 15 points, not +37.5 %
+    assert lines[3].split()[-1] == "-50.0%"
+
+
+def test_table_shows_a_clipped_interval_as_its_ends():
+    from kvroute.sim.experiment import _fmt_interval
+
+    assert _fmt_interval(0.5, 0.25, 0.75, 3) == "0.500 ± 0.250"
+    assert _fmt_interval(0.9, 0.6, 1.0, 3) == "0.900 [0.600, 1.000]"
+    assert _fmt_interval(0.9, 0.6, 1.0, 1) == "0.900"
