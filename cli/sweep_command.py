@@ -139,9 +139,12 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
     def cell(row) -> str:
         if math.isnan(row[metric]):
             return "-"
+        mean, low, high = row[metric], row[f"{metric}_low"], row[f"{metric}_high"]
+        if row["rounds"] > 1 and not math.isclose(mean - low, high - mean, rel_tol=1e-9, abs_tol=1e-12):
+            return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"  # clipped to possible values
         if row["rounds"] > 1:
-            return f"{row[metric]:.{digits}f} ± {row[f'{metric}_high'] - row[metric]:.{digits}f}"
-        return f"{row[metric]:.{digits}f}"
+            return f"{mean:.{digits}f} ± {high - mean:.{digits}f}"
+        return f"{mean:.{digits}f}"
 
     iv["cell"] = iv.apply(cell, axis=1)
     index = [c for c in by if c != "policy"]
@@ -263,6 +266,10 @@ def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_toke
             _write_rows(stop.frame, out)
             click.echo(f"wrote {len(stop.frame)} finished rows to {out} (column partial = true)", err=True)
         sys.exit(130)
+    failed = frame[frame["status"] == "failed"] if "status" in frame else frame.iloc[:0]
+    if len(failed):
+        click.echo(f"{len(failed)} of {len(frame)} runs failed (infeasible; shown as -, reason in column error): "
+                   f"{failed['error'].iloc[0]}", err=True)
     for metric in shown:
         click.echo(pivot_table(frame, metric) + "\n")
     click.echo(f"{rounds} round(s) per scenario; ± is the 95% interval over rounds; "

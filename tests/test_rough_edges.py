@@ -50,3 +50,34 @@ def test_table_shows_a_clipped_interval_as_its_ends():
     assert _fmt_interval(0.5, 0.25, 0.75, 3) == "0.500 ± 0.250"
     assert _fmt_interval(0.9, 0.6, 1.0, 3) == "0.900 [0.600, 1.000]"
     assert _fmt_interval(0.9, 0.6, 1.0, 1) == "0.900"
+
+
+def test_infeasible_grid_points_are_failed_rows_and_the_sweep_goes_on():
+    from kvroute.sim.sweep import Scenario, grid, intervals, sweep
+
+    base = Scenario(chats=2, turns=2, workers=2, policy="round_robin")
+    frame = sweep(grid(base, kv_blocks=[2, 100_000]), rounds=2, executor="sequential", progress=False)
+    assert list(frame["status"]) == ["failed", "failed", "ok", "ok"]
+    assert list(frame["run_seed"]) == [0, 1, 0, 1]
+    assert frame["error"].iloc[0].startswith("seed_chat: request 0 needs 68 KV blocks")
+    assert frame["error"].iloc[2:].isna().all() and frame["ttft_mean_s"].iloc[:2].isna().all()
+    iv = intervals(frame, ["hit_rate"])
+    assert list(iv["kv_blocks"]) == [2, 100_000] and list(iv["rounds"]) == [0, 2]
+    assert math.isnan(iv["hit_rate"].iloc[0]) and 0.0 <= iv["hit_rate_low"].iloc[1] <= iv["hit_rate_high"].iloc[1] <= 1.0
+
+
+def test_a_cluster_that_cannot_be_built_is_a_failed_row_too(tmp_path):
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import _register, cli
+
+    _register()
+    out = tmp_path / "g.csv"
+    result = CliRunner().invoke(cli, ["sweep", "--chats", "2", "--turns", "2", "--workers", "1,4", "--gpus", "2",
+                                      "--policies", "round_robin", "--rounds", "1", "--executor", "sequential",
+                                      "--no-progress", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "1 of 2 runs failed (infeasible" in result.output
+    rows = pd.read_csv(out)
+    assert list(rows["status"]) == ["failed", "ok"]
+    assert rows["error"].iloc[0] == "num_gpus must be between 1 and num_workers, got 2"
