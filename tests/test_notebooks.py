@@ -6,7 +6,6 @@ A notebook runs in a fresh kernel from a temporary directory, with a cell inject
 """
 
 import json
-import math
 from pathlib import Path
 
 import pytest

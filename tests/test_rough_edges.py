@@ -81,3 +81,23 @@ def test_a_cluster_that_cannot_be_built_is_a_failed_row_too(tmp_path):
     rows = pd.read_csv(out)
     assert list(rows["status"]) == ["failed", "ok"]
     assert rows["error"].iloc[0] == "num_gpus must be between 1 and num_workers, got 2"
+
+
+def test_turn_axis_has_integer_ticks_and_token_axis_reads_in_k_and_m():
+    from matplotlib.figure import Figure
+
+    from kvroute.sim.plots import integer_ticks, token_axis, token_label
+
+    assert [token_label(v) for v in (512, 31_250, 32_768, 1_500_000, 2_000_000)] == [
+        "512", "31.2k", "32.8k", "1.5M", "2M"]
+    fig = Figure()
+    ax_turn, ax_kv = fig.subplots(1, 2)
+    ax_turn.plot([1, 2, 3], [0.1, 0.2, 0.3])
+    integer_ticks(ax_turn)
+    ticks = [t for t in ax_turn.get_xticks() if 1 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    ax_kv.plot([2 ** -5, 2 ** -2, 1.0], [1, 2, 3])
+    ax_kv.set_xscale("log", base=2)
+    token_axis(ax_kv, unit=1e6)
+    labels = [ax_kv.xaxis.get_major_formatter()(t, 0) for t in (2 ** -5, 2 ** -2, 1.0)]
+    assert labels == ["31.2k", "250k", "1M"]
