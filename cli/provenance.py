@@ -23,8 +23,8 @@ SCENARIO_FILE = "scenario.yaml"
 PROVENANCE_KEY = "kvroute"
 """Top-level key of the provenance block (read by people, ignored by ``--config``)."""
 
-NOT_SCENARIO = ("config", "out", "json_out")
-"""Parameters that say where outputs go, not what runs; left out of the scenario."""
+NOT_SCENARIO = ("config", "out", "json_out", "quiet")
+"""Parameters that say where outputs go or what is shown, not what runs; left out of the scenario."""
 
 
 def canonical_sha256(doc: object) -> str:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import click
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 import dataclasses
 
@@ -23,10 +23,31 @@ from kvroute.sim.metrics import ServiceClass
 DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
 
 
+class _RunProgress:
+    """A second bar for the run under way: requests sent of the trace, and its simulated time."""
+
+    def __init__(self, total: int, disable: bool) -> None:
+        from tqdm.auto import tqdm as auto_tqdm
+
+        self.disable = disable
+        self.bar = auto_tqdm(total=total, desc="run", unit="req", file=sys.stderr, disable=disable, leave=False,
+                             position=1)
+
+    def __call__(self, policy: str, round_: int, now_s: float, sent: int, total: int) -> None:
+        if self.bar.total != total or self.bar.desc != f"{policy} r{round_}":
+            self.bar.reset(total=total)
+            self.bar.set_description(f"{policy} r{round_}", refresh=False)
+        self.bar.set_postfix_str(f"t={now_s:,.1f} s simulated", refresh=False)
+        self.bar.update(sent - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def _run(policies, rounds, json_out, out, records_format, workload, trace_path, trace_block_size, max_requests, turns, chats,
          think_time, reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup, workers, gpus, profile_name, max_model_len,
          kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
-         **router):
+         quiet=False, **router):
     def trace_for(run_seed: int):
         return load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, run_seed,
                           reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup)
@@ -51,7 +72,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         click.echo(f"{header} | {rounds} round(s) per policy"
                    + (f", plus {uncertainty} drawn profile(s) x {rounds} round(s)" if uncertainty else ""))
     bar = tqdm(total=len(policies) * rounds * (1 + uncertainty), desc="simulating", unit="run", file=sys.stderr,
-               disable=json_out or not sys.stderr.isatty())
+               disable=quiet or json_out or not sys.stderr.isatty())
+    inside = _RunProgress(len(trace.records), disable=quiet or json_out or not sys.stderr.isatty())
     if uncertainty:
         from kvroute.sim.experiment import compare_uncertain, format_uncertain_table
 
@@ -60,7 +82,9 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         comparison = uncertain.base
     else:
         comparison = run_compare(rounds_trace, spec, policies, rounds=rounds, seed=seed,
-                                 slo=ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update())
+                                 slo=ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update(),
+                                 run_progress=inside if not inside.disable else None)
+    inside.close()
     bar.close()
     if json_out:
         doc = {"scenario": header, "rounds": rounds, "seed": seed,
@@ -144,6 +168,7 @@ def output_options(func):
                           "vllm-bench-<policy>.json per policy (round 0) here."),
         click.option("--records-format", type=click.Choice(["parquet", "csv"]), default="parquet",
                      show_default=True, help="Format of the per-request records written with --out."),
+        click.option("--quiet", is_flag=True, help="No progress bars (they show on a terminal only)."),
     ]):
         func = option(func)
     return func
@@ -166,10 +191,10 @@ def output_options(func):
 @output_options
 @check_values
 @with_errors
-def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, records_format, **scenario):
+def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, records_format, quiet, **scenario):
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
     _run(parse_policies(policies_text), rounds, json_out, out, records_format, **scenario, uncertainty=uncertainty,
-         prior_range=prior_range)
+         prior_range=prior_range, quiet=quiet)
 
 
 @click.command()
@@ -182,9 +207,9 @@ def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, reco
 @output_options
 @check_values
 @with_errors
-def simulate(policy, rounds, json_out, out, records_format, **scenario):
+def simulate(policy, rounds, json_out, out, records_format, quiet, **scenario):
     """Simulate one routing policy and print its summary."""
-    _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario)
+    _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario, quiet=quiet)
 
 
 @click.command("policies")

@@ -8,6 +8,7 @@ include the model's share.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -85,6 +86,7 @@ def compare(
     seed: int = 0,
     slo: ServiceClass = ServiceClass(),
     progress=None,
+    run_progress=None,
 ) -> Comparison:
     """Simulate ``trace`` on ``spec`` under each policy for ``rounds`` seeded rounds.
 
@@ -98,6 +100,8 @@ def compare(
         seed: first seed.
         slo: the service class goodput is measured against.
         progress: optional callable ``progress(policy, round)`` called after each run.
+        run_progress: optional callable ``run_progress(policy, round, now_s, sent, total)``
+            called inside each run (``Cluster.run``): simulated time, requests sent, trace size.
 
     Raises:
         ValueError: no policy, fewer than one round, or any error ``simulate`` raises.
@@ -112,7 +116,8 @@ def compare(
     for policy in policies:
         runs[policy] = []
         for r in range(rounds):
-            result = simulate(traces[r], replace(spec, policy=policy), seed=seed + r)
+            inside = None if run_progress is None else functools.partial(run_progress, policy, r)
+            result = simulate(traces[r], replace(spec, policy=policy), seed=seed + r, progress=inside)
             runs[policy].append(result)
             rows.append({"policy": policy, "round": r, "seed": seed + r, **summarize(result, slo)})
             if progress is not None:
