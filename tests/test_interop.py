@@ -196,3 +196,20 @@ def test_compare_out_writes_one_bench_result_per_policy(tmp_path):
     assert names == ["vllm-bench-dynamo_overlap_weight_2.json", "vllm-bench-round_robin.json"]
     doc = json.loads((out / names[1]).read_text())
     assert doc["label"] == "round_robin" and doc["num_prompts"] == 8 and doc["completed"] == 8
+
+
+def test_sharegpt_tokens_counted_by_a_local_tokenizer(tmp_path):
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from kvroute.traces.sharegpt import tokenizer_counter
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(tmp_path / "tok")
+    count = tokenizer_counter(str(tmp_path / "tok"))
+    assert count("hello world hello") == 3 and count("") == 1
+    conv = [{"conversations": [{"from": "human", "value": "hello world"}, {"from": "gpt", "value": "hello"}]}]
+    trace = read_sharegpt(_write(tmp_path, "s.json", conv), 16, count)
+    assert [(r.input_length, r.output_length) for r in trace.records] == [(2, 1)]
