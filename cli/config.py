@@ -18,8 +18,14 @@ import click
 from kvroute.cli.provenance import NOT_SCENARIO, PROVENANCE_KEY
 
 
-def read_config(path: Path, command: click.Command) -> dict:
+PROVENANCE_META = "kvroute.config_provenance"
+"""``ctx.meta`` key holding the ``kvroute`` block of the ``--config`` file (or None)."""
+
+
+def read_config(path: Path, command: click.Command, meta: dict | None = None) -> dict:
     """The ``default_map`` (parameter name -> value) of a scenario file for ``command``.
+
+    ``meta[PROVENANCE_META]`` (when ``meta`` is given) receives the file's ``kvroute`` block.
 
     Raises:
         click.BadParameter (``--config``): the file cannot be read, is not YAML/JSON, is not a
@@ -40,6 +46,8 @@ def read_config(path: Path, command: click.Command) -> dict:
                                  param_hint="--config") from None
     if doc is None:
         return {}
+    if meta is not None and isinstance(doc, dict):
+        meta[PROVENANCE_META] = doc.get(PROVENANCE_KEY)
     if not isinstance(doc, dict):
         raise click.BadParameter(f"{path}: expected a mapping of option names to values, got "
                                  f"{type(doc).__name__}", param_hint="--config")
@@ -64,8 +72,29 @@ def read_config(path: Path, command: click.Command) -> dict:
 
 def _apply(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
     if value is not None:
-        ctx.default_map = {**(ctx.default_map or {}), **read_config(value, ctx.command)}
+        ctx.default_map = {**(ctx.default_map or {}), **read_config(value, ctx.command, ctx.meta)}
     return value
+
+
+def changed_inputs(ctx: click.Context, trace_sha256: str | None, profile_sha256: str) -> list[str]:
+    """Which inputs differ from those the ``--config`` file's run recorded (empty without one).
+
+    Args:
+        ctx: the running command's context.
+        trace_sha256: the trace file's sha256 now, or None for a generated workload.
+        profile_sha256: the profile's content hash now.
+    """
+    saved = ctx.meta.get(PROVENANCE_META)
+    if not isinstance(saved, dict):
+        return []
+    changed = []
+    old_trace = (saved.get("trace") or {}).get("sha256") if isinstance(saved.get("trace"), dict) else None
+    if trace_sha256 is not None and old_trace is not None and old_trace != trace_sha256:
+        changed.append(f"the trace file (sha256 {old_trace[:12]}... then, {trace_sha256[:12]}... now)")
+    old_profile = (saved.get("profile") or {}).get("sha256") if isinstance(saved.get("profile"), dict) else None
+    if old_profile is not None and old_profile != profile_sha256:
+        changed.append(f"the profile (sha256 {old_profile[:12]}... then, {profile_sha256[:12]}... now)")
+    return changed
 
 
 def config_option(func):

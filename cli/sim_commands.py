@@ -147,14 +147,20 @@ def _write_provenance(out: Path, trace_path, trace_for, spec, seed: int, rounds:
     """``scenario.yaml`` beside the outputs: resolved options, seeds, version, profile and trace hashes."""
     from kvroute.cli.provenance import canonical_sha256, file_sha256, records_sha256, write_scenario
 
+    from kvroute.cli.config import changed_inputs
+
     seeds = list(range(seed, seed + rounds))
     if trace_path is not None:
         trace_hash = {"file": str(Path(trace_path).resolve()), "sha256": file_sha256(trace_path)}
     else:  # generated: each round's own draw, by seed
         trace_hash = {"generated_records_sha256": {s: records_sha256(trace_for(s)) for s in seeds}}
-    write_scenario(out, click.get_current_context(), {
+    ctx = click.get_current_context()
+    profile_hash = canonical_sha256(spec.profile.raw)
+    for change in changed_inputs(ctx, trace_hash.get("sha256"), profile_hash):
+        click.echo(f"warning: {change} differs from the --config run's, so its numbers may differ", err=True)
+    write_scenario(out, ctx, {
         "seeds": seeds, "rounds": rounds,
-        "profile": {"name": spec.profile.name, "sha256": canonical_sha256(spec.profile.raw)},
+        "profile": {"name": spec.profile.name, "sha256": profile_hash},
         "trace": trace_hash,
     })
 

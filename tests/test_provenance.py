@@ -77,3 +77,14 @@ def test_sweep_writes_its_scenario_beside_the_rows(tmp_path):
     assert set(doc["kvroute"]["profile_sha256"]) == {"a6000-qwen2.5-7b"}
     result = _invoke("sweep", "--config", tmp_path / "grid.scenario.yaml", "--out", tmp_path / "again.csv")
     pd.testing.assert_frame_equal(pd.read_csv(out), pd.read_csv(tmp_path / "again.csv"))
+
+
+def test_rerun_warns_when_the_trace_file_changed(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    _invoke("trace", "generate", "seed-chat", "--chats", "3", "--turns", "2", "--out", trace)
+    _invoke("simulate", "--trace", trace, "--workers", "1", "--out", tmp_path / "a")
+    same = _invoke("simulate", "--config", tmp_path / "a" / "scenario.yaml", "--out", tmp_path / "b")
+    assert "warning" not in same.output
+    _invoke("trace", "generate", "seed-chat", "--chats", "2", "--turns", "2", "--out", trace)
+    changed = _invoke("simulate", "--config", tmp_path / "a" / "scenario.yaml", "--out", tmp_path / "c")
+    assert "warning: the trace file (sha256" in changed.output and "numbers may differ" in changed.output
