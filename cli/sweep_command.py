@@ -210,7 +210,7 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
 @click.option("--plot-load", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With --request-rate: write a PNG of goodput, TTFT p50/p90 and throughput against load per policy.")
 @click.option("--show", default=DEFAULT_SHOW, show_default=True, help="Metrics to print, comma list.")
-@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option("--no-progress", "--quiet", "no_progress", is_flag=True, help="Hide the progress bar.")
 @config_option
 @check_values
 @with_errors

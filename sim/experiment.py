@@ -52,8 +52,14 @@ class Comparison:
         value = self.intervals[policy].loc[metric, "mean"]
         return 100.0 * (value - base) / base if base else math.nan
 
+    def change_points(self, policy: str, metric: str) -> float:
+        """Change of a share's mean (hit rate, goodput share) against the baseline, percentage points."""
+        base = self.intervals[self.policies[0]].loc[metric, "mean"]
+        return 100.0 * (self.intervals[policy].loc[metric, "mean"] - base)
+
     def to_dict(self) -> dict:
-        """A JSON-ready dict: per policy, per metric, mean/low/high and each round's value."""
+        """A JSON-ready dict: per policy, per metric, mean/low/high, each round's value and the
+        change against the baseline (percent; for shares also ``change_vs_baseline_pp``)."""
         out: dict = {"policies": {}}
         for policy in self.policies:
             rounds = self.summaries[self.summaries["policy"] == policy]
@@ -66,6 +72,11 @@ class Comparison:
                     **(
                         {"change_vs_baseline_pct": _num(self.change(policy, metric))}
                         if policy != self.policies[0]
+                        else {}
+                    ),
+                    **(
+                        {"change_vs_baseline_pp": _num(self.change_points(policy, metric))}
+                        if policy != self.policies[0] and metric in SHARE_METRICS
                         else {}
                     ),
                 }
@@ -159,8 +170,7 @@ SHARE_METRICS = ("hit_rate", "goodput_share")
 
 def _fmt_change(comparison: Comparison, policy: str, metric: str) -> str:
     if metric in SHARE_METRICS:
-        base = comparison.intervals[comparison.policies[0]].loc[metric, "mean"]
-        points = 100.0 * (comparison.intervals[policy].loc[metric, "mean"] - base)
+        points = comparison.change_points(policy, metric)
         return "" if math.isnan(points) else f"{points:+.1f} pp"
     change = comparison.change(policy, metric)
     return "" if math.isnan(change) else f"{change:+.1f}%"

@@ -33,7 +33,9 @@ def _comparison(base_hit, other_hit):
 
     def iv(hit, ttft):
         return summarize_rounds([{"hit_rate": hit, "ttft_mean_s": ttft}])
-    return Comparison(["a", "b"], {}, pd.DataFrame(), {"a": iv(base_hit, 2.0), "b": iv(other_hit, 1.0)})
+    summaries = pd.DataFrame([{"policy": "a", "hit_rate": base_hit, "ttft_mean_s": 2.0},
+                              {"policy": "b", "hit_rate": other_hit, "ttft_mean_s": 1.0}])
+    return Comparison(["a", "b"], {}, summaries, {"a": iv(base_hit, 2.0), "b": iv(other_hit, 1.0)})
 
 
 def test_table_shows_share_changes_in_points_and_others_in_percent():
@@ -101,3 +103,10 @@ def test_turn_axis_has_integer_ticks_and_token_axis_reads_in_k_and_m():
     token_axis(ax_kv, unit=1e6)
     labels = [ax_kv.xaxis.get_major_formatter()(t, 0) for t in (2 ** -5, 2 ** -2, 1.0)]
     assert labels == ["31.2k", "250k", "1M"]
+
+
+def test_compare_json_gives_share_changes_in_points():
+    doc = _comparison(0.40, 0.55).to_dict()["policies"]["b"]
+    assert doc["hit_rate"]["change_vs_baseline_pp"] == pytest.approx(15.0)
+    assert doc["hit_rate"]["change_vs_baseline_pct"] == pytest.approx(37.5)
+    assert "change_vs_baseline_pp" not in doc["ttft_mean_s"]
