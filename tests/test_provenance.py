@@ -6,7 +6,6 @@ import hashlib
 import json
 
 import pandas as pd
-import pytest
 import yaml
 from click.testing import CliRunner
 
