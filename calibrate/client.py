@@ -49,29 +49,31 @@ class CalibrationError(RuntimeError):
 # Prometheus text format
 # --------------------------------------------------------------------------------------------
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Parse Prometheus text exposition into ``(name, labels, value)`` samples.
+    """Parse Prometheus text exposition into ``(name, labels, value)`` samples, in page order.
 
-    Comment lines (``# HELP``, ``# TYPE``) and malformed lines are skipped; values such as
-    ``+Inf`` and ``NaN`` become floats.
+    Parsed by ``prometheus_client.parser`` (the Prometheus project's own client). Comment lines
+    (``# HELP``, ``# TYPE``) give no sample; on a page with a malformed line, the page is parsed
+    line by line and the malformed lines are skipped. Values such as ``+Inf`` and ``NaN`` become
+    floats; timestamps are dropped.
     """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples_of(page: str) -> list[tuple[str, dict[str, str], float]]:
+        return [(s.name, dict(s.labels), float(s.value))
+                for family in text_string_to_metric_families(page) for s in family.samples]
+
+    try:
+        return samples_of(text)
+    except ValueError:
+        pass
     samples = []
     for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        m = _SAMPLE.match(line.strip())
-        if not m:
-            continue
-        name, _, body, value = m.group(1), m.group(2), m.group(3), m.group(4)
-        labels = {k: bytes(v, "utf-8").decode("unicode_escape") for k, v in _LABEL.findall(body or "")}
-        try:
-            samples.append((name, labels, float(value)))
-        except ValueError:
-            continue
+        if line.strip() and not line.lstrip().startswith("#"):
+            try:
+                samples += samples_of(line.strip() + "\n")
+            except ValueError:
+                continue
     return samples
 
 

@@ -191,7 +191,8 @@ def _rows(path: Path) -> int:
 @calibrate.command("fit")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
-              help="Profile JSON to write (default RUN_DIR/profile.json).")
+              help="Profile JSON to write, with <stem>.fit.png and <stem>.fit_points.csv beside it; RUN_DIR is then "
+                   "left untouched (default RUN_DIR/profile.json and RUN_DIR/fit_points.csv).")
 @click.option("--name", default=None, help="Profile name (default: the output file's stem).")
 @click.option("--report", default=None, type=click.Path(dir_okay=False),
               help="PNG report (default: beside the profile, <stem>.fit.png).")
@@ -243,10 +244,12 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
     frame = observations_frame(obs)
     frame["predicted_s"] = result.predicted_s
     frame["held_out"] = result.held_out
-    with atomic_output(Path(run_dir) / "fit_points.csv") as tmp:
+    # NOTE: with --out, everything goes under it and RUN_DIR (measurements) is left untouched.
+    points = Path(run_dir) / "fit_points.csv" if out_path is None else out.with_name(out.stem + ".fit_points.csv")
+    with atomic_output(points) as tmp:
         frame.to_csv(tmp, index=False)
     click.echo(result.summary())
-    click.echo(f"profile {out}\nreport  {png}")
+    click.echo(f"profile {out}\nreport  {png}\npoints  {points}")
 
 
 def _model_doc(root: str) -> dict:

@@ -18,6 +18,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "sweep": ("kvroute.cli.sweep_command", "sweep_command", "Run a grid of scenarios (every combination of the comma lists) and print pivot tables."),
     "policies": ("kvroute.cli.sim_commands", "policies_command", "List the routing policies, one line each: name, parameters with defaults, summary."),
     "sensitivity": ("kvroute.cli.sensitivity_command", "sensitivity", "Rank the scenario's uncertain inputs by how much each moves the headline metrics."),
+    "profiles": ("kvroute.cli.profiles_command", "profiles_command", "List the shipped profiles, one line each: name, source (measured/derived), hardware, model, KV blocks per worker."),
 }
 
 

@@ -24,7 +24,7 @@ def scenario_options(func):
         click.option("--workload", type=click.Choice(WORKLOADS), default="seed-chat", show_default=True,
                      help="Built-in workload (ignored with --trace)."),
         click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
-                     help="Trace file: kvroute/Mooncake JSONL or Azure CSV."),
+                     help="Trace file: kvroute/Mooncake JSONL, Azure or BurstGPT CSV, ShareGPT or vllm bench serve JSON."),
         click.option("--trace-block-size", type=int, default=None,
                      help="Tokens per hash_ids block when the trace file does not declare it [512]."),
         click.option("--max-requests", type=int, default=None, help="Use only the first N records of the trace."),
@@ -91,21 +91,19 @@ def load_trace(trace_path: Path | None, workload: str, turns: int, chats: int, t
     return trace
 
 
-def read_any_trace(path: Path, block_size: int | None) -> Trace:
-    """Read a JSONL trace, or an Azure CSV trace by its ``.csv`` suffix.
+def read_any_trace(path: Path, block_size: int | None, fmt: str = "auto", count_tokens=None,
+                   tokens_note: str | None = None) -> Trace:
+    """Read a trace in any format :mod:`kvroute.traces.detect` knows (``auto``: by suffix/content).
 
     Raises:
         click.BadParameter: the file is missing or malformed (the message names line and field).
     """
-    from kvroute.traces.azure import read_azure_csv
-    from kvroute.traces.reader import read_trace
+    from kvroute.traces.detect import read_any
 
     if not path.exists():
         raise click.BadParameter(f"{path} does not exist", param_hint="--trace")
     try:
-        if path.suffix.lower() == ".csv":
-            return read_azure_csv(path) if block_size is None else read_azure_csv(path, block_size)
-        return read_trace(path, block_size)
+        return read_any(path, block_size, fmt, count_tokens, tokens_note)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:

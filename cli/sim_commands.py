@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 import click
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
 import dataclasses
 
+from kvroute.cli.config import config_option
 from kvroute.cli.values import check_values
 from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
 from kvroute.cli.scenario import (build_spec, describe, load_trace, parse_policies, router_options, scenario_options,
@@ -20,10 +21,31 @@ from kvroute.sim.metrics import ServiceClass
 DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
 
 
+class _RunProgress:
+    """A second bar for the run under way: requests sent of the trace, and its simulated time."""
+
+    def __init__(self, total: int, disable: bool) -> None:
+        from tqdm.auto import tqdm as auto_tqdm
+
+        self.disable = disable
+        self.bar = auto_tqdm(total=total, desc="run", unit="req", file=sys.stderr, disable=disable, leave=False,
+                             position=1)
+
+    def __call__(self, policy: str, round_: int, now_s: float, sent: int, total: int) -> None:
+        if self.bar.total != total or self.bar.desc != f"{policy} r{round_}":
+            self.bar.reset(total=total)
+            self.bar.set_description(f"{policy} r{round_}", refresh=False)
+        self.bar.set_postfix_str(f"t={now_s:,.1f} s simulated", refresh=False)
+        self.bar.update(sent - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def _run(policies, rounds, json_out, out, records_format, workload, trace_path, trace_block_size, max_requests, turns, chats,
          think_time, reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup, workers, gpus, profile_name, max_model_len,
          kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
-         **router):
+         quiet=False, **router):
     from kvroute.sim.experiment import compare as run_compare
     from kvroute.sim.experiment import format_table
 
@@ -51,7 +73,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         click.echo(f"{header} | {rounds} round(s) per policy"
                    + (f", plus {uncertainty} drawn profile(s) x {rounds} round(s)" if uncertainty else ""))
     bar = tqdm(total=len(policies) * rounds * (1 + uncertainty), desc="simulating", unit="run", file=sys.stderr,
-               disable=json_out or not sys.stderr.isatty())
+               disable=quiet or json_out or not sys.stderr.isatty())
+    inside = _RunProgress(len(trace.records), disable=quiet or json_out or not sys.stderr.isatty())
     if uncertainty:
         from kvroute.sim.experiment import compare_uncertain, format_uncertain_table
 
@@ -60,7 +83,9 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         comparison = uncertain.base
     else:
         comparison = run_compare(rounds_trace, spec, policies, rounds=rounds, seed=seed,
-                                 slo=ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update())
+                                 slo=ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update(),
+                                 run_progress=inside if not inside.disable else None)
+    inside.close()
     bar.close()
     if json_out:
         doc = {"scenario": header, "rounds": rounds, "seed": seed,
@@ -75,9 +100,12 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
     else:
         click.echo(format_table(comparison))
         click.echo(f"\n{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}; "
-                   f"± is the 95% interval over rounds; goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
+                   f"± is the 95% interval over rounds ([low, high] where clipped to possible values); changes of shares "
+                   f"in percentage points (pp); goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     if out is not None:
         _write_outputs(comparison, out, header, json_out, records_format)
+        _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), request_rate, arrival)
+        _write_provenance(out, trace_path, trace_for, spec, seed, rounds)
         if uncertainty:
             uncertain.summaries.to_csv(out / "uncertainty.csv", index=False)
             (out / "compare.json").write_text(json.dumps({"scenario": header, **uncertain.to_dict()}, indent=2))
@@ -103,20 +131,58 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
         click.echo(f"wrote {', '.join(str(out / name) for name in (records_file.name, 'summary.csv', 'compare.json', 'ttft.png'))}")
 
 
+def _write_bench_results(comparison, out: Path, spec, slo: ServiceClass, request_rate, arrival: str) -> None:
+    """One ``vllm bench serve``-style result JSON per policy (its round 0) beside the outputs."""
+    from kvroute.sim.bench_result import result_filename, vllm_bench_result
+    from kvroute.traces.arrivals import parse_arrival
+
+    process, cv = parse_arrival(arrival)
+    burstiness = "inf" if process == "constant" else 1.0 / cv ** 2  # vLLM's burstiness: gamma shape 1/CV^2
+    model = (spec.profile.raw.get("model") or {}).get("name", spec.profile.name)
+    for policy in comparison.policies:
+        doc = vllm_bench_result(comparison.runs[policy][0], slo, model, policy, request_rate, burstiness)
+        write_text_atomic(out / result_filename(policy), json.dumps(doc))
+
+
+def _write_provenance(out: Path, trace_path, trace_for, spec, seed: int, rounds: int) -> None:
+    """``scenario.yaml`` beside the outputs: resolved options, seeds, version, profile and trace hashes."""
+    from kvroute.cli.provenance import canonical_sha256, file_sha256, records_sha256, write_scenario
+
+    from kvroute.cli.config import changed_inputs
+
+    seeds = list(range(seed, seed + rounds))
+    if trace_path is not None:
+        trace_hash = {"file": str(Path(trace_path).resolve()), "sha256": file_sha256(trace_path)}
+    else:  # generated: each round's own draw, by seed
+        trace_hash = {"generated_records_sha256": {s: records_sha256(trace_for(s)) for s in seeds}}
+    ctx = click.get_current_context()
+    profile_hash = canonical_sha256(spec.profile.raw)
+    for change in changed_inputs(ctx, trace_hash.get("sha256"), profile_hash):
+        click.echo(f"warning: {change} differs from the --config run's, so its numbers may differ", err=True)
+    write_scenario(out, ctx, {
+        "seeds": seeds, "rounds": rounds,
+        "profile": {"name": spec.profile.name, "sha256": profile_hash},
+        "trace": trace_hash,
+    })
+
+
 def output_options(func):
     """Decorate a command with --json, --out and --records-format."""
     for option in reversed([
         click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the table."),
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-                     help="Write records.parquet, summary.csv, compare.json and ttft.png here."),
+                     help="Write records.parquet, summary.csv, compare.json, ttft.png and a vllm bench serve-style "
+                          "vllm-bench-<policy>.json per policy (round 0) here."),
         click.option("--records-format", type=click.Choice(["parquet", "csv"]), default="parquet",
                      show_default=True, help="Format of the per-request records written with --out."),
+        click.option("--quiet", is_flag=True, help="No progress bars (they show on a terminal only)."),
     ]):
         func = option(func)
     return func
 
 
 @click.command()
+@config_option
 @scenario_options
 @router_options
 @click.option("--policies", "policies_text", default=DEFAULT_POLICIES, show_default=True,
@@ -132,13 +198,14 @@ def output_options(func):
 @output_options
 @check_values
 @with_errors
-def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, records_format, **scenario):
+def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, records_format, quiet, **scenario):
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
     _run(parse_policies(policies_text), rounds, json_out, out, records_format, **scenario, uncertainty=uncertainty,
-         prior_range=prior_range)
+         prior_range=prior_range, quiet=quiet)
 
 
 @click.command()
+@config_option
 @scenario_options
 @router_options
 @click.option("--policy", default="kv_aware", show_default=True,
@@ -147,9 +214,9 @@ def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, reco
 @output_options
 @check_values
 @with_errors
-def simulate(policy, rounds, json_out, out, records_format, **scenario):
+def simulate(policy, rounds, json_out, out, records_format, quiet, **scenario):
     """Simulate one routing policy and print its summary."""
-    _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario)
+    _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario, quiet=quiet)
 
 
 @click.command("policies")

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from kvroute.cli.config import config_option
 from kvroute.cli.scenario import parse_policies, with_errors
 from kvroute.cli.values import check_values
 from kvroute.sim.inputs import MAX_TOKENS
@@ -138,9 +139,12 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
     def cell(row) -> str:
         if math.isnan(row[metric]):
             return "-"
+        mean, low, high = row[metric], row[f"{metric}_low"], row[f"{metric}_high"]
+        if row["rounds"] > 1 and not math.isclose(mean - low, high - mean, rel_tol=1e-9, abs_tol=1e-12):
+            return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"  # clipped to possible values
         if row["rounds"] > 1:
-            return f"{row[metric]:.{digits}f} ± {row[f'{metric}_high'] - row[metric]:.{digits}f}"
-        return f"{row[metric]:.{digits}f}"
+            return f"{mean:.{digits}f} ± {high - mean:.{digits}f}"
+        return f"{mean:.{digits}f}"
 
     iv["cell"] = iv.apply(cell, axis=1)
     index = [c for c in by if c != "policy"]
@@ -206,7 +210,8 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
 @click.option("--plot-load", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With --request-rate: write a PNG of goodput, TTFT p50/p90 and throughput against load per policy.")
 @click.option("--show", default=DEFAULT_SHOW, show_default=True, help="Metrics to print, comma list.")
-@click.option("--no-progress", is_flag=True, help="Hide the progress bar.")
+@click.option("--no-progress", "--quiet", "no_progress", is_flag=True, help="Hide the progress bar.")
+@config_option
 @check_values
 @with_errors
 def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_tokens, think_time, start, request_rate,
@@ -261,19 +266,40 @@ def sweep_command(workloads, chats, turns, history, reply, max_tokens, user_toke
             _write_rows(stop.frame, out)
             click.echo(f"wrote {len(stop.frame)} finished rows to {out} (column partial = true)", err=True)
         sys.exit(130)
+    failed = frame[frame["status"] == "failed"] if "status" in frame else frame.iloc[:0]
+    if len(failed):
+        click.echo(f"{len(failed)} of {len(frame)} runs failed (infeasible; shown as -, reason in column error): "
+                   f"{failed['error'].iloc[0]}", err=True)
     for metric in shown:
         click.echo(pivot_table(frame, metric) + "\n")
     click.echo(f"{rounds} round(s) per scenario; ± is the 95% interval over rounds; "
                f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     if out is not None:
         _write_rows(frame, out)
-        click.echo(f"wrote {len(frame)} rows to {out}", err=True)
+        _write_provenance(out, axes, rounds)
+        click.echo(f"wrote {len(frame)} rows to {out} and its scenario to {out.stem}.scenario.yaml", err=True)
     if plot_load is not None:
         from kvroute.sim.plots import plot_load_curve
 
         plot_load.parent.mkdir(parents=True, exist_ok=True)
         plot_load_curve(frame, plot_load, title=f"{len(scenarios)} scenario(s) x {rounds} round(s)")
         click.echo(f"wrote {plot_load}", err=True)
+
+
+def _write_provenance(out: Path, axes: dict, rounds: int) -> None:
+    """``<out stem>.scenario.yaml`` beside the rows: resolved options, seeds, version, profile hashes.
+
+    Every grid point generates its own workload per seed, so no single trace hash applies; the
+    rows' ``seed`` and options name each one, and ``kvroute trace generate`` writes it out.
+    """
+    from kvroute.cli.provenance import canonical_sha256, write_scenario
+
+    profiles = {name: canonical_sha256(load_profile(name).raw) for name in axes["profile"]}
+    seeds = sorted({s + r for s in (axes["seed"] or [0]) for r in range(rounds)})
+    write_scenario(out.parent, click.get_current_context(), {
+        "seeds": seeds, "rounds": rounds, "profile_sha256": profiles,
+        "trace": "generated per grid point and seed (no trace file)",
+    }, name=f"{out.stem}.scenario.yaml")
 
 
 def _write_rows(frame: pd.DataFrame, out: Path) -> None:

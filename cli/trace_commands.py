@@ -63,14 +63,32 @@ def generate(kind, out, chats, turns, seed, block_size, reply_tokens, max_tokens
 @trace.command("import")
 @click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
-@click.option("--block-size", type=int, default=None, help="Block size of the source's hash_ids [512].")
+@click.option("--format", "fmt", type=click.Choice(["auto", "kvroute", "azure", "burstgpt", "sharegpt", "vllm-bench"]),
+              default="auto", show_default=True,
+              help="Source format; auto: .csv by header (Azure/BurstGPT), .json by content (ShareGPT list / "
+                   "vllm bench serve result), else JSONL.")
+@click.option("--block-size", type=int, default=None,
+              help="Block size of the source's hash_ids [512; ShareGPT 16].")
+@click.option("--tokenizer", default=None,
+              help="ShareGPT: count tokens with this Hugging Face tokenizer (needs transformers).")
+@click.option("--chars-per-token", type=float, default=4.0, show_default=True,
+              help="ShareGPT without --tokenizer: tokens estimated as ceil(characters / this).")
 @check_values
-def import_(source, out, block_size):
-    """Convert a Mooncake JSONL or Azure CSV trace to kvroute's format (validating it)."""
+def import_(source, out, fmt, block_size, tokenizer, chars_per_token):
+    """Convert a trace (Mooncake JSONL, Azure or BurstGPT CSV, ShareGPT conversations, vllm bench serve
+    result) to kvroute's format, validating it."""
+    from kvroute.traces.sharegpt import char_estimate, tokenizer_counter
     from kvroute.traces.writer import write_trace
 
     _check_out(out)
-    result = read_any_trace(source, block_size)
+    try:
+        if tokenizer is not None:
+            count, note = tokenizer_counter(tokenizer), f"counted by tokenizer {tokenizer}"
+        else:
+            count, note = char_estimate(chars_per_token), f"estimated at {chars_per_token:g} characters per token"
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tokenizer" if tokenizer else "--chars-per-token") from None
+    result = read_any_trace(source, block_size, fmt, count, note)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(result, out)
     click.echo(f"wrote {len(result.records)} requests to {out}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -253,8 +254,12 @@ class Cluster:
             self.metrics.scrape()
             yield self.env.timeout(interval)
 
-    def run(self) -> RunResult:
-        """Simulate until every request has finished; return the records and counters."""
+    def run(self, progress: Callable[[float, int, int], None] | None = None) -> RunResult:
+        """Simulate until every request has finished; return the records and counters.
+
+        ``progress(now_s, sent, total)`` (optional) is called every ``PROGRESS_EVERY`` events
+        and at the end with the simulated time, the requests sent so far and the trace's size;
+        the events and their order are the same with or without it."""
         if self.spec.scrape_interval_s > 0:
             self.env.process(self._scraper())
         spread = self.spec.arrival_spread_s
@@ -262,8 +267,26 @@ class Cluster:
         for rec in sent:
             jitter = self.rng.uniform(0.0, spread) if spread > 0 else 0.0
             self.env.process(self._client(rec, rec.timestamp_ms / 1000.0 + jitter))
-        self.env.run()
+        if progress is None:
+            self.env.run()
+        else:
+            self._run_reporting(progress)
         return RunResult.from_cluster(self)
+
+    def _run_reporting(self, progress: Callable[[float, int, int], None]) -> None:
+        """``env.run()`` as SimPy runs it (one ``step`` per event until none is left), reporting."""
+        from simpy.core import EmptySchedule
+
+        env, total, count = self.env, len(self.workload.trace.records), 0
+        try:
+            while True:
+                env.step()
+                count += 1
+                if count % PROGRESS_EVERY == 0:
+                    progress(env.now, len(self.records), total)
+        except EmptySchedule:
+            pass
+        progress(env.now, len(self.records), total)
 
     # -- clients -------------------------------------------------------------------------------
 
@@ -355,13 +378,19 @@ class Cluster:
                 stack.append(child)
 
 
-def simulate(trace: Trace, spec: ClusterSpec, seed: int = 0) -> RunResult:
+PROGRESS_EVERY = 4096
+"""Events between two progress reports of :meth:`Cluster.run`."""
+
+
+def simulate(trace: Trace, spec: ClusterSpec, seed: int = 0,
+             progress: Callable[[float, int, int], None] | None = None) -> RunResult:
     """Run one simulation of ``trace`` on the cluster ``spec``.
 
     Args:
         trace: the requests.
         spec: profile, workers, GPUs, policy and replay mode.
         seed: seeds the run's one random generator; the same seed gives the same result.
+        progress: optional ``progress(now_s, sent, total)`` reporter (:meth:`Cluster.run`).
 
     Returns:
         The run's per-request records and per-worker counters.
@@ -370,4 +399,4 @@ def simulate(trace: Trace, spec: ClusterSpec, seed: int = 0) -> RunResult:
         ValueError: a request can never fit in a worker's KV cache, the engine block size
             cannot map the trace's, or the policy name is unknown.
     """
-    return Cluster(trace, spec, seed).run()
+    return Cluster(trace, spec, seed).run(progress)

@@ -8,6 +8,7 @@ include the model's share.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -51,8 +52,14 @@ class Comparison:
         value = self.intervals[policy].loc[metric, "mean"]
         return 100.0 * (value - base) / base if base else math.nan
 
+    def change_points(self, policy: str, metric: str) -> float:
+        """Change of a share's mean (hit rate, goodput share) against the baseline, percentage points."""
+        base = self.intervals[self.policies[0]].loc[metric, "mean"]
+        return 100.0 * (self.intervals[policy].loc[metric, "mean"] - base)
+
     def to_dict(self) -> dict:
-        """A JSON-ready dict: per policy, per metric, mean/low/high and each round's value."""
+        """A JSON-ready dict: per policy, per metric, mean/low/high, each round's value and the
+        change against the baseline (percent; for shares also ``change_vs_baseline_pp``)."""
         out: dict = {"policies": {}}
         for policy in self.policies:
             rounds = self.summaries[self.summaries["policy"] == policy]
@@ -65,6 +72,11 @@ class Comparison:
                     **(
                         {"change_vs_baseline_pct": _num(self.change(policy, metric))}
                         if policy != self.policies[0]
+                        else {}
+                    ),
+                    **(
+                        {"change_vs_baseline_pp": _num(self.change_points(policy, metric))}
+                        if policy != self.policies[0] and metric in SHARE_METRICS
                         else {}
                     ),
                 }
@@ -85,6 +97,7 @@ def compare(
     seed: int = 0,
     slo: ServiceClass = ServiceClass(),
     progress=None,
+    run_progress=None,
 ) -> Comparison:
     """Simulate ``trace`` on ``spec`` under each policy for ``rounds`` seeded rounds.
 
@@ -98,6 +111,8 @@ def compare(
         seed: first seed.
         slo: the service class goodput is measured against.
         progress: optional callable ``progress(policy, round)`` called after each run.
+        run_progress: optional callable ``run_progress(policy, round, now_s, sent, total)``
+            called inside each run (``Cluster.run``): simulated time, requests sent, trace size.
 
     Raises:
         ValueError: no policy, fewer than one round, or any error ``simulate`` raises.
@@ -112,7 +127,8 @@ def compare(
     for policy in policies:
         runs[policy] = []
         for r in range(rounds):
-            result = simulate(traces[r], replace(spec, policy=policy), seed=seed + r)
+            inside = None if run_progress is None else functools.partial(run_progress, policy, r)
+            result = simulate(traces[r], replace(spec, policy=policy), seed=seed + r, progress=inside)
             runs[policy].append(result)
             rows.append({"policy": policy, "round": r, "seed": seed + r, **summarize(result, slo)})
             if progress is not None:
@@ -127,7 +143,9 @@ def compare(
 
 def format_table(comparison: Comparison, metrics: list[str] | None = None) -> str:
     """A paper-style table: one row per metric, one column per policy (mean ± 95% half-width
-    over rounds), and after each non-baseline policy its change against the first, percent."""
+    over rounds, or ``mean [low, high]`` where the interval was clipped to possible values), and
+    after each non-baseline policy its change against the first: percent, or for a share
+    (hit rate, goodput share) percentage points (``+3.8 pp``), never a percent of a percent."""
     metrics = metrics or list(SUMMARY_METRICS)
     header = ["metric"]
     for i, p in enumerate(comparison.policies):
@@ -139,28 +157,51 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
         row = [SUMMARY_METRICS[m]]
         for i, p in enumerate(comparison.policies):
             iv = comparison.intervals[p].loc[m]
-            row.append(_fmt_interval(iv["mean"], iv["high"] - iv["mean"], int(iv["rounds"])))
+            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"])))
             if i:
-                ch = comparison.change(p, m)
-                row.append("" if math.isnan(ch) else f"{ch:+.1f}%")
+                row.append(_fmt_change(comparison, p, m))
         rows.append(row)
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    lines = []
-    for k, r in enumerate(rows):
-        cells = [r[0].ljust(widths[0])] + [r[c].rjust(widths[c]) for c in range(1, len(r))]
-        lines.append("  ".join(cells))
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return _tabulate(rows)
 
 
-def _fmt_interval(mean: float, half: float, rounds: int) -> str:
+SHARE_METRICS = ("hit_rate", "goodput_share")
+"""Metrics that are shares in [0, 1]: their changes are shown in percentage points."""
+
+
+def _fmt_change(comparison: Comparison, policy: str, metric: str) -> str:
+    if metric in SHARE_METRICS:
+        points = comparison.change_points(policy, metric)
+        return "" if math.isnan(points) else f"{points:+.1f} pp"
+    change = comparison.change(policy, metric)
+    return "" if math.isnan(change) else f"{change:+.1f}%"
+
+
+def _tabulate(rows: list[list[str]]) -> str:
+    """Rows (the first is the header) as a plain-text table: ``tabulate``'s ``simple`` format,
+    the metric column left-aligned, the others right-aligned, cells kept as written."""
+    from tabulate import SEPARATING_LINE, DataRow, Line, TableFormat, tabulate
+
+    # NOTE: the header goes in as a row above a separating line, since tabulate pads headers by
+    # two extra spaces (MIN_PADDING), which would widen columns narrower than their cells; the
+    # format is "simple" without its top and bottom rules.
+    rule, row = Line("", "-", "  ", ""), DataRow("", "  ", "")
+    fmt = TableFormat(lineabove=None, linebelowheader=rule, linebetweenrows=None, linebelow=None,
+                      headerrow=row, datarow=row, padding=0, with_header_hide=None)
+    return tabulate([rows[0], SEPARATING_LINE, *rows[1:]], tablefmt=fmt, disable_numparse=True,
+                    colalign=("left",) + ("right",) * (len(rows[0]) - 1))
+
+
+def _fmt_interval(mean: float, low: float, high: float, rounds: int) -> str:
+    """``mean ± half`` for a symmetric interval; ``mean [low, high]`` for one clipped to the
+    metric's possible values (``summarize_rounds``)."""
     if math.isnan(mean):
         return "-"
     digits = 3 if abs(mean) < 10 else 1
-    if rounds > 1:
-        return f"{mean:.{digits}f} ± {half:.{digits}f}"
-    return f"{mean:.{digits}f}"
+    if rounds <= 1:
+        return f"{mean:.{digits}f}"
+    if math.isclose(mean - low, high - mean, rel_tol=1e-9, abs_tol=1e-12):
+        return f"{mean:.{digits}f} ± {high - mean:.{digits}f}"
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 @dataclass(slots=True)
@@ -304,7 +345,7 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
         row = [SUMMARY_METRICS[m]]
         for i, p in enumerate(result.policies):
             iv = base.intervals[p].loc[m]
-            row.append(_fmt_interval(iv["mean"], iv["high"] - iv["mean"], int(iv["rounds"])))
+            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"])))
             row.append(_fmt_range(*result.mean_interval(p, m, coverage)))
             if i:
                 ch = base.change(p, m)
@@ -312,13 +353,7 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
                 lo, hi = result.change_interval(p, m, coverage)
                 row.append("" if math.isnan(lo) else f"[{lo:+.1f}, {hi:+.1f}]%")
         rows.append(row)
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-    lines = []
-    for k, r in enumerate(rows):
-        lines.append("  ".join([r[0].ljust(widths[0])] + [r[c].rjust(widths[c]) for c in range(1, len(r))]))
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return _tabulate(rows)
 
 
 def _fmt_range(lo: float, hi: float) -> str:

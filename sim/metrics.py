@@ -232,8 +232,22 @@ def summarize(result: RunResult, slo: ServiceClass = ServiceClass()) -> dict[str
     }
 
 
-def summarize_rounds(summaries: list[dict[str, float]], confidence: float = 0.95) -> pd.DataFrame:
-    """Mean and two-sided Student-t interval over rounds, one row per metric.
+METRIC_BOUNDS: dict[str, tuple[float, float]] = {
+    **{metric: (0.0, math.inf) for metric in SUMMARY_METRICS},
+    "hit_rate": (0.0, 1.0),
+    "goodput_share": (0.0, 1.0),
+}
+"""Possible values of each summary metric: shares lie in [0, 1]; times, rates and counts are >= 0."""
+
+
+def summarize_rounds(summaries: list[dict[str, float]], confidence: float = 0.95,
+                     bounds: dict[str, tuple[float, float]] = METRIC_BOUNDS) -> pd.DataFrame:
+    """Mean and two-sided Student-t interval over rounds, one row per metric, clipped to the
+    metric's possible values.
+
+    With few rounds the t interval can reach impossible values (a hit rate of -0.5..1.2 from two
+    rounds); ``low`` and ``high`` are clipped to ``bounds[metric]`` (metrics not in ``bounds``
+    are left as they are). The mean is never changed.
 
     Returns:
         DataFrame indexed by metric with columns ``mean``, ``low``, ``high``, ``rounds``; with
@@ -251,4 +265,8 @@ def summarize_rounds(summaries: list[dict[str, float]], confidence: float = 0.95
         half = sem * sps.t.ppf(0.5 + confidence / 2, n - 1)
     else:
         half = mean * 0.0
-    return pd.DataFrame({"mean": mean, "low": mean - half, "high": mean + half, "rounds": n})
+    lower = pd.Series([bounds.get(m, (-math.inf, math.inf))[0] for m in mean.index], index=mean.index)
+    upper = pd.Series([bounds.get(m, (-math.inf, math.inf))[1] for m in mean.index], index=mean.index)
+    low = (mean - half).where(lambda v: v.isna() | (v >= lower), lower)
+    high = (mean + half).where(lambda v: v.isna() | (v <= upper), upper)
+    return pd.DataFrame({"mean": mean, "low": low, "high": high, "rounds": n})

@@ -48,6 +48,8 @@ def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     ax_cdf.set_title("TTFT distribution")
     ax_cdf.grid(alpha=0.3)
     ax_cdf.legend()
+    if has_turns:
+        integer_ticks(ax_turn)
     ax_turn.set_xlabel("turn" if has_turns else "prompt length (tokens, decile midpoints)")
     ax_turn.set_ylabel("TTFT (s)")
     ax_turn.set_title("TTFT by turn" if has_turns else "TTFT by prompt length")
@@ -59,6 +61,33 @@ def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     path = Path(path)
     fig.savefig(path, dpi=120)
     return path
+
+
+def integer_ticks(ax, axis: str = "x") -> None:
+    """Ticks only at whole numbers on ``ax``'s ``axis`` (turns, workers: no "turn 2.5")."""
+    from matplotlib.ticker import MaxNLocator
+
+    getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
+
+
+def token_label(tokens: float) -> str:
+    """A token count as a short label: ``512``, ``31.2k``, ``1.5M`` (3 significant digits)."""
+    size = abs(tokens)
+    if size < 1e3:
+        return f"{tokens:.3g}"
+    if size < 1e6:
+        return f"{tokens / 1e3:.3g}k"
+    return f"{tokens / 1e6:.3g}M"
+
+
+def token_axis(ax, axis: str = "x", unit: float = 1.0) -> None:
+    """Label ``ax``'s ``axis`` in tokens with :func:`token_label` (``32.8k``, not ``2^-5``
+    million); ``unit`` is the tokens one data unit stands for (1e6 for data in millions)."""
+    from matplotlib.ticker import FuncFormatter
+
+    target = getattr(ax, f"{axis}axis")
+    target.set_major_formatter(FuncFormatter(lambda value, _pos: token_label(value * unit)))
+    target.set_minor_formatter(FuncFormatter(lambda value, _pos: ""))
 
 
 LOAD_PANELS = (

@@ -238,7 +238,21 @@ def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = Service
 
 
 def _run_task(task: tuple[Scenario, int, ServiceClass]) -> dict[str, Any]:
-    return run_scenario(*task)
+    """One run's row with ``status`` ``"ok"``, or a failed row when the scenario is infeasible
+    (any ValueError: a request larger than the KV cache, a cluster that cannot be built)."""
+    try:
+        return {**run_scenario(*task), "status": "ok", "error": None}
+    except ValueError as exc:
+        return failed_row(*task, reason=str(exc))
+
+
+def failed_row(scenario: Scenario, round: int, slo: ServiceClass, reason: str) -> dict[str, Any]:
+    """The row of a run that could not run: the scenario's fields, ``round``, ``run_seed``, the
+    SLO bounds, ``status = "failed"`` and ``error`` (the reason, one line); metrics are absent
+    (NaN in the sweep's frame)."""
+    return {**scenario.label(), "round": round, "run_seed": scenario.seed + round,
+            "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s, "status": "failed",
+            "error": " ".join(reason.split())}
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -354,11 +368,14 @@ def sweep(
 
     Returns:
         A DataFrame with the scenario fields, ``round``, ``run_seed``, ``slo_ttft_s``,
-        ``slo_tpot_s``, the ``SUMMARY_METRICS`` and the ``COUNTER_COLUMNS``.
+        ``slo_tpot_s``, the ``SUMMARY_METRICS``, the ``COUNTER_COLUMNS``, ``status``
+        (``"ok"``/``"failed"``) and ``error``. An infeasible grid point (its cluster cannot be
+        built, or a run raises ValueError, e.g. a request larger than a worker's KV cache) is a
+        failed row per round with the reason in ``error`` and NaN metrics; the sweep goes on.
 
     Raises:
         ValueError: an unknown executor, rounds < 1, an address without Dask, an unreachable
-            Dask scheduler, or any error of a run (raised as soon as it is seen).
+            Dask scheduler. Any other error of a run (a bug) is raised as soon as it is seen.
         SweepInterrupted (a KeyboardInterrupt): Ctrl-C or SIGTERM; carries the rows finished.
     """
     if isinstance(scenarios, Scenario):
@@ -373,10 +390,19 @@ def sweep(
     tasks = [(s, r, slo) for s in scenarios for r in range(rounds)]
     if not tasks:
         return pd.DataFrame(columns=[*SCENARIO_FIELDS, "round", "run_seed"])
-    for scenario in dict.fromkeys(scenarios):  # fail early, in this process, on a bad scenario
-        scenario.spec()
+    infeasible = {}
+    for scenario in dict.fromkeys(scenarios):  # in this process: a cluster that cannot be built
+        try:
+            scenario.spec()
+        except ValueError as exc:
+            infeasible[scenario] = str(exc)
     bar = tqdm(total=len(tasks), desc="sweep", unit="run", file=sys.stderr, disable=not progress)
     rows: list[dict | None] = [None] * len(tasks)
+    for i, (scenario, r, _) in enumerate(tasks):
+        if scenario in infeasible:
+            rows[i] = failed_row(scenario, r, slo, infeasible[scenario])
+            bar.update()
+    tasks_left = [(i, task) for i, task in enumerate(tasks) if rows[i] is None]
 
     def done(i: int, row: dict) -> None:
         rows[i] = row
@@ -384,13 +410,19 @@ def sweep(
 
     try:
         with _sigterm_as_interrupt():
-            if executor == "sequential":
-                for i, task in enumerate(tasks):
-                    done(i, _run_task(task))
+            def done_left(j: int, row: dict) -> None:
+                done(tasks_left[j][0], row)
+
+            left = [task for _, task in tasks_left]
+            if not left:
+                pass
+            elif executor == "sequential":
+                for j, task in enumerate(left):
+                    done_left(j, _run_task(task))
             elif executor == "local":
-                _run_local(tasks, max_workers, done)
+                _run_local(left, max_workers, done_left)
             else:
-                _run_dask(tasks, address, max_workers, done)
+                _run_dask(left, address, max_workers, done_left)
     except KeyboardInterrupt as exc:
         finished = pd.DataFrame([row for row in rows if row is not None])
         finished["partial"] = True
@@ -458,8 +490,10 @@ def intervals(frame: pd.DataFrame, metrics: list[str] | None = None, by: list[st
         confidence: two-sided confidence of the interval.
 
     Returns:
-        One row per scenario: the ``by`` columns, ``rounds``, and ``<metric>``,
-        ``<metric>_low``, ``<metric>_high`` per metric (``kvroute.sim.metrics.summarize_rounds``).
+        One row per scenario: the ``by`` columns, ``rounds`` (runs that did not fail), and
+        ``<metric>``, ``<metric>_low``, ``<metric>_high`` per metric
+        (``kvroute.sim.metrics.summarize_rounds``, clipped to possible values); NaN for a
+        scenario whose every run failed.
     """
     metrics = metrics or list(SUMMARY_METRICS)
     by = group_columns(frame) if by is None else by
@@ -467,7 +501,10 @@ def intervals(frame: pd.DataFrame, metrics: list[str] | None = None, by: list[st
     groups = frame.groupby(by, sort=False, dropna=False) if by else [((), frame)]
     for key, group in groups:
         key = key if isinstance(key, tuple) else (key,)
-        iv = summarize_rounds(group[metrics].to_dict("records"), confidence)
+        if "status" in group:  # failed runs (infeasible grid points) have no metrics
+            group = group[group["status"] != "failed"]
+        records = group[metrics].to_dict("records") or [dict.fromkeys(metrics, math.nan)]
+        iv = summarize_rounds(records, confidence)
         row = dict(zip(by, key))
         row["rounds"] = len(group)
         for m in metrics:

@@ -6,7 +6,6 @@ A notebook runs in a fresh kernel from a temporary directory, with a cell inject
 """
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -196,14 +195,18 @@ def test_05_validation_shows_a_report(tmp_path):
     report.parent.mkdir()
     report.write_text(json.dumps({
         "trace": "seed_chat", "rounds": 1,
-        "policies": {"kv_aware": {"ttft_mean_s": {"predicted": 0.44, "measured": 0.40}}},
+        "policies": {"kv_aware": {"ttft_mean_s": {"predicted": 0.44, "measured": 0.40},
+                                  "hit_rate": {"predicted": 0.55, "measured": 0.40}}},
+        "changes": {"kv_aware": {"hit_rate": {"predicted": 12.0, "measured": 10.0}}},
         "requests": [{"request_id": 0, "ttft_sim": 0.1, "ttft_live": 0.12}],
     }))
     book, out = run("05_validation", tmp_path, f"REPORT = {str(report)!r}\n",
-                    "compared.to_dict('records')")
-    assert out == [{"quantity": "policies.kv_aware.ttft_mean_s", "predicted": 0.44, "measured": 0.40,
-                    "error_pct": pytest.approx(10.0)}]
-    assert math.isclose(out[0]["error_pct"], 10.0)
+                    "compared[['quantity', 'error', 'unit']].to_dict('records')")
+    assert out == [  # a share's and a change's errors in percentage points, never a percent of a percent
+        {"quantity": "policies.kv_aware.ttft_mean_s", "error": pytest.approx(10.0), "unit": "% of measured"},
+        {"quantity": "policies.kv_aware.hit_rate", "error": pytest.approx(15.0), "unit": "pp"},
+        {"quantity": "changes.kv_aware.hit_rate", "error": pytest.approx(2.0), "unit": "pp"},
+    ]
 
 
 def test_06_routers_tables_are_the_sweep(tmp_path):

@@ -1,0 +1,106 @@
+"""``--config FILE``: a YAML or JSON scenario file as the defaults of a command's options.
+
+The file maps option names (long names with or without dashes: ``trace-block-size``,
+``trace_block_size``, or the parameter's own name) to values. It becomes the command's click
+``default_map``, so the scenario model stays the command's options: a value from the file is
+converted and checked exactly as the same value given on the command line, and a flag given on
+the command line overrides it. The ``kvroute`` provenance block of a saved ``scenario.yaml``
+(:mod:`kvroute.cli.provenance`) is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from kvroute.cli.provenance import NOT_SCENARIO, PROVENANCE_KEY
+
+
+PROVENANCE_META = "kvroute.config_provenance"
+"""``ctx.meta`` key holding the ``kvroute`` block of the ``--config`` file (or None)."""
+
+
+def read_config(path: Path, command: click.Command, meta: dict | None = None) -> dict:
+    """The ``default_map`` (parameter name -> value) of a scenario file for ``command``.
+
+    ``meta[PROVENANCE_META]`` (when ``meta`` is given) receives the file's ``kvroute`` block.
+
+    Raises:
+        click.BadParameter (``--config``): the file cannot be read, is not YAML/JSON, is not a
+            mapping, or names an option ``command`` does not have (listing the valid names).
+    """
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="--config") from None
+    try:
+        doc = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        where = getattr(exc, "lineno", None) or getattr(getattr(exc, "problem_mark", None), "line", -1) + 1
+        raise click.BadParameter(f"{path}:{where}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
+                                 f"{' '.join(str(getattr(exc, 'problem', None) or exc).split())}",
+                                 param_hint="--config") from None
+    if doc is None:
+        return {}
+    if meta is not None and isinstance(doc, dict):
+        meta[PROVENANCE_META] = doc.get(PROVENANCE_KEY)
+    if not isinstance(doc, dict):
+        raise click.BadParameter(f"{path}: expected a mapping of option names to values, got "
+                                 f"{type(doc).__name__}", param_hint="--config")
+    names = {}
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name not in NOT_SCENARIO:
+            names[param.name] = param.name
+            for opt in param.opts:
+                if opt.startswith("--"):
+                    names[opt[2:]] = names[opt[2:].replace("-", "_")] = param.name
+    values = {}
+    for key, value in doc.items():
+        if key == PROVENANCE_KEY:
+            continue
+        if key not in names:
+            valid = sorted(k for k in names if "_" not in k)
+            raise click.BadParameter(f"{path}: unknown option {key!r} for {command.name}; valid: {', '.join(valid)}",
+                                     param_hint="--config")
+        values[names[key]] = value
+    return values
+
+
+def _apply(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    if value is not None:
+        ctx.default_map = {**(ctx.default_map or {}), **read_config(value, ctx.command, ctx.meta)}
+    return value
+
+
+def changed_inputs(ctx: click.Context, trace_sha256: str | None, profile_sha256: str) -> list[str]:
+    """Which inputs differ from those the ``--config`` file's run recorded (empty without one).
+
+    Args:
+        ctx: the running command's context.
+        trace_sha256: the trace file's sha256 now, or None for a generated workload.
+        profile_sha256: the profile's content hash now.
+    """
+    saved = ctx.meta.get(PROVENANCE_META)
+    if not isinstance(saved, dict):
+        return []
+    changed = []
+    old_trace = (saved.get("trace") or {}).get("sha256") if isinstance(saved.get("trace"), dict) else None
+    if trace_sha256 is not None and old_trace is not None and old_trace != trace_sha256:
+        changed.append(f"the trace file (sha256 {old_trace[:12]}... then, {trace_sha256[:12]}... now)")
+    old_profile = (saved.get("profile") or {}).get("sha256") if isinstance(saved.get("profile"), dict) else None
+    if old_profile is not None and old_profile != profile_sha256:
+        changed.append(f"the profile (sha256 {old_profile[:12]}... then, {profile_sha256[:12]}... now)")
+    return changed
+
+
+def config_option(func):
+    """Decorate a command with ``--config FILE`` (eager, so its values are defaults for the rest)."""
+    return click.option(
+        "--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+        is_eager=True, expose_value=False, callback=_apply,
+        help="Scenario file (YAML or JSON: option names -> values), e.g. a run's saved scenario.yaml; "
+             "flags given here override it.")(func)

@@ -1,0 +1,89 @@
+"""Scenario files: every --out holds the resolved scenario and provenance; --config re-runs it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pandas as pd
+import yaml
+from click.testing import CliRunner
+
+from kvroute.cli.main import _register, cli
+from kvroute.cli.provenance import canonical_sha256
+from kvroute.sim.profile import load_profile
+
+_register()
+SMALL = ["--chats", "4", "--turns", "2", "--workers", "2", "--policies", "round_robin,kv_aware"]
+
+
+def _invoke(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_saved_scenario_reruns_to_identical_records(tmp_path):
+    _invoke("compare", *SMALL, "--rounds", "2", "--think-time", "uniform:0:1", "--seed", "5", "--out", tmp_path / "a")
+    doc = yaml.safe_load((tmp_path / "a" / "scenario.yaml").read_text())
+    assert doc["rounds"] == 2 and doc["seed"] == 5 and doc["think-time"] == "uniform:0:1"
+    assert doc["workers"] == 2 and doc["slo-ttft"] == 2.0 and "out" not in doc   # defaults resolved too
+    meta = doc["kvroute"]
+    assert meta["seeds"] == [5, 6] and meta["command"].endswith("compare")
+    assert meta["profile"]["sha256"] == canonical_sha256(load_profile("a6000-qwen2.5-7b").raw)
+    assert set(meta["trace"]["generated_records_sha256"]) == {5, 6}
+    _invoke("compare", "--config", tmp_path / "a" / "scenario.yaml", "--out", tmp_path / "b")
+    a = pd.read_parquet(tmp_path / "a" / "records.parquet")
+    b = pd.read_parquet(tmp_path / "b" / "records.parquet")
+    pd.testing.assert_frame_equal(a, b)
+    assert len(a) == 2 * 2 * 8
+    again = yaml.safe_load((tmp_path / "b" / "scenario.yaml").read_text())
+    assert {k: v for k, v in again.items() if k != "kvroute"} == {k: v for k, v in doc.items() if k != "kvroute"}
+    assert again["kvroute"]["trace"] == meta["trace"]
+
+
+def test_trace_file_hash_and_flags_override_the_config(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    _invoke("trace", "generate", "seed-chat", "--chats", "3", "--turns", "2", "--out", trace)
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"trace": str(trace), "workers": 2, "rounds": 2, "policy": "round_robin"}))
+    _invoke("simulate", "--config", config, "--rounds", "1", "--out", tmp_path / "o")
+    doc = yaml.safe_load((tmp_path / "o" / "scenario.yaml").read_text())
+    assert doc["rounds"] == 1                       # the flag wins
+    assert doc["workers"] == 2 and doc["trace"] == str(trace.resolve())
+    assert doc["kvroute"]["trace"]["sha256"] == hashlib.sha256(trace.read_bytes()).hexdigest()
+
+
+def test_config_errors_name_the_file_and_option(tmp_path):
+    bad = tmp_path / "s.yaml"
+    bad.write_text("workerz: 2\n")
+    result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
+    assert result.exit_code == 2 and "unknown option 'workerz' for compare" in result.output
+    bad.write_text("workers: 0\n")   # checked like the flag
+    result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
+    assert result.exit_code == 2 and "'--workers'" in result.output
+    bad.write_text("workers: [1\n")
+    result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
+    assert result.exit_code == 2 and "not valid YAML" in result.output and str(bad) in result.output
+
+
+def test_sweep_writes_its_scenario_beside_the_rows(tmp_path):
+    out = tmp_path / "grid.csv"
+    _invoke("sweep", "--chats", "2", "--turns", "2", "--workers", "1,2", "--policies", "round_robin", "--rounds", "1",
+            "--executor", "sequential", "--no-progress", "--out", out)
+    doc = yaml.safe_load((tmp_path / "grid.scenario.yaml").read_text())
+    assert doc["workers"] == "1,2" and doc["kvroute"]["seeds"] == [0]
+    assert set(doc["kvroute"]["profile_sha256"]) == {"a6000-qwen2.5-7b"}
+    result = _invoke("sweep", "--config", tmp_path / "grid.scenario.yaml", "--out", tmp_path / "again.csv")
+    pd.testing.assert_frame_equal(pd.read_csv(out), pd.read_csv(tmp_path / "again.csv"))
+
+
+def test_rerun_warns_when_the_trace_file_changed(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    _invoke("trace", "generate", "seed-chat", "--chats", "3", "--turns", "2", "--out", trace)
+    _invoke("simulate", "--trace", trace, "--workers", "1", "--out", tmp_path / "a")
+    same = _invoke("simulate", "--config", tmp_path / "a" / "scenario.yaml", "--out", tmp_path / "b")
+    assert "warning" not in same.output
+    _invoke("trace", "generate", "seed-chat", "--chats", "2", "--turns", "2", "--out", trace)
+    changed = _invoke("simulate", "--config", tmp_path / "a" / "scenario.yaml", "--out", tmp_path / "c")
+    assert "warning: the trace file (sha256" in changed.output and "numbers may differ" in changed.output

@@ -1,0 +1,32 @@
+"""Progress inside a run: reported from the event loop without changing the run."""
+
+from __future__ import annotations
+
+import pandas as pd
+from click.testing import CliRunner
+
+from kvroute.cli.main import _register, cli
+from kvroute.cli.scenario import build_spec, load_trace
+from kvroute.sim import cluster
+from kvroute.sim.cluster import simulate
+
+
+def test_progress_reports_time_and_position_and_changes_nothing(monkeypatch):
+    monkeypatch.setattr(cluster, "PROGRESS_EVERY", 50)
+    trace = load_trace(None, "seed-chat", 3, 8, 0.0, None, None, 0)
+    spec = build_spec("a6000-qwen2.5-7b", 2, None, 0.005, "auto")
+    reports = []
+    with_bar = simulate(trace, spec, seed=3, progress=lambda now, sent, total: reports.append((now, sent, total)))
+    plain = simulate(trace, spec, seed=3)
+    pd.testing.assert_frame_equal(with_bar.records, plain.records)
+    assert len(reports) > 2
+    times = [r[0] for r in reports]
+    assert times == sorted(times) and times[-1] == plain.records["finish"].max()
+    assert reports[-1][1:] == (24, 24) and all(r[2] == 24 for r in reports)
+
+
+def test_quiet_flag_is_accepted_and_prints_the_table_only():
+    _register()
+    result = CliRunner().invoke(cli, ["simulate", "--chats", "2", "--turns", "2", "--workers", "1", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "simulating" not in result.output and "TTFT mean (s)" in result.output

@@ -1,0 +1,110 @@
+"""Read the BurstGPT trace (Wang et al., 2024; Azure OpenAI GPT service logs) as a :class:`Trace`.
+
+The CSV (``BurstGPT_1.csv`` and later releases) has columns ``Timestamp`` (seconds since the
+trace start), ``Model``, ``Request tokens``, ``Response tokens``, ``Total tokens`` and
+``Log Type``. Rows whose request or response is 0 tokens are failed requests in the log; they are
+skipped and counted. Like Azure's, the trace carries no prefix information: every record gets
+fresh hash ids, so a prefix cache only hits within a request.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+from kvroute.sim.inputs import BLOCK_SIZE, MAX_TOKENS, InputError
+from kvroute.traces.format import Trace, TraceRecord
+from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError
+
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+"""The columns read; the others (``Model``, ``Total tokens``, ``Log Type``) are ignored."""
+
+
+def is_burstgpt_header(header: list[str]) -> bool:
+    """Whether a CSV header row names BurstGPT's columns."""
+    names = {h.strip() for h in header}
+    return all(c in names for c in BURSTGPT_COLUMNS)
+
+
+def read_burstgpt(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOCK_SIZE) -> Trace:
+    """Read a BurstGPT CSV.
+
+    Args:
+        path: the CSV file (header line, then one request per line).
+        block_size: tokens per hash id block (default 512).
+
+    Returns:
+        A :class:`Trace`, one record per kept row in file order: ``request_id`` counts kept rows
+        from 0, ``timestamp_ms`` = 1000 x (``Timestamp`` - the first row's), ``input_length`` =
+        ``Request tokens``, ``output_length`` = ``Response tokens``, ``hash_ids`` a ``range`` of
+        fresh ids. ``metadata``: ``{"origin": "burstgpt", "skipped_failed_rows": n}``.
+
+    Raises:
+        TraceError (a ValueError) naming path, line (1 = header) and column: a missing column, a
+            short row, a timestamp that is not a finite number or is earlier than the first
+            row's, a token count that is not an int between 0 and ``MAX_TOKENS``, a file that is
+            not UTF-8 text, no kept row; a bad ``block_size``.
+        OSError: the file cannot be opened.
+    """
+    source = str(path)
+    try:
+        BLOCK_SIZE.check(block_size, "block_size", source)
+    except InputError as exc:
+        raise TraceError(exc.reason, path, None, "block_size") from None
+    records: list[TraceRecord] = []
+    next_id = skipped = 0
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            reader = csv.reader(handle)
+            header = [h.strip() for h in next(reader, [])]
+            for column in BURSTGPT_COLUMNS:
+                if column not in header:
+                    raise TraceError(f"column missing from header {header}", source, 1, column)
+            index = [header.index(c) for c in BURSTGPT_COLUMNS]
+            t0: float | None = None
+            for row in reader:
+                line = reader.line_num
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue
+                if len(row) <= max(index):
+                    missing = next(c for c, i in zip(BURSTGPT_COLUMNS, index) if i >= len(row))
+                    raise TraceError(f"row has {len(row)} values, header has {len(header)}", source, line, missing)
+                stamp = _seconds(row[index[0]], source, line)
+                t0 = stamp if t0 is None else t0
+                if stamp < t0:
+                    raise TraceError(f"{stamp} s is earlier than the first row's {t0} s", source, line, "Timestamp")
+                n_in = _count(row[index[1]], source, line, "Request tokens")
+                n_out = _count(row[index[2]], source, line, "Response tokens")
+                if n_in == 0 or n_out == 0:
+                    skipped += 1
+                    continue
+                n_blocks = -(-n_in // block_size)
+                records.append(TraceRecord(len(records), (stamp - t0) * 1000.0, n_in, n_out,
+                                           range(next_id, next_id + n_blocks)))
+                next_id += n_blocks
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"not UTF-8 text ({exc.reason}); BurstGPT is a CSV file", source) from None
+    if not records:
+        raise TraceError("the trace has no row with both token counts above 0", source)
+    return Trace(records, block_size, source, {"origin": "burstgpt", "skipped_failed_rows": skipped})
+
+
+def _seconds(text: str, source: str, line: int) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise TraceError(f"expected seconds, got {text!r}", source, line, "Timestamp") from None
+    if not math.isfinite(value):
+        raise TraceError(f"must be finite, got {text!r}", source, line, "Timestamp")
+    return value
+
+
+def _count(text: str, source: str, line: int, field: str) -> int:
+    try:
+        value = int(float(text.strip())) if text.strip().endswith(".0") else int(text.strip())
+    except ValueError:
+        raise TraceError(f"expected an int (tokens), got {text!r}", source, line, field) from None
+    if not 0 <= value <= MAX_TOKENS:
+        raise TraceError(f"must be between 0 and {MAX_TOKENS:,} tokens, got {value}", source, line, field)
+    return value

@@ -1,0 +1,90 @@
+"""Which reader a trace file needs, and reading it with that reader.
+
+Formats (:data:`FORMATS`): ``kvroute`` (kvroute/Mooncake JSON Lines), ``azure`` (Azure LLM
+inference CSV), ``burstgpt`` (BurstGPT CSV), ``sharegpt`` (ShareGPT-style conversation JSON) and
+``vllm-bench`` (``vllm bench serve`` result JSON). ``auto`` picks by suffix and content: a
+``.csv`` by its header, a ``.json`` by its top level (a list: ShareGPT; an object with
+``input_lens``: a vLLM result), anything else JSON Lines.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from kvroute.traces.format import Trace
+from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError
+
+FORMATS = ("auto", "kvroute", "azure", "burstgpt", "sharegpt", "vllm-bench")
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """The format of ``path`` (one of :data:`FORMATS` but ``auto``).
+
+    Raises:
+        TraceError: a ``.json`` file that is neither a list nor a vLLM result.
+        OSError: the file cannot be opened.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        from kvroute.traces.burstgpt import is_burstgpt_header
+
+        with open(path, encoding="utf-8", errors="replace", newline="") as handle:
+            header = next(csv.reader(handle), [])
+        return "burstgpt" if is_burstgpt_header(header) else "azure"
+    if suffix == ".json":
+        with open(path, "rb") as handle:
+            head = handle.read(4096).lstrip()
+        if head[:1] == b"[":
+            return "sharegpt"
+        if head[:1] == b"{":
+            return "vllm-bench"
+        raise TraceError("a .json trace must be a ShareGPT list or a vllm bench serve result object", str(path), 1)
+    return "kvroute"
+
+
+def read_any(path: str | os.PathLike[str], block_size: int | None = None, fmt: str = "auto",
+             count_tokens: Callable[[str], int] | None = None, tokens_note: str | None = None) -> Trace:
+    """Read ``path`` in format ``fmt`` (``auto``: :func:`detect_format`).
+
+    Args:
+        path: the trace file.
+        block_size: tokens per hash id block (a JSON Lines file may declare its own); default 512
+            (16 for ShareGPT, whose fresh ids then match vLLM's blocks).
+        fmt: one of :data:`FORMATS`.
+        count_tokens, tokens_note: ShareGPT's token counter and how it counts
+            (:mod:`kvroute.traces.sharegpt`); ignored by the other formats.
+
+    Raises:
+        TraceError (a ValueError): an unknown format, or the reader's error naming file, line or
+            record and field.
+        OSError: the file cannot be opened.
+    """
+    if fmt not in FORMATS:
+        raise TraceError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}", str(path))
+    if fmt == "auto":
+        fmt = detect_format(path)
+    if fmt == "kvroute":
+        from kvroute.traces.reader import read_trace
+
+        return read_trace(path, block_size)
+    if fmt == "sharegpt":
+        from kvroute.traces.sharegpt import read_sharegpt
+
+        return read_sharegpt(path, block_size or 16, count_tokens, tokens_note)
+    block_size = block_size or MOONCAKE_BLOCK_SIZE
+    if fmt == "azure":
+        from kvroute.traces.azure import read_azure_csv
+
+        return read_azure_csv(path, block_size)
+    if fmt == "burstgpt":
+        from kvroute.traces.burstgpt import read_burstgpt
+
+        return read_burstgpt(path, block_size)
+    from kvroute.traces.vllm_bench import read_vllm_bench
+
+    return read_vllm_bench(path, block_size)
+
