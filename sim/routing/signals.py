@@ -84,6 +84,10 @@ class KVEventIndex:
                     else:
                         del mask[h]
 
+    def copies(self, worker: int, block_hash: int) -> int:
+        """How many copies of ``block_hash`` ``worker`` holds according to the events."""
+        return self._copies[worker].get(block_hash, 0)
+
     def cached(self, worker: int) -> set[int]:
         """The hashes ``worker`` holds according to the events."""
         return set(self._copies[worker])
