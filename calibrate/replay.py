@@ -31,6 +31,7 @@ import pandas as pd
 
 from kvroute.calibrate.livestream import FifoSlots, WorkerLost, stream_tokens
 from kvroute.calibrate.prompts import PromptBuilder, TokenSynth, chained_block_hashes
+from kvroute.calibrate.kv_events import LiveKVEvents
 from kvroute.calibrate.metrics_scrape import LiveMetrics
 from kvroute.sim.metrics import RequestRecord, RunResult, records_frame
 from kvroute.sim.routing import RouteRequest, RouterView, make_policy, router_rng
@@ -54,6 +55,9 @@ class ReplaySpec:
         seed: seeds the router's generator (ties, random choices).
         scrape_interval_s: seconds between polls of the servers' ``/metrics`` for a policy that
             reads them (``Policy.uses_metrics``); 0 polls back to back.
+        cache_view: ``routed`` (the router's routed-prefix index) or ``events`` (the servers'
+            KV-cache events, ``kvroute.calibrate.kv_events``).
+        kv_event_endpoints: with ``events``, each server's ZeroMQ event endpoint, in server order.
     """
 
     policy: str = "round_robin"
@@ -63,6 +67,8 @@ class ReplaySpec:
     timeout_s: float = 600.0
     seed: int = 0
     scrape_interval_s: float = 0.0
+    cache_view: str = "routed"
+    kv_event_endpoints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +123,16 @@ class LiveReplay:
         self.prompts = PromptBuilder(self.workload, synth)
         self.policy = make_policy(spec.policy, router_rng(spec.seed))
         self.metrics = LiveMetrics([ep.url for ep in endpoints], spec.scrape_interval_s)
+        self.kv_events = None
+        if spec.cache_view == "events":
+            if len(spec.kv_event_endpoints) != len(endpoints):
+                raise ValueError(f"cache view 'events' needs one KV-event endpoint per server: "
+                                 f"{len(spec.kv_event_endpoints)} for {len(endpoints)} servers")
+            self.kv_events = LiveKVEvents(spec.kv_event_endpoints, block_size)
         self.view = RouterView(len(endpoints), block_size, spec.router_block_tokens,
-                               track_prefixes=self.policy.uses_prefixes, metrics=self.metrics.scrape)
+                               track_prefixes=self.policy.uses_prefixes, metrics=self.metrics.scrape,
+                               cache_view=spec.cache_view,
+                               events=self.kv_events.index if self.kv_events else None)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []
         self.itl_gaps: list[float] = []
@@ -163,6 +177,10 @@ class LiveReplay:
         if self.policy.uses_metrics:
             await self.metrics.first_poll()  # the gateway knows the servers' state before the first request
             poller = asyncio.get_running_loop().create_task(self.metrics.run())
+        subscriber = None
+        if self.kv_events is not None:
+            subscriber = asyncio.get_running_loop().create_task(self.kv_events.run())
+            await asyncio.sleep(0.5)  # NOTE: a ZeroMQ subscriber misses what is published before it joins
         try:
             for rec in sent:
                 self._spawn(rec, rec.timestamp_ms / 1000.0)
@@ -183,9 +201,10 @@ class LiveReplay:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             raise
         finally:
-            if poller is not None:
-                poller.cancel()
-                await asyncio.gather(poller, return_exceptions=True)
+            for task in (poller, subscriber):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
             self.elapsed_s = self.now()
 
     def result(self) -> RunResult:

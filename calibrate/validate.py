@@ -64,6 +64,9 @@ class ValidationSpec:
             that the interval a measured value is checked against includes the model's share; 0:
             seeds only.
         prior_range: relative range of a derived prior's coefficients for ``uncertainty``.
+        cache_view: where cache-aware policies look, live and simulated: ``routed`` or
+            ``events`` (the servers' KV-cache events, read from ``kv_event_endpoints``).
+        kv_event_endpoints: each server's ZeroMQ KV-event endpoint, in ``urls`` order.
     """
 
     urls: tuple[str, ...]
@@ -80,6 +83,8 @@ class ValidationSpec:
     client_lag_s: float = 0.0
     uncertainty: int = 0
     prior_range: float = 0.2
+    cache_view: str = "routed"
+    kv_event_endpoints: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -237,7 +242,7 @@ def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSp
     cluster = ClusterSpec(
         live_profile, num_workers=len(servers), closed_loop=spec.closed_loop,
         arrival_spread_s=spec.arrival_spread_s, router_block_tokens=spec.router_block_tokens,
-        max_in_flight=spec.max_in_flight,
+        max_in_flight=spec.max_in_flight, cache_view=spec.cache_view,
     )
     return cluster, notes
 
@@ -381,7 +386,8 @@ def run_validation(
     engine = cluster.profile.engine
     for run in runs:
         replay_spec = ReplaySpec(run.policy, spec.closed_loop, spec.max_in_flight, spec.router_block_tokens,
-                                 spec.timeout_s, spec.seed)
+                                 spec.timeout_s, spec.seed, cache_view=spec.cache_view,
+                                 kv_event_endpoints=spec.kv_event_endpoints)
         replay = LiveReplay(trace, endpoints, engine.block_size, replay_spec, TokenSynth(lo, hi, spec.seed),
                             engine.max_model_len)
         validation.runs.append(run)

@@ -223,18 +223,24 @@ class Cluster:
         self._num_done = 0
 
     def _event_listener(self, worker: int):
-        events, delay = self.events, self.spec.kv_event_delay_s
+        events, delay, env, n = self.events, self.spec.kv_event_delay_s, self.env, self.spec.num_workers
         if delay == 0:
             return lambda stored, hashes: events.apply(worker, stored, hashes)
 
+        def deliver(batch) -> None:
+            for w, (removed, stored) in enumerate(batch):
+                # NOTE: removals first: a block removed at an instant was stored before it (a block
+                # cached at schedule time is held by its request until a later step), and copies
+                # are counted, so the order within one instant does not change the result.
+                events.apply(w, False, removed)
+                events.apply(w, True, stored)
+
         def later(stored: bool, hashes) -> None:
-            due = self.env.now + delay
-            if self._pending_events is None or due != self._pending_due:
-                batch = self._pending_events = []
-                self._pending_due = due
-                self.env.timeout(delay).callbacks.append(
-                    lambda _ev: [events.apply(*e) for e in batch])
-            self._pending_events.append((worker, stored, hashes))
+            if env.now != self._pending_due:
+                self._pending_due = env.now
+                batch = self._pending_events = [([], []) for _ in range(n)]
+                env.timeout(delay).callbacks.append(lambda _ev: deliver(batch))
+            self._pending_events[worker][stored].extend(hashes)
 
         return later
 

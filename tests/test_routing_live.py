@@ -1,12 +1,13 @@
-"""The scraped /metrics signal drives routing live: two real vLLM CPU servers, policies that
-read each server's load gauges, one request at a time so the hit tokens per worker must equal the
-simulation's exactly.
+"""The scraped /metrics signal and the KV-cache events drive routing live: two real vLLM CPU
+servers publishing KV events, policies that read each server's load gauges or its events, one
+request at a time so the hit tokens per worker must equal the simulation's exactly.
 
 Run: python -m pytest -m live tests/test_routing_live.py   (about 2 minutes, most of it start-up)
 """
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -19,6 +20,7 @@ PROFILE = "cpu-tiny-qwen2"
 # instant), so the next chat goes elsewhere: measured [14304, 12128] hit tokens per worker against
 # a prediction of [12128, 14080] on one run. That staleness is the point of the scrape signal.
 POLICIES = ["llmd", "least_loaded:load=waiting"]
+EVENT_POLICIES = ["dynamo", "sglang"]  # read the servers' KV-cache events
 
 
 def _free_port() -> int:
@@ -44,18 +46,25 @@ def validation(tmp_path_factory):
         pytest.skip(f"two servers need two cores; this machine offers {cores}")
     model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny") / TINY_MODEL_NAME)
     logs = tmp_path_factory.mktemp("logs")
+    events = [_free_port() for _ in cores[:2]]
     specs = [ServerSpec(model=str(model_dir), served_model_name=TINY_MODEL_NAME, port=_free_port(), cpu_core=c,
-                        block_size=32, kv_cache_gib=1, log_path=logs / f"vllm-{c}.log") for c in cores[:2]]
+                        block_size=32, kv_cache_gib=1, log_path=logs / f"vllm-{c}.log",
+                        extra_args=("--kv-events-config", json.dumps({
+                            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"})))
+             for c, port in zip(cores[:2], events)]
     # 5 chats x 3 turns sharing a long system prompt; 32-token replies
     trace = seed_chat(num_chats=5, num_turns=3, system_words=1500, user_words=60, reply_tokens=32, block_size=32)
     with serve_many(specs, timeout_s=600) as servers:
         spec = ValidationSpec(tuple(s.url for s in servers), tuple(POLICIES), max_in_flight=1, sim_rounds=1)
-        yield run_validation(trace, load_profile(PROFILE), spec)
+        scraped = run_validation(trace, load_profile(PROFILE), spec)
+        spec = ValidationSpec(tuple(s.url for s in servers), tuple(EVENT_POLICIES), max_in_flight=1, sim_rounds=1,
+                              cache_view="events", kv_event_endpoints=tuple(f"tcp://127.0.0.1:{p}" for p in events))
+        yield scraped.runs + run_validation(trace, load_profile(PROFILE), spec).runs
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-def test_scraped_metrics_drive_routing_and_hits_match_the_simulation(validation, policy):
-    run = next(r for r in validation.runs if r.policy == policy)
+@pytest.mark.parametrize("policy", POLICIES + EVENT_POLICIES)
+def test_live_signals_drive_routing_and_hits_match_the_simulation(validation, policy):
+    run = next(r for r in validation if r.policy == policy)
     assert (run.live.records["status"] == "ok").all()
     live = [float(x) for x in run.live.workers["prefix_cache_hits"]]
     sim = [float(x) for x in run.predicted_counter("prefix_cache_hits")]
@@ -64,3 +73,7 @@ def test_scraped_metrics_drive_routing_and_hits_match_the_simulation(validation,
     lw = run.live.records.set_index("request_id")["worker"]
     sw = run.sim_runs[0].records.set_index("request_id")["worker"]
     assert (lw == sw).all()
+    if policy in EVENT_POLICIES:
+        # every chat follows the shared system prompt's blocks, which the router knows only from
+        # the events (its routed-prefix index is off): an empty index would spread them at random
+        assert lw.nunique() == 1

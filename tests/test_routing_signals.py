@@ -144,3 +144,30 @@ def test_live_metrics_poll_every_server():
     pages["b"] = "up 1\n"
     with pytest.raises(ValueError, match="http://b/: the /metrics page has no vllm:num_requests_running"):
         asyncio.run(poll())
+
+
+class BlockStored:  # the fields of vLLM's event that the translator reads
+    def __init__(self, block_hashes, parent_block_hash, token_ids):
+        self.block_hashes, self.parent_block_hash, self.token_ids = block_hashes, parent_block_hash, token_ids
+
+
+class BlockRemoved:
+    def __init__(self, block_hashes):
+        self.block_hashes = block_hashes
+
+
+def test_live_kv_events_are_named_by_the_routers_own_hashes():
+    from kvroute.calibrate.kv_events import LiveKVEvents
+    from kvroute.calibrate.prompts import chained_block_hashes
+
+    prompt = list(range(100, 228))  # 4 blocks of 32
+    ours = chained_block_hashes(prompt, 32)
+    live = LiveKVEvents(["tcp://a", "tcp://b"], block_size=32)
+    # server 1 stores the first 3 blocks in one event, then the 4th chained to vLLM's hash 13
+    live.apply(1, [BlockStored([11, 12, 13], None, prompt[:96])])
+    live.apply(1, [BlockStored([14], 13, prompt[96:128])])
+    assert live.index.matched_blocks(ours) == [0, 4]
+    live.apply(1, [BlockRemoved([12])])
+    assert live.index.matched_blocks(ours) == [0, 1]
+    live.apply(0, [BlockStored([99], 77, prompt[32:64])])  # parent never seen: cannot be named
+    assert live.translators[0].num_unnamed == 1 and live.index.cached(0) == set()

@@ -59,54 +59,61 @@ class KVEventIndex:
 
     def __init__(self, num_workers: int) -> None:
         self.num_workers = num_workers
-        self._copies: list[dict[int, int]] = [{} for _ in range(num_workers)]
-        self._mask: dict[int, int] = {}  # hash -> bitmask of workers holding it
+        self._held: list[set[int]] = [set() for _ in range(num_workers)]
+        self._extra: list[dict[int, int]] = [{} for _ in range(num_workers)]  # copies beyond the first
 
     def apply(self, worker: int, stored: bool, block_hashes: Iterable[int]) -> None:
         """Apply one ``BlockStored`` (``stored``) or ``BlockRemoved`` event of ``worker``."""
-        copies, mask, bit = self._copies[worker], self._mask, 1 << worker
+        held, extra = self._held[worker], self._extra[worker]
         if stored:
-            for h in block_hashes:
-                n = copies.get(h, 0)
-                copies[h] = n + 1
-                if n == 0:
-                    mask[h] = mask.get(h, 0) | bit
-        else:
-            for h in block_hashes:
-                n = copies.get(h, 0)
-                if n > 1:
-                    copies[h] = n - 1
-                elif n == 1:
-                    del copies[h]
-                    m = mask[h] & ~bit
-                    if m:
-                        mask[h] = m
+            again = held.intersection(block_hashes)
+            if again:  # a second copy of a cached block (vLLM does not merge them)
+                seen = set()
+                for h in block_hashes:
+                    if h in again or h in seen:
+                        extra[h] = extra.get(h, 0) + 1
                     else:
-                        del mask[h]
+                        seen.add(h)
+                held.update(block_hashes)
+            else:
+                held.update(block_hashes)
+        elif extra:
+            for h in block_hashes:
+                n = extra.get(h)
+                if n:
+                    if n > 1:
+                        extra[h] = n - 1
+                    else:
+                        del extra[h]
+                else:
+                    held.discard(h)
+        else:
+            held.difference_update(block_hashes)
+
+    def copies(self, worker: int, block_hash: int) -> int:
+        """How many copies of ``block_hash`` ``worker`` holds according to the events."""
+        if block_hash not in self._held[worker]:
+            return 0
+        return 1 + self._extra[worker].get(block_hash, 0)
 
     def cached(self, worker: int) -> set[int]:
         """The hashes ``worker`` holds according to the events."""
-        return set(self._copies[worker])
+        return set(self._held[worker])
 
     def matched_blocks(self, block_hashes: list[int]) -> list[int]:
         """Per worker, the blocks of the longest prefix of ``block_hashes`` it holds."""
-        n = self.num_workers
-        matched = [0] * n
-        mask = self._mask
-        live = (1 << n) - 1
+        held = self._held
+        matched = [0] * self.num_workers
+        live = [w for w in range(self.num_workers) if held[w]]
         for pos, h in enumerate(block_hashes):
-            now = mask.get(h, 0) & live
-            lost = live & ~now
-            w = 0
-            while lost:
-                if lost & 1:
-                    matched[w] = pos
-                lost >>= 1
-                w += 1
-            live = now
-            if not live:
-                return matched
-        for w in range(n):
-            if live >> w & 1:
-                matched[w] = len(block_hashes)
+            still = [w for w in live if h in held[w]]
+            if len(still) != len(live):
+                for w in live:
+                    if h not in held[w]:
+                        matched[w] = pos
+                live = still
+                if not live:
+                    return matched
+        for w in live:
+            matched[w] = len(block_hashes)
         return matched
