@@ -377,7 +377,7 @@ class SensitivityResult:
             change = " vs " in g
             header = ["factor", "range"] + [_label(o.split(":")[1], change) for o in cols]
             rows = [header]
-            rows.append(["at the base point", f"(seed sd)"]
+            rows.append(["at the base point", "(seed sd)"]
                         + [f"{_fmt(self.base[o])} ({_fmt(self.noise[o])})" for o in cols])
             for f in self.factors:
                 cells = [f.name, f"{_fmt(f.low)}..{_fmt(f.high)} {f.unit}".rstrip()]

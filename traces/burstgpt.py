@@ -13,9 +13,9 @@ import csv
 import math
 import os
 
-from kvroute.sim.inputs import BLOCK_SIZE, MAX_TOKENS, InputError
+from kvroute.sim.inputs import MAX_TOKENS
 from kvroute.traces.format import Trace, TraceRecord
-from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError
+from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError, check_trace_block_size
 
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 """The columns read; the others (``Model``, ``Total tokens``, ``Log Type``) are ignored."""
@@ -48,10 +48,7 @@ def read_burstgpt(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOCK
         OSError: the file cannot be opened.
     """
     source = str(path)
-    try:
-        BLOCK_SIZE.check(block_size, "block_size", source)
-    except InputError as exc:
-        raise TraceError(exc.reason, path, None, "block_size") from None
+    check_trace_block_size(block_size, path)
     records: list[TraceRecord] = []
     next_id = skipped = 0
     try:

@@ -51,6 +51,34 @@ class TraceError(InputError):
         self.path = self.where
 
 
+def check_trace_block_size(block_size: int, path: str | os.PathLike[str]) -> None:
+    """Check a trace's declared or given ``block_size`` (tokens per ``hash_ids`` block).
+
+    Raises:
+        TraceError: naming ``path`` and the field ``block_size``.
+    """
+    try:
+        BLOCK_SIZE.check(block_size, "block_size", str(path))
+    except InputError as exc:
+        raise TraceError(exc.reason, path, None, "block_size") from None
+
+
+def load_json_document(path: str | os.PathLike[str]):
+    """The JSON document in ``path`` (a whole-file format: ShareGPT, ``vllm bench serve`` results).
+
+    Raises:
+        TraceError: the file is not UTF-8 text or not JSON (naming line and column).
+        OSError: the file cannot be opened.
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"not UTF-8 text ({exc.reason})", str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"malformed JSON: {exc.msg} (column {exc.colno})", str(path), exc.lineno) from None
+
+
 def check_block_sizes(trace_block_size: int, engine_block_size: int) -> None:
     """Check that an engine's KV block size can replay a trace's ``hash_ids``.
 

@@ -19,14 +19,13 @@ is modelled: a prompt is the sum of its messages' token counts. Timestamps are 0
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable
 
 from kvroute.sim.inputs import MAX_TOKENS
 from kvroute.traces.format import Trace, TraceRecord
-from kvroute.traces.reader import TraceError
+from kvroute.traces.reader import TraceError, load_json_document
 
 CHARS_PER_TOKEN = 4.0
 """Default characters per token of the estimate: OpenAI's rule of thumb for English text with
@@ -94,13 +93,7 @@ def read_sharegpt(path: str | os.PathLike[str], block_size: int, count_tokens: C
     if count_tokens is None:
         count_tokens = char_estimate()
         tokens_note = tokens_note or f"estimated at {CHARS_PER_TOKEN:g} characters per token"
-    try:
-        with open(path, encoding="utf-8") as handle:
-            doc = json.load(handle)
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"not UTF-8 text ({exc.reason})", source) from None
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"malformed JSON: {exc.msg} (column {exc.colno})", source, exc.lineno) from None
+    doc = load_json_document(path)
     if type(doc) is not list:
         raise TraceError(f"expected a JSON list of conversations, got {type(doc).__name__}", source)
     records: list[TraceRecord] = []

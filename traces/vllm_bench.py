@@ -9,13 +9,12 @@ summary (``mean_ttft_ms``, ...) is kept in the metadata, to set beside a simulat
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
-from kvroute.sim.inputs import BLOCK_SIZE, MAX_TOKENS, InputError, describe
+from kvroute.sim.inputs import MAX_TOKENS, describe
 from kvroute.traces.format import Trace, TraceRecord
-from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError
+from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError, check_trace_block_size, load_json_document
 
 MEASURED_FIELDS = ("model_id", "request_rate", "duration", "completed", "mean_ttft_ms", "median_ttft_ms",
                    "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "output_throughput")
@@ -51,17 +50,8 @@ def read_vllm_bench(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLO
         OSError: the file cannot be opened.
     """
     source = str(path)
-    try:
-        BLOCK_SIZE.check(block_size, "block_size", source)
-    except InputError as exc:
-        raise TraceError(exc.reason, path, None, "block_size") from None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            doc = json.load(handle)
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"not UTF-8 text ({exc.reason})", source) from None
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"malformed JSON: {exc.msg} (column {exc.colno})", source, exc.lineno) from None
+    check_trace_block_size(block_size, path)
+    doc = load_json_document(path)
     if not is_vllm_bench_result(doc):
         raise TraceError("not a vllm bench serve result (needs input_lens and output_lens; "
                          "save it with --save-result --save-detailed)", source, None, "input_lens")
