@@ -102,6 +102,9 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         click.echo(f"\n{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}; "
                    f"± is the 95% interval over rounds ([low, high] where clipped to possible values); changes of shares "
                    f"in percentage points (pp); goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
+        note = _unmeasured_note(spec.profile, trace_path is None and workload == "seed-chat" and reply_tokens is None)
+        if note:
+            click.echo(note)
     if out is not None:
         _write_outputs(comparison, out, header, json_out, records_format)
         _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), request_rate, arrival)
@@ -217,6 +220,19 @@ def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, reco
 def simulate(policy, rounds, json_out, out, records_format, quiet, **scenario):
     """Simulate one routing policy and print its summary."""
     _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario, quiet=quiet)
+
+
+def _unmeasured_note(profile, fitted_seed_workload: bool) -> str:
+    """A warning under the table when the prediction rests on inputs nobody measured."""
+    if (profile.raw.get("provenance") or {}).get("kind") != "derived":
+        return ""
+    note = (f"Note: {profile.name} is a derived prior, not a measurement: absolute times rest on its stated step "
+            f"costs and API-server time ({profile.overheads.api_server_s * 1000:.0f} ms). "
+            "`--uncertainty 10` adds their share to the intervals; `kvroute sensitivity` ranks them.")
+    if fitted_seed_workload and profile.name == "a6000-qwen2.5-7b":
+        note += (" On the lab's 6-turn run this prior predicts later-turn TTFT about 1.5x the measured value "
+                 "(README: the seed workload, fitted to the lab's run).")
+    return note
 
 
 @click.command("policies")

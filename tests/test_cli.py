@@ -116,3 +116,12 @@ def test_length_flags_name_the_flag_in_errors():
     assert "Invalid value for '--reply-tokens': lognormal takes 2 number(s)" in result.output
     result = CliRunner().invoke(cli, ["compare", "--think-time", "-1"])
     assert "Invalid value for '--think-time': value must be a finite number >= 0" in result.output
+
+
+def test_a_derived_prior_is_flagged_under_the_table():
+    result = invoke("compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin")
+    assert "Note: a6000-qwen2.5-7b is a derived prior, not a measurement" in result.output
+    assert "later-turn TTFT about 1.5x the measured value" in result.output
+    measured = invoke("compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin",
+                      "--profile", "cpu-tiny-qwen2")
+    assert "derived prior" not in measured.output
