@@ -16,6 +16,9 @@ Layout of a profile file::
                     "per_request_s": ..., "prefill_attn_s": ..., "decode_attn_s": ...},
       "overheads": {"api_server_s": 0.1, "gateway_s": 0.001, "jitter_cv": 0.1,
                     "api_server_per_token_s": 0.0},
+      "frontend": {"api_server_count": 1, "per_request_s": ..., "per_prompt_token_s": ...,
+                   "per_output_token_s": ...},                      (optional, sim/frontend.py)
+      "host": {"cores": 2, "contention": ..., "baseline_busy": ..., "other_busy": ...},  (optional)
       "provenance": {"kind": "derived" | "measured", "source": "...", "date": "...", ...},
       "sources": {"<field>": "<where the number comes from>"}
     }
@@ -30,6 +33,7 @@ from pathlib import Path
 
 from kvroute.sim.config import EngineConfig
 from kvroute.sim.cost_model import StepCost
+from kvroute.sim.frontend import FrontendModel, HostModel, frontend_from_dict, host_from_dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +113,9 @@ class Profile:
         overheads: per-request API server and gateway time.
         gpu_memory_utilization: share of the device one worker takes (vLLM's flag).
         memory: inputs of vLLM's KV-capacity rule, or None when only ``num_gpu_blocks`` is known.
+        frontend: the API processes as a queue (``kvroute.sim.frontend``); None: overheads only,
+            as if the API server had unlimited capacity.
+        host: the host's cores and their contention; None: steps never stretched.
         raw: the whole JSON document (hardware, model, provenance, sources), kept for reports.
     """
 
@@ -118,6 +125,8 @@ class Profile:
     overheads: Overheads = Overheads()
     gpu_memory_utilization: float = 0.9
     memory: MemoryModel | None = None
+    frontend: FrontendModel | None = None
+    host: HostModel | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     def shared(self, workers_per_gpu: int) -> "Profile":
@@ -218,5 +227,7 @@ def profile_from_dict(doc: dict, where: str = "<dict>") -> Profile:
         overheads=overheads,
         gpu_memory_utilization=float(engine_doc.get("gpu_memory_utilization", 0.9)),
         memory=memory,
+        frontend=frontend_from_dict(doc.get("frontend"), where),
+        host=host_from_dict(doc.get("host"), where),
         raw=doc,
     )
