@@ -130,7 +130,9 @@ def calibrate():
 @click.option("--hardware", default=None, help="Hardware description for the profile (default: what the server reports).")
 @click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engine's core.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress):
+@click.option("--bursts/--no-bursts", default=True, show_default=True,
+              help="Run the concurrency sweep (bursts of N = 1..64 requests on one and on all servers).")
+def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress, bursts):
     """Drive live servers through their OpenAI API: prefill (cold and cached prefixes), decode
     (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive."""
     import asyncio
@@ -142,6 +144,8 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     plan = SweepPlan.preset(preset)
     if max_len is not None:
         plan = plan.clipped(max_len)
+    if not bursts:
+        plan = plan.without_bursts()
     try:
         lo, hi = (int(x) for x in token_range.split(":"))
     except ValueError:
@@ -191,7 +195,12 @@ def _rows(path: Path) -> int:
 @click.option("--per-token-overhead/--no-per-token-overhead", default=True, show_default=True,
               help="Fit the per-prompt-token part of the API-server time.")
 @click.option("--folds", type=int, default=4, show_default=True, help="Cross-validation folds (0: none).")
-def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds):
+@click.option("--bursts/--no-bursts", default=True, show_default=True,
+              help="Fit the front-end queue and host-contention terms to the sweep's bursts, if it has any.")
+@click.option("--api-server-count", type=int, default=1, show_default=True,
+              help="API processes per server during the sweep (vLLM --api-server-count).")
+def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
+            bursts, api_server_count):
     """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report."""
     from kvroute.calibrate.fit import fit, plot_report, profile_document
     from kvroute.calibrate.observations import (build_observations, engine_config, load_sweep,
@@ -217,6 +226,7 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
     out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
     name = name or out.stem
     doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
+    burst_text = _fit_bursts(doc, meta, req, exp, api_server_count) if bursts else None
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     load_profile(out)  # the simulator must accept what we wrote
@@ -226,8 +236,35 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
     frame["predicted_s"] = result.predicted_s
     frame["held_out"] = result.held_out
     frame.to_csv(Path(run_dir) / "fit_points.csv", index=False)
-    click.echo(result.summary())
+    click.echo("one request at a time:\n" + result.summary())
+    if burst_text:
+        click.echo(burst_text)
     click.echo(f"profile {out}\nreport  {png}")
+
+
+def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int) -> str | None:
+    """Add the front-end and host sections fitted to the sweep's bursts to ``doc``; returns the
+    report text, or None when the sweep has no bursts."""
+    import os
+
+    from kvroute.calibrate.bursts import fit_frontend, load_bursts, profile_sections
+    from kvroute.sim.profile import profile_from_dict
+
+    found, notes = load_bursts(req, exp)
+    for n in notes[:4]:
+        click.echo(f"note: {n}", err=True)
+    if not found:
+        return None
+    host = meta.get("client_host") or {}
+    ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1),
+                      float(len(meta.get("urls") or [1])), api_server_count)
+    sections = profile_sections(ff)
+    doc["frontend"], doc["host"] = sections["frontend"], sections["host"]
+    doc["provenance"]["fit"]["bursts"] = sections["burst_fit"]
+    doc["sources"].update(sections["sources"])
+    if host.get("loadavg_start") is not None:
+        doc["provenance"]["client_host_loadavg"] = {k: host.get(k) for k in ("loadavg_start", "loadavg_end")}
+    return ff.summary()
 
 
 def _model_doc(root: str) -> dict:
