@@ -58,9 +58,10 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @click.option("--token-range", default=None, help="LO:HI prompt token ids (default: from the model's tokenizer).")
 @click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engines'.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds simulation rounds and prompt tokens.")
-@click.option("--client-lag", type=float, default=0.0, show_default=True,
-              help="Seconds the simulation adds before every later turn, for the live client's own send delay "
-                   "(the report measures it; a rerun can pass it here).")
+@click.option("--client-lag", default="measured", show_default=True,
+              help="Seconds the simulation adds before every later turn, for the live client's own send delay; "
+                   "'measured': run the live replays first and use their median send lag (and the roots' "
+                   "measured send offsets).")
 def validate(trace_path, trace_block_size, max_requests, workload, chats, turns, urls, policy, policies_text,
              profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, timeout, router_block_tokens,
              model, token_range, client_cores, seed, client_lag):
@@ -88,6 +89,14 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--profile") from exc
     closed = {"auto": None, "closed": True, "open": False}[replay]
+    if client_lag == "measured":
+        client_lag = None
+    else:
+        try:
+            client_lag = float(client_lag)
+        except ValueError:
+            raise click.BadParameter(f"expected seconds or 'measured', got {client_lag!r}",
+                                     param_hint="--client-lag") from None
     spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread, router_block_tokens,
                           timeout, rounds, seed, model, _token_range(token_range), client_lag)
     try:
