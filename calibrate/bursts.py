@@ -132,6 +132,52 @@ def simulate_burst(burst: Burst, profile: Profile, seeds: tuple[int, ...] = (0,)
     return {k: float(np.mean(v)) for k, v in acc.items()}
 
 
+def schedule_delay(burst: Burst, profile: Profile, seed: int = 0) -> dict:
+    """The simulated arrival-to-schedule delay of the burst's last-sent request.
+
+    Returns:
+        ``{"last_delay_s": its first scheduling minus its send time,
+        "last_ttft_s": its TTFT, "mean_prefill_s": mean over the burst of (engine's first
+        token - first scheduling), "comparable_s": last_ttft_s - mean_prefill_s}``, seconds.
+        ``comparable_s`` is computed as :func:`measured_delay` computes the live figure (the
+        server exports no per-request scheduling time, only the mean prefill time).
+    """
+    from kvroute.sim.cluster import Cluster
+
+    spec = ClusterSpec(profile, num_workers=burst.num_servers, policy="round_robin", arrival_spread_s=0.0,
+                       closed_loop=False)
+    cluster = Cluster(burst_trace(burst, profile.engine.block_size), spec, seed)
+    scheduled: dict[int, float] = {}
+    first: dict[int, float] = {}
+    for w in cluster.workers:
+        # instrument this run's scheduler and token callback (instance attributes; the worker
+        # looks both up when it runs)
+        def schedule(orig=w.scheduler.schedule):
+            out = orig()
+            for r in out.admitted:
+                scheduled.setdefault(r.request_id, cluster.env.now)
+            return out
+
+        def on_token(request, now, orig=w.on_token):
+            first.setdefault(request.request_id, now)
+            orig(request, now)
+
+        w.scheduler.schedule, w.on_token = schedule, on_token
+    rec = cluster.run().records.set_index("request_id")
+    last = len(burst.send_s) - 1
+    mean_prefill = float(np.mean([first[i] - scheduled[i] for i in scheduled]))
+    ttft = float(rec.at[last, "ttft"])
+    return {"last_delay_s": scheduled[last] - burst.send_s[last], "last_ttft_s": ttft,
+            "mean_prefill_s": mean_prefill, "comparable_s": ttft - mean_prefill}
+
+
+def measured_delay(burst: Burst) -> float:
+    """The live arrival-to-schedule delay of the burst's last-sent request, s: its client TTFT
+    minus the servers' mean prefill time of the burst (``vllm:request_prefill_time_seconds``,
+    scheduling to first token). NaN when the server exported no prefill times."""
+    return burst.measured["ttft_last_s"] - burst.engine_prefill_s
+
+
 def burst_table(bursts: list[Burst], profile: Profile, seeds: tuple[int, ...] = (0, 1)) -> pd.DataFrame:
     """Per burst and metric: measured, predicted and the error in % (long format)."""
     rows = []

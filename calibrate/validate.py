@@ -272,14 +272,14 @@ def with_client_lag(trace: Trace, lag_s: float) -> Trace:
 def measured_client(trace: Trace, runs: list[PolicyRun]) -> tuple[float, dict[int, float]]:
     """The live client's own timing over ``runs``: the median send lag of later turns (seconds
     from the parent's last token to the send, beyond think time; 0 when there are none) and
-    each root request's median send offset after the run's first send, s (how long the client
-    took to put a burst's roots on the wire)."""
+    each root request's median send delay beyond its trace timestamp, relative to the least
+    delayed root of its run, s (how long the client took to put a burst's roots on the wire)."""
     from kvroute.calibrate.validate_report import send_lags
 
     lags = np.concatenate([send_lags(r, trace) for r in runs] or [np.zeros(0)])
     lag = float(np.median(lags)) if len(lags) else 0.0
     offsets: dict[int, list[float]] = {}
-    roots = {r.request_id for r in trace.records if r.parent is None}
+    roots = {r.request_id: r.timestamp_ms / 1000.0 for r in trace.records if r.parent is None}
     for run in runs:
         if run.live is None:
             continue
@@ -287,9 +287,10 @@ def measured_client(trace: Trace, runs: list[PolicyRun]) -> tuple[float, dict[in
         df = df[df["request_id"].isin(roots) & df["arrival"].notna()]
         if df.empty:
             continue
-        t0 = float(df["arrival"].min())
-        for rid, a in zip(df["request_id"], df["arrival"]):
-            offsets.setdefault(int(rid), []).append(float(a) - t0)
+        late = {int(rid): float(a) - roots[int(rid)] for rid, a in zip(df["request_id"], df["arrival"])}
+        t0 = min(late.values())
+        for rid, x in late.items():
+            offsets.setdefault(rid, []).append(x - t0)
     return max(lag, 0.0), {rid: float(np.median(v)) for rid, v in offsets.items()}
 
 

@@ -5,7 +5,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kvroute.calibrate.bursts import Burst, burst_table, fit_frontend, profile_sections, simulate_burst
+from kvroute.calibrate.bursts import (Burst, burst_table, fit_frontend, profile_sections, schedule_delay,
+                                      simulate_burst)
 from kvroute.calibrate.measure import SweepPlan
 from kvroute.sim.frontend import FrontendModel, HostModel
 from kvroute.sim.profile import profile_from_dict
@@ -84,3 +85,17 @@ def test_burst_table_reports_each_metric():
     table = burst_table(bursts, prof)
     assert set(table["metric"]) == {"ttft_mean_s", "ttft_last_s", "tpot_mean_s", "complete_s"}
     assert np.allclose(table["error_pct"], 0.0)
+
+
+def test_schedule_delay_of_the_last_request_in_a_burst_is_its_queue_of_admissions():
+    # admission (50 ms + 1 us/token) is the whole unloaded API time and far longer than a step,
+    # so request i is scheduled the moment its admission ends: (i + 1) admissions after the send
+    prof = base_profile()
+    prof = replace(prof, overheads=replace(prof.overheads, api_server_s=0.05),
+                   frontend=FrontendModel(1, 0.05, 1e-6, 0.0))
+    b = Burst(0, "burst", 1, 4, 256, 1, (0.0, 0.0, 0.0, 0.0), {})
+    d = schedule_delay(b, prof)
+    assert d["last_delay_s"] == pytest.approx(4 * (0.05 + 256e-6))
+    prefill = 0.002 + 2e-5 * 256 + 1e-5
+    assert d["mean_prefill_s"] == pytest.approx(prefill)
+    assert d["comparable_s"] == pytest.approx(d["last_ttft_s"] - prefill)
