@@ -248,7 +248,8 @@ def with_terms(profile: Profile, x: np.ndarray, count: int, host: HostModel) -> 
 
 
 def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_busy: float,
-                 api_server_count: int = 1, seeds: tuple[int, ...] = (0,), max_evals: int = 120) -> FrontendFit:
+                 api_server_count: int = 1, seeds: tuple[int, ...] = (0,), max_evals: int = 120,
+                 other_busy: float = 0.0, refine_evals: int = 0) -> FrontendFit:
     """Fit the front-end and host terms to ``bursts`` (see the module doc).
 
     Args:
@@ -259,7 +260,11 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
             one-at-a-time sweep, which ran concurrently).
         api_server_count: API processes per server.
         seeds: simulation seeds averaged per evaluation.
-        max_evals: Nelder-Mead function evaluations.
+        max_evals: Nelder-Mead function evaluations of stage 1.
+        other_busy: processes busy throughout besides engines and API lanes (the load-generating
+            client on the same host: 1).
+        refine_evals: evaluations of a final joint Nelder-Mead refinement of all three terms on
+            every burst (0: none).
 
     Raises:
         ValueError: no bursts.
@@ -268,7 +273,7 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
 
     if not bursts:
         raise ValueError("the sweep holds no bursts (run 'kvroute calibrate measure' without --no-bursts)")
-    host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy)
+    host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy, other_busy=other_busy)
     scale = np.array([max(profile.overheads.api_server_s, 1e-3), 1e-4])
     one = [b for b in bursts if b.num_servers == 1] or bursts
     loaded = [b for b in bursts if b.num_servers > 1]
@@ -296,13 +301,22 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
                    options={"maxfev": max_evals, "xatol": 1e-3, "fatol": 1e-5})
     x = np.maximum(res.x, 0.0) * scale
     objective = float(res.fun)
-    # stage 2: the host's contention from bursts on all servers at once
+    # stage 2: the host's contention from bursts on all servers at once (and on one server when
+    # a stated busy client already oversubscribes the cores there)
     contention = 0.0
-    if loaded:
-        r2 = minimize_scalar(lambda c: loss(loaded, np.array([*x, c])), bounds=(0.0, 4.0), method="bounded",
+    group = loaded if other_busy == 0 else bursts
+    if group:
+        r2 = minimize_scalar(lambda c: loss(group, np.array([*x, c])), bounds=(0.0, 4.0), method="bounded",
                              options={"xatol": 0.01, "maxiter": 30})
-        contention, objective = float(r2.x), objective + float(r2.fun)
-    res = type("R", (), {"x": np.array([*x, contention]), "fun": objective})
+        contention = float(r2.x)
+    x = np.array([*x, contention])
+    if refine_evals > 0:
+        s3 = np.array([*scale, 1.0])
+        r3 = minimize(lambda z: loss(bursts, np.maximum(z, 0.0) * s3), x / s3, method="Nelder-Mead",
+                      bounds=[(0, 40), (0, 300), (0, 4)], options={"maxfev": refine_evals, "xatol": 1e-3})
+        x = np.maximum(r3.x, 0.0) * s3
+    objective = loss(bursts, x)
+    res = type("R", (), {"x": x, "fun": objective})
     fitted = with_terms(profile, res.x, api_server_count, host)
     before = burst_table(bursts, profile)
     after = burst_table(bursts, fitted)
@@ -332,6 +346,7 @@ def profile_sections(ff: FrontendFit) -> dict:
             "host.cores": "os.cpu_count() of the calibrating client (servers on the same host)",
             "host.baseline_busy": "servers measured concurrently in the one-at-a-time sweep",
             "host.contention": "fitted to the concurrency sweep's bursts with the front-end terms",
+            "host.other_busy": "stated: the measuring client, busy on the same host during the bursts",
         },
     }
 

@@ -199,8 +199,14 @@ def _rows(path: Path) -> int:
               help="Fit the front-end queue and host-contention terms to the sweep's bursts, if it has any.")
 @click.option("--api-server-count", type=int, default=1, show_default=True,
               help="API processes per server during the sweep (vLLM --api-server-count).")
+@click.option("--client-busy", type=float, default=1.0, show_default=True,
+              help="Busy processes besides engines and API servers during the bursts (the measuring client "
+                   "on the same host: 1; 0 when it ran elsewhere).")
+@click.option("--base-profile", default=None,
+              help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
+                   "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
 def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
-            bursts, api_server_count):
+            bursts, api_server_count, client_busy, base_profile):
     """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report."""
     from kvroute.calibrate.fit import fit, plot_report, profile_document
     from kvroute.calibrate.observations import (build_observations, engine_config, load_sweep,
@@ -214,6 +220,10 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
     if not servers:
         _fail(f"{run_dir}/meta.json names no server")
     info = servers[0]
+    out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
+    if base_profile is not None:
+        _fit_bursts_only(base_profile, run_dir, out, name or out.stem, meta, req, exp, api_server_count, client_busy)
+        return
     obs, notes = build_observations(req, exp, engine_config(info), itl_source)
     for n in notes[:8]:
         click.echo(f"note: {n}", err=True)
@@ -223,10 +233,9 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
         result = fit(obs, holdout, seed, overhead, loss, per_token_overhead, folds)
     except ValueError as exc:
         _fail(str(exc))
-    out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
     name = name or out.stem
     doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
-    burst_text = _fit_bursts(doc, meta, req, exp, api_server_count) if bursts else None
+    burst_text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy) if bursts else None
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     load_profile(out)  # the simulator must accept what we wrote
@@ -242,7 +251,33 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
     click.echo(f"profile {out}\nreport  {png}")
 
 
-def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int) -> str | None:
+def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, exp, api_server_count: int,
+                     client_busy: float) -> None:
+    """Write ``base`` (its step costs and overheads) with burst terms fitted to RUN_DIR as ``name``."""
+    import copy
+
+    from kvroute.sim.profile import load_profile
+
+    try:
+        doc = copy.deepcopy(load_profile(base).raw)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--base-profile") from exc
+    doc["name"] = name
+    doc.setdefault("provenance", {}).setdefault("fit", {})
+    doc.setdefault("sources", {})
+    doc["provenance"]["base_profile"] = (f"step costs and overheads of {base} ({doc['provenance'].get('date', '?')}); "
+                                         f"front-end and host terms fitted to the bursts in {run_dir} "
+                                         f"({meta.get('started')} - {meta.get('finished')})")
+    text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy)
+    if text is None:
+        _fail(f"{run_dir} holds no bursts to fit")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    load_profile(out)
+    click.echo(f"one request at a time: kept from {base}\n{text}\nprofile {out}")
+
+
+def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_busy: float = 1.0) -> str | None:
     """Add the front-end and host sections fitted to the sweep's bursts to ``doc``; returns the
     report text, or None when the sweep has no bursts."""
     import os
@@ -257,7 +292,8 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int) -> str |
         return None
     host = meta.get("client_host") or {}
     ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1),
-                      float(len(meta.get("urls") or [1])), api_server_count)
+                      float(len(meta.get("urls") or [1])), api_server_count, other_busy=client_busy,
+                      refine_evals=40)
     sections = profile_sections(ff)
     doc["frontend"], doc["host"] = sections["frontend"], sections["host"]
     doc["provenance"]["fit"]["bursts"] = sections["burst_fit"]
