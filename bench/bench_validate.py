@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -122,8 +123,7 @@ def score(shape: str, profile_name: str, runs, validations, rounds: int, load: t
     from kvroute.calibrate.validate_report import change_pct, error_pct
     from kvroute.sim.metrics import summarize
 
-    chats = any(r.measured.get("later_ttft_mean_s") == r.measured.get("later_ttft_mean_s")
-                for v in validations for r in v.runs)
+    chats = any(math.isfinite(r.measured.get("later_ttft_mean_s", math.nan)) for v in validations for r in v.runs)
     ttft_key = "later_ttft_mean_s" if chats else "ttft_mean_s"
 
     def measured(i: int, metric: str) -> list[float]:

@@ -300,7 +300,6 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     res = minimize(lane, z0, method="Nelder-Mead", bounds=[(0, 40), (0, 300)],
                    options={"maxfev": max_evals, "xatol": 1e-3, "fatol": 1e-5})
     x = np.maximum(res.x, 0.0) * scale
-    objective = float(res.fun)
     # stage 2: the host's contention from bursts on all servers at once (and on one server when
     # a stated busy client already oversubscribes the cores there)
     contention = 0.0
@@ -316,11 +315,10 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
                       bounds=[(0, 40), (0, 300), (0, 4)], options={"maxfev": refine_evals, "xatol": 1e-3})
         x = np.maximum(r3.x, 0.0) * s3
     objective = loss(bursts, x)
-    res = type("R", (), {"x": x, "fun": objective})
-    fitted = with_terms(profile, res.x, api_server_count, host)
+    fitted = with_terms(profile, x, api_server_count, host)
     before = burst_table(bursts, profile)
     after = burst_table(bursts, fitted)
-    return FrontendFit(fitted.frontend, fitted.host, before, after, float(res.fun), evals)
+    return FrontendFit(fitted.frontend, fitted.host, before, after, float(objective), evals)
 
 
 def profile_sections(ff: FrontendFit) -> dict:

@@ -99,3 +99,47 @@ def test_schedule_delay_of_the_last_request_in_a_burst_is_its_queue_of_admission
     prefill = 0.002 + 2e-5 * 256 + 1e-5
     assert d["mean_prefill_s"] == pytest.approx(prefill)
     assert d["comparable_s"] == pytest.approx(d["last_ttft_s"] - prefill)
+
+
+SERVER = dict(url="http://s0", model="m", model_root="/m", served_models=["m"], vllm_version="0.32.0",
+              max_model_len=32768, block_size=32, num_gpu_blocks=20000, enable_prefix_caching=True,
+              max_num_batched_tokens=2048, max_num_seqs=128)
+
+
+def test_fit_command_with_a_base_profile_adds_only_the_burst_terms(tmp_path):
+    import json
+
+    import pandas as pd
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.commands import calibrate
+    from kvroute.sim.profile import load_profile
+
+    prof = base_profile()
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(prof.raw))
+    truth = replace(prof, frontend=FrontendModel(1, 0.004, 1e-6, 1e-3))
+    rows = []
+    for k, b in enumerate(_bursts(truth, sizes=(2, 8), shapes=((256, 4),))):
+        urls = [f"http://s{i % b.num_servers}" for i in range(len(b.send_s))]
+        res = simulate_burst(b, truth)  # every request alike: use the burst's mean figures
+        for i, (t, url) in enumerate(zip(b.send_s, urls)):
+            ttft, tpot = res["ttft_mean_s"], res["tpot_mean_s"]
+            times = " ".join(f"{ttft + j * tpot:.6f}" for j in range(b.max_tokens))
+            rows.append(dict(url=url, exp_id=k, kind=b.kind, role="burst", batch=b.batch, prompt_len=b.prompt_len,
+                             max_tokens=b.max_tokens, t_send_s=t, ttft_s=ttft, t_done_s=ttft + 3 * tpot,
+                             n_tokens=b.max_tokens, token_times=times, error=None))
+    run = tmp_path / "run"
+    run.mkdir()
+    pd.DataFrame(rows).to_csv(run / "requests.csv", index=False)
+    (run / "meta.json").write_text(json.dumps({"status": "complete", "urls": ["http://s0", "http://s1"],
+                                               "client_host": {"cores": 2}, "servers": [SERVER]}))
+    out = tmp_path / "with-bursts.json"
+    result = CliRunner().invoke(calibrate, ["fit", str(run), "--base-profile", str(base), "--out", str(out),
+                                            "--client-busy", "0"])
+    assert result.exit_code == 0, result.output
+    assert "one request at a time: kept from" in result.output and "burst errors" in result.output
+    fitted = load_profile(out)
+    assert fitted.name == "with-bursts" and fitted.step_cost == prof.step_cost and fitted.overheads == prof.overheads
+    assert fitted.frontend is not None and fitted.host.cores == 2 and fitted.host.baseline_busy == 2
+    assert "base_profile" in fitted.raw["provenance"]
