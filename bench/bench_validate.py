@@ -1,42 +1,90 @@
-"""Accuracy of the simulator's predictions against live vLLM CPU servers; prints its figures.
+"""Accuracy of the simulator's predictions against live vLLM CPU servers, per workload shape.
 
-    python bench/bench_validate.py                         # starts two tiny-model servers (one core each)
-    python bench/bench_validate.py --url http://127.0.0.1:8100 --url http://127.0.0.1:8101
-    python bench/bench_validate.py --chats 12 --turns 5 --out runs/bench_validate
+    python bench/bench_validate.py                        # all shapes, 3 live rounds: about 12 min
+    python bench/bench_validate.py --shapes short-replies --live-rounds 1     # about 1.5 min
+    python bench/bench_validate.py --url http://127.0.0.1:8300 --url http://127.0.0.1:8301
 
-Replays a chat burst live under round_robin and kv_aware (prefix cache reset before each),
-``--live-rounds`` times, and simulates it (``--rounds`` seeds) with each ``--profile`` (default: the
-shipped ``cpu-tiny-qwen2-x2``, measured on two servers sharing this machine as here, and
-``cpu-tiny-qwen2``, measured on one server alone); every profile is scored against the same live
-rounds. Targets (the validation mode's acceptance criteria): for each policy the predicted time
-to complete within 10 % of the measured one and the mean TTFT within 20 %; the predicted
-kv_aware-vs-round_robin change within 5 percentage points of the measured change. Each round's full report (report.md, report.json,
-records, TTFT figures) is written to ``--out``/round<r>.
+Starts two tiny-model vLLM CPU servers (one core each for the engine; ports from ``--port-base``)
+unless ``--url`` is given. For each workload shape it replays the trace live under round_robin
+and kv_aware (prefix cache reset before each), ``--live-rounds`` times, then simulates it
+(``--rounds`` seeds) with each ``--profile`` and scores every profile against the same live
+rounds. The simulation sends later turns after the live client's measured median send lag and
+each root request at its measured send offset (``kvroute.calibrate.validate.measured_client``).
 
-The default burst (12 chats x 6 turns, a 3,904-token system prompt, 3,904-token user turns,
-16-token replies; prompts up to 27k tokens) is prefill-heavy on purpose: on a 2-core machine the
-two servers' API servers and this client must share the engines' cores, and that contention slows
-decode steps far more than prefill steps. Mean TTFT in such a closed-loop burst hinges on a race:
-whether a chat's next turn reaches the engine before the other chats' last decode steps end, so
-the prediction depends on the spread of the API-server time (the profile's ``jitter_cv``), not
-only on its mean. Live rounds differ by about +-10 % in mean TTFT; average several.
+Shapes:
+- ``long-chats``: 12 chats x 6 turns, 3,904-token system prompt and user turns, 16-token replies
+  (prompts to 27k tokens; prefill-heavy), closed loop, all chats at once;
+- ``short-replies``: 8 chats x 4 turns, a 2,048-token shared system prompt, 256-token user turns
+  (plus 3 generation-prompt tokens), 32-token replies, closed loop, all chats at once;
+- ``open-loop``: Poisson arrivals at rising rates (1, 2, 4, 8 requests/s, 5 s each; 61
+  requests), each request one of 16 shared 6,144-token documents plus 256 new tokens, 32-token
+  replies (a cold prefill takes about 0.2 s, so round_robin's misses queue at the higher rates).
+
+Targets on this 2-core machine, per shape and policy: time to complete within 15 %, TTFT
+(turns >= 2 for chats, all requests open loop) within 25 %, TPOT within 25 %; the change
+kv_aware vs round_robin of time to complete and of that TTFT within 8 percentage points. Each
+figure is printed with the number of live rounds behind it and the load average (1 min) at the
+start and end of the shape's live rounds: live timings on a shared machine move with its load.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import math
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-TARGETS = {"time_to_complete_s": 10.0, "ttft_mean_s": 20.0}
-CHANGE_TARGET_PP = 5.0
+TARGETS = {"time_to_complete_s": 15.0, "ttft": 25.0, "tpot_mean_s": 25.0}
+CHANGE_TARGET_PP = 8.0
+SHAPES = ("long-chats", "short-replies", "open-loop")
+DEFAULT_PROFILES = ("cpu-tiny-qwen2-x2-bursts", "cpu-tiny-qwen2-x2")
+
+
+def open_loop_trace(rates=(1.0, 2.0, 4.0, 8.0), phase_s: float = 5.0, docs: int = 16, doc_tokens: int = 6144,
+                    new_tokens: int = 256, reply: int = 32, block_size: int = 32, seed: int = 0):
+    """Poisson arrivals at each rate in ``rates`` (requests/s) for ``phase_s`` seconds each; every
+    request is one of ``docs`` shared documents of ``doc_tokens`` tokens plus ``new_tokens`` of
+    its own (whole blocks), ``reply`` output tokens. Seeded: the same seed gives the same trace."""
+    import numpy as np
+
+    from kvroute.traces.format import Trace, TraceRecord
+
+    rng = np.random.default_rng(seed)
+    nd, nn = doc_tokens // block_size, new_tokens // block_size
+    records, t0, rid = [], 0.0, 0
+    for rate in rates:
+        t = t0 + rng.exponential(1.0 / rate)
+        while t < t0 + phase_s:
+            d = int(rng.integers(docs))
+            hashes = tuple(range(d * nd, (d + 1) * nd)) + tuple(range(10**6 + rid * nn, 10**6 + (rid + 1) * nn))
+            records.append(TraceRecord(rid, 1000.0 * t, nd * block_size + nn * block_size, reply, hashes))
+            rid += 1
+            t += rng.exponential(1.0 / rate)
+        t0 += phase_s
+    return Trace(records, block_size=block_size, source="open-loop rising rates")
+
+
+def make_trace(shape: str):
+    """The trace of a workload shape (see the module doc)."""
+    from kvroute.traces.generators import seed_chat
+
+    if shape == "long-chats":
+        return seed_chat(num_chats=12, num_turns=6, system_words=3000, user_words=3000, reply_tokens=16, block_size=32)
+    if shape == "short-replies":
+        return seed_chat(num_chats=8, num_turns=4, system_words=2044, user_words=252, reply_tokens=32,
+                         tokens_per_word=1.0, block_size=32)
+    if shape == "open-loop":
+        return open_loop_trace()
+    raise SystemExit(f"--shapes: unknown shape {shape!r}; choose from {', '.join(SHAPES)}")
 
 
 @contextlib.contextmanager
-def _servers(urls: list[str], log_dir: Path):
+def _servers(urls: list[str], log_dir: Path, port_base: int):
     if urls:
         yield urls
         return
@@ -44,55 +92,11 @@ def _servers(urls: list[str], log_dir: Path):
     from kvroute.calibrate.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     model = str(build_tiny_model())
-    specs = plan_servers(model, 2, port_base=8150, served_model_name=TINY_MODEL_NAME, block_size=32,
+    specs = plan_servers(model, 2, port_base=port_base, served_model_name=TINY_MODEL_NAME, block_size=32,
                          kv_cache_gib=1, log_dir=log_dir, device="cpu")
     print(f"starting {len(specs)} vLLM CPU servers (logs in {log_dir}) ...", file=sys.stderr)
     with serve_many(specs, timeout_s=900) as servers:
         yield [s.url for s in servers]
-
-
-def _score(name: str, runs, validations, rounds: int) -> int:
-    """Print predicted against measured for one profile; returns the number of targets missed."""
-    from kvroute.calibrate.validate_report import change_pct, error_pct
-
-    def measured(i: int, metric: str) -> list[float]:
-        return [v.runs[i].measured[metric] for v in validations if i < len(v.runs)]
-
-    missed = 0
-    print(f"\nprofile {name}: predicted = mean of {rounds} simulated rounds; measured = mean [min, max] of "
-          f"{len(validations)} live round(s)")
-    print(f"{'policy':<12} {'metric':<20} {'predicted':>10} {'measured':>10} {'[min, max]':>18} {'error':>8} "
-          f"{'target':>7}  ok")
-    for i, run in enumerate(runs):
-        for metric in (*TARGETS, "hit_rate", "later_ttft_mean_s", "itl_mean_s"):
-            ms = measured(i, metric)
-            if not ms:
-                continue
-            p, m = run.predicted[metric], statistics.fmean(ms)
-            e = error_pct(p, m)
-            target = TARGETS.get(metric)
-            ok = None if target is None else abs(e) <= target
-            missed += ok is False
-            print(f"{run.policy:<12} {metric:<20} {p:>10.3f} {m:>10.3f} {f'[{min(ms):.3f}, {max(ms):.3f}]':>18} "
-                  f"{e:>+7.1f}% {'-' if target is None else f'±{target:g}%':>7}  {'' if ok is None else 'yes' if ok else 'NO'}")
-    if len(runs) == 2 and all(len(measured(i, "ttft_mean_s")) for i in (0, 1)):
-        from kvroute.sim.metrics import summarize
-
-        base, kv = runs
-        simulated = [[summarize(r) for r in run.sim_runs] for run in runs]
-        print(f"change {kv.policy} vs {base.policy}:  {'metric':<20} {'predicted':>10} {'measured':>10} "
-              f"{'diff':>8} {'target':>7}  ok")
-        for metric in ("time_to_complete_s", "ttft_mean_s", "hit_rate"):
-            p = change_pct(kv.predicted[metric], base.predicted[metric])
-            m = change_pct(statistics.fmean(measured(1, metric)), statistics.fmean(measured(0, metric)))
-            ok = None if metric == "hit_rate" else abs(p - m) <= CHANGE_TARGET_PP
-            missed += ok is False
-            lo, hi = _diff_interval([[x[metric] for x in sims] for sims in simulated],
-                                    [measured(0, metric), measured(1, metric)])
-            print(f"{'':<33}{metric:<20} {p:>+9.1f}% {m:>+9.1f}% {p - m:>+6.1f}pp "
-                  f"{'-' if ok is None else '±5pp':>7}  {'' if ok is None else ('yes' if ok else 'NO'):<3}  "
-                  f"90% interval of the diff [{lo:+.1f}, {hi:+.1f}] pp")
-    return missed
 
 
 def _diff_interval(simulated: list[list[float]], live: list[list[float]], n: int = 2000,
@@ -114,68 +118,125 @@ def _diff_interval(simulated: list[list[float]], live: list[list[float]], n: int
     return float(lo), float(hi)
 
 
+def score(shape: str, profile_name: str, runs, validations, rounds: int, load: tuple[float, float]) -> tuple[list, int]:
+    """Predicted against measured for one shape and profile; returns (rows, targets missed)."""
+    from kvroute.calibrate.validate_report import change_pct, error_pct
+    from kvroute.sim.metrics import summarize
+
+    chats = any(math.isfinite(r.measured.get("later_ttft_mean_s", math.nan)) for v in validations for r in v.runs)
+    ttft_key = "later_ttft_mean_s" if chats else "ttft_mean_s"
+
+    def measured(i: int, metric: str) -> list[float]:
+        return [v.runs[i].measured[metric] for v in validations if i < len(v.runs)]
+
+    rows, missed = [], 0
+    for i, run in enumerate(runs):
+        for metric in ("time_to_complete_s", ttft_key, "tpot_mean_s", "hit_rate"):
+            ms = measured(i, metric)
+            if not ms:
+                continue
+            p, m = run.predicted[metric], statistics.fmean(ms)
+            e = error_pct(p, m)
+            target = TARGETS.get("ttft" if "ttft" in metric else metric)
+            ok = None if target is None else abs(e) <= target
+            missed += ok is False
+            rows.append(dict(shape=shape, profile=profile_name, policy=run.policy, metric=metric, predicted=p,
+                             measured=m, measured_min=min(ms), measured_max=max(ms), live_rounds=len(ms),
+                             sim_rounds=rounds, error_pct=e, target_pct=target, ok=ok, load_start=load[0],
+                             load_end=load[1]))
+    if len(runs) == 2 and all(len(measured(i, ttft_key)) for i in (0, 1)):
+        base, kv = runs
+        simulated = [[summarize(r) for r in run.sim_runs] for run in runs]
+        for metric in ("time_to_complete_s", ttft_key):
+            p = change_pct(kv.predicted[metric], base.predicted[metric])
+            m = change_pct(statistics.fmean(measured(1, metric)), statistics.fmean(measured(0, metric)))
+            ok = abs(p - m) <= CHANGE_TARGET_PP
+            missed += not ok
+            lo, hi = _diff_interval([[x[metric] for x in sims] for sims in simulated],
+                                    [measured(0, metric), measured(1, metric)])
+            rows.append(dict(shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
+                             metric=f"change {metric}", predicted=p, measured=m, live_rounds=len(measured(1, metric)),
+                             sim_rounds=rounds, error_pp=p - m, interval_pp=[lo, hi], target_pp=CHANGE_TARGET_PP,
+                             ok=ok, load_start=load[0], load_end=load[1]))
+    return rows, missed
+
+
+def print_rows(rows: list[dict]) -> None:
+    """One line per figure."""
+    print(f"{'shape':<14} {'profile':<26} {'policy':<24} {'metric':<28} {'predicted':>10} {'measured':>10} "
+          f"{'error':>9} {'target':>7} {'live':>4} {'load':>10}  ok")
+    for r in rows:
+        load = f"{r['load_start']:.1f}-{r['load_end']:.1f}"
+        if "error_pp" in r:
+            lo, hi = r["interval_pp"]
+            print(f"{r['shape']:<14} {r['profile']:<26} {r['policy']:<24} {r['metric']:<28} {r['predicted']:>+9.1f}% "
+                  f"{r['measured']:>+9.1f}% {r['error_pp']:>+7.1f}pp {'±8pp':>7} {r['live_rounds']:>4} {load:>10}  "
+                  f"{'yes' if r['ok'] else 'NO'}  (90% interval of the diff [{lo:+.1f}, {hi:+.1f}] pp)")
+        else:
+            tgt = "-" if r["target_pct"] is None else f"±{r['target_pct']:g}%"
+            ok = "" if r["ok"] is None else "yes" if r["ok"] else "NO"
+            print(f"{r['shape']:<14} {r['profile']:<26} {r['policy']:<24} {r['metric']:<28} {r['predicted']:>10.4f} "
+                  f"{r['measured']:>10.4f} {r['error_pct']:>+8.1f}% {tgt:>7} {r['live_rounds']:>4} {load:>10}  {ok}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", action="append", default=[], help="Use running servers instead of starting two.")
+    parser.add_argument("--port-base", type=int, default=8300, help="First port of the servers started here.")
     parser.add_argument("--profile", action="append", default=[],
-                        help="Profile to score (repeatable; default: cpu-tiny-qwen2-x2 and cpu-tiny-qwen2).")
-    parser.add_argument("--chats", type=int, default=12)
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--system-words", type=int, default=3000)
-    parser.add_argument("--user-words", type=int, default=3000)
-    parser.add_argument("--reply", type=int, default=16)
-    parser.add_argument("--max-in-flight", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=40,
-                        help="Simulation rounds (seeds) averaged (default 40): round_robin's time to complete "
-                             "varies by +-5 %% from seed to seed here, so 10 seeds would leave about 1.5 pp of "
-                             "noise in the change.")
-    parser.add_argument("--live-rounds", type=int, default=5, help="Live replays per policy averaged.")
+                        help=f"Profile to score (repeatable; default: {', '.join(DEFAULT_PROFILES)}).")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma-separated shapes (default: all: {','.join(SHAPES)}).")
+    parser.add_argument("--rounds", type=int, default=20, help="Simulation rounds (seeds) averaged per profile.")
+    parser.add_argument("--live-rounds", type=int, default=3, help="Live replays per policy and shape.")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_validate"))
     args = parser.parse_args()
 
-    from kvroute.calibrate.validate import ValidationSpec, cluster_spec, predict, run_validation
-    from kvroute.calibrate.validate_report import run_notes, write_report
+    from kvroute.calibrate.validate import (ValidationSpec, cluster_spec, measured_client, predict, run_validation,
+                                            with_client_lag, with_root_offsets)
+    from kvroute.calibrate.validate_report import write_report
     from kvroute.sim.profile import load_profile
-    from kvroute.traces.generators import seed_chat
 
-    trace = seed_chat(num_chats=args.chats, num_turns=args.turns, system_words=args.system_words,
-                      user_words=args.user_words, reply_tokens=args.reply, block_size=32)
-    profiles = [load_profile(p) for p in (args.profile or ["cpu-tiny-qwen2-x2", "cpu-tiny-qwen2"])]
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    traces = {s: make_trace(s) for s in shapes}
+    profiles = [load_profile(p) for p in (args.profile or DEFAULT_PROFILES)]
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    validations = []
-    with _servers(args.url, args.out) as urls:
+    all_rows, missed, notes = [], 0, []
+    with _servers(args.url, args.out, args.port_base) as urls:
         t1 = time.perf_counter()
-        spec = ValidationSpec(tuple(urls), ("round_robin", "kv_aware"), max_in_flight=args.max_in_flight,
-                              sim_rounds=args.rounds)
-        for r in range(args.live_rounds):
-            print(f"live round {r + 1} of {args.live_rounds}", file=sys.stderr)
-            v = run_validation(trace, profiles[0], spec, progress=lambda m: print(m, file=sys.stderr))
-            write_report(v, args.out / f"round{r}")
-            validations.append(v)
-            if v.interrupted:
-                break
+        for shape in shapes:
+            trace = traces[shape]
+            spec = ValidationSpec(tuple(urls), ("round_robin", "kv_aware"), sim_rounds=1, client_lag_s=0.0)
+            load_start = os.getloadavg()[0]
+            validations = []
+            for r in range(args.live_rounds):
+                print(f"{shape}: live round {r + 1} of {args.live_rounds} (load {os.getloadavg()[0]:.2f})",
+                      file=sys.stderr)
+                v = run_validation(trace, profiles[0], spec, progress=lambda m: print(m, file=sys.stderr))
+                write_report(v, args.out / shape / f"round{r}")
+                validations.append(v)
+                if v.interrupted:
+                    break
+            load = (load_start, os.getloadavg()[0])
+            lag, offsets = measured_client(trace, [run for v in validations for run in v.runs])
+            notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median, "
+                         f"later turns), root send offsets up to {1000 * max(offsets.values(), default=0):.1f} ms")
+            sim_trace = with_root_offsets(with_client_lag(trace, lag), offsets)
+            for profile in profiles:
+                cluster, _ = cluster_spec(profile, validations[0].servers, spec)
+                runs = predict(sim_trace, cluster, list(spec.policies), args.rounds, spec.seed)
+                rows, m = score(shape, profile.name, runs, validations, args.rounds, load)
+                all_rows += rows
+                missed += m
     t2 = time.perf_counter()
-
-    first = validations[0]
-    print(f"\n{args.chats} chats x {args.turns} turns ({len(trace.records)} requests), {len(urls)} servers, "
-          f"max in flight {args.max_in_flight or 'unlimited'}")
-    missed = _score(profiles[0].name, first.runs, validations, args.rounds)
-    for profile in profiles[1:]:
-        cluster, _ = cluster_spec(profile, first.servers, spec)
-        runs = predict(trace, cluster, list(spec.policies), args.rounds, spec.seed)
-        missed += _score(profile.name, runs, validations, args.rounds)
-    from kvroute.calibrate.validate_report import send_lags
-
-    for i, run in enumerate(first.runs):
-        lags = [x for v in validations if i < len(v.runs) for x in send_lags(v.runs[i], trace)]
-        if lags:
-            print(f"{run.policy}: the live client sent later turns {1000 * statistics.median(lags):.1f} ms "
-                  f"(median) after the parent's last token; the simulation sends at once")
-    print(f"\nwall time: {t2 - t0:.0f} s ({t1 - t0:.0f} s server start-up); reports in {args.out}/round*/report.md")
-    for note in first.notes + run_notes(first):
+    print()
+    print_rows(all_rows)
+    for note in notes:
         print(f"note: {note}")
-    print(f"targets missed: {missed}")
+    print(f"\nwall time: {t2 - t0:.0f} s ({t1 - t0:.0f} s server start-up); reports in {args.out}/<shape>/round*/")
+    (args.out / "summary.json").write_text(json.dumps({"rows": all_rows, "notes": notes, "missed": missed,
+                                                        "wall_s": t2 - t0}, indent=2, default=str))
+    print(f"targets missed: {missed} (counted over every profile)")
 
 
 if __name__ == "__main__":

@@ -138,8 +138,11 @@ def calibrate():
 @click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engine's core.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Limit on one request, s.")
+@click.option("--bursts/--no-bursts", default=True, show_default=True,
+              help="Run the concurrency sweep (bursts of N = 1..64 requests on one and on all servers).")
 @check_values
-def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress, timeout):
+def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress, timeout,
+            bursts):
     """Drive live servers through their OpenAI API: prefill (cold and cached prefixes), decode
     (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive."""
     import asyncio
@@ -151,6 +154,8 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     plan = SweepPlan.preset(preset)
     if max_len is not None:
         plan = plan.clipped(max_len)
+    if not bursts:
+        plan = plan.without_bursts()
     try:
         lo, hi = (int(x) for x in token_range.split(":"))
     except ValueError:
@@ -209,8 +214,18 @@ def _rows(path: Path) -> int:
 @click.option("--folds", type=int, default=4, show_default=True, help="Cross-validation folds (0: none).")
 @click.option("--bootstrap", type=int, default=100, show_default=True,
               help="Refits on resampled configurations, kept in the profile as the coefficients' uncertainty (0: none).")
+@click.option("--bursts/--no-bursts", default=True, show_default=True,
+              help="Fit the front-end queue and host-contention terms to the sweep's bursts, if it has any.")
+@click.option("--api-server-count", type=int, default=1, show_default=True,
+              help="API processes per server during the sweep (vLLM --api-server-count).")
+@click.option("--client-busy", type=float, default=1.0, show_default=True,
+              help="Busy processes besides engines and API servers during the bursts (the measuring client "
+                   "on the same host: 1; 0 when it ran elsewhere).")
+@click.option("--base-profile", default=None,
+              help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
+                   "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
 def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
-            bootstrap):
+            bootstrap, bursts, api_server_count, client_busy, base_profile):
     """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report."""
     from kvroute.calibrate.fit import fit, plot_report, profile_document
     from kvroute.calibrate.observations import (build_observations, engine_config, load_sweep,
@@ -224,6 +239,10 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
     if not servers:
         _fail(f"{run_dir}/meta.json names no server")
     info = servers[0]
+    out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
+    if base_profile is not None:
+        _fit_bursts_only(base_profile, run_dir, out, name or out.stem, meta, req, exp, api_server_count, client_busy)
+        return
     obs, notes = build_observations(req, exp, engine_config(info), itl_source)
     for n in notes[:8]:
         click.echo(f"note: {n}", err=True)
@@ -233,9 +252,9 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
         result = fit(obs, holdout, seed, overhead, loss, per_token_overhead, folds, bootstrap)
     except ValueError as exc:
         _fail(str(exc))
-    out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
     name = name or out.stem
     doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
+    burst_text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy) if bursts else None
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
     load_profile(out)  # the simulator must accept what we wrote
@@ -248,8 +267,62 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
     points = Path(run_dir) / "fit_points.csv" if out_path is None else out.with_name(out.stem + ".fit_points.csv")
     with atomic_output(points) as tmp:
         frame.to_csv(tmp, index=False)
-    click.echo(result.summary())
+    click.echo("one request at a time:\n" + result.summary())
+    if burst_text:
+        click.echo(burst_text)
     click.echo(f"profile {out}\nreport  {png}\npoints  {points}")
+
+
+def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, exp, api_server_count: int,
+                     client_busy: float) -> None:
+    """Write ``base`` (its step costs and overheads) with burst terms fitted to RUN_DIR as ``name``."""
+    import copy
+
+    from kvroute.sim.profile import load_profile
+
+    try:
+        doc = copy.deepcopy(load_profile(base).raw)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--base-profile") from exc
+    doc["name"] = name
+    doc.setdefault("provenance", {}).setdefault("fit", {})
+    doc.setdefault("sources", {})
+    doc["provenance"]["base_profile"] = (f"step costs and overheads of {base} ({doc['provenance'].get('date', '?')}); "
+                                         f"front-end and host terms fitted to the bursts in {run_dir} "
+                                         f"({meta.get('started')} - {meta.get('finished')})")
+    text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy)
+    if text is None:
+        _fail(f"{run_dir} holds no bursts to fit")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    load_profile(out)
+    click.echo(f"one request at a time: kept from {base}\n{text}\nprofile {out}")
+
+
+def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_busy: float = 1.0) -> str | None:
+    """Add the front-end and host sections fitted to the sweep's bursts to ``doc``; returns the
+    report text, or None when the sweep has no bursts."""
+    import os
+
+    from kvroute.calibrate.bursts import fit_frontend, load_bursts, profile_sections
+    from kvroute.sim.profile import profile_from_dict
+
+    found, notes = load_bursts(req, exp)
+    for n in notes[:4]:
+        click.echo(f"note: {n}", err=True)
+    if not found:
+        return None
+    host = meta.get("client_host") or {}
+    ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1),
+                      float(len(meta.get("urls") or [1])), api_server_count, other_busy=client_busy,
+                      refine_evals=40)
+    sections = profile_sections(ff)
+    doc["frontend"], doc["host"] = sections["frontend"], sections["host"]
+    doc["provenance"]["fit"]["bursts"] = sections["burst_fit"]
+    doc["sources"].update(sections["sources"])
+    if host.get("loadavg_start") is not None:
+        doc["provenance"]["client_host_loadavg"] = {k: host.get(k) for k in ("loadavg_start", "loadavg_end")}
+    return ff.summary()
 
 
 def _model_doc(root: str) -> dict:

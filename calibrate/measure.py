@@ -10,6 +10,12 @@ Experiments (every prompt is a list of token ids, so prefix sharing is exact):
   latency histogram) give the decode step time.
 - ``mixed``: B requests decoding; when each has streamed a few tokens, a cold prompt of P
   tokens arrives: the decode streams' gap around its first token is the mixed step.
+- ``burst`` / ``burst_all`` (the concurrency sweep, after the others): N cold prompts of one
+  shape (L prompt tokens, T output tokens) sent at once to one server (``burst``), or N to every
+  server at once (``burst_all``), N = 1..64. Each request's send time is recorded as the client
+  really sent it (its send lag under load is measured, not assumed); ``/metrics`` brackets every
+  server, so the burst's mean engine queue and prefill times sit beside the client's timings.
+  These load the API server and the host as a real burst does (``kvroute.sim.frontend``).
 
 Sequential requests are bracketed by ``/metrics`` scrapes, so the server's own histograms
 (``vllm:request_queue_time_seconds``, ``vllm:request_prefill_time_seconds``,
@@ -48,6 +54,7 @@ REQUEST_COLUMNS = [
 EXPERIMENT_COLUMNS = [
     "url", "exp_id", "kind", "rep", "batch", "context_len", "prefix_len", "new_len", "prefill_len",
     "max_tokens", "itl_engine_s", "itl_engine_count", "t_start_s", "t_end_s", "error",
+    "engine_queue_s", "engine_prefill_s", "engine_count",
 ]
 
 
@@ -71,6 +78,9 @@ class SweepPlan:
             ``mixed_prefills`` is sent once every decode has streamed ``mixed_lead`` tokens;
             decodes run ``mixed_tokens`` tokens (enough that none finishes before the prompt's first
             token, so the server's prefill-time histogram gains exactly that prompt's sample).
+        burst_sizes, burst_shapes, burst_reps: the concurrency sweep: N requests at once for each
+            N, each ``(prompt tokens, output tokens)`` shape, on one server and on all; ``()``
+            sizes skip it (the dataclass default; the presets include it).
     """
 
     cold_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096,
@@ -89,6 +99,9 @@ class SweepPlan:
     mixed_lead: int = 8
     mixed_tokens: int = 160
     mixed_reps: int = 2
+    burst_sizes: tuple[int, ...] = ()
+    burst_shapes: tuple[tuple[int, int], ...] = ((256, 32), (2048, 16))
+    burst_reps: int = 2
 
     @classmethod
     def preset(cls, name: str) -> "SweepPlan":
@@ -99,7 +112,7 @@ class SweepPlan:
             ValueError: unknown name.
         """
         if name == "full":
-            return cls()
+            return cls(burst_sizes=(1, 2, 4, 8, 16, 32, 64))
         if name == "quick":
             return cls(
                 cold_lengths=(16, 64, 256, 1024, 2048, 4096),
@@ -116,6 +129,9 @@ class SweepPlan:
                 mixed_context=512,
                 mixed_tokens=96,
                 mixed_reps=1,
+                burst_sizes=(1, 4, 16),
+                burst_shapes=((256, 16),),
+                burst_reps=1,
             )
         raise ValueError(f"unknown sweep preset {name!r}; choose 'full' or 'quick'")
 
@@ -127,6 +143,8 @@ class SweepPlan:
         if self.mixed_batches:
             cands += [(self.mixed_context, self.mixed_context + self.mixed_tokens)]
             cands += [(P, P + 1) for P in self.mixed_prefills]
+        if self.burst_sizes:
+            cands += [(L, L + T) for L, T in self.burst_shapes]
         return max(cands, key=lambda c: c[1]) if cands else (0, 0)
 
     def check_fits(self, info: ServerInfo) -> None:
@@ -167,7 +185,33 @@ class SweepPlan:
             decode_contexts=keep(self.decode_contexts, self.decode_tokens),
             mixed_prefills=keep(self.mixed_prefills, 1),
             mixed_batches=self.mixed_batches if self.mixed_context + self.mixed_tokens <= max_len else (),
+            burst_shapes=tuple((L, T) for L, T in self.burst_shapes if L + T <= max_len),
         )
+
+    def without_bursts(self) -> "SweepPlan":
+        """The plan without its concurrency sweep."""
+        return replace(self, burst_sizes=())
+
+    def bursts(self, num_servers: int, first_id: int, capacity_tokens: int | None = None) -> list[dict[str, Any]]:
+        """The concurrency sweep's experiments, numbered from ``first_id``: per repetition, shape
+        and N (ascending), a burst on one server (servers taken in turn) then on all servers.
+        Bursts whose N sequences do not fit in 90 % of ``capacity_tokens`` are left out."""
+        cap = math.inf if capacity_tokens is None else 0.9 * capacity_tokens
+        exps: list[dict[str, Any]] = []
+        k = 0
+        for rep in range(self.burst_reps):
+            for L, T in self.burst_shapes:
+                for N in self.burst_sizes:
+                    if N * (L + T) > cap:
+                        continue
+                    exps.append(dict(kind="burst", rep=rep, batch=N, prompt_len=L, max_tokens=T,
+                                     server=k % num_servers))
+                    k += 1
+                    if num_servers > 1:
+                        exps.append(dict(kind="burst_all", rep=rep, batch=N, prompt_len=L, max_tokens=T))
+        for i, e in enumerate(exps):
+            e["exp_id"] = first_id + i
+        return exps
 
     def experiments(self, capacity_tokens: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
         """The experiments in sweep order: cold, cached, decode, mixed; repetitions interleaved
@@ -475,6 +519,45 @@ async def _mixed(ctx: _Ctx, exp: dict, plan: SweepPlan) -> None:
                        plan.mixed_lead)
 
 
+async def _burst(ctxs: list[_Ctx], exp: dict) -> None:
+    """N requests of one shape sent at once to one server (``burst``) or to each (``burst_all``);
+    every request's row and one experiment row per server (engine means from ``/metrics``)."""
+    targets = [ctxs[exp["server"]]] if exp["kind"] == "burst" else ctxs
+    N, L, T = exp["batch"], exp["prompt_len"], exp["max_tokens"]
+    prompts = [[ctx.factory.unique(L) for _ in range(N)] for ctx in targets]
+    befores = [await ctx.client.metrics() if ctx.metrics_ok else None for ctx in targets]
+    t_start = time.perf_counter() - targets[0].t0
+    tasks = [[asyncio.create_task(ctx.client.complete(p, T)) for p in ps] for ctx, ps in zip(targets, prompts)]
+    try:
+        results = [await asyncio.gather(*ts) for ts in tasks]
+    except BaseException:
+        for t in (t for ts in tasks for t in ts):
+            t.cancel()
+        raise
+    t_end = time.perf_counter() - targets[0].t0
+    for ctx, before, res_list in zip(targets, befores, results):
+        for res in res_list:
+            ctx.requests.write(_request_row(ctx, exp, "burst", res, L, 0, T, 0, N))
+        erow = dict(url=ctx.info.url, exp_id=exp["exp_id"], kind=exp["kind"], rep=exp["rep"], batch=N,
+                    context_len=L, prefill_len=L, max_tokens=T, t_start_s=t_start, t_end_s=t_end)
+        if before is not None:
+            after = await _settle(ctx, before, "vllm:e2e_request_latency_seconds_count", N)
+            n = after.delta(before, "vllm:request_queue_time_seconds_count")
+            if n > 0:
+                erow["engine_count"] = n
+                erow["engine_queue_s"] = after.delta(before, "vllm:request_queue_time_seconds_sum") / n
+                erow["engine_prefill_s"] = after.delta(before, "vllm:request_prefill_time_seconds_sum") / n
+            cnt = after.delta(before, "vllm:inter_token_latency_seconds_count")
+            if cnt > 0:
+                erow["itl_engine_s"] = after.delta(before, "vllm:inter_token_latency_seconds_sum") / cnt
+                erow["itl_engine_count"] = cnt
+        errs = [r.error for r in res_list if r.error]
+        erow["error"] = errs[0] if errs else None
+        ctx.experiments.write(erow)
+        for res in res_list:
+            _check(ctx, res, L)
+
+
 async def probe_server(client: VllmClient, factory: PromptFactory, plan: SweepPlan | None = None) -> ServerInfo:
     """Identify a server, check that ``plan`` fits it, and that prefix caching works (a repeated
     two-block prompt must hit the cache).
@@ -618,6 +701,7 @@ async def run_sweep(
         meta = dict(
             status="running", started=started.isoformat(timespec="seconds"), seed=seed, urls=list(urls),
             token_range=list(token_range), plan=asdict(plan), servers=[i.to_dict() for i in infos],
+            client_host=dict(cores=os.cpu_count(), loadavg_start=list(os.getloadavg())),
         )
         (out / "meta.json").write_text(json.dumps(meta, indent=2))
         req_w = RowWriter(out / "requests.csv", REQUEST_COLUMNS)
@@ -628,22 +712,28 @@ async def run_sweep(
         for ctx in ctxs:
             if not await ctx.client.reset_prefix_cache():
                 ctx.errors.append("could not reset the prefix cache (start the server with VLLM_SERVER_DEV_MODE=1)")
-        exps = plan.experiments(min((i.num_gpu_blocks - 1) * i.block_size for i in infos), seed)
+        capacity = min((i.num_gpu_blocks - 1) * i.block_size for i in infos)
+        exps = plan.experiments(capacity, seed)
+        bursts = plan.bursts(len(ctxs), len(exps), capacity)
         shares = [exps[k::len(ctxs)] for k in range(len(ctxs))]
         bar = None
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(exps), desc="calibration sweep", unit="exp")
+            bar = tqdm(total=len(exps) + len(bursts), desc="calibration sweep", unit="exp")
         try:
             await asyncio.gather(*(_sweep_one(ctx, share, plan, bar) for ctx, share in zip(ctxs, shares)))
+            for exp in bursts:
+                await _burst(ctxs, exp)
+                if bar is not None:
+                    bar.update(1)
             status = "complete"
         finally:
             if bar is not None:
                 done = bar.n
                 bar.close()
             else:
-                done = len(exps) if status == "complete" else 0
+                done = len(exps) + len(bursts) if status == "complete" else 0
     except (asyncio.CancelledError, KeyboardInterrupt):
         status = "interrupted"
         raise
@@ -659,6 +749,7 @@ async def run_sweep(
             meta["status"] = status
             meta["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             meta["elapsed_s"] = round(time.monotonic() - t_wall, 1)
+            meta.setdefault("client_host", {})["loadavg_end"] = list(os.getloadavg())
             (out / "meta.json").write_text(json.dumps(meta, indent=2))
             _to_parquet(out / "requests.csv")
             _to_parquet(out / "experiments.csv")

@@ -58,7 +58,10 @@ class ValidationSpec:
             ``DEFAULT_TOKEN_RANGE``.
         client_lag_s: seconds the simulation adds to every later turn's think time, standing
             for the live client's own delay between a reply's last token and sending the next
-            turn (the report measures it); 0 simulates the trace as written.
+            turn (the report measures it); 0 simulates the trace as written. None: measured:
+            the live runs go first, and the simulation then adds their median send lag to every
+            later turn and, without a ``max_in_flight`` limit, sends each root request at the
+            median of its live send offsets (:func:`measured_client`).
         uncertainty: profiles drawn from the profile's coefficient uncertainty
             (``kvroute.sim.uncertainty.draw_profiles``), each simulated ``sim_rounds`` times, so
             that the interval a measured value is checked against includes the model's share; 0:
@@ -80,7 +83,7 @@ class ValidationSpec:
     seed: int = 0
     model: str | None = None
     token_range: tuple[int, int] | None = None
-    client_lag_s: float = 0.0
+    client_lag_s: float | None = 0.0
     uncertainty: int = 0
     prior_range: float = 0.2
     cache_view: str = "routed"
@@ -166,6 +169,8 @@ class Validation:
     runs: list[PolicyRun] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
+    client_lag_s: float = 0.0
+    root_offsets_s: dict[int, float] | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,6 +288,40 @@ def with_client_lag(trace: Trace, lag_s: float) -> Trace:
     return dataclasses.replace(trace, records=records)
 
 
+def measured_client(trace: Trace, runs: list[PolicyRun]) -> tuple[float, dict[int, float]]:
+    """The live client's own timing over ``runs``: the median send lag of later turns (seconds
+    from the parent's last token to the send, beyond think time; 0 when there are none) and
+    each root request's median send delay beyond its trace timestamp, relative to the least
+    delayed root of its run, s (how long the client took to put a burst's roots on the wire)."""
+    from kvroute.calibrate.validate_report import send_lags
+
+    lags = np.concatenate([send_lags(r, trace) for r in runs] or [np.zeros(0)])
+    lag = float(np.median(lags)) if len(lags) else 0.0
+    offsets: dict[int, list[float]] = {}
+    roots = {r.request_id: r.timestamp_ms / 1000.0 for r in trace.records if r.parent is None}
+    for run in runs:
+        if run.live is None:
+            continue
+        df = run.live.records
+        df = df[df["request_id"].isin(roots) & df["arrival"].notna()]
+        if df.empty:
+            continue
+        late = {int(rid): float(a) - roots[int(rid)] for rid, a in zip(df["request_id"], df["arrival"])}
+        t0 = min(late.values())
+        for rid, x in late.items():
+            offsets.setdefault(rid, []).append(x - t0)
+    return max(lag, 0.0), {rid: float(np.median(v)) for rid, v in offsets.items()}
+
+
+def with_root_offsets(trace: Trace, offsets_s: dict[int, float]) -> Trace:
+    """``trace`` with every root request listed in ``offsets_s`` sent that many seconds later."""
+    if not offsets_s:
+        return trace
+    records = [dataclasses.replace(r, timestamp_ms=r.timestamp_ms + 1000.0 * offsets_s[r.request_id])
+               if r.parent is None and r.request_id in offsets_s else r for r in trace.records]
+    return dataclasses.replace(trace, records=records)
+
+
 def predict(trace: Trace, cluster: ClusterSpec, policies: list[str], rounds: int, seed: int,
             uncertainty: int = 0, prior_range: float = 0.2) -> list[PolicyRun]:
     """Simulate every policy; one :class:`PolicyRun` each, with ``predicted`` filled in.
@@ -378,9 +417,14 @@ def run_validation(
     if not all(s.dev_mode for s in servers):
         validation.notes.append("some server runs without VLLM_SERVER_DEV_MODE=1; its prefix cache "
                                 "cannot be reset, so its runs may start warm")
-    progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds")
-    runs = predict(with_client_lag(trace, spec.client_lag_s), cluster, list(spec.policies), spec.sim_rounds,
-                   spec.seed, spec.uncertainty, spec.prior_range)
+    measured_lag = spec.client_lag_s is None
+    if measured_lag:
+        runs = [PolicyRun(policy=p, predicted={}, sim_runs=[]) for p in spec.policies]
+    else:
+        progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds")
+        runs = predict(with_client_lag(trace, spec.client_lag_s), cluster, list(spec.policies), spec.sim_rounds,
+                       spec.seed, spec.uncertainty, spec.prior_range)
+        validation.client_lag_s = spec.client_lag_s
     lo, hi = token_range(servers, spec.token_range)
     endpoints = [Endpoint(s.url, s.model) for s in servers]
     engine = cluster.profile.engine
@@ -403,10 +447,26 @@ def run_validation(
                 validation.notes.append(f"{run.policy}: {len(replay.warnings)} streams disagreed with their "
                                         f"usage on the token count (the usage count is used); first: "
                                         f"{replay.warnings[0]}")
-        progress(f"{run.policy}: {run.measured['time_to_complete_s']:.2f} s measured, "
-                 f"{run.predicted['time_to_complete_s']:.2f} s predicted")
+        if run.predicted:
+            progress(f"{run.policy}: {run.measured['time_to_complete_s']:.2f} s measured, "
+                     f"{run.predicted['time_to_complete_s']:.2f} s predicted")
         if validation.interrupted:
             break
+    if measured_lag:
+        lag, offsets = measured_client(trace, validation.runs)
+        if spec.max_in_flight is not None:
+            offsets = {}
+        validation.client_lag_s, validation.root_offsets_s = lag, offsets
+        progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds with the measured client "
+                 f"lag {1000 * lag:.1f} ms (median) and root send offsets up to "
+                 f"{1000 * max(offsets.values(), default=0.0):.1f} ms")
+        sim_trace = with_root_offsets(with_client_lag(trace, lag), offsets)
+        predicted = predict(sim_trace, cluster, list(spec.policies), spec.sim_rounds, spec.seed,
+                            spec.uncertainty, spec.prior_range)
+        for run, pred in zip(validation.runs, predicted):
+            run.predicted, run.sim_runs, run.predicted_interval = pred.predicted, pred.sim_runs, pred.predicted_interval
+            run.run_values, run.interval_source = pred.run_values, pred.interval_source
+        validation.runs = [r for r in validation.runs if r.predicted]
     return validation
 
 

@@ -63,9 +63,10 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engines'.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds simulation rounds and prompt tokens.")
 @workload_length_options
-@click.option("--client-lag", type=float, default=0.0, show_default=True,
-              help="Seconds the simulation adds before every later turn, for the live client's own send delay "
-                   "(the report measures it; a rerun can pass it here).")
+@click.option("--client-lag", default="measured", show_default=True,
+              help="Seconds the simulation adds before every later turn, for the live client's own send delay; "
+                   "'measured': run the live replays first and use their median send lag (and the roots' "
+                   "measured send offsets).")
 @click.option("--uncertainty", type=int, default=0, show_default=True,
               help="Also simulate N profiles drawn from the profile's coefficient uncertainty (x --rounds each), so "
                    "each measured value is checked against an interval that includes the model's share.")
@@ -110,6 +111,17 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
         raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="--uncertainty")
     if not 0.0 <= prior_range < 1.0:
         raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="--prior-range")
+    if client_lag == "measured":
+        client_lag = None
+    else:
+        try:
+            client_lag = float(client_lag)
+        except ValueError:
+            raise click.BadParameter(f"expected seconds or 'measured', got {client_lag!r}",
+                                     param_hint="--client-lag") from None
+        if not 0.0 <= client_lag <= 1e9:
+            raise click.BadParameter(f"must be a finite number >= 0 (seconds) or 'measured', got {client_lag!r}",
+                                     param_hint="--client-lag")
     spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread, router_block_tokens,
                           timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
                           prior_range)

@@ -150,7 +150,8 @@ def report_dict(v: Validation) -> dict:
         "closed_loop": (v.spec.closed_loop if v.spec.closed_loop is not None
                         else any(r.parent is not None for r in v.trace.records)),
         "sim_rounds": spec.sim_rounds,
-        "sim_client_lag_s": spec.client_lag_s,
+        "sim_client_lag_s": v.client_lag_s,
+        "sim_client_lag_measured": spec.client_lag_s is None,
         "seed": spec.seed,
         "warm_cache": any(r.warm for r in v.runs),
         "interrupted": v.interrupted,
@@ -266,7 +267,7 @@ def _lag_text(lag: dict | None, simulated_s: float) -> str:
     if not lag:
         return ""
     sim = (f"the simulation adds {1000 * simulated_s:.1f} ms (--client-lag)" if simulated_s
-           else "which the simulation does not add (--client-lag)")
+           else "which the simulation does not add (--client-lag 0)")
     return (f"; the client sent later turns {1000 * lag['median']:.1f} ms (median, p90 "
             f"{1000 * lag['p90']:.1f} ms) after their parent's last token, {sim}")
 

@@ -4,7 +4,9 @@ Time of one request: the client sends it (a root at its trace timestamp plus a s
 jitter; a later turn when its parent's last token arrived plus its think time); the gateway
 routes it at once and forwards it; gateway and API-server overheads (a seeded lognormal factor
 around the profile's means) pass before the engine sees it; each token reaches the client when
-its engine step ends.
+its engine step ends. A profile with a ``frontend`` or ``host`` section (``kvroute.sim.frontend``)
+also queues admissions and streamed tokens in each server's API processes and stretches engine
+steps when the host's cores are oversubscribed; runs of decode steps are then simulated one by one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from kvroute.sim.frontend import ContendedStepCost, Frontends
 from kvroute.sim.metrics import RequestRecord, RunResult
 from kvroute.sim.profile import Profile
 from kvroute.sim.request import Request
@@ -162,18 +165,22 @@ class Cluster:
         for profile in {p.engine.num_gpu_blocks: p for p in self.profiles}.values():
             check_capacity(trace, profile)
         gpus = [simpy.Resource(self.env, capacity=1) for _ in range(num_gpus)]
+        prof = spec.profile
+        self.frontends = Frontends(prof.frontend, spec.num_workers) if prof.frontend is not None else None
+        loaded = self.frontends is not None or prof.host is not None
+        step_cost = ContendedStepCost(prof.step_cost, prof.host, self._num_busy) if prof.host else prof.step_cost
         self.workers = [
             Worker(
                 self.env,
                 w,
                 self.profiles[w].engine,
-                spec.profile.step_cost,
+                step_cost,
                 gpus[spec.gpu_of(w)] if spec.workers_on_gpu(spec.gpu_of(w)) > 1 else None,
                 self._on_token,
                 self._on_finish,
                 self._on_decode_run,
                 spec.record_steps,
-                spec.fast_forward,
+                spec.fast_forward and not loaded,
             )
             for w in range(spec.num_workers)
         ]
@@ -321,7 +328,10 @@ class Cluster:
             factor = self.rng.lognormal(-0.5 * self._sigma**2, self._sigma)
         else:
             factor = 1.0
-        yield env.timeout(self._overheads.mean_s(rec.input_length) * factor)
+        delay = self._overheads.mean_s(rec.input_length) * factor
+        if self.frontends is not None:
+            delay += self.frontends.admit(worker, rec.request_id, env.now, rec.input_length)
+        yield env.timeout(delay)
         engine = self.profiles[worker].engine
         error = admission_error(rec.input_length, engine.max_model_len)
         if error:
@@ -338,6 +348,8 @@ class Cluster:
 
     def _on_token(self, request: Request, now: float) -> None:
         record: RequestRecord = request.client
+        if self.frontends is not None:
+            now = self.frontends.deliver(record.worker, request.request_id, now)
         if request.num_output_tokens == 1 and record.first_token is None:
             record.first_token = now
             self._view_of[request.request_id].on_first_token(request.request_id)
@@ -354,6 +366,8 @@ class Cluster:
 
     def _on_finish(self, request: Request, now: float) -> None:
         record: RequestRecord = request.client
+        if self.frontends is not None:
+            now = record.last_token  # the client has the reply when the API streamed its last token
         record.finish = now
         record.cached_tokens = request.num_cached_tokens or 0
         record.output_tokens = request.num_output_tokens
@@ -364,6 +378,12 @@ class Cluster:
         if self.closed_loop:
             for child in self.workload.children.get(record.trace.request_id, ()):
                 self.env.process(self._client(child, now + child.think_time_ms / 1000.0))
+
+    def _num_busy(self) -> int:
+        """Engines with work plus API lanes with a backlog, now (the host model's load)."""
+        now = self.env.now
+        engines = sum(w.scheduler.has_unfinished_requests() for w in self.workers)
+        return engines + (self.frontends.num_busy(now) if self.frontends is not None else 0)
 
     def _release_slot(self, request_id: int) -> None:
         if self._slots is not None:

@@ -16,6 +16,9 @@ Layout of a profile file::
                     "per_request_s": ..., "prefill_attn_s": ..., "decode_attn_s": ...},
       "overheads": {"api_server_s": 0.1, "gateway_s": 0.001, "jitter_cv": 0.1,
                     "api_server_per_token_s": 0.0},
+      "frontend": {"api_server_count": 1, "per_request_s": ..., "per_prompt_token_s": ...,
+                   "per_output_token_s": ...},                      (optional, sim/frontend.py)
+      "host": {"cores": 2, "contention": ..., "baseline_busy": ..., "other_busy": ...},  (optional)
       "provenance": {"kind": "derived" | "measured", "source": "...", "date": "...", ...},
       "sources": {"<field>": "<where the number comes from>"},
       "step_cost_uncertainty": {"method": "bootstrap", "fields": ["step_cost.per_token_s", ...],
@@ -39,6 +42,7 @@ from kvroute.sim.config import EngineConfig
 from kvroute.sim.cost_model import StepCost
 from kvroute.sim.inputs import (BLOCK_SIZE, COST_SECONDS, COUNT, FRACTION, POSITIVE_INT, TOKENS, InputError, Num,
                                 check_fields, describe)
+from kvroute.sim.frontend import FrontendModel, HostModel, frontend_from_dict, host_from_dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +202,9 @@ class Profile:
         overheads: per-request API server and gateway time.
         gpu_memory_utilization: share of the device one worker takes (vLLM's flag).
         memory: inputs of vLLM's KV-capacity rule, or None when only ``num_gpu_blocks`` is known.
+        frontend: the API processes as a queue (``kvroute.sim.frontend``); None: overheads only,
+            as if the API server had unlimited capacity.
+        host: the host's cores and their contention; None: steps never stretched.
         raw: the whole JSON document (hardware, model, provenance, sources), kept for reports.
         uncertainty: the fitted coefficients' uncertainty (``step_cost_uncertainty``), or None.
     """
@@ -208,6 +215,8 @@ class Profile:
     overheads: Overheads = Overheads()
     gpu_memory_utilization: float = 0.9
     memory: MemoryModel | None = None
+    frontend: FrontendModel | None = None
+    host: HostModel | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
     uncertainty: CoefficientUncertainty | None = field(default=None, compare=False, repr=False)
 
@@ -351,6 +360,8 @@ def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
         overheads=Overheads(**over_doc),
         gpu_memory_utilization=engine_doc.get("gpu_memory_utilization", 0.9),
         memory=memory,
+        frontend=frontend_from_dict(doc.get("frontend"), where),
+        host=host_from_dict(doc.get("host"), where),
         raw=doc,
         uncertainty=(uncertainty_from_dict(doc["step_cost_uncertainty"], where)
                      if doc.get("step_cost_uncertainty") is not None else None),

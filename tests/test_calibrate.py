@@ -499,3 +499,23 @@ def _write_synthetic_run(d: Path) -> None:
             e += 1
     pd.DataFrame(rows).to_csv(d / "requests.csv", index=False)
     pd.DataFrame(exps).to_csv(d / "experiments.csv", index=False)
+
+
+@needs_httpx
+def test_concurrency_sweep_writes_bursts_on_one_and_all_servers(fake_server, tmp_path):
+    from kvroute.calibrate.bursts import load_bursts
+
+    a, b = fake_server(), fake_server()
+    from dataclasses import replace
+
+    plan = replace(TINY_PLAN, burst_sizes=(1, 3), burst_shapes=((64, 4),), burst_reps=1)
+    summary = asyncio.run(run_sweep([a.url, b.url], tmp_path, plan, progress=False))
+    assert summary.status == "complete"
+    assert summary.num_experiments == len(plan.experiments()) + len(plan.bursts(2, 0))
+    meta, _, req, exp = load_sweep(tmp_path)
+    assert meta["client_host"]["cores"] >= 1 and len(meta["client_host"]["loadavg_end"]) == 3
+    bursts, notes = load_bursts(req, exp)
+    assert notes == []
+    assert [(x.kind, x.num_servers, x.batch, len(x.send_s)) for x in bursts] == [
+        ("burst", 1, 1, 1), ("burst_all", 2, 1, 2), ("burst", 1, 3, 3), ("burst_all", 2, 3, 6)]
+    assert all(x.send_s[0] == 0.0 and x.measured["ttft_mean_s"] > 0 for x in bursts)

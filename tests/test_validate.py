@@ -573,3 +573,29 @@ def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fa
     assert 0 <= k <= n and n >= 2 * 9 + 6  # every defined metric and change of both policies
     md = report_markdown(v)
     assert "| inside |" in md and f"{k} of {n} measured values fall inside" in md and "2 drawn profiles" in md
+
+
+def test_measured_client_lag_runs_live_first_and_simulates_with_the_median(fakes, tmp_path):
+    import dataclasses
+
+    import numpy as np
+
+    from kvroute.calibrate.validate import ValidationSpec, run_validation, with_root_offsets
+    from kvroute.calibrate.validate_report import send_lags, write_report
+    from kvroute.sim.profile import load_profile
+
+    servers = fakes(2)
+    trace = small_chat(chats=3, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), sim_rounds=1,
+                          client_lag_s=None)
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    lags = np.concatenate([send_lags(r, trace) for r in v.runs])
+    assert v.client_lag_s == pytest.approx(float(np.median(lags)))
+    assert set(v.root_offsets_s) == {r.request_id for r in trace.records if r.parent is None}
+    assert min(v.root_offsets_s.values()) == 0.0
+    assert all(r.predicted and r.measured for r in v.runs)
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    assert doc["sim_client_lag_s"] == pytest.approx(v.client_lag_s) and doc["sim_client_lag_measured"]
+    shifted = with_root_offsets(trace, {0: 0.25})
+    assert [r.timestamp_ms for r in shifted.records if r.parent is None][:1] == [250.0]
+    assert dataclasses.replace(shifted, records=trace.records) == trace

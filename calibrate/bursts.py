@@ -1,0 +1,353 @@
+"""The concurrency sweep's bursts: load them, replay them in the simulator, fit the front-end
+queue and host-contention terms (``kvroute.sim.frontend``) to them, and report their errors.
+
+A burst (``kvroute.calibrate.measure``: kinds ``burst`` and ``burst_all``) is N cold prompts of
+one shape sent at once to one server, or N to every server. Its simulated twin is a trace of the
+same requests sent at the times the live client really sent them (the client's own send lag
+under load is part of the measurement, not a parameter), with round-robin routing over the
+servers loaded. Compared per burst: mean TTFT, TTFT of the last request, mean TPOT and the time
+to complete the burst.
+
+Fit: the step costs and the unloaded API-server time come from the one-at-a-time sweep and stay
+fixed. The loss is the sum of squared log ratios of predicted to measured figures. Stage 1:
+``per_request_s`` and ``per_output_token_s`` (API lane time) from the bursts on one server, by a
+bounded Nelder-Mead search (``scipy.optimize.minimize``) started at the best point of a coarse
+grid (simulation is deterministic per seed, so the loss is piecewise smooth and a derivative-
+free search suits it); one engine and its API process alone rarely oversubscribe the cores, so
+contention hardly enters. Stage 2: the host's ``contention`` from the bursts on all servers at
+once (``minimize_scalar``, bounded). Fitting both at once confounds them: both stretch TPOT.
+The per-prompt-token lane time is the profile's measured ``api_server_per_token_s``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from kvroute.sim.cluster import ClusterSpec, simulate
+from kvroute.sim.frontend import FrontendModel, HostModel
+from kvroute.sim.profile import Profile
+from kvroute.traces.format import Trace, TraceRecord
+
+BURST_KINDS = ("burst", "burst_all")
+METRICS = ("ttft_mean_s", "ttft_last_s", "tpot_mean_s", "complete_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Burst:
+    """One measured burst.
+
+    Attributes:
+        exp_id: experiment id; kind: ``burst`` (one server) or ``burst_all`` (every server).
+        num_servers: servers loaded; batch: N requests per loaded server.
+        prompt_len, max_tokens: the shape, tokens.
+        send_s: every request's send time, s after the burst's first send (ascending).
+        measured: ``METRICS`` -> seconds.
+        engine_queue_s, engine_prefill_s: the servers' mean queue and prefill time of the
+            burst's requests from ``/metrics`` (NaN when not exported).
+    """
+
+    exp_id: int
+    kind: str
+    num_servers: int
+    batch: int
+    prompt_len: int
+    max_tokens: int
+    send_s: tuple[float, ...]
+    measured: dict
+    engine_queue_s: float = math.nan
+    engine_prefill_s: float = math.nan
+
+
+def _metrics(send, ttft, e2e, tpot) -> dict:
+    last = int(np.argmax(send))
+    return {"ttft_mean_s": float(np.mean(ttft)), "ttft_last_s": float(ttft[last]),
+            "tpot_mean_s": float(np.nanmean(tpot)) if np.isfinite(tpot).any() else math.nan,
+            "complete_s": float(np.max(np.asarray(send) + np.asarray(e2e)) - np.min(send))}
+
+
+def load_bursts(requests: pd.DataFrame, experiments: pd.DataFrame) -> tuple[list[Burst], list[str]]:
+    """The sweep's bursts and notes on the ones left out (a failed request).
+
+    Args:
+        requests, experiments: the sweep's tables (``kvroute.calibrate.observations.load_sweep``).
+    """
+    out, notes = [], []
+    if "kind" not in requests.columns:
+        return out, notes
+    req = requests[requests["kind"].isin(BURST_KINDS) & (requests["role"] == "burst")]
+    for exp_id, grp in req.groupby("exp_id"):
+        errors = grp["error"].dropna() if "error" in grp else []
+        if len(errors) or not (grp["ttft_s"] > 0).all():
+            notes.append(f"burst {exp_id}: a request failed; left out")
+            continue
+        t0 = float(grp["t_send_s"].min())
+        send = grp["t_send_s"].to_numpy(float) - t0
+        ttft = grp["ttft_s"].to_numpy(float)
+        e2e = grp["t_done_s"].to_numpy(float)
+        n_tok = grp["n_tokens"].to_numpy(float)
+        times = [np.array([float(x) for x in str(s).split()]) if isinstance(s, str) else np.zeros(0)
+                 for s in grp["token_times"]]
+        # TPOT from the last token's arrival (t_done also waits for the usage chunk)
+        last = np.array([t[-1] if len(t) else math.nan for t in times])
+        tpot = np.where(n_tok > 1, (last - ttft) / np.maximum(n_tok - 1, 1), math.nan)
+        e2e = np.where(np.isfinite(last), last, e2e)
+        order = np.argsort(send, kind="stable")
+        kind = str(grp["kind"].iloc[0])
+        servers = int(grp["url"].nunique())
+        erow = experiments[experiments["exp_id"] == exp_id] if len(experiments) else experiments
+        q = float(erow["engine_queue_s"].mean()) if "engine_queue_s" in erow and len(erow) else math.nan
+        p = float(erow["engine_prefill_s"].mean()) if "engine_prefill_s" in erow and len(erow) else math.nan
+        out.append(Burst(int(exp_id), kind, servers, int(grp["batch"].iloc[0]), int(grp["prompt_len"].iloc[0]),
+                         int(grp["max_tokens"].iloc[0]), tuple(float(x) for x in send[order]),
+                         _metrics(send, ttft, e2e, tpot), q, p))
+    return out, notes
+
+
+def burst_trace(burst: Burst, block_size: int) -> Trace:
+    """The burst as a trace: unique cold prompts sent at the measured times (ms)."""
+    nb = -(-burst.prompt_len // block_size)
+    records = [TraceRecord(i, 1000.0 * t, burst.prompt_len, burst.max_tokens,
+                           tuple(range(10_000_000 + i * nb, 10_000_000 + (i + 1) * nb)))
+               for i, t in enumerate(burst.send_s)]
+    return Trace(records, block_size=block_size, source=f"burst {burst.exp_id}")
+
+
+def simulate_burst(burst: Burst, profile: Profile, seeds: tuple[int, ...] = (0,)) -> dict:
+    """``METRICS`` of the burst predicted with ``profile``, mean over ``seeds``."""
+    bs = profile.engine.block_size
+    trace = burst_trace(burst, bs)
+    spec = ClusterSpec(profile, num_workers=burst.num_servers, policy="round_robin", arrival_spread_s=0.0,
+                       closed_loop=False)
+    acc = {m: [] for m in METRICS}
+    for seed in seeds:
+        rec = simulate(trace, spec, seed).records.sort_values("request_id")
+        m = _metrics(np.array(burst.send_s), rec["ttft"].to_numpy(float), rec["e2e"].to_numpy(float),
+                     rec["tpot"].to_numpy(float))
+        for k in METRICS:
+            acc[k].append(m[k])
+    return {k: float(np.mean(v)) for k, v in acc.items()}
+
+
+def schedule_delay(burst: Burst, profile: Profile, seed: int = 0) -> dict:
+    """The simulated arrival-to-schedule delay of the burst's last-sent request.
+
+    Returns:
+        ``{"last_delay_s": its first scheduling minus its send time,
+        "last_ttft_s": its TTFT, "mean_prefill_s": mean over the burst of (engine's first
+        token - first scheduling), "comparable_s": last_ttft_s - mean_prefill_s}``, seconds.
+        ``comparable_s`` is computed as :func:`measured_delay` computes the live figure (the
+        server exports no per-request scheduling time, only the mean prefill time).
+    """
+    from kvroute.sim.cluster import Cluster
+
+    spec = ClusterSpec(profile, num_workers=burst.num_servers, policy="round_robin", arrival_spread_s=0.0,
+                       closed_loop=False)
+    cluster = Cluster(burst_trace(burst, profile.engine.block_size), spec, seed)
+    scheduled: dict[int, float] = {}
+    first: dict[int, float] = {}
+    for w in cluster.workers:
+        # instrument this run's scheduler and token callback (instance attributes; the worker
+        # looks both up when it runs)
+        def schedule(orig=w.scheduler.schedule):
+            out = orig()
+            for r in out.admitted:
+                scheduled.setdefault(r.request_id, cluster.env.now)
+            return out
+
+        def on_token(request, now, orig=w.on_token):
+            first.setdefault(request.request_id, now)
+            orig(request, now)
+
+        w.scheduler.schedule, w.on_token = schedule, on_token
+    rec = cluster.run().records.set_index("request_id")
+    last = len(burst.send_s) - 1
+    mean_prefill = float(np.mean([first[i] - scheduled[i] for i in scheduled]))
+    ttft = float(rec.at[last, "ttft"])
+    return {"last_delay_s": scheduled[last] - burst.send_s[last], "last_ttft_s": ttft,
+            "mean_prefill_s": mean_prefill, "comparable_s": ttft - mean_prefill}
+
+
+def measured_delay(burst: Burst) -> float:
+    """The live arrival-to-schedule delay of the burst's last-sent request, s: its client TTFT
+    minus the servers' mean prefill time of the burst (``vllm:request_prefill_time_seconds``,
+    scheduling to first token). NaN when the server exported no prefill times."""
+    return burst.measured["ttft_last_s"] - burst.engine_prefill_s
+
+
+def burst_table(bursts: list[Burst], profile: Profile, seeds: tuple[int, ...] = (0, 1)) -> pd.DataFrame:
+    """Per burst and metric: measured, predicted and the error in % (long format)."""
+    rows = []
+    for b in bursts:
+        pred = simulate_burst(b, profile, seeds)
+        for m in METRICS:
+            meas = b.measured[m]
+            if not (meas > 0) or not math.isfinite(pred[m]):
+                continue
+            rows.append(dict(exp_id=b.exp_id, kind=b.kind, batch=b.batch, prompt_len=b.prompt_len,
+                             max_tokens=b.max_tokens, metric=m, measured_s=meas, predicted_s=pred[m],
+                             error_pct=100.0 * (pred[m] / meas - 1.0)))
+    return pd.DataFrame(rows)
+
+
+def error_summary(table: pd.DataFrame) -> dict:
+    """``{kind: {metric: median |error| %}}`` of a :func:`burst_table`."""
+    out: dict = {}
+    if table.empty:
+        return out
+    for (kind, metric), g in table.groupby(["kind", "metric"]):
+        out.setdefault(kind, {})[metric] = float(np.median(np.abs(g["error_pct"])))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendFit:
+    """Fitted front-end and host terms and the burst errors with and without them.
+
+    Attributes:
+        frontend, host: the fitted sections.
+        before, after: :func:`burst_table` of the profile without / with them.
+        objective: final sum of squared log ratios; evaluations: simulations of all bursts run.
+    """
+
+    frontend: FrontendModel
+    host: HostModel
+    before: pd.DataFrame
+    after: pd.DataFrame
+    objective: float
+    evaluations: int
+
+    def summary(self) -> str:
+        """Lines: the terms, then median |error| per scope and metric before -> after."""
+        f, h = self.frontend, self.host
+        lines = [
+            f"front end: {f.api_server_count} API process(es); admission {1e3 * f.per_request_s:.3g} ms + "
+            f"{1e6 * f.per_prompt_token_s:.3g} us/prompt token; {1e6 * f.per_output_token_s:.3g} us per streamed token",
+            f"host: {h.cores} cores, contention {h.contention:.3g} (baseline {h.baseline_busy:g} busy)",
+            "burst errors, median |predicted/measured - 1| (one-at-a-time profile -> with these terms):",
+        ]
+        b, a = error_summary(self.before), error_summary(self.after)
+        for kind in BURST_KINDS:
+            if kind not in a:
+                continue
+            scope = "one server" if kind == "burst" else "all servers"
+            parts = [f"{m[:-2]} {b.get(kind, {}).get(m, math.nan):.1f}% -> {a[kind][m]:.1f}%"
+                     for m in METRICS if m in a[kind]]
+            lines.append(f"  {scope:<12} " + ", ".join(parts))
+        return "\n".join(lines)
+
+
+def with_terms(profile: Profile, x: np.ndarray, count: int, host: HostModel) -> Profile:
+    """``profile`` with front-end lane times ``x[0]`` (per request), ``x[1]`` (per output token)
+    and host contention ``x[2]``."""
+    fe = FrontendModel(count, float(x[0]), profile.overheads.api_server_per_token_s, float(x[1]))
+    return replace(profile, frontend=fe, host=replace(host, contention=float(x[2])))
+
+
+def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_busy: float,
+                 api_server_count: int = 1, seeds: tuple[int, ...] = (0,), max_evals: int = 120,
+                 other_busy: float = 0.0, refine_evals: int = 0) -> FrontendFit:
+    """Fit the front-end and host terms to ``bursts`` (see the module doc).
+
+    Args:
+        bursts: measured bursts (:func:`load_bursts`).
+        profile: the one-at-a-time profile (its step costs and overheads stay).
+        cores: the host's CPU cores during the sweep.
+        baseline_busy: busy processes while the step costs were measured (the servers of the
+            one-at-a-time sweep, which ran concurrently).
+        api_server_count: API processes per server.
+        seeds: simulation seeds averaged per evaluation.
+        max_evals: Nelder-Mead function evaluations of stage 1.
+        other_busy: processes busy throughout besides engines and API lanes (the load-generating
+            client on the same host: 1).
+        refine_evals: evaluations of a final joint Nelder-Mead refinement of all three terms on
+            every burst (0: none).
+
+    Raises:
+        ValueError: no bursts.
+    """
+    from scipy.optimize import minimize, minimize_scalar
+
+    if not bursts:
+        raise ValueError("the sweep holds no bursts (run 'kvroute calibrate measure' without --no-bursts)")
+    host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy, other_busy=other_busy)
+    scale = np.array([max(profile.overheads.api_server_s, 1e-3), 1e-4])
+    one = [b for b in bursts if b.num_servers == 1] or bursts
+    loaded = [b for b in bursts if b.num_servers > 1]
+    evals = 0
+
+    def loss(group: list[Burst], x: np.ndarray) -> float:
+        nonlocal evals
+        evals += 1
+        prof = with_terms(profile, x, api_server_count, host)
+        total = 0.0
+        for b in group:
+            pred = simulate_burst(b, prof, seeds)
+            for m in METRICS:
+                meas = b.measured[m]
+                if meas > 0 and pred[m] > 0:
+                    total += math.log(pred[m] / meas) ** 2
+        return total
+
+    # stage 1: the API lane times from bursts on one server (its engine and API process alone
+    # rarely oversubscribe the cores), from the best point of a coarse grid
+    lane = lambda z: loss(one, np.array([*(np.maximum(z, 0.0) * scale), 0.0]))  # noqa: E731
+    grid = [np.array([a, o]) for a in (0.1, 0.25, 0.5, 1.0, 2.0, 4.0) for o in (0.1, 0.3, 1.0, 3.0, 10.0, 30.0)]
+    z0 = min(grid, key=lane)
+    res = minimize(lane, z0, method="Nelder-Mead", bounds=[(0, 40), (0, 300)],
+                   options={"maxfev": max_evals, "xatol": 1e-3, "fatol": 1e-5})
+    x = np.maximum(res.x, 0.0) * scale
+    # stage 2: the host's contention from bursts on all servers at once (and on one server when
+    # a stated busy client already oversubscribes the cores there)
+    contention = 0.0
+    group = loaded if other_busy == 0 else bursts
+    if group:
+        r2 = minimize_scalar(lambda c: loss(group, np.array([*x, c])), bounds=(0.0, 4.0), method="bounded",
+                             options={"xatol": 0.01, "maxiter": 30})
+        contention = float(r2.x)
+    x = np.array([*x, contention])
+    if refine_evals > 0:
+        s3 = np.array([*scale, 1.0])
+        r3 = minimize(lambda z: loss(bursts, np.maximum(z, 0.0) * s3), x / s3, method="Nelder-Mead",
+                      bounds=[(0, 40), (0, 300), (0, 4)], options={"maxfev": refine_evals, "xatol": 1e-3})
+        x = np.maximum(r3.x, 0.0) * s3
+    objective = loss(bursts, x)
+    fitted = with_terms(profile, x, api_server_count, host)
+    before = burst_table(bursts, profile)
+    after = burst_table(bursts, fitted)
+    return FrontendFit(fitted.frontend, fitted.host, before, after, float(objective), evals)
+
+
+def profile_sections(ff: FrontendFit) -> dict:
+    """The profile's ``frontend`` and ``host`` sections, with their sources and burst errors."""
+    f, h = ff.frontend, ff.host
+    r = lambda v: float(f"{v:.6g}")  # noqa: E731
+    return {
+        "frontend": {"api_server_count": f.api_server_count, "per_request_s": r(f.per_request_s),
+                     "per_prompt_token_s": r(f.per_prompt_token_s), "per_output_token_s": r(f.per_output_token_s)},
+        "host": {"cores": h.cores, "contention": r(h.contention), "baseline_busy": r(h.baseline_busy),
+                 "other_busy": r(h.other_busy)},
+        "burst_fit": {
+            "method": "Nelder-Mead on squared log ratios of simulated to measured burst figures (scipy)",
+            "evaluations": ff.evaluations,
+            "objective": r(ff.objective),
+            "num_bursts": int(ff.after["exp_id"].nunique()) if len(ff.after) else 0,
+            "median_abs_error_pct_without_terms": _rounded(error_summary(ff.before)),
+            "median_abs_error_pct_with_terms": _rounded(error_summary(ff.after)),
+        },
+        "sources": {
+            "frontend": "fitted to the concurrency sweep's bursts (kvroute.calibrate.bursts); per_prompt_token_s "
+                        "is overheads.api_server_per_token_s",
+            "host.cores": "os.cpu_count() of the calibrating client (servers on the same host)",
+            "host.baseline_busy": "servers measured concurrently in the one-at-a-time sweep",
+            "host.contention": "fitted to the concurrency sweep's bursts with the front-end terms",
+            "host.other_busy": "stated: the measuring client, busy on the same host during the bursts",
+        },
+    }
+
+
+def _rounded(d: dict) -> dict:
+    return {k: {m: round(v, 1) for m, v in sub.items()} for k, sub in d.items()}

@@ -1,0 +1,229 @@
+"""The API-server processes and the host's cores as resources (optional profile section).
+
+vLLM's OpenAI server is one Python process per server by default (``--api-server-count`` more,
+``vllm/entrypoints/cli/serve.py: run_multi_api_server``). One asyncio thread in it does a
+request's admission (parse the JSON body, validate, tokenise or read the token ids, hand the
+request to the engine core: ``OpenAIServingCompletion.create_completion`` ->
+``AsyncLLM.add_request``) and, for every engine step, the outputs of every running request
+(``AsyncLLM.output_handler`` detokenises them through ``OutputProcessor.process_outputs``, then
+each request's generator formats and writes one SSE chunk per token). The work is serial, so a
+burst of arrivals waits behind one another and behind the streaming of running requests, while
+the engine core (its own process) keeps stepping. Model here:
+
+- Each server owns ``api_server_count`` first-in-first-out lanes (one per API process). A request
+  joins, at its send time, the lane free soonest (lowest index on a tie; the kernel spreads
+  connections over the processes' shared socket); its outputs go to the same lane.
+- Admission holds the lane for ``per_request_s + per_prompt_token_s * prompt tokens``. The
+  request's unloaded pre-engine time stays the profile's ``overheads`` draw (the same seeded
+  lognormal as without this section); the lane only adds its queueing wait in front of it, so
+  one request at a time is predicted exactly as before.
+- Every token the engine emits holds the lane for ``per_output_token_s`` and reaches the client
+  when that work ends.
+
+A lane is a plain Lindley recursion (``start = max(now, free_at)``): exact for FIFO when work is
+submitted in time order, which the SimPy event loop guarantees; only the client's wait for the
+result passes simulated time.
+
+Host model: ``cores`` CPU cores shared by every busy process (engines with work, API lanes with
+a backlog, and ``other_busy`` stated processes such as the benchmark client). The step-cost
+coefficients were measured with ``baseline_busy`` processes busy; each busy process beyond
+``max(cores, baseline_busy)`` stretches an engine step by ``contention / cores`` of its time
+(fair sharing of CPU-bound processes gives ``contention`` = 1; the fit measures it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendModel:
+    """Service times of one server's API process(es), seconds.
+
+    Attributes:
+        api_server_count: API processes per server (vLLM ``--api-server-count``, default 1).
+        per_request_s: lane time of admitting one request.
+        per_prompt_token_s: lane time per prompt token of admitting it.
+        per_output_token_s: lane time per streamed output token (detokenise + SSE chunk).
+
+    Raises:
+        ValueError: a count below 1 or a negative or non-finite time.
+    """
+
+    api_server_count: int = 1
+    per_request_s: float = 0.0
+    per_prompt_token_s: float = 0.0
+    per_output_token_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.api_server_count < 1:
+            raise ValueError(f"frontend.api_server_count must be >= 1, got {self.api_server_count}")
+        for name in ("per_request_s", "per_prompt_token_s", "per_output_token_s"):
+            v = getattr(self, name)
+            if not (v >= 0.0 and v != float("inf")):
+                raise ValueError(f"frontend.{name} must be finite and >= 0, got {v!r}")
+
+    def admission_s(self, num_prompt_tokens: int) -> float:
+        """Lane time of admitting a request of ``num_prompt_tokens`` prompt tokens, s."""
+        return self.per_request_s + self.per_prompt_token_s * num_prompt_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class HostModel:
+    """The host's CPU cores and how busy processes stretch engine steps.
+
+    Attributes:
+        cores: CPU cores every process of the arrangement shares.
+        contention: step stretch per busy process beyond the baseline, in units of
+            ``1 / cores`` (1.0 = fair processor sharing; 0 = no effect).
+        baseline_busy: busy processes while the step costs were calibrated (their effect is
+            already in the coefficients).
+        other_busy: processes besides the engines and API lanes that are busy throughout (the
+            load-generating client).
+
+    Raises:
+        ValueError: ``cores < 1`` or negative terms.
+    """
+
+    cores: int
+    contention: float = 0.0
+    baseline_busy: float = 0.0
+    other_busy: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.cores < 1:
+            raise ValueError(f"host.cores must be >= 1, got {self.cores}")
+        for name in ("contention", "baseline_busy", "other_busy"):
+            v = getattr(self, name)
+            if not (v >= 0.0 and v != float("inf")):
+                raise ValueError(f"host.{name} must be finite and >= 0, got {v!r}")
+
+    def stretch(self, busy: float) -> float:
+        """Factor on an engine step's time with ``busy`` engines and API lanes busy (plus
+        ``other_busy``): ``1 + contention * max(0, busy + other_busy - max(cores, baseline_busy)) / cores``."""
+        extra = busy + self.other_busy - max(self.cores, self.baseline_busy)
+        return 1.0 + self.contention * extra / self.cores if extra > 0 else 1.0
+
+
+class FifoLane:
+    """One API process: first-in-first-out work, one item at a time (plain class, no SimPy).
+
+    Attributes:
+        free_at: when the lane finishes the work submitted so far, s.
+        busy_time: total work submitted, s.
+    """
+
+    __slots__ = ("free_at", "busy_time")
+
+    def __init__(self) -> None:
+        self.free_at = 0.0
+        self.busy_time = 0.0
+
+    def submit(self, now: float, service_s: float) -> tuple[float, float]:
+        """Queue ``service_s`` seconds of work at time ``now``; returns ``(start, end)``.
+
+        Calls must come in non-decreasing ``now`` (FIFO order is submission order).
+        """
+        start = now if now > self.free_at else self.free_at
+        end = start + service_s
+        self.free_at = end
+        self.busy_time += service_s
+        return start, end
+
+    def busy(self, now: float) -> bool:
+        """Whether work submitted before ``now`` is still unfinished at ``now``."""
+        return self.free_at > now
+
+
+class Frontends:
+    """Every server's API lanes, and which lane serves which request.
+
+    Args:
+        model: service times (all servers alike).
+        num_workers: servers.
+    """
+
+    def __init__(self, model: FrontendModel, num_workers: int) -> None:
+        self.model = model
+        self.lanes = [[FifoLane() for _ in range(model.api_server_count)] for _ in range(num_workers)]
+        self._lane_of: dict[int, FifoLane] = {}
+
+    def admit(self, worker: int, request_id: int, now: float, num_prompt_tokens: int) -> float:
+        """Queue the admission of a request sent at ``now`` to ``worker``; returns its wait
+        before its admission starts, s (0 on an idle lane)."""
+        lanes = self.lanes[worker]
+        lane = min(lanes, key=lambda ln: ln.free_at if ln.free_at > now else now)
+        self._lane_of[request_id] = lane
+        start, _ = lane.submit(now, self.model.admission_s(num_prompt_tokens))
+        return start - now
+
+    def deliver(self, worker: int, request_id: int, now: float) -> float:
+        """Queue the streaming of one token emitted at ``now``; returns when the client gets it."""
+        lane = self._lane_of.get(request_id) or self.lanes[worker][0]
+        return lane.submit(now, self.model.per_output_token_s)[1]
+
+    def num_busy(self, now: float) -> int:
+        """API lanes (all servers) with unfinished work at ``now``."""
+        return sum(lane.busy(now) for lanes in self.lanes for lane in lanes)
+
+
+class ContendedStepCost:
+    """A step-cost model whose times are stretched by the host's busy processes.
+
+    Duck-types :class:`~kvroute.sim.cost_model.StepCost` for the worker (``step_time``).
+
+    Args:
+        cost: the calibrated step cost.
+        host: the host model.
+        busy: returns the number of busy engines and API lanes now.
+    """
+
+    __slots__ = ("cost", "host", "busy")
+
+    def __init__(self, cost, host: HostModel, busy: Callable[[], float]) -> None:
+        self.cost, self.host, self.busy = cost, host, busy
+
+    def step_time(self, num_batched_tokens: int, num_reqs: int, prefill_token_pairs: float,
+                  decode_context_tokens: int) -> float:
+        """The calibrated step time times ``host.stretch(busy())``, s."""
+        base = self.cost.step_time(num_batched_tokens, num_reqs, prefill_token_pairs, decode_context_tokens)
+        return base * self.host.stretch(self.busy())
+
+
+def frontend_from_dict(doc: dict | None, where: str) -> FrontendModel | None:
+    """The ``frontend`` section of a profile, or None when absent.
+
+    Raises:
+        ValueError: an unknown field or a bad value, naming ``where`` and the field.
+    """
+    if doc is None:
+        return None
+    return _build(FrontendModel, doc, where, "frontend", ints=("api_server_count",))
+
+
+def host_from_dict(doc: dict | None, where: str) -> HostModel | None:
+    """The ``host`` section of a profile, or None when absent.
+
+    Raises:
+        ValueError: a missing ``cores``, an unknown field or a bad value, naming ``where``.
+    """
+    if doc is None:
+        return None
+    if "cores" not in doc:
+        raise ValueError(f"{where}: section 'host' lacks 'cores'")
+    return _build(HostModel, doc, where, "host", ints=("cores",))
+
+
+def _build(cls, doc, where: str, section: str, ints: tuple[str, ...]):
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where}: section {section!r} must be an object")
+    fields = cls.__dataclass_fields__
+    unknown = sorted(k for k in doc if k not in fields and not k.startswith("_"))
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown} in section {section!r}; known: {sorted(fields)}")
+    try:
+        kw = {k: (int(v) if k in ints else float(v)) for k, v in doc.items() if k in fields}
+        return cls(**kw)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc

@@ -1,0 +1,129 @@
+"""The API-server queue and host model (sim/frontend.py) against closed forms, alone and in a run."""
+
+import numpy as np
+import pytest
+
+from kvroute.sim.cluster import ClusterSpec, simulate
+from kvroute.sim.frontend import FifoLane, FrontendModel, Frontends, HostModel
+from kvroute.sim.profile import profile_from_dict
+from kvroute.traces.format import Trace, TraceRecord
+
+
+def profile(api=0.0, frontend=None, host=None):
+    """Steps cost 10 ms + 1 ms per batched token; API overhead ``api`` s, no jitter."""
+    doc = {
+        "name": "test",
+        "engine": {"block_size": 16, "num_gpu_blocks": 1000, "max_num_batched_tokens": 2048,
+                   "max_num_seqs": 256, "max_model_len": 32768},
+        "step_cost": {"step_overhead_s": 0.01, "weight_load_s": 0.0, "per_token_s": 0.001,
+                      "per_request_s": 0.0, "prefill_attn_s": 0.0, "decode_attn_s": 0.0},
+        "overheads": {"api_server_s": api, "gateway_s": 0.0, "jitter_cv": 0.0},
+    }
+    if frontend is not None:
+        doc["frontend"] = frontend
+    if host is not None:
+        doc["host"] = host
+    return profile_from_dict(doc)
+
+
+def rec(rid, length, out):
+    return TraceRecord(rid, 0.0, length, out, tuple(range(rid * 1000, rid * 1000 + -(-length // 16))))
+
+
+def run(prof, records, workers=1, policy="round_robin"):
+    spec = ClusterSpec(prof, num_workers=workers, policy=policy, arrival_spread_s=0.0, record_steps=True)
+    return simulate(Trace(records, block_size=16), spec, seed=0)
+
+
+def test_md1_mean_wait_matches_pollaczek_khinchine():
+    # M/D/1: Poisson arrivals at rate lam, service D, load rho = lam * D: Wq = rho * D / (2 (1 - rho)).
+    rng = np.random.default_rng(1)
+    D, rho = 0.01, 0.6
+    arrivals = np.cumsum(rng.exponential(D / rho, size=200_000))
+    lane = FifoLane()
+    waits = np.array([lane.submit(t, D)[0] - t for t in arrivals])
+    expected = rho * D / (2 * (1 - rho))
+    assert waits.mean() == pytest.approx(expected, rel=0.03)
+    assert lane.busy_time == pytest.approx(D * len(arrivals))
+
+
+def test_burst_of_n_equal_requests_is_served_in_n_service_times():
+    lane = FifoLane()
+    ends = [lane.submit(0.0, 0.25)[1] for _ in range(16)]
+    assert ends == [0.25 * (i + 1) for i in range(16)]
+    assert lane.busy(3.99) and not lane.busy(4.0)
+
+
+def test_requests_join_the_lane_free_soonest():
+    fronts = Frontends(FrontendModel(api_server_count=2, per_request_s=1.0), num_workers=1)
+    waits = [fronts.admit(0, i, 0.0, 100) for i in range(5)]
+    assert waits == [0.0, 0.0, 1.0, 1.0, 2.0]
+    assert fronts.num_busy(2.5) == 1 and fronts.num_busy(3.0) == 0
+
+
+def test_burst_reaches_the_engine_one_admission_after_another():
+    # pre-engine time 0.1 s, all of it admission work in the one API process: request i is
+    # scheduled at (i + 1) x 0.1 s, its 16-token prefill step takes 26 ms; its token is streamed
+    # after the admissions queued before it (FIFO), so the first seven reach the client at 0.8 s.
+    n, s = 8, 0.1
+    res = run(profile(api=s, frontend={"per_request_s": s}), [rec(i, 16, 1) for i in range(n)])
+    starts, durations = res.step_logs[0][:, 0], res.step_logs[0][:, 1]
+    assert list(starts) == pytest.approx([(i + 1) * s for i in range(n)])
+    assert list(durations) == pytest.approx([0.026] * n)
+    assert sorted(res.records["ttft"]) == pytest.approx([n * s] * (n - 1) + [n * s + 0.026])
+
+
+def test_streaming_work_paces_tokens_when_slower_than_steps():
+    # decode steps take 11 ms; streaming a token takes 50 ms of the API process
+    res = run(profile(frontend={"per_output_token_s": 0.05}), [rec(0, 100, 3)])
+    row = res.records.iloc[0]
+    assert row["ttft"] == pytest.approx(0.11 + 0.05)
+    assert row["tpot"] == pytest.approx(0.05)
+    assert row["e2e"] == pytest.approx(0.11 + 3 * 0.05)
+
+
+def test_streaming_delays_a_later_admission():
+    # request 0's admission holds the lane 0-0.1 s, its first token (emitted at 0.11 s) 0.11-0.31 s;
+    # request 1, sent at 0.2 s, waits for that token's streaming.
+    fronts = Frontends(FrontendModel(per_request_s=0.1, per_output_token_s=0.2), num_workers=1)
+    assert fronts.admit(0, 0, 0.0, 10) == 0.0
+    assert fronts.deliver(0, 0, 0.11) == pytest.approx(0.31)
+    assert fronts.admit(0, 1, 0.2, 10) == pytest.approx(0.11)
+
+
+def test_zero_cost_frontend_predicts_like_no_frontend():
+    records = [rec(i, 200 + 30 * i, 5 + i) for i in range(6)]
+    plain = run(profile(api=0.02), records, workers=2)
+    queued = run(profile(api=0.02, frontend={"api_server_count": 1}), records, workers=2)
+    for col in ("ttft", "e2e", "tpot"):
+        assert list(queued.records[col]) == pytest.approx(list(plain.records[col]))
+
+
+def test_host_contention_stretches_steps_when_cores_are_oversubscribed():
+    # two engines busy on one core, fair sharing: every step twice as long
+    records = [rec(0, 100, 1), rec(1, 100, 1)]
+    alone = run(profile(), records, workers=2)
+    shared = run(profile(host={"cores": 1, "contention": 1.0}), records, workers=2)
+    assert list(alone.records["ttft"]) == pytest.approx([0.11, 0.11])
+    assert list(shared.records["ttft"]) == pytest.approx([0.22, 0.22])
+    # the coefficients were calibrated with both busy: no stretch beyond them
+    base = run(profile(host={"cores": 1, "contention": 1.0, "baseline_busy": 2}), records, workers=2)
+    assert list(base.records["ttft"]) == pytest.approx([0.11, 0.11])
+
+
+def test_host_stretch_closed_form():
+    host = HostModel(cores=2, contention=0.5, baseline_busy=3, other_busy=1)
+    assert host.stretch(2) == 1.0
+    assert host.stretch(4) == pytest.approx(1 + 0.5 * 2 / 2)
+
+
+@pytest.mark.parametrize("section,body,message", [
+    ("frontend", {"per_request": 0.1}, "unknown field(s) ['per_request'] in section 'frontend'"),
+    ("frontend", {"api_server_count": 0}, "frontend.api_server_count must be >= 1"),
+    ("frontend", {"per_output_token_s": -1}, "frontend.per_output_token_s must be finite and >= 0"),
+    ("host", {"contention": 1.0}, "section 'host' lacks 'cores'"),
+    ("host", {"cores": "two"}, "invalid literal"),
+])
+def test_bad_sections_name_the_field(section, body, message):
+    with pytest.raises(ValueError, match=r"<dict>: .*" + __import__("re").escape(message)):
+        profile(**{section: body})
