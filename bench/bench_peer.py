@@ -14,7 +14,8 @@ Cases (A is this checkout's kvroute, run with this Python):
   engine of the ``a100-80gb-qwen2.5-7b`` profile (16-token blocks, 66,534 blocks, 2048 batched
   tokens, 256 sequences, max_model_len 32,768).
 - ``first1000-rr``, ``first1000-kv``: the same on the trace's first 1,000 records (start-up counts).
-- ``seed20``: the seed burst with 20 turns, 4 workers, kv_aware, against the reference kvroute.
+- ``seed20``: the seed burst with 20 turns (fixed 128-token replies, from one trace file), 4 workers,
+  kv_aware, against the reference kvroute.
 - ``help``: ``kvroute simulate --help`` against the reference kvroute's.
 - ``scaling``: not a pair: this kvroute on the trace concatenated 4 times (hash ids offset per
   copy, timestamps shifted by the trace's span) against one copy; target <= 4.5x the time, and
@@ -215,7 +216,13 @@ def main() -> None:
                 rows.append(pair(case, kvroute_cmd(here, trace_args(path, policy)),
                                  [str(peer), "-c", PEER_CHILD, mode, str(path)], args.runs, None, "peer"))
             elif case == "seed20":
-                sim = ["simulate", "--turns", "20", "--policy", "kv_aware", "--json"]
+                # NOTE: one trace file for both, with the lab's fixed 128-token replies: the default
+                # seed workload now draws its reply lengths, which older kvroutes cannot.
+                seed_trace = tmp_path / "seed20.jsonl"
+                subprocess.run(kvroute_cmd(here, ["trace", "generate", "seed-chat", "--turns", "20",
+                                                  "--reply-tokens", "128", "--out", str(seed_trace)]),
+                               check=True, capture_output=True)
+                sim = ["simulate", "--trace", str(seed_trace), "--policy", "kv_aware", "--json"]
                 rows.append(pair(case, kvroute_cmd(here, sim), kvroute_cmd(ref_python, sim), args.runs,
                                  ref_env, label_ref))
             elif case == "help":
