@@ -47,14 +47,16 @@ def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     ax_cdf.set_ylabel("share of requests")
     ax_cdf.set_title("TTFT distribution")
     ax_cdf.grid(alpha=0.3)
-    ax_cdf.legend()
+    if ax_cdf.get_legend_handles_labels()[0]:
+        ax_cdf.legend()
     if has_turns:
         integer_ticks(ax_turn)
     ax_turn.set_xlabel("turn" if has_turns else "prompt length (tokens, decile midpoints)")
     ax_turn.set_ylabel("TTFT (s)")
     ax_turn.set_title("TTFT by turn" if has_turns else "TTFT by prompt length")
     ax_turn.grid(alpha=0.3)
-    ax_turn.legend(fontsize=8)
+    if ax_turn.get_legend_handles_labels()[0]:
+        ax_turn.legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
