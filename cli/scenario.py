@@ -183,6 +183,8 @@ def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--profile") from exc
     closed = {"auto": None, "closed": True, "open": False}[replay]
+    if gpus is not None and not 1 <= gpus <= workers:
+        raise click.BadParameter(f"must be between 1 and --workers ({workers}), got {gpus}", param_hint="'--gpus'")
     try:
         return ClusterSpec(profile, num_workers=workers, num_gpus=gpus, arrival_spread_s=arrival_spread,
                            closed_loop=closed)

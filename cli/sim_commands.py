@@ -102,9 +102,10 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         click.echo(f"\n{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}; "
                    f"± is the 95% interval over rounds ([low, high] where clipped to possible values); changes of shares "
                    f"in percentage points (pp); goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
-        note = _unmeasured_note(spec.profile, trace_path is None and workload == "seed-chat" and reply_tokens is None)
-        if note:
-            click.echo(note)
+        for line in (_failure_note(comparison), _unmeasured_note(spec.profile, trace_path is None and
+                                                                     workload == "seed-chat" and reply_tokens is None)):
+            if line:
+                click.echo(line)
     if out is not None:
         _write_outputs(comparison, out, header, json_out, records_format)
         _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), request_rate, arrival)
@@ -220,6 +221,18 @@ def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, reco
 def simulate(policy, rounds, json_out, out, records_format, quiet, **scenario):
     """Simulate one routing policy and print its summary."""
     _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario, quiet=quiet)
+
+
+def _failure_note(comparison) -> str:
+    """A warning under the table when requests failed: how many, and one reason."""
+    records = comparison.records()
+    failed = records[records["status"] != "ok"]
+    if failed.empty:
+        return ""
+    first = failed.iloc[0]
+    head = ("Warning: every request failed" if len(failed) == len(records)
+            else f"Note: {len(failed)} of {len(records)} requests failed")
+    return f"{head} (all policies and rounds); e.g. request {first['request_id']}: {first['error'] or 'no reason recorded'}"
 
 
 def _unmeasured_note(profile, fitted_seed_workload: bool) -> str:

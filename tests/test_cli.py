@@ -125,3 +125,14 @@ def test_a_derived_prior_is_flagged_under_the_table():
     measured = invoke("compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin",
                       "--profile", "cpu-tiny-qwen2")
     assert "derived prior" not in measured.output
+
+
+def test_failed_requests_are_counted_under_the_table_and_gpus_named():
+    result = invoke("compare", "--chats", "2", "--turns", "2", "--rounds", "1", "--policies", "round_robin",
+                    "--max-model-len", "10")
+    assert "Warning: every request failed (all policies and rounds); e.g. request 0: This model's maximum " \
+           "context length is 10 tokens" in result.output
+    ok = invoke("compare", "--chats", "2", "--turns", "2", "--rounds", "1", "--policies", "round_robin")
+    assert "requests failed" not in ok.output
+    bad = CliRunner().invoke(cli, ["compare", "--gpus", "8"])
+    assert bad.exit_code != 0 and "Invalid value for '--gpus': must be between 1 and --workers (4), got 8" in bad.output
