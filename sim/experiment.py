@@ -246,9 +246,12 @@ class UncertainComparison:
 
     def change_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
         """``coverage`` prediction interval of the relative change (percent) of ``policy``'s mean
-        against the baseline's mean, from each draw's change (same profile and seeds for both)."""
+        against the baseline's mean, from each draw's change (same profile and seeds for both);
+        for shares (``SHARE_METRICS``) the change in percentage points."""
         base = self._draw_means(self.policies[0], metric)
         value = self._draw_means(policy, metric)
+        if metric in SHARE_METRICS:
+            return prediction_interval(100.0 * (value - base), coverage)
         with np.errstate(divide="ignore", invalid="ignore"):
             change = np.where(base != 0, 100.0 * (value - base) / base, np.nan)
         return prediction_interval(change, coverage)
@@ -256,7 +259,8 @@ class UncertainComparison:
     def to_dict(self, coverage: float = 0.95) -> dict:
         """``base.to_dict()`` with, per metric, ``model_interval`` (mean over rounds, model
         uncertainty included), ``run_interval`` (one run) and, for later policies,
-        ``change_model_interval_pct``; plus ``uncertainty``: draws, rounds, method."""
+        ``change_model_interval_pct`` (``change_model_interval_pp`` for shares); plus ``uncertainty``: draws,
+        rounds, method."""
         doc = self.base.to_dict()
         for policy, metrics in doc["policies"].items():
             for metric, entry in metrics.items():
@@ -266,7 +270,8 @@ class UncertainComparison:
                 entry["run_interval"] = {"low": _num(lo), "high": _num(hi)}
                 if policy != self.policies[0]:
                     lo, hi = self.change_interval(policy, metric, coverage)
-                    entry["change_model_interval_pct"] = {"low": _num(lo), "high": _num(hi)}
+                    key = "change_model_interval_pp" if metric in SHARE_METRICS else "change_model_interval_pct"
+                    entry[key] = {"low": _num(lo), "high": _num(hi)}
         doc["uncertainty"] = {"draws": self.draws, "rounds_per_draw": self.rounds, "coverage": coverage,
                               "method": self.method}
         return doc
@@ -348,10 +353,10 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
             row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"])))
             row.append(_fmt_range(*result.mean_interval(p, m, coverage)))
             if i:
-                ch = base.change(p, m)
-                row.append("" if math.isnan(ch) else f"{ch:+.1f}%")
+                row.append(_fmt_change(base, p, m))
                 lo, hi = result.change_interval(p, m, coverage)
-                row.append("" if math.isnan(lo) else f"[{lo:+.1f}, {hi:+.1f}]%")
+                unit = " pp" if m in SHARE_METRICS else "%"
+                row.append("" if math.isnan(lo) else f"[{lo:+.1f}, {hi:+.1f}]{unit}")
         rows.append(row)
     return _tabulate(rows)
 

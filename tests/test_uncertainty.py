@@ -23,13 +23,19 @@ def test_refit_reproduces_the_shipped_coefficients_and_first_bootstrap_samples(n
     obs, _ = build_observations(req, exp, engine_config(servers[0]), "auto")
     res = fit(obs, fit_doc["holdout_share"], fit_doc["holdout_seed"], "auto", fit_doc["method"].split("/")[-1],
               True, 4, bootstrap=2)
-    assert {k: getattr(res.cost, k) for k in shipped["step_cost"]} == shipped["step_cost"]
-    assert res.api_server_s == shipped["overheads"]["api_server_s"]
+    # The least-squares solve goes through BLAS, whose last bits differ between numpy builds; a
+    # coefficient the data leaves at zero (this tiny model's weight floor, ~1e-10 s) can move by
+    # a few 1e-9 s. Ten nanoseconds per step is far below anything the fit resolves (steps take ms).
+    close = dict(rel=1e-9, abs=1e-8)
+    assert {k: getattr(res.cost, k) for k in shipped["step_cost"]} == pytest.approx(shipped["step_cost"], **close)
+    assert res.api_server_s == pytest.approx(shipped["overheads"]["api_server_s"], **close)
     doc = uncertainty_document(res)
     unc = shipped["step_cost_uncertainty"]
     assert unc["fields"] == list(UNCERTAIN_FIELDS) and unc["num_samples"] == 100
     # resample i does not depend on how many follow it
-    assert doc["samples"] == unc["samples"][:2]
+    assert len(doc["samples"]) == 2
+    for got, want in zip(doc["samples"], unc["samples"][:2]):
+        assert got == pytest.approx(want, **close)
 
 
 def test_draws_of_a_measured_profile_are_its_bootstrap_samples_seeded():
@@ -105,6 +111,12 @@ def test_compare_uncertainty_keeps_the_seed_only_results_and_adds_model_interval
     ttc = doc["policies"]["kv_aware"]["time_to_complete_s"]
     assert ttc["model_interval"]["low"] < ttc["mean"] < ttc["model_interval"]["high"]
     assert "change_model_interval_pct" in ttc
+    # a share's change is in percentage points, never a percent of a percent
+    hit = doc["policies"]["kv_aware"]["hit_rate"]
+    assert "change_model_interval_pp" in hit and "change_model_interval_pct" not in hit
+    text = CliRunner().invoke(cli, args[:-1] + ["--uncertainty", "3"], catch_exceptions=False).output
+    hit_row = next(line for line in text.splitlines() if line.lstrip().startswith("hit"))
+    assert " pp" in hit_row, hit_row
     bad = CliRunner().invoke(cli, args + ["--uncertainty", "-1"])
     assert bad.exit_code != 0 and "--uncertainty" in bad.output
 
