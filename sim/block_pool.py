@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from itertools import repeat
+from itertools import compress, repeat
+from operator import not_
 
 
 class BlockPool:
@@ -218,15 +219,31 @@ class BlockPool:
         form a prefix of every table): the same queue order, without looking hashes up.
         """
         ref_cnt = self.ref_cnt
-        if list(map(ref_cnt.__getitem__, blocks)).count(1) != len(blocks):
-            self.free_blocks(reversed(blocks))  # some block is shared
+        refs = list(map(ref_cnt.__getitem__, blocks))
+        if refs.count(1) == len(blocks):  # no block shared: all released
+            deque(map(ref_cnt.__setitem__, blocks, repeat(0)), 0)
+            if num_hashed < len(blocks):
+                self._head.extend(blocks[num_hashed:])  # unhashed: to the head, the last block first
+            if num_hashed:
+                self._lru.extend(reversed(blocks[:num_hashed]))  # hashed: to the tail, last first
+                self._lru_len += num_hashed
             return
-        deque(map(ref_cnt.__setitem__, blocks, repeat(0)), 0)
-        if num_hashed < len(blocks):
-            self._head.extend(blocks[num_hashed:])  # unhashed: to the head, the last block first
-        if num_hashed:
-            self._lru.extend(reversed(blocks[:num_hashed]))  # hashed: to the tail, last first
-            self._lru_len += num_hashed
+        if len(set(blocks)) != len(blocks):  # a block listed twice (a hash collision): one by one
+            self.free_blocks(reversed(blocks))
+            return
+        # Shared hit blocks (kv_aware routes turns of a conversation together): the blocks whose
+        # count reaches 0 are released, in the same order as above.
+        left = [r - 1 for r in refs]
+        deque(map(ref_cnt.__setitem__, blocks, left), 0)
+        released = list(compress(blocks, map(not_, left)))
+        num_released_hashed = len(released) - sum(map(not_, left[num_hashed:]))
+        if num_released_hashed < len(released):
+            self._head.extend(released[num_released_hashed:])
+        if num_released_hashed:
+            hashed = released[:num_released_hashed]
+            hashed.reverse()
+            self._lru.extend(hashed)
+            self._lru_len += num_released_hashed
 
     def cache_full_blocks(self, block_ids: list[int], block_hashes: list[int], start: int, end: int) -> None:
         """Register blocks ``start .. end - 1`` of a request under their hashes.
@@ -284,8 +301,15 @@ class BlockPool:
                 need = num_blocks - len(taken)
                 chunk = lst[start:start + need]  # at most ``need`` live entries
                 start += need
-                if not any(map(stale.__getitem__, chunk)):
+                marks = list(map(stale.__getitem__, chunk))
+                if not any(marks):
                     taken += chunk
+                    continue
+                if len(set(chunk)) == len(chunk):  # each block once: every entry decided alone
+                    skipped = list(compress(chunk, marks))
+                    deque(map(stale.__setitem__, skipped, [m - 1 for m in marks if m]), 0)
+                    self._num_stale -= len(skipped)
+                    taken += compress(chunk, map(not_, marks))
                     continue
                 for bid in chunk:  # in order: a block's stale entries precede its live one
                     left = stale[bid]
