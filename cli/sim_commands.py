@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import click
-from tqdm.auto import tqdm
 
 import dataclasses
 
@@ -25,11 +24,8 @@ class _RunProgress:
     """A second bar for the run under way: requests sent of the trace, and its simulated time."""
 
     def __init__(self, total: int, disable: bool) -> None:
-        from tqdm.auto import tqdm as auto_tqdm
-
         self.disable = disable
-        self.bar = auto_tqdm(total=total, desc="run", unit="req", file=sys.stderr, disable=disable, leave=False,
-                             position=1)
+        self.bar = _progress_bar(disable, total=total, desc="run", unit="req", leave=False, position=1)
 
     def __call__(self, policy: str, round_: int, now_s: float, sent: int, total: int) -> None:
         if self.bar.total != total or self.bar.desc != f"{policy} r{round_}":
@@ -40,6 +36,25 @@ class _RunProgress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+class _NoBar:
+    """A disabled progress bar's stand-in (tqdm is imported only when a bar is shown)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(disable: bool, **kwargs):
+    """A ``tqdm.auto`` bar on standard error, or ``_NoBar`` when ``disable``."""
+    if disable:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(file=sys.stderr, **kwargs)
 
 
 def _run(policies, rounds, json_out, out, records_format, workload, trace_path, trace_block_size, max_requests, turns, chats,
@@ -72,8 +87,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
     if not json_out:
         click.echo(f"{header} | {rounds} round(s) per policy"
                    + (f", plus {uncertainty} drawn profile(s) x {rounds} round(s)" if uncertainty else ""))
-    bar = tqdm(total=len(policies) * rounds * (1 + uncertainty), desc="simulating", unit="run", file=sys.stderr,
-               disable=quiet or json_out or not sys.stderr.isatty())
+    bar = _progress_bar(quiet or json_out or not sys.stderr.isatty(), total=len(policies) * rounds * (1 + uncertainty),
+                        desc="simulating", unit="run")
     inside = _RunProgress(len(trace.records), disable=quiet or json_out or not sys.stderr.isatty())
     if uncertainty:
         from kvroute.sim.experiment import compare_uncertain, format_uncertain_table

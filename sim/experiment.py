@@ -12,34 +12,71 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.metrics import SUMMARY_METRICS, RunResult, ServiceClass, summarize, summarize_rounds
+from kvroute.sim.metrics import (SUMMARY_METRICS, RunResult, ServiceClass, one_round_intervals, summarize,
+                                 summarize_rounds)
 from kvroute.sim.uncertainty import PRIOR_RANGE
 from kvroute.traces.format import Trace
 
+if TYPE_CHECKING:
+    import pandas as pd
 
-@dataclass(slots=True)
+
 class Comparison:
     """Results of ``compare``.
+
+    Held as plain rows; the DataFrames ``summaries`` and ``intervals`` are built on first use,
+    so a comparison printed as JSON or a table never imports pandas when it has one round
+    (about 0.3 s of a short run's start-up).
 
     Attributes:
         policies: policy names in the order given (the first is the baseline).
         runs: ``runs[policy][round]`` run results.
-        summaries: one row per (policy, round) with every summary metric.
-        intervals: ``intervals[policy]``: DataFrame of mean/low/high per metric.
+        rows: one dict per (policy, round): ``policy``, ``round``, ``seed`` and every summary metric.
+        interval_rows: ``interval_rows[policy][metric]``: dict of ``mean``, ``low``, ``high``,
+            ``rounds`` (``summarize_rounds``'s rows).
+        summaries: ``rows`` as a DataFrame.
+        intervals: ``intervals[policy]``: DataFrame of mean/low/high/rounds per metric.
     """
 
-    policies: list[str]
-    runs: dict[str, list[RunResult]]
-    summaries: pd.DataFrame
-    intervals: dict[str, pd.DataFrame]
+    __slots__ = ("policies", "runs", "rows", "interval_rows", "_summaries", "_intervals")
+
+    def __init__(self, policies: list[str], runs: dict[str, list[RunResult]], rows: list[dict],
+                 interval_rows: dict[str, dict[str, dict[str, float]]]) -> None:
+        self.policies = policies
+        self.runs = runs
+        self.rows = rows
+        self.interval_rows = interval_rows
+        self._summaries = None
+        self._intervals = None
+
+    @property
+    def summaries(self) -> pd.DataFrame:
+        """One row per (policy, round) with every summary metric."""
+        if self._summaries is None:
+            import pandas as pd
+
+            self._summaries = pd.DataFrame(self.rows)
+        return self._summaries
+
+    @property
+    def intervals(self) -> dict[str, pd.DataFrame]:
+        """``intervals[policy]``: DataFrame indexed by metric with ``mean``, ``low``, ``high``, ``rounds``."""
+        if self._intervals is None:
+            import pandas as pd
+
+            self._intervals = {p: pd.DataFrame.from_dict(iv, orient="index", columns=["mean", "low", "high", "rounds"])
+                               for p, iv in self.interval_rows.items()}
+        return self._intervals
 
     def records(self) -> pd.DataFrame:
         """Every record of every run, with ``policy`` and ``round`` columns."""
+        import pandas as pd
+
         frames = []
         for policy, runs in self.runs.items():
             for r, run in enumerate(runs):
@@ -48,27 +85,27 @@ class Comparison:
 
     def change(self, policy: str, metric: str) -> float:
         """Relative change of ``metric``'s mean for ``policy`` against the baseline, percent."""
-        base = self.intervals[self.policies[0]].loc[metric, "mean"]
-        value = self.intervals[policy].loc[metric, "mean"]
+        base = self.interval_rows[self.policies[0]][metric]["mean"]
+        value = self.interval_rows[policy][metric]["mean"]
         return 100.0 * (value - base) / base if base else math.nan
 
     def change_points(self, policy: str, metric: str) -> float:
         """Change of a share's mean (hit rate, goodput share) against the baseline, percentage points."""
-        base = self.intervals[self.policies[0]].loc[metric, "mean"]
-        return 100.0 * (self.intervals[policy].loc[metric, "mean"] - base)
+        base = self.interval_rows[self.policies[0]][metric]["mean"]
+        return 100.0 * (self.interval_rows[policy][metric]["mean"] - base)
 
     def to_dict(self) -> dict:
         """A JSON-ready dict: per policy, per metric, mean/low/high, each round's value and the
         change against the baseline (percent; for shares also ``change_vs_baseline_pp``)."""
         out: dict = {"policies": {}}
         for policy in self.policies:
-            rounds = self.summaries[self.summaries["policy"] == policy]
+            rounds = [row for row in self.rows if row["policy"] == policy]
             out["policies"][policy] = {
                 metric: {
                     "mean": _num(row["mean"]),
                     "low": _num(row["low"]),
                     "high": _num(row["high"]),
-                    "rounds": [_num(v) for v in rounds[metric]],
+                    "rounds": [_num(r[metric]) for r in rounds],
                     **(
                         {"change_vs_baseline_pct": _num(self.change(policy, metric))}
                         if policy != self.policies[0]
@@ -80,7 +117,7 @@ class Comparison:
                         else {}
                     ),
                 }
-                for metric, row in self.intervals[policy].iterrows()
+                for metric, row in self.interval_rows[policy].items()
             }
         return out
 
@@ -133,12 +170,14 @@ def compare(
             rows.append({"policy": policy, "round": r, "seed": seed + r, **summarize(result, slo)})
             if progress is not None:
                 progress(policy, r)
-    summaries = pd.DataFrame(rows)
-    intervals = {
-        p: summarize_rounds(summaries[summaries["policy"] == p][list(SUMMARY_METRICS)].to_dict("records"))
-        for p in policies
-    }
-    return Comparison(list(policies), runs, summaries, intervals)
+    intervals = {}
+    for p in policies:
+        per_round = [{m: row[m] for m in SUMMARY_METRICS} for row in rows if row["policy"] == p]
+        if len(per_round) == 1:
+            intervals[p] = one_round_intervals(per_round[0])
+        else:
+            intervals[p] = summarize_rounds(per_round).to_dict("index")
+    return Comparison(list(policies), runs, rows, intervals)
 
 
 def format_table(comparison: Comparison, metrics: list[str] | None = None) -> str:
@@ -156,7 +195,7 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
     for m in metrics:
         row = [SUMMARY_METRICS[m]]
         for i, p in enumerate(comparison.policies):
-            iv = comparison.intervals[p].loc[m]
+            iv = comparison.interval_rows[p][m]
             row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"])))
             if i:
                 row.append(_fmt_change(comparison, p, m))
@@ -328,6 +367,8 @@ def compare_uncertain(
         first = seed + (d + 1) * rounds
         comparison = compare(trace, replace(spec, profile=profile), policies, rounds, first, slo, progress)
         rows.append(comparison.summaries.assign(draw=d))
+    import pandas as pd
+
     summaries = pd.concat(rows, ignore_index=True)
     method = profile_uncertainty(spec.profile, prior_range).method
     return UncertainComparison(base, draws, rounds, summaries, method)
@@ -349,7 +390,7 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
     for m in metrics:
         row = [SUMMARY_METRICS[m]]
         for i, p in enumerate(result.policies):
-            iv = base.intervals[p].loc[m]
+            iv = base.interval_rows[p][m]
             row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"])))
             row.append(_fmt_range(*result.mean_interval(p, m, coverage)))
             if i:

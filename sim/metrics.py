@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -89,20 +90,29 @@ class RequestRecord:
         )
 
 
+def record_rows(records: list[RequestRecord]) -> list[tuple]:
+    """Records as tuples in ``RECORD_COLUMNS`` order, sorted by request id (stable)."""
+    rows = [r.as_row() for r in records]
+    rows.sort(key=itemgetter(0))
+    return rows
+
+
 def records_frame(records: list[RequestRecord]) -> pd.DataFrame:
     """Records as a DataFrame with ``RECORD_COLUMNS``, sorted by request id."""
     import pandas as pd
 
-    frame = pd.DataFrame([r.as_row() for r in records], columns=RECORD_COLUMNS)
-    return frame.sort_values("request_id", kind="stable").reset_index(drop=True)
+    return pd.DataFrame(record_rows(records), columns=RECORD_COLUMNS)
 
 
-@dataclass(slots=True)
 class RunResult:
     """One run's outcome.
 
+    ``records`` and ``workers`` may be given as DataFrames or, by ``from_cluster``, as plain
+    rows; the DataFrames are then built on first use, so a run summarised by ``summarize``
+    (the ``simulate`` command) never imports pandas (about 0.3 s of a short run's start-up).
+
     Attributes:
-        records: per-request DataFrame (``RECORD_COLUMNS``).
+        records: per-request DataFrame (``RECORD_COLUMNS``), sorted by request id.
         itl: every inter-token gap of the run, s.
         workers: per-worker counters (steps, busy time, prefix-cache tokens, preemptions,
             evictions, KV blocks).
@@ -111,18 +121,56 @@ class RunResult:
         step_logs: per-worker step logs when requested, else None.
     """
 
-    records: pd.DataFrame
-    itl: np.ndarray
-    workers: pd.DataFrame
-    policy: str
-    seed: int
-    step_logs: list[np.ndarray] | None = None
+    __slots__ = ("itl", "policy", "seed", "step_logs", "_records", "_rows", "_workers", "_worker_rows")
+
+    def __init__(self, records: pd.DataFrame, itl: np.ndarray, workers: pd.DataFrame, policy: str, seed: int,
+                 step_logs: list[np.ndarray] | None = None) -> None:
+        self._records, self._rows = records, None
+        self._workers, self._worker_rows = workers, None
+        self.itl = itl
+        self.policy = policy
+        self.seed = seed
+        self.step_logs = step_logs
+
+    @property
+    def records(self) -> pd.DataFrame:
+        """Per-request DataFrame (``RECORD_COLUMNS``), sorted by request id."""
+        if self._records is None:
+            import pandas as pd
+
+            self._records = pd.DataFrame(self._rows, columns=RECORD_COLUMNS)
+        return self._records
+
+    @records.setter
+    def records(self, frame: pd.DataFrame) -> None:
+        self._records, self._rows = frame, None
+
+    @property
+    def workers(self) -> pd.DataFrame:
+        """Per-worker counters, one row per worker."""
+        if self._workers is None:
+            import pandas as pd
+
+            self._workers = pd.DataFrame(self._worker_rows)
+        return self._workers
+
+    @workers.setter
+    def workers(self, frame: pd.DataFrame) -> None:
+        self._workers, self._worker_rows = frame, None
+
+    def record_rows(self) -> list[tuple]:
+        """The records as tuples in ``RECORD_COLUMNS`` order, sorted by request id (the rows of
+        ``records``; NaN where the DataFrame has NaN or a missing value)."""
+        if self._rows is not None:
+            return self._rows
+        return list(self._records.itertuples(index=False, name=None))
+
+    def __repr__(self) -> str:
+        return f"RunResult(policy={self.policy!r}, seed={self.seed}, requests={len(self.record_rows())})"
 
     @classmethod
     def from_cluster(cls, cluster: "Cluster") -> "RunResult":
-        """Collect a finished cluster's records and counters."""
-        import pandas as pd
-
+        """Collect a finished cluster's records and counters (as rows; DataFrames on first use)."""
         rows = []
         for w in cluster.workers:
             st = w.scheduler.kv_cache_manager.stats
@@ -144,14 +192,10 @@ class RunResult:
         logs = None
         if cluster.spec.record_steps:
             logs = [np.asarray(w.step_log).reshape(-1, 4) for w in cluster.workers]
-        return cls(
-            records=records_frame(cluster.records),
-            itl=np.asarray(cluster.itl_gaps, dtype=float),
-            workers=pd.DataFrame(rows),
-            policy=cluster.spec.policy,
-            seed=cluster.seed,
-            step_logs=logs,
-        )
+        result = cls(None, np.asarray(cluster.itl_gaps, dtype=float), None, cluster.spec.policy, cluster.seed, logs)
+        result._rows = record_rows(cluster.records)
+        result._worker_rows = rows
+        return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,15 +243,19 @@ def summarize(result: RunResult, slo: ServiceClass = ServiceClass()) -> dict[str
     """The run's summary metrics, keyed as ``SUMMARY_METRICS``.
 
     Later-turn TTFT uses requests with ``turn >= 2``; it is NaN for traces without turns.
+    Computed from ``result.record_rows()`` with numpy, in request-id order (the order of the
+    ``records`` DataFrame, so means and quantiles are the ones pandas gave, to the bit).
     """
-    df = result.records
-    ok = df[df["status"] == "ok"]
-    ttft = ok["ttft"].to_numpy(float)
-    later = ok[ok["turn"].fillna(0).astype(float) >= 2]["ttft"].to_numpy(float)
-    start = float(df["arrival"].min()) if len(df) else 0.0
-    makespan = float(ok["finish"].max()) - start if len(ok) else math.nan
-    met = (ok["ttft"] <= slo.ttft_s) & (ok["tpot"].fillna(0.0) <= slo.tpot_s)
-    prompt = float(ok["prompt_tokens"].sum())
+    rows = result.record_rows()
+    ok = [r for r in rows if r[14] == "ok"]  # status
+    ttft = np.array([r[7] for r in ok], dtype=float)
+    later = np.array([r[7] for r in ok if r[2] is not None and r[2] == r[2] and r[2] >= 2], dtype=float)  # turn
+    start = float(min(r[4] for r in rows)) if rows else 0.0  # arrival
+    makespan = float(max(r[6] for r in ok)) - start if ok else math.nan  # finish
+    tpot = np.array([r[9] for r in ok], dtype=float)
+    met = int(((ttft <= slo.ttft_s) & (np.where(np.isnan(tpot), 0.0, tpot) <= slo.tpot_s)).sum())
+    prompt = float(sum(r[10] for r in ok))
+    e2e = np.array([r[8] for r in ok], dtype=float)
     return {
         "time_to_complete_s": makespan,
         "ttft_mean_s": _mean(ttft),
@@ -220,15 +268,15 @@ def summarize(result: RunResult, slo: ServiceClass = ServiceClass()) -> dict[str
         "later_ttft_p99_s": _q(later, 0.99),
         "itl_mean_s": _mean(result.itl),
         "itl_p90_s": _q(result.itl, 0.9),
-        "tpot_mean_s": _mean(ok["tpot"].dropna().to_numpy(float)),
-        "e2e_mean_s": _mean(ok["e2e"].to_numpy(float)),
-        "e2e_p90_s": _q(ok["e2e"].to_numpy(float), 0.9),
-        "hit_rate": float(ok["cached_tokens"].sum()) / prompt if prompt else math.nan,
-        "output_throughput_tps": float(ok["output_tokens"].sum()) / makespan if makespan else math.nan,
-        "goodput_share": float(met.sum()) / len(df) if len(df) else math.nan,
-        "goodput_rps": float(met.sum()) / makespan if makespan else math.nan,
-        "preemptions": float(ok["preemptions"].sum()),
-        "failed": float((df["status"] != "ok").sum()),
+        "tpot_mean_s": _mean(tpot[~np.isnan(tpot)]),
+        "e2e_mean_s": _mean(e2e),
+        "e2e_p90_s": _q(e2e, 0.9),
+        "hit_rate": float(sum(r[11] for r in ok)) / prompt if prompt else math.nan,  # cached tokens
+        "output_throughput_tps": float(sum(r[12] for r in ok)) / makespan if makespan else math.nan,
+        "goodput_share": float(met) / len(rows) if rows else math.nan,
+        "goodput_rps": float(met) / makespan if makespan else math.nan,
+        "preemptions": float(sum(r[13] for r in ok)),
+        "failed": float(len(rows) - len(ok)),
     }
 
 
@@ -255,6 +303,9 @@ def summarize_rounds(summaries: list[dict[str, float]], confidence: float = 0.95
     """
     import pandas as pd
 
+    if len(summaries) == 1:
+        plain = one_round_intervals(summaries[0], bounds)
+        return pd.DataFrame.from_dict(plain, orient="index", columns=["mean", "low", "high", "rounds"])
     frame = pd.DataFrame(summaries)
     n = len(frame)
     mean = frame.mean()
@@ -270,3 +321,22 @@ def summarize_rounds(summaries: list[dict[str, float]], confidence: float = 0.95
     low = (mean - half).where(lambda v: v.isna() | (v >= lower), lower)
     high = (mean + half).where(lambda v: v.isna() | (v <= upper), upper)
     return pd.DataFrame({"mean": mean, "low": low, "high": high, "rounds": n})
+
+
+def one_round_intervals(summary: dict[str, float],
+                        bounds: dict[str, tuple[float, float]] = METRIC_BOUNDS) -> dict[str, dict[str, float]]:
+    """``summarize_rounds([summary])`` without pandas: per metric ``mean``, ``low``, ``high``
+    (all the value itself, NaN where the value is NaN or infinite, as ``value * 0.0`` makes the
+    half-width NaN there; ``low``/``high`` clipped to ``bounds``) and ``rounds`` (1)."""
+    out = {}
+    for metric, value in summary.items():
+        value = float(value)
+        half = value * 0.0
+        lower, upper = bounds.get(metric, (-math.inf, math.inf))
+        low, high = value - half, value + half
+        if not (math.isnan(low) or low >= lower):
+            low = lower
+        if not (math.isnan(high) or high <= upper):
+            high = upper
+        out[metric] = {"mean": value, "low": low, "high": high, "rounds": 1}
+    return out

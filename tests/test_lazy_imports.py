@@ -35,3 +35,11 @@ def test_lazy_short_help_is_the_commands_own():
         command = getattr(importlib.import_module(module), attribute)
         for limit in (30, 45, 60, 200):
             assert command.get_short_help_str(limit) == click.Command(name, help=text).get_short_help_str(limit), name
+
+
+def test_simulate_json_imports_neither_pandas_nor_scipy():
+    """One round printed as JSON is summarised from plain rows: pandas (about 0.3 s of a short
+    run's start-up), pyarrow and scipy stay unimported."""
+    args = ["simulate", "--turns", "2", "--policy", "round_robin,kv_aware", "--json"]
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "HEAVY", out[-300:]
