@@ -92,10 +92,8 @@ class KVCacheManager:
         pool = self.pool
         ref_cnt = pool.ref_cnt
         num_held = len(self.req_to_blocks.get(request.request_id, ()))
-        num_evictable = 0
-        for bid in new_computed_blocks:
-            if ref_cnt[bid] == 0:
-                num_evictable += 1
+        # hit blocks with no reference sit in the free queue: taking them uses free capacity
+        num_evictable = list(map(ref_cnt.__getitem__, new_computed_blocks)).count(0) if new_computed_blocks else 0
         num_local = num_held + len(new_computed_blocks)
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         bs = self.block_size
