@@ -90,7 +90,9 @@ class StepCost:
             linear = self.weight_load_s
         base = self.step_overhead_s + linear + self.per_request_s * num_reqs + self.prefill_attn_s * 0.0
         attn = self.decode_attn_s
-        return [base + attn * (context_tokens + num_reqs * j) for j in range(1, num_steps + 1)]
+        # the contexts context_tokens + num_reqs * j, j = 1 .. num_steps, as one range of ints
+        stop = context_tokens + num_reqs * num_steps + 1
+        return [base + attn * c for c in range(context_tokens + num_reqs, stop, num_reqs)]
 
 
 def prefill_pairs(num_computed: int, num_new: int) -> float:
