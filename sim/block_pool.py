@@ -133,32 +133,35 @@ class BlockPool:
             ValueError: if fewer blocks are free (callers check first, as vLLM's do).
         """
         head = self._head
+        ref_cnt = self.ref_cnt
         k = len(head)
         if num_blocks <= k:
             out = head[k - num_blocks:]
             del head[k - num_blocks:]
             out.reverse()
-        else:
-            m = num_blocks - k
-            fresh = self._fresh
-            num_fresh = self.num_gpu_blocks - fresh
-            if m > num_fresh + self._lru_len:
-                raise ValueError(f"cannot get {num_blocks} free blocks, only {self.num_free_blocks} free")
-            out = head[::-1]
-            head.clear()
-            if num_fresh:
-                t = min(m, num_fresh)
-                out += range(fresh, fresh + t)
-                self._fresh = fresh + t
-                self.ref_cnt += repeat(0, t)
-                self.block_hash += repeat(None, t)
-                self._stale += repeat(0, t)
-                m -= t
-            if m:
-                taken = self._pop_lru(m)
-                self._evict(taken)
-                out += taken
-        deque(map(self.ref_cnt.__setitem__, out, repeat(1)), 0)
+            deque(map(ref_cnt.__setitem__, out, repeat(1)), 0)
+            return out
+        m = num_blocks - k
+        fresh = self._fresh
+        num_fresh = self.num_gpu_blocks - fresh
+        if m > num_fresh + self._lru_len:
+            raise ValueError(f"cannot get {num_blocks} free blocks, only {self.num_free_blocks} free")
+        out = head[::-1]
+        head.clear()
+        deque(map(ref_cnt.__setitem__, out, repeat(1)), 0)
+        if num_fresh:
+            t = min(m, num_fresh)
+            out += range(fresh, fresh + t)
+            self._fresh = fresh + t
+            ref_cnt += repeat(1, t)  # never-used blocks enter with their one reference
+            self.block_hash += repeat(None, t)
+            self._stale += repeat(0, t)
+            m -= t
+        if m:
+            taken = self._pop_lru(m)
+            self._evict(taken)
+            deque(map(ref_cnt.__setitem__, taken, repeat(1)), 0)
+            out += taken
         return out
 
     def touch(self, block_ids: Iterable[int]) -> None:
