@@ -15,6 +15,7 @@ import math
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import sub
 
 import numpy as np
 import simpy
@@ -359,7 +360,7 @@ class Cluster:
 
     def _on_decode_run(self, requests: list[Request], step_ends: list[float]) -> None:
         # the run's gaps once as doubles; every request of the run adds the same gaps (a copy)
-        gaps = array("d", [b - a for a, b in zip(step_ends, step_ends[1:])])
+        gaps = array("d", map(sub, step_ends[1:], step_ends))
         last = step_ends[-1]
         extend = self.itl_gaps.extend
         for request in requests:
