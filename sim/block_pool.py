@@ -29,6 +29,11 @@ from itertools import compress, repeat
 from operator import not_
 
 
+_plus_one = (1).__add__
+_minus_one = (-1).__add__
+"""``n + 1`` and ``n - 1`` for ``map`` over reference counts (C-level, no Python frame per block)."""
+
+
 class BlockPool:
     """The blocks of one worker, their reference counts, hashes and the free queue.
 
@@ -178,11 +183,11 @@ class BlockPool:
             return
         refs = list(map(ref_cnt.__getitem__, ids))
         if 0 in refs:  # a hit block carries a hash, so a free one sits in the LRU part
-            leaving = [bid for bid, r in zip(ids, refs) if r == 0]
-            deque(map(stale.__setitem__, leaving, [stale[bid] + 1 for bid in leaving]), 0)
+            leaving = list(compress(ids, map(not_, refs)))
+            deque(map(stale.__setitem__, leaving, list(map(_plus_one, map(stale.__getitem__, leaving)))), 0)
             self._num_stale += len(leaving)
             self._lru_len -= len(leaving)
-        deque(map(ref_cnt.__setitem__, ids, [r + 1 for r in refs]), 0)
+        deque(map(ref_cnt.__setitem__, ids, map(_plus_one, refs)), 0)
 
     def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
         """Drop one reference on each block, in eviction-priority order (first evicted first).
@@ -236,7 +241,7 @@ class BlockPool:
             return
         # Shared hit blocks (kv_aware routes turns of a conversation together): the blocks whose
         # count reaches 0 are released, in the same order as above.
-        left = [r - 1 for r in refs]
+        left = list(map(_minus_one, refs))
         deque(map(ref_cnt.__setitem__, blocks, left), 0)
         released = list(compress(blocks, map(not_, left)))
         num_released_hashed = len(released) - sum(map(not_, left[num_hashed:]))
@@ -310,7 +315,7 @@ class BlockPool:
                     continue
                 if len(set(chunk)) == len(chunk):  # each block once: every entry decided alone
                     skipped = list(compress(chunk, marks))
-                    deque(map(stale.__setitem__, skipped, [m - 1 for m in marks if m]), 0)
+                    deque(map(stale.__setitem__, skipped, map(_minus_one, compress(marks, marks))), 0)
                     self._num_stale -= len(skipped)
                     taken += compress(chunk, map(not_, marks))
                     continue
