@@ -33,26 +33,38 @@ class Comparison:
     so a comparison printed as JSON or a table never imports pandas when it has one round
     (about 0.3 s of a short run's start-up).
 
-    Attributes:
+    Args:
         policies: policy names in the order given (the first is the baseline).
         runs: ``runs[policy][round]`` run results.
-        rows: one dict per (policy, round): ``policy``, ``round``, ``seed`` and every summary metric.
-        interval_rows: ``interval_rows[policy][metric]``: dict of ``mean``, ``low``, ``high``,
-            ``rounds`` (``summarize_rounds``'s rows).
+        summaries: one row per (policy, round): a list of dicts (``policy``, ``round``, ``seed``
+            and every summary metric) or the same as a DataFrame.
+        intervals: per policy, per metric ``mean``, ``low``, ``high``, ``rounds``: dicts
+            (``intervals[policy][metric]``) or ``summarize_rounds`` DataFrames.
+
+    Attributes:
+        policies, runs: as given.
+        rows: the summaries as a list of dicts.
+        interval_rows: ``interval_rows[policy][metric]``: dict of ``mean``, ``low``, ``high``, ``rounds``.
         summaries: ``rows`` as a DataFrame.
         intervals: ``intervals[policy]``: DataFrame of mean/low/high/rounds per metric.
     """
 
     __slots__ = ("policies", "runs", "rows", "interval_rows", "_summaries", "_intervals")
 
-    def __init__(self, policies: list[str], runs: dict[str, list[RunResult]], rows: list[dict],
-                 interval_rows: dict[str, dict[str, dict[str, float]]]) -> None:
+    def __init__(self, policies: list[str], runs: dict[str, list[RunResult]], summaries: list[dict] | pd.DataFrame,
+                 intervals: dict[str, dict[str, dict[str, float]]] | dict[str, pd.DataFrame]) -> None:
         self.policies = policies
         self.runs = runs
-        self.rows = rows
-        self.interval_rows = interval_rows
-        self._summaries = None
-        self._intervals = None
+        self._summaries = self._intervals = None
+        if isinstance(summaries, list):
+            self.rows = summaries
+        else:
+            self._summaries, self.rows = summaries, summaries.to_dict("records")
+        frames = {p: iv for p, iv in intervals.items() if not isinstance(iv, dict)}
+        if frames:
+            self._intervals = dict(intervals) if len(frames) == len(intervals) else None
+            intervals = {p: iv.to_dict("index") if p in frames else iv for p, iv in intervals.items()}
+        self.interval_rows = intervals
 
     @property
     def summaries(self) -> pd.DataFrame:
