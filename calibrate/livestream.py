@@ -1,76 +1,29 @@
-"""Streaming one completion with its token ids, and client-side FIFO slots, for the live replay.
+"""The live replay's stream of one completion with its token ids, and client-side FIFO slots.
 
-``kvroute.calibrate.client.stream_completion`` keeps only token arrival times; a replayed chat
-must resend the exact ids the server generated, so this reader keeps them too (vLLM's
-``"return_token_ids": true`` puts them in every streamed chunk). It reads the server-sent events
-with plain asyncio streams, for the reason given there (httpx's per-chunk cost slows a server
-that shares the machine).
+A replayed chat must resend the exact ids the server generated, so replay keeps them (vLLM's
+``"return_token_ids": true`` puts them in every streamed chunk). The stream is read by
+:func:`kvroute.calibrate.stream.read_completion`, the reader calibration uses too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Any
 
-from kvroute.calibrate.client import CompletionStream, StreamEvents, _error_message
+from kvroute.calibrate.stream import Stream, StreamLost, new_session, read_completion
+
+__all__ = ["FifoSlots", "Stream", "WorkerLost", "stream_tokens"]
 
 
 class WorkerLost(RuntimeError):
     """A server's connection failed, broke mid-stream or timed out."""
 
 
-# --------------------------------------------------------------------------------------------
-# One streamed completion, with its token ids
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Stream:
-    """One streamed completion as the client saw it.
-
-    Attributes:
-        t_send: ``time.perf_counter()`` just before the request was written, s.
-        token_times: ``perf_counter`` arrival time of every output token, s (a chunk of k
-            tokens gives k equal times).
-        token_ids: the output token ids, in order.
-        prompt_tokens, cached_tokens, completion_tokens: the usage block (None if absent;
-            ``cached_tokens`` needs ``--enable-prompt-tokens-details`` on the server).
-        status: HTTP status.
-        error: the server's error message, or None.
-        usage_error: why the usage block failed its checks (its figures are then None), or None.
-        warning: set when usage and the streamed chunks disagree on the token count.
-    """
-
-    t_send: float
-    token_times: list[float] = field(default_factory=list)
-    token_ids: list[int] = field(default_factory=list)
-    prompt_tokens: int | None = None
-    cached_tokens: int | None = None
-    completion_tokens: int | None = None
-    status: int = 0
-    error: str | None = None
-    usage_error: str | None = None
-    warning: str | None = None
-
-
-def _on_event(res: Stream, events: StreamEvents, data: bytes, now: float, on_tokens) -> bool:
-    """Apply one server-sent event (parsed by the shared :class:`StreamEvents`); True at ``[DONE]``."""
-    n, ids = events.feed(data)
-    if n:
-        res.token_ids.extend(ids if ids is not None else [-1] * n)  # -1: a server without token ids
-        res.token_times.extend([now] * n)
-        if on_tokens is not None:
-            on_tokens(n, now)
-    if events.error is not None:
-        res.error = events.error
-    return events.done
-
-
 async def stream_tokens(
-    url: str, body: dict, timeout_s: float, on_tokens: Callable[[int, float], None] | None = None
+    url: str, body: dict, timeout_s: float, on_tokens: Callable[[int, float], None] | None = None,
+    session: Any = None,
 ) -> Stream:
     """POST ``body`` to ``url``/v1/completions and read the stream, keeping the token ids.
 
@@ -79,36 +32,27 @@ async def stream_tokens(
         body: the completion request (``stream`` and ``return_token_ids`` should be set).
         timeout_s: limit on the whole request, s.
         on_tokens: called as ``on_tokens(k, t)`` when ``k`` tokens arrive at ``perf_counter`` t.
+        session: an open :func:`kvroute.calibrate.stream.new_session`; None: one for this request.
 
     Returns:
-        The stream; an HTTP error status or an error event is returned in ``status``/``error``.
+        The stream (times are ``perf_counter`` values); an HTTP error status is returned in
+        ``status`` and ``error`` (``"HTTP <status>: <message>"``), an error event in ``error``.
 
     Raises:
         WorkerLost: connection refused, reset or closed early, or ``timeout_s`` passed.
     """
-    res = Stream(t_send=time.perf_counter())
-    conn = CompletionStream(url, body)
+    own = session is None
+    if own:
+        session = new_session()
     try:
-        async with asyncio.timeout(timeout_s):
-            res.status = await conn.open()
-            res.t_send = conn.t_send
-            if res.status != 200:
-                res.error = f"HTTP {res.status}: {_error_message(await conn.body())}"
-                return res
-            events = StreamEvents(url)
-            async for now, data in conn.events():
-                if _on_event(res, events, data, now, on_tokens):
-                    break
-            if not events.done and res.error is None:
-                raise ConnectionResetError("the stream ended before [DONE]")
-            res.prompt_tokens, res.completion_tokens = events.prompt_tokens, events.completion_tokens
-            res.cached_tokens, res.usage_error, res.warning = events.cached_tokens, events.usage_error, events.warning
-    except TimeoutError as exc:
-        raise WorkerLost(f"no complete answer from {url} within {timeout_s:g} s") from exc
-    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-        raise WorkerLost(f"lost {url}: {type(exc).__name__}: {exc or 'no answer'}") from exc
+        res = await read_completion(session, url, body, timeout_s, on_tokens)
+    except StreamLost as exc:
+        raise WorkerLost(str(exc)) from exc
     finally:
-        conn.close()
+        if own:
+            await session.close()
+    if res.status != 200:
+        res.error = f"HTTP {res.status}: {res.error}"
     return res
 
 

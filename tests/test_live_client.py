@@ -1,4 +1,4 @@
-"""The one stream reader (calibrate.client.StreamEvents) and the client wait column.
+"""The one stream reader (calibrate.stream: StreamEvents, read_completion) and the client wait column.
 
 Rules of ``vllm bench serve``: the first chunk with content is the first token; the usage
 block's count wins over the chunks counted, with a warning when they disagree. A usage block
@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from kvroute.calibrate.client import StreamEvents, stream_completion
+from kvroute.calibrate.client import stream_completion
+from kvroute.calibrate.stream import StreamEvents
 from kvroute.calibrate.livestream import stream_tokens
 from kvroute.sim.cluster import ClusterSpec, simulate
 from kvroute.sim.profile import load_profile
