@@ -262,6 +262,12 @@ class StreamResult:
         """Time to the first token, s (NaN when none came)."""
         return self.token_times[0] if self.token_times else math.nan
 
+    @property
+    def num_tokens(self) -> int:
+        """Output tokens as ``vllm bench serve`` counts them: the usage block's count when the
+        server sent one, else the tokens counted in the chunks."""
+        return len(self.token_times) if self.completion_tokens is None else self.completion_tokens
+
 
 class VllmClient:
     """Async client of one vLLM server.
