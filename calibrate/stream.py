@@ -58,8 +58,8 @@ class StreamEvents:
     ``completion_tokens`` when the server sends one. Two deliberate differences: a chunk counts as
     output only when it carries content (token ids, or non-empty ``text`` from a server that
     sends no ids), where ``vllm bench serve`` counts any chunk with a ``choices`` entry, so an
-    empty first chunk is not the first token (vLLM itself never sends a choice without a token
-    before the first one); and :attr:`warning` is set when the usage count disagrees with the
+    empty first chunk is not the first token (vLLM sends an empty ``text`` only for a token whose
+    text it holds back, and kvroute asks for ``return_token_ids``, so on vLLM the rules agree); and :attr:`warning` is set when the usage count disagrees with the
     tokens counted in the chunks (``vllm bench serve`` keeps the usage count silently). The
     usage block is checked (ints >= 0); a bad one is kept as :attr:`usage_error` and its figures
     as None, so what was measured is not thrown away.
