@@ -9,7 +9,7 @@ unless ``--url`` is given. For each workload shape it replays the trace live und
 and kv_aware (prefix cache reset before each), ``--live-rounds`` times, then simulates it
 (``--rounds`` seeds) with each ``--profile`` and scores every profile against the same live
 rounds. The simulation sends later turns after the live client's measured median send lag and
-each root request at its measured send offset (``kvroute.calibrate.validate.measured_client``).
+each root request at its measured send offset (``kvroute.calibrate.validation.validate.measured_client``).
 
 Shapes:
 - ``long-chats``: 12 chats x 6 turns, 3,904-token system prompt and user turns, 16-token replies
@@ -88,8 +88,8 @@ def _servers(urls: list[str], log_dir: Path, port_base: int):
     if urls:
         yield urls
         return
-    from kvroute.calibrate.server import plan_servers, serve_many
-    from kvroute.calibrate.tiny_model import TINY_MODEL_NAME, build_tiny_model
+    from kvroute.calibrate.vllm.server import plan_servers, serve_many
+    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     model = str(build_tiny_model())
     specs = plan_servers(model, 2, port_base=port_base, served_model_name=TINY_MODEL_NAME, block_size=32,
@@ -120,7 +120,7 @@ def _diff_interval(simulated: list[list[float]], live: list[list[float]], n: int
 
 def score(shape: str, profile_name: str, runs, validations, rounds: int, load: tuple[float, float]) -> tuple[list, int]:
     """Predicted against measured for one shape and profile; returns (rows, targets missed)."""
-    from kvroute.calibrate.validate_report import change_pct, error_pct
+    from kvroute.calibrate.validation.validate_report import change_pct, error_pct
     from kvroute.sim.metrics import summarize
 
     chats = any(math.isfinite(r.measured.get("later_ttft_mean_s", math.nan)) for v in validations for r in v.runs)
@@ -191,9 +191,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench_validate"))
     args = parser.parse_args()
 
-    from kvroute.calibrate.validate import (ValidationSpec, cluster_spec, measured_client, predict, run_validation,
-                                            with_client_lag, with_root_offsets)
-    from kvroute.calibrate.validate_report import write_report
+    from kvroute.calibrate.validation.validate import (ValidationSpec, cluster_spec, measured_client, predict,
+                                                       run_validation, with_client_lag, with_root_offsets)
+    from kvroute.calibrate.validation.validate_report import write_report
     from kvroute.sim.profile import load_profile
 
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]

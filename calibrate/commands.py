@@ -69,7 +69,7 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     import signal
     import time
 
-    from kvroute.calibrate.server import ServerError, plan_servers, serve_many
+    from kvroute.calibrate.vllm.server import ServerError, plan_servers, serve_many
 
     def _stop(signum, frame):
         raise KeyboardInterrupt
@@ -78,7 +78,7 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     # background (where SIGINT arrives ignored)
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-    from kvroute.calibrate.tiny_model import TINY_MODEL_NAME, build_tiny_model
+    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     if model == TINY_MODEL_NAME and not Path(model).exists():
         click.echo("building the tiny random-weight Qwen2 model ...", err=True)
@@ -147,9 +147,9 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive."""
     import asyncio
 
-    from kvroute.calibrate.client import CalibrationError
-    from kvroute.calibrate.measure import SweepPlan, run_sweep
-    from kvroute.calibrate.server import pinned
+    from kvroute.calibrate.vllm.client import CalibrationError
+    from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.vllm.server import pinned
 
     plan = SweepPlan.preset(preset)
     if max_len is not None:
@@ -227,9 +227,9 @@ def _rows(path: Path) -> int:
 def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
             bootstrap, bursts, api_server_count, client_busy, base_profile):
     """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report."""
-    from kvroute.calibrate.fit import fit, plot_report, profile_document
-    from kvroute.calibrate.observations import (build_observations, engine_config, load_sweep,
-                                                observations_frame)
+    from kvroute.calibrate.calibration.fit import fit, plot_report, profile_document
+    from kvroute.calibrate.calibration.observations import (build_observations, engine_config, load_sweep,
+                                                            observations_frame)
     from kvroute.sim.profile import load_profile
 
     try:
@@ -304,7 +304,7 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
     report text, or None when the sweep has no bursts."""
     import os
 
-    from kvroute.calibrate.bursts import fit_frontend, load_bursts, profile_sections
+    from kvroute.calibrate.calibration.bursts import fit_frontend, load_bursts, profile_sections
     from kvroute.sim.profile import profile_from_dict
 
     found, notes = load_bursts(req, exp)
@@ -344,7 +344,7 @@ def _model_doc(root: str) -> dict:
 @click.argument("out_dir", required=False, type=click.Path(file_okay=False))
 def tiny_model(out_dir):
     """Build the tiny random-weight Qwen2 model and tokenizer (no download) and print its path."""
-    from kvroute.calibrate.tiny_model import build_tiny_model
+    from kvroute.calibrate.calibration.tiny_model import build_tiny_model
 
     click.echo(build_tiny_model(out_dir))
 

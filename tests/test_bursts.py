@@ -5,9 +5,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kvroute.calibrate.bursts import (Burst, burst_table, fit_frontend, profile_sections, schedule_delay,
-                                      simulate_burst)
-from kvroute.calibrate.measure import SweepPlan
+from kvroute.calibrate.calibration.bursts import (Burst, burst_table, fit_frontend, profile_sections, schedule_delay,
+                                                  simulate_burst)
+from kvroute.calibrate.calibration.measure import SweepPlan
 from kvroute.sim.frontend import FrontendModel, HostModel
 from kvroute.sim.profile import profile_from_dict
 

@@ -16,12 +16,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvroute.calibrate.client import CalibrationError, MetricsSnapshot, ServerInfo, parse_prometheus
-from kvroute.calibrate.fit import fit, lognormal_cv, profile_document, split_holdout
-from kvroute.calibrate.measure import PromptFactory, SweepPlan, run_sweep
-from kvroute.calibrate.observations import Observation, build_observations, engine_config, load_sweep
-from kvroute.calibrate.steps import (COEFFICIENTS, decode_context, decode_step, expected_cached_tokens,
-                                     mixed_steps, predict, prefill_steps)
+from kvroute.calibrate.vllm.client import CalibrationError, MetricsSnapshot, ServerInfo, parse_prometheus
+from kvroute.calibrate.calibration.fit import fit, lognormal_cv, profile_document, split_holdout
+from kvroute.calibrate.calibration.measure import PromptFactory, SweepPlan, run_sweep
+from kvroute.calibrate.calibration.observations import Observation, build_observations, engine_config, load_sweep
+from kvroute.calibrate.calibration.steps import (COEFFICIENTS, decode_context, decode_step, expected_cached_tokens,
+                                                 mixed_steps, predict, prefill_steps)
 from kvroute.sim.config import EngineConfig
 from kvroute.sim.cost_model import StepCost, prefill_pairs
 from kvroute.sim.profile import profile_from_dict
@@ -490,7 +490,7 @@ def _write_synthetic_run(d: Path) -> None:
 
 
 def test_concurrency_sweep_writes_bursts_on_one_and_all_servers(fake_server, tmp_path):
-    from kvroute.calibrate.bursts import load_bursts
+    from kvroute.calibrate.calibration.bursts import load_bursts
 
     a, b = fake_server(), fake_server()
     from dataclasses import replace

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from kvroute.calibrate.client import CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, VllmClient
+from kvroute.calibrate.vllm.client import CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, VllmClient
 
 REQUEST_COLUMNS = [
     "url", "exp_id", "kind", "role", "rep", "batch", "prompt_len", "prefix_len", "max_tokens",

@@ -11,7 +11,7 @@ which workers failed). Replay follows the simulator's client (``kvroute.sim.clus
   carries the simulator's stand-in reply tokens instead;
 - ``max_in_flight`` slots are handed out in the order requests became ready (FIFO).
 
-Prompts are token ids (``kvroute.calibrate.prompts``); outputs are forced to the trace's length
+Prompts are token ids (``kvroute.calibrate.calibration.prompts``); outputs are forced to the trace's length
 (``ignore_eos``) and streamed with their token ids, which a later turn resends. Records have the
 simulator's columns (``kvroute.sim.metrics.RECORD_COLUMNS``); times are seconds since the replay
 started. A worker whose connection breaks or whose request times out is marked dead: its
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvroute.calibrate.livestream import FifoSlots, WorkerLost, stream_tokens
-from kvroute.calibrate.prompts import PromptBuilder, TokenSynth, chained_block_hashes
-from kvroute.calibrate.kv_events import LiveKVEvents
-from kvroute.calibrate.metrics_scrape import LiveMetrics
-from kvroute.calibrate.stream import new_session
+from kvroute.calibrate.validation.livestream import FifoSlots, WorkerLost, stream_tokens
+from kvroute.calibrate.calibration.prompts import PromptBuilder, TokenSynth, chained_block_hashes
+from kvroute.calibrate.vllm.kv_events import LiveKVEvents
+from kvroute.calibrate.vllm.metrics_scrape import LiveMetrics
+from kvroute.calibrate.vllm.stream import new_session
 from kvroute.sim.metrics import RequestRecord, RunResult, records_frame
 from kvroute.sim.routing import RouteRequest, RouterView, make_policy, router_rng
 from kvroute.sim.scheduler import clamp_max_tokens
@@ -57,7 +57,7 @@ class ReplaySpec:
         scrape_interval_s: seconds between polls of the servers' ``/metrics`` for a policy that
             reads them (``Policy.uses_metrics``); 0 polls back to back.
         cache_view: ``routed`` (the router's routed-prefix index) or ``events`` (the servers'
-            KV-cache events, ``kvroute.calibrate.kv_events``).
+            KV-cache events, ``kvroute.calibrate.vllm.kv_events``).
         kv_event_endpoints: with ``events``, each server's ZeroMQ event endpoint, in server order.
     """
 

@@ -11,7 +11,7 @@
   counters and histograms over engines and takes differences.
 
 Every request goes through aiohttp (imported inside functions, so importing this module stays
-cheap); the streams are read by :mod:`kvroute.calibrate.stream`, the reader replay uses too.
+cheap); the streams are read by :mod:`kvroute.calibrate.vllm.stream`, the reader replay uses too.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import MISSING, asdict, dataclass, field
 from typing import Any
 
-from kvroute.calibrate.stream import StreamLost, error_message, new_session, read_completion
+from kvroute.calibrate.vllm.stream import StreamLost, error_message, new_session, read_completion
 from kvroute.sim.inputs import (BLOCK_SIZE, COUNT, FRACTION, POSITIVE_INT, TOKENS, InputError, check_fields,
                                 describe)
 
@@ -451,7 +451,7 @@ class VllmClient:
     ) -> StreamResult:
         """Stream one completion of a token-id prompt; exactly ``max_tokens`` tokens come back.
 
-        Read by the shared reader (:func:`kvroute.calibrate.stream.read_completion`) on this
+        Read by the shared reader (:func:`kvroute.calibrate.vllm.stream.read_completion`) on this
         client's connections.
 
         Args:
@@ -490,7 +490,7 @@ async def stream_completion(
         body: the completion request.
         timeout_s: limit on the whole request, s.
         on_token: called with the number of tokens received so far, after each chunk with output.
-        session: an open :func:`kvroute.calibrate.stream.new_session`; None: one for this request.
+        session: an open :func:`kvroute.calibrate.vllm.stream.new_session`; None: one for this request.
 
     Returns:
         A :class:`StreamResult` (token arrival times relative to the send).

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from kvroute.calibrate.stream import new_session
+from kvroute.calibrate.vllm.stream import new_session
 from kvroute.sim.routing import MetricsScrape
 
 #: Limit on one scrape of one server, s.
@@ -91,7 +91,7 @@ class LiveMetrics:
         """Scrape every server once; a server that does not answer keeps its last values.
 
         Args:
-            session: an open ``aiohttp.ClientSession`` (``kvroute.calibrate.stream.new_session``).
+            session: an open ``aiohttp.ClientSession`` (``kvroute.calibrate.vllm.stream.new_session``).
 
         Raises:
             ValueError: with ``strict``, a server whose page cannot be read (naming its URL).

@@ -1,7 +1,7 @@
 """The concurrency sweep's bursts: load them, replay them in the simulator, fit the front-end
 queue and host-contention terms (``kvroute.sim.frontend``) to them, and report their errors.
 
-A burst (``kvroute.calibrate.measure``: kinds ``burst`` and ``burst_all``) is N cold prompts of
+A burst (``kvroute.calibrate.calibration.measure``: kinds ``burst`` and ``burst_all``) is N cold prompts of
 one shape sent at once to one server, or N to every server. Its simulated twin is a trace of the
 same requests sent at the times the live client really sent them (the client's own send lag
 under load is part of the measurement, not a parameter), with round-robin routing over the
@@ -73,7 +73,7 @@ def load_bursts(requests: pd.DataFrame, experiments: pd.DataFrame) -> tuple[list
     """The sweep's bursts and notes on the ones left out (a failed request).
 
     Args:
-        requests, experiments: the sweep's tables (``kvroute.calibrate.observations.load_sweep``).
+        requests, experiments: the sweep's tables (``kvroute.calibrate.calibration.observations.load_sweep``).
     """
     out, notes = [], []
     if "kind" not in requests.columns:
@@ -339,7 +339,7 @@ def profile_sections(ff: FrontendFit) -> dict:
             "median_abs_error_pct_with_terms": _rounded(error_summary(ff.after)),
         },
         "sources": {
-            "frontend": "fitted to the concurrency sweep's bursts (kvroute.calibrate.bursts); per_prompt_token_s "
+            "frontend": "fitted to the concurrency sweep's bursts (kvroute.calibrate.calibration.bursts); per_prompt_token_s "
                         "is overheads.api_server_per_token_s",
             "host.cores": "os.cpu_count() of the calibrating client (servers on the same host)",
             "host.baseline_busy": "servers measured concurrently in the one-at-a-time sweep",
