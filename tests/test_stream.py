@@ -87,6 +87,29 @@ def test_ids_usage_and_one_pooled_connection():
     assert len(peers) == 3 and len(set(peers)) == 1  # keep-alive: one connection served all three
 
 
+def test_send_time_is_when_the_request_was_written_on_any_session():
+    """new_session's trace hook stamps t_send after the connection is made; a plain aiohttp
+    session falls back to the time before the call. Either way send <= first token <= done."""
+    import time
+
+    import aiohttp
+
+    async def main():
+        runner, url, _ = await _server([_data(_text("a", [5])), _data(USAGE)])
+        try:
+            out = []
+            for make in (new_session, aiohttp.ClientSession):
+                async with make() as session:
+                    before = time.perf_counter()
+                    out.append((before, await read_completion(session, url, BODY, 30.0)))
+            return out
+        finally:
+            await runner.cleanup()
+
+    for before, res in asyncio.run(main()):
+        assert before < res.t_send <= res.token_times[0] <= res.t_done
+
+
 def test_first_token_is_the_first_chunk_with_content_and_comments_are_skipped():
     events = [_data(_text("")), b": ping\n\n", _data(_text("a")), _data(_text("b")),
               _data({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 3}})]

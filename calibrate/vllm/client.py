@@ -234,7 +234,8 @@ class StreamResult:
     """One streamed completion as the client saw it.
 
     Attributes:
-        t_send: ``time.perf_counter()`` just before the request was sent, s.
+        t_send: ``time.perf_counter()`` when the request was written (after any connection
+            set-up; see :attr:`kvroute.calibrate.vllm.stream.Stream.t_send`), s.
         token_times: arrival time of every output token, s after ``t_send`` (a chunk carrying
             k tokens contributes k equal times).
         prompt_tokens: prompt length the server counted.

@@ -152,7 +152,10 @@ class Stream:
     """One streamed completion as the client saw it; times are ``time.perf_counter()`` values, s.
 
     Attributes:
-        t_send: just before the request was handed to aiohttp (``vllm bench serve``'s start).
+        t_send: when the request's headers were written, after any connection set-up (as the
+            hand-written reader before this one stamped it); with a session not made by
+            :func:`new_session`, just before the request was handed to aiohttp (``vllm bench
+            serve``'s start).
         token_times: arrival time of every output token counted in the chunks (a chunk of k
             tokens gives k equal times).
         token_ids: the output token ids, in order (-1 for a token that came without its id).
@@ -184,17 +187,36 @@ class Stream:
         return len(self.token_times) if self.completion_tokens is None else self.completion_tokens
 
 
+class _Sent:
+    """One request's send time, set by :func:`_on_headers_sent` (aiohttp's ``trace_request_ctx``)."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t: float | None = None
+
+
+async def _on_headers_sent(session: Any, context: Any, params: Any) -> None:
+    sent = context.trace_request_ctx
+    if isinstance(sent, _Sent):
+        sent.t = time.perf_counter()
+
+
 def new_session() -> Any:
     """An ``aiohttp.ClientSession`` for one run's requests to any number of servers.
 
     No limit on connections (the callers limit requests in flight themselves), idle connections
-    kept :data:`KEEPALIVE_S`, no total timeout (each request sets its own). Close it with
-    ``await session.close()``.
+    kept :data:`KEEPALIVE_S`, no total timeout (each request sets its own). A trace hook stamps
+    when each streamed request's headers were written, after any connection set-up (see
+    :attr:`Stream.t_send`). Close it with ``await session.close()``.
     """
     import aiohttp
 
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(_on_headers_sent)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                 trace_configs=[trace])
 
 
 async def _events(content, res: Stream, events: StreamEvents,
@@ -247,10 +269,13 @@ async def read_completion(
     url = url.rstrip("/")
     payload = json.dumps(body).encode()
     res = Stream(t_send=time.perf_counter())
+    sent = _Sent()
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(f"{url}/v1/completions", data=payload,
+            async with session.post(f"{url}/v1/completions", data=payload, trace_request_ctx=sent,
                                     headers={"Content-Type": "application/json"}) as resp:
+                if sent.t is not None:
+                    res.t_send = sent.t
                 res.status = resp.status
                 if resp.status != 200:
                     res.error = error_message(await resp.read()) or f"HTTP {resp.status}"
