@@ -128,3 +128,84 @@ def series_frame(series: list[StepSeries]) -> "pd.DataFrame":
 
     frames = [s.frame() for s in series]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SERIES_COLUMNS)
+
+
+def workers_of(series: "pd.DataFrame") -> list[int]:
+    """The worker indices present in ``series``, ascending."""
+    return sorted(int(w) for w in series["worker"].unique())
+
+
+def gauge_at(series: "pd.DataFrame", column: str, times: np.ndarray) -> np.ndarray:
+    """Each worker's ``column`` as it stood at each of ``times`` (s): the value of its last row
+    ending at or before the time, 0 before its first step (an engine that never stepped is empty).
+
+    Args:
+        series: one run's rows (:data:`SERIES_COLUMNS`; filter ``policy`` and ``round`` first).
+        column: a gauge column, or a cumulative one built by the caller.
+        times: sample times, s, shape ``(T,)``.
+
+    Returns:
+        Array of shape ``(workers, T)``, workers in :func:`workers_of` order.
+    """
+    times = np.asarray(times, dtype=float)
+    out = np.zeros((len(workers_of(series)), len(times)))
+    for i, (_, rows) in enumerate(series.groupby("worker", sort=True)):
+        ends = rows["end"].to_numpy(float)
+        values = rows[column].to_numpy(float)
+        at = np.searchsorted(ends, times, side="right") - 1
+        out[i] = np.where(at >= 0, values[np.maximum(at, 0)], 0.0)
+    return out
+
+
+def gauge_mean(series: "pd.DataFrame", column: str, edges: np.ndarray) -> np.ndarray:
+    """Each worker's ``column`` averaged over time in each interval between consecutive ``edges``
+    (s): the gauge as :func:`gauge_at` holds it (from one row's end to the next, 0 before the
+    first), integrated exactly and divided by the interval's length.
+
+    Returns:
+        Array of shape ``(workers, len(edges) - 1)``, workers in :func:`workers_of` order.
+
+    Raises:
+        ValueError: ``edges`` are not strictly increasing.
+    """
+    edges = np.asarray(edges, dtype=float)
+    if len(edges) < 2 or np.any(np.diff(edges) <= 0):
+        raise ValueError("edges must be at least two strictly increasing times")
+    out = np.zeros((len(workers_of(series)), len(edges) - 1))
+    for i, (_, rows) in enumerate(series.groupby("worker", sort=True)):
+        ends = rows["end"].to_numpy(float)
+        values = rows[column].to_numpy(float)
+        # The integral of the gauge from the first end: linear between ends, then on past the
+        # last one at the last value; 0 before the first end (the gauge is 0 there).
+        last = max(float(edges[-1]), float(ends[-1]))
+        xp = np.append(ends, last)
+        fp = np.append(0.0, np.cumsum(values * np.diff(xp)))
+        integral = np.interp(edges, xp, fp, left=0.0)
+        out[i] = np.diff(integral) / np.diff(edges)
+    return out
+
+
+def cumulative_at(series: "pd.DataFrame", column: str, times: np.ndarray, per_step: bool = False) -> np.ndarray:
+    """Each worker's running total of ``column`` at each of ``times`` (s), shape ``(workers, T)``.
+
+    A counter column (:data:`COUNTER_COLUMNS`) counts at its row's end. With ``per_step`` the
+    column is a per-step amount (``num_batched_tokens``): a row adds it ``num_steps`` times,
+    spread evenly over the row from ``start`` to ``end`` (a fast-forwarded run's steps take nearly
+    equal times), so differences over a grid give a rate without lumps at run ends.
+    """
+    times = np.asarray(times, dtype=float)
+    out = np.zeros((len(workers_of(series)), len(times)))
+    for i, (_, rows) in enumerate(series.groupby("worker", sort=True)):
+        amount = rows[column].to_numpy(float)
+        if per_step:
+            amount = amount * rows["num_steps"].to_numpy(float)
+        total = np.cumsum(amount)
+        if not per_step:
+            ends = rows["end"].to_numpy(float)
+            at = np.searchsorted(ends, times, side="right") - 1
+            out[i] = np.where(at >= 0, total[np.maximum(at, 0)], 0.0)
+            continue
+        xp = np.column_stack([rows["start"].to_numpy(float), rows["end"].to_numpy(float)]).ravel()
+        fp = np.column_stack([total - amount, total]).ravel()
+        out[i] = np.interp(times, xp, fp, left=0.0, right=float(total[-1]))
+    return out
