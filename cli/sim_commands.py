@@ -49,6 +49,9 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
     from kvroute.sim.experiment import compare as run_compare
     from kvroute.sim.experiment import format_table
 
+    if time_series and out is None:
+        raise click.UsageError("--time-series writes its files under --out: give --out DIR")
+
     def trace_for(run_seed: int):
         return load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, run_seed,
                           reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup)
@@ -63,8 +66,6 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
     if time_series:
-        if out is None:
-            raise click.UsageError("--time-series writes its files under --out: give --out DIR")
         spec = dataclasses.replace(spec, record_series=True)
     if out is not None:  # before the work: ~300 bytes per record row, plus a plot
         check_output(out, 300 * len(trace.records) * len(policies) * rounds + (1 << 20), is_dir=True)
