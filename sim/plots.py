@@ -152,7 +152,18 @@ SERIES_PANELS = (
 
 
 def plot_series(series: pd.DataFrame, path: str | Path, title: str = "", bins: int = 200) -> Path:
-    """Write a PNG of one run's per-worker time series: one panel per metric, stacked per worker.
+    """Write :func:`series_figure` of one run's time series to a PNG at ``path``; return the path.
+
+    Raises:
+        ValueError: as :func:`series_figure`.
+    """
+    fig = series_figure(series, title, bins)
+    fig.savefig(path, dpi=110)
+    return Path(path)
+
+
+def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200) -> Figure:
+    """One run's per-worker time series as a figure: one panel per metric, stacked per worker.
 
     The run's span (first step's start to last step's end) is cut into ``bins`` equal intervals.
     Running and waiting requests and KV blocks used are stacked areas of each worker's time-weighted
@@ -164,12 +175,11 @@ def plot_series(series: pd.DataFrame, path: str | Path, title: str = "", bins: i
     Args:
         series: ONE run's rows (``RunResult.series``, or ``Comparison.series()`` filtered to one
             ``policy`` and ``round``).
-        path: output PNG path.
         title: figure title.
         bins: intervals on the time axis.
 
     Returns:
-        The path written.
+        A bare matplotlib Figure (no pyplot state; a notebook shows it with ``display``).
 
     Raises:
         ValueError: ``series`` is empty, or holds several policies or rounds.
@@ -221,5 +231,4 @@ def plot_series(series: pd.DataFrame, path: str | Path, title: str = "", bins: i
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.04 if legend else 0, 1, 1))
-    fig.savefig(path, dpi=110)
-    return Path(path)
+    return fig

@@ -201,3 +201,13 @@ def test_time_series_needs_out():
     assert result.exit_code != 0
     errors = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert errors == ["Error: --time-series writes its files under --out: give --out DIR"]
+
+
+def test_vllm_bench_result_carries_per_request_itls_when_tokens_were_kept():
+    from kvroute.sim.bench_result import vllm_bench_result
+    from kvroute.sim.metrics import ServiceClass
+
+    doc = vllm_bench_result(run(two_requests()), ServiceClass(), "m", "p", None, 1.0)
+    assert doc["itls"] == [pytest.approx([0.027, 0.012], abs=1e-12), pytest.approx([0.012, 0.011], abs=1e-12)]
+    assert vllm_bench_result(run(two_requests(), record_series=False), ServiceClass(), "m", "p", None,
+                             1.0)["itls"] == [[], []]
