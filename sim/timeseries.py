@@ -99,7 +99,7 @@ class StepSeries:
         """The samples as a DataFrame with :data:`SERIES_COLUMNS` (counters as increments)."""
         import pandas as pd
 
-        raw = np.frombuffer(self._data, dtype=float).reshape(-1, _WIDTH) if self._data else np.zeros((0, _WIDTH))
+        raw = np.array(self._data, dtype=float).reshape(-1, _WIDTH)  # a copy: sampling may go on
         ints = raw[:, 2:].astype(np.int64)
         counters = np.diff(ints[:, -3:], axis=0, prepend=np.zeros((1, 3), dtype=np.int64))
         used = ints[:, 5]

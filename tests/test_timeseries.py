@@ -211,3 +211,27 @@ def test_vllm_bench_result_carries_per_request_itls_when_tokens_were_kept():
     assert doc["itls"] == [pytest.approx([0.027, 0.012], abs=1e-12), pytest.approx([0.012, 0.011], abs=1e-12)]
     assert vllm_bench_result(run(two_requests(), record_series=False), ServiceClass(), "m", "p", None,
                              1.0)["itls"] == [[], []]
+
+
+def test_workers_sharing_a_gpu_sample_their_alternating_steps():
+    profile = simple_profile(memory={"gpu_memory_bytes": 10_000, "weight_bytes": 1000, "activation_peak_bytes": 0,
+                                     "non_torch_bytes": 0, "kv_bytes_per_block": 4})
+    trace = Trace([TraceRecord(i, 0.0, 100, 20, tuple(range(10 * i, 10 * i + 7))) for i in range(4)], block_size=16)
+    res = run(trace, profile=profile, num_workers=2, num_gpus=1, policy="round_robin")
+    s = res.series.sort_values("start")
+    assert (s["num_steps"] == 1).all()  # no fast-forward on a shared GPU
+    assert (s["start"].to_numpy()[1:] >= s["end"].to_numpy()[:-1] - 1e-12).all()  # one step at a time
+    assert list(s.groupby("worker")["num_steps"].sum()) == list(res.workers["num_steps"])
+    assert (s["kv_blocks_used"] <= 874).all()  # 875 blocks per worker, block 0 reserved
+
+
+def test_token_times_are_the_client_s_behind_an_api_server_model():
+    from kvroute.sim.profile import load_profile
+
+    profile = load_profile("cpu-tiny-qwen2-x2-bursts")
+    trace = Trace([TraceRecord(i, 0.0, 64, 8, tuple(range(10 * i, 10 * i + 4))) for i in range(6)], block_size=16)
+    res = run(trace, profile=profile, num_workers=2, policy="round_robin")
+    first = res.tokens.groupby("request_id")["time"].first().to_numpy()
+    last = res.tokens.groupby("request_id")["time"].last().to_numpy()
+    assert list(first) == list(res.records["first_token"]) and list(last) == list(res.records["finish"])
+    assert (res.records["queued"] >= res.records["arrival"]).all()
