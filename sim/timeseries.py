@@ -30,7 +30,8 @@ requests cross block boundaries) and cached are not reported for the run's inner
 - ``vllm:prefix_cache_queries``, ``vllm:prefix_cache_hits``: prompt tokens looked up and found
   cached by the row's first admissions (a preempted request's re-admission is not counted, as in
   vLLM). Counters as increments per row: their cumulative sum is vLLM's ``..._total``, and their
-  sum over a worker equals its records' ``prompt_tokens`` and ``cached_tokens`` summed.
+  sum over a worker equals the ``prompt_tokens`` and ``cached_tokens`` of the records it served
+  (a prompt rejected for ``max_model_len`` never reaches the engine).
 - ``vllm:num_preemptions``: requests preempted in the row (an increment, as above).
 """
 
