@@ -347,7 +347,9 @@ def compare_uncertain(
     rows = []
     for d, profile in enumerate(profiles):
         first = seed + (d + 1) * rounds
-        comparison = compare(trace, replace(spec, profile=profile), policies, rounds, first, slo, progress)
+        # Only the central profile's runs keep time series (``base``); the drawn ones give summaries.
+        drawn = replace(spec, profile=profile, record_series=False)
+        comparison = compare(trace, drawn, policies, rounds, first, slo, progress)
         rows.append(comparison.summaries.assign(draw=d))
     summaries = pd.concat(rows, ignore_index=True)
     method = profile_uncertainty(spec.profile, prior_range).method
