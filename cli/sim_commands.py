@@ -45,9 +45,12 @@ class _RunProgress:
 def _run(policies, rounds, json_out, out, records_format, workload, trace_path, trace_block_size, max_requests, turns, chats,
          think_time, reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup, workers, gpus, profile_name, max_model_len,
          kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
-         quiet=False, **router):
+         quiet=False, time_series=False, **router):
     from kvroute.sim.experiment import compare as run_compare
     from kvroute.sim.experiment import format_table
+
+    if time_series and out is None:
+        raise click.UsageError("--time-series writes its files under --out: give --out DIR")
 
     def trace_for(run_seed: int):
         return load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, run_seed,
@@ -62,6 +65,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
             spec = dataclasses.replace(spec, **router)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
+    if time_series:
+        spec = dataclasses.replace(spec, record_series=True)
     if out is not None:  # before the work: ~300 bytes per record row, plus a plot
         check_output(out, 300 * len(trace.records) * len(policies) * rounds + (1 << 20), is_dir=True)
     header = describe(trace, spec)
@@ -108,6 +113,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
                 click.echo(line)
     if out is not None:
         _write_outputs(comparison, out, header, json_out, records_format)
+        if time_series:
+            _write_series(comparison, out, header, json_out)
         _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), request_rate, arrival)
         _write_provenance(out, trace_path, trace_for, spec, seed, rounds)
         if uncertainty:
@@ -133,6 +140,29 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
         plot_ttft(records, tmp, title=header.split(" | ")[0])
     if not quiet:
         click.echo(f"wrote {', '.join(str(out / name) for name in (records_file.name, 'summary.csv', 'compare.json', 'ttft.png'))}")
+
+
+def _write_series(comparison, out: Path, header: str, quiet: bool) -> None:
+    """``timeseries.parquet`` and ``tokens.parquet`` (every policy and round) and one
+    ``timeseries-<policy>.png`` per policy (its round 0) under ``out``."""
+    from kvroute.sim.plots import plot_series
+
+    series, tokens = comparison.series(), comparison.tokens()
+    with atomic_output(out / "timeseries.parquet") as tmp:
+        series.to_parquet(tmp, index=False)
+    with atomic_output(out / "tokens.parquet") as tmp:
+        tokens.to_parquet(tmp, index=False)
+    names = ["timeseries.parquet", "tokens.parquet"]
+    for policy in comparison.policies:
+        run = series[(series["policy"] == policy) & (series["round"] == 0)]
+        if run.empty:  # every request failed before reaching an engine: no step to draw
+            continue
+        name = f"timeseries-{''.join(c if c.isalnum() or c in '-_.' else '_' for c in policy)}.png"
+        with atomic_output(out / name) as tmp:
+            plot_series(run, tmp, title=f"{policy}, round 0 | {header.split(' | ')[0]}")
+        names.append(name)
+    if not quiet:
+        click.echo(f"wrote {', '.join(str(out / name) for name in names)}")
 
 
 def _write_bench_results(comparison, out: Path, spec, slo: ServiceClass, request_rate, arrival: str) -> None:
@@ -180,6 +210,10 @@ def output_options(func):
         click.option("--records-format", type=click.Choice(["parquet", "csv"]), default="parquet",
                      show_default=True, help="Format of the per-request records written with --out."),
         click.option("--quiet", is_flag=True, help="No progress bars (they show on a terminal only)."),
+        click.option("--time-series", is_flag=True,
+                     help="Also sample every worker on each engine step (vllm:num_requests_running, ...) and keep "
+                          "each token's time; writes timeseries.parquet, tokens.parquet and timeseries-<policy>.png "
+                          "(round 0) under --out."),
     ]):
         func = option(func)
     return func
@@ -202,10 +236,11 @@ def output_options(func):
 @output_options
 @check_values
 @with_errors
-def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, records_format, quiet, **scenario):
+def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, records_format, quiet, time_series,
+            **scenario):
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
     _run(parse_policies(policies_text), rounds, json_out, out, records_format, **scenario, uncertainty=uncertainty,
-         prior_range=prior_range, quiet=quiet)
+         prior_range=prior_range, quiet=quiet, time_series=time_series)
 
 
 @click.command()
@@ -218,9 +253,10 @@ def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, reco
 @output_options
 @check_values
 @with_errors
-def simulate(policy, rounds, json_out, out, records_format, quiet, **scenario):
+def simulate(policy, rounds, json_out, out, records_format, quiet, time_series, **scenario):
     """Simulate one routing policy and print its summary."""
-    _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario, quiet=quiet)
+    _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario, quiet=quiet,
+         time_series=time_series)
 
 
 def _failure_note(comparison) -> str:

@@ -46,6 +46,27 @@ class Comparison:
                 frames.append(run.records.assign(policy=policy, round=r))
         return pd.concat(frames, ignore_index=True)
 
+    def series(self) -> pd.DataFrame | None:
+        """Every run's per-worker time series (``kvroute.sim.timeseries.SERIES_COLUMNS``) with
+        ``policy`` and ``round`` columns first, or None when the runs did not record them
+        (``ClusterSpec.record_series``)."""
+        return self._stacked("series")
+
+    def tokens(self) -> pd.DataFrame | None:
+        """Every run's per-token arrival times (``kvroute.sim.metrics.TOKEN_COLUMNS``) with
+        ``policy`` and ``round`` columns first, or None when the runs did not record them."""
+        return self._stacked("tokens")
+
+    def _stacked(self, field: str) -> pd.DataFrame | None:
+        frames = []
+        for policy, runs in self.runs.items():
+            for r, run in enumerate(runs):
+                frame = getattr(run, field)
+                if frame is None:
+                    return None
+                frames.append(frame.assign(policy=policy, round=r)[["policy", "round", *frame.columns]])
+        return pd.concat(frames, ignore_index=True) if frames else None
+
     def change(self, policy: str, metric: str) -> float:
         """Relative change of ``metric``'s mean for ``policy`` against the baseline, percent."""
         base = self.intervals[self.policies[0]].loc[metric, "mean"]
@@ -326,7 +347,9 @@ def compare_uncertain(
     rows = []
     for d, profile in enumerate(profiles):
         first = seed + (d + 1) * rounds
-        comparison = compare(trace, replace(spec, profile=profile), policies, rounds, first, slo, progress)
+        # Only the central profile's runs keep time series (``base``); the drawn ones give summaries.
+        drawn = replace(spec, profile=profile, record_series=False)
+        comparison = compare(trace, drawn, policies, rounds, first, slo, progress)
         rows.append(comparison.summaries.assign(draw=d))
     summaries = pd.concat(rows, ignore_index=True)
     method = profile_uncertainty(spec.profile, prior_range).method

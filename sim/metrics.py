@@ -7,6 +7,8 @@ Definitions (times in seconds, from the client's side):
 - Time to complete: last token of the run - first request sent (the burst's makespan).
 - Hit rate: cached prompt tokens / prompt tokens over first admissions, vLLM's
   ``prefix_cache_hits_total / prefix_cache_queries_total``.
+- Queue time: first scheduled - received by the engine, vLLM's ``request_queue_time_seconds``
+  (engine-side times, so the gateway's and API server's overheads are not in it).
 - Goodput: share (and rate, per second of time to complete) of requests whose TTFT and TPOT
   both meet the service class's bounds; a failed request never meets them.
 """
@@ -14,6 +16,7 @@ Definitions (times in seconds, from the client's side):
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
 RECORD_COLUMNS = [
     "request_id", "session_id", "turn", "worker", "arrival", "first_token", "finish",
     "ttft", "e2e", "tpot", "prompt_tokens", "cached_tokens", "output_tokens", "preemptions",
-    "status", "error", "client_wait",
+    "status", "error", "client_wait", "queued", "scheduled", "queue_time",
 ]
 
 
@@ -50,11 +53,18 @@ class RequestRecord:
         error: why it failed, or None.
         client_wait: time it was ready to send but waited in the client (a ``max_in_flight``
             or concurrency limit) before it was sent, s.
+        queued: when the engine received it, s (vLLM's ``queued_ts``); None if it never did
+            or nobody measured it (a live replay).
+        scheduled: when an engine step first scheduled it, s (vLLM's ``scheduled_ts``; a
+            re-admission after a preemption does not move it); None as ``queued``.
+        token_times: when each output token reached the client, s, in order, when the run
+            records them (``ClusterSpec.record_series``), else None.
     """
 
     __slots__ = (
         "trace", "worker", "arrival", "first_token", "last_token", "finish",
         "cached_tokens", "output_tokens", "preemptions", "error", "client_wait",
+        "queued", "scheduled", "token_times",
     )
 
     def __init__(self, trace: TraceRecord, worker: int, arrival: float) -> None:
@@ -69,6 +79,9 @@ class RequestRecord:
         self.preemptions = 0
         self.error: str | None = None
         self.client_wait = 0.0
+        self.queued: float | None = None
+        self.scheduled: float | None = None
+        self.token_times: array | None = None
 
     def as_row(self) -> tuple:
         """One row in ``RECORD_COLUMNS`` order."""
@@ -86,7 +99,13 @@ class RequestRecord:
             self.first_token if ok else math.nan, self.finish if ok else math.nan,
             ttft, e2e, tpot, t.input_length, self.cached_tokens, self.output_tokens,
             self.preemptions, "ok" if ok else "failed", self.error, self.client_wait,
+            _or_nan(self.queued), _or_nan(self.scheduled),
+            self.scheduled - self.queued if self.queued is not None and self.scheduled is not None else math.nan,
         )
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 def records_frame(records: list[RequestRecord]) -> pd.DataFrame:
@@ -95,6 +114,28 @@ def records_frame(records: list[RequestRecord]) -> pd.DataFrame:
 
     frame = pd.DataFrame([r.as_row() for r in records], columns=RECORD_COLUMNS)
     return frame.sort_values("request_id", kind="stable").reset_index(drop=True)
+
+
+TOKEN_COLUMNS = ["request_id", "token", "time"]
+"""Columns of :func:`tokens_frame`: request id, output token number (1 = first), arrival at the client (s)."""
+
+
+def tokens_frame(records: list[RequestRecord]) -> pd.DataFrame:
+    """Every recorded output token's arrival at the client, one row per token (``TOKEN_COLUMNS``),
+    sorted by request id then token number. Records without ``token_times`` add no rows.
+
+    Per request, ``time`` at token 1 is its ``first_token`` and the differences of consecutive
+    times are its inter-token latencies (the run's ``itl`` pools them over requests).
+    """
+    import pandas as pd
+
+    timed = sorted((r for r in records if r.token_times is not None), key=lambda r: r.trace.request_id)
+    counts = np.array([len(r.token_times) for r in timed], dtype=np.int64)
+    ids = np.repeat(np.array([r.trace.request_id for r in timed], dtype=np.int64), counts)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    number = np.arange(int(counts.sum()), dtype=np.int64) - starts + 1
+    times = np.concatenate([np.frombuffer(r.token_times, dtype=float) for r in timed]) if timed else np.zeros(0)
+    return pd.DataFrame({"request_id": ids, "token": number, "time": times}, columns=TOKEN_COLUMNS)
 
 
 @dataclass(slots=True)
@@ -109,6 +150,9 @@ class RunResult:
         policy: routing policy name.
         seed: the run's seed.
         step_logs: per-worker step logs when requested, else None.
+        series: per-worker step samples (``kvroute.sim.timeseries.SERIES_COLUMNS``) when the
+            run recorded them (``ClusterSpec.record_series``), else None.
+        tokens: per-token arrival times (:func:`tokens_frame`) when recorded, else None.
     """
 
     records: pd.DataFrame
@@ -117,6 +161,8 @@ class RunResult:
     policy: str
     seed: int
     step_logs: list[np.ndarray] | None = None
+    series: pd.DataFrame | None = None
+    tokens: pd.DataFrame | None = None
 
     @classmethod
     def from_cluster(cls, cluster: "Cluster") -> "RunResult":
@@ -144,6 +190,12 @@ class RunResult:
         logs = None
         if cluster.spec.record_steps:
             logs = [np.asarray(w.step_log).reshape(-1, 4) for w in cluster.workers]
+        series = tokens = None
+        if cluster.spec.record_series:
+            from kvroute.sim.timeseries import series_frame
+
+            series = series_frame([w.series for w in cluster.workers])
+            tokens = tokens_frame(cluster.records)
         return cls(
             records=records_frame(cluster.records),
             itl=np.asarray(cluster.itl_gaps, dtype=float),
@@ -151,6 +203,8 @@ class RunResult:
             policy=cluster.spec.policy,
             seed=cluster.seed,
             step_logs=logs,
+            series=series,
+            tokens=tokens,
         )
 
 
