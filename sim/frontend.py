@@ -17,8 +17,10 @@ the engine core (its own process) keeps stepping. Model here:
   request's unloaded pre-engine time stays the profile's ``overheads`` draw (the same seeded
   lognormal as without this section); the lane only adds its queueing wait in front of it, so
   one request at a time is predicted exactly as before.
-- Every token the engine emits holds the lane for ``per_output_token_s`` and reaches the client
-  when that work ends.
+- Every engine step's outputs hold the lane for ``per_step_s`` once (``AsyncLLM.output_handler``
+  takes one ``EngineCoreOutputs`` batch per step and runs ``process_outputs`` over it), then every
+  token of the step for ``per_output_token_s`` (its detokenising and its SSE chunk, written by its
+  request's own generator); a token reaches the client when its work ends.
 
 A lane is a plain Lindley recursion (``start = max(now, free_at)``): exact for FIFO when work is
 submitted in time order, which the SimPy event loop guarantees; only the client's wait for the
@@ -46,6 +48,8 @@ class FrontendModel:
         per_request_s: lane time of admitting one request.
         per_prompt_token_s: lane time per prompt token of admitting it.
         per_output_token_s: lane time per streamed output token (detokenise + SSE chunk).
+        per_step_s: lane time per engine step that has outputs for the lane (receiving and
+            decoding the step's output batch), paid before its first token.
 
     Raises:
         ValueError: a count below 1 or a negative or non-finite time.
@@ -55,11 +59,12 @@ class FrontendModel:
     per_request_s: float = 0.0
     per_prompt_token_s: float = 0.0
     per_output_token_s: float = 0.0
+    per_step_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.api_server_count < 1:
             raise ValueError(f"frontend.api_server_count must be >= 1, got {self.api_server_count}")
-        for name in ("per_request_s", "per_prompt_token_s", "per_output_token_s"):
+        for name in ("per_request_s", "per_prompt_token_s", "per_output_token_s", "per_step_s"):
             v = getattr(self, name)
             if not (v >= 0.0 and v != float("inf")):
                 raise ValueError(f"frontend.{name} must be finite and >= 0, got {v!r}")
@@ -112,13 +117,15 @@ class FifoLane:
     Attributes:
         free_at: when the lane finishes the work submitted so far, s.
         busy_time: total work submitted, s.
+        step_at: emit time of the last engine step whose outputs the lane took, s (NaN: none).
     """
 
-    __slots__ = ("free_at", "busy_time")
+    __slots__ = ("free_at", "busy_time", "step_at")
 
     def __init__(self) -> None:
         self.free_at = 0.0
         self.busy_time = 0.0
+        self.step_at = float("nan")
 
     def submit(self, now: float, service_s: float) -> tuple[float, float]:
         """Queue ``service_s`` seconds of work at time ``now``; returns ``(start, end)``.
@@ -159,9 +166,16 @@ class Frontends:
         return start - now
 
     def deliver(self, worker: int, request_id: int, now: float) -> float:
-        """Queue the streaming of one token emitted at ``now``; returns when the client gets it."""
+        """Queue the streaming of one token emitted at ``now``; returns when the client gets it.
+
+        The first token a lane takes from an engine step emitted at ``now`` also pays the step's
+        ``per_step_s`` (tokens of one step share their emit time)."""
         lane = self._lane_of.get(request_id) or self.lanes[worker][0]
-        return lane.submit(now, self.model.per_output_token_s)[1]
+        service = self.model.per_output_token_s
+        if lane.step_at != now:
+            lane.step_at = now
+            service += self.model.per_step_s
+        return lane.submit(now, service)[1]
 
     def num_busy(self, now: float) -> int:
         """API lanes (all servers) with unfinished work at ``now``."""
