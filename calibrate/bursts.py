@@ -227,7 +227,8 @@ class FrontendFit:
             f"front end: {f.api_server_count} API process(es); admission {1e3 * f.per_request_s:.3g} ms + "
             f"{1e6 * f.per_prompt_token_s:.3g} us/prompt token; {1e6 * f.per_step_s:.3g} us per engine step + "
             f"{1e6 * f.per_output_token_s:.3g} us per streamed token",
-            f"host: {h.cores} cores, contention {h.contention:.3g} (baseline {h.baseline_busy:g} busy)",
+            f"host: {h.cores} cores, contention {h.contention:.3g} (baseline {h.baseline_busy:g} busy, idle engines "
+            f"busy for {h.engine_spin_s:g} s)",
             "burst errors, median |predicted/measured - 1| (one-at-a-time profile -> with these terms):",
         ]
         b, a = error_summary(self.before), error_summary(self.after)
@@ -250,7 +251,7 @@ def with_terms(profile: Profile, x: np.ndarray, count: int, host: HostModel) -> 
 
 def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_busy: float,
                  api_server_count: int = 1, seeds: tuple[int, ...] = (0,), max_evals: int = 120,
-                 other_busy: float = 0.0, refine_evals: int = 0) -> FrontendFit:
+                 other_busy: float = 0.0, refine_evals: int = 0, engine_spin_s: float = 0.0) -> FrontendFit:
     """Fit the front-end and host terms to ``bursts`` (see the module doc).
 
     Args:
@@ -264,8 +265,10 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
         max_evals: Nelder-Mead function evaluations of stage 1.
         other_busy: processes busy throughout besides engines and API lanes (the load-generating
             client on the same host: 1).
-        refine_evals: evaluations of a final joint Nelder-Mead refinement of all three terms on
+        refine_evals: evaluations of a final joint Nelder-Mead refinement of all the terms on
             every burst (0: none).
+        engine_spin_s: seconds an idle engine stays busy (``HostModel.engine_spin_s``; stated,
+            not fitted: vLLM's shared-memory queue busy-polls for 1 s).
 
     Raises:
         ValueError: no bursts.
@@ -274,7 +277,8 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
 
     if not bursts:
         raise ValueError("the sweep holds no bursts (run 'kvroute calibrate measure' without --no-bursts)")
-    host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy, other_busy=other_busy)
+    host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy, other_busy=other_busy,
+                     engine_spin_s=engine_spin_s)
     scale = np.array([max(profile.overheads.api_server_s, 1e-3), 1e-4, 1e-4])
     one = [b for b in bursts if b.num_servers == 1] or bursts
     loaded = [b for b in bursts if b.num_servers > 1]
@@ -332,7 +336,7 @@ def profile_sections(ff: FrontendFit) -> dict:
                      "per_prompt_token_s": r(f.per_prompt_token_s), "per_output_token_s": r(f.per_output_token_s),
                      "per_step_s": r(f.per_step_s)},
         "host": {"cores": h.cores, "contention": r(h.contention), "baseline_busy": r(h.baseline_busy),
-                 "other_busy": r(h.other_busy)},
+                 "other_busy": r(h.other_busy), "engine_spin_s": r(h.engine_spin_s)},
         "burst_fit": {
             "method": "Nelder-Mead on squared log ratios of simulated to measured burst figures (scipy)",
             "evaluations": ff.evaluations,
@@ -348,6 +352,8 @@ def profile_sections(ff: FrontendFit) -> dict:
             "host.baseline_busy": "servers measured concurrently in the one-at-a-time sweep",
             "host.contention": "fitted to the concurrency sweep's bursts with the front-end terms",
             "host.other_busy": "stated: the measuring client, busy on the same host during the bursts",
+            "host.engine_spin_s": "stated: vLLM's shared-memory MessageQueue busy-polls for busy_loop_s = 1 s after "
+                                  "its last read (vllm/distributed/device_communicators/shm_broadcast.py)",
         },
     }
 

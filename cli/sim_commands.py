@@ -103,7 +103,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
                    f"± is the 95% interval over rounds ([low, high] where clipped to possible values); changes of shares "
                    f"in percentage points (pp); goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
         for line in (_failure_note(comparison), _unmeasured_note(spec.profile, trace_path is None and
-                                                                     workload == "seed-chat" and reply_tokens is None)):
+                                                                     workload == "seed-chat" and reply_tokens is None),
+                     _frontend_note(spec.profile, comparison)):
             if line:
                 click.echo(line)
     if out is not None:
@@ -246,6 +247,51 @@ def _unmeasured_note(profile, fitted_seed_workload: bool) -> str:
         note += (" On the lab's 6-turn run this prior predicts later-turn TTFT about 1.5x the measured value "
                  "(README: the seed workload, fitted to the lab's run).")
     return note
+
+
+FRONTEND_NOTE_IN_FLIGHT = 8
+"""Requests in flight on one worker from which a profile without front-end terms gets a note."""
+
+
+def _frontend_note(profile, comparison) -> str:
+    """A note under the table when many requests were in flight on a worker and the profile has
+    no ``frontend`` section: vLLM's API process is then taken as unlimited, which bursts disprove
+    (README: Bursts)."""
+    if profile.frontend is not None:
+        return ""
+    peak = peak_in_flight(comparison.records())
+    if peak < FRONTEND_NOTE_IN_FLIGHT:
+        return ""
+    return (f"Note: up to {peak} requests were in flight on one worker, and {profile.name} has no front-end terms: "
+            "vLLM's API process and the host's CPU are taken as unlimited, where under bursts they queue work "
+            "(on the CPU reference, short-reply bursts ran 20-50 % slower than such a profile predicts). "
+            "Calibrate with the concurrency sweep (`kvroute calibrate measure`) to model them (README: Bursts).")
+
+
+def peak_in_flight(records) -> int:
+    """Most requests sent but not finished at once on one worker, over every policy and round.
+
+    Args:
+        records: per-request rows with ``worker``, ``arrival`` and ``finish``, and ``policy``,
+            ``round`` or ``seed`` where present (each group counted apart);
+            times in s (a NaN finish: never finished, in flight to the end).
+    """
+    import numpy as np
+
+    keys = [k for k in ("policy", "round", "seed", "worker") if k in records.columns]
+    peak = 0
+    for _, g in records.groupby(keys):
+        start = g["arrival"].to_numpy(float)
+        end = np.nan_to_num(g["finish"].to_numpy(float), nan=np.inf)
+        start, end = start[np.isfinite(start)], end[np.isfinite(start)]
+        if not len(start):
+            continue
+        # +1 at each send, -1 at each finish; a finish at the same instant as a send goes first
+        times = np.concatenate([start, end])
+        steps = np.concatenate([np.ones(len(start)), -np.ones(len(end))])
+        order = np.lexsort((steps, times))
+        peak = max(peak, int(np.cumsum(steps[order]).max()))
+    return peak
 
 
 @click.command("policies")

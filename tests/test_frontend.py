@@ -129,6 +129,21 @@ def test_host_contention_stretches_steps_when_cores_are_oversubscribed():
     assert list(base.records["ttft"]) == pytest.approx([0.11, 0.11])
 
 
+def test_an_idle_engine_keeps_its_core_busy_for_its_spin_time():
+    # one core, fair sharing: requests 0 and 1 share it (steps of 0.11 s take 0.22 s, both end at
+    # 0.22 s); request 2 reaches worker 0 at 0.5 s. Without spin it runs alone; with a 1 s spin
+    # worker 1's idle engine still holds half the core, so its step takes twice as long.
+    records = [rec(0, 100, 1), rec(1, 100, 1), TraceRecord(2, 500.0, 100, 1, tuple(range(5000, 5007)))]
+    host = {"cores": 1, "contention": 1.0}
+    plain = run(profile(host=host), records, workers=2).records.set_index("request_id")
+    spun = run(profile(host={**host, "engine_spin_s": 1.0}), records, workers=2).records.set_index("request_id")
+    assert plain.at[2, "ttft"] == pytest.approx(0.11)
+    assert spun.at[2, "ttft"] == pytest.approx(0.22)
+    # a spin shorter than the gap changes nothing
+    short = run(profile(host={**host, "engine_spin_s": 0.05}), records, workers=2).records.set_index("request_id")
+    assert short.at[2, "ttft"] == pytest.approx(0.11)
+
+
 def test_host_stretch_closed_form():
     host = HostModel(cores=2, contention=0.5, baseline_busy=3, other_busy=1)
     assert host.stretch(2) == 1.0
