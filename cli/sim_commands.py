@@ -14,8 +14,8 @@ import dataclasses
 from kvroute.cli.config import config_option
 from kvroute.cli.values import check_values
 from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
-from kvroute.cli.scenario import (build_spec, describe, load_trace, parse_policies, router_options, scenario_options,
-                                 with_errors)
+from kvroute.cli.scenario import (build_spec, describe, executor_options, load_trace, parse_policies, router_options,
+                                 scenario_options, with_errors)
 from kvroute.sim.metrics import ServiceClass
 
 DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
@@ -45,7 +45,7 @@ class _RunProgress:
 def _run(policies, rounds, json_out, out, records_format, workload, trace_path, trace_block_size, max_requests, turns, chats,
          think_time, reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup, workers, gpus, profile_name, max_model_len,
          kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
-         quiet=False, **router):
+         quiet=False, executor=("sequential", None, None), **router):
     from kvroute.sim.experiment import compare as run_compare
     from kvroute.sim.experiment import format_table
 
@@ -82,9 +82,13 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
                                       ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update())
         comparison = uncertain.base
     else:
+        where, address, max_workers = executor
+        if where == "local" and len(policies) * rounds == 1:
+            where = "sequential"  # one run: a pool would only add its start-up
         comparison = run_compare(rounds_trace, spec, policies, rounds=rounds, seed=seed,
                                  slo=ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update(),
-                                 run_progress=inside if not inside.disable else None)
+                                 run_progress=inside if not inside.disable else None, executor=where,
+                                 address=address, max_workers=max_workers)
     inside.close()
     bar.close()
     if json_out:
@@ -200,13 +204,17 @@ def output_options(func):
                    "intervals that include it next to the seed-only ones.")
 @click.option("--prior-range", type=float, default=0.2, show_default=True,
               help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
+@executor_options
 @output_options
 @check_values
 @with_errors
-def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, records_format, quiet, **scenario):
+def compare(policies_text, rounds, uncertainty, prior_range, executor, address, max_workers, json_out, out,
+            records_format, quiet, **scenario):
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
+    if address is not None:
+        executor = "dask"
     _run(parse_policies(policies_text), rounds, json_out, out, records_format, **scenario, uncertainty=uncertainty,
-         prior_range=prior_range, quiet=quiet)
+         prior_range=prior_range, quiet=quiet, executor=(executor, address, max_workers))
 
 
 @click.command()
