@@ -404,9 +404,12 @@ class Cluster:
                 self.env.process(self._client(child, now + child.think_time_ms / 1000.0))
 
     def _num_busy(self) -> int:
-        """Engines with work plus API lanes with a backlog, now (the host model's load)."""
+        """Engines with work (or that ran out of it less than ``host.engine_spin_s`` ago) plus API
+        lanes with a backlog, now (the host model's load)."""
         now = self.env.now
-        engines = sum(w.scheduler.has_unfinished_requests() for w in self.workers)
+        host = self.spec.profile.host
+        spin = host.engine_spin_s if host is not None else 0.0
+        engines = sum(w.scheduler.has_unfinished_requests() or now - w.idle_since < spin for w in self.workers)
         return engines + (self.frontends.num_busy(now) if self.frontends is not None else 0)
 
     def _release_slot(self, request_id: int) -> None:

@@ -119,6 +119,9 @@ def compare(
     slo: ServiceClass = ServiceClass(),
     progress=None,
     run_progress=None,
+    executor: str = "sequential",
+    address: str | None = None,
+    max_workers: int | None = None,
 ) -> Comparison:
     """Simulate ``trace`` on ``spec`` under each policy for ``rounds`` seeded rounds.
 
@@ -133,7 +136,11 @@ def compare(
         slo: the service class goodput is measured against.
         progress: optional callable ``progress(policy, round)`` called after each run.
         run_progress: optional callable ``run_progress(policy, round, now_s, sent, total)``
-            called inside each run (``Cluster.run``): simulated time, requests sent, trace size.
+            called inside each run (``Cluster.run``): simulated time, requests sent, trace size;
+            with ``executor="sequential"`` only (runs elsewhere report when they end).
+        executor, address, max_workers: where the policy x round runs execute
+            (``kvroute.sim.executors.run_tasks``: ``sequential``, ``local`` process pool or
+            ``dask``); every executor gives the same results.
 
     Raises:
         ValueError: no policy, fewer than one round, or any error ``simulate`` raises.
@@ -143,23 +150,41 @@ def compare(
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     traces = [trace(seed + r) for r in range(rounds)] if callable(trace) else [trace] * rounds
-    runs: dict[str, list[RunResult]] = {}
-    rows = []
-    for policy in policies:
-        runs[policy] = []
-        for r in range(rounds):
+    grid = [(policy, r) for policy in policies for r in range(rounds)]
+    results: list[RunResult | None] = [None] * len(grid)
+
+    def done(i: int, result: RunResult) -> None:
+        results[i] = result
+        if progress is not None:
+            progress(*grid[i])
+
+    if executor == "sequential":
+        for i, (policy, r) in enumerate(grid):
             inside = None if run_progress is None else functools.partial(run_progress, policy, r)
-            result = simulate(traces[r], replace(spec, policy=policy), seed=seed + r, progress=inside)
-            runs[policy].append(result)
-            rows.append({"policy": policy, "round": r, "seed": seed + r, **summarize(result, slo)})
-            if progress is not None:
-                progress(policy, r)
+            done(i, simulate(traces[r], replace(spec, policy=policy), seed=seed + r, progress=inside))
+    else:
+        from kvroute.sim.executors import interrupts_as_keyboard, run_tasks
+
+        tasks = [(traces[r], replace(spec, policy=policy), seed + r) for policy, r in grid]
+        with interrupts_as_keyboard():
+            run_tasks(_simulate_task, tasks, done, executor, address, max_workers)
+    runs: dict[str, list[RunResult]] = {policy: [] for policy in policies}
+    rows = []
+    for (policy, r), result in zip(grid, results):
+        runs[policy].append(result)
+        rows.append({"policy": policy, "round": r, "seed": seed + r, **summarize(result, slo)})
     summaries = pd.DataFrame(rows)
     intervals = {
         p: summarize_rounds(summaries[summaries["policy"] == p][list(SUMMARY_METRICS)].to_dict("records"))
         for p in policies
     }
     return Comparison(list(policies), runs, summaries, intervals)
+
+
+def _simulate_task(task: tuple[Trace, ClusterSpec, int]) -> RunResult:
+    """One run of ``compare`` on an executor: ``simulate(trace, spec, seed)``."""
+    trace, spec, seed = task
+    return simulate(trace, spec, seed=seed)
 
 
 def format_table(comparison: Comparison, metrics: list[str] | None = None) -> str:

@@ -13,6 +13,7 @@ at a time (up to floating-point rounding of the summed times).
 
 from __future__ import annotations
 
+import math
 from array import array
 from bisect import bisect_left
 from itertools import accumulate
@@ -51,6 +52,7 @@ class Worker:
         scheduler: the engine's scheduler (queues, block pool, prefix-cache counters).
         num_steps: engine steps run.
         busy_time: seconds spent running steps (not waiting for a shared GPU).
+        idle_since: when the engine last ran out of work, s (-inf: not yet).
         step_log: when ``record_steps`` is set, ``(start, duration, tokens, reqs)`` per step.
         series: the step samples when ``record_series`` is set, else None.
     """
@@ -80,6 +82,7 @@ class Worker:
         self.fast_forward = fast_forward and gpu is None
         self.num_steps = 0
         self.busy_time = 0.0
+        self.idle_since = -math.inf
         self.step_log: array | None = array("d") if record_steps else None
         self.series = StepSeries(index, self.scheduler) if record_series else None
         self._wakeup: simpy.Event | None = None
@@ -97,6 +100,7 @@ class Worker:
         env, scheduler, cost = self.env, self.scheduler, self.step_cost
         while True:
             if not scheduler.has_unfinished_requests():
+                self.idle_since = env.now
                 self._wakeup = env.event()
                 yield self._wakeup
                 self._wakeup = None

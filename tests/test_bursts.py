@@ -142,4 +142,5 @@ def test_fit_command_with_a_base_profile_adds_only_the_burst_terms(tmp_path):
     fitted = load_profile(out)
     assert fitted.name == "with-bursts" and fitted.step_cost == prof.step_cost and fitted.overheads == prof.overheads
     assert fitted.frontend is not None and fitted.host.cores == 2 and fitted.host.baseline_busy == 2
+    assert fitted.host.engine_spin_s == 1.0 and "shm_broadcast" in fitted.raw["sources"]["host.engine_spin_s"]
     assert "base_profile" in fitted.raw["provenance"]
