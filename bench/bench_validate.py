@@ -9,7 +9,7 @@ unless ``--url`` is given. For each workload shape it replays the trace live und
 and kv_aware (prefix cache reset before each), ``--live-rounds`` times, then simulates it
 (``--rounds`` seeds) with each ``--profile`` and scores every profile against the same live
 rounds. The simulation sends later turns after the live client's measured median send lag and
-each root request at its measured send offset (``kvroute.calibrate.validate.measured_client``).
+each root request at its measured send offset (``kvroute.calibrate.validation.validate.measured_client``).
 
 Shapes:
 - ``long-chats``: 12 chats x 6 turns, 3,904-token system prompt and user turns, 16-token replies
@@ -34,6 +34,7 @@ import contextlib
 import json
 import math
 import os
+import pickle
 import statistics
 import sys
 import time
@@ -88,8 +89,8 @@ def _servers(urls: list[str], log_dir: Path, port_base: int):
     if urls:
         yield urls
         return
-    from kvroute.calibrate.server import plan_servers, serve_many
-    from kvroute.calibrate.tiny_model import TINY_MODEL_NAME, build_tiny_model
+    from kvroute.calibrate.vllm.server import plan_servers, serve_many
+    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     model = str(build_tiny_model())
     specs = plan_servers(model, 2, port_base=port_base, served_model_name=TINY_MODEL_NAME, block_size=32,
@@ -120,7 +121,7 @@ def _diff_interval(simulated: list[list[float]], live: list[list[float]], n: int
 
 def score(shape: str, profile_name: str, runs, validations, rounds: int, load: tuple[float, float]) -> tuple[list, int]:
     """Predicted against measured for one shape and profile; returns (rows, targets missed)."""
-    from kvroute.calibrate.validate_report import change_pct, error_pct
+    from kvroute.calibrate.validation.validate_report import change_pct, error_pct
     from kvroute.sim.metrics import summarize
 
     chats = any(math.isfinite(r.measured.get("later_ttft_mean_s", math.nan)) for v in validations for r in v.runs)
@@ -179,6 +180,55 @@ def print_rows(rows: list[dict]) -> None:
                   f"{r['measured']:>10.4f} {r['error_pct']:>+8.1f}% {tgt:>7} {r['live_rounds']:>4} {load:>10}  {ok}")
 
 
+def calibrate_here(urls: list[str], out: Path) -> Path:
+    """Calibrate ``urls`` in place: ``kvroute calibrate measure`` (full preset, with the
+    concurrency sweep) into ``out``, then ``kvroute calibrate fit`` (no bootstrap); returns the
+    profile's path, ``out/profile.json``. The processors behind this machine differ from
+    session to session, so a profile measured in another session carries another speed.
+
+    Raises:
+        SystemExit: a calibration command failed (its exit code and the folder named).
+    """
+    import subprocess
+
+    kvroute = [sys.executable, "-c", "from kvroute.cli.main import main; main()"]
+    steps = [kvroute + ["calibrate", "measure", "--out", str(out), "--no-progress"]
+             + [a for u in urls for a in ("--url", u)],
+             kvroute + ["calibrate", "fit", str(out), "--out", str(out / "profile.json"), "--bootstrap", "0",
+                        "--name", "calibrated-here"]]
+    for cmd in steps:
+        print("+", " ".join(cmd[3:]), file=sys.stderr)
+        rc = subprocess.run(cmd).returncode
+        if rc:
+            sys.exit(f"error: calibration step failed with exit code {rc}; see {out}")
+    return out / "profile.json"
+
+
+def _live_rounds(shape: str, trace, urls: list[str], profile, args):
+    """``--live-rounds`` live replays of ``trace`` under round_robin and kv_aware; each round's
+    report goes to ``args.out/<shape>/round<r>/`` and the rounds (with the load average at the
+    start and end) to ``args.out/<shape>/live.pickle`` for ``--rescore``."""
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import write_report
+
+    spec = ValidationSpec(tuple(urls), ("round_robin", "kv_aware"), sim_rounds=1, client_lag_s=0.0)
+    load_start = os.getloadavg()[0]
+    validations = []
+    for r in range(args.live_rounds):
+        print(f"{shape}: live round {r + 1} of {args.live_rounds} (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
+        v = run_validation(trace, profile, spec, progress=lambda m: print(m, file=sys.stderr))
+        write_report(v, args.out / shape / f"round{r}")
+        validations.append(v)
+        if v.interrupted:
+            break
+    load = (load_start, os.getloadavg()[0])
+    try:
+        (args.out / shape / "live.pickle").write_bytes(pickle.dumps((validations, load)))
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        print(f"warning: live rounds not saved for --rescore: {exc}", file=sys.stderr)
+    return validations, load, spec
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", action="append", default=[], help="Use running servers instead of starting two.")
@@ -189,35 +239,42 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="Simulation rounds (seeds) averaged per profile.")
     parser.add_argument("--live-rounds", type=int, default=3, help="Live replays per policy and shape.")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_validate"))
+    parser.add_argument("--calibrate", action="store_true",
+                        help="First calibrate the servers themselves (kvroute calibrate measure, full sweep with "
+                             "bursts, then fit; about 10 minutes) and score that profile before the others.")
+    parser.add_argument("--rescore", type=Path, default=None, metavar="DIR",
+                        help="Score the profiles against the live rounds saved in DIR by an earlier run "
+                             "(DIR/<shape>/live.pickle), without servers.")
     args = parser.parse_args()
 
-    from kvroute.calibrate.validate import (ValidationSpec, cluster_spec, measured_client, predict, run_validation,
-                                            with_client_lag, with_root_offsets)
-    from kvroute.calibrate.validate_report import write_report
+    from kvroute.calibrate.validation.validate import (cluster_spec, measured_client, predict, with_client_lag,
+                                                       with_root_offsets)
     from kvroute.sim.profile import load_profile
 
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     traces = {s: make_trace(s) for s in shapes}
-    profiles = [load_profile(p) for p in (args.profile or DEFAULT_PROFILES)]
+    names = list(args.profile or DEFAULT_PROFILES)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     all_rows, missed, notes = [], 0, []
-    with _servers(args.url, args.out, args.port_base) as urls:
+    servers = contextlib.nullcontext([]) if args.rescore else _servers(args.url, args.out, args.port_base)
+    with servers as urls:
         t1 = time.perf_counter()
+        if args.calibrate and not args.rescore:
+            names.insert(0, str(calibrate_here(urls, args.out / "calibration")))
+            notes.append(f"calibrated on these servers in {time.perf_counter() - t1:.0f} s: {names[0]}")
+            t1 = time.perf_counter()
+        profiles = [load_profile(p) for p in names]
         for shape in shapes:
             trace = traces[shape]
-            spec = ValidationSpec(tuple(urls), ("round_robin", "kv_aware"), sim_rounds=1, client_lag_s=0.0)
-            load_start = os.getloadavg()[0]
-            validations = []
-            for r in range(args.live_rounds):
-                print(f"{shape}: live round {r + 1} of {args.live_rounds} (load {os.getloadavg()[0]:.2f})",
-                      file=sys.stderr)
-                v = run_validation(trace, profiles[0], spec, progress=lambda m: print(m, file=sys.stderr))
-                write_report(v, args.out / shape / f"round{r}")
-                validations.append(v)
-                if v.interrupted:
-                    break
-            load = (load_start, os.getloadavg()[0])
+            if args.rescore:
+                saved = args.rescore / shape / "live.pickle"
+                if not saved.exists():
+                    sys.exit(f"error: {saved}: no saved live rounds for shape {shape!r}")
+                validations, load = pickle.loads(saved.read_bytes())
+                spec = validations[0].spec
+            else:
+                validations, load, spec = _live_rounds(shape, trace, urls, profiles[0], args)
             lag, offsets = measured_client(trace, [run for v in validations for run in v.runs])
             notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median, "
                          f"later turns), root send offsets up to {1000 * max(offsets.values(), default=0):.1f} ms")

@@ -69,7 +69,7 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     import signal
     import time
 
-    from kvroute.calibrate.server import ServerError, plan_servers, serve_many
+    from kvroute.calibrate.vllm.server import ServerError, plan_servers, serve_many
 
     def _stop(signum, frame):
         raise KeyboardInterrupt
@@ -78,7 +78,7 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     # background (where SIGINT arrives ignored)
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-    from kvroute.calibrate.tiny_model import TINY_MODEL_NAME, build_tiny_model
+    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     if model == TINY_MODEL_NAME and not Path(model).exists():
         click.echo("building the tiny random-weight Qwen2 model ...", err=True)
@@ -147,9 +147,9 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive."""
     import asyncio
 
-    from kvroute.calibrate.client import CalibrationError
-    from kvroute.calibrate.measure import SweepPlan, run_sweep
-    from kvroute.calibrate.server import pinned
+    from kvroute.calibrate.vllm.client import CalibrationError
+    from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.vllm.server import pinned
 
     plan = SweepPlan.preset(preset)
     if max_len is not None:
@@ -221,15 +221,18 @@ def _rows(path: Path) -> int:
 @click.option("--client-busy", type=float, default=1.0, show_default=True,
               help="Busy processes besides engines and API servers during the bursts (the measuring client "
                    "on the same host: 1; 0 when it ran elsewhere).")
+@click.option("--engine-spin", type=float, default=1.0, show_default=True,
+              help="Seconds an engine's core stays busy after its last step (vLLM's shared-memory queue "
+                   "busy-polls for 1 s; 0: busy only while it has work).")
 @click.option("--base-profile", default=None,
               help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
                    "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
 def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
-            bootstrap, bursts, api_server_count, client_busy, base_profile):
+            bootstrap, bursts, api_server_count, client_busy, engine_spin, base_profile):
     """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report."""
-    from kvroute.calibrate.fit import fit, plot_report, profile_document
-    from kvroute.calibrate.observations import (build_observations, engine_config, load_sweep,
-                                                observations_frame)
+    from kvroute.calibrate.calibration.fit import fit, plot_report, profile_document
+    from kvroute.calibrate.calibration.observations import (build_observations, engine_config, load_sweep,
+                                                            observations_frame)
     from kvroute.sim.profile import load_profile
 
     try:
@@ -241,7 +244,8 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
     info = servers[0]
     out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
     if base_profile is not None:
-        _fit_bursts_only(base_profile, run_dir, out, name or out.stem, meta, req, exp, api_server_count, client_busy)
+        _fit_bursts_only(base_profile, run_dir, out, name or out.stem, meta, req, exp, api_server_count, client_busy,
+                         engine_spin)
         return
     obs, notes = build_observations(req, exp, engine_config(info), itl_source)
     for n in notes[:8]:
@@ -254,7 +258,7 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
         _fail(str(exc))
     name = name or out.stem
     doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
-    burst_text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy) if bursts else None
+    burst_text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin) if bursts else None
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
     load_profile(out)  # the simulator must accept what we wrote
@@ -274,7 +278,7 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
 
 
 def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, exp, api_server_count: int,
-                     client_busy: float) -> None:
+                     client_busy: float, engine_spin: float) -> None:
     """Write ``base`` (its step costs and overheads) with burst terms fitted to RUN_DIR as ``name``."""
     import copy
 
@@ -290,7 +294,7 @@ def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, 
     doc["provenance"]["base_profile"] = (f"step costs and overheads of {base} ({doc['provenance'].get('date', '?')}); "
                                          f"front-end and host terms fitted to the bursts in {run_dir} "
                                          f"({meta.get('started')} - {meta.get('finished')})")
-    text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy)
+    text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin)
     if text is None:
         _fail(f"{run_dir} holds no bursts to fit")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -299,12 +303,13 @@ def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, 
     click.echo(f"one request at a time: kept from {base}\n{text}\nprofile {out}")
 
 
-def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_busy: float = 1.0) -> str | None:
+def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_busy: float = 1.0,
+                engine_spin: float = 1.0) -> str | None:
     """Add the front-end and host sections fitted to the sweep's bursts to ``doc``; returns the
     report text, or None when the sweep has no bursts."""
     import os
 
-    from kvroute.calibrate.bursts import fit_frontend, load_bursts, profile_sections
+    from kvroute.calibrate.calibration.bursts import fit_frontend, load_bursts, profile_sections
     from kvroute.sim.profile import profile_from_dict
 
     found, notes = load_bursts(req, exp)
@@ -314,7 +319,7 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
         return None
     host = meta.get("client_host") or {}
     ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1),
-                      float(len(meta.get("urls") or [1])), api_server_count, other_busy=client_busy,
+                      float(len(meta.get("urls") or [1])), api_server_count, other_busy=client_busy, engine_spin_s=engine_spin,
                       refine_evals=40)
     sections = profile_sections(ff)
     doc["frontend"], doc["host"] = sections["frontend"], sections["host"]
@@ -344,7 +349,7 @@ def _model_doc(root: str) -> dict:
 @click.argument("out_dir", required=False, type=click.Path(file_okay=False))
 def tiny_model(out_dir):
     """Build the tiny random-weight Qwen2 model and tokenizer (no download) and print its path."""
-    from kvroute.calibrate.tiny_model import build_tiny_model
+    from kvroute.calibrate.calibration.tiny_model import build_tiny_model
 
     click.echo(build_tiny_model(out_dir))
 

@@ -59,7 +59,7 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from kvroute.calibrate import validate_command
+    from kvroute.calibrate.validation import validate_command
     from kvroute.calibrate.commands import COMMANDS
 
     for command in COMMANDS:

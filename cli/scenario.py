@@ -165,6 +165,24 @@ def router_options(func):
     return func
 
 
+def executor_options(func):
+    """Decorate a command with where its runs execute (``kvroute.sim.executors``): ``--executor``,
+    ``--address``, ``--max-workers``; the same options and defaults for ``compare`` and ``sweep``."""
+    from kvroute.sim.executors import EXECUTORS
+
+    options = [
+        click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
+                     help="local: process pool; sequential: this process; dask: a Dask cluster."),
+        click.option("--address", default=None,
+                     help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask) "
+                          "[dask without it: a temporary local cluster]."),
+        click.option("--max-workers", type=int, default=None, help="Local processes [CPU count]."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread: float, replay: str,
                max_model_len: int | None = None, kv_blocks: int | None = None) -> ClusterSpec:
     """The ClusterSpec for the options; unknown profiles list the shipped names."""

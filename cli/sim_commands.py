@@ -13,8 +13,8 @@ import dataclasses
 from kvroute.cli.config import config_option
 from kvroute.cli.values import check_values
 from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
-from kvroute.cli.scenario import (build_spec, describe, load_trace, parse_policies, router_options, scenario_options,
-                                 with_errors)
+from kvroute.cli.scenario import (build_spec, describe, executor_options, load_trace, parse_policies, router_options,
+                                 scenario_options, with_errors)
 from kvroute.sim.metrics import ServiceClass
 
 DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
@@ -60,9 +60,12 @@ def _progress_bar(disable: bool, **kwargs):
 def _run(policies, rounds, json_out, out, records_format, workload, trace_path, trace_block_size, max_requests, turns, chats,
          think_time, reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup, workers, gpus, profile_name, max_model_len,
          kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
-         quiet=False, **router):
+         quiet=False, time_series=False, executor=("sequential", None, None), **router):
     from kvroute.sim.experiment import compare as run_compare
     from kvroute.sim.experiment import format_table
+
+    if time_series and out is None:
+        raise click.UsageError("--time-series writes its files under --out: give --out DIR")
 
     def trace_for(run_seed: int):
         return load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, run_seed,
@@ -77,6 +80,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
             spec = dataclasses.replace(spec, **router)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from exc
+    if time_series:
+        spec = dataclasses.replace(spec, record_series=True)
     if out is not None:  # before the work: ~300 bytes per record row, plus a plot
         check_output(out, 300 * len(trace.records) * len(policies) * rounds + (1 << 20), is_dir=True)
     header = describe(trace, spec)
@@ -97,9 +102,13 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
                                       ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update())
         comparison = uncertain.base
     else:
+        where, address, max_workers = executor
+        if where == "local" and len(policies) * rounds == 1:
+            where = "sequential"  # one run: a pool would only add its start-up
         comparison = run_compare(rounds_trace, spec, policies, rounds=rounds, seed=seed,
                                  slo=ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update(),
-                                 run_progress=inside if not inside.disable else None)
+                                 run_progress=inside if not inside.disable else None, executor=where,
+                                 address=address, max_workers=max_workers)
     inside.close()
     bar.close()
     if json_out:
@@ -118,11 +127,14 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
                    f"± is the 95% interval over rounds ([low, high] where clipped to possible values); changes of shares "
                    f"in percentage points (pp); goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
         for line in (_failure_note(comparison), _unmeasured_note(spec.profile, trace_path is None and
-                                                                     workload == "seed-chat" and reply_tokens is None)):
+                                                                     workload == "seed-chat" and reply_tokens is None),
+                     _frontend_note(spec.profile, comparison)):
             if line:
                 click.echo(line)
     if out is not None:
         _write_outputs(comparison, out, header, json_out, records_format)
+        if time_series:
+            _write_series(comparison, out, header, json_out)
         _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), request_rate, arrival)
         _write_provenance(out, trace_path, trace_for, spec, seed, rounds)
         if uncertainty:
@@ -148,6 +160,29 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
         plot_ttft(records, tmp, title=header.split(" | ")[0])
     if not quiet:
         click.echo(f"wrote {', '.join(str(out / name) for name in (records_file.name, 'summary.csv', 'compare.json', 'ttft.png'))}")
+
+
+def _write_series(comparison, out: Path, header: str, quiet: bool) -> None:
+    """``timeseries.parquet`` and ``tokens.parquet`` (every policy and round) and one
+    ``timeseries-<policy>.png`` per policy (its round 0) under ``out``."""
+    from kvroute.sim.plots import plot_series
+
+    series, tokens = comparison.series(), comparison.tokens()
+    with atomic_output(out / "timeseries.parquet") as tmp:
+        series.to_parquet(tmp, index=False)
+    with atomic_output(out / "tokens.parquet") as tmp:
+        tokens.to_parquet(tmp, index=False)
+    names = ["timeseries.parquet", "tokens.parquet"]
+    for policy in comparison.policies:
+        run = series[(series["policy"] == policy) & (series["round"] == 0)]
+        if run.empty:  # every request failed before reaching an engine: no step to draw
+            continue
+        name = f"timeseries-{''.join(c if c.isalnum() or c in '-_.' else '_' for c in policy)}.png"
+        with atomic_output(out / name) as tmp:
+            plot_series(run, tmp, title=f"{policy}, round 0 | {header.split(' | ')[0]}")
+        names.append(name)
+    if not quiet:
+        click.echo(f"wrote {', '.join(str(out / name) for name in names)}")
 
 
 def _write_bench_results(comparison, out: Path, spec, slo: ServiceClass, request_rate, arrival: str) -> None:
@@ -195,6 +230,10 @@ def output_options(func):
         click.option("--records-format", type=click.Choice(["parquet", "csv"]), default="parquet",
                      show_default=True, help="Format of the per-request records written with --out."),
         click.option("--quiet", is_flag=True, help="No progress bars (they show on a terminal only)."),
+        click.option("--time-series", is_flag=True,
+                     help="Also sample every worker on each engine step (vllm:num_requests_running, ...) and keep "
+                          "each token's time; writes timeseries.parquet, tokens.parquet and timeseries-<policy>.png "
+                          "(round 0) under --out."),
     ]):
         func = option(func)
     return func
@@ -214,13 +253,17 @@ def output_options(func):
                    "intervals that include it next to the seed-only ones.")
 @click.option("--prior-range", type=float, default=0.2, show_default=True,
               help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
+@executor_options
 @output_options
 @check_values
 @with_errors
-def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, records_format, quiet, **scenario):
+def compare(policies_text, rounds, uncertainty, prior_range, executor, address, max_workers, json_out, out,
+            records_format, quiet, time_series, **scenario):
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
+    if address is not None:
+        executor = "dask"
     _run(parse_policies(policies_text), rounds, json_out, out, records_format, **scenario, uncertainty=uncertainty,
-         prior_range=prior_range, quiet=quiet)
+         prior_range=prior_range, quiet=quiet, time_series=time_series, executor=(executor, address, max_workers))
 
 
 @click.command()
@@ -233,9 +276,10 @@ def compare(policies_text, rounds, uncertainty, prior_range, json_out, out, reco
 @output_options
 @check_values
 @with_errors
-def simulate(policy, rounds, json_out, out, records_format, quiet, **scenario):
+def simulate(policy, rounds, json_out, out, records_format, quiet, time_series, **scenario):
     """Simulate one routing policy and print its summary."""
-    _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario, quiet=quiet)
+    _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario, quiet=quiet,
+         time_series=time_series)
 
 
 def _failure_note(comparison) -> str:
@@ -261,6 +305,51 @@ def _unmeasured_note(profile, fitted_seed_workload: bool) -> str:
         note += (" On the lab's 6-turn run this prior predicts later-turn TTFT about 1.5x the measured value "
                  "(README: the seed workload, fitted to the lab's run).")
     return note
+
+
+FRONTEND_NOTE_IN_FLIGHT = 8
+"""Requests in flight on one worker from which a profile without front-end terms gets a note."""
+
+
+def _frontend_note(profile, comparison) -> str:
+    """A note under the table when many requests were in flight on a worker and the profile has
+    no ``frontend`` section: vLLM's API process is then taken as unlimited, which bursts disprove
+    (README: Bursts)."""
+    if profile.frontend is not None:
+        return ""
+    peak = peak_in_flight(comparison.records())
+    if peak < FRONTEND_NOTE_IN_FLIGHT:
+        return ""
+    return (f"Note: up to {peak} requests were in flight on one worker, and {profile.name} has no front-end terms: "
+            "vLLM's API process and the host's CPU are taken as unlimited, where under bursts they queue work "
+            "(on the CPU reference, short-reply bursts ran 20-50 % slower than such a profile predicts). "
+            "Calibrate with the concurrency sweep (`kvroute calibrate measure`) to model them (README: Bursts).")
+
+
+def peak_in_flight(records) -> int:
+    """Most requests sent but not finished at once on one worker, over every policy and round.
+
+    Args:
+        records: per-request rows with ``worker``, ``arrival`` and ``finish``, and ``policy``,
+            ``round`` or ``seed`` where present (each group counted apart);
+            times in s (a NaN finish: never finished, in flight to the end).
+    """
+    import numpy as np
+
+    keys = [k for k in ("policy", "round", "seed", "worker") if k in records.columns]
+    peak = 0
+    for _, g in records.groupby(keys):
+        start = g["arrival"].to_numpy(float)
+        end = np.nan_to_num(g["finish"].to_numpy(float), nan=np.inf)
+        start, end = start[np.isfinite(start)], end[np.isfinite(start)]
+        if not len(start):
+            continue
+        # +1 at each send, -1 at each finish; a finish at the same instant as a send goes first
+        times = np.concatenate([start, end])
+        steps = np.concatenate([np.ones(len(start)), -np.ones(len(end))])
+        order = np.lexsort((steps, times))
+        peak = max(peak, int(np.cumsum(steps[order]).max()))
+    return peak
 
 
 @click.command("policies")

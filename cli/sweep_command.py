@@ -10,13 +10,13 @@ import click
 import pandas as pd
 
 from kvroute.cli.config import config_option
-from kvroute.cli.scenario import parse_policies, with_errors
+from kvroute.cli.scenario import executor_options, parse_policies, with_errors
 from kvroute.cli.values import check_values
 from kvroute.sim.inputs import MAX_TOKENS
 from kvroute.sim.outputs import atomic_output, check_output
 from kvroute.sim.metrics import SUMMARY_METRICS
 from kvroute.sim.profile import load_profile
-from kvroute.sim.sweep import (COUNTER_COLUMNS, EXECUTORS, WORKLOADS, Scenario, SweepInterrupted, grid, intervals,
+from kvroute.sim.sweep import (COUNTER_COLUMNS, WORKLOADS, Scenario, SweepInterrupted, grid, intervals,
                                sweep)
 from kvroute.sim.metrics import ServiceClass
 from kvroute.traces.arrivals import parse_arrival
@@ -199,12 +199,7 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
 @click.option("--rounds", type=int, default=3, show_default=True, help="Seeded rounds per scenario.")
 @click.option("--slo-ttft", type=float, default=2.0, show_default=True, help="Goodput bound on TTFT, s.")
 @click.option("--slo-tpot", type=float, default=0.1, show_default=True, help="Goodput bound on TPOT, s.")
-@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
-              help="local: process pool; sequential: this process; dask: a Dask cluster.")
-@click.option("--address", default=None,
-              help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask) "
-                   "[dask without it: a temporary local cluster].")
-@click.option("--max-workers", type=int, default=None, help="Local processes [CPU count].")
+@executor_options
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write every row to FILE.parquet or FILE.csv.")
 @click.option("--plot-load", type=click.Path(dir_okay=False, path_type=Path), default=None,

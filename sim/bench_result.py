@@ -12,8 +12,9 @@ otherwise); ITL pooled over every gap; a failed request has output length 0 and 
 the latency statistics; ``max_concurrent_requests`` counts requests active in each whole second.
 
 Differences, stated: times are simulated seconds (``start_times`` on the simulation clock);
-``itls`` per request are empty lists (the records keep no per-token times; the ITL statistics use
-the run's pooled gaps, as vLLM does), so ``max_output_tokens_per_s`` is None;
+``itls`` per request are its inter-token gaps when the run kept per-token times
+(``ClusterSpec.record_series``, ``--time-series``) and empty lists otherwise (the ITL statistics
+use the run's pooled gaps either way, as vLLM does); ``max_output_tokens_per_s`` is None;
 ``generated_texts`` are empty strings; ``queue_times`` are the client's waits.
 """
 
@@ -88,7 +89,7 @@ def vllm_bench_result(run: RunResult, slo: ServiceClass, model_id: str, label: s
         "input_lens": [int(v) for v in df["prompt_tokens"]],
         "output_lens": [int(v) for v in out_lens],
         "ttfts": [float(v) if o else 0.0 for v, o in zip(df["ttft"], ok)],
-        "itls": [[] for _ in range(len(df))],
+        "itls": _itls(run, ok),
         "latencies": [float(v) if o else 0.0 for v, o in zip(df["e2e"], ok)],
         "start_times": [float(v) for v in starts],
         "queue_times": [float(v) for v in df["client_wait"]],
@@ -119,6 +120,19 @@ def _max_concurrent(starts: np.ndarray, latencies: np.ndarray) -> int:
     for s, lat in zip(starts, latencies):
         counts[int(s - t0):int(s + lat - t0) + 1] += 1
     return int(counts.max())
+
+
+def _itls(run: RunResult, ok: np.ndarray) -> list[list[float]]:
+    """Each record's inter-token gaps, s, from ``run.tokens``; empty lists without token times
+    and for failed requests."""
+    df = run.records
+    if run.tokens is None:
+        return [[] for _ in range(len(df))]
+    tokens = run.tokens.sort_values(["request_id", "token"], kind="stable")
+    ids, starts = np.unique(tokens["request_id"].to_numpy(), return_index=True)
+    gaps = dict(zip(ids.tolist(), np.split(tokens["time"].to_numpy(float), starts[1:])))
+    return [np.diff(gaps[rid]).tolist() if o and rid in gaps else []
+            for rid, o in zip(df["request_id"].tolist(), ok)]
 
 
 def result_filename(policy: str) -> str:

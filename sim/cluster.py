@@ -48,6 +48,9 @@ class ClusterSpec:
             ``[0, arrival_spread_s]`` (the lab's burst started within a few ms, not at once).
         router_block_tokens: granularity of the router's routed-prefix index, tokens.
         record_steps: keep a per-step log on each worker.
+        record_series: sample each worker's state after every engine step
+            (``kvroute.sim.timeseries``) and keep every output token's arrival time; off, the
+            run does neither and costs nothing extra.
         fast_forward: advance runs of identical decode steps as one event (same result up to
             floating-point rounding; much faster on long decodes).
         max_in_flight: the client keeps at most this many requests outstanding; the others wait
@@ -76,6 +79,7 @@ class ClusterSpec:
     arrival_spread_s: float = 0.005
     router_block_tokens: int = 256
     record_steps: bool = False
+    record_series: bool = False
     fast_forward: bool = True
     max_in_flight: int | None = None
     scrape_interval_s: float = 0.0
@@ -170,6 +174,10 @@ class Cluster:
         self.frontends = Frontends(prof.frontend, spec.num_workers) if prof.frontend is not None else None
         loaded = self.frontends is not None or prof.host is not None
         step_cost = ContendedStepCost(prof.step_cost, prof.host, self._num_busy) if prof.host else prof.step_cost
+        # NOTE: token times are kept by other callbacks, chosen once here, so a run without them
+        # pays no test per token.
+        on_token = self._on_token_timed if spec.record_series else self._on_token
+        on_decode_run = self._on_decode_run_timed if spec.record_series else self._on_decode_run
         self.workers = [
             Worker(
                 self.env,
@@ -177,11 +185,12 @@ class Cluster:
                 self.profiles[w].engine,
                 step_cost,
                 gpus[spec.gpu_of(w)] if spec.workers_on_gpu(spec.gpu_of(w)) > 1 else None,
-                self._on_token,
+                on_token,
                 self._on_finish,
-                self._on_decode_run,
+                on_decode_run,
                 spec.record_steps,
                 spec.fast_forward and not loaded,
+                spec.record_series,
             )
             for w in range(spec.num_workers)
         ]
@@ -322,6 +331,8 @@ class Cluster:
         self._view_of[rec.request_id] = view
         record = RequestRecord(rec, worker, env.now)
         record.client_wait = env.now - ready
+        if self.spec.record_series:
+            record.token_times = array("d")
         self.records.append(record)
         if self.spec.gateway_state == "shared" and self.spec.store_latency_s > 0:
             yield env.timeout(self.spec.store_latency_s)
@@ -367,6 +378,17 @@ class Cluster:
             request.client.last_token = last
             extend(gaps)
 
+    def _on_token_timed(self, request: Request, now: float) -> None:
+        self._on_token(request, now)
+        record: RequestRecord = request.client
+        record.token_times.append(record.last_token)
+
+    def _on_decode_run_timed(self, requests: list[Request], step_ends: list[float]) -> None:
+        self._on_decode_run(requests, step_ends)
+        later = step_ends[1:]  # the run's first step came through on_token
+        for request in requests:
+            request.client.token_times.extend(later)
+
     def _on_finish(self, request: Request, now: float) -> None:
         record: RequestRecord = request.client
         if self.frontends is not None:
@@ -375,6 +397,8 @@ class Cluster:
         record.cached_tokens = request.num_cached_tokens or 0
         record.output_tokens = request.num_output_tokens
         record.preemptions = request.num_preemptions
+        record.queued = request.queued_ts
+        record.scheduled = request.scheduled_ts
         self._view_of.pop(request.request_id).on_finished(record.worker, request.request_id)
         self._num_done += 1
         self._release_slot(record.trace.request_id)
@@ -383,9 +407,12 @@ class Cluster:
                 self.env.process(self._client(child, now + child.think_time_ms / 1000.0))
 
     def _num_busy(self) -> int:
-        """Engines with work plus API lanes with a backlog, now (the host model's load)."""
+        """Engines with work (or that ran out of it less than ``host.engine_spin_s`` ago) plus API
+        lanes with a backlog, now (the host model's load)."""
         now = self.env.now
-        engines = sum(w.scheduler.has_unfinished_requests() for w in self.workers)
+        host = self.spec.profile.host
+        spin = host.engine_spin_s if host is not None else 0.0
+        engines = sum(w.scheduler.has_unfinished_requests() or now - w.idle_since < spin for w in self.workers)
         return engines + (self.frontends.num_busy(now) if self.frontends is not None else 0)
 
     def _release_slot(self, request_id: int) -> None:

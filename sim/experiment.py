@@ -95,6 +95,29 @@ class Comparison:
                 frames.append(run.records.assign(policy=policy, round=r))
         return pd.concat(frames, ignore_index=True)
 
+    def series(self) -> pd.DataFrame | None:
+        """Every run's per-worker time series (``kvroute.sim.timeseries.SERIES_COLUMNS``) with
+        ``policy`` and ``round`` columns first, or None when the runs did not record them
+        (``ClusterSpec.record_series``)."""
+        return self._stacked("series")
+
+    def tokens(self) -> pd.DataFrame | None:
+        """Every run's per-token arrival times (``kvroute.sim.metrics.TOKEN_COLUMNS``) with
+        ``policy`` and ``round`` columns first, or None when the runs did not record them."""
+        return self._stacked("tokens")
+
+    def _stacked(self, field: str) -> pd.DataFrame | None:
+        import pandas as pd
+
+        frames = []
+        for policy, runs in self.runs.items():
+            for r, run in enumerate(runs):
+                frame = getattr(run, field)
+                if frame is None:
+                    return None
+                frames.append(frame.assign(policy=policy, round=r)[["policy", "round", *frame.columns]])
+        return pd.concat(frames, ignore_index=True) if frames else None
+
     def change(self, policy: str, metric: str) -> float:
         """Relative change of ``metric``'s mean for ``policy`` against the baseline, percent."""
         base = self.interval_rows[self.policies[0]][metric]["mean"]
@@ -147,6 +170,9 @@ def compare(
     slo: ServiceClass = ServiceClass(),
     progress=None,
     run_progress=None,
+    executor: str = "sequential",
+    address: str | None = None,
+    max_workers: int | None = None,
 ) -> Comparison:
     """Simulate ``trace`` on ``spec`` under each policy for ``rounds`` seeded rounds.
 
@@ -161,7 +187,11 @@ def compare(
         slo: the service class goodput is measured against.
         progress: optional callable ``progress(policy, round)`` called after each run.
         run_progress: optional callable ``run_progress(policy, round, now_s, sent, total)``
-            called inside each run (``Cluster.run``): simulated time, requests sent, trace size.
+            called inside each run (``Cluster.run``): simulated time, requests sent, trace size;
+            with ``executor="sequential"`` only (runs elsewhere report when they end).
+        executor, address, max_workers: where the policy x round runs execute
+            (``kvroute.sim.executors.run_tasks``: ``sequential``, ``local`` process pool or
+            ``dask``); every executor gives the same results.
 
     Raises:
         ValueError: no policy, fewer than one round, or any error ``simulate`` raises.
@@ -171,17 +201,29 @@ def compare(
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     traces = [trace(seed + r) for r in range(rounds)] if callable(trace) else [trace] * rounds
-    runs: dict[str, list[RunResult]] = {}
-    rows = []
-    for policy in policies:
-        runs[policy] = []
-        for r in range(rounds):
+    grid = [(policy, r) for policy in policies for r in range(rounds)]
+    results: list[RunResult | None] = [None] * len(grid)
+
+    def done(i: int, result: RunResult) -> None:
+        results[i] = result
+        if progress is not None:
+            progress(*grid[i])
+
+    if executor == "sequential":
+        for i, (policy, r) in enumerate(grid):
             inside = None if run_progress is None else functools.partial(run_progress, policy, r)
-            result = simulate(traces[r], replace(spec, policy=policy), seed=seed + r, progress=inside)
-            runs[policy].append(result)
-            rows.append({"policy": policy, "round": r, "seed": seed + r, **summarize(result, slo)})
-            if progress is not None:
-                progress(policy, r)
+            done(i, simulate(traces[r], replace(spec, policy=policy), seed=seed + r, progress=inside))
+    else:
+        from kvroute.sim.executors import interrupts_as_keyboard, run_tasks
+
+        tasks = [(traces[r], replace(spec, policy=policy), seed + r) for policy, r in grid]
+        with interrupts_as_keyboard():
+            run_tasks(_simulate_task, tasks, done, executor, address, max_workers)
+    runs: dict[str, list[RunResult]] = {policy: [] for policy in policies}
+    rows = []
+    for (policy, r), result in zip(grid, results):
+        runs[policy].append(result)
+        rows.append({"policy": policy, "round": r, "seed": seed + r, **summarize(result, slo)})
     intervals = {}
     for p in policies:
         per_round = [{m: row[m] for m in SUMMARY_METRICS} for row in rows if row["policy"] == p]
@@ -190,6 +232,12 @@ def compare(
         else:
             intervals[p] = summarize_rounds(per_round).to_dict("index")
     return Comparison(list(policies), runs, rows, intervals)
+
+
+def _simulate_task(task: tuple[Trace, ClusterSpec, int]) -> RunResult:
+    """One run of ``compare`` on an executor: ``simulate(trace, spec, seed)``."""
+    trace, spec, seed = task
+    return simulate(trace, spec, seed=seed)
 
 
 def format_table(comparison: Comparison, metrics: list[str] | None = None) -> str:
@@ -377,7 +425,9 @@ def compare_uncertain(
     rows = []
     for d, profile in enumerate(profiles):
         first = seed + (d + 1) * rounds
-        comparison = compare(trace, replace(spec, profile=profile), policies, rounds, first, slo, progress)
+        # Only the central profile's runs keep time series (``base``); the drawn ones give summaries.
+        drawn = replace(spec, profile=profile, record_series=False)
+        comparison = compare(trace, drawn, policies, rounds, first, slo, progress)
         rows.append(comparison.summaries.assign(draw=d))
     import pandas as pd
 

@@ -17,15 +17,22 @@ the engine core (its own process) keeps stepping. Model here:
   request's unloaded pre-engine time stays the profile's ``overheads`` draw (the same seeded
   lognormal as without this section); the lane only adds its queueing wait in front of it, so
   one request at a time is predicted exactly as before.
-- Every token the engine emits holds the lane for ``per_output_token_s`` and reaches the client
-  when that work ends.
+- Every engine step's outputs hold the lane for ``per_step_s`` once (``AsyncLLM.output_handler``
+  takes one ``EngineCoreOutputs`` batch per step and runs ``process_outputs`` over it), then every
+  token of the step for ``per_output_token_s`` (its detokenising and its SSE chunk, written by its
+  request's own generator); a token reaches the client when its work ends.
 
 A lane is a plain Lindley recursion (``start = max(now, free_at)``): exact for FIFO when work is
 submitted in time order, which the SimPy event loop guarantees; only the client's wait for the
 result passes simulated time.
 
 Host model: ``cores`` CPU cores shared by every busy process (engines with work, API lanes with
-a backlog, and ``other_busy`` stated processes such as the benchmark client). The step-cost
+a backlog, and ``other_busy`` stated processes such as the benchmark client). An engine that ran
+out of work stays busy for ``engine_spin_s`` more: vLLM's worker reads the engine core's
+scheduler output from a shared-memory queue and busy-polls it for ``busy_loop_s`` = 1 s after its
+last read before it parks (``vllm/distributed/device_communicators/shm_broadcast.py``,
+``MessageQueue``); measured here, a tiny-model CPU server served one request every 180 ms (busy
+46 % of the time) while its worker process used 89 % of a core, 1 % once idle for seconds. The step-cost
 coefficients were measured with ``baseline_busy`` processes busy; each busy process beyond
 ``max(cores, baseline_busy)`` stretches an engine step by ``contention / cores`` of its time
 (fair sharing of CPU-bound processes gives ``contention`` = 1; the fit measures it).
@@ -46,6 +53,8 @@ class FrontendModel:
         per_request_s: lane time of admitting one request.
         per_prompt_token_s: lane time per prompt token of admitting it.
         per_output_token_s: lane time per streamed output token (detokenise + SSE chunk).
+        per_step_s: lane time per engine step that has outputs for the lane (receiving and
+            decoding the step's output batch), paid before its first token.
 
     Raises:
         ValueError: a count below 1 or a negative or non-finite time.
@@ -55,11 +64,12 @@ class FrontendModel:
     per_request_s: float = 0.0
     per_prompt_token_s: float = 0.0
     per_output_token_s: float = 0.0
+    per_step_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.api_server_count < 1:
             raise ValueError(f"frontend.api_server_count must be >= 1, got {self.api_server_count}")
-        for name in ("per_request_s", "per_prompt_token_s", "per_output_token_s"):
+        for name in ("per_request_s", "per_prompt_token_s", "per_output_token_s", "per_step_s"):
             v = getattr(self, name)
             if not (v >= 0.0 and v != float("inf")):
                 raise ValueError(f"frontend.{name} must be finite and >= 0, got {v!r}")
@@ -81,6 +91,8 @@ class HostModel:
             already in the coefficients).
         other_busy: processes besides the engines and API lanes that are busy throughout (the
             load-generating client).
+        engine_spin_s: seconds an engine keeps its core busy after it runs out of work (vLLM's
+            shared-memory queue busy-polls for 1 s; 0 counts engines only while they have work).
 
     Raises:
         ValueError: ``cores < 1`` or negative terms.
@@ -90,11 +102,12 @@ class HostModel:
     contention: float = 0.0
     baseline_busy: float = 0.0
     other_busy: float = 0.0
+    engine_spin_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.cores < 1:
             raise ValueError(f"host.cores must be >= 1, got {self.cores}")
-        for name in ("contention", "baseline_busy", "other_busy"):
+        for name in ("contention", "baseline_busy", "other_busy", "engine_spin_s"):
             v = getattr(self, name)
             if not (v >= 0.0 and v != float("inf")):
                 raise ValueError(f"host.{name} must be finite and >= 0, got {v!r}")
@@ -112,13 +125,15 @@ class FifoLane:
     Attributes:
         free_at: when the lane finishes the work submitted so far, s.
         busy_time: total work submitted, s.
+        step_at: emit time of the last engine step whose outputs the lane took, s (NaN: none).
     """
 
-    __slots__ = ("free_at", "busy_time")
+    __slots__ = ("free_at", "busy_time", "step_at")
 
     def __init__(self) -> None:
         self.free_at = 0.0
         self.busy_time = 0.0
+        self.step_at = float("nan")
 
     def submit(self, now: float, service_s: float) -> tuple[float, float]:
         """Queue ``service_s`` seconds of work at time ``now``; returns ``(start, end)``.
@@ -159,9 +174,16 @@ class Frontends:
         return start - now
 
     def deliver(self, worker: int, request_id: int, now: float) -> float:
-        """Queue the streaming of one token emitted at ``now``; returns when the client gets it."""
+        """Queue the streaming of one token emitted at ``now``; returns when the client gets it.
+
+        The first token a lane takes from an engine step emitted at ``now`` also pays the step's
+        ``per_step_s`` (tokens of one step share their emit time)."""
         lane = self._lane_of.get(request_id) or self.lanes[worker][0]
-        return lane.submit(now, self.model.per_output_token_s)[1]
+        service = self.model.per_output_token_s
+        if lane.step_at != now:
+            lane.step_at = now
+            service += self.model.per_step_s
+        return lane.submit(now, service)[1]
 
     def num_busy(self, now: float) -> int:
         """API lanes (all servers) with unfinished work at ``now``."""

@@ -7,6 +7,8 @@ Definitions (times in seconds, from the client's side):
 - Time to complete: last token of the run - first request sent (the burst's makespan).
 - Hit rate: cached prompt tokens / prompt tokens over first admissions, vLLM's
   ``prefix_cache_hits_total / prefix_cache_queries_total``.
+- Queue time: first scheduled - received by the engine, vLLM's ``request_queue_time_seconds``
+  (engine-side times, so the gateway's and API server's overheads are not in it).
 - Goodput: share (and rate, per second of time to complete) of requests whose TTFT and TPOT
   both meet the service class's bounds; a failed request never meets them.
 """
@@ -14,6 +16,7 @@ Definitions (times in seconds, from the client's side):
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import TYPE_CHECKING
@@ -33,7 +36,7 @@ if TYPE_CHECKING:
 RECORD_COLUMNS = [
     "request_id", "session_id", "turn", "worker", "arrival", "first_token", "finish",
     "ttft", "e2e", "tpot", "prompt_tokens", "cached_tokens", "output_tokens", "preemptions",
-    "status", "error", "client_wait",
+    "status", "error", "client_wait", "queued", "scheduled", "queue_time",
 ]
 
 
@@ -51,11 +54,18 @@ class RequestRecord:
         error: why it failed, or None.
         client_wait: time it was ready to send but waited in the client (a ``max_in_flight``
             or concurrency limit) before it was sent, s.
+        queued: when the engine received it, s (vLLM's ``queued_ts``); None if it never did
+            or nobody measured it (a live replay).
+        scheduled: when an engine step first scheduled it, s (vLLM's ``scheduled_ts``; a
+            re-admission after a preemption does not move it); None as ``queued``.
+        token_times: when each output token reached the client, s, in order, when the run
+            records them (``ClusterSpec.record_series``), else None.
     """
 
     __slots__ = (
         "trace", "worker", "arrival", "first_token", "last_token", "finish",
         "cached_tokens", "output_tokens", "preemptions", "error", "client_wait",
+        "queued", "scheduled", "token_times",
     )
 
     def __init__(self, trace: TraceRecord, worker: int, arrival: float) -> None:
@@ -70,6 +80,9 @@ class RequestRecord:
         self.preemptions = 0
         self.error: str | None = None
         self.client_wait = 0.0
+        self.queued: float | None = None
+        self.scheduled: float | None = None
+        self.token_times: array | None = None
 
     def as_row(self) -> tuple:
         """One row in ``RECORD_COLUMNS`` order."""
@@ -87,6 +100,8 @@ class RequestRecord:
             self.first_token if ok else math.nan, self.finish if ok else math.nan,
             ttft, e2e, tpot, t.input_length, self.cached_tokens, self.output_tokens,
             self.preemptions, "ok" if ok else "failed", self.error, self.client_wait,
+            _or_nan(self.queued), _or_nan(self.scheduled),
+            self.scheduled - self.queued if self.queued is not None and self.scheduled is not None else math.nan,
         )
 
 
@@ -97,11 +112,37 @@ def record_rows(records: list[RequestRecord]) -> list[tuple]:
     return rows
 
 
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
 def records_frame(records: list[RequestRecord]) -> pd.DataFrame:
     """Records as a DataFrame with ``RECORD_COLUMNS``, sorted by request id."""
     import pandas as pd
 
     return pd.DataFrame(record_rows(records), columns=RECORD_COLUMNS)
+
+
+TOKEN_COLUMNS = ["request_id", "token", "time"]
+"""Columns of :func:`tokens_frame`: request id, output token number (1 = first), arrival at the client (s)."""
+
+
+def tokens_frame(records: list[RequestRecord]) -> pd.DataFrame:
+    """Every recorded output token's arrival at the client, one row per token (``TOKEN_COLUMNS``),
+    sorted by request id then token number. Records without ``token_times`` add no rows.
+
+    Per request, ``time`` at token 1 is its ``first_token`` and the differences of consecutive
+    times are its inter-token latencies (the run's ``itl`` pools them over requests).
+    """
+    import pandas as pd
+
+    timed = sorted((r for r in records if r.token_times is not None), key=lambda r: r.trace.request_id)
+    counts = np.array([len(r.token_times) for r in timed], dtype=np.int64)
+    ids = np.repeat(np.array([r.trace.request_id for r in timed], dtype=np.int64), counts)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    number = np.arange(int(counts.sum()), dtype=np.int64) - starts + 1
+    times = np.concatenate([np.frombuffer(r.token_times, dtype=float) for r in timed]) if timed else np.zeros(0)
+    return pd.DataFrame({"request_id": ids, "token": number, "time": times}, columns=TOKEN_COLUMNS)
 
 
 class RunResult:
@@ -119,18 +160,25 @@ class RunResult:
         policy: routing policy name.
         seed: the run's seed.
         step_logs: per-worker step logs when requested, else None.
+        series: per-worker step samples (``kvroute.sim.timeseries.SERIES_COLUMNS``) when the
+            run recorded them (``ClusterSpec.record_series``), else None.
+        tokens: per-token arrival times (:func:`tokens_frame`) when recorded, else None.
     """
 
-    __slots__ = ("itl", "policy", "seed", "step_logs", "_records", "_rows", "_workers", "_worker_rows")
+    __slots__ = ("itl", "policy", "seed", "step_logs", "series", "tokens", "_records", "_rows", "_workers",
+                 "_worker_rows")
 
     def __init__(self, records: pd.DataFrame, itl: np.ndarray, workers: pd.DataFrame, policy: str, seed: int,
-                 step_logs: list[np.ndarray] | None = None) -> None:
+                 step_logs: list[np.ndarray] | None = None, series: pd.DataFrame | None = None,
+                 tokens: pd.DataFrame | None = None) -> None:
         self._records, self._rows = records, None
         self._workers, self._worker_rows = workers, None
         self.itl = itl
         self.policy = policy
         self.seed = seed
         self.step_logs = step_logs
+        self.series = series
+        self.tokens = tokens
 
     @property
     def records(self) -> pd.DataFrame:
@@ -192,7 +240,14 @@ class RunResult:
         logs = None
         if cluster.spec.record_steps:
             logs = [np.asarray(w.step_log).reshape(-1, 4) for w in cluster.workers]
-        result = cls(None, np.asarray(cluster.itl_gaps, dtype=float), None, cluster.spec.policy, cluster.seed, logs)
+        series = tokens = None
+        if cluster.spec.record_series:
+            from kvroute.sim.timeseries import series_frame
+
+            series = series_frame([w.series for w in cluster.workers])
+            tokens = tokens_frame(cluster.records)
+        result = cls(None, np.asarray(cluster.itl_gaps, dtype=float), None, cluster.spec.policy, cluster.seed, logs,
+                     series, tokens)
         result._rows = record_rows(cluster.records)
         result._worker_rows = rows
         return result

@@ -138,3 +138,97 @@ def plot_load_curve(frame: pd.DataFrame, path: str | Path, title: str = "") -> P
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return Path(path)
+
+
+SERIES_PANELS = (
+    ("vllm:num_requests_running", "running requests", "gauge"),
+    ("vllm:num_requests_waiting", "waiting requests", "gauge"),
+    ("kv_blocks_used", "KV blocks used", "gauge"),
+    ("num_batched_tokens", "batched tokens per second", "rate"),
+    ("vllm:prefix_cache_hits", "prefix-cache hit rate (cumulative)", "hit_rate"),
+    ("vllm:num_preemptions", "preemptions (cumulative)", "count"),
+)
+"""The panels of :func:`plot_series`: the column each draws, its title, and how."""
+
+
+def plot_series(series: pd.DataFrame, path: str | Path, title: str = "", bins: int = 200) -> Path:
+    """Write :func:`series_figure` of one run's time series to a PNG at ``path``; return the path.
+
+    Raises:
+        ValueError: as :func:`series_figure`.
+    """
+    fig = series_figure(series, title, bins)
+    fig.savefig(path, dpi=110)
+    return Path(path)
+
+
+def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200) -> Figure:
+    """One run's per-worker time series as a figure: one panel per metric, stacked per worker.
+
+    The run's span (first step's start to last step's end) is cut into ``bins`` equal intervals.
+    Running and waiting requests and KV blocks used are stacked areas of each worker's time-weighted
+    mean over each interval (the top is the cluster's; ``kvroute.sim.timeseries.gauge_mean``);
+    batched tokens per second are stacked the same way from the tokens each interval ran;
+    preemptions are stacked cumulative counts; the prefix-cache hit rate is one line per worker
+    (cumulative hits / queries: a ratio does not stack) with the cluster's in black.
+
+    Args:
+        series: ONE run's rows (``RunResult.series``, or ``Comparison.series()`` filtered to one
+            ``policy`` and ``round``).
+        title: figure title.
+        bins: intervals on the time axis.
+
+    Returns:
+        A bare matplotlib Figure (no pyplot state; a notebook shows it with ``display``).
+
+    Raises:
+        ValueError: ``series`` is empty, or holds several policies or rounds.
+    """
+    from kvroute.sim.timeseries import cumulative_at, gauge_mean, workers_of
+
+    if series.empty:
+        raise ValueError("no time series rows to plot (was the run made with --time-series?)")
+    for key in ("policy", "round"):
+        if key in series and series[key].nunique() > 1:
+            raise ValueError(f"plot_series draws one run: filter the series to one {key} first")
+    workers = workers_of(series)
+    edges = np.linspace(float(series["start"].min()), float(series["end"].max()), bins + 1)
+    fig = Figure(figsize=(12, 8.5))
+    axes = fig.subplots(3, 2, sharex=True).ravel()
+    labels = [f"worker {w}" for w in workers]
+    for ax, (column, label, how) in zip(axes, SERIES_PANELS):
+        if how in ("gauge", "count", "rate"):
+            if how == "gauge":
+                values = gauge_mean(series, column, edges)
+            elif how == "rate":
+                values = np.diff(cumulative_at(series, column, edges, per_step=True), axis=1) / np.diff(edges)
+            else:
+                values = cumulative_at(series, column, edges)[:, 1:]
+            values = np.column_stack([values, values[:, -1]])  # step="post": the last interval's value to its end
+            ax.stackplot(edges, values, labels=labels, step="post", alpha=0.85)
+            top = float(values.sum(axis=0).max())
+            ax.set_ylim(0, 1.05 * top if top > 0 else 1)
+            if how == "rate":
+                token_axis(ax, "y")
+            elif how == "count":
+                integer_ticks(ax, "y")
+        else:  # hit rate: cumulative hits / queries per worker and for the cluster
+            hits = cumulative_at(series, "vllm:prefix_cache_hits", edges)
+            queries = cumulative_at(series, "vllm:prefix_cache_queries", edges)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                for i in range(len(workers)):
+                    ax.plot(edges, hits[i] / queries[i], lw=1.0, ls=("-", "--", ":", "-.")[i % 4], label=labels[i])
+                ax.plot(edges, hits.sum(0) / queries.sum(0), color="black", lw=2.0, label="cluster")
+            ax.set_ylim(-0.02, 1.02)
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes[-2:]:
+        ax.set_xlabel("simulated time (s)")
+    legend = len(workers) <= 16
+    if legend:
+        handles, names = axes[4].get_legend_handles_labels()
+        fig.legend(handles, names, loc="lower center", ncol=min(len(names), 9), fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.04 if legend else 0, 1, 1))
+    return fig

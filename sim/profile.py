@@ -17,7 +17,7 @@ Layout of a profile file::
       "overheads": {"api_server_s": 0.1, "gateway_s": 0.001, "jitter_cv": 0.1,
                     "api_server_per_token_s": 0.0},
       "frontend": {"api_server_count": 1, "per_request_s": ..., "per_prompt_token_s": ...,
-                   "per_output_token_s": ...},                      (optional, sim/frontend.py)
+                   "per_output_token_s": ..., "per_step_s": ...},   (optional, sim/frontend.py)
       "host": {"cores": 2, "contention": ..., "baseline_busy": ..., "other_busy": ...},  (optional)
       "provenance": {"kind": "derived" | "measured", "source": "...", "date": "...", ...},
       "sources": {"<field>": "<where the number comes from>"},

@@ -31,6 +31,8 @@ class Request:
         num_output_tokens: tokens sampled so far.
         num_cached_tokens: prefix-cache hit tokens at the first admission, None before it.
         num_preemptions: times preempted (recompute).
+        queued_ts: when the engine received it, s (vLLM's ``RequestStateStats.queued_ts``).
+        scheduled_ts: when a step first scheduled it, s (``scheduled_ts``; None before).
         client: opaque slot for whoever submitted the request (the worker's record).
 
     Raises:
@@ -46,6 +48,8 @@ class Request:
         "num_output_tokens",
         "num_cached_tokens",
         "num_preemptions",
+        "queued_ts",
+        "scheduled_ts",
         "status",
         "client",
     )
@@ -70,6 +74,8 @@ class Request:
         self.num_output_tokens = 0
         self.num_cached_tokens: int | None = None
         self.num_preemptions = 0
+        self.queued_ts: float | None = None
+        self.scheduled_ts: float | None = None
         self.status = RequestStatus.WAITING
         self.client = client
 

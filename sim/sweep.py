@@ -10,7 +10,8 @@ Ctrl-C (SIGINT) or SIGTERM stops a sweep within about a second: the local pool's
 terminated (none is left behind) and :class:`SweepInterrupted` carries the rows finished so far,
 marked ``partial``.
 
-Executors (every one gives the same rows for the same scenarios):
+Executors (``kvroute.sim.executors``, shared with ``compare``; every one gives the same rows for
+the same scenarios):
 
 - ``"sequential"``: in this process, one run after another;
 - ``"local"`` (default): ``concurrent.futures.ProcessPoolExecutor``;
@@ -21,15 +22,10 @@ Executors (every one gives the same rows for the same scenarios):
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import math
-import os
-import signal
 import sys
-import threading
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Iterable
 
@@ -37,6 +33,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from kvroute.sim.cluster import ClusterSpec, simulate
+from kvroute.sim.executors import EXECUTORS, Stop, interrupts_as_keyboard, run_tasks
 from kvroute.sim.metrics import SUMMARY_METRICS, ServiceClass, summarize, summarize_rounds
 from kvroute.sim.profile import Profile, load_profile
 from kvroute.sim.routing import check_spec
@@ -46,9 +43,6 @@ from kvroute.traces.arrivals import parse_arrival
 from kvroute.traces.lengths import parse_dist
 
 WORKLOADS = ("seed-chat", "agent")
-DASK_CONNECT_TIMEOUT_S = 5.0
-"""How long to try a Dask scheduler address before the sweep fails, s."""
-EXECUTORS = ("local", "sequential", "dask")
 
 COUNTER_COLUMNS: dict[str, str] = {
     "num_requests": "requests in the trace",
@@ -272,56 +266,6 @@ class SweepInterrupted(KeyboardInterrupt):
         self.signal_name = signal_name
 
 
-class _Stop(KeyboardInterrupt):
-    """Raised in the main thread by the SIGTERM handler, so SIGTERM stops a sweep like Ctrl-C."""
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """While a sweep runs, SIGTERM raises :class:`_Stop` and SIGINT KeyboardInterrupt in the main
-    thread, also when a script started us in the background (where SIGINT arrives ignored);
-    the previous handlers are restored after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise _Stop
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop), signal.signal(signal.SIGINT, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
-
-
-def _pool_worker_init() -> None:
-    """In each pool process: Ctrl-C at the terminal is the parent's to handle (it terminates us);
-    SIGTERM kills at once."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _stop_pool(pool: ProcessPoolExecutor) -> None:
-    """Terminate a pool's processes now (no waiting for running tasks) and reap them."""
-    processes = list((getattr(pool, "_processes", None) or {}).values())
-    for process in processes:
-        with contextlib.suppress(Exception):
-            process.terminate()
-    for process in processes:
-        process.join(timeout=1.0)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=1.0)
-    # With every process gone the pool's manager thread sees a broken pool and ends at once;
-    # waiting for it avoids a race with the interpreter's exit hook on its closed pipe.
-    pool.shutdown(wait=True, cancel_futures=True)
-
-
 def grid(base: Scenario | None = None, **axes: Iterable[Any] | Any) -> list[Scenario]:
     """The Cartesian product of ``axes`` over ``base`` (default ``Scenario()``).
 
@@ -409,69 +353,19 @@ def sweep(
         bar.update()
 
     try:
-        with _sigterm_as_interrupt():
+        with interrupts_as_keyboard():
             def done_left(j: int, row: dict) -> None:
                 done(tasks_left[j][0], row)
 
-            left = [task for _, task in tasks_left]
-            if not left:
-                pass
-            elif executor == "sequential":
-                for j, task in enumerate(left):
-                    done_left(j, _run_task(task))
-            elif executor == "local":
-                _run_local(left, max_workers, done_left)
-            else:
-                _run_dask(left, address, max_workers, done_left)
+            run_tasks(_run_task, [task for _, task in tasks_left], done_left, executor, address, max_workers)
     except KeyboardInterrupt as exc:
         finished = pd.DataFrame([row for row in rows if row is not None])
         finished["partial"] = True
-        name = "SIGTERM" if isinstance(exc, _Stop) else "SIGINT"
+        name = "SIGTERM" if isinstance(exc, Stop) else "SIGINT"
         raise SweepInterrupted(finished, len(tasks), name) from None
     finally:
         bar.close()
     return pd.DataFrame(rows)
-
-
-def _run_local(tasks: list, max_workers: int | None, done) -> None:
-    workers = max_workers or min(len(tasks), os.cpu_count() or 1)
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_pool_worker_init)
-    try:
-        futures = {pool.submit(_run_task, task): i for i, task in enumerate(tasks)}
-        for future in as_completed(futures):
-            done(futures[future], future.result())
-    except BaseException:
-        _stop_pool(pool)  # also on a run's error: do not wait for the other runs
-        raise
-    pool.shutdown(wait=True)
-
-
-def _run_dask(tasks: list, address: str | None, max_workers: int | None, done) -> None:
-    try:
-        from distributed import Client, LocalCluster, as_completed as dask_completed
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ValueError("executor='dask' needs Dask distributed: pip install 'kvroute[dask]'") from exc
-    cluster = None
-    if address is None:
-        n = max_workers or min(len(tasks), os.cpu_count() or 1)
-        # NOTE: loopback only and no dashboard: a sweep must not open ports to the network.
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                               dashboard_address=None)
-        address = cluster.scheduler_address
-    try:
-        try:
-            client = Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
-        except (OSError, TimeoutError, ValueError) as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise ValueError(f"cannot reach the Dask scheduler at {address}: {reason[:200]}") from None
-        with client:
-            futures = client.map(_run_task, tasks, pure=False)
-            index = {f.key: i for i, f in enumerate(futures)}
-            for future in dask_completed(futures):
-                done(index[future.key], future.result())
-    finally:
-        if cluster is not None:
-            cluster.close()
 
 
 def group_columns(frame: pd.DataFrame) -> list[str]:

@@ -13,6 +13,7 @@ at a time (up to floating-point rounding of the summed times).
 
 from __future__ import annotations
 
+import math
 from array import array
 from bisect import bisect_left
 from itertools import accumulate
@@ -23,6 +24,7 @@ import simpy
 from kvroute.sim.cost_model import StepCost
 from kvroute.sim.request import Request
 from kvroute.sim.scheduler import Scheduler
+from kvroute.sim.timeseries import StepSeries
 
 if TYPE_CHECKING:
     from kvroute.sim.config import EngineConfig
@@ -43,12 +45,16 @@ class Worker:
         on_decode_run: called as ``on_decode_run(requests, step_ends)`` for a run of decode
             steps advanced at once: every request got one token at each time in ``step_ends``.
         fast_forward: advance runs of identical decode steps as one event (needs an unshared GPU).
+        record_series: sample the engine's state after every step into ``series``
+            (``kvroute.sim.timeseries``; a fast-forwarded decode run is one sample).
 
     Attributes:
         scheduler: the engine's scheduler (queues, block pool, prefix-cache counters).
         num_steps: engine steps run.
         busy_time: seconds spent running steps (not waiting for a shared GPU).
+        idle_since: when the engine last ran out of work, s (-inf: not yet).
         step_log: when ``record_steps`` is set, ``(start, duration, tokens, reqs)`` per step.
+        series: the step samples when ``record_series`` is set, else None.
     """
 
     def __init__(
@@ -63,6 +69,7 @@ class Worker:
         on_decode_run,
         record_steps: bool = False,
         fast_forward: bool = True,
+        record_series: bool = False,
     ) -> None:
         self.env = env
         self.index = index
@@ -75,12 +82,16 @@ class Worker:
         self.fast_forward = fast_forward and gpu is None
         self.num_steps = 0
         self.busy_time = 0.0
+        self.idle_since = -math.inf
         self.step_log: array | None = array("d") if record_steps else None
+        self.series = StepSeries(index, self.scheduler) if record_series else None
         self._wakeup: simpy.Event | None = None
         self.process = env.process(self._run())
 
     def add_request(self, request: Request) -> None:
-        """Hand a request to the engine; it joins the waiting queue before the next step."""
+        """Hand a request to the engine; it joins the waiting queue before the next step (its
+        ``queued_ts`` is now, vLLM's QUEUED event)."""
+        request.queued_ts = self.env.now
         self.scheduler.add_request(request)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
@@ -89,10 +100,13 @@ class Worker:
         env, scheduler, cost = self.env, self.scheduler, self.step_cost
         while True:
             if not scheduler.has_unfinished_requests():
+                self.idle_since = env.now
                 self._wakeup = env.event()
                 yield self._wakeup
                 self._wakeup = None
             out = scheduler.schedule()
+            if out.admitted:
+                self._mark_scheduled(out.admitted, env.now)
             if out.is_empty():
                 # Nothing fits even alone: the cluster checks capacity before the run, so this
                 # is a bug, not a workload property.
@@ -122,6 +136,16 @@ class Worker:
                 yield env.timeout(dt)
             self._account(start, dt, out.num_batched_tokens, len(out.requests))
             self._finish_step(out, env.now)
+            if self.series is not None:
+                self.series.sample(start, env.now, 1, out.num_batched_tokens, len(out.requests))
+
+    @staticmethod
+    def _mark_scheduled(admitted: list[Request], now: float) -> None:
+        """Stamp a request's first scheduling (vLLM's ``RequestStateStats.scheduled_ts``: set on
+        the first SCHEDULED event only, a re-admission after a preemption leaves it)."""
+        for req in admitted:
+            if req.scheduled_ts is None:
+                req.scheduled_ts = now
 
     def _finish_step(self, out, now: float) -> None:
         result = self.scheduler.update(out)
@@ -174,3 +198,5 @@ class Worker:
             requests = list(out.requests)
             self.scheduler.advance_decode_run(requests, done)
             self.on_decode_run(requests, ends[: done + 1])
+        if self.series is not None:
+            self.series.sample(start, ends[done], done + 1, batch, batch)

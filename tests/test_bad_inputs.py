@@ -255,9 +255,9 @@ def test_bad_meta_json_for_fit(tmp_path, meta, expected):
 
 def test_unreachable_dask_scheduler(monkeypatch):
     pytest.importorskip("distributed")
-    from kvroute.sim import sweep as sweep_module
+    from kvroute.sim import executors
 
-    monkeypatch.setattr(sweep_module, "DASK_CONNECT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(executors, "DASK_CONNECT_TIMEOUT_S", 0.5)
     assert_error(run("sweep", "--chats", 2, "--turns", 1, "--rounds", 1, "--no-progress",
                      "--address", "tcp://127.0.0.1:1"),
                  "cannot reach the Dask scheduler at tcp://127.0.0.1:1")

@@ -5,9 +5,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kvroute.calibrate.bursts import (Burst, burst_table, fit_frontend, profile_sections, schedule_delay,
-                                      simulate_burst)
-from kvroute.calibrate.measure import SweepPlan
+from kvroute.calibrate.calibration.bursts import (Burst, burst_table, fit_frontend, profile_sections, schedule_delay,
+                                                  simulate_burst)
+from kvroute.calibrate.calibration.measure import SweepPlan
 from kvroute.sim.frontend import FrontendModel, HostModel
 from kvroute.sim.profile import profile_from_dict
 
@@ -142,4 +142,5 @@ def test_fit_command_with_a_base_profile_adds_only_the_burst_terms(tmp_path):
     fitted = load_profile(out)
     assert fitted.name == "with-bursts" and fitted.step_cost == prof.step_cost and fitted.overheads == prof.overheads
     assert fitted.frontend is not None and fitted.host.cores == 2 and fitted.host.baseline_busy == 2
+    assert fitted.host.engine_spin_s == 1.0 and "shm_broadcast" in fitted.raw["sources"]["host.engine_spin_s"]
     assert "base_profile" in fitted.raw["provenance"]

@@ -5,7 +5,6 @@ the sweep's bad-input messages against a small fake vLLM server."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import math
 import threading
@@ -17,12 +16,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvroute.calibrate.client import CalibrationError, MetricsSnapshot, ServerInfo, parse_prometheus
-from kvroute.calibrate.fit import fit, lognormal_cv, profile_document, split_holdout
-from kvroute.calibrate.measure import PromptFactory, SweepPlan, run_sweep
-from kvroute.calibrate.observations import Observation, build_observations, engine_config, load_sweep
-from kvroute.calibrate.steps import (COEFFICIENTS, decode_context, decode_step, expected_cached_tokens,
-                                     mixed_steps, predict, prefill_steps)
+from kvroute.calibrate.vllm.client import CalibrationError, MetricsSnapshot, ServerInfo, parse_prometheus
+from kvroute.calibrate.calibration.fit import fit, lognormal_cv, profile_document, split_holdout
+from kvroute.calibrate.calibration.measure import PromptFactory, SweepPlan, run_sweep
+from kvroute.calibrate.calibration.observations import Observation, build_observations, engine_config, load_sweep
+from kvroute.calibrate.calibration.steps import (COEFFICIENTS, decode_context, decode_step, expected_cached_tokens,
+                                                 mixed_steps, predict, prefill_steps)
 from kvroute.sim.config import EngineConfig
 from kvroute.sim.cost_model import StepCost, prefill_pairs
 from kvroute.sim.profile import profile_from_dict
@@ -374,11 +373,6 @@ class _FakeVllm:
         self.httpd.server_close()
 
 
-#: The sweep's client uses httpx (the ``live`` extra) for everything but the token streams.
-needs_httpx = pytest.mark.skipif(importlib.util.find_spec("httpx") is None,
-                                 reason="httpx is not installed (pip install '.[live]')")
-
-
 @pytest.fixture
 def fake_server():
     servers = []
@@ -402,7 +396,6 @@ def _sweep(url, out, plan=TINY_PLAN, model=None):
     return asyncio.run(run_sweep([url], out, plan, model=model, progress=False))
 
 
-@needs_httpx
 def test_sweep_against_fake_server_writes_rows_and_fits(fake_server, tmp_path):
     s = fake_server()
     summary = _sweep(s.url, tmp_path)
@@ -416,27 +409,23 @@ def test_sweep_against_fake_server_writes_rows_and_fits(fake_server, tmp_path):
     assert {o.kind for o in obs} == {"cold", "cached", "decode", "mixed"}, notes
 
 
-@needs_httpx
 def test_unreachable_server_is_one_clear_message(tmp_path):
     with pytest.raises(CalibrationError, match=r"cannot reach the vLLM server at http://127.0.0.1:9"):
         _sweep("http://127.0.0.1:9", tmp_path)
 
 
-@needs_httpx
 def test_wrong_model_name_lists_served_models(fake_server, tmp_path):
     s = fake_server(model="tiny-qwen2")
     with pytest.raises(CalibrationError, match=r"does not serve model 'llama'; it serves: tiny-qwen2"):
         _sweep(s.url, tmp_path, model="llama")
 
 
-@needs_httpx
 def test_prefix_caching_off_is_detected(fake_server, tmp_path):
     s = fake_server(caching=False)
     with pytest.raises(CalibrationError, match="prefix caching is off"):
         _sweep(s.url, tmp_path)
 
 
-@needs_httpx
 def test_sweep_past_max_model_len_names_length_and_limit(fake_server, tmp_path):
     s = fake_server(max_model_len=64)
     with pytest.raises(CalibrationError, match=r"max_model_len 64"):
@@ -444,7 +433,6 @@ def test_sweep_past_max_model_len_names_length_and_limit(fake_server, tmp_path):
     assert not (tmp_path / "requests.csv").exists()  # refused before measuring
 
 
-@needs_httpx
 def test_server_dying_mid_sweep_keeps_the_rows(fake_server, tmp_path):
     s = fake_server(die_after=2 + 5 + 4)  # 2 probe requests, 5 warm-up requests, 4 measured
     with pytest.raises(CalibrationError, match="lost the vLLM server"):
@@ -501,9 +489,8 @@ def _write_synthetic_run(d: Path) -> None:
     pd.DataFrame(exps).to_csv(d / "experiments.csv", index=False)
 
 
-@needs_httpx
 def test_concurrency_sweep_writes_bursts_on_one_and_all_servers(fake_server, tmp_path):
-    from kvroute.calibrate.bursts import load_bursts
+    from kvroute.calibrate.calibration.bursts import load_bursts
 
     a, b = fake_server(), fake_server()
     from dataclasses import replace

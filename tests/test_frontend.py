@@ -91,6 +91,24 @@ def test_streaming_delays_a_later_admission():
     assert fronts.admit(0, 1, 0.2, 10) == pytest.approx(0.11)
 
 
+def test_a_step_pays_its_output_batch_once_then_each_token():
+    # AsyncLLM.output_handler takes one output batch per engine step: 0.5 ms for the batch,
+    # then 0.1 ms per request's token, in order; the next step's batch pays again
+    fronts = Frontends(FrontendModel(per_output_token_s=1e-4, per_step_s=5e-4), num_workers=1)
+    for rid in range(3):
+        fronts.admit(0, rid, 0.0, 10)
+    assert [fronts.deliver(0, rid, 1.0) for rid in range(3)] == pytest.approx([1.0006, 1.0007, 1.0008])
+    assert [fronts.deliver(0, rid, 1.01) for rid in range(3)] == pytest.approx([1.0106, 1.0107, 1.0108])
+
+
+def test_step_cost_paces_a_lone_stream_like_a_token_cost():
+    # one request: each decode step (11 ms) emits one token; 60 ms per step on the API lane
+    res = run(profile(frontend={"per_step_s": 0.05, "per_output_token_s": 0.01}), [rec(0, 100, 3)])
+    row = res.records.iloc[0]
+    assert row["ttft"] == pytest.approx(0.11 + 0.06)
+    assert row["tpot"] == pytest.approx(0.06)
+
+
 def test_zero_cost_frontend_predicts_like_no_frontend():
     records = [rec(i, 200 + 30 * i, 5 + i) for i in range(6)]
     plain = run(profile(api=0.02), records, workers=2)
@@ -109,6 +127,21 @@ def test_host_contention_stretches_steps_when_cores_are_oversubscribed():
     # the coefficients were calibrated with both busy: no stretch beyond them
     base = run(profile(host={"cores": 1, "contention": 1.0, "baseline_busy": 2}), records, workers=2)
     assert list(base.records["ttft"]) == pytest.approx([0.11, 0.11])
+
+
+def test_an_idle_engine_keeps_its_core_busy_for_its_spin_time():
+    # one core, fair sharing: requests 0 and 1 share it (steps of 0.11 s take 0.22 s, both end at
+    # 0.22 s); request 2 reaches worker 0 at 0.5 s. Without spin it runs alone; with a 1 s spin
+    # worker 1's idle engine still holds half the core, so its step takes twice as long.
+    records = [rec(0, 100, 1), rec(1, 100, 1), TraceRecord(2, 500.0, 100, 1, tuple(range(5000, 5007)))]
+    host = {"cores": 1, "contention": 1.0}
+    plain = run(profile(host=host), records, workers=2).records.set_index("request_id")
+    spun = run(profile(host={**host, "engine_spin_s": 1.0}), records, workers=2).records.set_index("request_id")
+    assert plain.at[2, "ttft"] == pytest.approx(0.11)
+    assert spun.at[2, "ttft"] == pytest.approx(0.22)
+    # a spin shorter than the gap changes nothing
+    short = run(profile(host={**host, "engine_spin_s": 0.05}), records, workers=2).records.set_index("request_id")
+    assert short.at[2, "ttft"] == pytest.approx(0.11)
 
 
 def test_host_stretch_closed_form():

@@ -1,4 +1,4 @@
-"""The one stream reader (calibrate.client.StreamEvents) and the client wait column.
+"""The one stream reader (calibrate.vllm.stream: StreamEvents, read_completion) and the client wait column.
 
 Rules of ``vllm bench serve``: the first chunk with content is the first token; the usage
 block's count wins over the chunks counted, with a warning when they disagree. A usage block
@@ -13,8 +13,9 @@ import json
 
 import pytest
 
-from kvroute.calibrate.client import StreamEvents, stream_completion
-from kvroute.calibrate.livestream import stream_tokens
+from kvroute.calibrate.vllm.client import stream_completion
+from kvroute.calibrate.vllm.stream import StreamEvents
+from kvroute.calibrate.validation.livestream import stream_tokens
 from kvroute.sim.cluster import ClusterSpec, simulate
 from kvroute.sim.profile import load_profile
 from kvroute.traces.format import Trace, TraceRecord
@@ -111,6 +112,23 @@ def test_calibration_stream_ttft_is_the_first_chunk_with_content():
     res = asyncio.run(main())
     assert len(res.token_times) == 3 and res.ttft >= 0.15  # not the empty chunk at ~0 s
     assert res.completion_tokens == 4 and res.warning is not None and res.error is None
+    assert res.num_tokens == 4
+
+
+def test_calibration_row_counts_tokens_by_usage_and_keeps_the_warning():
+    """``calibrate measure``'s row: n_tokens is the usage count (the bursts' TPOT divides by it)."""
+    from types import SimpleNamespace
+
+    from kvroute.calibrate.vllm.client import StreamResult
+    from kvroute.calibrate.calibration.measure import _request_row
+
+    warning = f"{URL}: usage says 4 completion tokens but 3 came in the stream's chunks; using the usage count"
+    res = StreamResult(t_send=10.0, token_times=[0.15, 0.2, 0.25], prompt_tokens=2, completion_tokens=4,
+                       t_done=0.3, status=200, warning=warning)
+    ctx = SimpleNamespace(info=SimpleNamespace(url=URL), t0=9.0)
+    row = _request_row(ctx, {"exp_id": 3, "kind": "burst", "rep": 0}, "burst", res, 2, 0, 4, 0)
+    assert (row["n_tokens"], row["warning"], row["token_times"]) == (4, warning, "0.150000 0.200000 0.250000")
+    assert (row["t_send_s"], row["ttft_s"], row["t_done_s"]) == (1.0, 0.15, 0.3)
 
 
 def test_replay_stream_keeps_usage_and_warning():
@@ -125,7 +143,7 @@ def test_replay_stream_keeps_usage_and_warning():
 
 
 def test_calibration_stream_cut_before_done_is_an_error():
-    from kvroute.calibrate.client import CalibrationError
+    from kvroute.calibrate.vllm.client import CalibrationError
 
     async def main():
         server, url = await _serve(_stream_of_text()[:3], done=False)
@@ -159,7 +177,7 @@ def test_replay_records_client_wait_one_request_at_a_time():
     is not in its TTFT. Only lower bounds: a loaded machine can only make the waits longer."""
     from test_validate import FakeVllm
 
-    from kvroute.calibrate.replay import Endpoint, LiveReplay, ReplaySpec
+    from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
 
     server = FakeVllm(token_delay_s=0.05, block_size=32)
     try:
@@ -181,7 +199,7 @@ def test_replay_records_client_wait_one_request_at_a_time():
 def test_replay_does_not_swallow_a_client_error(monkeypatch):
     """A bug in one request's client (a RecursionError, say) stops the replay with that error,
     instead of being left in a task nobody awaits (which made `validate` exit 0)."""
-    from kvroute.calibrate.replay import Endpoint, LiveReplay, ReplaySpec
+    from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
 
     records = [TraceRecord(i, 0.0, 64, 4, (2 * i, 2 * i + 1)) for i in range(3)]
     replay = LiveReplay(Trace(records, 32), [Endpoint("http://127.0.0.1:1", "fake")], 32,

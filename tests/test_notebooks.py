@@ -112,6 +112,9 @@ def test_01_seed_study_equals_kvroute_compare(tmp_path):
         want = expected[row["arrangement"]]["policies"][row["policy"]][row["metric"]]
         assert (row["mean"], row["rounds"]) == (want["mean"], want["rounds"]), row
     assert "kv_aware vs round_robin" in printed(book)
+    series_cell = next(c for c in book.cells if "series_figure(s" in c.source)
+    assert "kv_aware: " in printed(book) and "engine-step samples" in printed(book)
+    assert sum("image/png" in o.get("data", {}) for o in series_cell.outputs) == 2, "one time-series figure per policy"
     _check_01_sensitivity(book, out)
 
 

@@ -97,7 +97,7 @@ def test_gateway_replicas_lose_hits_with_local_state_and_recover_them_shared():
 
 
 def test_vllm_metrics_page_parses_into_the_scraped_signals():
-    from kvroute.calibrate.metrics_scrape import parse_vllm_metrics
+    from kvroute.calibrate.vllm.metrics_scrape import parse_vllm_metrics
 
     page = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -123,27 +123,42 @@ def test_policies_say_whether_they_read_metrics():
 def test_live_metrics_poll_every_server():
     import asyncio
 
-    import httpx
+    from aiohttp import web
 
-    from kvroute.calibrate.metrics_scrape import LiveMetrics
+    from kvroute.calibrate.vllm.metrics_scrape import LiveMetrics
+    from kvroute.calibrate.vllm.stream import new_session
 
-    pages = {"a": "vllm:num_requests_running 1\nvllm:num_requests_waiting 4\nvllm:kv_cache_usage_perc 0.5\n",
-             "b": "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.125\n"}
+    pages = ["vllm:num_requests_running 1\nvllm:num_requests_waiting 4\nvllm:kv_cache_usage_perc 0.5\n",
+             "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.125\n"]
 
-    def answer(request):
-        return httpx.Response(200, text=pages[request.url.host])
+    def answer(text):
+        async def page(request):
+            return web.Response(text=text)
+        return page
 
-    live = LiveMetrics(["http://a", "http://b/"])
+    async def poll(served):
+        runners, urls = [], []
+        for w in range(2):
+            app = web.Application()
+            app.router.add_get("/metrics", answer(served[w]))
+            runner = web.AppRunner(app)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            runners.append(runner)
+            urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}" + "/" * w)  # the second with a slash
+        live = LiveMetrics(urls)
+        try:
+            async with new_session() as session:
+                await live.poll_once(session, strict=True)
+            return live
+        finally:
+            for runner in runners:
+                await runner.cleanup()
 
-    async def poll():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-            await live.poll_once(client, strict=True)
-
-    asyncio.run(poll())
+    live = asyncio.run(poll(pages))
     assert live.scrape.current() == [(1, 4, 0.5), (0, 0, 0.125)]
-    pages["b"] = "up 1\n"
-    with pytest.raises(ValueError, match="http://b/: the /metrics page has no vllm:num_requests_running"):
-        asyncio.run(poll())
+    with pytest.raises(ValueError, match=r"http://127.0.0.1:\d+/: the /metrics page has no vllm:num_requests_running"):
+        asyncio.run(poll([pages[0], "up 1\n"]))
 
 
 class BlockStored:  # the fields of vLLM's event that the translator reads
@@ -157,8 +172,8 @@ class BlockRemoved:
 
 
 def test_live_kv_events_are_named_by_the_routers_own_hashes():
-    from kvroute.calibrate.kv_events import LiveKVEvents
-    from kvroute.calibrate.prompts import chained_block_hashes
+    from kvroute.calibrate.vllm.kv_events import LiveKVEvents
+    from kvroute.calibrate.calibration.prompts import chained_block_hashes
 
     prompt = list(range(100, 228))  # 4 blocks of 32
     ours = chained_block_hashes(prompt, 32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from kvroute.calibrate.client import MetricsSnapshot, parse_prometheus
+from kvroute.calibrate.vllm.client import MetricsSnapshot, parse_prometheus
 from kvroute.sim.experiment import _tabulate
 
 

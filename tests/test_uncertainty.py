@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvroute.calibrate.fit import UNCERTAIN_FIELDS, fit, uncertainty_document
-from kvroute.calibrate.observations import build_observations, engine_config, load_sweep
+from kvroute.calibrate.calibration.fit import UNCERTAIN_FIELDS, fit, uncertainty_document
+from kvroute.calibrate.calibration.observations import build_observations, engine_config, load_sweep
 from kvroute.sim.profile import CoefficientUncertainty, load_profile, profile_from_dict
 from kvroute.sim.uncertainty import PRIOR_FIELDS, coefficient, draw_profiles, profile_uncertainty
 

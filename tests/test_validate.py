@@ -17,9 +17,9 @@ import threading
 import numpy as np
 import pytest
 
-from kvroute.calibrate.livestream import FifoSlots
-from kvroute.calibrate.prompts import PromptBuilder, TokenSynth, chained_block_hashes, root_segments
-from kvroute.calibrate.replay import Endpoint, LiveReplay, ReplaySpec
+from kvroute.calibrate.validation.livestream import FifoSlots
+from kvroute.calibrate.calibration.prompts import PromptBuilder, TokenSynth, chained_block_hashes, root_segments
+from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
 from kvroute.sim.metrics import RECORD_COLUMNS, summarize
 from kvroute.sim.workload import Workload
 from kvroute.traces.format import Trace, TraceRecord
@@ -299,8 +299,8 @@ def test_replay_records_have_the_simulator_columns_and_resend_real_replies(fakes
 
 @pytest.mark.parametrize("policy", ["round_robin", "kv_aware"])
 def test_one_at_a_time_hits_equal_the_simulation_exactly(fakes, tmp_path, policy):
-    from kvroute.calibrate.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validate_report import write_report
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import write_report
     from kvroute.sim.profile import load_profile
 
     servers = fakes(2)
@@ -327,8 +327,8 @@ def test_one_at_a_time_hits_equal_the_simulation_exactly(fakes, tmp_path, policy
 
 
 def test_two_policies_give_a_change_table_and_kv_aware_hits_more(fakes, tmp_path):
-    from kvroute.calibrate.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validate_report import report_markdown, write_report
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
     from kvroute.sim.profile import load_profile
 
     servers = fakes(2)
@@ -362,8 +362,8 @@ def test_send_lag_is_arrival_minus_parent_finish_minus_think_time():
     import numpy as np
     import pandas as pd
 
-    from kvroute.calibrate.validate import PolicyRun
-    from kvroute.calibrate.validate_report import send_lags
+    from kvroute.calibrate.validation.validate import PolicyRun
+    from kvroute.calibrate.validation.validate_report import send_lags
     from kvroute.sim.metrics import RunResult
 
     trace = small_chat(chats=2, turns=3)
@@ -384,8 +384,8 @@ def test_send_lag_is_arrival_minus_parent_finish_minus_think_time():
 
 
 def test_a_worker_dying_mid_replay_is_survived(fakes, tmp_path):
-    from kvroute.calibrate.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validate_report import write_report
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import write_report
     from kvroute.sim.profile import load_profile
 
     servers = fakes(2, s1={"die_after": 3, "token_delay_s": 0.002})
@@ -474,7 +474,7 @@ def test_open_loop_child_before_its_parent_replied(fakes):
 def test_validate_command(fakes, tmp_path):
     from click.testing import CliRunner
 
-    from kvroute.calibrate.validate_command import validate
+    from kvroute.calibrate.validation.validate_command import validate
 
     servers = fakes(2)
     trace_file = tmp_path / "chat.jsonl"
@@ -517,8 +517,8 @@ def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path):
 
 
 def test_cluster_spec_notes_a_profile_of_another_model():
-    from kvroute.calibrate.client import ServerInfo
-    from kvroute.calibrate.validate import ValidationSpec, cluster_spec
+    from kvroute.calibrate.vllm.client import ServerInfo
+    from kvroute.calibrate.validation.validate import ValidationSpec, cluster_spec
     from kvroute.sim.profile import load_profile
 
     server = ServerInfo(url="http://x:1", model="tiny-qwen2", model_root="/cache/kvroute/tiny-qwen2",
@@ -533,7 +533,7 @@ def test_cluster_spec_notes_a_profile_of_another_model():
 
 
 def test_client_lag_delays_every_later_turn_of_the_simulation_exactly():
-    from kvroute.calibrate.validate import with_client_lag
+    from kvroute.calibrate.validation.validate import with_client_lag
     from kvroute.sim.cluster import ClusterSpec, simulate
     from kvroute.sim.profile import load_profile
 
@@ -551,8 +551,8 @@ def test_client_lag_delays_every_later_turn_of_the_simulation_exactly():
 
 
 def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fakes, tmp_path):
-    from kvroute.calibrate.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validate_report import report_markdown, write_report
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
     from kvroute.sim.experiment import prediction_interval
     from kvroute.sim.profile import load_profile
 
@@ -580,8 +580,8 @@ def test_measured_client_lag_runs_live_first_and_simulates_with_the_median(fakes
 
     import numpy as np
 
-    from kvroute.calibrate.validate import ValidationSpec, run_validation, with_root_offsets
-    from kvroute.calibrate.validate_report import send_lags, write_report
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation, with_root_offsets
+    from kvroute.calibrate.validation.validate_report import send_lags, write_report
     from kvroute.sim.profile import load_profile
 
     servers = fakes(2)

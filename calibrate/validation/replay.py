@@ -11,7 +11,7 @@ which workers failed). Replay follows the simulator's client (``kvroute.sim.clus
   carries the simulator's stand-in reply tokens instead;
 - ``max_in_flight`` slots are handed out in the order requests became ready (FIFO).
 
-Prompts are token ids (``kvroute.calibrate.prompts``); outputs are forced to the trace's length
+Prompts are token ids (``kvroute.calibrate.calibration.prompts``); outputs are forced to the trace's length
 (``ignore_eos``) and streamed with their token ids, which a later turn resends. Records have the
 simulator's columns (``kvroute.sim.metrics.RECORD_COLUMNS``); times are seconds since the replay
 started. A worker whose connection breaks or whose request times out is marked dead: its
@@ -29,10 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvroute.calibrate.livestream import FifoSlots, WorkerLost, stream_tokens
-from kvroute.calibrate.prompts import PromptBuilder, TokenSynth, chained_block_hashes
-from kvroute.calibrate.kv_events import LiveKVEvents
-from kvroute.calibrate.metrics_scrape import LiveMetrics
+from kvroute.calibrate.validation.livestream import FifoSlots, WorkerLost, stream_tokens
+from kvroute.calibrate.calibration.prompts import PromptBuilder, TokenSynth, chained_block_hashes
+from kvroute.calibrate.vllm.kv_events import LiveKVEvents
+from kvroute.calibrate.vllm.metrics_scrape import LiveMetrics
+from kvroute.calibrate.vllm.stream import new_session
 from kvroute.sim.metrics import RequestRecord, RunResult, records_frame
 from kvroute.sim.routing import RouteRequest, RouterView, make_policy, router_rng
 from kvroute.sim.scheduler import clamp_max_tokens
@@ -56,7 +57,7 @@ class ReplaySpec:
         scrape_interval_s: seconds between polls of the servers' ``/metrics`` for a policy that
             reads them (``Policy.uses_metrics``); 0 polls back to back.
         cache_view: ``routed`` (the router's routed-prefix index) or ``events`` (the servers'
-            KV-cache events, ``kvroute.calibrate.kv_events``).
+            KV-cache events, ``kvroute.calibrate.vllm.kv_events``).
         kv_event_endpoints: with ``events``, each server's ZeroMQ event endpoint, in server order.
     """
 
@@ -142,6 +143,7 @@ class LiveReplay:
         self.usage_reported = True
         self.warnings: list[str] = []  # the stream reader's notes (usage vs counted tokens)
         self._t0 = 0.0
+        self._session = None  # the aiohttp session of :meth:`run`
         self._tasks: set[asyncio.Task] = set()
         self._slots: FifoSlots | None = None
         self._streams: list[dict[int, asyncio.Task]] = [{} for _ in endpoints]
@@ -181,6 +183,7 @@ class LiveReplay:
         if self.kv_events is not None:
             subscriber = asyncio.get_running_loop().create_task(self.kv_events.run())
             await asyncio.sleep(0.5)  # NOTE: a ZeroMQ subscriber misses what is published before it joins
+        self._session = new_session()
         try:
             for rec in sent:
                 self._spawn(rec, rec.timestamp_ms / 1000.0)
@@ -206,6 +209,8 @@ class LiveReplay:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
             self.elapsed_s = self.now()
+            await self._session.close()
+            self._session = None
 
     def result(self) -> RunResult:
         """Records and counters of what was replayed so far, in the simulator's shape.
@@ -303,7 +308,7 @@ class LiveReplay:
             record.output_tokens += k
 
         task = asyncio.get_running_loop().create_task(
-            stream_tokens(ep.url, body, self.spec.timeout_s, on_tokens))
+            stream_tokens(ep.url, body, self.spec.timeout_s, on_tokens, self._session))
         self._streams[worker][rec.request_id] = task
         try:
             res = await task

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
-import httpx
-
+from kvroute.calibrate.vllm.stream import new_session
 from kvroute.sim.routing import MetricsScrape
+
+#: Limit on one scrape of one server, s.
+SCRAPE_TIMEOUT_S = 5.0
 
 GAUGES = {
     "vllm:num_requests_running": 0,
@@ -66,36 +69,56 @@ class LiveMetrics:
         self.scrape = MetricsScrape(lambda: list(self._latest))
         self.num_scrapes = 0
 
-    async def poll_once(self, client: httpx.AsyncClient, strict: bool = False) -> None:
+    async def _page(self, session: Any, url: str) -> str:
+        """The text of ``url``/metrics.
+
+        Raises:
+            ValueError: no answer within :data:`SCRAPE_TIMEOUT_S`, a connection error or a status
+                other than 200.
+        """
+        import aiohttp
+
+        try:
+            async with asyncio.timeout(SCRAPE_TIMEOUT_S):
+                async with session.get(f"{url.rstrip('/')}/metrics") as resp:
+                    if resp.status != 200:
+                        raise ValueError(f"no /metrics page (HTTP {resp.status})")
+                    return (await resp.read()).decode(errors="replace")
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ValueError(f"no /metrics page ({type(exc).__name__}: {exc})") from None
+
+    async def poll_once(self, session: Any, strict: bool = False) -> None:
         """Scrape every server once; a server that does not answer keeps its last values.
+
+        Args:
+            session: an open ``aiohttp.ClientSession`` (``kvroute.calibrate.vllm.stream.new_session``).
 
         Raises:
             ValueError: with ``strict``, a server whose page cannot be read (naming its URL).
         """
-        pages = await asyncio.gather(*(client.get(f"{u.rstrip('/')}/metrics") for u in self.urls),
-                                     return_exceptions=True)
+        pages = await asyncio.gather(*(self._page(session, u) for u in self.urls), return_exceptions=True)
         for w, page in enumerate(pages):
             try:
-                if not isinstance(page, httpx.Response) or page.status_code != 200:
-                    raise ValueError(f"no /metrics page ({page!r})")
-                self._latest[w] = parse_vllm_metrics(page.text)
+                if isinstance(page, BaseException):
+                    raise page
+                self._latest[w] = parse_vllm_metrics(page)
             except ValueError as exc:
                 if strict:
                     raise ValueError(f"{self.urls[w]}: {exc}") from None
         self.num_scrapes += 1
 
     async def first_poll(self) -> None:
-        """One poll of every server with a client of its own (before the replay starts).
+        """One poll of every server with a session of its own (before the replay starts).
 
         Raises:
             ValueError: a server without vLLM's load gauges (naming its URL).
         """
-        async with httpx.AsyncClient(timeout=5.0) as client:
-            await self.poll_once(client, strict=True)
+        async with new_session() as session:
+            await self.poll_once(session, strict=True)
 
     async def run(self) -> None:
         """Poll until cancelled."""
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        async with new_session() as session:
             while True:
-                await self.poll_once(client)
+                await self.poll_once(session)
                 await asyncio.sleep(self.interval_s)

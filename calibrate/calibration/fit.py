@@ -1,7 +1,7 @@
 """Fit the simulator's step-cost model to observations, hold some out, write a profile.
 
 Model: an observation's time is ``api_server_s`` (TTFT only) plus the sum of
-``StepCost.step_time`` over its steps (:mod:`kvroute.calibrate.steps`). Given which steps sit on
+``StepCost.step_time`` over its steps (:mod:`kvroute.calibrate.calibration.steps`). Given which steps sit on
 the weight-load floor, that is linear in the six coefficients, so the fit is non-negative least
 squares on relative residuals (every observation weighs by ``1 / measured``, so short and long
 times count alike). The floor is handled by trying every token threshold below which steps are
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvroute.calibrate.observations import Observation, TTFT_KINDS
-from kvroute.calibrate.steps import COEFFICIENTS, Step, design_row, predict
+from kvroute.calibrate.calibration.observations import Observation, TTFT_KINDS
+from kvroute.calibrate.calibration.steps import COEFFICIENTS, Step, design_row, predict
 from kvroute.sim.cost_model import StepCost
 
 
@@ -506,7 +506,7 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
 
     Args:
         result: the fit.
-        info: the measured server's :class:`~kvroute.calibrate.client.ServerInfo`.
+        info: the measured server's :class:`~kvroute.calibrate.vllm.client.ServerInfo`.
         meta: the sweep's ``meta.json`` (dates, URLs, seed, plan).
         name: profile name.
         model_doc: extra model facts (e.g. shapes read from its ``config.json``).
@@ -571,7 +571,7 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
         "sources": {
             **{f"engine.{k}": v for k, v in info.sources.items() if k in engine},
             "engine.vllm_version": f"{info.url}/version",
-            "step_cost": "fitted to the sweep's TTFT and ITL (kvroute.calibrate.fit)",
+            "step_cost": "fitted to the sweep's TTFT and ITL (kvroute.calibrate.calibration.fit)",
             "overheads.api_server_s": (
                 "intercept of a robust line through client TTFT minus the engine's queue + prefill time "
                 "(vllm:request_queue_time_seconds, vllm:request_prefill_time_seconds) against prompt length, plus "

@@ -86,11 +86,11 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
       kvroute validate --trace chat.jsonl --url http://127.0.0.1:8100 --url http://127.0.0.1:8101 \\
           --policies round_robin,kv_aware --profile cpu-tiny-qwen2 --out runs/validate
     """
-    from kvroute.calibrate.client import CalibrationError
+    from kvroute.calibrate.vllm.client import CalibrationError
     from kvroute.calibrate.commands import _cores
-    from kvroute.calibrate.server import pinned
-    from kvroute.calibrate.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validate_report import report_markdown, write_report
+    from kvroute.calibrate.vllm.server import pinned
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
     from kvroute.cli.scenario import load_trace
     from kvroute.sim.profile import load_profile
 

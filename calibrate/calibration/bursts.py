@@ -1,7 +1,7 @@
 """The concurrency sweep's bursts: load them, replay them in the simulator, fit the front-end
 queue and host-contention terms (``kvroute.sim.frontend``) to them, and report their errors.
 
-A burst (``kvroute.calibrate.measure``: kinds ``burst`` and ``burst_all``) is N cold prompts of
+A burst (``kvroute.calibrate.calibration.measure``: kinds ``burst`` and ``burst_all``) is N cold prompts of
 one shape sent at once to one server, or N to every server. Its simulated twin is a trace of the
 same requests sent at the times the live client really sent them (the client's own send lag
 under load is part of the measurement, not a parameter), with round-robin routing over the
@@ -10,7 +10,7 @@ to complete the burst.
 
 Fit: the step costs and the unloaded API-server time come from the one-at-a-time sweep and stay
 fixed. The loss is the sum of squared log ratios of predicted to measured figures. Stage 1:
-``per_request_s`` and ``per_output_token_s`` (API lane time) from the bursts on one server, by a
+``per_request_s``, ``per_output_token_s`` and ``per_step_s`` (API lane time) from the bursts on one server, by a
 bounded Nelder-Mead search (``scipy.optimize.minimize``) started at the best point of a coarse
 grid (simulation is deterministic per seed, so the loss is piecewise smooth and a derivative-
 free search suits it); one engine and its API process alone rarely oversubscribe the cores, so
@@ -73,7 +73,7 @@ def load_bursts(requests: pd.DataFrame, experiments: pd.DataFrame) -> tuple[list
     """The sweep's bursts and notes on the ones left out (a failed request).
 
     Args:
-        requests, experiments: the sweep's tables (``kvroute.calibrate.observations.load_sweep``).
+        requests, experiments: the sweep's tables (``kvroute.calibrate.calibration.observations.load_sweep``).
     """
     out, notes = [], []
     if "kind" not in requests.columns:
@@ -225,8 +225,10 @@ class FrontendFit:
         f, h = self.frontend, self.host
         lines = [
             f"front end: {f.api_server_count} API process(es); admission {1e3 * f.per_request_s:.3g} ms + "
-            f"{1e6 * f.per_prompt_token_s:.3g} us/prompt token; {1e6 * f.per_output_token_s:.3g} us per streamed token",
-            f"host: {h.cores} cores, contention {h.contention:.3g} (baseline {h.baseline_busy:g} busy)",
+            f"{1e6 * f.per_prompt_token_s:.3g} us/prompt token; {1e6 * f.per_step_s:.3g} us per engine step + "
+            f"{1e6 * f.per_output_token_s:.3g} us per streamed token",
+            f"host: {h.cores} cores, contention {h.contention:.3g} (baseline {h.baseline_busy:g} busy, idle engines "
+            f"busy for {h.engine_spin_s:g} s)",
             "burst errors, median |predicted/measured - 1| (one-at-a-time profile -> with these terms):",
         ]
         b, a = error_summary(self.before), error_summary(self.after)
@@ -241,15 +243,15 @@ class FrontendFit:
 
 
 def with_terms(profile: Profile, x: np.ndarray, count: int, host: HostModel) -> Profile:
-    """``profile`` with front-end lane times ``x[0]`` (per request), ``x[1]`` (per output token)
-    and host contention ``x[2]``."""
-    fe = FrontendModel(count, float(x[0]), profile.overheads.api_server_per_token_s, float(x[1]))
-    return replace(profile, frontend=fe, host=replace(host, contention=float(x[2])))
+    """``profile`` with front-end lane times ``x[0]`` (per request), ``x[1]`` (per output token),
+    ``x[2]`` (per engine step) and host contention ``x[3]``."""
+    fe = FrontendModel(count, float(x[0]), profile.overheads.api_server_per_token_s, float(x[1]), float(x[2]))
+    return replace(profile, frontend=fe, host=replace(host, contention=float(x[3])))
 
 
 def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_busy: float,
                  api_server_count: int = 1, seeds: tuple[int, ...] = (0,), max_evals: int = 120,
-                 other_busy: float = 0.0, refine_evals: int = 0) -> FrontendFit:
+                 other_busy: float = 0.0, refine_evals: int = 0, engine_spin_s: float = 0.0) -> FrontendFit:
     """Fit the front-end and host terms to ``bursts`` (see the module doc).
 
     Args:
@@ -263,8 +265,10 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
         max_evals: Nelder-Mead function evaluations of stage 1.
         other_busy: processes busy throughout besides engines and API lanes (the load-generating
             client on the same host: 1).
-        refine_evals: evaluations of a final joint Nelder-Mead refinement of all three terms on
+        refine_evals: evaluations of a final joint Nelder-Mead refinement of all the terms on
             every burst (0: none).
+        engine_spin_s: seconds an idle engine stays busy (``HostModel.engine_spin_s``; stated,
+            not fitted: vLLM's shared-memory queue busy-polls for 1 s).
 
     Raises:
         ValueError: no bursts.
@@ -273,8 +277,9 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
 
     if not bursts:
         raise ValueError("the sweep holds no bursts (run 'kvroute calibrate measure' without --no-bursts)")
-    host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy, other_busy=other_busy)
-    scale = np.array([max(profile.overheads.api_server_s, 1e-3), 1e-4])
+    host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy, other_busy=other_busy,
+                     engine_spin_s=engine_spin_s)
+    scale = np.array([max(profile.overheads.api_server_s, 1e-3), 1e-4, 1e-4])
     one = [b for b in bursts if b.num_servers == 1] or bursts
     loaded = [b for b in bursts if b.num_servers > 1]
     evals = 0
@@ -295,9 +300,10 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     # stage 1: the API lane times from bursts on one server (its engine and API process alone
     # rarely oversubscribe the cores), from the best point of a coarse grid
     lane = lambda z: loss(one, np.array([*(np.maximum(z, 0.0) * scale), 0.0]))  # noqa: E731
-    grid = [np.array([a, o]) for a in (0.1, 0.25, 0.5, 1.0, 2.0, 4.0) for o in (0.1, 0.3, 1.0, 3.0, 10.0, 30.0)]
+    grid = [np.array([a, o, st]) for a in (0.1, 0.25, 0.5, 1.0, 2.0, 4.0) for o in (0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
+            for st in (0.0, 1.0, 3.0, 10.0, 30.0)]
     z0 = min(grid, key=lane)
-    res = minimize(lane, z0, method="Nelder-Mead", bounds=[(0, 40), (0, 300)],
+    res = minimize(lane, z0, method="Nelder-Mead", bounds=[(0, 40), (0, 300), (0, 300)],
                    options={"maxfev": max_evals, "xatol": 1e-3, "fatol": 1e-5})
     x = np.maximum(res.x, 0.0) * scale
     # stage 2: the host's contention from bursts on all servers at once (and on one server when
@@ -312,7 +318,7 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     if refine_evals > 0:
         s3 = np.array([*scale, 1.0])
         r3 = minimize(lambda z: loss(bursts, np.maximum(z, 0.0) * s3), x / s3, method="Nelder-Mead",
-                      bounds=[(0, 40), (0, 300), (0, 4)], options={"maxfev": refine_evals, "xatol": 1e-3})
+                      bounds=[(0, 40), (0, 300), (0, 300), (0, 4)], options={"maxfev": refine_evals, "xatol": 1e-3})
         x = np.maximum(r3.x, 0.0) * s3
     objective = loss(bursts, x)
     fitted = with_terms(profile, x, api_server_count, host)
@@ -327,9 +333,10 @@ def profile_sections(ff: FrontendFit) -> dict:
     r = lambda v: float(f"{v:.6g}")  # noqa: E731
     return {
         "frontend": {"api_server_count": f.api_server_count, "per_request_s": r(f.per_request_s),
-                     "per_prompt_token_s": r(f.per_prompt_token_s), "per_output_token_s": r(f.per_output_token_s)},
+                     "per_prompt_token_s": r(f.per_prompt_token_s), "per_output_token_s": r(f.per_output_token_s),
+                     "per_step_s": r(f.per_step_s)},
         "host": {"cores": h.cores, "contention": r(h.contention), "baseline_busy": r(h.baseline_busy),
-                 "other_busy": r(h.other_busy)},
+                 "other_busy": r(h.other_busy), "engine_spin_s": r(h.engine_spin_s)},
         "burst_fit": {
             "method": "Nelder-Mead on squared log ratios of simulated to measured burst figures (scipy)",
             "evaluations": ff.evaluations,
@@ -339,12 +346,14 @@ def profile_sections(ff: FrontendFit) -> dict:
             "median_abs_error_pct_with_terms": _rounded(error_summary(ff.after)),
         },
         "sources": {
-            "frontend": "fitted to the concurrency sweep's bursts (kvroute.calibrate.bursts); per_prompt_token_s "
+            "frontend": "fitted to the concurrency sweep's bursts (kvroute.calibrate.calibration.bursts); per_prompt_token_s "
                         "is overheads.api_server_per_token_s",
             "host.cores": "os.cpu_count() of the calibrating client (servers on the same host)",
             "host.baseline_busy": "servers measured concurrently in the one-at-a-time sweep",
             "host.contention": "fitted to the concurrency sweep's bursts with the front-end terms",
             "host.other_busy": "stated: the measuring client, busy on the same host during the bursts",
+            "host.engine_spin_s": "stated: vLLM's shared-memory MessageQueue busy-polls for busy_loop_s = 1 s after "
+                                  "its last read (vllm/distributed/device_communicators/shm_broadcast.py)",
         },
     }
 

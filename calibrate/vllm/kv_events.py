@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from kvroute.calibrate.prompts import chained_block_hashes
+from kvroute.calibrate.calibration.prompts import chained_block_hashes
 from kvroute.sim.routing import KVEventIndex
 
 

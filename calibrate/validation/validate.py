@@ -2,7 +2,7 @@
 
 For each policy in turn: every server's prefix cache is reset (``POST /reset_prefix_cache``,
 retried until the engine has freed its blocks; a server that refuses leaves the run marked
-*warm*), ``/metrics`` is scraped, the trace is replayed live (``kvroute.calibrate.replay``) and
+*warm*), ``/metrics`` is scraped, the trace is replayed live (``kvroute.calibrate.validation.replay``) and
 ``/metrics`` is scraped again, so per-worker ``vllm:prefix_cache_hits_total`` and
 ``queries_total`` deltas belong to that run alone. The prediction is the simulator run on the
 same trace with the same number of workers, the same client (``max_in_flight``, replay mode)
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvroute.calibrate.client import CalibrationError, MetricsSnapshot, ServerInfo, VllmClient
-from kvroute.calibrate.prompts import DEFAULT_TOKEN_RANGE, TokenSynth
-from kvroute.calibrate.replay import Endpoint, LiveReplay, ReplaySpec
+from kvroute.calibrate.vllm.client import CalibrationError, MetricsSnapshot, ServerInfo, VllmClient
+from kvroute.calibrate.calibration.prompts import DEFAULT_TOKEN_RANGE, TokenSynth
+from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
 from kvroute.sim.cluster import ClusterSpec
 from kvroute.sim.experiment import compare, compare_uncertain
 from kvroute.sim.metrics import RunResult, summarize
@@ -223,7 +223,7 @@ def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSp
     Raises:
         ValueError: servers with different block sizes, or a bad ``max_in_flight``.
     """
-    from kvroute.calibrate.observations import engine_config
+    from kvroute.calibrate.calibration.observations import engine_config
 
     notes = []
     sizes = {s.block_size for s in servers}
@@ -264,7 +264,7 @@ def token_range(servers: list[ServerInfo], override: tuple[int, int] | None) -> 
     directory the server loaded is readable here, else ``DEFAULT_TOKEN_RANGE``."""
     if override is not None:
         return override
-    from kvroute.calibrate.tiny_model import token_id_range
+    from kvroute.calibrate.calibration.tiny_model import token_id_range
 
     root = Path(servers[0].model_root)
     if (root / "tokenizer.json").is_file() or (root / "config.json").is_file():
@@ -293,7 +293,7 @@ def measured_client(trace: Trace, runs: list[PolicyRun]) -> tuple[float, dict[in
     from the parent's last token to the send, beyond think time; 0 when there are none) and
     each root request's median send delay beyond its trace timestamp, relative to the least
     delayed root of its run, s (how long the client took to put a burst's roots on the wire)."""
-    from kvroute.calibrate.validate_report import send_lags
+    from kvroute.calibrate.validation.validate_report import send_lags
 
     lags = np.concatenate([send_lags(r, trace) for r in runs] or [np.zeros(0)])
     lag = float(np.median(lags)) if len(lags) else 0.0

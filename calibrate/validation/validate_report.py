@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from kvroute.sim.outputs import atomic_output, write_text_atomic
-from kvroute.calibrate.validate import PolicyRun, Validation
+from kvroute.calibrate.validation.validate import PolicyRun, Validation
 from kvroute.sim.experiment import prediction_interval
 from kvroute.sim.metrics import SUMMARY_METRICS
 from kvroute.traces.format import Trace

@@ -10,8 +10,8 @@
 - :func:`parse_prometheus`: Prometheus text format to samples; :class:`MetricsSnapshot` sums
   counters and histograms over engines and takes differences.
 
-The streamed completions are read with plain asyncio streams (see :func:`stream_completion`);
-the other endpoints use ``httpx``, imported inside functions so importing this module stays cheap.
+Every request goes through aiohttp (imported inside functions, so importing this module stays
+cheap); the streams are read by :mod:`kvroute.calibrate.vllm.stream`, the reader replay uses too.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
+from kvroute.calibrate.vllm.stream import StreamLost, error_message, new_session, read_completion
 from kvroute.sim.inputs import (BLOCK_SIZE, COUNT, FRACTION, POSITIVE_INT, TOKENS, InputError, check_fields,
                                 describe)
 
@@ -234,7 +234,8 @@ class StreamResult:
     """One streamed completion as the client saw it.
 
     Attributes:
-        t_send: ``time.perf_counter()`` just before the request was sent, s.
+        t_send: ``time.perf_counter()`` when the request was written (after any connection
+            set-up; see :attr:`kvroute.calibrate.vllm.stream.Stream.t_send`), s.
         token_times: arrival time of every output token, s after ``t_send`` (a chunk carrying
             k tokens contributes k equal times).
         prompt_tokens: prompt length the server counted.
@@ -262,112 +263,11 @@ class StreamResult:
         """Time to the first token, s (NaN when none came)."""
         return self.token_times[0] if self.token_times else math.nan
 
-
-USAGE_SCHEMA = {"prompt_tokens": COUNT, "completion_tokens": COUNT}
-"""Rules of a streamed ``usage`` block (``prompt_tokens_details.cached_tokens`` is a COUNT too)."""
-
-
-class StreamEvents:
-    """The one reader of a completion stream's events, for calibration and replay alike.
-
-    Rules of ``vllm bench serve`` (``vllm/benchmarks/lib/endpoint_request_func.py:
-    async_request_openai_completions``): a chunk counts as output only when it carries content
-    (token ids, or non-empty ``text`` for a server that sends no ids), so an empty first chunk is
-    not the first token; the token count is the usage block's ``completion_tokens`` when the
-    server sends one, with :attr:`warning` set when it disagrees with the tokens counted in the
-    chunks. The usage block is checked (ints >= 0); a bad one is kept as :attr:`usage_error` and
-    its figures as None, so what was measured is not thrown away.
-
-    Attributes:
-        url: the server, for messages.
-        counted: output tokens counted in the chunks.
-        token_ids: the ids received, or None once a chunk with content came without ids.
-        prompt_tokens, completion_tokens, cached_tokens: the usage block's figures, or None.
-        error: an error event's message, or None.
-        usage_error: why the usage block was rejected, or None.
-        done: ``[DONE]`` was received.
-    """
-
-    __slots__ = ("url", "counted", "token_ids", "prompt_tokens", "completion_tokens", "cached_tokens",
-                 "error", "usage_error", "done")
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.counted = 0
-        self.token_ids: list[int] | None = []
-        self.prompt_tokens = self.completion_tokens = self.cached_tokens = None
-        self.error: str | None = None
-        self.usage_error: str | None = None
-        self.done = False
-
-    def feed(self, data: bytes) -> tuple[int, list[int] | None]:
-        """Apply one event's payload; returns ``(tokens it carried, their ids or None)``.
-
-        Raises:
-            ValueError: the payload is not JSON or not an object (the server is broken).
-        """
-        if data == b"[DONE]":
-            self.done = True
-            return 0, None
-        chunk = json.loads(data)
-        if type(chunk) is not dict:
-            raise ValueError(f"a stream event is {describe(chunk)}, expected a JSON object")
-        if "error" in chunk:
-            self.error = _error_message(data)
-        n, ids_out = 0, []
-        for choice in chunk.get("choices") or ():
-            ids = choice.get("token_ids") if type(choice) is dict else None
-            if type(ids) is list and ids:
-                n += len(ids)
-                ids_out.extend(int(i) for i in ids)
-            elif type(choice) is dict and choice.get("text"):  # content without ids: one token
-                n += 1
-                ids_out = None
-        if n:
-            self.counted += n
-            if ids_out is None or self.token_ids is None:
-                self.token_ids = None
-            else:
-                self.token_ids.extend(ids_out)
-        usage = chunk.get("usage")
-        if usage:
-            self._usage(usage)
-        return n, ids_out
-
-    def _usage(self, usage: object) -> None:
-        try:
-            figures = check_fields(usage, USAGE_SCHEMA, self.url, prefix="usage.")
-            details = usage.get("prompt_tokens_details") or {}
-            cached = check_fields(details, {"cached_tokens": COUNT}, self.url,
-                                  prefix="usage.prompt_tokens_details.")
-        except InputError as exc:
-            self.usage_error = str(exc)
-            return
-        self.prompt_tokens = figures.get("prompt_tokens")
-        self.completion_tokens = figures.get("completion_tokens")
-        self.cached_tokens = cached.get("cached_tokens")
-
     @property
     def num_tokens(self) -> int:
-        """Output tokens: the usage block's count when given, else the tokens counted."""
-        return self.counted if self.completion_tokens is None else self.completion_tokens
-
-    @property
-    def warning(self) -> str | None:
-        """Set when the usage block's token count differs from the tokens counted in the chunks."""
-        if self.completion_tokens is None or self.completion_tokens == self.counted:
-            return None
-        return (f"{self.url}: usage says {self.completion_tokens} completion tokens but "
-                f"{self.counted} came in the stream's chunks; using the usage count")
-
-
-def _error_message(body: bytes | str) -> str:
-    try:
-        doc = json.loads(body)
-        err = doc.get("error", doc)
-        return str(err.get("message", err) if isinstance(err, dict) else err)
-    except (ValueError, AttributeError):
-        return (body.decode(errors="replace") if isinstance(body, bytes) else body)[:500]
+        """Output tokens as ``vllm bench serve`` counts them: the usage block's count when the
+        server sent one, else the tokens counted in the chunks."""
+        return len(self.token_times) if self.completion_tokens is None else self.completion_tokens
 
 
 class VllmClient:
@@ -385,39 +285,45 @@ class VllmClient:
         self.url = url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
-        self._http = None
+        self._session = None
 
     async def __aenter__(self) -> "VllmClient":
-        import httpx
-
-        limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s, limits=limits)
+        self._session = new_session()
         return self
 
     async def __aexit__(self, *exc) -> None:
-        if self._http is not None:
-            await self._http.aclose()
-            self._http = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
-    async def _get(self, path: str, **params):
-        import httpx
+    async def _request(self, method: str, path: str, **params) -> tuple[int, bytes]:
+        """``(status, body)`` of one plain request.
+
+        Raises:
+            CalibrationError: the server is unreachable or did not answer within ``timeout_s``.
+        """
+        import aiohttp
 
         try:
-            return await self._http.get(path, params=params or None)
-        except httpx.TransportError as exc:
+            async with asyncio.timeout(self.timeout_s):
+                async with self._session.request(method, f"{self.url}{path}", params=params or None) as resp:
+                    return resp.status, await resp.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise CalibrationError(
-                f"cannot reach the vLLM server at {self.url}: {type(exc).__name__}: {exc or 'no answer'}"
+                f"cannot reach the vLLM server at {self.url}: {type(exc).__name__}: "
+                f"{' '.join(str(exc).split()) or 'no answer'}"
             ) from exc
 
     async def metrics(self) -> MetricsSnapshot:
         """Scrape ``/metrics``.
 
         Raises:
-            CalibrationError: the server is unreachable.
+            CalibrationError: the server is unreachable or answers with an error status.
         """
-        resp = await self._get("/metrics")
-        resp.raise_for_status()
-        return MetricsSnapshot.from_text(resp.text, time.perf_counter())
+        status, body = await self._request("GET", "/metrics")
+        if status != 200:
+            raise CalibrationError(f"{self.url}/metrics answered {status}: {error_message(body)}")
+        return MetricsSnapshot.from_text(body.decode(errors="replace"), time.perf_counter())
 
     async def reset_prefix_cache(self, attempts: int = 60, wait_s: float = 0.5) -> bool | None:
         """``POST /reset_prefix_cache`` until the engine reports success (needs dev mode).
@@ -429,20 +335,16 @@ class VllmClient:
             True if the cache was reset; False if the server refused (no
             ``VLLM_SERVER_DEV_MODE=1``: 404) or never succeeded; None if it is unreachable.
         """
-        import asyncio
-
-        import httpx
-
         for _ in range(attempts):
             try:
-                resp = await self._http.post("/reset_prefix_cache")
-            except httpx.TransportError:
+                status, body = await self._request("POST", "/reset_prefix_cache")
+            except CalibrationError:
                 return None
-            if resp.status_code != 200:
+            if status != 200:
                 return False
             try:
-                ok = bool(resp.json().get("success", True))
-            except ValueError:  # older servers answer 200 with an empty body
+                ok = bool(json.loads(body).get("success", True))
+            except (ValueError, AttributeError):  # older servers answer 200 with an empty body
                 ok = True
             if ok:
                 return True
@@ -469,10 +371,10 @@ class VllmClient:
                                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
 
     async def _probe(self) -> ServerInfo:
-        resp = await self._get("/v1/models")
-        if resp.status_code != 200:
-            raise CalibrationError(f"{self.url}/v1/models answered {resp.status_code}: {_error_message(resp.content)}")
-        models = resp.json().get("data", [])
+        status, body = await self._request("GET", "/v1/models")
+        if status != 200:
+            raise CalibrationError(f"{self.url}/v1/models answered {status}: {error_message(body)}")
+        models = json.loads(body).get("data", [])
         names = tuple(m["id"] for m in models)
         if self.model is None:
             if len(names) != 1:
@@ -485,9 +387,9 @@ class VllmClient:
         entry = next(m for m in models if m["id"] == self.model)
         sources: dict[str, str] = {}
         version = "unknown"
-        vresp = await self._get("/version")
-        if vresp.status_code == 200:
-            version = str(vresp.json().get("version", "unknown"))
+        status, body = await self._request("GET", "/version")
+        if status == 200:
+            version = str(json.loads(body).get("version", "unknown"))
         snap = await self.metrics()
         cache = snap.info.get("vllm:cache_config_info", {})
         if not cache:
@@ -503,10 +405,10 @@ class VllmClient:
         hardware, device = "unknown", "unknown"
         sched: dict[str, Any] = {}
         dev_mode = False
-        sresp = await self._get("/server_info", config_format="json")
-        if sresp.status_code == 200:
+        status, body = await self._request("GET", "/server_info", config_format="json")
+        if status == 200:
             dev_mode = True
-            doc = sresp.json()
+            doc = json.loads(body)
             cfg = doc.get("vllm_config", {})
             if isinstance(cfg, dict):
                 sched = cfg.get("scheduler_config", {}) or {}
@@ -550,9 +452,8 @@ class VllmClient:
     ) -> StreamResult:
         """Stream one completion of a token-id prompt; exactly ``max_tokens`` tokens come back.
 
-        The stream is read with plain asyncio streams rather than httpx: on a small machine the
-        client shares cores with the API server, and httpx's per-chunk cost (about ten times
-        this reader's) visibly slowed the server it was measuring.
+        Read by the shared reader (:func:`kvroute.calibrate.vllm.stream.read_completion`) on this
+        client's connections.
 
         Args:
             prompt: prompt token ids.
@@ -576,137 +477,49 @@ class VllmClient:
             "stream_options": {"include_usage": True},
             "return_token_ids": True,
         }
-        return await stream_completion(self.url, body, self.timeout_s, on_token)
-
-
-class CompletionStream:
-    """One streamed ``POST /v1/completions`` over plain asyncio (HTTP/1.1, server-sent events).
-
-    A hand-written reader rather than httpx: at vLLM's decode speed httpx took about half a
-    core, slowing the server it measured. The caller owns the timeout and maps errors (``open``
-    and the iterators raise OSError, asyncio.IncompleteReadError or ValueError).
-
-    Attributes:
-        status: the HTTP status, after ``open``.
-        t_send: ``time.perf_counter()`` when the request was written.
-    """
-
-    def __init__(self, url: str, body: dict) -> None:
-        self.url = url
-        self._parts = urlsplit(url)
-        self._payload = json.dumps(body).encode()
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._chunked = False
-        self.status = 0
-        self.t_send = time.perf_counter()
-
-    async def open(self) -> int:
-        """Connect, send the request, read the status line and headers; returns the status."""
-        parts = self._parts
-        host = parts.hostname or "127.0.0.1"
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        head = (
-            f"POST {parts.path.rstrip('/')}/v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
-            f"Content-Length: {len(self._payload)}\r\nConnection: close\r\n\r\n"
-        ).encode()
-        self._reader, self._writer = await asyncio.open_connection(
-            host, port, ssl=(parts.scheme == "https") or None
-        )
-        self.t_send = time.perf_counter()
-        self._writer.write(head + self._payload)
-        await self._writer.drain()
-        status_line = await self._reader.readline()
-        if not status_line:
-            raise ConnectionResetError("the server closed the connection without answering")
-        self.status = int(status_line.split()[1])
-        while True:
-            line = await self._reader.readline()
-            if line in (b"\r\n", b"\n", b""):
-                break
-            k, _, v = line.decode("latin-1").partition(":")
-            self._chunked |= k.strip().lower() == "transfer-encoding" and "chunked" in v.lower()
-        return self.status
-
-    async def _chunks(self):
-        reader = self._reader
-        while True:
-            if self._chunked:
-                size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    return
-                yield (await reader.readexactly(size + 2))[:-2]
-            else:
-                data = await reader.read(65536)
-                if not data:
-                    return
-                yield data
-
-    async def body(self) -> bytes:
-        """The rest of the response body (an error answer)."""
-        return b"".join([data async for data in self._chunks()])
-
-    async def events(self):
-        """Yield ``(perf_counter at arrival, payload)`` for every ``data:`` event, in order."""
-        buf = b""
-        async for data in self._chunks():
-            now = time.perf_counter()
-            buf += data
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                event = event.strip()
-                if event.startswith(b"data:"):
-                    yield now, event[5:].strip()
-
-    def close(self) -> None:
-        """Close the connection (safe to call more than once)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        return await stream_completion(self.url, body, self.timeout_s, on_token, self._session)
 
 
 async def stream_completion(
-    url: str, body: dict, timeout_s: float = 600.0, on_token: Callable[[int], None] | None = None
+    url: str, body: dict, timeout_s: float = 600.0, on_token: Callable[[int], None] | None = None,
+    session: Any = None,
 ) -> StreamResult:
     """POST ``body`` to ``url``/v1/completions and read the server-sent events.
+
+    Args:
+        url: server base URL.
+        body: the completion request.
+        timeout_s: limit on the whole request, s.
+        on_token: called with the number of tokens received so far, after each chunk with output.
+        session: an open :func:`kvroute.calibrate.vllm.stream.new_session`; None: one for this request.
 
     Returns:
         A :class:`StreamResult` (token arrival times relative to the send).
 
     Raises:
-        CalibrationError: connection refused, reset or timed out.
+        CalibrationError: connection refused, reset, cut before ``[DONE]`` or timed out.
     """
-    res = StreamResult(t_send=time.perf_counter())
-    conn = CompletionStream(url, body)
+    own = session is None
+    if own:
+        session = new_session()
+    counted = 0
+
+    def on_tokens(k: int, t: float) -> None:
+        nonlocal counted
+        counted += k
+        on_token(counted)
+
     try:
-        async with asyncio.timeout(timeout_s):
-            res.status = await conn.open()
-            res.t_send = conn.t_send
-            if res.status != 200:
-                res.error = _error_message(await conn.body()) or f"HTTP {res.status}"
-            else:
-                times = res.token_times
-                events = StreamEvents(url)
-                async for t, data_s in conn.events():
-                    n, _ = events.feed(data_s)
-                    if events.done:
-                        break
-                    if n:
-                        times.extend([t - res.t_send] * n)
-                        if on_token is not None:
-                            on_token(len(times))
-                if not events.done and events.error is None:
-                    raise ConnectionResetError(f"the stream ended before [DONE], after {len(times)} tokens")
-                res.error = events.error or (None if events.usage_error is None
-                                             else f"measurement error: {events.usage_error}")
-                res.prompt_tokens, res.completion_tokens = events.prompt_tokens, events.completion_tokens
-                res.cached_tokens, res.warning = events.cached_tokens, events.warning
-    except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
-        raise CalibrationError(
-            f"lost the vLLM server at {url}: {type(exc).__name__}: {exc or 'no answer'}"
-        ) from exc
+        s = await read_completion(session, url, body, timeout_s, None if on_token is None else on_tokens)
+    except StreamLost as exc:
+        raise CalibrationError(str(exc)) from exc
     finally:
-        conn.close()
-    res.t_done = time.perf_counter() - res.t_send
-    return res
+        if own:
+            await session.close()
+    t0 = s.t_send
+    error = s.error if s.usage_error is None else (s.error or f"measurement error: {s.usage_error}")
+    return StreamResult(t_send=t0, token_times=[t - t0 for t in s.token_times], prompt_tokens=s.prompt_tokens,
+                        cached_tokens=s.cached_tokens, completion_tokens=s.completion_tokens,
+                        t_done=s.t_done - t0, error=error, status=s.status, warning=s.warning)
+
+

@@ -2,7 +2,7 @@
 
 - **TTFT** (``cold``, ``cached``; a ``cached`` experiment's warm request counts as ``cold``):
   the client's time to first token of one request alone on the engine; steps from
-  :func:`~kvroute.calibrate.steps.prefill_steps`. The engine's own share (queue + prefill time
+  :func:`~kvroute.calibrate.calibration.steps.prefill_steps`. The engine's own share (queue + prefill time
   from ``/metrics``) is kept beside it, when the server exported it.
 - **ITL** (``decode``): the step time of B requests decoding together at context L. Source
   ``"engine"``: the server's mean inter-token latency over the experiment
@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 
 from kvroute.sim.inputs import InputError, describe
-from kvroute.calibrate.client import ServerInfo
-from kvroute.calibrate.steps import Step, decode_context, decode_step, mixed_steps, prefill_steps
+from kvroute.calibrate.vllm.client import ServerInfo
+from kvroute.calibrate.calibration.steps import Step, decode_context, decode_step, mixed_steps, prefill_steps
 from kvroute.sim.config import EngineConfig
 
 TTFT_KINDS = ("cold", "cached")

@@ -1,0 +1,1 @@
+"""kvroute.calibrate.calibration: measuring live servers (prompts, sweeps, bursts) and fitting profiles."""

@@ -1,0 +1,150 @@
+"""Where independent simulation runs execute: this process, a local process pool or a Dask cluster.
+
+One place for ``compare``, ``sweep`` and ``sensitivity``: :func:`run_tasks` maps a picklable
+function over tasks and hands each result to a callback as it finishes (any order), so callers
+keep their own bookkeeping (rows in grid order, runs per policy and round, progress bars).
+Stopping: Ctrl-C or SIGTERM raise ``KeyboardInterrupt`` (:class:`Stop` for SIGTERM) in the main
+thread while :func:`interrupts_as_keyboard` is active; a local pool's processes are then
+terminated at once and reaped, so no child outlives the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Any
+
+EXECUTORS = ("local", "sequential", "dask")
+"""``local``: a process pool on this machine; ``sequential``: this process; ``dask``: a Dask
+cluster (a scheduler address, or a temporary loopback LocalCluster)."""
+
+DASK_CONNECT_TIMEOUT_S = 5.0
+"""How long to wait for a Dask scheduler before giving up, s."""
+
+
+class Stop(KeyboardInterrupt):
+    """Raised in the main thread by the SIGTERM handler, so SIGTERM stops work like Ctrl-C."""
+
+
+@contextlib.contextmanager
+def interrupts_as_keyboard():
+    """While active, SIGTERM raises :class:`Stop` and SIGINT ``KeyboardInterrupt`` in the main
+    thread, also when a script started us in the background (where SIGINT arrives ignored);
+    the previous handlers are restored after. A no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stop
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop), signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+
+
+def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], done: Callable[[int, Any], None],
+              executor: str = "local", address: str | None = None, max_workers: int | None = None) -> None:
+    """Call ``done(i, fn(tasks[i]))`` for every task, as each finishes.
+
+    Args:
+        fn: a module-level (picklable) function of one task.
+        tasks: the tasks (picklable for ``local`` and ``dask``).
+        done: called in this process with the task's index and result.
+        executor: one of :data:`EXECUTORS`.
+        address: a Dask scheduler address (``tcp://host:8786``); only with ``dask``.
+        max_workers: processes of the local pool or of a temporary Dask LocalCluster (default:
+            the CPU count, at most the number of tasks).
+
+    Raises:
+        ValueError: an unknown executor, an address without ``dask``, Dask missing or its
+            scheduler unreachable. An exception of ``fn`` is raised here as soon as it is seen
+            (the pool's other runs are stopped).
+    """
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
+    if address is not None and executor != "dask":
+        raise ValueError("an address is for executor='dask'")
+    if not tasks:
+        return
+    if executor == "sequential":
+        for i, task in enumerate(tasks):
+            done(i, fn(task))
+    elif executor == "local":
+        _run_local(fn, tasks, max_workers, done)
+    else:
+        _run_dask(fn, tasks, address, max_workers, done)
+
+
+def _pool_worker_init() -> None:
+    """In each pool process: Ctrl-C at the terminal is the parent's to handle (it terminates us);
+    SIGTERM kills at once."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Terminate a pool's processes now (no waiting for running tasks) and reap them."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.terminate()
+    for process in processes:
+        process.join(timeout=1.0)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=1.0)
+    # With every process gone the pool's manager thread sees a broken pool and ends at once;
+    # waiting for it avoids a race with the interpreter's exit hook on its closed pipe.
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_local(fn, tasks: Sequence[Any], max_workers: int | None, done) -> None:
+    workers = max_workers or min(len(tasks), os.cpu_count() or 1)
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_pool_worker_init)
+    try:
+        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+        for future in as_completed(futures):
+            done(futures[future], future.result())
+    except BaseException:
+        stop_pool(pool)  # also on a run's error: do not wait for the other runs
+        raise
+    pool.shutdown(wait=True)
+
+
+def _run_dask(fn, tasks: Sequence[Any], address: str | None, max_workers: int | None, done) -> None:
+    try:
+        from distributed import Client, LocalCluster, as_completed as dask_completed
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ValueError("executor='dask' needs Dask distributed: pip install 'kvroute[dask]'") from exc
+    cluster = None
+    if address is None:
+        n = max_workers or min(len(tasks), os.cpu_count() or 1)
+        # NOTE: loopback only and no dashboard: a run must not open ports to the network.
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                               dashboard_address=None)
+        address = cluster.scheduler_address
+    try:
+        try:
+            client = Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError, ValueError) as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise ValueError(f"cannot reach the Dask scheduler at {address}: {reason[:200]}") from None
+        with client:
+            futures = client.map(fn, tasks, pure=False)
+            index = {f.key: i for i, f in enumerate(futures)}
+            for future in dask_completed(futures):
+                done(index[future.key], future.result())
+    finally:
+        if cluster is not None:
+            cluster.close()
