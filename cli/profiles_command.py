@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 
 
-def profile_line(name: str) -> str:
-    """One line for a shipped profile: name, source (measured/derived), hardware, model, KV blocks
-    per worker (``engine.num_gpu_blocks``) and block size.
+def profile_fields(name: str) -> list[str]:
+    """A shipped profile's fields for its line: name, source (measured/derived), hardware, model
+    and its KV blocks per worker (``engine.num_gpu_blocks``) with the block size.
 
     Raises:
         FileNotFoundError / ValueError: as :func:`kvroute.sim.profile.load_profile`.
@@ -21,15 +21,16 @@ def profile_line(name: str) -> str:
     device = hardware.get("gpu") or hardware.get("description") or "?"
     model = (raw.get("model") or {}).get("name", "?")
     engine = profile.engine
-    return (f"{name:<22} {kind:<9} {device:<24} {model:<26} "
-            f"{engine.num_gpu_blocks:>7,} KV blocks of {engine.block_size} tokens")
+    return [name, kind, device, model, f"{engine.num_gpu_blocks:>7,} KV blocks of {engine.block_size} tokens"]
 
 
 @click.command("profiles")
 def profiles_command():
     """List the shipped profiles, one line each: name, source (measured/derived), hardware, model,
     KV blocks per worker."""
+    from tabulate import tabulate
+
     from kvroute.sim.profile import shipped_profiles
 
-    for name in shipped_profiles():
-        click.echo(profile_line(name))
+    rows = [profile_fields(name) for name in shipped_profiles()]
+    click.echo(tabulate(rows, tablefmt="plain", disable_numparse=True))

@@ -21,3 +21,9 @@ def test_profiles_one_line_each_with_source_hardware_model_blocks():
     assert by_name["a6000-qwen2.5-7b"].endswith("32,817 KV blocks of 16 tokens")
     assert by_name["cpu-tiny-qwen2"].split()[1] == "measured"
     assert by_name["cpu-tiny-qwen2"].endswith("65,536 KV blocks of 32 tokens")
+
+
+def test_profiles_columns_line_up_whatever_the_name_length():
+    lines = CliRunner().invoke(cli, ["profiles"]).output.splitlines()
+    starts = {line.index(" measured ") if " measured " in line else line.index(" derived ") for line in lines}
+    assert len(starts) == 1, lines
