@@ -123,9 +123,12 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
                    f"{uncertainty} profiles drawn from {uncertain.method}, each on its own seeds.")
     else:
         click.echo(format_table(comparison))
-        click.echo(f"\n{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}; "
-                   f"± is the 95% interval over rounds ([low, high] where clipped to possible values); changes of shares "
-                   f"in percentage points (pp); goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
+        spread = ("one round per policy, seed {seed}: no interval (--rounds 2 or more gives one)".format(seed=seed)
+                  if rounds == 1 else
+                  f"{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}; ± is the 95% interval over rounds "
+                  "([low, high] where clipped to possible values)")
+        click.echo(f"\n{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo_ttft} s and "
+                   f"TPOT <= {slo_tpot} s.")
         for line in (_failure_note(comparison), _unmeasured_note(spec.profile, trace_path is None and
                                                                      workload == "seed-chat" and reply_tokens is None),
                      _frontend_note(spec.profile, comparison)):

@@ -161,3 +161,11 @@ def test_failed_requests_are_counted_under_the_table_and_gpus_named():
     assert "requests failed" not in ok.output
     bad = CliRunner().invoke(cli, ["compare", "--gpus", "8"])
     assert bad.exit_code != 0 and "Invalid value for '--gpus': must be between 1 and --workers (4), got 8" in bad.output
+
+
+def test_one_round_says_it_has_no_interval():
+    one = invoke("simulate", "--chats", "4", "--turns", "2")
+    assert "one round per policy, seed 0: no interval (--rounds 2 or more gives one)" in one.output
+    assert "± is the 95% interval" not in one.output
+    two = invoke("simulate", "--chats", "4", "--turns", "2", "--rounds", "2")
+    assert "2 round(s) per policy, seeds 0..1; ± is the 95% interval over rounds" in two.output
