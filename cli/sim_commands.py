@@ -325,7 +325,7 @@ def _frontend_note(profile, comparison) -> str:
         return ""
     return (f"Note: up to {peak} requests were in flight on one worker, and {profile.name} has no front-end terms: "
             "vLLM's API process and the host's CPU are taken as unlimited, where under bursts they queue work "
-            "(on the CPU reference, short-reply bursts ran 20-50 % slower than such a profile predicts). "
+            "(on the CPU reference, bursts of short replies took about twice the time such a profile predicts). "
             "Calibrate with the concurrency sweep (`kvroute calibrate measure`) to model them (README: Bursts).")
 
 
