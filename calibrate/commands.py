@@ -219,8 +219,8 @@ def _rows(path: Path) -> int:
 @click.option("--api-server-count", type=int, default=1, show_default=True,
               help="API processes per server during the sweep (vLLM --api-server-count).")
 @click.option("--client-busy", type=float, default=1.0, show_default=True,
-              help="Busy processes besides engines and API servers during the bursts (the measuring client "
-                   "on the same host: 1; 0 when it ran elsewhere).")
+              help="Processes of the measuring client on the servers' host, busy while responses stream "
+                   "(1; 0 when it ran elsewhere).")
 @click.option("--engine-spin", type=float, default=1.0, show_default=True,
               help="Seconds an engine's core stays busy after its last step (vLLM's shared-memory queue "
                    "busy-polls for 1 s; 0: busy only while it has work).")
@@ -319,7 +319,7 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
         return None
     host = meta.get("client_host") or {}
     ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1),
-                      float(len(meta.get("urls") or [1])), api_server_count, other_busy=client_busy, engine_spin_s=engine_spin,
+                      float(len(meta.get("urls") or [1])), api_server_count, client_busy=client_busy, engine_spin_s=engine_spin,
                       refine_evals=40)
     sections = profile_sections(ff)
     doc["frontend"], doc["host"] = sections["frontend"], sections["host"]

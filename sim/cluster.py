@@ -406,14 +406,20 @@ class Cluster:
             for child in self.workload.children.get(record.trace.request_id, ()):
                 self.env.process(self._client(child, now + child.think_time_ms / 1000.0))
 
-    def _num_busy(self) -> int:
-        """Engines with work (or that ran out of it less than ``host.engine_spin_s`` ago) plus API
-        lanes with a backlog, now (the host model's load)."""
+    def _num_busy(self, duration: float = 0.0) -> float:
+        """The host model's load over the next ``duration`` seconds (0: now): engines with work
+        (or that ran out of it less than ``host.engine_spin_s`` ago), each API lane's share of the
+        interval its queued work fills, and the client's ``host.client_busy`` processes for the
+        share during which some lane is busy (the client reads what the lanes stream)."""
         now = self.env.now
         host = self.spec.profile.host
         spin = host.engine_spin_s if host is not None else 0.0
         engines = sum(w.scheduler.has_unfinished_requests() or now - w.idle_since < spin for w in self.workers)
-        return engines + (self.frontends.num_busy(now) if self.frontends is not None else 0)
+        if self.frontends is None:
+            return float(engines)
+        shares = self.frontends.busy_shares(now, duration)
+        client = host.client_busy * max(shares, default=0.0) if host is not None else 0.0
+        return engines + sum(shares) + client
 
     def _release_slot(self, request_id: int) -> None:
         if self._slots is not None:

@@ -27,7 +27,9 @@ submitted in time order, which the SimPy event loop guarantees; only the client'
 result passes simulated time.
 
 Host model: ``cores`` CPU cores shared by every busy process (engines with work, API lanes with
-a backlog, and ``other_busy`` stated processes such as the benchmark client). An engine that ran
+a backlog, ``other_busy`` stated processes busy throughout, and ``client_busy`` processes of the
+load-generating client, busy while some API process has work queued: the client writes the
+requests and reads the token streams the API processes write, and waits otherwise). An engine that ran
 out of work stays busy for ``engine_spin_s`` more: vLLM's worker reads the engine core's
 scheduler output from a shared-memory queue and busy-polls it for ``busy_loop_s`` = 1 s after its
 last read before it parks (``vllm/distributed/device_communicators/shm_broadcast.py``,
@@ -89,8 +91,9 @@ class HostModel:
             ``1 / cores`` (1.0 = fair processor sharing; 0 = no effect).
         baseline_busy: busy processes while the step costs were calibrated (their effect is
             already in the coefficients).
-        other_busy: processes besides the engines and API lanes that are busy throughout (the
-            load-generating client).
+        other_busy: processes besides the engines and API lanes that are busy throughout.
+        client_busy: processes of the load-generating client on the same host, busy while some
+            API lane has a backlog (a closed-loop client waiting on long prefills is idle).
         engine_spin_s: seconds an engine keeps its core busy after it runs out of work (vLLM's
             shared-memory queue busy-polls for 1 s; 0 counts engines only while they have work).
 
@@ -103,11 +106,12 @@ class HostModel:
     baseline_busy: float = 0.0
     other_busy: float = 0.0
     engine_spin_s: float = 0.0
+    client_busy: float = 0.0
 
     def __post_init__(self) -> None:
         if self.cores < 1:
             raise ValueError(f"host.cores must be >= 1, got {self.cores}")
-        for name in ("contention", "baseline_busy", "other_busy", "engine_spin_s"):
+        for name in ("contention", "baseline_busy", "other_busy", "engine_spin_s", "client_busy"):
             v = getattr(self, name)
             if not (v >= 0.0 and v != float("inf")):
                 raise ValueError(f"host.{name} must be finite and >= 0, got {v!r}")
@@ -189,6 +193,11 @@ class Frontends:
         """API lanes (all servers) with unfinished work at ``now``."""
         return sum(lane.busy(now) for lanes in self.lanes for lane in lanes)
 
+    def busy_shares(self, now: float, duration: float) -> list[float]:
+        """Per lane (all servers), the share of ``[now, now + duration]`` its queued work fills."""
+        return [min(duration, max(0.0, lane.free_at - now)) / duration if duration > 0 else float(lane.busy(now))
+                for lanes in self.lanes for lane in lanes]
+
 
 class ContendedStepCost:
     """A step-cost model whose times are stretched by the host's busy processes.
@@ -198,19 +207,21 @@ class ContendedStepCost:
     Args:
         cost: the calibrated step cost.
         host: the host model.
-        busy: returns the number of busy engines and API lanes now.
+        busy: ``busy(d)``: the mean number of busy processes over the next ``d`` seconds, as far
+            as work already queued tells (an API lane with 35 ms of admission work left adds
+            0.035 / d to a step of ``d`` seconds, not a whole process).
     """
 
     __slots__ = ("cost", "host", "busy")
 
-    def __init__(self, cost, host: HostModel, busy: Callable[[], float]) -> None:
+    def __init__(self, cost, host: HostModel, busy: Callable[[float], float]) -> None:
         self.cost, self.host, self.busy = cost, host, busy
 
     def step_time(self, num_batched_tokens: int, num_reqs: int, prefill_token_pairs: float,
                   decode_context_tokens: int) -> float:
-        """The calibrated step time times ``host.stretch(busy())``, s."""
+        """The calibrated step time ``d`` times ``host.stretch(busy(d))``, s."""
         base = self.cost.step_time(num_batched_tokens, num_reqs, prefill_token_pairs, decode_context_tokens)
-        return base * self.host.stretch(self.busy())
+        return base * self.host.stretch(self.busy(base))
 
 
 def frontend_from_dict(doc: dict | None, where: str) -> FrontendModel | None:

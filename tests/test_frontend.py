@@ -144,6 +144,21 @@ def test_an_idle_engine_keeps_its_core_busy_for_its_spin_time():
     assert short.at[2, "ttft"] == pytest.approx(0.11)
 
 
+def test_the_client_counts_as_busy_only_while_responses_stream():
+    from kvroute.sim.cluster import Cluster
+
+    prof = profile(frontend={"per_output_token_s": 0.01}, host={"cores": 2, "contention": 1.0, "client_busy": 1.0})
+    spec = ClusterSpec(prof, num_workers=2, policy="round_robin", arrival_spread_s=0.0)
+    cluster = Cluster(Trace([rec(0, 100, 1)], block_size=16), spec, 0)
+    assert cluster._num_busy() == 0  # nothing queued: engines idle, no lane busy, client waiting
+    cluster.frontends.lanes[1][0].free_at = 0.5  # worker 1's API process streams until 0.5 s
+    assert cluster._num_busy() == 2  # that lane and the client reading from it
+    prof0 = profile(frontend={"per_output_token_s": 0.01}, host={"cores": 2, "contention": 1.0})
+    quiet = Cluster(Trace([rec(0, 100, 1)], block_size=16), ClusterSpec(prof0, num_workers=2), 0)
+    quiet.frontends.lanes[1][0].free_at = 0.5
+    assert quiet._num_busy() == 1
+
+
 def test_host_stretch_closed_form():
     host = HostModel(cores=2, contention=0.5, baseline_busy=3, other_busy=1)
     assert host.stretch(2) == 1.0

@@ -251,7 +251,7 @@ def with_terms(profile: Profile, x: np.ndarray, count: int, host: HostModel) -> 
 
 def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_busy: float,
                  api_server_count: int = 1, seeds: tuple[int, ...] = (0,), max_evals: int = 120,
-                 other_busy: float = 0.0, refine_evals: int = 0, engine_spin_s: float = 0.0) -> FrontendFit:
+                 client_busy: float = 0.0, refine_evals: int = 0, engine_spin_s: float = 0.0) -> FrontendFit:
     """Fit the front-end and host terms to ``bursts`` (see the module doc).
 
     Args:
@@ -263,8 +263,8 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
         api_server_count: API processes per server.
         seeds: simulation seeds averaged per evaluation.
         max_evals: Nelder-Mead function evaluations of stage 1.
-        other_busy: processes busy throughout besides engines and API lanes (the load-generating
-            client on the same host: 1).
+        client_busy: processes of the measuring client on the same host (1; 0 when it ran
+            elsewhere), busy while an API lane has a backlog (``HostModel.client_busy``).
         refine_evals: evaluations of a final joint Nelder-Mead refinement of all the terms on
             every burst (0: none).
         engine_spin_s: seconds an idle engine stays busy (``HostModel.engine_spin_s``; stated,
@@ -277,7 +277,7 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
 
     if not bursts:
         raise ValueError("the sweep holds no bursts (run 'kvroute calibrate measure' without --no-bursts)")
-    host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy, other_busy=other_busy,
+    host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy, client_busy=client_busy,
                      engine_spin_s=engine_spin_s)
     scale = np.array([max(profile.overheads.api_server_s, 1e-3), 1e-4, 1e-4])
     one = [b for b in bursts if b.num_servers == 1] or bursts
@@ -309,7 +309,7 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     # stage 2: the host's contention from bursts on all servers at once (and on one server when
     # a stated busy client already oversubscribes the cores there)
     contention = 0.0
-    group = loaded if other_busy == 0 else bursts
+    group = loaded if client_busy == 0 else bursts
     if group:
         r2 = minimize_scalar(lambda c: loss(group, np.array([*x, c])), bounds=(0.0, 4.0), method="bounded",
                              options={"xatol": 0.01, "maxiter": 30})
@@ -336,7 +336,7 @@ def profile_sections(ff: FrontendFit) -> dict:
                      "per_prompt_token_s": r(f.per_prompt_token_s), "per_output_token_s": r(f.per_output_token_s),
                      "per_step_s": r(f.per_step_s)},
         "host": {"cores": h.cores, "contention": r(h.contention), "baseline_busy": r(h.baseline_busy),
-                 "other_busy": r(h.other_busy), "engine_spin_s": r(h.engine_spin_s)},
+                 "client_busy": r(h.client_busy), "engine_spin_s": r(h.engine_spin_s)},
         "burst_fit": {
             "method": "Nelder-Mead on squared log ratios of simulated to measured burst figures (scipy)",
             "evaluations": ff.evaluations,
@@ -351,7 +351,7 @@ def profile_sections(ff: FrontendFit) -> dict:
             "host.cores": "os.cpu_count() of the calibrating client (servers on the same host)",
             "host.baseline_busy": "servers measured concurrently in the one-at-a-time sweep",
             "host.contention": "fitted to the concurrency sweep's bursts with the front-end terms",
-            "host.other_busy": "stated: the measuring client, busy on the same host during the bursts",
+            "host.client_busy": "stated: the measuring client on the same host, busy while responses stream",
             "host.engine_spin_s": "stated: vLLM's shared-memory MessageQueue busy-polls for busy_loop_s = 1 s after "
                                   "its last read (vllm/distributed/device_communicators/shm_broadcast.py)",
         },
