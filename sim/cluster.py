@@ -429,15 +429,12 @@ class Cluster:
         """A failed request's later turns are never sent (closed loop); record them as skipped."""
         if not self.closed_loop:
             return
-        stack = [rec]  # a loop, not recursion: sessions can be thousands of turns deep
-        while stack:
-            parent = stack.pop()
-            for child in self.workload.children.get(parent.request_id, ()):
+        for parent, children in self.workload.subtree(rec):
+            for child in children:
                 record = RequestRecord(child, -1, self.env.now)
                 record.error = f"not sent: its parent request {parent.request_id} failed"
                 self.records.append(record)
                 self._num_done += 1
-                stack.append(child)
 
 
 PROGRESS_EVERY = 4096

@@ -16,6 +16,8 @@ cut never changes a prompt that is served. Long sessions are built without recur
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from kvroute.sim.content import GENERATED_CONTENT_BASE, Segment, block_hashes
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import check_block_sizes
@@ -59,6 +61,17 @@ class Workload:
         self.has_sessions = bool(self.children)
         self._pending = {rid: len(kids) for rid, kids in self.children.items()}
         self._kept: dict[int, tuple[list[Segment], list[int]]] = {}
+
+    def subtree(self, rec: TraceRecord) -> Iterator[tuple[TraceRecord, list[TraceRecord]]]:
+        """``(parent, its children)`` for ``rec`` and every later turn below it, depth first (a
+        loop, not recursion: sessions can be thousands of turns deep); what a failed request's
+        closed-loop descendants are, which are then never sent."""
+        stack = [rec]
+        while stack:
+            parent = stack.pop()
+            kids = self.children.get(parent.request_id, [])
+            yield parent, kids
+            stack.extend(kids)
 
     def output_content_id(self, rec: TraceRecord) -> int:
         """Content id of ``rec``'s generated output."""

@@ -351,14 +351,11 @@ class LiveReplay:
         """A failed turn's later turns are never sent (closed loop), as in the simulator."""
         if not self.closed_loop:
             return
-        stack = [rec]  # a loop, not recursion: sessions can be thousands of turns deep
-        while stack:
-            parent = stack.pop()
-            for child in self.workload.children.get(parent.request_id, ()):
+        for parent, children in self.workload.subtree(rec):
+            for child in children:
                 skipped = RequestRecord(child, -1, self.now())
                 skipped.error = f"not sent: its parent request {parent.request_id} failed"
                 self.records.append(skipped)
-                stack.append(child)
             self._release(parent.request_id, all_children=True)
 
     def mark_dead(self, worker: int, reason: str) -> None:
