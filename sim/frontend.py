@@ -42,8 +42,23 @@ coefficients were measured with ``baseline_busy`` processes busy; each busy proc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
+
+
+def _check_terms(terms, section: str, count: str) -> None:
+    """``terms.<count>`` must be >= 1 and every other field finite and >= 0.
+
+    Raises:
+        ValueError: naming ``section.field`` and the value.
+    """
+    n = getattr(terms, count)
+    if n < 1:
+        raise ValueError(f"{section}.{count} must be >= 1, got {n}")
+    for f in fields(terms):
+        v = getattr(terms, f.name)
+        if f.name != count and not (v >= 0.0 and v != float("inf")):
+            raise ValueError(f"{section}.{f.name} must be finite and >= 0, got {v!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +84,7 @@ class FrontendModel:
     per_step_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.api_server_count < 1:
-            raise ValueError(f"frontend.api_server_count must be >= 1, got {self.api_server_count}")
-        for name in ("per_request_s", "per_prompt_token_s", "per_output_token_s", "per_step_s"):
-            v = getattr(self, name)
-            if not (v >= 0.0 and v != float("inf")):
-                raise ValueError(f"frontend.{name} must be finite and >= 0, got {v!r}")
+        _check_terms(self, "frontend", "api_server_count")
 
     def admission_s(self, num_prompt_tokens: int) -> float:
         """Lane time of admitting a request of ``num_prompt_tokens`` prompt tokens, s."""
@@ -109,12 +119,7 @@ class HostModel:
     client_busy: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.cores < 1:
-            raise ValueError(f"host.cores must be >= 1, got {self.cores}")
-        for name in ("contention", "baseline_busy", "other_busy", "engine_spin_s", "client_busy"):
-            v = getattr(self, name)
-            if not (v >= 0.0 and v != float("inf")):
-                raise ValueError(f"host.{name} must be finite and >= 0, got {v!r}")
+        _check_terms(self, "host", "cores")
 
     def stretch(self, busy: float) -> float:
         """Factor on an engine step's time with ``busy`` engines and API lanes busy (plus
