@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from kvroute.cli.values import check_urls, check_values
+from kvroute.sim.inputs import POSITIVE_INT, SECONDS, Num
 from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
 
 
@@ -227,6 +228,7 @@ def _rows(path: Path) -> int:
 @click.option("--base-profile", default=None,
               help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
                    "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
+@check_values(rules={"api_server_count": POSITIVE_INT, "client_busy": Num(minimum=0.0), "engine_spin": SECONDS})
 def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
             bootstrap, bursts, api_server_count, client_busy, engine_spin, base_profile):
     """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report."""

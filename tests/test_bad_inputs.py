@@ -308,3 +308,17 @@ def test_failed_write_leaves_no_file(tmp_path):
             tmp.write_text("half")
             raise OSError(28, "No space left on device")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--engine-spin", "-1", "Invalid value for '--engine-spin': must be >= 0"),
+    ("--engine-spin", "inf", "Invalid value for '--engine-spin': must be a finite number, got inf"),
+    ("--client-busy", "nan", "Invalid value for '--client-busy': must be a finite number, got nan"),
+    ("--api-server-count", "0", "Invalid value for '--api-server-count': must be >= 1, got 0"),
+])
+def test_bad_host_terms_for_fit_name_their_flag(tmp_path, flag, value, expected):
+    out = tmp_path / "p.json"
+    bursts = Path(__file__).resolve().parents[1] / "bench" / "calibrate-cpu-tiny-qwen2-x2-bursts"
+    assert_error(run("calibrate", "fit", bursts, "--base-profile",
+                     "cpu-tiny-qwen2-x2", "--out", out, flag, value), expected)
+    assert not out.exists()
