@@ -1,6 +1,8 @@
 """Sweeps: grids, rows equal to ``compare``'s, the same numbers on every executor, and the CLI."""
 
+import dataclasses
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -201,3 +203,34 @@ def test_dask_without_an_address_starts_and_closes_a_local_cluster(sequential_ro
     pytest.importorskip("distributed")
     rows = sweep(EXECUTOR_GRID[:2], rounds=2, executor="dask", max_workers=1, progress=False)
     pd.testing.assert_frame_equal(rows, sequential_rows.iloc[:4])
+
+
+SEED_BURST = Path(__file__).parent / "golden" / "seed_burst.jsonl"
+MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+
+
+def test_scenario_replays_a_trace_file_as_compare_does():
+    scenario = Scenario(trace_file=str(SEED_BURST), max_requests=96, speedup=2.0, workers=2, replay="open",
+                        max_model_len=1200, gateway_lb="random", gateways=2)
+    frame = sweep(grid(scenario, policy=["round_robin", "kv_aware"]), rounds=2, executor="sequential",
+                  progress=False)
+    trace = load_trace(SEED_BURST, "seed-chat", 6, 64, 0.0, None, 96, 0, speedup=2.0)
+    spec = build_spec("a6000-qwen2.5-7b", 2, None, 0.005, "open", max_model_len=1200)
+    expected = compare(trace, dataclasses.replace(spec, gateways=2, gateway_lb="random"),
+                       ["round_robin", "kv_aware"], rounds=2)
+    assert frame["num_requests"].tolist() == [96] * 4
+    assert frame["failed"].sum() > 0  # prompts past max_model_len=1200 are rejected in both
+    for metric in SUMMARY_METRICS:
+        assert frame[metric].tolist() == pytest.approx(expected.summaries[metric].tolist(), rel=0, abs=0,
+                                                       nan_ok=True), metric
+
+
+def test_trace_file_options_are_checked():
+    with pytest.raises(ValueError, match="--speedup rescales a --trace file"):
+        Scenario(speedup=2.0)
+    with pytest.raises(ValueError, match="not both"):
+        Scenario(trace_file=str(SEED_BURST), speedup=2.0, request_rate=1.0)
+    with pytest.raises(ValueError, match="valid: auto, closed, open"):
+        Scenario(replay="fast")
+    missing = sweep(Scenario(trace_file="/nonexistent/t.jsonl"), executor="sequential", progress=False)
+    assert missing["status"].tolist() == ["failed"] and "cannot read trace file" in missing["error"].iloc[0]
