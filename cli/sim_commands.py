@@ -13,11 +13,9 @@ import dataclasses
 from kvroute.cli.config import config_option
 from kvroute.cli.values import check_values
 from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
-from kvroute.cli.scenario import (build_spec, describe, executor_options, load_trace, parse_policies, router_options,
-                                 scenario_options, with_errors)
+from kvroute.cli.scenario import (build_spec, describe, executor_options, load_trace, parse_policies, policies_option,
+                                 router_options, scenario_options, with_errors)
 from kvroute.sim.metrics import ServiceClass
-
-DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
 
 
 class _RunProgress:
@@ -203,13 +201,13 @@ def _write_bench_results(comparison, out: Path, spec, slo: ServiceClass, request
 
 def _write_provenance(out: Path, trace_path, trace_for, spec, seed: int, rounds: int) -> None:
     """``scenario.yaml`` beside the outputs: resolved options, seeds, version, profile and trace hashes."""
-    from kvroute.cli.provenance import canonical_sha256, file_sha256, records_sha256, write_scenario
+    from kvroute.cli.provenance import canonical_sha256, records_sha256, trace_file_record, write_scenario
 
     from kvroute.cli.config import changed_inputs
 
     seeds = list(range(seed, seed + rounds))
     if trace_path is not None:
-        trace_hash = {"file": str(Path(trace_path).resolve()), "sha256": file_sha256(trace_path)}
+        trace_hash = trace_file_record(trace_path)
     else:  # generated: each round's own draw, by seed
         trace_hash = {"generated_records_sha256": {s: records_sha256(trace_for(s)) for s in seeds}}
     ctx = click.get_current_context()
@@ -246,9 +244,7 @@ def output_options(func):
 @config_option
 @scenario_options
 @router_options
-@click.option("--policies", "policies_text", default=DEFAULT_POLICIES, show_default=True,
-              help="Comma-separated policies, each optionally with parameters (dynamo:overlap_weight=2,temperature=0.5); "
-                   "the first is the baseline of the change columns. `kvroute policies` lists them.")
+@policies_option
 @click.option("--rounds", type=int, default=3, show_default=True, help="Seeded rounds per policy.")
 @click.option("--uncertainty", type=int, default=0, show_default=True,
               help="Also run N profiles drawn from the profile's coefficient uncertainty (bootstrap refits of a "

@@ -414,7 +414,11 @@ def sweep(
         raise SweepInterrupted(finished, len(tasks), name) from None
     finally:
         bar.close()
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    for column in (*SUMMARY_METRICS, *COUNTER_COLUMNS):  # NaN when every run failed
+        if column not in frame:
+            frame[column] = math.nan
+    return frame
 
 
 def group_columns(frame: pd.DataFrame) -> list[str]:
