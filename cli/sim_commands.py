@@ -166,6 +166,7 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
 def _write_series(comparison, out: Path, header: str, quiet: bool) -> None:
     """``timeseries.parquet`` and ``tokens.parquet`` (every policy and round) and one
     ``timeseries-<policy>.png`` per policy (its round 0) under ``out``."""
+    from kvroute.cli.plot_command import series_png_name
     from kvroute.sim.plots import plot_series
 
     series, tokens = comparison.series(), comparison.tokens()
@@ -178,7 +179,7 @@ def _write_series(comparison, out: Path, header: str, quiet: bool) -> None:
         run = series[(series["policy"] == policy) & (series["round"] == 0)]
         if run.empty:  # every request failed before reaching an engine: no step to draw
             continue
-        name = f"timeseries-{''.join(c if c.isalnum() or c in '-_.' else '_' for c in policy)}.png"
+        name = series_png_name(policy)
         with atomic_output(out / name) as tmp:
             plot_series(run, tmp, title=f"{policy}, round 0 | {header.split(' | ')[0]}")
         names.append(name)
