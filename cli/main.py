@@ -16,6 +16,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "compare": ("kvroute.cli.sim_commands", "compare", "Compare routing policies on the same trace and cluster (default: the seed study's burst)."),
     "trace": ("kvroute.cli.trace_commands", "trace", "Generate, import and describe traces."),
     "sweep": ("kvroute.cli.sweep_command", "sweep_command", "Run a grid of scenarios (every combination of the comma lists) and print pivot tables."),
+    "plot-series": ("kvroute.cli.plot_command", "plot_series_command", "Redraw one run's time-series plot from a timeseries.parquet (compare --time-series)."),
     "policies": ("kvroute.cli.sim_commands", "policies_command", "List the routing policies, one line each: name, parameters with defaults, summary."),
     "sensitivity": ("kvroute.cli.sensitivity_command", "sensitivity", "Rank the scenario's uncertain inputs by how much each moves the headline metrics."),
     "profiles": ("kvroute.cli.profiles_command", "profiles_command", "List the shipped profiles, one line each: name, source (measured/derived), hardware, model, KV blocks per worker."),

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import click
 
+from kvroute.cli.values import Axis
+
 SCENARIO_FILE = "scenario.yaml"
 """Name of the scenario file written into an output directory."""
 
@@ -42,6 +44,11 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def trace_file_record(path: str | Path) -> dict:
+    """A trace file's provenance: its absolute path and :func:`file_sha256`."""
+    return {"file": str(Path(path).resolve()), "sha256": file_sha256(path)}
+
+
 def records_sha256(trace) -> str:
     """sha256 of a :class:`~kvroute.traces.format.Trace`'s block size and records as canonical
     JSON (each record's fields as a list, ``hash_ids`` expanded)."""
@@ -60,7 +67,9 @@ def resolved_options(ctx: click.Context) -> dict:
         if name in NOT_SCENARIO or name not in ctx.params or not isinstance(param, click.Option):
             continue
         value = ctx.params[name]
-        if isinstance(value, Path):
+        if isinstance(param.type, Axis) and value is not None:
+            value = Axis.text(value)  # a sweep's comma list, as --config reads it back
+        elif isinstance(value, Path):
             value = str(value.resolve())
         elif name == "profile_name" and isinstance(value, str) and Path(value).is_file():
             value = str(Path(value).resolve())  # a profile file, not a shipped name

@@ -1,58 +1,62 @@
-"""Options shared by ``simulate`` and ``compare``: which trace, which cluster."""
+"""Options shared by ``simulate``, ``compare`` and ``sweep``: which trace, which cluster."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from pathlib import Path
 
 import click
 
-from kvroute.cli.values import check_values
-from kvroute.sim.cluster import ClusterSpec
-from kvroute.sim.profile import load_profile
+from kvroute.cli.values import Opt, apply_options, check_values
+from kvroute.sim.cluster import REPLAY_MODES, ClusterSpec
+from kvroute.sim.profile import load_profile, with_overrides
 from kvroute.cli.lengths import length_options
 from kvroute.sim.routing import CACHE_VIEWS, parse_spec, split_specs
-from kvroute.traces.format import Trace
+from kvroute.traces.format import Trace, truncate  # noqa: F401 - truncate: also kvroute.cli.scenario's
 
 from kvroute.traces.generators import BUILTIN_WORKLOADS as WORKLOADS
 
 
-def scenario_options(func):
-    """Decorate a command with the trace and cluster options."""
-    options = [
-        click.option("--workload", type=click.Choice(WORKLOADS), default="seed-chat", show_default=True,
-                     help="Built-in workload (ignored with --trace)."),
-        click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
-                     help="Trace file: kvroute/Mooncake JSONL, Azure or BurstGPT CSV, ShareGPT or vllm bench serve JSON."),
-        click.option("--trace-block-size", type=int, default=None,
-                     help="Tokens per hash_ids block when the trace file does not declare it [512]."),
-        click.option("--max-requests", type=int, default=None, help="Use only the first N records of the trace."),
-        click.option("--turns", type=int, default=6, show_default=True,
-                     help="Turns per chat (seed-chat); most turns per session (agent: a session stops "
-                          "once its next prompt would pass 32,000 tokens)."),
-        click.option("--chats", type=int, default=64, show_default=True, help="Chats (seed-chat) or sessions (agent)."),
+def scenario_option_list() -> list[Opt]:
+    """The trace and cluster options (``Opt``: a sweep takes each but the trace file's and the
+    SLO's as a comma list)."""
+    return [
+        Opt("--workload", type=click.Choice(WORKLOADS), default="seed-chat", show_default=True,
+            help="Built-in workload (ignored with --trace)."),
+        Opt("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), axis=False,
+            help="Trace file: kvroute/Mooncake JSONL, Azure or BurstGPT CSV, ShareGPT or vllm bench serve JSON."),
+        Opt("--trace-block-size", type=int, default=None, axis=False,
+            help="Tokens per hash_ids block when the trace file does not declare it [512]."),
+        Opt("--max-requests", type=int, default=None, help="Use only the first N records of the trace."),
+        Opt("--turns", type=int, default=6, show_default=True,
+            help="Turns per chat (seed-chat); most turns per session (agent: a session stops "
+                 "once its next prompt would pass 32,000 tokens)."),
+        Opt("--chats", type=int, default=64, show_default=True, help="Chats (seed-chat) or sessions (agent)."),
         *length_options(),
-        click.option("--workers", type=int, default=4, show_default=True, help="vLLM workers behind the router."),
-        click.option("--gpus", type=int, default=None, help="GPUs; fewer than workers means sharing [one each]."),
-        click.option("--profile", "profile_name", default="a6000-qwen2.5-7b", show_default=True,
-                     help="Shipped profile name or profile JSON file."),
-        click.option("--max-model-len", type=int, default=None,
-                     help="Override the profile's max_model_len (tokens); longer prompts are rejected as vLLM does."),
-        click.option("--kv-blocks", type=int, default=None,
-                     help="Override the profile's num_gpu_blocks per worker (KV capacity)."),
-        click.option("--arrival-spread", type=float, default=0.005, show_default=True,
-                     help="Uniform start jitter of root requests, s."),
-        click.option("--replay", type=click.Choice(["auto", "closed", "open"]), default="auto", show_default=True,
-                     help="closed: later turns wait for their parent; open: trace timestamps."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Seed of round 0 (round r uses seed + r)."),
-        click.option("--slo-ttft", type=float, default=2.0, show_default=True, help="Goodput bound on TTFT, s."),
-        click.option("--slo-tpot", type=float, default=0.1, show_default=True, help="Goodput bound on TPOT, s."),
+        Opt("--workers", type=int, default=4, show_default=True, help="vLLM workers behind the router."),
+        Opt("--gpus", type=int, default=None, help="GPUs; fewer than workers means sharing [one each]."),
+        Opt("--profile", "profile_name", default="a6000-qwen2.5-7b", show_default=True,
+            help="Shipped profile name or profile JSON file."),
+        Opt("--max-model-len", type=int, default=None,
+            help="Override the profile's max_model_len (tokens); longer prompts are rejected as vLLM does."),
+        Opt("--kv-blocks", type=int, default=None,
+            help="Override the profile's num_gpu_blocks per worker (KV capacity)."),
+        Opt("--arrival-spread", type=float, default=0.005, show_default=True,
+            help="Uniform start jitter of root requests, s."),
+        Opt("--replay", type=click.Choice(list(REPLAY_MODES)), default="auto", show_default=True,
+            help="closed: later turns wait for their parent; open: trace timestamps."),
+        Opt("--seed", type=int, default=0, show_default=True, sweep_names=("--seeds",),
+            help="Seed of round 0 (round r uses seed + r)."),
+        Opt("--slo-ttft", type=float, default=2.0, show_default=True, axis=False, help="Goodput bound on TTFT, s."),
+        Opt("--slo-tpot", type=float, default=0.1, show_default=True, axis=False, help="Goodput bound on TPOT, s."),
     ]
-    func = check_values(func)
-    for option in reversed(options):
-        func = option(func)
-    return func
+
+
+def scenario_options(func=None, *, axes: bool = False):
+    """Decorate a command with the trace and cluster options (``axes``: as a sweep's comma lists)."""
+    if func is None:
+        return functools.partial(scenario_options, axes=axes)
+    return apply_options(check_values(func), scenario_option_list(), axes)
 
 
 def load_trace(trace_path: Path | None, workload: str, turns: int, chats: int, think_time: float | str,
@@ -72,17 +76,16 @@ def load_trace(trace_path: Path | None, workload: str, turns: int, chats: int, t
             ``--request-rate`` for one.
     """
     from kvroute.traces import generators
-    from kvroute.traces.arrivals import rescaled
+    from kvroute.traces.arrivals import rescale_conflict, rescaled
 
+    conflict = rescale_conflict(trace_path is not None, speedup, request_rate)
+    if conflict:
+        raise click.UsageError(conflict)
     if trace_path is not None:
         trace = read_any_trace(trace_path, trace_block_size)
-        if speedup is not None and request_rate is not None:
-            raise click.UsageError("give --speedup or --request-rate for a trace file, not both")
         if speedup is not None or request_rate is not None:
             trace = rescaled(trace, speedup, request_rate)
     else:
-        if speedup is not None:
-            raise click.UsageError("--speedup rescales a --trace file; a generated workload takes --request-rate")
         trace = generators.builtin_workload(workload, chats, turns, think_time, seed, reply_tokens,
                                             max_tokens=max_tokens, user=user_tokens, start_s=start,
                                             request_rate=request_rate, arrival=arrival)
@@ -110,16 +113,6 @@ def read_any_trace(path: Path, block_size: int | None, fmt: str = "auto", count_
         raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint="--trace") from None
 
 
-def truncate(trace: Trace, n: int) -> Trace:
-    """The first ``n`` records, with records whose parent was cut dropped too."""
-    kept, ids = [], set()
-    for rec in trace.records[:n]:
-        if rec.parent is None or rec.parent in ids:
-            kept.append(rec)
-            ids.add(rec.request_id)
-    return Trace(kept, trace.block_size, trace.source, dict(trace.metadata))
-
-
 def parse_policies(text: str, param_hint: str = "--policies") -> list[str]:
     """Split ``a,b:key=value,key=value,c`` into policy specs and check every one.
 
@@ -142,27 +135,47 @@ def parse_policies(text: str, param_hint: str = "--policies") -> list[str]:
     return specs
 
 
-def router_options(func):
-    """Decorate a command with what the gateway sees and how many gateways there are."""
-    options = [
-        click.option("--scrape-interval", "scrape_interval_s", type=float, default=0.0, show_default=True,
-                     help="Seconds between the gateway's scrapes of each worker's /metrics (0: live)."),
-        click.option("--cache-view", type=click.Choice(CACHE_VIEWS), default="routed", show_default=True,
-                     help="Cache state cache-aware policies read: the routed-prefix index, the workers' "
-                          "KV-cache events, or the exact caches."),
-        click.option("--kv-event-delay", "kv_event_delay_s", type=float, default=0.0, show_default=True,
-                     help="Seconds before a worker's KV-cache event reaches the gateway (--cache-view events)."),
-        click.option("--gateways", type=int, default=1, show_default=True, help="Gateway replicas."),
-        click.option("--gateway-lb", type=click.Choice(["round_robin", "random"]), default="round_robin",
-                     show_default=True, help="Front load balancer over the gateway replicas."),
-        click.option("--gateway-state", type=click.Choice(["local", "shared"]), default="local", show_default=True,
-                     help="Session/prefix state per replica, or in one shared store."),
-        click.option("--store-latency", "store_latency_s", type=float, default=0.0, show_default=True,
-                     help="Seconds each request waits on the shared store (lab's Redis: 0.05 before its fix, 0.001 after)."),
+DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
+
+
+def policies_option(func):
+    """Decorate a command with ``--policies`` (``parse_policies`` reads its text)."""
+    return click.option(
+        "--policies", "policies_text", default=DEFAULT_POLICIES, show_default=True,
+        help="Comma-separated policies, each optionally with parameters (dynamo:overlap_weight=2,temperature=0.5); "
+             "the first is the baseline of the change columns. `kvroute policies` lists them.")(func)
+
+
+def router_option_list() -> list[Opt]:
+    """What the gateway sees and how many gateways there are (a sweep takes each as a comma list)."""
+    return [
+        Opt("--scrape-interval", "scrape_interval_s", type=float, default=0.0, show_default=True,
+            help="Seconds between the gateway's scrapes of each worker's /metrics (0: live)."),
+        Opt("--cache-view", type=click.Choice(CACHE_VIEWS), default="routed", show_default=True,
+            help="Cache state cache-aware policies read: the routed-prefix index, the workers' "
+                 "KV-cache events, or the exact caches."),
+        Opt("--kv-event-delay", "kv_event_delay_s", type=float, default=0.0, show_default=True,
+            help="Seconds before a worker's KV-cache event reaches the gateway (--cache-view events)."),
+        Opt("--gateways", type=int, default=1, show_default=True, help="Gateway replicas."),
+        Opt("--gateway-lb", type=click.Choice(["round_robin", "random"]), default="round_robin",
+            show_default=True, help="Front load balancer over the gateway replicas."),
+        Opt("--gateway-state", type=click.Choice(["local", "shared"]), default="local", show_default=True,
+            help="Session/prefix state per replica, or in one shared store."),
+        Opt("--store-latency", "store_latency_s", type=float, default=0.0, show_default=True,
+            help="Seconds each request waits on the shared store (lab's Redis: 0.05 before its fix, 0.001 after)."),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+
+
+ROUTER_FIELDS = ("scrape_interval_s", "cache_view", "kv_event_delay_s", "gateways", "gateway_lb", "gateway_state",
+                 "store_latency_s")
+"""The parameters of ``router_option_list``, named as the ``ClusterSpec`` fields they set."""
+
+
+def router_options(func=None, *, axes: bool = False):
+    """Decorate a command with the gateway options (``axes``: as a sweep's comma lists)."""
+    if func is None:
+        return functools.partial(router_options, axes=axes)
+    return apply_options(func, router_option_list(), axes)
 
 
 def executor_options(func):
@@ -190,17 +203,10 @@ def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread
         raise click.UsageError("--kv-blocks sets each worker's blocks and cannot be combined with workers "
                                "sharing GPUs, whose blocks follow vLLM's memory rule")
     try:
-        profile = load_profile(profile_name)
-        overrides = {k: v for k, v in (("max_model_len", max_model_len), ("num_gpu_blocks", kv_blocks))
-                     if v is not None}
-        if overrides:
-            profile = dataclasses.replace(profile, engine=dataclasses.replace(profile.engine, **overrides))
-        if kv_blocks is not None:
-            # NOTE: the memory model is dropped so that nothing re-derives the overridden blocks.
-            profile = dataclasses.replace(profile, memory=None)
+        profile = with_overrides(load_profile(profile_name), max_model_len, kv_blocks)
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--profile") from exc
-    closed = {"auto": None, "closed": True, "open": False}[replay]
+    closed = REPLAY_MODES[replay]
     if gpus is not None and not 1 <= gpus <= workers:
         raise click.BadParameter(f"must be between 1 and --workers ({workers}), got {gpus}", param_hint="'--gpus'")
     try:

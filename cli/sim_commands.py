@@ -13,11 +13,9 @@ import dataclasses
 from kvroute.cli.config import config_option
 from kvroute.cli.values import check_values
 from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
-from kvroute.cli.scenario import (build_spec, describe, executor_options, load_trace, parse_policies, router_options,
-                                 scenario_options, with_errors)
+from kvroute.cli.scenario import (build_spec, describe, executor_options, load_trace, parse_policies, policies_option,
+                                 router_options, scenario_options, with_errors)
 from kvroute.sim.metrics import ServiceClass
-
-DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
 
 
 class _RunProgress:
@@ -168,6 +166,7 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
 def _write_series(comparison, out: Path, header: str, quiet: bool) -> None:
     """``timeseries.parquet`` and ``tokens.parquet`` (every policy and round) and one
     ``timeseries-<policy>.png`` per policy (its round 0) under ``out``."""
+    from kvroute.cli.plot_command import series_png_name
     from kvroute.sim.plots import plot_series
 
     series, tokens = comparison.series(), comparison.tokens()
@@ -180,7 +179,7 @@ def _write_series(comparison, out: Path, header: str, quiet: bool) -> None:
         run = series[(series["policy"] == policy) & (series["round"] == 0)]
         if run.empty:  # every request failed before reaching an engine: no step to draw
             continue
-        name = f"timeseries-{''.join(c if c.isalnum() or c in '-_.' else '_' for c in policy)}.png"
+        name = series_png_name(policy)
         with atomic_output(out / name) as tmp:
             plot_series(run, tmp, title=f"{policy}, round 0 | {header.split(' | ')[0]}")
         names.append(name)
@@ -203,13 +202,13 @@ def _write_bench_results(comparison, out: Path, spec, slo: ServiceClass, request
 
 def _write_provenance(out: Path, trace_path, trace_for, spec, seed: int, rounds: int) -> None:
     """``scenario.yaml`` beside the outputs: resolved options, seeds, version, profile and trace hashes."""
-    from kvroute.cli.provenance import canonical_sha256, file_sha256, records_sha256, write_scenario
+    from kvroute.cli.provenance import canonical_sha256, records_sha256, trace_file_record, write_scenario
 
     from kvroute.cli.config import changed_inputs
 
     seeds = list(range(seed, seed + rounds))
     if trace_path is not None:
-        trace_hash = {"file": str(Path(trace_path).resolve()), "sha256": file_sha256(trace_path)}
+        trace_hash = trace_file_record(trace_path)
     else:  # generated: each round's own draw, by seed
         trace_hash = {"generated_records_sha256": {s: records_sha256(trace_for(s)) for s in seeds}}
     ctx = click.get_current_context()
@@ -246,9 +245,7 @@ def output_options(func):
 @config_option
 @scenario_options
 @router_options
-@click.option("--policies", "policies_text", default=DEFAULT_POLICIES, show_default=True,
-              help="Comma-separated policies, each optionally with parameters (dynamo:overlap_weight=2,temperature=0.5); "
-                   "the first is the baseline of the change columns. `kvroute policies` lists them.")
+@policies_option
 @click.option("--rounds", type=int, default=3, show_default=True, help="Seeded rounds per policy.")
 @click.option("--uncertainty", type=int, default=0, show_default=True,
               help="Also run N profiles drawn from the profile's coefficient uncertainty (bootstrap refits of a "

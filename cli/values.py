@@ -58,15 +58,101 @@ def check_values(func=None, *, rules: dict[str, Num] = SCENARIO_VALUES):
     def wrapper(*args, **kwargs):
         for name, value in kwargs.items():
             rule = rules.get(name)
-            if rule is None or value is None or isinstance(value, str):
+            if rule is None:
                 continue
-            try:
-                rule.check(value)
-            except InputError as exc:
-                raise click.BadParameter(exc.reason, param_hint=_flag(name)) from None
+            for item in value if isinstance(value, list) else [value]:  # a list: a sweep's axis
+                if item is None or isinstance(item, (str, tuple)):
+                    continue
+                try:
+                    rule.check(item)
+                except InputError as exc:
+                    raise click.BadParameter(exc.reason, param_hint=_flag(name)) from None
         return func(*args, **kwargs)
 
     return wrapper
+
+
+class Axis(click.ParamType):
+    """A comma list of one option's values (a sweep's grid axis), e.g. ``--workers 2,4,8``.
+
+    Each item is converted by ``item`` (a function of the item's text raising ValueError or
+    click.BadParameter), or else by the single-value option's type. A list (from a ``--config``
+    file) or a single value (a default) is taken item by item too. The value is a list.
+    """
+
+    name = "list"
+
+    def __init__(self, item_type: click.ParamType | None = None, item=None) -> None:
+        self.item_type = click.types.convert_type(item_type)
+        self.item = item
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        inner = self.item_type.get_metavar(param, ctx) or self.item_type.name.upper()
+        return f"{inner},..."
+
+    def convert(self, value, param, ctx) -> list:
+        if isinstance(value, list):
+            items = value
+        elif isinstance(value, str):
+            items = [part.strip() for part in value.split(",") if part.strip()]
+        else:
+            items = [value]
+        if not items:
+            self.fail("give at least one value", param, ctx)
+        out = []
+        for item in items:
+            try:
+                out.append(self.item(item) if self.item is not None else self.item_type.convert(item, param, ctx))
+            except click.BadParameter as exc:
+                self.fail(exc.message, param, ctx)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        return out
+
+    @staticmethod
+    def text(values: list):
+        """``values`` as a ``--config`` file holds them: one value as itself, several as the comma
+        list (a ``(low, high)`` range as ``"low-high"``)."""
+        items = [f"{v[0]}-{v[1]}" if isinstance(v, tuple) else v for v in values]
+        return items[0] if len(items) == 1 else ",".join(map(str, items))
+
+
+class Opt:
+    """One option of a command family, made for one command or as a sweep's axis.
+
+    ``make()`` gives the ``click.option`` decorator; ``make(axes=True)`` the same option (same
+    names, default and help) taking a comma list (:class:`Axis`) unless ``axis`` is False, with
+    ``sweep_names`` as extra names. ``axis`` may be a function converting one item's value (it
+    replaces the option's type and callback in the list); True converts each item as the
+    single-value option does.
+    """
+
+    def __init__(self, *decls: str, axis=True, sweep_names: tuple[str, ...] = (), **attrs) -> None:
+        self.decls, self.axis, self.sweep_names, self.attrs = decls, axis, sweep_names, attrs
+
+    def make(self, axes: bool = False):
+        if not axes or self.axis is False:
+            return click.option(*self.decls, **self.attrs)
+        attrs = dict(self.attrs)
+        callback = attrs.pop("callback", None)
+        if callable(self.axis):
+            attrs["type"] = Axis(item=self.axis)
+        else:
+            attrs["type"] = Axis(attrs.get("type"))
+            if callback is not None:
+                attrs["callback"] = lambda ctx, param, value: (
+                    value if value is None else [callback(ctx, param, item) for item in value])
+        attrs["help"] = f"{attrs.get('help', '')} Comma list: one axis of the grid."
+        longs = [d for d in self.decls if d.startswith("--")]
+        rest = [d for d in self.decls if not d.startswith("--")]
+        return click.option(*longs, *self.sweep_names, *rest, **attrs)
+
+
+def apply_options(func, options: list[Opt], axes: bool = False):
+    """Decorate ``func`` with ``options`` (first listed first in the help)."""
+    for option in reversed(options):
+        func = option.make(axes)(func)
+    return func
 
 
 def check_urls(urls: tuple[str, ...] | list[str], flag: str = "--url") -> None:

@@ -124,6 +124,11 @@ class ClusterSpec:
         return sum(1 for w in range(self.num_workers) if self.gpu_of(w) == gpu)
 
 
+REPLAY_MODES: dict[str, bool | None] = {"auto": None, "closed": True, "open": False}
+"""``--replay`` names -> ``ClusterSpec.closed_loop`` (closed: later turns wait for their parent;
+open: trace timestamps; auto: the trace decides)."""
+
+
 def check_capacity(trace: Trace, profile: Profile) -> None:
     """Fail before a run if some request can never fit in one worker's KV cache.
 

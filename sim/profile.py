@@ -245,6 +245,20 @@ class Profile:
         )
 
 
+def with_overrides(profile: Profile, max_model_len: int | None = None, kv_blocks: int | None = None) -> Profile:
+    """``profile`` with its engine's ``max_model_len`` (tokens) and ``num_gpu_blocks`` (per
+    worker) replaced where given; None keeps the profile's value.
+
+    An overridden block count drops the memory model, so that nothing re-derives the blocks
+    (workers sharing a GPU then cannot be split by vLLM's memory rule).
+    """
+    overrides = {k: v for k, v in (("max_model_len", max_model_len), ("num_gpu_blocks", kv_blocks)) if v is not None}
+    if not overrides:
+        return profile
+    profile = replace(profile, engine=replace(profile.engine, **overrides))
+    return replace(profile, memory=None) if kv_blocks is not None else profile
+
+
 def shipped_profiles() -> list[str]:
     """Names of the profiles shipped in ``kvroute.sim.profiles``."""
     root = resources.files("kvroute.sim.profiles")

@@ -32,14 +32,14 @@ from typing import Any, Iterable
 import pandas as pd
 from tqdm import tqdm
 
-from kvroute.sim.cluster import ClusterSpec, simulate
+from kvroute.sim.cluster import REPLAY_MODES, ClusterSpec, simulate
 from kvroute.sim.executors import EXECUTORS, Stop, interrupts_as_keyboard, run_tasks
 from kvroute.sim.metrics import SUMMARY_METRICS, ServiceClass, summarize, summarize_rounds
-from kvroute.sim.profile import Profile, load_profile
+from kvroute.sim.profile import Profile, load_profile, with_overrides
 from kvroute.sim.routing import check_spec
 from kvroute.traces import generators
-from kvroute.traces.format import Trace
-from kvroute.traces.arrivals import parse_arrival
+from kvroute.traces.format import Trace, truncate
+from kvroute.traces.arrivals import parse_arrival, rescale_conflict, rescaled
 from kvroute.traces.lengths import parse_dist
 
 WORKLOADS = ("seed-chat", "agent")
@@ -97,6 +97,19 @@ class Scenario:
         gateways: gateway replicas (front balancer round robin).
         gateway_state: ``local`` or ``shared`` session/prefix state.
         store_latency_s: seconds each request waits on the shared store.
+        trace_file: a trace file to replay instead of the generated workload (any format
+            ``kvroute.traces.detect`` reads; the same records in every round), as
+            ``kvroute compare --trace``; the workload, chats, turns and length fields are then
+            unused.
+        trace_block_size: tokens per ``hash_ids`` block when the file does not declare it.
+        max_requests: keep only the first N records (and none whose parent was cut).
+        speedup: divide the trace file's timestamps by this factor; or give ``request_rate``
+            to rescale them to that mean rate (requests per second), not both.
+        max_model_len: override of the profile's ``max_model_len``, tokens (longer prompts
+            are rejected as vLLM does); None keeps the profile's.
+        replay: ``auto``, ``closed`` (later turns wait for their parent) or ``open`` (trace
+            timestamps); see ``kvroute.sim.cluster.REPLAY_MODES``.
+        gateway_lb: the front balancer over gateway replicas, ``round_robin`` or ``random``.
     """
 
     workload: str = "seed-chat"
@@ -123,6 +136,13 @@ class Scenario:
     gateways: int = 1
     gateway_state: str = "local"
     store_latency_s: float = 0.0
+    trace_file: str | None = None
+    trace_block_size: int | None = None
+    max_requests: int | None = None
+    speedup: float | None = None
+    max_model_len: int | None = None
+    replay: str = "auto"
+    gateway_lb: str = "round_robin"
 
     def __post_init__(self) -> None:
         # Lists (e.g. from JSON) become tuples so that scenarios stay hashable.
@@ -140,6 +160,15 @@ class Scenario:
             if value is not None and not isinstance(value, tuple):
                 parse_dist(value, name)  # raises ValueError naming the field
         parse_arrival(self.arrival)
+        conflict = rescale_conflict(self.trace_file is not None, self.speedup, self.request_rate)
+        if conflict:
+            raise ValueError(conflict)
+        if self.trace_file is not None and self.history is not None:
+            raise ValueError("history applies to the generated agent workload, not to a trace file")
+        if self.replay not in REPLAY_MODES:
+            raise ValueError(f"unknown replay {self.replay!r}; valid: {', '.join(REPLAY_MODES)}")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise ValueError(f"max_requests must be >= 1, got {self.max_requests}")
         if self.request_rate is not None and not (math.isfinite(self.request_rate) and self.request_rate > 0):
             raise ValueError(f"request_rate must be a finite number > 0, got {self.request_rate}")
         if self.kv_blocks is not None and self.kv_blocks < 2:
@@ -156,22 +185,32 @@ class Scenario:
         return (self.history // 2, self.history)
 
     def trace(self, round: int = 0) -> Trace:
-        """The scenario's trace for round ``round`` (lengths drawn for seed ``seed + round``;
-        cached per process)."""
-        return _trace(self.workload, self.chats, self.turns, self.reply, self.history_range,
-                      self.think_time_s, self.seed + round, self.max_tokens, self.user, self.start_s,
-                      self.request_rate, self.arrival)
+        """The scenario's trace for round ``round``, loaded as ``kvroute compare`` loads it: the
+        trace file (rescaled by ``speedup`` or to ``request_rate``), or the workload generated for
+        seed ``seed + round``; then its first ``max_requests`` records. Files and generated
+        workloads are cached per process.
+
+        Raises:
+            ValueError: the file cannot be read or parsed (naming it), or cannot be rescaled.
+        """
+        if self.trace_file is not None:
+            trace = _file_trace(self.trace_file, self.trace_block_size)
+            if self.speedup is not None or self.request_rate is not None:
+                trace = rescaled(trace, self.speedup, self.request_rate)
+        else:
+            trace = _trace(self.workload, self.chats, self.turns, self.reply, self.history_range,
+                           self.think_time_s, self.seed + round, self.max_tokens, self.user, self.start_s,
+                           self.request_rate, self.arrival)
+        return trace if self.max_requests is None else truncate(trace, self.max_requests)
 
     def spec(self) -> ClusterSpec:
         """The scenario's cluster, built as ``kvroute compare`` builds it."""
-        profile = _profile(self.profile)
-        if self.kv_blocks is not None:
-            # NOTE: the memory model is dropped so that nothing re-derives the overridden blocks.
-            profile = replace(profile, engine=replace(profile.engine, num_gpu_blocks=self.kv_blocks), memory=None)
+        profile = with_overrides(_profile(self.profile), self.max_model_len, self.kv_blocks)
         return ClusterSpec(profile, num_workers=self.workers, num_gpus=self.gpus, policy=self.policy,
+                           closed_loop=REPLAY_MODES[self.replay],
                            arrival_spread_s=self.arrival_spread_s, scrape_interval_s=self.scrape_interval_s,
                            cache_view=self.cache_view, kv_event_delay_s=self.kv_event_delay_s,
-                           gateways=self.gateways, gateway_state=self.gateway_state,
+                           gateways=self.gateways, gateway_lb=self.gateway_lb, gateway_state=self.gateway_state,
                            store_latency_s=self.store_latency_s)
 
     def label(self) -> dict[str, Any]:
@@ -189,6 +228,16 @@ SCENARIO_FIELDS = tuple(f.name for f in fields(Scenario))
 @functools.lru_cache(maxsize=8)
 def _profile(name: str) -> Profile:
     return load_profile(name)
+
+
+@functools.lru_cache(maxsize=4)
+def _file_trace(path: str, block_size: int | None) -> Trace:
+    from kvroute.traces.detect import read_any
+
+    try:
+        return read_any(path, block_size)
+    except OSError as exc:
+        raise ValueError(f"cannot read trace file {path}: {exc.strerror or exc}") from None
 
 
 @functools.lru_cache(maxsize=16)
@@ -365,7 +414,11 @@ def sweep(
         raise SweepInterrupted(finished, len(tasks), name) from None
     finally:
         bar.close()
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    for column in (*SUMMARY_METRICS, *COUNTER_COLUMNS):  # NaN when every run failed
+        if column not in frame:
+            frame[column] = math.nan
+    return frame
 
 
 def group_columns(frame: pd.DataFrame) -> list[str]:

@@ -21,7 +21,7 @@ print("HEAVY", ",".join(heavy))
 """
 
 
-@pytest.mark.parametrize("args", [["--help"], ["simulate", "--help"], ["compare", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], ["simulate", "--help"], ["compare", "--help"], ["plot-series", "--help"]])
 def test_help_imports_neither_pandas_nor_scipy(args):
     out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "HEAVY", out

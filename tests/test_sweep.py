@@ -1,9 +1,14 @@
 """Sweeps: grids, rows equal to ``compare``'s, the same numbers on every executor, and the CLI."""
 
+import dataclasses
+import hashlib
+import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from kvroute.cli.scenario import build_spec, load_trace
@@ -182,22 +187,132 @@ def test_cli_dask_address(dask_cluster):
 
 @pytest.mark.parametrize("args, message", [
     (["--policies", "round_robin,sticky"], "valid policies: round_robin"),
-    (["--workload", "chat"], "valid names: seed-chat, agent"),
+    (["--workload", "chat"], "'chat' is not one of 'seed-chat', 'agent'"),
     (["--profile", "v100"], "shipped profiles:"),
     (["--show", "latency"], "valid names: time_to_complete_s"),
-    (["--workers", "two"], "comma-separated integers"),
+    (["--workers", "2,two"], "Invalid value for '--workers': 'two' is not a valid integer"),
     (["--history", "8000"], "--workload agent only"),
     (["--out", "rows.json"], ".parquet or .csv"),
     (["--workers", "2", "--gpus", "3"], "num_gpus must be between"),
+    (["--trace", "/nonexistent/t.jsonl"], "/nonexistent/t.jsonl does not exist"),
+    (["--speedup", "2"], "--speedup rescales a --trace file"),
+    (["--cache-view", "routed,exactly"], "'exactly' is not one of 'routed', 'events', 'exact'"),
+    (["--time-series"], "sweep does not record time series; run kvroute compare --time-series --out DIR"),
 ])
 def test_cli_rejects_bad_input_with_the_valid_choices(args, message):
     result = CliRunner().invoke(sweep_command, ["--chats", "2", "--turns", "1", "--rounds", "1",
                                                 "--executor", "sequential", "--no-progress", *args])
     assert result.exit_code != 0
     assert message in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # no traceback
 
 
 def test_dask_without_an_address_starts_and_closes_a_local_cluster(sequential_rows):
     pytest.importorskip("distributed")
     rows = sweep(EXECUTOR_GRID[:2], rounds=2, executor="dask", max_workers=1, progress=False)
     pd.testing.assert_frame_equal(rows, sequential_rows.iloc[:4])
+
+
+SEED_BURST = Path(__file__).parent / "golden" / "seed_burst.jsonl"
+MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+
+
+def test_scenario_replays_a_trace_file_as_compare_does():
+    scenario = Scenario(trace_file=str(SEED_BURST), max_requests=96, speedup=2.0, workers=2, replay="open",
+                        max_model_len=1200, gateway_lb="random", gateways=2)
+    frame = sweep(grid(scenario, policy=["round_robin", "kv_aware"]), rounds=2, executor="sequential",
+                  progress=False)
+    trace = load_trace(SEED_BURST, "seed-chat", 6, 64, 0.0, None, 96, 0, speedup=2.0)
+    spec = build_spec("a6000-qwen2.5-7b", 2, None, 0.005, "open", max_model_len=1200)
+    expected = compare(trace, dataclasses.replace(spec, gateways=2, gateway_lb="random"),
+                       ["round_robin", "kv_aware"], rounds=2)
+    assert frame["num_requests"].tolist() == [96] * 4
+    assert frame["failed"].sum() > 0  # prompts past max_model_len=1200 are rejected in both
+    for metric in SUMMARY_METRICS:
+        assert frame[metric].tolist() == pytest.approx(expected.summaries[metric].tolist(), rel=0, abs=0,
+                                                       nan_ok=True), metric
+
+
+def test_trace_file_options_are_checked():
+    with pytest.raises(ValueError, match="--speedup rescales a --trace file"):
+        Scenario(speedup=2.0)
+    with pytest.raises(ValueError, match="not both"):
+        Scenario(trace_file=str(SEED_BURST), speedup=2.0, request_rate=1.0)
+    with pytest.raises(ValueError, match="valid: auto, closed, open"):
+        Scenario(replay="fast")
+    missing = sweep(Scenario(trace_file="/nonexistent/t.jsonl"), executor="sequential", progress=False)
+    assert missing["status"].tolist() == ["failed"] and "cannot read trace file" in missing["error"].iloc[0]
+
+
+OUTPUT_ONLY = {"json_out", "out", "records_format", "quiet", "time_series"}
+"""compare's options that say what is written or shown, not what runs."""
+COMPARE_ONLY = {"uncertainty", "prior_range"}
+"""compare's model-uncertainty analysis, which sweeps do not run."""
+
+
+def test_sweep_takes_every_scenario_option_of_compare_with_its_default():
+    from kvroute.cli.sim_commands import compare as compare_command
+
+    sweep_flags = {flag: param for param in sweep_command.params for flag in param.opts}
+    scenario = [p for p in compare_command.params if p.name not in OUTPUT_ONLY | COMPARE_ONLY]
+    assert len(scenario) == 37  # --config, 31 trace/cluster/gateway, --policies, --rounds, 3 executor
+    for param in scenario:
+        for flag in param.opts:
+            assert flag in sweep_flags, f"sweep has no {flag}"
+            assert sweep_flags[flag].name == param.name, flag
+            assert sweep_flags[flag].default == param.default, flag
+    compare_flags = {flag for param in compare_command.params for flag in param.opts}
+    assert sorted(set(sweep_flags) - compare_flags) == [
+        "--history", "--no-progress", "--plot-load", "--reply", "--seeds", "--show"]
+
+
+def _compare_json(*args) -> dict:
+    from kvroute.cli.sim_commands import compare as compare_command
+
+    result = CliRunner().invoke(compare_command, [*args, "--json", "--executor", "sequential"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def _assert_rows_equal_compare(rows: pd.DataFrame, doc: dict) -> None:
+    for policy, metrics in doc["policies"].items():
+        mine = rows[rows["policy"] == policy]
+        for metric in SUMMARY_METRICS:
+            expected = [math.nan if v is None else v for v in metrics[metric]["rounds"]]
+            assert mine[metric].tolist() == pytest.approx(expected, rel=0, abs=0, nan_ok=True), (policy, metric)
+
+
+def test_cli_sweep_replays_a_trace_file_on_the_pool_as_compare_does(tmp_path):
+    options = ["--trace", str(SEED_BURST), "--max-requests", "192", "--workers", "2", "--rounds", "2",
+               "--policies", "round_robin,kv_aware", "--cache-view", "events", "--kv-event-delay", "0.01"]
+    out = tmp_path / "rows.parquet"
+    result = CliRunner().invoke(sweep_command, [*options, "--executor", "local", "--max-workers", "2",
+                                                "--no-progress", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = pd.read_parquet(out)
+    assert rows["num_requests"].tolist() == [192] * 4
+    assert rows["trace_file"].tolist() == [str(SEED_BURST.resolve())] * 4
+    _assert_rows_equal_compare(rows, _compare_json(*options))
+    saved = yaml.safe_load((tmp_path / "rows.scenario.yaml").read_text())
+    assert saved["kvroute"]["trace"] == {"file": str(SEED_BURST.resolve()),
+                                         "sha256": hashlib.sha256(SEED_BURST.read_bytes()).hexdigest()}
+    assert saved["workers"] == 2 and saved["cache-view"] == "events" and saved["policies"] == "round_robin,kv_aware"
+    again = CliRunner().invoke(sweep_command, ["--config", str(tmp_path / "rows.scenario.yaml"), "--executor",
+                                               "sequential", "--out", str(tmp_path / "again.parquet")])
+    assert again.exit_code == 0, again.output
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "again.parquet"), rows)
+
+
+def test_cli_sweep_over_the_first_200_mooncake_records(tmp_path):
+    if not MOONCAKE.exists():
+        pytest.skip(f"{MOONCAKE} not found (the shared traces folder ../shared/traces is absent)")
+    options = ["--trace", str(MOONCAKE), "--max-requests", "200", "--rounds", "1", "--policies", "kv_aware"]
+    result = CliRunner().invoke(sweep_command, [*options, "--workers", "2,4", "--speedup", "1,4", "--executor",
+                                                "local", "--max-workers", "2", "--no-progress",
+                                                "--out", str(tmp_path / "rows.parquet")])
+    assert result.exit_code == 0, result.output
+    rows = pd.read_parquet(tmp_path / "rows.parquet")
+    assert list(zip(rows["workers"], rows["speedup"])) == [(2, 1.0), (2, 4.0), (4, 1.0), (4, 4.0)]
+    assert rows["num_requests"].tolist() == [200] * 4 and (rows["status"] == "ok").all()
+    point = rows[(rows["workers"] == 4) & (rows["speedup"] == 4.0)]
+    _assert_rows_equal_compare(point, _compare_json(*options, "--workers", "4", "--speedup", "4"))

@@ -235,3 +235,43 @@ def test_token_times_are_the_client_s_behind_an_api_server_model():
     last = res.tokens.groupby("request_id")["time"].last().to_numpy()
     assert list(first) == list(res.records["first_token"]) and list(last) == list(res.records["finish"])
     assert (res.records["queued"] >= res.records["arrival"]).all()
+
+
+def test_plot_series_command_redraws_a_saved_series(tmp_path):
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import cli
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["compare", "--turns", "2", "--chats", "4", "--rounds", "2", "--policies",
+                                      "round_robin,kv_aware", "--out", str(out), "--time-series", "--quiet"])
+    assert result.exit_code == 0, result.output
+    (out / "timeseries-round_robin.png").unlink()
+    result = CliRunner().invoke(cli, ["plot-series", str(out / "timeseries.parquet")])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"wrote {out / 'timeseries-round_robin.png'}\n"   # the file's first policy, round 0
+    png = tmp_path / "kv1.png"
+    result = CliRunner().invoke(cli, ["plot-series", str(out / "timeseries.parquet"), "--policy", "kv_aware",
+                                      "--round", "1", "--bins", "50", "--out", str(png)])
+    assert result.exit_code == 0, result.output
+    for path in (out / "timeseries-round_robin.png", png):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policy", "sticky"], "no policy 'sticky' in"),
+    (["--round", "3"], "no round 3 in"),
+    (["--out", "x.svg"], "x.svg must end in .png"),
+])
+def test_plot_series_command_errors_are_one_line(tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import cli
+
+    out = tmp_path / "run"
+    CliRunner().invoke(cli, ["compare", "--turns", "1", "--chats", "2", "--rounds", "1", "--policies", "kv_aware",
+                             "--out", str(out), "--time-series", "--quiet"])
+    result = CliRunner().invoke(cli, ["plot-series", str(out / "timeseries.parquet"), *args])
+    assert result.exit_code == 2 and message in result.output and result.exception.__class__ is SystemExit
+    result = CliRunner().invoke(cli, ["plot-series", str(out / "records.parquet")])
+    assert result.exit_code == 2 and "is not a time series (no column 'start')" in result.output

@@ -94,6 +94,16 @@ def with_session_starts(trace: Trace, starts_s: np.ndarray) -> Trace:
     return Trace(records, trace.block_size, trace.source, dict(trace.metadata))
 
 
+def rescale_conflict(from_file: bool, speedup: float | None, rate: float | None) -> str | None:
+    """Why ``speedup`` and ``rate`` cannot load this trace (None when they can): ``--speedup``
+    rescales a trace file only, and a file takes one of the two."""
+    if not from_file and speedup is not None:
+        return "--speedup rescales a --trace file; a generated workload takes --request-rate"
+    if from_file and speedup is not None and rate is not None:
+        return "give --speedup or --request-rate for a trace file, not both"
+    return None
+
+
 def rescaled(trace: Trace, speedup: float | None = None, rate: float | None = None) -> Trace:
     """``trace`` with its timestamps divided by ``speedup``, or scaled to a mean rate of ``rate``.
 

@@ -73,3 +73,13 @@ class Trace:
     block_size: int
     source: str = "<memory>"
     metadata: dict = field(default_factory=dict)
+
+
+def truncate(trace: Trace, n: int) -> Trace:
+    """The first ``n`` records, with records whose parent was cut dropped too."""
+    kept, ids = [], set()
+    for rec in trace.records[:n]:
+        if rec.parent is None or rec.parent in ids:
+            kept.append(rec)
+            ids.add(rec.request_id)
+    return Trace(kept, trace.block_size, trace.source, dict(trace.metadata))
