@@ -141,9 +141,13 @@ def calibrate():
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Limit on one request, s.")
 @click.option("--bursts/--no-bursts", default=True, show_default=True,
               help="Run the concurrency sweep (bursts of N = 1..64 requests on one and on all servers).")
+@click.option("--longest", type=click.IntRange(min=2), default=None,
+              help="Also time sequences up to this many tokens (prompt plus output): longer cold prompts, a "
+                   "cached prefix and a decode context near it, for runs whose histories go beyond the preset "
+                   "(16k tokens for 'full'); must fit the servers' max_model_len.")
 @check_values
 def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress, timeout,
-            bursts):
+            bursts, longest):
     """Drive live servers through their OpenAI API: prefill (cold and cached prefixes), decode
     (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive."""
     import asyncio
@@ -153,6 +157,8 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     from kvroute.calibrate.vllm.server import pinned
 
     plan = SweepPlan.preset(preset)
+    if longest is not None:
+        plan = plan.extended(longest)
     if max_len is not None:
         plan = plan.clipped(max_len)
     if not bursts:

@@ -127,9 +127,11 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
                   "([low, high] where clipped to possible values)")
         click.echo(f"\n{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo_ttft} s and "
                    f"TPOT <= {slo_tpot} s.")
+        records = comparison.records()
+        peak = peak_in_flight(records)
         for line in (_failure_note(comparison), _unmeasured_note(spec.profile, trace_path is None and
                                                                      workload == "seed-chat" and reply_tokens is None),
-                     _frontend_note(spec.profile, comparison)):
+                     _frontend_note(spec.profile, peak), _range_note(spec.profile, records, peak)):
             if line:
                 click.echo(line)
     if out is not None:
@@ -311,19 +313,32 @@ FRONTEND_NOTE_IN_FLIGHT = 8
 """Requests in flight on one worker from which a profile without front-end terms gets a note."""
 
 
-def _frontend_note(profile, comparison) -> str:
-    """A note under the table when many requests were in flight on a worker and the profile has
-    no ``frontend`` section: vLLM's API process is then taken as unlimited, which bursts disprove
-    (README: Bursts)."""
+def _frontend_note(profile, peak: int) -> str:
+    """A note under the table when many requests (``peak``) were in flight on a worker and the
+    profile has no ``frontend`` section: vLLM's API process is then taken as unlimited, which
+    bursts disprove (README: Bursts)."""
     if profile.frontend is not None:
         return ""
-    peak = peak_in_flight(comparison.records())
     if peak < FRONTEND_NOTE_IN_FLIGHT:
         return ""
     return (f"Note: up to {peak} requests were in flight on one worker, and {profile.name} has no front-end terms: "
             "vLLM's API process and the host's CPU are taken as unlimited, where under bursts they queue work "
             "(on the CPU reference, bursts of short replies took about twice the time such a profile predicts). "
             "Calibrate with the concurrency sweep (`kvroute calibrate measure`) to model them (README: Bursts).")
+
+
+def _range_note(profile, records, peak: int) -> str:
+    """A note under the table when the run went beyond the shapes the profile's calibration
+    timed (``kvroute.sim.coverage``): its longest served sequence, or ``peak`` requests in flight
+    on one worker (at most ``max_num_seqs`` of them decode together)."""
+    from kvroute.sim.coverage import MeasuredRange, outside_note
+
+    served = records[records["status"] == "ok"]
+    if served.empty:
+        return ""
+    longest = int((served["prompt_tokens"] + served["output_tokens"]).max())
+    batch = min(peak, profile.engine.max_num_seqs)
+    return outside_note(profile.name, MeasuredRange.of_profile(profile.raw), longest, batch)
 
 
 def peak_in_flight(records) -> int:

@@ -35,6 +35,7 @@ import numpy as np
 
 from kvroute.calibrate.calibration.observations import Observation, TTFT_KINDS
 from kvroute.calibrate.calibration.steps import COEFFICIENTS, Step, design_row, predict
+from kvroute.sim.coverage import measured_range
 from kvroute.sim.cost_model import StepCost
 
 
@@ -555,6 +556,7 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
                 "holdout_seed": result.seed,
                 "overhead_parts": {k: _r(v) for k, v in result.parts.items()},
                 "num_observations": len(result.observations),
+                "measured_range": measured_range([(o.kind, o.desc) for o in result.observations]).to_dict(),
                 "heldout": {k: q(v) for k, v in result.quality["heldout"].items()},
                 "heldout_single_measurements": {k: q(v) for k, v in result.quality["heldout_raw"].items()},
                 "fitted": {k: q(v) for k, v in result.quality["fit"].items()},

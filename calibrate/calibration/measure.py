@@ -188,6 +188,39 @@ class SweepPlan:
             burst_shapes=tuple((L, T) for L, T in self.burst_shapes if L + T <= max_len),
         )
 
+    def extended(self, longest: int) -> "SweepPlan":
+        """The plan with longer sequences, up to ``longest`` tokens in all (prompt plus output):
+        cold prompts at 1.5x, 2x, 3x, 4x, ... the plan's longest cold prompt while they fit, and
+        at ``longest - 1``; a cached prefix of ``longest`` minus the largest new-token count
+        minus 1; a decode context of ``longest - decode_tokens``. Each family (cold, cached,
+        decode) gains lengths only where its own longest sequence falls short of ``longest``.
+
+        For a run whose sequences go beyond the shipped sweep (the lab's 32k-token histories):
+        the fitted attention cost is then measured there rather than extrapolated
+        (``kvroute.sim.coverage``).
+
+        Raises:
+            ValueError: ``longest`` < 2.
+        """
+        if longest < 2:
+            raise ValueError(f"longest must be >= 2 tokens, got {longest}")
+        top = max(self.cold_lengths, default=1)
+        cold = set(self.cold_lengths)
+        for factor in (1.5, 2, 3, 4, 6, 8, 12, 16):
+            if int(top * factor) + 1 <= longest:
+                cold.add(int(top * factor))
+        if top + 1 < longest:
+            cold.add(longest - 1)
+        new = max(self.cached_new, default=0)
+        prefixes = set(self.cached_prefixes)
+        if max(prefixes, default=0) + new + 1 < longest and longest - new - 1 > 0:
+            prefixes.add(longest - new - 1)
+        contexts = set(self.decode_contexts)
+        if max(contexts, default=0) + self.decode_tokens < longest:
+            contexts.add(longest - self.decode_tokens)
+        return replace(self, cold_lengths=tuple(sorted(cold)), cached_prefixes=tuple(sorted(prefixes)),
+                       decode_contexts=tuple(sorted(contexts)))
+
     def without_bursts(self) -> "SweepPlan":
         """The plan without its concurrency sweep."""
         return replace(self, burst_sizes=())
