@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -599,3 +600,78 @@ def test_measured_client_lag_runs_live_first_and_simulates_with_the_median(fakes
     shifted = with_root_offsets(trace, {0: 0.25})
     assert [r.timestamp_ms for r in shifted.records if r.parent is None][:1] == [250.0]
     assert dataclasses.replace(shifted, records=trace.records) == trace
+
+
+# --------------------------------------------------------------------------------------------
+# Live rounds: a constructed validation (no server, no simulator) with fixed numbers
+# --------------------------------------------------------------------------------------------
+
+GOLDEN_N1 = Path(__file__).parent / "golden" / "validate_one_round"
+
+
+def constructed_validation(measured: dict[str, list[dict[str, float]]], live_rounds: int | None = None):
+    """A validation of round_robin then kv_aware on a 2-chat x 2-turn trace, built by hand:
+    ``measured[policy][r]`` is live round ``r``'s summary (metrics not given read 0.5 s / 0.5);
+    predictions, simulated-run values and per-worker counters are fixed numbers. Rounds are
+    appended round-major (rr, kv, rr, kv, ...). ``live_rounds``: the spec's (None: the default)."""
+    import dataclasses
+
+    import pandas as pd
+
+    from kvroute.calibrate.validation.validate import PolicyRun, Validation, ValidationSpec, cluster_spec
+    from kvroute.calibrate.vllm.client import ServerInfo
+    from kvroute.sim.metrics import RunResult
+    from kvroute.sim.profile import load_profile
+    from kvroute.calibrate.validation.validate_report import REPORT_METRICS
+
+    trace = small_chat(chats=2, turns=2)
+    servers = [ServerInfo(url=f"http://x:{port}", model="tiny-qwen2", model_root="/cache/kvroute/tiny-qwen2",
+                          served_models=("tiny-qwen2",), vllm_version="0.32.0", max_model_len=32768, block_size=32,
+                          num_gpu_blocks=4096, enable_prefix_caching=True, max_num_batched_tokens=2048,
+                          max_num_seqs=128, hardware="CPU", device="cpu") for port in (1, 2)]
+    extra = {} if live_rounds is None else {"live_rounds": live_rounds}
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), sim_rounds=3, **extra)
+    cluster, notes = cluster_spec(load_profile("cpu-tiny-qwen2-x2"), servers, spec)
+    v = Validation(trace, spec, servers, cluster, notes=notes)
+    policies = spec.policies
+    for r in range(max(len(measured[p]) for p in policies)):
+        for k, policy in enumerate(policies):
+            if r >= len(measured[policy]):
+                continue
+            rows = [{"request_id": rec.request_id, "session_id": rec.session_id, "turn": rec.turn,
+                     "worker": i % 2, "arrival": float(i), "finish": i + 0.5 + 0.01 * r, "status": "ok", "error": None}
+                    for i, rec in enumerate(trace.records)]
+            workers = pd.DataFrame({"url": [s.url for s in servers], "alive": [True, True], "requests": [2, 2],
+                                    "prefix_cache_hits": [100.0 + 10 * r + k, 200.0], "prefix_cache_queries": [400.0, 500.0],
+                                    "usage_cached_tokens": [100, 200], "num_preemptions": [0.0, 0.0]})
+            sim_workers = pd.DataFrame({"prefix_cache_hits": [110 + k, 190], "prefix_cache_queries": [400, 500]})
+            sim = [RunResult(pd.DataFrame(rows), np.array([]), sim_workers, policy, s) for s in range(3)]
+            values = {m: [0.5 + 0.1 * k + 0.05 * s for s in range(3)] for m in REPORT_METRICS}
+            values["time_to_complete_s"] = [2.0 - 0.2 * k + 0.1 * s for s in range(3)]
+            values["failed"] = [0.0, 0.0, 0.0]
+            summary = {m: 0.5 for m in REPORT_METRICS} | {"failed": 0.0} | measured[policy][r]
+            run = PolicyRun(policy, {m: float(np.mean(x)) for m, x in values.items()}, sim,
+                            predicted_interval={m: (min(x), max(x)) for m, x in values.items()},
+                            live=RunResult(pd.DataFrame(rows), np.array([]), workers, policy, 0), measured=summary,
+                            cache_reset=[True, True], elapsed_s=1.5 + r, run_values=values)
+            if live_rounds is not None:
+                run = dataclasses.replace(run, live_round=r)
+            v.runs.append(run)
+    return v
+
+
+def test_one_live_round_reports_as_before(tmp_path):
+    """The default (one live round) writes today's report.json and report.md, plus one note."""
+    import os
+
+    from kvroute.calibrate.validation.validate_report import report_dict, report_markdown
+
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": 1.8}], "kv_aware": [{"time_to_complete_s": 1.5}]})
+    doc = json.loads(json.dumps(report_dict(v), default=str))
+    md = report_markdown(v)
+    if os.environ.get("KVROUTE_REGEN_GOLDEN"):
+        GOLDEN_N1.mkdir(exist_ok=True)
+        (GOLDEN_N1 / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (GOLDEN_N1 / "report.md").write_text(md)
+    assert doc == json.loads((GOLDEN_N1 / "report.json").read_text())
+    assert md == (GOLDEN_N1 / "report.md").read_text()
