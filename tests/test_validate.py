@@ -675,3 +675,13 @@ def test_one_live_round_reports_as_before(tmp_path):
         (GOLDEN_N1 / "report.md").write_text(md)
     assert doc == json.loads((GOLDEN_N1 / "report.json").read_text())
     assert md == (GOLDEN_N1 / "report.md").read_text()
+
+
+def test_a_change_is_checked_against_the_paired_simulated_changes_of_the_same_sign():
+    from kvroute.calibrate.validation.validate_report import change_pair
+
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": 2.0}], "kv_aware": [{"time_to_complete_s": 1.8}]})
+    ch = change_pair(*v.runs, "time_to_complete_s")  # simulated: 2.0/1.8, 2.1/1.9, 2.2/2.0 s
+    assert ch["predicted"] == pytest.approx(-100 * 0.2 / 2.1) and ch["measured"] == pytest.approx(-10.0)
+    lo, hi = ch["run_interval"]
+    assert lo < -9.0 < hi < 0 and ch["inside"] is True

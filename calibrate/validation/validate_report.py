@@ -212,7 +212,7 @@ def change_pair(base: PolicyRun, run: PolicyRun, metric: str) -> dict:
     difference (percentage points)."""
     p = change_pct(run.predicted.get(metric, math.nan), base.predicted.get(metric, math.nan))
     m = change_pct(run.measured.get(metric, math.nan), base.measured.get(metric, math.nan))
-    paired = [change_pct(b, r) for b, r in zip(base.run_values.get(metric, []), run.run_values.get(metric, []))
+    paired = [change_pct(r, b) for b, r in zip(base.run_values.get(metric, []), run.run_values.get(metric, []))
               if b is not None and r is not None]
     return {"predicted": _num(p), "measured": _num(m), "difference_pp": _num(p - m), **_inside(paired, m)}
 
