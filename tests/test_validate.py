@@ -52,6 +52,7 @@ class FakeVllm:
         self.started = 0
         self.prompts: list[list[int]] = []
         self.replies: list[tuple[list[int], list[int]]] = []
+        self.log: list[str] = []  # "reset" and "completion", in the order they came
         self.dead = False
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -112,6 +113,7 @@ class FakeVllm:
                 self._send(writer, 200, text.encode(), "text/plain")
             elif path == "/reset_prefix_cache" and method == "POST":
                 self.cache.clear()
+                self.log.append("reset")
                 self._json(writer, {"success": True})
             elif path == "/health":
                 self._send(writer, 200, b"", "text/plain")
@@ -139,6 +141,7 @@ class FakeVllm:
         if self.hang:
             await asyncio.sleep(3600)
         self.started += 1
+        self.log.append("completion")
         prompt = [int(t) for t in req["prompt"]]
         self.prompts.append(prompt)
         n = len(prompt)
@@ -664,12 +667,16 @@ def test_one_live_round_reports_as_before(tmp_path):
     """The default (one live round) writes today's report.json and report.md, plus one note."""
     import os
 
-    from kvroute.calibrate.validation.validate_report import report_dict, report_markdown
+    from kvroute.calibrate.validation.validate_report import ONE_ROUND_NOTE, report_dict, report_markdown
 
     v = constructed_validation({"round_robin": [{"time_to_complete_s": 1.8}], "kv_aware": [{"time_to_complete_s": 1.5}]})
     doc = json.loads(json.dumps(report_dict(v), default=str))
     md = report_markdown(v)
-    if os.environ.get("KVROUTE_REGEN_GOLDEN"):
+    assert doc["notes"][0] == ONE_ROUND_NOTE and "1.44 s" in ONE_ROUND_NOTE and "--live-rounds 3" in ONE_ROUND_NOTE
+    assert md.endswith(f"\n\n## Notes\n\n- {ONE_ROUND_NOTE}\n")
+    doc["notes"].remove(ONE_ROUND_NOTE)
+    md = md.replace(f"\n## Notes\n\n- {ONE_ROUND_NOTE}\n", "")
+    if os.environ.get("KVROUTE_REGEN_GOLDEN"):  # written by the code before --live-rounds (b0f4de5, d77d01d)
         GOLDEN_N1.mkdir(exist_ok=True)
         (GOLDEN_N1 / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
         (GOLDEN_N1 / "report.md").write_text(md)
@@ -681,7 +688,147 @@ def test_a_change_is_checked_against_the_paired_simulated_changes_of_the_same_si
     from kvroute.calibrate.validation.validate_report import change_pair
 
     v = constructed_validation({"round_robin": [{"time_to_complete_s": 2.0}], "kv_aware": [{"time_to_complete_s": 1.8}]})
-    ch = change_pair(*v.runs, "time_to_complete_s")  # simulated: 2.0/1.8, 2.1/1.9, 2.2/2.0 s
+    ch = change_pair(v.runs[:1], v.runs[1:], "time_to_complete_s")  # simulated: 2.0/1.8, 2.1/1.9, 2.2/2.0 s
     assert ch["predicted"] == pytest.approx(-100 * 0.2 / 2.1) and ch["measured"] == pytest.approx(-10.0)
     lo, hi = ch["run_interval"]
     assert lo < -9.0 < hi < 0 and ch["inside"] is True
+
+
+def test_two_live_rounds_interleave_policies_each_from_a_reset_cache(fakes, tmp_path):
+    import itertools
+    import statistics
+
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import write_report
+    from kvroute.sim.profile import load_profile
+
+    servers = fakes(2)
+    trace = small_chat(chats=5, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), max_in_flight=1, sim_rounds=1,
+                          live_rounds=2)
+    messages = []
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec, progress=messages.append)
+    assert [(r.policy, r.live_round) for r in v.runs] == [("round_robin", 0), ("kv_aware", 0),
+                                                         ("round_robin", 1), ("kv_aware", 1)]
+    assert [m for m in messages if m.startswith("replaying")] == [
+        f"replaying 15 requests live with {p} (live round {r} of 2)" for r in (1, 2) for p in ("round_robin", "kv_aware")]
+    # every run starts from a reset cache: each server saw a reset before each of the four runs' requests
+    for s in servers:
+        assert [k for k, _ in itertools.groupby(s.log)] == ["reset", "completion"] * 4
+    assert all(r.cache_reset == [True, True] for r in v.runs)
+    # ... so one at a time, both rounds of a policy hit exactly what the simulation hits
+    for run in v.runs:
+        assert list(run.live.workers["prefix_cache_hits"]) == list(run.sim_runs[0].workers["prefix_cache_hits"])
+    rounds = v.policy_rounds()
+    assert rounds["kv_aware"][0].sim_runs is rounds["kv_aware"][1].sim_runs  # one prediction per policy
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    assert doc["live_rounds"] == 2
+    for policy, runs in rounds.items():
+        p = doc["policies"][policy]
+        assert p["live_rounds"] == 2 and [r["live_round"] for r in p["rounds"]] == [0, 1]
+        for metric, m in p["metrics"].items():
+            values = [summarize(r.live)[metric] for r in runs]
+            assert m["measured_rounds"] == values and m["live_rounds"] == 2 and m["measured_interval"] is None
+            assert m["measured"] == statistics.fmean(values)
+            assert (m["measured_min"], m["measured_max"]) == (min(values), max(values))
+    ch = doc["changes"]["kv_aware"]["time_to_complete_s"]
+    assert ch["measured_rounds"] == pytest.approx([
+        100 * (k.measured["time_to_complete_s"] / r.measured["time_to_complete_s"] - 1)
+        for r, k in zip(rounds["round_robin"], rounds["kv_aware"])], rel=1e-12)
+    assert ch["measured_interval"][0] < ch["measured_interval"][1]
+    import pandas as pd
+
+    live = pd.read_parquet(tmp_path / "records_live.parquet")
+    assert len(live) == 4 * 15 and sorted(set(live["live_round"])) == [0, 1]
+    assert len(pd.read_parquet(tmp_path / "records_sim.parquet")) == 2 * 15  # the prediction once per policy
+
+
+def test_live_rounds_report_exact_values_for_a_constructed_case():
+    from scipy.stats import t
+
+    from kvroute.calibrate.validation.validate_report import ONE_ROUND_NOTE, report_dict, report_markdown
+    from kvroute.sim.experiment import prediction_interval
+
+    rr_tc, kv_tc = [1.0, 2.0, 3.0], [0.9, 1.5, 2.7]
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": x} for x in rr_tc],
+                                "kv_aware": [{"time_to_complete_s": x} for x in kv_tc]}, live_rounds=3)
+    doc = report_dict(v)
+    assert doc["live_rounds"] == 3 and ONE_ROUND_NOTE not in doc["notes"]
+    rr = doc["policies"]["round_robin"]
+    m = rr["metrics"]["time_to_complete_s"]
+    half = t.ppf(0.975, 2) * 1.0 / 3 ** 0.5
+    assert m["predicted"] == pytest.approx(2.1) and m["measured"] == 2.0
+    assert m["measured_rounds"] == rr_tc and (m["measured_min"], m["measured_max"]) == (1.0, 3.0)
+    assert m["measured_interval"] == [0.0, pytest.approx(2.0 + half)]  # 2.0 - 2.48 s clipped to 0
+    assert m["live_rounds"] == 3 and m["predicted_inside_live_range"] is True
+    assert m["error_pct"] == pytest.approx(5.0)
+    assert m["run_interval"] == list(prediction_interval([2.0, 2.1, 2.2], future=3))
+    assert m["inside"] is True
+    assert rr["live_rounds"] == 3 and rr["live_wall_time_s"] == 2.5
+    assert [r["live_wall_time_s"] for r in rr["rounds"]] == [1.5, 2.5, 3.5]
+    assert rr["cache_reset"] == [[True, True]] * 3 and rr["failed_requests"] == 0
+    assert rr["workers"]["0"]["hit_tokens"] == {"predicted": 110.0, "measured": 110.0, "error_pct": 0.0}
+    assert doc["policies"]["kv_aware"]["workers"]["0"]["hit_tokens"]["measured"] == 111.0
+    assert doc["policies"]["kv_aware"]["metrics"]["time_to_complete_s"]["measured"] == pytest.approx(1.7)
+    ch = doc["changes"]["kv_aware"]["time_to_complete_s"]
+    assert ch["measured"] == pytest.approx(-15.0) and ch["predicted"] == pytest.approx(-100 * 0.2 / 2.1)
+    assert ch["measured_rounds"] == pytest.approx([-10.0, -25.0, -10.0])
+    half = t.ppf(0.975, 2) * 75 ** 0.5 / 3 ** 0.5
+    assert ch["measured_interval"] == pytest.approx([-15.0 - half, -15.0 + half])
+    assert ch["predicted_inside_measured_interval"] is True and ch["live_rounds"] == 3
+    md = report_markdown(v, doc)
+    assert "- live: 3 rounds per policy, interleaved" in md
+    assert "| time to complete (s) | 2.100 | 2.000 - 2.200 |" in md and "| 2.000 | 1.000 - 3.000 | 0.000 - " in md
+    assert "95 % interval over paired rounds" in md and "of the mean of 3 simulated runs" in md
+    # two rounds: no interval of a metric's mean (t(1) is 12.7), but one over the paired changes
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": x} for x in rr_tc[:2]],
+                                "kv_aware": [{"time_to_complete_s": x} for x in kv_tc[:2]]}, live_rounds=2)
+    doc = report_dict(v)
+    assert doc["policies"]["round_robin"]["metrics"]["time_to_complete_s"]["measured_interval"] is None
+    assert doc["changes"]["kv_aware"]["time_to_complete_s"]["measured_interval"][0] < -25.0
+
+
+def test_a_server_dying_in_one_live_round_leaves_the_next_round_running_on_the_others(fakes, tmp_path):
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
+    from kvroute.sim.profile import load_profile
+
+    servers = fakes(2, s1={"die_after": 3, "token_delay_s": 0.002})
+    trace = small_chat(chats=6, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin",), max_in_flight=3, sim_rounds=1,
+                          live_rounds=2)
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    first, second = v.runs
+    assert list(first.dead) == [1] and list(second.dead) == [1]
+    assert second.cache_reset == [True, None] and "did not answer before the run" in second.dead[1]
+    ok = second.live.records[second.live.records["status"] == "ok"]
+    assert len(ok) == len(trace.records) and (ok["worker"] == 0).all()
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    rr = doc["policies"]["round_robin"]
+    assert rr["live_rounds"] == 2 and rr["dead_workers"]["1"].startswith("live round 1: ")
+    assert rr["failed_requests"] == len(first.live.records[first.live.records["status"] != "ok"]) > 0
+    assert rr["rounds"][1]["dead_workers"].keys() == {"1"} and rr["workers"]["1"]["alive"] is False
+    assert {f["live_round"] for f in doc["failures"]} == {0}
+    assert "round_robin (live round 2): worker 1" in report_markdown(v, doc)
+
+
+def test_validate_command_live_rounds(fakes, tmp_path):
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.validation.validate_command import validate
+    from kvroute.traces.writer import write_trace
+
+    servers = fakes(2)
+    trace_file = tmp_path / "chat.jsonl"
+    write_trace(small_chat(chats=3, turns=2), trace_file)
+    out = tmp_path / "out"
+    args = ["--trace", str(trace_file), "--url", servers[0].url, "--url", servers[1].url,
+            "--policies", "round_robin,kv_aware", "--profile", "a6000-qwen2.5-7b", "--out", str(out),
+            "--max-in-flight", "1", "--rounds", "1", "--live-rounds", "2"]
+    res = CliRunner().invoke(validate, args)
+    assert res.exit_code == 0, res.output
+    assert "| live min - max |" in res.output and "(live round 2 of 2)" in res.output
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["live_rounds"] == 2 and doc["policies"]["kv_aware"]["live_rounds"] == 2
+    bad = CliRunner().invoke(validate, args[:-1] + ["0"])
+    assert bad.exit_code == 2 and "Invalid value for '--live-rounds': must be >= 1, got 0" in bad.output
