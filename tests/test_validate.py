@@ -475,30 +475,42 @@ def test_open_loop_child_before_its_parent_replied(fakes):
     assert child[:64] == next(p for p in servers[0].prompts if len(p) == 64)
 
 
+def _invoke_validate(servers, tmp_path, *extra: str):
+    """``kvroute validate`` of a 3-chat x 2-turn trace file on ``servers``, round_robin then
+    kv_aware one request at a time, one simulated round, plus ``extra`` arguments; returns the
+    click result (asserted successful), report.json and the arguments."""
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.validation.validate_command import validate
+    from kvroute.traces.writer import write_trace
+
+    trace_file = tmp_path / "chat.jsonl"
+    write_trace(small_chat(chats=3, turns=2), trace_file)
+    out = tmp_path / "out"
+    args = ["--trace", str(trace_file), "--url", servers[0].url, "--url", servers[1].url,
+            "--policies", "round_robin,kv_aware", "--profile", "a6000-qwen2.5-7b", "--out", str(out),
+            "--max-in-flight", "1", "--rounds", "1", *extra]
+    res = CliRunner().invoke(validate, args)
+    assert res.exit_code == 0, res.output
+    return res, json.loads((out / "report.json").read_text()), args
+
+
 def test_validate_command(fakes, tmp_path):
     from click.testing import CliRunner
 
     from kvroute.calibrate.validation.validate_command import validate
 
     servers = fakes(2)
-    trace_file = tmp_path / "chat.jsonl"
-    from kvroute.traces.writer import write_trace
-
-    write_trace(small_chat(chats=3, turns=2), trace_file)
+    res, doc, _ = _invoke_validate(servers, tmp_path)
     out = tmp_path / "out"
-    args = ["--trace", str(trace_file), "--url", servers[0].url, "--url", servers[1].url,
-            "--policies", "round_robin,kv_aware", "--profile", "a6000-qwen2.5-7b", "--out", str(out),
-            "--max-in-flight", "1", "--rounds", "1"]
-    res = CliRunner().invoke(validate, args)
-    assert res.exit_code == 0, res.output
     assert "| time to complete (s) |" in res.output
-    doc = json.loads((out / "report.json").read_text())
     assert set(doc["policies"]) == {"round_robin", "kv_aware"} and doc["max_in_flight"] == 1
     bad = CliRunner().invoke(validate, ["--url", servers[0].url, "--policy", "nope", "--out", str(out)])
     assert bad.exit_code != 0 and "valid policies" in bad.output
 
 
-def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path):
+@pytest.mark.parametrize("live_rounds", [1, 2])
+def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path, live_rounds):
     from validate_driver import interrupt_validate
 
     from kvroute.traces.writer import write_trace
@@ -511,10 +523,12 @@ def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path):
     # time), however loaded the machine is.
     code, err, doc = interrupt_validate(trace_file, [s.url for s in servers], "a6000-qwen2.5-7b", out,
                                         settle_s=0.0, timeout_s=60,
-                                        ready=lambda: sum(len(s.replies) for s in servers) >= 2)
+                                        ready=lambda: sum(len(s.replies) for s in servers) >= 2,
+                                        extra=("--live-rounds", str(live_rounds)))
     assert code == 130, err
     assert doc["interrupted"] is True and list(doc["policies"]) == ["round_robin"]
     rr = doc["policies"]["round_robin"]
+    assert rr.get("live_rounds") == (None if live_rounds == 1 else 1)  # no later round was started
     assert rr["interrupted"] and 0 < rr["failed_requests"] < doc["num_requests"]
     assert rr["metrics"]["ttft_mean_s"]["measured"] > 0
     assert "interrupted" in (out / "report.md").read_text()
@@ -816,19 +830,9 @@ def test_validate_command_live_rounds(fakes, tmp_path):
     from click.testing import CliRunner
 
     from kvroute.calibrate.validation.validate_command import validate
-    from kvroute.traces.writer import write_trace
 
-    servers = fakes(2)
-    trace_file = tmp_path / "chat.jsonl"
-    write_trace(small_chat(chats=3, turns=2), trace_file)
-    out = tmp_path / "out"
-    args = ["--trace", str(trace_file), "--url", servers[0].url, "--url", servers[1].url,
-            "--policies", "round_robin,kv_aware", "--profile", "a6000-qwen2.5-7b", "--out", str(out),
-            "--max-in-flight", "1", "--rounds", "1", "--live-rounds", "2"]
-    res = CliRunner().invoke(validate, args)
-    assert res.exit_code == 0, res.output
+    res, doc, args = _invoke_validate(fakes(2), tmp_path, "--live-rounds", "2")
     assert "| live min - max |" in res.output and "(live round 2 of 2)" in res.output
-    doc = json.loads((out / "report.json").read_text())
     assert doc["live_rounds"] == 2 and doc["policies"]["kv_aware"]["live_rounds"] == 2
     bad = CliRunner().invoke(validate, args[:-1] + ["0"])
     assert bad.exit_code == 2 and "Invalid value for '--live-rounds': must be >= 1, got 0" in bad.output
