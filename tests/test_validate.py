@@ -836,3 +836,21 @@ def test_validate_command_live_rounds(fakes, tmp_path):
     assert doc["live_rounds"] == 2 and doc["policies"]["kv_aware"]["live_rounds"] == 2
     bad = CliRunner().invoke(validate, args[:-1] + ["0"])
     assert bad.exit_code == 2 and "Invalid value for '--live-rounds': must be >= 1, got 0" in bad.output
+
+
+def test_live_rounds_share_one_prediction_with_the_client_lag_measured_over_every_round(fakes):
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import send_lags
+    from kvroute.sim.profile import load_profile
+
+    servers = fakes(2)
+    trace = small_chat(chats=3, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), sim_rounds=1,
+                          client_lag_s=None, live_rounds=2)
+    messages = []
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec, progress=messages.append)
+    assert len(v.runs) == 4 and sum(m.startswith("simulating") for m in messages) == 1
+    assert v.client_lag_s == pytest.approx(float(np.median(np.concatenate([send_lags(r, trace) for r in v.runs]))))
+    for runs in v.policy_rounds().values():
+        assert runs[0].predicted and all(r.sim_runs is runs[0].sim_runs and r.predicted is runs[0].predicted
+                                         for r in runs)

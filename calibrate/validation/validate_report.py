@@ -192,15 +192,17 @@ def _mean_workers(per_round: list[list[dict]]) -> list[dict]:
 def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
     """The report of one policy over its live rounds ``runs``."""
     fails = [f for r in runs for f in failures(r)]
-    dead = {str(w): (f"live round {r.live_round + 1}: {why}" if multi else why)
-            for r in reversed(runs) for w, why in r.dead.items()}
+    dead: dict[str, str] = {}  # each worker's first death, in the order they died
+    for r in runs:
+        for w, why in r.dead.items():
+            dead.setdefault(str(w), f"live round {r.live_round + 1}: {why}" if multi else why)
     entry = {
         "metrics": {m: _metric_entry(runs, m, multi) for m in REPORT_METRICS},
         "workers": {str(row["worker"]): row for row in
                     (_mean_workers([worker_rows(r) for r in runs]) if multi else worker_rows(runs[0]))},
         "cache_reset": [list(r.cache_reset) for r in runs] if multi else list(runs[0].cache_reset),
         "warm_cache": any(r.warm for r in runs),
-        "dead_workers": dict(sorted(dead.items())),
+        "dead_workers": dead,
         "failed_requests": len(fails),
         "errors": dict(Counter(f["error"] for f in fails).most_common(20)),
         "interrupted": any(r.interrupted for r in runs),
