@@ -6,7 +6,8 @@
 
 Starts two tiny-model vLLM CPU servers (one core each for the engine; ports from ``--port-base``)
 unless ``--url`` is given. For each workload shape it replays the trace live under round_robin
-and kv_aware (prefix cache reset before each), ``--live-rounds`` times, then simulates it
+and kv_aware (prefix cache reset before each), ``--live-rounds`` times (interleaved: ``kvroute
+validate --live-rounds``; the report of all rounds goes to ``--out/<shape>/``), then simulates it
 (``--rounds`` seeds) with each ``--profile`` and scores every profile against the same live
 rounds. The simulation sends later turns after the live client's measured median send lag and
 each root request at its measured send offset (``kvroute.calibrate.validation.validate.measured_client``).
@@ -35,7 +36,6 @@ import json
 import math
 import os
 import pickle
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -100,35 +100,18 @@ def _servers(urls: list[str], log_dir: Path, port_base: int):
         yield [s.url for s in servers]
 
 
-def _diff_interval(simulated: list[list[float]], live: list[list[float]], n: int = 2000,
-                   seed: int = 0) -> tuple[float, float]:
-    """Bootstrap 90 % interval of (predicted - measured change), resampling the simulated seeds
-    and the live rounds of the base policy (index 0) and the other (index 1): how much of the
-    difference the rounds' own spread could explain."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    sim = [np.asarray(x, float) for x in simulated]
-    meas = [np.asarray(x, float) for x in live]
-    diffs = []
-    for _ in range(n):
-        s0, s1 = (rng.choice(x, len(x)).mean() for x in sim)
-        m0, m1 = (rng.choice(x, len(x)).mean() for x in meas)
-        diffs.append(100 * (s1 / s0 - m1 / m0))
-    lo, hi = np.percentile(diffs, [5, 95])
-    return float(lo), float(hi)
-
-
-def score(shape: str, profile_name: str, runs, validations, rounds: int, load: tuple[float, float]) -> tuple[list, int]:
-    """Predicted against measured for one shape and profile; returns (rows, targets missed)."""
-    from kvroute.calibrate.validation.validate_report import change_pct, error_pct
+def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tuple[float, float]) -> tuple[list, int]:
+    """Predicted (``runs``, one per policy) against measured (the live rounds of ``validation``)
+    for one shape and profile; returns (rows, targets missed)."""
+    from kvroute.calibrate.validation.rounds import change_pct, diff_interval, error_pct, spread
     from kvroute.sim.metrics import summarize
 
-    chats = any(math.isfinite(r.measured.get("later_ttft_mean_s", math.nan)) for v in validations for r in v.runs)
+    live = validation.policy_rounds()
+    chats = any(math.isfinite(r.measured.get("later_ttft_mean_s", math.nan)) for r in validation.runs)
     ttft_key = "later_ttft_mean_s" if chats else "ttft_mean_s"
 
     def measured(i: int, metric: str) -> list[float]:
-        return [v.runs[i].measured[metric] for v in validations if i < len(v.runs)]
+        return [r.measured[metric] for r in live.get(runs[i].policy, [])]
 
     rows, missed = [], 0
     for i, run in enumerate(runs):
@@ -136,7 +119,7 @@ def score(shape: str, profile_name: str, runs, validations, rounds: int, load: t
             ms = measured(i, metric)
             if not ms:
                 continue
-            p, m = run.predicted[metric], statistics.fmean(ms)
+            p, m = run.predicted[metric], spread(ms)["mean"]
             e = error_pct(p, m)
             target = TARGETS.get("ttft" if "ttft" in metric else metric)
             ok = None if target is None else abs(e) <= target
@@ -150,11 +133,11 @@ def score(shape: str, profile_name: str, runs, validations, rounds: int, load: t
         simulated = [[summarize(r) for r in run.sim_runs] for run in runs]
         for metric in ("time_to_complete_s", ttft_key):
             p = change_pct(kv.predicted[metric], base.predicted[metric])
-            m = change_pct(statistics.fmean(measured(1, metric)), statistics.fmean(measured(0, metric)))
+            m = change_pct(spread(measured(1, metric))["mean"], spread(measured(0, metric))["mean"])
             ok = abs(p - m) <= CHANGE_TARGET_PP
             missed += not ok
-            lo, hi = _diff_interval([[x[metric] for x in sims] for sims in simulated],
-                                    [measured(0, metric), measured(1, metric)])
+            lo, hi = diff_interval([[x[metric] for x in sims] for sims in simulated],
+                                   [measured(0, metric), measured(1, metric)])
             rows.append(dict(shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
                              metric=f"change {metric}", predicted=p, measured=m, live_rounds=len(measured(1, metric)),
                              sim_rounds=rounds, error_pp=p - m, interval_pp=[lo, hi], target_pp=CHANGE_TARGET_PP,
@@ -205,28 +188,48 @@ def calibrate_here(urls: list[str], out: Path) -> Path:
 
 
 def _live_rounds(shape: str, trace, urls: list[str], profile, args):
-    """``--live-rounds`` live replays of ``trace`` under round_robin and kv_aware; each round's
-    report goes to ``args.out/<shape>/round<r>/`` and the rounds (with the load average at the
-    start and end) to ``args.out/<shape>/live.pickle`` for ``--rescore``."""
+    """``--live-rounds`` interleaved live replays of ``trace`` under round_robin and kv_aware (one
+    validation); its report goes to ``args.out/<shape>/`` and the validation (with the load
+    average at the start and end) to ``args.out/<shape>/live.pickle`` for ``--rescore``."""
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import write_report
 
-    spec = ValidationSpec(tuple(urls), ("round_robin", "kv_aware"), sim_rounds=1, client_lag_s=0.0)
+    spec = ValidationSpec(tuple(urls), ("round_robin", "kv_aware"), sim_rounds=1, client_lag_s=0.0,
+                          live_rounds=args.live_rounds)
     load_start = os.getloadavg()[0]
-    validations = []
-    for r in range(args.live_rounds):
-        print(f"{shape}: live round {r + 1} of {args.live_rounds} (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
-        v = run_validation(trace, profile, spec, progress=lambda m: print(m, file=sys.stderr))
-        write_report(v, args.out / shape / f"round{r}")
-        validations.append(v)
-        if v.interrupted:
-            break
+
+    def progress(msg: str) -> None:
+        print(msg + (f" (load {os.getloadavg()[0]:.2f})" if msg.startswith("replaying") else ""), file=sys.stderr)
+
+    validation = run_validation(trace, profile, spec, progress=progress)
+    write_report(validation, args.out / shape)
     load = (load_start, os.getloadavg()[0])
     try:
-        (args.out / shape / "live.pickle").write_bytes(pickle.dumps((validations, load)))
+        (args.out / shape / "live.pickle").write_bytes(pickle.dumps((validation, load)))
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         print(f"warning: live rounds not saved for --rescore: {exc}", file=sys.stderr)
-    return validations, load, spec
+    return validation, load
+
+
+def _saved_rounds(saved):
+    """A ``live.pickle``'s validation; one saved before ``validate --live-rounds`` (a list of
+    one-round validations) is merged into one, its runs numbered by round."""
+    import dataclasses
+
+    from kvroute.calibrate.validation.validate import Validation, ValidationSpec
+
+    if not isinstance(saved, list):
+        return saved
+    first = saved[0]
+    spec = ValidationSpec(**{f.name: getattr(first.spec, f.name, f.default) for f in dataclasses.fields(ValidationSpec)})
+    merged = Validation(first.trace, dataclasses.replace(spec, live_rounds=len(saved)), first.servers, first.sim_spec,
+                        notes=[n for v in saved for n in v.notes], interrupted=any(v.interrupted for v in saved),
+                        client_lag_s=first.client_lag_s, root_offsets_s=first.root_offsets_s)
+    for r, v in enumerate(saved):
+        for run in v.runs:
+            run.live_round = r
+            merged.runs.append(run)
+    return merged
 
 
 def main() -> None:
@@ -271,18 +274,19 @@ def main() -> None:
                 saved = args.rescore / shape / "live.pickle"
                 if not saved.exists():
                     sys.exit(f"error: {saved}: no saved live rounds for shape {shape!r}")
-                validations, load = pickle.loads(saved.read_bytes())
-                spec = validations[0].spec
+                validation, load = pickle.loads(saved.read_bytes())
+                validation = _saved_rounds(validation)
             else:
-                validations, load, spec = _live_rounds(shape, trace, urls, profiles[0], args)
-            lag, offsets = measured_client(trace, [run for v in validations for run in v.runs])
+                validation, load = _live_rounds(shape, trace, urls, profiles[0], args)
+            spec = validation.spec
+            lag, offsets = measured_client(trace, validation.runs)
             notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median, "
                          f"later turns), root send offsets up to {1000 * max(offsets.values(), default=0):.1f} ms")
             sim_trace = with_root_offsets(with_client_lag(trace, lag), offsets)
             for profile in profiles:
-                cluster, _ = cluster_spec(profile, validations[0].servers, spec)
+                cluster, _ = cluster_spec(profile, validation.servers, spec)
                 runs = predict(sim_trace, cluster, list(spec.policies), args.rounds, spec.seed)
-                rows, m = score(shape, profile.name, runs, validations, args.rounds, load)
+                rows, m = score(shape, profile.name, runs, validation, args.rounds, load)
                 all_rows += rows
                 missed += m
     t2 = time.perf_counter()
@@ -290,7 +294,7 @@ def main() -> None:
     print_rows(all_rows)
     for note in notes:
         print(f"note: {note}")
-    print(f"\nwall time: {t2 - t0:.0f} s ({t1 - t0:.0f} s server start-up); reports in {args.out}/<shape>/round*/")
+    print(f"\nwall time: {t2 - t0:.0f} s ({t1 - t0:.0f} s server start-up); reports in {args.out}/<shape>/")
     (args.out / "summary.json").write_text(json.dumps({"rows": all_rows, "notes": notes, "missed": missed,
                                                         "wall_s": t2 - t0}, indent=2, default=str))
     print(f"targets missed: {missed} (counted over every profile)")

@@ -31,6 +31,7 @@ SCENARIO_VALUES: dict[str, Num] = {
     "slo_ttft": POSITIVE_SECONDS,
     "slo_tpot": POSITIVE_SECONDS,
     "rounds": POSITIVE_INT,
+    "live_rounds": POSITIVE_INT,
     "max_workers": POSITIVE_INT,
     "block_size": BLOCK_SIZE,
     "timeout": POSITIVE_SECONDS,

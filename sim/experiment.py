@@ -376,9 +376,10 @@ class UncertainComparison:
         return doc
 
 
-def prediction_interval(values, coverage: float = 0.95) -> tuple[float, float]:
-    """Normal-theory prediction interval of one more value like ``values``:
-    ``mean ± t(n - 1) * sd * sqrt(1 + 1 / n)`` (NaNs dropped; ``(nan, nan)`` for fewer than two).
+def prediction_interval(values, coverage: float = 0.95, future: int = 1) -> tuple[float, float]:
+    """Normal-theory prediction interval of one more value like ``values``, or of the mean of
+    ``future`` more: ``mean ± t(n - 1) * sd * sqrt(1 / future + 1 / n)`` (NaNs dropped;
+    ``(nan, nan)`` for fewer than two values).
 
     Unlike percentiles it stays honest with few draws (five draws' percentiles would be nearly
     their min and max, and cover far less than 95 %).
@@ -389,7 +390,8 @@ def prediction_interval(values, coverage: float = 0.95) -> tuple[float, float]:
     x = x[~np.isnan(x)]
     if len(x) < 2:
         return math.nan, math.nan
-    half = float(t.ppf(0.5 + coverage / 2, len(x) - 1)) * float(x.std(ddof=1)) * math.sqrt(1 + 1 / len(x))
+    half = (float(t.ppf(0.5 + coverage / 2, len(x) - 1)) * float(x.std(ddof=1))
+            * math.sqrt(1 / future + 1 / len(x)))
     return float(x.mean()) - half, float(x.mean()) + half
 
 

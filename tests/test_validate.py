@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,6 +52,7 @@ class FakeVllm:
         self.started = 0
         self.prompts: list[list[int]] = []
         self.replies: list[tuple[list[int], list[int]]] = []
+        self.log: list[str] = []  # "reset" and "completion", in the order they came
         self.dead = False
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -111,6 +113,7 @@ class FakeVllm:
                 self._send(writer, 200, text.encode(), "text/plain")
             elif path == "/reset_prefix_cache" and method == "POST":
                 self.cache.clear()
+                self.log.append("reset")
                 self._json(writer, {"success": True})
             elif path == "/health":
                 self._send(writer, 200, b"", "text/plain")
@@ -138,6 +141,7 @@ class FakeVllm:
         if self.hang:
             await asyncio.sleep(3600)
         self.started += 1
+        self.log.append("completion")
         prompt = [int(t) for t in req["prompt"]]
         self.prompts.append(prompt)
         n = len(prompt)
@@ -471,30 +475,42 @@ def test_open_loop_child_before_its_parent_replied(fakes):
     assert child[:64] == next(p for p in servers[0].prompts if len(p) == 64)
 
 
+def _invoke_validate(servers, tmp_path, *extra: str):
+    """``kvroute validate`` of a 3-chat x 2-turn trace file on ``servers``, round_robin then
+    kv_aware one request at a time, one simulated round, plus ``extra`` arguments; returns the
+    click result (asserted successful), report.json and the arguments."""
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.validation.validate_command import validate
+    from kvroute.traces.writer import write_trace
+
+    trace_file = tmp_path / "chat.jsonl"
+    write_trace(small_chat(chats=3, turns=2), trace_file)
+    out = tmp_path / "out"
+    args = ["--trace", str(trace_file), "--url", servers[0].url, "--url", servers[1].url,
+            "--policies", "round_robin,kv_aware", "--profile", "a6000-qwen2.5-7b", "--out", str(out),
+            "--max-in-flight", "1", "--rounds", "1", *extra]
+    res = CliRunner().invoke(validate, args)
+    assert res.exit_code == 0, res.output
+    return res, json.loads((out / "report.json").read_text()), args
+
+
 def test_validate_command(fakes, tmp_path):
     from click.testing import CliRunner
 
     from kvroute.calibrate.validation.validate_command import validate
 
     servers = fakes(2)
-    trace_file = tmp_path / "chat.jsonl"
-    from kvroute.traces.writer import write_trace
-
-    write_trace(small_chat(chats=3, turns=2), trace_file)
+    res, doc, _ = _invoke_validate(servers, tmp_path)
     out = tmp_path / "out"
-    args = ["--trace", str(trace_file), "--url", servers[0].url, "--url", servers[1].url,
-            "--policies", "round_robin,kv_aware", "--profile", "a6000-qwen2.5-7b", "--out", str(out),
-            "--max-in-flight", "1", "--rounds", "1"]
-    res = CliRunner().invoke(validate, args)
-    assert res.exit_code == 0, res.output
     assert "| time to complete (s) |" in res.output
-    doc = json.loads((out / "report.json").read_text())
     assert set(doc["policies"]) == {"round_robin", "kv_aware"} and doc["max_in_flight"] == 1
     bad = CliRunner().invoke(validate, ["--url", servers[0].url, "--policy", "nope", "--out", str(out)])
     assert bad.exit_code != 0 and "valid policies" in bad.output
 
 
-def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path):
+@pytest.mark.parametrize("live_rounds", [1, 2])
+def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path, live_rounds):
     from validate_driver import interrupt_validate
 
     from kvroute.traces.writer import write_trace
@@ -507,10 +523,12 @@ def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path):
     # time), however loaded the machine is.
     code, err, doc = interrupt_validate(trace_file, [s.url for s in servers], "a6000-qwen2.5-7b", out,
                                         settle_s=0.0, timeout_s=60,
-                                        ready=lambda: sum(len(s.replies) for s in servers) >= 2)
+                                        ready=lambda: sum(len(s.replies) for s in servers) >= 2,
+                                        extra=("--live-rounds", str(live_rounds)))
     assert code == 130, err
     assert doc["interrupted"] is True and list(doc["policies"]) == ["round_robin"]
     rr = doc["policies"]["round_robin"]
+    assert rr.get("live_rounds") == (None if live_rounds == 1 else 1)  # no later round was started
     assert rr["interrupted"] and 0 < rr["failed_requests"] < doc["num_requests"]
     assert rr["metrics"]["ttft_mean_s"]["measured"] > 0
     assert "interrupted" in (out / "report.md").read_text()
@@ -599,3 +617,240 @@ def test_measured_client_lag_runs_live_first_and_simulates_with_the_median(fakes
     shifted = with_root_offsets(trace, {0: 0.25})
     assert [r.timestamp_ms for r in shifted.records if r.parent is None][:1] == [250.0]
     assert dataclasses.replace(shifted, records=trace.records) == trace
+
+
+# --------------------------------------------------------------------------------------------
+# Live rounds: a constructed validation (no server, no simulator) with fixed numbers
+# --------------------------------------------------------------------------------------------
+
+GOLDEN_N1 = Path(__file__).parent / "golden" / "validate_one_round"
+
+
+def constructed_validation(measured: dict[str, list[dict[str, float]]], live_rounds: int | None = None):
+    """A validation of round_robin then kv_aware on a 2-chat x 2-turn trace, built by hand:
+    ``measured[policy][r]`` is live round ``r``'s summary (metrics not given read 0.5 s / 0.5);
+    predictions, simulated-run values and per-worker counters are fixed numbers. Rounds are
+    appended round-major (rr, kv, rr, kv, ...). ``live_rounds``: the spec's (None: the default)."""
+    import dataclasses
+
+    import pandas as pd
+
+    from kvroute.calibrate.validation.validate import PolicyRun, Validation, ValidationSpec, cluster_spec
+    from kvroute.calibrate.vllm.client import ServerInfo
+    from kvroute.sim.metrics import RunResult
+    from kvroute.sim.profile import load_profile
+    from kvroute.calibrate.validation.validate_report import REPORT_METRICS
+
+    trace = small_chat(chats=2, turns=2)
+    servers = [ServerInfo(url=f"http://x:{port}", model="tiny-qwen2", model_root="/cache/kvroute/tiny-qwen2",
+                          served_models=("tiny-qwen2",), vllm_version="0.32.0", max_model_len=32768, block_size=32,
+                          num_gpu_blocks=4096, enable_prefix_caching=True, max_num_batched_tokens=2048,
+                          max_num_seqs=128, hardware="CPU", device="cpu") for port in (1, 2)]
+    extra = {} if live_rounds is None else {"live_rounds": live_rounds}
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), sim_rounds=3, **extra)
+    cluster, notes = cluster_spec(load_profile("cpu-tiny-qwen2-x2"), servers, spec)
+    v = Validation(trace, spec, servers, cluster, notes=notes)
+    policies = spec.policies
+    for r in range(max(len(measured[p]) for p in policies)):
+        for k, policy in enumerate(policies):
+            if r >= len(measured[policy]):
+                continue
+            rows = [{"request_id": rec.request_id, "session_id": rec.session_id, "turn": rec.turn,
+                     "worker": i % 2, "arrival": float(i), "finish": i + 0.5 + 0.01 * r, "status": "ok", "error": None}
+                    for i, rec in enumerate(trace.records)]
+            workers = pd.DataFrame({"url": [s.url for s in servers], "alive": [True, True], "requests": [2, 2],
+                                    "prefix_cache_hits": [100.0 + 10 * r + k, 200.0], "prefix_cache_queries": [400.0, 500.0],
+                                    "usage_cached_tokens": [100, 200], "num_preemptions": [0.0, 0.0]})
+            sim_workers = pd.DataFrame({"prefix_cache_hits": [110 + k, 190], "prefix_cache_queries": [400, 500]})
+            sim = [RunResult(pd.DataFrame(rows), np.array([]), sim_workers, policy, s) for s in range(3)]
+            values = {m: [0.5 + 0.1 * k + 0.05 * s for s in range(3)] for m in REPORT_METRICS}
+            values["time_to_complete_s"] = [2.0 - 0.2 * k + 0.1 * s for s in range(3)]
+            values["failed"] = [0.0, 0.0, 0.0]
+            summary = {m: 0.5 for m in REPORT_METRICS} | {"failed": 0.0} | measured[policy][r]
+            run = PolicyRun(policy, {m: float(np.mean(x)) for m, x in values.items()}, sim,
+                            predicted_interval={m: (min(x), max(x)) for m, x in values.items()},
+                            live=RunResult(pd.DataFrame(rows), np.array([]), workers, policy, 0), measured=summary,
+                            cache_reset=[True, True], elapsed_s=1.5 + r, run_values=values)
+            if live_rounds is not None:
+                run = dataclasses.replace(run, live_round=r)
+            v.runs.append(run)
+    return v
+
+
+def test_one_live_round_reports_as_before(tmp_path):
+    """The default (one live round) writes today's report.json and report.md, plus one note."""
+    import os
+
+    from kvroute.calibrate.validation.validate_report import ONE_ROUND_NOTE, report_dict, report_markdown
+
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": 1.8}], "kv_aware": [{"time_to_complete_s": 1.5}]})
+    doc = json.loads(json.dumps(report_dict(v), default=str))
+    md = report_markdown(v)
+    assert doc["notes"][0] == ONE_ROUND_NOTE and "1.44 s" in ONE_ROUND_NOTE and "--live-rounds 3" in ONE_ROUND_NOTE
+    assert md.endswith(f"\n\n## Notes\n\n- {ONE_ROUND_NOTE}\n")
+    doc["notes"].remove(ONE_ROUND_NOTE)
+    md = md.replace(f"\n## Notes\n\n- {ONE_ROUND_NOTE}\n", "")
+    if os.environ.get("KVROUTE_REGEN_GOLDEN"):  # written by the code before --live-rounds (b0f4de5, d77d01d)
+        GOLDEN_N1.mkdir(exist_ok=True)
+        (GOLDEN_N1 / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (GOLDEN_N1 / "report.md").write_text(md)
+    assert doc == json.loads((GOLDEN_N1 / "report.json").read_text())
+    assert md == (GOLDEN_N1 / "report.md").read_text()
+
+
+def test_a_change_is_checked_against_the_paired_simulated_changes_of_the_same_sign():
+    from kvroute.calibrate.validation.validate_report import change_pair
+
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": 2.0}], "kv_aware": [{"time_to_complete_s": 1.8}]})
+    ch = change_pair(v.runs[:1], v.runs[1:], "time_to_complete_s")  # simulated: 2.0/1.8, 2.1/1.9, 2.2/2.0 s
+    assert ch["predicted"] == pytest.approx(-100 * 0.2 / 2.1) and ch["measured"] == pytest.approx(-10.0)
+    lo, hi = ch["run_interval"]
+    assert lo < -9.0 < hi < 0 and ch["inside"] is True
+
+
+def test_two_live_rounds_interleave_policies_each_from_a_reset_cache(fakes, tmp_path):
+    import itertools
+    import statistics
+
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import write_report
+    from kvroute.sim.profile import load_profile
+
+    servers = fakes(2)
+    trace = small_chat(chats=5, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), max_in_flight=1, sim_rounds=1,
+                          live_rounds=2)
+    messages = []
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec, progress=messages.append)
+    assert [(r.policy, r.live_round) for r in v.runs] == [("round_robin", 0), ("kv_aware", 0),
+                                                         ("round_robin", 1), ("kv_aware", 1)]
+    assert [m for m in messages if m.startswith("replaying")] == [
+        f"replaying 15 requests live with {p} (live round {r} of 2)" for r in (1, 2) for p in ("round_robin", "kv_aware")]
+    # every run starts from a reset cache: each server saw a reset before each of the four runs' requests
+    for s in servers:
+        assert [k for k, _ in itertools.groupby(s.log)] == ["reset", "completion"] * 4
+    assert all(r.cache_reset == [True, True] for r in v.runs)
+    # ... so one at a time, both rounds of a policy hit exactly what the simulation hits
+    for run in v.runs:
+        assert list(run.live.workers["prefix_cache_hits"]) == list(run.sim_runs[0].workers["prefix_cache_hits"])
+    rounds = v.policy_rounds()
+    assert rounds["kv_aware"][0].sim_runs is rounds["kv_aware"][1].sim_runs  # one prediction per policy
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    assert doc["live_rounds"] == 2
+    for policy, runs in rounds.items():
+        p = doc["policies"][policy]
+        assert p["live_rounds"] == 2 and [r["live_round"] for r in p["rounds"]] == [0, 1]
+        for metric, m in p["metrics"].items():
+            values = [summarize(r.live)[metric] for r in runs]
+            assert m["measured_rounds"] == values and m["live_rounds"] == 2 and m["measured_interval"] is None
+            assert m["measured"] == statistics.fmean(values)
+            assert (m["measured_min"], m["measured_max"]) == (min(values), max(values))
+    ch = doc["changes"]["kv_aware"]["time_to_complete_s"]
+    assert ch["measured_rounds"] == pytest.approx([
+        100 * (k.measured["time_to_complete_s"] / r.measured["time_to_complete_s"] - 1)
+        for r, k in zip(rounds["round_robin"], rounds["kv_aware"])], rel=1e-12)
+    assert ch["measured_interval"][0] < ch["measured_interval"][1]
+    import pandas as pd
+
+    live = pd.read_parquet(tmp_path / "records_live.parquet")
+    assert len(live) == 4 * 15 and sorted(set(live["live_round"])) == [0, 1]
+    assert len(pd.read_parquet(tmp_path / "records_sim.parquet")) == 2 * 15  # the prediction once per policy
+
+
+def test_live_rounds_report_exact_values_for_a_constructed_case():
+    from scipy.stats import t
+
+    from kvroute.calibrate.validation.validate_report import ONE_ROUND_NOTE, report_dict, report_markdown
+    from kvroute.sim.experiment import prediction_interval
+
+    rr_tc, kv_tc = [1.0, 2.0, 3.0], [0.9, 1.5, 2.7]
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": x} for x in rr_tc],
+                                "kv_aware": [{"time_to_complete_s": x} for x in kv_tc]}, live_rounds=3)
+    doc = report_dict(v)
+    assert doc["live_rounds"] == 3 and ONE_ROUND_NOTE not in doc["notes"]
+    rr = doc["policies"]["round_robin"]
+    m = rr["metrics"]["time_to_complete_s"]
+    half = t.ppf(0.975, 2) * 1.0 / 3 ** 0.5
+    assert m["predicted"] == pytest.approx(2.1) and m["measured"] == 2.0
+    assert m["measured_rounds"] == rr_tc and (m["measured_min"], m["measured_max"]) == (1.0, 3.0)
+    assert m["measured_interval"] == [0.0, pytest.approx(2.0 + half)]  # 2.0 - 2.48 s clipped to 0
+    assert m["live_rounds"] == 3 and m["predicted_inside_live_range"] is True
+    assert m["error_pct"] == pytest.approx(5.0)
+    assert m["run_interval"] == list(prediction_interval([2.0, 2.1, 2.2], future=3))
+    assert m["inside"] is True
+    assert rr["live_rounds"] == 3 and rr["live_wall_time_s"] == 2.5
+    assert [r["live_wall_time_s"] for r in rr["rounds"]] == [1.5, 2.5, 3.5]
+    assert rr["cache_reset"] == [[True, True]] * 3 and rr["failed_requests"] == 0
+    assert rr["workers"]["0"]["hit_tokens"] == {"predicted": 110.0, "measured": 110.0, "error_pct": 0.0}
+    assert doc["policies"]["kv_aware"]["workers"]["0"]["hit_tokens"]["measured"] == 111.0
+    assert doc["policies"]["kv_aware"]["metrics"]["time_to_complete_s"]["measured"] == pytest.approx(1.7)
+    ch = doc["changes"]["kv_aware"]["time_to_complete_s"]
+    assert ch["measured"] == pytest.approx(-15.0) and ch["predicted"] == pytest.approx(-100 * 0.2 / 2.1)
+    assert ch["measured_rounds"] == pytest.approx([-10.0, -25.0, -10.0])
+    half = t.ppf(0.975, 2) * 75 ** 0.5 / 3 ** 0.5
+    assert ch["measured_interval"] == pytest.approx([-15.0 - half, -15.0 + half])
+    assert ch["predicted_inside_measured_interval"] is True and ch["live_rounds"] == 3
+    md = report_markdown(v, doc)
+    assert "- live: 3 rounds per policy, interleaved" in md
+    assert "| time to complete (s) | 2.100 | 2.000 - 2.200 |" in md and "| 2.000 | 1.000 - 3.000 | 0.000 - " in md
+    assert "95 % interval over paired rounds" in md and "of the mean of 3 simulated runs" in md
+    # two rounds: no interval of a metric's mean (t(1) is 12.7), but one over the paired changes
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": x} for x in rr_tc[:2]],
+                                "kv_aware": [{"time_to_complete_s": x} for x in kv_tc[:2]]}, live_rounds=2)
+    doc = report_dict(v)
+    assert doc["policies"]["round_robin"]["metrics"]["time_to_complete_s"]["measured_interval"] is None
+    assert doc["changes"]["kv_aware"]["time_to_complete_s"]["measured_interval"][0] < -25.0
+
+
+def test_a_server_dying_in_one_live_round_leaves_the_next_round_running_on_the_others(fakes, tmp_path):
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
+    from kvroute.sim.profile import load_profile
+
+    servers = fakes(2, s1={"die_after": 3, "token_delay_s": 0.002})
+    trace = small_chat(chats=6, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin",), max_in_flight=3, sim_rounds=1,
+                          live_rounds=2)
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    first, second = v.runs
+    assert list(first.dead) == [1] and list(second.dead) == [1]
+    assert second.cache_reset == [True, None] and "did not answer before the run" in second.dead[1]
+    ok = second.live.records[second.live.records["status"] == "ok"]
+    assert len(ok) == len(trace.records) and (ok["worker"] == 0).all()
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    rr = doc["policies"]["round_robin"]
+    assert rr["live_rounds"] == 2 and rr["dead_workers"]["1"].startswith("live round 1: ")
+    assert rr["failed_requests"] == len(first.live.records[first.live.records["status"] != "ok"]) > 0
+    assert rr["rounds"][1]["dead_workers"].keys() == {"1"} and rr["workers"]["1"]["alive"] is False
+    assert {f["live_round"] for f in doc["failures"]} == {0}
+    assert "round_robin (live round 2): worker 1" in report_markdown(v, doc)
+
+
+def test_validate_command_live_rounds(fakes, tmp_path):
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.validation.validate_command import validate
+
+    res, doc, args = _invoke_validate(fakes(2), tmp_path, "--live-rounds", "2")
+    assert "| live min - max |" in res.output and "(live round 2 of 2)" in res.output
+    assert doc["live_rounds"] == 2 and doc["policies"]["kv_aware"]["live_rounds"] == 2
+    bad = CliRunner().invoke(validate, args[:-1] + ["0"])
+    assert bad.exit_code == 2 and "Invalid value for '--live-rounds': must be >= 1, got 0" in bad.output
+
+
+def test_live_rounds_share_one_prediction_with_the_client_lag_measured_over_every_round(fakes):
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import send_lags
+    from kvroute.sim.profile import load_profile
+
+    servers = fakes(2)
+    trace = small_chat(chats=3, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), sim_rounds=1,
+                          client_lag_s=None, live_rounds=2)
+    messages = []
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec, progress=messages.append)
+    assert len(v.runs) == 4 and sum(m.startswith("simulating") for m in messages) == 1
+    assert v.client_lag_s == pytest.approx(float(np.median(np.concatenate([send_lags(r, trace) for r in v.runs]))))
+    for runs in v.policy_rounds().values():
+        assert runs[0].predicted and all(r.sim_runs is runs[0].sim_runs and r.predicted is runs[0].predicted
+                                         for r in runs)

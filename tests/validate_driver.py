@@ -15,16 +15,16 @@ _CODE = ("import sys; from kvroute.calibrate.validation.validate_command import 
 
 
 def interrupt_validate(trace: Path, urls: list[str], profile: str, out: Path, settle_s: float,
-                       timeout_s: float, ready=None) -> tuple[int, str, dict]:
+                       timeout_s: float, ready=None, extra: tuple[str, ...] = ()) -> tuple[int, str, dict]:
     """Validate round_robin then kv_aware one request at a time, send SIGINT ``settle_s`` seconds
     after the first "replaying" line (or after ``timeout_s`` without one) or, given ``ready``, as
     soon as ``ready()`` is true after that line (an event, robust on a loaded machine); returns
-    the exit code, stderr and the report written to ``out``."""
+    the exit code, stderr and the report written to ``out``. ``extra``: more arguments."""
     args = [sys.executable, "-c", _CODE, "--trace", str(trace)]
     for url in urls:
         args += ["--url", url]
     args += ["--policies", "round_robin,kv_aware", "--profile", profile, "--out", str(out),
-             "--max-in-flight", "1", "--rounds", "1"]
+             "--max-in-flight", "1", "--rounds", "1", *extra]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and "replaying" not in proc.stderr.readline():

@@ -1,6 +1,7 @@
 """Validation: replay a trace live, simulate the same trace, and compare metric by metric.
 
-For each policy in turn: every server's prefix cache is reset (``POST /reset_prefix_cache``,
+For each live round and, within it, each policy in turn (round-major: rr, kv, rr, kv, ..., so
+drift of the machine hits every policy alike): every server's prefix cache is reset (``POST /reset_prefix_cache``,
 retried until the engine has freed its blocks; a server that refuses leaves the run marked
 *warm*), ``/metrics`` is scraped, the trace is replayed live (``kvroute.calibrate.validation.replay``) and
 ``/metrics`` is scraped again, so per-worker ``vllm:prefix_cache_hits_total`` and
@@ -70,6 +71,9 @@ class ValidationSpec:
         cache_view: where cache-aware policies look, live and simulated: ``routed`` or
             ``events`` (the servers' KV-cache events, read from ``kv_event_endpoints``).
         kv_event_endpoints: each server's ZeroMQ KV-event endpoint, in ``urls`` order.
+        live_rounds: live replays of every policy, interleaved round by round (the report gives
+            their mean, min-max and, from 3 rounds, the mean's 95 % interval); the prediction is
+            the same whatever their number.
     """
 
     urls: tuple[str, ...]
@@ -88,11 +92,15 @@ class ValidationSpec:
     prior_range: float = 0.2
     cache_view: str = "routed"
     kv_event_endpoints: tuple[str, ...] = ()
+    live_rounds: int = 1
 
 
 @dataclass(slots=True)
 class PolicyRun:
-    """Prediction and measurement of one policy.
+    """Prediction and measurement of one policy in one live round.
+
+    Every live round of a policy has its own run; they share the prediction (``predicted``,
+    ``sim_runs``, ``predicted_interval``, ``run_values``, ``interval_source``: the same objects).
 
     Attributes:
         policy: the policy name.
@@ -110,6 +118,7 @@ class PolicyRun:
             rounds, then each drawn profile's), in the same order for every policy, so changes
             can be paired run by run; a live run is checked against their prediction interval.
         interval_source: ``"seeds"`` or ``"seeds and model (<how the profiles were drawn>)"``.
+        live_round: the live round, from 0.
     """
 
     policy: str
@@ -127,6 +136,12 @@ class PolicyRun:
     usage_reported: bool = True
     run_values: dict[str, list[float]] = field(default_factory=dict)
     interval_source: str = "seeds"
+    live_round: int = 0
+
+    def take_prediction(self, pred: PolicyRun) -> None:
+        """Share ``pred``'s prediction (the fields :func:`predict` fills in)."""
+        self.predicted, self.sim_runs, self.predicted_interval = pred.predicted, pred.sim_runs, pred.predicted_interval
+        self.run_values, self.interval_source = pred.run_values, pred.interval_source
 
     @property
     def warm(self) -> bool:
@@ -150,14 +165,15 @@ class PolicyRun:
 
 @dataclass(slots=True)
 class Validation:
-    """A whole validation: scenario, servers and one :class:`PolicyRun` per policy run so far.
+    """A whole validation: scenario, servers and one :class:`PolicyRun` per policy and live round
+    run so far.
 
     Attributes:
         trace: the trace replayed.
         spec: what was asked.
         servers: what each server reported.
         sim_spec: the simulated cluster (its ``policy`` field is replaced per policy).
-        runs: per policy, in run order.
+        runs: per policy and live round, in run order (round-major).
         notes: remarks for the report (engine settings that differ between servers, ...).
         interrupted: Ctrl-C stopped the validation.
     """
@@ -171,6 +187,13 @@ class Validation:
     interrupted: bool = False
     client_lag_s: float = 0.0
     root_offsets_s: dict[int, float] | None = None
+
+    def policy_rounds(self) -> dict[str, list[PolicyRun]]:
+        """Per policy (in the order first run), its runs in live-round order."""
+        out: dict[str, list[PolicyRun]] = {}
+        for run in sorted(self.runs, key=lambda r: r.live_round):
+            out.setdefault(run.policy, []).append(run)
+        return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -390,7 +413,8 @@ def run_validation(
     spec: ValidationSpec,
     progress: Callable[[str], None] = lambda msg: None,
 ) -> Validation:
-    """Predict and measure every policy of ``spec`` on ``trace``.
+    """Measure every policy of ``spec`` on ``trace`` in ``spec.live_rounds`` interleaved live
+    rounds, and predict each policy once.
 
     Args:
         trace: the requests.
@@ -401,15 +425,18 @@ def run_validation(
 
     Returns:
         The validation; on Ctrl-C during a live run, what was measured so far with
-        ``interrupted`` set (the interrupted run is included).
+        ``interrupted`` set (the interrupted run is included, later rounds are not run). A
+        server that died in one run starts the later ones marked dead.
 
     Raises:
         CalibrationError: a server is unreachable at the start.
-        ValueError: the trace cannot run on these servers (block size, capacity), or a policy
-            name is unknown.
+        ValueError: the trace cannot run on these servers (block size, capacity), a policy
+            name is unknown, or ``spec.live_rounds`` < 1.
     """
     if not spec.urls:
         raise ValueError("give at least one server URL")
+    if spec.live_rounds < 1:
+        raise ValueError(f"live rounds must be >= 1, got {spec.live_rounds}")
     urls = list(spec.urls)
     servers = asyncio.run(probe_servers(urls, spec.model))
     cluster, notes = cluster_spec(profile, servers, spec)
@@ -418,24 +445,26 @@ def run_validation(
         validation.notes.append("some server runs without VLLM_SERVER_DEV_MODE=1; its prefix cache "
                                 "cannot be reset, so its runs may start warm")
     measured_lag = spec.client_lag_s is None
-    if measured_lag:
-        runs = [PolicyRun(policy=p, predicted={}, sim_runs=[]) for p in spec.policies]
-    else:
+    if not measured_lag:
         progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds")
-        runs = predict(with_client_lag(trace, spec.client_lag_s), cluster, list(spec.policies), spec.sim_rounds,
-                       spec.seed, spec.uncertainty, spec.prior_range)
+        predictions = predict(with_client_lag(trace, spec.client_lag_s), cluster, list(spec.policies),
+                              spec.sim_rounds, spec.seed, spec.uncertainty, spec.prior_range)
         validation.client_lag_s = spec.client_lag_s
     lo, hi = token_range(servers, spec.token_range)
     endpoints = [Endpoint(s.url, s.model) for s in servers]
     engine = cluster.profile.engine
-    for run in runs:
+    for live_round, k in ((r, k) for r in range(spec.live_rounds) for k in range(len(spec.policies))):
+        run = PolicyRun(policy=spec.policies[k], predicted={}, sim_runs=[], live_round=live_round)
+        if not measured_lag:
+            run.take_prediction(predictions[k])
         replay_spec = ReplaySpec(run.policy, spec.closed_loop, spec.max_in_flight, spec.router_block_tokens,
                                  spec.timeout_s, spec.seed, cache_view=spec.cache_view,
                                  kv_event_endpoints=spec.kv_event_endpoints)
         replay = LiveReplay(trace, endpoints, engine.block_size, replay_spec, TokenSynth(lo, hi, spec.seed),
                             engine.max_model_len)
         validation.runs.append(run)
-        progress(f"replaying {len(trace.records)} requests live with {run.policy}")
+        progress(f"replaying {len(trace.records)} requests live with {run.policy}"
+                 + (f" (live round {live_round + 1} of {spec.live_rounds})" if spec.live_rounds > 1 else ""))
         try:
             asyncio.run(measure(run, replay, urls))
         except KeyboardInterrupt:
@@ -461,12 +490,10 @@ def run_validation(
                  f"lag {1000 * lag:.1f} ms (median) and root send offsets up to "
                  f"{1000 * max(offsets.values(), default=0.0):.1f} ms")
         sim_trace = with_root_offsets(with_client_lag(trace, lag), offsets)
-        predicted = predict(sim_trace, cluster, list(spec.policies), spec.sim_rounds, spec.seed,
-                            spec.uncertainty, spec.prior_range)
-        for run, pred in zip(validation.runs, predicted):
-            run.predicted, run.sim_runs, run.predicted_interval = pred.predicted, pred.sim_runs, pred.predicted_interval
-            run.run_values, run.interval_source = pred.run_values, pred.interval_source
-        validation.runs = [r for r in validation.runs if r.predicted]
+        predictions = predict(sim_trace, cluster, list(spec.policies), spec.sim_rounds, spec.seed,
+                              spec.uncertainty, spec.prior_range)
+        for run in validation.runs:
+            run.take_prediction(predictions[spec.policies.index(run.policy)])
     return validation
 
 

@@ -55,6 +55,10 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
               help="The simulation's start jitter of root requests, s.")
 @click.option("--rounds", type=int, default=10, show_default=True,
               help="Seeded simulation rounds averaged (the report gives the mean's 95 % interval).")
+@click.option("--live-rounds", type=int, default=1, show_default=True,
+              help="Live replays of every policy, interleaved (rr, kv, rr, kv, ...); the report gives their mean, "
+                   "min-max and the mean's 95 % interval. One round of a burst shorter than a minute can be off "
+                   "by tens of percent on a shared machine: use 3 or more there. The prediction does not change.")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Limit on one live request, s; a worker that passes it is treated as dead.")
 @click.option("--router-block-tokens", type=int, default=256, show_default=True, help="Router prefix-index granularity.")
@@ -74,7 +78,8 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
               help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
 @check_values
 def validate(trace_path, trace_block_size, max_requests, workload, chats, turns, urls, policy, policies_text,
-             profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, timeout, router_block_tokens,
+             profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, live_rounds, timeout,
+             router_block_tokens,
              model, token_range, client_cores, seed, client_lag, uncertainty, prior_range, reply_tokens, max_tokens,
              user_tokens, think_time, start, request_rate, arrival, speedup):
     """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
@@ -96,8 +101,8 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
 
     check_urls(urls)
     names = _policies(policy, policies_text)
-    try:  # before any work: ~1 KB per record per policy and round
-        check_output(out_dir, 1024 * len(names) * (rounds + 1) * (max_requests or 10**4), is_dir=True)
+    try:  # before any work: ~1 KB per record per policy and round, simulated or live
+        check_output(out_dir, 1024 * len(names) * (rounds + live_rounds) * (max_requests or 10**4), is_dir=True)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     trace = load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, seed,
@@ -124,7 +129,7 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
                                      param_hint="--client-lag")
     spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread, router_block_tokens,
                           timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
-                          prior_range)
+                          prior_range, live_rounds=live_rounds)
     try:
         with pinned(_cores(client_cores)):
             result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))

@@ -9,6 +9,18 @@ simulated run (``run_interval`` and ``inside``), from the simulated runs' values
 (``kvroute.sim.experiment.prediction_interval``): the seeds' spread alone, or seeds and model
 when ``validate --uncertainty N`` drew N profiles from the profile's coefficient uncertainty.
 Changes between policies are checked the same way, pairing the simulated runs seed by seed.
+
+With ``validate --live-rounds N`` (N >= 2) every measured value is the mean over the live rounds
+(``kvroute.calibrate.validation.rounds``), checked against the prediction interval of the mean of
+N simulated runs, and each metric also gives ``live_rounds``, ``measured_rounds`` (per round),
+``measured_min``, ``measured_max``, ``measured_interval`` (95 % Student-t interval of the mean
+from 3 rounds on, else null) and ``predicted_inside_live_range`` (min <= predicted <= max). A
+change is that of the round means; ``measured_rounds`` holds the change of round ``i`` of the
+policy against round ``i`` of the base, and ``measured_interval`` the 95 % Student-t interval of
+their mean. Per-policy counts (failures, errors) add up the rounds, ``workers`` holds per-round
+means, and ``rounds`` lists each round's cache reset, dead workers and wall time. With one live
+round (the default) the report is as it always was, plus a note that one round of a short burst
+can be off by tens of percent.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from kvroute.sim.outputs import atomic_output, write_text_atomic
+from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, mean_interval, paired_changes, spread
 from kvroute.calibrate.validation.validate import PolicyRun, Validation
 from kvroute.sim.experiment import prediction_interval
 from kvroute.sim.metrics import SUMMARY_METRICS
@@ -35,6 +48,14 @@ REPORT_METRICS = (
 #: Metrics of the change-between-policies table.
 CHANGE_METRICS = ("time_to_complete_s", "ttft_mean_s", "ttft_p90_s", "later_ttft_mean_s", "itl_mean_s", "hit_rate")
 MAX_LISTED_FAILURES = 200
+#: The report's note when each policy ran live once.
+ONE_ROUND_NOTE = (
+    "one live round per policy: a short burst's live timings vary a lot from round to round on a shared "
+    "machine (on 2 CPU vLLM servers the same 8-chat x 4-turn burst of round_robin completed in 1.44 s in one "
+    "round and 2.11 s in the next, and one worker's TPOT was 2-3x the other's, the slow worker changing "
+    "between rounds), so a single round can be off by tens of percent and a change between policies "
+    "measured from single rounds is mostly noise; pass --live-rounds 3 or more for bursts shorter than a "
+    "minute")
 
 
 def _num(x) -> float | None:
@@ -45,26 +66,14 @@ def _num(x) -> float | None:
     return None if math.isnan(v) or math.isinf(v) else v
 
 
-def error_pct(predicted: float, measured: float) -> float:
-    """``100 (predicted - measured) / measured``; NaN when undefined."""
-    if measured is None or predicted is None or not measured or math.isnan(measured) or math.isnan(predicted):
-        return math.nan
-    return 100.0 * (predicted - measured) / measured
-
-
-def change_pct(value: float, base: float) -> float:
-    """Relative change of ``value`` against ``base``, percent; NaN when undefined."""
-    return error_pct(value, base)
-
-
 def _pair(predicted: float, measured: float) -> dict:
     return {"predicted": _num(predicted), "measured": _num(measured), "error_pct": _num(error_pct(predicted, measured))}
 
 
-def _inside(values, measured) -> dict:
-    """``run_interval`` (95 % prediction interval of one run from ``values``) and whether
-    ``measured`` falls inside it (None when either is undefined)."""
-    lo, hi = prediction_interval(values) if len(values) else (math.nan, math.nan)
+def _inside(values, measured, future: int = 1) -> dict:
+    """``run_interval`` (95 % prediction interval of one run from ``values``, or of the mean of
+    ``future`` runs) and whether ``measured`` falls inside it (None when either is undefined)."""
+    lo, hi = prediction_interval(values, future=max(future, 1)) if len(values) else (math.nan, math.nan)
     m = _num(measured)
     inside = None if m is None or _num(lo) is None else bool(lo <= m <= hi)
     return {"run_interval": [_num(lo), _num(hi)], "inside": inside}
@@ -124,23 +133,96 @@ def send_lags(run: PolicyRun, trace: Trace) -> np.ndarray:
     return np.array(lags, float)
 
 
-def failures(run: PolicyRun) -> list[dict]:
-    """The live run's failed requests: request, session, turn, worker, error."""
+def failures(run: PolicyRun, multi: bool = False) -> list[dict]:
+    """The live run's failed requests: request, session, turn, worker, error (and, with
+    ``multi``, the live round)."""
     if run.live is None:
         return []
     df = run.live.records
     bad = df[df["status"] != "ok"]
+    extra = {"live_round": run.live_round} if multi else {}
     return [
-        {"policy": run.policy, "request_id": int(r.request_id),
+        {"policy": run.policy, **extra, "request_id": int(r.request_id),
          "session_id": None if pd.isna(r.session_id) else r.session_id,
          "turn": None if pd.isna(r.turn) else int(r.turn), "worker": int(r.worker), "error": r.error}
         for r in bad.itertuples()
     ]
 
 
+def _multi(v: Validation) -> bool:
+    """Whether the report gives several live rounds per policy (``--live-rounds`` >= 2)."""
+    return v.spec.live_rounds > 1
+
+
+def _metric_entry(runs: list[PolicyRun], metric: str, multi: bool) -> dict:
+    """One metric of one policy: predicted against the mean measured over ``runs`` (its live rounds)."""
+    pred = runs[0]
+    values = [r.measured.get(metric, math.nan) for r in runs]
+    live = spread(values, metric)
+    entry = {"label": SUMMARY_METRICS[metric], **_pair(pred.predicted.get(metric, math.nan), live["mean"]),
+             "predicted_interval": [_num(x) for x in pred.predicted_interval.get(metric, (None, None))],
+             **_inside(pred.run_values.get(metric, []), live["mean"], live["n"])}
+    if multi:
+        p, lo, hi = (_num(x) for x in (pred.predicted.get(metric), live["min"], live["max"]))
+        entry.update(live_rounds=live["n"], measured_rounds=[_num(x) for x in values], measured_min=lo,
+                     measured_max=hi, measured_interval=live["interval"] and [_num(x) for x in live["interval"]],
+                     predicted_inside_live_range=None if None in (p, lo, hi) else bool(lo <= p <= hi))
+    return entry
+
+
+def _mean_workers(per_round: list[list[dict]]) -> list[dict]:
+    """Per worker, the mean over live rounds of :func:`worker_rows`' measured values."""
+    out = []
+    for rows in zip(*per_round):
+        first = rows[0]
+
+        def mean(get):
+            return spread([get(r) for r in rows])["mean"]
+
+        out.append({**first, "alive": all(r["alive"] for r in rows), "requests": mean(lambda r: r["requests"]),
+                    "hit_tokens": _pair(first["hit_tokens"]["predicted"], mean(lambda r: r["hit_tokens"]["measured"])),
+                    "query_tokens": _pair(first["query_tokens"]["predicted"],
+                                          mean(lambda r: r["query_tokens"]["measured"])),
+                    "usage_cached_tokens": mean(lambda r: r["usage_cached_tokens"]),
+                    "preemptions": _num(mean(lambda r: r["preemptions"])),
+                    "hit_source": ", ".join(sorted({r["hit_source"] for r in rows}))})
+    return out
+
+
+def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
+    """The report of one policy over its live rounds ``runs``."""
+    fails = [f for r in runs for f in failures(r)]
+    dead: dict[str, str] = {}  # each worker's first death, in the order they died
+    for r in runs:
+        for w, why in r.dead.items():
+            dead.setdefault(str(w), f"live round {r.live_round + 1}: {why}" if multi else why)
+    entry = {
+        "metrics": {m: _metric_entry(runs, m, multi) for m in REPORT_METRICS},
+        "workers": {str(row["worker"]): row for row in
+                    (_mean_workers([worker_rows(r) for r in runs]) if multi else worker_rows(runs[0]))},
+        "cache_reset": [list(r.cache_reset) for r in runs] if multi else list(runs[0].cache_reset),
+        "warm_cache": any(r.warm for r in runs),
+        "dead_workers": dead,
+        "failed_requests": len(fails),
+        "errors": dict(Counter(f["error"] for f in fails).most_common(20)),
+        "interrupted": any(r.interrupted for r in runs),
+        "live_wall_time_s": _num(spread([r.elapsed_s for r in runs])["mean"]),
+        "usage_reported_cached_tokens": all(r.usage_reported for r in runs),
+        "client_send_lag_s": _lag_summary(np.concatenate([send_lags(r, v.trace) for r in runs])),
+    }
+    if multi:
+        entry["live_rounds"] = len(runs)
+        entry["rounds"] = [{"live_round": r.live_round, "cache_reset": list(r.cache_reset), "warm_cache": r.warm,
+                            "dead_workers": {str(w): why for w, why in r.dead.items()},
+                            "failed_requests": len(failures(r)), "interrupted": r.interrupted,
+                            "live_wall_time_s": _num(r.elapsed_s)} for r in runs]
+    return entry
+
+
 def report_dict(v: Validation) -> dict:
     """The machine-readable report."""
     spec = v.spec
+    multi = _multi(v)
     doc: dict = {
         "trace": v.trace.source,
         "num_requests": len(v.trace.records),
@@ -150,6 +232,7 @@ def report_dict(v: Validation) -> dict:
         "closed_loop": (v.spec.closed_loop if v.spec.closed_loop is not None
                         else any(r.parent is not None for r in v.trace.records)),
         "sim_rounds": spec.sim_rounds,
+        **({"live_rounds": spec.live_rounds} if multi else {}),
         "sim_client_lag_s": v.client_lag_s,
         "sim_client_lag_measured": spec.client_lag_s is None,
         "seed": spec.seed,
@@ -163,36 +246,20 @@ def report_dict(v: Validation) -> dict:
              "max_model_len": s.max_model_len, "dev_mode": s.dev_mode}
             for s in v.servers
         ],
-        "notes": list(v.notes) + run_notes(v),
+        "notes": ([ONE_ROUND_NOTE] if v.runs and not multi else []) + list(v.notes) + run_notes(v),
         "policies": {},
         "changes": {},
     }
-    for run in v.runs:
-        fails = failures(run)
-        doc["policies"][run.policy] = {
-            "metrics": {m: {"label": SUMMARY_METRICS[m], **_pair(run.predicted.get(m, math.nan),
-                                                                 run.measured.get(m, math.nan)),
-                            "predicted_interval": [_num(x) for x in run.predicted_interval.get(m, (None, None))],
-                            **_inside(run.run_values.get(m, []), run.measured.get(m, math.nan))}
-                        for m in REPORT_METRICS},
-            "workers": {str(row["worker"]): row for row in worker_rows(run)},
-            "cache_reset": list(run.cache_reset),
-            "warm_cache": run.warm,
-            "dead_workers": {str(w): why for w, why in run.dead.items()},
-            "failed_requests": len(fails),
-            "errors": dict(Counter(f["error"] for f in fails).most_common(20)),
-            "interrupted": run.interrupted,
-            "live_wall_time_s": _num(run.elapsed_s),
-            "usage_reported_cached_tokens": run.usage_reported,
-            "client_send_lag_s": _lag_summary(send_lags(run, v.trace)),
-        }
-    base = v.runs[0] if v.runs else None
-    for run in v.runs[1:]:
-        doc["changes"][run.policy] = {
-            m: {"label": SUMMARY_METRICS[m], "vs": base.policy, **change_pair(base, run, m)}
+    groups = v.policy_rounds()
+    for policy, runs in groups.items():
+        doc["policies"][policy] = _policy_entry(v, runs, multi)
+    base, *others = groups.values() if groups else [None]
+    for runs in others:
+        doc["changes"][runs[0].policy] = {
+            m: {"label": SUMMARY_METRICS[m], "vs": base[0].policy, **change_pair(base, runs, m, multi)}
             for m in CHANGE_METRICS
         }
-    doc["failures"] = [f for r in v.runs for f in failures(r)][:MAX_LISTED_FAILURES]
+    doc["failures"] = [f for r in v.runs for f in failures(r, multi)][:MAX_LISTED_FAILURES]
     doc["interval_source"] = v.runs[0].interval_source if v.runs else "seeds"
     doc["uncertainty_draws"] = spec.uncertainty
     k, n = inside_count(doc)
@@ -207,36 +274,55 @@ def _lag_summary(lags: np.ndarray) -> dict | None:
             "max": _num(lags.max())}
 
 
-def change_pair(base: PolicyRun, run: PolicyRun, metric: str) -> dict:
-    """Predicted and measured change of ``metric`` from ``base`` to ``run`` (percent) and their
-    difference (percentage points)."""
-    p = change_pct(run.predicted.get(metric, math.nan), base.predicted.get(metric, math.nan))
-    m = change_pct(run.measured.get(metric, math.nan), base.measured.get(metric, math.nan))
-    paired = [change_pct(b, r) for b, r in zip(base.run_values.get(metric, []), run.run_values.get(metric, []))
+def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi: bool = False) -> dict:
+    """Predicted and measured change of ``metric`` from policy ``base`` to policy ``runs`` (each
+    its live rounds; the measured change is that of the round means, percent) and their
+    difference (percentage points). With ``multi``, also each round's change against the base's
+    round of the same index and the 95 % Student-t interval of their mean (from two pairs on)."""
+    b0, r0 = base[0], runs[0]
+    p = change_pct(r0.predicted.get(metric, math.nan), b0.predicted.get(metric, math.nan))
+    pairs = list(zip(base, runs))
+    means = (spread([r.measured.get(metric, math.nan) for r in side])["mean"] for side in (runs, base))
+    m = change_pct(*means)
+    paired = [change_pct(r, b) for b, r in zip(b0.run_values.get(metric, []), r0.run_values.get(metric, []))
               if b is not None and r is not None]
-    return {"predicted": _num(p), "measured": _num(m), "difference_pp": _num(p - m), **_inside(paired, m)}
+    per_round = [change_pct(r.measured.get(metric, math.nan), b.measured.get(metric, math.nan)) for b, r in pairs]
+    out = {"predicted": _num(p), "measured": _num(m), "difference_pp": _num(p - m),
+           **_inside(paired, m, len(finite(per_round)))}
+    if multi:
+        lo, hi = (_num(x) for x in mean_interval(per_round))
+        out.update(live_rounds=len(finite(per_round)), measured_rounds=[_num(x) for x in per_round],
+                   measured_interval=None if lo is None else [lo, hi],
+                   predicted_inside_measured_interval=None if lo is None or _num(p) is None else bool(lo <= p <= hi))
+    return out
+
+
+def _run_name(run: PolicyRun, multi: bool) -> str:
+    return f"{run.policy} (live round {run.live_round + 1})" if multi else run.policy
 
 
 def run_notes(v: Validation) -> list[str]:
     """Warm caches, dead workers, failures and interruptions, in words."""
     notes = []
+    multi = _multi(v)
     for run in v.runs:
+        name = _run_name(run, multi)
         if run.warm:
             bad = [v.servers[i].url for i, ok in enumerate(run.cache_reset) if ok is False]
-            notes.append(f"{run.policy}: the prefix cache of {', '.join(bad) or 'some server'} could not be "
+            notes.append(f"{name}: the prefix cache of {', '.join(bad) or 'some server'} could not be "
                          "reset, so the run started WARM (the simulation starts cold)")
         for w, why in run.dead.items():
-            notes.append(f"{run.policy}: worker {w} ({v.servers[w].url}) died or timed out mid-replay and "
+            notes.append(f"{name}: worker {w} ({v.servers[w].url}) died or timed out mid-replay and "
                          f"the policy stopped sending to it; the replay finished on the others ({why})")
         n_fail = len(failures(run))
         if n_fail:
-            notes.append(f"{run.policy}: {n_fail} of {len(v.trace.records)} requests failed or were not sent; "
+            notes.append(f"{name}: {n_fail} of {len(v.trace.records)} requests failed or were not sent; "
                          "measured metrics cover the rest")
         if not run.usage_reported:
-            notes.append(f"{run.policy}: some responses carried no cached-token usage (server without "
+            notes.append(f"{name}: some responses carried no cached-token usage (server without "
                          "--enable-prompt-tokens-details); per-request cached tokens read 0")
         if run.interrupted:
-            notes.append(f"{run.policy}: interrupted (Ctrl-C); the report holds what was measured until then")
+            notes.append(f"{name}: interrupted (Ctrl-C); the report holds what was measured until then")
     return notes
 
 
@@ -275,10 +361,15 @@ def _lag_text(lag: dict | None, simulated_s: float) -> str:
 def report_markdown(v: Validation, doc: dict | None = None) -> str:
     """The human report: scenario, one table per policy, the change table, notes."""
     doc = doc or report_dict(v)
+    n_live = doc.get("live_rounds")  # set with several live rounds per policy
     lines = [f"# Validation: {doc['trace']} ({doc['num_requests']} requests)", ""]
     loop = "closed loop" if doc["closed_loop"] else "open loop (trace timestamps)"
     lines.append(f"- replay: {loop}, max in flight {doc['max_in_flight'] or 'unlimited'}; "
                  f"prediction: profile `{doc['profile']}`, mean of {doc['sim_rounds']} seeded round(s)")
+    if n_live:
+        lines.append(f"- live: {n_live} rounds per policy, interleaved (every policy once per round); measured "
+                     f"values are the rounds' means, checked against the interval of the mean of {n_live} "
+                     "simulated runs")
     for s in doc["servers"]:
         lines.append(f"- worker {s['url']}: {s['model']}, vLLM {s['vllm_version']}, {s['hardware']}, "
                      f"block size {s['block_size']}, {s['num_gpu_blocks']} KV blocks")
@@ -286,37 +377,51 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
     if doc["interrupted"]:
         lines.append("- **interrupted**: partial measurement")
     for policy, p in doc["policies"].items():
+        rounds = f" (mean of {p['live_rounds']} rounds)" if n_live else ""
         lines += ["", f"## {policy}", "",
-                  f"live wall time {_fmt(p['live_wall_time_s'], 1)} s, failed requests {p['failed_requests']}"
+                  f"live wall time {_fmt(p['live_wall_time_s'], 1)} s{rounds}, failed requests {p['failed_requests']}"
                   + (", **warm cache**" if p["warm_cache"] else "")
-                  + _lag_text(p["client_send_lag_s"], doc["sim_client_lag_s"]), "",
-                  "| metric | predicted | 95 % interval of the prediction | 95 % interval of one run | measured "
-                  "| inside | error % |",
-                  "|---|---:|---:|---:|---:|:---:|---:|"]
+                  + _lag_text(p["client_send_lag_s"], doc["sim_client_lag_s"]), ""]
+        if n_live:
+            lines += ["| metric | predicted | 95 % interval of the prediction | 95 % interval of the mean of "
+                      f"{n_live} runs | measured (mean) | live min - max | 95 % interval of the live mean "
+                      "| prediction in live range | inside | error % |",
+                      "|---|---:|---:|---:|---:|---:|---:|:---:|:---:|---:|"]
+        else:
+            lines += ["| metric | predicted | 95 % interval of the prediction | 95 % interval of one run | measured "
+                      "| inside | error % |",
+                      "|---|---:|---:|---:|---:|:---:|---:|"]
         for m in p["metrics"].values():
-            lo, hi = m["predicted_interval"]
-            iv = "-" if lo is None or hi is None else f"{_fmt(lo)} - {_fmt(hi)}"
-            lines.append(f"| {m['label']} | {_fmt(m['predicted'])} | {iv} | {_range(m['run_interval'])} | "
-                         f"{_fmt(m['measured'])} | {_yes(m['inside'])} | {_pct(m['error_pct'])} |")
+            live = (f"{_range([m['measured_min'], m['measured_max']])} | {_range(m['measured_interval'] or [None, None])}"
+                    f" | {_yes(m['predicted_inside_live_range'])} | " if n_live else "")
+            lines.append(f"| {m['label']} | {_fmt(m['predicted'])} | {_range(m['predicted_interval'])} | "
+                         f"{_range(m['run_interval'])} | {_fmt(m['measured'])} | {live}{_yes(m['inside'])} | "
+                         f"{_pct(m['error_pct'])} |")
         for w, row in p["workers"].items():
             h = row["hit_tokens"]
             tag = "" if row["alive"] else " (died)"
             lines.append(f"| hit tokens, worker {w}{tag} | {_fmt(h['predicted'], 0)} | - | - | "
-                         f"{_fmt(h['measured'], 0)} | - | {_pct(h['error_pct'])} |")
+                         f"{_fmt(h['measured'], 0)} | {'- | - | - | ' if n_live else ''}- | {_pct(h['error_pct'])} |")
     if doc["changes"]:
         base = next(iter(doc["policies"]))
-        lines += ["", f"## Change vs {base}", "",
-                  "| metric | policy | predicted | 95 % interval of one run | measured | inside | difference (pp) |",
-                  "|---|---|---:|---:|---:|:---:|---:|"]
+        lines += ["", f"## Change vs {base}", ""]
+        if n_live:
+            lines += [f"| metric | policy | predicted | 95 % interval of the mean of {n_live} runs | measured (change "
+                      "of the round means) | 95 % interval over paired rounds | inside | difference (pp) |",
+                      "|---|---|---:|---:|---:|---:|:---:|---:|"]
+        else:
+            lines += ["| metric | policy | predicted | 95 % interval of one run | measured | inside | difference (pp) |",
+                      "|---|---|---:|---:|---:|:---:|---:|"]
         for policy, ch in doc["changes"].items():
             for c in ch.values():
                 diff = _num(c["difference_pp"])
-                lo, hi = c["run_interval"]
-                iv = "-" if lo is None or hi is None else f"{lo:+.1f}% - {hi:+.1f}%"
-                lines.append(f"| {c['label']} | {policy} | {_pct(c['predicted'])} | {iv} | {_pct(c['measured'])} | "
-                             f"{_yes(c['inside'])} | {'-' if diff is None else f'{diff:+.1f}'} |")
+                paired = f"{_pct_range(c['measured_interval'])} | " if n_live else ""
+                lines.append(f"| {c['label']} | {policy} | {_pct(c['predicted'])} | {_pct_range(c['run_interval'])} | "
+                             f"{_pct(c['measured'])} | {paired}{_yes(c['inside'])} | "
+                             f"{'-' if diff is None else f'{diff:+.1f}'} |")
     k, n = doc["inside_interval"]["inside"], doc["inside_interval"]["checked"]
-    lines += ["", f"{k} of {n} measured values fall inside the 95 % prediction interval of one simulated run "
+    one_sim = f"the mean of {n_live} simulated runs" if n_live else "one simulated run"
+    lines += ["", f"{k} of {n} measured values fall inside the 95 % prediction interval of {one_sim} "
                   f"(from {doc['interval_source']}; {doc['sim_rounds']} round(s)"
                   + (f" on the central profile and on each of {doc['uncertainty_draws']} drawn profiles)."
                      if doc["uncertainty_draws"] else ").")]
@@ -325,9 +430,15 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pct_range(pair) -> str:
+    lo, hi = (_num(x) for x in pair or (None, None))
+    return "-" if lo is None or hi is None else f"{lo:+.1f}% - {hi:+.1f}%"
+
+
 def write_report(v: Validation, out_dir: str | Path) -> Path:
-    """Write ``report.json``, ``report.md``, ``records_live.parquet``, ``records_sim.parquet``
-    and ``ttft_<policy>.png`` (plus ``ttft_all.png`` for several policies) into ``out_dir``.
+    """Write ``report.json``, ``report.md``, ``records_live.parquet`` (with a ``live_round``
+    column for several live rounds), ``records_sim.parquet`` and ``ttft_<policy>.png`` (every
+    live round's requests; plus ``ttft_all.png`` for several policies) into ``out_dir``.
 
     Returns:
         The path of ``report.json``.
@@ -340,21 +451,23 @@ def write_report(v: Validation, out_dir: str | Path) -> Path:
     write_text_atomic(out / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
     write_text_atomic(out / "report.md", report_markdown(v, doc))
     live = [r.live.records.assign(policy=r.policy, url=r.live.records["worker"].map(
-        lambda w: v.servers[w].url if 0 <= w < len(v.servers) else None)) for r in v.runs if r.live is not None]
-    sim = [run.records.assign(policy=r.policy, round=k) for r in v.runs for k, run in enumerate(r.sim_runs)]
+        lambda w: v.servers[w].url if 0 <= w < len(v.servers) else None),
+        **({"live_round": r.live_round} if _multi(v) else {})) for r in v.runs if r.live is not None]
+    groups = v.policy_rounds()
+    sim = [run.records.assign(policy=p, round=k) for p, rs in groups.items() for k, run in enumerate(rs[0].sim_runs)]
     if live:
         _parquet(pd.concat(live, ignore_index=True), out / "records_live.parquet")
     if sim:
         _parquet(pd.concat(sim, ignore_index=True), out / "records_sim.parquet")
     both = []
-    for r in v.runs:
-        frames = [run.records.assign(policy=f"{r.policy} predicted") for run in r.sim_runs]
-        if r.live is not None and (r.live.records["status"] == "ok").any():
-            frames.append(r.live.records.assign(policy=f"{r.policy} measured"))
+    for policy, runs in groups.items():
+        frames = [run.records.assign(policy=f"{policy} predicted") for run in runs[0].sim_runs]
+        frames += [r.live.records.assign(policy=f"{policy} measured") for r in runs
+                   if r.live is not None and (r.live.records["status"] == "ok").any()]
         frame = pd.concat(frames, ignore_index=True)
         both.append(frame)
-        with atomic_output(out / f"ttft_{r.policy}.png") as tmp:
-            plot_ttft(frame, tmp, title=f"{r.policy}: predicted vs measured")
+        with atomic_output(out / f"ttft_{policy}.png") as tmp:
+            plot_ttft(frame, tmp, title=f"{policy}: predicted vs measured")
     if len(both) > 1:
         with atomic_output(out / "ttft_all.png") as tmp:
             plot_ttft(pd.concat(both, ignore_index=True), tmp, title="predicted vs measured")
