@@ -127,11 +127,13 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
                   "([low, high] where clipped to possible values)")
         click.echo(f"\n{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo_ttft} s and "
                    f"TPOT <= {slo_tpot} s.")
+        from kvroute.sim.coverage import peak_in_flight, run_note
+
         records = comparison.records()
         peak = peak_in_flight(records)
         for line in (_failure_note(comparison), _unmeasured_note(spec.profile, trace_path is None and
                                                                      workload == "seed-chat" and reply_tokens is None),
-                     _frontend_note(spec.profile, peak), _range_note(spec.profile, records, peak)):
+                     _frontend_note(spec.profile, peak), run_note(spec.profile, records, peak)):
             if line:
                 click.echo(line)
     if out is not None:
@@ -325,46 +327,6 @@ def _frontend_note(profile, peak: int) -> str:
             "vLLM's API process and the host's CPU are taken as unlimited, where under bursts they queue work "
             "(on the CPU reference, bursts of short replies took about twice the time such a profile predicts). "
             "Calibrate with the concurrency sweep (`kvroute calibrate measure`) to model them (README: Bursts).")
-
-
-def _range_note(profile, records, peak: int) -> str:
-    """A note under the table when the run went beyond the shapes the profile's calibration
-    timed (``kvroute.sim.coverage``): its longest served sequence, or ``peak`` requests in flight
-    on one worker (at most ``max_num_seqs`` of them decode together)."""
-    from kvroute.sim.coverage import MeasuredRange, outside_note
-
-    served = records[records["status"] == "ok"]
-    if served.empty:
-        return ""
-    longest = int((served["prompt_tokens"] + served["output_tokens"]).max())
-    batch = min(peak, profile.engine.max_num_seqs)
-    return outside_note(profile.name, MeasuredRange.of_profile(profile.raw), longest, batch)
-
-
-def peak_in_flight(records) -> int:
-    """Most requests sent but not finished at once on one worker, over every policy and round.
-
-    Args:
-        records: per-request rows with ``worker``, ``arrival`` and ``finish``, and ``policy``,
-            ``round`` or ``seed`` where present (each group counted apart);
-            times in s (a NaN finish: never finished, in flight to the end).
-    """
-    import numpy as np
-
-    keys = [k for k in ("policy", "round", "seed", "worker") if k in records.columns]
-    peak = 0
-    for _, g in records.groupby(keys):
-        start = g["arrival"].to_numpy(float)
-        end = np.nan_to_num(g["finish"].to_numpy(float), nan=np.inf)
-        start, end = start[np.isfinite(start)], end[np.isfinite(start)]
-        if not len(start):
-            continue
-        # +1 at each send, -1 at each finish; a finish at the same instant as a send goes first
-        times = np.concatenate([start, end])
-        steps = np.concatenate([np.ones(len(start)), -np.ones(len(end))])
-        order = np.lexsort((steps, times))
-        peak = max(peak, int(np.cumsum(steps[order]).max()))
-    return peak
 
 
 @click.command("policies")

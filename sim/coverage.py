@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class MeasuredRange:
@@ -85,3 +87,46 @@ def outside_note(name: str, measured: MeasuredRange | None, longest_sequence: in
            if longest_sequence > measured.sequence_tokens else "")
     return (f"Note: beyond what {name} measured: {'; '.join(beyond)}. The step costs there are the fitted "
             f"model extrapolated, not measured{fix}.")
+
+
+def run_note(profile, records, peak: int | None = None) -> str:
+    """:func:`outside_note` for a run's records (every policy and round): the longest served
+    sequence (prompt plus output tokens of requests with status ``ok``) and the peak in flight on
+    one worker (``peak``, else :func:`peak_in_flight` of ``records``), capped at the engine's
+    ``max_num_seqs``, against ``profile``'s measured range.
+
+    Args:
+        profile: a :class:`~kvroute.sim.profile.Profile`.
+        records: per-request rows (``kvroute.sim.metrics.RECORD_COLUMNS``), a DataFrame.
+    """
+    measured = MeasuredRange.of_profile(profile.raw)
+    served = records[records["status"] == "ok"]
+    if measured is None or served.empty:
+        return ""
+    longest = int((served["prompt_tokens"] + served["output_tokens"]).max())
+    peak = peak_in_flight(records) if peak is None else peak
+    return outside_note(profile.name, measured, longest, min(peak, profile.engine.max_num_seqs))
+
+
+def peak_in_flight(records) -> int:
+    """Most requests sent but not finished at once on one worker, over every policy and round.
+
+    Args:
+        records: per-request rows with ``worker``, ``arrival`` and ``finish``, and ``policy``,
+            ``round`` or ``seed`` where present (each group counted apart);
+            times in s (a NaN finish: never finished, in flight to the end).
+    """
+    keys = [k for k in ("policy", "round", "seed", "worker") if k in records.columns]
+    peak = 0
+    for _, g in records.groupby(keys):
+        start = g["arrival"].to_numpy(float)
+        end = np.nan_to_num(g["finish"].to_numpy(float), nan=np.inf)
+        start, end = start[np.isfinite(start)], end[np.isfinite(start)]
+        if not len(start):
+            continue
+        # +1 at each send, -1 at each finish; a finish at the same instant as a send goes first
+        times = np.concatenate([start, end])
+        steps = np.concatenate([np.ones(len(start)), -np.ones(len(end))])
+        order = np.lexsort((steps, times))
+        peak = max(peak, int(np.cumsum(steps[order]).max()))
+    return peak

@@ -143,7 +143,7 @@ def test_many_requests_in_flight_without_front_end_terms_are_flagged():
 def test_peak_in_flight_counts_each_worker_and_round_apart():
     import pandas as pd
 
-    from kvroute.cli.sim_commands import peak_in_flight
+    from kvroute.sim.coverage import peak_in_flight
 
     rows = pd.DataFrame({"policy": ["p"] * 5, "round": [0, 0, 0, 1, 1], "worker": [0, 0, 0, 0, 1],
                          "arrival": [0.0, 1.0, 2.0, 0.5, 0.5], "finish": [2.0, 3.0, float("nan"), 9.0, 9.0]})

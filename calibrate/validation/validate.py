@@ -28,6 +28,7 @@ from kvroute.calibrate.vllm.client import CalibrationError, MetricsSnapshot, Ser
 from kvroute.calibrate.calibration.prompts import DEFAULT_TOKEN_RANGE, TokenSynth
 from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
 from kvroute.sim.cluster import ClusterSpec
+from kvroute.sim.coverage import run_note
 from kvroute.sim.experiment import compare, compare_uncertain
 from kvroute.sim.metrics import RunResult, summarize
 from kvroute.sim.profile import Profile
@@ -494,6 +495,11 @@ def run_validation(
                               spec.uncertainty, spec.prior_range)
         for run in validation.runs:
             run.take_prediction(predictions[spec.policies.index(run.policy)])
+    simulated = [r.records for run in validation.runs for r in run.sim_runs]
+    if simulated:
+        note = run_note(cluster.profile, pd.concat(simulated, ignore_index=True))
+        if note:
+            validation.notes.append(note.removeprefix("Note: "))
     return validation
 
 
