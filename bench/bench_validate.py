@@ -163,9 +163,9 @@ def print_rows(rows: list[dict]) -> None:
                   f"{r['measured']:>10.4f} {r['error_pct']:>+8.1f}% {tgt:>7} {r['live_rounds']:>4} {load:>10}  {ok}")
 
 
-def calibrate_here(urls: list[str], out: Path) -> Path:
+def calibrate_here(urls: list[str], out: Path, longest: int | None = None) -> Path:
     """Calibrate ``urls`` in place: ``kvroute calibrate measure`` (full preset, with the
-    concurrency sweep) into ``out``, then ``kvroute calibrate fit`` (no bootstrap); returns the
+    concurrency sweep, extended to ``longest`` tokens when given) into ``out``, then ``kvroute calibrate fit`` (no bootstrap); returns the
     profile's path, ``out/profile.json``. The processors behind this machine differ from
     session to session, so a profile measured in another session carries another speed.
 
@@ -176,6 +176,7 @@ def calibrate_here(urls: list[str], out: Path) -> Path:
 
     kvroute = [sys.executable, "-c", "from kvroute.cli.main import main; main()"]
     steps = [kvroute + ["calibrate", "measure", "--out", str(out), "--no-progress"]
+             + (["--longest", str(longest)] if longest else [])
              + [a for u in urls for a in ("--url", u)],
              kvroute + ["calibrate", "fit", str(out), "--out", str(out / "profile.json"), "--bootstrap", "0",
                         "--name", "calibrated-here"]]
@@ -245,6 +246,9 @@ def main() -> None:
     parser.add_argument("--calibrate", action="store_true",
                         help="First calibrate the servers themselves (kvroute calibrate measure, full sweep with "
                              "bursts, then fit; about 10 minutes) and score that profile before the others.")
+    parser.add_argument("--longest", type=int, default=None, metavar="N",
+                        help="With --calibrate: extend the sweep to sequences of N tokens (calibrate measure "
+                             "--longest; the long-chats shape reaches 27,442).")
     parser.add_argument("--rescore", type=Path, default=None, metavar="DIR",
                         help="Score the profiles against the live rounds saved in DIR by an earlier run "
                              "(DIR/<shape>/live.pickle), without servers.")
@@ -267,7 +271,7 @@ def main() -> None:
     with servers as urls:
         t1 = time.perf_counter()
         if args.calibrate and not args.rescore:
-            names.insert(0, str(calibrate_here(urls, args.out / "calibration")))
+            names.insert(0, str(calibrate_here(urls, args.out / "calibration", args.longest)))
             notes.append(f"calibrated on these servers in {time.perf_counter() - t1:.0f} s: {names[0]}")
             t1 = time.perf_counter()
         profiles = [load_profile(p) for p in names]
