@@ -256,8 +256,6 @@ def main() -> None:
 
     from kvroute.calibrate.validation.validate import (cluster_spec, measured_client, predict, with_client_lag,
                                                        with_root_offsets)
-    import pandas as pd
-
     from kvroute.sim.coverage import run_note
     from kvroute.sim.profile import load_profile
 
@@ -293,7 +291,7 @@ def main() -> None:
             for profile in profiles:
                 cluster, _ = cluster_spec(profile, validation.servers, spec)
                 runs = predict(sim_trace, cluster, list(spec.policies), args.rounds, spec.seed)
-                beyond = run_note(cluster.profile, pd.concat([r.records for run in runs for r in run.sim_runs]))
+                beyond = run_note(cluster.profile, [r.records for run in runs for r in run.sim_runs])
                 if beyond:
                     notes.append(f"{shape}: {beyond.removeprefix('Note: ')}")
                 rows, m = score(shape, profile.name, runs, validation, args.rounds, load)

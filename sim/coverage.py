@@ -89,22 +89,27 @@ def outside_note(name: str, measured: MeasuredRange | None, longest_sequence: in
             f"model extrapolated, not measured{fix}.")
 
 
-def run_note(profile, records, peak: int | None = None) -> str:
-    """:func:`outside_note` for a run's records (every policy and round): the longest served
-    sequence (prompt plus output tokens of requests with status ``ok``) and the peak in flight on
-    one worker (``peak``, else :func:`peak_in_flight` of ``records``), capped at the engine's
-    ``max_num_seqs``, against ``profile``'s measured range.
+def run_note(profile, runs, peak: int | None = None) -> str:
+    """:func:`outside_note` for a run's records: the longest served sequence (prompt plus output
+    tokens of requests with status ``ok``) and the peak in flight on one worker, capped at the
+    engine's ``max_num_seqs``, against ``profile``'s measured range.
 
     Args:
         profile: a :class:`~kvroute.sim.profile.Profile`.
-        records: per-request rows (``kvroute.sim.metrics.RECORD_COLUMNS``), a DataFrame.
+        runs: per-request rows (``kvroute.sim.metrics.RECORD_COLUMNS``): one DataFrame, or a
+            list of them, one per simulated run (rounds overlap in time, so each is counted
+            apart unless its rows carry ``policy``/``round``/``seed`` columns).
+        peak: the peak in flight when the caller has it, else :func:`peak_in_flight` per run.
     """
+    frames = [runs] if hasattr(runs, "columns") else list(runs)
     measured = MeasuredRange.of_profile(profile.raw)
-    served = records[records["status"] == "ok"]
-    if measured is None or served.empty:
+    served = [f[f["status"] == "ok"] for f in frames]
+    served = [f for f in served if not f.empty]
+    if measured is None or not served:
         return ""
-    longest = int((served["prompt_tokens"] + served["output_tokens"]).max())
-    peak = peak_in_flight(records) if peak is None else peak
+    longest = max(int((f["prompt_tokens"] + f["output_tokens"]).max()) for f in served)
+    if peak is None:
+        peak = max(peak_in_flight(f) for f in frames)
     return outside_note(profile.name, measured, longest, min(peak, profile.engine.max_num_seqs))
 
 

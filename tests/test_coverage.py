@@ -74,3 +74,18 @@ def test_compare_notes_a_run_longer_than_the_profile_measured(tmp_path):
     assert "its sweep timed up to 1,000" in out
     inside = CliRunner().invoke(cli, args + ["--profile", "cpu-tiny-qwen2-x2"], catch_exceptions=False).output
     assert "beyond what" not in inside
+
+
+def test_run_note_counts_overlapping_rounds_apart():
+    import pandas as pd
+
+    from kvroute.sim.coverage import peak_in_flight, run_note
+
+    profile = load_profile("cpu-tiny-qwen2-x2")  # measured: 16,384 tokens, batches of 64
+    one = pd.DataFrame({"worker": [0] * 40, "arrival": [0.0] * 40, "finish": [1.0] * 40, "status": ["ok"] * 40,
+                        "prompt_tokens": [100] * 40, "output_tokens": [10] * 40})
+    assert peak_in_flight(one) == 40
+    assert run_note(profile, [one, one]) == ""  # two rounds of 40 are not 80 at once
+    assert "up to 80 requests shared one worker" in run_note(profile, pd.concat([one, one]))
+    longer = one.assign(prompt_tokens=20000)
+    assert "sequences reach 20,010 tokens" in run_note(profile, [one, longer])

@@ -497,7 +497,7 @@ def run_validation(
             run.take_prediction(predictions[spec.policies.index(run.policy)])
     simulated = [r.records for run in validation.runs for r in run.sim_runs]
     if simulated:
-        note = run_note(cluster.profile, pd.concat(simulated, ignore_index=True))
+        note = run_note(cluster.profile, simulated)
         if note:
             validation.notes.append(note.removeprefix("Note: "))
     return validation
