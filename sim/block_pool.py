@@ -251,25 +251,36 @@ class BlockPool:
         ``block_hashes[i]`` (hits and registered full blocks form a prefix of every table):
         the same queue order, by slices.
         """
-        ref_cnt = self.ref_cnt
         shared = self._shared.intersection(blocks) if self._shared else None
+        k = 0
         if shared:
-            self._free_shared_table(blocks, block_hashes, num_hashed, shared)
-            return
-        # no block has a second reference (so none is listed twice): all are released
-        for bid in blocks:
+            # Shared hit blocks (another running request holds them; under round_robin too, as
+            # conversations share prefixes) lose one reference and stay. They are usually the
+            # table's first blocks; if they are exactly those (so each is listed once, and so is
+            # every other block, which has one reference), the rest is released by slices.
+            k = len(shared)
+            if k > num_hashed or shared != set(blocks[:k]):
+                self._free_shared_table(blocks, block_hashes, num_hashed, shared)
+                return
+            ref_cnt = self.ref_cnt
+            for bid in blocks[:k]:
+                r = ref_cnt[bid] - 1
+                ref_cnt[bid] = r
+                if r == 1:
+                    self._shared.discard(bid)
+        # every block from k on has one reference: all are released
+        ref_cnt = self.ref_cnt
+        for bid in blocks[k:]:
             ref_cnt[bid] = 0
         if num_hashed < len(blocks):
             self._head.extend(blocks[num_hashed:])  # unhashed: to the head, the last block first
-        if num_hashed:
-            self._lru.extend(reversed(blocks[:num_hashed]))  # hashed: to the tail, last first
-            self._lru_hash.extend(reversed(block_hashes[:num_hashed]))
-            self._lru_len += num_hashed
+        if num_hashed > k:
+            self._lru.extend(reversed(blocks[k:num_hashed]))  # hashed: to the tail, last first
+            self._lru_hash.extend(reversed(block_hashes[k:num_hashed]))
+            self._lru_len += num_hashed - k
 
     def _free_shared_table(self, blocks: list[int], block_hashes: list[int], num_hashed: int, shared: set[int]) -> None:
-        # Some blocks of the table are shared (hits on blocks another request holds; under
-        # round_robin too, as conversations share prefixes): they lose one reference and stay,
-        # every other block is released as in ``free_table``.
+        # ``free_table`` when the table's ``shared`` blocks are not exactly its first ones.
         if len(set(blocks)) != len(blocks):  # a block listed twice (a hash collision): one by one
             hashes = block_hashes[:num_hashed] + [None] * (len(blocks) - num_hashed)
             self.free_blocks(reversed(blocks), reversed(hashes))
