@@ -368,8 +368,10 @@ class BlockPool:
                     taken += chunk
                     hashes += chunk_hash
                     continue
-                if len(set(chunk)) == len(chunk):  # each block once: every entry decided alone
-                    skipped = list(compress(chunk, marks))
+                skipped = list(compress(chunk, marks))
+                # A block with no stale entry has at most one (live) entry, so only a stale block
+                # can appear twice; if none does, every entry is decided alone.
+                if len(set(skipped)) == len(skipped):
                     for bid in skipped:
                         stale[bid] -= 1
                     self._num_stale -= len(skipped)
