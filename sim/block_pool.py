@@ -29,9 +29,12 @@ with more than one reference are kept in a set (``_shared``, usually small): a f
 releases every block but those in it without reading reference counts.
 
 Runs of consecutive block ids (extents) were measured and rejected as a representation: on the
-Mooncake trace they average 5.5 blocks, because decode steps interleave the blocks of the
-running requests and the LRU order keeps that interleaving, so a Python step per run costs
-more than the C-level per-block steps it would replace.
+Mooncake trace (round_robin) the blocks one call hands out, registers, evicts or frees form
+runs of 5.5 consecutive ids on average (5.7 million blocks in 0.95 million runs handed out),
+because decode steps interleave the blocks of the running requests and the LRU order keeps
+that interleaving; a Python step per run would cost more than the C-level per-block steps it
+replaces. Consecutive hash keys (``content.block_hashes``) do not help either: the blocks
+registered under them are no more consecutive.
 """
 
 from __future__ import annotations
