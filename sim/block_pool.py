@@ -254,6 +254,7 @@ class BlockPool:
         ``block_hashes[i]`` (hits and registered full blocks form a prefix of every table):
         the same queue order, by slices.
         """
+        ref_cnt = self.ref_cnt
         shared = self._shared.intersection(blocks) if self._shared else None
         k = 0
         if shared:
@@ -265,14 +266,12 @@ class BlockPool:
             if k > num_hashed or shared != set(blocks[:k]):
                 self._free_shared_table(blocks, block_hashes, num_hashed, shared)
                 return
-            ref_cnt = self.ref_cnt
             for bid in blocks[:k]:
                 r = ref_cnt[bid] - 1
                 ref_cnt[bid] = r
                 if r == 1:
                     self._shared.discard(bid)
         # every block from k on has one reference: all are released
-        ref_cnt = self.ref_cnt
         for bid in blocks[k:]:
             ref_cnt[bid] = 0
         if num_hashed < len(blocks):
