@@ -18,7 +18,23 @@ start index: a hit block taken out of the middle (``touch``) leaves a stale entr
 per block and skipped when the head reaches it (a block's stale entries always precede its live
 one, which is its latest). Whole runs of blocks then move with list slices, reads by C-level
 ``map`` calls and stores by tight loops (an ``OrderedDict`` cost about 0.7 us per block moved
-through it); the Mooncake trace moves about 4 million blocks per run.
+through it); the Mooncake trace moves about 5 million blocks per run.
+
+No hash is stored per block: a block's hash is known where it matters. A request's table
+carries hash ``block_hashes[i]`` on its block ``i`` for every registered block (hits are looked
+up under those hashes, new blocks are registered under them), so ``free_table`` is given the
+hashes with the table and the LRU part keeps them in a parallel list; a popped block's hash,
+the one to evict, is then read off that list by the same slice that pops the block. Blocks
+with more than one reference are kept in a set (``_shared``, usually small): a freed table
+releases every block but those in it without reading reference counts.
+
+Runs of consecutive block ids (extents) were measured and rejected as a representation: on the
+Mooncake trace (round_robin) the blocks one call hands out, registers, evicts or frees form
+runs of 5.5 consecutive ids on average (5.7 million blocks in 0.95 million runs handed out),
+because decode steps interleave the blocks of the running requests and the LRU order keeps
+that interleaving; a Python step per run would cost more than the C-level per-block steps it
+replaces. Consecutive hash keys (``content.block_hashes``) do not help either: the blocks
+registered under them are no more consecutive.
 """
 
 from __future__ import annotations
@@ -45,8 +61,6 @@ class BlockPool:
     Attributes:
         ref_cnt: reference count per block id handed out so far (a block id at or above
             ``len(ref_cnt)`` was never used: 0 references).
-        block_hash: hash per block id handed out so far, None for a block not (or no longer)
-            cached.
         num_evictions: cached blocks whose hash was dropped because the block was reused.
 
     Raises:
@@ -59,14 +73,16 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
         self.ref_cnt = [1]  # the null block is never freed
-        self.block_hash: list[int | None] = [None]
+        self._shared: set[int] = set()  # blocks with 2 or more references
         # Free blocks without a hash that were used before; the END of the list is the head of
         # the free queue. Below them, the never-used blocks _fresh .. num_gpu_blocks - 1.
         self._head: list[int] = []
         self._fresh = 1
         # Free blocks with a hash, in queue order from _lru[_lru_start] (next to be evicted),
         # with stale entries: _stale[bid] of them per block, _num_stale in all, _lru_len live.
+        # _lru_hash[i] is the hash of block _lru[i].
         self._lru: list[int] = []
+        self._lru_hash: list[int] = []
         self._lru_start = 0
         self._lru_len = 0
         self._stale = [0]
@@ -90,6 +106,17 @@ class BlockPool:
     def free_queue(self) -> list[int]:
         """Block ids in free-queue order, head (next to be reused) first. For tests and reports."""
         return self._head[::-1] + list(range(self._fresh, self.num_gpu_blocks)) + self._lru_order()
+
+    @property
+    def block_hash(self) -> list[int | None]:
+        """Hash per block id (None: not cached), built from the prefix cache. For tests and reports."""
+        out: list[int | None] = [None] * self.num_gpu_blocks
+        for h, bid in self._cached.items():
+            out[bid] = h
+        for h, bids in self._dups.items():
+            for bid in bids:
+                out[bid] = h
+        return out
 
     def usage(self) -> float:
         """KV usage as vLLM reports it: 1 - free / usable blocks (evictable counts as free)."""
@@ -162,12 +189,11 @@ class BlockPool:
             out += range(fresh, fresh + t)
             self._fresh = fresh + t
             ref_cnt += repeat(1, t)  # never-used blocks enter with their one reference
-            self.block_hash += repeat(None, t)
             self._stale += repeat(0, t)
             m -= t
         if m:
-            taken = self._pop_lru(m)
-            self._evict(taken)
+            taken, hashes = self._pop_lru(m)
+            self._evict(taken, hashes)
             for bid in taken:
                 ref_cnt[bid] = 1
             out += taken
@@ -183,9 +209,13 @@ class BlockPool:
                     stale[bid] += 1
                     self._num_stale += 1
                     self._lru_len -= 1
+                elif ref_cnt[bid] == 1:
+                    self._shared.add(bid)
                 ref_cnt[bid] += 1
             return
         refs = list(map(ref_cnt.__getitem__, ids))
+        if 1 in refs:  # held by another request: now shared
+            self._shared.update(compress(ids, [r == 1 for r in refs]))
         if 0 in refs:  # a hit block carries a hash, so a free one sits in the LRU part
             leaving = list(compress(ids, map(not_, refs)))
             for bid in leaving:
@@ -195,72 +225,88 @@ class BlockPool:
         for bid, r in zip(ids, refs):
             ref_cnt[bid] = r + 1
 
-    def free_blocks(self, ordered_block_ids: Iterable[int]) -> None:
-        """Drop one reference on each block, in eviction-priority order (first evicted first).
+    def free_blocks(self, ordered_block_ids: Iterable[int], hashes: Iterable[int | None]) -> None:
+        """Drop one reference on each block, in eviction-priority order (first evicted first);
+        ``hashes`` gives each block's hash, None for a block not cached.
 
         Blocks reaching 0 references go to the tail if they carry a hash, to the head if not
         (``BlockPool.free_blocks``: FIFO reuse for cached blocks, LIFO for the others).
         """
-        ids = list(ordered_block_ids)
         ref_cnt = self.ref_cnt
-        refs = list(map(ref_cnt.__getitem__, ids))
-        if refs.count(1) == len(ids):  # the usual case: no block is shared
-            for bid in ids:
-                ref_cnt[bid] = 0
-            released = ids
-        else:  # shared blocks, possibly one listed twice: one by one
-            released = []
-            for bid in ids:
-                ref_cnt[bid] -= 1
-                if ref_cnt[bid] == 0:
-                    released.append(bid)
-        hashed = list(map(self.block_hash.__getitem__, released))
-        num_unhashed = hashed.count(None)
-        if None not in hashed[num_unhashed:]:  # unhashed blocks first (a table's tail), then hashed
-            if num_unhashed:
-                self._head.extend(reversed(released[:num_unhashed]))
-            if num_unhashed < len(released):
-                self._lru.extend(released[num_unhashed:])
-                self._lru_len += len(released) - num_unhashed
-            return
-        evict_first = [bid for bid, h in zip(released, hashed) if h is None]
-        self._lru.extend(bid for bid, h in zip(released, hashed) if h is not None)
-        self._lru_len += len(released) - len(evict_first)
-        self._head.extend(reversed(evict_first))
+        evict_first: list[int] = []
+        for bid, h in zip(ordered_block_ids, hashes):  # one by one: a block may be listed twice
+            r = ref_cnt[bid] - 1
+            ref_cnt[bid] = r
+            if r == 1:
+                self._shared.discard(bid)
+            elif r == 0:
+                if h is None:
+                    evict_first.append(bid)
+                else:
+                    self._lru.append(bid)
+                    self._lru_hash.append(h)
+                    self._lru_len += 1
+        self._head.extend(reversed(evict_first))  # the first released becomes the head
 
-    def free_table(self, blocks: list[int], num_hashed: int) -> None:
-        """``free_blocks(reversed(blocks))`` for a request's block table whose first
-        ``num_hashed`` blocks, and only those, carry a hash (hits and registered full blocks
-        form a prefix of every table): the same queue order, without looking hashes up.
+    def free_table(self, blocks: list[int], block_hashes: list[int], num_hashed: int) -> None:
+        """``free_blocks(reversed(blocks), ...)`` for a request's block table whose first
+        ``num_hashed`` blocks, and only those, carry a hash, block ``i`` the hash
+        ``block_hashes[i]`` (hits and registered full blocks form a prefix of every table):
+        the same queue order, by slices.
         """
         ref_cnt = self.ref_cnt
-        refs = list(map(ref_cnt.__getitem__, blocks))
-        if refs.count(1) == len(blocks):  # no block shared: all released
-            for bid in blocks:
-                ref_cnt[bid] = 0
-            if num_hashed < len(blocks):
-                self._head.extend(blocks[num_hashed:])  # unhashed: to the head, the last block first
-            if num_hashed:
-                self._lru.extend(reversed(blocks[:num_hashed]))  # hashed: to the tail, last first
-                self._lru_len += num_hashed
-            return
+        shared = self._shared.intersection(blocks) if self._shared else None
+        k = 0
+        if shared:
+            # Shared hit blocks (another running request holds them; under round_robin too, as
+            # conversations share prefixes) lose one reference and stay. They are usually the
+            # table's first blocks; if they are exactly those (so each is listed once, and so is
+            # every other block, which has one reference), the rest is released by slices.
+            k = len(shared)
+            if k > num_hashed or shared != set(blocks[:k]):
+                self._free_shared_table(blocks, block_hashes, num_hashed, shared)
+                return
+            for bid in blocks[:k]:
+                r = ref_cnt[bid] - 1
+                ref_cnt[bid] = r
+                if r == 1:
+                    self._shared.discard(bid)
+        # every block from k on has one reference: all are released
+        for bid in blocks[k:]:
+            ref_cnt[bid] = 0
+        if num_hashed < len(blocks):
+            self._head.extend(blocks[num_hashed:])  # unhashed: to the head, the last block first
+        if num_hashed > k:
+            self._lru.extend(reversed(blocks[k:num_hashed]))  # hashed: to the tail, last first
+            self._lru_hash.extend(reversed(block_hashes[k:num_hashed]))
+            self._lru_len += num_hashed - k
+
+    def _free_shared_table(self, blocks: list[int], block_hashes: list[int], num_hashed: int, shared: set[int]) -> None:
+        # ``free_table`` when the table's ``shared`` blocks are not exactly its first ones.
         if len(set(blocks)) != len(blocks):  # a block listed twice (a hash collision): one by one
-            self.free_blocks(reversed(blocks))
+            hashes = block_hashes[:num_hashed] + [None] * (len(blocks) - num_hashed)
+            self.free_blocks(reversed(blocks), reversed(hashes))
             return
-        # Shared hit blocks (kv_aware routes turns of a conversation together): the blocks whose
-        # count reaches 0 are released, in the same order as above.
-        left = [r - 1 for r in refs]
-        for bid, r in zip(blocks, left):
+        ref_cnt = self.ref_cnt
+        kept = list(shared)
+        left = [ref_cnt[bid] - 1 for bid in kept]
+        for bid in blocks:
+            ref_cnt[bid] = 0
+        for bid, r in zip(kept, left):
             ref_cnt[bid] = r
-        released = list(compress(blocks, map(not_, left)))
-        num_released_hashed = len(released) - sum(map(not_, left[num_hashed:]))
-        if num_released_hashed < len(released):
-            self._head.extend(released[num_released_hashed:])
-        if num_released_hashed:
-            hashed = released[:num_released_hashed]
+            if r == 1:
+                self._shared.discard(bid)
+        released = list(map(not_, map(shared.__contains__, blocks)))
+        if num_hashed < len(blocks):
+            self._head.extend(compress(blocks[num_hashed:], released[num_hashed:]))
+        if num_hashed:
+            hashed = list(compress(blocks[:num_hashed], released))
             hashed.reverse()
             self._lru.extend(hashed)
-            self._lru_len += num_released_hashed
+            hashes = list(compress(block_hashes[:num_hashed], released))
+            hashes.reverse()
+            self._lru_hash.extend(hashes)
+            self._lru_len += len(hashed)
 
     def cache_full_blocks(self, block_ids: list[int], block_hashes: list[int], start: int, end: int) -> None:
         """Register blocks ``start .. end - 1`` of a request under their hashes.
@@ -272,9 +318,6 @@ class BlockPool:
             return
         bids = block_ids[start:end]
         hashes = block_hashes[start:end]
-        block_hash = self.block_hash
-        for bid, h in zip(bids, hashes):
-            block_hash[bid] = h
         # setdefault inserts a new hash and returns the block given; for a hash already cached
         # (or repeated within this call) it keeps the first block and returns that one instead.
         firsts = list(map(self._cached.setdefault, hashes, bids))
@@ -297,53 +340,62 @@ class BlockPool:
         order = self.free_queue()
         self._cached.clear()
         self._dups.clear()
-        self.block_hash = [None] * self.num_gpu_blocks
         self.ref_cnt += repeat(0, self.num_gpu_blocks - self._fresh)
         self._fresh = self.num_gpu_blocks
         self._lru.clear()
+        self._lru_hash.clear()
         self._lru_start = self._lru_len = self._num_stale = 0
         self._stale = [0] * self.num_gpu_blocks
         self._head = order[::-1]
         return True
 
-    def _pop_lru(self, num_blocks: int) -> list[int]:
+    def _pop_lru(self, num_blocks: int) -> tuple[list[int], list[int]]:
         """Take ``num_blocks`` live entries from the head of the LRU part (caller checks there
-        are enough), skipping stale ones."""
-        lst, start = self._lru, self._lru_start
+        are enough), skipping stale ones. Returns their block ids and hashes."""
+        lst, lst_hash, start = self._lru, self._lru_hash, self._lru_start
         if not self._num_stale:
             taken = lst[start:start + num_blocks]
+            hashes = lst_hash[start:start + num_blocks]
             start += num_blocks
         else:
             stale = self._stale
-            taken = []
+            taken, hashes = [], []
             while len(taken) < num_blocks:
                 need = num_blocks - len(taken)
                 chunk = lst[start:start + need]  # at most ``need`` live entries
+                chunk_hash = lst_hash[start:start + need]
                 start += need
                 marks = list(map(stale.__getitem__, chunk))
                 if not any(marks):
                     taken += chunk
+                    hashes += chunk_hash
                     continue
-                if len(set(chunk)) == len(chunk):  # each block once: every entry decided alone
-                    skipped = list(compress(chunk, marks))
+                skipped = list(compress(chunk, marks))
+                # A block with no stale entry has at most one (live) entry, so only a stale block
+                # can appear twice; if none does, every entry is decided alone.
+                if len(set(skipped)) == len(skipped):
                     for bid in skipped:
                         stale[bid] -= 1
                     self._num_stale -= len(skipped)
-                    taken += compress(chunk, map(not_, marks))
+                    live = list(map(not_, marks))
+                    taken += compress(chunk, live)
+                    hashes += compress(chunk_hash, live)
                     continue
-                for bid in chunk:  # in order: a block's stale entries precede its live one
+                for bid, h in zip(chunk, chunk_hash):  # in order: a block's stale entries precede its live one
                     left = stale[bid]
                     if left:
                         stale[bid] = left - 1
                         self._num_stale -= 1
                     else:
                         taken.append(bid)
+                        hashes.append(h)
         self._lru_len -= num_blocks
         if start > 4096 and 2 * start > len(lst):
             del lst[:start]
+            del lst_hash[:start]
             start = 0
         self._lru_start = start
-        return taken
+        return taken, hashes
 
     def _lru_order(self) -> list[int]:
         """Live entries of the LRU part in queue order (for ``free_queue``)."""
@@ -356,12 +408,8 @@ class BlockPool:
                 order.append(bid)
         return order
 
-    def _evict(self, bids: list[int]) -> None:
-        """Drop the cache entries of blocks popped from the LRU part (all carry a hash)."""
-        block_hash = self.block_hash
-        hashes = list(map(block_hash.__getitem__, bids))
-        for bid in bids:
-            block_hash[bid] = None
+    def _evict(self, bids: list[int], hashes: list[int]) -> None:
+        """Drop the cache entries of blocks popped from the LRU part (``hashes``: theirs)."""
         self.num_evictions += len(bids)
         dups = self._dups
         if not dups or dups.keys().isdisjoint(hashes):

@@ -178,7 +178,7 @@ class KVCacheManager:
         if blocks:
             # The table's first num_cached_block blocks are exactly its cached ones (hits, then
             # blocks registered as they filled); nothing is cached when caching is off.
-            self.pool.free_table(blocks, num_hashed if self.pool.enable_caching else 0)
+            self.pool.free_table(blocks, request.block_hashes, num_hashed if self.pool.enable_caching else 0)
 
     def get_block_ids(self, request: Request) -> list[int]:
         """The request's block table (a copy)."""

@@ -21,10 +21,35 @@ def _same(fast: BlockPool, ref: ReferenceBlockPool, hashes: range) -> None:
     assert [fast.get_cached_block(h) for h in hashes] == [ref.get_cached_block(h) for h in hashes]
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_fast_pool_equals_reference_pool(seed):
+def _table_hashes(blocks: list[int], keys: list[int], registered: int) -> list[int | None]:
+    """The hash each block of a table carries: its key if registered (or hit), else None."""
+    return keys[:registered] + [None] * (len(blocks) - registered)
+
+
+def _keys(rng: random.Random, alphabet: range, runs: bool) -> list[int]:
+    """Prefix hashes of a random chain (a chain names its whole prefix, so equal tuples give
+    equal keys). With ``runs``, each chain element stands for a run of 1-8 blocks keyed
+    ``first + m`` as content.block_hashes keys a run inside one segment."""
+    chain = [rng.choice(alphabet) for _ in range(rng.randint(1, 6))]
+    if not runs:
+        return [hash(tuple(chain[:i + 1])) % 1000 for i in range(len(chain))]
+    keys: list[int] = []
+    for i in range(len(chain)):
+        first = hash(tuple(chain[:i + 1])) % 1000 * 8
+        keys.extend(range(first, first + 1 + hash((i, chain[i])) % 8))
+    return keys
+
+
+@pytest.mark.parametrize(
+    "seed, runs, num_ops",
+    [(seed, False, 300) for seed in range(60)]
+    + [(seed, True, 300) for seed in range(40)]
+    + [(seed, runs, 3000) for seed in range(4) for runs in (False, True)],
+)
+def test_fast_pool_equals_reference_pool(seed, runs, num_ops):
     rng = random.Random(seed)
-    num_blocks = rng.choice([8, 20, 64])
+    num_blocks = rng.choice([8, 20, 64] + ([256] if runs else []))
+    key_range = range(8008 if runs else 1000)
     fast, ref = BlockPool(num_blocks), ReferenceBlockPool(num_blocks)
     events: Counter = Counter()  # hash -> BlockStored minus BlockRemoved events seen
 
@@ -34,13 +59,11 @@ def test_fast_pool_equals_reference_pool(seed):
 
     fast.kv_event_listener = listener
     alphabet = range(rng.choice([6, 30]))  # few prefixes: many hits and duplicate blocks
-    held: list[tuple[list[int], list[int], int]] = []  # (block ids, chain, registered)
-    for _ in range(300):
+    held: list[tuple[list[int], list[int], int]] = []  # (block ids, keys, registered)
+    for _ in range(num_ops):
         op = rng.random()
         if op < 0.5 and fast.num_free_blocks:
-            chain = [rng.choice(alphabet) for _ in range(rng.randint(1, 6))]
-            # prefix hashes: a chain names its whole prefix, so equal tuples give equal keys
-            keys = [hash(tuple(chain[:i + 1])) % 1000 for i in range(len(chain))]
+            keys = _keys(rng, alphabet, runs)
             hit = fast.longest_cache_hit(keys, len(keys) - 1)
             assert hit == ref.longest_cache_hit(keys, len(keys) - 1)
             need = len(keys) + rng.randint(0, 1) - len(hit)  # maybe one partial block more
@@ -57,20 +80,48 @@ def test_fast_pool_equals_reference_pool(seed):
             ref.cache_full_blocks(blocks, keys, len(hit), registered)
             held.append((blocks, keys, registered))
         elif held:
-            blocks, _, registered = held.pop(rng.randrange(len(held)))
+            blocks, keys, registered = held.pop(rng.randrange(len(held)))
             if rng.random() < 0.5:
-                fast.free_blocks(reversed(blocks))
+                fast.free_blocks(reversed(blocks), reversed(_table_hashes(blocks, keys, registered)))
             else:  # hits and registered blocks, exactly the hashed ones, lead the table
-                fast.free_table(blocks, registered)
+                fast.free_table(blocks, keys, registered)
             ref.free_blocks(reversed(blocks))
-        _same(fast, ref, range(1000))
+        _same(fast, ref, key_range)
+        assert fast._shared == {bid for bid, r in enumerate(fast.ref_cnt) if bid and r >= 2}
         # the events add up to the blocks cached under each hash (duplicates included)
         blocks_cached = Counter(h for h in fast.block_hash if h is not None)
         assert +events == blocks_cached
-    for blocks, _, _ in held:
-        fast.free_blocks(reversed(blocks))
+    for blocks, keys, registered in held:
+        fast.free_blocks(reversed(blocks), reversed(_table_hashes(blocks, keys, registered)))
         ref.free_blocks(reversed(blocks))
-    _same(fast, ref, range(1000))
+    _same(fast, ref, key_range)
     assert fast.reset_prefix_cache() and ref.reset_prefix_cache()
-    _same(fast, ref, range(1000))
+    _same(fast, ref, key_range)
     assert fast.get_new_blocks(fast.num_free_blocks) == ref.get_new_blocks(ref.num_free_blocks)
+
+
+def test_free_table_with_a_block_listed_twice_equals_reference_pool():
+    """A hash collision inside one chain makes a hit list one block twice; freeing that table
+    (shared blocks, one listed twice) keeps the reference's queue order."""
+    fast, ref = BlockPool(8), ReferenceBlockPool(8)
+    first = fast.get_new_blocks(2)
+    assert first == ref.get_new_blocks(2)
+    fast.cache_full_blocks(first, [7, 8], 0, 2)
+    ref.cache_full_blocks(first, [7, 8], 0, 2)
+    fast.free_table(first, [7, 8], 2)
+    ref.free_blocks(reversed(first))
+    keys = [7, 7, 9]
+    hit = fast.longest_cache_hit(keys, 2)
+    assert hit == ref.longest_cache_hit(keys, 2) == [1, 1]
+    tables = []
+    for pool in (fast, ref):
+        pool.touch(hit)
+        blocks = hit + pool.get_new_blocks(2)
+        pool.cache_full_blocks(blocks, keys, 2, 3)
+        tables.append(blocks)
+    assert tables[0] == tables[1]
+    _same(fast, ref, range(10))
+    fast.free_table(tables[0], keys, 3)
+    ref.free_blocks(reversed(tables[1]))
+    _same(fast, ref, range(10))
+    assert not fast._shared
