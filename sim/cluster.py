@@ -20,7 +20,7 @@ from operator import sub
 import numpy as np
 import simpy
 
-from kvroute.sim.frontend import ContendedStepCost, Frontends
+from kvroute.sim.frontend import ContendedStepCost, Frontends, HostModel
 from kvroute.sim.metrics import RequestRecord, RunResult
 from kvroute.sim.profile import Profile
 from kvroute.sim.request import Request
@@ -129,6 +129,17 @@ REPLAY_MODES: dict[str, bool | None] = {"auto": None, "closed": True, "open": Fa
 open: trace timestamps; auto: the trace decides)."""
 
 
+def engine_speeds(host: HostModel | None, num_workers: int, seed: int) -> list[float]:
+    """Each worker's step-time factor for one run (``HostModel.engine_speed_sigma``): lognormal
+    with mean 1, from a generator of its own spawned from ``seed`` (the run's other draws do
+    not move); all 1.0 without a host model or with a zero spread."""
+    sigma = host.engine_speed_sigma if host is not None else 0.0
+    if sigma <= 0.0:
+        return [1.0] * num_workers
+    rng = np.random.default_rng(seed).spawn(3)[2]
+    return [float(f) for f in rng.lognormal(-0.5 * sigma * sigma, sigma, num_workers)]
+
+
 def check_capacity(trace: Trace, profile: Profile) -> None:
     """Fail before a run if some request can never fit in one worker's KV cache.
 
@@ -178,7 +189,9 @@ class Cluster:
         prof = spec.profile
         self.frontends = Frontends(prof.frontend, spec.num_workers) if prof.frontend is not None else None
         loaded = self.frontends is not None or prof.host is not None
-        step_cost = ContendedStepCost(prof.step_cost, prof.host, self._num_busy) if prof.host else prof.step_cost
+        speeds = engine_speeds(prof.host, spec.num_workers, seed)
+        step_costs = [ContendedStepCost(prof.step_cost, prof.host, self._num_busy, speed) for speed in speeds] \
+            if prof.host else [prof.step_cost] * spec.num_workers
         # NOTE: token times are kept by other callbacks, chosen once here, so a run without them
         # pays no test per token.
         on_token = self._on_token_timed if spec.record_series else self._on_token
@@ -188,7 +201,7 @@ class Cluster:
                 self.env,
                 w,
                 self.profiles[w].engine,
-                step_cost,
+                step_costs[w],
                 gpus[spec.gpu_of(w)] if spec.workers_on_gpu(spec.gpu_of(w)) > 1 else None,
                 on_token,
                 self._on_finish,

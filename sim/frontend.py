@@ -106,6 +106,13 @@ class HostModel:
             API lane has a backlog (a closed-loop client waiting on long prefills is idle).
         engine_spin_s: seconds an engine keeps its core busy after it runs out of work (vLLM's
             shared-memory queue busy-polls for 1 s; 0 counts engines only while they have work).
+        engine_speed_sigma: log-spread of engine speed between workers within one run: each
+            worker's steps take ``exp(sigma * z - sigma**2 / 2)`` times the model's (z standard
+            normal, drawn once per worker and run, seeded; mean factor 1). Identical servers
+            sharing a host's cores do not run at one speed: on the 2-core reference, N identical
+            requests sent to both servers at once finished with a log-spread of 0.17-0.36
+            between the servers, and the slower one changed from burst to burst. Without it,
+            identical workers step in lock-step and closed-loop turns reach the router together.
 
     Raises:
         ValueError: ``cores < 1`` or negative terms.
@@ -117,6 +124,7 @@ class HostModel:
     other_busy: float = 0.0
     engine_spin_s: float = 0.0
     client_busy: float = 0.0
+    engine_speed_sigma: float = 0.0
 
     def __post_init__(self) -> None:
         _check_terms(self, "host", "cores")
@@ -215,17 +223,20 @@ class ContendedStepCost:
         busy: ``busy(d)``: the mean number of busy processes over the next ``d`` seconds, as far
             as work already queued tells (an API lane with 35 ms of admission work left adds
             0.035 / d to a step of ``d`` seconds, not a whole process).
+        speed: this worker's step-time factor for the run (``HostModel.engine_speed_sigma``).
     """
 
-    __slots__ = ("cost", "host", "busy")
+    __slots__ = ("cost", "host", "busy", "speed")
 
-    def __init__(self, cost, host: HostModel, busy: Callable[[float], float]) -> None:
-        self.cost, self.host, self.busy = cost, host, busy
+    def __init__(self, cost, host: HostModel, busy: Callable[[float], float], speed: float = 1.0) -> None:
+        self.cost, self.host, self.busy, self.speed = cost, host, busy, speed
 
     def step_time(self, num_batched_tokens: int, num_reqs: int, prefill_token_pairs: float,
                   decode_context_tokens: int) -> float:
-        """The calibrated step time ``d`` times ``host.stretch(busy(d))``, s."""
+        """The calibrated step time ``d`` times ``speed`` times ``host.stretch(busy(d))``, s."""
         base = self.cost.step_time(num_batched_tokens, num_reqs, prefill_token_pairs, decode_context_tokens)
+        if self.speed != 1.0:
+            base *= self.speed
         return base * self.host.stretch(self.busy(base))
 
 

@@ -159,6 +159,48 @@ def test_the_client_counts_as_busy_only_while_responses_stream():
     assert quiet._num_busy() == 1
 
 
+def test_each_worker_steps_at_its_own_drawn_speed():
+    from kvroute.sim.cluster import engine_speeds
+
+    # one request per worker, no contention: each TTFT is its one step (0.11 s) times its factor
+    records = [rec(0, 100, 1), rec(1, 100, 1), rec(2, 100, 1)]
+    host = {"cores": 8, "contention": 0.0}
+    even = run(profile(host=host), records, workers=3).records.set_index("worker")
+    spread = run(profile(host={**host, "engine_speed_sigma": 0.3}), records, workers=3).records.set_index("worker")
+    speeds = engine_speeds(HostModel(cores=8, engine_speed_sigma=0.3), 3, 0)
+    assert list(even["ttft"]) == pytest.approx([0.11] * 3)
+    assert list(spread["ttft"]) == pytest.approx([0.11 * f for f in speeds])
+    assert len(set(speeds)) == 3 and all(0.3 < f < 3.0 for f in speeds)
+    assert list(spread["arrival"]) == list(even["arrival"])  # the run's own draws do not move
+    assert engine_speeds(HostModel(cores=8, engine_speed_sigma=0.3), 3, 0) == speeds  # seeded
+    assert engine_speeds(HostModel(cores=8, engine_speed_sigma=0.3), 3, 1) != speeds
+    assert engine_speeds(HostModel(cores=8), 3, 0) == [1.0, 1.0, 1.0]
+    many = engine_speeds(HostModel(cores=8, engine_speed_sigma=0.3), 20000, 0)
+    assert np.mean(many) == pytest.approx(1.0, abs=0.01)  # mean-one factors
+    assert np.std(np.log(many)) == pytest.approx(0.3, abs=0.01)
+
+
+def test_engine_speed_spread_from_bursts_on_every_server():
+    import pandas as pd
+
+    from kvroute.calibrate.calibration.bursts import engine_speed_spread
+
+    # two bursts of 4 requests per server; server A's TPOT is e^0.2 times the bursts' geometric
+    # mean, B's e^-0.2 (so deviations of +-0.2, scaled by sqrt(2) for two servers)
+    rows = []
+    for exp_id, base in ((1, 0.01), (2, 0.02)):
+        for url, f in (("http://a", np.exp(0.2)), ("http://b", np.exp(-0.2))):
+            for _ in range(4):
+                rows.append(dict(exp_id=exp_id, rep=0, kind="burst_all", role="burst", url=url, batch=4, n_tokens=11,
+                                 ttft_s=0.05, t_done_s=0.05 + 10 * base * f, error=None))
+    rows.append(dict(exp_id=3, rep=0, kind="burst_all", role="burst", url="http://a", batch=2, n_tokens=11,
+                     ttft_s=0.05, t_done_s=9.0, error=None))  # fewer than 4 per server: left out
+    sigma, used = engine_speed_spread(pd.DataFrame(rows))
+    assert used == 2
+    assert sigma == pytest.approx(0.2 * np.sqrt(2))
+    assert engine_speed_spread(pd.DataFrame(rows[:4])) == (0.0, 0)  # one server only
+
+
 def test_host_stretch_closed_form():
     host = HostModel(cores=2, contention=0.5, baseline_busy=3, other_busy=1)
     assert host.stretch(2) == 1.0
@@ -171,6 +213,7 @@ def test_host_stretch_closed_form():
     ("frontend", {"per_output_token_s": -1}, "frontend.per_output_token_s must be finite and >= 0"),
     ("host", {"contention": 1.0}, "section 'host' lacks 'cores'"),
     ("host", {"cores": "two"}, "invalid literal"),
+    ("host", {"cores": 2, "engine_speed_sigma": -0.1}, "host.engine_speed_sigma must be finite and >= 0"),
 ])
 def test_bad_sections_name_the_field(section, body, message):
     with pytest.raises(ValueError, match=r"<dict>: .*" + __import__("re").escape(message)):

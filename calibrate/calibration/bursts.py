@@ -107,6 +107,45 @@ def load_bursts(requests: pd.DataFrame, experiments: pd.DataFrame) -> tuple[list
     return out, notes
 
 
+SPREAD_MIN_BATCH = 4
+"""Bursts of fewer requests per server are left out of the engine-speed spread (their TPOT is
+mostly the API process's, not the engine's)."""
+
+
+def engine_speed_spread(requests: pd.DataFrame) -> tuple[float, int]:
+    """``HostModel.engine_speed_sigma`` from the bursts sent to every server at once: per burst,
+    each server's mean TPOT (s per token after the first), the deviations of their logs from the
+    burst's mean log, and their root mean square scaled by ``sqrt(k / (k - 1))`` for ``k``
+    servers (deviations from a mean of ``k`` understate the spread by that factor).
+
+    Identical requests reach identical servers at once, so what differs is how fast each
+    engine stepped: on a shared host, the cores its processes got.
+
+    Returns:
+        ``(sigma, bursts used)``; ``(0.0, 0)`` when no burst on two or more servers has
+        ``SPREAD_MIN_BATCH`` requests per server.
+    """
+    if "kind" not in requests.columns:
+        return 0.0, 0
+    req = requests[(requests["kind"] == "burst_all") & (requests["role"] == "burst") & (requests["n_tokens"] > 1)
+                   & (requests["batch"] >= SPREAD_MIN_BATCH)]
+    if "error" in req:
+        req = req[req["error"].isna()]
+    devs, used = [], 0
+    for _, grp in req.groupby(["exp_id", "rep"] if "rep" in req else ["exp_id"]):
+        tpot = ((grp["t_done_s"] - grp["ttft_s"]) / (grp["n_tokens"] - 1)).groupby(grp["url"]).mean()
+        tpot = tpot[tpot > 0]
+        k = len(tpot)
+        if k < 2:
+            continue
+        logs = np.log(tpot.to_numpy(float))
+        devs += list((logs - logs.mean()) * math.sqrt(k / (k - 1)))
+        used += 1
+    if not used:
+        return 0.0, 0
+    return float(np.sqrt(np.mean(np.square(devs)))), used
+
+
 def burst_trace(burst: Burst, block_size: int) -> Trace:
     """The burst as a trace: unique cold prompts sent at the measured times (ms)."""
     nb = -(-burst.prompt_len // block_size)
@@ -228,7 +267,7 @@ class FrontendFit:
             f"{1e6 * f.per_prompt_token_s:.3g} us/prompt token; {1e6 * f.per_step_s:.3g} us per engine step + "
             f"{1e6 * f.per_output_token_s:.3g} us per streamed token",
             f"host: {h.cores} cores, contention {h.contention:.3g} (baseline {h.baseline_busy:g} busy, idle engines "
-            f"busy for {h.engine_spin_s:g} s)",
+            f"busy for {h.engine_spin_s:g} s), engine speed spread between servers {h.engine_speed_sigma:.3g} (log)",
             "burst errors, median |predicted/measured - 1| (one-at-a-time profile -> with these terms):",
         ]
         b, a = error_summary(self.before), error_summary(self.after)
@@ -336,7 +375,8 @@ def profile_sections(ff: FrontendFit) -> dict:
                      "per_prompt_token_s": r(f.per_prompt_token_s), "per_output_token_s": r(f.per_output_token_s),
                      "per_step_s": r(f.per_step_s)},
         "host": {"cores": h.cores, "contention": r(h.contention), "baseline_busy": r(h.baseline_busy),
-                 "client_busy": r(h.client_busy), "engine_spin_s": r(h.engine_spin_s)},
+                 "client_busy": r(h.client_busy), "engine_spin_s": r(h.engine_spin_s),
+                 "engine_speed_sigma": r(h.engine_speed_sigma)},
         "burst_fit": {
             "method": "Nelder-Mead on squared log ratios of simulated to measured burst figures (scipy)",
             "evaluations": ff.evaluations,
@@ -354,6 +394,8 @@ def profile_sections(ff: FrontendFit) -> dict:
             "host.client_busy": "stated: the measuring client on the same host, busy while responses stream",
             "host.engine_spin_s": "stated: vLLM's shared-memory MessageQueue busy-polls for busy_loop_s = 1 s after "
                                   "its last read (vllm/distributed/device_communicators/shm_broadcast.py)",
+            "host.engine_speed_sigma": "log-spread of the servers' mean TPOT within the bursts sent to every server "
+                                       "at once (engine_speed_spread); applied after the other terms were fitted",
         },
     }
 
