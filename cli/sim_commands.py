@@ -127,12 +127,14 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
                   "([low, high] where clipped to possible values)")
         click.echo(f"\n{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo_ttft} s and "
                    f"TPOT <= {slo_tpot} s.")
+    if not json_out:
         from kvroute.sim.coverage import peak_in_flight, run_note
 
         records = comparison.records()
         peak = peak_in_flight(records)
-        for line in (_failure_note(comparison), _unmeasured_note(spec.profile, trace_path is None and
-                                                                     workload == "seed-chat" and reply_tokens is None),
+        for line in (_failure_note(comparison),
+                     _unmeasured_note(spec.profile, trace_path is None and workload == "seed-chat" and reply_tokens is None,
+                                      uncertainty),
                      _frontend_note(spec.profile, peak), run_note(spec.profile, records, peak)):
             if line:
                 click.echo(line)
@@ -298,13 +300,16 @@ def _failure_note(comparison) -> str:
     return f"{head} (all policies and rounds); e.g. request {first['request_id']}: {first['error'] or 'no reason recorded'}"
 
 
-def _unmeasured_note(profile, fitted_seed_workload: bool) -> str:
-    """A warning under the table when the prediction rests on inputs nobody measured."""
+def _unmeasured_note(profile, fitted_seed_workload: bool, uncertainty: int = 0) -> str:
+    """A warning under the table when the prediction rests on inputs nobody measured (with the
+    advice to draw ``--uncertainty`` profiles unless ``uncertainty`` already did)."""
     if (profile.raw.get("provenance") or {}).get("kind") != "derived":
         return ""
+    advice = ("the `with model unc.` intervals include their share" if uncertainty
+              else "`--uncertainty 10` adds their share to the intervals")
     note = (f"Note: {profile.name} is a derived prior, not a measurement: absolute times rest on its stated step "
             f"costs and API-server time ({profile.overheads.api_server_s * 1000:.0f} ms). "
-            "`--uncertainty 10` adds their share to the intervals; `kvroute sensitivity` ranks them.")
+            f"{advice[0].upper() + advice[1:]}; `kvroute sensitivity` ranks them.")
     if fitted_seed_workload and profile.name == "a6000-qwen2.5-7b":
         note += (" On the lab's 6-turn run this prior predicts later-turn TTFT about 1.5x the measured value "
                  "(README: the seed workload, fitted to the lab's run).")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.metrics import (SUMMARY_METRICS, RunResult, ServiceClass, one_round_intervals, summarize,
+from kvroute.sim.metrics import (METRIC_BOUNDS, SUMMARY_METRICS, RunResult, ServiceClass, one_round_intervals, summarize,
                                  summarize_rounds)
 from kvroute.sim.uncertainty import PRIOR_RANGE
 from kvroute.traces.format import Trace
@@ -335,13 +335,15 @@ class UncertainComparison:
     def mean_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
         """``coverage`` prediction interval (:func:`prediction_interval`) of the mean over
         ``rounds`` runs, from the drawn profiles' means (each of which carries its own seeds'
-        noise, so the interval holds the model's and the seeds' share)."""
-        return prediction_interval(self._draw_means(policy, metric), coverage)
+        noise, so the interval holds the model's and the seeds' share), clipped to the metric's
+        possible values (``METRIC_BOUNDS``: a time is never negative, a share lies in [0, 1])."""
+        return _clipped(metric, prediction_interval(self._draw_means(policy, metric), coverage))
 
     def run_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
-        """``coverage`` prediction interval of a single run's value, from every draw and round."""
+        """``coverage`` prediction interval of a single run's value, from every draw and round,
+        clipped like :meth:`mean_interval`."""
         rows = self.summaries[self.summaries["policy"] == policy]
-        return prediction_interval(rows[metric].to_numpy(float), coverage)
+        return _clipped(metric, prediction_interval(rows[metric].to_numpy(float), coverage))
 
     def change_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
         """``coverage`` prediction interval of the relative change (percent) of ``policy``'s mean
@@ -436,6 +438,13 @@ def compare_uncertain(
     summaries = pd.concat(rows, ignore_index=True)
     method = profile_uncertainty(spec.profile, prior_range).method
     return UncertainComparison(base, draws, rounds, summaries, method)
+
+
+def _clipped(metric: str, interval: tuple[float, float]) -> tuple[float, float]:
+    """``interval`` clipped to ``METRIC_BOUNDS[metric]`` (NaNs kept)."""
+    lo_b, hi_b = METRIC_BOUNDS.get(metric, (-math.inf, math.inf))
+    lo, hi = interval
+    return (lo if math.isnan(lo) else min(max(lo, lo_b), hi_b), hi if math.isnan(hi) else max(min(hi, hi_b), lo_b))
 
 
 def format_uncertain_table(result: UncertainComparison, metrics: list[str] | None = None,

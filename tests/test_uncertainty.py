@@ -135,3 +135,25 @@ def test_each_draw_runs_on_its_own_seeds_shared_by_the_policies():
     assert list(res.base.summaries["seed"]) == [5, 6, 5, 6]
     with pytest.raises(ValueError, match="draws must be >= 1"):
         compare_uncertain(seed_chat(num_chats=4, num_turns=2), spec, ["round_robin"], draws=0)
+
+
+def test_model_intervals_stay_within_possible_values_and_notes_stay_under_the_table():
+    import pandas as pd
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import _register, cli
+    from kvroute.sim.experiment import UncertainComparison
+
+    # two draws far apart: the normal interval of a share and of a time runs past their bounds
+    rows = pd.DataFrame({"draw": [0, 1], "policy": ["p", "p"], "round": [0, 0], "seed": [0, 1],
+                         "goodput_share": [0.05, 0.95], "ttft_mean_s": [0.1, 9.0]})
+    res = UncertainComparison(base=None, draws=2, rounds=1, summaries=rows, method="test")
+    lo, hi = res.mean_interval("p", "goodput_share")
+    assert (lo, hi) == (0.0, 1.0)
+    lo, hi = res.run_interval("p", "ttft_mean_s")
+    assert lo == 0.0 and hi > 9.0
+    _register()
+    out = CliRunner().invoke(cli, ["compare", "--chats", "4", "--turns", "2", "--rounds", "2", "--uncertainty", "2",
+                                   "--policies", "round_robin"], catch_exceptions=False).output
+    assert "Note: a6000-qwen2.5-7b is a derived prior" in out
+    assert "The `with model unc.` intervals include their share" in out and "`--uncertainty 10`" not in out
