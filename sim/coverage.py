@@ -79,8 +79,8 @@ def outside_note(name: str, measured: MeasuredRange | None, longest_sequence: in
         beyond.append(f"sequences reach {longest_sequence:,} tokens, its sweep timed up to "
                       f"{measured.sequence_tokens:,}")
     if measured.decode_batch and peak_in_flight > measured.decode_batch:
-        beyond.append(f"up to {peak_in_flight} requests shared one worker, its sweep decoded batches of up to "
-                      f"{measured.decode_batch}")
+        beyond.append(f"up to {peak_in_flight} requests could decode together on one worker (in flight there, at "
+                      f"most max_num_seqs), its sweep decoded batches of up to {measured.decode_batch}")
     if not beyond:
         return ""
     fix = (f" (`kvroute calibrate measure --longest {longest_sequence}` times such sequences)"

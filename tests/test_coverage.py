@@ -39,7 +39,7 @@ def test_outside_note_names_each_excess_and_nothing_inside():
     assert "decoded batches" not in long
     assert long.endswith("not measured (`kvroute calibrate measure --longest 27426` times such sequences).")
     wide = outside_note("p", r, 100, 65)
-    assert "up to 65 requests shared one worker, its sweep decoded batches of up to 64." in wide
+    assert "up to 65 requests could decode together on one worker (in flight there, at most max_num_seqs), its sweep decoded batches of up to 64." in wide
     assert "sequences reach" not in wide and "--longest" not in wide
 
 
@@ -86,6 +86,6 @@ def test_run_note_counts_overlapping_rounds_apart():
                         "prompt_tokens": [100] * 40, "output_tokens": [10] * 40})
     assert peak_in_flight(one) == 40
     assert run_note(profile, [one, one]) == ""  # two rounds of 40 are not 80 at once
-    assert "up to 80 requests shared one worker" in run_note(profile, pd.concat([one, one]))
+    assert "up to 80 requests could decode together on one worker" in run_note(profile, pd.concat([one, one]))
     longer = one.assign(prompt_tokens=20000)
     assert "sequences reach 20,010 tokens" in run_note(profile, [one, longer])
