@@ -214,15 +214,22 @@ class Scenario:
                            store_latency_s=self.store_latency_s)
 
     def label(self) -> dict[str, Any]:
-        """The scenario's fields as row columns (ranges as ``"low-high"`` strings)."""
+        """The scenario's fields as row columns (ranges as ``"low-high"`` strings). With a
+        ``trace_file`` the generator's fields it leaves unused (``GENERATOR_FIELDS``) are None and
+        ``workload`` is ``"trace"``, so a row never names a workload that did not run."""
         row = asdict(self)
         for name in ("reply", "history"):
             if isinstance(row[name], (tuple, list)):
                 row[name] = f"{row[name][0]}-{row[name][1]}"
+        if self.trace_file is not None:
+            row.update(dict.fromkeys(GENERATOR_FIELDS), workload="trace")
         return row
 
 
 SCENARIO_FIELDS = tuple(f.name for f in fields(Scenario))
+
+GENERATOR_FIELDS = ("chats", "turns", "reply", "history", "think_time_s", "max_tokens", "user")
+"""Fields only the generated workloads read; unused when a scenario replays a trace file."""
 
 
 @functools.lru_cache(maxsize=8)

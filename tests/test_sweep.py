@@ -228,6 +228,8 @@ def test_scenario_replays_a_trace_file_as_compare_does():
                        ["round_robin", "kv_aware"], rounds=2)
     assert frame["num_requests"].tolist() == [96] * 4
     assert frame["failed"].sum() > 0  # prompts past max_model_len=1200 are rejected in both
+    # the rows name the trace, not the generator's defaults it left unused
+    assert set(frame["workload"]) == {"trace"} and frame["chats"].isna().all() and frame["turns"].isna().all()
     for metric in SUMMARY_METRICS:
         assert frame[metric].tolist() == pytest.approx(expected.summaries[metric].tolist(), rel=0, abs=0,
                                                        nan_ok=True), metric
