@@ -57,7 +57,7 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
               help="Seeded simulation rounds averaged (the report gives the mean's 95 % interval).")
 @click.option("--live-rounds", type=int, default=1, show_default=True,
               help="Live replays of every policy, interleaved (rr, kv, rr, kv, ...); the report gives their mean, "
-                   "min-max and the mean's 95 % interval. One round of a burst shorter than a minute can be off "
+                   "min-max and, from 3 rounds, the mean's 95 % interval. One round of a burst shorter than a minute can be off "
                    "by tens of percent on a shared machine: use 3 or more there. The prediction does not change.")
 @click.option("--timeout", type=float, default=600.0, show_default=True,
               help="Limit on one live request, s; a worker that passes it is treated as dead.")
@@ -89,7 +89,7 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     \b
     Example:
       kvroute validate --trace chat.jsonl --url http://127.0.0.1:8100 --url http://127.0.0.1:8101 \\
-          --policies round_robin,kv_aware --profile cpu-tiny-qwen2 --out runs/validate
+          --policies round_robin,kv_aware --profile cpu-tiny-qwen2-x2 --live-rounds 3 --out runs/validate
     """
     from kvroute.calibrate.vllm.client import CalibrationError
     from kvroute.calibrate.commands import _cores
