@@ -37,7 +37,9 @@ last read before it parks (``vllm/distributed/device_communicators/shm_broadcast
 46 % of the time) while its worker process used 89 % of a core, 1 % once idle for seconds. The step-cost
 coefficients were measured with ``baseline_busy`` processes busy; each busy process beyond
 ``max(cores, baseline_busy)`` stretches an engine step by ``contention / cores`` of its time
-(fair sharing of CPU-bound processes gives ``contention`` = 1; the fit measures it).
+(fair sharing of CPU-bound processes gives ``contention`` = 1; the fit measures it). Each
+engine also runs at its own speed for the whole run (``engine_speed_sigma``: a lognormal factor
+on its step times, mean 1), as identical servers sharing a host's cores do.
 """
 
 from __future__ import annotations
