@@ -135,7 +135,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         for line in (_failure_note(comparison),
                      _unmeasured_note(spec.profile, trace_path is None and workload == "seed-chat" and reply_tokens is None,
                                       uncertainty),
-                     _frontend_note(spec.profile, peak), run_note(spec.profile, records, peak)):
+                     _frontend_note(spec.profile, peak), run_note(spec.profile, records, peak),
+                     _speed_note(spec.profile, spec.num_workers)):
             if line:
                 click.echo(line)
     if out is not None:
@@ -314,6 +315,17 @@ def _unmeasured_note(profile, fitted_seed_workload: bool, uncertainty: int = 0) 
         note += (" On the lab's 6-turn run this prior predicts later-turn TTFT about 1.5x the measured value "
                  "(README: the seed workload, fitted to the lab's run).")
     return note
+
+
+def _speed_note(profile, num_workers: int) -> str:
+    """A note under the table when the workers step at drawn speeds (``host.engine_speed_sigma``):
+    a measured input that moves from sweep to sweep and that changes between policies hinge on."""
+    sigma = profile.host.engine_speed_sigma if profile.host is not None else 0.0
+    if sigma <= 0 or num_workers < 2:
+        return ""
+    return (f"Note: each worker steps at its own speed, drawn per round (log-spread {sigma:.2f}, from {profile.name}'s "
+            "bursts); two sweeps of one machine on one day measured 0.21 and 0.41, and changes between policies "
+            "move with it (README: Bursts).")
 
 
 FRONTEND_NOTE_IN_FLIGHT = 8

@@ -138,6 +138,9 @@ def test_many_requests_in_flight_without_front_end_terms_are_flagged():
     modelled = invoke("compare", "--chats", "32", "--turns", "1", "--rounds", "1", "--policies", "round_robin",
                       "--workers", "2", "--profile", "cpu-tiny-qwen2-x2-bursts")
     assert note not in modelled.output
+    # that profile's workers step at drawn speeds, which the output says
+    assert "Note: each worker steps at its own speed, drawn per round (log-spread 0.32" in modelled.output
+    assert "its own speed" not in many.output
 
 
 def test_peak_in_flight_counts_each_worker_and_round_apart():
