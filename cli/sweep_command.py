@@ -161,8 +161,13 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
     if len(failed):
         click.echo(f"{len(failed)} of {len(frame)} runs failed (infeasible; shown as -, reason in column error): "
                    f"{failed['error'].iloc[0]}", err=True)
+    empty = [m for m in shown if m in frame and frame[m].isna().all()]
     for metric in shown:
-        click.echo(pivot_table(frame, metric) + "\n")
+        if metric not in empty:
+            click.echo(pivot_table(frame, metric) + "\n")
+    if empty:
+        click.echo(f"not shown, no run has a value: {', '.join(empty)}"
+                   + (" (the trace has no later turns)" if any(m.startswith("later_") for m in empty) else ""))
     click.echo(f"{rounds} round(s) per scenario; ± is the 95% interval over rounds; "
                f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     if out is not None:

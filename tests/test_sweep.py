@@ -318,3 +318,20 @@ def test_cli_sweep_over_the_first_200_mooncake_records(tmp_path):
     assert rows["num_requests"].tolist() == [200] * 4 and (rows["status"] == "ok").all()
     point = rows[(rows["workers"] == 4) & (rows["speedup"] == 4.0)]
     _assert_rows_equal_compare(point, _compare_json(*options, "--workers", "4", "--speedup", "4"))
+
+
+def test_sweep_leaves_out_tables_no_run_has_a_value_and_says_why(tmp_path):
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import _register, cli
+
+    _register()
+    trace = tmp_path / "flat.jsonl"  # Mooncake records without sessions: no later turns
+    trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 600, "output_length": 8,
+                                         "hash_ids": [i, 1000 + i]}) + "\n" for i in range(6)))
+    out = CliRunner().invoke(cli, ["sweep", "--trace", str(trace), "--workers", "1,2", "--policies", "round_robin",
+                                   "--rounds", "1", "--no-progress"], catch_exceptions=False).output
+    assert "time to complete" in out and "hit rate" in out
+    assert "TTFT mean, turns >= 2" not in out
+    assert ("not shown, no run has a value: later_ttft_mean_s, later_ttft_p90_s (the trace has no later turns)"
+            in out)
