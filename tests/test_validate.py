@@ -854,3 +854,25 @@ def test_live_rounds_share_one_prediction_with_the_client_lag_measured_over_ever
     for runs in v.policy_rounds().values():
         assert runs[0].predicted and all(r.sim_runs is runs[0].sim_runs and r.predicted is runs[0].predicted
                                          for r in runs)
+
+
+def test_validate_against_an_unreachable_server_leaves_no_empty_output_directory(tmp_path):
+    import socket
+
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.validation.validate_command import validate
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "runs" / "validate"
+    res = CliRunner().invoke(validate, ["--url", f"http://127.0.0.1:{port}", "--chats", "2", "--turns", "1",
+                                        "--out", str(out)])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "127.0.0.1" in res.output
+    assert not out.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    CliRunner().invoke(validate, ["--url", f"http://127.0.0.1:{port}", "--out", str(kept)])
+    assert kept.is_dir()  # a directory the user made stays

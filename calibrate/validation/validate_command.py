@@ -5,6 +5,7 @@ Register with ``cli.add_command(validate)``. Heavy imports stay inside the comma
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -101,6 +102,7 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
 
     check_urls(urls)
     names = _policies(policy, policies_text)
+    created = not Path(out_dir).exists()  # removed again if the run fails before writing anything
     try:  # before any work: ~1 KB per record per policy and round, simulated or live
         check_output(out_dir, 1024 * len(names) * (rounds + live_rounds) * (max_requests or 10**4), is_dir=True)
     except ValueError as exc:
@@ -134,8 +136,10 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
         with pinned(_cores(client_cores)):
             result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))
     except (CalibrationError, ValueError) as exc:
+        _remove_if_empty(out_dir, created)
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
+        _remove_if_empty(out_dir, created)
         click.echo("interrupted before any live measurement; nothing written", err=True)
         sys.exit(130)
     path = write_report(result, out_dir)
@@ -143,3 +147,10 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     click.echo(f"wrote {path}, report.md, records_live.parquet, records_sim.parquet, ttft_*.png in {out_dir}", err=True)
     if result.interrupted:
         sys.exit(130)
+
+
+def _remove_if_empty(out_dir, created: bool) -> None:
+    """Remove ``out_dir`` if this run created it and wrote nothing there."""
+    if created:
+        with contextlib.suppress(OSError):
+            Path(out_dir).rmdir()
