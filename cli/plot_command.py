@@ -7,6 +7,11 @@ from pathlib import Path
 import click
 
 
+SERIES_RUN_ATTR = "kvroute_run"
+"""Key of the run's description (trace and request count) in ``timeseries.parquet``'s pandas
+metadata (``DataFrame.attrs``), written by ``compare --time-series``."""
+
+
 def series_png_name(policy: str, round_: int = 0) -> str:
     """The file name of a policy's series plot: ``timeseries-<policy>.png`` for round 0 (as
     ``compare --time-series`` writes it), ``timeseries-<policy>-round<r>.png`` otherwise; characters
@@ -64,6 +69,7 @@ def plot_series_command(series_file: Path, policy: str | None, round_: int, bins
     if series.empty:
         raise click.ClickException(f"{series_file} has no time series rows to draw")
     out = out or series_file.with_name(series_png_name(policy or "run", round_))
+    run = series.attrs.get(SERIES_RUN_ATTR) or str(series_file)  # the header compare wrote, else the file
     with atomic_output(out) as tmp:
-        plot_series(series, tmp, title=f"{policy or 'run'}, round {round_} | {series_file}", bins=bins)
+        plot_series(series, tmp, title=f"{policy or 'run'}, round {round_} | {run}", bins=bins)
     click.echo(f"wrote {out}")

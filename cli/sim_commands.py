@@ -173,10 +173,11 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
 def _write_series(comparison, out: Path, header: str, quiet: bool) -> None:
     """``timeseries.parquet`` and ``tokens.parquet`` (every policy and round) and one
     ``timeseries-<policy>.png`` per policy (its round 0) under ``out``."""
-    from kvroute.cli.plot_command import series_png_name
+    from kvroute.cli.plot_command import SERIES_RUN_ATTR, series_png_name
     from kvroute.sim.plots import plot_series
 
     series, tokens = comparison.series(), comparison.tokens()
+    series.attrs[SERIES_RUN_ATTR] = header.split(" | ")[0]  # plot-series titles a redrawn plot with it
     with atomic_output(out / "timeseries.parquet") as tmp:
         series.to_parquet(tmp, index=False)
     with atomic_output(out / "tokens.parquet") as tmp:

@@ -258,6 +258,23 @@ def test_plot_series_command_redraws_a_saved_series(tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
 
+def test_plot_series_titles_a_redrawn_plot_with_the_run_not_the_file(tmp_path, monkeypatch):
+    import pandas as pd
+    from click.testing import CliRunner
+
+    import kvroute.sim.plots
+    from kvroute.cli.main import cli
+
+    out = tmp_path / "run"
+    CliRunner().invoke(cli, ["compare", "--turns", "1", "--chats", "4", "--rounds", "1", "--policies", "round_robin",
+                             "--out", str(out), "--time-series", "--quiet"], catch_exceptions=False)
+    assert pd.read_parquet(out / "timeseries.parquet").attrs == {"kvroute_run": "trace seed_chat: 4 requests"}
+    titles = []
+    monkeypatch.setattr(kvroute.sim.plots, "plot_series", lambda series, path, title, bins: titles.append(title))
+    CliRunner().invoke(cli, ["plot-series", str(out / "timeseries.parquet")], catch_exceptions=False)
+    assert titles == ["round_robin, round 0 | trace seed_chat: 4 requests"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--policy", "sticky"], "no policy 'sticky' in"),
     (["--round", "3"], "no round 3 in"),
