@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.metrics import (METRIC_BOUNDS, SUMMARY_METRICS, RunResult, ServiceClass, one_round_intervals, summarize,
-                                 summarize_rounds)
+from kvroute.sim.metrics import (METRIC_BOUNDS, SUMMARY_METRICS, RunResult, ServiceClass, clip_interval,
+                                 one_round_intervals, summarize, summarize_rounds)
 from kvroute.sim.uncertainty import PRIOR_RANGE
 from kvroute.traces.format import Trace
 
@@ -442,9 +442,7 @@ def compare_uncertain(
 
 def _clipped(metric: str, interval: tuple[float, float]) -> tuple[float, float]:
     """``interval`` clipped to ``METRIC_BOUNDS[metric]`` (NaNs kept)."""
-    lo_b, hi_b = METRIC_BOUNDS.get(metric, (-math.inf, math.inf))
-    lo, hi = interval
-    return (lo if math.isnan(lo) else min(max(lo, lo_b), hi_b), hi if math.isnan(hi) else max(min(hi, hi_b), lo_b))
+    return clip_interval(*interval, METRIC_BOUNDS.get(metric, (-math.inf, math.inf)))
 
 
 def format_uncertain_table(result: UncertainComparison, metrics: list[str] | None = None,

@@ -378,6 +378,17 @@ def summarize_rounds(summaries: list[dict[str, float]], confidence: float = 0.95
     return pd.DataFrame({"mean": mean, "low": low, "high": high, "rounds": n})
 
 
+def clip_interval(low: float, high: float, bounds: tuple[float, float]) -> tuple[float, float]:
+    """``(low, high)`` with ``low`` raised to ``bounds[0]`` and ``high`` lowered to ``bounds[1]``
+    where they pass them (a metric's possible values, ``METRIC_BOUNDS``); NaNs are kept."""
+    lower, upper = bounds
+    if not (math.isnan(low) or low >= lower):
+        low = lower
+    if not (math.isnan(high) or high <= upper):
+        high = upper
+    return low, high
+
+
 def one_round_intervals(summary: dict[str, float],
                         bounds: dict[str, tuple[float, float]] = METRIC_BOUNDS) -> dict[str, dict[str, float]]:
     """``summarize_rounds([summary])`` without pandas: per metric ``mean``, ``low``, ``high``
@@ -387,11 +398,6 @@ def one_round_intervals(summary: dict[str, float],
     for metric, value in summary.items():
         value = float(value)
         half = value * 0.0
-        lower, upper = bounds.get(metric, (-math.inf, math.inf))
-        low, high = value - half, value + half
-        if not (math.isnan(low) or low >= lower):
-            low = lower
-        if not (math.isnan(high) or high <= upper):
-            high = upper
+        low, high = clip_interval(value - half, value + half, bounds.get(metric, (-math.inf, math.inf)))
         out[metric] = {"mean": value, "low": low, "high": high, "rounds": 1}
     return out

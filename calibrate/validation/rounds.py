@@ -52,9 +52,11 @@ def mean_interval(values, coverage: float = 0.95,
     x = finite(values)
     if len(x) < 2:
         return math.nan, math.nan
+    from kvroute.sim.metrics import clip_interval
+
     half = float(t.ppf(0.5 + coverage / 2, len(x) - 1)) * statistics.stdev(x) / math.sqrt(len(x))
     mean = statistics.fmean(x)
-    return max(mean - half, bounds[0]), min(mean + half, bounds[1])
+    return clip_interval(mean - half, mean + half, bounds)
 
 
 def spread(values, metric: str | None = None) -> dict:
