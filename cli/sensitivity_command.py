@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -64,7 +63,9 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     the KV capacity and the start spread. The table gives mu*: the mean absolute change of a
     metric when the factor crosses its range (signed + / - for a monotone effect, ~ otherwise).
     """
+    from kvroute.sim.cluster import REPLAY_MODES
     from kvroute.sim.metrics import ServiceClass
+    from kvroute.sim.profile import with_overrides
     from kvroute.sim.sensitivity import FACTOR_GROUPS, Ranges, base_profile, default_factors, run_sensitivity
     from kvroute.sim.sweep import Scenario
 
@@ -94,13 +95,12 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
         profile = base_profile(scenario)
     except FileNotFoundError as exc:
         raise click.BadParameter(str(exc), param_hint="--profile") from exc
-    if max_model_len:
-        profile = dataclasses.replace(profile, engine=dataclasses.replace(profile.engine, max_model_len=max_model_len))
+    profile = with_overrides(profile, max_model_len=max_model_len or None)
     names = [g.strip() for g in groups.split(",") if g.strip()] if groups else None
     if names is None and trace is not None:
         names = [g for g in FACTOR_GROUPS if g != "workload"]  # a trace file's lengths are given
     factors = default_factors(scenario, profile, ranges, names)
-    closed = {"auto": None, "closed": True, "open": False}[replay]
+    closed = REPLAY_MODES[replay]
     start = time.perf_counter()
     result = run_sensitivity(scenario, policies, factors, ranges, trajectories, levels, rounds, design_seed,
                              noise_rounds, profile, trace, closed, executor, max_workers,

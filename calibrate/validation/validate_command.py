@@ -98,6 +98,7 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import report_markdown, write_report
     from kvroute.cli.scenario import load_trace
+    from kvroute.sim.cluster import REPLAY_MODES
     from kvroute.sim.profile import load_profile
 
     check_urls(urls)
@@ -113,7 +114,7 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
         profile = load_profile(profile_name)
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="--profile") from exc
-    closed = {"auto": None, "closed": True, "open": False}[replay]
+    closed = REPLAY_MODES[replay]
     if uncertainty < 0:
         raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="--uncertainty")
     if not 0.0 <= prior_range < 1.0:
