@@ -191,10 +191,11 @@ def test_engine_speed_spread_from_bursts_on_every_server():
     for exp_id, base in ((1, 0.01), (2, 0.02)):
         for url, f in (("http://a", np.exp(0.2)), ("http://b", np.exp(-0.2))):
             for _ in range(4):
+                last = 0.05 + 10 * base * f  # the usage chunk ends the stream 1 ms after the last token
                 rows.append(dict(exp_id=exp_id, rep=0, kind="burst_all", role="burst", url=url, batch=4, n_tokens=11,
-                                 ttft_s=0.05, t_done_s=0.05 + 10 * base * f, error=None))
+                                 ttft_s=0.05, t_done_s=last + 0.001, token_times=f"0.05 {last}", error=None))
     rows.append(dict(exp_id=3, rep=0, kind="burst_all", role="burst", url="http://a", batch=2, n_tokens=11,
-                     ttft_s=0.05, t_done_s=9.0, error=None))  # fewer than 4 per server: left out
+                     ttft_s=0.05, t_done_s=9.0, token_times="0.05 9.0", error=None))  # fewer than 4 per server
     sigma, used = engine_speed_spread(pd.DataFrame(rows))
     assert used == 2
     assert sigma == pytest.approx(0.2 * np.sqrt(2))

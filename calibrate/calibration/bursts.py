@@ -69,6 +69,19 @@ def _metrics(send, ttft, e2e, tpot) -> dict:
             "complete_s": float(np.max(np.asarray(send) + np.asarray(e2e)) - np.min(send))}
 
 
+def _e2e_and_tpot(grp: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per request of a sweep's rows: the time its last token arrived after the send (``t_done_s``
+    when no token times were kept) and its TPOT from the last token's arrival (NaN for a single
+    token or without token times), s. The last token, not ``t_done_s``, because the stream's end
+    also waits for the usage chunk."""
+    ttft = grp["ttft_s"].to_numpy(float)
+    n_tok = grp["n_tokens"].to_numpy(float)
+    last = np.array([float(t.split()[-1]) if isinstance(t, str) and t.strip() else math.nan
+                     for t in grp["token_times"]])
+    tpot = np.where(n_tok > 1, (last - ttft) / np.maximum(n_tok - 1, 1), math.nan)
+    return np.where(np.isfinite(last), last, grp["t_done_s"].to_numpy(float)), tpot
+
+
 def load_bursts(requests: pd.DataFrame, experiments: pd.DataFrame) -> tuple[list[Burst], list[str]]:
     """The sweep's bursts and notes on the ones left out (a failed request).
 
@@ -87,14 +100,7 @@ def load_bursts(requests: pd.DataFrame, experiments: pd.DataFrame) -> tuple[list
         t0 = float(grp["t_send_s"].min())
         send = grp["t_send_s"].to_numpy(float) - t0
         ttft = grp["ttft_s"].to_numpy(float)
-        e2e = grp["t_done_s"].to_numpy(float)
-        n_tok = grp["n_tokens"].to_numpy(float)
-        times = [np.array([float(x) for x in str(s).split()]) if isinstance(s, str) else np.zeros(0)
-                 for s in grp["token_times"]]
-        # TPOT from the last token's arrival (t_done also waits for the usage chunk)
-        last = np.array([t[-1] if len(t) else math.nan for t in times])
-        tpot = np.where(n_tok > 1, (last - ttft) / np.maximum(n_tok - 1, 1), math.nan)
-        e2e = np.where(np.isfinite(last), last, e2e)
+        e2e, tpot = _e2e_and_tpot(grp)
         order = np.argsort(send, kind="stable")
         kind = str(grp["kind"].iloc[0])
         servers = int(grp["url"].nunique())
@@ -114,7 +120,8 @@ mostly the API process's, not the engine's)."""
 
 def engine_speed_spread(requests: pd.DataFrame) -> tuple[float, int]:
     """``HostModel.engine_speed_sigma`` from the bursts sent to every server at once: per burst,
-    each server's mean TPOT (s per token after the first), the deviations of their logs from the
+    each server's mean TPOT (s per token after the first, to the last token's arrival, as
+    :func:`load_bursts` takes it), the deviations of their logs from the
     burst's mean log, and their root mean square scaled by ``sqrt(k / (k - 1))`` for ``k``
     servers (deviations from a mean of ``k`` understate the spread by that factor).
 
@@ -133,7 +140,7 @@ def engine_speed_spread(requests: pd.DataFrame) -> tuple[float, int]:
         req = req[req["error"].isna()]
     devs, used = [], 0
     for _, grp in req.groupby(["exp_id", "rep"] if "rep" in req else ["exp_id"]):
-        tpot = ((grp["t_done_s"] - grp["ttft_s"]) / (grp["n_tokens"] - 1)).groupby(grp["url"]).mean()
+        tpot = pd.Series(_e2e_and_tpot(grp)[1], index=grp.index).groupby(grp["url"]).mean()
         tpot = tpot[tpot > 0]
         k = len(tpot)
         if k < 2:
