@@ -93,6 +93,11 @@ class FrontendModel:
         return self.per_request_s + self.per_prompt_token_s * num_prompt_tokens
 
 
+MAX_ENGINE_SPEED_SIGMA = 2.0
+"""Largest accepted ``HostModel.engine_speed_sigma``: one standard deviation is then a factor
+e**2 = 7.4 between engines, far beyond any measured spread."""
+
+
 @dataclass(frozen=True, slots=True)
 class HostModel:
     """The host's CPU cores and how busy processes stretch engine steps.
@@ -130,6 +135,9 @@ class HostModel:
 
     def __post_init__(self) -> None:
         _check_terms(self, "host", "cores")
+        if self.engine_speed_sigma > MAX_ENGINE_SPEED_SIGMA:
+            raise ValueError(f"host.engine_speed_sigma must be <= {MAX_ENGINE_SPEED_SIGMA} (a log-spread; 0.2-0.4 "
+                             f"measured on a shared 2-core host), got {self.engine_speed_sigma!r}")
 
     def stretch(self, busy: float) -> float:
         """Factor on an engine step's time with ``busy`` engines and API lanes busy (plus
