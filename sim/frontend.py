@@ -281,8 +281,14 @@ def _build(cls, doc, where: str, section: str, ints: tuple[str, ...]):
     unknown = sorted(k for k in doc if k not in fields and not k.startswith("_"))
     if unknown:
         raise ValueError(f"{where}: unknown field(s) {unknown} in section {section!r}; known: {sorted(fields)}")
+    kw = {}
+    for k, v in doc.items():
+        if k in fields:
+            try:
+                kw[k] = int(v) if k in ints else float(v)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{where}: {section}.{k} must be a number, got {v!r} ({exc})") from None
     try:
-        kw = {k: (int(v) if k in ints else float(v)) for k, v in doc.items() if k in fields}
         return cls(**kw)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from exc

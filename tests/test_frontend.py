@@ -216,7 +216,7 @@ def test_host_stretch_closed_form():
     ("host", {"cores": "two"}, "invalid literal"),
     ("host", {"cores": 2, "engine_speed_sigma": -0.1}, "host.engine_speed_sigma must be finite and >= 0"),
     ("host", {"cores": 2, "engine_speed_sigma": 50}, "host.engine_speed_sigma must be <= 2.0"),
-    ("host", {"cores": 2, "engine_speed_sigma": "abc"}, "could not convert string to float"),
+    ("host", {"cores": 2, "engine_speed_sigma": "abc"}, "host.engine_speed_sigma must be a number, got 'abc'"),
 ])
 def test_bad_sections_name_the_field(section, body, message):
     with pytest.raises(ValueError, match=r"<dict>: .*" + __import__("re").escape(message)):
