@@ -48,8 +48,9 @@ LIVE_ROUNDS = {"long-chats": 3, "short-replies": 10, "open-loop": 3}
 """Default live rounds per shape. A short-reply round takes about 1 s, and its policies' rounds
 differ so much (time to complete 0.93-1.16 s for round_robin in three rounds on 2026-12-01) that
 the 90 % interval of the measured change from 3 rounds was +-9 to +-16 pp, wider than the 8 pp
-target itself; 10 rounds narrow it to about +-6 pp. The long chats' and open loop's changes were
-within +-4 pp from 3 rounds."""
+target itself; 10 rounds narrowed the time-to-complete change's to +-6 pp (the later-turn TTFT
+change's stayed +-19 pp: that interval also holds the simulated rounds' spread). The long chats'
+and open loop's changes were within +-4 pp from 3 rounds."""
 DEFAULT_PROFILES = ("cpu-tiny-qwen2-x2-bursts", "cpu-tiny-qwen2-x2")
 
 
