@@ -25,7 +25,7 @@ def base_profile():
 
 
 def test_plan_lists_bursts_on_one_server_in_turn_and_on_all():
-    plan = SweepPlan(burst_sizes=(1, 8), burst_shapes=((256, 32), (2048, 16)), burst_reps=1)
+    plan = SweepPlan(burst_sizes=(1, 8), burst_shapes=((256, 32), (2048, 16)), burst_reps=1, burst_cached_sizes=())
     exps = plan.bursts(num_servers=2, first_id=100, capacity_tokens=8 * 2064 + 100)
     assert [(e["kind"], e["batch"], e["prompt_len"], e.get("server")) for e in exps] == [
         ("burst", 1, 256, 0), ("burst_all", 1, 256, None), ("burst", 8, 256, 1), ("burst_all", 8, 256, None),
@@ -34,6 +34,40 @@ def test_plan_lists_bursts_on_one_server_in_turn_and_on_all():
     assert SweepPlan.preset("full").burst_sizes == (1, 2, 4, 8, 16, 32, 64)
     assert SweepPlan().burst_sizes == () and SweepPlan.preset("full").without_bursts().burst_sizes == ()
     assert SweepPlan.preset("full").clipped(1024).burst_shapes == ((256, 32),)
+
+
+def test_plan_lists_bursts_on_a_cached_prefix_after_the_cold_ones():
+    plan = SweepPlan(burst_sizes=(1,), burst_shapes=((256, 32),), burst_reps=1, burst_cached_sizes=(2, 8),
+                     burst_cached_shapes=((2048, 256, 32),))
+    exps = plan.bursts(num_servers=2, first_id=0, capacity_tokens=21_000)
+    assert [(e["kind"], e["batch"], e["prompt_len"], e["prefix_len"], e.get("server")) for e in exps] == [
+        ("burst", 1, 256, 0, 0), ("burst_all", 1, 256, 0, None),
+        ("burst", 2, 2304, 2048, 1), ("burst_all", 2, 2304, 2048, None),
+        ("burst", 8, 2304, 2048, 0), ("burst_all", 8, 2304, 2048, None)]
+    assert replace(plan, burst_sizes=()).bursts(2, 0) == []  # no concurrency sweep, no cached bursts either
+    alone = replace(plan, cold_lengths=(), cached_prefixes=(), decode_contexts=(), mixed_batches=())
+    assert alone.longest_sequence() == (2304, 2336)
+    assert SweepPlan.preset("full").clipped(2200).burst_cached_shapes == ()
+
+
+def test_burst_on_a_cached_prefix_is_replayed_after_one_warm_request_per_server():
+    from kvroute.calibrate.calibration.bursts import WARM_LEAD_S, burst_trace
+    from kvroute.sim.cluster import ClusterSpec, simulate
+
+    b = Burst(0, "burst_all", 2, 2, 512 + 100, 8, (0.0, 0.0001, 0.0002, 0.0003), {}, prefix_len=512 + 16)
+    trace = burst_trace(b, 32)
+    # warm requests: server j's 16 whole prefix blocks plus its partial 17th
+    assert [(r.request_id, r.timestamp_ms, r.input_length, r.output_length) for r in trace.records[:2]] == [
+        (0, 0.0, 528, 1), (1, 0.0, 528, 1)]
+    assert trace.records[0].hash_ids == tuple(range(20_000_000, 20_000_016)) + (30_000_000,)
+    assert trace.records[3].hash_ids[:16] == trace.records[1].hash_ids[:16]  # 2nd send -> worker 1's prefix
+    assert trace.records[3].hash_ids[16:] == tuple(range(10_000_036, 10_000_040))  # its own 4 blocks
+    assert trace.records[2].timestamp_ms == 1000.0 * WARM_LEAD_S
+    spec = ClusterSpec(base_profile(), num_workers=2, policy="round_robin", arrival_spread_s=0.0, closed_loop=False)
+    rec = simulate(trace, spec, 0).records.sort_values("request_id")
+    assert rec["worker"].tolist() == [0, 1, 0, 1, 0, 1]
+    assert rec["cached_tokens"].tolist() == [0, 0, 512, 512, 512, 512]
+    assert simulate_burst(b, base_profile())["ttft_mean_s"] > 0
 
 
 def _bursts(truth, sizes=(1, 4, 16), shapes=((256, 16), (1024, 8))):

@@ -495,7 +495,8 @@ def test_concurrency_sweep_writes_bursts_on_one_and_all_servers(fake_server, tmp
     a, b = fake_server(), fake_server()
     from dataclasses import replace
 
-    plan = replace(TINY_PLAN, burst_sizes=(1, 3), burst_shapes=((64, 4),), burst_reps=1)
+    plan = replace(TINY_PLAN, burst_sizes=(1, 3), burst_shapes=((64, 4),), burst_reps=1, burst_cached_sizes=(2,),
+                   burst_cached_shapes=((64, 16, 4),))
     summary = asyncio.run(run_sweep([a.url, b.url], tmp_path, plan, progress=False))
     assert summary.status == "complete"
     assert summary.num_experiments == len(plan.experiments()) + len(plan.bursts(2, 0))
@@ -503,6 +504,9 @@ def test_concurrency_sweep_writes_bursts_on_one_and_all_servers(fake_server, tmp
     assert meta["client_host"]["cores"] >= 1 and len(meta["client_host"]["loadavg_end"]) == 3
     bursts, notes = load_bursts(req, exp)
     assert notes == []
-    assert [(x.kind, x.num_servers, x.batch, len(x.send_s)) for x in bursts] == [
-        ("burst", 1, 1, 1), ("burst_all", 2, 1, 2), ("burst", 1, 3, 3), ("burst_all", 2, 3, 6)]
+    assert [(x.kind, x.num_servers, x.batch, len(x.send_s), x.prefix_len) for x in bursts] == [
+        ("burst", 1, 1, 1, 0), ("burst_all", 2, 1, 2, 0), ("burst", 1, 3, 3, 0), ("burst_all", 2, 3, 6, 0),
+        ("burst", 1, 2, 2, 64), ("burst_all", 2, 2, 4, 64)]
+    warm = req[req["role"] == "burst_warm"]
+    assert warm["prompt_len"].tolist() == [64, 64, 64]  # one per server and cached burst, before it
     assert all(x.send_s[0] == 0.0 and x.measured["ttft_mean_s"] > 0 for x in bursts)

@@ -2,7 +2,8 @@
 queue and host-contention terms (``kvroute.sim.frontend``) to them, and report their errors.
 
 A burst (``kvroute.calibrate.calibration.measure``: kinds ``burst`` and ``burst_all``) is N cold prompts of
-one shape sent at once to one server, or N to every server. Its simulated twin is a trace of the
+one shape sent at once to one server, or N to every server, or N prompts on a prefix the server
+has cached (``prefix_len``). Its simulated twin is a trace of the
 same requests sent at the times the live client really sent them (the client's own send lag
 under load is part of the measurement, not a parameter), with round-robin routing over the
 servers loaded. Compared per burst: mean TTFT, TTFT of the last request, mean TPOT and the time
@@ -48,6 +49,8 @@ class Burst:
         measured: ``METRICS`` -> seconds.
         engine_queue_s, engine_prefill_s: the servers' mean queue and prefill time of the
             burst's requests from ``/metrics`` (NaN when not exported).
+        prefix_len: tokens of the prefix every prompt of a server shares, cached there by one
+            request before the burst (0: cold prompts).
     """
 
     exp_id: int
@@ -60,6 +63,7 @@ class Burst:
     measured: dict
     engine_queue_s: float = math.nan
     engine_prefill_s: float = math.nan
+    prefix_len: int = 0
 
 
 def _metrics(send, ttft, e2e, tpot) -> dict:
@@ -107,9 +111,10 @@ def load_bursts(requests: pd.DataFrame, experiments: pd.DataFrame) -> tuple[list
         erow = experiments[experiments["exp_id"] == exp_id] if len(experiments) else experiments
         q = float(erow["engine_queue_s"].mean()) if "engine_queue_s" in erow and len(erow) else math.nan
         p = float(erow["engine_prefill_s"].mean()) if "engine_prefill_s" in erow and len(erow) else math.nan
+        prefix = int(grp["prefix_len"].iloc[0]) if "prefix_len" in grp else 0
         out.append(Burst(int(exp_id), kind, servers, int(grp["batch"].iloc[0]), int(grp["prompt_len"].iloc[0]),
                          int(grp["max_tokens"].iloc[0]), tuple(float(x) for x in send[order]),
-                         _metrics(send, ttft, e2e, tpot), q, p))
+                         _metrics(send, ttft, e2e, tpot), q, p, prefix))
     return out, notes
 
 
@@ -153,12 +158,36 @@ def engine_speed_spread(requests: pd.DataFrame) -> tuple[float, int]:
     return float(np.sqrt(np.mean(np.square(devs)))), used
 
 
+WARM_LEAD_S = 2.0
+"""Seconds between the warm requests of a cached-prefix burst's twin and its first send (the
+warm requests are done and idle engines parked by then)."""
+
+
+def num_warm(burst: Burst) -> int:
+    """Warm requests ahead of the burst in :func:`burst_trace`: one per server for a
+    cached-prefix burst, else none."""
+    return burst.num_servers if burst.prefix_len else 0
+
+
 def burst_trace(burst: Burst, block_size: int) -> Trace:
-    """The burst as a trace: unique cold prompts sent at the measured times (ms)."""
+    """The burst as a trace, routed round-robin over its servers: unique cold prompts sent at
+    the measured times (ms). A cached-prefix burst first sends one request per server (ids
+    ``0 .. num_warm - 1``, one output token) with that server's prefix, and the burst
+    ``WARM_LEAD_S`` later; round-robin gives warm request ``j`` to worker ``j`` and the burst's
+    ``i``-th send to worker ``i % num_servers``, so its prompt starts with that worker's prefix
+    (its whole blocks, as vLLM caches them) and goes on with blocks of its own."""
     nb = -(-burst.prompt_len // block_size)
-    records = [TraceRecord(i, 1000.0 * t, burst.prompt_len, burst.max_tokens,
-                           tuple(range(10_000_000 + i * nb, 10_000_000 + (i + 1) * nb)))
-               for i, t in enumerate(burst.send_s)]
+    k = num_warm(burst)
+    shared = burst.prefix_len // block_size
+    prefixes = [tuple(range(20_000_000 + j * nb, 20_000_000 + j * nb + shared)) for j in range(k)]
+    partial = burst.prefix_len % block_size > 0  # a warm prompt's last, partial block: its own
+    records = [TraceRecord(j, 0.0, burst.prefix_len, 1, prefixes[j] + ((30_000_000 + j,) if partial else ()))
+               for j in range(k)]
+    lead = 1000.0 * WARM_LEAD_S if k else 0.0
+    for i, t in enumerate(burst.send_s):
+        own = tuple(range(10_000_000 + i * nb, 10_000_000 + (i + 1) * nb))
+        hashes = prefixes[i % k] + own[shared:] if k else own
+        records.append(TraceRecord(k + i, lead + 1000.0 * t, burst.prompt_len, burst.max_tokens, hashes))
     return Trace(records, block_size=block_size, source=f"burst {burst.exp_id}")
 
 
@@ -170,7 +199,7 @@ def simulate_burst(burst: Burst, profile: Profile, seeds: tuple[int, ...] = (0,)
                        closed_loop=False)
     acc = {m: [] for m in METRICS}
     for seed in seeds:
-        rec = simulate(trace, spec, seed).records.sort_values("request_id")
+        rec = simulate(trace, spec, seed).records.sort_values("request_id").iloc[num_warm(burst):]
         m = _metrics(np.array(burst.send_s), rec["ttft"].to_numpy(float), rec["e2e"].to_numpy(float),
                      rec["tpot"].to_numpy(float))
         for k in METRICS:
@@ -210,10 +239,12 @@ def schedule_delay(burst: Burst, profile: Profile, seed: int = 0) -> dict:
 
         w.scheduler.schedule, w.on_token = schedule, on_token
     rec = cluster.run().records.set_index("request_id")
-    last = len(burst.send_s) - 1
-    mean_prefill = float(np.mean([first[i] - scheduled[i] for i in scheduled]))
+    k = num_warm(burst)
+    last = k + len(burst.send_s) - 1
+    mean_prefill = float(np.mean([first[i] - scheduled[i] for i in scheduled if i >= k]))
     ttft = float(rec.at[last, "ttft"])
-    return {"last_delay_s": scheduled[last] - burst.send_s[last], "last_ttft_s": ttft,
+    sent = burst.send_s[-1] + (WARM_LEAD_S if k else 0.0)
+    return {"last_delay_s": scheduled[last] - sent, "last_ttft_s": ttft,
             "mean_prefill_s": mean_prefill, "comparable_s": ttft - mean_prefill}
 
 
@@ -234,17 +265,25 @@ def burst_table(bursts: list[Burst], profile: Profile, seeds: tuple[int, ...] = 
             if not (meas > 0) or not math.isfinite(pred[m]):
                 continue
             rows.append(dict(exp_id=b.exp_id, kind=b.kind, batch=b.batch, prompt_len=b.prompt_len,
-                             max_tokens=b.max_tokens, metric=m, measured_s=meas, predicted_s=pred[m],
+                             prefix_len=b.prefix_len, max_tokens=b.max_tokens, metric=m, measured_s=meas, predicted_s=pred[m],
                              error_pct=100.0 * (pred[m] / meas - 1.0)))
     return pd.DataFrame(rows)
 
 
+SCOPES = {"burst": "one server", "burst_all": "all servers", "burst_cached": "one server, cached prefix",
+          "burst_all_cached": "all servers, cached prefix"}
+"""Report scopes of :func:`error_summary`: the burst kind, ``_cached`` for a cached prefix."""
+
+
 def error_summary(table: pd.DataFrame) -> dict:
-    """``{kind: {metric: median |error| %}}`` of a :func:`burst_table`."""
+    """``{scope: {metric: median |error| %}}`` of a :func:`burst_table`; the scope is the burst's
+    kind, with ``_cached`` appended for bursts on a cached prefix (``SCOPES``)."""
     out: dict = {}
     if table.empty:
         return out
-    for (kind, metric), g in table.groupby(["kind", "metric"]):
+    cached = table["prefix_len"] > 0 if "prefix_len" in table else pd.Series(False, index=table.index)
+    scope = table["kind"] + np.where(cached, "_cached", "")
+    for (kind, metric), g in table.groupby([scope, table["metric"]]):
         out.setdefault(kind, {})[metric] = float(np.median(np.abs(g["error_pct"])))
     return out
 
@@ -255,7 +294,9 @@ class FrontendFit:
 
     Attributes:
         frontend, host: the fitted sections.
-        before, after: :func:`burst_table` of the profile without / with them.
+        before, after: :func:`burst_table` of the profile without / with them, over every burst:
+            the terms are fitted to the cold bursts, and the bursts on a cached prefix check
+            what they cannot fit, the step costs of several such prefills in one step.
         objective: final sum of squared log ratios; evaluations: simulations of all bursts run.
     """
 
@@ -278,13 +319,14 @@ class FrontendFit:
             "burst errors, median |predicted/measured - 1| (one-at-a-time profile -> with these terms):",
         ]
         b, a = error_summary(self.before), error_summary(self.after)
-        for kind in BURST_KINDS:
+        for kind, scope in SCOPES.items():
             if kind not in a:
                 continue
-            scope = "one server" if kind == "burst" else "all servers"
             parts = [f"{m[:-2]} {b.get(kind, {}).get(m, math.nan):.1f}% -> {a[kind][m]:.1f}%"
                      for m in METRICS if m in a[kind]]
-            lines.append(f"  {scope:<12} " + ", ".join(parts))
+            lines.append(f"  {scope:<12} " + ", ".join(parts)
+                         + (" (not fitted: checks the step costs of several prefills on a cached prefix in one step)"
+                            if kind.endswith("_cached") else ""))
         return "\n".join(lines)
 
 
@@ -323,6 +365,8 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
 
     if not bursts:
         raise ValueError("the sweep holds no bursts (run 'kvroute calibrate measure' without --no-bursts)")
+    checked = bursts
+    bursts = [b for b in bursts if not b.prefix_len] or bursts  # fitted to cold bursts, see FrontendFit
     host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy, client_busy=client_busy,
                      engine_spin_s=engine_spin_s)
     scale = np.array([max(profile.overheads.api_server_s, 1e-3), 1e-4, 1e-4])
@@ -368,8 +412,8 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
         x = np.maximum(r3.x, 0.0) * s3
     objective = loss(bursts, x)
     fitted = with_terms(profile, x, api_server_count, host)
-    before = burst_table(bursts, profile)
-    after = burst_table(bursts, fitted)
+    before = burst_table(checked, profile)
+    after = burst_table(checked, fitted)
     return FrontendFit(fitted.frontend, fitted.host, before, after, float(objective), evals)
 
 

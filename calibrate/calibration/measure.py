@@ -12,7 +12,10 @@ Experiments (every prompt is a list of token ids, so prefix sharing is exact):
   tokens arrives: the decode streams' gap around its first token is the mixed step.
 - ``burst`` / ``burst_all`` (the concurrency sweep, after the others): N cold prompts of one
   shape (L prompt tokens, T output tokens) sent at once to one server (``burst``), or N to every
-  server at once (``burst_all``), N = 1..64. Each request's send time is recorded as the client
+  server at once (``burst_all``), N = 1..64; then N prompts that share a prefix of P tokens,
+  cached on the server by one request first, each with its own new tokens (``prefix_len`` P in
+  the rows): several prefills on a cached prefix in one engine step, as a closed-loop chat's
+  turns arrive at a server together. Each request's send time is recorded as the client
   really sent it (its send lag under load is measured, not assumed); ``/metrics`` brackets every
   server, so the burst's mean engine queue and prefill times sit beside the client's timings.
   These load the API server and the host as a real burst does (``kvroute.sim.frontend``).
@@ -81,6 +84,9 @@ class SweepPlan:
         burst_sizes, burst_shapes, burst_reps: the concurrency sweep: N requests at once for each
             N, each ``(prompt tokens, output tokens)`` shape, on one server and on all; ``()``
             sizes skip it (the dataclass default; the presets include it).
+        burst_cached_sizes, burst_cached_shapes: bursts on a cached prefix, in the concurrency
+            sweep: N requests at once for each N, each ``(prefix tokens, new tokens, output
+            tokens)`` shape, the prefix cached by one request before the burst.
     """
 
     cold_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096,
@@ -102,6 +108,8 @@ class SweepPlan:
     burst_sizes: tuple[int, ...] = ()
     burst_shapes: tuple[tuple[int, int], ...] = ((256, 32), (2048, 16))
     burst_reps: int = 2
+    burst_cached_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    burst_cached_shapes: tuple[tuple[int, int, int], ...] = ((2048, 256, 32),)
 
     @classmethod
     def preset(cls, name: str) -> "SweepPlan":
@@ -132,6 +140,8 @@ class SweepPlan:
                 burst_sizes=(1, 4, 16),
                 burst_shapes=((256, 16),),
                 burst_reps=1,
+                burst_cached_sizes=(4,),
+                burst_cached_shapes=((512, 128, 16),),
             )
         raise ValueError(f"unknown sweep preset {name!r}; choose 'full' or 'quick'")
 
@@ -145,6 +155,8 @@ class SweepPlan:
             cands += [(P, P + 1) for P in self.mixed_prefills]
         if self.burst_sizes:
             cands += [(L, L + T) for L, T in self.burst_shapes]
+            if self.burst_cached_sizes:
+                cands += [(P + N, P + N + T) for P, N, T in self.burst_cached_shapes]
         return max(cands, key=lambda c: c[1]) if cands else (0, 0)
 
     def check_fits(self, info: ServerInfo) -> None:
@@ -186,6 +198,7 @@ class SweepPlan:
             mixed_prefills=keep(self.mixed_prefills, 1),
             mixed_batches=self.mixed_batches if self.mixed_context + self.mixed_tokens <= max_len else (),
             burst_shapes=tuple((L, T) for L, T in self.burst_shapes if L + T <= max_len),
+            burst_cached_shapes=tuple(s for s in self.burst_cached_shapes if sum(s) <= max_len),
         )
 
     def extended(self, longest: int) -> "SweepPlan":
@@ -227,21 +240,27 @@ class SweepPlan:
 
     def bursts(self, num_servers: int, first_id: int, capacity_tokens: int | None = None) -> list[dict[str, Any]]:
         """The concurrency sweep's experiments, numbered from ``first_id``: per repetition, shape
-        and N (ascending), a burst on one server (servers taken in turn) then on all servers.
-        Bursts whose N sequences do not fit in 90 % of ``capacity_tokens`` are left out."""
+        and N (ascending), a burst on one server (servers taken in turn) then on all servers;
+        cold shapes first, then the cached-prefix shapes (``prefix_len`` > 0; none without
+        ``burst_sizes``). Bursts whose N sequences do not fit in 90 % of ``capacity_tokens``
+        are left out."""
         cap = math.inf if capacity_tokens is None else 0.9 * capacity_tokens
+        shapes = [(0, L, T, self.burst_sizes) for L, T in self.burst_shapes]
+        if self.burst_sizes:
+            shapes += [(P, P + N, T, self.burst_cached_sizes) for P, N, T in self.burst_cached_shapes]
         exps: list[dict[str, Any]] = []
         k = 0
         for rep in range(self.burst_reps):
-            for L, T in self.burst_shapes:
-                for N in self.burst_sizes:
+            for P, L, T, sizes in shapes:
+                for N in sizes:
                     if N * (L + T) > cap:
                         continue
-                    exps.append(dict(kind="burst", rep=rep, batch=N, prompt_len=L, max_tokens=T,
+                    exps.append(dict(kind="burst", rep=rep, batch=N, prompt_len=L, prefix_len=P, max_tokens=T,
                                      server=k % num_servers))
                     k += 1
                     if num_servers > 1:
-                        exps.append(dict(kind="burst_all", rep=rep, batch=N, prompt_len=L, max_tokens=T))
+                        exps.append(dict(kind="burst_all", rep=rep, batch=N, prompt_len=L, prefix_len=P,
+                                         max_tokens=T))
         for i, e in enumerate(exps):
             e["exp_id"] = first_id + i
         return exps
@@ -554,10 +573,19 @@ async def _mixed(ctx: _Ctx, exp: dict, plan: SweepPlan) -> None:
 
 async def _burst(ctxs: list[_Ctx], exp: dict) -> None:
     """N requests of one shape sent at once to one server (``burst``) or to each (``burst_all``);
-    every request's row and one experiment row per server (engine means from ``/metrics``)."""
+    every request's row and one experiment row per server (engine means from ``/metrics``).
+    With a ``prefix_len`` P > 0 the N prompts of a server share its P-token prefix, which one
+    request (row role ``burst_warm``) has cached there before the burst."""
     targets = [ctxs[exp["server"]]] if exp["kind"] == "burst" else ctxs
-    N, L, T = exp["batch"], exp["prompt_len"], exp["max_tokens"]
-    prompts = [[ctx.factory.unique(L) for _ in range(N)] for ctx in targets]
+    N, L, T, P = exp["batch"], exp["prompt_len"], exp["max_tokens"], exp.get("prefix_len", 0)
+    if P:
+        prompts = []
+        for ctx in targets:
+            prefix = ctx.factory.unique(P)
+            await _sequential(ctx, exp, "burst_warm", prefix, 0, 0, bracket=False)
+            prompts.append([prefix + ctx.factory.tail(L - P) for _ in range(N)])
+    else:
+        prompts = [[ctx.factory.unique(L) for _ in range(N)] for ctx in targets]
     befores = [await ctx.client.metrics() if ctx.metrics_ok else None for ctx in targets]
     t_start = time.perf_counter() - targets[0].t0
     tasks = [[asyncio.create_task(ctx.client.complete(p, T)) for p in ps] for ctx, ps in zip(targets, prompts)]
@@ -570,9 +598,11 @@ async def _burst(ctxs: list[_Ctx], exp: dict) -> None:
     t_end = time.perf_counter() - targets[0].t0
     for ctx, before, res_list in zip(targets, befores, results):
         for res in res_list:
-            ctx.requests.write(_request_row(ctx, exp, "burst", res, L, 0, T, 0, N))
+            ctx.requests.write(_request_row(ctx, exp, "burst", res, L, P, T, P // ctx.info.block_size
+                                            * ctx.info.block_size, N))
         erow = dict(url=ctx.info.url, exp_id=exp["exp_id"], kind=exp["kind"], rep=exp["rep"], batch=N,
-                    context_len=L, prefill_len=L, max_tokens=T, t_start_s=t_start, t_end_s=t_end)
+                    context_len=L, prefill_len=L - P, max_tokens=T, t_start_s=t_start, t_end_s=t_end,
+                    **({"prefix_len": P} if P else {}))
         if before is not None:
             after = await _settle(ctx, before, "vllm:e2e_request_latency_seconds_count", N)
             n = after.delta(before, "vllm:request_queue_time_seconds_count")
