@@ -378,10 +378,12 @@ class Cluster:
 
     def _on_token(self, request: Request, now: float) -> None:
         record: RequestRecord = request.client
+        engine_now = now
         if self.frontends is not None:
             now = self.frontends.deliver(record.worker, request.request_id, now)
         if request.num_output_tokens == 1 and record.first_token is None:
             record.first_token = now
+            record.engine_first_token = engine_now
             self._view_of[request.request_id].on_first_token(request.request_id)
         else:
             self.itl_gaps.append(now - record.last_token)
@@ -409,6 +411,7 @@ class Cluster:
 
     def _on_finish(self, request: Request, now: float) -> None:
         record: RequestRecord = request.client
+        record.engine_last_token = now
         if self.frontends is not None:
             now = record.last_token  # the client has the reply when the API streamed its last token
         record.finish = now

@@ -8,7 +8,10 @@ Definitions (times in seconds, from the client's side):
 - Hit rate: cached prompt tokens / prompt tokens over first admissions, vLLM's
   ``prefix_cache_hits_total / prefix_cache_queries_total``.
 - Queue time: first scheduled - received by the engine, vLLM's ``request_queue_time_seconds``
-  (engine-side times, so the gateway's and API server's overheads are not in it).
+  (engine-side times, so the gateway's and API server's overheads are not in it). Prefill time:
+  first token out of the engine - first scheduled; decode time: last token out of the engine -
+  first token out of it (vLLM's ``request_prefill_time_seconds`` and
+  ``request_decode_time_seconds``, ``vllm/v1/metrics/stats.py``).
 - Goodput: share (and rate, per second of time to complete) of requests whose TTFT and TPOT
   both meet the service class's bounds; a failed request never meets them.
 """
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
 RECORD_COLUMNS = [
     "request_id", "session_id", "turn", "worker", "arrival", "first_token", "finish",
     "ttft", "e2e", "tpot", "prompt_tokens", "cached_tokens", "output_tokens", "preemptions",
-    "status", "error", "client_wait", "queued", "scheduled", "queue_time",
+    "status", "error", "client_wait", "queued", "scheduled", "queue_time", "prefill_time", "decode_time",
 ]
 
 
@@ -58,6 +61,9 @@ class RequestRecord:
             or nobody measured it (a live replay).
         scheduled: when an engine step first scheduled it, s (vLLM's ``scheduled_ts``; a
             re-admission after a preemption does not move it); None as ``queued``.
+        engine_first_token, engine_last_token: when the engine's step produced the first and
+            the last output token, s (before any API-server time of streaming them); None as
+            ``queued``.
         token_times: when each output token reached the client, s, in order, when the run
             records them (``ClusterSpec.record_series``), else None.
     """
@@ -65,7 +71,7 @@ class RequestRecord:
     __slots__ = (
         "trace", "worker", "arrival", "first_token", "last_token", "finish",
         "cached_tokens", "output_tokens", "preemptions", "error", "client_wait",
-        "queued", "scheduled", "token_times",
+        "queued", "scheduled", "engine_first_token", "engine_last_token", "token_times",
     )
 
     def __init__(self, trace: TraceRecord, worker: int, arrival: float) -> None:
@@ -82,6 +88,8 @@ class RequestRecord:
         self.client_wait = 0.0
         self.queued: float | None = None
         self.scheduled: float | None = None
+        self.engine_first_token: float | None = None
+        self.engine_last_token: float | None = None
         self.token_times: array | None = None
 
     def as_row(self) -> tuple:
@@ -101,7 +109,8 @@ class RequestRecord:
             ttft, e2e, tpot, t.input_length, self.cached_tokens, self.output_tokens,
             self.preemptions, "ok" if ok else "failed", self.error, self.client_wait,
             _or_nan(self.queued), _or_nan(self.scheduled),
-            self.scheduled - self.queued if self.queued is not None and self.scheduled is not None else math.nan,
+            _since(self.scheduled, self.queued), _since(self.engine_first_token, self.scheduled),
+            _since(self.engine_last_token, self.engine_first_token),
         )
 
 
@@ -114,6 +123,11 @@ def record_rows(records: list[RequestRecord]) -> list[tuple]:
 
 def _or_nan(value: float | None) -> float:
     return math.nan if value is None else value
+
+
+def _since(later: float | None, earlier: float | None) -> float:
+    """``later - earlier``, NaN when either is unknown."""
+    return math.nan if later is None or earlier is None else later - earlier
 
 
 def records_frame(records: list[RequestRecord]) -> pd.DataFrame:

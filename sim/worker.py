@@ -86,12 +86,15 @@ class Worker:
         self.step_log: array | None = array("d") if record_steps else None
         self.series = StepSeries(index, self.scheduler) if record_series else None
         self._wakeup: simpy.Event | None = None
+        self._arrived: list[Request] = []  # handed over since the last step started
         self.process = env.process(self._run())
 
     def add_request(self, request: Request) -> None:
-        """Hand a request to the engine; it joins the waiting queue before the next step (its
-        ``queued_ts`` is now, vLLM's QUEUED event)."""
-        request.queued_ts = self.env.now
+        """Hand a request to the engine; it joins the waiting queue before the next step, and
+        its ``queued_ts`` is that step's start (vLLM's QUEUED event: the engine core's loop adds
+        the requests that came in during a step after that step, ``EngineCore._process_input_queue``
+        then ``Scheduler.add_request``, so vLLM's queue time leaves out the step in progress)."""
+        self._arrived.append(request)
         self.scheduler.add_request(request)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
@@ -104,6 +107,8 @@ class Worker:
                 self._wakeup = env.event()
                 yield self._wakeup
                 self._wakeup = None
+            if self._arrived:
+                self._mark_queued(self._arrived, env.now)
             out = scheduler.schedule()
             if out.admitted:
                 self._mark_scheduled(out.admitted, env.now)
@@ -138,6 +143,14 @@ class Worker:
             self._finish_step(out, env.now)
             if self.series is not None:
                 self.series.sample(start, env.now, 1, out.num_batched_tokens, len(out.requests))
+
+    @staticmethod
+    def _mark_queued(arrived: list[Request], now: float) -> None:
+        """Stamp the requests handed over since the last step with this step's start, and
+        forget them."""
+        for req in arrived:
+            req.queued_ts = now
+        arrived.clear()
 
     @staticmethod
     def _mark_scheduled(admitted: list[Request], now: float) -> None:

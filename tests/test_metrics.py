@@ -19,7 +19,8 @@ def row(rid, turn, arrival, first, finish, prompt, cached, out, status="ok"):
     return (rid, 0, turn, 0, arrival, first if ok else math.nan, finish if ok else math.nan,
             first - arrival if ok else math.nan, finish - arrival if ok else math.nan,
             (finish - first) / (out - 1) if ok and out > 1 else math.nan,
-            prompt, cached, out, 0, status, None if ok else "boom", 0.0, math.nan, math.nan, math.nan)
+            prompt, cached, out, 0, status, None if ok else "boom", 0.0, math.nan, math.nan, math.nan, math.nan,
+            math.nan)
 
 
 def result(rows, itl=()):

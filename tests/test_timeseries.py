@@ -53,9 +53,15 @@ def test_two_requests_on_one_worker_step_by_step():
     assert s["vllm:prefix_cache_hits"].sum() == res.records["cached_tokens"].sum()
 
     rec = res.records
-    assert list(rec["queued"]) == pytest.approx([0.1, 0.15])
+    # vLLM's engine core adds a request that came in during a step when that step is over
+    # (its QUEUED event), so request 1, handed over at 0.15, is queued and scheduled at 0.21.
+    assert list(rec["queued"]) == pytest.approx([0.1, 0.21])
     assert list(rec["scheduled"]) == pytest.approx([0.1, 0.21])
-    assert list(rec["queue_time"]) == pytest.approx([0.0, 0.06])
+    assert list(rec["queue_time"]) == pytest.approx([0.0, 0.0])
+    # vLLM's prefill time (first token out - first scheduled) and decode time (last - first token
+    # out), engine-side: with no API-server model they end where the client's times do.
+    assert list(rec["prefill_time"]) == pytest.approx([0.11, 0.027], abs=1e-12)
+    assert list(rec["decode_time"]) == pytest.approx([0.039, 0.023], abs=1e-12)
     tok = res.tokens
     assert list(tok["request_id"]) == [0, 0, 0, 1, 1, 1]
     assert list(tok["token"]) == [1, 2, 3, 1, 2, 3]
@@ -68,7 +74,21 @@ def test_nothing_is_recorded_unless_asked():
     res = run(two_requests(), record_series=False)
     assert res.series is None and res.tokens is None
     # Queue times are in every record: they cost one stamp per admission.
-    assert list(res.records["queue_time"]) == pytest.approx([0.0, 0.06])
+    assert list(res.records["queue_time"]) == pytest.approx([0.0, 0.0])
+
+
+def test_queue_time_counts_the_steps_a_request_waits_in_the_waiting_queue():
+    # max_num_seqs 1: request 1 (handed over at 0.15, during step 1) is queued when step 1 ends
+    # at 0.21 and scheduled only when request 0 is done: steps 2 and 3 are its decodes
+    # (0.21 .. 0.221 .. 0.232), so request 1 waits from 0.21 to 0.232.
+    from dataclasses import replace
+
+    base = simple_profile()
+    profile = replace(base, engine=replace(base.engine, max_num_seqs=1))
+    rec = run(two_requests(), record_series=False, profile=profile).records
+    assert list(rec["queued"]) == pytest.approx([0.1, 0.21], abs=1e-12)
+    assert list(rec["scheduled"]) == pytest.approx([0.1, 0.232], abs=1e-12)
+    assert list(rec["queue_time"]) == pytest.approx([0.0, 0.022], abs=1e-12)
 
 
 def test_a_fast_forwarded_decode_run_is_one_row_with_its_step_count():
