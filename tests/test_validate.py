@@ -876,3 +876,54 @@ def test_validate_against_an_unreachable_server_leaves_no_empty_output_directory
     kept.mkdir()
     CliRunner().invoke(validate, ["--url", f"http://127.0.0.1:{port}", "--out", str(kept)])
     assert kept.is_dir()  # a directory the user made stays
+
+
+def test_engine_times_split_ttft_into_queue_prefill_and_front_end_exactly():
+    """Measured: histogram deltas over all servers (sum / count), a dead server left out;
+    predicted: the simulated records' vLLM-defined times, pooled over runs."""
+    import pandas as pd
+
+    from kvroute.calibrate.validation.engine_times import engine_rows, measured_times
+    from kvroute.calibrate.validation.validate import PolicyRun
+    from kvroute.calibrate.vllm.client import MetricsSnapshot
+    from kvroute.sim.metrics import RunResult
+
+    def snap(queue, prefill, decode, n, ttft=0.0):
+        return MetricsSnapshot({"vllm:request_queue_time_seconds_sum": queue, "vllm:request_queue_time_seconds_count": n,
+                                "vllm:request_prefill_time_seconds_sum": prefill,
+                                "vllm:request_prefill_time_seconds_count": n,
+                                "vllm:request_decode_time_seconds_sum": decode,
+                                "vllm:request_decode_time_seconds_count": n,
+                                "vllm:time_to_first_token_seconds_sum": ttft,
+                                "vllm:time_to_first_token_seconds_count": n}, {})
+
+    nan = float("nan")
+
+    def row(rid, ttft, queue, prefill, decode, status="ok"):
+        return (rid, None, None, 0, 0.0, ttft, 1.0, ttft, 1.0, 0.1, 100, 0, 5, 0, status, None, 0.0, nan, nan,
+                queue, prefill, decode)
+
+    sims = [RunResult(pd.DataFrame([row(0, 0.2, 0.01, 0.05, 0.4), row(1, 0.3, 0.03, 0.07, 0.6)], columns=RECORD_COLUMNS),
+                      np.array([]), pd.DataFrame(), "kv_aware", 0),
+            RunResult(pd.DataFrame([row(0, 0.2, 0.02, 0.06, 0.5), row(1, nan, nan, nan, nan, "failed")],
+                                   columns=RECORD_COLUMNS), np.array([]), pd.DataFrame(), "kv_aware", 1)]
+    run = PolicyRun("kv_aware", {"ttft_mean_s": 0.25}, sims, measured={"ttft_mean_s": 0.3},
+                    before=[snap(1.0, 2.0, 3.0, 10), snap(0.0, 0.0, 0.0, 0), None],
+                    after=[snap(1.06, 2.3, 4.2, 13, ttft=0.6), snap(0.04, 0.1, 0.8, 1, ttft=0.4), snap(9.0, 9.0, 9.0, 9)])
+    got = measured_times(run)
+    assert got["queue_time"] == pytest.approx(0.1 / 4) and got["prefill_time"] == pytest.approx(0.4 / 4)
+    assert got["decode_time"] == pytest.approx(2.0 / 4)
+    assert got["front_end"] == pytest.approx(0.3 - 0.025 - 0.1)
+    assert got["api_front_end"] == pytest.approx(1.0 / 4 - 0.025 - 0.1)  # vLLM's TTFT 0.25 s
+    assert got["client"] == pytest.approx(0.3 - 0.25)
+    rows = engine_rows([run])
+    assert rows["queue_time"]["predicted"] == pytest.approx(0.02)  # (0.01 + 0.03 + 0.02) / 3 finished
+    assert rows["prefill_time"]["predicted"] == pytest.approx(0.06)
+    assert rows["decode_time"]["predicted"] == pytest.approx(0.5)
+    assert rows["front_end"]["predicted"] == pytest.approx(0.25 - 0.02 - 0.06)
+    assert rows["client"]["predicted"] is None and rows["client"]["measured"] == pytest.approx(0.05)
+    assert rows["ttft"] == {"label": "TTFT, all requests (client)", "predicted": 0.25, "measured": 0.3,
+                            "error_pct": pytest.approx(100 * (0.25 - 0.3) / 0.3)}
+    # a server without these histograms (another vLLM) gives None, not a wrong number
+    bare = PolicyRun("kv_aware", {}, [], measured={}, before=[MetricsSnapshot({}, {})], after=[MetricsSnapshot({}, {})])
+    assert math.isnan(measured_times(bare)["queue_time"])

@@ -37,6 +37,8 @@ from kvroute.traces.format import Trace
 HITS = "vllm:prefix_cache_hits_total"
 QUERIES = "vllm:prefix_cache_queries_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
+COUNTED = "vllm:request_queue_time_seconds_count"
+"""A histogram vLLM observes once per finished request (``settled_scrape`` waits for it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,7 +392,34 @@ async def measure(run: PolicyRun, replay: LiveReplay, urls: list[str]) -> None:
         if reset is None and snap is None:
             replay.mark_dead(w, f"{urls[w]} did not answer before the run")
     await replay.run()
-    run.after = await scrape(urls)
+    run.after = await settled_scrape(urls, run.before, _finished_per_server(replay, len(urls)))
+
+
+def _finished_per_server(replay: LiveReplay, num_servers: int) -> list[int]:
+    """Per server, the requests of the replay that got their last token (vLLM records their
+    histograms once they finish)."""
+    counts = [0] * num_servers
+    for rec in replay.records:
+        if rec.error is None and rec.finish is not None and 0 <= rec.worker < num_servers:
+            counts[rec.worker] += 1
+    return counts
+
+
+async def settled_scrape(urls: list[str], before: list[MetricsSnapshot | None], finished: list[int],
+                         timeout_s: float = 2.0) -> list[MetricsSnapshot | None]:
+    """``/metrics`` of every server, scraped again (up to ``timeout_s``) until each server's
+    request histograms count the ``finished`` requests sent to it since ``before``: the API
+    server records a request's times just after streaming its last token, so a scrape at once
+    can miss the last ones."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        after = await scrape(urls)
+        short = [a.delta(b, COUNTED) < n for a, b, n in zip(after, before, finished)
+                 if a is not None and b is not None and math.isfinite(a.delta(b, COUNTED))]
+        if not any(short) or loop.time() > deadline:
+            return after
+        await asyncio.sleep(0.01)
 
 
 def finish_run(run: PolicyRun, replay: LiveReplay) -> None:

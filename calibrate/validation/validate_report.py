@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from kvroute.sim.outputs import atomic_output, write_text_atomic
+from kvroute.calibrate.validation.engine_times import engine_rows
 from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, mean_interval, paired_changes, spread
 from kvroute.calibrate.validation.validate import PolicyRun, Validation
 from kvroute.sim.experiment import prediction_interval
@@ -209,6 +210,7 @@ def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
         "live_wall_time_s": _num(spread([r.elapsed_s for r in runs])["mean"]),
         "usage_reported_cached_tokens": all(r.usage_reported for r in runs),
         "client_send_lag_s": _lag_summary(np.concatenate([send_lags(r, v.trace) for r in runs])),
+        "engine_times": engine_rows(runs),
     }
     if multi:
         entry["live_rounds"] = len(runs)
@@ -402,6 +404,11 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
             tag = "" if row["alive"] else " (died)"
             lines.append(f"| hit tokens, worker {w}{tag} | {_fmt(h['predicted'], 0)} | - | - | "
                          f"{_fmt(h['measured'], 0)} | {'- | - | - | ' if n_live else ''}- | {_pct(h['error_pct'])} |")
+        lines += ["", "Where the time goes, per request (s; measured engine times from vLLM's request "
+                  "histograms" + (", mean of the rounds" if n_live else "") + "):", "",
+                  "| | predicted | measured | error % |", "|---|---:|---:|---:|"]
+        lines += [f"| {row['label']} | {_fmt(row['predicted'], 4)} | {_fmt(row['measured'], 4)} | "
+                  f"{_pct(row['error_pct'])} |" for row in p["engine_times"].values()]
     if doc["changes"]:
         base = next(iter(doc["policies"]))
         lines += ["", f"## Change vs {base}", ""]

@@ -1,0 +1,112 @@
+"""Where a request's time goes, engine-side: vLLM's request histograms against the simulator's.
+
+vLLM 0.32 times every finished request in its engine core (``vllm/v1/metrics/stats.py:
+IterationStats.update_from_finished_request``): queue time = first scheduled - received by the
+engine core (``vllm:request_queue_time_seconds``), prefill time = first token out of the engine -
+first scheduled (``vllm:request_prefill_time_seconds``), decode time = last token out - first
+token out (``vllm:request_decode_time_seconds``). A live run's per-request means are the deltas
+of the histograms' sums over the run divided by the deltas of their counts, over all servers; the
+simulator's records carry the same three times (``kvroute.sim.metrics``), defined alike.
+
+What the client's TTFT holds beyond queue and prefill time is the ``front end`` row, TTFT - queue
+- prefill on both sides: the client's send, HTTP, the API server's admission and the streaming of
+the first token back. Live, vLLM's own TTFT (``vllm:time_to_first_token_seconds``: from the API
+process receiving the request to it processing the first token) splits that further into the API
+server's share and the client's (HTTP and SSE on both ends); the simulator has one front end, so
+those two rows are measured only. Splitting a TTFT error this way says whether the engine's steps or the
+processes around them are mispredicted. All figures are means over every request of a run (all
+turns), in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvroute.calibrate.validation.rounds import error_pct, spread
+from kvroute.calibrate.validation.validate import PolicyRun
+
+#: Engine-side times and the vLLM histogram each is read from.
+HISTOGRAMS = {
+    "queue_time": "vllm:request_queue_time_seconds",
+    "prefill_time": "vllm:request_prefill_time_seconds",
+    "decode_time": "vllm:request_decode_time_seconds",
+}
+SERVER_TTFT = "vllm:time_to_first_token_seconds"
+
+#: Rows of the decomposition, in order, with their labels.
+ROWS = {
+    "ttft": "TTFT, all requests (client)",
+    "queue_time": "engine queue time",
+    "prefill_time": "engine prefill time",
+    "front_end": "front end: TTFT - queue - prefill",
+    "api_front_end": "  of which the API server's: vLLM's TTFT - queue - prefill",
+    "client": "  of which the client's and HTTP: TTFT - vLLM's TTFT",
+    "decode_time": "engine decode time",
+}
+
+
+def measured_times(run: PolicyRun) -> dict[str, float]:
+    """Per-request means of one live run (NaN where the servers did not report a histogram).
+
+    Sums and counts are added over every server whose ``/metrics`` was scraped before and after
+    the run; a server without a scrape (dead) is left out.
+    """
+    out = {key: _histogram_mean(run, name) for key, name in HISTOGRAMS.items()}
+    out["ttft"] = run.measured.get("ttft_mean_s", math.nan)
+    out["front_end"] = out["ttft"] - out["queue_time"] - out["prefill_time"]
+    server_ttft = _histogram_mean(run, SERVER_TTFT)
+    out["api_front_end"] = server_ttft - out["queue_time"] - out["prefill_time"]
+    out["client"] = out["ttft"] - server_ttft
+    return out
+
+
+def _histogram_mean(run: PolicyRun, name: str) -> float:
+    """Mean observation of histogram ``name`` over the run, all scraped servers pooled."""
+    total = count = 0.0
+    for before, after in zip(run.before, run.after):
+        if before is None or after is None:
+            continue
+        s, n = after.delta(before, f"{name}_sum"), after.delta(before, f"{name}_count")
+        if math.isfinite(s) and math.isfinite(n):
+            total, count = total + s, count + n
+    return total / count if count > 0 else math.nan
+
+
+def predicted_times(run: PolicyRun) -> dict[str, float]:
+    """Per-request means over the simulated runs behind ``run``'s prediction (every request
+    that finished, all runs pooled)."""
+    sums = dict.fromkeys(HISTOGRAMS, 0.0)
+    count = 0
+    for sim in run.sim_runs:
+        df = sim.records
+        ok = df[df["status"] == "ok"]
+        count += len(ok)
+        for key in HISTOGRAMS:  # records made elsewhere (another tool's) may lack the column
+            sums[key] += float(ok[key].sum()) if key in ok else math.nan
+    out = {key: (total / count if count else math.nan) for key, total in sums.items()}
+    out["ttft"] = run.predicted.get("ttft_mean_s", math.nan)
+    out["front_end"] = out["ttft"] - out["queue_time"] - out["prefill_time"]
+    out["api_front_end"] = out["client"] = math.nan  # one front end in the model: measured only
+    return out
+
+
+def engine_rows(runs: list[PolicyRun]) -> dict[str, dict]:
+    """The decomposition of one policy over its live rounds ``runs``: per row of ``ROWS``, the
+    predicted value (shared by the rounds), the mean measured over the rounds and the error (%).
+
+    Returns:
+        ``{row: {"label", "predicted", "measured", "error_pct"}}``, values in seconds (None for
+        NaN, so the mapping is valid JSON).
+    """
+    predicted = predicted_times(runs[0])
+    per_round = [measured_times(r) for r in runs]
+    out = {}
+    for key, label in ROWS.items():
+        p = predicted[key]
+        m = spread([r[key] for r in per_round])["mean"]
+        out[key] = {"label": label, "predicted": _num(p), "measured": _num(m), "error_pct": _num(error_pct(p, m))}
+    return out
+
+
+def _num(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
