@@ -172,6 +172,30 @@ def print_rows(rows: list[dict]) -> None:
                   f"{r['measured']:>10.4f} {r['error_pct']:>+8.1f}% {tgt:>7} {r['live_rounds']:>4} {load:>10}  {ok}")
 
 
+def time_split(shape: str, profile_name: str, runs, validation) -> list[str]:
+    """Per policy, where a request's time goes (``kvroute.calibrate.validation.engine_times``):
+    TTFT, engine queue, engine prefill, front end and engine decode time, predicted (``runs``)
+    / measured (mean of ``validation``'s live rounds), ms. Informational: no targets."""
+    from kvroute.calibrate.validation.engine_times import engine_rows
+
+    live = validation.policy_rounds()
+    lines = []
+    for pred in runs:
+        rounds = live.get(pred.policy, [])
+        if not rounds:
+            continue
+        for r in rounds:
+            r.take_prediction(pred)
+        cells = []
+        for key, row in engine_rows(rounds).items():
+            if row["predicted"] is None and row["measured"] is None:
+                continue
+            p, m = (f"{1000 * v:.1f}" if v is not None else "-" for v in (row["predicted"], row["measured"]))
+            cells.append(f"{key} {p}/{m}")
+        lines.append(f"{shape} {profile_name} {pred.policy}: " + ", ".join(cells))
+    return lines
+
+
 def calibrate_here(urls: list[str], out: Path, longest: int | None = None) -> Path:
     """Calibrate ``urls`` in place: ``kvroute calibrate measure`` (full preset, with the
     concurrency sweep, extended to ``longest`` tokens when given) into ``out``, then ``kvroute calibrate fit`` (no bootstrap); returns the
@@ -205,7 +229,7 @@ def _live_rounds(shape: str, trace, urls: list[str], profile, args):
     from kvroute.calibrate.validation.validate_report import write_report
 
     spec = ValidationSpec(tuple(urls), ("round_robin", "kv_aware"), sim_rounds=1, client_lag_s=0.0,
-                          live_rounds=args.live_rounds or LIVE_ROUNDS[shape])
+                          live_rounds=args.live_rounds or LIVE_ROUNDS[shape], record_tokens=True)
     load_start = os.getloadavg()[0]
 
     def progress(msg: str) -> None:
@@ -228,10 +252,13 @@ def _saved_rounds(saved):
 
     from kvroute.calibrate.validation.validate import Validation, ValidationSpec
 
+    def current(spec) -> ValidationSpec:  # a spec pickled before a field was added gets its default
+        return ValidationSpec(**{f.name: getattr(spec, f.name, f.default) for f in dataclasses.fields(ValidationSpec)})
+
     if not isinstance(saved, list):
-        return saved
+        return dataclasses.replace(saved, spec=current(saved.spec))
     first = saved[0]
-    spec = ValidationSpec(**{f.name: getattr(first.spec, f.name, f.default) for f in dataclasses.fields(ValidationSpec)})
+    spec = current(first.spec)
     merged = Validation(first.trace, dataclasses.replace(spec, live_rounds=len(saved)), first.servers, first.sim_spec,
                         notes=[n for v in saved for n in v.notes], interrupted=any(v.interrupted for v in saved),
                         client_lag_s=first.client_lag_s, root_offsets_s=first.root_offsets_s)
@@ -275,7 +302,7 @@ def main() -> None:
     names = list(args.profile or DEFAULT_PROFILES)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    all_rows, missed, notes = [], 0, []
+    all_rows, missed, notes, splits = [], 0, [], []
     servers = contextlib.nullcontext([]) if args.rescore else _servers(args.url, args.out, args.port_base)
     with servers as urls:
         t1 = time.perf_counter()
@@ -308,9 +335,15 @@ def main() -> None:
                 rows, m = score(shape, profile.name, runs, validation, args.rounds, load)
                 all_rows += rows
                 missed += m
+                splits += time_split(shape, profile.name, runs, validation)
     t2 = time.perf_counter()
     print()
     print_rows(all_rows)
+    if splits:
+        print("\nwhere a request's time goes, predicted/measured ms (engine times from vLLM's request histograms; "
+              "front_end = TTFT - queue - prefill; api_front_end and client split it, measured only):")
+        for line in splits:
+            print(f"  {line}")
     for note in notes:
         print(f"note: {note}")
     print(f"\nwall time: {t2 - t0:.0f} s ({t1 - t0:.0f} s server start-up); reports in {args.out}/<shape>/")

@@ -301,6 +301,21 @@ def test_replay_records_have_the_simulator_columns_and_resend_real_replies(fakes
         assert any(p[: len(q) + len(o)] == q + o for q, o in replies)
 
 
+def test_replay_keeps_every_token_time_when_asked(fakes):
+    """``record_tokens``: one row per output token, the first and last at the record's first
+    token and finish, consecutive differences the run's inter-token gaps; off, nothing kept."""
+    servers = fakes(2)
+    trace = small_chat()
+    res = _replay(trace, servers, policy="round_robin", record_tokens=True).result()
+    tok, rec = res.tokens, res.records.set_index("request_id")
+    assert list(tok.columns) == ["request_id", "token", "time"]
+    assert len(tok) == int(rec["output_tokens"].sum()) == 20 * len(trace.records)
+    per = tok.groupby("request_id")["time"]
+    assert (per.first() == rec["first_token"]).all() and (per.last() == rec["finish"]).all()
+    assert sorted(np.concatenate([np.diff(t) for _, t in per])) == pytest.approx(sorted(res.itl))
+    assert _replay(trace, fakes(2), policy="round_robin").result().tokens is None
+
+
 @pytest.mark.parametrize("policy", ["round_robin", "kv_aware"])
 def test_one_at_a_time_hits_equal_the_simulation_exactly(fakes, tmp_path, policy):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
@@ -507,6 +522,20 @@ def test_validate_command(fakes, tmp_path):
     assert set(doc["policies"]) == {"round_robin", "kv_aware"} and doc["max_in_flight"] == 1
     bad = CliRunner().invoke(validate, ["--url", servers[0].url, "--policy", "nope", "--out", str(out)])
     assert bad.exit_code != 0 and "valid policies" in bad.output
+    assert not (out / "tokens_live.parquet").exists()
+
+
+def test_validate_tokens_writes_live_and_simulated_token_times(fakes, tmp_path):
+    import pandas as pd
+
+    _invoke_validate(fakes(2), tmp_path, "--tokens")
+    live = pd.read_parquet(tmp_path / "out" / "tokens_live.parquet")
+    sim = pd.read_parquet(tmp_path / "out" / "tokens_sim.parquet")
+    records = pd.read_parquet(tmp_path / "out" / "records_live.parquet")
+    assert set(live["policy"]) == set(sim["policy"]) == {"round_robin", "kv_aware"}
+    for frame in (live, sim):  # 6 requests x 20 tokens per policy (one simulated round)
+        assert frame.groupby("policy").size().to_dict() == {"round_robin": 120, "kv_aware": 120}
+    assert len(live) == records["output_tokens"].sum()
 
 
 @pytest.mark.parametrize("live_rounds", [1, 2])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ from kvroute.calibrate.calibration.prompts import PromptBuilder, TokenSynth, cha
 from kvroute.calibrate.vllm.kv_events import LiveKVEvents
 from kvroute.calibrate.vllm.metrics_scrape import LiveMetrics
 from kvroute.calibrate.vllm.stream import new_session
-from kvroute.sim.metrics import RequestRecord, RunResult, records_frame
+from kvroute.sim.metrics import RequestRecord, RunResult, records_frame, tokens_frame
 from kvroute.sim.routing import RouteRequest, RouterView, make_policy, router_rng
 from kvroute.sim.scheduler import clamp_max_tokens
 from kvroute.sim.workload import Workload
@@ -59,6 +60,8 @@ class ReplaySpec:
         cache_view: ``routed`` (the router's routed-prefix index) or ``events`` (the servers'
             KV-cache events, ``kvroute.calibrate.vllm.kv_events``).
         kv_event_endpoints: with ``events``, each server's ZeroMQ event endpoint, in server order.
+        record_tokens: keep every output token's arrival time (records' ``token_times``, and the
+            result's ``tokens``, ``kvroute.sim.metrics.tokens_frame``).
     """
 
     policy: str = "round_robin"
@@ -70,6 +73,7 @@ class ReplaySpec:
     scrape_interval_s: float = 0.0
     cache_view: str = "routed"
     kv_event_endpoints: tuple[str, ...] = ()
+    record_tokens: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +238,8 @@ class LiveReplay:
             rows.append({"worker": w, "url": ep.url, "alive": w not in self.dead, "requests": len(mine),
                          "usage_cached_tokens": int(mine.loc[mine["status"] == "ok", "cached_tokens"].sum())})
         return RunResult(records=frame, itl=np.asarray(self.itl_gaps, dtype=float), workers=pd.DataFrame(rows),
-                         policy=self.spec.policy, seed=self.spec.seed)
+                         policy=self.spec.policy, seed=self.spec.seed,
+                         tokens=tokens_frame(records) if self.spec.record_tokens else None)
 
     # -- clients --------------------------------------------------------------------------------
 
@@ -295,6 +300,7 @@ class LiveReplay:
             "stream_options": {"include_usage": True}, "return_token_ids": True,
         }
         t0, gaps = self._t0, self.itl_gaps
+        times = record.token_times = array("d") if self.spec.record_tokens else None
 
         def on_tokens(k: int, t: float) -> None:
             now = t - t0
@@ -306,6 +312,8 @@ class LiveReplay:
             gaps.extend([0.0] * (k - 1))
             record.last_token = now
             record.output_tokens += k
+            if times is not None:  # k tokens in one chunk arrive together
+                times.extend([now] * k)
 
         task = asyncio.get_running_loop().create_task(
             stream_tokens(ep.url, body, self.spec.timeout_s, on_tokens, self._session))

@@ -77,6 +77,8 @@ class ValidationSpec:
         live_rounds: live replays of every policy, interleaved round by round (the report gives
             their mean, min-max and, from 3 rounds, the mean's 95 % interval); the prediction is
             the same whatever their number.
+        record_tokens: keep every output token's arrival time, live and simulated (the report
+            then writes ``tokens_live.parquet`` and ``tokens_sim.parquet``).
     """
 
     urls: tuple[str, ...]
@@ -96,6 +98,7 @@ class ValidationSpec:
     cache_view: str = "routed"
     kv_event_endpoints: tuple[str, ...] = ()
     live_rounds: int = 1
+    record_tokens: bool = False
 
 
 @dataclass(slots=True)
@@ -273,7 +276,7 @@ def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSp
     cluster = ClusterSpec(
         live_profile, num_workers=len(servers), closed_loop=spec.closed_loop,
         arrival_spread_s=spec.arrival_spread_s, router_block_tokens=spec.router_block_tokens,
-        max_in_flight=spec.max_in_flight, cache_view=spec.cache_view,
+        max_in_flight=spec.max_in_flight, cache_view=spec.cache_view, record_series=spec.record_tokens,
     )
     return cluster, notes
 
@@ -489,7 +492,7 @@ def run_validation(
             run.take_prediction(predictions[k])
         replay_spec = ReplaySpec(run.policy, spec.closed_loop, spec.max_in_flight, spec.router_block_tokens,
                                  spec.timeout_s, spec.seed, cache_view=spec.cache_view,
-                                 kv_event_endpoints=spec.kv_event_endpoints)
+                                 kv_event_endpoints=spec.kv_event_endpoints, record_tokens=spec.record_tokens)
         replay = LiveReplay(trace, endpoints, engine.block_size, replay_spec, TokenSynth(lo, hi, spec.seed),
                             engine.max_model_len)
         validation.runs.append(run)

@@ -77,12 +77,15 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
                    "each measured value is checked against an interval that includes the model's share.")
 @click.option("--prior-range", type=float, default=0.2, show_default=True,
               help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
+@click.option("--tokens/--no-tokens", "record_tokens", default=False, show_default=True,
+              help="Also keep every output token's arrival time, live and simulated (tokens_live.parquet, "
+                   "tokens_sim.parquet).")
 @check_values
 def validate(trace_path, trace_block_size, max_requests, workload, chats, turns, urls, policy, policies_text,
              profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, live_rounds, timeout,
              router_block_tokens,
              model, token_range, client_cores, seed, client_lag, uncertainty, prior_range, reply_tokens, max_tokens,
-             user_tokens, think_time, start, request_rate, arrival, speedup):
+             user_tokens, think_time, start, request_rate, arrival, speedup, record_tokens):
     """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
     same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate,
     per-worker hit tokens). Ctrl-C writes what was measured so far.
@@ -132,7 +135,7 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
                                      param_hint="--client-lag")
     spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread, router_block_tokens,
                           timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
-                          prior_range, live_rounds=live_rounds)
+                          prior_range, live_rounds=live_rounds, record_tokens=record_tokens)
     try:
         with pinned(_cores(client_cores)):
             result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))

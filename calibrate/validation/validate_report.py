@@ -445,7 +445,9 @@ def _pct_range(pair) -> str:
 def write_report(v: Validation, out_dir: str | Path) -> Path:
     """Write ``report.json``, ``report.md``, ``records_live.parquet`` (with a ``live_round``
     column for several live rounds), ``records_sim.parquet`` and ``ttft_<policy>.png`` (every
-    live round's requests; plus ``ttft_all.png`` for several policies) into ``out_dir``.
+    live round's requests; plus ``ttft_all.png`` for several policies) into ``out_dir``; with
+    ``record_tokens``, also every output token's arrival time, ``tokens_live.parquet`` and
+    ``tokens_sim.parquet`` (``kvroute.sim.metrics.TOKEN_COLUMNS`` plus policy and round).
 
     Returns:
         The path of ``report.json``.
@@ -466,6 +468,14 @@ def write_report(v: Validation, out_dir: str | Path) -> Path:
         _parquet(pd.concat(live, ignore_index=True), out / "records_live.parquet")
     if sim:
         _parquet(pd.concat(sim, ignore_index=True), out / "records_sim.parquet")
+    live_tokens = [r.live.tokens.assign(policy=r.policy, **({"live_round": r.live_round} if _multi(v) else {}))
+                   for r in v.runs if r.live is not None and r.live.tokens is not None]
+    sim_tokens = [run.tokens.assign(policy=p, round=k) for p, rs in groups.items() for k, run in enumerate(rs[0].sim_runs)
+                  if run.tokens is not None]
+    if live_tokens:
+        _parquet(pd.concat(live_tokens, ignore_index=True), out / "tokens_live.parquet")
+    if sim_tokens:
+        _parquet(pd.concat(sim_tokens, ignore_index=True), out / "tokens_sim.parquet")
     both = []
     for policy, runs in groups.items():
         frames = [run.records.assign(policy=f"{policy} predicted") for run in runs[0].sim_runs]
