@@ -20,7 +20,7 @@ from operator import sub
 import numpy as np
 import simpy
 
-from kvroute.sim.frontend import ContendedStepCost, Frontends, HostModel
+from kvroute.sim.frontend import ContendedStepCost, EngineSpeed, Frontends, HostModel
 from kvroute.sim.metrics import RequestRecord, RunResult
 from kvroute.sim.profile import Profile
 from kvroute.sim.request import Request
@@ -130,7 +130,8 @@ open: trace timestamps; auto: the trace decides)."""
 
 
 def engine_speeds(host: HostModel | None, num_workers: int, seed: int) -> list[float]:
-    """Each worker's step-time factor for one run (``HostModel.engine_speed_sigma``): lognormal
+    """Each worker's step-time factor for one run, or for the run's first period when
+    ``HostModel.engine_speed_period_s`` is set (``HostModel.engine_speed_sigma``): lognormal
     with mean 1, from a generator of its own spawned from ``seed`` (the run's other draws do
     not move); all 1.0 without a host model or with a zero spread."""
     sigma = host.engine_speed_sigma if host is not None else 0.0
@@ -138,6 +139,17 @@ def engine_speeds(host: HostModel | None, num_workers: int, seed: int) -> list[f
         return [1.0] * num_workers
     rng = np.random.default_rng(seed).spawn(3)[2]
     return [float(f) for f in rng.lognormal(-0.5 * sigma * sigma, sigma, num_workers)]
+
+
+def engine_speed_processes(host: HostModel, num_workers: int, seed: int) -> list[EngineSpeed | None]:
+    """Per worker, its :class:`EngineSpeed` over the run (None: factor 1 throughout). The first
+    period's factors are :func:`engine_speeds`'; later periods' come from one generator per
+    worker, spawned from another child of ``seed``."""
+    if host.engine_speed_sigma <= 0.0:
+        return [None] * num_workers
+    first = engine_speeds(host, num_workers, seed)
+    rngs = np.random.default_rng(seed).spawn(4)[3].spawn(num_workers)
+    return [EngineSpeed(host.engine_speed_sigma, host.engine_speed_period_s, rng, f) for rng, f in zip(rngs, first)]
 
 
 def check_capacity(trace: Trace, profile: Profile) -> None:
@@ -189,8 +201,8 @@ class Cluster:
         prof = spec.profile
         self.frontends = Frontends(prof.frontend, spec.num_workers) if prof.frontend is not None else None
         loaded = self.frontends is not None or prof.host is not None
-        speeds = engine_speeds(prof.host, spec.num_workers, seed)
-        step_costs = [ContendedStepCost(prof.step_cost, prof.host, self._num_busy, speed) for speed in speeds] \
+        step_costs = [ContendedStepCost(prof.step_cost, prof.host, self._num_busy, speed, lambda: self.env.now)
+                      for speed in engine_speed_processes(prof.host, spec.num_workers, seed)] \
             if prof.host else [prof.step_cost] * spec.num_workers
         # NOTE: token times are kept by other callbacks, chosen once here, so a run without them
         # pays no test per token.

@@ -113,9 +113,17 @@ class HostModel:
             API lane has a backlog (a closed-loop client waiting on long prefills is idle).
         engine_spin_s: seconds an engine keeps its core busy after it runs out of work (vLLM's
             shared-memory queue busy-polls for 1 s; 0 counts engines only while they have work).
-        engine_speed_sigma: log-spread of engine speed between workers within one run: each
-            worker's steps take ``exp(sigma * z - sigma**2 / 2)`` times the model's (z standard
-            normal, drawn once per worker and run, seeded; mean factor 1). Identical servers
+        engine_speed_sigma: log-spread of engine speed between workers: each worker's steps
+            take ``exp(sigma * z - sigma**2 / 2)`` times the model's (z standard normal, seeded;
+            mean factor 1), drawn once per worker and run, or anew every
+            ``engine_speed_period_s``.
+        engine_speed_period_s: how long one drawn speed lasts, s: worker ``w``'s factor for the
+            steps starting in ``[k P, (k + 1) P)`` is its ``k``-th draw (:class:`EngineSpeed`);
+            0: one factor for the whole run. On the 2-core reference the servers' speed
+            difference did not persist from one burst to the next (lag-one correlation 0.14) and
+            shrank with the burst's length (log-spread 0.39-0.67 over bursts under 0.5 s,
+            0.06-0.13 over bursts of 2-5 s), so a factor per run overstated it for runs longer
+            than a few seconds. Identical servers
             sharing a host's cores do not run at one speed: on the 2-core reference, N identical
             requests sent to both servers at once finished with a log-spread of 0.17-0.36
             between the servers, and the slower one changed from burst to burst. Without it,
@@ -132,6 +140,7 @@ class HostModel:
     engine_spin_s: float = 0.0
     client_busy: float = 0.0
     engine_speed_sigma: float = 0.0
+    engine_speed_period_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_terms(self, "host", "cores")
@@ -144,6 +153,37 @@ class HostModel:
         ``other_busy``): ``1 + contention * max(0, busy + other_busy - max(cores, baseline_busy)) / cores``."""
         extra = busy + self.other_busy - max(self.cores, self.baseline_busy)
         return 1.0 + self.contention * extra / self.cores if extra > 0 else 1.0
+
+
+class EngineSpeed:
+    """One worker's step-time factor over a run (``HostModel.engine_speed_sigma``,
+    ``engine_speed_period_s``): piecewise constant, a mean-one lognormal draw per period, drawn
+    in period order from the worker's own generator when first needed, so the factor of a
+    period depends only on the seed and the period's index.
+
+    Args:
+        sigma: log-spread of the factor.
+        period_s: seconds one draw lasts (0: one draw for the whole run).
+        rng: the worker's generator (unused when ``first`` covers a run of one draw).
+        first: the factor of the first period (drawn by the caller, so one draw per run keeps
+            the factors runs had before periods existed).
+    """
+
+    __slots__ = ("sigma", "period_s", "rng", "factors")
+
+    def __init__(self, sigma: float, period_s: float, rng, first: float) -> None:
+        self.sigma, self.period_s, self.rng = sigma, period_s, rng
+        self.factors = [first]
+
+    def at(self, now: float) -> float:
+        """The factor of a step starting at ``now`` (s)."""
+        if self.period_s <= 0.0:
+            return self.factors[0]
+        k = int(now // self.period_s)
+        factors = self.factors
+        while len(factors) <= k:
+            factors.append(float(self.rng.lognormal(-0.5 * self.sigma * self.sigma, self.sigma)))
+        return factors[k]
 
 
 class FifoLane:
@@ -233,20 +273,25 @@ class ContendedStepCost:
         busy: ``busy(d)``: the mean number of busy processes over the next ``d`` seconds, as far
             as work already queued tells (an API lane with 35 ms of admission work left adds
             0.035 / d to a step of ``d`` seconds, not a whole process).
-        speed: this worker's step-time factor for the run (``HostModel.engine_speed_sigma``).
+        speed: this worker's step-time factor (``HostModel.engine_speed_sigma``): None for 1, or
+            an :class:`EngineSpeed`, read at ``now()``.
+        now: the simulation clock (``env.now``), s.
     """
 
-    __slots__ = ("cost", "host", "busy", "speed")
+    __slots__ = ("cost", "host", "busy", "speed", "now")
 
-    def __init__(self, cost, host: HostModel, busy: Callable[[float], float], speed: float = 1.0) -> None:
-        self.cost, self.host, self.busy, self.speed = cost, host, busy, speed
+    def __init__(self, cost, host: HostModel, busy: Callable[[float], float], speed: EngineSpeed | None = None,
+                 now: Callable[[], float] = lambda: 0.0) -> None:
+        self.cost, self.host, self.busy, self.speed, self.now = cost, host, busy, speed, now
 
     def step_time(self, num_batched_tokens: int, num_reqs: int, prefill_token_pairs: float,
                   decode_context_tokens: int) -> float:
-        """The calibrated step time ``d`` times ``speed`` times ``host.stretch(busy(d))``, s."""
+        """The calibrated step time ``d`` times the speed factor now times ``host.stretch(busy(d))``, s."""
         base = self.cost.step_time(num_batched_tokens, num_reqs, prefill_token_pairs, decode_context_tokens)
-        if self.speed != 1.0:
-            base *= self.speed
+        if self.speed is not None:
+            factor = self.speed.at(self.now())
+            if factor != 1.0:
+                base *= factor
         return base * self.host.stretch(self.busy(base))
 
 

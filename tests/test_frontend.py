@@ -180,10 +180,36 @@ def test_each_worker_steps_at_its_own_drawn_speed():
     assert np.std(np.log(many)) == pytest.approx(0.3, abs=0.01)
 
 
+def test_engine_speed_drawn_anew_every_period():
+    from dataclasses import replace as dc_replace
+
+    from kvroute.sim.cluster import engine_speed_processes, engine_speeds
+
+    # one worker, a 100-token request at 0 s and another at 1.5 s: each TTFT is its one step
+    # (0.11 s) times the factor of the period its step starts in (period 1 s: draws 0 and 1)
+    records = [rec(0, 100, 1), dc_replace(rec(1, 100, 1), timestamp_ms=1500.0)]
+    host = {"cores": 8, "contention": 0.0, "engine_speed_sigma": 0.3}
+    per_run = run(profile(host=host), records).records
+    periodic = run(profile(host={**host, "engine_speed_period_s": 1.0}), records).records
+    model = HostModel(cores=8, engine_speed_sigma=0.3, engine_speed_period_s=1.0)
+    speed = engine_speed_processes(model, 1, 0)[0]
+    f0, f1 = speed.at(0.0), speed.at(1.5)
+    assert f0 == engine_speeds(model, 1, 0)[0] != f1  # the first period keeps the per-run draw
+    assert speed.at(0.999) == f0 and speed.at(1.0) == f1 == speed.at(1.999) and speed.factors == [f0, f1]
+    assert list(periodic["ttft"]) == pytest.approx([0.11 * f0, 0.11 * f1], abs=1e-12)
+    assert list(per_run["ttft"]) == pytest.approx([0.11 * f0, 0.11 * f0], abs=1e-12)
+    # later periods' draws depend on the seed and the period only, not on what asked before
+    again = engine_speed_processes(model, 1, 0)[0]
+    assert again.at(5.5) == speed.at(5.5) and again.factors[1] == f1
+    many = engine_speed_processes(model, 1, 0)[0]
+    draws = [many.at(k + 0.5) for k in range(20000)]
+    assert np.mean(draws) == pytest.approx(1.0, abs=0.01) and np.std(np.log(draws)) == pytest.approx(0.3, abs=0.01)
+
+
 def test_engine_speed_spread_from_bursts_on_every_server():
     import pandas as pd
 
-    from kvroute.calibrate.calibration.bursts import engine_speed_spread
+    from kvroute.calibrate.calibration.bursts import engine_speed_process
 
     # two bursts of 4 requests per server; server A's TPOT is e^0.2 times the bursts' geometric
     # mean, B's e^-0.2 (so deviations of +-0.2, scaled by sqrt(2) for two servers)
@@ -196,10 +222,36 @@ def test_engine_speed_spread_from_bursts_on_every_server():
                                  ttft_s=0.05, t_done_s=last + 0.001, token_times=f"0.05 {last}", error=None))
     rows.append(dict(exp_id=3, rep=0, kind="burst_all", role="burst", url="http://a", batch=2, n_tokens=11,
                      ttft_s=0.05, t_done_s=9.0, token_times="0.05 9.0", error=None))  # fewer than 4 per server
-    sigma, used = engine_speed_spread(pd.DataFrame(rows))
-    assert used == 2
+    # the same deviations over bursts of different spans: the speed does not average out, one
+    # factor per run (period 0) fits best
+    sigma, period, used = engine_speed_process(pd.DataFrame(rows))
+    assert used == 2 and period == 0.0
     assert sigma == pytest.approx(0.2 * np.sqrt(2))
-    assert engine_speed_spread(pd.DataFrame(rows[:4])) == (0.0, 0)  # one server only
+    assert engine_speed_process(pd.DataFrame(rows[:4])) == (0.0, 0.0, 0)  # one server only
+
+
+def test_engine_speed_period_from_how_the_spread_shrinks_with_the_burst_span():
+    import pandas as pd
+
+    from kvroute.calibrate.calibration.bursts import SPEED_PERIODS, engine_speed_process, window_variance
+
+    assert window_variance(0.5, 1.0) == pytest.approx(1 - 0.5 / 3) and window_variance(4.0, 1.0) == pytest.approx(
+        1 / 4 - 1 / 48)
+    # bursts whose servers' log TPOT deviate by exactly the model's standard deviation for
+    # sigma 0.3 and a 1 s period (a grid point, 2 per decade near it), over spans of 0.3-8 s
+    period = min(SPEED_PERIODS, key=lambda p: abs(p - 1.0))
+    rows = []
+    for exp_id, span in enumerate((0.3, 0.6, 1.0, 2.0, 4.0, 8.0) * 2):
+        dev = 0.3 * np.sqrt(window_variance(span, period)) / np.sqrt(2)  # +-dev about the mean, k = 2
+        for url, sign in (("http://a", 1), ("http://b", -1)):
+            tpot = 0.01 * np.exp(sign * dev)
+            for _ in range(4):
+                n = int(span / tpot) + 1
+                rows.append(dict(exp_id=exp_id, rep=0, kind="burst_all", role="burst", url=url, batch=4, n_tokens=n,
+                                 t_send_s=0.0, ttft_s=0.05, t_done_s=0.05 + (n - 1) * tpot,
+                                 token_times=f"0.05 {0.05 + (n - 1) * tpot}", error=None))
+    sigma, got, used = engine_speed_process(pd.DataFrame(rows))
+    assert used == 12 and got == pytest.approx(period, rel=0.3) and sigma == pytest.approx(0.3, rel=0.1)
 
 
 def test_host_stretch_closed_form():
@@ -217,6 +269,7 @@ def test_host_stretch_closed_form():
     ("host", {"cores": 2, "engine_speed_sigma": -0.1}, "host.engine_speed_sigma must be finite and >= 0"),
     ("host", {"cores": 2, "engine_speed_sigma": 50}, "host.engine_speed_sigma must be <= 2.0"),
     ("host", {"cores": 2, "engine_speed_sigma": "abc"}, "host.engine_speed_sigma must be a number, got 'abc'"),
+    ("host", {"cores": 2, "engine_speed_period_s": -1}, "host.engine_speed_period_s must be finite and >= 0"),
 ])
 def test_bad_sections_name_the_field(section, body, message):
     with pytest.raises(ValueError, match=r"<dict>: .*" + __import__("re").escape(message)):
