@@ -319,7 +319,7 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
 
     from dataclasses import replace
 
-    from kvroute.calibrate.calibration.bursts import engine_speed_spread, fit_frontend, load_bursts, profile_sections
+    from kvroute.calibrate.calibration.bursts import engine_speed_process, fit_frontend, load_bursts, profile_sections
     from kvroute.sim.profile import profile_from_dict
 
     found, notes = load_bursts(req, exp)
@@ -331,8 +331,8 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
     ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1),
                       float(len(meta.get("urls") or [1])), api_server_count, client_busy=client_busy, engine_spin_s=engine_spin,
                       refine_evals=40)
-    sigma, num_spread = engine_speed_spread(req)
-    ff = replace(ff, host=replace(ff.host, engine_speed_sigma=sigma))
+    sigma, period, _ = engine_speed_process(req)
+    ff = replace(ff, host=replace(ff.host, engine_speed_sigma=sigma, engine_speed_period_s=period))
     sections = profile_sections(ff)
     doc["frontend"], doc["host"] = sections["frontend"], sections["host"]
     doc["provenance"]["fit"]["bursts"] = sections["burst_fit"]

@@ -324,9 +324,11 @@ def _speed_note(profile, num_workers: int) -> str:
     sigma = profile.host.engine_speed_sigma if profile.host is not None else 0.0
     if sigma <= 0 or num_workers < 2:
         return ""
-    return (f"Note: each worker steps at its own speed, drawn per round (log-spread {sigma:.2f}, from {profile.name}'s "
-            "bursts); two sweeps of one machine on one day measured 0.21 and 0.41, and changes between policies "
-            "move with it (README: Bursts).")
+    period = profile.host.engine_speed_period_s
+    drawn = f"drawn anew every {period:.2g} s" if period > 0 else "drawn per round"
+    return (f"Note: each worker steps at its own speed, {drawn} (log-spread {sigma:.2f}, from {profile.name}'s "
+            "bursts); the spread and how long a speed lasts move from sweep to sweep, and changes between policies "
+            "move with them (README: Bursts).")
 
 
 FRONTEND_NOTE_IN_FLIGHT = 8

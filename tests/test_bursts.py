@@ -118,8 +118,21 @@ def test_burst_table_reports_each_metric():
     prof = base_profile()
     bursts = _bursts(prof, sizes=(2,), shapes=((256, 4),))
     table = burst_table(bursts, prof)
-    assert set(table["metric"]) == {"ttft_mean_s", "ttft_last_s", "tpot_mean_s", "complete_s"}
+    assert set(table["metric"]) == {"ttft_mean_s", "ttft_last_s", "tpot_mean_s", "complete_s", "engine_ttft_s",
+                                    "engine_itl_s"}
     assert np.allclose(table["error_pct"], 0.0)
+
+
+def test_engine_figures_of_a_burst_are_vllm_s_histogram_means():
+    # Two 256-token requests at once on one server, 4 tokens each. Both reach the engine at
+    # 5.256 ms (API 5 ms + 1 us per prompt token) and are prefilled in one step of 2 ms + 512 x
+    # 20 us + 2 x 10 us = 12.26 ms: engine TTFT (queue 0 + prefill) 12.26 ms. Three decode steps
+    # follow, each 2 ms + 2 x 20 us + 2 x 10 us + 0.2 us per context token (514, 516, 518):
+    # engine ITL their mean, 2.1632 ms.
+    b = Burst(0, "burst", 1, 2, 256, 4, (0.0, 0.0), {})
+    m = simulate_burst(b, base_profile())
+    assert m["engine_ttft_s"] == pytest.approx(0.01226, abs=1e-12)
+    assert m["engine_itl_s"] == pytest.approx(0.0021632, abs=1e-12)
 
 
 def test_schedule_delay_of_the_last_request_in_a_burst_is_its_queue_of_admissions():

@@ -139,7 +139,7 @@ def test_many_requests_in_flight_without_front_end_terms_are_flagged():
                       "--workers", "2", "--profile", "cpu-tiny-qwen2-x2-bursts")
     assert note not in modelled.output
     # that profile's workers step at drawn speeds, which the output says
-    assert "Note: each worker steps at its own speed, drawn per round (log-spread 0.32" in modelled.output
+    assert "Note: each worker steps at its own speed, drawn anew every 0.25 s (log-spread 0.37" in modelled.output
     assert "its own speed" not in many.output
 
 

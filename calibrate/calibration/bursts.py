@@ -7,7 +7,12 @@ has cached (``prefix_len``). Its simulated twin is a trace of the
 same requests sent at the times the live client really sent them (the client's own send lag
 under load is part of the measurement, not a parameter), with round-robin routing over the
 servers loaded. Compared per burst: mean TTFT, TTFT of the last request, mean TPOT and the time
-to complete the burst.
+to complete the burst, as the client saw them, and two engine-side figures from vLLM's request
+histograms (the sweep scrapes them around each burst): the mean engine TTFT (queue time +
+prefill time, ``vllm:request_queue_time_seconds`` and ``request_prefill_time_seconds``) and the
+mean engine inter-token latency (``vllm:inter_token_latency_seconds``). The engine figures pin
+down what the engines did; the client's beyond them is the front end's (API lanes, streaming),
+so lane times and host contention, which both stretch the client's TTFT and TPOT, are told apart.
 
 Fit: the step costs and the unloaded API-server time come from the one-at-a-time sweep and stay
 fixed. The loss is the sum of squared log ratios of predicted to measured figures. Stage 1:
@@ -34,7 +39,8 @@ from kvroute.sim.profile import Profile
 from kvroute.traces.format import Trace, TraceRecord
 
 BURST_KINDS = ("burst", "burst_all")
-METRICS = ("ttft_mean_s", "ttft_last_s", "tpot_mean_s", "complete_s")
+METRICS = ("ttft_mean_s", "ttft_last_s", "tpot_mean_s", "complete_s", "engine_ttft_s", "engine_itl_s")
+"""Compared per burst; the ``engine_*`` ones only where the servers exported their histograms."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +54,9 @@ class Burst:
         send_s: every request's send time, s after the burst's first send (ascending).
         measured: ``METRICS`` -> seconds.
         engine_queue_s, engine_prefill_s: the servers' mean queue and prefill time of the
-            burst's requests from ``/metrics`` (NaN when not exported).
+            burst's requests from ``/metrics`` (NaN when not exported); their sum is
+            ``measured["engine_ttft_s"]``, and the servers' mean inter-token latency
+            ``measured["engine_itl_s"]``.
         prefix_len: tokens of the prefix every prompt of a server shares, cached there by one
             request before the burst (0: cold prompts).
     """
@@ -109,13 +117,21 @@ def load_bursts(requests: pd.DataFrame, experiments: pd.DataFrame) -> tuple[list
         kind = str(grp["kind"].iloc[0])
         servers = int(grp["url"].nunique())
         erow = experiments[experiments["exp_id"] == exp_id] if len(experiments) else experiments
-        q = float(erow["engine_queue_s"].mean()) if "engine_queue_s" in erow and len(erow) else math.nan
-        p = float(erow["engine_prefill_s"].mean()) if "engine_prefill_s" in erow and len(erow) else math.nan
+        q, p, itl = (_engine_mean(erow, col) for col in ("engine_queue_s", "engine_prefill_s", "itl_engine_s"))
         prefix = int(grp["prefix_len"].iloc[0]) if "prefix_len" in grp else 0
+        measured = {**_metrics(send, ttft, e2e, tpot), "engine_ttft_s": q + p, "engine_itl_s": itl}
         out.append(Burst(int(exp_id), kind, servers, int(grp["batch"].iloc[0]), int(grp["prompt_len"].iloc[0]),
                          int(grp["max_tokens"].iloc[0]), tuple(float(x) for x in send[order]),
-                         _metrics(send, ttft, e2e, tpot), q, p, prefix))
+                         measured, q, p, prefix))
     return out, notes
+
+
+def _engine_mean(erow: pd.DataFrame, column: str) -> float:
+    """An engine figure of a burst: the mean over its servers' rows (each server's own mean over
+    the burst's requests; NaN when the sweep has no such column)."""
+    if column not in erow or not len(erow):
+        return math.nan
+    return float(erow[column].mean())
 
 
 SPREAD_MIN_BATCH = 4
@@ -123,39 +139,89 @@ SPREAD_MIN_BATCH = 4
 mostly the API process's, not the engine's)."""
 
 
-def engine_speed_spread(requests: pd.DataFrame) -> tuple[float, int]:
-    """``HostModel.engine_speed_sigma`` from the bursts sent to every server at once: per burst,
-    each server's mean TPOT (s per token after the first, to the last token's arrival, as
-    :func:`load_bursts` takes it), the deviations of their logs from the
-    burst's mean log, and their root mean square scaled by ``sqrt(k / (k - 1))`` for ``k``
-    servers (deviations from a mean of ``k`` understate the spread by that factor).
-
-    Identical requests reach identical servers at once, so what differs is how fast each
-    engine stepped: on a shared host, the cores its processes got.
+def _speed_deviations(requests: pd.DataFrame) -> tuple[list[float], list[float], int]:
+    """Per burst sent to every server at once (``SPREAD_MIN_BATCH`` requests per server or
+    more): each server's log mean TPOT minus the burst's mean log, scaled by ``sqrt(k / (k - 1))``
+    for ``k`` servers (deviations from a mean of ``k`` understate the spread by that factor), with
+    the burst's decode span (each server's first token to its last, averaged over servers), s.
 
     Returns:
-        ``(sigma, bursts used)``; ``(0.0, 0)`` when no burst on two or more servers has
-        ``SPREAD_MIN_BATCH`` requests per server.
+        ``(deviations, their bursts' spans, bursts used)``.
     """
     if "kind" not in requests.columns:
-        return 0.0, 0
+        return [], [], 0
     req = requests[(requests["kind"] == "burst_all") & (requests["role"] == "burst") & (requests["n_tokens"] > 1)
                    & (requests["batch"] >= SPREAD_MIN_BATCH)]
     if "error" in req:
         req = req[req["error"].isna()]
-    devs, used = [], 0
+    devs, spans, used = [], [], 0
     for _, grp in req.groupby(["exp_id", "rep"] if "rep" in req else ["exp_id"]):
-        tpot = pd.Series(_e2e_and_tpot(grp)[1], index=grp.index).groupby(grp["url"]).mean()
+        last, tpot = _e2e_and_tpot(grp)
+        tpot = pd.Series(tpot, index=grp.index).groupby(grp["url"]).mean()
         tpot = tpot[tpot > 0]
         k = len(tpot)
         if k < 2:
             continue
         logs = np.log(tpot.to_numpy(float))
+        sent = grp["t_send_s"].to_numpy(float) if "t_send_s" in grp else np.zeros(len(grp))
+        first, end = sent + grp["ttft_s"].to_numpy(float), sent + last
+        span = pd.DataFrame({"first": first, "end": end, "url": grp["url"].to_numpy()}).groupby("url")
+        decode = float((span["end"].max() - span["first"].min()).mean())
         devs += list((logs - logs.mean()) * math.sqrt(k / (k - 1)))
+        spans += [decode] * k
         used += 1
+    return devs, spans, used
+
+
+def window_variance(span_s: float, period_s: float) -> float:
+    """Variance of a window's mean of a piecewise-constant process of independent unit-variance
+    draws every ``period_s`` (random phase: triangular autocorrelation), over ``span_s``:
+    ``1 - u / 3`` for ``u = span / period <= 1``, else ``1 / u - 1 / (3 u**2)``; 1 for a zero span
+    or an infinite period."""
+    if period_s == math.inf or span_s <= 0.0:
+        return 1.0
+    u = span_s / period_s
+    return 1.0 - u / 3.0 if u <= 1.0 else 1.0 / u - 1.0 / (3.0 * u * u)
+
+
+SPEED_PERIODS = tuple(float(x) for x in np.geomspace(0.25, 2000.0, 40)) + (math.inf,)
+"""Periods ``engine_speed_process`` tries, s: log-spaced from 0.25 s (the sweep's shortest bursts
+decode for about 0.2 s, so shorter periods are not told apart from one another, only
+``sigma**2 * period``: on one sweep here the likelihood ran off to 20 ms with sigma 0.9) to 2000 s,
+then infinity: one factor per run."""
+
+
+def engine_speed_process(requests: pd.DataFrame) -> tuple[float, float, int]:
+    """``HostModel.engine_speed_sigma`` and ``engine_speed_period_s`` from the bursts sent to
+    every server at once. Identical requests reach identical servers at once, so what differs is
+    how fast each engine stepped: on a shared host, the cores its processes got. A burst's
+    deviations (:func:`_speed_deviations`) are taken as normal
+    with variance ``sigma**2 * window_variance(span, period)`` (the engines' speed a
+    piecewise-constant process, one mean-one lognormal draw per period, averaged over the
+    burst's decode span), and the period maximising the likelihood over ``SPEED_PERIODS`` is
+    chosen, ``sigma**2`` then being the mean of ``deviation**2 / window_variance``. Short bursts
+    see the spread of one draw, long ones its average: how fast the spread shrinks with the span
+    tells the period.
+
+    Returns:
+        ``(sigma, period_s, bursts used)``; period 0 (one factor per run) when no finite
+        period fits better; ``(0.0, 0.0, 0)`` without bursts on two or more servers.
+    """
+    devs, spans, used = _speed_deviations(requests)
     if not used:
-        return 0.0, 0
-    return float(np.sqrt(np.mean(np.square(devs)))), used
+        return 0.0, 0.0, 0
+    e2 = np.square(devs)
+    best = None
+    for period in SPEED_PERIODS:
+        f = np.array([window_variance(d, period) for d in spans])
+        var = float(np.mean(e2 / f))
+        if var <= 0.0:
+            return 0.0, 0.0, used
+        nll = float(np.sum(np.log(var * f)))
+        if best is None or nll < best[0]:
+            best = (nll, var, period)
+    _, var, period = best
+    return math.sqrt(var), (0.0 if period == math.inf else period), used
 
 
 WARM_LEAD_S = 2.0
@@ -202,6 +268,10 @@ def simulate_burst(burst: Burst, profile: Profile, seeds: tuple[int, ...] = (0,)
         rec = simulate(trace, spec, seed).records.sort_values("request_id").iloc[num_warm(burst):]
         m = _metrics(np.array(burst.send_s), rec["ttft"].to_numpy(float), rec["e2e"].to_numpy(float),
                      rec["tpot"].to_numpy(float))
+        # as vLLM's histograms average them: per request (queue + prefill), per token gap (decode)
+        m["engine_ttft_s"] = float((rec["queue_time"] + rec["prefill_time"]).mean())
+        gaps = float((rec["output_tokens"] - 1).clip(lower=0).sum())
+        m["engine_itl_s"] = float(rec["decode_time"].sum()) / gaps if gaps > 0 else math.nan
         for k in METRICS:
             acc[k].append(m[k])
     return {k: float(np.mean(v)) for k, v in acc.items()}
@@ -315,7 +385,8 @@ class FrontendFit:
             f"{1e6 * f.per_prompt_token_s:.3g} us/prompt token; {1e6 * f.per_step_s:.3g} us per engine step + "
             f"{1e6 * f.per_output_token_s:.3g} us per streamed token",
             f"host: {h.cores} cores, contention {h.contention:.3g} (baseline {h.baseline_busy:g} busy, idle engines "
-            f"busy for {h.engine_spin_s:g} s), engine speed spread between servers {h.engine_speed_sigma:.3g} (log)",
+            f"busy for {h.engine_spin_s:g} s), engine speed spread between servers {h.engine_speed_sigma:.3g} (log), "
+            + (f"drawn anew every {h.engine_speed_period_s:.3g} s" if h.engine_speed_period_s > 0 else "once per run"),
             "burst errors, median |predicted/measured - 1| (one-at-a-time profile -> with these terms):",
         ]
         b, a = error_summary(self.before), error_summary(self.after)
@@ -427,7 +498,7 @@ def profile_sections(ff: FrontendFit) -> dict:
                      "per_step_s": r(f.per_step_s)},
         "host": {"cores": h.cores, "contention": r(h.contention), "baseline_busy": r(h.baseline_busy),
                  "client_busy": r(h.client_busy), "engine_spin_s": r(h.engine_spin_s),
-                 "engine_speed_sigma": r(h.engine_speed_sigma)},
+                 "engine_speed_sigma": r(h.engine_speed_sigma), "engine_speed_period_s": r(h.engine_speed_period_s)},
         "burst_fit": {
             "method": "Nelder-Mead on squared log ratios of simulated to measured burst figures (scipy)",
             "evaluations": ff.evaluations,
@@ -446,7 +517,8 @@ def profile_sections(ff: FrontendFit) -> dict:
             "host.engine_spin_s": "stated: vLLM's shared-memory MessageQueue busy-polls for busy_loop_s = 1 s after "
                                   "its last read (vllm/distributed/device_communicators/shm_broadcast.py)",
             "host.engine_speed_sigma": "log-spread of the servers' mean TPOT within the bursts sent to every server "
-                                       "at once (engine_speed_spread); applied after the other terms were fitted",
+                                       "at once, with engine_speed_period_s by maximum likelihood over the bursts' "
+                                       "decode spans (engine_speed_process); applied after the other terms were fitted",
         },
     }
 
