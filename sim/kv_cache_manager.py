@@ -90,10 +90,9 @@ class KVCacheManager:
         ``scheduler_reserve_full_isl``) the whole current sequence must fit, not only this chunk.
         """
         pool = self.pool
-        ref_cnt = pool.ref_cnt
         num_held = len(self.req_to_blocks.get(request.request_id, ()))
         # hit blocks with no reference sit in the free queue: taking them uses free capacity
-        num_evictable = list(map(ref_cnt.__getitem__, new_computed_blocks)).count(0) if new_computed_blocks else 0
+        num_evictable = pool.num_evictable(new_computed_blocks) if new_computed_blocks else 0
         num_local = num_held + len(new_computed_blocks)
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         bs = self.block_size

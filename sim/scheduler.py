@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvroute.sim.block_pool import BlockPool
+from kvroute.sim.compiled import BlockPool
 from kvroute.sim.config import EngineConfig
 from kvroute.sim.kv_cache_manager import KVCacheManager
 from kvroute.sim.request import Request, RequestStatus
