@@ -1,25 +1,29 @@
-"""Build hook for the one compiled module, ``kvroute.sim._block_pool`` (``sim/_block_pool.pyx``,
-Cython, C++); everything else is declared in pyproject.toml.
+"""Build hook for the compiled engine core, ``kvroute.sim._block_pool`` and
+``kvroute.sim._kv_cache_manager`` (``sim/*.pyx``, Cython, C++); everything else is declared in
+pyproject.toml.
 
-The extension is optional: when Cython is missing or the C++ build fails (no compiler), the
+The extensions are optional: when Cython is missing or the C++ build fails (no compiler), the
 install still succeeds, with a warning, and ``kvroute.sim.compiled`` falls back to the
-pure-Python pool (``sim/block_pool.py``), which gives the same results.
+pure-Python block pool and KV-cache manager (``sim/block_pool.py``, ``sim/kv_cache_manager.py``),
+which give the same results.
 """
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
 import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-EXTENSION = "kvroute.sim._block_pool"  # NOTE: full name: the package kvroute.sim lives in sim/
-
 
 def _warn(why: str) -> None:
     bar = "=" * 78
-    print(f"\n{bar}\nWARNING: {EXTENSION} was not built ({why}).\nkvroute will use the "
-          f"pure-Python block pool: same results, slower.\n{bar}\n", file=sys.stderr)
+    print(f"\n{bar}\nWARNING: the compiled engine core (kvroute.sim._block_pool, "
+          f"kvroute.sim._kv_cache_manager) was not built ({why}).\nkvroute will use the pure-Python "
+          f"block pool and KV-cache manager: same results, slower.\n{bar}\n", file=sys.stderr)
 
 
 class OptionalBuildExt(build_ext):
@@ -38,14 +42,35 @@ class OptionalBuildExt(build_ext):
             _warn(f"{type(exc).__name__}: {exc}")
 
 
+MODULES = ["_block_pool", "_kv_cache_manager"]
+"""The compiled modules of ``kvroute.sim``, each from ``sim/<name>.pyx``."""
+
+
+def _cython_include() -> str:
+    """A folder where the ``.pxd`` files sit under their package path (``kvroute/sim/``), so
+    that ``cimport kvroute.sim.<name>`` finds them although the package lives in ``sim/``."""
+    root = os.path.join("build", "cython-include")
+    package = os.path.join(root, "kvroute", "sim")
+    os.makedirs(package, exist_ok=True)
+    for init in (os.path.join(root, "kvroute", "__init__.pxd"), os.path.join(package, "__init__.pxd")):
+        open(init, "w").close()
+    for pxd in glob.glob(os.path.join("sim", "*.pxd")):
+        shutil.copy(pxd, package)
+    return root
+
+
 def _extensions() -> list[Extension]:
     try:
         from Cython.Build import cythonize
     except ImportError:
         _warn("Cython is not installed")
         return []
-    ext = Extension(EXTENSION, ["sim/_block_pool.pyx"], language="c++")
-    return cythonize([ext], language_level=3, include_path=["sim"], quiet=True)
+    exts = [Extension(f"kvroute.sim.{name}", [f"sim/{name}.pyx"], language="c++") for name in MODULES]
+    try:
+        return cythonize(exts, language_level=3, include_path=[_cython_include()], quiet=True)
+    except Exception as exc:  # noqa: BLE001 - a Cython error must not fail the install
+        _warn(f"Cython failed: {type(exc).__name__}: {exc}")
+        return []
 
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

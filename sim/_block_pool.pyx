@@ -38,16 +38,8 @@ from libc.string cimport memset
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 
-from _prefix_map cimport (EMPTY, MIN_CAPACITY, PrefixMap, map_clear, map_erase, map_free, map_get,
-                          map_init, map_replace, map_setdefault)
-
-
-cdef struct Block:
-    int64_t block_hash  # meaningful only when has_hash
-    int32_t ref_cnt
-    int32_t prev  # free-queue links (0: the fake head / tail); stale while the block is in use
-    int32_t next
-    uint8_t has_hash
+from kvroute.sim._prefix_map cimport (EMPTY, MIN_CAPACITY, map_clear, map_erase, map_free, map_get,
+                                      map_init, map_replace, map_setdefault)
 
 
 cdef class BlockPool:
@@ -69,17 +61,6 @@ cdef class BlockPool:
         ValueError: if ``num_gpu_blocks < 2``.
         OverflowError: if ``num_gpu_blocks`` does not fit a 32-bit block id.
     """
-
-    cdef readonly int32_t num_gpu_blocks
-    cdef readonly bint enable_caching
-    cdef public long long num_evictions
-    cdef public object kv_event_listener
-    cdef Block* _blocks  # per block id < _capacity
-    cdef int32_t _capacity
-    cdef int32_t _fresh  # ids >= _fresh were never handed out
-    cdef int32_t _num_free
-    cdef PrefixMap _cached
-    cdef unordered_map[int64_t, vector[int32_t]] _dups
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True) -> None:
         if num_gpu_blocks < 2:
@@ -126,7 +107,7 @@ cdef class BlockPool:
         blocks[nxt].prev = b
         return 0
 
-    cdef inline int _check_id(self, long long bid) except -1:
+    cdef int _check_id(self, long long bid) except -1:
         if bid < 0 or bid >= self._fresh:
             raise IndexError(f"block id {bid} was never handed out by this pool")
         return 0
@@ -146,7 +127,7 @@ cdef class BlockPool:
         blocks[nxt].prev = 0
         return b
 
-    cdef inline void _remove(self, int32_t b) noexcept:
+    cdef void _remove(self, int32_t b) noexcept:
         """``FreeKVCacheBlockQueue.remove``: take a used block out of the middle."""
         cdef Block* blocks = self._blocks
         cdef int32_t p = blocks[b].prev
@@ -155,7 +136,7 @@ cdef class BlockPool:
         blocks[n].prev = p
         self._num_free -= 1
 
-    cdef inline void _append(self, int32_t b) noexcept:
+    cdef void _append(self, int32_t b) noexcept:
         """``FreeKVCacheBlockQueue.append``: put a block at the tail."""
         cdef Block* blocks = self._blocks
         cdef int32_t last = blocks[0].prev
@@ -181,7 +162,7 @@ cdef class BlockPool:
         blocks[first].prev = prev
         self._num_free += <int32_t>ids.size()
 
-    cdef inline void _release(self, int32_t b, vector[int32_t]& evict_first) noexcept:
+    cdef void _release(self, int32_t b, vector[int32_t]& evict_first) noexcept:
         """Drop one reference; at 0 a hashed block goes to the tail, another one is kept for the
         head (``BlockPool.free_blocks``)."""
         cdef Block* blk = &self._blocks[b]
@@ -229,7 +210,7 @@ cdef class BlockPool:
         if others.empty():
             self._dups.erase(it)
 
-    cdef inline int32_t _lookup(self, object h) noexcept:
+    cdef int32_t _lookup(self, object h) noexcept:
         """The block cached under ``h``, or EMPTY (also for a value that is not an int64)."""
         cdef int overflow = 0
         cdef long long key
@@ -340,6 +321,77 @@ cdef class BlockPool:
             hit.append(b)
         return hit
 
+    # -- the C API (block ids as C ints, for the compiled KV-cache manager) --------------------
+
+    cdef int pop_blocks(self, Py_ssize_t num_blocks, vector[int32_t]& out) except -1:
+        """``get_new_blocks``, appending the ids to ``out``."""
+        if num_blocks > self._num_free:
+            raise ValueError(f"cannot get {num_blocks} free blocks, only {self._num_free} free")
+        cdef Py_ssize_t k
+        cdef int32_t b
+        cdef long long evicted = 0
+        cdef bint events = self.kv_event_listener is not None
+        removed = [] if events else None
+        for k in range(num_blocks):
+            b = self._popleft()
+            if self._blocks[b].has_hash:
+                if events:
+                    removed.append(self._blocks[b].block_hash)
+                self._evict(b)
+                evicted += 1
+            self._blocks[b].ref_cnt = 1
+            out.push_back(b)
+        if evicted:
+            self.num_evictions += evicted
+            if events:
+                self.kv_event_listener(False, removed)  # one BlockRemoved per evicted block, in order
+        return 0
+
+    cdef int register_blocks(self, const int32_t* ids, object hashes, Py_ssize_t start,
+                             Py_ssize_t end) except -1:
+        """``cache_full_blocks`` for table ids ``ids[start:end]``, ``hashes[start:end]`` (a list
+        at least ``end`` long); each hash is checked before anything changes."""
+        if not self.enable_caching or end <= start:
+            return 0
+        cdef list keys = hashes
+        cdef Py_ssize_t i
+        cdef int64_t h
+        for i in range(start, end):
+            h = keys[i]
+        for i in range(start, end):
+            self._register(ids[i], <int64_t>keys[i])
+        if self.kv_event_listener is not None:
+            self.kv_event_listener(True, keys[start:end])
+        return 0
+
+    cdef int release_reversed(self, const int32_t* ids, Py_ssize_t n) except -1:
+        """``free_table`` for the table ``ids[:n]``: one reference less on each, last first."""
+        cdef vector[int32_t] evict_first
+        cdef Py_ssize_t i
+        for i in range(n - 1, -1, -1):
+            self._release(ids[i], evict_first)
+        self._prepend_n(evict_first)
+        return 0
+
+    cdef int take_hits(self, const int32_t* ids, Py_ssize_t n) except -1:
+        """``touch`` for ``ids[:n]``."""
+        cdef Py_ssize_t i
+        cdef int32_t b
+        for i in range(n):
+            b = ids[i]
+            if self._blocks[b].ref_cnt == 0:
+                self._remove(b)
+            self._blocks[b].ref_cnt += 1
+        return 0
+
+    cdef int _ids(self, object block_ids, vector[int32_t]& out) except -1:
+        """Append ``block_ids`` (any iterable of ints) to ``out``, each checked first."""
+        cdef long long bid
+        for bid in block_ids:
+            self._check_id(bid)
+            out.push_back(<int32_t>bid)
+        return 0
+
     # -- actions -----------------------------------------------------------------------------
 
     def get_new_blocks(self, num_blocks) -> list[int]:
@@ -354,26 +406,10 @@ cdef class BlockPool:
         if num_blocks > self._num_free:
             raise ValueError(f"cannot get {num_blocks} free blocks, only {self._num_free} free")
         cdef Py_ssize_t n = num_blocks
-        cdef Py_ssize_t k
-        cdef int32_t b
-        cdef long long evicted = 0
-        cdef bint events = self.kv_event_listener is not None
-        out = []
-        removed = [] if events else None
-        for k in range(n):
-            b = self._popleft()
-            if self._blocks[b].has_hash:
-                if events:
-                    removed.append(self._blocks[b].block_hash)
-                self._evict(b)
-                evicted += 1
-            self._blocks[b].ref_cnt = 1
-            out.append(b)
-        if evicted:
-            self.num_evictions += evicted
-            if events:
-                self.kv_event_listener(False, removed)  # one BlockRemoved per evicted block, in order
-        return out
+        cdef vector[int32_t] out
+        if n > 0:
+            self.pop_blocks(n, out)
+        return [b for b in out]
 
     def touch(self, block_ids) -> None:
         """Take a reference on hit blocks; one with no reference leaves the free queue.
@@ -381,14 +417,9 @@ cdef class BlockPool:
         Raises:
             IndexError: for an id the pool never handed out (nothing is changed).
         """
-        cdef list ids = block_ids if type(block_ids) is list else list(block_ids)
-        cdef long long bid
-        for bid in ids:
-            self._check_id(bid)
-        for bid in ids:
-            if self._blocks[bid].ref_cnt == 0:
-                self._remove(<int32_t>bid)
-            self._blocks[bid].ref_cnt += 1
+        cdef vector[int32_t] ids
+        self._ids(block_ids, ids)
+        self.take_hits(ids.data(), ids.size())
 
     def free_blocks(self, ordered_block_ids, hashes) -> None:
         """Drop one reference on each block, in eviction-priority order (first evicted first);
@@ -400,16 +431,15 @@ cdef class BlockPool:
         (the one it was registered under), which is ``hashes``' for every consistent caller.
 
         Raises:
-            IndexError: for an id the pool never handed out (the blocks before it are freed).
+            IndexError: for an id the pool never handed out (nothing is changed).
         """
+        cdef vector[int32_t] ids
+        self._ids([bid for bid, _ in zip(ordered_block_ids, hashes)], ids)
         cdef vector[int32_t] evict_first
-        cdef long long bid
-        try:
-            for bid, _ in zip(ordered_block_ids, hashes):
-                self._check_id(bid)
-                self._release(<int32_t>bid, evict_first)
-        finally:
-            self._prepend_n(evict_first)
+        cdef int32_t b
+        for b in ids:
+            self._release(b, evict_first)
+        self._prepend_n(evict_first)
 
     def free_table(self, blocks, block_hashes, num_hashed) -> None:
         """``free_blocks(reversed(blocks), ...)`` for a request's block table whose first
@@ -422,16 +452,9 @@ cdef class BlockPool:
         Raises:
             IndexError: for an id the pool never handed out (nothing is changed).
         """
-        cdef list table = blocks if type(blocks) is list else list(blocks)
-        cdef Py_ssize_t n = len(table)
-        cdef Py_ssize_t i
-        cdef long long bid
-        cdef vector[int32_t] evict_first
-        for bid in table:
-            self._check_id(bid)
-        for i in range(n - 1, -1, -1):
-            self._release(<int32_t>(<long long>table[i]), evict_first)
-        self._prepend_n(evict_first)
+        cdef vector[int32_t] ids
+        self._ids(blocks, ids)
+        self.release_reversed(ids.data(), ids.size())
 
     def cache_full_blocks(self, block_ids, block_hashes, start, end) -> None:
         """Register blocks ``start .. end - 1`` of a request under their hashes.
@@ -446,23 +469,16 @@ cdef class BlockPool:
         """
         if not self.enable_caching or end <= start:
             return
-        cdef Py_ssize_t lo, hi, i
-        cdef list ids, hashes
-        if type(block_ids) is list and type(block_hashes) is list and start >= 0:
-            ids, hashes = block_ids, block_hashes
-            lo = start
-            hi = min(end, len(ids), len(hashes))
-        else:
-            ids, hashes = list(block_ids[start:end]), list(block_hashes[start:end])
-            lo, hi = 0, min(len(ids), len(hashes))
-        cdef long long bid
+        cdef vector[int32_t] ids
+        hashes = list(block_hashes[start:end])
+        self._ids(block_ids[start:end][:len(hashes)], ids)
+        cdef Py_ssize_t n = ids.size()
+        cdef Py_ssize_t i
         cdef int64_t h
-        for i in range(lo, hi):
-            bid = ids[i]
-            self._check_id(bid)
+        for i in range(n):
             h = hashes[i]
-        for i in range(lo, hi):
-            self._register(<int32_t>(<long long>ids[i]), <int64_t>hashes[i])
+        for i in range(n):
+            self._register(ids[i], <int64_t>hashes[i])
         if self.kv_event_listener is not None:
             self.kv_event_listener(True, block_hashes[start:end])
 
