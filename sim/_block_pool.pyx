@@ -39,7 +39,7 @@ from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 
 from kvroute.sim._prefix_map cimport (EMPTY, MIN_CAPACITY, map_clear, map_erase, map_free, map_get,
-                                      map_init, map_replace, map_setdefault)
+                                      map_init, map_prefetch, map_replace, map_setdefault, prefetch)
 
 
 cdef class BlockPool:
@@ -324,23 +324,35 @@ cdef class BlockPool:
     # -- the C API (block ids as C ints, for the compiled KV-cache manager) --------------------
 
     cdef int pop_blocks(self, Py_ssize_t num_blocks, vector[int32_t]& out) except -1:
-        """``get_new_blocks``, appending the ids to ``out``."""
+        """``get_new_blocks``, appending the ids to ``out``.
+
+        Two passes: pop every block (prefetching the index slot of each cached one), then evict
+        and take them in the same order; the result is that of one pass, and the index's memory
+        latencies overlap instead of adding up.
+        """
         if num_blocks > self._num_free:
             raise ValueError(f"cannot get {num_blocks} free blocks, only {self._num_free} free")
-        cdef Py_ssize_t k
+        cdef Py_ssize_t k, first = out.size()
         cdef int32_t b
+        cdef Block* blk
         cdef long long evicted = 0
         cdef bint events = self.kv_event_listener is not None
         removed = [] if events else None
         for k in range(num_blocks):
             b = self._popleft()
-            if self._blocks[b].has_hash:
+            out.push_back(b)
+            blk = &self._blocks[b]
+            if blk.has_hash:
+                map_prefetch(&self._cached, blk.block_hash)
+        for k in range(first, first + num_blocks):
+            b = out[k]
+            blk = &self._blocks[b]
+            if blk.has_hash:
                 if events:
-                    removed.append(self._blocks[b].block_hash)
+                    removed.append(blk.block_hash)
                 self._evict(b)
                 evicted += 1
-            self._blocks[b].ref_cnt = 1
-            out.push_back(b)
+            blk.ref_cnt = 1
         if evicted:
             self.num_evictions += evicted
             if events:
@@ -350,24 +362,31 @@ cdef class BlockPool:
     cdef int register_blocks(self, const int32_t* ids, object hashes, Py_ssize_t start,
                              Py_ssize_t end) except -1:
         """``cache_full_blocks`` for table ids ``ids[start:end]``, ``hashes[start:end]`` (a list
-        at least ``end`` long); each hash is checked before anything changes."""
+        at least ``end`` long); each hash is checked before anything changes, and every index
+        slot and block is prefetched before the first is written."""
         if not self.enable_caching or end <= start:
             return 0
         cdef list keys = hashes
         cdef Py_ssize_t i
-        cdef int64_t h
+        cdef vector[int64_t] values
+        values.reserve(end - start)
         for i in range(start, end):
-            h = keys[i]
+            values.push_back(keys[i])
+            map_prefetch(&self._cached, values.back())
+            prefetch(&self._blocks[ids[i]])
         for i in range(start, end):
-            self._register(ids[i], <int64_t>keys[i])
+            self._register(ids[i], values[i - start])
         if self.kv_event_listener is not None:
             self.kv_event_listener(True, keys[start:end])
         return 0
 
     cdef int release_reversed(self, const int32_t* ids, Py_ssize_t n) except -1:
-        """``free_table`` for the table ``ids[:n]``: one reference less on each, last first."""
+        """``free_table`` for the table ``ids[:n]``: one reference less on each, last first
+        (every block prefetched first)."""
         cdef vector[int32_t] evict_first
         cdef Py_ssize_t i
+        for i in range(n):
+            prefetch(&self._blocks[ids[i]])
         for i in range(n - 1, -1, -1):
             self._release(ids[i], evict_first)
         self._prepend_n(evict_first)

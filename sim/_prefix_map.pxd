@@ -17,6 +17,16 @@ more than half full and never shrinks.
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int32_t, int64_t, uint64_t
 
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define KVROUTE_PREFETCH(p) __builtin_prefetch(p)
+    #else
+    #define KVROUTE_PREFETCH(p) ((void)0)
+    #endif
+    """
+    void prefetch "KVROUTE_PREFETCH"(const void* p) noexcept nogil  # a hint: no effect on results
+
 cdef enum:
     EMPTY = -1  # the value of a free slot (block ids are >= 0)
     MIN_CAPACITY = 1024
@@ -40,6 +50,12 @@ cdef inline uint64_t _slot_of(const PrefixMap* m, int64_t key) noexcept nogil:
     cache lines), and groups are spread by Fibonacci hashing of the remaining bits."""
     cdef uint64_t group = (<uint64_t>(key >> 3) * <uint64_t>0x9E3779B97F4A7C15) >> (m.shift + 3)
     return (group << 3) | (<uint64_t>key & 7)
+
+
+cdef inline void map_prefetch(const PrefixMap* m, int64_t key) noexcept nogil:
+    """Start loading ``key``'s home slot into the cache (batch callers prefetch every key of a
+    batch first, so that the slots' memory latencies overlap)."""
+    prefetch(&m.slots[_slot_of(m, key)])
 
 
 cdef inline int map_init(PrefixMap* m, Py_ssize_t capacity) except -1:
