@@ -1,10 +1,10 @@
-"""Build hook for the compiled engine core, ``kvroute.sim._block_pool`` and
-``kvroute.sim._kv_cache_manager`` (``sim/*.pyx``, Cython, C++); everything else is declared in
-pyproject.toml.
+"""Build hook for the compiled engine core, ``kvroute.sim._block_pool``,
+``kvroute.sim._kv_cache_manager`` and ``kvroute.sim._decode_run`` (``sim/*.pyx``, Cython, C++);
+everything else is declared in pyproject.toml.
 
 The extensions are optional: when Cython is missing or the C++ build fails (no compiler), the
 install still succeeds, with a warning, and ``kvroute.sim.compiled`` falls back to the
-pure-Python block pool and KV-cache manager (``sim/block_pool.py``, ``sim/kv_cache_manager.py``),
+pure-Python modules (``sim/block_pool.py``, ``sim/kv_cache_manager.py``, ``sim/decode_run.py``),
 which give the same results.
 """
 
@@ -21,9 +21,9 @@ from setuptools.command.build_ext import build_ext
 
 def _warn(why: str) -> None:
     bar = "=" * 78
-    print(f"\n{bar}\nWARNING: the compiled engine core (kvroute.sim._block_pool, "
-          f"kvroute.sim._kv_cache_manager) was not built ({why}).\nkvroute will use the pure-Python "
-          f"block pool and KV-cache manager: same results, slower.\n{bar}\n", file=sys.stderr)
+    print(f"\n{bar}\nWARNING: the compiled engine core (kvroute.sim._block_pool, _kv_cache_manager, "
+          f"_decode_run) was not built ({why}).\nkvroute will use the pure-Python modules: same "
+          f"results, slower.\n{bar}\n", file=sys.stderr)
 
 
 class OptionalBuildExt(build_ext):
@@ -42,7 +42,7 @@ class OptionalBuildExt(build_ext):
             _warn(f"{type(exc).__name__}: {exc}")
 
 
-MODULES = ["_block_pool", "_kv_cache_manager"]
+MODULES = ["_block_pool", "_kv_cache_manager", "_decode_run"]
 """The compiled modules of ``kvroute.sim``, each from ``sim/<name>.pyx``."""
 
 
@@ -65,7 +65,10 @@ def _extensions() -> list[Extension]:
     except ImportError:
         _warn("Cython is not installed")
         return []
-    exts = [Extension(f"kvroute.sim.{name}", [f"sim/{name}.pyx"], language="c++") for name in MODULES]
+    # NOTE: -ffp-contract=off: no fused multiply-add, so compiled float arithmetic rounds as
+    # Python's does (MSVC, which never contracts by default, ignores the flag with a warning).
+    exts = [Extension(f"kvroute.sim.{name}", [f"sim/{name}.pyx"], language="c++",
+                      extra_compile_args=["-ffp-contract=off"]) for name in MODULES]
     try:
         return cythonize(exts, language_level=3, include_path=[_cython_include()], quiet=True)
     except Exception as exc:  # noqa: BLE001 - a Cython error must not fail the install

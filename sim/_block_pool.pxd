@@ -27,7 +27,7 @@ cdef class BlockPool:
     cdef int32_t _capacity
     cdef int32_t _fresh  # ids >= _fresh were never handed out
     cdef int32_t _num_free
-    cdef PrefixMap _cached
+    cdef PrefixMap _cached_map  # hash -> the first block registered under it
     cdef unordered_map[int64_t, vector[int32_t]] _dups
 
     # the C API of the compiled KV-cache manager (block ids as C ints; callers pass valid ids)
@@ -43,6 +43,7 @@ cdef class BlockPool:
     cdef int _link_fresh(self, int32_t prev, int32_t nxt) except -1
     cdef int _check_id(self, long long bid) except -1
     cdef int32_t _popleft(self) except -1
+    cdef Py_ssize_t _pop_fresh_run(self, Py_ssize_t num_blocks, vector[int32_t]& out) except -1
     cdef void _remove(self, int32_t b) noexcept
     cdef void _append(self, int32_t b) noexcept
     cdef void _prepend_n(self, vector[int32_t]& ids) noexcept

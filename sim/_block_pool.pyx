@@ -70,7 +70,7 @@ cdef class BlockPool:
         self.num_evictions = 0
         self.kv_event_listener = None
         self._grow(min(<int32_t>MIN_CAPACITY, self.num_gpu_blocks))
-        map_init(&self._cached, MIN_CAPACITY)
+        map_init(&self._cached_map, MIN_CAPACITY)
         self._blocks[0].ref_cnt = 1  # the null block is never freed
         self._fresh = 1  # the queue: fake head/tail 0 <-> block 1, standing for 1 .. N - 1
         self._link_fresh(0, 0)
@@ -78,7 +78,7 @@ cdef class BlockPool:
 
     def __dealloc__(self):
         PyMem_Free(self._blocks)
-        map_free(&self._cached)
+        map_free(&self._cached_map)
 
     # -- C-level state -----------------------------------------------------------------------
 
@@ -126,6 +126,29 @@ cdef class BlockPool:
         blocks[0].next = nxt
         blocks[nxt].prev = 0
         return b
+
+    cdef Py_ssize_t _pop_fresh_run(self, Py_ssize_t num_blocks, vector[int32_t]& out) except -1:
+        """``popleft`` repeated while the head is the never-used run: up to ``num_blocks`` of its
+        blocks at once, in id order (the caller checks the head is block ``_fresh``)."""
+        cdef int32_t first = self._fresh
+        cdef int32_t nxt = self._blocks[first].next
+        cdef int32_t stop = <int32_t>min(<Py_ssize_t>first + num_blocks, <Py_ssize_t>self.num_gpu_blocks)
+        cdef int32_t capacity = self._capacity
+        cdef int32_t b
+        while capacity <= stop and capacity < self.num_gpu_blocks:
+            capacity = min(2 * capacity, self.num_gpu_blocks)
+        self._grow(capacity)
+        for b in range(first, stop):
+            self._blocks[b].ref_cnt = 1  # never used: no hash, no links to undo
+            out.push_back(b)
+        self._fresh = stop
+        self._num_free -= stop - first
+        if stop < self.num_gpu_blocks:
+            self._link_fresh(0, nxt)
+        else:
+            self._blocks[0].next = nxt
+            self._blocks[nxt].prev = 0
+        return stop - first
 
     cdef void _remove(self, int32_t b) noexcept:
         """``FreeKVCacheBlockQueue.remove``: take a used block out of the middle."""
@@ -176,7 +199,7 @@ cdef class BlockPool:
     cdef int _register(self, int32_t b, int64_t h) except -1:
         """``BlockHashToBlockMap.insert``: a second block under a cached hash is kept as a
         duplicate; a lookup keeps returning the first."""
-        cdef int32_t first = map_setdefault(&self._cached, h, b)
+        cdef int32_t first = map_setdefault(&self._cached_map, h, b)
         if first != b:
             self._dups[h].push_back(b)
         self._blocks[b].block_hash = h
@@ -192,15 +215,15 @@ cdef class BlockPool:
         cdef size_t i
         self._blocks[b].has_hash = 0
         if self._dups.empty():
-            map_erase(&self._cached, h)
+            map_erase(&self._cached_map, h)
             return
         it = self._dups.find(h)
         if it == self._dups.end():
-            map_erase(&self._cached, h)
+            map_erase(&self._cached_map, h)
             return
         others = &deref(it).second
-        if map_get(&self._cached, h) == b:
-            map_replace(&self._cached, h, deref(others)[0])
+        if map_get(&self._cached_map, h) == b:
+            map_replace(&self._cached_map, h, deref(others)[0])
             others.erase(others.begin())
         else:
             for i in range(others.size()):
@@ -219,7 +242,7 @@ cdef class BlockPool:
         key = PyLong_AsLongLongAndOverflow(h, &overflow)
         if overflow:
             return EMPTY
-        return map_get(&self._cached, key)
+        return map_get(&self._cached_map, key)
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -252,6 +275,17 @@ cdef class BlockPool:
         cdef int32_t i
         return {i for i in range(1, self._fresh) if self._blocks[i].ref_cnt >= 2}
 
+    @property
+    def _cached(self) -> dict[int, int]:
+        """The prefix index, hash -> the first block registered under it (the Python pool's
+        attribute; here a copy read off the C table). For tests."""
+        cdef Py_ssize_t i
+        out = {}
+        for i in range(<Py_ssize_t>self._cached_map.mask + 1):
+            if self._cached_map.slots[i].value != EMPTY:
+                out[self._cached_map.slots[i].key] = self._cached_map.slots[i].value
+        return out
+
     def free_queue(self) -> list[int]:
         """Block ids in free-queue order, head (next to be reused) first. For tests and reports."""
         out = []
@@ -275,7 +309,7 @@ cdef class BlockPool:
 
     def num_cached_blocks(self) -> int:
         """Distinct hashes currently in the prefix cache."""
-        return self._cached.size
+        return self._cached_map.size
 
     def num_evictable(self, block_ids) -> int:
         """How many of ``block_ids`` (hit blocks) have no reference: they sit in the free queue,
@@ -294,7 +328,7 @@ cdef class BlockPool:
 
     def none_cached(self, block_hashes) -> bool:
         """True when no hash of ``block_hashes`` is in the prefix cache."""
-        if self._cached.size == 0:
+        if self._cached_map.size == 0:
             return True
         for h in block_hashes:
             if self._lookup(h) != EMPTY:
@@ -311,7 +345,7 @@ cdef class BlockPool:
         cdef Py_ssize_t i
         cdef int32_t b
         hit = []
-        if n <= 0 or self._cached.size == 0:
+        if n <= 0 or self._cached_map.size == 0:
             return hit
         cdef list hashes = block_hashes if type(block_hashes) is list else list(block_hashes)
         for i in range(n):
@@ -338,12 +372,17 @@ cdef class BlockPool:
         cdef long long evicted = 0
         cdef bint events = self.kv_event_listener is not None
         removed = [] if events else None
-        for k in range(num_blocks):
+        k = 0
+        while k < num_blocks:
+            if self._blocks[0].next == self._fresh:  # never-used blocks: a run of ids at once
+                k += self._pop_fresh_run(num_blocks - k, out)
+                continue
             b = self._popleft()
             out.push_back(b)
             blk = &self._blocks[b]
             if blk.has_hash:
-                map_prefetch(&self._cached, blk.block_hash)
+                map_prefetch(&self._cached_map, blk.block_hash)
+            k += 1
         for k in range(first, first + num_blocks):
             b = out[k]
             blk = &self._blocks[b]
@@ -372,7 +411,7 @@ cdef class BlockPool:
         values.reserve(end - start)
         for i in range(start, end):
             values.push_back(keys[i])
-            map_prefetch(&self._cached, values.back())
+            map_prefetch(&self._cached_map, values.back())
             prefetch(&self._blocks[ids[i]])
         for i in range(start, end):
             self._register(ids[i], values[i - start])
@@ -509,7 +548,7 @@ cdef class BlockPool:
         """
         if self._num_free != self.num_gpu_blocks - 1:
             return False
-        map_clear(&self._cached)
+        map_clear(&self._cached_map)
         self._dups.clear()
         cdef int32_t b, prev, nxt
         for b in range(self._fresh):

@@ -23,7 +23,7 @@ from kvroute.sim.config import EngineConfig
 from kvroute.sim.scheduler import Scheduler
 
 BUILT = all(importlib.util.find_spec(f"kvroute.sim.{name}") is not None
-            for name in ("_block_pool", "_kv_cache_manager"))
+            for name in ("_block_pool", "_kv_cache_manager", "_decode_run"))
 if BUILT:
     from kvroute.sim._block_pool import BlockPool as CompiledPool
     from kvroute.sim._kv_cache_manager import KVCacheManager as CompiledManager
@@ -150,12 +150,15 @@ def test_the_compiled_pool_is_in_use_when_built():
     scheduler = Scheduler(EngineConfig())
     assert type(scheduler.pool) is CompiledPool
     assert type(scheduler.kv_cache_manager) is CompiledManager
+    assert compiled.DecodeRunTimes.__module__ == "kvroute.sim._decode_run"
 
 
 def test_pure_python_is_chosen_by_the_environment():
     code = ("from kvroute.sim import compiled; "
-            "print(compiled.COMPILED, compiled.BlockPool.__module__, compiled.KVCacheManager.__module__)")
+            "print(compiled.COMPILED, compiled.BlockPool.__module__, compiled.KVCacheManager.__module__, "
+            "compiled.DecodeRunTimes.__module__)")
     env = {**os.environ, compiled.PURE_PYTHON_ENV: "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "kvroute.sim.block_pool", "kvroute.sim.kv_cache_manager"]
+    assert out.stdout.split() == ["False", "kvroute.sim.block_pool", "kvroute.sim.kv_cache_manager",
+                                  "kvroute.sim.decode_run"]
     assert out.stderr == ""  # chosen, so no warning
