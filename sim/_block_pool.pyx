@@ -23,6 +23,12 @@ never been handed out; only block ``_fresh`` is linked into the queue, standing 
 run of them (popping it links ``_fresh + 1`` in its place), so the block array grows with the
 blocks a run uses, not with the KV capacity (``PyMem_*`` memory, seen by ``tracemalloc``).
 
+Batch operations (``pop_blocks``, ``register_blocks``, ``release_reversed``, ``take_hits``: the
+C API the compiled KV-cache manager calls through ``_block_pool.pxd``, block ids as C ints; the
+Python methods are built on them) first prefetch the index slots and blocks they will touch,
+then change the state in the order of the one-block-at-a-time loop, so their results are that
+loop's; a head made of never-used blocks is handed out as one run of ids.
+
 Hashes are signed 64-bit ints (``content.block_hashes`` makes every key fit): registering one
 outside that range raises OverflowError, a non-int one TypeError, where the Python pool would
 store it; lookups of such values find nothing, as in the Python pool. Block ids must be ids the

@@ -12,7 +12,10 @@ run allocates, registers and frees never become Python objects. Integer division
 Python's rules (``cdivision=False``), as the Python manager's does.
 
 Requests are read through their attributes (``request_id``, ``num_computed_tokens``,
-``num_prompt_tokens``, ``num_output_tokens``, ``block_hashes``), as the Python manager reads them.
+``num_prompt_tokens``, ``num_output_tokens``, ``num_tokens``, ``block_hashes``), as the Python
+manager reads them; request ids must be ints (64-bit: TypeError or OverflowError otherwise),
+as every caller's are. NOTE: the pool's KV-event listener is called from inside these methods;
+it must not call back into this manager.
 """
 
 from libc.stdint cimport int32_t, int64_t

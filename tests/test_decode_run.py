@@ -19,7 +19,8 @@ if BUILT:
 
     IMPLS.append(pytest.param(CompiledTimes, id="compiled"))
 else:
-    IMPLS.append(pytest.param(None, id="compiled", marks=pytest.mark.skip(reason="not built")))
+    IMPLS.append(pytest.param(None, id="compiled", marks=pytest.mark.skip(
+        reason="the compiled engine core was not built (no C++ compiler or no Cython at install time)")))
 
 
 def _bits(values) -> list[bytes]:
