@@ -130,6 +130,11 @@ class BlockPool:
         """Distinct hashes currently in the prefix cache."""
         return len(self._cached)
 
+    def num_evictable(self, block_ids: list[int]) -> int:
+        """How many of ``block_ids`` (hit blocks) have no reference: they sit in the free queue,
+        so taking them uses free capacity (``get_num_blocks_to_allocate``'s evictable blocks)."""
+        return list(map(self.ref_cnt.__getitem__, block_ids)).count(0)
+
     def none_cached(self, block_hashes: list[int]) -> bool:
         """True when no hash of ``block_hashes`` is in the prefix cache."""
         return self._cached.keys().isdisjoint(block_hashes)

@@ -15,7 +15,6 @@ import math
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import sub
 
 import numpy as np
 import simpy
@@ -401,9 +400,8 @@ class Cluster:
             self.itl_gaps.append(now - record.last_token)
         record.last_token = now
 
-    def _on_decode_run(self, requests: list[Request], step_ends: list[float]) -> None:
-        # the run's gaps once as doubles; every request of the run adds the same gaps (a copy)
-        gaps = array("d", map(sub, step_ends[1:], step_ends))
+    def _on_decode_run(self, requests: list[Request], step_ends, gaps: array) -> None:
+        # every request of the run adds the same gaps (a copy)
         last = step_ends[-1]
         extend = self.itl_gaps.extend
         for request in requests:
@@ -415,8 +413,8 @@ class Cluster:
         record: RequestRecord = request.client
         record.token_times.append(record.last_token)
 
-    def _on_decode_run_timed(self, requests: list[Request], step_ends: list[float]) -> None:
-        self._on_decode_run(requests, step_ends)
+    def _on_decode_run_timed(self, requests: list[Request], step_ends, gaps: array) -> None:
+        self._on_decode_run(requests, step_ends, gaps)
         later = step_ends[1:]  # the run's first step came through on_token
         for request in requests:
             request.client.token_times.extend(later)

@@ -10,8 +10,12 @@ Block ``i``'s hash is ``hash((hash of block i-1, pieces of block i))`` with a fi
 hash names the whole prefix up to its block, as in vLLM (``vllm/v1/core/kv_cache_utils.py:
 hash_block_tokens``). Only full blocks get a hash. A run of whole blocks inside one segment is
 hashed once: its first block gets the chained hash ``h`` and its block ``m`` the key ``h + m``
-(one ``hash()`` per 512-token trace block instead of 32; the keys still identify the prefix). Python's tuple hash of ints is deterministic
-across processes (no string hashing is involved), so the same input gives the same run.
+(one ``hash()`` per 512-token trace block instead of 32; the keys still identify the prefix).
+Every key is a signed 64-bit int, as the compiled block pool stores them: ``hash()`` returns one,
+and ``h + m`` wraps around modulo 2**64 when it passes 2**63 - 1 (a run that starts within its
+own length of the top of the range: probability about length / 2**64). Python's tuple hash of ints is
+deterministic across processes (no string hashing is involved), so the same input gives the
+same run.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ Segment = tuple[int, int, int]
 """``(content_id, start, length)``; tokens ``start .. start + length - 1`` of stream ``content_id``."""
 
 ROOT_HASH = 0x6B76726F757465  # parent hash of block 0 (vLLM seeds it with NONE_HASH)
+INT64_MAX = (1 << 63) - 1  # every key is in [-2**63, 2**63 - 1]
 GENERATED_CONTENT_BASE = 1 << 48  # run-allocated content ids start here, above any trace id
 
 
@@ -40,6 +45,11 @@ class ContentIds:
         value = self.next_id
         self.next_id += 1
         return value
+
+
+def _wrap64(key: int) -> int:
+    """``key`` modulo 2**64, as a signed 64-bit int."""
+    return (key + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
 def num_tokens(segments: list[Segment]) -> int:
@@ -84,8 +94,12 @@ def block_hashes(
             # prefixes exactly when chained hashes would, and the run costs one hash() call.
             full = avail // block_size
             first = hash((parent, cid, start + offset, block_size))
-            hashes.extend(range(first, first + full))
             parent = first + full - 1
+            if parent <= INT64_MAX:
+                hashes.extend(range(first, first + full))
+            else:  # wrap into signed 64 bits (never below: hash() > -2**63)
+                hashes.extend(_wrap64(key) for key in range(first, first + full))
+                parent = _wrap64(parent)
             offset += full * block_size
             avail -= full * block_size
             if avail == 0:

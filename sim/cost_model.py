@@ -77,6 +77,14 @@ class StepCost:
         )
 
 
+    def decode_step_terms(self, num_reqs: int) -> tuple[float, float]:
+        """``(base, attn)`` with ``step_time(num_reqs, num_reqs, 0.0, c) == base + attn * c``
+        exactly for every int ``c`` (the same float operations in the same order), s."""
+        linear = self.per_token_s * num_reqs
+        if linear < self.weight_load_s:
+            linear = self.weight_load_s
+        return self.step_overhead_s + linear + self.per_request_s * num_reqs + self.prefill_attn_s * 0.0, self.decode_attn_s
+
     def decode_run_times(self, num_reqs: int, context_tokens: int, num_steps: int) -> list[float]:
         """Seconds of steps ``1 .. num_steps`` after a pure-decode step of ``num_reqs`` requests
         that read ``context_tokens`` context tokens: step ``j`` reads ``num_reqs * j`` more.
@@ -85,11 +93,7 @@ class StepCost:
         num_reqs * j)`` exactly (the same float operations in the same order), computed in one
         list comprehension instead of ``num_steps`` calls.
         """
-        linear = self.per_token_s * num_reqs
-        if linear < self.weight_load_s:
-            linear = self.weight_load_s
-        base = self.step_overhead_s + linear + self.per_request_s * num_reqs + self.prefill_attn_s * 0.0
-        attn = self.decode_attn_s
+        base, attn = self.decode_step_terms(num_reqs)
         # the contexts context_tokens + num_reqs * j, j = 1 .. num_steps, as one range of ints
         stop = context_tokens + num_reqs * num_steps + 1
         return [base + attn * c for c in range(context_tokens + num_reqs, stop, num_reqs)]

@@ -90,10 +90,9 @@ class KVCacheManager:
         ``scheduler_reserve_full_isl``) the whole current sequence must fit, not only this chunk.
         """
         pool = self.pool
-        ref_cnt = pool.ref_cnt
         num_held = len(self.req_to_blocks.get(request.request_id, ()))
         # hit blocks with no reference sit in the free queue: taking them uses free capacity
-        num_evictable = list(map(ref_cnt.__getitem__, new_computed_blocks)).count(0) if new_computed_blocks else 0
+        num_evictable = pool.num_evictable(new_computed_blocks) if new_computed_blocks else 0
         num_local = num_held + len(new_computed_blocks)
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         bs = self.block_size
@@ -183,3 +182,44 @@ class KVCacheManager:
     def get_block_ids(self, request: Request) -> list[int]:
         """The request's block table (a copy)."""
         return list(self.req_to_blocks.get(request.request_id, ()))
+
+    # -- steps of a decode run (``Scheduler.advance_decode_run``) -------------------------------
+
+    def allocate_new_blocks(self, request: Request, num_blocks: int) -> None:
+        """Append ``num_blocks`` blocks popped from the free queue to the request's table
+        (``SingleTypeKVCacheManager.allocate_new_blocks``); the caller checks they are free.
+
+        Raises:
+            KeyError: if the request holds no table.
+        """
+        self.req_to_blocks[request.request_id].extend(self.pool.get_new_blocks(num_blocks))
+
+    def append_blocks(self, request: Request, block_ids: list[int]) -> None:
+        """Append blocks the caller took from the pool (``get_new_blocks``) to the request's table.
+
+        Raises:
+            KeyError: if the request holds no table.
+        """
+        self.req_to_blocks[request.request_id].extend(block_ids)
+
+    def cache_blocks(self, request: Request, num_full_blocks: int) -> None:
+        """Register the request's blocks up to ``num_full_blocks`` in the prefix cache
+        (``SingleTypeKVCacheManager.cache_blocks``); nothing when they already are.
+
+        Raises:
+            KeyError: if the request holds no table.
+        """
+        rid = request.request_id
+        blocks = self.req_to_blocks[rid]
+        start = self.num_cached_block[rid]
+        if num_full_blocks > start:
+            self.pool.cache_full_blocks(blocks, request.block_hashes, start, num_full_blocks)
+            self.num_cached_block[rid] = num_full_blocks
+
+    def get_num_cached_blocks(self, request: Request) -> int:
+        """How many of the request's blocks are registered (or hits): a prefix of its table.
+
+        Raises:
+            KeyError: if the request holds no table.
+        """
+        return self.num_cached_block[request.request_id]

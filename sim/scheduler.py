@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from kvroute.sim.block_pool import BlockPool
+from kvroute.sim.compiled import BlockPool, KVCacheManager
 from kvroute.sim.config import EngineConfig
-from kvroute.sim.kv_cache_manager import KVCacheManager
 from kvroute.sim.request import Request, RequestStatus
 
 
@@ -288,7 +287,6 @@ class Scheduler:
             return
         bs = self.config.block_size
         kv = self.kv_cache_manager
-        pool = self.pool
         if self._advance_decode_run_by_request(requests, num_steps):
             return
         events: list[tuple[int, int, int]] = []  # (step, position in running order, kind)
@@ -301,14 +299,10 @@ class Scheduler:
         events.sort()
         for _, pos, kind in events:
             req = requests[pos]
-            rid = req.request_id
-            blocks = kv.req_to_blocks[rid]
             if kind == 0:
-                blocks.extend(pool.get_new_blocks(1))
+                kv.allocate_new_blocks(req, 1)
             else:
-                start = kv.num_cached_block[rid]
-                pool.cache_full_blocks(blocks, req.block_hashes, start, start + 1)
-                kv.num_cached_block[rid] = start + 1
+                kv.cache_blocks(req, kv.get_num_cached_blocks(req) + 1)
         for req in requests:
             req.num_computed_tokens += num_steps
             req.num_output_tokens += num_steps
@@ -331,7 +325,7 @@ class Scheduler:
             c = req.num_computed_tokens  # before run step 1; step j computes token c + j
             first = _first_run_step(c - 1, bs)
             opens.extend(range(first * num_reqs + pos, num_steps * num_reqs + pos + 1, bs * num_reqs))
-            start = kv.num_cached_block[req.request_id]
+            start = kv.get_num_cached_blocks(req)
             end = start + len(range(_first_run_step(c, bs), num_steps + 1, bs))
             fills.append((start, end))
             filled += req.block_hashes[start:end]
@@ -339,13 +333,14 @@ class Scheduler:
             return False
         opens.sort()
         new = self.pool.get_new_blocks(len(opens))
-        tables = [kv.req_to_blocks[req.request_id] for req in requests]
+        opened: list[list[int]] = [[] for _ in requests]
         for key, bid in zip(opens, new):
-            tables[key % num_reqs].append(bid)
-        for req, table, (start, end) in zip(requests, tables, fills):
+            opened[key % num_reqs].append(bid)
+        for req, blocks, (start, end) in zip(requests, opened, fills):
+            if blocks:
+                kv.append_blocks(req, blocks)
             if end > start:
-                self.pool.cache_full_blocks(table, req.block_hashes, start, end)
-                kv.num_cached_block[req.request_id] = end
+                kv.cache_blocks(req, end)
             req.num_computed_tokens += num_steps
             req.num_output_tokens += num_steps
         return True

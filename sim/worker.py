@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import math
 from array import array
-from bisect import bisect_left
-from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import simpy
 
+from kvroute.sim.compiled import DecodeRunTimes
 from kvroute.sim.cost_model import StepCost
 from kvroute.sim.request import Request
 from kvroute.sim.scheduler import Scheduler
@@ -42,8 +41,10 @@ class Worker:
             (holding an uncontended resource would change nothing but cost time).
         on_token: called as ``on_token(request, now)`` for every sampled token.
         on_finish: called as ``on_finish(request, now)`` when a request has all its tokens.
-        on_decode_run: called as ``on_decode_run(requests, step_ends)`` for a run of decode
-            steps advanced at once: every request got one token at each time in ``step_ends``.
+        on_decode_run: called as ``on_decode_run(requests, step_ends, gaps)`` for a run of
+            decode steps advanced at once: every request got one token at each time in
+            ``step_ends`` (a sequence of floats); ``gaps`` are the differences of consecutive
+            ends, an ``array("d")``.
         fast_forward: advance runs of identical decode steps as one event (needs an unshared GPU).
         record_series: sample the engine's state after every step into ``series``
             (``kvroute.sim.timeseries``; a fast-forwarded decode run is one sample).
@@ -181,35 +182,32 @@ class Worker:
         per step). An arrival cuts the run after the step in progress, as a real engine would
         take the new request into the next step it schedules.
         """
-        env, cost = self.env, self.step_cost
+        env = self.env
         batch = len(out.requests)
         start = env.now
-        context = out.decode_context_tokens
         # Step j of the run costs base + decode_attn_s * (context + batch * j): the same float
         # operations, in the same order, as cost.step_time(batch, batch, 0.0, ...), so every
         # duration and every end time equals stepping one at a time bit for bit.
-        durations = [dt]
-        durations += cost.decode_run_times(batch, context, run)
-        ends = list(accumulate(durations, initial=start))
-        del ends[0]
+        times = DecodeRunTimes(self.step_cost, dt, batch, out.decode_context_tokens, run, start)
+        last = times.end(run)
         self._wakeup = env.event()
-        yield env.timeout(ends[-1] - start) | self._wakeup
+        yield env.timeout(last - start) | self._wakeup
         self._wakeup = None
         done = run
-        if env.now < ends[-1]:  # an arrival: finish the step in progress, then stop
+        if env.now < last:  # an arrival: finish the step in progress, then stop
             now = env.now
-            done = bisect_left(ends, now)  # the first step ending at or after the arrival
-            if ends[done] > now:
-                yield env.timeout(ends[done] - now)
+            done = times.first_ending_at_or_after(now)
+            if times.end(done) > now:
+                yield env.timeout(times.end(done) - now)
         self.num_steps += done + 1
-        self.busy_time += sum(durations[: done + 1])
+        self.busy_time += times.busy_s(done + 1)
         if self.step_log is not None:
             for j in range(done + 1):
-                self.step_log.extend((ends[j] - durations[j], durations[j], batch, batch))
-        self._finish_step(out, ends[0])
+                self.step_log.extend((times.end(j) - times.duration(j), times.duration(j), batch, batch))
+        self._finish_step(out, times.end(0))
         if done:
             requests = list(out.requests)
             self.scheduler.advance_decode_run(requests, done)
-            self.on_decode_run(requests, ends[: done + 1])
+            self.on_decode_run(requests, times.ends(done + 1), times.gaps(done + 1))
         if self.series is not None:
-            self.series.sample(start, ends[done], done + 1, batch, batch)
+            self.series.sample(start, times.end(done), done + 1, batch, batch)

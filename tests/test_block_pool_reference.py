@@ -26,44 +26,70 @@ def _table_hashes(blocks: list[int], keys: list[int], registered: int) -> list[i
     return keys[:registered] + [None] * (len(blocks) - registered)
 
 
-def _keys(rng: random.Random, alphabet: range, runs: bool) -> list[int]:
+def _keys(rng: random.Random, alphabet: range, runs: bool, wide: bool = False) -> list[int]:
     """Prefix hashes of a random chain (a chain names its whole prefix, so equal tuples give
     equal keys). With ``runs``, each chain element stands for a run of 1-8 blocks keyed
-    ``first + m`` as content.block_hashes keys a run inside one segment."""
+    ``first + m`` as content.block_hashes keys a run inside one segment. ``wide``: keys are
+    whole tuple hashes (anywhere in the signed 64-bit range), not small ints."""
     chain = [rng.choice(alphabet) for _ in range(rng.randint(1, 6))]
+    top = None if wide else 1000
     if not runs:
-        return [hash(tuple(chain[:i + 1])) % 1000 for i in range(len(chain))]
+        return [_cut(hash(tuple(chain[:i + 1])), top) for i in range(len(chain))]
     keys: list[int] = []
     for i in range(len(chain)):
-        first = hash(tuple(chain[:i + 1])) % 1000 * 8
+        first = _cut(hash(tuple(chain[:i + 1])), top) * (1 if wide else 8)
         keys.extend(range(first, first + 1 + hash((i, chain[i])) % 8))
     return keys
 
 
-@pytest.mark.parametrize(
-    "seed, runs, num_ops",
+def _cut(h: int, top: int | None) -> int:
+    return h if top is None else h % top
+
+
+STREAMS = (
     [(seed, False, 300) for seed in range(60)]
     + [(seed, True, 300) for seed in range(40)]
-    + [(seed, runs, 3000) for seed in range(4) for runs in (False, True)],
+    + [(seed, runs, 3000) for seed in range(4) for runs in (False, True)]
 )
+"""``(seed, runs, num_ops)`` of the random streams."""
+
+
+@pytest.mark.parametrize("seed, runs, num_ops", STREAMS)
 def test_fast_pool_equals_reference_pool(seed, runs, num_ops):
+    run_random_stream(BlockPool, seed, runs, num_ops)
+
+
+def run_random_stream(pool_cls, seed: int, runs: bool, num_ops: int, num_blocks: int | None = None,
+                      alphabet_size: int | None = None, wide: bool = False) -> None:
+    """One random stream on ``pool_cls`` and on the reference pool, compared after every
+    operation. ``num_blocks``, ``alphabet_size`` (prefixes to draw from): instead of the
+    seed's choice; ``wide``: 64-bit keys (see ``_keys``)."""
     rng = random.Random(seed)
-    num_blocks = rng.choice([8, 20, 64] + ([256] if runs else []))
+    num_blocks = num_blocks or rng.choice([8, 20, 64] + ([256] if runs else []))
+    seen: list[int] = []  # wide keys drawn so far; each comparison looks up a sample of them
+    sampler = random.Random(seed + 1)
     key_range = range(8008 if runs else 1000)
-    fast, ref = BlockPool(num_blocks), ReferenceBlockPool(num_blocks)
+    fast, ref = pool_cls(num_blocks), ReferenceBlockPool(num_blocks)
     events: Counter = Counter()  # hash -> BlockStored minus BlockRemoved events seen
 
     def listener(stored, hashes):
         for h in hashes:
             events[h] += 1 if stored else -1
+            if not events[h]:
+                del events[h]  # keep the comparison below as cheap as the live entries
 
     fast.kv_event_listener = listener
     alphabet = range(rng.choice([6, 30]))  # few prefixes: many hits and duplicate blocks
+    if alphabet_size:
+        alphabet = range(alphabet_size)
     held: list[tuple[list[int], list[int], int]] = []  # (block ids, keys, registered)
-    for _ in range(num_ops):
+    for step in range(num_ops):
         op = rng.random()
         if op < 0.5 and fast.num_free_blocks:
-            keys = _keys(rng, alphabet, runs)
+            keys = _keys(rng, alphabet, runs, wide)
+            if wide:
+                seen.extend(keys)
+                key_range = keys + sampler.sample(seen, min(len(seen), 200))
             hit = fast.longest_cache_hit(keys, len(keys) - 1)
             assert hit == ref.longest_cache_hit(keys, len(keys) - 1)
             need = len(keys) + rng.randint(0, 1) - len(hit)  # maybe one partial block more
@@ -87,6 +113,8 @@ def test_fast_pool_equals_reference_pool(seed, runs, num_ops):
                 fast.free_table(blocks, keys, registered)
             ref.free_blocks(reversed(blocks))
         _same(fast, ref, key_range)
+        if wide and step % 20:
+            continue  # large pools: the checks below, which read every block, every 20th step
         assert fast._shared == {bid for bid, r in enumerate(fast.ref_cnt) if bid and r >= 2}
         # the events add up to the blocks cached under each hash (duplicates included)
         blocks_cached = Counter(h for h in fast.block_hash if h is not None)

@@ -1,0 +1,164 @@
+"""Both engine cores, the pure-Python one (``sim/block_pool.py``, ``sim/kv_cache_manager.py``)
+and the compiled one (``sim/_block_pool.pyx``, ``sim/_kv_cache_manager.pyx``), on the same exact
+tests: the small cases of test_block_pool.py (pool and KV-cache manager), the random streams of
+test_block_pool_reference.py against the per-block reference pool (plus streams with 64-bit
+keys and pools large enough to grow the compiled prefix index), the decode-run steps of the
+manager, and the errors bad input gives. Then which core a scheduler builds
+(``kvroute.sim.compiled``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+
+import test_block_pool
+import test_block_pool_reference
+from kvroute.sim import block_pool, compiled, kv_cache_manager
+from kvroute.sim.config import EngineConfig
+from kvroute.sim.scheduler import Scheduler
+
+BUILT = all(importlib.util.find_spec(f"kvroute.sim.{name}") is not None
+            for name in ("_block_pool", "_kv_cache_manager", "_decode_run"))
+if BUILT:
+    from kvroute.sim._block_pool import BlockPool as CompiledPool
+    from kvroute.sim._kv_cache_manager import KVCacheManager as CompiledManager
+else:
+    CompiledPool = CompiledManager = None
+
+NOT_BUILT = "the compiled engine core was not built (no C++ compiler or no Cython at install time)"
+IMPLS = [
+    pytest.param(block_pool.BlockPool, id="pure"),
+    pytest.param(CompiledPool, id="compiled", marks=pytest.mark.skipif(not BUILT, reason=NOT_BUILT)),
+]
+PAIRS = [
+    pytest.param((block_pool.BlockPool, kv_cache_manager.KVCacheManager), id="pure"),
+    pytest.param((CompiledPool, CompiledManager), id="compiled",
+                 marks=pytest.mark.skipif(not BUILT, reason=NOT_BUILT)),
+]
+EXACT_CASES = [name for name, fn in inspect.getmembers(test_block_pool, inspect.isfunction)
+               if name.startswith("test_") and not inspect.signature(fn).parameters]
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+@pytest.mark.parametrize("case", EXACT_CASES)
+def test_exact_cases(pair, case, monkeypatch):
+    monkeypatch.setattr(test_block_pool, "BlockPool", pair[0])
+    monkeypatch.setattr(test_block_pool, "KVCacheManager", pair[1])
+    getattr(test_block_pool, case)()
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_decode_run_steps_of_the_kv_cache_manager(pair):
+    """The table steps ``Scheduler.advance_decode_run`` takes, on a pool of 11 blocks."""
+    pool_cls, manager_cls = pair
+    pool = pool_cls(11)
+    kv = manager_cls(pool, block_size=4, max_model_len=1024)
+    req = test_block_pool.make_request(0, 6, [101], max_tokens=10)
+    assert kv.allocate_slots(req, 6) and kv.get_block_ids(req) == [1, 2]
+    assert kv.get_num_cached_blocks(req) == 1
+    kv.allocate_new_blocks(req, 2)
+    kv.append_blocks(req, pool.get_new_blocks(1))
+    assert kv.get_block_ids(req) == [1, 2, 3, 4, 5]
+    kv.cache_blocks(req, 3)
+    kv.cache_blocks(req, 2)  # already registered: nothing
+    assert kv.get_num_cached_blocks(req) == 3
+    assert [pool.get_cached_block(h) for h in req.block_hashes[:4]] == [1, 2, 3, None]
+    assert kv.req_to_blocks == {0: [1, 2, 3, 4, 5]} and kv.num_cached_block == {0: 3}
+    other = test_block_pool.make_request(1, 4, [])
+    for step in (lambda: kv.allocate_new_blocks(other, 1), lambda: kv.cache_blocks(other, 1),
+                 lambda: kv.get_num_cached_blocks(other), lambda: kv.append_blocks(other, [6])):
+        with pytest.raises(KeyError):
+            step()
+    kv.free(req)
+    assert pool.free_queue() == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1] and kv.get_block_ids(req) == []
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("seed, runs, num_ops", test_block_pool_reference.STREAMS)
+def test_random_stream_equals_reference_pool(impl, seed, runs, num_ops):
+    test_block_pool_reference.run_random_stream(impl, seed, runs, num_ops)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("seed, runs", [(seed, runs) for seed in range(3) for runs in (False, True)])
+def test_wide_keys_and_a_growing_prefix_index(impl, seed, runs):
+    """64-bit keys (negative ones too), evicted; with runs, a pool of 1,200 blocks holding
+    about 1,100 distinct hashes at the peak, so the compiled index grows twice past its first
+    1,024 slots and deletes inside long probe runs."""
+    test_block_pool_reference.run_random_stream(impl, seed, runs, 600, num_blocks=1200 if runs else 300,
+                                                alphabet_size=400 if runs else 5000, wide=True)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_free_table_with_a_block_listed_twice(impl, monkeypatch):
+    monkeypatch.setattr(test_block_pool_reference, "BlockPool", impl)
+    test_block_pool_reference.test_free_table_with_a_block_listed_twice_equals_reference_pool()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bad_input_gives_the_python_pools_errors(impl):
+    with pytest.raises(ValueError, match=r"must be >= 2 \(block 0 is reserved\), got 1"):
+        impl(1)
+    pool = impl(11)
+    first = pool.get_new_blocks(3)
+    with pytest.raises(ValueError, match="cannot get 8 free blocks, only 7 free"):
+        pool.get_new_blocks(8)
+    assert pool.get_new_blocks(0) == [] and pool.get_new_blocks(-1) == []
+    with pytest.raises(TypeError):
+        pool.get_new_blocks(1.5)
+    with pytest.raises(IndexError):
+        pool.touch([9])  # never handed out
+    with pytest.raises(IndexError):
+        pool.num_evictable([9])
+    with pytest.raises(TypeError):
+        pool.touch(["1"])
+    assert pool.free_queue() == list(range(4, 11)) and pool.ref_cnt == [1, 1, 1, 1]
+    # lookups of values no pool could have stored find nothing
+    assert pool.get_cached_block(1 << 70) is None and pool.get_cached_block("x") is None
+    assert pool.longest_cache_hit([1 << 70], 1) == [] and pool.none_cached([1 << 70, None])
+    pool.free_table(first, [], 0)
+    assert pool.free_queue() == [3, 2, 1] + list(range(4, 11))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_memory_follows_the_blocks_used(impl):
+    """A pool of 2**24 blocks costs what its used blocks cost (``tracemalloc`` sees both)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        pool = impl(1 << 24)
+        pool.cache_full_blocks(pool.get_new_blocks(100), list(range(100)), 0, 100)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak} bytes"
+    assert pool.num_free_blocks == (1 << 24) - 101 and pool.num_cached_blocks() == 100
+
+
+def test_the_compiled_pool_is_in_use_when_built():
+    if os.environ.get(compiled.PURE_PYTHON_ENV) == "1":
+        pytest.skip(f"{compiled.PURE_PYTHON_ENV}=1 chooses the pure-Python core")
+    if not BUILT:
+        pytest.skip(NOT_BUILT)
+    assert compiled.COMPILED, compiled.REASON
+    scheduler = Scheduler(EngineConfig())
+    assert type(scheduler.pool) is CompiledPool
+    assert type(scheduler.kv_cache_manager) is CompiledManager
+    assert compiled.DecodeRunTimes.__module__ == "kvroute.sim._decode_run"
+
+
+def test_pure_python_is_chosen_by_the_environment():
+    code = ("from kvroute.sim import compiled; "
+            "print(compiled.COMPILED, compiled.BlockPool.__module__, compiled.KVCacheManager.__module__, "
+            "compiled.DecodeRunTimes.__module__)")
+    env = {**os.environ, compiled.PURE_PYTHON_ENV: "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "kvroute.sim.block_pool", "kvroute.sim.kv_cache_manager",
+                                  "kvroute.sim.decode_run"]
+    assert out.stderr == ""  # chosen, so no warning
