@@ -44,13 +44,15 @@ from pathlib import Path
 TARGETS = {"time_to_complete_s": 15.0, "ttft": 25.0, "tpot_mean_s": 25.0}
 CHANGE_TARGET_PP = 8.0
 SHAPES = ("long-chats", "short-replies", "open-loop")
-LIVE_ROUNDS = {"long-chats": 3, "short-replies": 10, "open-loop": 3}
+LIVE_ROUNDS = {"long-chats": 3, "short-replies": 20, "open-loop": 6}
 """Default live rounds per shape. A short-reply round takes about 1 s, and its policies' rounds
 differ so much (time to complete 0.93-1.16 s for round_robin in three rounds on 2026-12-01) that
 the 90 % interval of the measured change from 3 rounds was +-9 to +-16 pp, wider than the 8 pp
 target itself; 10 rounds narrowed the time-to-complete change's to +-6 pp (the later-turn TTFT
-change's stayed +-19 pp: that interval also holds the simulated rounds' spread). The long chats'
-and open loop's changes were within +-4 pp from 3 rounds."""
+change's stayed +-17 pp: that interval also holds the simulated rounds' spread), hence 20. The
+long chats' changes were within +-5 pp from 3 rounds. The open loop's TPOT spanned 17-26 ms over
+3 round_robin rounds on 2026-12-02 (its TTFT change's interval 12 pp wide), hence 6 (a round
+takes about 20 s)."""
 DEFAULT_PROFILES = ("cpu-tiny-qwen2-x2-bursts", "cpu-tiny-qwen2-x2")
 
 
@@ -283,7 +285,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench_validate"))
     parser.add_argument("--calibrate", action="store_true",
                         help="First calibrate the servers themselves (kvroute calibrate measure, full sweep with "
-                             "bursts, then fit; about 10 minutes) and score that profile before the others.")
+                             "bursts, then fit; 12-17 minutes on this 2-core machine) and score that profile before the others.")
     parser.add_argument("--longest", type=int, default=None, metavar="N",
                         help="With --calibrate: extend the sweep to sequences of N tokens (calibrate measure "
                              "--longest; the long-chats shape reaches 27,442).")
