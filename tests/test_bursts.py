@@ -135,6 +135,25 @@ def test_engine_figures_of_a_burst_are_vllm_s_histogram_means():
     assert m["engine_itl_s"] == pytest.approx(0.0021632, abs=1e-12)
 
 
+def test_api_cpu_of_a_burst_is_the_lane_work_the_front_end_terms_give():
+    from kvroute.calibrate.calibration.bursts import api_busy_s
+    import pandas as pd
+
+    # formula: admissions, streamed tokens and one per_step_s per engine step, per server
+    fe = FrontendModel(1, 1e-3, 1e-6, 1e-4, 5e-4)
+    prof = replace(base_profile(), frontend=fe)
+    recs = pd.DataFrame({"prompt_tokens": [256, 300], "output_tokens": [4, 5]})
+    assert api_busy_s(prof, recs, 7, 2) == (2e-3 + 1e-6 * 556 + 1e-4 * 9 + 5e-4 * 7) / 2
+    assert np.isnan(api_busy_s(base_profile(), recs, 7, 1))  # no front-end terms: no lanes
+    # two 256-token requests at once, 4 tokens each; no admission work, so both reach the engine
+    # together: one prefill step and 3 decode steps, each streaming both requests' tokens
+    fe = FrontendModel(1, 0.0, 0.0, 1e-4, 5e-4)
+    prof = replace(base_profile(), frontend=fe)
+    prof = replace(prof, overheads=replace(prof.overheads, api_server_per_token_s=0.0))
+    m = simulate_burst(Burst(0, "burst", 1, 2, 256, 4, (0.0, 0.0), {}), prof)
+    assert m["api_cpu_s"] == pytest.approx(8 * 1e-4 + 4 * 5e-4, abs=1e-15)
+
+
 def test_schedule_delay_of_the_last_request_in_a_burst_is_its_queue_of_admissions():
     # admission (50 ms + 1 us/token) is the whole unloaded API time and far longer than a step,
     # so request i is scheduled the moment its admission ends: (i + 1) admissions after the send

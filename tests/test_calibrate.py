@@ -274,7 +274,7 @@ class _FakeVllm:
         self.model, self.max_model_len, self.caching, self.die_after = model, max_model_len, caching, die_after
         self.cache: set[int] = set()
         self.completions = 0
-        self.m = dict(prefill=0.0, n=0, itl=0.0, itl_n=0, e2e_n=0)
+        self.m = dict(prefill=0.0, n=0, itl=0.0, itl_n=0, e2e_n=0, cpu=0.0)
         self.lock = threading.Lock()
         fake = self
 
@@ -309,7 +309,10 @@ class _FakeVllm:
                         f"vllm:inter_token_latency_seconds_sum {m['itl']}\n"
                         f"vllm:inter_token_latency_seconds_count {m['itl_n']}\n"
                         f"vllm:e2e_request_latency_seconds_count {m['e2e_n']}\n"
+                        f"process_cpu_seconds_total {m['cpu']}\n"
                     ).encode()
+                    with fake.lock:
+                        fake.m["cpu"] += 0.125  # a scrape's own CPU, seen by the next scrape
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(text)))
                     self.end_headers()
@@ -363,6 +366,7 @@ class _FakeVllm:
                     fake.m["itl"] += 0.001 * (n - 1)
                     fake.m["itl_n"] += n - 1
                     fake.m["e2e_n"] += 1
+                    fake.m["cpu"] += 0.25  # API CPU seconds per completion (a power of two: exact sums)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -510,3 +514,7 @@ def test_concurrency_sweep_writes_bursts_on_one_and_all_servers(fake_server, tmp
     warm = req[req["role"] == "burst_warm"]
     assert warm["prompt_len"].tolist() == [64, 64, 64]  # one per server and cached burst, before it
     assert all(x.send_s[0] == 0.0 and x.measured["ttft_mean_s"] > 0 for x in bursts)
+    # the API process's CPU seconds over each burst, per loaded server: 0.25 s per completion,
+    # once the settling scrapes' 0.125 s each (timed back to back per server) are taken off
+    assert [x.measured["api_cpu_s"] for x in bursts] == [0.25, 0.25, 0.75, 0.75, 0.5, 0.5]
+    assert set(exp.loc[exp["kind"].str.startswith("burst"), "scrape_cpu_s"]) == {0.125}

@@ -13,6 +13,12 @@ prefill time, ``vllm:request_queue_time_seconds`` and ``request_prefill_time_sec
 mean engine inter-token latency (``vllm:inter_token_latency_seconds``). The engine figures pin
 down what the engines did; the client's beyond them is the front end's (API lanes, streaming),
 so lane times and host contention, which both stretch the client's TTFT and TPOT, are told apart.
+The CPU seconds each server's API process spent over the burst (``process_cpu_seconds_total``,
+which prometheus_client's process collector adds to vLLM's ``/metrics`` with one API process)
+are compared with the lane work the terms give (:func:`api_busy_s`): without them a large
+per-step lane time could stand in for engine slowdown, since busy API lanes count as busy
+processes on the host (fitted 6.7 ms per step on 2026-12-02 where the API process had spent
+about a fifth of that).
 
 Fit: the step costs and the unloaded API-server time come from the one-at-a-time sweep and stay
 fixed. The loss is the sum of squared log ratios of predicted to measured figures. Stage 1:
@@ -39,8 +45,10 @@ from kvroute.sim.profile import Profile
 from kvroute.traces.format import Trace, TraceRecord
 
 BURST_KINDS = ("burst", "burst_all")
-METRICS = ("ttft_mean_s", "ttft_last_s", "tpot_mean_s", "complete_s", "engine_ttft_s", "engine_itl_s")
-"""Compared per burst; the ``engine_*`` ones only where the servers exported their histograms."""
+METRICS = ("ttft_mean_s", "ttft_last_s", "tpot_mean_s", "complete_s", "engine_ttft_s", "engine_itl_s", "api_cpu_s")
+"""Compared per burst; the ``engine_*`` ones only where the servers exported their histograms,
+``api_cpu_s`` (CPU seconds of a server's API process over the burst, mean over the loaded
+servers) where they exported ``process_cpu_seconds_total`` and the profile has front-end terms."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +125,10 @@ def load_bursts(requests: pd.DataFrame, experiments: pd.DataFrame) -> tuple[list
         kind = str(grp["kind"].iloc[0])
         servers = int(grp["url"].nunique())
         erow = experiments[experiments["exp_id"] == exp_id] if len(experiments) else experiments
-        q, p, itl = (_engine_mean(erow, col) for col in ("engine_queue_s", "engine_prefill_s", "itl_engine_s"))
+        q, p, itl, cpu = (_engine_mean(erow, col) for col in ("engine_queue_s", "engine_prefill_s", "itl_engine_s",
+                                                               "api_cpu_s"))
         prefix = int(grp["prefix_len"].iloc[0]) if "prefix_len" in grp else 0
-        measured = {**_metrics(send, ttft, e2e, tpot), "engine_ttft_s": q + p, "engine_itl_s": itl}
+        measured = {**_metrics(send, ttft, e2e, tpot), "engine_ttft_s": q + p, "engine_itl_s": itl, "api_cpu_s": cpu}
         out.append(Burst(int(exp_id), kind, servers, int(grp["batch"].iloc[0]), int(grp["prompt_len"].iloc[0]),
                          int(grp["max_tokens"].iloc[0]), tuple(float(x) for x in send[order]),
                          measured, q, p, prefix))
@@ -265,16 +274,36 @@ def simulate_burst(burst: Burst, profile: Profile, seeds: tuple[int, ...] = (0,)
                        closed_loop=False)
     acc = {m: [] for m in METRICS}
     for seed in seeds:
-        rec = simulate(trace, spec, seed).records.sort_values("request_id").iloc[num_warm(burst):]
+        run = simulate(trace, spec, seed)
+        rec = run.records.sort_values("request_id").iloc[num_warm(burst):]
         m = _metrics(np.array(burst.send_s), rec["ttft"].to_numpy(float), rec["e2e"].to_numpy(float),
                      rec["tpot"].to_numpy(float))
         # as vLLM's histograms average them: per request (queue + prefill), per token gap (decode)
         m["engine_ttft_s"] = float((rec["queue_time"] + rec["prefill_time"]).mean())
         gaps = float((rec["output_tokens"] - 1).clip(lower=0).sum())
         m["engine_itl_s"] = float(rec["decode_time"].sum()) / gaps if gaps > 0 else math.nan
+        m["api_cpu_s"] = api_busy_s(profile, rec, run.workers["num_steps"].sum(), burst.num_servers)
         for k in METRICS:
             acc[k].append(m[k])
     return {k: float(np.mean(v)) for k, v in acc.items()}
+
+
+def api_busy_s(profile: Profile, records: pd.DataFrame, num_steps: int, num_servers: int) -> float:
+    """Predicted work of one server's API process(es) over a burst, s, the mean over
+    ``num_servers``: every request's admission (``per_request_s`` + ``per_prompt_token_s`` x
+    prompt tokens), every streamed token's ``per_output_token_s`` and ``per_step_s`` once per
+    engine step (``num_steps``, all servers: each step of a burst emits tokens, its prompts
+    fitting the token budget whole). NaN for a profile without front-end terms (no lanes).
+
+    Args:
+        records: the burst's requests (``prompt_tokens`` and ``output_tokens`` columns).
+    """
+    fe = profile.frontend
+    if fe is None or num_servers <= 0:
+        return math.nan
+    work = (fe.per_request_s * len(records) + fe.per_prompt_token_s * float(records["prompt_tokens"].sum())
+            + fe.per_output_token_s * float(records["output_tokens"].sum()) + fe.per_step_s * float(num_steps))
+    return work / num_servers
 
 
 def schedule_delay(burst: Burst, profile: Profile, seed: int = 0) -> dict:
@@ -393,12 +422,16 @@ class FrontendFit:
         for kind, scope in SCOPES.items():
             if kind not in a:
                 continue
-            parts = [f"{m[:-2]} {b.get(kind, {}).get(m, math.nan):.1f}% -> {a[kind][m]:.1f}%"
+            parts = [f"{m[:-2]} {_pct(b.get(kind, {}).get(m, math.nan))} -> {_pct(a[kind][m])}"
                      for m in METRICS if m in a[kind]]
             lines.append(f"  {scope:<12} " + ", ".join(parts)
                          + (" (not fitted: checks the step costs of several prefills on a cached prefix in one step)"
                             if kind.endswith("_cached") else ""))
         return "\n".join(lines)
+
+
+def _pct(value: float) -> str:
+    return f"{value:.1f}%" if math.isfinite(value) else "-"
 
 
 def with_terms(profile: Profile, x: np.ndarray, count: int, host: HostModel) -> Profile:

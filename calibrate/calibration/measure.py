@@ -57,7 +57,7 @@ REQUEST_COLUMNS = [
 EXPERIMENT_COLUMNS = [
     "url", "exp_id", "kind", "rep", "batch", "context_len", "prefix_len", "new_len", "prefill_len",
     "max_tokens", "itl_engine_s", "itl_engine_count", "t_start_s", "t_end_s", "error",
-    "engine_queue_s", "engine_prefill_s", "engine_count",
+    "engine_queue_s", "engine_prefill_s", "engine_count", "api_cpu_s", "scrape_cpu_s",
 ]
 
 
@@ -409,6 +409,24 @@ class _Ctx:
     t0: float
     metrics_ok: bool = True
     errors: list[str] = field(default_factory=list)
+    scrape_cpu_s: float | None = None  # the API process's CPU seconds per /metrics scrape
+
+
+SCRAPES_TIMED = 10
+"""Back-to-back ``/metrics`` scrapes whose CPU cost is averaged (``process_cpu_seconds_total``
+moves in 10 ms ticks; a scrape of vLLM's page costs about that much)."""
+
+
+async def _scrape_cpu(ctx: _Ctx) -> float:
+    """CPU seconds the server's API process spends per ``/metrics`` scrape, measured once per
+    server (NaN when it does not export ``process_cpu_seconds_total``)."""
+    if ctx.scrape_cpu_s is None:
+        first = await ctx.client.metrics()
+        for _ in range(SCRAPES_TIMED - 1):
+            await ctx.client.metrics()
+        last = await ctx.client.metrics()
+        ctx.scrape_cpu_s = last.delta(first, "process_cpu_seconds_total") / SCRAPES_TIMED
+    return ctx.scrape_cpu_s
 
 
 async def _settle(ctx: _Ctx, before: MetricsSnapshot, name: str, count: float, timeout_s: float = 2.0) -> MetricsSnapshot:
@@ -573,7 +591,8 @@ async def _mixed(ctx: _Ctx, exp: dict, plan: SweepPlan) -> None:
 
 async def _burst(ctxs: list[_Ctx], exp: dict) -> None:
     """N requests of one shape sent at once to one server (``burst``) or to each (``burst_all``);
-    every request's row and one experiment row per server (engine means from ``/metrics``).
+    every request's row and one experiment row per server (engine means and the API process's
+    CPU seconds, ``api_cpu_s``, from ``/metrics``).
     With a ``prefix_len`` P > 0 the N prompts of a server share its P-token prefix, which one
     request (row role ``burst_warm``) has cached there before the burst."""
     targets = [ctxs[exp["server"]]] if exp["kind"] == "burst" else ctxs
@@ -586,7 +605,9 @@ async def _burst(ctxs: list[_Ctx], exp: dict) -> None:
             prompts.append([prefix + ctx.factory.tail(L - P) for _ in range(N)])
     else:
         prompts = [[ctx.factory.unique(L) for _ in range(N)] for ctx in targets]
+    scrape_cpu = [await _scrape_cpu(ctx) if ctx.metrics_ok else math.nan for ctx in targets]
     befores = [await ctx.client.metrics() if ctx.metrics_ok else None for ctx in targets]
+    scrapes = [ctx.client.num_scrapes for ctx in targets]
     t_start = time.perf_counter() - targets[0].t0
     tasks = [[asyncio.create_task(ctx.client.complete(p, T)) for p in ps] for ctx, ps in zip(targets, prompts)]
     try:
@@ -596,7 +617,7 @@ async def _burst(ctxs: list[_Ctx], exp: dict) -> None:
             t.cancel()
         raise
     t_end = time.perf_counter() - targets[0].t0
-    for ctx, before, res_list in zip(targets, befores, results):
+    for ctx, before, res_list, cost, scraped in zip(targets, befores, results, scrape_cpu, scrapes):
         for res in res_list:
             ctx.requests.write(_request_row(ctx, exp, "burst", res, L, P, T, P // ctx.info.block_size
                                             * ctx.info.block_size, N))
@@ -614,6 +635,13 @@ async def _burst(ctxs: list[_Ctx], exp: dict) -> None:
             if cnt > 0:
                 erow["itl_engine_s"] = after.delta(before, "vllm:inter_token_latency_seconds_sum") / cnt
                 erow["itl_engine_count"] = cnt
+            # CPU seconds of the server's API process over the burst (prometheus_client's process
+            # collector, exported by vLLM's API server when it runs one API process), less the
+            # scrapes taken after ``before`` (the settling ones)
+            cpu = after.delta(before, "process_cpu_seconds_total")
+            if math.isfinite(cpu) and math.isfinite(cost):
+                erow["api_cpu_s"] = cpu - (ctx.client.num_scrapes - scraped) * cost
+                erow["scrape_cpu_s"] = cost
         errs = [r.error for r in res_list if r.error]
         erow["error"] = errs[0] if errs else None
         ctx.experiments.write(erow)

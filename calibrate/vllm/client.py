@@ -285,6 +285,7 @@ class VllmClient:
         self.url = url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
+        self.num_scrapes = 0  # /metrics requests sent (each costs the API process CPU time)
         self._session = None
 
     async def __aenter__(self) -> "VllmClient":
@@ -320,6 +321,7 @@ class VllmClient:
         Raises:
             CalibrationError: the server is unreachable or answers with an error status.
         """
+        self.num_scrapes += 1
         status, body = await self._request("GET", "/metrics")
         if status != 200:
             raise CalibrationError(f"{self.url}/metrics answered {status}: {error_message(body)}")
