@@ -27,6 +27,9 @@ Targets on this 2-core machine, per shape and policy: time to complete within 15
 kv_aware vs round_robin of time to complete and of that TTFT within 8 percentage points. Each
 figure is printed with the number of live rounds behind it and the load average (1 min) at the
 start and end of the shape's live rounds: live timings on a shared machine move with its load.
+Before each shape a speed probe (three cold 2,048-token requests one at a time on each server)
+times the servers; its change against the first probe, taken right after ``--calibrate``, says
+how far the host's speed moved under the run, which no profile can predict.
 """
 
 from __future__ import annotations
@@ -223,6 +226,64 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None) -> Pa
     return out / "profile.json"
 
 
+PROBE_PROMPT_TOKENS, PROBE_OUTPUT_TOKENS, PROBE_REPS = 2048, 32, 3
+
+
+def speed_probe(urls: list[str], seed: int) -> dict[str, float]:
+    """The servers' speed now: on each server in turn, from a reset prefix cache, ``PROBE_REPS``
+    cold requests one at a time (``PROBE_PROMPT_TOKENS`` random token ids, ``PROBE_OUTPUT_TOKENS``
+    outputs). Taken before each shape's live rounds and compared with the probe taken right after
+    calibrating, it tells a model error from the host changing speed under the run (these
+    machines share their processors).
+
+    Returns:
+        ``{"ttft_s", "itl_s"}``: medians over every server and repetition of the client's TTFT and
+        of each request's mean inter-token gap, s (NaN when no request succeeded).
+    """
+    import asyncio
+    import statistics
+
+    import numpy as np
+
+    from kvroute.calibrate.vllm.client import VllmClient
+
+    rng = np.random.default_rng(seed)
+
+    async def run() -> tuple[list[float], list[float]]:
+        ttfts, itls = [], []
+        for url in urls:
+            async with VllmClient(url) as client:
+                await client.probe()
+                await client.reset_prefix_cache()
+                for _ in range(PROBE_REPS):
+                    prompt = rng.integers(100, 1700, size=PROBE_PROMPT_TOKENS).tolist()  # the sweep's token ids
+                    res = await client.complete(prompt, PROBE_OUTPUT_TOKENS)
+                    times = res.token_times
+                    if res.error or len(times) < 2:
+                        print(f"warning: speed probe on {url}: {res.error or 'no tokens'}", file=sys.stderr)
+                        continue
+                    ttfts.append(times[0])
+                    itls.append((times[-1] - times[0]) / (len(times) - 1))
+        return ttfts, itls
+
+    ttfts, itls = asyncio.run(run())
+    return {"ttft_s": statistics.median(ttfts) if ttfts else math.nan,
+            "itl_s": statistics.median(itls) if itls else math.nan}
+
+
+def probe_note(label: str, probe: dict[str, float], first: dict[str, float] | None) -> str:
+    """One line: the probe's TTFT and ITL (ms) and, against ``first``, their change (%)."""
+    parts = []
+    for key, name in (("ttft_s", "TTFT"), ("itl_s", "ITL")):
+        text = f"{name} {1000 * probe[key]:.1f} ms"
+        if first is not None and first[key] > 0:
+            text += f" ({100 * (probe[key] / first[key] - 1):+.1f} %)"
+        parts.append(text)
+    against = " against the first probe" if first is not None else ""
+    return (f"speed probe {label} ({PROBE_PROMPT_TOKENS}-token cold prompt, {PROBE_OUTPUT_TOKENS} outputs, "
+            f"{PROBE_REPS} per server, medians){against}: " + ", ".join(parts))
+
+
 def _live_rounds(shape: str, trace, urls: list[str], profile, args):
     """``--live-rounds`` interleaved live replays of ``trace`` under round_robin and kv_aware (one
     validation); its report goes to ``args.out/<shape>/`` and the validation (with the load
@@ -304,7 +365,7 @@ def main() -> None:
     names = list(args.profile or DEFAULT_PROFILES)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    all_rows, missed, notes, splits = [], 0, [], []
+    all_rows, missed, notes, splits, probes = [], 0, [], [], {}
     servers = contextlib.nullcontext([]) if args.rescore else _servers(args.url, args.out, args.port_base)
     with servers as urls:
         t1 = time.perf_counter()
@@ -313,8 +374,15 @@ def main() -> None:
             notes.append(f"calibrated on these servers in {time.perf_counter() - t1:.0f} s: {names[0]}")
             t1 = time.perf_counter()
         profiles = [load_profile(p) for p in names]
-        for shape in shapes:
+        first_probe = None
+        for k, shape in enumerate(shapes):
             trace = traces[shape]
+            if not args.rescore:
+                probe = speed_probe(urls, seed=k)
+                notes.append(probe_note(f"before {shape}", probe, first_probe))
+                probes[shape] = probe
+                first_probe = first_probe or probe
+                print(notes[-1], file=sys.stderr)
             if args.rescore:
                 saved = args.rescore / shape / "live.pickle"
                 if not saved.exists():
@@ -350,7 +418,7 @@ def main() -> None:
         print(f"note: {note}")
     print(f"\nwall time: {t2 - t0:.0f} s ({t1 - t0:.0f} s server start-up); reports in {args.out}/<shape>/")
     (args.out / "summary.json").write_text(json.dumps({"rows": all_rows, "notes": notes, "missed": missed,
-                                                        "wall_s": t2 - t0}, indent=2, default=str))
+                                                        "wall_s": t2 - t0, "speed_probes": probes}, indent=2, default=str))
     print(f"targets missed: {missed} (counted over every profile)")
 
 
