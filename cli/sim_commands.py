@@ -148,6 +148,11 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         if uncertainty:
             uncertain.summaries.to_csv(out / "uncertainty.csv", index=False)
             (out / "compare.json").write_text(json.dumps({"scenario": header, **uncertain.to_dict()}, indent=2))
+        if not json_out:
+            from kvroute.sim.bench_result import result_filename
+
+            more = ["scenario.yaml", *(result_filename(p) for p in comparison.policies)]
+            click.echo(f"wrote {', '.join(str(out / name) for name in more + (['uncertainty.csv'] if uncertainty else []))}")
 
 
 def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_format: str) -> None:
