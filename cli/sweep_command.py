@@ -58,12 +58,12 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
     by = [c for c in iv.columns if c not in ("rounds", metric, f"{metric}_low", f"{metric}_high")]
     values = iv[metric].dropna()
     integral = len(values) > 0 and bool((values == values.round()).all())
-    digits = 0 if integral else 3 if values.abs().max() < 10 else 1
 
     def cell(row) -> str:
         if math.isnan(row[metric]):
             return "-"
         mean, low, high = row[metric], row[f"{metric}_low"], row[f"{metric}_high"]
+        digits = 0 if integral else 3 if abs(mean) < 10 else 1  # per cell, as compare's table
         if row["rounds"] > 1 and not math.isclose(mean - low, high - mean, rel_tol=1e-9, abs_tol=1e-12):
             return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"  # clipped to possible values
         if row["rounds"] > 1:
