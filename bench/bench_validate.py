@@ -245,9 +245,10 @@ def speed_probe(urls: list[str], seed: int) -> dict[str, float]:
 
     import numpy as np
 
+    from kvroute.calibrate.calibration.measure import PromptFactory
     from kvroute.calibrate.vllm.client import VllmClient
 
-    rng = np.random.default_rng(seed)
+    prompts = PromptFactory(np.random.default_rng(seed))  # the sweep's cold prompts and token ids
 
     async def run() -> tuple[list[float], list[float]]:
         ttfts, itls = [], []
@@ -256,8 +257,7 @@ def speed_probe(urls: list[str], seed: int) -> dict[str, float]:
                 await client.probe()
                 await client.reset_prefix_cache()
                 for _ in range(PROBE_REPS):
-                    prompt = rng.integers(100, 1700, size=PROBE_PROMPT_TOKENS).tolist()  # the sweep's token ids
-                    res = await client.complete(prompt, PROBE_OUTPUT_TOKENS)
+                    res = await client.complete(prompts.unique(PROBE_PROMPT_TOKENS), PROBE_OUTPUT_TOKENS)
                     times = res.token_times
                     if res.error or len(times) < 2:
                         print(f"warning: speed probe on {url}: {res.error or 'no tokens'}", file=sys.stderr)
@@ -374,15 +374,8 @@ def main() -> None:
             notes.append(f"calibrated on these servers in {time.perf_counter() - t1:.0f} s: {names[0]}")
             t1 = time.perf_counter()
         profiles = [load_profile(p) for p in names]
-        first_probe = None
         for k, shape in enumerate(shapes):
             trace = traces[shape]
-            if not args.rescore:
-                probe = speed_probe(urls, seed=k)
-                notes.append(probe_note(f"before {shape}", probe, first_probe))
-                probes[shape] = probe
-                first_probe = first_probe or probe
-                print(notes[-1], file=sys.stderr)
             if args.rescore:
                 saved = args.rescore / shape / "live.pickle"
                 if not saved.exists():
@@ -390,6 +383,9 @@ def main() -> None:
                 validation, load = pickle.loads(saved.read_bytes())
                 validation = _saved_rounds(validation)
             else:
+                probes[shape] = speed_probe(urls, seed=k)
+                notes.append(probe_note(f"before {shape}", probes[shape], probes[shapes[0]] if k else None))
+                print(notes[-1], file=sys.stderr)
                 validation, load = _live_rounds(shape, trace, urls, profiles[0], args)
             spec = validation.spec
             lag, offsets = measured_client(trace, validation.runs)

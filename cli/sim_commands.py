@@ -152,7 +152,9 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
             from kvroute.sim.bench_result import result_filename
 
             more = ["scenario.yaml", *(result_filename(p) for p in comparison.policies)]
-            click.echo(f"wrote {', '.join(str(out / name) for name in more + (['uncertainty.csv'] if uncertainty else []))}")
+            if uncertainty:
+                more.append("uncertainty.csv")
+            click.echo(f"wrote {', '.join(str(out / name) for name in more)}")
 
 
 def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_format: str) -> None:

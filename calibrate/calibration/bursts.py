@@ -541,8 +541,9 @@ def profile_sections(ff: FrontendFit) -> dict:
             "median_abs_error_pct_with_terms": _rounded(error_summary(ff.after)),
         },
         "sources": {
-            "frontend": "fitted to the concurrency sweep's bursts (kvroute.calibrate.calibration.bursts); per_prompt_token_s "
-                        "is overheads.api_server_per_token_s",
+            "frontend": "fitted to the concurrency sweep's bursts (kvroute.calibrate.calibration.bursts), with the API "
+                        "process's CPU seconds per burst where the servers export process_cpu_seconds_total; "
+                        "per_prompt_token_s is overheads.api_server_per_token_s",
             "host.cores": "os.cpu_count() of the calibrating client (servers on the same host)",
             "host.baseline_busy": "servers measured concurrently in the one-at-a-time sweep",
             "host.contention": "fitted to the concurrency sweep's bursts with the front-end terms",

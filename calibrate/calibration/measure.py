@@ -421,6 +421,8 @@ async def _scrape_cpu(ctx: _Ctx) -> float:
     """CPU seconds the server's API process spends per ``/metrics`` scrape, measured once per
     server (NaN when it does not export ``process_cpu_seconds_total``)."""
     if ctx.scrape_cpu_s is None:
+        # each reading is taken while its own scrape runs, so SCRAPES_TIMED scrapes' work lies
+        # between the first reading and the last (half of each end scrape, all of those between)
         first = await ctx.client.metrics()
         for _ in range(SCRAPES_TIMED - 1):
             await ctx.client.metrics()
