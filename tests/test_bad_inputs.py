@@ -253,6 +253,18 @@ def test_bad_meta_json_for_fit(tmp_path, meta, expected):
     assert_error(run("calibrate", "fit", tmp_path), expected)
 
 
+@pytest.mark.parametrize("name, text, expected", [
+    ("requests.csv", "exp_id,ttft_s\n0,0.1\n1,fast\n", "requests.csv:3: field 'ttft_s': expected a number, got 'fast'"),
+    ("experiments.csv", "exp_id,api_cpu_s\n0,0.1\n1,\n2,abc\n",
+     "experiments.csv:4: field 'api_cpu_s': expected a number, got 'abc'"),  # an empty cell is a missing value
+])
+def test_bad_number_in_a_sweep_table_for_fit(tmp_path, name, text, expected):
+    write(tmp_path / "meta.json", '{"servers": []}')
+    write(tmp_path / "requests.csv", "x\n1\n")
+    write(tmp_path / name, text)
+    assert_error(run("calibrate", "fit", tmp_path), expected)
+
+
 def test_unreachable_dask_scheduler(monkeypatch):
     pytest.importorskip("distributed")
     from kvroute.sim import executors

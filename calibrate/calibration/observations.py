@@ -89,19 +89,20 @@ def load_sweep(run_dir: str | Path) -> tuple[dict, list[ServerInfo], pd.DataFram
     Raises:
         FileNotFoundError: no ``meta.json`` or ``requests.csv`` in ``run_dir``.
         InputError (a ValueError): ``meta.json`` is not JSON, not an object, or a server entry
-            is invalid; the message names the file (and line or field).
+            is invalid, or a numeric column of the tables holds something else; the message
+            names the file (and line or field).
     """
     d = Path(run_dir)
 
-    def table(stem: str) -> pd.DataFrame | None:
+    def table(stem: str, numbers: tuple[str, ...]) -> pd.DataFrame | None:
         csv, pq = d / f"{stem}.csv", d / f"{stem}.parquet"
         if csv.is_file() and csv.stat().st_size > 0:
-            return pd.read_csv(csv)
+            return _numeric(pd.read_csv(csv), numbers, csv, first_line=2)
         if pq.is_file():
-            return pd.read_parquet(pq)
+            return _numeric(pd.read_parquet(pq), numbers, pq)
         return None
 
-    req = table("requests")
+    req = table("requests", REQUEST_NUMBERS)
     if not (d / "meta.json").is_file() or req is None:
         raise FileNotFoundError(
             f"{d} holds no sweep (meta.json and requests.csv or .parquet); run 'kvroute calibrate measure' first"
@@ -119,8 +120,38 @@ def load_sweep(run_dir: str | Path) -> tuple[dict, list[ServerInfo], pd.DataFram
     if type(entries) is not list:
         raise InputError(f"expected a list of servers, got {describe(entries)}", where, None, "servers")
     servers = [ServerInfo.from_dict(s, f"{where}: servers[{i}]") for i, s in enumerate(entries)]
-    exp = table("experiments")
+    exp = table("experiments", EXPERIMENT_NUMBERS)
     return meta, servers, req, exp if exp is not None else pd.DataFrame()
+
+
+REQUEST_NUMBERS = ("exp_id", "rep", "batch", "prompt_len", "prefix_len", "max_tokens", "t_send_s", "ttft_s",
+                   "t_done_s", "n_tokens", "prompt_tokens", "cached_tokens", "expected_cached", "engine_queue_s",
+                   "engine_prefill_s", "engine_ttft_s", "overhead_s")
+EXPERIMENT_NUMBERS = ("exp_id", "rep", "batch", "context_len", "prefix_len", "new_len", "prefill_len", "max_tokens",
+                      "itl_engine_s", "itl_engine_count", "t_start_s", "t_end_s", "engine_queue_s",
+                      "engine_prefill_s", "engine_count", "api_cpu_s", "scrape_cpu_s")
+"""Numeric columns of a sweep's tables (``kvroute.calibrate.calibration.measure``'s
+``REQUEST_COLUMNS`` and ``EXPERIMENT_COLUMNS``); an empty cell is a missing value."""
+
+
+def _numeric(df: pd.DataFrame, numbers: tuple[str, ...], where: Path, first_line: int | None = None) -> pd.DataFrame:
+    """``df`` with every column of ``numbers`` it has as numbers.
+
+    Raises:
+        InputError: a cell that is neither empty nor a number; names the file, the line (for a
+            CSV file whose first data row is on ``first_line``) and the column.
+    """
+    for col in numbers:
+        if col not in df or pd.api.types.is_numeric_dtype(df[col]):
+            continue
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = np.flatnonzero((df[col].notna() & values.isna()).to_numpy())
+        if len(bad):
+            i = int(bad[0])
+            raise InputError(f"expected a number, got {df[col].iloc[i]!r}", str(where),
+                             None if first_line is None else first_line + i, col)
+        df[col] = values
+    return df
 
 
 def engine_config(info: ServerInfo) -> EngineConfig:
