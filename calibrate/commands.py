@@ -1,7 +1,7 @@
 """Command line: ``kvroute serve`` and ``kvroute calibrate {measure,fit,tiny-model}``.
 
-Register with ``for c in COMMANDS: cli.add_command(c)``. Heavy imports stay inside the
-commands so that ``kvroute --help`` is fast. Also runnable as
+``kvroute`` loads this module only when one of its commands runs
+(``kvroute.cli.main.LAZY_COMMANDS``); heavy imports stay inside the commands. Also runnable as
 ``python -m kvroute.calibrate.commands {serve,calibrate} ...``.
 """
 

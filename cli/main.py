@@ -8,8 +8,8 @@ import sys
 
 import click
 
-# Subcommands whose modules import numpy/pandas/simpy are loaded only when invoked, so that
-# ``kvroute --help`` and ``kvroute simulate --help`` stay fast (name -> module, attribute, first
+# Subcommands are loaded only when invoked, so that ``kvroute --help`` and
+# ``kvroute simulate --help`` stay fast and a simulation imports no calibration code (name -> module, attribute, first
 # paragraph of the command's help; tests/test_lazy_imports.py checks it against the command's).
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "simulate": ("kvroute.cli.sim_commands", "simulate", "Simulate one routing policy and print its summary."),
@@ -20,6 +20,9 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "policies": ("kvroute.cli.sim_commands", "policies_command", "List the routing policies, one line each: name, parameters with defaults, summary."),
     "sensitivity": ("kvroute.cli.sensitivity_command", "sensitivity", "Rank the scenario's uncertain inputs by how much each moves the headline metrics."),
     "profiles": ("kvroute.cli.profiles_command", "profiles_command", "List the shipped profiles, one line each: name, source (measured/derived), hardware, model, KV blocks per worker."),
+    "serve": ("kvroute.calibrate.commands", "serve", "Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up until Ctrl-C. Arguments after ``--`` go to vLLM as they are."),
+    "calibrate": ("kvroute.calibrate.commands", "calibrate", "Measure real vLLM servers and fit a profile for the simulator."),
+    "validate": ("kvroute.calibrate.validation.validate_command", "validate", "Replay a trace live against vLLM servers with the simulator's routing policies, simulate the same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate, per-worker hit tokens). Ctrl-C writes what was measured so far."),
 }
 
 
@@ -59,22 +62,12 @@ def cli() -> None:
     """kvroute: simulate vLLM workers behind a router, calibrate, and validate live."""
 
 
-def _register() -> None:
-    from kvroute.calibrate.validation import validate_command
-    from kvroute.calibrate.commands import COMMANDS
-
-    for command in COMMANDS:
-        cli.add_command(command)
-    cli.add_command(validate_command.validate)
-
-
 def main() -> None:
     """Console-script entry point.
 
     Every expected failure is a one-line ``Error: ...`` from the command. Anything else is a
     bug: it is reported on one line too (exit 1), and ``KVROUTE_DEBUG=1`` shows the traceback.
     """
-    _register()
     try:
         cli(standalone_mode=True)
     except Exception as exc:  # noqa: BLE001 - the last line of defence, see the docstring

@@ -359,8 +359,9 @@ def _frontend_note(profile, peak: int) -> str:
 @click.command("policies")
 def policies_command():
     """List the routing policies, one line each: name, parameters with defaults, summary."""
-    from kvroute.sim.routing import POLICIES, policy_params
+    from kvroute.sim.routing import POLICIES, load_user_policies, policy_params
 
+    load_user_policies()
     for name, cls in POLICIES.items():
         params = ",".join(f"{k}={v}" for k, v in policy_params(cls).items())
         summary = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())

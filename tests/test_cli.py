@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from kvroute.cli.main import _register, cli
+from kvroute.cli.main import cli
 from kvroute.sim.cluster import ClusterSpec
 from kvroute.sim.experiment import compare
 from kvroute.sim.metrics import SUMMARY_METRICS
@@ -15,7 +15,6 @@ from kvroute.sim.profile import load_profile
 from kvroute.traces.generators import builtin_workload, seed_chat
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-_register()
 
 
 def invoke(*args):

@@ -9,11 +9,10 @@ import pandas as pd
 import yaml
 from click.testing import CliRunner
 
-from kvroute.cli.main import _register, cli
+from kvroute.cli.main import cli
 from kvroute.cli.provenance import canonical_sha256
 from kvroute.sim.profile import load_profile
 
-_register()
 SMALL = ["--chats", "4", "--turns", "2", "--workers", "2", "--policies", "round_robin,kv_aware"]
 
 

@@ -7,10 +7,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from kvroute.cli.main import _register, cli
+from kvroute.cli.main import cli
 from kvroute.sim.routing import POLICIES
 
-_register()
 
 USER_POLICY = '''
 from kvroute.sim.routing import Policy, register, pick_min

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 from click.testing import CliRunner
 
-from kvroute.cli.main import _register, cli
+from kvroute.cli.main import cli
 from kvroute.cli.scenario import build_spec, load_trace
 from kvroute.sim import cluster
 from kvroute.sim.cluster import simulate
@@ -26,7 +26,6 @@ def test_progress_reports_time_and_position_and_changes_nothing(monkeypatch):
 
 
 def test_quiet_flag_is_accepted_and_prints_the_table_only():
-    _register()
     result = CliRunner().invoke(cli, ["simulate", "--chats", "2", "--turns", "2", "--workers", "1", "--quiet"])
     assert result.exit_code == 0, result.output
     assert "simulating" not in result.output and "TTFT mean (s)" in result.output

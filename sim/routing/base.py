@@ -95,6 +95,37 @@ def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
     return decorate
 
 
+def load_user_policies() -> None:
+    """Import the policies of ``kvroute.policies`` entry points and ``KVROUTE_POLICY_FILES``
+    (called again, it imports nothing new: modules are cached and a file already imported is
+    skipped).
+
+    Raises:
+        ValueError: a listed file is missing or fails to import (the message names it).
+    """
+    import importlib.metadata
+    import importlib.util
+    import os
+    import sys
+
+    for entry in importlib.metadata.entry_points(group="kvroute.policies"):
+        entry.load()
+    for path in filter(None, os.environ.get("KVROUTE_POLICY_FILES", "").split(os.pathsep)):
+        name = "kvroute_user_policy_" + os.path.splitext(os.path.basename(path))[0]
+        if name in sys.modules:
+            continue
+        if not os.path.isfile(path):
+            raise ValueError(f"KVROUTE_POLICY_FILES: {path} does not exist")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            raise ValueError(f"KVROUTE_POLICY_FILES: {path} failed to import: {exc}") from exc
+
+
 def policy_params(cls: type[Policy]) -> dict[str, object]:
     """A policy's settable parameters and their defaults, in constructor order."""
     sig = inspect.signature(cls.__init__)
@@ -132,6 +163,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
     name, _, rest = spec.strip().partition(":")
     name = name.strip()
     cls = POLICIES.get(name)
+    if cls is None:
+        load_user_policies()
+        cls = POLICIES.get(name)
     if cls is None:
         raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}")
     defaults = policy_params(cls)
