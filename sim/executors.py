@@ -15,8 +15,10 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported where a pool starts: concurrent.futures costs a simulation ~10 ms
+    from concurrent.futures import ProcessPoolExecutor
 
 EXECUTORS = ("local", "sequential", "dask")
 """``local``: a process pool on this machine; ``sequential``: this process; ``dask``: a Dask
@@ -110,6 +112,8 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
 
 
 def _run_local(fn, tasks: Sequence[Any], max_workers: int | None, done) -> None:
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
     workers = max_workers or min(len(tasks), os.cpu_count() or 1)
     pool = ProcessPoolExecutor(max_workers=workers, initializer=_pool_worker_init)
     try:

@@ -5,13 +5,12 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from kvroute.cli.main import _register, cli
+from kvroute.cli.main import cli
 from kvroute.sim.plots import plot_load_curve
 from kvroute.traces.arrivals import arrival_times, parse_arrival, rescaled, with_session_starts
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.generators import builtin_workload
 
-_register()
 
 
 def test_constant_arrivals_are_exact():

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvroute.cli.main import _register, cli
+from kvroute.cli.main import cli
 
-_register()
 
 PROFILE = {
     "name": "p",

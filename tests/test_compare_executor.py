@@ -39,9 +39,8 @@ def test_compare_on_a_process_pool_equals_compare_in_process():
 
 
 def test_compare_and_sweep_take_the_same_executor_options():
-    from kvroute.cli.main import _register, cli
+    from kvroute.cli.main import cli
 
-    _register()
     runner = CliRunner()
     for command in ("compare", "sweep"):
         text = runner.invoke(cli, [command, "--help"]).output

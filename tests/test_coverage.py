@@ -7,11 +7,10 @@ import pytest
 from click.testing import CliRunner
 
 from kvroute.calibrate.calibration.measure import SweepPlan
-from kvroute.cli.main import _register, cli
+from kvroute.cli.main import cli
 from kvroute.sim.coverage import MeasuredRange, measured_range, outside_note
 from kvroute.sim.profile import load_profile
 
-_register()
 
 
 def test_measured_range_takes_prompts_of_ttft_kinds_and_contexts_and_batches_of_the_others():

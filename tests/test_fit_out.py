@@ -8,9 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from kvroute.cli.main import _register, cli
+from kvroute.cli.main import cli
 
-_register()
 RUN = Path(__file__).resolve().parent.parent / "bench" / "calibrate-cpu-tiny-qwen2"
 
 

@@ -20,12 +20,11 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kvroute.cli.main import _register, cli
+from kvroute.cli.main import cli
 from kvroute.sim.cluster import Cluster, ClusterSpec
 from kvroute.sim.profile import load_profile
 from kvroute.traces.reader import read_trace
 
-_register()
 
 FUZZ = settings(derandomize=True, deadline=None, max_examples=30,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -7,14 +7,13 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from kvroute.cli.main import _register, cli
+from kvroute.cli.main import cli
 from kvroute.traces.burstgpt import read_burstgpt
 from kvroute.traces.detect import detect_format, read_any
 from kvroute.traces.reader import TraceError, read_trace
 from kvroute.traces.sharegpt import char_estimate, read_sharegpt
 from kvroute.traces.vllm_bench import read_vllm_bench
 
-_register()
 
 SHAREGPT = [
     {"id": "a", "conversations": [

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from kvroute.cli.main import _register, cli
+from kvroute.cli.main import cli
 from kvroute.sim.profile import shipped_profiles
 
-_register()
 
 
 def test_profiles_one_line_each_with_source_hardware_model_blocks():

@@ -71,9 +71,8 @@ def test_infeasible_grid_points_are_failed_rows_and_the_sweep_goes_on():
 def test_a_cluster_that_cannot_be_built_is_a_failed_row_too(tmp_path):
     from click.testing import CliRunner
 
-    from kvroute.cli.main import _register, cli
+    from kvroute.cli.main import cli
 
-    _register()
     out = tmp_path / "g.csv"
     result = CliRunner().invoke(cli, ["sweep", "--chats", "2", "--turns", "2", "--workers", "1,4", "--gpus", "2",
                                       "--policies", "round_robin", "--rounds", "1", "--executor", "sequential",

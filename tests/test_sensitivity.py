@@ -6,14 +6,13 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 
-from kvroute.cli.main import _register, cli
+from kvroute.cli.main import cli
 from kvroute.sim.profile import CoefficientUncertainty, load_profile
 from kvroute.sim.sensitivity import (FACTOR_GROUPS, Factor, Ranges, base_profile, default_factors, output_names,
                                      run_sensitivity)
 from kvroute.sim.sweep import Scenario
 from kvroute.sim.uncertainty import with_coefficients
 
-_register()
 TOY = Scenario(chats=8, turns=2, workers=2)
 
 

@@ -323,9 +323,8 @@ def test_cli_sweep_over_the_first_200_mooncake_records(tmp_path):
 def test_sweep_leaves_out_tables_no_run_has_a_value_and_says_why(tmp_path):
     from click.testing import CliRunner
 
-    from kvroute.cli.main import _register, cli
+    from kvroute.cli.main import cli
 
-    _register()
     trace = tmp_path / "flat.jsonl"  # Mooncake records without sessions: no later turns
     trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 600, "output_length": 8,
                                          "hash_ids": [i, 1000 + i]}) + "\n" for i in range(6)))

@@ -95,9 +95,8 @@ def test_prediction_interval_is_the_normal_theory_one():
 def test_compare_uncertainty_keeps_the_seed_only_results_and_adds_model_intervals():
     from click.testing import CliRunner
 
-    from kvroute.cli.main import _register, cli
+    from kvroute.cli.main import cli
 
-    _register()
     args = ["compare", "--chats", "6", "--turns", "2", "--workers", "2", "--rounds", "2", "--seed", "3",
             "--policies", "round_robin,kv_aware", "--profile", "cpu-tiny-qwen2", "--json"]
     plain = json.loads(CliRunner().invoke(cli, args, catch_exceptions=False).output)
@@ -141,7 +140,7 @@ def test_model_intervals_stay_within_possible_values_and_notes_stay_under_the_ta
     import pandas as pd
     from click.testing import CliRunner
 
-    from kvroute.cli.main import _register, cli
+    from kvroute.cli.main import cli
     from kvroute.sim.experiment import UncertainComparison
 
     # two draws far apart: the normal interval of a share and of a time runs past their bounds
@@ -152,7 +151,6 @@ def test_model_intervals_stay_within_possible_values_and_notes_stay_under_the_ta
     assert (lo, hi) == (0.0, 1.0)
     lo, hi = res.run_interval("p", "ttft_mean_s")
     assert lo == 0.0 and hi > 9.0
-    _register()
     out = CliRunner().invoke(cli, ["compare", "--chats", "4", "--turns", "2", "--rounds", "2", "--uncertainty", "2",
                                    "--policies", "round_robin"], catch_exceptions=False).output
     assert "Note: a6000-qwen2.5-7b is a derived prior" in out
