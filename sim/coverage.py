@@ -68,14 +68,17 @@ def outside_note(name: str, measured: MeasuredRange | None, longest_sequence: in
     Args:
         name: the profile's name.
         measured: its range (None: nothing to say).
-        longest_sequence: the run's longest prompt plus output, tokens.
+        longest_sequence: the run's longest prompt plus output, tokens. Its steps reach one
+            token less: the last output token is sampled, never computed (as a sweep extended
+            with ``--longest N`` times a cold prompt of ``N - 1`` tokens with one output).
         peak_in_flight: most requests in flight on one worker, capped at ``max_num_seqs`` by
             the caller (an upper bound of its decode batch).
     """
     if measured is None:
         return ""
     beyond = []
-    if longest_sequence > measured.sequence_tokens:
+    outside = longest_sequence - 1 > measured.sequence_tokens
+    if outside:
         beyond.append(f"sequences reach {longest_sequence:,} tokens, its sweep timed up to "
                       f"{measured.sequence_tokens:,}")
     if measured.decode_batch and peak_in_flight > measured.decode_batch:
@@ -84,7 +87,7 @@ def outside_note(name: str, measured: MeasuredRange | None, longest_sequence: in
     if not beyond:
         return ""
     fix = (f" (`kvroute calibrate measure --longest {longest_sequence}` times such sequences)"
-           if longest_sequence > measured.sequence_tokens else "")
+           if outside else "")
     return (f"Note: beyond what {name} measured: {'; '.join(beyond)}. The step costs there are the fitted "
             f"model extrapolated, not measured{fix}.")
 

@@ -32,6 +32,8 @@ def test_measured_range_round_trips_through_a_profile_document():
 def test_outside_note_names_each_excess_and_nothing_inside():
     r = MeasuredRange(16448, 64)
     assert outside_note("p", r, 16448, 64) == ""
+    assert outside_note("p", r, 16449, 64) == ""  # its last token is sampled, not computed
+    assert outside_note("p", r, 16450, 64).startswith("Note: beyond what p measured: sequences reach 16,450 tokens")
     assert outside_note("p", None, 10 ** 6, 10 ** 3) == ""
     long = outside_note("p", r, 27426, 6)
     assert long.startswith("Note: beyond what p measured: sequences reach 27,426 tokens, its sweep timed up to 16,448.")
