@@ -361,7 +361,10 @@ def policies_command():
     """List the routing policies, one line each: name, parameters with defaults, summary."""
     from kvroute.sim.routing import POLICIES, load_user_policies, policy_params
 
-    load_user_policies()
+    try:
+        load_user_policies()
+    except ValueError as exc:  # a user's file: missing, failing to import, or a name taken
+        raise click.ClickException(str(exc)) from None
     for name, cls in POLICIES.items():
         params = ",".join(f"{k}={v}" for k, v in policy_params(cls).items())
         summary = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())

@@ -62,3 +62,19 @@ def test_a_user_policy_in_one_file_runs_by_name(tmp_path: Path):
                          env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "fewest_tokens" in run.stdout
+
+
+def test_a_missing_or_broken_user_policy_file_is_a_one_line_error(tmp_path: Path):
+    missing = tmp_path / "nope.py"
+    result = CliRunner().invoke(cli, ["policies"], env={"KVROUTE_POLICY_FILES": str(missing)})
+    assert result.exit_code == 1
+    assert result.output == f"Error: KVROUTE_POLICY_FILES: {missing} does not exist\n"
+    broken = tmp_path / "broken.py"
+    broken.write_text("def (:\n")
+    result = CliRunner().invoke(cli, ["policies"], env={"KVROUTE_POLICY_FILES": str(broken)})
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: KVROUTE_POLICY_FILES: {broken} failed to import: invalid syntax")
+    # a run of built-in policies does not read the files
+    run = CliRunner().invoke(cli, ["simulate", "--chats", "2", "--turns", "1", "--policy", "round_robin", "--quiet"],
+                             env={"KVROUTE_POLICY_FILES": str(missing)})
+    assert run.exit_code == 0, run.output
