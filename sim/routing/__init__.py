@@ -39,6 +39,6 @@ from kvroute.sim.routing.view import CACHE_VIEWS, LOAD_SIGNALS  # noqa: E402
 from kvroute.sim.routing.signals import KVEventIndex, MetricsScrape  # noqa: E402
 
 __all__ = [
-    "CACHE_VIEWS", "KVEventIndex", "LOAD_SIGNALS", "MetricsScrape", "POLICIES", "Policy", "load_user_policies", "RouteRequest", "RouterView", "check_spec", "make_policy", "parse_spec",
+    "CACHE_VIEWS", "KVEventIndex", "LOAD_SIGNALS", "MetricsScrape", "POLICIES", "Policy", "RouteRequest", "RouterView", "check_spec", "load_user_policies", "make_policy", "parse_spec",
     "pick_max", "pick_min", "policy_params", "register", "router_rng", "split_specs",
 ]
