@@ -59,6 +59,8 @@ EXPERIMENT_COLUMNS = [
     "max_tokens", "itl_engine_s", "itl_engine_count", "t_start_s", "t_end_s", "error",
     "engine_queue_s", "engine_prefill_s", "engine_count", "api_cpu_s", "scrape_cpu_s",
 ]
+TEXT_COLUMNS = ("url", "kind", "role", "error", "warning", "token_times")
+"""Columns of the two tables that hold text (``token_times``: a JSON list); the others hold numbers."""
 
 
 # --------------------------------------------------------------------------------------------

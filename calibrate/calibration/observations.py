@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from kvroute.sim.inputs import InputError, describe
+from kvroute.calibrate.calibration.measure import EXPERIMENT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS
 from kvroute.calibrate.vllm.client import ServerInfo
 from kvroute.calibrate.calibration.steps import Step, decode_context, decode_step, mixed_steps, prefill_steps
 from kvroute.sim.config import EngineConfig
@@ -124,14 +125,10 @@ def load_sweep(run_dir: str | Path) -> tuple[dict, list[ServerInfo], pd.DataFram
     return meta, servers, req, exp if exp is not None else pd.DataFrame()
 
 
-REQUEST_NUMBERS = ("exp_id", "rep", "batch", "prompt_len", "prefix_len", "max_tokens", "t_send_s", "ttft_s",
-                   "t_done_s", "n_tokens", "prompt_tokens", "cached_tokens", "expected_cached", "engine_queue_s",
-                   "engine_prefill_s", "engine_ttft_s", "overhead_s")
-EXPERIMENT_NUMBERS = ("exp_id", "rep", "batch", "context_len", "prefix_len", "new_len", "prefill_len", "max_tokens",
-                      "itl_engine_s", "itl_engine_count", "t_start_s", "t_end_s", "engine_queue_s",
-                      "engine_prefill_s", "engine_count", "api_cpu_s", "scrape_cpu_s")
-"""Numeric columns of a sweep's tables (``kvroute.calibrate.calibration.measure``'s
-``REQUEST_COLUMNS`` and ``EXPERIMENT_COLUMNS``); an empty cell is a missing value."""
+REQUEST_NUMBERS = tuple(c for c in REQUEST_COLUMNS if c not in TEXT_COLUMNS)
+EXPERIMENT_NUMBERS = tuple(c for c in EXPERIMENT_COLUMNS if c not in TEXT_COLUMNS)
+"""Numeric columns of a sweep's tables (the columns ``kvroute.calibrate.calibration.measure``
+writes, less its ``TEXT_COLUMNS``); an empty cell is a missing value."""
 
 
 def _numeric(df: pd.DataFrame, numbers: tuple[str, ...], where: Path, first_line: int | None = None) -> pd.DataFrame:
