@@ -74,6 +74,10 @@ def test_a_missing_or_broken_user_policy_file_is_a_one_line_error(tmp_path: Path
     result = CliRunner().invoke(cli, ["policies"], env={"KVROUTE_POLICY_FILES": str(broken)})
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: KVROUTE_POLICY_FILES: {broken} failed to import: invalid syntax")
+    (tmp_path / "notes.txt").write_text("x = 1\n")
+    for path, reason in ((tmp_path, "is a folder, not a file"), (tmp_path / "notes.txt", "is not a Python file (.py)")):
+        result = CliRunner().invoke(cli, ["policies"], env={"KVROUTE_POLICY_FILES": str(path)})
+        assert (result.exit_code, result.output) == (1, f"Error: KVROUTE_POLICY_FILES: {path} {reason}\n")
     # a run of built-in policies does not read the files
     run = CliRunner().invoke(cli, ["simulate", "--chats", "2", "--turns", "1", "--policy", "round_robin", "--quiet"],
                              env={"KVROUTE_POLICY_FILES": str(missing)})

@@ -101,7 +101,8 @@ def load_user_policies() -> None:
     skipped).
 
     Raises:
-        ValueError: a listed file is missing or fails to import (the message names it).
+        ValueError: a listed path is missing, a folder or not a ``.py`` file, or fails to import
+            (the message names it).
     """
     import importlib.metadata
     import importlib.util
@@ -115,8 +116,11 @@ def load_user_policies() -> None:
         if name in sys.modules:
             continue
         if not os.path.isfile(path):
-            raise ValueError(f"KVROUTE_POLICY_FILES: {path} does not exist")
+            reason = "is a folder, not a file" if os.path.isdir(path) else "does not exist"
+            raise ValueError(f"KVROUTE_POLICY_FILES: {path} {reason}")
         spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None:  # importlib knows no loader for the suffix
+            raise ValueError(f"KVROUTE_POLICY_FILES: {path} is not a Python file (.py)")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
