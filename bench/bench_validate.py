@@ -201,11 +201,13 @@ def time_split(shape: str, profile_name: str, runs, validation) -> list[str]:
     return lines
 
 
-def calibrate_here(urls: list[str], out: Path, longest: int | None = None) -> Path:
+def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweeps: int = 1) -> Path:
     """Calibrate ``urls`` in place: ``kvroute calibrate measure`` (full preset, with the
-    concurrency sweep, extended to ``longest`` tokens when given) into ``out``, then ``kvroute calibrate fit`` (no bootstrap); returns the
-    profile's path, ``out/profile.json``. The processors behind this machine differ from
-    session to session, so a profile measured in another session carries another speed.
+    concurrency sweep, extended to ``longest`` tokens when given) into ``out``, ``sweeps`` times
+    one after another (into ``out/sweep-1``, ``out/sweep-2``, ... when more than one), then one
+    ``kvroute calibrate fit`` of them all pooled (no bootstrap); returns the profile's path,
+    ``out/profile.json``. The processors behind this machine differ from session to session, so
+    a profile measured in another session carries another speed.
 
     Raises:
         SystemExit: a calibration command failed (its exit code and the folder named).
@@ -213,11 +215,12 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None) -> Pa
     import subprocess
 
     kvroute = [sys.executable, "-c", "from kvroute.cli.main import main; main()"]
-    steps = [kvroute + ["calibrate", "measure", "--out", str(out), "--no-progress"]
+    dirs = [out] if sweeps == 1 else [out / f"sweep-{k}" for k in range(1, sweeps + 1)]
+    steps = [kvroute + ["calibrate", "measure", "--out", str(d), "--no-progress"]
              + (["--longest", str(longest)] if longest else [])
-             + [a for u in urls for a in ("--url", u)],
-             kvroute + ["calibrate", "fit", str(out), "--out", str(out / "profile.json"), "--bootstrap", "0",
-                        "--name", "calibrated-here"]]
+             + [a for u in urls for a in ("--url", u)] for d in dirs]
+    steps.append(kvroute + ["calibrate", "fit", *map(str, dirs), "--out", str(out / "profile.json"), "--bootstrap", "0",
+                            "--name", "calibrated-here"])
     for cmd in steps:
         print("+", " ".join(cmd[3:]), file=sys.stderr)
         rc = subprocess.run(cmd).returncode
@@ -350,10 +353,15 @@ def main() -> None:
     parser.add_argument("--longest", type=int, default=None, metavar="N",
                         help="With --calibrate: extend the sweep to sequences of N tokens (calibrate measure "
                              "--longest; the long-chats shape reaches 27,442).")
+    parser.add_argument("--sweeps", type=int, default=1, metavar="K",
+                        help="With --calibrate: take K sweeps one after another and fit them pooled (calibrate fit "
+                             "RUN_DIR...; about 17 minutes each).")
     parser.add_argument("--rescore", type=Path, default=None, metavar="DIR",
                         help="Score the profiles against the live rounds saved in DIR by an earlier run "
                              "(DIR/<shape>/live.pickle), without servers.")
     args = parser.parse_args()
+    if args.sweeps < 1:
+        parser.error(f"--sweeps: at least 1, got {args.sweeps}")
 
     from kvroute.calibrate.validation.validate import (cluster_spec, measured_client, predict, with_client_lag,
                                                        with_root_offsets)
@@ -370,7 +378,7 @@ def main() -> None:
     with servers as urls:
         t1 = time.perf_counter()
         if args.calibrate and not args.rescore:
-            names.insert(0, str(calibrate_here(urls, args.out / "calibration", args.longest)))
+            names.insert(0, str(calibrate_here(urls, args.out / "calibration", args.longest, args.sweeps)))
             notes.append(f"calibrated on these servers in {time.perf_counter() - t1:.0f} s: {names[0]}")
             t1 = time.perf_counter()
         profiles = [load_profile(p) for p in names]

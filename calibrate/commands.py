@@ -201,10 +201,12 @@ def _rows(path: Path) -> int:
 
 
 @calibrate.command("fit")
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True,
+                type=click.Path(exists=True, file_okay=False))
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
               help="Profile JSON to write, with <stem>.fit.png and <stem>.fit_points.csv beside it; RUN_DIR is then "
-                   "left untouched (default RUN_DIR/profile.json and RUN_DIR/fit_points.csv).")
+                   "left untouched (default RUN_DIR/profile.json and RUN_DIR/fit_points.csv; required with several "
+                   "RUN_DIRs).")
 @click.option("--name", default=None, help="Profile name (default: the output file's stem).")
 @click.option("--report", default=None, type=click.Path(dir_okay=False),
               help="PNG report (default: beside the profile, <stem>.fit.png).")
@@ -231,29 +233,38 @@ def _rows(path: Path) -> int:
 @click.option("--engine-spin", type=float, default=1.0, show_default=True,
               help="Seconds an engine's core stays busy after its last step (vLLM's shared-memory queue "
                    "busy-polls for 1 s; 0: busy only while it has work).")
+@click.option("--stream-baseline/--no-stream-baseline", default=True, show_default=True,
+              help="Count the API processes and the client, which streamed while the decode steps were timed, in "
+                   "those steps' contention baseline (host.baseline_stream_busy); off: engines only, as before.")
 @click.option("--base-profile", default=None,
               help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
                    "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
 @check_values(rules={"api_server_count": POSITIVE_INT, "client_busy": Num(minimum=0.0), "engine_spin": SECONDS})
-def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
-            bootstrap, bursts, api_server_count, client_busy, engine_spin, base_profile):
-    """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report."""
+def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
+            bootstrap, bursts, api_server_count, client_busy, engine_spin, stream_baseline, base_profile):
+    """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report.
+
+    Several RUN_DIRs (sweeps of the same servers, taken one after another) are pooled into one
+    fit: each sweep's scatter from the host's load of the moment then weighs less."""
     from kvroute.calibrate.calibration.fit import fit, plot_report, profile_document
-    from kvroute.calibrate.calibration.observations import (build_observations, engine_config, load_sweep,
+    from kvroute.calibrate.calibration.observations import (build_observations, engine_config, load_sweeps,
                                                             observations_frame)
     from kvroute.sim.profile import load_profile
 
+    if len(run_dirs) > 1 and out_path is None:
+        raise click.UsageError("several RUN_DIRs: give --out (the profile is not written into one of them)")
+    run_dir = run_dirs[0] if len(run_dirs) == 1 else " + ".join(run_dirs)
     try:
-        meta, servers, req, exp = load_sweep(run_dir)
+        meta, servers, req, exp = load_sweeps(run_dirs)
     except (FileNotFoundError, ValueError) as exc:
         _fail(str(exc))
     if not servers:
-        _fail(f"{run_dir}/meta.json names no server")
+        _fail(f"{run_dirs[0]}/meta.json names no server")
     info = servers[0]
     out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
     if base_profile is not None:
         _fit_bursts_only(base_profile, run_dir, out, name or out.stem, meta, req, exp, api_server_count, client_busy,
-                         engine_spin)
+                         engine_spin, stream_baseline)
         return
     obs, notes = build_observations(req, exp, engine_config(info), itl_source)
     for n in notes[:8]:
@@ -266,7 +277,8 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
         _fail(str(exc))
     name = name or out.stem
     doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
-    burst_text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin) if bursts else None
+    burst_text = (_fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline)
+                  if bursts else None)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
     load_profile(out)  # the simulator must accept what we wrote
@@ -286,7 +298,7 @@ def fit_cmd(run_dir, out_path, name, report, holdout, seed, overhead, loss, itl_
 
 
 def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, exp, api_server_count: int,
-                     client_busy: float, engine_spin: float) -> None:
+                     client_busy: float, engine_spin: float, stream_baseline: bool = True) -> None:
     """Write ``base`` (its step costs and overheads) with burst terms fitted to RUN_DIR as ``name``."""
     import copy
 
@@ -302,7 +314,7 @@ def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, 
     doc["provenance"]["base_profile"] = (f"step costs and overheads of {base} ({doc['provenance'].get('date', '?')}); "
                                          f"front-end and host terms fitted to the bursts in {run_dir} "
                                          f"({meta.get('started')} - {meta.get('finished')})")
-    text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin)
+    text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline)
     if text is None:
         _fail(f"{run_dir} holds no bursts to fit")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -312,7 +324,7 @@ def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, 
 
 
 def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_busy: float = 1.0,
-                engine_spin: float = 1.0) -> str | None:
+                engine_spin: float = 1.0, stream_baseline: bool = True) -> str | None:
     """Add the front-end and host sections fitted to the sweep's bursts to ``doc``; returns the
     report text, or None when the sweep has no bursts."""
     import os
@@ -328,9 +340,12 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
     if not found:
         return None
     host = meta.get("client_host") or {}
-    ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1),
-                      float(len(meta.get("urls") or [1])), api_server_count, client_busy=client_busy, engine_spin_s=engine_spin,
-                      refine_evals=40)
+    servers = float(len(meta.get("urls") or [1]))
+    # NOTE: the decode steps were timed while every server's API process streamed and the client
+    # read: they count in those steps' baseline (HostModel.baseline_stream_busy).
+    ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1), servers,
+                      api_server_count, client_busy=client_busy, engine_spin_s=engine_spin, refine_evals=40,
+                      baseline_stream_busy=servers + client_busy if stream_baseline else 0.0)
     sigma, period, _ = engine_speed_process(req)
     ff = replace(ff, host=replace(ff.host, engine_speed_sigma=sigma, engine_speed_period_s=period))
     sections = profile_sections(ff)

@@ -200,7 +200,8 @@ class Cluster:
         prof = spec.profile
         self.frontends = Frontends(prof.frontend, spec.num_workers) if prof.frontend is not None else None
         loaded = self.frontends is not None or prof.host is not None
-        step_costs = [ContendedStepCost(prof.step_cost, prof.host, self._num_busy, speed, lambda: self.env.now)
+        step_costs = [ContendedStepCost(prof.step_cost, prof.host, self._num_busy, speed, lambda: self.env.now,
+                                        prof.frontend)
                       for speed in engine_speed_processes(prof.host, spec.num_workers, seed)] \
             if prof.host else [prof.step_cost] * spec.num_workers
         # NOTE: token times are kept by other callbacks, chosen once here, so a run without them

@@ -108,6 +108,13 @@ class HostModel:
             ``1 / cores`` (1.0 = fair processor sharing; 0 = no effect).
         baseline_busy: busy processes while the step costs were calibrated (their effect is
             already in the coefficients).
+        baseline_stream_busy: processes that streamed tokens while the decode step costs were
+            calibrated (each sweep server's API process and the measuring client; 0: none
+            counted). A decode step of B requests was timed while every server's API process
+            streamed B tokens per step and the client read them, so they count in its baseline
+            for the share of the step that streaming fills (``baseline``); a prefill step was
+            timed with the API processes idle. Without this, streaming work that the decode
+            coefficients already contain is charged again as contention.
         other_busy: processes besides the engines and API lanes that are busy throughout.
         client_busy: processes of the load-generating client on the same host, busy while some
             API lane has a backlog (a closed-loop client waiting on long prefills is idle).
@@ -136,6 +143,7 @@ class HostModel:
     cores: int
     contention: float = 0.0
     baseline_busy: float = 0.0
+    baseline_stream_busy: float = 0.0
     other_busy: float = 0.0
     engine_spin_s: float = 0.0
     client_busy: float = 0.0
@@ -148,10 +156,21 @@ class HostModel:
             raise ValueError(f"host.engine_speed_sigma must be <= {MAX_ENGINE_SPEED_SIGMA} (a log-spread; 0.2-0.4 "
                              f"measured on a shared 2-core host), got {self.engine_speed_sigma!r}")
 
-    def stretch(self, busy: float) -> float:
+    def baseline(self, step_s: float, stream_s: float) -> float:
+        """Busy processes behind a step's calibrated time: ``baseline_busy``, plus
+        ``baseline_stream_busy`` for the share ``min(1, stream_s / step_s)`` of the step that the
+        API work of streaming its decode tokens fills (``stream_s``, s: 0 for a step without
+        decodes)."""
+        if stream_s <= 0.0 or self.baseline_stream_busy == 0.0:
+            return self.baseline_busy
+        share = stream_s / step_s if step_s > stream_s else 1.0
+        return self.baseline_busy + self.baseline_stream_busy * share
+
+    def stretch(self, busy: float, baseline: float | None = None) -> float:
         """Factor on an engine step's time with ``busy`` engines and API lanes busy (plus
-        ``other_busy``): ``1 + contention * max(0, busy + other_busy - max(cores, baseline_busy)) / cores``."""
-        extra = busy + self.other_busy - max(self.cores, self.baseline_busy)
+        ``other_busy``): ``1 + contention * max(0, busy + other_busy - max(cores, baseline)) / cores``,
+        ``baseline`` the step's (:meth:`baseline`; default ``baseline_busy``)."""
+        extra = busy + self.other_busy - max(self.cores, self.baseline_busy if baseline is None else baseline)
         return 1.0 + self.contention * extra / self.cores if extra > 0 else 1.0
 
 
@@ -276,23 +295,35 @@ class ContendedStepCost:
         speed: this worker's step-time factor (``HostModel.engine_speed_sigma``): None for 1, or
             an :class:`EngineSpeed`, read at ``now()``.
         now: the simulation clock (``env.now``), s.
+        frontend: the API lanes' service times, for the streaming share of a decode step's
+            calibration baseline (``HostModel.baseline``); None: no streaming counted.
     """
 
-    __slots__ = ("cost", "host", "busy", "speed", "now")
+    __slots__ = ("cost", "host", "busy", "speed", "now", "per_step_s", "per_token_s")
 
     def __init__(self, cost, host: HostModel, busy: Callable[[float], float], speed: EngineSpeed | None = None,
-                 now: Callable[[], float] = lambda: 0.0) -> None:
+                 now: Callable[[], float] = lambda: 0.0, frontend: FrontendModel | None = None) -> None:
         self.cost, self.host, self.busy, self.speed, self.now = cost, host, busy, speed, now
+        streams = frontend is not None and host.baseline_stream_busy > 0.0
+        self.per_step_s = frontend.per_step_s if streams else 0.0
+        self.per_token_s = frontend.per_output_token_s if streams else 0.0
 
     def step_time(self, num_batched_tokens: int, num_reqs: int, prefill_token_pairs: float,
                   decode_context_tokens: int) -> float:
-        """The calibrated step time ``d`` times the speed factor now times ``host.stretch(busy(d))``, s."""
+        """The calibrated step time ``d`` times the speed factor now times
+        ``host.stretch(busy(d), host.baseline(d, streaming))``, s. The streaming behind a step's
+        calibration: ``per_step_s + per_output_token_s`` times its decoding requests (all of them
+        in a decode-only step, all but one beside a prefill), none for a step without decodes."""
         base = self.cost.step_time(num_batched_tokens, num_reqs, prefill_token_pairs, decode_context_tokens)
         if self.speed is not None:
             factor = self.speed.at(self.now())
             if factor != 1.0:
                 base *= factor
-        return base * self.host.stretch(self.busy(base))
+        stream = 0.0
+        if decode_context_tokens > 0 and (self.per_step_s > 0.0 or self.per_token_s > 0.0):
+            decoding = num_reqs if num_batched_tokens == num_reqs else num_reqs - 1
+            stream = self.per_step_s + self.per_token_s * decoding
+        return base * self.host.stretch(self.busy(base), self.host.baseline(base, stream))
 
 
 def frontend_from_dict(doc: dict | None, where: str) -> FrontendModel | None:

@@ -464,6 +464,66 @@ def test_fit_command_writes_a_loadable_profile_and_report(tmp_path):
     assert len(prof.uncertainty.samples) == 3 and prof.uncertainty.fields[-1] == "overheads.jitter_cv"
 
 
+def _split_run(whole: Path, a: Path, b: Path) -> None:
+    """Two sweeps of one run: the experiments with even ids in ``a``, the odd ones (ids
+    renumbered from 0) in ``b``; the same meta data in both."""
+    req, exp = pd.read_csv(whole / "requests.csv"), pd.read_csv(whole / "experiments.csv")
+    for d, parity in ((a, 0), (b, 1)):
+        d.mkdir()
+        (d / "meta.json").write_text((whole / "meta.json").read_text())
+        for df, name in ((req, "requests.csv"), (exp, "experiments.csv")):
+            part = df[df["exp_id"] % 2 == parity].copy()
+            part["exp_id"] //= 2
+            part.to_csv(d / name, index=False)
+
+
+def test_pooled_sweeps_keep_experiments_apart_and_fit_as_one(tmp_path):
+    """Two sweeps pooled (``load_sweeps``): the second's experiment ids follow the first's, every
+    row says its sweep, and the fit of both halves equals the fit of the whole run."""
+    from click.testing import CliRunner
+
+    from dataclasses import asdict
+
+    from kvroute.calibrate.calibration.observations import load_sweeps
+    from kvroute.calibrate.commands import calibrate
+    from kvroute.sim.profile import load_profile
+
+    _write_synthetic_run(tmp_path / "run")
+    _split_run(tmp_path / "run", tmp_path / "a", tmp_path / "b")
+    meta, servers, req, exp = load_sweeps([tmp_path / "a", tmp_path / "b"])
+    _, _, req_a, _ = load_sweep(tmp_path / "a")
+    n_a = int(req_a["exp_id"].max()) + 1
+    assert n_a == 11  # 21 experiments (9 TTFT, 12 decode): ids 0, 2, .., 20 here, 1, 3, .., 19 in b
+    assert sorted(req.loc[req["sweep"] == 1, "exp_id"].unique()) == list(range(11, 21))
+    assert sorted(exp["exp_id"]) == sorted(exp["exp_id"].unique())
+    assert len(req) == len(pd.read_csv(tmp_path / "run" / "requests.csv"))
+    assert meta["sweeps"] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    runner = CliRunner()
+    for args, name in (([str(tmp_path / "run")], "whole"), ([str(tmp_path / "a"), str(tmp_path / "b")], "pooled")):
+        result = runner.invoke(calibrate, ["fit", *args, "--out", str(tmp_path / f"{name}.json"), "--loss", "linear",
+                                           "--bootstrap", "0", "--holdout", "0", "--folds", "0"])
+        assert result.exit_code == 0, result.output
+    whole, pooled = load_profile(tmp_path / "whole.json"), load_profile(tmp_path / "pooled.json")
+    assert asdict(pooled.step_cost) == pytest.approx(asdict(whole.step_cost), rel=1e-9)
+    assert pooled.step_cost.decode_attn_s == pytest.approx(TRUE.decode_attn_s, rel=1e-3)
+    assert pooled.raw["provenance"]["sweeps_pooled"] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    result = runner.invoke(calibrate, ["fit", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert result.exit_code == 2 and "several RUN_DIRs: give --out" in result.output
+
+
+def test_pooled_sweeps_of_different_engines_name_the_folder_and_field(tmp_path):
+    from kvroute.calibrate.calibration.observations import load_sweeps
+
+    _write_synthetic_run(tmp_path / "a")
+    _write_synthetic_run(tmp_path / "b")
+    meta = json.loads((tmp_path / "b" / "meta.json").read_text())
+    meta["servers"][0]["block_size"] = 16
+    (tmp_path / "b" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"b/meta.json: field 'servers\[0\]\.block_size': block_size 16, where "
+                                         r".*/a has 32: pool sweeps of one engine only"):
+        load_sweeps([tmp_path / "a", tmp_path / "b"])
+
+
 def _write_synthetic_run(d: Path) -> None:
     d.mkdir(parents=True)
     info = _info()

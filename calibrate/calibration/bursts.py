@@ -413,7 +413,9 @@ class FrontendFit:
             f"front end: {f.api_server_count} API process(es); admission {1e3 * f.per_request_s:.3g} ms + "
             f"{1e6 * f.per_prompt_token_s:.3g} us/prompt token; {1e6 * f.per_step_s:.3g} us per engine step + "
             f"{1e6 * f.per_output_token_s:.3g} us per streamed token",
-            f"host: {h.cores} cores, contention {h.contention:.3g} (baseline {h.baseline_busy:g} busy, idle engines "
+            f"host: {h.cores} cores, contention {h.contention:.3g} (baseline {h.baseline_busy:g} busy"
+            + (f" + {h.baseline_stream_busy:g} streaming in decode steps" if h.baseline_stream_busy else "")
+            + ", idle engines "
             f"busy for {h.engine_spin_s:g} s), engine speed spread between servers {h.engine_speed_sigma:.3g} (log), "
             + (f"drawn anew every {h.engine_speed_period_s:.3g} s" if h.engine_speed_period_s > 0 else "once per run"),
             "burst errors, median |predicted/measured - 1| (one-at-a-time profile -> with these terms):",
@@ -443,7 +445,8 @@ def with_terms(profile: Profile, x: np.ndarray, count: int, host: HostModel) -> 
 
 def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_busy: float,
                  api_server_count: int = 1, seeds: tuple[int, ...] = (0,), max_evals: int = 120,
-                 client_busy: float = 0.0, refine_evals: int = 0, engine_spin_s: float = 0.0) -> FrontendFit:
+                 client_busy: float = 0.0, refine_evals: int = 0, engine_spin_s: float = 0.0,
+                 baseline_stream_busy: float = 0.0) -> FrontendFit:
     """Fit the front-end and host terms to ``bursts`` (see the module doc).
 
     Args:
@@ -461,6 +464,9 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
             every burst (0: none).
         engine_spin_s: seconds an idle engine stays busy (``HostModel.engine_spin_s``; stated,
             not fitted: vLLM's shared-memory queue busy-polls for 1 s).
+        baseline_stream_busy: processes that streamed while the decode steps were measured
+            (``HostModel.baseline_stream_busy``: the sweep's servers' API processes and the
+            client; 0: none counted).
 
     Raises:
         ValueError: no bursts.
@@ -472,7 +478,7 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     checked = bursts
     bursts = [b for b in bursts if not b.prefix_len] or bursts  # fitted to cold bursts, see FrontendFit
     host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy, client_busy=client_busy,
-                     engine_spin_s=engine_spin_s)
+                     engine_spin_s=engine_spin_s, baseline_stream_busy=baseline_stream_busy)
     scale = np.array([max(profile.overheads.api_server_s, 1e-3), 1e-4, 1e-4])
     one = [b for b in bursts if b.num_servers == 1] or bursts
     loaded = [b for b in bursts if b.num_servers > 1]
@@ -530,6 +536,7 @@ def profile_sections(ff: FrontendFit) -> dict:
                      "per_prompt_token_s": r(f.per_prompt_token_s), "per_output_token_s": r(f.per_output_token_s),
                      "per_step_s": r(f.per_step_s)},
         "host": {"cores": h.cores, "contention": r(h.contention), "baseline_busy": r(h.baseline_busy),
+                 "baseline_stream_busy": r(h.baseline_stream_busy),
                  "client_busy": r(h.client_busy), "engine_spin_s": r(h.engine_spin_s),
                  "engine_speed_sigma": r(h.engine_speed_sigma), "engine_speed_period_s": r(h.engine_speed_period_s)},
         "burst_fit": {
@@ -546,6 +553,8 @@ def profile_sections(ff: FrontendFit) -> dict:
                         "per_prompt_token_s is overheads.api_server_per_token_s",
             "host.cores": "os.cpu_count() of the calibrating client (servers on the same host)",
             "host.baseline_busy": "servers measured concurrently in the one-at-a-time sweep",
+            "host.baseline_stream_busy": "stated: the sweep's servers' API processes and the measuring client "
+                                         "(client_busy), which streamed while its decode steps were timed",
             "host.contention": "fitted to the concurrency sweep's bursts with the front-end terms",
             "host.client_busy": "stated: the measuring client on the same host, busy while responses stream",
             "host.engine_spin_s": "stated: vLLM's shared-memory MessageQueue busy-polls for busy_loop_s = 1 s after "

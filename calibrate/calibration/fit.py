@@ -544,6 +544,7 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
             "measured_started": meta.get("started"),
             "measured_finished": meta.get("finished"),
             "sweep_status": meta.get("status"),
+            **({"sweeps_pooled": meta["sweeps"]} if meta.get("sweeps") else {}),
             "server_urls": urls,
             "model": info.model,
             "vllm_version": info.vllm_version,

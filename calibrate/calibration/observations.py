@@ -125,6 +125,66 @@ def load_sweep(run_dir: str | Path) -> tuple[dict, list[ServerInfo], pd.DataFram
     return meta, servers, req, exp if exp is not None else pd.DataFrame()
 
 
+SAME_ENGINE = ("model", "block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
+               "enable_prefix_caching", "long_prefill_token_threshold")
+"""``ServerInfo`` fields that must agree between sweeps pooled by :func:`load_sweeps`."""
+
+
+def load_sweeps(run_dirs) -> tuple[dict, list[ServerInfo], pd.DataFrame, pd.DataFrame]:
+    """Several sweeps of one arrangement, pooled as one (:func:`load_sweep` of each).
+
+    Sweeps taken on the same servers at different times scatter differently (the host's load,
+    which server won the cores): pooling them averages that out of one fit. The second sweep's
+    experiment ids are offset past the first's (and so on), so experiments stay apart; a
+    ``sweep`` column (0, 1, ...) says where each row came from. The meta data is the first
+    sweep's, with ``finished`` of the last and ``sweeps`` listing every folder.
+
+    Args:
+        run_dirs: sweep folders (one or more).
+
+    Returns:
+        ``(meta, servers, requests, experiments)`` as :func:`load_sweep` gives them.
+
+    Raises:
+        FileNotFoundError, InputError: as :func:`load_sweep`, for the folder at fault.
+        InputError: no folder, or sweeps of different engines (model, block size, block count,
+            token budget, ...) or of a different number of servers; names the folder and the field.
+    """
+    dirs = [Path(d) for d in run_dirs]
+    if not dirs:
+        raise InputError("no sweep folder given", "calibrate fit")
+    meta, servers, req, exp = load_sweep(dirs[0])
+    if len(dirs) == 1:
+        return meta, servers, req, exp
+    reqs, exps = [req.assign(sweep=0)], [exp.assign(sweep=0)] if len(exp) else []
+    offset = _next_exp_id(req, exp)
+    for k, d in enumerate(dirs[1:], start=1):
+        m, s, r, e = load_sweep(d)
+        where = str(d / "meta.json")
+        if len(m.get("urls") or []) != len(meta.get("urls") or []):
+            raise InputError(f"{len(m.get('urls') or [])} servers, where {dirs[0]} has {len(meta.get('urls') or [])}: "
+                             "pool sweeps of one arrangement only", where, None, "urls")
+        if s and servers:
+            for name in SAME_ENGINE:
+                a, b = getattr(servers[0], name), getattr(s[0], name)
+                if a != b:
+                    raise InputError(f"{name} {b!r}, where {dirs[0]} has {a!r}: pool sweeps of one engine only",
+                                     where, None, f"servers[0].{name}")
+        reqs.append(r.assign(sweep=k, exp_id=r["exp_id"] + offset))
+        if len(e):
+            exps.append(e.assign(sweep=k, exp_id=e["exp_id"] + offset))
+        offset += _next_exp_id(r, e)
+    pooled = dict(meta, finished=m.get("finished"), sweeps=[str(d) for d in dirs])
+    return pooled, servers, pd.concat(reqs, ignore_index=True), (pd.concat(exps, ignore_index=True) if exps
+                                                                  else pd.DataFrame())
+
+
+def _next_exp_id(req: pd.DataFrame, exp: pd.DataFrame) -> int:
+    """One past the largest experiment id of a sweep's tables (0 when both are empty)."""
+    ids = [int(t["exp_id"].max()) for t in (req, exp) if len(t) and "exp_id" in t and t["exp_id"].notna().any()]
+    return max(ids, default=-1) + 1
+
+
 REQUEST_NUMBERS = tuple(c for c in REQUEST_COLUMNS if c not in TEXT_COLUMNS)
 EXPERIMENT_NUMBERS = tuple(c for c in EXPERIMENT_COLUMNS if c not in TEXT_COLUMNS)
 """Numeric columns of a sweep's tables (the columns ``kvroute.calibrate.calibration.measure``
