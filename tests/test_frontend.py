@@ -260,6 +260,39 @@ def test_host_stretch_closed_form():
     assert host.stretch(4) == pytest.approx(1 + 0.5 * 2 / 2)
 
 
+def test_decode_baseline_counts_the_streaming_share_of_the_calibration():
+    """``baseline_stream_busy`` processes count in a step's baseline for the share of it that
+    streaming fills; a step without decodes keeps ``baseline_busy``."""
+    host = HostModel(cores=2, contention=1.0, baseline_busy=2, baseline_stream_busy=3)
+    assert host.baseline(0.004, 0.0) == 2.0
+    assert host.baseline(0.004, 0.001) == pytest.approx(2 + 3 * 0.25)
+    assert host.baseline(0.004, 0.010) == 5.0  # streaming longer than the step: the whole of it
+    assert host.stretch(3.5, host.baseline(0.004, 0.001)) == pytest.approx(1 + 1.0 * (3.5 - 2.75) / 2)
+    assert host.stretch(2.5, host.baseline(0.004, 0.001)) == 1.0
+    assert HostModel(cores=2, baseline_busy=2).baseline(0.004, 0.001) == 2.0  # not stated: engines only
+
+
+def test_contended_step_takes_its_streaming_baseline_from_its_decoding_requests():
+    """A decode-only step of B requests streams ``per_step_s + B per_output_token_s`` in its
+    calibration; a step with a prefill beside B - 1 decodes streams for B - 1; a prefill alone
+    for none. Busy processes held at 3.5 on 2 cores, baseline 2 engines + 3 streaming."""
+    from kvroute.sim.frontend import ContendedStepCost
+
+    cost = profile().step_cost  # 10 ms + 1 ms per batched token
+    fe = FrontendModel(per_step_s=0.002, per_output_token_s=0.0005)
+    host = HostModel(cores=2, contention=1.0, baseline_busy=2, baseline_stream_busy=3)
+    step = ContendedStepCost(cost, host, lambda d: 3.5, frontend=fe)
+    d = 0.01 + 0.004  # 4 decodes
+    share = (0.002 + 4 * 0.0005) / d
+    assert step.step_time(4, 4, 0.0, 400) == pytest.approx(d * (1 + max(0.0, 3.5 - 2 - 3 * share) / 2))
+    d = 0.01 + 0.104  # a 100-token prefill chunk and 4 decodes
+    share = (0.002 + 4 * 0.0005) / d
+    assert step.step_time(104, 5, 5050.0, 400) == pytest.approx(d * (1 + (3.5 - 2 - 3 * share) / 2))
+    assert step.step_time(100, 1, 5050.0, 0) == pytest.approx(0.11 * (1 + 1.5 / 2))
+    old = ContendedStepCost(cost, HostModel(cores=2, contention=1.0, baseline_busy=2), lambda d: 3.5, frontend=fe)
+    assert old.step_time(4, 4, 0.0, 400) == pytest.approx(0.014 * (1 + 1.5 / 2))  # profiles without the term
+
+
 @pytest.mark.parametrize("section,body,message", [
     ("frontend", {"per_request": 0.1}, "unknown field(s) ['per_request'] in section 'frontend'"),
     ("frontend", {"api_server_count": 0}, "frontend.api_server_count must be >= 1"),
