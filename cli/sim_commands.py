@@ -242,8 +242,9 @@ def output_options(func):
     for option in reversed([
         click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the table."),
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-                     help="Write records.parquet, summary.csv, compare.json, ttft.png and a vllm bench serve-style "
-                          "vllm-bench-<policy>.json per policy (round 0) here."),
+                     help="Write records.parquet, summary.csv, compare.json, ttft.png, scenario.yaml (the run's "
+                          "scenario, for --config) and a vllm bench serve-style vllm-bench-<policy>.json per policy "
+                          "(round 0) here."),
         click.option("--records-format", type=click.Choice(["parquet", "csv"]), default="parquet",
                      show_default=True, help="Format of the per-request records written with --out."),
         click.option("--quiet", is_flag=True, help="No progress bars (they show on a terminal only)."),

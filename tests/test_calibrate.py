@@ -466,11 +466,12 @@ def test_fit_command_writes_a_loadable_profile_and_report(tmp_path):
 
 def _split_run(whole: Path, a: Path, b: Path) -> None:
     """Two sweeps of one run: the experiments with even ids in ``a``, the odd ones (ids
-    renumbered from 0) in ``b``; the same meta data in both."""
+    renumbered from 0) in ``b``; the same meta data in both but the start time."""
     req, exp = pd.read_csv(whole / "requests.csv"), pd.read_csv(whole / "experiments.csv")
+    meta = json.loads((whole / "meta.json").read_text())
     for d, parity in ((a, 0), (b, 1)):
         d.mkdir()
-        (d / "meta.json").write_text((whole / "meta.json").read_text())
+        (d / "meta.json").write_text(json.dumps(dict(meta, started=f"2026-11-29T0{parity}:00:00+00:00")))
         for df, name in ((req, "requests.csv"), (exp, "experiments.csv")):
             part = df[df["exp_id"] % 2 == parity].copy()
             part["exp_id"] //= 2
@@ -511,13 +512,19 @@ def test_pooled_sweeps_keep_experiments_apart_and_fit_as_one(tmp_path):
     assert result.exit_code == 2 and "several RUN_DIRs: give --out" in result.output
 
 
-def test_pooled_sweeps_of_different_engines_name_the_folder_and_field(tmp_path):
+def test_pooled_sweeps_of_different_engines_or_one_sweep_twice_name_the_folder_and_field(tmp_path):
     from kvroute.calibrate.calibration.observations import load_sweeps
 
     _write_synthetic_run(tmp_path / "a")
     _write_synthetic_run(tmp_path / "b")
+    with pytest.raises(ValueError, match=r"b/meta.json: field 'started': the same sweep as .*/a \(both started "
+                                         r"2026-11-29T00:00:00\+00:00\): its rows would count double"):
+        load_sweeps([tmp_path / "a", tmp_path / "b"])  # a copy
+    with pytest.raises(ValueError, match=r"a: given twice \(also as .*/a\)"):
+        load_sweeps([tmp_path / "a", tmp_path / "b", tmp_path / "a"])
     meta = json.loads((tmp_path / "b" / "meta.json").read_text())
     meta["servers"][0]["block_size"] = 16
+    meta["started"] = "2026-11-30T00:00:00+00:00"
     (tmp_path / "b" / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"b/meta.json: field 'servers\[0\]\.block_size': block_size 16, where "
                                          r".*/a has 32: pool sweeps of one engine only"):

@@ -147,20 +147,31 @@ def load_sweeps(run_dirs) -> tuple[dict, list[ServerInfo], pd.DataFrame, pd.Data
 
     Raises:
         FileNotFoundError, InputError: as :func:`load_sweep`, for the folder at fault.
-        InputError: no folder, or sweeps of different engines (model, block size, block count,
-            token budget, ...) or of a different number of servers; names the folder and the field.
+        InputError: no folder, a folder given twice or a copy of the first sweep (same start
+            time), or sweeps of different engines (model, block size, block count, token budget,
+            ...) or of a different number of servers; names the folder and the field.
     """
     dirs = [Path(d) for d in run_dirs]
     if not dirs:
         raise InputError("no sweep folder given", "calibrate fit")
+    seen = {}
+    for d in dirs:
+        if d.resolve() in seen:
+            raise InputError(f"given twice (also as {seen[d.resolve()]}): its rows would count double", str(d))
+        seen[d.resolve()] = d
     meta, servers, req, exp = load_sweep(dirs[0])
     if len(dirs) == 1:
         return meta, servers, req, exp
     reqs, exps = [req.assign(sweep=0)], [exp.assign(sweep=0)] if len(exp) else []
     offset = _next_exp_id(req, exp)
+    starts = {meta.get("started"): dirs[0]}
     for k, d in enumerate(dirs[1:], start=1):
         m, s, r, e = load_sweep(d)
         where = str(d / "meta.json")
+        if m.get("started") is not None and m.get("started") in starts:
+            raise InputError(f"the same sweep as {starts[m['started']]} (both started {m['started']}): its rows would "
+                             "count double", where, None, "started")
+        starts.setdefault(m.get("started"), d)
         if len(m.get("urls") or []) != len(meta.get("urls") or []):
             raise InputError(f"{len(m.get('urls') or [])} servers, where {dirs[0]} has {len(meta.get('urls') or [])}: "
                              "pool sweeps of one arrangement only", where, None, "urls")
