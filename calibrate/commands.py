@@ -327,11 +327,12 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
                 engine_spin: float = 1.0, stream_baseline: bool = True) -> str | None:
     """Add the front-end and host sections fitted to the sweep's bursts to ``doc``; returns the
     report text, or None when the sweep has no bursts."""
+    import math
     import os
-
     from dataclasses import replace
 
-    from kvroute.calibrate.calibration.bursts import engine_speed_process, fit_frontend, load_bursts, profile_sections
+    from kvroute.calibrate.calibration.bursts import (engine_speed_process, fit_frontend, load_bursts, profile_sections,
+                                                      speed_period_interval)
     from kvroute.sim.profile import profile_from_dict
 
     found, notes = load_bursts(req, exp)
@@ -351,10 +352,18 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
     sections = profile_sections(ff)
     doc["frontend"], doc["host"] = sections["frontend"], sections["host"]
     doc["provenance"]["fit"]["bursts"] = sections["burst_fit"]
+    interval = speed_period_interval(req)
+    text = ff.summary()
+    if interval is not None:
+        lo, hi = interval
+        doc["provenance"]["fit"]["bursts"]["engine_speed_period_interval_s"] = [lo, hi if hi != math.inf else None]
+        shown = f"{lo:.3g}-{hi:.3g} s" if hi != math.inf else f"{lo:.3g} s to one factor per run"
+        text += (f"\nengine-speed period: the bursts allow {shown} (likelihood-ratio interval); closed-loop TTFT "
+                 "under kv-aware routing depends on it: compare predictions across that range")
     doc["sources"].update(sections["sources"])
     if host.get("loadavg_start") is not None:
         doc["provenance"]["client_host_loadavg"] = {k: host.get(k) for k in ("loadavg_start", "loadavg_end")}
-    return ff.summary()
+    return text
 
 
 def _model_doc(root: str) -> dict:

@@ -252,6 +252,15 @@ def test_engine_speed_period_from_how_the_spread_shrinks_with_the_burst_span():
                                  token_times=f"0.05 {0.05 + (n - 1) * tpot}", error=None))
     sigma, got, used = engine_speed_process(pd.DataFrame(rows))
     assert used == 12 and got == pytest.approx(period, rel=0.3) and sigma == pytest.approx(0.3, rel=0.1)
+    # the likelihood-ratio interval holds the best period, within the grid, and narrows with data
+    from kvroute.calibrate.calibration.bursts import speed_period_interval
+
+    lo, hi = speed_period_interval(pd.DataFrame(rows))
+    assert lo <= got <= hi < 8.0  # 24 deviations leave a wide interval (0.25-3.2 s) but not any period
+    few = [r for r in rows if r["exp_id"] in (0, 5)]
+    lo2, hi2 = speed_period_interval(pd.DataFrame(few))
+    assert lo2 <= lo and hi2 > hi
+    assert speed_period_interval(pd.DataFrame(rows[:4])) is None  # one server only
 
 
 def test_host_stretch_closed_form():

@@ -200,6 +200,24 @@ decode for about 0.2 s, so shorter periods are not told apart from one another, 
 then infinity: one factor per run."""
 
 
+def _period_likelihood(requests: pd.DataFrame) -> tuple[list[tuple[float, float, float]], int]:
+    """``[(period_s, negative log-likelihood, sigma**2), ...]`` over ``SPEED_PERIODS`` (see
+    :func:`engine_speed_process`) and the bursts used; an empty list without bursts on two or
+    more servers or when the deviations are all zero."""
+    devs, spans, used = _speed_deviations(requests)
+    if not used:
+        return [], 0
+    e2 = np.square(devs)
+    out = []
+    for period in SPEED_PERIODS:
+        f = np.array([window_variance(d, period) for d in spans])
+        var = float(np.mean(e2 / f))
+        if var <= 0.0:
+            return [], used
+        out.append((period, float(np.sum(np.log(var * f))), var))
+    return out, used
+
+
 def engine_speed_process(requests: pd.DataFrame) -> tuple[float, float, int]:
     """``HostModel.engine_speed_sigma`` and ``engine_speed_period_s`` from the bursts sent to
     every server at once. Identical requests reach identical servers at once, so what differs is
@@ -210,27 +228,38 @@ def engine_speed_process(requests: pd.DataFrame) -> tuple[float, float, int]:
     burst's decode span), and the period maximising the likelihood over ``SPEED_PERIODS`` is
     chosen, ``sigma**2`` then being the mean of ``deviation**2 / window_variance``. Short bursts
     see the spread of one draw, long ones its average: how fast the spread shrinks with the span
-    tells the period.
+    tells the period (:func:`speed_period_interval` says how well).
 
     Returns:
         ``(sigma, period_s, bursts used)``; period 0 (one factor per run) when no finite
         period fits better; ``(0.0, 0.0, 0)`` without bursts on two or more servers.
     """
-    devs, spans, used = _speed_deviations(requests)
-    if not used:
-        return 0.0, 0.0, 0
-    e2 = np.square(devs)
-    best = None
-    for period in SPEED_PERIODS:
-        f = np.array([window_variance(d, period) for d in spans])
-        var = float(np.mean(e2 / f))
-        if var <= 0.0:
-            return 0.0, 0.0, used
-        nll = float(np.sum(np.log(var * f)))
-        if best is None or nll < best[0]:
-            best = (nll, var, period)
-    _, var, period = best
+    curve, used = _period_likelihood(requests)
+    if not curve:
+        return 0.0, 0.0, used
+    period, _, var = min(curve, key=lambda c: c[1])
     return math.sqrt(var), (0.0 if period == math.inf else period), used
+
+
+PERIOD_INTERVAL_DROP = 1.92
+"""Log-likelihood drop bounding :func:`speed_period_interval` (half the 95 % chi-square
+quantile of one degree of freedom: a likelihood-ratio interval)."""
+
+
+def speed_period_interval(requests: pd.DataFrame) -> tuple[float, float] | None:
+    """The engine-speed periods the sweep's bursts do not tell apart from the best one: the
+    smallest and largest of ``SPEED_PERIODS`` whose negative log-likelihood is within
+    ``PERIOD_INTERVAL_DROP`` of the minimum, s (``inf``: one factor per run). None without
+    bursts on two or more servers. On the 2-core reference three single sweeps of one afternoon
+    gave 0.25-0.40 s, 0.63 s to one factor per run, and 0.25-0.79 s (two of them pooled:
+    0.31-1.25 s), and one profile's short-reply TTFT change between policies moved by 10 points
+    between periods of 0.25 and 0.5 s, so the fit report prints it."""
+    curve, _ = _period_likelihood(requests)
+    if not curve:
+        return None
+    best = min(c[1] for c in curve)
+    inside = [c[0] for c in curve if c[1] - best <= PERIOD_INTERVAL_DROP]
+    return min(inside), max(inside)
 
 
 WARM_LEAD_S = 2.0
