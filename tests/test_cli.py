@@ -142,6 +142,22 @@ def test_many_requests_in_flight_without_front_end_terms_are_flagged():
     assert "its own speed" not in many.output
 
 
+def test_the_speed_note_gives_the_periods_the_sweep_allows(tmp_path):
+    """A fitted profile keeps the engine-speed period's likelihood interval; the note under the
+    table quotes it (an open upper end: one speed per round)."""
+    import copy
+
+    doc = copy.deepcopy(load_profile("cpu-tiny-qwen2-x2-bursts").raw)
+    doc["provenance"]["fit"].setdefault("bursts", {})["engine_speed_period_interval_s"] = [0.25, 0.63]
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    doc["provenance"]["fit"]["bursts"]["engine_speed_period_interval_s"] = [0.63, None]
+    (tmp_path / "open.json").write_text(json.dumps(doc))
+    args = ("compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin", "--workers", "2")
+    assert "(log-spread 0.37, from cpu-tiny-qwen2-x2-bursts's bursts; its sweep allows 0.25 s to 0.63 s)" in invoke(
+        *args, "--profile", str(tmp_path / "p.json")).output
+    assert "its sweep allows 0.63 s to one speed per round)" in invoke(*args, "--profile", str(tmp_path / "open.json")).output
+
+
 def test_peak_in_flight_counts_each_worker_and_round_apart():
     import pandas as pd
 
