@@ -208,14 +208,12 @@ def period_variants(profile) -> list:
     TTFT change between policies hangs on that period, which a sweep pins down poorly."""
     from dataclasses import replace
 
-    host = profile.host
-    fit = ((profile.raw or {}).get("provenance") or {}).get("fit") or {}
-    interval = (fit.get("bursts") or {}).get("engine_speed_period_interval_s") if isinstance(fit, dict) else None
-    if host is None or host.engine_speed_sigma <= 0 or not isinstance(interval, list) or len(interval) != 2:
+    host, interval = profile.host, profile.speed_period_interval()
+    if host is None or host.engine_speed_sigma <= 0 or interval is None:
         return []
     out = []
     for end in interval:
-        period = 0.0 if end is None else float(end)
+        period = 0.0 if end == float("inf") else end  # HostModel: period 0 is one speed per run
         if abs(period - host.engine_speed_period_s) > 1e-9:
             label = "run" if period == 0.0 else f"{period:.2g}s"
             out.append(replace(profile, name=f"{profile.name}@{label}", host=replace(host, engine_speed_period_s=period)))

@@ -335,11 +335,10 @@ def _speed_note(profile, num_workers: int) -> str:
     period = profile.host.engine_speed_period_s
     drawn = f"drawn anew every {period:.2g} s" if period > 0 else "drawn per round"
     allowed = ""
-    interval = (((profile.raw or {}).get("provenance") or {}).get("fit") or {}).get("bursts", {})
-    interval = interval.get("engine_speed_period_interval_s") if isinstance(interval, dict) else None
-    if isinstance(interval, list) and len(interval) == 2 and isinstance(interval[0], (int, float)):
-        hi = f"{interval[1]:.2g} s" if isinstance(interval[1], (int, float)) else "one speed per round"
-        allowed = f"; its sweep allows {interval[0]:.2g} s to {hi}"
+    interval = profile.speed_period_interval()
+    if interval is not None:
+        lo, hi = interval
+        allowed = f"; its sweep allows {lo:.2g} s to " + (f"{hi:.2g} s" if hi != float("inf") else "one speed per round")
     return (f"Note: each worker steps at its own speed, {drawn} (log-spread {sigma:.2f}, from {profile.name}'s "
             f"bursts{allowed}); the spread and how long a speed lasts move from sweep to sweep, and changes between "
             "policies move with them (README: Bursts).")

@@ -221,6 +221,20 @@ class Profile:
     raw: dict = field(default_factory=dict, compare=False, repr=False)
     uncertainty: CoefficientUncertainty | None = field(default=None, compare=False, repr=False)
 
+    def speed_period_interval(self) -> tuple[float, float] | None:
+        """The engine-speed periods the profile's sweep allows, ``(low, high)`` in s (``high``
+        ``inf``: up to one speed per run), from ``provenance.fit.bursts.engine_speed_period_interval_s``
+        as ``kvroute calibrate fit`` writes it; None when the profile carries no such interval (or
+        one that is not ``0 < low <= high``)."""
+        fit = (self.raw.get("provenance") or {}).get("fit") if isinstance(self.raw, dict) else None
+        bursts = fit.get("bursts") if isinstance(fit, dict) else None
+        interval = bursts.get("engine_speed_period_interval_s") if isinstance(bursts, dict) else None
+        if not (isinstance(interval, list) and len(interval) == 2 and isinstance(interval[0], (int, float))):
+            return None
+        low = float(interval[0])
+        high = float(interval[1]) if isinstance(interval[1], (int, float)) else float("inf")
+        return (low, high) if 0.0 < low <= high else None  # NaN, negative or reversed: not an interval
+
     def shared(self, workers_per_gpu: int) -> "Profile":
         """The profile of one of ``workers_per_gpu`` workers splitting one GPU's memory.
 

@@ -171,7 +171,7 @@ def load_sweeps(run_dirs) -> tuple[dict, list[ServerInfo], pd.DataFrame, pd.Data
         if m.get("started") is not None and m.get("started") in starts:
             raise InputError(f"the same sweep as {starts[m['started']]} (both started {m['started']}): its rows would "
                              "count double", where, None, "started")
-        starts.setdefault(m.get("started"), d)
+        starts[m.get("started")] = d
         if len(m.get("urls") or []) != len(meta.get("urls") or []):
             raise InputError(f"{len(m.get('urls') or [])} servers, where {dirs[0]} has {len(meta.get('urls') or [])}: "
                              "pool sweeps of one arrangement only", where, None, "urls")
