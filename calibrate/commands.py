@@ -331,8 +331,8 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
     import os
     from dataclasses import replace
 
-    from kvroute.calibrate.calibration.bursts import (engine_speed_process, fit_frontend, load_bursts, profile_sections,
-                                                      speed_period_interval)
+    from kvroute.calibrate.calibration.bursts import fit_frontend, load_bursts, profile_sections
+    from kvroute.calibrate.calibration.speed import fit_speed
     from kvroute.sim.profile import profile_from_dict
 
     found, notes = load_bursts(req, exp)
@@ -347,16 +347,19 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
     ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1), servers,
                       api_server_count, client_busy=client_busy, engine_spin_s=engine_spin, refine_evals=40,
                       baseline_stream_busy=servers + client_busy if stream_baseline else 0.0)
-    sigma, period, _ = engine_speed_process(req)
-    ff = replace(ff, host=replace(ff.host, engine_speed_sigma=sigma, engine_speed_period_s=period))
+    speed = fit_speed(req)
+    if speed is not None:
+        ff = replace(ff, host=replace(ff.host, engine_speed_sigma=speed.sigma, engine_speed_period_s=speed.period_s))
     sections = profile_sections(ff)
     doc["frontend"], doc["host"] = sections["frontend"], sections["host"]
     doc["provenance"]["fit"]["bursts"] = sections["burst_fit"]
-    interval = speed_period_interval(req)
     text = ff.summary()
-    if interval is not None:
-        lo, hi = interval
+    if speed is not None:
+        lo, hi = speed.interval_s
         doc["provenance"]["fit"]["bursts"]["engine_speed_period_interval_s"] = [lo, hi if hi != math.inf else None]
+        doc["provenance"]["fit"]["bursts"]["engine_speed_method"] = speed.method
+        if speed.method == "windows":
+            doc["provenance"]["fit"]["bursts"]["engine_speed_client_lag_s"] = round(speed.lag_s, 6)
         shown = f"{lo:.3g}-{hi:.3g} s" if hi != math.inf else f"{lo:.3g} s to one factor per run"
         text += (f"\nengine-speed period: the bursts allow {shown} (likelihood-ratio interval); closed-loop TTFT "
                  "under kv-aware routing depends on it: compare predictions across that range")

@@ -209,7 +209,7 @@ def test_engine_speed_drawn_anew_every_period():
 def test_engine_speed_spread_from_bursts_on_every_server():
     import pandas as pd
 
-    from kvroute.calibrate.calibration.bursts import engine_speed_process
+    from kvroute.calibrate.calibration.speed import engine_speed_process
 
     # two bursts of 4 requests per server; server A's TPOT is e^0.2 times the bursts' geometric
     # mean, B's e^-0.2 (so deviations of +-0.2, scaled by sqrt(2) for two servers)
@@ -233,7 +233,7 @@ def test_engine_speed_spread_from_bursts_on_every_server():
 def test_engine_speed_period_from_how_the_spread_shrinks_with_the_burst_span():
     import pandas as pd
 
-    from kvroute.calibrate.calibration.bursts import SPEED_PERIODS, engine_speed_process, window_variance
+    from kvroute.calibrate.calibration.speed import SPEED_PERIODS, engine_speed_process, window_variance
 
     assert window_variance(0.5, 1.0) == pytest.approx(1 - 0.5 / 3) and window_variance(4.0, 1.0) == pytest.approx(
         1 / 4 - 1 / 48)
@@ -253,7 +253,7 @@ def test_engine_speed_period_from_how_the_spread_shrinks_with_the_burst_span():
     sigma, got, used = engine_speed_process(pd.DataFrame(rows))
     assert used == 12 and got == pytest.approx(period, rel=0.3) and sigma == pytest.approx(0.3, rel=0.1)
     # the likelihood-ratio interval holds the best period, within the grid, and narrows with data
-    from kvroute.calibrate.calibration.bursts import speed_period_interval
+    from kvroute.calibrate.calibration.speed import speed_period_interval
 
     lo, hi = speed_period_interval(pd.DataFrame(rows))
     assert lo <= got <= hi < 8.0  # 24 deviations leave a wide interval (0.25-3.2 s) but not any period

@@ -143,125 +143,6 @@ def _engine_mean(erow: pd.DataFrame, column: str) -> float:
     return float(erow[column].mean())
 
 
-SPREAD_MIN_BATCH = 4
-"""Bursts of fewer requests per server are left out of the engine-speed spread (their TPOT is
-mostly the API process's, not the engine's)."""
-
-
-def _speed_deviations(requests: pd.DataFrame) -> tuple[list[float], list[float], int]:
-    """Per burst sent to every server at once (``SPREAD_MIN_BATCH`` requests per server or
-    more): each server's log mean TPOT minus the burst's mean log, scaled by ``sqrt(k / (k - 1))``
-    for ``k`` servers (deviations from a mean of ``k`` understate the spread by that factor), with
-    the burst's decode span (each server's first token to its last, averaged over servers), s.
-
-    Returns:
-        ``(deviations, their bursts' spans, bursts used)``.
-    """
-    if "kind" not in requests.columns:
-        return [], [], 0
-    req = requests[(requests["kind"] == "burst_all") & (requests["role"] == "burst") & (requests["n_tokens"] > 1)
-                   & (requests["batch"] >= SPREAD_MIN_BATCH)]
-    if "error" in req:
-        req = req[req["error"].isna()]
-    devs, spans, used = [], [], 0
-    for _, grp in req.groupby(["exp_id", "rep"] if "rep" in req else ["exp_id"]):
-        last, tpot = _e2e_and_tpot(grp)
-        tpot = pd.Series(tpot, index=grp.index).groupby(grp["url"]).mean()
-        tpot = tpot[tpot > 0]
-        k = len(tpot)
-        if k < 2:
-            continue
-        logs = np.log(tpot.to_numpy(float))
-        sent = grp["t_send_s"].to_numpy(float) if "t_send_s" in grp else np.zeros(len(grp))
-        first, end = sent + grp["ttft_s"].to_numpy(float), sent + last
-        span = pd.DataFrame({"first": first, "end": end, "url": grp["url"].to_numpy()}).groupby("url")
-        decode = float((span["end"].max() - span["first"].min()).mean())
-        devs += list((logs - logs.mean()) * math.sqrt(k / (k - 1)))
-        spans += [decode] * k
-        used += 1
-    return devs, spans, used
-
-
-def window_variance(span_s: float, period_s: float) -> float:
-    """Variance of a window's mean of a piecewise-constant process of independent unit-variance
-    draws every ``period_s`` (random phase: triangular autocorrelation), over ``span_s``:
-    ``1 - u / 3`` for ``u = span / period <= 1``, else ``1 / u - 1 / (3 u**2)``; 1 for a zero span
-    or an infinite period."""
-    if period_s == math.inf or span_s <= 0.0:
-        return 1.0
-    u = span_s / period_s
-    return 1.0 - u / 3.0 if u <= 1.0 else 1.0 / u - 1.0 / (3.0 * u * u)
-
-
-SPEED_PERIODS = tuple(float(x) for x in np.geomspace(0.25, 2000.0, 40)) + (math.inf,)
-"""Periods ``engine_speed_process`` tries, s: log-spaced from 0.25 s (the sweep's shortest bursts
-decode for about 0.2 s, so shorter periods are not told apart from one another, only
-``sigma**2 * period``: on one sweep here the likelihood ran off to 20 ms with sigma 0.9) to 2000 s,
-then infinity: one factor per run."""
-
-
-def _period_likelihood(requests: pd.DataFrame) -> tuple[list[tuple[float, float, float]], int]:
-    """``[(period_s, negative log-likelihood, sigma**2), ...]`` over ``SPEED_PERIODS`` (see
-    :func:`engine_speed_process`) and the bursts used; an empty list without bursts on two or
-    more servers or when the deviations are all zero."""
-    devs, spans, used = _speed_deviations(requests)
-    if not used:
-        return [], 0
-    e2 = np.square(devs)
-    out = []
-    for period in SPEED_PERIODS:
-        f = np.array([window_variance(d, period) for d in spans])
-        var = float(np.mean(e2 / f))
-        if var <= 0.0:
-            return [], used
-        out.append((period, float(np.sum(np.log(var * f))), var))
-    return out, used
-
-
-def engine_speed_process(requests: pd.DataFrame) -> tuple[float, float, int]:
-    """``HostModel.engine_speed_sigma`` and ``engine_speed_period_s`` from the bursts sent to
-    every server at once. Identical requests reach identical servers at once, so what differs is
-    how fast each engine stepped: on a shared host, the cores its processes got. A burst's
-    deviations (:func:`_speed_deviations`) are taken as normal
-    with variance ``sigma**2 * window_variance(span, period)`` (the engines' speed a
-    piecewise-constant process, one mean-one lognormal draw per period, averaged over the
-    burst's decode span), and the period maximising the likelihood over ``SPEED_PERIODS`` is
-    chosen, ``sigma**2`` then being the mean of ``deviation**2 / window_variance``. Short bursts
-    see the spread of one draw, long ones its average: how fast the spread shrinks with the span
-    tells the period (:func:`speed_period_interval` says how well).
-
-    Returns:
-        ``(sigma, period_s, bursts used)``; period 0 (one factor per run) when no finite
-        period fits better; ``(0.0, 0.0, 0)`` without bursts on two or more servers.
-    """
-    curve, used = _period_likelihood(requests)
-    if not curve:
-        return 0.0, 0.0, used
-    period, _, var = min(curve, key=lambda c: c[1])
-    return math.sqrt(var), (0.0 if period == math.inf else period), used
-
-
-PERIOD_INTERVAL_DROP = 1.92
-"""Log-likelihood drop bounding :func:`speed_period_interval` (half the 95 % chi-square
-quantile of one degree of freedom: a likelihood-ratio interval)."""
-
-
-def speed_period_interval(requests: pd.DataFrame) -> tuple[float, float] | None:
-    """The engine-speed periods the sweep's bursts do not tell apart from the best one: the
-    smallest and largest of ``SPEED_PERIODS`` whose negative log-likelihood is within
-    ``PERIOD_INTERVAL_DROP`` of the minimum, s (``inf``: one factor per run). None without
-    bursts on two or more servers. On the 2-core reference three single sweeps of one afternoon
-    gave 0.25-0.40 s, 0.63 s to one factor per run, and 0.25-0.79 s (two of them pooled:
-    0.31-1.25 s), and one profile's short-reply TTFT change between policies moved by 10 points
-    between periods of 0.25 and 0.5 s, so the fit report prints it."""
-    curve, _ = _period_likelihood(requests)
-    if not curve:
-        return None
-    best = min(c[1] for c in curve)
-    inside = [c[0] for c in curve if c[1] - best <= PERIOD_INTERVAL_DROP]
-    return min(inside), max(inside)
-
-
 WARM_LEAD_S = 2.0
 """Seconds between the warm requests of a cached-prefix burst's twin and its first send (the
 warm requests are done and idle engines parked by then)."""
@@ -588,9 +469,11 @@ def profile_sections(ff: FrontendFit) -> dict:
             "host.client_busy": "stated: the measuring client on the same host, busy while responses stream",
             "host.engine_spin_s": "stated: vLLM's shared-memory MessageQueue busy-polls for busy_loop_s = 1 s after "
                                   "its last read (vllm/distributed/device_communicators/shm_broadcast.py)",
-            "host.engine_speed_sigma": "log-spread of the servers' mean TPOT within the bursts sent to every server "
-                                       "at once, with engine_speed_period_s by maximum likelihood over the bursts' "
-                                       "decode spans (engine_speed_process); applied after the other terms were fitted",
+            "host.engine_speed_sigma": "with engine_speed_period_s, by maximum likelihood over the servers' token "
+                                       "streams in the bursts sent to every server at once (windows within each burst, "
+                                       "or one mean TPOT per burst without token times; "
+                                       "kvroute.calibrate.calibration.speed.fit_speed); applied after the other terms "
+                                       "were fitted",
         },
     }
 
