@@ -68,6 +68,12 @@ class ClusterSpec:
         store_latency_s: with shared state, seconds each request waits on the store (read
             before the decision, write after) before it is forwarded. The lab's Redis: 0.05
             before its fix (writes one after another), about 0.001 after.
+        client_lag_s: the client's own delay before it sends a later turn, beyond the think
+            time, s: an empirical sample (a live client's measured send lags); each later turn
+            draws one uniformly from a generator of its own (seeded from the run's seed, so the
+            run's other draws do not move). Empty: none. Its spread matters in closed-loop
+            bursts: chats whose replies end in one engine step stay in lock-step when their
+            next turns all wait the same time.
     """
 
     profile: Profile
@@ -88,6 +94,7 @@ class ClusterSpec:
     gateway_lb: str = "round_robin"
     gateway_state: str = "local"
     store_latency_s: float = 0.0
+    client_lag_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_in_flight is not None and self.max_in_flight < 1:
@@ -109,6 +116,8 @@ class ClusterSpec:
             raise ValueError(f"unknown cache view {self.cache_view!r}; valid: {', '.join(CACHE_VIEWS)}")
         if self.gateways < 1:
             raise ValueError(f"gateways must be >= 1, got {self.gateways}")
+        if not all(0.0 <= x < math.inf for x in self.client_lag_s):
+            raise ValueError("client_lag_s must hold finite numbers >= 0 (seconds)")
         if self.gateway_lb not in ("round_robin", "random"):
             raise ValueError(f"gateway_lb must be round_robin or random, got {self.gateway_lb!r}")
         if self.gateway_state not in ("local", "shared"):
@@ -232,6 +241,7 @@ class Cluster:
         self._slots = simpy.Resource(self.env, spec.max_in_flight) if spec.max_in_flight else None
         self._held: dict[int, simpy.resources.resource.Request] = {}
         self._overheads = spec.profile.overheads
+        self._lag_rng = np.random.default_rng(seed).spawn(5)[4] if spec.client_lag_s else None  # children 0-3: router, lb, speeds
         self._sigma = math.sqrt(math.log1p(self._overheads.jitter_cv**2))
 
     def _build_gateways(self, seed: int) -> None:
@@ -435,8 +445,10 @@ class Cluster:
         self._num_done += 1
         self._release_slot(record.trace.request_id)
         if self.closed_loop:
+            lags = self.spec.client_lag_s
             for child in self.workload.children.get(record.trace.request_id, ()):
-                self.env.process(self._client(child, now + child.think_time_ms / 1000.0))
+                lag = lags[int(self._lag_rng.integers(len(lags)))] if lags else 0.0
+                self.env.process(self._client(child, now + child.think_time_ms / 1000.0 + lag))
 
     def _num_busy(self, duration: float = 0.0) -> float:
         """The host model's load over the next ``duration`` seconds (0: now): engines with work

@@ -597,6 +597,31 @@ def test_client_lag_delays_every_later_turn_of_the_simulation_exactly():
         assert df.at[rid, "arrival"] - df.at[parent, "finish"] == pytest.approx(0.025, abs=1e-9)
 
 
+def test_drawn_client_lags_delay_each_later_turn_by_one_of_the_sample():
+    import dataclasses
+
+    from kvroute.sim.cluster import ClusterSpec, simulate
+    from kvroute.sim.profile import load_profile
+
+    trace = small_chat(chats=4, turns=3)
+    spec = ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=2, arrival_spread_s=0.0)
+    parents = {r.request_id: r.parent for r in trace.records if r.parent is not None}
+
+    def gaps(s, seed=0):
+        df = simulate(trace, s, seed=seed).records.set_index("request_id")
+        return [round(df.at[rid, "arrival"] - df.at[p, "finish"], 9) for rid, p in parents.items()]
+
+    assert gaps(spec) == [0.0] * 8  # no sample: the trace's think time alone (0 here)
+    one = dataclasses.replace(spec, client_lag_s=(0.025,))
+    assert gaps(one) == [0.025] * 8
+    two = dataclasses.replace(spec, client_lag_s=(0.002, 0.030))
+    drawn = gaps(two)
+    assert set(drawn) == {0.002, 0.030} and drawn == gaps(two)  # both values drawn; same seed, same draws
+    assert gaps(two, seed=1) != drawn
+    with pytest.raises(ValueError, match="client_lag_s"):
+        dataclasses.replace(spec, client_lag_s=(-0.001,))
+
+
 def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fakes, tmp_path):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import report_markdown, write_report
@@ -622,12 +647,12 @@ def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fa
     assert "| inside |" in md and f"{k} of {n} measured values fall inside" in md and "2 drawn profiles" in md
 
 
-def test_measured_client_lag_runs_live_first_and_simulates_with_the_median(fakes, tmp_path):
+def test_measured_client_lag_runs_live_first_and_simulates_with_lags_drawn_from_the_measured(fakes, tmp_path):
     import dataclasses
 
     import numpy as np
 
-    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation, with_root_offsets
+    from kvroute.calibrate.validation.validate import ValidationSpec, measured_lags, run_validation, with_root_offsets
     from kvroute.calibrate.validation.validate_report import send_lags, write_report
     from kvroute.sim.profile import load_profile
 
@@ -638,6 +663,14 @@ def test_measured_client_lag_runs_live_first_and_simulates_with_the_median(fakes
     v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
     lags = np.concatenate([send_lags(r, trace) for r in v.runs])
     assert v.client_lag_s == pytest.approx(float(np.median(lags)))
+    # the simulation draws each later turn's lag from the measured ones
+    assert measured_lags(trace, v.runs) == tuple(sorted(max(float(x), 0.0) for x in lags)) and len(lags) == 12
+    for run in v.runs:
+        sim = run.sim_runs[0].records.set_index("request_id")
+        for rec in trace.records:
+            if rec.parent is not None:
+                gap = sim.at[rec.request_id, "arrival"] - sim.at[rec.parent, "finish"]
+                assert min(abs(gap - x) for x in measured_lags(trace, v.runs)) < 1e-9
     assert set(v.root_offsets_s) == {r.request_id for r in trace.records if r.parent is None}
     assert min(v.root_offsets_s.values()) == 0.0
     assert all(r.predicted and r.measured for r in v.runs)

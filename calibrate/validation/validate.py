@@ -63,9 +63,11 @@ class ValidationSpec:
         client_lag_s: seconds the simulation adds to every later turn's think time, standing
             for the live client's own delay between a reply's last token and sending the next
             turn (the report measures it); 0 simulates the trace as written. None: measured:
-            the live runs go first, and the simulation then adds their median send lag to every
-            later turn and, without a ``max_in_flight`` limit, sends each root request at the
-            median of its live send offsets (:func:`measured_client`).
+            the live runs go first, and the simulation then delays every later turn by a lag
+            drawn from theirs (the spread matters, not only the median: chats whose replies
+            end in one step otherwise stay in lock-step) and, without a ``max_in_flight`` limit,
+            sends each root request at the median of its live send offsets
+            (:func:`with_measured_client`).
         uncertainty: profiles drawn from the profile's coefficient uncertainty
             (``kvroute.sim.uncertainty.draw_profiles``), each simulated ``sim_rounds`` times, so
             that the interval a measured value is checked against includes the model's share; 0:
@@ -342,6 +344,35 @@ def measured_client(trace: Trace, runs: list[PolicyRun]) -> tuple[float, dict[in
     return max(lag, 0.0), {rid: float(np.median(v)) for rid, v in offsets.items()}
 
 
+def measured_lags(trace: Trace, runs: list[PolicyRun]) -> tuple[float, ...]:
+    """Every later turn's live send lag over ``runs`` (seconds from the parent's last token to
+    the send, beyond think time; negative values, a clock's rounding, as 0), ascending: the
+    empirical sample ``ClusterSpec.client_lag_s`` draws from. Its spread, not only its median,
+    decides whether chats whose replies end in one engine step send their next turns together
+    (on the CPU reference on 2026-12-03: median 5.5 ms, quartiles 2.6 and 9.0 ms)."""
+    from kvroute.calibrate.validation.validate_report import send_lags
+
+    lags = np.concatenate([send_lags(r, trace) for r in runs] or [np.zeros(0)])
+    return tuple(sorted(max(float(x), 0.0) for x in lags))
+
+
+def with_measured_client(trace: Trace, cluster: ClusterSpec, runs: list[PolicyRun],
+                         keep_offsets: bool = True) -> tuple[Trace, ClusterSpec, float, dict[int, float]]:
+    """The simulation's twin of the live client of ``runs``: each later turn waits a send lag
+    drawn from the measured ones (:func:`measured_lags`, ``ClusterSpec.client_lag_s``) and each
+    root request is sent at its measured offset (:func:`measured_client`; none without
+    ``keep_offsets``, e.g. when the client limited requests in flight).
+
+    Returns:
+        ``(trace, cluster, median lag s, root offsets s)`` to simulate and to report.
+    """
+    lag, offsets = measured_client(trace, runs)
+    if not keep_offsets:
+        offsets = {}
+    lags = measured_lags(trace, runs)
+    return with_root_offsets(trace, offsets), dataclasses.replace(cluster, client_lag_s=lags), lag, offsets
+
+
 def with_root_offsets(trace: Trace, offsets_s: dict[int, float]) -> Trace:
     """``trace`` with every root request listed in ``offsets_s`` sent that many seconds later."""
     if not offsets_s:
@@ -515,15 +546,13 @@ def run_validation(
         if validation.interrupted:
             break
     if measured_lag:
-        lag, offsets = measured_client(trace, validation.runs)
-        if spec.max_in_flight is not None:
-            offsets = {}
+        sim_trace, lagged, lag, offsets = with_measured_client(trace, cluster, validation.runs,
+                                                               keep_offsets=spec.max_in_flight is None)
         validation.client_lag_s, validation.root_offsets_s = lag, offsets
         progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds with the measured client "
-                 f"lag {1000 * lag:.1f} ms (median) and root send offsets up to "
-                 f"{1000 * max(offsets.values(), default=0.0):.1f} ms")
-        sim_trace = with_root_offsets(with_client_lag(trace, lag), offsets)
-        predictions = predict(sim_trace, cluster, list(spec.policies), spec.sim_rounds, spec.seed,
+                 f"lags ({len(lagged.client_lag_s)} drawn from, median {1000 * lag:.1f} ms) and root send offsets "
+                 f"up to {1000 * max(offsets.values(), default=0.0):.1f} ms")
+        predictions = predict(sim_trace, lagged, list(spec.policies), spec.sim_rounds, spec.seed,
                               spec.uncertainty, spec.prior_range)
         for run in validation.runs:
             run.take_prediction(predictions[spec.policies.index(run.policy)])
