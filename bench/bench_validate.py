@@ -10,8 +10,9 @@ and kv_aware (prefix cache reset before each), ``--live-rounds`` times (by defau
 ``LIVE_ROUNDS`` of the shape; interleaved: ``kvroute
 validate --live-rounds``; the report of all rounds goes to ``--out/<shape>/``), then simulates it
 (``--rounds`` seeds) with each ``--profile`` and scores every profile against the same live
-rounds. The simulation sends later turns after the live client's measured median send lag and
-each root request at its measured send offset (``kvroute.calibrate.validation.validate.measured_client``).
+rounds. The simulation delays each later turn by a send lag drawn from the live client's measured
+ones and sends each root request at its measured send offset
+(``kvroute.calibrate.validation.validate.with_measured_client``).
 
 Shapes:
 - ``long-chats``: 12 chats x 6 turns, 3,904-token system prompt and user turns, 16-token replies
@@ -57,6 +58,28 @@ long chats' changes were within +-5 pp from 3 rounds. The open loop's TPOT spann
 3 round_robin rounds on 2026-12-02 (its TTFT change's interval 12 pp wide), hence 6 (a round
 takes about 20 s)."""
 DEFAULT_PROFILES = ("cpu-tiny-qwen2-x2-bursts", "cpu-tiny-qwen2-x2")
+
+
+def live_rounds_arg(text: str) -> dict[str, int]:
+    """``--live-rounds``: ``N`` (every shape) or ``SHAPE=N,SHAPE=N`` -> ``{shape: rounds}``.
+
+    Raises:
+        argparse.ArgumentTypeError: a count that is not a positive integer, or an unknown shape.
+    """
+    def count(value: str) -> int:
+        if not value.strip().isdigit() or int(value) < 1:
+            raise argparse.ArgumentTypeError(f"a positive integer, got {value!r}")
+        return int(value)
+
+    if "=" not in text:
+        return dict.fromkeys(SHAPES, count(text))
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        shape, _, value = part.partition("=")
+        if shape.strip() not in SHAPES:
+            raise argparse.ArgumentTypeError(f"unknown shape {shape.strip()!r}; choose from {', '.join(SHAPES)}")
+        out[shape.strip()] = count(value)
+    return out
 
 
 def open_loop_trace(rates=(1.0, 2.0, 4.0, 8.0), phase_s: float = 5.0, docs: int = 16, doc_tokens: int = 6144,
@@ -314,7 +337,7 @@ def _live_rounds(shape: str, trace, urls: list[str], profile, args):
     from kvroute.calibrate.validation.validate_report import write_report
 
     spec = ValidationSpec(tuple(urls), ("round_robin", "kv_aware"), sim_rounds=1, client_lag_s=0.0,
-                          live_rounds=args.live_rounds or LIVE_ROUNDS[shape], record_tokens=True)
+                          live_rounds=args.live_rounds.get(shape, LIVE_ROUNDS[shape]), record_tokens=True)
     load_start = os.getloadavg()[0]
 
     def progress(msg: str) -> None:
@@ -362,9 +385,9 @@ def main() -> None:
                         help=f"Profile to score (repeatable; default: {', '.join(DEFAULT_PROFILES)}).")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma-separated shapes (default: all: {','.join(SHAPES)}).")
     parser.add_argument("--rounds", type=int, default=20, help="Simulation rounds (seeds) averaged per profile.")
-    parser.add_argument("--live-rounds", type=int, default=None,
-                        help="Live replays per policy and shape (default: per shape, "
-                             + ", ".join(f"{k} {v}" for k, v in LIVE_ROUNDS.items()) + ").")
+    parser.add_argument("--live-rounds", type=live_rounds_arg, default={}, metavar="N|SHAPE=N,...",
+                        help="Live replays per policy: N for every shape, or per shape (e.g. short-replies=60); "
+                             "default per shape: " + ", ".join(f"{k} {v}" for k, v in LIVE_ROUNDS.items()) + ".")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_validate"))
     parser.add_argument("--calibrate", action="store_true",
                         help="First calibrate the servers themselves (kvroute calibrate measure, full sweep with "
@@ -385,8 +408,7 @@ def main() -> None:
     if args.sweeps < 1:
         parser.error(f"--sweeps: at least 1, got {args.sweeps}")
 
-    from kvroute.calibrate.validation.validate import (cluster_spec, measured_client, predict, with_client_lag,
-                                                       with_root_offsets)
+    from kvroute.calibrate.validation.validate import cluster_spec, predict, with_measured_client
     from kvroute.sim.coverage import run_note
     from kvroute.sim.profile import load_profile
 
@@ -423,12 +445,9 @@ def main() -> None:
                 print(notes[-1], file=sys.stderr)
                 validation, load = _live_rounds(shape, trace, urls, profiles[0], args)
             spec = validation.spec
-            lag, offsets = measured_client(trace, validation.runs)
-            notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median, "
-                         f"later turns), root send offsets up to {1000 * max(offsets.values(), default=0):.1f} ms")
-            sim_trace = with_root_offsets(with_client_lag(trace, lag), offsets)
             for profile in profiles + checks:
                 cluster, _ = cluster_spec(profile, validation.servers, spec)
+                sim_trace, cluster, lag, offsets = with_measured_client(trace, cluster, validation.runs)
                 runs = predict(sim_trace, cluster, list(spec.policies), args.rounds, spec.seed)
                 beyond = run_note(cluster.profile, [r.records for run in runs for r in run.sim_runs])
                 if beyond:
@@ -437,6 +456,9 @@ def main() -> None:
                 all_rows += rows
                 missed += m if profile not in checks else 0
                 splits += time_split(shape, profile.name, runs, validation)
+            notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median of "
+                         f"{len(cluster.client_lag_s)} later turns, each simulated turn draws one), root send offsets "
+                         f"up to {1000 * max(offsets.values(), default=0):.1f} ms")
     t2 = time.perf_counter()
     print()
     print_rows(all_rows)
