@@ -351,21 +351,22 @@ FRONTEND_NOTE_IN_FLIGHT = 8
 def _frontend_note(profile, peak: int) -> str:
     """A note under the table when many requests (``peak``) were in flight on a worker: without a
     ``frontend`` section vLLM's API process is taken as unlimited, which bursts disprove; with
-    one, its serial admission work per prompt token is the term closed-loop TTFT hangs on
-    (README: Bursts)."""
+    one, its serial admission work per prompt token and the host contention that work feeds are
+    the terms closed-loop TTFT hangs on (README: Bursts)."""
     if peak < FRONTEND_NOTE_IN_FLIGHT:
         return ""
     if profile.frontend is not None:
         per_token = profile.frontend.per_prompt_token_s
         if per_token <= 0:
             return ""
+        contention = profile.host.contention if profile.host is not None else 0.0
         return (f"Note: up to {peak} requests were in flight on one worker, and each server's API process admits them "
                 f"one after another, {1e6 * per_token:.2f} us per prompt token ({profile.name}'s "
-                "frontend.per_prompt_token_s, from its one-at-a-time API-server time). Turns that reach a server "
-                "together with long prompts queue behind each other's admission, and closed-loop TTFT under a "
-                "kv-aware router hangs on that term (on the CPU reference, 1.15 and 1.92 us from two sweeps put the "
-                "kv_aware-vs-round_robin TTFT change of one workload 30 points apart): compare predictions with it "
-                "between 0 and the sweep's measured API CPU per token (README: Bursts).")
+                "frontend.per_prompt_token_s), counting as a busy process on the host while it works "
+                f"(host.contention {contention:.2g}). Closed-loop TTFT under a kv-aware router hangs on both: on the "
+                "CPU reference one profile's kv_aware-vs-round_robin TTFT change was -31, +5 and +41 points off the "
+                "measured one with contention 0, 2 and 4, and a fitted contention often sits at the fit's bound "
+                "(README: Bursts).")
     return (f"Note: up to {peak} requests were in flight on one worker, and {profile.name} has no front-end terms: "
             "vLLM's API process and the host's CPU are taken as unlimited, where under bursts they queue work "
             "(on the CPU reference, bursts of short replies took about twice the time such a profile predicts). "

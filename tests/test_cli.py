@@ -139,8 +139,8 @@ def test_many_requests_in_flight_without_front_end_terms_are_flagged():
     assert note not in modelled.output
     # with front-end terms the note names the serial admission work per prompt token instead
     assert ("Note: up to 16 requests were in flight on one worker, and each server's API process admits them one "
-            "after another, 1.25 us per prompt token (cpu-tiny-qwen2-x2-bursts's frontend.per_prompt_token_s"
-            in modelled.output)
+            "after another, 1.25 us per prompt token (cpu-tiny-qwen2-x2-bursts's frontend.per_prompt_token_s), "
+            "counting as a busy process on the host while it works (host.contention 0.64)" in modelled.output)
     # that profile's workers step at drawn speeds, which the output says
     assert "Note: each worker steps at its own speed, drawn anew every 0.25 s (log-spread 0.37" in modelled.output
     assert "its own speed" not in many.output
