@@ -241,7 +241,8 @@ class Cluster:
         self._slots = simpy.Resource(self.env, spec.max_in_flight) if spec.max_in_flight else None
         self._held: dict[int, simpy.resources.resource.Request] = {}
         self._overheads = spec.profile.overheads
-        self._lag_rng = np.random.default_rng(seed).spawn(5)[4] if spec.client_lag_s else None  # children 0-3: router, lb, speeds
+        # NOTE: the seed's children 0-3 seed the router, the gateway balancer and the engine speeds
+        self._lag_rng = np.random.default_rng(seed).spawn(5)[4] if spec.client_lag_s else None
         self._sigma = math.sqrt(math.log1p(self._overheads.jitter_cv**2))
 
     def _build_gateways(self, seed: int) -> None:
