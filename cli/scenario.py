@@ -11,7 +11,7 @@ from kvroute.cli.values import Opt, apply_options, check_values
 from kvroute.sim.cluster import REPLAY_MODES, ClusterSpec
 from kvroute.sim.profile import load_profile, with_overrides
 from kvroute.cli.lengths import length_options
-from kvroute.sim.routing import CACHE_VIEWS, parse_spec, split_specs
+from kvroute.sim.routing import CACHE_VIEWS, make_policy, parse_spec, split_specs
 from kvroute.traces.format import Trace, truncate  # noqa: F401 - truncate: also kvroute.cli.scenario's
 
 from kvroute.traces.generators import BUILTIN_WORKLOADS as WORKLOADS
@@ -114,16 +114,20 @@ def read_any_trace(path: Path, block_size: int | None, fmt: str = "auto", count_
 
 
 def parse_policies(text: str, param_hint: str = "--policies") -> list[str]:
-    """Split ``a,b:key=value,key=value,c`` into policy specs and check every one.
+    """Split ``a,b:key=value,key=value,c`` into policy specs and check every one (each policy is
+    built once, so a value it rejects fails here, before any run).
 
     Raises:
         click.BadParameter: naming the unknown policy (listing the valid ones), the unknown
-            parameter (listing the policy's) or the malformed value.
+            parameter (listing the policy's), the malformed value or the value out of range.
     """
+    import numpy as np
+
     try:
         specs = split_specs(text)
         for spec in specs:
             parse_spec(spec)
+            make_policy(spec, np.random.default_rng(0))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint=param_hint) from None
     if not specs:

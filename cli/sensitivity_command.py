@@ -24,7 +24,7 @@ def _pair(text: str, hint: str) -> tuple[float, float]:
 @scenario_options
 @click.option("--policies", "policies_text", default="round_robin,kv_aware", show_default=True,
               help="Comma-separated policies; every later one also reports its change against the first.")
-@click.option("--trajectories", type=int, default=12, show_default=True,
+@click.option("--trajectories", type=click.IntRange(min=2), default=12, show_default=True,
               help="Morris trajectories; the design has trajectories x (factors + 1) points.")
 @click.option("--levels", type=int, default=4, show_default=True, help="Morris grid levels (even).")
 @click.option("--rounds", type=int, default=2, show_default=True,

@@ -152,6 +152,16 @@ def test_compare_policy_listed_twice():
                  "Invalid value for --policies: policy kv_aware listed twice")
 
 
+def test_a_policy_parameter_out_of_range_names_the_flag_before_any_run():
+    result = run("compare", "--chats", 2, "--turns", 1, "--policies", "round_robin,kv_aware:min_match_share=2")
+    assert_error(result, "Invalid value for --policies: kv_aware: min_match_share must be in [0, 1], got 2.0")
+    assert "time to complete" not in result.output  # no table was started
+
+
+def test_sensitivity_trajectories_name_the_flag():
+    assert_error(run("sensitivity", "--trajectories", 0), "Invalid value for '--trajectories': 0 is not in the range x>=2")
+
+
 @pytest.mark.parametrize("args, expected", [
     (("--chats", "0", "--turns", "0"), "Invalid value for '--chats': must be >= 1, got 0"),
     (("--block-size", "0"), "Invalid value for '--block-size': must be >= 1, got 0"),
