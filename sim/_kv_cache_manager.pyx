@@ -12,12 +12,14 @@ run allocates, registers and frees never become Python objects. Integer division
 Python's rules (``cdivision=False``), as the Python manager's does.
 
 Requests are read through their attributes (``request_id``, ``num_computed_tokens``,
-``num_prompt_tokens``, ``num_output_tokens``, ``num_tokens``, ``block_hashes``), as the Python
-manager reads them; request ids must be ints (64-bit: TypeError or OverflowError otherwise),
-as every caller's are. NOTE: the pool's KV-event listener is called from inside these methods;
+``num_prompt_tokens``, ``num_output_tokens``, ``num_tokens``, ``block_hashes``: a list of ints
+or an ``array("q")``, whose int64s the pool reads directly), as the Python manager reads them;
+request ids must be ints (64-bit: TypeError or OverflowError otherwise), as every caller's are.
+NOTE: the pool's KV-event listener is called from inside these methods;
 it must not call back into this manager.
 """
 
+from cpython.array cimport array
 from libc.stdint cimport int32_t, int64_t
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
@@ -77,10 +79,12 @@ cdef class KVCacheManager:
         """Register the table's blocks up to ``num_full`` (``cache_full_blocks``; the count of
         registered blocks advances even with caching off, as in the Python manager)."""
         cdef Py_ssize_t start = table.num_cached
-        cdef list hashes
+        cdef object hashes
         cdef Py_ssize_t end
         if num_full > start:
-            hashes = request.block_hashes if type(request.block_hashes) is list else list(request.block_hashes)
+            hashes = request.block_hashes
+            if type(hashes) is not list and type(hashes) is not array:
+                hashes = list(hashes)
             end = min(num_full, len(hashes), <Py_ssize_t>table.blocks.size())  # zip's length
             if end > start:
                 self.pool.register_blocks(table.blocks.data(), hashes, start, end)
