@@ -40,7 +40,6 @@ written out of range; the Python pool's lists would wrap a negative id).
 """
 
 from cython.operator cimport dereference as deref
-from cpython.array cimport array
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_Check
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from libc.stdint cimport int32_t, int64_t, uint8_t
@@ -50,13 +49,6 @@ from libcpp.vector cimport vector
 
 from kvroute.sim._prefix_map cimport (EMPTY, MIN_CAPACITY, map_clear, map_erase, map_free, map_get,
                                       map_init, map_prefetch, map_replace, map_setdefault, prefetch)
-
-
-cdef inline const int64_t* int64_items(object seq) noexcept:
-    """The items of an ``array("q")`` as C int64s; NULL for any other sequence."""
-    if type(seq) is array and (<array>seq).ob_descr.typecode == b"q":
-        return <const int64_t*>(<array>seq).data.as_longlongs
-    return NULL
 
 
 cdef class BlockPool:
@@ -473,6 +465,18 @@ cdef class BlockPool:
                 self._remove(b)
             self._blocks[b].ref_cnt += 1
         return 0
+
+    cdef bint any_cached(self, const int64_t* keys, Py_ssize_t n) noexcept:
+        """Whether any of ``keys[:n]`` is in the prefix cache (``not none_cached``)."""
+        cdef Py_ssize_t i
+        if self._cached_map.size == 0:
+            return False
+        for i in range(n):
+            map_prefetch(&self._cached_map, keys[i])
+        for i in range(n):
+            if map_get(&self._cached_map, keys[i]) != EMPTY:
+                return True
+        return False
 
     cdef int _ids(self, object block_ids, vector[int32_t]& out) except -1:
         """Append ``block_ids`` (any iterable of ints) to ``out``, each checked first."""
