@@ -139,7 +139,7 @@ class Scheduler:
         # NOTE: the long-prefill cap applies only when another request competes for the step.
         threshold = self.config.long_prefill_token_threshold if num_eligible > 1 else 0
         budget = self._schedule_running(out, budget, threshold)
-        if not out.preempted:
+        if not out.preempted and self.waiting:
             self._schedule_waiting(out, budget, threshold)
         for req, n in zip(out.requests, out.num_scheduled_tokens):
             req.num_computed_tokens += n
@@ -326,8 +326,9 @@ class Scheduler:
         emitted: list[Request] = []
         finished: list[Request] = []
         max_model_len = self.config.max_model_len
+        running = RequestStatus.RUNNING
         for req in out.requests:
-            if req.status is not RequestStatus.RUNNING:
+            if req.status is not running:
                 continue
             if req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
                 continue  # a prefill chunk that does not finish the sequence samples nothing
@@ -339,5 +340,5 @@ class Scheduler:
         if finished:
             for req in finished:
                 self.kv_cache_manager.free(req)
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self.running = [r for r in self.running if r.status is running]
         return StepResult(emitted, finished)
