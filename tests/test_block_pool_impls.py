@@ -3,7 +3,8 @@ and the compiled one (``sim/_block_pool.pyx``, ``sim/_kv_cache_manager.pyx``), o
 tests: the small cases of test_block_pool.py (pool and KV-cache manager), the random streams of
 test_block_pool_reference.py against the per-block reference pool (plus streams with 64-bit
 keys and pools large enough to grow the compiled prefix index), the decode-run steps of the
-manager, and the errors bad input gives. Then which core a scheduler builds
+manager (``allocate_decode_run`` of both managers on random runs, hashes as lists and as
+``array("q")``), and the errors bad input gives. Then which core a scheduler builds
 (``kvroute.sim.compiled``)."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kvroute.sim.config import EngineConfig
 from kvroute.sim.scheduler import Scheduler
 
 BUILT = all(importlib.util.find_spec(f"kvroute.sim.{name}") is not None
-            for name in ("_block_pool", "_kv_cache_manager", "_decode_run"))
+            for name in ("_block_pool", "_kv_cache_manager", "_decode_run", "_content"))
 if BUILT:
     from kvroute.sim._block_pool import BlockPool as CompiledPool
     from kvroute.sim._kv_cache_manager import KVCacheManager as CompiledManager
@@ -222,14 +223,15 @@ def test_the_compiled_pool_is_in_use_when_built():
     assert type(scheduler.pool) is CompiledPool
     assert type(scheduler.kv_cache_manager) is CompiledManager
     assert compiled.DecodeRunTimes.__module__ == "kvroute.sim._decode_run"
+    assert compiled.block_hashes.__module__ == "kvroute.sim._content"
 
 
 def test_pure_python_is_chosen_by_the_environment():
     code = ("from kvroute.sim import compiled; "
             "print(compiled.COMPILED, compiled.BlockPool.__module__, compiled.KVCacheManager.__module__, "
-            "compiled.DecodeRunTimes.__module__)")
+            "compiled.DecodeRunTimes.__module__, compiled.block_hashes.__module__)")
     env = {**os.environ, compiled.PURE_PYTHON_ENV: "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "kvroute.sim.block_pool", "kvroute.sim.kv_cache_manager",
-                                  "kvroute.sim.decode_run"]
+                                  "kvroute.sim.decode_run", "kvroute.sim.content"]
     assert out.stderr == ""  # chosen, so no warning
