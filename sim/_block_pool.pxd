@@ -3,11 +3,20 @@
 KV-cache manager (``_kv_cache_manager.pyx``) moves block ids between the pool and its block
 tables as C ints, never as Python objects."""
 
+from cpython.array cimport array
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 
 from kvroute.sim._prefix_map cimport PrefixMap
+
+
+cdef inline const int64_t* int64_items(object seq) noexcept:
+    """The items of an ``array("q")`` (a request's hashes from the compiled ``block_hashes``)
+    as C int64s; NULL for any other sequence (a list of ints)."""
+    if type(seq) is array and (<array>seq).ob_descr.typecode == b"q":
+        return <const int64_t*>(<array>seq).data.as_longlongs
+    return NULL
 
 
 cdef struct Block:
@@ -37,6 +46,7 @@ cdef class BlockPool:
     cdef int release_reversed(self, const int32_t* ids, Py_ssize_t n) except -1
     cdef int take_hits(self, const int32_t* ids, Py_ssize_t n) except -1
     cdef int _ids(self, object block_ids, vector[int32_t]& out) except -1
+    cdef bint any_cached(self, const int64_t* keys, Py_ssize_t n) noexcept
 
     # internals
     cdef int _grow(self, int32_t capacity) except -1

@@ -29,7 +29,10 @@ Python methods are built on them) first prefetch the index slots and blocks they
 then change the state in the order of the one-block-at-a-time loop, so their results are that
 loop's; a head made of never-used blocks is handed out as one run of ids.
 
-Hashes are signed 64-bit ints (``content.block_hashes`` makes every key fit): registering one
+Hashes are signed 64-bit ints (``content.block_hashes`` makes every key fit). A request's hashes
+may be a list of ints or an ``array("q")`` (the compiled ``_content.block_hashes``), whose items
+are read as C int64s where the pool reads a run of them (``register_blocks``,
+``longest_cache_hit``), without a Python object per key. Registering one
 outside that range raises OverflowError, a non-int one TypeError, where the Python pool would
 store it; lookups of such values find nothing, as in the Python pool. Block ids must be ids the
 pool handed out (IndexError otherwise, with nothing changed: the C state is never read or
@@ -353,6 +356,14 @@ cdef class BlockPool:
         hit = []
         if n <= 0 or self._cached_map.size == 0:
             return hit
+        cdef const int64_t* keys = int64_items(block_hashes)
+        if keys != NULL:
+            for i in range(n):
+                b = map_get(&self._cached_map, keys[i])
+                if b == EMPTY:
+                    break
+                hit.append(b)
+            return hit
         cdef list hashes = block_hashes if type(block_hashes) is list else list(block_hashes)
         for i in range(n):
             b = self._lookup(hashes[i])
@@ -407,22 +418,29 @@ cdef class BlockPool:
     cdef int register_blocks(self, const int32_t* ids, object hashes, Py_ssize_t start,
                              Py_ssize_t end) except -1:
         """``cache_full_blocks`` for table ids ``ids[start:end]``, ``hashes[start:end]`` (a list
-        at least ``end`` long); each hash is checked before anything changes, and every index
-        slot and block is prefetched before the first is written."""
+        or an ``array("q")``, at least ``end`` long); each hash is checked before anything
+        changes, and every index slot and block is prefetched before the first is written."""
         if not self.enable_caching or end <= start:
             return 0
-        cdef list keys = hashes
         cdef Py_ssize_t i
-        cdef vector[int64_t] values
-        values.reserve(end - start)
+        cdef vector[int64_t] copied
+        cdef const int64_t* values = int64_items(hashes)
+        cdef list keys
+        if values != NULL:
+            values += start
+        else:
+            keys = hashes
+            copied.reserve(end - start)
+            for i in range(start, end):
+                copied.push_back(keys[i])
+            values = copied.data()
         for i in range(start, end):
-            values.push_back(keys[i])
-            map_prefetch(&self._cached_map, values.back())
+            map_prefetch(&self._cached_map, values[i - start])
             prefetch(&self._blocks[ids[i]])
         for i in range(start, end):
             self._register(ids[i], values[i - start])
         if self.kv_event_listener is not None:
-            self.kv_event_listener(True, keys[start:end])
+            self.kv_event_listener(True, hashes[start:end])
         return 0
 
     cdef int release_reversed(self, const int32_t* ids, Py_ssize_t n) except -1:
@@ -447,6 +465,18 @@ cdef class BlockPool:
                 self._remove(b)
             self._blocks[b].ref_cnt += 1
         return 0
+
+    cdef bint any_cached(self, const int64_t* keys, Py_ssize_t n) noexcept:
+        """Whether any of ``keys[:n]`` is in the prefix cache (``not none_cached``)."""
+        cdef Py_ssize_t i
+        if self._cached_map.size == 0:
+            return False
+        for i in range(n):
+            map_prefetch(&self._cached_map, keys[i])
+        for i in range(n):
+            if map_get(&self._cached_map, keys[i]) != EMPTY:
+                return True
+        return False
 
     cdef int _ids(self, object block_ids, vector[int32_t]& out) except -1:
         """Append ``block_ids`` (any iterable of ints) to ``out``, each checked first."""

@@ -12,17 +12,20 @@ run allocates, registers and frees never become Python objects. Integer division
 Python's rules (``cdivision=False``), as the Python manager's does.
 
 Requests are read through their attributes (``request_id``, ``num_computed_tokens``,
-``num_prompt_tokens``, ``num_output_tokens``, ``num_tokens``, ``block_hashes``), as the Python
-manager reads them; request ids must be ints (64-bit: TypeError or OverflowError otherwise),
-as every caller's are. NOTE: the pool's KV-event listener is called from inside these methods;
+``num_prompt_tokens``, ``num_output_tokens``, ``num_tokens``, ``block_hashes``: a list of ints
+or an ``array("q")``, whose int64s the pool reads directly), as the Python manager reads them;
+request ids must be ints (64-bit: TypeError or OverflowError otherwise), as every caller's are.
+NOTE: the pool's KV-event listener is called from inside these methods;
 it must not call back into this manager.
 """
 
+from cpython.array cimport array
 from libc.stdint cimport int32_t, int64_t
+from libcpp.algorithm cimport adjacent_find, sort
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 
-from kvroute.sim._block_pool cimport BlockPool
+from kvroute.sim._block_pool cimport BlockPool, int64_items
 from kvroute.sim.kv_cache_manager import PrefixCacheStats
 
 
@@ -77,10 +80,12 @@ cdef class KVCacheManager:
         """Register the table's blocks up to ``num_full`` (``cache_full_blocks``; the count of
         registered blocks advances even with caching off, as in the Python manager)."""
         cdef Py_ssize_t start = table.num_cached
-        cdef list hashes
+        cdef object hashes
         cdef Py_ssize_t end
         if num_full > start:
-            hashes = request.block_hashes if type(request.block_hashes) is list else list(request.block_hashes)
+            hashes = request.block_hashes
+            if type(hashes) is not list and type(hashes) is not array:
+                hashes = list(hashes)
             end = min(num_full, len(hashes), <Py_ssize_t>table.blocks.size())  # zip's length
             if end > start:
                 self.pool.register_blocks(table.blocks.data(), hashes, start, end)
@@ -229,6 +234,72 @@ cdef class KVCacheManager:
             KeyError: if the request holds no table.
         """
         self._cache(self._existing(request), request, num_full_blocks)
+
+    def allocate_decode_run(self, requests, Py_ssize_t num_steps) -> bool:
+        """The block tables after ``num_steps`` decode steps of ``requests`` (running order; each
+        computes one token per step after its ``num_computed_tokens``, which the caller
+        advances), with one allocation for the whole run and one registration per request,
+        when that is provably the same as stepping (see the Python manager's method): the
+        blocks opened are popped in (step, running position) order, and the hashes of the
+        blocks filled are distinct and not cached. The caller checks the free queue covers it.
+
+        Returns:
+            False, changing nothing, when the hashes do not allow it.
+
+        Raises:
+            KeyError: if a request holds no table.
+        """
+        cdef Py_ssize_t num_reqs = len(requests)
+        cdef Py_ssize_t bs = self.block_size
+        cdef Py_ssize_t pos = 0, c, j, start, end, stop, k
+        cdef vector[Table*] tables
+        cdef vector[Py_ssize_t] ends
+        cdef vector[int64_t] opens  # step * num_reqs + position, one per block opened
+        cdef vector[int64_t] filled  # hashes of the blocks the run fills, running order
+        cdef vector[int32_t] new
+        cdef const int64_t* keys
+        cdef Table* table
+        for req in requests:
+            table = self._existing(req)
+            tables.push_back(table)
+            c = req.num_computed_tokens  # before run step 1; step j computes token c + j
+            j = ceil_div(c - 1, bs) * bs - (c - 1)  # the first step that opens a block
+            if j == 0:
+                j = bs
+            while j <= num_steps:
+                opens.push_back(<int64_t>j * num_reqs + pos)
+                j += bs
+            start = table.num_cached
+            j = ceil_div(c, bs) * bs - c  # the first step that fills one
+            if j == 0:
+                j = bs
+            end = start + ((num_steps - j) // bs + 1 if j <= num_steps else 0)
+            ends.push_back(end)
+            hashes = req.block_hashes
+            stop = min(end, <Py_ssize_t>len(hashes))  # a slice's length
+            keys = int64_items(hashes)
+            if keys != NULL:
+                for k in range(start, stop):
+                    filled.push_back(keys[k])
+            else:
+                for k in range(start, stop):
+                    filled.push_back(hashes[k])
+            pos += 1
+        if self.pool.any_cached(filled.data(), filled.size()):
+            return False
+        sort(filled.begin(), filled.end())
+        if adjacent_find(filled.begin(), filled.end()) != filled.end():
+            return False
+        sort(opens.begin(), opens.end())
+        if opens.size():
+            self.pool.pop_blocks(opens.size(), new)
+        for k in range(<Py_ssize_t>opens.size()):
+            tables[opens[k] % num_reqs].blocks.push_back(new[k])
+        pos = 0
+        for req in requests:
+            self._cache(tables[pos], req, ends[pos])
+            pos += 1
+        return True
 
     def get_num_cached_blocks(self, request) -> int:
         """How many of the request's blocks are registered (or hits): a prefix of its table.

@@ -289,7 +289,7 @@ class BlockPool:
     def _free_shared_table(self, blocks: list[int], block_hashes: list[int], num_hashed: int, shared: set[int]) -> None:
         # ``free_table`` when the table's ``shared`` blocks are not exactly its first ones.
         if len(set(blocks)) != len(blocks):  # a block listed twice (a hash collision): one by one
-            hashes = block_hashes[:num_hashed] + [None] * (len(blocks) - num_hashed)
+            hashes = [*block_hashes[:num_hashed], *[None] * (len(blocks) - num_hashed)]
             self.free_blocks(reversed(blocks), reversed(hashes))
             return
         ref_cnt = self.ref_cnt

@@ -216,6 +216,48 @@ class KVCacheManager:
             self.pool.cache_full_blocks(blocks, request.block_hashes, start, num_full_blocks)
             self.num_cached_block[rid] = num_full_blocks
 
+    def allocate_decode_run(self, requests: list[Request], num_steps: int) -> bool:
+        """The block tables after ``num_steps`` decode steps of ``requests`` (running order; each
+        computes one token per step after its ``num_computed_tokens``, which the caller
+        advances), with one allocation for the whole run and one registration per request,
+        when that is provably the same as stepping: the blocks opened are popped in the
+        (step, running position) order of the step-by-step loop, and the blocks filled carry
+        hashes that are distinct and not yet cached, so no duplicate entry can arise and the
+        registrations commute with each other and with the run's evictions (which only drop
+        hashes of free blocks). The caller checks the free queue covers the run.
+
+        Returns:
+            False, changing nothing, when the hashes do not allow it (step one at a time then).
+
+        Raises:
+            KeyError: if a request holds no table.
+        """
+        bs = self.block_size
+        num_reqs = len(requests)
+        opens: list[int] = []  # step * num_reqs + position, one per block opened
+        ends: list[int] = []  # blocks each request has registered after the run
+        filled: list[int] = []
+        for pos, req in enumerate(requests):
+            c = req.num_computed_tokens  # before run step 1; step j computes token c + j
+            first = (-(c - 1)) % bs or bs  # the first step that opens a block
+            opens.extend(range(first * num_reqs + pos, num_steps * num_reqs + pos + 1, bs * num_reqs))
+            start = self.num_cached_block[req.request_id]
+            end = start + len(range((-c) % bs or bs, num_steps + 1, bs))  # steps that fill one
+            ends.append(end)
+            filled += req.block_hashes[start:end]
+        if len(set(filled)) != len(filled) or not self.pool.none_cached(filled):
+            return False
+        opens.sort()
+        new = self.pool.get_new_blocks(len(opens))
+        opened: list[list[int]] = [[] for _ in requests]
+        for key, bid in zip(opens, new):
+            opened[key % num_reqs].append(bid)
+        for req, blocks, end in zip(requests, opened, ends):
+            if blocks:
+                self.append_blocks(req, blocks)
+            self.cache_blocks(req, end)
+        return True
+
     def get_num_cached_blocks(self, request: Request) -> int:
         """How many of the request's blocks are registered (or hits): a prefix of its table.
 

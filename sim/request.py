@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -24,7 +25,8 @@ class Request:
         num_prompt_tokens: prompt length, tokens.
         max_tokens: tokens to generate (outputs are forced to this length, as with
             ``ignore_eos``).
-        block_hashes: hashes of every full block of prompt + all ``max_tokens`` outputs; vLLM
+        block_hashes: hashes of every full block of prompt + all ``max_tokens`` outputs, signed
+            64-bit ints (a list, or an ``array("q")`` from the compiled ``block_hashes``); vLLM
             hashes output blocks as they fill, and their content here is known in advance.
         num_computed_tokens: tokens whose KV is computed or scheduled (vLLM advances it at
             schedule time).
@@ -59,7 +61,7 @@ class Request:
         request_id: int,
         num_prompt_tokens: int,
         max_tokens: int,
-        block_hashes: list[int],
+        block_hashes: Sequence[int],
         client: Any = None,
     ) -> None:
         if num_prompt_tokens < 1:

@@ -139,7 +139,7 @@ class Scheduler:
         # NOTE: the long-prefill cap applies only when another request competes for the step.
         threshold = self.config.long_prefill_token_threshold if num_eligible > 1 else 0
         budget = self._schedule_running(out, budget, threshold)
-        if not out.preempted:
+        if not out.preempted and self.waiting:
             self._schedule_waiting(out, budget, threshold)
         for req, n in zip(out.requests, out.num_scheduled_tokens):
             req.num_computed_tokens += n
@@ -309,38 +309,11 @@ class Scheduler:
 
     def _advance_decode_run_by_request(self, requests: list[Request], num_steps: int) -> bool:
         """``advance_decode_run`` with one allocation for the whole run and one registration
-        per request, when that is provably the same: the blocks opened are popped in the
-        (step, running position) order of the step-by-step loop, and the blocks filled carry
-        hashes that are distinct and not yet cached, so no duplicate entry can arise and the
-        registrations commute with each other and with the run's evictions (which only drop
-        hashes of free blocks). Returns False, changing nothing, when the hashes do not allow it.
-        """
-        bs = self.config.block_size
-        kv = self.kv_cache_manager
-        num_reqs = len(requests)
-        opens: list[int] = []  # step * num_reqs + position, one per block opened
-        fills: list[tuple[int, int]] = []  # (first, end) block indices each request registers
-        filled: list[int] = []
-        for pos, req in enumerate(requests):
-            c = req.num_computed_tokens  # before run step 1; step j computes token c + j
-            first = _first_run_step(c - 1, bs)
-            opens.extend(range(first * num_reqs + pos, num_steps * num_reqs + pos + 1, bs * num_reqs))
-            start = kv.get_num_cached_blocks(req)
-            end = start + len(range(_first_run_step(c, bs), num_steps + 1, bs))
-            fills.append((start, end))
-            filled += req.block_hashes[start:end]
-        if len(set(filled)) != len(filled) or not self.pool.none_cached(filled):
+        per request (``KVCacheManager.allocate_decode_run``), when that is provably the same.
+        Returns False, changing nothing, when the hashes do not allow it."""
+        if not self.kv_cache_manager.allocate_decode_run(requests, num_steps):
             return False
-        opens.sort()
-        new = self.pool.get_new_blocks(len(opens))
-        opened: list[list[int]] = [[] for _ in requests]
-        for key, bid in zip(opens, new):
-            opened[key % num_reqs].append(bid)
-        for req, blocks, (start, end) in zip(requests, opened, fills):
-            if blocks:
-                kv.append_blocks(req, blocks)
-            if end > start:
-                kv.cache_blocks(req, end)
+        for req in requests:
             req.num_computed_tokens += num_steps
             req.num_output_tokens += num_steps
         return True
@@ -353,8 +326,9 @@ class Scheduler:
         emitted: list[Request] = []
         finished: list[Request] = []
         max_model_len = self.config.max_model_len
+        running = RequestStatus.RUNNING
         for req in out.requests:
-            if req.status is not RequestStatus.RUNNING:
+            if req.status is not running:
                 continue
             if req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
                 continue  # a prefill chunk that does not finish the sequence samples nothing
@@ -366,5 +340,5 @@ class Scheduler:
         if finished:
             for req in finished:
                 self.kv_cache_manager.free(req)
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self.running = [r for r in self.running if r.status is running]
         return StepResult(emitted, finished)

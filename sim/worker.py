@@ -113,7 +113,7 @@ class Worker:
             out = scheduler.schedule()
             if out.admitted:
                 self._mark_scheduled(out.admitted, env.now)
-            if out.is_empty():
+            if not out.requests:
                 # Nothing fits even alone: the cluster checks capacity before the run, so this
                 # is a bug, not a workload property.
                 raise RuntimeError(

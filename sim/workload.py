@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kvroute.sim.content import GENERATED_CONTENT_BASE, Segment, block_hashes
+from kvroute.sim.compiled import block_hashes
+from kvroute.sim.content import GENERATED_CONTENT_BASE, Segment
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import check_block_sizes
 
@@ -86,8 +87,9 @@ class Workload:
 
         Returns:
             ``(segments, hashes)``: the sequence of ``input_length + output_length`` tokens
-            (output cut at ``max_model_len``) and one hash per full engine block of it; two
-            empty lists for a prompt of ``max_model_len`` tokens or more.
+            (output cut at ``max_model_len``) and one hash per full engine block of it (a list
+            of ints, or an ``array("q")`` from the compiled core: ``compiled.block_hashes``);
+            nothing (empty segments, no hashes) for a prompt of ``max_model_len`` tokens or more.
         """
         # An open-loop child can be sent before its parent: build the missing ancestors first,
         # oldest first, in a loop (sessions can be thousands of turns deep).

@@ -3,7 +3,8 @@ and the compiled one (``sim/_block_pool.pyx``, ``sim/_kv_cache_manager.pyx``), o
 tests: the small cases of test_block_pool.py (pool and KV-cache manager), the random streams of
 test_block_pool_reference.py against the per-block reference pool (plus streams with 64-bit
 keys and pools large enough to grow the compiled prefix index), the decode-run steps of the
-manager, and the errors bad input gives. Then which core a scheduler builds
+manager (``allocate_decode_run`` of both managers on random runs, hashes as lists and as
+``array("q")``), and the errors bad input gives. Then which core a scheduler builds
 (``kvroute.sim.compiled``)."""
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import random
 import subprocess
 import sys
+from array import array
 
 import pytest
 
@@ -23,7 +26,7 @@ from kvroute.sim.config import EngineConfig
 from kvroute.sim.scheduler import Scheduler
 
 BUILT = all(importlib.util.find_spec(f"kvroute.sim.{name}") is not None
-            for name in ("_block_pool", "_kv_cache_manager", "_decode_run"))
+            for name in ("_block_pool", "_kv_cache_manager", "_decode_run", "_content"))
 if BUILT:
     from kvroute.sim._block_pool import BlockPool as CompiledPool
     from kvroute.sim._kv_cache_manager import KVCacheManager as CompiledManager
@@ -76,6 +79,75 @@ def test_decode_run_steps_of_the_kv_cache_manager(pair):
             step()
     kv.free(req)
     assert pool.free_queue() == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1] and kv.get_block_ids(req) == []
+
+
+def _decode_run_state(seed: int, pair, as_array: bool):
+    """Requests admitted and decoded a few steps, then one ``allocate_decode_run``; the tables,
+    the free queue and the cached hashes after it (keys drawn from a small range, some shared
+    with an earlier request still cached, so some runs are refused)."""
+    from kvroute.sim.request import Request
+
+    rng = random.Random(seed)
+    pool_cls, manager_cls = pair
+    bs = rng.choice([1, 2, 4])
+    pool = pool_cls(rng.randint(40, 120))
+    kv = manager_cls(pool, block_size=bs, max_model_len=10_000)
+
+    def hashes(n):
+        keys = [rng.randint(-30, 30) if rng.random() < 0.1 else rng.getrandbits(63) for _ in range(n)]
+        return array("q", keys) if as_array else keys
+
+    old = Request(99, 5 * bs, 1, hashes(6))
+    assert kv.allocate_slots(old, 5 * bs)
+    kv.free(old)  # its hashes stay cached
+    requests = []
+    for rid in range(rng.randint(1, 5)):
+        num_prompt, max_tokens = rng.randint(1, 3 * bs), rng.randint(5, 12 * bs)
+        keys = hashes((num_prompt + max_tokens) // bs)
+        if rng.random() < 0.3 and len(keys) > 2:
+            keys[rng.randrange(len(keys))] = old.block_hashes[rng.randrange(6)]
+        req = Request(rid, num_prompt, max_tokens, keys)
+        assert kv.allocate_slots(req, num_prompt, full_sequence=True)
+        req.num_computed_tokens = num_prompt
+        for _ in range(rng.randint(0, 2)):  # a few single decode steps
+            assert kv.allocate_slots(req, 1)
+            req.num_computed_tokens += 1
+        requests.append(req)
+    left = min(r.max_tokens - (r.num_computed_tokens - r.num_prompt_tokens) for r in requests) - 1
+    num_steps = rng.randint(0, max(0, min(left, pool.num_free_blocks * bs // len(requests) - bs)))
+    done = kv.allocate_decode_run(requests, num_steps)
+    return (done, kv.req_to_blocks, kv.num_cached_block, pool.free_queue(), pool.block_hash,
+            pool.num_evictions)
+
+
+@pytest.mark.skipif(not BUILT, reason=NOT_BUILT)
+@pytest.mark.parametrize("seed", range(60))
+def test_allocate_decode_run_of_both_managers_agree(seed):
+    """The compiled ``allocate_decode_run`` (hashes as an array or a list) leaves the state the
+    pure one leaves, refusals included."""
+    pure = _decode_run_state(seed, (block_pool.BlockPool, kv_cache_manager.KVCacheManager), False)
+    assert _decode_run_state(seed, (CompiledPool, CompiledManager), True) == pure
+    assert _decode_run_state(seed, (CompiledPool, CompiledManager), False) == pure
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_allocate_decode_run_refuses_when_a_filled_hash_is_cached_or_repeated(pair):
+    pool_cls, manager_cls = pair
+    pool = pool_cls(20)
+    kv = manager_cls(pool, block_size=2, max_model_len=100)
+    req = test_block_pool.make_request(0, 3, [1, 2, 3, 3], max_tokens=10, block_size=2)
+    assert kv.allocate_slots(req, 3)
+    req.num_computed_tokens = 3
+    assert not kv.allocate_decode_run([req], 6)  # would fill blocks 1, 2, 3: hashes 2, 3, 3
+    assert kv.get_block_ids(req) == [1, 2] and pool.num_free_blocks == 17
+    assert kv.allocate_decode_run([req], 2)  # fills block 1 (hash 2), opens block 3
+    assert kv.get_num_cached_blocks(req) == 2 and kv.get_block_ids(req) == [1, 2, 3]
+    other = test_block_pool.make_request(1, 3, [7, 8], max_tokens=10, block_size=2)
+    cached = test_block_pool.make_request(2, 2, [8], block_size=2)
+    assert kv.allocate_slots(other, 3) and kv.allocate_slots(cached, 2)  # hash 8 is cached
+    other.num_computed_tokens = 3
+    assert not kv.allocate_decode_run([other], 2)  # would fill block 1 under hash 8
+    assert kv.get_block_ids(other) == [4, 5] and pool.num_free_blocks == 13
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -151,14 +223,15 @@ def test_the_compiled_pool_is_in_use_when_built():
     assert type(scheduler.pool) is CompiledPool
     assert type(scheduler.kv_cache_manager) is CompiledManager
     assert compiled.DecodeRunTimes.__module__ == "kvroute.sim._decode_run"
+    assert compiled.block_hashes.__module__ == "kvroute.sim._content"
 
 
 def test_pure_python_is_chosen_by_the_environment():
     code = ("from kvroute.sim import compiled; "
             "print(compiled.COMPILED, compiled.BlockPool.__module__, compiled.KVCacheManager.__module__, "
-            "compiled.DecodeRunTimes.__module__)")
+            "compiled.DecodeRunTimes.__module__, compiled.block_hashes.__module__)")
     env = {**os.environ, compiled.PURE_PYTHON_ENV: "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "kvroute.sim.block_pool", "kvroute.sim.kv_cache_manager",
-                                  "kvroute.sim.decode_run"]
+                                  "kvroute.sim.decode_run", "kvroute.sim.content"]
     assert out.stderr == ""  # chosen, so no warning

@@ -16,6 +16,7 @@ policies. Values are converted to the type of the parameter's default.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,13 +30,14 @@ class RouteRequest:
     Attributes:
         request_id: the request's id.
         session_id: conversation id, or None.
-        block_hashes: the prompt's full-block hashes at the engine block size.
+        block_hashes: the prompt's full-block hashes at the engine block size (a list of ints
+            or an ``array("q")``, see ``Request.block_hashes``).
         num_prompt_tokens: prompt length, tokens.
     """
 
     request_id: int
     session_id: object
-    block_hashes: list[int]
+    block_hashes: Sequence[int]
     num_prompt_tokens: int
 
 
