@@ -11,6 +11,13 @@ from kvroute.sim.block_pool import BlockPool
 from kvroute.sim.request import Request
 
 
+def first_run_step(c: int, block_size: int) -> int:
+    """The first step j >= 1 of a decode run with (c + j) % block_size == 0: with ``c`` the
+    request's computed tokens before the run, the step that fills a block; with ``c - 1``, the
+    step that opens one."""
+    return (-c) % block_size or block_size
+
+
 @dataclass(slots=True)
 class PrefixCacheStats:
     """Token counters as vLLM exports them, recorded once per admission.
@@ -239,10 +246,10 @@ class KVCacheManager:
         filled: list[int] = []
         for pos, req in enumerate(requests):
             c = req.num_computed_tokens  # before run step 1; step j computes token c + j
-            first = (-(c - 1)) % bs or bs  # the first step that opens a block
+            first = first_run_step(c - 1, bs)  # the first step that opens a block
             opens.extend(range(first * num_reqs + pos, num_steps * num_reqs + pos + 1, bs * num_reqs))
             start = self.num_cached_block[req.request_id]
-            end = start + len(range((-c) % bs or bs, num_steps + 1, bs))  # steps that fill one
+            end = start + len(range(first_run_step(c, bs), num_steps + 1, bs))  # steps that fill one
             ends.append(end)
             filled += req.block_hashes[start:end]
         if len(set(filled)) != len(filled) or not self.pool.none_cached(filled):

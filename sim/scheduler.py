@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from kvroute.sim.compiled import BlockPool, KVCacheManager
 from kvroute.sim.config import EngineConfig
+from kvroute.sim.kv_cache_manager import first_run_step
 from kvroute.sim.request import Request, RequestStatus
 
 
@@ -86,11 +87,6 @@ def clamp_max_tokens(num_prompt_tokens: int, max_tokens: int, max_model_len: int
     """``max_tokens`` as vLLM's OpenAI server passes it on: at most ``max_model_len - prompt``
     (``entrypoints/serve/utils/api_utils.py: get_max_tokens``)."""
     return min(max_tokens, max_model_len - num_prompt_tokens)
-
-
-def _first_run_step(c: int, block_size: int) -> int:
-    """The first step j >= 1 with (c + j) % block_size == 0."""
-    return (-c) % block_size or block_size
 
 
 class Scheduler:
@@ -263,7 +259,7 @@ class Scheduler:
         free = self.pool.num_free_blocks
         if len(requests) * (-(-n // bs)) <= free:
             return n
-        firsts = [_first_run_step(req.num_computed_tokens - 1, bs) for req in requests]
+        firsts = [first_run_step(req.num_computed_tokens - 1, bs) for req in requests]
 
         def blocks_by(j: int) -> int:
             return sum((j - f) // bs + 1 for f in firsts if f <= j)
@@ -292,9 +288,9 @@ class Scheduler:
         events: list[tuple[int, int, int]] = []  # (step, position in running order, kind)
         for pos, req in enumerate(requests):
             c = req.num_computed_tokens  # before run step 1; step j computes token c + j
-            for j in range(_first_run_step(c - 1, bs), num_steps + 1, bs):
+            for j in range(first_run_step(c - 1, bs), num_steps + 1, bs):
                 events.append((j, pos, 0))  # token c + j opens a block
-            for j in range(_first_run_step(c, bs), num_steps + 1, bs):
+            for j in range(first_run_step(c, bs), num_steps + 1, bs):
                 events.append((j, pos, 1))  # token c + j fills its block
         events.sort()
         for _, pos, kind in events:
