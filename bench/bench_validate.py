@@ -408,6 +408,8 @@ def main() -> None:
     if args.sweeps < 1:
         parser.error(f"--sweeps: at least 1, got {args.sweeps}")
 
+    from dataclasses import replace
+
     from kvroute.calibrate.validation.validate import cluster_spec, predict, with_measured_client
     from kvroute.sim.coverage import run_note
     from kvroute.sim.profile import load_profile
@@ -445,9 +447,13 @@ def main() -> None:
                 print(notes[-1], file=sys.stderr)
                 validation, load = _live_rounds(shape, trace, urls, profiles[0], args)
             spec = validation.spec
+            sim_trace, lags, lag, offsets = with_measured_client(trace, validation.runs)
+            notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median of "
+                         f"{len(lags)} later turns, each simulated turn draws one), root send offsets "
+                         f"up to {1000 * max(offsets.values(), default=0):.1f} ms")
             for profile in profiles + checks:
                 cluster, _ = cluster_spec(profile, validation.servers, spec)
-                sim_trace, cluster, lag, offsets = with_measured_client(trace, cluster, validation.runs)
+                cluster = replace(cluster, client_lag_s=lags)
                 runs = predict(sim_trace, cluster, list(spec.policies), args.rounds, spec.seed)
                 beyond = run_note(cluster.profile, [r.records for run in runs for r in run.sim_runs])
                 if beyond:
@@ -456,9 +462,6 @@ def main() -> None:
                 all_rows += rows
                 missed += m if profile not in checks else 0
                 splits += time_split(shape, profile.name, runs, validation)
-            notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median of "
-                         f"{len(cluster.client_lag_s)} later turns, each simulated turn draws one), root send offsets "
-                         f"up to {1000 * max(offsets.values(), default=0):.1f} ms")
     t2 = time.perf_counter()
     print()
     print_rows(all_rows)

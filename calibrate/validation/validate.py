@@ -319,15 +319,26 @@ def with_client_lag(trace: Trace, lag_s: float) -> Trace:
     return dataclasses.replace(trace, records=records)
 
 
+def _send_lags(trace: Trace, runs: list[PolicyRun]) -> np.ndarray:
+    """Every later turn's live send lag over ``runs``, s (``validate_report.send_lags``)."""
+    from kvroute.calibrate.validation.validate_report import send_lags
+
+    return np.concatenate([send_lags(r, trace) for r in runs] or [np.zeros(0)])
+
+
 def measured_client(trace: Trace, runs: list[PolicyRun]) -> tuple[float, dict[int, float]]:
     """The live client's own timing over ``runs``: the median send lag of later turns (seconds
     from the parent's last token to the send, beyond think time; 0 when there are none) and
     each root request's median send delay beyond its trace timestamp, relative to the least
     delayed root of its run, s (how long the client took to put a burst's roots on the wire)."""
-    from kvroute.calibrate.validation.validate_report import send_lags
+    return _median_lag(_send_lags(trace, runs)), _root_offsets(trace, runs)
 
-    lags = np.concatenate([send_lags(r, trace) for r in runs] or [np.zeros(0)])
-    lag = float(np.median(lags)) if len(lags) else 0.0
+
+def _median_lag(lags: np.ndarray) -> float:
+    return max(float(np.median(lags)), 0.0) if len(lags) else 0.0
+
+
+def _root_offsets(trace: Trace, runs: list[PolicyRun]) -> dict[int, float]:
     offsets: dict[int, list[float]] = {}
     roots = {r.request_id: r.timestamp_ms / 1000.0 for r in trace.records if r.parent is None}
     for run in runs:
@@ -341,7 +352,7 @@ def measured_client(trace: Trace, runs: list[PolicyRun]) -> tuple[float, dict[in
         t0 = min(late.values())
         for rid, x in late.items():
             offsets.setdefault(rid, []).append(x - t0)
-    return max(lag, 0.0), {rid: float(np.median(v)) for rid, v in offsets.items()}
+    return {rid: float(np.median(v)) for rid, v in offsets.items()}
 
 
 def measured_lags(trace: Trace, runs: list[PolicyRun]) -> tuple[float, ...]:
@@ -350,27 +361,27 @@ def measured_lags(trace: Trace, runs: list[PolicyRun]) -> tuple[float, ...]:
     empirical sample ``ClusterSpec.client_lag_s`` draws from. Its spread, not only its median,
     decides whether chats whose replies end in one engine step send their next turns together
     (on the CPU reference on 2026-12-03: median 5.5 ms, quartiles 2.6 and 9.0 ms)."""
-    from kvroute.calibrate.validation.validate_report import send_lags
+    return _lag_sample(_send_lags(trace, runs))
 
-    lags = np.concatenate([send_lags(r, trace) for r in runs] or [np.zeros(0)])
+
+def _lag_sample(lags: np.ndarray) -> tuple[float, ...]:
     return tuple(sorted(max(float(x), 0.0) for x in lags))
 
 
-def with_measured_client(trace: Trace, cluster: ClusterSpec, runs: list[PolicyRun],
-                         keep_offsets: bool = True) -> tuple[Trace, ClusterSpec, float, dict[int, float]]:
+def with_measured_client(trace: Trace, runs: list[PolicyRun],
+                         keep_offsets: bool = True) -> tuple[Trace, tuple[float, ...], float, dict[int, float]]:
     """The simulation's twin of the live client of ``runs``: each later turn waits a send lag
-    drawn from the measured ones (:func:`measured_lags`, ``ClusterSpec.client_lag_s``) and each
-    root request is sent at its measured offset (:func:`measured_client`; none without
+    drawn from the measured ones (:func:`measured_lags`; set it as ``ClusterSpec.client_lag_s``)
+    and each root request is sent at its measured offset (:func:`measured_client`; none without
     ``keep_offsets``, e.g. when the client limited requests in flight).
 
     Returns:
-        ``(trace, cluster, median lag s, root offsets s)`` to simulate and to report.
+        ``(trace, lag sample s, median lag s, root offsets s)``: the trace to simulate, the
+        sample for ``ClusterSpec.client_lag_s``, and the figures to report.
     """
-    lag, offsets = measured_client(trace, runs)
-    if not keep_offsets:
-        offsets = {}
-    lags = measured_lags(trace, runs)
-    return with_root_offsets(trace, offsets), dataclasses.replace(cluster, client_lag_s=lags), lag, offsets
+    lags = _send_lags(trace, runs)
+    offsets = _root_offsets(trace, runs) if keep_offsets else {}
+    return with_root_offsets(trace, offsets), _lag_sample(lags), _median_lag(lags), offsets
 
 
 def with_root_offsets(trace: Trace, offsets_s: dict[int, float]) -> Trace:
@@ -546,11 +557,12 @@ def run_validation(
         if validation.interrupted:
             break
     if measured_lag:
-        sim_trace, lagged, lag, offsets = with_measured_client(trace, cluster, validation.runs,
-                                                               keep_offsets=spec.max_in_flight is None)
+        sim_trace, lags, lag, offsets = with_measured_client(trace, validation.runs,
+                                                             keep_offsets=spec.max_in_flight is None)
+        lagged = dataclasses.replace(cluster, client_lag_s=lags)
         validation.client_lag_s, validation.root_offsets_s = lag, offsets
         progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds with the measured client "
-                 f"lags ({len(lagged.client_lag_s)} drawn from, median {1000 * lag:.1f} ms) and root send offsets "
+                 f"lags ({len(lags)} drawn from, median {1000 * lag:.1f} ms) and root send offsets "
                  f"up to {1000 * max(offsets.values(), default=0.0):.1f} ms")
         predictions = predict(sim_trace, lagged, list(spec.policies), spec.sim_rounds, spec.seed,
                               spec.uncertainty, spec.prior_range)
