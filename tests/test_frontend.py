@@ -209,7 +209,7 @@ def test_engine_speed_drawn_anew_every_period():
 def test_engine_speed_spread_from_bursts_on_every_server():
     import pandas as pd
 
-    from kvroute.calibrate.calibration.speed import engine_speed_process
+    from kvroute.calibrate.calibration.speed import fit_speed
 
     # two bursts of 4 requests per server; server A's TPOT is e^0.2 times the bursts' geometric
     # mean, B's e^-0.2 (so deviations of +-0.2, scaled by sqrt(2) for two servers)
@@ -224,16 +224,16 @@ def test_engine_speed_spread_from_bursts_on_every_server():
                      ttft_s=0.05, t_done_s=9.0, token_times="0.05 9.0", error=None))  # fewer than 4 per server
     # the same deviations over bursts of different spans: the speed does not average out, one
     # factor per run (period 0) fits best
-    sigma, period, used = engine_speed_process(pd.DataFrame(rows))
-    assert used == 2 and period == 0.0
-    assert sigma == pytest.approx(0.2 * np.sqrt(2))
-    assert engine_speed_process(pd.DataFrame(rows[:4])) == (0.0, 0.0, 0)  # one server only
+    fit = fit_speed(pd.DataFrame(rows))
+    assert fit.bursts == 2 and fit.period_s == 0.0 and fit.method == "bursts"
+    assert fit.sigma == pytest.approx(0.2 * np.sqrt(2))
+    assert fit_speed(pd.DataFrame(rows[:4])) is None  # one server only
 
 
 def test_engine_speed_period_from_how_the_spread_shrinks_with_the_burst_span():
     import pandas as pd
 
-    from kvroute.calibrate.calibration.speed import SPEED_PERIODS, engine_speed_process, window_variance
+    from kvroute.calibrate.calibration.speed import SPEED_PERIODS, fit_speed, window_variance
 
     assert window_variance(0.5, 1.0) == pytest.approx(1 - 0.5 / 3) and window_variance(4.0, 1.0) == pytest.approx(
         1 / 4 - 1 / 48)
@@ -250,17 +250,16 @@ def test_engine_speed_period_from_how_the_spread_shrinks_with_the_burst_span():
                 rows.append(dict(exp_id=exp_id, rep=0, kind="burst_all", role="burst", url=url, batch=4, n_tokens=n,
                                  t_send_s=0.0, ttft_s=0.05, t_done_s=0.05 + (n - 1) * tpot,
                                  token_times=f"0.05 {0.05 + (n - 1) * tpot}", error=None))
-    sigma, got, used = engine_speed_process(pd.DataFrame(rows))
+    fit = fit_speed(pd.DataFrame(rows))
+    sigma, got, used = fit.sigma, fit.period_s, fit.bursts
     assert used == 12 and got == pytest.approx(period, rel=0.3) and sigma == pytest.approx(0.3, rel=0.1)
     # the likelihood-ratio interval holds the best period, within the grid, and narrows with data
-    from kvroute.calibrate.calibration.speed import speed_period_interval
-
-    lo, hi = speed_period_interval(pd.DataFrame(rows))
+    lo, hi = fit.interval_s
     assert lo <= got <= hi < 8.0  # 24 deviations leave a wide interval (0.25-3.2 s) but not any period
     few = [r for r in rows if r["exp_id"] in (0, 5)]
-    lo2, hi2 = speed_period_interval(pd.DataFrame(few))
+    lo2, hi2 = fit_speed(pd.DataFrame(few)).interval_s
     assert lo2 <= lo and hi2 > hi
-    assert speed_period_interval(pd.DataFrame(rows[:4])) is None  # one server only
+    assert fit_speed(pd.DataFrame(rows[:4])) is None  # one server only
 
 
 def test_host_stretch_closed_form():

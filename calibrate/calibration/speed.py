@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvroute.calibrate.calibration.bursts import _e2e_and_tpot
+
 SPREAD_MIN_BATCH = 4
 """Bursts of fewer requests per server are left out of the engine-speed spread (their TPOT is
 mostly the API process's, not the engine's)."""
@@ -53,7 +55,7 @@ WINDOW_PERIODS = tuple(float(x) for x in np.geomspace(0.02, 2000.0, 51)) + (math
 such periods apart) to 2000 s, then infinity."""
 
 PERIOD_INTERVAL_DROP = 1.92
-"""Log-likelihood drop bounding :func:`speed_period_interval` (half the 95 % chi-square
+"""Log-likelihood drop bounding :attr:`SpeedFit.interval_s` (half the 95 % chi-square
 quantile of one degree of freedom: a likelihood-ratio interval)."""
 
 
@@ -266,8 +268,6 @@ def _burst_deviations(requests: pd.DataFrame) -> tuple[list[float], list[float],
     Returns:
         ``(deviations, their bursts' spans, bursts used)``.
     """
-    from kvroute.calibrate.calibration.bursts import _e2e_and_tpot
-
     if "kind" not in requests.columns:
         return [], [], 0
     devs, spans, used = [], [], 0
@@ -330,17 +330,3 @@ def fit_speed(requests: pd.DataFrame) -> SpeedFit | None:
     period = 0.0 if best[0] == math.inf else best[0]
     return SpeedFit(math.sqrt(best[2]), period, (min(inside), max(inside)), used, method, math.sqrt(best[3]),
                     tuple((c[0], c[1]) for c in curve))
-
-
-def engine_speed_process(requests: pd.DataFrame) -> tuple[float, float, int]:
-    """``(sigma, period_s, bursts used)`` of :func:`fit_speed`; period 0 (one factor per run)
-    when no finite period fits better; ``(0.0, 0.0, 0)`` without bursts on two or more servers."""
-    fit = fit_speed(requests)
-    return (0.0, 0.0, 0) if fit is None else (fit.sigma, fit.period_s, fit.bursts)
-
-
-def speed_period_interval(requests: pd.DataFrame) -> tuple[float, float] | None:
-    """The engine-speed periods the sweep's bursts do not tell apart from the best one
-    (:attr:`SpeedFit.interval_s`), s; None without bursts on two or more servers."""
-    fit = fit_speed(requests)
-    return None if fit is None else fit.interval_s
