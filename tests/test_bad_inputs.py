@@ -266,6 +266,10 @@ def test_bad_meta_json_for_fit(tmp_path, meta, expected):
     ("requests.csv", "exp_id,ttft_s\n0,0.1\n1,fast\n", "requests.csv:3: field 'ttft_s': expected a number, got 'fast'"),
     ("experiments.csv", "exp_id,api_cpu_s\n0,0.1\n1,\n2,abc\n",
      "experiments.csv:4: field 'api_cpu_s': expected a number, got 'abc'"),  # an empty cell is a missing value
+    ("requests.csv", "exp_id,token_times\n0,0.01 0.02\n1,\n2,0.01 abc\n",
+     "requests.csv:4: field 'token_times': expected space-separated seconds, got 'abc'"),
+    ("requests.csv", "exp_id,token_times\n0,0.01 nan 0.03\n",
+     "requests.csv:2: field 'token_times': expected finite seconds, got nan"),
 ])
 def test_bad_number_in_a_sweep_table_for_fit(tmp_path, name, text, expected):
     write(tmp_path / "meta.json", '{"servers": []}')

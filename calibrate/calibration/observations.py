@@ -203,12 +203,20 @@ writes, less its ``TEXT_COLUMNS``); an empty cell is a missing value."""
 
 
 def _numeric(df: pd.DataFrame, numbers: tuple[str, ...], where: Path, first_line: int | None = None) -> pd.DataFrame:
-    """``df`` with every column of ``numbers`` it has as numbers.
+    """``df`` with every column of ``numbers`` it has as numbers, its ``token_times`` checked.
 
     Raises:
-        InputError: a cell that is neither empty nor a number; names the file, the line (for a
-            CSV file whose first data row is on ``first_line``) and the column.
+        InputError: a cell that is neither empty nor a number, or a ``token_times`` cell that is
+            not finite numbers (:func:`token_times`); names the file, the line (for a CSV file
+            whose first data row is on ``first_line``) and the column.
     """
+    if "token_times" in df:
+        for i, text in enumerate(df["token_times"]):
+            try:
+                token_times(text)
+            except ValueError as exc:
+                raise InputError(str(exc), str(where), None if first_line is None else first_line + i,
+                                 "token_times") from None
     for col in numbers:
         if col not in df or pd.api.types.is_numeric_dtype(df[col]):
             continue
@@ -234,10 +242,31 @@ def engine_config(info: ServerInfo) -> EngineConfig:
     )
 
 
-def _times(s) -> np.ndarray:
-    if not isinstance(s, str) or not s.strip():
+def token_times(text) -> np.ndarray:
+    """A ``token_times`` cell of a sweep's requests: each output token's arrival, s after the
+    send (space-separated); empty for an empty or missing cell.
+
+    Raises:
+        ValueError: an entry that is not a finite number (the message quotes it).
+    """
+    if not isinstance(text, str) or not text.strip():
         return np.zeros(0)
-    return np.array([float(x) for x in s.split()])
+    try:
+        times = np.array(text.split(), float)
+    except ValueError:
+        bad = next(x for x in text.split() if not _is_number(x))
+        raise ValueError(f"expected space-separated seconds, got {bad!r}") from None
+    if not np.isfinite(times).all():
+        raise ValueError(f"expected finite seconds, got {float(times[~np.isfinite(times)][0])!r}")
+    return times
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _f(x) -> float:
@@ -303,7 +332,7 @@ def build_observations(
             notes.append(f"exp {exp_id} ({kind}): a request failed; left out")
             continue
         B = len(grp)
-        tabs = [float(r["t_send_s"]) + _times(r["token_times"]) for _, r in grp.iterrows()]
+        tabs = [float(r["t_send_s"]) + token_times(r["token_times"]) for _, r in grp.iterrows()]
         plens = [int(r["prompt_len"]) for _, r in grp.iterrows()]
         if any(len(t) < 3 for t in tabs):
             notes.append(f"exp {exp_id} ({kind}): a stream had fewer than 3 tokens; left out")

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from kvroute.calibrate.calibration.bursts import _e2e_and_tpot
+from kvroute.calibrate.calibration.observations import token_times
 
 SPREAD_MIN_BATCH = 4
 """Bursts of fewer requests per server are left out of the engine-speed spread (their TPOT is
@@ -154,9 +155,10 @@ def _token_curve(grp: pd.DataFrame) -> np.ndarray | None:
     sent = grp["t_send_s"].to_numpy(float) if "t_send_s" in grp else np.zeros(len(grp))
     times = []
     for text, t0 in zip(grp["token_times"], sent):
-        if not isinstance(text, str) or not text.strip():
+        seen = token_times(text)
+        if not len(seen):
             return None
-        times.append(np.array(text.split(), float) + t0)
+        times.append(seen + t0)
     n = min(len(t) for t in times)
     return np.mean([t[:n] for t in times], axis=0)
 
