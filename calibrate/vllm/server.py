@@ -284,6 +284,20 @@ def cpu_cores() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
+API_CORES = {
+    "spare": "the cores no engine uses, or every core when each core has an engine (the API "
+             "servers float, and which engine's core each lands on changes at random)",
+    "own": "each server's API process on its own engine's core: no core is free of an engine's "
+           "work, but every engine always shares its core with its own API process alone",
+    "any": "every core",
+}
+"""Where a CPU server's API process runs (``plan_servers(api_cores=...)``). Measured on the 2-core
+reference (2026-12-03, one server probed, the other idle, client on the other core): decode ITL
+1.3-1.8 ms with the API process off the engine's core, 1.7-3.2 ms on it; with two servers and no
+spare core, floating API processes and the client land on one engine's core or the other and
+the servers' decode speed flips between about 1.7 and 3 ms for minutes at a time."""
+
+
 def plan_servers(
     model: str,
     num_servers: int | None = None,
@@ -296,11 +310,12 @@ def plan_servers(
     extra_args: Sequence[str] = (),
     log_dir: str | Path = ".",
     device: str = "auto",
+    api_cores: str = "spare",
 ) -> list[ServerSpec]:
     """Specs of one server per GPU, or one per CPU core without GPUs.
 
-    On the CPU, server ``i``'s engine runs on core ``i``; the API servers run on the cores no
-    engine uses, or on every core when each core has an engine.
+    On the CPU, server ``i``'s engine runs on core ``i``; where its API server runs is
+    ``api_cores`` (``API_CORES``).
 
     Args:
         model: model directory or id.
@@ -310,8 +325,11 @@ def plan_servers(
         device: ``"auto"``, ``"gpu"`` or ``"cpu"``.
 
     Raises:
-        ValueError: more servers than devices, or ``device="gpu"`` without GPUs.
+        ValueError: more servers than devices, ``device="gpu"`` without GPUs, or an unknown
+            ``api_cores``.
     """
+    if api_cores not in API_CORES:
+        raise ValueError(f"api_cores must be one of {sorted(API_CORES)}, got {api_cores!r}")
     gpus = detect_gpus() if device in ("auto", "gpu") else []
     if device == "gpu" and not gpus:
         raise ValueError("no GPU found (nvidia-smi -L lists none and CUDA_VISIBLE_DEVICES is unset)")
@@ -335,8 +353,9 @@ def plan_servers(
             specs.append(ServerSpec(**common, block_size=block_size or 16, cuda_device=devices[i],
                                     gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=None))
         else:
+            frontend = {"spare": spare or None, "own": (devices[i],), "any": None}[api_cores]
             specs.append(ServerSpec(**common, block_size=block_size or 32, cpu_core=devices[i],
-                                    frontend_cores=spare or None, kv_cache_gib=kv_cache_gib))
+                                    frontend_cores=frontend, kv_cache_gib=kv_cache_gib))
     return specs
 
 

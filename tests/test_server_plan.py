@@ -1,0 +1,33 @@
+"""Where planned vLLM CPU servers put their engines and API processes (calibrate/vllm/server.py)."""
+
+import pytest
+
+from kvroute.calibrate.vllm import server
+from kvroute.calibrate.vllm.server import plan_servers
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    monkeypatch.setattr(server, "detect_gpus", lambda: [])
+    monkeypatch.setattr(server, "cpu_cores", lambda: [0, 1])
+
+
+@pytest.mark.parametrize("api_cores,expected", [
+    ("spare", [None, None]),  # no core without an engine: the API processes float
+    ("own", [(0,), (1,)]),
+    ("any", [None, None]),
+])
+def test_api_processes_on_two_engines_cores(two_cores, api_cores, expected):
+    specs = plan_servers("m", 2, api_cores=api_cores)
+    assert [s.cpu_core for s in specs] == [0, 1]
+    assert [s.frontend_cores for s in specs] == expected
+
+
+def test_a_spare_core_takes_the_api_process_unless_asked_otherwise(two_cores):
+    assert plan_servers("m", 1)[0].frontend_cores == (1,)
+    assert plan_servers("m", 1, api_cores="own")[0].frontend_cores == (0,)
+
+
+def test_unknown_placement_is_refused(two_cores):
+    with pytest.raises(ValueError, match=r"api_cores must be one of \['any', 'own', 'spare'\], got 'mine'"):
+        plan_servers("m", 2, api_cores="mine")
