@@ -209,9 +209,9 @@ class Cluster:
         prof = spec.profile
         self.frontends = Frontends(prof.frontend, spec.num_workers) if prof.frontend is not None else None
         loaded = self.frontends is not None or prof.host is not None
-        step_costs = [ContendedStepCost(prof.step_cost, prof.host, self._num_busy, speed, lambda: self.env.now,
+        step_costs = [ContendedStepCost(prof.step_cost, prof.host, self._busy_for(w), speed, lambda: self.env.now,
                                         prof.frontend)
-                      for speed in engine_speed_processes(prof.host, spec.num_workers, seed)] \
+                      for w, speed in enumerate(engine_speed_processes(prof.host, spec.num_workers, seed))] \
             if prof.host else [prof.step_cost] * spec.num_workers
         # NOTE: token times are kept by other callbacks, chosen once here, so a run without them
         # pays no test per token.
@@ -450,6 +450,31 @@ class Cluster:
             for child in self.workload.children.get(record.trace.request_id, ()):
                 lag = lags[int(self._lag_rng.integers(len(lags)))] if lags else 0.0
                 self.env.process(self._client(child, now + child.think_time_ms / 1000.0 + lag))
+
+    def _busy_for(self, worker: int) -> Callable[[float], float]:
+        """The load function worker ``worker``'s step costs read: the whole host's
+        (:meth:`_num_busy`), or with ``host.api_on_engine_core`` its own core's times ``cores``
+        (:meth:`_num_busy_on_core`)."""
+        if self.spec.profile.host.api_on_engine_core:
+            return lambda duration: self._num_busy_on_core(worker, duration)
+        return self._num_busy
+
+    def _num_busy_on_core(self, worker: int, duration: float) -> float:
+        """``cores`` times the load on ``worker``'s core over the next ``duration`` seconds: its
+        engine (with work or spinning, as in :meth:`_num_busy`), its own API lanes' shares, and
+        the client's ``host.client_busy`` share (while some lane is busy) spread over the cores.
+        Times ``cores``, so that :meth:`HostModel.stretch` turns it into the per-core stretch
+        ``1 + contention * max(0, load - max(1, baseline / cores))``."""
+        now = self.env.now
+        host = self.spec.profile.host
+        w = self.workers[worker]
+        engine = float(w.scheduler.has_unfinished_requests() or now - w.idle_since < host.engine_spin_s)
+        if self.frontends is None:
+            return host.cores * engine
+        shares = self.frontends.busy_shares(now, duration)
+        per = self.frontends.model.api_server_count
+        own = sum(shares[worker * per:(worker + 1) * per])
+        return host.cores * (engine + own) + host.client_busy * max(shares, default=0.0)
 
     def _num_busy(self, duration: float = 0.0) -> float:
         """The host model's load over the next ``duration`` seconds (0: now): engines with work

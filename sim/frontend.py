@@ -135,6 +135,12 @@ class HostModel:
             requests sent to both servers at once finished with a log-spread of 0.17-0.36
             between the servers, and the slower one changed from burst to burst. Without it,
             identical workers step in lock-step and closed-loop turns reach the router together.
+        api_on_engine_core: each server's API process runs on its own engine's core, one core per
+            server (``kvroute serve --api-cores own``): worker ``w``'s steps are stretched by the
+            processes on its core alone, its engine, its own API lanes' share and the client's
+            ``client_busy`` spread over the cores, against a baseline of ``baseline / cores`` per
+            core. Computed by the same :meth:`stretch` with the per-core count times ``cores``.
+            False: every busy process competes for every core.
 
     Raises:
         ValueError: ``cores < 1`` or negative terms.
@@ -149,6 +155,7 @@ class HostModel:
     client_busy: float = 0.0
     engine_speed_sigma: float = 0.0
     engine_speed_period_s: float = 0.0
+    api_on_engine_core: bool = False
 
     def __post_init__(self) -> None:
         _check_terms(self, "host", "cores")
@@ -347,10 +354,10 @@ def host_from_dict(doc: dict | None, where: str) -> HostModel | None:
         return None
     if "cores" not in doc:
         raise ValueError(f"{where}: section 'host' lacks 'cores'")
-    return _build(HostModel, doc, where, "host", ints=("cores",))
+    return _build(HostModel, doc, where, "host", ints=("cores",), bools=("api_on_engine_core",))
 
 
-def _build(cls, doc, where: str, section: str, ints: tuple[str, ...]):
+def _build(cls, doc, where: str, section: str, ints: tuple[str, ...], bools: tuple[str, ...] = ()):
     if not isinstance(doc, dict):
         raise ValueError(f"{where}: section {section!r} must be an object")
     fields = cls.__dataclass_fields__
@@ -359,7 +366,11 @@ def _build(cls, doc, where: str, section: str, ints: tuple[str, ...]):
         raise ValueError(f"{where}: unknown field(s) {unknown} in section {section!r}; known: {sorted(fields)}")
     kw = {}
     for k, v in doc.items():
-        if k in fields:
+        if k in bools:
+            if not isinstance(v, bool):
+                raise ValueError(f"{where}: {section}.{k} must be true or false, got {v!r}")
+            kw[k] = v
+        elif k in fields:
             try:
                 kw[k] = int(v) if k in ints else float(v)
             except (TypeError, ValueError) as exc:

@@ -159,6 +159,38 @@ def test_the_client_counts_as_busy_only_while_responses_stream():
     assert quiet._num_busy() == 1
 
 
+def test_with_api_processes_on_their_engines_cores_a_lane_stretches_its_own_engine_alone():
+    # two cores, fair sharing, 1 ms of lane time per prompt token. At 0 s worker 0 gets a
+    # 1,000-token prompt (lane 0 busy 0 - 1 s, one 1.01 s step) and worker 1 a 100-token one
+    # (lane 1 busy 0 - 0.1 s, one 0.11 s step); both engines start at once (no overheads).
+    records = [rec(0, 1000, 1), rec(1, 100, 1)]
+    fe = {"per_prompt_token_s": 0.001}
+    host = {"cores": 2, "contention": 1.0, "baseline_busy": 2}
+    shared = run(profile(frontend=fe, host=host), records, workers=2).records.set_index("request_id")
+    own = run(profile(frontend=fe, host={**host, "api_on_engine_core": True}), records, workers=2)
+    own = own.records.set_index("request_id")
+    # the whole host: both lanes' busy time over a step, shared by both engines (1 / cores each)
+    assert shared.at[1, "ttft"] == pytest.approx(0.11 + (0.11 + 0.1) / 2)
+    assert shared.at[0, "ttft"] == pytest.approx(1.01 + (1.0 + 0.1) / 2)
+    # per core: each engine is stretched by its own lane's busy time alone, in full
+    assert own.at[1, "ttft"] == pytest.approx(0.11 + 0.1)
+    assert own.at[0, "ttft"] == pytest.approx(1.01 + 1.0)
+
+
+def test_per_core_load_counts_the_engine_its_lanes_and_a_share_of_the_client():
+    from kvroute.sim.cluster import Cluster
+
+    prof = profile(frontend={"per_output_token_s": 0.01},
+                   host={"cores": 2, "contention": 1.0, "client_busy": 1.0, "api_on_engine_core": True})
+    cluster = Cluster(Trace([rec(0, 100, 1)], block_size=16), ClusterSpec(prof, num_workers=2), 0)
+    busy0, busy1 = cluster._busy_for(0), cluster._busy_for(1)
+    assert (busy0(0.0), busy1(0.0)) == (0.0, 0.0)
+    cluster.frontends.lanes[1][0].free_at = 0.5  # worker 1's API process streams until 0.5 s
+    # times cores: worker 1's core holds its lane (1) and half the client; worker 0's half the client
+    assert (busy0(0.0), busy1(0.0)) == (1.0, 3.0)
+    assert busy1(1.0) == 2 * 0.5 + 0.5  # over the next second the lane is busy half of it
+
+
 def test_each_worker_steps_at_its_own_drawn_speed():
     from kvroute.sim.cluster import engine_speeds
 
@@ -311,6 +343,7 @@ def test_contended_step_takes_its_streaming_baseline_from_its_decoding_requests(
     ("host", {"cores": 2, "engine_speed_sigma": 50}, "host.engine_speed_sigma must be <= 2.0"),
     ("host", {"cores": 2, "engine_speed_sigma": "abc"}, "host.engine_speed_sigma must be a number, got 'abc'"),
     ("host", {"cores": 2, "engine_speed_period_s": -1}, "host.engine_speed_period_s must be finite and >= 0"),
+    ("host", {"cores": 2, "api_on_engine_core": 1}, "host.api_on_engine_core must be true or false, got 1"),
 ])
 def test_bad_sections_name_the_field(section, body, message):
     with pytest.raises(ValueError, match=r"<dict>: .*" + __import__("re").escape(message)):
