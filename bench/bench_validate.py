@@ -121,7 +121,7 @@ def make_trace(shape: str):
 
 
 @contextlib.contextmanager
-def _servers(urls: list[str], log_dir: Path, port_base: int):
+def _servers(urls: list[str], log_dir: Path, port_base: int, api_cores: str = "spare"):
     if urls:
         yield urls
         return
@@ -130,7 +130,7 @@ def _servers(urls: list[str], log_dir: Path, port_base: int):
 
     model = str(build_tiny_model())
     specs = plan_servers(model, 2, port_base=port_base, served_model_name=TINY_MODEL_NAME, block_size=32,
-                         kv_cache_gib=1, log_dir=log_dir, device="cpu")
+                         kv_cache_gib=1, log_dir=log_dir, device="cpu", api_cores=api_cores)
     print(f"starting {len(specs)} vLLM CPU servers (logs in {log_dir}) ...", file=sys.stderr)
     with serve_many(specs, timeout_s=900) as servers:
         yield [s.url for s in servers]
@@ -243,13 +243,15 @@ def period_variants(profile) -> list:
     return out
 
 
-def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweeps: int = 1) -> Path:
+def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweeps: int = 1,
+                   api_cores: str = "spare") -> Path:
     """Calibrate ``urls`` in place: ``kvroute calibrate measure`` (full preset, with the
     concurrency sweep, extended to ``longest`` tokens when given) into ``out``, ``sweeps`` times
     one after another (into ``out/sweep-1``, ``out/sweep-2``, ... when more than one), then one
     ``kvroute calibrate fit`` of them all pooled (no bootstrap); returns the profile's path,
     ``out/profile.json``. The processors behind this machine differ from session to session, so
-    a profile measured in another session carries another speed.
+    a profile measured in another session carries another speed. ``api_cores``: where the
+    servers run their API processes (``own``: the fit counts the host's load per core).
 
     Raises:
         SystemExit: a calibration command failed (its exit code and the folder named).
@@ -262,7 +264,7 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweep
              + (["--longest", str(longest)] if longest else [])
              + [a for u in urls for a in ("--url", u)] for d in dirs]
     steps.append(kvroute + ["calibrate", "fit", *map(str, dirs), "--out", str(out / "profile.json"), "--bootstrap", "0",
-                            "--name", "calibrated-here"])
+                            "--name", "calibrated-here", "--api-cores", "own" if api_cores == "own" else "spare"])
     for cmd in steps:
         print("+", " ".join(cmd[3:]), file=sys.stderr)
         rc = subprocess.run(cmd).returncode
@@ -381,6 +383,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", action="append", default=[], help="Use running servers instead of starting two.")
     parser.add_argument("--port-base", type=int, default=8300, help="First port of the servers started here.")
+    parser.add_argument("--api-cores", choices=("spare", "own", "any"), default="spare",
+                        help="Where each server's API process runs (kvroute serve --api-cores): spare (default, they "
+                             "float when every core has an engine) or own (its engine's core); with --url, how those "
+                             "servers were started. --calibrate fits the host model to match.")
     parser.add_argument("--profile", action="append", default=[],
                         help=f"Profile to score (repeatable; default: {', '.join(DEFAULT_PROFILES)}).")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma-separated shapes (default: all: {','.join(SHAPES)}).")
@@ -420,11 +426,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     all_rows, missed, notes, splits, probes = [], 0, [], [], {}
-    servers = contextlib.nullcontext([]) if args.rescore else _servers(args.url, args.out, args.port_base)
+    servers = contextlib.nullcontext([]) if args.rescore else _servers(args.url, args.out, args.port_base, args.api_cores)
     with servers as urls:
         t1 = time.perf_counter()
         if args.calibrate and not args.rescore:
-            names.insert(0, str(calibrate_here(urls, args.out / "calibration", args.longest, args.sweeps)))
+            names.insert(0, str(calibrate_here(urls, args.out / "calibration", args.longest, args.sweeps,
+                                                 args.api_cores)))
             notes.append(f"calibrated on these servers in {time.perf_counter() - t1:.0f} s: {names[0]}")
             t1 = time.perf_counter()
         profiles = [load_profile(p) for p in names]

@@ -53,12 +53,17 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
 @click.option("--kv-cache-gib", type=float, default=1.0, show_default=True, help="KV cache per server on the CPU backend, GiB.")
 @click.option("--max-model-len", type=int, default=None, help="vLLM --max-model-len.")
 @click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True)
+@click.option("--api-cores", type=click.Choice(["spare", "own", "any"]), default="spare", show_default=True,
+              help="CPU backend: where each server's API process runs. spare: the cores no engine uses (every core "
+                   "when none is spare); own: its own engine's core, so each engine shares its core with its own "
+                   "API process alone and decode speed does not flip with where the kernel puts the API processes; "
+                   "any: every core.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=".", show_default=True, help="Where vllm-<port>.log files go.")
 @click.option("--vllm-args", default="", help="More vLLM arguments, as one shell-quoted string.")
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds to wait for /health.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memory_utilization, kv_cache_gib,
-          max_model_len, device, log_dir, vllm_args, timeout, extra):
+          max_model_len, device, api_cores, log_dir, vllm_args, timeout, extra):
     """Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up
     until Ctrl-C. Arguments after ``--`` go to vLLM as they are.
 
@@ -94,7 +99,7 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     args = shlex.split(vllm_args) + list(extra)
     try:
         specs = plan_servers(model_path, num_servers, port_base, served_model_name or model, block_size,
-                             gpu_memory_utilization, kv_cache_gib, max_model_len, args, log_dir, device)
+                             gpu_memory_utilization, kv_cache_gib, max_model_len, args, log_dir, device, api_cores)
     except ValueError as exc:
         _fail(str(exc))
     for s in specs:
@@ -236,12 +241,16 @@ def _rows(path: Path) -> int:
 @click.option("--stream-baseline/--no-stream-baseline", default=True, show_default=True,
               help="Count the API processes and the client, which streamed while the decode steps were timed, in "
                    "those steps' contention baseline (host.baseline_stream_busy); off: engines only, as before.")
+@click.option("--api-cores", type=click.Choice(["spare", "own"]), default="spare", show_default=True,
+              help="Where the sweep's servers ran their API processes (kvroute serve --api-cores): own: each on its "
+                   "engine's core, so the host model counts load per core (host.api_on_engine_core); spare: the whole "
+                   "host's load stretches every engine.")
 @click.option("--base-profile", default=None,
               help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
                    "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
 @check_values(rules={"api_server_count": POSITIVE_INT, "client_busy": Num(minimum=0.0), "engine_spin": SECONDS})
 def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
-            bootstrap, bursts, api_server_count, client_busy, engine_spin, stream_baseline, base_profile):
+            bootstrap, bursts, api_server_count, client_busy, engine_spin, stream_baseline, api_cores, base_profile):
     """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report.
 
     Several RUN_DIRs (sweeps of the same servers, taken one after another) are pooled into one
@@ -264,7 +273,7 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
     out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
     if base_profile is not None:
         _fit_bursts_only(base_profile, run_dir, out, name or out.stem, meta, req, exp, api_server_count, client_busy,
-                         engine_spin, stream_baseline)
+                         engine_spin, stream_baseline, api_cores == "own")
         return
     obs, notes = build_observations(req, exp, engine_config(info), itl_source)
     for n in notes[:8]:
@@ -277,8 +286,8 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
         _fail(str(exc))
     name = name or out.stem
     doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
-    burst_text = (_fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline)
-                  if bursts else None)
+    burst_text = (_fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline,
+                              api_cores == "own") if bursts else None)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
     load_profile(out)  # the simulator must accept what we wrote
@@ -298,7 +307,8 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
 
 
 def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, exp, api_server_count: int,
-                     client_busy: float, engine_spin: float, stream_baseline: bool = True) -> None:
+                     client_busy: float, engine_spin: float, stream_baseline: bool = True,
+                     own_cores: bool = False) -> None:
     """Write ``base`` (its step costs and overheads) with burst terms fitted to RUN_DIR as ``name``."""
     import copy
 
@@ -314,7 +324,7 @@ def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, 
     doc["provenance"]["base_profile"] = (f"step costs and overheads of {base} ({doc['provenance'].get('date', '?')}); "
                                          f"front-end and host terms fitted to the bursts in {run_dir} "
                                          f"({meta.get('started')} - {meta.get('finished')})")
-    text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline)
+    text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline, own_cores)
     if text is None:
         _fail(f"{run_dir} holds no bursts to fit")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -324,9 +334,10 @@ def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, 
 
 
 def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_busy: float = 1.0,
-                engine_spin: float = 1.0, stream_baseline: bool = True) -> str | None:
+                engine_spin: float = 1.0, stream_baseline: bool = True, own_cores: bool = False) -> str | None:
     """Add the front-end and host sections fitted to the sweep's bursts to ``doc``; returns the
-    report text, or None when the sweep has no bursts."""
+    report text, or None when the sweep has no bursts. ``own_cores``: the servers ran their API
+    processes on their engines' cores (``HostModel.api_on_engine_core``)."""
     import math
     import os
     from dataclasses import replace
@@ -346,7 +357,8 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
     # read: they count in those steps' baseline (HostModel.baseline_stream_busy).
     ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1), servers,
                       api_server_count, client_busy=client_busy, engine_spin_s=engine_spin, refine_evals=40,
-                      baseline_stream_busy=servers + client_busy if stream_baseline else 0.0)
+                      baseline_stream_busy=servers + client_busy if stream_baseline else 0.0,
+                      api_on_engine_core=own_cores)
     speed = fit_speed(req)
     if speed is not None:
         ff = replace(ff, host=replace(ff.host, engine_speed_sigma=speed.sigma, engine_speed_period_s=speed.period_s))

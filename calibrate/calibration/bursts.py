@@ -356,7 +356,7 @@ def with_terms(profile: Profile, x: np.ndarray, count: int, host: HostModel) -> 
 def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_busy: float,
                  api_server_count: int = 1, seeds: tuple[int, ...] = (0,), max_evals: int = 120,
                  client_busy: float = 0.0, refine_evals: int = 0, engine_spin_s: float = 0.0,
-                 baseline_stream_busy: float = 0.0) -> FrontendFit:
+                 baseline_stream_busy: float = 0.0, api_on_engine_core: bool = False) -> FrontendFit:
     """Fit the front-end and host terms to ``bursts`` (see the module doc).
 
     Args:
@@ -377,6 +377,8 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
         baseline_stream_busy: processes that streamed while the decode steps were measured
             (``HostModel.baseline_stream_busy``: the sweep's servers' API processes and the
             client; 0: none counted).
+        api_on_engine_core: each server's API process ran on its engine's core
+            (``HostModel.api_on_engine_core``; ``kvroute serve --api-cores own``).
 
     Raises:
         ValueError: no bursts.
@@ -388,7 +390,8 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     checked = bursts
     bursts = [b for b in bursts if not b.prefix_len] or bursts  # fitted to cold bursts, see FrontendFit
     host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy, client_busy=client_busy,
-                     engine_spin_s=engine_spin_s, baseline_stream_busy=baseline_stream_busy)
+                     engine_spin_s=engine_spin_s, baseline_stream_busy=baseline_stream_busy,
+                     api_on_engine_core=api_on_engine_core)
     scale = np.array([max(profile.overheads.api_server_s, 1e-3), 1e-4, 1e-4])
     one = [b for b in bursts if b.num_servers == 1] or bursts
     loaded = [b for b in bursts if b.num_servers > 1]
@@ -448,7 +451,8 @@ def profile_sections(ff: FrontendFit) -> dict:
         "host": {"cores": h.cores, "contention": r(h.contention), "baseline_busy": r(h.baseline_busy),
                  "baseline_stream_busy": r(h.baseline_stream_busy),
                  "client_busy": r(h.client_busy), "engine_spin_s": r(h.engine_spin_s),
-                 "engine_speed_sigma": r(h.engine_speed_sigma), "engine_speed_period_s": r(h.engine_speed_period_s)},
+                 "engine_speed_sigma": r(h.engine_speed_sigma), "engine_speed_period_s": r(h.engine_speed_period_s),
+                 **({"api_on_engine_core": True} if h.api_on_engine_core else {})},
         "burst_fit": {
             "method": "Nelder-Mead on squared log ratios of simulated to measured burst figures (scipy)",
             "evaluations": ff.evaluations,
