@@ -47,8 +47,8 @@ from libc.string cimport memset
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 
-from kvroute.sim._prefix_map cimport (EMPTY, MIN_CAPACITY, map_clear, map_erase, map_free, map_get,
-                                      map_init, map_prefetch, map_replace, map_setdefault, prefetch)
+from kvroute.sim._prefix_map cimport (EMPTY, MIN_CAPACITY, map_clear, map_create, map_erase, map_free,
+                                      map_get, map_prefetch, map_replace, map_setdefault, prefetch)
 
 
 cdef class BlockPool:
@@ -79,7 +79,7 @@ cdef class BlockPool:
         self.num_evictions = 0
         self.kv_event_listener = None
         self._grow(min(<int32_t>MIN_CAPACITY, self.num_gpu_blocks))
-        map_init(&self._cached_map, MIN_CAPACITY)
+        map_create(&self._cached_map, self.num_gpu_blocks - 1)  # block 0 is never cached
         self._blocks[0].ref_cnt = 1  # the null block is never freed
         self._fresh = 1  # the queue: fake head/tail 0 <-> block 1, standing for 1 .. N - 1
         self._link_fresh(0, 0)
