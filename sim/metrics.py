@@ -300,32 +300,8 @@ SUMMARY_METRICS: dict[str, str] = {
 """Summary keys and their human labels, in report order."""
 
 
-def _q(values: np.ndarray | array, q: float) -> float:
-    """``float(np.quantile(values, q))`` (numpy's default, "linear" method) for ``q`` in [0, 1];
-    NaN when there are no values.
-
-    NOTE: the same float operations in numpy's order (``numpy.lib._function_base_impl``:
-    ``_quantile``, ``_get_indexes``, ``_lerp``), because ``np.quantile`` imports ``numpy.ma`` on
-    its first call (``np.unique`` asks ``np.ma.is_masked``): about 46 M instructions, 2.6 % of a
-    1,000-request run. tests/test_summary_rows.py checks it against ``np.quantile`` bit for bit.
-    """
-    n = len(values)
-    if n == 0:
-        return math.nan
-    virtual = (n - 1) * q
-    if virtual >= n - 1:
-        below = above = n - 1  # numpy: both index -1, the last value
-        gamma = virtual + 1.0  # numpy: virtual - (-1)
-    else:
-        below = math.floor(virtual)
-        above = below + 1
-        gamma = virtual - below
-    part = np.partition(values, sorted({below, above, n - 1}))  # NaN sorts last
-    if part[n - 1] != part[n - 1]:  # a NaN: numpy returns the last value
-        return float(part[n - 1])
-    a, b = float(part[below]), float(part[above])
-    diff = b - a
-    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+def _q(values: np.ndarray, q: float) -> float:
+    return float(np.quantile(values, q)) if len(values) else math.nan
 
 
 def _mean(values: np.ndarray) -> float:

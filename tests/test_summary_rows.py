@@ -137,30 +137,3 @@ def test_comparison_frames_and_json_as_before():
                 assert [math.nan if v is None else v for v in entry["rounds"]] == pytest.approx(values, nan_ok=True, rel=0, abs=0)
                 mean = frame.loc[metric, "mean"]
                 assert same(math.nan if entry["mean"] is None else entry["mean"], float(mean))
-
-
-def test_quantile_equals_numpy_bit_for_bit():
-    """``summarize``'s quantile (computed without ``np.quantile``, which imports numpy.ma) gives
-    numpy's value to the bit: sizes 1-40, ties, infinities, NaNs, arrays and ``array('d')``."""
-    from array import array
-
-    from kvroute.sim.metrics import _q
-
-    rng = np.random.default_rng(7)
-    for n in range(1, 41):
-        for trial in range(20):
-            values = rng.lognormal(-1.0, 1.5, n)
-            if trial % 4 == 1:
-                values = np.round(values, 1)  # ties
-            if trial % 4 == 2:
-                values[rng.integers(n)] = np.inf
-            if trial % 4 == 3 and trial % 8 == 7:
-                values[rng.integers(n)] = np.nan
-            for q in (0.0, 0.01, 0.25, 0.5, 0.9, 0.95, 0.99, 1.0):
-                for given in (values, array("d", values)):
-                    with np.errstate(invalid="ignore"):  # numpy's inf - inf
-                        want = float(np.quantile(values, q))
-                    got = _q(given, q)
-                    assert (want == got and math.copysign(1, want) == math.copysign(1, got)) \
-                        or (math.isnan(want) and math.isnan(got)), (n, trial, q, want, got)
-    assert math.isnan(_q(np.array([]), 0.5))
