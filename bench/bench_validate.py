@@ -4,7 +4,8 @@
     python bench/bench_validate.py --shapes short-replies --live-rounds 1     # about 1.5 min
     python bench/bench_validate.py --url http://127.0.0.1:8300 --url http://127.0.0.1:8301
 
-Starts two tiny-model vLLM CPU servers (one core each for the engine; ports from ``--port-base``)
+Starts two tiny-model vLLM CPU servers (one core each for the engine, and by default each
+server's API process on its engine's core, ``--api-cores own``; ports from ``--port-base``)
 unless ``--url`` is given. For each workload shape it replays the trace live under round_robin
 and kv_aware (prefix cache reset before each), ``--live-rounds`` times (by default
 ``LIVE_ROUNDS`` of the shape; interleaved: ``kvroute
@@ -383,10 +384,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", action="append", default=[], help="Use running servers instead of starting two.")
     parser.add_argument("--port-base", type=int, default=8300, help="First port of the servers started here.")
-    parser.add_argument("--api-cores", choices=("spare", "own", "any"), default="spare",
-                        help="Where each server's API process runs (kvroute serve --api-cores): spare (default, they "
-                             "float when every core has an engine) or own (its engine's core); with --url, how those "
-                             "servers were started. --calibrate fits the host model to match.")
+    parser.add_argument("--api-cores", choices=("spare", "own"), default="own",
+                        help="Where each server's API process runs (kvroute serve --api-cores): own (default: its "
+                             "engine's core) or spare (they float when every core has an engine, and the servers' "
+                             "decode speed flips with where the kernel puts them); with --url, how those servers were "
+                             "started. --calibrate fits the host model to match.")
     parser.add_argument("--profile", action="append", default=[],
                         help=f"Profile to score (repeatable; default: {', '.join(DEFAULT_PROFILES)}).")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma-separated shapes (default: all: {','.join(SHAPES)}).")
