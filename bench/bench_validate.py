@@ -245,14 +245,15 @@ def period_variants(profile) -> list:
 
 
 def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweeps: int = 1,
-                   api_cores: str = "spare") -> Path:
+                   api_cores: str = "spare", client_cores: str | None = None) -> Path:
     """Calibrate ``urls`` in place: ``kvroute calibrate measure`` (full preset, with the
     concurrency sweep, extended to ``longest`` tokens when given) into ``out``, ``sweeps`` times
     one after another (into ``out/sweep-1``, ``out/sweep-2``, ... when more than one), then one
     ``kvroute calibrate fit`` of them all pooled (no bootstrap); returns the profile's path,
     ``out/profile.json``. The processors behind this machine differ from session to session, so
     a profile measured in another session carries another speed. ``api_cores``: where the
-    servers run their API processes (``own``: the fit counts the host's load per core).
+    servers run their API processes (``own``: the fit counts the host's load per core);
+    ``client_cores``: the sweep's client's cores (``measure --client-cores``).
 
     Raises:
         SystemExit: a calibration command failed (its exit code and the folder named).
@@ -263,6 +264,7 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweep
     dirs = [out] if sweeps == 1 else [out / f"sweep-{k}" for k in range(1, sweeps + 1)]
     steps = [kvroute + ["calibrate", "measure", "--out", str(d), "--no-progress"]
              + (["--longest", str(longest)] if longest else [])
+             + (["--client-cores", client_cores] if client_cores else [])
              + [a for u in urls for a in ("--url", u)] for d in dirs]
     steps.append(kvroute + ["calibrate", "fit", *map(str, dirs), "--out", str(out / "profile.json"), "--bootstrap", "0",
                             "--name", "calibrated-here", "--api-cores", "own" if api_cores == "own" else "spare"])
@@ -389,6 +391,9 @@ def main() -> None:
                              "engine's core) or spare (they float when every core has an engine, and the servers' "
                              "decode speed flips with where the kernel puts them); with --url, how those servers were "
                              "started. --calibrate fits the host model to match.")
+    parser.add_argument("--client-cores", default=None, metavar="CORES",
+                        help="Run this client (the sweep's and the live rounds') on these CPU cores, e.g. '1' "
+                             "(default: wherever the kernel puts it).")
     parser.add_argument("--profile", action="append", default=[],
                         help=f"Profile to score (repeatable; default: {', '.join(DEFAULT_PROFILES)}).")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma-separated shapes (default: all: {','.join(SHAPES)}).")
@@ -428,12 +433,18 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     all_rows, missed, notes, splits, probes = [], 0, [], [], {}
+    from kvroute.calibrate.vllm.server import pinned
+
+    try:
+        cores = [int(c) for c in args.client_cores.split(",")] if args.client_cores else None
+    except ValueError:
+        parser.error(f"--client-cores: comma-separated core numbers, got {args.client_cores!r}")
     servers = contextlib.nullcontext([]) if args.rescore else _servers(args.url, args.out, args.port_base, args.api_cores)
-    with servers as urls:
+    with servers as urls, pinned(cores):
         t1 = time.perf_counter()
         if args.calibrate and not args.rescore:
             names.insert(0, str(calibrate_here(urls, args.out / "calibration", args.longest, args.sweeps,
-                                                 args.api_cores)))
+                                                 args.api_cores, args.client_cores)))
             notes.append(f"calibrated on these servers in {time.perf_counter() - t1:.0f} s: {names[0]}")
             t1 = time.perf_counter()
         profiles = [load_profile(p) for p in names]
