@@ -147,16 +147,30 @@ def test_report_files(concurrent, tmp_path):
         assert (tmp_path / name).exists(), name
 
 
+def _successes(url: str) -> float:
+    """``vllm:request_success_total`` of the server at ``url``, summed over its labels."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
 def test_ctrl_c_writes_what_was_measured(servers, tmp_path):
     from validate_driver import interrupt_validate
 
     from kvroute.traces.writer import write_trace
 
     trace = tmp_path / "chat.jsonl"
-    write_trace(chat_trace(turns=10), trace)  # one at a time, about 20 s per policy
+    write_trace(chat_trace(turns=10), trace)  # one at a time: 2-20 s per policy, with the host's speed
     out = tmp_path / "out"
-    code, stderr, doc = interrupt_validate(trace, [s.url for s in servers[:2]], PROFILE, out,
-                                           settle_s=3.0, timeout_s=120)
+    # NOTE: interrupted on an event, not after a fixed time: once 2 more requests have finished
+    # on the first server than before the run (round_robin, early in its 70), whatever the speed
+    first = servers[0].url
+    before = _successes(first)
+    code, stderr, doc = interrupt_validate(trace, [s.url for s in servers[:2]], PROFILE, out, settle_s=3.0,
+                                           timeout_s=120, ready=lambda: _successes(first) >= before + 2)
     assert code == 130, stderr
     assert doc["interrupted"] is True and list(doc["policies"]) == ["round_robin"]
     rr = doc["policies"]["round_robin"]
