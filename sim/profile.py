@@ -350,14 +350,20 @@ def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
     if type(doc) is not dict:
         raise InputError(f"a profile is a JSON object, got {describe(doc)}", where)
 
-    def section(key: str, schema: dict[str, Num], required: tuple[str, ...]) -> dict:
+    def section(key: str, schema: dict[str, Num], required: tuple[str, ...], also: tuple[str, ...] = ()) -> dict:
         value = doc.get(key)
         if type(value) is not dict:
             raise InputError(f"missing or invalid section (expected an object, got {describe(value)})",
                              where, None, key)
+        # NOTE: a misspelt coefficient would otherwise be ignored and the run use the real one
+        unknown = sorted(k for k in value if k not in schema and k not in also and not k.startswith("_"))
+        if unknown:
+            raise InputError(f"unknown field (known: {', '.join(sorted([*schema, *also]))})", where, None,
+                             f"{key}.{unknown[0]}")
         return check_fields(value, schema, where, required=required, prefix=f"{key}.")
 
-    engine_doc = section("engine", ENGINE_SCHEMA, ("block_size", "num_gpu_blocks"))
+    engine_doc = section("engine", ENGINE_SCHEMA, ("block_size", "num_gpu_blocks"),
+                         also=("enable_prefix_caching", "vllm_version"))
     cost_doc = section("step_cost", STEP_COST_SCHEMA, tuple(STEP_COST_SCHEMA))
     over_doc = section("overheads", OVERHEADS_SCHEMA, ()) if doc.get("overheads") is not None else {}
     memory = None

@@ -128,6 +128,13 @@ def test_profile_non_finite_overhead(tmp_path, value):
                  f"field 'overheads.api_server_s': must be a finite number, got {value!r}")
 
 
+def test_profile_misspelt_coefficient_is_an_error_not_ignored(tmp_path):
+    path = profile_file(tmp_path, step_cost__per_tokn_s=1e-5)
+    assert_error(run("simulate", "--chats", 2, "--turns", 1, "--profile", path),
+                 "field 'step_cost.per_tokn_s': unknown field (known: decode_attn_s, per_request_s, per_token_s, "
+                 "prefill_attn_s, step_overhead_s, weight_load_s)")
+
+
 @pytest.mark.parametrize("args, expected", [
     (("--think-time", "inf"), "Invalid value for '--think-time': value must be a finite number >= 0, got inf"),
     (("--think-time", "nan"), "Invalid value for '--think-time': value must be a finite number >= 0, got nan"),
