@@ -386,22 +386,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", action="append", default=[], help="Use running servers instead of starting two.")
     parser.add_argument("--port-base", type=int, default=8300, help="First port of the servers started here.")
-    parser.add_argument("--api-cores", choices=("spare", "own"), default="own",
-                        help="Where each server's API process runs (kvroute serve --api-cores): own (default: its "
-                             "engine's core) or spare (they float when every core has an engine, and the servers' "
-                             "decode speed flips with where the kernel puts them); with --url, how those servers were "
-                             "started. --calibrate fits the host model to match.")
+    parser.add_argument("--api-cores", choices=("spare", "own"), default=None,
+                        help="Where each server's API process runs (kvroute serve --api-cores), which --calibrate's fit "
+                             "follows. own: each on its engine's core (the default for the servers this script starts); "
+                             "spare: they float when every core has an engine, and the servers' decode speed flips "
+                             "with where the kernel puts them (the default with --url, as kvroute serve starts them; "
+                             "also for servers started with --api-cores any).")
     parser.add_argument("--client-cores", default=None, metavar="CORES",
                         help="Run this client (the sweep's and the live rounds') on these CPU cores, e.g. '1' "
                              "(default: wherever the kernel puts it).")
     parser.add_argument("--profile", action="append", default=[],
                         help=f"Profile to score (repeatable; default: {', '.join(DEFAULT_PROFILES)}).")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma-separated shapes (default: all: {','.join(SHAPES)}).")
-    parser.add_argument("--rounds", type=int, default=20, help="Simulation rounds (seeds) averaged per profile.")
+    parser.add_argument("--rounds", type=int, default=20, help="Simulation rounds (seeds) averaged per profile (default: 20).")
     parser.add_argument("--live-rounds", type=live_rounds_arg, default={}, metavar="N|SHAPE=N,...",
                         help="Live replays per policy: N for every shape, or per shape (e.g. short-replies=60); "
                              "default per shape: " + ", ".join(f"{k} {v}" for k, v in LIVE_ROUNDS.items()) + ".")
-    parser.add_argument("--out", type=Path, default=Path("runs/bench_validate"))
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_validate"),
+                        help="Folder of the reports, live rounds and calibration (default: runs/bench_validate).")
     parser.add_argument("--calibrate", action="store_true",
                         help="First calibrate the servers themselves (kvroute calibrate measure, full sweep with "
                              "bursts, then fit; 12-17 minutes on this 2-core machine) and score that profile before the others.")
@@ -418,6 +420,8 @@ def main() -> None:
                         help="Score the profiles against the live rounds saved in DIR by an earlier run "
                              "(DIR/<shape>/live.pickle), without servers.")
     args = parser.parse_args()
+    if args.api_cores is None:
+        args.api_cores = "spare" if args.url else "own"
     if args.sweeps < 1:
         parser.error(f"--sweeps: at least 1, got {args.sweeps}")
 

@@ -57,7 +57,8 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
               help="CPU backend: where each server's API process runs. spare: the cores no engine uses (every core "
                    "when none is spare); own: its own engine's core, so each engine shares its core with its own "
                    "API process alone and decode speed does not flip with where the kernel puts the API processes; "
-                   "any: every core.")
+                   "any: every core. Fit a sweep of such servers with 'kvroute calibrate fit --api-cores own' after "
+                   "own, '--api-cores spare' otherwise.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=".", show_default=True, help="Where vllm-<port>.log files go.")
 @click.option("--vllm-args", default="", help="More vLLM arguments, as one shell-quoted string.")
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds to wait for /health.")

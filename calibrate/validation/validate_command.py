@@ -70,8 +70,8 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @workload_length_options
 @click.option("--client-lag", default="measured", show_default=True,
               help="Seconds the simulation adds before every later turn, for the live client's own send delay; "
-                   "'measured': run the live replays first and use their median send lag (and the roots' "
-                   "measured send offsets).")
+                   "'measured': run the live replays first, then give each simulated later turn a lag drawn from "
+                   "their measured send lags (and each root its measured send offset).")
 @click.option("--uncertainty", type=int, default=0, show_default=True,
               help="Also simulate N profiles drawn from the profile's coefficient uncertainty (x --rounds each), so "
                    "each measured value is checked against an interval that includes the model's share.")
