@@ -25,7 +25,10 @@ def interrupt_validate(trace: Path, urls: list[str], profile: str, out: Path, se
         args += ["--url", url]
     args += ["--policies", "round_robin,kv_aware", "--profile", profile, "--out", str(out),
              "--max-in-flight", "1", "--rounds", "1", *extra]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # NOTE: a shell without job control starts background commands with SIGINT ignored, and a
+    # Python started with SIGINT ignored keeps ignoring it: Ctrl-C is restored for the child.
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and "replaying" not in proc.stderr.readline():
         pass
