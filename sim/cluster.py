@@ -467,14 +467,19 @@ class Cluster:
         ``1 + contention * max(0, load - max(1, baseline / cores))``."""
         now = self.env.now
         host = self.spec.profile.host
-        w = self.workers[worker]
-        engine = float(w.scheduler.has_unfinished_requests() or now - w.idle_since < host.engine_spin_s)
+        engine = float(self._engine_busy(self.workers[worker], now, host.engine_spin_s))
         if self.frontends is None:
             return host.cores * engine
         shares = self.frontends.busy_shares(now, duration)
         per = self.frontends.model.api_server_count
         own = sum(shares[worker * per:(worker + 1) * per])
         return host.cores * (engine + own) + host.client_busy * max(shares, default=0.0)
+
+    @staticmethod
+    def _engine_busy(worker: Worker, now: float, spin_s: float) -> bool:
+        """Whether ``worker``'s engine holds a core at ``now``: it has work, or ran out of it less
+        than ``spin_s`` seconds ago (``HostModel.engine_spin_s``)."""
+        return worker.scheduler.has_unfinished_requests() or now - worker.idle_since < spin_s
 
     def _num_busy(self, duration: float = 0.0) -> float:
         """The host model's load over the next ``duration`` seconds (0: now): engines with work
@@ -484,7 +489,7 @@ class Cluster:
         now = self.env.now
         host = self.spec.profile.host
         spin = host.engine_spin_s if host is not None else 0.0
-        engines = sum(w.scheduler.has_unfinished_requests() or now - w.idle_since < spin for w in self.workers)
+        engines = sum(self._engine_busy(w, now, spin) for w in self.workers)
         if self.frontends is None:
             return float(engines)
         shares = self.frontends.busy_shares(now, duration)
