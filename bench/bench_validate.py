@@ -267,7 +267,7 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweep
              + (["--client-cores", client_cores] if client_cores else [])
              + [a for u in urls for a in ("--url", u)] for d in dirs]
     steps.append(kvroute + ["calibrate", "fit", *map(str, dirs), "--out", str(out / "profile.json"), "--bootstrap", "0",
-                            "--name", "calibrated-here", "--api-cores", "own" if api_cores == "own" else "spare"])
+                            "--name", "calibrated-here", "--api-cores", api_cores])
     for cmd in steps:
         print("+", " ".join(cmd[3:]), file=sys.stderr)
         rc = subprocess.run(cmd).returncode
@@ -437,12 +437,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     all_rows, missed, notes, splits, probes = [], 0, [], [], {}
+    from kvroute.calibrate.commands import _cores
     from kvroute.calibrate.vllm.server import pinned
 
     try:
-        cores = [int(c) for c in args.client_cores.split(",")] if args.client_cores else None
+        cores = _cores(args.client_cores)  # as calibrate measure reads it
     except ValueError:
-        parser.error(f"--client-cores: comma-separated core numbers, got {args.client_cores!r}")
+        parser.error(f"--client-cores: core numbers and ranges such as '1' or '0,2-3', got {args.client_cores!r}")
     servers = contextlib.nullcontext([]) if args.rescore else _servers(args.url, args.out, args.port_base, args.api_cores)
     with servers as urls, pinned(cores):
         t1 = time.perf_counter()
