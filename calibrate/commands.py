@@ -244,8 +244,9 @@ def _rows(path: Path) -> int:
                    "those steps' contention baseline (host.baseline_stream_busy); off: engines only, as before.")
 @click.option("--api-cores", type=click.Choice(["spare", "own"]), default="spare", show_default=True,
               help="Where the sweep's servers ran their API processes (kvroute serve --api-cores): own: each on its "
-                   "engine's core, so the host model counts load per core (host.api_on_engine_core); spare: the whole "
-                   "host's load stretches every engine.")
+                   "engine's core, so the host model counts load per core (host.api_on_engine_core) and the API "
+                   "process's work beside a busy engine takes twice as long (host.api_contention 1); spare: the "
+                   "whole host's load stretches every engine.")
 @click.option("--base-profile", default=None,
               help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
                    "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
@@ -359,7 +360,7 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
     ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1), servers,
                       api_server_count, client_busy=client_busy, engine_spin_s=engine_spin, refine_evals=40,
                       baseline_stream_busy=servers + client_busy if stream_baseline else 0.0,
-                      api_on_engine_core=own_cores)
+                      api_on_engine_core=own_cores, api_contention=1.0 if own_cores else 0.0)
     speed = fit_speed(req)
     if speed is not None:
         ff = replace(ff, host=replace(ff.host, engine_speed_sigma=speed.sigma, engine_speed_period_s=speed.period_s))

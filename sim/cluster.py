@@ -207,7 +207,8 @@ class Cluster:
             check_capacity(trace, profile)
         gpus = [simpy.Resource(self.env, capacity=1) for _ in range(num_gpus)]
         prof = spec.profile
-        self.frontends = Frontends(prof.frontend, spec.num_workers) if prof.frontend is not None else None
+        self.frontends = Frontends(prof.frontend, spec.num_workers, self._lane_slowdown()) \
+            if prof.frontend is not None else None
         loaded = self.frontends is not None or prof.host is not None
         step_costs = [ContendedStepCost(prof.step_cost, prof.host, self._busy_for(w), speed, lambda: self.env.now,
                                         prof.frontend)
@@ -474,6 +475,15 @@ class Cluster:
         per = self.frontends.model.api_server_count
         own = sum(shares[worker * per:(worker + 1) * per])
         return host.cores * (engine + own) + host.client_busy * max(shares, default=0.0)
+
+    def _lane_slowdown(self) -> Callable[[int, float], float] | None:
+        """The API lanes' service-time factor (``HostModel.api_contention``): ``1 +
+        api_contention`` while the server's engine has requests, else 1; None without it."""
+        host = self.spec.profile.host
+        if host is None or not host.api_on_engine_core or host.api_contention <= 0.0:
+            return None
+        stretched = 1.0 + host.api_contention
+        return lambda worker, now: stretched if self.workers[worker].scheduler.has_unfinished_requests() else 1.0
 
     @staticmethod
     def _engine_busy(worker: Worker, now: float, spin_s: float) -> bool:

@@ -141,6 +141,15 @@ class HostModel:
             ``client_busy`` spread over the cores, against a baseline of ``baseline / cores`` per
             core. Computed by the same :meth:`stretch` with the per-core count times ``cores``.
             False: every busy process competes for every core.
+        api_contention: with ``api_on_engine_core``, the other side of that sharing: API-lane
+            work queued while its server's engine has work takes ``1 + api_contention`` times
+            its service time (fair sharing of the one core gives 1; the engine's idle busy-poll
+            yields the core, so only an engine with requests counts). 0: lanes never stretched.
+            Without it, every prompt's admission costs the same whether the engine computes
+            beside it or not, and a fit that must slow a burst's later admissions behind a
+            running prefill can only do so by stretching engine steps more (host ``contention``
+            at its bound of 4 in every sweep of the 2-core reference), which then also slows
+            closed-loop chats whose turns arrive at an idle engine.
 
     Raises:
         ValueError: ``cores < 1`` or negative terms.
@@ -156,6 +165,7 @@ class HostModel:
     engine_speed_sigma: float = 0.0
     engine_speed_period_s: float = 0.0
     api_on_engine_core: bool = False
+    api_contention: float = 0.0
 
     def __post_init__(self) -> None:
         _check_terms(self, "host", "cores")
@@ -250,12 +260,16 @@ class Frontends:
     Args:
         model: service times (all servers alike).
         num_workers: servers.
+        slowdown: ``slowdown(worker, now)``: the factor on the service time of lane work that
+            ``worker``'s server queues at ``now`` (``HostModel.api_contention``); None: 1.
     """
 
-    def __init__(self, model: FrontendModel, num_workers: int) -> None:
+    def __init__(self, model: FrontendModel, num_workers: int,
+                 slowdown: Callable[[int, float], float] | None = None) -> None:
         self.model = model
         self.lanes = [[FifoLane() for _ in range(model.api_server_count)] for _ in range(num_workers)]
         self._lane_of: dict[int, FifoLane] = {}
+        self.slowdown = slowdown
 
     def admit(self, worker: int, request_id: int, now: float, num_prompt_tokens: int) -> float:
         """Queue the admission of a request sent at ``now`` to ``worker``; returns its wait
@@ -263,7 +277,10 @@ class Frontends:
         lanes = self.lanes[worker]
         lane = min(lanes, key=lambda ln: ln.free_at if ln.free_at > now else now)
         self._lane_of[request_id] = lane
-        start, _ = lane.submit(now, self.model.admission_s(num_prompt_tokens))
+        service = self.model.admission_s(num_prompt_tokens)
+        if self.slowdown is not None:
+            service *= self.slowdown(worker, now)
+        start, _ = lane.submit(now, service)
         return start - now
 
     def deliver(self, worker: int, request_id: int, now: float) -> float:
@@ -276,6 +293,8 @@ class Frontends:
         if lane.step_at != now:
             lane.step_at = now
             service += self.model.per_step_s
+        if self.slowdown is not None:
+            service *= self.slowdown(worker, now)
         return lane.submit(now, service)[1]
 
     def num_busy(self, now: float) -> int:

@@ -119,13 +119,15 @@ def test_fit_keeps_the_stated_per_core_placement_in_the_profile():
     truth = replace(prof, frontend=FrontendModel(1, 0.004, 1e-6, 1e-3),
                     host=HostModel(cores=2, contention=0.6, baseline_busy=2, api_on_engine_core=True))
     ff = fit_frontend(_bursts(truth, sizes=(2,)), prof, cores=2, baseline_busy=2, max_evals=10,
-                      api_on_engine_core=True)
-    assert ff.host.api_on_engine_core is True
+                      api_on_engine_core=True, api_contention=1.0)
+    assert ff.host.api_on_engine_core is True and ff.host.api_contention == 1.0
     doc = profile_sections(ff)
-    assert doc["host"]["api_on_engine_core"] is True
-    assert profile_from_dict({**prof.raw, "frontend": doc["frontend"], "host": doc["host"]}).host.api_on_engine_core
+    assert doc["host"]["api_on_engine_core"] is True and doc["host"]["api_contention"] == 1.0
+    reloaded = profile_from_dict({**prof.raw, "frontend": doc["frontend"], "host": doc["host"]}).host
+    assert reloaded.api_on_engine_core and reloaded.api_contention == 1.0
     shared = fit_frontend(_bursts(prof, sizes=(2,)), prof, cores=2, baseline_busy=2, max_evals=10)
-    assert "api_on_engine_core" not in profile_sections(shared)["host"]  # profiles without it stay as they were
+    # profiles without them stay as they were
+    assert not {"api_on_engine_core", "api_contention"} & set(profile_sections(shared)["host"])
 
 
 def test_burst_table_reports_each_metric():

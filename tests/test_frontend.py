@@ -344,7 +344,39 @@ def test_contended_step_takes_its_streaming_baseline_from_its_decoding_requests(
     ("host", {"cores": 2, "engine_speed_sigma": "abc"}, "host.engine_speed_sigma must be a number, got 'abc'"),
     ("host", {"cores": 2, "engine_speed_period_s": -1}, "host.engine_speed_period_s must be finite and >= 0"),
     ("host", {"cores": 2, "api_on_engine_core": 1}, "host.api_on_engine_core must be true or false, got 1"),
+    ("host", {"cores": 2, "api_contention": -1}, "host.api_contention must be finite and >= 0, got -1.0"),
 ])
 def test_bad_sections_name_the_field(section, body, message):
     with pytest.raises(ValueError, match=r"<dict>: .*" + __import__("re").escape(message)):
         profile(**{section: body})
+
+
+def test_lane_work_beside_a_busy_engine_on_its_core_takes_one_plus_api_contention_times_as_long():
+    # one worker, 1 ms of lane time per prompt token, no overheads, steps never stretched
+    # (contention 0), every prompt 100 tokens: lane time 0.1 s, a 0.11 s step each. Sent at 0,
+    # 0.05 and 0.06 s: request 0's admission (0 - 0.1 s) meets an idle engine; requests 1 and 2
+    # are admitted while the engine has requests, so with api_contention 1 each takes 0.2 s:
+    # lane 0.1 - 0.3 and 0.3 - 0.5 s (plain: 0.1 - 0.2 and 0.2 - 0.3 s). The engine gets them at
+    # 0, 0.1 and 0.3 s (plain 0.2 s) and emits at 0.11, 0.22 and 0.41 s (plain 0.33 s); a token
+    # reaches the client when the lane has done the admissions queued before it.
+    records = [TraceRecord(i, t, 100, 1, tuple(range(100 * i, 100 * i + 7))) for i, t in enumerate((0.0, 50.0, 60.0))]
+    fe = {"per_prompt_token_s": 0.001}
+    host = {"cores": 2, "api_on_engine_core": True}
+    spec = lambda prof: ClusterSpec(prof, num_workers=1, arrival_spread_s=0.0, closed_loop=False)  # noqa: E731
+    trace = Trace(records, block_size=16)
+    stretched = simulate(trace, spec(profile(frontend=fe, host={**host, "api_contention": 1.0})), seed=0)
+    plain = simulate(trace, spec(profile(frontend=fe, host=host)), seed=0)
+    assert stretched.records.sort_values("request_id")["ttft"].tolist() == pytest.approx([0.5, 0.45, 0.44])
+    assert plain.records.sort_values("request_id")["ttft"].tolist() == pytest.approx([0.3, 0.25, 0.27])
+
+
+def test_api_contention_needs_the_api_process_on_the_engines_core():
+    from kvroute.sim.cluster import Cluster
+
+    fe = {"per_prompt_token_s": 0.001}
+    trace = Trace([rec(0, 100, 1)], block_size=16)
+    whole_host = Cluster(trace, ClusterSpec(profile(frontend=fe, host={"cores": 2, "api_contention": 1.0})), 0)
+    assert whole_host.frontends.slowdown is None
+    own = Cluster(trace, ClusterSpec(profile(frontend=fe, host={"cores": 2, "api_contention": 1.0,
+                                                                 "api_on_engine_core": True})), 0)
+    assert own.frontends.slowdown(0, 0.0) == 1.0  # the engine has no requests
