@@ -19,7 +19,8 @@ Layout of a profile file::
       "frontend": {"api_server_count": 1, "per_request_s": ..., "per_prompt_token_s": ...,
                    "per_output_token_s": ..., "per_step_s": ...},   (optional, sim/frontend.py)
       "host": {"cores": 2, "contention": ..., "baseline_busy": ..., "other_busy": ..., "client_busy": ...,
-               "engine_spin_s": ...},                                        (optional)
+               "engine_spin_s": ..., "api_on_engine_core": false, "api_contention": 0.0, ...},
+                                                                             (optional, HostModel)
       "provenance": {"kind": "derived" | "measured", "source": "...", "date": "...", ...},
       "sources": {"<field>": "<where the number comes from>"},
       "step_cost_uncertainty": {"method": "bootstrap", "fields": ["step_cost.per_token_s", ...],

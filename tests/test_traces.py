@@ -336,3 +336,14 @@ def test_resolve_hash_ids_shares_parent_output_between_siblings():
     assert ids[0] == (0, 1)
     assert ids[1][:2] == ids[2][:2] == (0, 2)
     assert ids[1][2:] == (3, 4) and ids[2][2:] == (5,)
+
+
+def test_a_missing_field_names_the_lines_misspelt_key(tmp_path):
+    path = _write_lines(tmp_path, [{"timestamp": 0, "input_length": 20, "output_lenght": 5, "hash_ids": [0]}])
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    assert info.value.field == "output_length" and info.value.line == 1
+    assert info.value.reason == "required field missing (the line has 'output_lenght': misspelt?)"
+    path = _write_lines(tmp_path, [{"timestamp": 0, "input_length": 20, "hash_ids": [0]}])
+    with pytest.raises(TraceError, match=r"field 'output_length': required field missing$"):
+        read_trace(path)

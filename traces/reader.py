@@ -152,6 +152,19 @@ def read_trace(path: str | os.PathLike[str], block_size: int | None = None) -> T
     return parse_trace_lines(text.splitlines(), source=source, block_size=block_size)
 
 
+REQUIRED_FIELDS = ("timestamp", "input_length", "output_length")
+"""Fields every trace record has."""
+
+
+def _missing_reason(name: str, obj: dict) -> str:
+    """``required field missing``, naming a key of the line that looks like a misspelling of it."""
+    import difflib
+
+    others = [k for k in obj if isinstance(k, str) and k not in REQUIRED_FIELDS]
+    close = difflib.get_close_matches(name, others, n=1, cutoff=0.75)
+    return "required field missing" + (f" (the line has {close[0]!r}: misspelt?)" if close else "")
+
+
 def parse_trace_lines(
     lines: Iterable[str] | list[str], source: str = "<memory>", block_size: int | None = None
 ) -> Trace:
@@ -207,7 +220,7 @@ def parse_trace_lines(
             n_in = obj["input_length"]
             n_out = obj["output_length"]
         except KeyError as exc:
-            raise TraceError("required field missing", source, lineno, exc.args[0]) from None
+            raise TraceError(_missing_reason(exc.args[0], obj), source, lineno, exc.args[0]) from None
         if type(ts) is not int and type(ts) is not float:
             raise TraceError(f"expected a number (ms), got {describe(ts)}", source, lineno, "timestamp")
         if not isfinite(ts) or ts < 0:
