@@ -351,15 +351,25 @@ FRONTEND_NOTE_IN_FLIGHT = 8
 def _frontend_note(profile, peak: int) -> str:
     """A note under the table when many requests (``peak``) were in flight on a worker: without a
     ``frontend`` section vLLM's API process is taken as unlimited, which bursts disprove; with
-    one, its serial admission work per prompt token and the host contention that work feeds are
-    the terms closed-loop TTFT hangs on (README: Bursts)."""
+    one, its serial admission work per prompt token and the host contention that work feeds (or,
+    with the API process on its engine's core, the stated ``host.api_contention``) are the terms
+    closed-loop TTFT hangs on (README: Bursts)."""
     if peak < FRONTEND_NOTE_IN_FLIGHT:
         return ""
     if profile.frontend is not None:
         per_token = profile.frontend.per_prompt_token_s
         if per_token <= 0:
             return ""
-        contention = profile.host.contention if profile.host is not None else 0.0
+        host = profile.host
+        contention = host.contention if host is not None else 0.0
+        if host is not None and host.api_on_engine_core:
+            return (f"Note: up to {peak} requests were in flight on one worker, and each server's API process admits "
+                    f"them one after another, {1e6 * per_token:.2f} us per prompt token ({profile.name}'s "
+                    "frontend.per_prompt_token_s), on its engine's core, taking "
+                    f"{1 + host.api_contention:.2g} times as long while the engine has requests "
+                    f"(host.api_contention {host.api_contention:.2g}, stated, not measured). Closed-loop TTFT under a "
+                    "kv-aware router hangs on it: on the CPU reference (run 16) the kv_aware-vs-round_robin TTFT "
+                    "change was predicted +39 % with 0 and +4 % with 1, measured +25 % (README: Bursts).")
         return (f"Note: up to {peak} requests were in flight on one worker, and each server's API process admits them "
                 f"one after another, {1e6 * per_token:.2f} us per prompt token ({profile.name}'s "
                 "frontend.per_prompt_token_s), counting as a busy process on the host while it works "

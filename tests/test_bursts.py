@@ -227,3 +227,11 @@ def test_fit_command_with_a_base_profile_adds_only_the_burst_terms(tmp_path):
     assert fitted.frontend is not None and fitted.host.cores == 2 and fitted.host.baseline_busy == 2
     assert fitted.host.engine_spin_s == 1.0 and "shm_broadcast" in fitted.raw["sources"]["host.engine_spin_s"]
     assert "base_profile" in fitted.raw["provenance"]
+    assert fitted.host.api_on_engine_core is False and fitted.host.api_contention == 0.0
+    own = tmp_path / "own.json"
+    result = CliRunner().invoke(calibrate, ["fit", str(run), "--base-profile", str(base), "--out", str(own),
+                                            "--client-busy", "0", "--api-cores", "own", "--api-contention", "0.5"])
+    assert result.exit_code == 0, result.output
+    fitted = load_profile(own)
+    assert fitted.host.api_on_engine_core is True and fitted.host.api_contention == 0.5
+    assert "stated" in fitted.raw["sources"]["host.api_contention"]

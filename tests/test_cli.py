@@ -191,3 +191,16 @@ def test_one_round_says_it_has_no_interval():
     assert "± is the 95% interval" not in one.output
     two = invoke("simulate", "--chats", "4", "--turns", "2", "--rounds", "2")
     assert "2 round(s) per policy, seeds 0..1; ± is the 95% interval over rounds" in two.output
+
+
+def test_the_front_end_note_names_the_stated_api_contention_of_a_per_core_profile(tmp_path):
+    from kvroute.sim.profile import load_profile
+
+    doc = load_profile("cpu-tiny-qwen2-x2-bursts").raw
+    doc = {**doc, "name": "per-core", "host": {**doc["host"], "api_on_engine_core": True, "api_contention": 1.0}}
+    path = tmp_path / "per-core.json"
+    path.write_text(json.dumps(doc))
+    result = invoke("compare", "--chats", "32", "--turns", "1", "--rounds", "1", "--policies", "round_robin",
+                    "--workers", "2", "--profile", str(path))
+    assert ("on its engine's core, taking 2 times as long while the engine has requests (host.api_contention 1, "
+            "stated, not measured). Closed-loop TTFT under a kv-aware router hangs on it" in result.output)

@@ -475,8 +475,9 @@ def profile_sections(ff: FrontendFit) -> dict:
                                          "(client_busy), which streamed while its decode steps were timed",
             "host.contention": "fitted to the concurrency sweep's bursts with the front-end terms",
             "host.client_busy": "stated: the measuring client on the same host, busy while responses stream",
-            **({"host.api_contention": "stated: fair sharing of an engine's core by its API process (kvroute serve "
-                                       "--api-cores own): lane work beside an engine with requests takes twice as long"}
+            **({"host.api_contention": "stated (kvroute calibrate fit --api-contention; 1: fair sharing of an "
+                                       "engine's core by its API process, kvroute serve --api-cores own): lane work "
+                                       "beside an engine with requests takes 1 + api_contention times as long"}
                if h.api_contention > 0 else {}),
             "host.engine_spin_s": "stated: vLLM's shared-memory MessageQueue busy-polls for busy_loop_s = 1 s after "
                                   "its last read (vllm/distributed/device_communicators/shm_broadcast.py)",
