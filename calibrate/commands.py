@@ -387,6 +387,8 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
         shown = f"{lo:.3g}-{hi:.3g} s" if hi != math.inf else f"{lo:.3g} s to one factor per run"
         text += (f"\nengine-speed period: the bursts allow {shown} (likelihood-ratio interval); closed-loop TTFT "
                  "under kv-aware routing depends on it: compare predictions across that range")
+    # NOTE: a base profile's own burst terms are replaced whole, their sources with them
+    doc["sources"] = {k: v for k, v in doc["sources"].items() if not k.startswith(("frontend", "host."))}
     doc["sources"].update(sections["sources"])
     if host.get("loadavg_start") is not None:
         doc["provenance"]["client_host_loadavg"] = {k: host.get(k) for k in ("loadavg_start", "loadavg_end")}

@@ -235,3 +235,10 @@ def test_fit_command_with_a_base_profile_adds_only_the_burst_terms(tmp_path):
     fitted = load_profile(own)
     assert fitted.host.api_on_engine_core is True and fitted.host.api_contention == 0.5
     assert "stated" in fitted.raw["sources"]["host.api_contention"]
+    # refitted on that profile without the term, its source goes with it
+    again = tmp_path / "again.json"
+    result = CliRunner().invoke(calibrate, ["fit", str(run), "--base-profile", str(own), "--out", str(again),
+                                            "--client-busy", "0", "--api-cores", "own", "--api-contention", "0"])
+    assert result.exit_code == 0, result.output
+    assert load_profile(again).host.api_contention == 0.0
+    assert "host.api_contention" not in load_profile(again).raw["sources"]
