@@ -39,7 +39,10 @@ coefficients were measured with ``baseline_busy`` processes busy; each busy proc
 ``max(cores, baseline_busy)`` stretches an engine step by ``contention / cores`` of its time
 (fair sharing of CPU-bound processes gives ``contention`` = 1; the fit measures it). Each
 engine also runs at its own speed for the whole run (``engine_speed_sigma``: a lognormal factor
-on its step times, mean 1), as identical servers sharing a host's cores do.
+on its step times, mean 1), as identical servers sharing a host's cores do. With each server's
+API process on its own engine's core (``api_on_engine_core``) the load is counted per core, and
+the sharing goes both ways: lane work queued while that engine has requests takes
+``1 + api_contention`` times as long.
 """
 
 from __future__ import annotations
