@@ -361,18 +361,17 @@ def _frontend_note(profile, peak: int) -> str:
         if per_token <= 0:
             return ""
         host = profile.host
-        contention = host.contention if host is not None else 0.0
+        admits = (f"Note: up to {peak} requests were in flight on one worker, and each server's API process admits "
+                  f"them one after another, {1e6 * per_token:.2f} us per prompt token ({profile.name}'s "
+                  "frontend.per_prompt_token_s), ")
         if host is not None and host.api_on_engine_core:
-            return (f"Note: up to {peak} requests were in flight on one worker, and each server's API process admits "
-                    f"them one after another, {1e6 * per_token:.2f} us per prompt token ({profile.name}'s "
-                    "frontend.per_prompt_token_s), on its engine's core, taking "
-                    f"{1 + host.api_contention:.2g} times as long while the engine has requests "
-                    f"(host.api_contention {host.api_contention:.2g}, stated, not measured). Closed-loop TTFT under a "
-                    "kv-aware router hangs on it: on the CPU reference (run 16) the kv_aware-vs-round_robin TTFT "
-                    "change was predicted +39 % with 0 and +4 % with 1, measured +25 % (README: Bursts).")
-        return (f"Note: up to {peak} requests were in flight on one worker, and each server's API process admits them "
-                f"one after another, {1e6 * per_token:.2f} us per prompt token ({profile.name}'s "
-                "frontend.per_prompt_token_s), counting as a busy process on the host while it works "
+            return (admits + f"on its engine's core, taking {1 + host.api_contention:.2g} times as long while the "
+                    f"engine has requests (host.api_contention {host.api_contention:.2g}, stated, not measured). "
+                    "Closed-loop TTFT under a kv-aware router hangs on it: on the CPU reference (run 16) the "
+                    "kv_aware-vs-round_robin TTFT change was predicted +39 % with 0 and +4 % with 1, measured +25 % "
+                    "(README: Bursts).")
+        contention = host.contention if host is not None else 0.0
+        return (admits + "counting as a busy process on the host while it works "
                 f"(host.contention {contention:.2g}). Closed-loop TTFT under a kv-aware router hangs on both: on the "
                 "CPU reference one profile's kv_aware-vs-round_robin TTFT change was -31, +5 and +41 points off the "
                 "measured one with contention 0, 2 and 4, and a fitted contention often sits at the fit's bound "

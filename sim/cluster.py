@@ -483,7 +483,7 @@ class Cluster:
         if host is None or not host.api_on_engine_core or host.api_contention <= 0.0:
             return None
         stretched = 1.0 + host.api_contention
-        return lambda worker, now: stretched if self.workers[worker].scheduler.has_unfinished_requests() else 1.0
+        return lambda worker, now: stretched if self._engine_busy(self.workers[worker], now, 0.0) else 1.0
 
     @staticmethod
     def _engine_busy(worker: Worker, now: float, spin_s: float) -> bool:
