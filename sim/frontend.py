@@ -393,6 +393,8 @@ def _build(cls, doc, where: str, section: str, ints: tuple[str, ...], bools: tup
                 raise ValueError(f"{where}: {section}.{k} must be true or false, got {v!r}")
             kw[k] = v
         elif k in fields:
+            if isinstance(v, bool):  # float(True) is 1.0: a JSON true is no number
+                raise ValueError(f"{where}: {section}.{k} must be a number, got {v!r}")
             try:
                 kw[k] = int(v) if k in ints else float(v)
             except (TypeError, ValueError) as exc:

@@ -345,6 +345,8 @@ def test_contended_step_takes_its_streaming_baseline_from_its_decoding_requests(
     ("host", {"cores": 2, "engine_speed_period_s": -1}, "host.engine_speed_period_s must be finite and >= 0"),
     ("host", {"cores": 2, "api_on_engine_core": 1}, "host.api_on_engine_core must be true or false, got 1"),
     ("host", {"cores": 2, "api_contention": -1}, "host.api_contention must be finite and >= 0, got -1.0"),
+    ("host", {"cores": 2, "api_contention": True}, "host.api_contention must be a number, got True"),
+    ("frontend", {"per_step_s": False}, "frontend.per_step_s must be a number, got False"),
 ])
 def test_bad_sections_name_the_field(section, body, message):
     with pytest.raises(ValueError, match=r"<dict>: .*" + __import__("re").escape(message)):
