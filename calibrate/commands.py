@@ -59,12 +59,15 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
                    "API process alone and decode speed does not flip with where the kernel puts the API processes; "
                    "any: every core. Fit a sweep of such servers with 'kvroute calibrate fit --api-cores own' after "
                    "own, '--api-cores spare' otherwise.")
+@click.option("--kv-events-port-base", type=int, default=None,
+              help="Server i publishes its KV-cache events on this port + i (vLLM --kv-events-config, ZeroMQ); "
+                   "'kvroute validate --kv-events tcp://127.0.0.1:PORT' then times each request's engine first token.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=".", show_default=True, help="Where vllm-<port>.log files go.")
 @click.option("--vllm-args", default="", help="More vLLM arguments, as one shell-quoted string.")
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds to wait for /health.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memory_utilization, kv_cache_gib,
-          max_model_len, device, api_cores, log_dir, vllm_args, timeout, extra):
+          max_model_len, device, api_cores, kv_events_port_base, log_dir, vllm_args, timeout, extra):
     """Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up
     until Ctrl-C. Arguments after ``--`` go to vLLM as they are.
 
@@ -100,12 +103,14 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     args = shlex.split(vllm_args) + list(extra)
     try:
         specs = plan_servers(model_path, num_servers, port_base, served_model_name or model, block_size,
-                             gpu_memory_utilization, kv_cache_gib, max_model_len, args, log_dir, device, api_cores)
+                             gpu_memory_utilization, kv_cache_gib, max_model_len, args, log_dir, device, api_cores,
+                             kv_events_port_base)
     except ValueError as exc:
         _fail(str(exc))
     for s in specs:
         where = f"GPU {s.cuda_device}" if s.cuda_device is not None else f"CPU core {s.cpu_core}"
-        click.echo(f"starting {s.url} on {where} (log {s.log_path})", err=True)
+        events = f", KV-cache events on {s.kv_events_endpoint}" if s.kv_events_endpoint else ""
+        click.echo(f"starting {s.url} on {where} (log {s.log_path}{events})", err=True)
     try:
         with serve_many(specs, timeout) as servers:
             for s in servers:

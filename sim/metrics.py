@@ -40,6 +40,7 @@ RECORD_COLUMNS = [
     "request_id", "session_id", "turn", "worker", "arrival", "first_token", "finish",
     "ttft", "e2e", "tpot", "prompt_tokens", "cached_tokens", "output_tokens", "preemptions",
     "status", "error", "client_wait", "queued", "scheduled", "queue_time", "prefill_time", "decode_time",
+    "engine_first_token",
 ]
 
 
@@ -110,7 +111,7 @@ class RequestRecord:
             self.preemptions, "ok" if ok else "failed", self.error, self.client_wait,
             _or_nan(self.queued), _or_nan(self.scheduled),
             _since(self.scheduled, self.queued), _since(self.engine_first_token, self.scheduled),
-            _since(self.engine_last_token, self.engine_first_token),
+            _since(self.engine_last_token, self.engine_first_token), _or_nan(self.engine_first_token),
         )
 
 

@@ -257,6 +257,18 @@ def test_url_port_out_of_range(tmp_path):
                  "Invalid value for --url: 'http://127.0.0.1:99999': Port out of range 0-65535")
 
 
+@pytest.mark.parametrize("events, expected", [
+    (["tcp://127.0.0.1:8200"], "Invalid value for --kv-events: one endpoint per --url: 1 for 2 servers"),
+    (["tcp://127.0.0.1:8200", "127.0.0.1:8201"],
+     "Invalid value for --kv-events: a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got '127.0.0.1:8201'"),
+])
+def test_kv_event_endpoints_one_per_server(tmp_path, events, expected):
+    urls = ["--url", "http://127.0.0.1:8100", "--url", "http://127.0.0.1:8101"]
+    assert_error(run("validate", *urls, *[a for e in events for a in ("--kv-events", e)], "--out", tmp_path / "v"),
+                 expected)
+    assert not (tmp_path / "v").exists()
+
+
 @pytest.mark.parametrize("meta, expected", [
     ("[", "meta.json:1: not valid JSON"),
     ("[1]", "meta.json: expected a JSON object, got a list"),

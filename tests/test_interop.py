@@ -149,11 +149,12 @@ def _run_result():
 
     nan = float("nan")
     rows = [  # request_id, session, turn, worker, arrival, first, finish, ttft, e2e, tpot, prompt, cached, out, pre,
-        # status, error, wait, queued, scheduled, queue_time, prefill_time, decode_time
-        (0, None, None, 0, 0.0, 0.5, 2.5, 0.5, 2.5, 0.5, 100, 0, 5, 0, "ok", None, 0.0, 0.1, 0.1, 0.0, 0.4, 2.0),
-        (1, None, None, 1, 1.0, 1.25, 1.25, 0.25, 0.25, nan, 40, 0, 1, 0, "ok", None, 0.5, 1.1, 1.15, 0.05, 0.1, 0.0),
+        # status, error, wait, queued, scheduled, queue_time, prefill_time, decode_time, engine_first_token
+        (0, None, None, 0, 0.0, 0.5, 2.5, 0.5, 2.5, 0.5, 100, 0, 5, 0, "ok", None, 0.0, 0.1, 0.1, 0.0, 0.4, 2.0, 0.5),
+        (1, None, None, 1, 1.0, 1.25, 1.25, 0.25, 0.25, nan, 40, 0, 1, 0, "ok", None, 0.5, 1.1, 1.15, 0.05, 0.1, 0.0,
+         1.25),
         (2, None, None, -1, 1.5, nan, nan, nan, nan, nan, 9000, 0, 0, 0, "failed", "prompt too long", 0.0, nan, nan,
-         nan, nan, nan),
+         nan, nan, nan, nan),
     ]
     return RunResult(pd.DataFrame(rows, columns=RECORD_COLUMNS), np.array([0.5, 0.5, 0.5, 0.5]), pd.DataFrame(),
                      "kv_aware", 0)

@@ -20,7 +20,7 @@ def row(rid, turn, arrival, first, finish, prompt, cached, out, status="ok"):
             first - arrival if ok else math.nan, finish - arrival if ok else math.nan,
             (finish - first) / (out - 1) if ok and out > 1 else math.nan,
             prompt, cached, out, 0, status, None if ok else "boom", 0.0, math.nan, math.nan, math.nan, math.nan,
-            math.nan)
+            math.nan, math.nan)
 
 
 def result(rows, itl=()):

@@ -7,7 +7,6 @@ Run: python -m pytest -m live tests/test_routing_live.py   (about 2 minutes, mos
 
 from __future__ import annotations
 
-import json
 import socket
 
 import pytest
@@ -48,9 +47,7 @@ def validation(tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
     events = [_free_port() for _ in cores[:2]]
     specs = [ServerSpec(model=str(model_dir), served_model_name=TINY_MODEL_NAME, port=_free_port(), cpu_core=c,
-                        block_size=32, kv_cache_gib=1, log_path=logs / f"vllm-{c}.log",
-                        extra_args=("--kv-events-config", json.dumps({
-                            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"})))
+                        block_size=32, kv_cache_gib=1, log_path=logs / f"vllm-{c}.log", kv_events_port=port)
              for c, port in zip(cores[:2], events)]
     # 5 chats x 3 turns sharing a long system prompt; 32-token replies
     trace = seed_chat(num_chats=5, num_turns=3, system_words=1500, user_words=60, reply_tokens=32, block_size=32)
@@ -58,7 +55,7 @@ def validation(tmp_path_factory):
         spec = ValidationSpec(tuple(s.url for s in servers), tuple(POLICIES), max_in_flight=1, sim_rounds=1)
         scraped = run_validation(trace, load_profile(PROFILE), spec)
         spec = ValidationSpec(tuple(s.url for s in servers), tuple(EVENT_POLICIES), max_in_flight=1, sim_rounds=1,
-                              cache_view="events", kv_event_endpoints=tuple(f"tcp://127.0.0.1:{p}" for p in events))
+                              cache_view="events", kv_event_endpoints=tuple(s.kv_events_endpoint for s in servers))
         yield scraped.runs + run_validation(trace, load_profile(PROFILE), spec).runs
 
 
@@ -74,6 +71,11 @@ def test_live_signals_drive_routing_and_hits_match_the_simulation(validation, po
     sw = run.sim_runs[0].records.set_index("request_id")["worker"]
     assert (lw == sw).all()
     if policy in EVENT_POLICIES:
+        # the events time each request's engine first token: after the send, by the client's first token
+        ok = run.live.records[run.live.records["status"] == "ok"]
+        eft = ok["engine_first_token"]
+        assert eft.notna().all(), ok[eft.isna()]
+        assert ((ok["arrival"] < eft) & (eft <= ok["first_token"])).all()
         # every chat follows the shared system prompt's blocks, which the router knows only from
         # the events (its routed-prefix index is off): an empty index would spread them at random
         assert lw.nunique() == 1

@@ -186,3 +186,20 @@ def test_live_kv_events_are_named_by_the_routers_own_hashes():
     assert live.index.matched_blocks(ours) == [0, 1]
     live.apply(0, [BlockStored([99], 77, prompt[32:64])])  # parent never seen: cannot be named
     assert live.translators[0].num_unnamed == 1 and live.index.cached(0) == set()
+
+
+def test_live_kv_events_time_the_batch_that_stored_each_block():
+    from kvroute.calibrate.vllm.kv_events import LiveKVEvents
+    from kvroute.calibrate.calibration.prompts import chained_block_hashes
+
+    prompt = list(range(100, 228))  # 4 blocks of 32
+    ours = chained_block_hashes(prompt, 32)
+    live = LiveKVEvents(["tcp://a"], block_size=32)
+    live.apply(0, [BlockStored([11, 12], None, prompt[:64])], ts=100.25)
+    live.apply(0, [BlockStored([13, 14], 12, prompt[64:128])], ts=100.5)
+    assert [live.stored_at(0, h) for h in ours] == [100.25, 100.25, 100.5, 100.5]
+    live.apply(0, [BlockRemoved([14])], ts=101.0)
+    live.apply(0, [BlockStored([14], 13, prompt[96:128])], ts=102.0)  # stored again: the later batch
+    assert live.stored_at(0, ours[3]) == 102.0
+    live.apply(0, [BlockStored([15], None, prompt[:32])])  # an untimed batch leaves the times alone
+    assert live.stored_at(0, ours[0]) == 100.25 and live.stored_at(0, 12345) is None

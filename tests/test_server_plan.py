@@ -31,3 +31,16 @@ def test_a_spare_core_takes_the_api_process_unless_asked_otherwise(two_cores):
 def test_unknown_placement_is_refused(two_cores):
     with pytest.raises(ValueError, match=r"api_cores must be one of \['any', 'own', 'spare'\], got 'mine'"):
         plan_servers("m", 2, api_cores="mine")
+
+
+def test_kv_events_get_a_port_per_server(two_cores):
+    import json
+
+    specs = plan_servers("m", 2, port_base=8300, kv_events_port_base=8400)
+    assert [s.kv_events_endpoint for s in specs] == ["tcp://127.0.0.1:8400", "tcp://127.0.0.1:8401"]
+    cmd = specs[1].command()
+    config = json.loads(cmd[cmd.index("--kv-events-config") + 1])
+    assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:8401"}
+    plain = plan_servers("m", 2)
+    assert [s.kv_events_endpoint for s in plain] == [None, None]
+    assert "--kv-events-config" not in plain[0].command()

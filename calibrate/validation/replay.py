@@ -14,7 +14,8 @@ which workers failed). Replay follows the simulator's client (``kvroute.sim.clus
 Prompts are token ids (``kvroute.calibrate.calibration.prompts``); outputs are forced to the trace's length
 (``ignore_eos``) and streamed with their token ids, which a later turn resends. Records have the
 simulator's columns (``kvroute.sim.metrics.RECORD_COLUMNS``); times are seconds since the replay
-started. A worker whose connection breaks or whose request times out is marked dead: its
+started; with the servers' KV-cache events (``ReplaySpec.kv_event_endpoints``) a record also
+carries when the engine's step produced its first token. A worker whose connection breaks or whose request times out is marked dead: its
 in-flight requests fail with the error, the policy stops choosing it, and the replay goes on.
 Cancelling :meth:`LiveReplay.run` (Ctrl-C) records the requests in flight as interrupted.
 """
@@ -59,7 +60,9 @@ class ReplaySpec:
             reads them (``Policy.uses_metrics``); 0 polls back to back.
         cache_view: ``routed`` (the router's routed-prefix index) or ``events`` (the servers'
             KV-cache events, ``kvroute.calibrate.vllm.kv_events``).
-        kv_event_endpoints: with ``events``, each server's ZeroMQ event endpoint, in server order.
+        kv_event_endpoints: each server's ZeroMQ event endpoint, in server order: read by the
+            ``events`` view, and with either view used to time each request's engine first token
+            (records' ``engine_first_token``, from the batch that stored its last full prompt block).
         record_tokens: keep every output token's arrival time (records' ``token_times``, and the
             result's ``tokens``, ``kvroute.sim.metrics.tokens_frame``).
     """
@@ -129,15 +132,16 @@ class LiveReplay:
         self.policy = make_policy(spec.policy, router_rng(spec.seed))
         self.metrics = LiveMetrics([ep.url for ep in endpoints], spec.scrape_interval_s)
         self.kv_events = None
-        if spec.cache_view == "events":
+        if spec.cache_view == "events" or spec.kv_event_endpoints:
             if len(spec.kv_event_endpoints) != len(endpoints):
-                raise ValueError(f"cache view 'events' needs one KV-event endpoint per server: "
+                raise ValueError(f"{'cache view events' if spec.cache_view == 'events' else 'kv_event_endpoints'} "
+                                 f"needs one KV-event endpoint per server: "
                                  f"{len(spec.kv_event_endpoints)} for {len(endpoints)} servers")
             self.kv_events = LiveKVEvents(spec.kv_event_endpoints, block_size)
         self.view = RouterView(len(endpoints), block_size, spec.router_block_tokens,
                                track_prefixes=self.policy.uses_prefixes, metrics=self.metrics.scrape,
                                cache_view=spec.cache_view,
-                               events=self.kv_events.index if self.kv_events else None)
+                               events=self.kv_events.index if spec.cache_view == "events" else None)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []
         self.itl_gaps: list[float] = []
@@ -147,6 +151,8 @@ class LiveReplay:
         self.usage_reported = True
         self.warnings: list[str] = []  # the stream reader's notes (usage vs counted tokens)
         self._t0 = 0.0
+        self._wall0 = 0.0  # time.time() at self._t0: the servers' event clock
+        self._last_block: dict[int, int] = {}  # request id -> router hash of its last full prompt block
         self._session = None  # the aiohttp session of :meth:`run`
         self._tasks: set[asyncio.Task] = set()
         self._slots: FifoSlots | None = None
@@ -176,7 +182,7 @@ class LiveReplay:
             Exception: the first error a request's client raised (not a failed request, which is
                 recorded), after the other clients were cancelled.
         """
-        self._t0 = time.perf_counter()
+        self._wall0, self._t0 = time.time(), time.perf_counter()
         self._slots = FifoSlots(self.spec.max_in_flight) if self.spec.max_in_flight else None
         sent = self.workload.roots if self.closed_loop else self.trace.records
         poller = None
@@ -224,6 +230,8 @@ class LiveReplay:
         routed there and ``usage_cached_tokens`` (sum of the usage's cached tokens).
         """
         records = list(self.records)
+        if self.kv_events is not None:
+            self._engine_first_tokens(records)
         if self.interrupted:
             seen = {r.trace.request_id for r in records}
             for rec in self.trace.records:
@@ -240,6 +248,22 @@ class LiveReplay:
         return RunResult(records=frame, itl=np.asarray(self.itl_gaps, dtype=float), workers=pd.DataFrame(rows),
                          policy=self.spec.policy, seed=self.spec.seed,
                          tokens=tokens_frame(records) if self.spec.record_tokens else None)
+
+    def _engine_first_tokens(self, records: list[RequestRecord]) -> None:
+        """Set each finished record's ``engine_first_token`` (s since the run's start) from the
+        KV-event batch that stored its last full prompt block: the end of the engine step that
+        finished its prefill. Left None when that block was not stored during the request (a
+        prompt whose full blocks were all cache hits, or shorter than one block) or its event
+        was not seen."""
+        for record in records:
+            last = self._last_block.get(record.trace.request_id)
+            if last is None or record.first_token is None:
+                continue
+            ts = self.kv_events.stored_at(record.worker, last)
+            if ts is not None:
+                t = ts - self._wall0
+                if record.arrival <= t <= record.first_token:
+                    record.engine_first_token = t
 
     # -- clients --------------------------------------------------------------------------------
 
@@ -274,6 +298,8 @@ class LiveReplay:
             self._skip_children(rec)
             return
         self.view.on_routed(worker, route)
+        if hashes and self.kv_events is not None:
+            self._last_block[rec.request_id] = hashes[-1]
         record = RequestRecord(rec, worker, self.now())
         self.records.append(record)
         ok = False

@@ -77,6 +77,10 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
                    "each measured value is checked against an interval that includes the model's share.")
 @click.option("--prior-range", type=float, default=0.2, show_default=True,
               help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
+@click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
+              help="Each server's KV-cache event endpoint (tcp://HOST:PORT; kvroute serve --kv-events-port-base), "
+                   "one per --url in the same order: every live record then carries when the engine's step produced "
+                   "its first token, and the report splits later turns' TTFT at it.")
 @click.option("--tokens/--no-tokens", "record_tokens", default=False, show_default=True,
               help="Also keep every output token's arrival time, live and simulated (tokens_live.parquet, "
                    "tokens_sim.parquet).")
@@ -85,7 +89,7 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
              profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, live_rounds, timeout,
              router_block_tokens,
              model, token_range, client_cores, seed, client_lag, uncertainty, prior_range, reply_tokens, max_tokens,
-             user_tokens, think_time, start, request_rate, arrival, speedup, record_tokens):
+             user_tokens, think_time, start, request_rate, arrival, speedup, kv_events, record_tokens):
     """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
     same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate,
     per-worker hit tokens). Ctrl-C writes what was measured so far.
@@ -105,6 +109,13 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     from kvroute.sim.profile import load_profile
 
     check_urls(urls)
+    if kv_events and len(kv_events) != len(urls):
+        raise click.BadParameter(f"one endpoint per --url: {len(kv_events)} for {len(urls)} servers",
+                                 param_hint="--kv-events")
+    for endpoint in kv_events:
+        if not endpoint.startswith(("tcp://", "ipc://")):
+            raise click.BadParameter(f"a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got {endpoint!r}",
+                                     param_hint="--kv-events")
     names = _policies(policy, policies_text)
     created = not Path(out_dir).exists()  # removed again if the run fails before writing anything
     try:  # before any work: ~1 KB per record per policy and round, simulated or live
@@ -135,7 +146,8 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
                                      param_hint="--client-lag")
     spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread, router_block_tokens,
                           timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
-                          prior_range, live_rounds=live_rounds, record_tokens=record_tokens)
+                          prior_range, live_rounds=live_rounds, record_tokens=record_tokens,
+                          kv_event_endpoints=tuple(kv_events))
     try:
         with pinned(_cores(client_cores)):
             result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))

@@ -10,6 +10,11 @@ its parent block (known from an earlier event, or the root) with the block's tok
 whose parent was never seen (stored before the subscription) cannot be named and is skipped.
 
 The translated events feed the same ``KVEventIndex`` the simulator's ``events`` cache view reads.
+Each batch also carries the engine core's wall clock when it was published (``KVEventBatch.ts``,
+``time.time()`` in ``Scheduler.update_from_output``, after the step's model run and before its
+outputs go to the API process), so the batch that stores a request's last full prompt block
+times the end of the step that finished its prefill: the engine's first token, per request
+(:meth:`LiveKVEvents.stored_at`).
 """
 
 from __future__ import annotations
@@ -73,14 +78,26 @@ class LiveKVEvents:
         self.index = KVEventIndex(len(self.endpoints))
         self.translators = [KVEventTranslator(block_size) for _ in self.endpoints]
         self.num_batches = 0
+        self._stored_ts: list[dict[int, float]] = [{} for _ in self.endpoints]
 
-    def apply(self, worker: int, events) -> None:
-        """Apply one decoded batch's events of ``worker`` (vLLM ``KVEventBatch.events``)."""
+    def stored_at(self, worker: int, block_hash: int) -> float | None:
+        """Wall-clock time (``time.time()``, s) of the last batch of ``worker`` that stored the
+        block with router hash ``block_hash``; None if none was seen."""
+        return self._stored_ts[worker].get(block_hash)
+
+    def apply(self, worker: int, events, ts: float | None = None) -> None:
+        """Apply one decoded batch's events of ``worker`` (vLLM ``KVEventBatch.events``),
+        published at wall-clock time ``ts`` (s; None: not timed)."""
         tr = self.translators[worker]
+        stamps = self._stored_ts[worker]
         for event in events:
             kind = type(event).__name__
             if kind == "BlockStored":
-                self.index.apply(worker, True, tr.stored(event.block_hashes, event.parent_block_hash, event.token_ids))
+                named = tr.stored(event.block_hashes, event.parent_block_hash, event.token_ids)
+                if ts is not None:
+                    for h in named:
+                        stamps[h] = ts
+                self.index.apply(worker, True, named)
             elif kind == "BlockRemoved":
                 self.index.apply(worker, False, tr.removed(event.block_hashes))
             elif kind == "AllBlocksCleared":
@@ -108,7 +125,8 @@ class LiveKVEvents:
             async def receive(worker: int, sock) -> None:
                 while True:
                     parts = await sock.recv_multipart()
-                    self.apply(worker, decoder.decode(parts[-1]).events)
+                    batch = decoder.decode(parts[-1])
+                    self.apply(worker, batch.events, batch.ts)
 
             await asyncio.gather(*(receive(w, s) for w, s in enumerate(sockets)))
         finally:

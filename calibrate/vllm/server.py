@@ -13,6 +13,7 @@ usage report cached prompt tokens.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -51,6 +52,9 @@ class ServerSpec:
         kv_cache_gib: KV cache size on the CPU backend (``VLLM_CPU_KVCACHE_SPACE``), GiB.
         max_model_len: ``--max-model-len``; None: the model's own limit.
         extra_args: more vLLM command-line arguments, passed as they are.
+        kv_events_port: publish KV-cache events on this TCP port (vLLM's ``--kv-events-config``,
+            ZeroMQ publisher; :attr:`kv_events_endpoint` subscribes): the ``events`` cache view
+            and the live records' engine first-token times read them. None: no events.
         host: interface to bind.
         log_path: file receiving the server's stdout and stderr; default ``vllm-<port>.log`` in
             the current directory.
@@ -67,6 +71,7 @@ class ServerSpec:
     kv_cache_gib: float | None = 1.0
     max_model_len: int | None = None
     extra_args: tuple[str, ...] = ()
+    kv_events_port: int | None = None
     host: str = "127.0.0.1"
     log_path: Path | None = None
 
@@ -74,6 +79,12 @@ class ServerSpec:
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:8100``."""
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """ZeroMQ endpoint to subscribe to the server's KV-cache events, e.g.
+        ``tcp://127.0.0.1:8200``; None without ``kv_events_port``."""
+        return None if self.kv_events_port is None else f"tcp://{self.host}:{self.kv_events_port}"
 
     def command(self) -> list[str]:
         """The server's command line."""
@@ -91,6 +102,9 @@ class ServerSpec:
             cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.max_model_len is not None:
             cmd += ["--max-model-len", str(self.max_model_len)]
+        if self.kv_events_port is not None:
+            cmd += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                      "endpoint": f"tcp://*:{self.kv_events_port}"})]
         return cmd + list(self.extra_args)
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -155,6 +169,11 @@ class VllmServer:
 
     def __post_init__(self) -> None:
         self.log_path = Path(self.spec.log_path or f"vllm-{self.spec.port}.log")
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """Where its KV-cache events can be subscribed to (``ServerSpec.kv_events_endpoint``)."""
+        return self.spec.kv_events_endpoint
 
     @property
     def url(self) -> str:
@@ -309,6 +328,7 @@ def plan_servers(
     log_dir: str | Path = ".",
     device: str = "auto",
     api_cores: str = "spare",
+    kv_events_port_base: int | None = None,
 ) -> list[ServerSpec]:
     """Specs of one server per GPU, or one per CPU core without GPUs.
 
@@ -321,6 +341,8 @@ def plan_servers(
         port_base: first port; server ``i`` listens on ``port_base + i``.
         block_size: KV block size; default 16 on GPUs and 32 on the CPU backend.
         device: ``"auto"``, ``"gpu"`` or ``"cpu"``.
+        kv_events_port_base: server ``i`` publishes its KV-cache events on port
+            ``kv_events_port_base + i``; None: no events.
 
     Raises:
         ValueError: more servers than devices, ``device="gpu"`` without GPUs, or an unknown
@@ -345,6 +367,7 @@ def plan_servers(
             served_model_name=served_model_name,
             max_model_len=max_model_len,
             extra_args=tuple(extra_args),
+            kv_events_port=None if kv_events_port_base is None else kv_events_port_base + i,
             log_path=Path(log_dir) / f"vllm-{port_base + i}.log",
         )
         if gpus:
