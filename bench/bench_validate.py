@@ -121,20 +121,26 @@ def make_trace(shape: str):
     raise SystemExit(f"--shapes: unknown shape {shape!r}; choose from {', '.join(SHAPES)}")
 
 
+KV_EVENTS_PORT_OFFSET = 100
+"""With ``--kv-events``, server ``i`` publishes its KV-cache events on ``--port-base + 100 + i``."""
+
+
 @contextlib.contextmanager
-def _servers(urls: list[str], log_dir: Path, port_base: int, api_cores: str = "spare"):
+def _servers(urls: list[str], log_dir: Path, port_base: int, api_cores: str = "spare", kv_events: bool = False):
+    """Yields ``(urls, kv_event_endpoints)``: the given servers (no endpoints), or two started here."""
     if urls:
-        yield urls
+        yield urls, []
         return
     from kvroute.calibrate.vllm.server import plan_servers, serve_many
     from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     model = str(build_tiny_model())
     specs = plan_servers(model, 2, port_base=port_base, served_model_name=TINY_MODEL_NAME, block_size=32,
-                         kv_cache_gib=1, log_dir=log_dir, device="cpu", api_cores=api_cores)
+                         kv_cache_gib=1, log_dir=log_dir, device="cpu", api_cores=api_cores,
+                         kv_events_port_base=port_base + KV_EVENTS_PORT_OFFSET if kv_events else None)
     print(f"starting {len(specs)} vLLM CPU servers (logs in {log_dir}) ...", file=sys.stderr)
     with serve_many(specs, timeout_s=900) as servers:
-        yield [s.url for s in servers]
+        yield [s.url for s in servers], [s.kv_events_endpoint for s in servers if s.kv_events_endpoint]
 
 
 def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tuple[float, float]) -> tuple[list, int]:
@@ -222,6 +228,26 @@ def time_split(shape: str, profile_name: str, runs, validation) -> list[str]:
             p, m = (f"{1000 * v:.1f}" if v is not None else "-" for v in (row["predicted"], row["measured"]))
             cells.append(f"{key} {p}/{m}")
         lines.append(f"{shape} {profile_name} {pred.policy}: " + ", ".join(cells))
+    return lines
+
+
+def convoy_split(shape: str, profile_name: str, runs, validation) -> list[str]:
+    """Per policy, one line of later turns' TTFT by position in their convoy, split at the
+    engine's first token (``kvroute.calibrate.validation.engine_times.convoy_rows``), ms
+    predicted/measured; [] without live engine first-token times (``--kv-events``)."""
+    from kvroute.calibrate.validation.engine_times import convoy_rows
+
+    live = validation.policy_rounds()
+    lines = []
+    for pred in runs:
+        rounds = live.get(pred.policy, [])
+        for r in rounds:
+            r.take_prediction(pred)
+        rows = convoy_rows(rounds) if rounds else []
+        if rows:
+            lines.append(f"{shape} {profile_name} {pred.policy}: " + "; ".join(
+                f"{r['position']}: engine {1000 * r['predicted_engine']:.1f}/{1000 * r['measured_engine']:.1f}, "
+                f"out {1000 * r['predicted_out']:.1f}/{1000 * r['measured_out']:.1f} (n={r['count']})" for r in rows))
     return lines
 
 
@@ -334,7 +360,7 @@ def probe_note(label: str, probe: dict[str, float], first: dict[str, float] | No
             f"{PROBE_REPS} per server, medians){against}: " + ", ".join(parts))
 
 
-def _live_rounds(shape: str, trace, urls: list[str], profile, args):
+def _live_rounds(shape: str, trace, urls: list[str], profile, args, kv_event_endpoints=()):
     """``--live-rounds`` interleaved live replays of ``trace`` under round_robin and kv_aware (one
     validation); its report goes to ``args.out/<shape>/`` and the validation (with the load
     average at the start and end) to ``args.out/<shape>/live.pickle`` for ``--rescore``."""
@@ -342,7 +368,8 @@ def _live_rounds(shape: str, trace, urls: list[str], profile, args):
     from kvroute.calibrate.validation.validate_report import write_report
 
     spec = ValidationSpec(tuple(urls), ("round_robin", "kv_aware"), sim_rounds=1, client_lag_s=0.0,
-                          live_rounds=args.live_rounds.get(shape, LIVE_ROUNDS[shape]), record_tokens=True)
+                          live_rounds=args.live_rounds.get(shape, LIVE_ROUNDS[shape]), record_tokens=True,
+                          kv_event_endpoints=tuple(kv_event_endpoints))
     load_start = os.getloadavg()[0]
 
     def progress(msg: str) -> None:
@@ -416,6 +443,10 @@ def main() -> None:
     parser.add_argument("--no-period-range", dest="period_range", action="store_false",
                         help="Do not also score the first profile at the ends of the engine-speed period interval "
                              "its sweep allows (scored by default when the profile has one; not counted as targets).")
+    parser.add_argument("--kv-events", action="store_true",
+                        help="Start the servers with KV-cache events (ports --port-base + 100 + i) and time each "
+                             "live request's engine first token from them; the script then also prints a later "
+                             "turn's TTFT by position in its convoy, split at that time.")
     parser.add_argument("--rescore", type=Path, default=None, metavar="DIR",
                         help="Score the profiles against the live rounds saved in DIR by an earlier run "
                              "(DIR/<shape>/live.pickle), without servers.")
@@ -436,7 +467,7 @@ def main() -> None:
     names = list(args.profile or DEFAULT_PROFILES)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    all_rows, missed, notes, splits, probes = [], 0, [], [], {}
+    all_rows, missed, notes, splits, convoys, probes = [], 0, [], [], [], {}
     from kvroute.calibrate.commands import _cores
     from kvroute.calibrate.vllm.server import pinned
 
@@ -444,8 +475,9 @@ def main() -> None:
         cores = _cores(args.client_cores)  # as calibrate measure reads it
     except ValueError:
         parser.error(f"--client-cores: core numbers and ranges such as '1' or '0,2-3', got {args.client_cores!r}")
-    servers = contextlib.nullcontext([]) if args.rescore else _servers(args.url, args.out, args.port_base, args.api_cores)
-    with servers as urls, pinned(cores):
+    servers = contextlib.nullcontext(([], [])) if args.rescore else _servers(args.url, args.out, args.port_base,
+                                                                              args.api_cores, args.kv_events)
+    with servers as (urls, kv_endpoints), pinned(cores):
         t1 = time.perf_counter()
         if args.calibrate and not args.rescore:
             names.insert(0, str(calibrate_here(urls, args.out / "calibration", args.longest, args.sweeps,
@@ -470,7 +502,7 @@ def main() -> None:
                 probes[shape] = speed_probe(urls, seed=k)
                 notes.append(probe_note(f"before {shape}", probes[shape], probes[shapes[0]] if k else None))
                 print(notes[-1], file=sys.stderr)
-                validation, load = _live_rounds(shape, trace, urls, profiles[0], args)
+                validation, load = _live_rounds(shape, trace, urls, profiles[0], args, kv_endpoints)
             spec = validation.spec
             sim_trace, lags, lag, offsets = with_measured_client(trace, validation.runs)
             notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median of "
@@ -487,6 +519,7 @@ def main() -> None:
                 all_rows += rows
                 missed += m if profile not in checks else 0
                 splits += time_split(shape, profile.name, runs, validation)
+                convoys += convoy_split(shape, profile.name, runs, validation)
     t2 = time.perf_counter()
     print()
     print_rows(all_rows)
@@ -494,6 +527,11 @@ def main() -> None:
         print("\nwhere a request's time goes, predicted/measured ms (engine times from vLLM's request histograms; "
               "front_end = TTFT - queue - prefill; api_front_end and client split it, measured only):")
         for line in splits:
+            print(f"  {line}")
+    if convoys:
+        print("\nlater turns by position in their convoy, predicted/measured ms (engine = engine first token - send, "
+              "out = client first token - engine first token; measured from the servers' KV-cache events):")
+        for line in convoys:
             print(f"  {line}")
     for note in notes:
         print(f"note: {note}")

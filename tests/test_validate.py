@@ -963,7 +963,7 @@ def test_engine_times_split_ttft_into_queue_prefill_and_front_end_exactly():
 
     def row(rid, ttft, queue, prefill, decode, status="ok"):
         return (rid, None, None, 0, 0.0, ttft, 1.0, ttft, 1.0, 0.1, 100, 0, 5, 0, status, None, 0.0, nan, nan,
-                queue, prefill, decode)
+                queue, prefill, decode, nan)
 
     sims = [RunResult(pd.DataFrame([row(0, 0.2, 0.01, 0.05, 0.4), row(1, 0.3, 0.03, 0.07, 0.6)], columns=RECORD_COLUMNS),
                       np.array([]), pd.DataFrame(), "kv_aware", 0),
@@ -989,3 +989,39 @@ def test_engine_times_split_ttft_into_queue_prefill_and_front_end_exactly():
     # a server without these histograms (another vLLM) gives None, not a wrong number
     bare = PolicyRun("kv_aware", {}, [], measured={}, before=[MetricsSnapshot({}, {})], after=[MetricsSnapshot({}, {})])
     assert math.isnan(measured_times(bare)["queue_time"])
+
+
+def test_convoy_rows_split_later_turns_at_the_engines_first_token():
+    import pandas as pd
+
+    from kvroute.calibrate.validation.engine_times import convoy_rows
+    from kvroute.calibrate.validation.validate import PolicyRun
+    from kvroute.sim.metrics import RunResult
+
+    nan = float("nan")
+
+    def row(rid, worker, turn, arrival, engine_first, first, status="ok"):
+        return (rid, rid % 10, turn, worker, arrival, first, first + 1.0, first - arrival, 1.0, 0.1, 100, 0, 5, 0,
+                status, None, 0.0, nan, nan, nan, nan, nan, engine_first)
+
+    def result(rows):
+        return RunResult(pd.DataFrame(rows, columns=RECORD_COLUMNS), np.array([]), pd.DataFrame(), "kv_aware", 0)
+
+    # a convoy of two later turns on worker 0 (sent at 1.0 and 1.01 s), one on worker 1, a first
+    # turn (left out) and a failed request (left out)
+    sim = result([row(0, 0, 1, 0.0, 0.02, 0.03), row(1, 0, 2, 1.0, 1.02, 1.021), row(2, 0, 2, 1.01, 1.05, 1.052),
+                  row(3, 1, 2, 1.0, 1.03, 1.031), row(4, 1, 2, 1.1, nan, nan, "failed")])
+    live = result([row(0, 0, 1, 0.0, 0.02, 0.03), row(1, 0, 2, 1.0, 1.03, 1.036), row(2, 0, 2, 1.01, 1.06, 1.068),
+                   row(3, 1, 2, 1.0, 1.04, 1.046)])
+    run = PolicyRun("kv_aware", {}, [sim], live=live, measured={})
+    rows = convoy_rows([run])
+    assert [(r["position"], r["count"]) for r in rows] == [(1, 2), (2, 1)]
+    first, second = rows
+    assert first["predicted_engine"] == pytest.approx((0.02 + 0.03) / 2)
+    assert first["measured_engine"] == pytest.approx((0.03 + 0.04) / 2)
+    assert first["measured_out"] == pytest.approx(0.006) and first["predicted_out"] == pytest.approx(0.001)
+    assert second["measured_engine"] == pytest.approx(0.05) and second["measured_out"] == pytest.approx(0.008)
+    assert second["measured_ttft"] == pytest.approx(0.058) and second["predicted_ttft"] == pytest.approx(0.042)
+    # live records without engine first-token times (servers without KV-cache events): no rows
+    untimed = result([row(1, 0, 2, 1.0, nan, 1.036)])
+    assert convoy_rows([PolicyRun("kv_aware", {}, [sim], live=untimed, measured={})]) == []

@@ -110,3 +110,56 @@ def engine_rows(runs: list[PolicyRun]) -> dict[str, dict]:
 
 def _num(x: float) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
+
+
+#: Positions of a convoy the report shows (the first ones; later ones are rare).
+CONVOY_POSITIONS = 8
+
+
+def convoy_rows(runs: list[PolicyRun], positions: int = CONVOY_POSITIONS) -> list[dict]:
+    """A later turn's TTFT by its position in its convoy, split at the engine's first token.
+
+    A convoy is the requests of one turn that one worker got in one round (a simulated round,
+    or a live round), ranked by send time. Per position, means over the requests of turns >= 2:
+    ``engine`` = engine first token - send (client send, the API server's admission, engine
+    queue and the prefill step) and ``out`` = client first token - engine first token (the
+    engine core handing the token over, the API server streaming it and the client reading it),
+    predicted (the simulated runs behind ``runs``) and measured (the live records of ``runs``,
+    which carry ``engine_first_token`` only when the replay read the servers' KV-cache events).
+
+    Returns:
+        one dict per position present on both sides, in order: ``position``, ``count`` (live
+        requests), ``predicted_engine``, ``measured_engine``, ``predicted_out``,
+        ``measured_out``, ``predicted_ttft``, ``measured_ttft`` (s); [] when the live records
+        have no engine first-token times.
+    """
+    import pandas as pd
+
+    live = [r.live.records.assign(_round=r.live_round) for r in runs if r.live is not None]
+    if not live:
+        return []
+    measured = pd.concat(live, ignore_index=True)
+    if "engine_first_token" not in measured or measured["engine_first_token"].isna().all():
+        return []
+    simulated = pd.concat([r.records.assign(_round=k) for k, r in enumerate(runs[0].sim_runs)], ignore_index=True)
+    (p, _), (m, counts) = _by_position(simulated), _by_position(measured)
+    rows = []
+    for pos in sorted(set(p.index) & set(m.index))[:positions]:
+        row = {"position": int(pos), "count": int(counts[pos])}
+        for side, table in (("predicted", p), ("measured", m)):
+            for key in ("engine", "out", "ttft"):
+                row[f"{side}_{key}"] = _num(table.at[pos, key])
+        rows.append(row)
+    return rows
+
+
+def _by_position(records):
+    """Means of ``engine``, ``out`` and ``ttft`` per convoy position (see :func:`convoy_rows`),
+    and the number of requests per position, over finished requests of turns >= 2 that have an
+    engine first-token time."""
+    d = records[(records["status"] == "ok") & (records["turn"] >= 2) & records["engine_first_token"].notna()]
+    d = d.sort_values("arrival", kind="stable").copy()
+    d["position"] = d.groupby(["_round", "worker", "turn"])["arrival"].rank(method="first").astype(int)
+    d["engine"] = d["engine_first_token"] - d["arrival"]
+    d["out"] = d["first_token"] - d["engine_first_token"]
+    return d.groupby("position")[["engine", "out", "ttft"]].mean(), d["position"].value_counts()

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from kvroute.sim.outputs import atomic_output, write_text_atomic
-from kvroute.calibrate.validation.engine_times import engine_rows
+from kvroute.calibrate.validation.engine_times import convoy_rows, engine_rows
 from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, mean_interval, paired_changes, spread
 from kvroute.calibrate.validation.validate import PolicyRun, Validation
 from kvroute.sim.experiment import prediction_interval
@@ -212,6 +212,9 @@ def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
         "client_send_lag_s": _lag_summary(np.concatenate([send_lags(r, v.trace) for r in runs])),
         "engine_times": engine_rows(runs),
     }
+    convoys = convoy_rows(runs)
+    if convoys:  # live engine first-token times: only with the servers' KV-cache events
+        entry["convoys"] = convoys
     if multi:
         entry["live_rounds"] = len(runs)
         entry["rounds"] = [{"live_round": r.live_round, "cache_reset": list(r.cache_reset), "warm_cache": r.warm,
@@ -409,6 +412,15 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
                   "| | predicted | measured | error % |", "|---|---:|---:|---:|"]
         lines += [f"| {row['label']} | {_fmt(row['predicted'], 4)} | {_fmt(row['measured'], 4)} | "
                   f"{_pct(row['error_pct'])} |" for row in p["engine_times"].values()]
+        if p.get("convoys"):
+            lines += ["", "Later turns by position in their convoy (the requests of one turn that one worker got in "
+                      "one round, in send order), split at the engine's first token (measured from the servers' "
+                      "KV-cache events); s, predicted / measured:", "",
+                      "| position | live requests | send to engine first token | engine to client first token "
+                      "| TTFT |", "|---:|---:|---:|---:|---:|"]
+            lines += [f"| {c['position']} | {c['count']} | {_fmt(c['predicted_engine'], 4)} / "
+                      f"{_fmt(c['measured_engine'], 4)} | {_fmt(c['predicted_out'], 4)} / {_fmt(c['measured_out'], 4)} "
+                      f"| {_fmt(c['predicted_ttft'], 4)} / {_fmt(c['measured_ttft'], 4)} |" for c in p["convoys"]]
     if doc["changes"]:
         base = next(iter(doc["policies"]))
         lines += ["", f"## Change vs {base}", ""]
