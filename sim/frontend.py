@@ -47,6 +47,7 @@ the sharing goes both ways: lane work queued while that engine has requests take
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, fields
 from typing import Callable
 
@@ -230,31 +231,51 @@ class FifoLane:
 
     Attributes:
         free_at: when the lane finishes the work submitted so far, s.
-        busy_time: total work submitted, s.
+        busy_time: total time its work takes, s (stretched items count stretched).
         step_at: emit time of the last engine step whose outputs the lane took, s (NaN: none).
     """
 
-    __slots__ = ("free_at", "busy_time", "step_at")
+    __slots__ = ("free_at", "busy_time", "step_at", "_stretched")
 
     def __init__(self) -> None:
         self.free_at = 0.0
         self.busy_time = 0.0
         self.step_at = float("nan")
+        self._stretched: deque[tuple[float, float, float]] = deque()  # (start, end, factor) of stretched items
 
-    def submit(self, now: float, service_s: float) -> tuple[float, float]:
-        """Queue ``service_s`` seconds of work at time ``now``; returns ``(start, end)``.
+    def submit(self, now: float, service_s: float, factor: float = 1.0) -> tuple[float, float]:
+        """Queue ``service_s`` seconds of work at time ``now``, taking ``factor`` times as long
+        (the core shared with a computing engine, ``HostModel.api_contention``); returns
+        ``(start, end)``.
 
         Calls must come in non-decreasing ``now`` (FIFO order is submission order).
         """
         start = now if now > self.free_at else self.free_at
-        end = start + service_s
+        end = start + service_s * factor
         self.free_at = end
-        self.busy_time += service_s
+        self.busy_time += end - start
+        if factor != 1.0:
+            self._stretched.append((start, end, factor))
         return start, end
 
     def busy(self, now: float) -> bool:
         """Whether work submitted before ``now`` is still unfinished at ``now``."""
         return self.free_at > now
+
+    def work_left(self, now: float) -> float:
+        """CPU time the lane's unfinished work still needs at ``now``, s: its remaining time,
+        with a stretched item's remainder divided by its factor (half of a doubled item's
+        elapsed time is the engine's share of the core, not the lane's work)."""
+        left = self.free_at - now
+        if left <= 0.0:
+            return 0.0
+        stretched = self._stretched
+        while stretched and stretched[0][1] <= now:
+            stretched.popleft()
+        for start, end, factor in stretched:
+            part = end - (start if start > now else now)
+            left -= part - part / factor
+        return left
 
 
 class Frontends:
@@ -280,10 +301,8 @@ class Frontends:
         lanes = self.lanes[worker]
         lane = min(lanes, key=lambda ln: ln.free_at if ln.free_at > now else now)
         self._lane_of[request_id] = lane
-        service = self.model.admission_s(num_prompt_tokens)
-        if self.slowdown is not None:
-            service *= self.slowdown(worker, now)
-        start, _ = lane.submit(now, service)
+        factor = 1.0 if self.slowdown is None else self.slowdown(worker, now)
+        start, _ = lane.submit(now, self.model.admission_s(num_prompt_tokens), factor)
         return start - now
 
     def deliver(self, worker: int, request_id: int, now: float) -> float:
@@ -296,18 +315,22 @@ class Frontends:
         if lane.step_at != now:
             lane.step_at = now
             service += self.model.per_step_s
-        if self.slowdown is not None:
-            service *= self.slowdown(worker, now)
-        return lane.submit(now, service)[1]
+        factor = 1.0 if self.slowdown is None else self.slowdown(worker, now)
+        return lane.submit(now, service, factor)[1]
 
     def num_busy(self, now: float) -> int:
         """API lanes (all servers) with unfinished work at ``now``."""
         return sum(lane.busy(now) for lanes in self.lanes for lane in lanes)
 
-    def busy_shares(self, now: float, duration: float) -> list[float]:
-        """Per lane (all servers), the share of ``[now, now + duration]`` its queued work fills."""
-        return [min(duration, max(0.0, lane.free_at - now)) / duration if duration > 0 else float(lane.busy(now))
-                for lanes in self.lanes for lane in lanes]
+    def busy_shares(self, now: float, duration: float, work: bool = False) -> list[float]:
+        """Per lane (all servers), the share of ``[now, now + duration]`` its queued work fills:
+        by its remaining time, or with ``work`` by the CPU time it still needs
+        (:meth:`FifoLane.work_left`; the same unless ``slowdown`` stretched its work)."""
+        if duration <= 0:
+            return [float(lane.busy(now)) for lanes in self.lanes for lane in lanes]
+        if work:
+            return [min(duration, lane.work_left(now)) / duration for lanes in self.lanes for lane in lanes]
+        return [min(duration, max(0.0, lane.free_at - now)) / duration for lanes in self.lanes for lane in lanes]
 
 
 class ContendedStepCost:

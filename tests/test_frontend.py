@@ -382,3 +382,30 @@ def test_api_contention_needs_the_api_process_on_the_engines_core():
     own = Cluster(trace, ClusterSpec(profile(frontend=fe, host={"cores": 2, "api_contention": 1.0,
                                                                  "api_on_engine_core": True})), 0)
     assert own.frontends.slowdown(0, 0.0) == 1.0  # the engine has no requests
+
+
+def test_lane_work_left_counts_a_stretched_item_at_its_own_cpu_time():
+    lane = FifoLane()
+    assert lane.submit(0.0, 1.0, factor=2.0) == (0.0, 2.0)  # 1 s of work beside a computing engine
+    assert lane.submit(1.0, 0.5) == (2.0, 2.5)
+    assert lane.busy_time == 2.5
+    assert [lane.work_left(t) for t in (0.0, 1.0, 2.2, 3.0)] == pytest.approx([1.5, 1.0, 0.3, 0.0])
+
+
+def test_the_engine_is_stretched_by_its_lanes_cpu_time_not_by_its_stretched_time():
+    # one worker, its API process on its core, fair sharing both ways (contention 1,
+    # api_contention 1), 1 ms of lane time per prompt token, steps 10 ms + 1 ms per token.
+    # Request 0 (10 tokens, 2 outputs) at 0 s: lane 0 - 0.01 s (engine idle: not stretched);
+    # its step (0.02 s) shares the core with that 0.01 s of lane work: x 1.5, emits at 0.03 s.
+    # Request 1 (5 tokens, 1 output) at 0.025 s, while the engine computes: 0.005 s of work
+    # stretched to 0.025 - 0.035 s. The next step (one decode + 5 prefill tokens, 0.016 s) starts
+    # at 0.03 s with 0.005 s of that item left: 0.0025 s of CPU, a share of 0.15625 of the step:
+    # x 1.15625, 0.0185 s, emits at 0.0485 s (counting the stretched time would give 0.051 s).
+    records = [TraceRecord(0, 0.0, 10, 2, (0,)), TraceRecord(1, 25.0, 5, 1, (1,))]
+    prof = profile(frontend={"per_prompt_token_s": 0.001},
+                   host={"cores": 2, "contention": 1.0, "api_on_engine_core": True, "api_contention": 1.0})
+    spec = ClusterSpec(prof, num_workers=1, arrival_spread_s=0.0, closed_loop=False)
+    recs = simulate(Trace(records, block_size=16), spec, seed=0).records.set_index("request_id")
+    assert recs.at[0, "first_token"] == pytest.approx(0.035)  # the token waits for request 1's admission
+    assert recs.at[0, "finish"] == pytest.approx(0.0485)
+    assert recs.at[1, "ttft"] == pytest.approx(0.0485 - 0.025)
