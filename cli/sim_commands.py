@@ -368,7 +368,7 @@ def _frontend_note(profile, peak: int) -> str:
             return (admits + f"on its engine's core, taking {1 + host.api_contention:.2g} times as long while the "
                     f"engine has requests (host.api_contention {host.api_contention:.2g}, stated, not measured). "
                     "Closed-loop TTFT under a kv-aware router hangs on it: on the CPU reference (run 16) the "
-                    "kv_aware-vs-round_robin TTFT change was predicted +39 % with 0 and +4 % with 1, measured +25 % "
+                    "kv_aware-vs-round_robin TTFT change was predicted +39 % with 0 and +13 % with 1, measured +25 % "
                     "(README: Bursts).")
         contention = host.contention if host is not None else 0.0
         return (admits + "counting as a busy process on the host while it works "
