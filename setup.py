@@ -44,7 +44,7 @@ class OptionalBuildExt(build_ext):
             _warn(f"{type(exc).__name__}: {exc}")
 
 
-MODULES = ["_block_pool", "_kv_cache_manager", "_decode_run", "_content"]
+MODULES = ["_block_pool", "_kv_cache_manager", "_decode_run", "_content", "_request", "_scheduler"]
 """The compiled modules of ``kvroute.sim``, each from ``sim/<name>.pyx``."""
 
 

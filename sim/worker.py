@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from kvroute.sim.compiled import DecodeRunTimes
+from kvroute.sim.compiled import DecodeRunTimes, Scheduler
 from kvroute.sim.cost_model import StepCost
-from kvroute.sim.request import Request
-from kvroute.sim.scheduler import Scheduler
 from kvroute.sim.timeseries import StepSeries
 
 if TYPE_CHECKING:
     from kvroute.sim.config import EngineConfig
+    from kvroute.sim.request import Request
 
 
 class Worker:
