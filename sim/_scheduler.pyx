@@ -116,8 +116,16 @@ cdef class Scheduler:
         for i in range(<Py_ssize_t>num_new.size()):
             (<Request>requests[i]).num_computed_tokens += num_new[i]
             num_scheduled.append(num_new[i])
-        return SchedulerOutput(requests, num_scheduled, sums.num_batched_tokens, sums.prefill_token_pairs,
-                               sums.decode_context_tokens, preempted, admitted)
+        # NOTE: filled field by field, without the dataclass's Python __init__ (a frame per step)
+        out = SchedulerOutput.__new__(SchedulerOutput)
+        out.requests = requests
+        out.num_scheduled_tokens = num_scheduled
+        out.num_batched_tokens = sums.num_batched_tokens
+        out.prefill_token_pairs = sums.prefill_token_pairs
+        out.decode_context_tokens = sums.decode_context_tokens
+        out.preempted = preempted
+        out.admitted = admitted
+        return out
 
     cdef Py_ssize_t _schedule_running(self, list requests, vector[Py_ssize_t]& num_scheduled, list preempted,
                                       StepSums* sums, Py_ssize_t budget, Py_ssize_t threshold) except -1:
@@ -307,7 +315,10 @@ cdef class Scheduler:
             for r in finished:
                 self.kv_cache_manager.free(r)
             self.running = [r for r in self.running if (<Request>r).status is RUNNING]
-        return StepResult(emitted, finished)
+        result = StepResult.__new__(StepResult)
+        result.emitted = emitted
+        result.finished = finished
+        return result
 
 
 cdef inline void _add_to_output(list requests, vector[Py_ssize_t]& num_scheduled, StepSums* sums, Request req,

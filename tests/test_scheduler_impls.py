@@ -3,6 +3,7 @@ pure-Python ones they were written from: the same steps, token counts, step sums
 finishes, decode runs and prefix-cache counters on random request streams, with preemption
 (small pools), chunked prefill caps and shared prefixes."""
 
+import dataclasses
 import importlib.util
 import random
 
@@ -24,6 +25,8 @@ def _state(req):
 
 
 def _out(out):
+    for f in dataclasses.fields(out):  # the compiled scheduler fills every field
+        getattr(out, f.name)
     return ([r.request_id for r in out.requests], list(out.num_scheduled_tokens), out.num_batched_tokens,
             out.prefill_token_pairs, out.decode_context_tokens, [r.request_id for r in out.preempted],
             [r.request_id for r in out.admitted])
@@ -65,6 +68,7 @@ def _run(scheduler_cls, request_cls, config, stream, decode_runs: bool):
             raise AssertionError(f"{scheduler_cls is CompiledScheduler}: nothing scheduled")
         run = sched.decode_run_length(out) if decode_runs and not pending else 0
         result = sched.update(out)
+        assert [getattr(result, f.name) is not None for f in dataclasses.fields(result)]
         trail.append(([r.request_id for r in result.emitted], [r.request_id for r in result.finished], run))
         if run and not result.finished:
             done = min(run, 1 + step % 7)
