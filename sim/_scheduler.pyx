@@ -66,6 +66,9 @@ cdef class Scheduler:
     cdef public Py_ssize_t num_preemptions
     cdef Py_ssize_t _block_size, _max_num_batched_tokens, _max_num_seqs, _max_model_len
     cdef Py_ssize_t _long_prefill_token_threshold
+    # NOTE: an instance dict, as the Python class has, so that callers can wrap a method of one
+    # scheduler (calibration instruments ``schedule`` this way)
+    cdef dict __dict__
 
     def __init__(self, config) -> None:
         self.config = config
