@@ -1,12 +1,12 @@
 """Build hook for the compiled engine core, ``kvroute.sim._block_pool``,
-``kvroute.sim._kv_cache_manager``, ``kvroute.sim._decode_run`` and ``kvroute.sim._content``
-(``sim/*.pyx``, Cython, C++);
+``kvroute.sim._kv_cache_manager``, ``kvroute.sim._decode_run``, ``kvroute.sim._content``,
+``kvroute.sim._request`` and ``kvroute.sim._scheduler`` (``sim/*.pyx``, Cython, C++);
 everything else is declared in pyproject.toml.
 
 The extensions are optional: when Cython is missing or the C++ build fails (no compiler), the
 install still succeeds, with a warning, and ``kvroute.sim.compiled`` falls back to the
 pure-Python modules (``sim/block_pool.py``, ``sim/kv_cache_manager.py``, ``sim/decode_run.py``,
-``sim/content.py``),
+``sim/content.py``, ``sim/request.py``, ``sim/scheduler.py``),
 which give the same results.
 """
 
@@ -24,7 +24,7 @@ from setuptools.command.build_ext import build_ext
 def _warn(why: str) -> None:
     bar = "=" * 78
     print(f"\n{bar}\nWARNING: the compiled engine core (kvroute.sim._block_pool, _kv_cache_manager, "
-          f"_decode_run, _content) was not built ({why}).\nkvroute will use the pure-Python modules: same "
+          f"_decode_run, _content, _request, _scheduler) was not built ({why}).\nkvroute will use the pure-Python modules: same "
           f"results, slower.\n{bar}\n", file=sys.stderr)
 
 
@@ -44,7 +44,7 @@ class OptionalBuildExt(build_ext):
             _warn(f"{type(exc).__name__}: {exc}")
 
 
-MODULES = ["_block_pool", "_kv_cache_manager", "_decode_run", "_content"]
+MODULES = ["_block_pool", "_kv_cache_manager", "_decode_run", "_content", "_request", "_scheduler"]
 """The compiled modules of ``kvroute.sim``, each from ``sim/<name>.pyx``."""
 
 

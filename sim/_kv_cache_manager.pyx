@@ -20,18 +20,14 @@ it must not call back into this manager.
 """
 
 from cpython.array cimport array
+from cython.operator cimport dereference as deref
 from libc.stdint cimport int32_t, int64_t
 from libcpp.algorithm cimport adjacent_find, sort
-from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 
 from kvroute.sim._block_pool cimport BlockPool, int64_items
+from kvroute.sim._request cimport Request
 from kvroute.sim.kv_cache_manager import PrefixCacheStats
-
-
-cdef struct Table:
-    vector[int32_t] blocks
-    Py_ssize_t num_cached  # the first num_cached blocks are registered (or hits)
 
 
 cdef inline Py_ssize_t ceil_div(Py_ssize_t a, Py_ssize_t b):
@@ -54,11 +50,7 @@ cdef class KVCacheManager:
         TypeError: if ``pool`` is not the compiled BlockPool.
     """
 
-    cdef readonly BlockPool pool
-    cdef readonly Py_ssize_t block_size
-    cdef readonly Py_ssize_t max_model_len
-    cdef public object stats
-    cdef unordered_map[int64_t, Table] _tables
+    # NOTE: the attributes and C methods are declared in _kv_cache_manager.pxd.
 
     def __init__(self, BlockPool pool not None, block_size: int, max_model_len: int) -> None:
         self.pool = pool
@@ -68,13 +60,16 @@ cdef class KVCacheManager:
 
     # -- C-level steps ------------------------------------------------------------------------
 
-    cdef Table* _table(self, object request):
+    cdef Table* _table(self, object request) except? NULL:
         """The request's table, or NULL when it holds none."""
-        cdef int64_t rid = request.request_id
+        return self._table_of(request.request_id)
+
+    cdef Table* _table_of(self, int64_t rid) noexcept:
+        """The table of request id ``rid``, or NULL when it holds none."""
         it = self._tables.find(rid)
         if it == self._tables.end():
             return NULL
-        return &(self._tables[rid])
+        return &(deref(it).second)
 
     cdef int _cache(self, Table* table, object request, Py_ssize_t num_full) except -1:
         """Register the table's blocks up to ``num_full`` (``cache_full_blocks``; the count of
@@ -148,7 +143,8 @@ cdef class KVCacheManager:
         cdef Table* table = self._table(request)
         cdef Py_ssize_t num_new = num_new_tokens
         if table != NULL and not new_computed_blocks and not full_sequence:
-            return self._extend_running(table, request, num_new)
+            return self._extend_running(table, request, request.num_computed_tokens,
+                                        request.num_prompt_tokens + request.num_output_tokens, num_new)
         if not self.can_allocate(request, num_new_tokens, new_computed_blocks, full_sequence):
             return False
         cdef int64_t rid
@@ -172,18 +168,28 @@ cdef class KVCacheManager:
         self._cache(table, request, num_full)
         return True
 
-    cdef bint _extend_running(self, Table* table, object request, Py_ssize_t num_new) except -1:
+    cdef bint extend_running(self, Request request, Py_ssize_t num_new) except -1:
+        """``allocate_slots(request, num_new)`` for the compiled scheduler's running pass, with
+        the compiled Request's counters read as C integers."""
+        cdef Table* table = self._table_of(request.request_id)
+        if table == NULL:
+            return self.allocate_slots(request, num_new)
+        return self._extend_running(table, request, request.num_computed_tokens,
+                                    request.num_prompt_tokens + request.num_output_tokens, num_new)
+
+    cdef bint _extend_running(self, Table* table, object request, Py_ssize_t num_computed, Py_ssize_t num_tokens,
+                              Py_ssize_t num_new) except -1:
         # Hot path of every step: a running request (no prefix lookup, no admission check)
-        # takes the same decision as ``can_allocate`` with nothing hit.
+        # takes the same decision as ``can_allocate`` with nothing hit. ``num_computed`` and
+        # ``num_tokens`` are the request's ``num_computed_tokens`` and ``num_tokens``.
         cdef Py_ssize_t bs = self.block_size
-        cdef Py_ssize_t end = <Py_ssize_t>request.num_computed_tokens + num_new
+        cdef Py_ssize_t end = num_computed + num_new
         cdef Py_ssize_t slots = end if end < self.max_model_len else self.max_model_len
         cdef Py_ssize_t need = ceil_div(slots, bs) - <Py_ssize_t>table.blocks.size()
         if need > 0:
             if need > self.pool._num_free:
                 return False
             self.pool.pop_blocks(need, table.blocks)
-        cdef Py_ssize_t num_tokens = <Py_ssize_t>request.num_prompt_tokens + <Py_ssize_t>request.num_output_tokens
         self._cache(table, request, (end if end < num_tokens else num_tokens) // bs)
         return True
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from kvroute.sim.compiled import Request
 from kvroute.sim.frontend import ContendedStepCost, EngineSpeed, Frontends, HostModel
 from kvroute.sim.metrics import RequestRecord, RunResult
 from kvroute.sim.profile import Profile
-from kvroute.sim.request import Request
 from kvroute.sim.routing import (CACHE_VIEWS, KVEventIndex, MetricsScrape, RouteRequest, RouterView, make_policy,
                                  router_rng)
 from kvroute.sim.scheduler import admission_error, clamp_max_tokens

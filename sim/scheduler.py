@@ -12,59 +12,13 @@ no SimPy, no clock.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
-from kvroute.sim.compiled import BlockPool, KVCacheManager
 from kvroute.sim.config import EngineConfig
 from kvroute.sim.kv_cache_manager import first_run_step
 from kvroute.sim.request import Request, RequestStatus
+from kvroute.sim.scheduler_output import SchedulerOutput, StepResult
 
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """What one step runs, in vLLM's order (running requests first, then admitted ones).
-
-    Attributes:
-        requests: scheduled requests.
-        num_scheduled_tokens: tokens scheduled per request, parallel to ``requests``.
-        num_batched_tokens: sum of ``num_scheduled_tokens``.
-        prefill_token_pairs: causal attention pairs of chunks longer than one token.
-        decode_context_tokens: context tokens read by one-token requests.
-        preempted: requests preempted in this step, in preemption order.
-        admitted: requests moved from waiting to running in this step.
-    """
-
-    requests: list[Request] = field(default_factory=list)
-    num_scheduled_tokens: list[int] = field(default_factory=list)
-    num_batched_tokens: int = 0
-    prefill_token_pairs: float = 0.0
-    decode_context_tokens: int = 0
-    preempted: list[Request] = field(default_factory=list)
-    admitted: list[Request] = field(default_factory=list)
-
-    @property
-    def num_reqs(self) -> int:
-        """Requests scheduled in the step."""
-        return len(self.requests)
-
-    def is_empty(self) -> bool:
-        """True when the step schedules nothing."""
-        return not self.requests
-
-
-@dataclass(slots=True)
-class StepResult:
-    """Tokens a step produced.
-
-    Attributes:
-        emitted: requests that sampled one token in this step (their first when
-            ``num_output_tokens == 1``).
-        finished: requests that reached ``max_tokens`` (or ``max_model_len``); their blocks
-            are already freed.
-    """
-
-    emitted: list[Request]
-    finished: list[Request]
+__all__ = ["Scheduler", "SchedulerOutput", "StepResult", "admission_error", "clamp_max_tokens"]
 
 
 def admission_error(num_prompt_tokens: int, max_model_len: int) -> str | None:
@@ -103,6 +57,10 @@ class Scheduler:
     """
 
     def __init__(self, config: EngineConfig) -> None:
+        # NOTE: imported here, not at the top: kvroute.sim.compiled imports this module (the
+        # pure-Python Scheduler is its reference and fallback).
+        from kvroute.sim.compiled import BlockPool, KVCacheManager
+
         self.config = config
         self.pool = BlockPool(config.num_gpu_blocks, config.enable_prefix_caching)
         self.kv_cache_manager = KVCacheManager(self.pool, config.block_size, config.max_model_len)

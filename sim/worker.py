@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from kvroute.sim.compiled import DecodeRunTimes
+from kvroute.sim.compiled import DecodeRunTimes, Scheduler
 from kvroute.sim.cost_model import StepCost
-from kvroute.sim.request import Request
-from kvroute.sim.scheduler import Scheduler
 from kvroute.sim.timeseries import StepSeries
 
 if TYPE_CHECKING:
     from kvroute.sim.config import EngineConfig
+    from kvroute.sim.request import Request
 
 
 class Worker:
@@ -121,12 +120,8 @@ class Worker:
                     f"(waiting {len(scheduler.waiting)}, running {len(scheduler.running)}, "
                     f"free blocks {scheduler.pool.num_free_blocks})"
                 )
-            dt = cost.step_time(
-                out.num_batched_tokens,
-                len(out.requests),
-                out.prefill_token_pairs,
-                out.decode_context_tokens,
-            )
+            tokens, reqs = out.num_batched_tokens, len(out.requests)
+            dt = cost.step_time(tokens, reqs, out.prefill_token_pairs, out.decode_context_tokens)
             if self.fast_forward:
                 run = scheduler.decode_run_length(out)
                 if run > 0:
@@ -140,10 +135,13 @@ class Worker:
             else:
                 start = env.now
                 yield env.timeout(dt)
-            self._account(start, dt, out.num_batched_tokens, len(out.requests))
+            self.num_steps += 1
+            self.busy_time += dt
+            if self.step_log is not None:
+                self.step_log.extend((start, dt, tokens, reqs))
             self._finish_step(out, env.now)
             if self.series is not None:
-                self.series.sample(start, env.now, 1, out.num_batched_tokens, len(out.requests))
+                self.series.sample(start, env.now, 1, tokens, reqs)
 
     @staticmethod
     def _mark_queued(arrived: list[Request], now: float) -> None:
@@ -169,12 +167,6 @@ class Worker:
         for req in result.finished:
             self.on_finish(req, now)
 
-    def _account(self, start: float, dt: float, tokens: int, reqs: int) -> None:
-        self.num_steps += 1
-        self.busy_time += dt
-        if self.step_log is not None:
-            self.step_log.extend((start, dt, tokens, reqs))
-
     def _decode_run(self, out, dt: float, run: int):
         """Step ``out`` plus up to ``run`` identical decode steps, as one wait.
 
@@ -190,8 +182,20 @@ class Worker:
         # duration and every end time equals stepping one at a time bit for bit.
         times = DecodeRunTimes(self.step_cost, dt, batch, out.decode_context_tokens, run, start)
         last = times.end(run)
-        self._wakeup = env.event()
-        yield env.timeout(last - start) | self._wakeup
+        wakeup = self._wakeup = env.event()
+        timeout = env.timeout(last - start)
+        # NOTE: what ``timeout | wakeup`` (SimPy's AnyOf) does, without building its value:
+        # ``resume`` is triggered from the callback of the first of the two to be processed, so
+        # the worker resumes one event after it, as it would after the condition.
+        resume = env.event()
+
+        def end_wait(_event) -> None:
+            if not resume.triggered:
+                resume.succeed()
+
+        timeout.callbacks.append(end_wait)
+        wakeup.callbacks.append(end_wait)
+        yield resume
         self._wakeup = None
         done = run
         if env.now < last:  # an arrival: finish the step in progress, then stop

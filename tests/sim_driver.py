@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kvroute.sim.compiled import Request, Scheduler  # compiled, or pure with KVROUTE_PURE_PYTHON=1
 from kvroute.sim.config import EngineConfig
-from kvroute.sim.request import Request
-from kvroute.sim.scheduler import Scheduler
 from vllm_driver import DriverRequest, DriverResult, StepRecord, default_output_token
 
 

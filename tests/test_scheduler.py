@@ -2,10 +2,11 @@
 
 import pytest
 
+from kvroute.sim.compiled import Request, Scheduler  # compiled, or pure with KVROUTE_PURE_PYTHON=1
 from kvroute.sim.config import EngineConfig
 from kvroute.sim.content import block_hashes
-from kvroute.sim.request import Request, RequestStatus
-from kvroute.sim.scheduler import Scheduler, admission_error, clamp_max_tokens
+from kvroute.sim.request import RequestStatus
+from kvroute.sim.scheduler import admission_error, clamp_max_tokens
 
 
 def req(rid, prompt_segments, max_tokens, block_size=16):

@@ -148,22 +148,24 @@ class RouterView:
         matched = [0] * self.num_workers
         if not self.track_prefixes:
             return matched
-        index, stride = self._index, self.stride
+        get, stride = self._index.get, self.stride
         live = (1 << self.num_workers) - 1
         length = 0  # engine blocks matched by every worker still in ``live``
-        for pos in range(stride - 1, len(block_hashes), stride):
-            mask = index.get(block_hashes[pos], 0) & live
-            lost = live & ~mask
-            w = 0
-            while lost:
-                if lost & 1:
-                    matched[w] = length
-                lost >>= 1
-                w += 1
-            live = mask
-            if not live:
-                return matched
-            length = pos + 1
+        # the sampled blocks are those at positions stride - 1, 2 * stride - 1, ...
+        for h in block_hashes[stride - 1::stride]:
+            mask = get(h, 0) & live
+            if mask != live:
+                lost = live & ~mask
+                w = 0
+                while lost:
+                    if lost & 1:
+                        matched[w] = length
+                    lost >>= 1
+                    w += 1
+                live = mask
+                if not live:
+                    return matched
+            length += stride
         for w in range(self.num_workers):
             if live >> w & 1:
                 matched[w] = length
@@ -184,10 +186,9 @@ class RouterView:
         if self.track_prefixes:
             bit = 1 << worker
             index = self._index
-            hashes = request.block_hashes
-            for pos in range(self.stride - 1, len(hashes), self.stride):
-                h = hashes[pos]
-                index[h] = index.get(h, 0) | bit
+            get = index.get
+            for h in request.block_hashes[self.stride - 1::self.stride]:
+                index[h] = get(h, 0) | bit
 
     def on_first_token(self, request_id: int) -> None:
         """Record that a request's prefill is done (its first token arrived)."""
