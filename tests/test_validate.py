@@ -1025,3 +1025,29 @@ def test_convoy_rows_split_later_turns_at_the_engines_first_token():
     # live records without engine first-token times (servers without KV-cache events): no rows
     untimed = result([row(1, 0, 2, 1.0, nan, 1.036)])
     assert convoy_rows([PolicyRun("kv_aware", {}, [sim], live=untimed, measured={})]) == []
+
+
+@pytest.mark.parametrize("behaviour, expected", [
+    ("fails", "reading the KV-cache events of tcp://127.0.0.1:1, tcp://127.0.0.1:2 failed: "
+              "ModuleNotFoundError: No module named 'msgspec'"),
+    ("silent", "no KV-cache event arrived from tcp://127.0.0.1:1, tcp://127.0.0.1:2"),
+    ("works", None),
+])
+def test_a_kv_event_feed_that_gives_nothing_is_reported(fakes, monkeypatch, behaviour, expected):
+    from kvroute.calibrate.vllm.kv_events import LiveKVEvents
+
+    async def run(self):
+        if behaviour == "fails":
+            raise ModuleNotFoundError("No module named 'msgspec'")
+        if behaviour == "works":
+            self.apply(0, [], ts=0.0)
+        await asyncio.Event().wait()  # subscribed until cancelled
+
+    monkeypatch.setattr(LiveKVEvents, "run", run)
+    replay = _replay(small_chat(), fakes(2), kv_event_endpoints=("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"))
+    assert (replay.result().records["status"] == "ok").all()  # the replay itself goes on
+    if expected is None:
+        assert replay.events_problem is None
+    else:
+        assert replay.events_problem.startswith(expected)
+    assert replay.result().records["engine_first_token"].isna().all()  # no block was ever stored

@@ -150,6 +150,7 @@ class LiveReplay:
         self.elapsed_s = 0.0
         self.usage_reported = True
         self.warnings: list[str] = []  # the stream reader's notes (usage vs counted tokens)
+        self.events_problem: str | None = None  # why the KV-cache events timed nothing, if they did not
         self._t0 = 0.0
         self._wall0 = 0.0  # time.time() at self._t0: the servers' event clock
         self._last_block: dict[int, int] = {}  # request id -> router hash of its last full prompt block
@@ -217,7 +218,9 @@ class LiveReplay:
             for task in (poller, subscriber):
                 if task is not None:
                     task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
+                    (outcome,) = await asyncio.gather(task, return_exceptions=True)
+                    if task is subscriber:
+                        self.events_problem = self._events_problem(outcome)
             self.elapsed_s = self.now()
             await self._session.close()
             self._session = None
@@ -248,6 +251,17 @@ class LiveReplay:
         return RunResult(records=frame, itl=np.asarray(self.itl_gaps, dtype=float), workers=pd.DataFrame(rows),
                          policy=self.spec.policy, seed=self.spec.seed,
                          tokens=tokens_frame(records) if self.spec.record_tokens else None)
+
+    def _events_problem(self, outcome) -> str | None:
+        """Why the KV-event subscriber (ended with ``outcome``: its exception, or None) gave
+        nothing, or None when it received batches."""
+        endpoints = ", ".join(self.kv_events.endpoints)
+        if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
+            return f"reading the KV-cache events of {endpoints} failed: {type(outcome).__name__}: {outcome}"
+        if self.kv_events.num_batches == 0:
+            return (f"no KV-cache event arrived from {endpoints} (servers started without --kv-events-config, "
+                    "or another port?)")
+        return None
 
     def _engine_first_tokens(self, records: list[RequestRecord]) -> None:
         """Set each finished record's ``engine_first_token`` (s since the run's start) from the

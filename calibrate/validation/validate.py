@@ -547,6 +547,9 @@ def run_validation(
             run.after = _scrape_quietly(urls)
         finally:
             finish_run(run, replay)
+            if replay.events_problem:
+                validation.notes.append(f"{run.policy}: {replay.events_problem}; its live records have no engine "
+                                        "first-token times")
             if replay.warnings:
                 validation.notes.append(f"{run.policy}: {len(replay.warnings)} streams disagreed with their "
                                         f"usage on the token count (the usage count is used); first: "

@@ -113,9 +113,17 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
         raise click.BadParameter(f"one endpoint per --url: {len(kv_events)} for {len(urls)} servers",
                                  param_hint="--kv-events")
     for endpoint in kv_events:
-        if not endpoint.startswith(("tcp://", "ipc://")):
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        if not (endpoint.startswith("ipc://") or (endpoint.startswith("tcp://") and host and port.isdigit()
+                                                  and 0 < int(port) < 65536)):
             raise click.BadParameter(f"a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got {endpoint!r}",
                                      param_hint="--kv-events")
+    try:
+        import aiohttp  # noqa: F401 - the live client
+    except ImportError:
+        raise click.ClickException("kvroute validate needs aiohttp, which the 'live' and 'gpu' extras bring: "
+                                   "pip install 'kvroute[gpu]' (GPU servers) or 'kvroute[live]' (vLLM on the CPU)"
+                                   ) from None
     names = _policies(policy, policies_text)
     created = not Path(out_dir).exists()  # removed again if the run fails before writing anything
     try:  # before any work: ~1 KB per record per policy and round, simulated or live
