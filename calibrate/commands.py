@@ -61,7 +61,8 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
                    "own, '--api-cores spare' otherwise.")
 @click.option("--kv-events-port-base", type=int, default=None,
               help="Server i publishes its KV-cache events on this port + i (vLLM --kv-events-config, ZeroMQ); "
-                   "'kvroute validate --kv-events tcp://127.0.0.1:PORT' then times each request's engine first token.")
+                   "'kvroute validate' then takes '--kv-events tcp://127.0.0.1:<this port + i>' once per server, in --url "
+                   "order, and times each request's engine first token.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=".", show_default=True, help="Where vllm-<port>.log files go.")
 @click.option("--vllm-args", default="", help="More vLLM arguments, as one shell-quoted string.")
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds to wait for /health.")
