@@ -35,7 +35,7 @@ import pandas as pd
 
 from kvroute.sim.outputs import atomic_output, write_text_atomic
 from kvroute.calibrate.validation.engine_times import convoy_rows, engine_rows
-from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, mean_interval, paired_changes, spread
+from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, mean_interval, spread
 from kvroute.calibrate.validation.validate import PolicyRun, Validation
 from kvroute.sim.experiment import prediction_interval
 from kvroute.sim.metrics import SUMMARY_METRICS
