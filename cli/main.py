@@ -63,6 +63,17 @@ def cli() -> None:
     """kvroute: simulate vLLM workers behind a router, calibrate, and validate live."""
 
 
+OPTIONAL_MODULES = {
+    "aiohttp": "pip install 'kvroute[gpu]' (GPU servers) or 'kvroute[live]' (vLLM on the CPU)",
+    "vllm": "pip install 'kvroute[gpu]' (GPU servers) or 'kvroute[live]' (vLLM on the CPU)",
+    "transformers": "pip install 'kvroute[live]'",
+    "tokenizers": "pip install 'kvroute[live]'",
+}
+"""Modules that only the optional extras (pyproject.toml) install, and how to get them: a command
+that imports one of them when it is missing ends in a one-line error saying so, not in an
+internal error."""
+
+
 def main() -> None:
     """Console-script entry point.
 
@@ -74,6 +85,11 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 - the last line of defence, see the docstring
         if os.environ.get("KVROUTE_DEBUG"):
             raise
+        install = OPTIONAL_MODULES.get(exc.name) if isinstance(exc, ModuleNotFoundError) else None
+        if install is not None:
+            click.echo(f"Error: this command needs {exc.name}, which kvroute does not install by default: {install}",
+                       err=True)
+            sys.exit(1)
         reason = " ".join(str(exc).split())[:300]
         click.echo(f"Error: internal error (a bug in kvroute; KVROUTE_DEBUG=1 shows the traceback): "
                    f"{type(exc).__name__}: {reason}", err=True)

@@ -368,3 +368,20 @@ def test_bad_host_terms_for_fit_name_their_flag(tmp_path, flag, value, expected)
     assert_error(run("calibrate", "fit", bursts, "--base-profile",
                      "cpu-tiny-qwen2-x2", "--out", out, flag, value), expected)
     assert not out.exists()
+
+
+def test_a_missing_optional_module_names_its_extra(tmp_path):
+    import subprocess
+    import sys
+
+    # aiohttp hidden, as on a machine with only the base install
+    probe = ("import sys; sys.modules['aiohttp'] = None; sys.argv = ['kvroute', *sys.argv[1:]]\n"
+             "from kvroute.cli.main import main; main()")
+    out = tmp_path / "v"
+    res = subprocess.run([sys.executable, "-c", probe, "validate", "--url", "http://127.0.0.1:8100", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert res.returncode == 1, res
+    errors = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == ["Error: this command needs aiohttp, which kvroute does not install by default: "
+                      "pip install 'kvroute[gpu]' (GPU servers) or 'kvroute[live]' (vLLM on the CPU)"], res.stderr
+    assert "Traceback" not in res.stderr and not out.exists()

@@ -118,12 +118,9 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
                                                   and 0 < int(port) < 65536)):
             raise click.BadParameter(f"a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got {endpoint!r}",
                                      param_hint="--kv-events")
-    try:
-        import aiohttp  # noqa: F401 - the live client
-    except ImportError:
-        raise click.ClickException("kvroute validate needs aiohttp, which the 'live' and 'gpu' extras bring: "
-                                   "pip install 'kvroute[gpu]' (GPU servers) or 'kvroute[live]' (vLLM on the CPU)"
-                                   ) from None
+    # NOTE: the live client, imported before anything is written: when it is missing, main()
+    # names the extras that bring it (cli.main.OPTIONAL_MODULES)
+    import aiohttp  # noqa: F401
     names = _policies(policy, policies_text)
     created = not Path(out_dir).exists()  # removed again if the run fails before writing anything
     try:  # before any work: ~1 KB per record per policy and round, simulated or live
