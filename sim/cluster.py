@@ -471,10 +471,10 @@ class Cluster:
         engine = float(self._engine_busy(self.workers[worker], now, host.engine_spin_s))
         if self.frontends is None:
             return host.cores * engine
-        # NOTE: by CPU time, not elapsed: a lane stretched by its engine (api_contention) takes
-        # the core for its own work only; counting its stretched time would charge the engine
-        # for its own share too (and break the streaming baseline of decode steps).
-        shares = self.frontends.busy_shares(now, duration, work=True)
+        # NOTE: by CPU time, not elapsed (busy_shares): a lane stretched by its engine
+        # (api_contention) takes the core for its own work only; counting its stretched time
+        # would charge the engine for its own share too (and break the decode streaming baseline).
+        shares = self.frontends.busy_shares(now, duration)
         per = self.frontends.model.api_server_count
         own = sum(shares[worker * per:(worker + 1) * per])
         return host.cores * (engine + own) + host.client_busy * max(shares, default=0.0)

@@ -322,15 +322,13 @@ class Frontends:
         """API lanes (all servers) with unfinished work at ``now``."""
         return sum(lane.busy(now) for lanes in self.lanes for lane in lanes)
 
-    def busy_shares(self, now: float, duration: float, work: bool = False) -> list[float]:
-        """Per lane (all servers), the share of ``[now, now + duration]`` its queued work fills:
-        by its remaining time, or with ``work`` by the CPU time it still needs
-        (:meth:`FifoLane.work_left`; the same unless ``slowdown`` stretched its work)."""
+    def busy_shares(self, now: float, duration: float) -> list[float]:
+        """Per lane (all servers), the share of ``[now, now + duration]`` its queued work fills,
+        by the CPU time it still needs (:meth:`FifoLane.work_left`: its remaining time, unless
+        ``slowdown`` stretched it, when only its own share of the core counts)."""
         if duration <= 0:
             return [float(lane.busy(now)) for lanes in self.lanes for lane in lanes]
-        if work:
-            return [min(duration, lane.work_left(now)) / duration for lanes in self.lanes for lane in lanes]
-        return [min(duration, max(0.0, lane.free_at - now)) / duration for lanes in self.lanes for lane in lanes]
+        return [min(duration, lane.work_left(now)) / duration for lanes in self.lanes for lane in lanes]
 
 
 class ContendedStepCost:
