@@ -207,20 +207,26 @@ def print_rows(rows: list[dict]) -> None:
                   f"{r['measured']:>10.4f} {r['error_pct']:>+8.1f}% {tgt:>7} {r['live_rounds']:>4} {load:>10}  {ok}")
 
 
+def _rounds_with_prediction(runs, validation):
+    """Per predicted policy run in ``runs`` that has live rounds in ``validation``: ``(run, rounds)``,
+    each round given that prediction (what the engine-time tables compare)."""
+    live = validation.policy_rounds()
+    for pred in runs:
+        rounds = live.get(pred.policy, [])
+        if rounds:
+            for r in rounds:
+                r.take_prediction(pred)
+            yield pred, rounds
+
+
 def time_split(shape: str, profile_name: str, runs, validation) -> list[str]:
     """Per policy, where a request's time goes (``kvroute.calibrate.validation.engine_times``):
     TTFT, engine queue, engine prefill, front end and engine decode time, predicted (``runs``)
     / measured (mean of ``validation``'s live rounds), ms. Informational: no targets."""
     from kvroute.calibrate.validation.engine_times import engine_rows
 
-    live = validation.policy_rounds()
     lines = []
-    for pred in runs:
-        rounds = live.get(pred.policy, [])
-        if not rounds:
-            continue
-        for r in rounds:
-            r.take_prediction(pred)
+    for pred, rounds in _rounds_with_prediction(runs, validation):
         cells = []
         for key, row in engine_rows(rounds).items():
             if row["predicted"] is None and row["measured"] is None:
@@ -237,13 +243,9 @@ def convoy_split(shape: str, profile_name: str, runs, validation) -> list[str]:
     predicted/measured; [] without live engine first-token times (``--kv-events``)."""
     from kvroute.calibrate.validation.engine_times import convoy_rows
 
-    live = validation.policy_rounds()
     lines = []
-    for pred in runs:
-        rounds = live.get(pred.policy, [])
-        for r in rounds:
-            r.take_prediction(pred)
-        rows = convoy_rows(rounds) if rounds else []
+    for pred, rounds in _rounds_with_prediction(runs, validation):
+        rows = convoy_rows(rounds)
         if rows:
             lines.append(f"{shape} {profile_name} {pred.policy}: " + "; ".join(
                 f"{r['position']}: engine {1000 * r['predicted_engine']:.1f}/{1000 * r['measured_engine']:.1f}, "

@@ -15,8 +15,9 @@ Prompts are token ids (``kvroute.calibrate.calibration.prompts``); outputs are f
 (``ignore_eos``) and streamed with their token ids, which a later turn resends. Records have the
 simulator's columns (``kvroute.sim.metrics.RECORD_COLUMNS``); times are seconds since the replay
 started; with the servers' KV-cache events (``ReplaySpec.kv_event_endpoints``) a record also
-carries when the engine's step produced its first token. A worker whose connection breaks or whose request times out is marked dead: its
-in-flight requests fail with the error, the policy stops choosing it, and the replay goes on.
+carries when the engine's step produced its first token. A worker whose connection breaks or
+whose request times out is marked dead: its in-flight requests fail with the error, the policy
+stops choosing it, and the replay goes on.
 Cancelling :meth:`LiveReplay.run` (Ctrl-C) records the requests in flight as interrupted.
 """
 
