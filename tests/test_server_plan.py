@@ -1,5 +1,7 @@
 """Where planned vLLM CPU servers put their engines and API processes (calibrate/vllm/server.py)."""
 
+import re
+
 import pytest
 
 from kvroute.calibrate.vllm import server
@@ -44,3 +46,14 @@ def test_kv_events_get_a_port_per_server(two_cores):
     plain = plan_servers("m", 2)
     assert [s.kv_events_endpoint for s in plain] == [None, None]
     assert "--kv-events-config" not in plain[0].command()
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"port_base": -3}, "port base -3: 2 server(s) need ports -3..-2, which must lie in 1..65535"),
+    ({"port_base": 65535}, "port base 65535: 2 server(s) need ports 65535..65536, which must lie in 1..65535"),
+    ({"kv_events_port_base": -5}, "KV-events port base -5: 2 server(s) need ports -5..-4, which must lie in 1..65535"),
+    ({"kv_events_port_base": 70000}, "KV-events port base 70000: 2 server(s) need ports 70000..70001"),
+])
+def test_ports_outside_the_tcp_range_are_refused(two_cores, kw, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        plan_servers("m", 2, **kw)

@@ -345,8 +345,8 @@ def plan_servers(
             ``kv_events_port_base + i``; None: no events.
 
     Raises:
-        ValueError: more servers than devices, ``device="gpu"`` without GPUs, or an unknown
-            ``api_cores``.
+        ValueError: more servers than devices, ``device="gpu"`` without GPUs, an unknown
+            ``api_cores``, or ports outside 1..65535.
     """
     if api_cores not in API_CORES:
         raise ValueError(f"api_cores must be one of {sorted(API_CORES)}, got {api_cores!r}")
@@ -358,6 +358,10 @@ def plan_servers(
     if not 1 <= n <= len(devices):
         kind = "GPUs" if gpus else "CPU cores"
         raise ValueError(f"asked for {n} servers but this machine has {len(devices)} {kind}: {devices}")
+    for option, base in (("port base", port_base), ("KV-events port base", kv_events_port_base)):
+        if base is not None and not (1 <= base and base + n - 1 <= 65535):
+            raise ValueError(f"{option} {base}: {n} server(s) need ports {base}..{base + n - 1}, "
+                             f"which must lie in 1..65535")
     specs = []
     spare = tuple(c for c in devices if c not in devices[:n]) if not gpus else ()
     for i in range(n):
