@@ -457,6 +457,9 @@ def main() -> None:
         args.api_cores = "spare" if args.url else "own"
     if args.sweeps < 1:
         parser.error(f"--sweeps: at least 1, got {args.sweeps}")
+    if args.kv_events and (args.url or args.rescore):
+        parser.error("--kv-events configures the servers this script starts; it cannot be used with --url or "
+                     "--rescore (live rounds saved with engine first-token times are split when rescored)")
 
     from dataclasses import replace
 
