@@ -273,7 +273,8 @@ def period_variants(profile) -> list:
 
 
 def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweeps: int = 1,
-                   api_cores: str = "spare", client_cores: str | None = None) -> Path:
+                   api_cores: str = "spare", client_cores: str | None = None,
+                   kv_events: list[str] | None = None) -> Path:
     """Calibrate ``urls`` in place: ``kvroute calibrate measure`` (full preset, with the
     concurrency sweep, extended to ``longest`` tokens when given) into ``out``, ``sweeps`` times
     one after another (into ``out/sweep-1``, ``out/sweep-2``, ... when more than one), then one
@@ -281,7 +282,9 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweep
     ``out/profile.json``. The processors behind this machine differ from session to session, so
     a profile measured in another session carries another speed. ``api_cores``: where the
     servers run their API processes (``own``: the fit counts the host's load per core);
-    ``client_cores``: the sweep's client's cores (``measure --client-cores``).
+    ``client_cores``: the sweep's client's cores (``measure --client-cores``); ``kv_events``:
+    the servers' KV-event endpoints (``measure --kv-events``: the fit then places the unloaded
+    front end before and after the engine's step).
 
     Raises:
         SystemExit: a calibration command failed (its exit code and the folder named).
@@ -293,7 +296,8 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweep
     steps = [kvroute + ["calibrate", "measure", "--out", str(d), "--no-progress"]
              + (["--longest", str(longest)] if longest else [])
              + (["--client-cores", client_cores] if client_cores else [])
-             + [a for u in urls for a in ("--url", u)] for d in dirs]
+             + [a for u in urls for a in ("--url", u)]
+             + [a for e in (kv_events or []) for a in ("--kv-events", e)] for d in dirs]
     steps.append(kvroute + ["calibrate", "fit", *map(str, dirs), "--out", str(out / "profile.json"), "--bootstrap", "0",
                             "--name", "calibrated-here", "--api-cores", api_cores])
     for cmd in steps:
@@ -448,7 +452,9 @@ def main() -> None:
     parser.add_argument("--kv-events", action="store_true",
                         help="Start the servers with KV-cache events (ports --port-base + 100 + i) and time each "
                              "live request's engine first token from them; the script then also prints a later "
-                             "turn's TTFT by position in its convoy, split at that time.")
+                             "turn's TTFT by position in its convoy, split at that time. With --calibrate the sweep "
+                             "reads them too, and the fit places the unloaded front end before and after the "
+                             "engine's step (overheads.post_engine_s).")
     parser.add_argument("--rescore", type=Path, default=None, metavar="DIR",
                         help="Score the profiles against the live rounds saved in DIR by an earlier run "
                              "(DIR/<shape>/live.pickle), without servers.")
@@ -486,7 +492,7 @@ def main() -> None:
         t1 = time.perf_counter()
         if args.calibrate and not args.rescore:
             names.insert(0, str(calibrate_here(urls, args.out / "calibration", args.longest, args.sweeps,
-                                                 args.api_cores, args.client_cores)))
+                                                 args.api_cores, args.client_cores, kv_endpoints)))
             notes.append(f"calibrated on these servers in {time.perf_counter() - t1:.0f} s: {names[0]}")
             t1 = time.perf_counter()
         profiles = [load_profile(p) for p in names]

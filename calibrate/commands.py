@@ -157,9 +157,14 @@ def calibrate():
               help="Also time sequences up to this many tokens (prompt plus output): longer cold prompts, a "
                    "cached prefix and a decode context near it, for runs whose histories go beyond the preset "
                    "(16k tokens for 'full'); must fit the servers' max_model_len.")
+@click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
+              help="Each server's KV-cache event endpoint (tcp://HOST:PORT; kvroute serve --kv-events-port-base), "
+                   "one per --url in the same order: every request is then also timed at the engine step that "
+                   "finished its prefill, and the fit places the unloaded front end before and after the engine "
+                   "(overheads.post_engine_s).")
 @check_values
 def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress, timeout,
-            bursts, longest):
+            bursts, longest, kv_events):
     """Drive live servers through their OpenAI API: prefill (cold and cached prefixes), decode
     (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive."""
     import asyncio
@@ -181,6 +186,13 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         _fail(f"--token-range must be LO:HI, got {token_range!r}")
     out = Path(out_dir)
     check_urls(urls)
+    if kv_events:
+        from kvroute.calibrate.vllm.kv_events import check_endpoints
+
+        try:
+            check_endpoints(kv_events, len(urls))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--kv-events") from exc
     try:  # before any work; a full sweep writes a few MB of rows
         check_output(out, 16 << 20, is_dir=True)
     except ValueError as exc:
@@ -188,7 +200,7 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     try:
         with pinned(_cores(client_cores)):
             summary = asyncio.run(run_sweep(list(urls), out, plan, model, seed, (lo, hi), progress, hardware,
-                                            timeout))
+                                            timeout, kv_events))
     except CalibrationError as exc:
         kept = _rows(out / "requests.csv")
         _fail(f"{exc}" + (f"\n{kept} measured requests are kept in {out / 'requests.csv'}" if kept else ""))
@@ -202,6 +214,8 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         f"{summary.elapsed_s:.0f} s on {len(summary.servers)} server(s): {s.model} on {s.hardware}, vLLM "
         f"{s.vllm_version}, block size {s.block_size}, {s.num_gpu_blocks} blocks -> {out}"
     )
+    if summary.events_problem:
+        click.echo(f"warning: {summary.events_problem}; no request was timed in the engine", err=True)
 
 
 def _rows(path: Path) -> int:
@@ -270,6 +284,7 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
 
     Several RUN_DIRs (sweeps of the same servers, taken one after another) are pooled into one
     fit: each sweep's scatter from the host's load of the moment then weighs less."""
+    from kvroute.calibrate.calibration.engine_split import apply_post_engine, describe, post_engine_time
     from kvroute.calibrate.calibration.fit import fit, plot_report, profile_document
     from kvroute.calibrate.calibration.observations import (build_observations, engine_config, load_sweeps,
                                                             observations_frame)
@@ -301,6 +316,9 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
         _fail(str(exc))
     name = name or out.stem
     doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
+    split = post_engine_time(req)
+    if split is not None:
+        apply_post_engine(doc, split)
     burst_text = (_fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline,
                               api_cores == "own", api_contention) if bursts else None)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -315,7 +333,7 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
     points = Path(run_dir) / "fit_points.csv" if out_path is None else out.with_name(out.stem + ".fit_points.csv")
     with atomic_output(points) as tmp:
         frame.to_csv(tmp, index=False)
-    click.echo("one request at a time:\n" + result.summary())
+    click.echo("one request at a time:\n" + result.summary() + "\n" + describe(split))
     if burst_text:
         click.echo(burst_text)
     click.echo(f"profile {out}\nreport  {png}\npoints  {points}")

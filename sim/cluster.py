@@ -245,6 +245,7 @@ class Cluster:
         # NOTE: the seed's children 0-3 seed the router, the gateway balancer and the engine speeds
         self._lag_rng = np.random.default_rng(seed).spawn(5)[4] if spec.client_lag_s else None
         self._sigma = math.sqrt(math.log1p(self._overheads.jitter_cv**2))
+        self._post = self._overheads.post_engine_delay_s(prof.frontend)  # s after each token's step
 
     def _build_gateways(self, seed: int) -> None:
         """Policies and views of the gateway replicas, and the worker signals they read."""
@@ -405,6 +406,7 @@ class Cluster:
         engine_now = now
         if self.frontends is not None:
             now = self.frontends.deliver(record.worker, request.request_id, now)
+        now += self._post
         if request.num_output_tokens == 1 and record.first_token is None:
             record.first_token = now
             record.engine_first_token = engine_now
@@ -415,7 +417,7 @@ class Cluster:
 
     def _on_decode_run(self, requests: list[Request], step_ends, gaps: array) -> None:
         # every request of the run adds the same gaps (a copy)
-        last = step_ends[-1]
+        last = step_ends[-1] + self._post
         extend = self.itl_gaps.extend
         for request in requests:
             request.client.last_token = last
@@ -428,7 +430,8 @@ class Cluster:
 
     def _on_decode_run_timed(self, requests: list[Request], step_ends, gaps: array) -> None:
         self._on_decode_run(requests, step_ends, gaps)
-        later = step_ends[1:]  # the run's first step came through on_token
+        post = self._post
+        later = [t + post for t in step_ends[1:]] if post else step_ends[1:]  # the first came through on_token
         for request in requests:
             request.client.token_times.extend(later)
 
@@ -437,6 +440,8 @@ class Cluster:
         record.engine_last_token = now
         if self.frontends is not None:
             now = record.last_token  # the client has the reply when the API streamed its last token
+        else:
+            now += self._post
         record.finish = now
         record.cached_tokens = request.num_cached_tokens or 0
         record.output_tokens = request.num_output_tokens

@@ -58,9 +58,17 @@ class Overheads:
             validation grow with the prompt; measured by calibration, 0 in derived priors).
         gateway_s: mean time the router/gateway adds to every request.
         jitter_cv: coefficient of variation of the total, applied as a seeded lognormal factor.
+        post_engine_s: time from the end of an engine step to its token reaching the client,
+            measured one request at a time (the engine core hands the step's outputs to the API
+            process, which detokenises them and writes the SSE chunk, and the client reads it);
+            0: none, every overhead before the engine, as before. A measured profile takes it
+            from the KV-cache events' step times (``kvroute calibrate measure --kv-events``) and
+            takes it out of ``api_server_s``, so one request alone is predicted as before. The
+            simulator delays every token by it, less the API lane's own modelled work on a lone
+            token when the profile has a ``frontend`` section (:meth:`post_engine_delay_s`).
 
-    All of it passes before the engine sees the request, and none of it delays running requests.
-    That holds for the engine core's share too (measured profiles fold the engine's admission of
+    Apart from ``post_engine_s``, all of it passes before the engine sees the request, and none of
+    it delays running requests. That holds for the engine core's share too (measured profiles fold the engine's admission of
     a request, its block hashing included, into ``api_server_s``): vLLM v1 builds the
     ``Request`` in the engine core's input thread "in parallel with Model forward"
     (``vllm/v1/engine/core.py: preprocess_add_request``, called from ``process_input_sockets``).
@@ -72,10 +80,18 @@ class Overheads:
     gateway_s: float = 0.001
     jitter_cv: float = 0.1
     api_server_per_token_s: float = 0.0
+    post_engine_s: float = 0.0
 
     def mean_s(self, num_prompt_tokens: int) -> float:
-        """Mean overhead of a request with ``num_prompt_tokens`` prompt tokens, seconds."""
+        """Mean overhead before the engine of a request with ``num_prompt_tokens`` prompt tokens, s."""
         return self.api_server_s + self.gateway_s + self.api_server_per_token_s * num_prompt_tokens
+
+    def post_engine_delay_s(self, frontend: FrontendModel | None) -> float:
+        """Pure delay of every token after its engine step, s: ``post_engine_s`` less the lane
+        work that ``frontend`` already charges a lone token (``per_step_s + per_output_token_s``),
+        never below 0."""
+        lane = frontend.per_step_s + frontend.per_output_token_s if frontend is not None else 0.0
+        return max(0.0, self.post_engine_s - lane)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +349,7 @@ OVERHEADS_SCHEMA = {
     "gateway_s": COST_SECONDS,
     "jitter_cv": Num(minimum=0.0, maximum=10.0),
     "api_server_per_token_s": COST_SECONDS,
+    "post_engine_s": COST_SECONDS,
 }
 """Rules of the optional ``overheads`` section."""
 

@@ -258,15 +258,16 @@ def test_url_port_out_of_range(tmp_path):
 
 
 @pytest.mark.parametrize("events, expected", [
-    (["tcp://127.0.0.1:8200"], "Invalid value for --kv-events: one endpoint per --url: 1 for 2 servers"),
+    (["tcp://127.0.0.1:8200"], "Invalid value for --kv-events: one endpoint per server: 1 for 2 servers"),
     (["tcp://127.0.0.1:8200", "127.0.0.1:8201"],
      "Invalid value for --kv-events: a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got '127.0.0.1:8201'"),
     (["tcp://127.0.0.1:8200", "tcp://127.0.0.1:notaport"],
      "Invalid value for --kv-events: a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got 'tcp://127.0.0.1:notaport'"),
 ])
-def test_kv_event_endpoints_one_per_server(tmp_path, events, expected):
+@pytest.mark.parametrize("command", [["validate"], ["calibrate", "measure"]])
+def test_kv_event_endpoints_one_per_server(tmp_path, events, expected, command):
     urls = ["--url", "http://127.0.0.1:8100", "--url", "http://127.0.0.1:8101"]
-    assert_error(run("validate", *urls, *[a for e in events for a in ("--kv-events", e)], "--out", tmp_path / "v"),
+    assert_error(run(*command, *urls, *[a for e in events for a in ("--kv-events", e)], "--out", tmp_path / "v"),
                  expected)
     assert not (tmp_path / "v").exists()
 

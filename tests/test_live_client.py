@@ -125,8 +125,8 @@ def test_calibration_row_counts_tokens_by_usage_and_keeps_the_warning():
     warning = f"{URL}: usage says 4 completion tokens but 3 came in the stream's chunks; using the usage count"
     res = StreamResult(t_send=10.0, token_times=[0.15, 0.2, 0.25], prompt_tokens=2, completion_tokens=4,
                        t_done=0.3, status=200, warning=warning)
-    ctx = SimpleNamespace(info=SimpleNamespace(url=URL), t0=9.0)
-    row = _request_row(ctx, {"exp_id": 3, "kind": "burst", "rep": 0}, "burst", res, 2, 0, 4, 0)
+    ctx = SimpleNamespace(info=SimpleNamespace(url=URL, block_size=16), t0=9.0, events=None)
+    row = _request_row(ctx, {"exp_id": 3, "kind": "burst", "rep": 0}, "burst", res, [7, 8], 0, 4, 0)
     assert (row["n_tokens"], row["warning"], row["token_times"]) == (4, warning, "0.150000 0.200000 0.250000")
     assert (row["t_send_s"], row["ttft_s"], row["t_done_s"]) == (1.0, 0.15, 0.3)
 

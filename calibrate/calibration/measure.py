@@ -22,7 +22,11 @@ Experiments (every prompt is a list of token ids, so prefix sharing is exact):
 
 Sequential requests are bracketed by ``/metrics`` scrapes, so the server's own histograms
 (``vllm:request_queue_time_seconds``, ``vllm:request_prefill_time_seconds``,
-``vllm:inter_token_latency_seconds``) separate engine time from API-server overhead.
+``vllm:inter_token_latency_seconds``) separate engine time from API-server overhead. With the
+servers' KV-cache event feeds (``kv_events``), every request is also timed at the end of the
+engine step that finished its prefill (``engine_first_token_s``, from the batch that stored its
+last full prompt block: :class:`kvroute.calibrate.vllm.kv_events.LiveKVEvents`), which splits
+that overhead into the part before the engine and the part after it.
 
 Files in the output directory: ``meta.json`` (plan, servers' settings, status), ``requests.csv``
 (one row per request, appended and flushed as each finishes, token arrival times included) and
@@ -46,13 +50,14 @@ from typing import Any
 
 import numpy as np
 
+from kvroute.calibrate.calibration.prompts import chained_block_hashes
 from kvroute.calibrate.vllm.client import CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, VllmClient
 
 REQUEST_COLUMNS = [
     "url", "exp_id", "kind", "role", "rep", "batch", "prompt_len", "prefix_len", "max_tokens",
     "t_send_s", "ttft_s", "t_done_s", "n_tokens", "prompt_tokens", "cached_tokens",
     "expected_cached", "engine_queue_s", "engine_prefill_s", "engine_ttft_s", "overhead_s",
-    "error", "warning", "token_times",
+    "error", "warning", "token_times", "engine_first_token_s",
 ]
 EXPERIMENT_COLUMNS = [
     "url", "exp_id", "kind", "rep", "batch", "context_len", "prefix_len", "new_len", "prefill_len",
@@ -361,11 +366,23 @@ class RowWriter:
     Args:
         path: CSV file; its header is written when the file is new.
         columns: column names; missing keys are written empty.
+
+    Raises:
+        CalibrationError: the file exists with other columns (a sweep of another kvroute
+            version): appending would put values under the wrong names.
     """
 
     def __init__(self, path: Path, columns: Sequence[str]) -> None:
         self.path = path
         new = not path.exists() or path.stat().st_size == 0
+        if not new:
+            with open(path, newline="") as fh:
+                header = next(csv.reader(fh), [])
+            if header != list(columns):
+                raise CalibrationError(
+                    f"{path}:1: its columns differ from this version's ({len(header)} against {len(columns)}: "
+                    f"{', '.join(sorted(set(columns).symmetric_difference(header))) or 'another order'}); "
+                    "measure into a new directory")
         self._fh = open(path, "a", newline="")
         self._w = csv.DictWriter(self._fh, fieldnames=list(columns), extrasaction="ignore")
         if new:
@@ -412,7 +429,14 @@ class _Ctx:
     metrics_ok: bool = True
     errors: list[str] = field(default_factory=list)
     scrape_cpu_s: float | None = None  # the API process's CPU seconds per /metrics scrape
+    worker: int = 0  # this server's index in the sweep's URLs (and KV-event feeds)
+    events: Any = None  # LiveKVEvents of every server, or None
 
+
+EVENT_WAIT_S = 0.005
+"""How long a request alone waits after its stream before its row is written, when the sweep
+reads KV events and no ``/metrics`` scrape follows it: the engine publishes the step's batch
+before it hands the outputs on, but our subscriber reads it in its turn."""
 
 SCRAPES_TIMED = 10
 """Back-to-back ``/metrics`` scrapes whose CPU cost is averaged (``process_cpu_seconds_total``
@@ -449,14 +473,36 @@ def _times(res: StreamResult) -> str:
     return " ".join(f"{t:.6f}" for t in res.token_times)
 
 
-def _request_row(ctx: _Ctx, exp: dict, role: str, res: StreamResult, prompt_len: int, prefix_len: int,
+def engine_first_token(ctx: _Ctx, prompt: Sequence[int], res: StreamResult) -> float:
+    """When the engine step that finished ``prompt``'s prefill ended, s after the request was
+    sent: the publish time of the KV-event batch of this server that stored the prompt's last
+    full block, less the send time (``time.perf_counter()``, brought onto the wall clock now).
+
+    Returns:
+        Seconds in ``[0, ttft]``; NaN without KV events, for a failed request or a prompt shorter
+        than one block, or when no batch stored that block between the send and the first token
+        (its blocks were all cache hits, or the event was missed).
+    """
+    bs = ctx.info.block_size
+    full = len(prompt) // bs
+    if ctx.events is None or res.error is not None or full == 0 or not math.isfinite(res.ttft):
+        return math.nan
+    ts = ctx.events.stored_at(ctx.worker, chained_block_hashes(prompt[: full * bs], bs)[-1])
+    if ts is None:
+        return math.nan
+    t = ts - (res.t_send + time.time() - time.perf_counter())
+    return t if 0.0 <= t <= res.ttft else math.nan
+
+
+def _request_row(ctx: _Ctx, exp: dict, role: str, res: StreamResult, prompt: Sequence[int], prefix_len: int,
                  max_tokens: int, expected_cached: int, batch: int = 1) -> dict[str, Any]:
     return dict(
         url=ctx.info.url, exp_id=exp["exp_id"], kind=exp["kind"], role=role, rep=exp["rep"], batch=batch,
-        prompt_len=prompt_len, prefix_len=prefix_len, max_tokens=max_tokens,
+        prompt_len=len(prompt), prefix_len=prefix_len, max_tokens=max_tokens,
         t_send_s=round(res.t_send - ctx.t0, 6), ttft_s=res.ttft, t_done_s=res.t_done,
         n_tokens=res.num_tokens, prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
         expected_cached=expected_cached, error=res.error, warning=res.warning, token_times=_times(res),
+        engine_first_token_s=engine_first_token(ctx, prompt, res),
     )
 
 
@@ -466,7 +512,9 @@ async def _sequential(ctx: _Ctx, exp: dict, role: str, prompt: list[int], prefix
     is written."""
     before = await ctx.client.metrics() if ctx.metrics_ok and bracket else None
     res = await ctx.client.complete(prompt, 1)
-    row = _request_row(ctx, exp, role, res, len(prompt), prefix_len, 1, expected_cached)
+    if ctx.events is not None and not bracket:
+        await asyncio.sleep(EVENT_WAIT_S)  # its KV-event batch may still be on its way
+    row = _request_row(ctx, exp, role, res, prompt, prefix_len, 1, expected_cached)
     if before is not None and res.error is None:
         after = await _settle(ctx, before, "vllm:request_prefill_time_seconds_count", 1)
         n = after.delta(before, "vllm:request_prefill_time_seconds_count")
@@ -547,7 +595,7 @@ async def _decode_like(ctx: _Ctx, exp: dict, context_len: int, batch: int, max_t
             pf_prompt = ctx.factory.unique(prefill_len)
             pf_before = await ctx.client.metrics() if ctx.metrics_ok else None
             pf_res = await ctx.client.complete(pf_prompt, 1)
-            pf_row = _request_row(ctx, exp, "prefill", pf_res, prefill_len, 0, 1, 0, batch)
+            pf_row = _request_row(ctx, exp, "prefill", pf_res, pf_prompt, 0, 1, 0, batch)
             if pf_before is not None and pf_res.error is None:
                 # the decodes are far from done, so the one new prefill-time sample is this prompt's:
                 # the engine time of the mixed step(s), from scheduling to its first token
@@ -563,8 +611,8 @@ async def _decode_like(ctx: _Ctx, exp: dict, context_len: int, batch: int, max_t
         raise
     t_end = time.perf_counter() - ctx.t0
     expected = (L - bs)
-    for res in results:
-        ctx.requests.write(_request_row(ctx, exp, "decode", res, L, L - bs, max_tokens, expected, batch))
+    for prompt, res in zip(prompts, results):
+        ctx.requests.write(_request_row(ctx, exp, "decode", res, prompt, L - bs, max_tokens, expected, batch))
     erow = dict(url=ctx.info.url, exp_id=exp["exp_id"], kind=exp["kind"], rep=exp["rep"], batch=batch,
                 context_len=L, prefix_len=L - bs, prefill_len=prefill_len, max_tokens=max_tokens,
                 t_start_s=t_start, t_end_s=t_end)
@@ -621,9 +669,9 @@ async def _burst(ctxs: list[_Ctx], exp: dict) -> None:
             t.cancel()
         raise
     t_end = time.perf_counter() - targets[0].t0
-    for ctx, before, res_list, cost, scraped in zip(targets, befores, results, scrape_cpu, scrapes):
-        for res in res_list:
-            ctx.requests.write(_request_row(ctx, exp, "burst", res, L, P, T, P // ctx.info.block_size
+    for ctx, before, ps, res_list, cost, scraped in zip(targets, befores, prompts, results, scrape_cpu, scrapes):
+        for prompt, res in zip(ps, res_list):
+            ctx.requests.write(_request_row(ctx, exp, "burst", res, prompt, P, T, P // ctx.info.block_size
                                             * ctx.info.block_size, N))
         erow = dict(url=ctx.info.url, exp_id=exp["exp_id"], kind=exp["kind"], rep=exp["rep"], batch=N,
                     context_len=L, prefill_len=L - P, max_tokens=T, t_start_s=t_start, t_end_s=t_end,
@@ -724,6 +772,7 @@ class MeasureSummary:
         num_experiments: experiments finished.
         status: ``"complete"``, ``"interrupted"`` or ``"failed: <message>"``.
         elapsed_s: wall time, s.
+        events_problem: why the KV-event feeds timed nothing, or None (also when not asked for).
     """
 
     out_dir: Path
@@ -732,6 +781,7 @@ class MeasureSummary:
     num_experiments: int
     status: str
     elapsed_s: float
+    events_problem: str | None = None
 
 
 async def run_sweep(
@@ -744,6 +794,7 @@ async def run_sweep(
     progress: bool = True,
     hardware: str | None = None,
     timeout_s: float = 600.0,
+    kv_events: Sequence[str] = (),
 ) -> MeasureSummary:
     """Probe every server, check the plan fits, then run the sweep; experiments are dealt
     round-robin to the servers, which run concurrently (each runs its own share one at a time).
@@ -758,6 +809,9 @@ async def run_sweep(
         progress: show a tqdm progress bar.
         hardware: hardware description overriding what the servers report.
         timeout_s: limit on one request, s.
+        kv_events: each server's KV-cache event endpoint, in the order of ``urls`` (``kvroute
+            serve --kv-events-port-base``), or none: each row's ``engine_first_token_s`` then
+            times the engine step that finished the request's prefill (NaN without).
 
     Returns:
         A :class:`MeasureSummary`.
@@ -779,6 +833,7 @@ async def run_sweep(
     infos: list[ServerInfo] = []
     status = "failed"
     done = 0
+    subscriber = feed = None
     try:
         factories = [PromptFactory(np.random.default_rng(rng.integers(2**63)), *token_range) for _ in clients]
         for c, f in zip(clients, factories):
@@ -803,10 +858,18 @@ async def run_sweep(
         exp_w = RowWriter(out / "experiments.csv", EXPERIMENT_COLUMNS)
         writers = [req_w, exp_w]
         t0 = time.perf_counter()
-        ctxs = [_Ctx(c, i, f, req_w, exp_w, t0) for c, i, f in zip(clients, infos, factories)]
+        ctxs = [_Ctx(c, i, f, req_w, exp_w, t0, worker=k) for k, (c, i, f) in enumerate(zip(clients, infos, factories))]
         for ctx in ctxs:
             if not await ctx.client.reset_prefix_cache():
                 ctx.errors.append("could not reset the prefix cache (start the server with VLLM_SERVER_DEV_MODE=1)")
+        if kv_events:
+            from kvroute.calibrate.vllm.kv_events import LiveKVEvents
+
+            feed = LiveKVEvents(kv_events, infos[0].block_size)
+            subscriber = asyncio.get_running_loop().create_task(feed.run())
+            await asyncio.sleep(0.5)  # NOTE: a ZeroMQ subscriber misses what is published before it joins
+            for ctx in ctxs:
+                ctx.events = feed
         capacity = min((i.num_gpu_blocks - 1) * i.block_size for i in infos)
         exps = plan.experiments(capacity, seed)
         bursts = plan.bursts(len(ctxs), len(exps), capacity)
@@ -836,11 +899,23 @@ async def run_sweep(
         status = f"failed: {exc}"
         raise
     finally:
+        events_meta = None
+        if subscriber is not None:
+            subscriber.cancel()
+            (outcome,) = await asyncio.gather(subscriber, return_exceptions=True)
+            events_meta = {"endpoints": list(kv_events), "batches": feed.num_batches}
+            if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
+                events_meta["problem"] = f"reading the KV-cache events failed: {type(outcome).__name__}: {outcome}"
+            elif feed.num_batches == 0:
+                events_meta["problem"] = ("no KV-cache event arrived (servers started without --kv-events-config, "
+                                          "or another port?)")
         for w in writers:
             w.close()
         for c in clients:
             await c.__aexit__(None, None, None)
         if meta:
+            if events_meta is not None:
+                meta["kv_events"] = events_meta
             meta["status"] = status
             meta["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             meta["elapsed_s"] = round(time.monotonic() - t_wall, 1)
@@ -849,4 +924,4 @@ async def run_sweep(
             _to_parquet(out / "requests.csv")
             _to_parquet(out / "experiments.csv")
     return MeasureSummary(out, infos, writers[0].rows if writers else 0, done, status,
-                          time.monotonic() - t_wall)
+                          time.monotonic() - t_wall, (events_meta or {}).get("problem"))

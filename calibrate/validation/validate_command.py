@@ -101,6 +101,7 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     """
     from kvroute.calibrate.vllm.client import CalibrationError
     from kvroute.calibrate.commands import _cores
+    from kvroute.calibrate.vllm.kv_events import check_endpoints
     from kvroute.calibrate.vllm.server import pinned
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import report_markdown, write_report
@@ -109,15 +110,11 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     from kvroute.sim.profile import load_profile
 
     check_urls(urls)
-    if kv_events and len(kv_events) != len(urls):
-        raise click.BadParameter(f"one endpoint per --url: {len(kv_events)} for {len(urls)} servers",
-                                 param_hint="--kv-events")
-    for endpoint in kv_events:
-        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
-        if not (endpoint.startswith("ipc://") or (endpoint.startswith("tcp://") and host and port.isdigit()
-                                                  and 0 < int(port) < 65536)):
-            raise click.BadParameter(f"a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got {endpoint!r}",
-                                     param_hint="--kv-events")
+    if kv_events:
+        try:
+            check_endpoints(kv_events, len(urls))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--kv-events") from exc
     # NOTE: the live client, imported before anything is written: when it is missing, main()
     # names the extras that bring it (cli.main.OPTIONAL_MODULES)
     import aiohttp  # noqa: F401

@@ -26,6 +26,22 @@ from kvroute.calibrate.calibration.prompts import chained_block_hashes
 from kvroute.sim.routing import KVEventIndex
 
 
+def check_endpoints(endpoints: Sequence[str], num_servers: int) -> None:
+    """``endpoints`` must be one ZeroMQ endpoint per server (``tcp://HOST:PORT``, port in
+    1..65535, or ``ipc://PATH``), in the servers' order.
+
+    Raises:
+        ValueError: naming the count or the first bad endpoint.
+    """
+    if len(endpoints) != num_servers:
+        raise ValueError(f"one endpoint per server: {len(endpoints)} for {num_servers} servers")
+    for endpoint in endpoints:
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        if not (endpoint.startswith("ipc://") or (endpoint.startswith("tcp://") and host and port.isdigit()
+                                                  and 0 < int(port) < 65536)):
+            raise ValueError(f"a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got {endpoint!r}")
+
+
 class KVEventTranslator:
     """vLLM block hashes of one server to the router's, from the events' token ids.
 
