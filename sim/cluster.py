@@ -245,7 +245,9 @@ class Cluster:
         # NOTE: the seed's children 0-3 seed the router, the gateway balancer and the engine speeds
         self._lag_rng = np.random.default_rng(seed).spawn(5)[4] if spec.client_lag_s else None
         self._sigma = math.sqrt(math.log1p(self._overheads.jitter_cv**2))
-        self._post = self._overheads.post_engine_delay_s(prof.frontend)  # s after each token's step
+        # each token's delay after its step (Overheads.post_engine_delay_s), or None: none
+        self._post = (lambda request: self._overheads.post_engine_delay_s(prof.frontend, request.num_prompt_tokens)) \
+            if self._overheads.has_post_engine else None
 
     def _build_gateways(self, seed: int) -> None:
         """Policies and views of the gateway replicas, and the worker signals they read."""
@@ -406,7 +408,8 @@ class Cluster:
         engine_now = now
         if self.frontends is not None:
             now = self.frontends.deliver(record.worker, request.request_id, now)
-        now += self._post
+        if self._post is not None:
+            now += self._post(request)
         if request.num_output_tokens == 1 and record.first_token is None:
             record.first_token = now
             record.engine_first_token = engine_now
@@ -417,10 +420,11 @@ class Cluster:
 
     def _on_decode_run(self, requests: list[Request], step_ends, gaps: array) -> None:
         # every request of the run adds the same gaps (a copy)
-        last = step_ends[-1] + self._post
+        last = step_ends[-1]
         extend = self.itl_gaps.extend
+        post = self._post
         for request in requests:
-            request.client.last_token = last
+            request.client.last_token = last if post is None else last + post(request)
             extend(gaps)
 
     def _on_token_timed(self, request: Request, now: float) -> None:
@@ -430,18 +434,22 @@ class Cluster:
 
     def _on_decode_run_timed(self, requests: list[Request], step_ends, gaps: array) -> None:
         self._on_decode_run(requests, step_ends, gaps)
+        later = step_ends[1:]  # the run's first step came through on_token
         post = self._post
-        later = [t + post for t in step_ends[1:]] if post else step_ends[1:]  # the first came through on_token
         for request in requests:
-            request.client.token_times.extend(later)
+            if post is None:
+                request.client.token_times.extend(later)
+            else:
+                delay = post(request)
+                request.client.token_times.extend([t + delay for t in later])
 
     def _on_finish(self, request: Request, now: float) -> None:
         record: RequestRecord = request.client
         record.engine_last_token = now
         if self.frontends is not None:
             now = record.last_token  # the client has the reply when the API streamed its last token
-        else:
-            now += self._post
+        elif self._post is not None:
+            now += self._post(request)
         record.finish = now
         record.cached_tokens = request.num_cached_tokens or 0
         record.output_tokens = request.num_output_tokens

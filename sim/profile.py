@@ -63,9 +63,15 @@ class Overheads:
             process, which detokenises them and writes the SSE chunk, and the client reads it);
             0: none, every overhead before the engine, as before. A measured profile takes it
             from the KV-cache events' step times (``kvroute calibrate measure --kv-events``) and
-            takes it out of ``api_server_s``, so one request alone is predicted as before. The
-            simulator delays every token by it, less the API lane's own modelled work on a lone
-            token when the profile has a ``frontend`` section (:meth:`post_engine_delay_s`).
+            takes it out of ``api_server_s``, so one request alone is predicted as before.
+        post_engine_per_token_s: its growth per prompt token, s/token (taken out of
+            ``api_server_per_token_s`` the same way; on the 2-core CPU reference about 0.4 us,
+            1.6 ms at 32 tokens to 8 ms at 16k). The simulator delays every token of a request
+            by ``post_engine_s + post_engine_per_token_s * prompt tokens``, less the API lane's
+            own modelled work on a lone token when the profile has a ``frontend`` section
+            (:meth:`post_engine_delay_s`). The sweep cannot tell whether the per-token part
+            delays only the first token or every one; on every token it leaves inter-token
+            latencies alone and moves a request's end by at most that part.
 
     Apart from ``post_engine_s``, all of it passes before the engine sees the request, and none of
     it delays running requests. That holds for the engine core's share too (measured profiles fold the engine's admission of
@@ -81,17 +87,24 @@ class Overheads:
     jitter_cv: float = 0.1
     api_server_per_token_s: float = 0.0
     post_engine_s: float = 0.0
+    post_engine_per_token_s: float = 0.0
 
     def mean_s(self, num_prompt_tokens: int) -> float:
         """Mean overhead before the engine of a request with ``num_prompt_tokens`` prompt tokens, s."""
         return self.api_server_s + self.gateway_s + self.api_server_per_token_s * num_prompt_tokens
 
-    def post_engine_delay_s(self, frontend: FrontendModel | None) -> float:
-        """Pure delay of every token after its engine step, s: ``post_engine_s`` less the lane
-        work that ``frontend`` already charges a lone token (``per_step_s + per_output_token_s``),
-        never below 0."""
+    @property
+    def has_post_engine(self) -> bool:
+        """Whether any of the front end is placed after the engine's step."""
+        return self.post_engine_s > 0.0 or self.post_engine_per_token_s > 0.0
+
+    def post_engine_delay_s(self, frontend: FrontendModel | None, num_prompt_tokens: int) -> float:
+        """Pure delay of every token of a request of ``num_prompt_tokens`` prompt tokens after
+        its engine step, s: ``post_engine_s + post_engine_per_token_s * num_prompt_tokens`` less
+        the lane work that ``frontend`` already charges a lone token (``per_step_s +
+        per_output_token_s``), never below 0."""
         lane = frontend.per_step_s + frontend.per_output_token_s if frontend is not None else 0.0
-        return max(0.0, self.post_engine_s - lane)
+        return max(0.0, self.post_engine_s + self.post_engine_per_token_s * num_prompt_tokens - lane)
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +363,7 @@ OVERHEADS_SCHEMA = {
     "jitter_cv": Num(minimum=0.0, maximum=10.0),
     "api_server_per_token_s": COST_SECONDS,
     "post_engine_s": COST_SECONDS,
+    "post_engine_per_token_s": COST_SECONDS,
 }
 """Rules of the optional ``overheads`` section."""
 

@@ -17,11 +17,13 @@ from kvroute.sim.profile import profile_from_dict
 from kvroute.traces.format import Trace, TraceRecord
 
 
-def profile(api, post=None, frontend=None):
+def profile(api, post=None, frontend=None, per_token=None):
     """Steps cost 10 ms + 1 ms per batched token; ``api`` s before the engine, no jitter."""
     overheads = {"api_server_s": api, "gateway_s": 0.0, "jitter_cv": 0.0}
     if post is not None:
         overheads["post_engine_s"] = post
+    if per_token is not None:
+        overheads["post_engine_per_token_s"] = per_token
     doc = {
         "name": "test",
         "engine": {"block_size": 16, "num_gpu_blocks": 1000, "max_num_batched_tokens": 2048,
@@ -59,7 +61,7 @@ def test_a_lone_request_is_predicted_as_before_with_its_tokens_later_than_its_st
 
 
 def test_every_token_is_delayed_by_the_same_time():
-    records = [rec(0, 100, 6), rec(1, 40, 4, t=50.0)]
+    records = [rec(0, 100, 6), rec(1, 40, 4, t=50.0)]  # the second joins the first's decodes
     plain = run(profile(0.0), records, series=True)
     late = run(profile(0.0, post=0.004), records, series=True)
     assert len(late.tokens) == 10
@@ -85,8 +87,16 @@ def test_with_a_frontend_the_lanes_work_on_a_lone_token_is_part_of_the_measured_
     fe = {"per_step_s": 0.0005, "per_output_token_s": 0.0005}
     row = run(profile(0.015, post=0.005, frontend=fe), [rec(0, 100, 1)]).iloc[0]
     assert row["ttft"] == pytest.approx(0.130)  # 15 + 110 + (1 ms lane + 4 ms delay)
-    assert profile(0.0, post=0.0005, frontend=fe).overheads.post_engine_delay_s(
-        profile(0.0, frontend=fe).frontend) == 0.0
+    small = profile(0.0, post=0.0005, frontend=fe)
+    assert small.overheads.post_engine_delay_s(small.frontend, 100) == 0.0
+
+
+def test_the_delay_grows_with_the_prompt():
+    # 1 ms + 10 us per prompt token after the engine: 2 ms for 100 tokens, 5 ms for 400
+    prof = profile(0.0, post=0.001, per_token=1e-5)
+    rows = run(prof, [rec(0, 100, 2), rec(1, 400, 2, t=10_000.0)])  # the second 10 s later, alone
+    assert list(rows["first_token"] - rows["engine_first_token"]) == pytest.approx([0.002, 0.005])
+    assert list(rows["tpot"]) == pytest.approx([0.011, 0.011])  # one decode step of 10 + 1 ms, delayed alike
 
 
 def test_a_profile_without_the_field_predicts_exactly_as_before():
@@ -99,39 +109,49 @@ def test_a_profile_without_the_field_predicts_exactly_as_before():
 
 
 def requests_frame(rows):
-    return pd.DataFrame(rows, columns=["role", "error", "ttft_s", "engine_first_token_s"])
+    return pd.DataFrame(rows, columns=["role", "error", "prompt_len", "ttft_s", "engine_first_token_s"])
 
 
-def test_post_engine_time_is_the_median_over_requests_alone_timed_in_the_engine():
+def test_post_engine_time_is_a_line_in_prompt_length_over_requests_alone_timed_in_the_engine():
+    # 2 ms + 1 us per prompt token after the engine
     req = requests_frame([
-        ("cold", None, 0.020, 0.014),    # 6 ms
-        ("warm", None, 0.030, 0.022),    # 8 ms
-        ("cached", None, 0.012, 0.007),  # 5 ms
-        ("cold", None, 0.040, 0.030),    # 10 ms
-        ("cold", None, 0.020, math.nan),  # not timed: counted alone, not in the median
-        ("burst", None, 0.500, 0.100),   # under load: not read
-        ("cold", "HTTP 500", 0.0, 0.0),  # failed
+        ("cold", None, 100, 0.0200, 0.0179),
+        ("warm", None, 1100, 0.0300, 0.0269),
+        ("cached", None, 2100, 0.0120, 0.0079),
+        ("context", None, 3100, 0.0400, 0.0349),
+        ("cold", None, 500, 0.020, math.nan),   # not timed: counted alone, not in the line
+        ("burst", None, 100, 0.500, 0.100),     # under load: not read
+        ("cold", "HTTP 500", 100, 0.0, 0.0),    # failed
     ])
     split = post_engine_time(req)
-    assert split.median_s == pytest.approx(0.007)
-    assert (split.q25_s, split.q75_s) == pytest.approx((0.00575, 0.0085))
+    assert (split.intercept_s, split.per_token_s) == pytest.approx((0.002, 1e-6))
+    assert (split.median_s, split.q25_s, split.q75_s) == pytest.approx((0.0036, 0.00285, 0.00435))
     assert (split.num_requests, split.num_alone) == (4, 5)
 
 
 def test_no_engine_times_no_split():
-    assert post_engine_time(pd.DataFrame({"role": ["cold"], "error": [None], "ttft_s": [0.01]})) is None
-    assert post_engine_time(requests_frame([("cold", None, 0.01, math.nan)])) is None
+    assert post_engine_time(pd.DataFrame({"role": ["cold"], "error": [None], "prompt_len": [10],
+                                          "ttft_s": [0.01]})) is None
+    assert post_engine_time(requests_frame([("cold", None, 10, 0.01, math.nan)])) is None
 
 
-def test_the_split_moves_time_out_of_the_api_server_time():
-    doc = {"overheads": {"api_server_s": 0.009, "api_server_per_token_s": 1e-6}}
-    apply_post_engine(doc, post_engine_time(requests_frame([("cold", None, 0.020, 0.014)])))
-    assert doc["overheads"] == {"api_server_s": 0.003, "api_server_per_token_s": 1e-6, "post_engine_s": 0.006}
-    assert "clipped_to_api_server_s" not in doc["provenance"]["fit"]["post_engine"]
-    small = {"overheads": {"api_server_s": 0.002}}
-    apply_post_engine(small, post_engine_time(requests_frame([("cold", None, 0.020, 0.014)])))
-    assert small["overheads"] == {"api_server_s": 0.0, "post_engine_s": 0.002}
-    assert small["provenance"]["fit"]["post_engine"]["clipped_to_api_server_s"] is True
+def line(a, b):
+    return post_engine_time(requests_frame([("cold", None, n, a + b * n + 0.01, 0.01) for n in (100, 200, 300)]))
+
+
+def test_the_split_moves_its_line_out_of_the_api_server_line():
+    doc = {"overheads": {"api_server_s": 0.009, "api_server_per_token_s": 3e-6}}
+    apply_post_engine(doc, line(0.006, 1e-6))
+    assert doc["overheads"] == pytest.approx({"api_server_s": 0.003, "api_server_per_token_s": 2e-6,
+                                              "post_engine_s": 0.006, "post_engine_per_token_s": 1e-6})
+    assert "cut" not in doc["provenance"]["fit"]["post_engine"]
+    small = {"overheads": {"api_server_s": 0.002, "api_server_per_token_s": 0.0}}
+    apply_post_engine(small, line(0.006, 1e-6))
+    assert small["overheads"] == {"api_server_s": 0.0, "api_server_per_token_s": 0.0, "post_engine_s": 0.002,
+                                  "post_engine_per_token_s": 0.0}
+    assert small["provenance"]["fit"]["post_engine"]["cut"] == {
+        "post_engine_s": "cut to what api_server_s held",
+        "post_engine_per_token_s": "cut to what api_server_per_token_s held"}
 
 
 # -- measured ----------------------------------------------------------------------------------

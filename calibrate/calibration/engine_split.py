@@ -11,7 +11,10 @@ its token reaches the client too early by the same amount.
 
 With the servers' KV-cache events the sweep times the end of each request's prefill step
 (``engine_first_token_s`` in ``requests.csv``, :func:`kvroute.calibrate.calibration.measure.
-engine_first_token`); the client's TTFT less that time is the part after the engine.
+engine_first_token`); the client's TTFT less that time is the part after the engine. On the
+2-core CPU reference it grows with the prompt (1.6 ms at 32 tokens, 8 ms at 16k, with or without
+the event feed), as the part before the engine does, so it is fitted as a line in prompt length
+like ``api_server_s`` is.
 """
 
 from __future__ import annotations
@@ -20,22 +23,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ALONE_ROLES = ("cold", "warm", "cached")
-"""Request rows of one request alone on its server whose TTFT the fit reads (the sweep's TTFT
-observations)."""
+ALONE_ROLES = ("cold", "warm", "cached", "context")
+"""Roles of the sweep's rows of one request alone on its server (``calibrate measure``: every
+one of them sent after the one before ended, with 1 output token)."""
 
 
 @dataclass(frozen=True, slots=True)
 class PostEngine:
-    """Engine step end to the client's first token, one request at a time.
+    """Engine step end to the client's first token, one request at a time:
+    ``intercept_s + per_token_s * prompt tokens`` (a robust line, Siegel repeated medians).
 
     Attributes:
+        intercept_s: the line's value at 0 prompt tokens, s.
+        per_token_s: its slope, s per prompt token (>= 0).
         median_s: median over the requests, s.
         q25_s, q75_s: quartiles, s.
         num_requests: requests timed in the engine.
-        num_alone: requests alone on their server with a TTFT (the timed ones among them).
+        num_alone: successful requests alone on their server (the timed ones among them).
     """
 
+    intercept_s: float
+    per_token_s: float
     median_s: float
     q25_s: float
     q75_s: float
@@ -44,22 +52,23 @@ class PostEngine:
 
     def to_dict(self) -> dict:
         """JSON-ready fields (six significant digits)."""
-        return {"median_s": float(f"{self.median_s:.6g}"), "q25_s": float(f"{self.q25_s:.6g}"),
-                "q75_s": float(f"{self.q75_s:.6g}"), "num_requests": self.num_requests,
-                "num_alone": self.num_alone}
+        return {k: (v if isinstance(v, int) else float(f"{v:.6g}"))
+                for k, v in ((f, getattr(self, f)) for f in self.__slots__)}
 
 
 def post_engine_time(requests) -> PostEngine | None:
     """The part of the unloaded TTFT after the engine's step, from a sweep's request rows.
 
     Args:
-        requests: ``requests.csv`` as a DataFrame (columns ``role``, ``error``, ``ttft_s`` and
-            ``engine_first_token_s``; sweeps without KV events lack the last).
+        requests: ``requests.csv`` as a DataFrame (columns ``role``, ``error``, ``prompt_len``,
+            ``ttft_s`` and ``engine_first_token_s``; sweeps without KV events lack the last).
 
     Returns:
         A :class:`PostEngine` over the successful ``ALONE_ROLES`` rows timed in the engine, or
         None when none is (no KV events, or none arrived).
     """
+    from kvroute.calibrate.calibration.fit import robust_line
+
     if "engine_first_token_s" not in requests.columns:
         return None
     alone = requests[requests["role"].isin(ALONE_ROLES) & requests["error"].isna()]
@@ -69,31 +78,39 @@ def post_engine_time(requests) -> PostEngine | None:
     if not ok.any():
         return None
     post = ttft[ok] - engine[ok]
+    a, b = robust_line(alone["prompt_len"].to_numpy(float)[ok], post, True)
     q25, median, q75 = np.percentile(post, [25, 50, 75])
-    return PostEngine(float(median), float(q25), float(q75), int(ok.sum()), len(alone))
+    return PostEngine(a, b, float(median), float(q25), float(q75), int(ok.sum()), len(alone))
 
 
 def apply_post_engine(doc: dict, split: PostEngine) -> None:
-    """Move ``split``'s median out of a profile document's ``overheads.api_server_s`` into
-    ``overheads.post_engine_s`` (the unloaded TTFT predicted stays the same), with its
-    provenance and source. When the median exceeds ``api_server_s`` (it is fitted separately,
-    a line in prompt length), only ``api_server_s`` moves, and the provenance says so."""
+    """Move ``split``'s line out of a profile document's ``overheads`` line (``api_server_s``,
+    ``api_server_per_token_s``) into ``post_engine_s`` and ``post_engine_per_token_s``, so the
+    unloaded TTFT predicted stays the same; with its provenance and source. Each part moves
+    at most what the overheads line holds (the two lines are fitted apart); the provenance
+    names a part cut short."""
     over = doc["overheads"]
-    moved = min(split.median_s, over["api_server_s"])
-    over["api_server_s"] = float(f"{over['api_server_s'] - moved:.6g}")
-    over["post_engine_s"] = float(f"{moved:.6g}")
+    moved = {}
+    for have, put, value in (("api_server_s", "post_engine_s", split.intercept_s),
+                             ("api_server_per_token_s", "post_engine_per_token_s", split.per_token_s)):
+        part = min(value, over.get(have, 0.0))
+        over[have] = float(f"{over.get(have, 0.0) - part:.6g}")
+        over[put] = float(f"{part:.6g}")
+        if part < value:
+            moved[put] = "cut to what " + have + " held"
     fit = doc.setdefault("provenance", {}).setdefault("fit", {})
-    fit["post_engine"] = {**split.to_dict(), **({"clipped_to_api_server_s": True} if moved < split.median_s else {})}
+    fit["post_engine"] = {**split.to_dict(), **({"cut": moved} if moved else {})}
     doc.setdefault("sources", {})["overheads.post_engine_s"] = (
-        f"median over {split.num_requests} requests alone on a server of the client's TTFT less the end of the "
-        "engine step that finished the prefill (the KV-event batch that stored the prompt's last full block, "
-        "vLLM KVEventBatch.ts); taken out of api_server_s")
+        f"robust line in prompt length (with overheads.post_engine_per_token_s) through {split.num_requests} "
+        "requests alone on a server: the client's TTFT less the end of the engine step that finished the "
+        "prefill (the KV-event batch that stored the prompt's last full block, vLLM KVEventBatch.ts); taken out "
+        "of api_server_s and api_server_per_token_s")
 
 
 def describe(split: PostEngine | None) -> str:
     """One line for the fit's report."""
     if split is None:
         return "front end: all of it before the engine (the sweep has no engine step times; measure --kv-events)"
-    return (f"front end after the engine's step: median {1e3 * split.median_s:.2f} ms "
-            f"(quartiles {1e3 * split.q25_s:.2f}-{1e3 * split.q75_s:.2f} ms, {split.num_requests} of "
-            f"{split.num_alone} requests alone timed)")
+    return (f"front end after the engine's step: {1e3 * split.intercept_s:.2f} ms + {1e6 * split.per_token_s:.3g} us "
+            f"x prompt tokens (median {1e3 * split.median_s:.2f} ms, quartiles {1e3 * split.q25_s:.2f}-"
+            f"{1e3 * split.q75_s:.2f} ms; {split.num_requests} of {split.num_alone} requests alone timed)")

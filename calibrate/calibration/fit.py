@@ -247,7 +247,7 @@ def fit_cost(
     mode = "metrics" if (overhead == "metrics" or (overhead == "auto" and have_engine)) else "fit"
     over = np.array([o.overhead_s for o in ttft if o.overhead_s == o.overhead_s])
     over_L = np.array([o.desc.get("prompt_len", 0) for o in ttft if o.overhead_s == o.overhead_s], float)
-    a_o, b_o = _robust_line(over_L, over, per_token_overhead)
+    a_o, b_o = robust_line(over_L, over, per_token_overhead)
     jitter = lognormal_cv(over / (a_o + b_o * over_L)) if len(over) > 1 and a_o > 0 else 0.0
 
     meas = np.array([o.measured_s for o in sel])
@@ -330,7 +330,7 @@ def lognormal_cv(ratios: np.ndarray) -> float:
     return float(math.sqrt(math.expm1(sigma * sigma)))
 
 
-def _robust_line(x: np.ndarray, y: np.ndarray, slope: bool) -> tuple[float, float]:
+def robust_line(x: np.ndarray, y: np.ndarray, slope: bool) -> tuple[float, float]:
     """Intercept and non-negative slope of a robust (Siegel repeated-medians) line; the median
     alone when ``slope`` is False or the data cannot give a slope."""
     if len(y) == 0:
