@@ -272,6 +272,10 @@ def _rows(path: Path) -> int:
                    "same core, has requests (host.api_contention; 1: fair sharing of the core, 0: not at all). "
                    "Stated, not fitted: closed-loop TTFT under kv-aware routing depends strongly on it "
                    "(README: Bursts).")
+@click.option("--front-end-split/--no-front-end-split", default=True, show_default=True,
+              help="When the sweep timed its requests in the engine (measure --kv-events), place the part of the "
+                   "unloaded front end that follows the engine's step there (overheads.post_engine_s); off: all of "
+                   "it before the engine, as for a sweep without events.")
 @click.option("--base-profile", default=None,
               help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
                    "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
@@ -279,7 +283,7 @@ def _rows(path: Path) -> int:
                      "api_contention": Num(minimum=0.0)})
 def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
             bootstrap, bursts, api_server_count, client_busy, engine_spin, stream_baseline, api_cores, api_contention,
-            base_profile):
+            front_end_split, base_profile):
     """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report.
 
     Several RUN_DIRs (sweeps of the same servers, taken one after another) are pooled into one
@@ -316,7 +320,7 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
         _fail(str(exc))
     name = name or out.stem
     doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
-    split = post_engine_time(req)
+    split = post_engine_time(req) if front_end_split else None
     if split is not None:
         apply_post_engine(doc, split)
     burst_text = (_fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline,
@@ -333,7 +337,8 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
     points = Path(run_dir) / "fit_points.csv" if out_path is None else out.with_name(out.stem + ".fit_points.csv")
     with atomic_output(points) as tmp:
         frame.to_csv(tmp, index=False)
-    click.echo("one request at a time:\n" + result.summary() + "\n" + describe(split))
+    click.echo("one request at a time:\n" + result.summary() + "\n"
+               + (describe(split) if front_end_split else "front end: all of it before the engine (--no-front-end-split)"))
     if burst_text:
         click.echo(burst_text)
     click.echo(f"profile {out}\nreport  {png}\npoints  {points}")

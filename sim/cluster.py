@@ -245,7 +245,8 @@ class Cluster:
         # NOTE: the seed's children 0-3 seed the router, the gateway balancer and the engine speeds
         self._lag_rng = np.random.default_rng(seed).spawn(5)[4] if spec.client_lag_s else None
         self._sigma = math.sqrt(math.log1p(self._overheads.jitter_cv**2))
-        # each token's delay after its step (Overheads.post_engine_delay_s), or None: none
+        # the time after each token's step (Overheads.post_engine_delay_s), or None: none; with
+        # API lanes, lane work on a request's first output, else a pure delay of every token
         self._post = (lambda request: self._overheads.post_engine_delay_s(prof.frontend, request.num_prompt_tokens)) \
             if self._overheads.has_post_engine else None
 
@@ -406,11 +407,14 @@ class Cluster:
     def _on_token(self, request: Request, now: float) -> None:
         record: RequestRecord = request.client
         engine_now = now
+        first = request.num_output_tokens == 1 and record.first_token is None
         if self.frontends is not None:
-            now = self.frontends.deliver(record.worker, request.request_id, now)
-        if self._post is not None:
+            # the part of the front end after the engine is the API process's work on the first output
+            extra = self._post(request) if first and self._post is not None else 0.0
+            now = self.frontends.deliver(record.worker, request.request_id, now, extra)
+        elif self._post is not None:
             now += self._post(request)
-        if request.num_output_tokens == 1 and record.first_token is None:
+        if first:
             record.first_token = now
             record.engine_first_token = engine_now
             self._view_of[request.request_id].on_first_token(request.request_id)

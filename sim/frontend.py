@@ -305,13 +305,14 @@ class Frontends:
         start, _ = lane.submit(now, self.model.admission_s(num_prompt_tokens), factor)
         return start - now
 
-    def deliver(self, worker: int, request_id: int, now: float) -> float:
-        """Queue the streaming of one token emitted at ``now``; returns when the client gets it.
+    def deliver(self, worker: int, request_id: int, now: float, extra_s: float = 0.0) -> float:
+        """Queue the streaming of one token emitted at ``now``, with ``extra_s`` more lane work
+        (s; a request's first output: ``Overheads.post_engine_s``); returns when the client gets it.
 
         The first token a lane takes from an engine step emitted at ``now`` also pays the step's
         ``per_step_s`` (tokens of one step share their emit time)."""
         lane = self._lane_of.get(request_id) or self.lanes[worker][0]
-        service = self.model.per_output_token_s
+        service = self.model.per_output_token_s + extra_s
         if lane.step_at != now:
             lane.step_at = now
             service += self.model.per_step_s

@@ -66,12 +66,14 @@ class Overheads:
             takes it out of ``api_server_s``, so one request alone is predicted as before.
         post_engine_per_token_s: its growth per prompt token, s/token (taken out of
             ``api_server_per_token_s`` the same way; on the 2-core CPU reference about 0.4 us,
-            1.6 ms at 32 tokens to 8 ms at 16k). The simulator delays every token of a request
-            by ``post_engine_s + post_engine_per_token_s * prompt tokens``, less the API lane's
-            own modelled work on a lone token when the profile has a ``frontend`` section
-            (:meth:`post_engine_delay_s`). The sweep cannot tell whether the per-token part
-            delays only the first token or every one; on every token it leaves inter-token
-            latencies alone and moves a request's end by at most that part.
+            1.6 ms at 32 tokens to 8 ms at 16k). With a ``frontend`` section the simulator
+            charges ``post_engine_s + post_engine_per_token_s * prompt tokens``, less the lane
+            work a lone token already pays (:meth:`post_engine_delay_s`), to the API lane as
+            work on the request's first output: it queues behind the lane's other work and
+            stretches beside a busy engine like all lane work. Live under bursts that part grew
+            from 3.3 ms alone to 7-10 ms (2-core reference, ``api_contention`` 1), as lane work
+            does. Without a ``frontend`` section it is a pure delay of every token (inter-token
+            latencies unchanged).
 
     Apart from ``post_engine_s``, all of it passes before the engine sees the request, and none of
     it delays running requests. That holds for the engine core's share too (measured profiles fold the engine's admission of

@@ -135,7 +135,7 @@ def test_burst_table_reports_each_metric():
     bursts = _bursts(prof, sizes=(2,), shapes=((256, 4),))
     table = burst_table(bursts, prof)
     assert set(table["metric"]) == {"ttft_mean_s", "ttft_last_s", "tpot_mean_s", "complete_s", "engine_ttft_s",
-                                    "engine_itl_s"}
+                                    "engine_itl_s", "engine_first_s"}
     assert np.allclose(table["error_pct"], 0.0)
 
 
@@ -149,6 +149,31 @@ def test_engine_figures_of_a_burst_are_vllm_s_histogram_means():
     m = simulate_burst(b, base_profile())
     assert m["engine_ttft_s"] == pytest.approx(0.01226, abs=1e-12)
     assert m["engine_itl_s"] == pytest.approx(0.0021632, abs=1e-12)
+
+
+def test_engine_first_token_of_a_burst_is_its_mean_time_from_send_to_the_end_of_the_prefill_step():
+    # as above: both reach the engine at 5.256 ms and their prefill step ends 12.26 ms later
+    m = simulate_burst(Burst(0, "burst", 1, 2, 256, 4, (0.0, 0.0), {}), base_profile())
+    assert m["engine_first_s"] == pytest.approx(0.005256 + 0.01226, abs=1e-12)
+
+
+def test_a_burst_measures_engine_first_token_only_when_every_request_was_timed():
+    import math
+
+    import pandas as pd
+
+    from kvroute.calibrate.calibration.bursts import load_bursts
+
+    def rows(exp_id, engine):
+        return [dict(url="u", exp_id=exp_id, kind="burst", role="burst", batch=2, prompt_len=64, prefix_len=0,
+                     max_tokens=1, t_send_s=0.001 * i, ttft_s=0.02, t_done_s=0.021, n_tokens=1, token_times="0.02",
+                     error=None, engine_first_token_s=e) for i, e in enumerate(engine)]
+    req = pd.DataFrame(rows(1, [0.010, 0.014]) + rows(2, [0.010, math.nan]))
+    (timed, untimed), _ = load_bursts(req, pd.DataFrame())
+    assert timed.measured["engine_first_s"] == pytest.approx(0.012)
+    assert math.isnan(untimed.measured["engine_first_s"])
+    old, _ = load_bursts(req.drop(columns=["engine_first_token_s"]), pd.DataFrame())  # a sweep without events
+    assert all(math.isnan(b.measured["engine_first_s"]) for b in old)
 
 
 def test_api_cpu_of_a_burst_is_the_lane_work_the_front_end_terms_give():

@@ -91,6 +91,21 @@ def test_with_a_frontend_the_lanes_work_on_a_lone_token_is_part_of_the_measured_
     assert small.overheads.post_engine_delay_s(small.frontend, 100) == 0.0
 
 
+def test_with_a_frontend_it_is_lane_work_on_the_first_output_queued_and_stretched_like_any():
+    # two 100-token prompts at once share one 210 ms step; each first output then holds the one
+    # API lane 5 ms, so the second reaches the client 5 ms after the first; later tokens pay none
+    fe = {"per_step_s": 0.0, "per_output_token_s": 0.0}
+    rows = run(profile(0.0, post=0.005, frontend=fe), [rec(0, 100, 2), rec(1, 100, 2)])
+    assert list(rows["engine_first_token"]) == pytest.approx([0.210, 0.210])
+    assert list(rows["first_token"]) == pytest.approx([0.215, 0.220])
+    assert list(rows["finish"]) == pytest.approx([0.222, 0.222])  # the decode step: 10 + 2 ms
+    # beside a busy engine on its core (api_contention 1), the first output's work takes twice as long
+    host = {"cores": 1, "api_on_engine_core": True, "api_contention": 1.0}
+    doc = {**profile(0.0, post=0.005, frontend=fe).raw, "host": host}
+    row = run(profile_from_dict(doc), [rec(0, 100, 3)]).iloc[0]
+    assert row["first_token"] - row["engine_first_token"] == pytest.approx(0.010)
+
+
 def test_the_delay_grows_with_the_prompt():
     # 1 ms + 10 us per prompt token after the engine: 2 ms for 100 tokens, 5 ms for 400
     prof = profile(0.0, post=0.001, per_token=1e-5)

@@ -45,10 +45,14 @@ from kvroute.sim.profile import Profile
 from kvroute.traces.format import Trace, TraceRecord
 
 BURST_KINDS = ("burst", "burst_all")
-METRICS = ("ttft_mean_s", "ttft_last_s", "tpot_mean_s", "complete_s", "engine_ttft_s", "engine_itl_s", "api_cpu_s")
+METRICS = ("ttft_mean_s", "ttft_last_s", "tpot_mean_s", "complete_s", "engine_ttft_s", "engine_itl_s", "api_cpu_s",
+           "engine_first_s")
 """Compared per burst; the ``engine_*`` ones only where the servers exported their histograms,
 ``api_cpu_s`` (CPU seconds of a server's API process over the burst, mean over the loaded
-servers) where they exported ``process_cpu_seconds_total`` and the profile has front-end terms."""
+servers) where they exported ``process_cpu_seconds_total`` and the profile has front-end terms,
+``engine_first_s`` (mean time from a request's send to the end of its prefill step) where the
+sweep read the servers' KV-cache events (``measure --kv-events``): it tells the front end's time
+before the engine from its time after it, which the client's TTFT holds together."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +132,9 @@ def load_bursts(requests: pd.DataFrame, experiments: pd.DataFrame) -> tuple[list
         q, p, itl, cpu = (_engine_mean(erow, col) for col in ("engine_queue_s", "engine_prefill_s", "itl_engine_s",
                                                                "api_cpu_s"))
         prefix = int(grp["prefix_len"].iloc[0]) if "prefix_len" in grp else 0
-        measured = {**_metrics(send, ttft, e2e, tpot), "engine_ttft_s": q + p, "engine_itl_s": itl, "api_cpu_s": cpu}
+        first = grp["engine_first_token_s"].to_numpy(float) if "engine_first_token_s" in grp else np.array([math.nan])
+        measured = {**_metrics(send, ttft, e2e, tpot), "engine_ttft_s": q + p, "engine_itl_s": itl, "api_cpu_s": cpu,
+                    "engine_first_s": float(np.mean(first)) if np.isfinite(first).all() else math.nan}
         out.append(Burst(int(exp_id), kind, servers, int(grp["batch"].iloc[0]), int(grp["prompt_len"].iloc[0]),
                          int(grp["max_tokens"].iloc[0]), tuple(float(x) for x in send[order]),
                          measured, q, p, prefix))
@@ -193,6 +199,7 @@ def simulate_burst(burst: Burst, profile: Profile, seeds: tuple[int, ...] = (0,)
         gaps = float((rec["output_tokens"] - 1).clip(lower=0).sum())
         m["engine_itl_s"] = float(rec["decode_time"].sum()) / gaps if gaps > 0 else math.nan
         m["api_cpu_s"] = api_busy_s(profile, rec, run.workers["num_steps"].sum(), burst.num_servers)
+        m["engine_first_s"] = float((rec["engine_first_token"] - rec["arrival"]).mean())
         for k in METRICS:
             acc[k].append(m[k])
     return {k: float(np.mean(v)) for k, v in acc.items()}
