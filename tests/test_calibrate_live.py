@@ -38,7 +38,8 @@ def server(tmp_path_factory):
     engine_core = cores[0] if len(cores) > 1 else None
     spec = ServerSpec(model=str(model_dir), served_model_name=TINY_MODEL_NAME, port=_free_port(),
                       cpu_core=engine_core, frontend_cores=tuple(cores[1:]) or None, block_size=32,
-                      kv_cache_gib=1.0, log_path=tmp_path_factory.mktemp("logs") / "vllm.log")
+                      kv_cache_gib=1.0, log_path=tmp_path_factory.mktemp("logs") / "vllm.log",
+                      kv_events_port=_free_port())
     with serve_one(spec, timeout_s=600) as srv:
         srv.client_cores = tuple(cores[1:]) or None
         yield srv
@@ -51,7 +52,8 @@ def sweep(server, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("sweep")
     with pinned(server.client_cores):
-        summary = asyncio.run(run_sweep([server.url], out, SweepPlan.preset("quick"), seed=11, progress=False))
+        summary = asyncio.run(run_sweep([server.url], out, SweepPlan.preset("quick"), seed=11, progress=False,
+                                        kv_events=[server.kv_events_endpoint]))
     return out, summary
 
 
@@ -72,6 +74,11 @@ def test_quick_sweep_completes_and_reads_engine_settings(sweep):
     assert (cached.cached_tokens == cached.expected_cached).all()  # prefix sharing is exact
     assert (req[req.role.isin(["cold", "warm"])].cached_tokens == 0).all()  # cold is cold
     assert req.engine_prefill_s.notna().sum() > 10  # /metrics separated engine time
+    # the KV-cache events timed every request alone whose prompt stored a new full block
+    assert meta["kv_events"]["batches"] > 0 and "problem" not in meta["kv_events"]
+    alone = req[req.role.isin(["cold", "warm"]) & (req.prompt_len >= 32)]
+    assert alone.engine_first_token_s.notna().all(), alone[alone.engine_first_token_s.isna()]
+    assert ((alone.engine_first_token_s >= 0) & (alone.engine_first_token_s <= alone.ttft_s)).all()
 
 
 def test_fit_writes_a_profile_the_simulator_loads(sweep, tmp_path):
@@ -97,6 +104,10 @@ def test_fit_writes_a_profile_the_simulator_loads(sweep, tmp_path):
         v = doc["step_cost"][k]
         assert math.isfinite(v) and v >= 0, k
     assert math.isfinite(doc["overheads"]["api_server_s"]) and doc["overheads"]["api_server_s"] >= 0
+    split = prov["fit"]["post_engine"]  # the front end after the engine's step, from the events
+    assert split["num_requests"] > 10 and 0 < split["median_s"] < 0.05
+    if "cut" not in split:
+        assert doc["overheads"]["post_engine_s"] == pytest.approx(split["intercept_s"], rel=1e-5)
     prof = load_profile(prof_path)
     assert prof.engine.block_size == 32 and prof.engine.max_num_batched_tokens == 2048
     sched = Scheduler(prof.engine)
