@@ -53,7 +53,14 @@ def single_threaded_blas() -> Iterator[None]:
 
 
 class LazyGroup(click.Group):
-    """A click group that imports the modules of ``LAZY_COMMANDS`` on first use."""
+    """A click group that imports the modules of ``LAZY_COMMANDS`` on first use.
+
+    Attributes:
+        resume_collector: set by ``main``, which starts with the cyclic garbage collector paused:
+            once the command's modules are loaded, freeze what start-up made and resume it.
+    """
+
+    resume_collector = False
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
@@ -65,6 +72,13 @@ class LazyGroup(click.Group):
             with single_threaded_blas() if module in SINGLE_THREADED_BLAS else contextlib.nullcontext():
                 command = getattr(importlib.import_module(module), attribute)
             self.add_command(command, name)
+        if self.resume_collector:
+            # NOTE: the modules (click, numpy, simpy, the simulator) live as long as the process:
+            # frozen, no later collection walks them (the collector's passes over them were
+            # 1.4 % of a 1,000-request run's instructions).
+            self.resume_collector = False
+            gc.freeze()
+            gc.enable()
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -106,6 +120,9 @@ def main() -> None:
     Every expected failure is a one-line ``Error: ...`` from the command. Anything else is a
     bug: it is reported on one line too (exit 1), and ``KVROUTE_DEBUG=1`` shows the traceback.
     """
+    if gc.isenabled():
+        gc.disable()
+        cli.resume_collector = True
     try:
         cli(standalone_mode=True)
     except Exception as exc:  # noqa: BLE001 - the last line of defence, see the docstring
@@ -125,3 +142,6 @@ def main() -> None:
         # object still alive (about 3 % of a 1,000-request run's instructions) although the OS
         # frees them all; frozen objects are skipped. Files are closed by their ``with`` blocks.
         gc.freeze()
+        if cli.resume_collector:  # no command was loaded (``kvroute --help``, a usage error)
+            cli.resume_collector = False
+            gc.enable()
