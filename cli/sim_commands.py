@@ -12,6 +12,7 @@ import dataclasses
 
 from kvroute.cli.config import config_option
 from kvroute.cli.values import check_values
+from kvroute.sim.collector import paused_collector
 from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
 from kvroute.cli.scenario import (build_spec, describe, executor_options, load_trace, parse_policies, policies_option,
                                  router_options, scenario_options, with_errors)
@@ -278,8 +279,9 @@ def compare(policies_text, rounds, uncertainty, prior_range, executor, address, 
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
     if address is not None:
         executor = "dask"
-    _run(parse_policies(policies_text), rounds, json_out, out, records_format, **scenario, uncertainty=uncertainty,
-         prior_range=prior_range, quiet=quiet, time_series=time_series, executor=(executor, address, max_workers))
+    with paused_collector():
+        _run(parse_policies(policies_text), rounds, json_out, out, records_format, **scenario, uncertainty=uncertainty,
+             prior_range=prior_range, quiet=quiet, time_series=time_series, executor=(executor, address, max_workers))
 
 
 @click.command()
@@ -294,8 +296,9 @@ def compare(policies_text, rounds, uncertainty, prior_range, executor, address, 
 @with_errors
 def simulate(policy, rounds, json_out, out, records_format, quiet, time_series, **scenario):
     """Simulate one routing policy and print its summary."""
-    _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario, quiet=quiet,
-         time_series=time_series)
+    with paused_collector():
+        _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario, quiet=quiet,
+             time_series=time_series)
 
 
 def _failure_note(comparison) -> str:

@@ -11,7 +11,7 @@ import pytest
 from kvroute.sim.cluster import Cluster, ClusterSpec, simulate
 from kvroute.sim.experiment import compare
 from kvroute.sim.metrics import (METRIC_BOUNDS, RECORD_COLUMNS, SUMMARY_METRICS, RunResult, ServiceClass,
-                                 one_round_intervals, summarize)
+                                 _q, one_round_intervals, summarize)
 from kvroute.sim.profile import load_profile
 from kvroute.traces.format import Trace, TraceRecord
 
@@ -106,6 +106,21 @@ def test_records_frame_equals_the_frame_built_before():
     before = before.sort_values("request_id", kind="stable").reset_index(drop=True)
     pd.testing.assert_frame_equal(result.records, before, check_exact=True)
     assert list(result.workers["worker"]) == [0, 1]
+
+
+def test_quantile_equals_numpys():
+    """``_q`` (numpy's linear quantile without ``np.unique``) gives ``np.quantile``'s value, bit
+    for bit: sizes 1 to 40 and large ones, ties, a NaN, infinities, and the quantiles used."""
+    rng = np.random.default_rng(7)
+    arrays = [rng.exponential(0.05, n) for n in [*range(1, 41), 999, 1000, 12_345]]
+    arrays += [rng.integers(0, 4, n).astype(float) for n in (1, 2, 3, 10, 101)]
+    arrays += [np.array([0.3, math.nan, 0.1]), np.array([math.inf, 1.0, -math.inf, 2.0]), np.array([5.0, 5.0])]
+    for values in arrays:
+        before = values.copy()
+        for q in (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0):
+            assert repr(_q(values, q)) == repr(float(np.quantile(values, q))), (len(values), q)
+        assert np.array_equal(values, before, equal_nan=True)  # the input is left as it was
+    assert math.isnan(_q(np.zeros(0), 0.5))
 
 
 @pytest.mark.parametrize("value", [0.25, 0.0, -0.5, 1.5, math.nan, math.inf, -math.inf, 7.0])
