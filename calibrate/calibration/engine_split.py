@@ -12,9 +12,9 @@ its token reaches the client too early by the same amount.
 With the servers' KV-cache events the sweep times the end of each request's prefill step
 (``engine_first_token_s`` in ``requests.csv``, :func:`kvroute.calibrate.calibration.measure.
 engine_first_token`); the client's TTFT less that time is the part after the engine. On the
-2-core CPU reference it grows with the prompt (1.6 ms at 32 tokens, 8 ms at 16k, with or without
-the event feed), as the part before the engine does, so it is fitted as a line in prompt length
-like ``api_server_s`` is.
+2-core CPU reference it grows with the prompt (1.6 ms at 32 tokens, 8 ms at 16k), as the part
+before the engine does (and the whole front end grows alike in sweeps without the event feed, so
+the feed is not the cause), so it is fitted as a line in prompt length like ``api_server_s`` is.
 """
 
 from __future__ import annotations
