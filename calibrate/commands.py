@@ -193,6 +193,8 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
             check_endpoints(kv_events, len(urls))
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--kv-events") from exc
+    # NOTE: the client, imported before --out is made: when it is missing, main() names the extras
+    import aiohttp  # noqa: F401
     try:  # before any work; a full sweep writes a few MB of rows
         check_output(out, 16 << 20, is_dir=True)
     except ValueError as exc:
@@ -273,9 +275,9 @@ def _rows(path: Path) -> int:
                    "Stated, not fitted: closed-loop TTFT under kv-aware routing depends strongly on it "
                    "(README: Bursts).")
 @click.option("--front-end-split/--no-front-end-split", default=True, show_default=True,
-              help="When the sweep timed its requests in the engine (measure --kv-events), place the part of the "
-                   "unloaded front end that follows the engine's step there (overheads.post_engine_s); off: all of "
-                   "it before the engine, as for a sweep without events.")
+              help="When the sweep timed its requests in the engine (measure --kv-events), put the part of the "
+                   "unloaded front end that comes after the engine's step after it (overheads.post_engine_s); off: "
+                   "keep all of the front end before the engine, as for a sweep without events.")
 @click.option("--base-profile", default=None,
               help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
                    "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
@@ -338,7 +340,8 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
     with atomic_output(points) as tmp:
         frame.to_csv(tmp, index=False)
     click.echo("one request at a time:\n" + result.summary() + "\n"
-               + (describe(split) if front_end_split else "front end: all of it before the engine (--no-front-end-split)"))
+               + (describe(split, doc["overheads"]) if front_end_split
+                  else "front end: all of it before the engine (--no-front-end-split)"))
     if burst_text:
         click.echo(burst_text)
     click.echo(f"profile {out}\nreport  {png}\npoints  {points}")

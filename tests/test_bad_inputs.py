@@ -258,7 +258,9 @@ def test_url_port_out_of_range(tmp_path):
 
 
 @pytest.mark.parametrize("events, expected", [
-    (["tcp://127.0.0.1:8200"], "Invalid value for --kv-events: one endpoint per server: 1 for 2 servers"),
+    (["tcp://127.0.0.1:8200"], "Invalid value for --kv-events: one endpoint per server: 1 for 2 server(s)"),
+    (["tcp://127.0.0.1:8200", "tcp://127.0.0.1:70000"],
+     "Invalid value for --kv-events: port 70000 out of range 1-65535 in 'tcp://127.0.0.1:70000'"),
     (["tcp://127.0.0.1:8200", "127.0.0.1:8201"],
      "Invalid value for --kv-events: a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got '127.0.0.1:8201'"),
     (["tcp://127.0.0.1:8200", "tcp://127.0.0.1:notaport"],

@@ -45,6 +45,9 @@ from kvroute.sim.profile import Profile
 from kvroute.traces.format import Trace, TraceRecord
 
 BURST_KINDS = ("burst", "burst_all")
+CONTENTION_BOUND = 4.0
+"""Upper bound of the fitted ``HostModel.contention`` (4: a busy process beyond the cores stretches
+steps four times as much as fair sharing would)."""
 METRICS = ("ttft_mean_s", "ttft_last_s", "tpot_mean_s", "complete_s", "engine_ttft_s", "engine_itl_s", "api_cpu_s",
            "engine_first_s")
 """Compared per burst; the ``engine_*`` ones only where the servers exported their histograms,
@@ -330,7 +333,11 @@ class FrontendFit:
             f"front end: {f.api_server_count} API process(es); admission {1e3 * f.per_request_s:.3g} ms + "
             f"{1e6 * f.per_prompt_token_s:.3g} us/prompt token; {1e6 * f.per_step_s:.3g} us per engine step + "
             f"{1e6 * f.per_output_token_s:.3g} us per streamed token",
-            f"host: {h.cores} cores, contention {h.contention:.3g} (baseline {h.baseline_busy:g} busy"
+            f"host: {h.cores} cores, contention {h.contention:.3g}"
+            + (f" (at its bound {CONTENTION_BOUND:g}: the bursts ask for more than the host model gives; "
+               "were the API processes on their engines' cores, fit --api-cores own?)"
+               if h.contention >= 0.99 * CONTENTION_BOUND else "")
+            + f" (baseline {h.baseline_busy:g} busy"
             + (f" + {h.baseline_stream_busy:g} streaming in decode steps" if h.baseline_stream_busy else "")
             + ", idle engines "
             f"busy for {h.engine_spin_s:g} s), engine speed spread between servers {h.engine_speed_sigma:.3g} (log), "
@@ -434,14 +441,15 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     contention = 0.0
     group = loaded if client_busy == 0 else bursts
     if group:
-        r2 = minimize_scalar(lambda c: loss(group, np.array([*x, c])), bounds=(0.0, 4.0), method="bounded",
+        r2 = minimize_scalar(lambda c: loss(group, np.array([*x, c])), bounds=(0.0, CONTENTION_BOUND), method="bounded",
                              options={"xatol": 0.01, "maxiter": 30})
         contention = float(r2.x)
     x = np.array([*x, contention])
     if refine_evals > 0:
         s3 = np.array([*scale, 1.0])
         r3 = minimize(lambda z: loss(bursts, np.maximum(z, 0.0) * s3), x / s3, method="Nelder-Mead",
-                      bounds=[(0, 40), (0, 300), (0, 300), (0, 4)], options={"maxfev": refine_evals, "xatol": 1e-3})
+                      bounds=[(0, 40), (0, 300), (0, 300), (0, CONTENTION_BOUND)],
+                      options={"maxfev": refine_evals, "xatol": 1e-3})
         x = np.maximum(r3.x, 0.0) * s3
     objective = loss(bursts, x)
     fitted = with_terms(profile, x, api_server_count, host)

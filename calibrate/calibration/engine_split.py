@@ -107,10 +107,14 @@ def apply_post_engine(doc: dict, split: PostEngine) -> None:
         "of api_server_s and api_server_per_token_s")
 
 
-def describe(split: PostEngine | None) -> str:
-    """One line for the fit's report."""
+def describe(split: PostEngine | None, overheads: dict) -> str:
+    """Lines for the fit's report: the split and the profile's ``overheads`` after it."""
     if split is None:
         return "front end: all of it before the engine (the sweep has no engine step times; measure --kv-events)"
     return (f"front end after the engine's step: {1e3 * split.intercept_s:.2f} ms + {1e6 * split.per_token_s:.3g} us "
             f"x prompt tokens (median {1e3 * split.median_s:.2f} ms, quartiles {1e3 * split.q25_s:.2f}-"
-            f"{1e3 * split.q75_s:.2f} ms; {split.num_requests} of {split.num_alone} requests alone timed)")
+            f"{1e3 * split.q75_s:.2f} ms; {split.num_requests} of the {split.num_alone} requests that ran alone "
+            f"had an engine time)\nthe profile's front end: {1e3 * overheads['api_server_s']:.3g} ms + "
+            f"{1e6 * overheads.get('api_server_per_token_s', 0.0):.3g} us x prompt tokens before the engine "
+            f"(api_server_s), {1e3 * overheads['post_engine_s']:.3g} ms + "
+            f"{1e6 * overheads['post_engine_per_token_s']:.3g} us after it (post_engine_s)")

@@ -34,12 +34,13 @@ def check_endpoints(endpoints: Sequence[str], num_servers: int) -> None:
         ValueError: naming the count or the first bad endpoint.
     """
     if len(endpoints) != num_servers:
-        raise ValueError(f"one endpoint per server: {len(endpoints)} for {num_servers} servers")
+        raise ValueError(f"one endpoint per server: {len(endpoints)} for {num_servers} server(s)")
     for endpoint in endpoints:
         host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
-        if not (endpoint.startswith("ipc://") or (endpoint.startswith("tcp://") and host and port.isdigit()
-                                                  and 0 < int(port) < 65536)):
+        if not (endpoint.startswith("ipc://") or (endpoint.startswith("tcp://") and host and port.isdigit())):
             raise ValueError(f"a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got {endpoint!r}")
+        if endpoint.startswith("tcp://") and not 0 < int(port) < 65536:
+            raise ValueError(f"port {port} out of range 1-65535 in {endpoint!r}")
 
 
 class KVEventTranslator:
