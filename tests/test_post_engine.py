@@ -15,24 +15,17 @@ from kvroute.calibrate.vllm.kv_events import LiveKVEvents
 from kvroute.sim.cluster import ClusterSpec, simulate
 from kvroute.sim.profile import profile_from_dict
 from kvroute.traces.format import Trace, TraceRecord
+from test_frontend import profile as frontend_profile
 
 
 def profile(api, post=None, frontend=None, per_token=None):
-    """Steps cost 10 ms + 1 ms per batched token; ``api`` s before the engine, no jitter."""
-    overheads = {"api_server_s": api, "gateway_s": 0.0, "jitter_cv": 0.0}
+    """test_frontend's profile (steps 10 ms + 1 ms per batched token, ``api`` s before the engine,
+    no jitter) with ``post`` s + ``per_token`` s per prompt token after the engine."""
+    doc = frontend_profile(api, frontend).raw
     if post is not None:
-        overheads["post_engine_s"] = post
+        doc["overheads"]["post_engine_s"] = post
     if per_token is not None:
-        overheads["post_engine_per_token_s"] = per_token
-    doc = {
-        "name": "test",
-        "engine": {"block_size": 16, "num_gpu_blocks": 1000, "max_num_batched_tokens": 2048,
-                   "max_num_seqs": 256, "max_model_len": 32768},
-        "step_cost": {"step_overhead_s": 0.01, "weight_load_s": 0.0, "per_token_s": 0.001,
-                      "per_request_s": 0.0, "prefill_attn_s": 0.0, "decode_attn_s": 0.0},
-        "overheads": overheads,
-        **({"frontend": frontend} if frontend else {}),
-    }
+        doc["overheads"]["post_engine_per_token_s"] = per_token
     return profile_from_dict(doc)
 
 

@@ -867,8 +867,7 @@ async def run_sweep(
             from kvroute.calibrate.vllm.kv_events import LiveKVEvents
 
             feed = LiveKVEvents(kv_events, infos[0].block_size)
-            subscriber = asyncio.get_running_loop().create_task(feed.run())
-            await asyncio.sleep(0.5)  # NOTE: a ZeroMQ subscriber misses what is published before it joins
+            subscriber = await feed.start()
             for ctx in ctxs:
                 ctx.events = feed
         capacity = min((i.num_gpu_blocks - 1) * i.block_size for i in infos)
@@ -905,11 +904,9 @@ async def run_sweep(
             subscriber.cancel()
             (outcome,) = await asyncio.gather(subscriber, return_exceptions=True)
             events_meta = {"endpoints": list(kv_events), "batches": feed.num_batches}
-            if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
-                events_meta["problem"] = f"reading the KV-cache events failed: {type(outcome).__name__}: {outcome}"
-            elif feed.num_batches == 0:
-                events_meta["problem"] = ("no KV-cache event arrived (servers started without --kv-events-config, "
-                                          "or another port?)")
+            problem = feed.problem(outcome)
+            if problem is not None:
+                events_meta["problem"] = problem
         for w in writers:
             w.close()
         for c in clients:

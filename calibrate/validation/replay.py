@@ -193,8 +193,7 @@ class LiveReplay:
             poller = asyncio.get_running_loop().create_task(self.metrics.run())
         subscriber = None
         if self.kv_events is not None:
-            subscriber = asyncio.get_running_loop().create_task(self.kv_events.run())
-            await asyncio.sleep(0.5)  # NOTE: a ZeroMQ subscriber misses what is published before it joins
+            subscriber = await self.kv_events.start()
         self._session = new_session()
         try:
             for rec in sent:
@@ -221,7 +220,7 @@ class LiveReplay:
                     task.cancel()
                     (outcome,) = await asyncio.gather(task, return_exceptions=True)
                     if task is subscriber:
-                        self.events_problem = self._events_problem(outcome)
+                        self.events_problem = self.kv_events.problem(outcome)
             self.elapsed_s = self.now()
             await self._session.close()
             self._session = None
@@ -252,17 +251,6 @@ class LiveReplay:
         return RunResult(records=frame, itl=np.asarray(self.itl_gaps, dtype=float), workers=pd.DataFrame(rows),
                          policy=self.spec.policy, seed=self.spec.seed,
                          tokens=tokens_frame(records) if self.spec.record_tokens else None)
-
-    def _events_problem(self, outcome) -> str | None:
-        """Why the KV-event subscriber (ended with ``outcome``: its exception, or None) gave
-        nothing, or None when it received batches."""
-        endpoints = ", ".join(self.kv_events.endpoints)
-        if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
-            return f"reading the KV-cache events of {endpoints} failed: {type(outcome).__name__}: {outcome}"
-        if self.kv_events.num_batches == 0:
-            return (f"no KV-cache event arrived from {endpoints} (servers started without --kv-events-config, "
-                    "or another port?)")
-        return None
 
     def _engine_first_tokens(self, records: list[RequestRecord]) -> None:
         """Set each finished record's ``engine_first_token`` (s since the run's start) from the

@@ -43,6 +43,10 @@ def check_endpoints(endpoints: Sequence[str], num_servers: int) -> None:
             raise ValueError(f"port {port} out of range 1-65535 in {endpoint!r}")
 
 
+JOIN_S = 0.5
+"""Seconds :meth:`LiveKVEvents.start` gives the subscriptions to join before the first request."""
+
+
 class KVEventTranslator:
     """vLLM block hashes of one server to the router's, from the events' token ids.
 
@@ -121,6 +125,24 @@ class LiveKVEvents:
                 self.index.apply(worker, False, [h for h in self.index.cached(worker)
                                                  for _ in range(self.index.copies(worker, h))])
         self.num_batches += 1
+
+    async def start(self) -> asyncio.Task:
+        """:meth:`run` as a task of the running loop, returned once the subscriptions have had
+        ``JOIN_S`` to join (a ZeroMQ subscriber misses what is published before it joins)."""
+        task = asyncio.get_running_loop().create_task(self.run())
+        await asyncio.sleep(JOIN_S)
+        return task
+
+    def problem(self, outcome) -> str | None:
+        """Why the feed (its task ended with ``outcome``: its exception, or None) gave nothing,
+        or None when it received batches."""
+        endpoints = ", ".join(self.endpoints)
+        if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
+            return f"reading the KV-cache events of {endpoints} failed: {type(outcome).__name__}: {outcome}"
+        if self.num_batches == 0:
+            return (f"no KV-cache event arrived from {endpoints} (servers started without --kv-events-config, "
+                    "or another port?)")
+        return None
 
     async def run(self) -> None:
         """Receive until cancelled (needs ``pyzmq`` and ``msgspec``, which vLLM brings)."""
