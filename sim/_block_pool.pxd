@@ -33,6 +33,7 @@ cdef class BlockPool:
     cdef public long long num_evictions
     cdef public object kv_event_listener
     cdef Block* _blocks  # per block id < _capacity
+    cdef size_t _blocks_mapped  # bytes of _blocks' own mapping (map_huge), 0: PyMem memory
     cdef int32_t _capacity
     cdef int32_t _fresh  # ids >= _fresh were never handed out
     cdef int32_t _num_free
@@ -49,6 +50,7 @@ cdef class BlockPool:
     cdef bint any_cached(self, const int64_t* keys, Py_ssize_t n) noexcept
 
     # internals
+    cdef void _map_blocks(self) noexcept
     cdef int _grow(self, int32_t capacity) except -1
     cdef int _link_fresh(self, int32_t prev, int32_t nxt) except -1
     cdef int _check_id(self, long long bid) except -1

@@ -47,7 +47,8 @@ from libc.string cimport memset
 from libcpp.unordered_map cimport unordered_map
 from libcpp.vector cimport vector
 
-from kvroute.sim._prefix_map cimport (EMPTY, MIN_CAPACITY, map_clear, map_create, map_erase, map_free,
+from kvroute.sim._prefix_map cimport (EMPTY, HUGE_PAGE, MIN_CAPACITY, map_clear, map_create, map_erase, map_free,
+                                      map_huge, track_huge, unmap_huge,
                                       map_get, map_prefetch, map_replace, map_setdefault, prefetch)
 
 
@@ -78,6 +79,7 @@ cdef class BlockPool:
         self.enable_caching = bool(enable_caching)
         self.num_evictions = 0
         self.kv_event_listener = None
+        self._map_blocks()
         self._grow(min(<int32_t>MIN_CAPACITY, self.num_gpu_blocks))
         map_create(&self._cached_map, self.num_gpu_blocks - 1)  # block 0 is never cached
         self._blocks[0].ref_cnt = 1  # the null block is never freed
@@ -86,15 +88,39 @@ cdef class BlockPool:
         self._num_free = self.num_gpu_blocks - 1
 
     def __dealloc__(self):
-        PyMem_Free(self._blocks)
+        if self._blocks_mapped:
+            unmap_huge(self._blocks, self._blocks_mapped)
+        else:
+            PyMem_Free(self._blocks)
         map_free(&self._cached_map)
 
     # -- C-level state -----------------------------------------------------------------------
+
+    cdef void _map_blocks(self) noexcept:
+        """Reserve the block array for every block id at once when that is 1 MB or more: a
+        mapping of its own in whole 2 MB pages, advised to use transparent huge pages
+        (``map_huge``), which the kernel zeroes and commits as ids are first handed out, in id
+        order. ``_grow`` then only moves ``_capacity``: no ``PyMem_Realloc`` copy and no page
+        fault per 4 KB page (on the first 1,000 Mooncake requests with 66,534-block pools the
+        doublings were about a quarter of the process's page faults). ``tracemalloc`` is told
+        the bytes of the ids handed out (``_capacity`` of them), not the reservation. Leaves
+        ``_blocks`` NULL where that is unavailable."""
+        cdef size_t size = <size_t>self.num_gpu_blocks * sizeof(Block)
+        if size < HUGE_PAGE // 2:
+            return
+        cdef Block* p = <Block*>map_huge(size)
+        if p != NULL:
+            self._blocks = p
+            self._blocks_mapped = size
 
     cdef int _grow(self, int32_t capacity) except -1:
         """Make the block array hold ``capacity`` ids, new entries zeroed."""
         cdef int32_t old = self._capacity
         if capacity <= old:
+            return 0
+        if self._blocks_mapped:  # reserved whole and zeroed (_map_blocks)
+            self._capacity = capacity
+            track_huge(self._blocks, <size_t>capacity * sizeof(Block))
             return 0
         cdef Block* p = <Block*>PyMem_Realloc(self._blocks, capacity * sizeof(Block))
         if p == NULL:

@@ -19,12 +19,15 @@ doubling once it has three slots for every entry it can ever hold (``map_create`
 blocks are all cached keeps it at most a third full instead of doubling it once more to an eighth
 (66,534 blocks: 4 MB instead of 8 MB per worker, and no rehash of 65,536 entries).
 
-A table of 2 MB or more (131,072 slots) is mapped on its own, 2 MB aligned, and asked for
-transparent huge pages (Linux ``madvise(MADV_HUGEPAGE)``; elsewhere, or if the mapping fails, it
-is ``PyMem_Malloc`` memory as the smaller ones). It is filled whole when it is made, so its 4 KB
-pages would each cost a page fault: on the first 1,000 Mooncake requests the tables of 8 workers
-were 57 % of the process's 27,000 page faults and most of its 70 ms of system time. These
-mappings are reported to ``tracemalloc`` (domain ``HUGE_DOMAIN``) so that it still sees the slots.
+A table of 512 KB or more (``HUGE_FROM`` = 32,768 slots) is mapped on its own, in whole 2 MB
+pages at a 2 MB boundary, and asked for transparent huge pages (Linux ``madvise(MADV_HUGEPAGE)``;
+elsewhere, or if the mapping fails, it is ``PyMem_Malloc`` memory as the smaller ones). A table is
+filled when it is made, so its 4 KB pages would each cost a page fault: on the first 1,000
+Mooncake requests the tables of 8 workers were 57 % of the process's 27,000 page faults and most
+of its 70 ms of system time with the mapping from 2 MB up, and a quarter of the 14,500 left with
+it (the 512 KB and 1 MB tables). A 512 KB table then holds a 2 MB page: at most 1.5 MB more per
+worker than its slots. These mappings are reported to ``tracemalloc`` (domain ``HUGE_DOMAIN``)
+at their whole size, the huge pages they hold.
 """
 
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
@@ -50,18 +53,24 @@ cdef extern from *:
     #define KVROUTE_HUGE_PAGE ((size_t)2 << 20)
     #define KVROUTE_HUGE_DOMAIN 0x6b76  /* tracemalloc domain of the mapped tables */
 
-    /* A mapping of `bytes` (a multiple of 2 MB) at a 2 MB boundary, advised to use
-       transparent huge pages; NULL where that is not available (the caller falls back). */
+    /* The bytes a mapping of `bytes` spans: rounded up to whole 2 MB pages. */
+    static size_t kvroute_huge_span(size_t bytes) {
+        return (bytes + KVROUTE_HUGE_PAGE - 1) / KVROUTE_HUGE_PAGE * KVROUTE_HUGE_PAGE;
+    }
+
+    /* A zeroed mapping of `bytes` rounded up to whole 2 MB pages, at a 2 MB boundary, advised to
+       use transparent huge pages; NULL where that is not available (the caller falls back).
+       The caller reports it to tracemalloc (kvroute_track_huge). */
     static void* kvroute_map_huge(size_t bytes) {
     #if defined(__linux__) && defined(MADV_HUGEPAGE) && defined(MAP_ANONYMOUS)
-        size_t span = bytes + KVROUTE_HUGE_PAGE;
+        size_t size = kvroute_huge_span(bytes);
+        size_t span = size + KVROUTE_HUGE_PAGE;
         char* raw = (char*)mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (raw == (char*)MAP_FAILED) return NULL;
         char* start = (char*)(((uintptr_t)raw + KVROUTE_HUGE_PAGE - 1) & ~(uintptr_t)(KVROUTE_HUGE_PAGE - 1));
         if (start > raw) munmap(raw, (size_t)(start - raw));
-        if (raw + span > start + bytes) munmap(start + bytes, (size_t)(raw + span - (start + bytes)));
-        madvise(start, bytes, MADV_HUGEPAGE);  /* a hint: refused, the table still works */
-        kvroute_tracemalloc_track(KVROUTE_HUGE_DOMAIN, (uintptr_t)start, bytes);
+        if (raw + span > start + size) munmap(start + size, (size_t)(raw + span - (start + size)));
+        madvise(start, size, MADV_HUGEPAGE);  /* a hint: refused, the memory still works */
         return start;
     #else
         (void)bytes;
@@ -69,10 +78,20 @@ cdef extern from *:
     #endif
     }
 
+    /* Report `bytes` at `p` (a kvroute_map_huge mapping) to tracemalloc, replacing an earlier report. */
+    static void kvroute_track_huge(void* p, size_t bytes) {
+    #if defined(__linux__) && defined(MADV_HUGEPAGE) && defined(MAP_ANONYMOUS)
+        kvroute_tracemalloc_track(KVROUTE_HUGE_DOMAIN, (uintptr_t)p, bytes);
+    #else
+        (void)p; (void)bytes;
+    #endif
+    }
+
+    /* Undo kvroute_map_huge(bytes) and its report. */
     static void kvroute_unmap_huge(void* p, size_t bytes) {
     #if defined(__linux__) && defined(MADV_HUGEPAGE) && defined(MAP_ANONYMOUS)
         kvroute_tracemalloc_untrack(KVROUTE_HUGE_DOMAIN, (uintptr_t)p);
-        munmap(p, bytes);
+        munmap(p, kvroute_huge_span(bytes));
     #else
         (void)p; (void)bytes;
     #endif
@@ -80,12 +99,15 @@ cdef extern from *:
     """
     void prefetch "KVROUTE_PREFETCH"(const void* p) noexcept nogil  # a hint: no effect on results
     size_t HUGE_PAGE "KVROUTE_HUGE_PAGE"
+    size_t huge_span "kvroute_huge_span"(size_t bytes) noexcept
     void* map_huge "kvroute_map_huge"(size_t bytes) noexcept
+    void track_huge "kvroute_track_huge"(void* p, size_t bytes) noexcept
     void unmap_huge "kvroute_unmap_huge"(void* p, size_t bytes) noexcept
 
 cdef enum:
     EMPTY = -1  # the value of a free slot (block ids are >= 0)
     MIN_CAPACITY = 1024
+    HUGE_FROM = 32768  # slots (512 KB): the smallest table mapped on its own, in one 2 MB page
 
 
 cdef struct Slot:
@@ -131,9 +153,11 @@ cdef inline int map_init(PrefixMap* m, Py_ssize_t capacity) except -1:
     cdef Py_ssize_t i
     cdef int bits = 0
     cdef size_t size = capacity * sizeof(Slot)
-    cdef Slot* slots = <Slot*>map_huge(size) if size >= HUGE_PAGE else NULL
+    cdef Slot* slots = <Slot*>map_huge(size) if capacity >= HUGE_FROM else NULL
     cdef bint huge = slots != NULL
-    if not huge:
+    if huge:
+        track_huge(slots, huge_span(size))  # one huge page holds it whole: the page is resident
+    else:
         slots = <Slot*>PyMem_Malloc(size)
     if slots == NULL:
         raise MemoryError()
