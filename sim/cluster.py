@@ -337,9 +337,11 @@ class Cluster:
                 self.env.process(self._scraper())
             spread = self.spec.arrival_spread_s
             sent = self.workload.roots if self.closed_loop else self.workload.trace.records
+            starts = []
             for rec in sent:
                 jitter = self.rng.uniform(0.0, spread) if spread > 0 else 0.0
-                self.env.process(self._client(rec, rec.timestamp_ms / 1000.0 + jitter))
+                starts.append((rec, rec.timestamp_ms / 1000.0 + jitter))
+            self._start_at_once(lambda _event: self._start_clients(starts))
             if progress is None:
                 self.env.run()
             else:
@@ -363,14 +365,44 @@ class Cluster:
 
     # -- clients -------------------------------------------------------------------------------
 
-    def _client(self, rec: TraceRecord, send_at: float):
+    # NOTE: a client is a chain of callbacks on the events it waits for, not a SimPy process:
+    # the same events in the same order, without a process's start and end events (2 of the 4
+    # events a request costs the client) and its generator resumptions. A client starts where
+    # its process did: the roots in trace order in one event where the run starts, a closed-loop
+    # child in an urgent event of its own when its parent finishes (``_start_at_once``).
+
+    def _start_at_once(self, start: Callable[[simpy.Event], None]) -> None:
+        """Call ``start`` from an urgent event at the current time, where a new process's first
+        step would run (SimPy's ``Initialize``: before the time's normal events)."""
+        event = simpy.Event(self.env)
+        event._ok, event._value = True, None
+        event.callbacks.append(start)
+        self.env.schedule(event, simpy.events.URGENT)
+
+    def _start_clients(self, starts: list[tuple[TraceRecord, float]]) -> None:
+        for rec, send_at in starts:
+            self._client(rec, send_at)
+
+    def _client(self, rec: TraceRecord, send_at: float) -> None:
+        """Send ``rec`` at ``send_at`` (seconds): wait for it, then for a concurrency slot."""
         env = self.env
         if send_at > env.now:
-            yield env.timeout(send_at - env.now)
-        ready = env.now
+            env.timeout(send_at - env.now).callbacks.append(lambda _event: self._ready(rec))
+        else:
+            self._ready(rec)
+
+    def _ready(self, rec: TraceRecord) -> None:
+        ready = self.env.now
         if self._slots is not None:
             slot = self._held[rec.request_id] = self._slots.request()
-            yield slot
+            slot.callbacks.append(lambda _event: self._route(rec, ready))
+        else:
+            self._route(rec, ready)
+
+    def _route(self, rec: TraceRecord, ready: float) -> None:
+        """Route ``rec`` (sent at ``ready``, holding its slot), then pass it through the gateway's
+        shared store and the API server."""
+        env = self.env
         segments, hashes = self.workload.build(rec)
         bs = self.spec.profile.engine.block_size
         route = RouteRequest(rec.request_id, rec.session_id, hashes[: rec.input_length // bs], rec.input_length)
@@ -385,7 +417,13 @@ class Cluster:
             record.token_times = array("d")
         self.records.append(record)
         if self.spec.gateway_state == "shared" and self.spec.store_latency_s > 0:
-            yield env.timeout(self.spec.store_latency_s)
+            env.timeout(self.spec.store_latency_s).callbacks.append(
+                lambda _event: self._front_end(rec, record, worker, hashes))
+        else:
+            self._front_end(rec, record, worker, hashes)
+
+    def _front_end(self, rec: TraceRecord, record: RequestRecord, worker: int, hashes) -> None:
+        env = self.env
         if self._sigma > 0:
             factor = self.rng.lognormal(-0.5 * self._sigma**2, self._sigma)
         else:
@@ -393,7 +431,11 @@ class Cluster:
         delay = self._overheads.mean_s(rec.input_length) * factor
         if self.frontends is not None:
             delay += self.frontends.admit(worker, rec.request_id, env.now, rec.input_length)
-        yield env.timeout(delay)
+        env.timeout(delay).callbacks.append(lambda _event: self._arrive(rec, record, worker, hashes))
+
+    def _arrive(self, rec: TraceRecord, record: RequestRecord, worker: int, hashes) -> None:
+        """``rec`` reaches worker ``worker``'s engine, or fails its admission check there."""
+        env = self.env
         engine = self.profiles[worker].engine
         error = admission_error(rec.input_length, engine.max_model_len)
         if error:
@@ -471,7 +513,8 @@ class Cluster:
             lags = self.spec.client_lag_s
             for child in self.workload.children.get(record.trace.request_id, ()):
                 lag = lags[int(self._lag_rng.integers(len(lags)))] if lags else 0.0
-                self.env.process(self._client(child, now + child.think_time_ms / 1000.0 + lag))
+                send_at = now + child.think_time_ms / 1000.0 + lag
+                self._start_at_once(lambda _event, child=child, send_at=send_at: self._client(child, send_at))
 
     def _busy_for(self, worker: int) -> Callable[[float], float]:
         """The load function worker ``worker``'s step costs read: the whole host's
