@@ -7,7 +7,9 @@ Both kvroutes are byte-compiled first (``compileall``), as an installed package 
     python bench/bench_peer.py --reference-ref main     # seed20 and help against main's kvroute
     python bench/bench_peer.py --reference-python /path/to/other/venv/bin/python
 
-Cases (A is this checkout's kvroute, run with this Python):
+Cases (A is this checkout's kvroute: against the peer installed with ``pip install .`` in a venv
+of its own, as the peer is in its own (``--kvroute-venv``; ``here`` for this Python); against the
+reference kvroute and in ``scaling`` run with this Python):
 
 - ``full-rr``, ``full-kv``: the Mooncake conversation trace (12,031 requests), 8 workers,
   ``kvroute simulate --policy round_robin|kv_aware`` against the peer's
@@ -48,6 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 DEFAULT_PEER_VENV = Path.home() / ".cache" / "kvroute-bench" / "peer-venv"
+DEFAULT_KVROUTE_VENV = Path.home() / ".cache" / "kvroute-bench" / "kvroute-venv"
 
 PEER_PINS = [
     ["aisimulate==0.13.0.dev202610130000000070", "ai-dynamo-runtime==1.6.1"],
@@ -83,6 +86,27 @@ def ensure_peer(venv: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     for step in PEER_PINS:
         subprocess.run([str(python), "-m", "pip", "install", "-q", *step], check=True)
+    return python
+
+
+def ensure_kvroute(venv: Path) -> Path:
+    """A venv of its own with this checkout installed as a user installs a package (``pip install
+    .``: a wheel, byte-compiled, no editable finder), as the peer is installed in its own; its
+    python. The venv and kvroute's dependencies are made on first use; kvroute itself is rebuilt
+    from this checkout on every call (``--no-deps --force-reinstall``, about 30 s: the compiled core).
+
+    NOTE: the interpreter's own site-packages can cost a process tens of milliseconds before
+    ``main`` runs (on this project's machine a sandbox's ``.pth`` imports certifi and
+    ``importlib.resources``, and the editable install's finder loads at every start, about 40 ms
+    of a 0.3 s first-1,000 run); the peer's venv pays neither, so neither side is timed there.
+    """
+    python = venv / "bin" / "python"
+    if not python.exists():
+        print(f"installing kvroute's dependencies into {venv} (about a minute)...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", str(ROOT)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(ROOT)],
+                   check=True, capture_output=True)
     return python
 
 
@@ -190,6 +214,10 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
     parser.add_argument("--runs", type=int, default=3, help="measured pairs per case (default 3)")
     parser.add_argument("--peer-venv", type=Path, default=DEFAULT_PEER_VENV)
+    parser.add_argument("--kvroute-venv", default=str(DEFAULT_KVROUTE_VENV),
+                        help="venv in which this checkout is installed (pip install .) for the cases against "
+                             "the peer, as the peer is in its own; 'here' runs them with this Python instead "
+                             f"(default {DEFAULT_KVROUTE_VENV})")
     parser.add_argument("--trace", type=Path, default=MOONCAKE)
     ref = parser.add_mutually_exclusive_group()
     ref.add_argument("--reference-ref", default="main", help="git ref of the reference kvroute (default main)")
@@ -206,7 +234,11 @@ def main() -> None:
         if needs_trace and not args.trace.exists():
             print(f"skipping {', '.join(needs_trace)}: {args.trace} not found (the shared traces folder is absent)")
             cases = [c for c in cases if c not in needs_trace]
-        peer = ensure_peer(args.peer_venv) if any(c.startswith(("full", "first")) for c in cases) else None
+        against_peer = any(c.startswith(("full", "first")) for c in cases)
+        peer = ensure_peer(args.peer_venv) if against_peer else None
+        installed = here
+        if against_peer and args.kvroute_venv != "here":
+            installed = str(ensure_kvroute(Path(args.kvroute_venv)))
         ref_python, ref_env = here, None
         if any(c in ("seed20", "help") for c in cases):
             if args.reference_python:
@@ -218,6 +250,8 @@ def main() -> None:
             precompile(ref_python, [tmp_path / "ref" / "src"])
         label_ref = "reference"
         print(f"load average {os.getloadavg()[0]:.2f}; {args.runs} pairs per case; times in s (min / median / max)")
+        if against_peer:
+            print(f"against the peer: kvroute run by {installed}, the peer by {peer}")
         print(f"{'case':<13} {'kvroute wall':>22} {'peak MB':>7} | {'vs':<9} {'wall':>22} {'peak MB':>7} | "
               f"{'kvroute/other per pair':>20} {'speedup':>8}")
         rows = []
@@ -225,7 +259,7 @@ def main() -> None:
             if case.startswith(("full", "first")):
                 path = args.trace if case.startswith("full") else first_records(args.trace, 1000, tmp_path)
                 policy, mode = ("kv_aware", "kv_router") if case.endswith("kv") else ("round_robin", "round_robin")
-                rows.append(pair(case, kvroute_cmd(here, trace_args(path, policy)),
+                rows.append(pair(case, kvroute_cmd(installed, trace_args(path, policy)),
                                  [str(peer), "-c", PEER_CHILD, mode, str(path)], args.runs, None, "peer"))
             elif case == "seed20":
                 # NOTE: one trace file for both, with the lab's fixed 128-token replies: the default
