@@ -272,6 +272,15 @@ def period_variants(profile) -> list:
     return out
 
 
+def client_core(client_cores: str | None, num_servers: int) -> int:
+    """The server whose engine core the client is pinned to (server ``i`` on core ``i``), or -1
+    when the client floats, spans several cores or sits on a core with no server."""
+    from kvroute.calibrate.commands import _cores
+
+    cores = _cores(client_cores) if client_cores else None
+    return cores[0] if cores and len(cores) == 1 and cores[0] < num_servers else -1
+
+
 def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweeps: int = 1,
                    api_cores: str = "spare", client_cores: str | None = None,
                    kv_events: list[str] | None = None) -> Path:
@@ -284,7 +293,9 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweep
     servers run their API processes (``own``: the fit counts the host's load per core);
     ``client_cores``: the sweep's client's cores (``measure --client-cores``); ``kv_events``:
     the servers' KV-event endpoints (``measure --kv-events``: the fit then places the unloaded
-    front end before and after the engine's step).
+    front end before and after the engine's step). With ``own`` and a client pinned to one core
+    that a server's engine runs on (server ``i`` on core ``i``, as ``kvroute serve`` places
+    them), the fit is told which server shares the client's core (``fit --client-core``).
 
     Raises:
         SystemExit: a calibration command failed (its exit code and the folder named).
@@ -298,8 +309,10 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweep
              + (["--client-cores", client_cores] if client_cores else [])
              + [a for u in urls for a in ("--url", u)]
              + [a for e in (kv_events or []) for a in ("--kv-events", e)] for d in dirs]
+    shared = client_core(client_cores, len(urls)) if api_cores == "own" else -1
     steps.append(kvroute + ["calibrate", "fit", *map(str, dirs), "--out", str(out / "profile.json"), "--bootstrap", "0",
-                            "--name", "calibrated-here", "--api-cores", api_cores])
+                            "--name", "calibrated-here", "--api-cores", api_cores]
+                 + (["--client-core", str(shared)] if shared >= 0 else []))
     for cmd in steps:
         print("+", " ".join(cmd[3:]), file=sys.stderr)
         rc = subprocess.run(cmd).returncode

@@ -281,11 +281,15 @@ def _rows(path: Path) -> int:
 @click.option("--base-profile", default=None,
               help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
                    "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
+@click.option("--client-core", "client_core", type=int, default=-1, show_default=True,
+              help="With --api-cores own: the server (0, 1, ...: server i of kvroute serve runs on core i) whose "
+                   "core the measuring client was pinned to (calibrate measure --client-cores): the client's load "
+                   "then slows that server's steps alone (host.client_core). -1: the client floated.")
 @check_values(rules={"api_server_count": POSITIVE_INT, "client_busy": Num(minimum=0.0), "engine_spin": SECONDS,
-                     "api_contention": Num(minimum=0.0)})
+                     "api_contention": Num(minimum=0.0), "client_core": Num(minimum=-1)})
 def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
             bootstrap, bursts, api_server_count, client_busy, engine_spin, stream_baseline, api_cores, api_contention,
-            front_end_split, base_profile):
+            client_core, front_end_split, base_profile):
     """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report.
 
     Several RUN_DIRs (sweeps of the same servers, taken one after another) are pooled into one
@@ -309,7 +313,7 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
     out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
     if base_profile is not None:
         _fit_bursts_only(base_profile, run_dir, out, name or out.stem, meta, req, exp, api_server_count, client_busy,
-                         engine_spin, stream_baseline, api_cores == "own", api_contention)
+                         engine_spin, stream_baseline, api_cores == "own", api_contention, client_core)
         return
     obs, notes = build_observations(req, exp, engine_config(info), itl_source)
     for n in notes[:8]:
@@ -326,7 +330,7 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
     if split is not None:
         apply_post_engine(doc, split)
     burst_text = (_fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline,
-                              api_cores == "own", api_contention) if bursts else None)
+                              api_cores == "own", api_contention, client_core) if bursts else None)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
     load_profile(out)  # the simulator must accept what we wrote
@@ -349,7 +353,7 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
 
 def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, exp, api_server_count: int,
                      client_busy: float, engine_spin: float, stream_baseline: bool = True,
-                     own_cores: bool = False, api_contention: float = 1.0) -> None:
+                     own_cores: bool = False, api_contention: float = 1.0, client_core: int = -1) -> None:
     """Write ``base`` (its step costs and overheads) with burst terms fitted to RUN_DIR as ``name``."""
     import copy
 
@@ -366,7 +370,7 @@ def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, 
                                          f"front-end and host terms fitted to the bursts in {run_dir} "
                                          f"({meta.get('started')} - {meta.get('finished')})")
     text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline, own_cores,
-                       api_contention)
+                       api_contention, client_core)
     if text is None:
         _fail(f"{run_dir} holds no bursts to fit")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -377,11 +381,12 @@ def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, 
 
 def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_busy: float = 1.0,
                 engine_spin: float = 1.0, stream_baseline: bool = True, own_cores: bool = False,
-                api_contention: float = 1.0) -> str | None:
+                api_contention: float = 1.0, client_core: int = -1) -> str | None:
     """Add the front-end and host sections fitted to the sweep's bursts to ``doc``; returns the
     report text, or None when the sweep has no bursts. ``own_cores``: the servers ran their API
     processes on their engines' cores (``HostModel.api_on_engine_core``), whose work then takes
-    ``1 + api_contention`` times as long beside a busy engine (``HostModel.api_contention``)."""
+    ``1 + api_contention`` times as long beside a busy engine (``HostModel.api_contention``), and
+    ``client_core`` names the server whose core the client shared (``HostModel.client_core``)."""
     import math
     import os
     from dataclasses import replace
@@ -402,7 +407,8 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
     ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1), servers,
                       api_server_count, client_busy=client_busy, engine_spin_s=engine_spin, refine_evals=40,
                       baseline_stream_busy=servers + client_busy if stream_baseline else 0.0,
-                      api_on_engine_core=own_cores, api_contention=api_contention if own_cores else 0.0)
+                      api_on_engine_core=own_cores, api_contention=api_contention if own_cores else 0.0,
+                      client_core=client_core)
     speed = fit_speed(req)
     if speed is not None:
         ff = replace(ff, host=replace(ff.host, engine_speed_sigma=speed.sigma, engine_speed_period_s=speed.period_s))

@@ -527,7 +527,8 @@ class Cluster:
     def _num_busy_on_core(self, worker: int, duration: float) -> float:
         """``cores`` times the load on ``worker``'s core over the next ``duration`` seconds: its
         engine (with work or spinning, as in :meth:`_num_busy`), its own API lanes' shares, and
-        the client's ``host.client_busy`` share (while some lane is busy) spread over the cores.
+        the client's ``host.client_busy`` share (while some lane is busy): spread over the cores,
+        or all of it on the core of worker ``host.client_core`` when the client is pinned there.
         Times ``cores``, so that :meth:`HostModel.stretch` turns it into the per-core stretch
         ``1 + contention * max(0, load - max(1, baseline / cores))``."""
         now = self.env.now
@@ -541,7 +542,10 @@ class Cluster:
         shares = self.frontends.busy_shares(now, duration)
         per = self.frontends.model.api_server_count
         own = sum(shares[worker * per:(worker + 1) * per])
-        return host.cores * (engine + own) + host.client_busy * max(shares, default=0.0)
+        client = host.client_busy * max(shares, default=0.0)
+        if host.client_core < 0:  # floating: its share spread over the cores
+            return host.cores * (engine + own) + client
+        return host.cores * (engine + own + (client if worker == host.client_core else 0.0))
 
     def _lane_slowdown(self) -> Callable[[int, float], float] | None:
         """The API lanes' service-time factor (``HostModel.api_contention``): ``1 +

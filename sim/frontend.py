@@ -52,8 +52,8 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 
-def _check_terms(terms, section: str, count: str) -> None:
-    """``terms.<count>`` must be >= 1 and every other field finite and >= 0.
+def _check_terms(terms, section: str, count: str, skip: tuple[str, ...] = ()) -> None:
+    """``terms.<count>`` must be >= 1 and every other field (but ``skip``) finite and >= 0.
 
     Raises:
         ValueError: naming ``section.field`` and the value.
@@ -63,7 +63,7 @@ def _check_terms(terms, section: str, count: str) -> None:
         raise ValueError(f"{section}.{count} must be >= 1, got {n}")
     for f in fields(terms):
         v = getattr(terms, f.name)
-        if f.name != count and not (v >= 0.0 and v != float("inf")):
+        if f.name != count and f.name not in skip and not (v >= 0.0 and v != float("inf")):
             raise ValueError(f"{section}.{f.name} must be finite and >= 0, got {v!r}")
 
 
@@ -154,9 +154,19 @@ class HostModel:
             running prefill can only do so by stretching engine steps more (host ``contention``
             at its bound of 4 in every sweep of the 2-core reference), which then also slows
             closed-loop chats whose turns arrive at an idle engine.
+        client_core: with ``api_on_engine_core``, the worker whose core the load-generating client
+            is pinned to (``calibrate measure --client-cores``, ``bench_validate.py --client-cores``;
+            server ``i`` of ``kvroute serve`` runs on core ``i``): that worker's steps count the
+            client's ``client_busy`` share in full and the other workers' none. -1: the client
+            floats, its share spread over the cores. Stated, not fitted. On the 2-core reference
+            with the client on core 1, worker 1's later-turn TTFT in a burst of short replies was
+            8-10 ms longer than worker 0's and its round_robin TPOT 47 % longer (8.8 against 6.0
+            ms); spread evenly, both workers ran alike, round_robin's turns reached the servers
+            closer together than live, and kv_aware's TTFT change against round_robin came out
+            at +17.8 % against +31.6 % measured (+28.9 % with the client on its core).
 
     Raises:
-        ValueError: ``cores < 1`` or negative terms.
+        ValueError: ``cores < 1``, negative terms or ``client_core`` below -1.
     """
 
     cores: int
@@ -170,9 +180,12 @@ class HostModel:
     engine_speed_period_s: float = 0.0
     api_on_engine_core: bool = False
     api_contention: float = 0.0
+    client_core: int = -1
 
     def __post_init__(self) -> None:
-        _check_terms(self, "host", "cores")
+        _check_terms(self, "host", "cores", skip=("client_core",))
+        if self.client_core < -1:
+            raise ValueError(f"host.client_core must be a worker index or -1 (floating), got {self.client_core!r}")
         if self.engine_speed_sigma > MAX_ENGINE_SPEED_SIGMA:
             raise ValueError(f"host.engine_speed_sigma must be <= {MAX_ENGINE_SPEED_SIGMA} (a log-spread; 0.2-0.4 "
                              f"measured on a shared 2-core host), got {self.engine_speed_sigma!r}")
@@ -398,7 +411,7 @@ def host_from_dict(doc: dict | None, where: str) -> HostModel | None:
         return None
     if "cores" not in doc:
         raise ValueError(f"{where}: section 'host' lacks 'cores'")
-    return _build(HostModel, doc, where, "host", ints=("cores",), bools=("api_on_engine_core",))
+    return _build(HostModel, doc, where, "host", ints=("cores", "client_core"), bools=("api_on_engine_core",))
 
 
 def _build(cls, doc, where: str, section: str, ints: tuple[str, ...], bools: tuple[str, ...] = ()):

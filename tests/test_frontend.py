@@ -191,6 +191,33 @@ def test_per_core_load_counts_the_engine_its_lanes_and_a_share_of_the_client():
     assert busy1(1.0) == 2 * 0.5 + 0.5  # over the next second the lane is busy half of it
 
 
+@pytest.mark.parametrize("client_core,expected", [(0, (2.0, 2.0)), (1, (0.0, 4.0)), (5, (0.0, 2.0))])
+def test_a_client_pinned_to_a_workers_core_loads_that_core_alone(client_core, expected):
+    from kvroute.sim.cluster import Cluster
+
+    prof = profile(frontend={"per_output_token_s": 0.01},
+                   host={"cores": 2, "contention": 1.0, "client_busy": 1.0, "api_on_engine_core": True,
+                         "client_core": client_core})
+    cluster = Cluster(Trace([rec(0, 100, 1)], block_size=16), ClusterSpec(prof, num_workers=2), 0)
+    cluster.frontends.lanes[1][0].free_at = 0.5  # worker 1's API process streams until 0.5 s
+    # times cores: worker 1's core holds its lane (1), plus the whole client where it is pinned;
+    # a client on a core without a worker (5) loads none of them
+    assert (cluster._busy_for(0)(0.0), cluster._busy_for(1)(0.0)) == expected
+    assert prof.host.client_core == client_core
+
+
+def test_the_pinned_client_slows_its_own_workers_steps_only():
+    # two requests, one per worker, streaming 20 tokens each: with the client on worker 1's
+    # core, worker 1's decode steps stretch and worker 0's do not (spread, both stretch alike)
+    records = [rec(0, 100, 20), rec(1, 100, 20)]
+    host = {"cores": 2, "contention": 1.0, "client_busy": 1.0, "api_on_engine_core": True}
+    fe = {"per_output_token_s": 0.02}
+    spread = run(profile(frontend=fe, host=host), records, workers=2).records.set_index("worker")
+    pinned = run(profile(frontend=fe, host={**host, "client_core": 1}), records, workers=2).records.set_index("worker")
+    assert spread.at[0, "e2e"] == pytest.approx(spread.at[1, "e2e"])
+    assert pinned.at[1, "e2e"] > spread.at[1, "e2e"] > pinned.at[0, "e2e"]
+
+
 def test_each_worker_steps_at_its_own_drawn_speed():
     from kvroute.sim.cluster import engine_speeds
 
@@ -346,6 +373,8 @@ def test_contended_step_takes_its_streaming_baseline_from_its_decoding_requests(
     ("host", {"cores": 2, "api_on_engine_core": 1}, "host.api_on_engine_core must be true or false, got 1"),
     ("host", {"cores": 2, "api_contention": -1}, "host.api_contention must be finite and >= 0, got -1.0"),
     ("host", {"cores": 2, "api_contention": True}, "host.api_contention must be a number, got True"),
+    ("host", {"cores": 2, "client_core": -2}, "host.client_core must be a worker index or -1 (floating), got -2"),
+    ("host", {"cores": 2, "client_core": "one"}, "host.client_core must be a number, got 'one'"),
     ("frontend", {"per_step_s": False}, "frontend.per_step_s must be a number, got False"),
 ])
 def test_bad_sections_name_the_field(section, body, message):

@@ -371,7 +371,7 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
                  api_server_count: int = 1, seeds: tuple[int, ...] = (0,), max_evals: int = 120,
                  client_busy: float = 0.0, refine_evals: int = 0, engine_spin_s: float = 0.0,
                  baseline_stream_busy: float = 0.0, api_on_engine_core: bool = False,
-                 api_contention: float = 0.0) -> FrontendFit:
+                 api_contention: float = 0.0, client_core: int = -1) -> FrontendFit:
     """Fit the front-end and host terms to ``bursts`` (see the module doc).
 
     Args:
@@ -396,6 +396,8 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
             (``HostModel.api_on_engine_core``; ``kvroute serve --api-cores own``).
         api_contention: with ``api_on_engine_core``, the stretch of lane work beside a busy
             engine (``HostModel.api_contention``; stated, not fitted: 1 for fair sharing).
+        client_core: with ``api_on_engine_core``, the server whose core the measuring client
+            was pinned to (``HostModel.client_core``; stated; -1: it floated).
 
     Raises:
         ValueError: no bursts.
@@ -408,7 +410,8 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     bursts = [b for b in bursts if not b.prefix_len] or bursts  # fitted to cold bursts, see FrontendFit
     host = HostModel(cores=cores, contention=0.0, baseline_busy=baseline_busy, client_busy=client_busy,
                      engine_spin_s=engine_spin_s, baseline_stream_busy=baseline_stream_busy,
-                     api_on_engine_core=api_on_engine_core, api_contention=api_contention)
+                     api_on_engine_core=api_on_engine_core, api_contention=api_contention,
+                     client_core=client_core if api_on_engine_core else -1)
     scale = np.array([max(profile.overheads.api_server_s, 1e-3), 1e-4, 1e-4])
     one = [b for b in bursts if b.num_servers == 1] or bursts
     loaded = [b for b in bursts if b.num_servers > 1]
@@ -471,7 +474,8 @@ def profile_sections(ff: FrontendFit) -> dict:
                  "client_busy": r(h.client_busy), "engine_spin_s": r(h.engine_spin_s),
                  "engine_speed_sigma": r(h.engine_speed_sigma), "engine_speed_period_s": r(h.engine_speed_period_s),
                  **({"api_on_engine_core": True} if h.api_on_engine_core else {}),
-                 **({"api_contention": r(h.api_contention)} if h.api_contention > 0 else {})},
+                 **({"api_contention": r(h.api_contention)} if h.api_contention > 0 else {}),
+                 **({"client_core": h.client_core} if h.client_core >= 0 else {})},
         "burst_fit": {
             "method": "Nelder-Mead on squared log ratios of simulated to measured burst figures (scipy)",
             "evaluations": ff.evaluations,
@@ -494,6 +498,9 @@ def profile_sections(ff: FrontendFit) -> dict:
                                        "engine's core by its API process, kvroute serve --api-cores own): lane work "
                                        "beside an engine with requests takes 1 + api_contention times as long"}
                if h.api_contention > 0 else {}),
+            **({"host.client_core": "stated (kvroute calibrate fit --client-core): the server whose engine core "
+                                    "the measuring client was pinned to (calibrate measure --client-cores)"}
+               if h.client_core >= 0 else {}),
             "host.engine_spin_s": "stated: vLLM's shared-memory MessageQueue busy-polls for busy_loop_s = 1 s after "
                                   "its last read (vllm/distributed/device_communicators/shm_broadcast.py)",
             "host.engine_speed_sigma": "with engine_speed_period_s, by maximum likelihood over the servers' token "
