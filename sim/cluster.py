@@ -212,7 +212,7 @@ class Cluster:
             if prof.frontend is not None else None
         loaded = self.frontends is not None or prof.host is not None
         step_costs = [ContendedStepCost(prof.step_cost, prof.host, self._busy_for(w), speed, lambda: self.env.now,
-                                        prof.frontend)
+                                        prof.frontend, self._client_share if w == self._client_worker() else None)
                       for w, speed in enumerate(engine_speed_processes(prof.host, spec.num_workers, seed))] \
             if prof.host else [prof.step_cost] * spec.num_workers
         # NOTE: token times are kept by other callbacks, chosen once here, so a run without them
@@ -527,8 +527,9 @@ class Cluster:
     def _num_busy_on_core(self, worker: int, duration: float) -> float:
         """``cores`` times the load on ``worker``'s core over the next ``duration`` seconds: its
         engine (with work or spinning, as in :meth:`_num_busy`), its own API lanes' shares, and
-        the client's ``host.client_busy`` share (while some lane is busy): spread over the cores,
-        or all of it on the core of worker ``host.client_core`` when the client is pinned there.
+        the client's ``host.client_busy`` share (while some lane is busy) spread over the cores;
+        a client pinned to one core (``host.client_core``) counts there as a fair share instead
+        (:meth:`_client_share`, :class:`~kvroute.sim.frontend.ContendedStepCost`).
         Times ``cores``, so that :meth:`HostModel.stretch` turns it into the per-core stretch
         ``1 + contention * max(0, load - max(1, baseline / cores))``."""
         now = self.env.now
@@ -542,10 +543,22 @@ class Cluster:
         shares = self.frontends.busy_shares(now, duration)
         per = self.frontends.model.api_server_count
         own = sum(shares[worker * per:(worker + 1) * per])
-        client = host.client_busy * max(shares, default=0.0)
-        if host.client_core < 0:  # floating: its share spread over the cores
-            return host.cores * (engine + own) + client
-        return host.cores * (engine + own + (client if worker == host.client_core else 0.0))
+        if host.client_core >= 0:  # pinned: a fair share of one core (_client_share), none here
+            return host.cores * (engine + own)
+        return host.cores * (engine + own) + host.client_busy * max(shares, default=0.0)
+
+    def _client_worker(self) -> int:
+        """The worker whose core the measuring client is pinned to (``HostModel.client_core``
+        with ``api_on_engine_core``), or -1."""
+        host = self.spec.profile.host
+        return host.client_core if host is not None and host.api_on_engine_core and self.frontends is not None else -1
+
+    def _client_share(self, duration: float) -> float:
+        """The pinned client's share of its core over the next ``duration`` seconds:
+        ``host.client_busy`` times the largest share of that interval some API lane's queued work
+        fills (the client reads what the lanes stream, as in :meth:`_num_busy`)."""
+        shares = self.frontends.busy_shares(self.env.now, duration)
+        return self.spec.profile.host.client_busy * max(shares, default=0.0)
 
     def _lane_slowdown(self) -> Callable[[int, float], float] | None:
         """The API lanes' service-time factor (``HostModel.api_contention``): ``1 +

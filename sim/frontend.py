@@ -157,13 +157,17 @@ class HostModel:
         client_core: with ``api_on_engine_core``, the worker whose core the load-generating client
             is pinned to (``calibrate measure --client-cores``, ``bench_validate.py --client-cores``;
             server ``i`` of ``kvroute serve`` runs on core ``i``): that worker's steps count the
-            client's ``client_busy`` share in full and the other workers' none. -1: the client
-            floats, its share spread over the cores. Stated, not fitted. On the 2-core reference
-            with the client on core 1, worker 1's later-turn TTFT in a burst of short replies was
-            8-10 ms longer than worker 0's and its round_robin TPOT 47 % longer (8.8 against 6.0
-            ms); spread evenly, both workers ran alike, round_robin's turns reached the servers
-            closer together than live, and kv_aware's TTFT change against round_robin came out
-            at +17.8 % against +31.6 % measured (+28.9 % with the client on its core).
+            client's share of its core (``client_busy`` times the busiest API lane's share of
+            the step) as fair sharing, ``1 + share`` times as long whatever the fitted
+            ``contention``, and the other workers none of it. -1: the client floats, its share
+            counted with the other busy processes and spread over the cores. Stated, not
+            fitted. On the 2-core reference with the client on core 1 (runs 23 and 24 of
+            ``bench/bench_validate.py``, 2026-12-04), worker 1's later-turn TTFT in closed-loop
+            short replies was 9-11 ms longer than worker 0's and its round_robin TPOT 60 % longer
+            (9.6 against 5.9 ms); with the client spread, both workers ran alike, round_robin's
+            turns reached the servers closer together than live, and kv_aware's TTFT change
+            against round_robin came out 13.8 and 6.5 points short (5.1 and 2.5 pinned; each
+            profile refitted with and without the term).
 
     Raises:
         ValueError: ``cores < 1``, negative terms or ``client_core`` below -1.
@@ -361,13 +365,19 @@ class ContendedStepCost:
         now: the simulation clock (``env.now``), s.
         frontend: the API lanes' service times, for the streaming share of a decode step's
             calibration baseline (``HostModel.baseline``); None: no streaming counted.
+        client: ``client(d)``: the share of the next ``d`` seconds that a load-generating client
+            pinned to this engine's core takes from it (``HostModel.client_core``); the step
+            then takes ``1 + client(d)`` times as long, fair sharing of one core by two
+            CPU-bound processes, whatever the fitted ``contention``. None: no pinned client.
     """
 
-    __slots__ = ("cost", "host", "busy", "speed", "now", "per_step_s", "per_token_s")
+    __slots__ = ("cost", "host", "busy", "speed", "now", "per_step_s", "per_token_s", "client")
 
     def __init__(self, cost, host: HostModel, busy: Callable[[float], float], speed: EngineSpeed | None = None,
-                 now: Callable[[], float] = lambda: 0.0, frontend: FrontendModel | None = None) -> None:
+                 now: Callable[[], float] = lambda: 0.0, frontend: FrontendModel | None = None,
+                 client: Callable[[float], float] | None = None) -> None:
         self.cost, self.host, self.busy, self.speed, self.now = cost, host, busy, speed, now
+        self.client = client
         streams = frontend is not None and host.baseline_stream_busy > 0.0
         self.per_step_s = frontend.per_step_s if streams else 0.0
         self.per_token_s = frontend.per_output_token_s if streams else 0.0
@@ -377,7 +387,8 @@ class ContendedStepCost:
         """The calibrated step time ``d`` times the speed factor now times
         ``host.stretch(busy(d), host.baseline(d, streaming))``, s. The streaming behind a step's
         calibration: ``per_step_s + per_output_token_s`` times its decoding requests (all of them
-        in a decode-only step, all but one beside a prefill), none for a step without decodes."""
+        in a decode-only step, all but one beside a prefill), none for a step without decodes;
+        times ``1 + client(d)`` beside a pinned client."""
         base = self.cost.step_time(num_batched_tokens, num_reqs, prefill_token_pairs, decode_context_tokens)
         if self.speed is not None:
             factor = self.speed.at(self.now())
@@ -387,7 +398,10 @@ class ContendedStepCost:
         if decode_context_tokens > 0 and (self.per_step_s > 0.0 or self.per_token_s > 0.0):
             decoding = num_reqs if num_batched_tokens == num_reqs else num_reqs - 1
             stream = self.per_step_s + self.per_token_s * decoding
-        return base * self.host.stretch(self.busy(base), self.host.baseline(base, stream))
+        stretched = base * self.host.stretch(self.busy(base), self.host.baseline(base, stream))
+        if self.client is not None:
+            stretched *= 1.0 + self.client(base)
+        return stretched
 
 
 def frontend_from_dict(doc: dict | None, where: str) -> FrontendModel | None:

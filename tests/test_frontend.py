@@ -191,8 +191,8 @@ def test_per_core_load_counts_the_engine_its_lanes_and_a_share_of_the_client():
     assert busy1(1.0) == 2 * 0.5 + 0.5  # over the next second the lane is busy half of it
 
 
-@pytest.mark.parametrize("client_core,expected", [(0, (2.0, 2.0)), (1, (0.0, 4.0)), (5, (0.0, 2.0))])
-def test_a_client_pinned_to_a_workers_core_loads_that_core_alone(client_core, expected):
+@pytest.mark.parametrize("client_core,pinned", [(-1, -1), (0, 0), (1, 1), (5, 5)])
+def test_a_client_pinned_to_a_workers_core_takes_a_fair_share_of_that_core_alone(client_core, pinned):
     from kvroute.sim.cluster import Cluster
 
     prof = profile(frontend={"per_output_token_s": 0.01},
@@ -200,10 +200,24 @@ def test_a_client_pinned_to_a_workers_core_loads_that_core_alone(client_core, ex
                          "client_core": client_core})
     cluster = Cluster(Trace([rec(0, 100, 1)], block_size=16), ClusterSpec(prof, num_workers=2), 0)
     cluster.frontends.lanes[1][0].free_at = 0.5  # worker 1's API process streams until 0.5 s
-    # times cores: worker 1's core holds its lane (1), plus the whole client where it is pinned;
-    # a client on a core without a worker (5) loads none of them
-    assert (cluster._busy_for(0)(0.0), cluster._busy_for(1)(0.0)) == expected
-    assert prof.host.client_core == client_core
+    # times cores: worker 1's core holds its lane (1); a floating client adds its share (1) to
+    # every core's count, a pinned one to none (it is the multiplicative term of its own core)
+    floating = client_core < 0
+    assert (cluster._busy_for(0)(0.0), cluster._busy_for(1)(0.0)) == ((1.0, 3.0) if floating else (0.0, 2.0))
+    assert cluster._client_worker() == pinned
+    assert [w.step_cost.client is not None for w in cluster.workers] == [w == pinned for w in range(2)]
+    assert cluster._client_share(1.0) == 0.5  # the busiest lane fills half of the next second
+
+
+def test_a_pinned_clients_share_stretches_the_step_as_fair_sharing_whatever_the_contention():
+    from kvroute.sim.cost_model import StepCost
+    from kvroute.sim.frontend import ContendedStepCost
+
+    cost = StepCost(0.01, 0.0, 0.001, 0.0, 0.0, 0.0)
+    host = HostModel(cores=2, contention=0.0, client_busy=1.0, api_on_engine_core=True, client_core=0)
+    step = ContendedStepCost(cost, host, lambda d: 5.0, client=lambda d: 0.5)
+    assert step.step_time(100, 1, 0.0, 0) == pytest.approx(0.11 * 1.5)
+    assert ContendedStepCost(cost, host, lambda d: 5.0).step_time(100, 1, 0.0, 0) == pytest.approx(0.11)
 
 
 def test_the_pinned_client_slows_its_own_workers_steps_only():
