@@ -452,3 +452,15 @@ def test_the_engine_is_stretched_by_its_lanes_cpu_time_not_by_its_stretched_time
     assert recs.at[0, "first_token"] == pytest.approx(0.035)  # the token waits for request 1's admission
     assert recs.at[0, "finish"] == pytest.approx(0.0485)
     assert recs.at[1, "ttft"] == pytest.approx(0.0485 - 0.025)
+
+
+def test_bench_validate_names_the_server_sharing_the_clients_core():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_validate.py"
+    spec = importlib.util.spec_from_file_location("bench_validate", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # server i runs on core i: one pinned core that holds a server names it; else the client floats
+    assert [bench.client_core(c, 2) for c in ("1", "0", "0-1", "1,0", "3", None, "")] == [1, 0, -1, -1, -1, -1, -1]
