@@ -201,7 +201,7 @@ def test_compare_out_writes_one_bench_result_per_policy(tmp_path):
 
 
 def test_sharegpt_tokens_counted_by_a_local_tokenizer(tmp_path):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[live]' brings it)")
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
