@@ -192,7 +192,7 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         try:
             check_endpoints(kv_events, len(urls))
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--kv-events") from exc
+            raise click.BadParameter(str(exc), param_hint="'--kv-events'") from exc
     # NOTE: the client, imported before --out is made: when it is missing, main() names the extras
     import aiohttp  # noqa: F401
     try:  # before any work; a full sweep writes a few MB of rows
@@ -362,7 +362,7 @@ def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, 
     try:
         doc = copy.deepcopy(load_profile(base).raw)
     except (FileNotFoundError, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--base-profile") from exc
+        raise click.BadParameter(str(exc), param_hint="'--base-profile'") from exc
     doc["name"] = name
     doc.setdefault("provenance", {}).setdefault("fit", {})
     doc.setdefault("sources", {})

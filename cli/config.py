@@ -36,21 +36,21 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None) ->
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="--config") from None
+        raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="'--config'") from None
     try:
         doc = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         where = getattr(exc, "lineno", None) or getattr(getattr(exc, "problem_mark", None), "line", -1) + 1
         raise click.BadParameter(f"{path}:{where}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
                                  f"{' '.join(str(getattr(exc, 'problem', None) or exc).split())}",
-                                 param_hint="--config") from None
+                                 param_hint="'--config'") from None
     if doc is None:
         return {}
     if meta is not None and isinstance(doc, dict):
         meta[PROVENANCE_META] = doc.get(PROVENANCE_KEY)
     if not isinstance(doc, dict):
         raise click.BadParameter(f"{path}: expected a mapping of option names to values, got "
-                                 f"{type(doc).__name__}", param_hint="--config")
+                                 f"{type(doc).__name__}", param_hint="'--config'")
     names = {}
     for param in command.params:
         if isinstance(param, click.Option) and param.name not in NOT_SCENARIO:
@@ -65,7 +65,7 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None) ->
         if key not in names:
             valid = sorted(k for k in names if "_" not in k)
             raise click.BadParameter(f"{path}: unknown option {key!r} for {command.name}; valid: {', '.join(valid)}",
-                                     param_hint="--config")
+                                     param_hint="'--config'")
         values[names[key]] = value
     return values
 

@@ -41,30 +41,30 @@ def plot_series_command(series_file: Path, policy: str | None, round_: int, bins
     from kvroute.sim.timeseries import SERIES_COLUMNS
 
     if out is not None and out.suffix.lower() != ".png":
-        raise click.BadParameter(f"{out} must end in .png", param_hint="--out")
+        raise click.BadParameter(f"{out} must end in .png", param_hint="'--out'")
     try:
         series = pd.read_parquet(series_file)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a file that is not parquet
         raise click.BadParameter(f"cannot read {series_file} as parquet: {' '.join(str(exc).split())[:200]}",
-                                 param_hint="SERIES_FILE") from None
+                                 param_hint="'SERIES_FILE'") from None
     missing = [c for c in SERIES_COLUMNS if c not in series.columns]
     if missing:
         raise click.BadParameter(f"{series_file} is not a time series (no column {missing[0]!r}); "
                                  "compare --time-series --out DIR writes DIR/timeseries.parquet",
-                                 param_hint="SERIES_FILE")
+                                 param_hint="'SERIES_FILE'")
     policies = list(dict.fromkeys(series["policy"])) if "policy" in series else []
     if policy is None and policies:
         policy = policies[0]
     if policy is not None:
         if policy not in policies:
             raise click.BadParameter(f"no policy {policy!r} in {series_file}; valid: {', '.join(policies) or 'none'}",
-                                     param_hint="--policy")
+                                     param_hint="'--policy'")
         series = series[series["policy"] == policy]
     if "round" in series:
         rounds = sorted(set(series["round"]))
         if round_ not in rounds:
             raise click.BadParameter(f"no round {round_} in {series_file}; valid: {', '.join(map(str, rounds))}",
-                                     param_hint="--round")
+                                     param_hint="'--round'")
         series = series[series["round"] == round_]
     if series.empty:
         raise click.ClickException(f"{series_file} has no time series rows to draw")

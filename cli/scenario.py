@@ -104,13 +104,13 @@ def read_any_trace(path: Path, block_size: int | None, fmt: str = "auto", count_
     from kvroute.traces.detect import read_any
 
     if not path.exists():
-        raise click.BadParameter(f"{path} does not exist", param_hint="--trace")
+        raise click.BadParameter(f"{path} does not exist", param_hint="'--trace'")
     try:
         return read_any(path, block_size, fmt, count_tokens, tokens_note)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint="--trace") from None
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint="'--trace'") from None
 
 
 def parse_policies(text: str, param_hint: str = "--policies") -> list[str]:
@@ -129,13 +129,13 @@ def parse_policies(text: str, param_hint: str = "--policies") -> list[str]:
             parse_spec(spec)
             make_policy(spec, np.random.default_rng(0))
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=param_hint) from None
+        raise click.BadParameter(str(exc), param_hint=f"'{param_hint}'") from None
     if not specs:
-        raise click.BadParameter("give at least one policy", param_hint=param_hint)
+        raise click.BadParameter("give at least one policy", param_hint=f"'{param_hint}'")
     twice = sorted({name for name in specs if specs.count(name) > 1})
     if twice:
         raise click.BadParameter(f"policy {', '.join(twice)} listed twice; name each policy once",
-                                 param_hint=param_hint)
+                                 param_hint=f"'{param_hint}'")
     return specs
 
 
@@ -209,7 +209,7 @@ def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread
     try:
         profile = with_overrides(load_profile(profile_name), max_model_len, kv_blocks)
     except (FileNotFoundError, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--profile") from exc
+        raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
     closed = REPLAY_MODES[replay]
     if gpus is not None and not 1 <= gpus <= workers:
         raise click.BadParameter(f"must be between 1 and --workers ({workers}), got {gpus}", param_hint="'--gpus'")

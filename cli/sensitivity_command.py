@@ -16,7 +16,7 @@ def _pair(text: str, hint: str) -> tuple[float, float]:
     try:
         lo, hi = (float(x) for x in text.split(":"))
     except ValueError:
-        raise click.BadParameter(f"must be LOW:HIGH, got {text!r}", param_hint=hint) from None
+        raise click.BadParameter(f"must be LOW:HIGH, got {text!r}", param_hint=f"'{hint}'") from None
     return lo, hi
 
 
@@ -94,7 +94,7 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     try:
         profile = base_profile(scenario)
     except FileNotFoundError as exc:
-        raise click.BadParameter(str(exc), param_hint="--profile") from exc
+        raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
     profile = with_overrides(profile, max_model_len=max_model_len or None)
     names = [g.strip() for g in groups.split(",") if g.strip()] if groups else None
     if names is None and trace is not None:

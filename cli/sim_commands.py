@@ -85,9 +85,9 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         check_output(out, 300 * len(trace.records) * len(policies) * rounds + (1 << 20), is_dir=True)
     header = describe(trace, spec)
     if uncertainty < 0:
-        raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="--uncertainty")
+        raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="'--uncertainty'")
     if not 0.0 <= prior_range < 1.0:
-        raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="--prior-range")
+        raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="'--prior-range'")
     if not json_out:
         click.echo(f"{header} | {rounds} round(s) per policy"
                    + (f", plus {uncertainty} drawn profile(s) x {rounds} round(s)" if uncertainty else ""))

@@ -38,9 +38,9 @@ def _choices(text: str, valid: tuple[str, ...] | list[str], hint: str) -> list[s
     names = [item.strip() for item in text.split(",") if item.strip()]
     for name in names:
         if name not in valid:
-            raise click.BadParameter(f"unknown name {name!r}; valid names: {', '.join(valid)}", param_hint=hint)
+            raise click.BadParameter(f"unknown name {name!r}; valid names: {', '.join(valid)}", param_hint=f"'{hint}'")
     if not names:
-        raise click.BadParameter("give at least one value", param_hint=hint)
+        raise click.BadParameter("give at least one value", param_hint=f"'{hint}'")
     return names
 
 
@@ -49,7 +49,7 @@ def _check_profiles(names: list[str]) -> None:
         try:
             load_profile(name)
         except (FileNotFoundError, ValueError) as exc:
-            raise click.BadParameter(str(exc), param_hint="--profile") from exc
+            raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
 
 
 def pivot_table(frame: pd.DataFrame, metric: str) -> str:
@@ -124,12 +124,12 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
     valid_metrics = [*SUMMARY_METRICS, *COUNTER_COLUMNS]
     shown = _choices(show, valid_metrics, "--show")
     if out is not None and out.suffix.lower() not in (".parquet", ".csv"):
-        raise click.BadParameter(f"{out} must end in .parquet or .csv", param_hint="--out")
+        raise click.BadParameter(f"{out} must end in .parquet or .csv", param_hint="'--out'")
     if address is not None:
         executor = "dask"
     _check_profiles(options["profile_name"])
     if options["history"] is not None and "seed-chat" in options["workload"] and options["trace_path"] is None:
-        raise click.BadParameter("applies to --workload agent only", param_hint="--history")
+        raise click.BadParameter("applies to --workload agent only", param_hint="'--history'")
     trace_path = options["trace_path"]
     if trace_path is not None:  # read once here: a bad file is one error, not a failed row per point
         read_any_trace(trace_path, options["trace_block_size"])

@@ -169,11 +169,11 @@ def check_urls(urls: tuple[str, ...] | list[str], flag: str = "--url") -> None:
             parts = urlsplit(url)
             port = parts.port  # raises ValueError when out of range or not a number
         except ValueError as exc:
-            raise click.BadParameter(f"{url!r}: {exc}", param_hint=flag) from None
+            raise click.BadParameter(f"{url!r}: {exc}", param_hint=f"'{flag}'") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise click.BadParameter(f"{url!r} is not an http(s)://host[:port] URL", param_hint=flag)
+            raise click.BadParameter(f"{url!r} is not an http(s)://host[:port] URL", param_hint=f"'{flag}'")
         if port == 0:
-            raise click.BadParameter(f"{url!r}: port must be 1-65535", param_hint=flag)
+            raise click.BadParameter(f"{url!r}: port must be 1-65535", param_hint=f"'{flag}'")
 
 
 def _flag(name: str) -> str:

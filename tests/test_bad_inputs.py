@@ -156,12 +156,12 @@ def test_simulate_flags(args, expected):
 
 def test_compare_policy_listed_twice():
     assert_error(run("compare", "--chats", 2, "--turns", 1, "--policies", "kv_aware,round_robin,kv_aware"),
-                 "Invalid value for --policies: policy kv_aware listed twice")
+                 "Invalid value for '--policies': policy kv_aware listed twice")
 
 
 def test_a_policy_parameter_out_of_range_names_the_flag_before_any_run():
     result = run("compare", "--chats", 2, "--turns", 1, "--policies", "round_robin,kv_aware:min_match_share=2")
-    assert_error(result, "Invalid value for --policies: kv_aware: min_match_share must be in [0, 1], got 2.0")
+    assert_error(result, "Invalid value for '--policies': kv_aware: min_match_share must be in [0, 1], got 2.0")
     assert "time to complete" not in result.output  # no table was started
 
 
@@ -254,17 +254,17 @@ def test_gzip_and_binary_traces(tmp_path):
 
 def test_url_port_out_of_range(tmp_path):
     assert_error(run("validate", "--url", "http://127.0.0.1:99999", "--out", tmp_path / "v"),
-                 "Invalid value for --url: 'http://127.0.0.1:99999': Port out of range 0-65535")
+                 "Invalid value for '--url': 'http://127.0.0.1:99999': Port out of range 0-65535")
 
 
 @pytest.mark.parametrize("events, expected", [
-    (["tcp://127.0.0.1:8200"], "Invalid value for --kv-events: one endpoint per server: 1 for 2 server(s)"),
+    (["tcp://127.0.0.1:8200"], "Invalid value for '--kv-events': one endpoint per server: 1 for 2 server(s)"),
     (["tcp://127.0.0.1:8200", "tcp://127.0.0.1:70000"],
-     "Invalid value for --kv-events: port 70000 out of range 1-65535 in 'tcp://127.0.0.1:70000'"),
+     "Invalid value for '--kv-events': port 70000 out of range 1-65535 in 'tcp://127.0.0.1:70000'"),
     (["tcp://127.0.0.1:8200", "127.0.0.1:8201"],
-     "Invalid value for --kv-events: a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got '127.0.0.1:8201'"),
+     "Invalid value for '--kv-events': a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got '127.0.0.1:8201'"),
     (["tcp://127.0.0.1:8200", "tcp://127.0.0.1:notaport"],
-     "Invalid value for --kv-events: a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got 'tcp://127.0.0.1:notaport'"),
+     "Invalid value for '--kv-events': a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got 'tcp://127.0.0.1:notaport'"),
 ])
 @pytest.mark.parametrize("command", [["validate"], ["calibrate", "measure"]])
 def test_kv_event_endpoints_one_per_server(tmp_path, events, expected, command):

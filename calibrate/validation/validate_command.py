@@ -29,7 +29,7 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
     try:
         lo, hi = (int(x) for x in text.split(":"))
     except ValueError:
-        raise click.BadParameter(f"must be LO:HI, got {text!r}", param_hint="--token-range") from None
+        raise click.BadParameter(f"must be LO:HI, got {text!r}", param_hint="'--token-range'") from None
     return lo, hi
 
 
@@ -114,7 +114,7 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
         try:
             check_endpoints(kv_events, len(urls))
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--kv-events") from exc
+            raise click.BadParameter(str(exc), param_hint="'--kv-events'") from exc
     # NOTE: the live client, imported before anything is written: when it is missing, main()
     # names the extras that bring it (cli.main.OPTIONAL_MODULES)
     import aiohttp  # noqa: F401
@@ -129,12 +129,12 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     try:
         profile = load_profile(profile_name)
     except (FileNotFoundError, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--profile") from exc
+        raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
     closed = REPLAY_MODES[replay]
     if uncertainty < 0:
-        raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="--uncertainty")
+        raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="'--uncertainty'")
     if not 0.0 <= prior_range < 1.0:
-        raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="--prior-range")
+        raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="'--prior-range'")
     if client_lag == "measured":
         client_lag = None
     else:
@@ -142,10 +142,10 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
             client_lag = float(client_lag)
         except ValueError:
             raise click.BadParameter(f"expected seconds or 'measured', got {client_lag!r}",
-                                     param_hint="--client-lag") from None
+                                     param_hint="'--client-lag'") from None
         if not 0.0 <= client_lag <= 1e9:
             raise click.BadParameter(f"must be a finite number >= 0 (seconds) or 'measured', got {client_lag!r}",
-                                     param_hint="--client-lag")
+                                     param_hint="'--client-lag'")
     spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread, router_block_tokens,
                           timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
                           prior_range, live_rounds=live_rounds, record_tokens=record_tokens,
