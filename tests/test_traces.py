@@ -96,6 +96,19 @@ def test_azure_errors_name_line_and_field(tmp_path):
     assert (info.value.line, info.value.field) == (1, "GeneratedTokens")
 
 
+
+@pytest.mark.parametrize("line,message", [
+    ('{"timestamp": 1, "input_len', "malformed JSON: Unterminated string starting at column 18"),
+    ('{"timestamp": 1, x}', "malformed JSON: Expecting property name enclosed in double quotes at column 18"),
+])
+def test_malformed_json_names_line_and_column(tmp_path, line, message):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n\n' + line + "\n")
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    assert str(info.value) == f"{path}:3: {message}"  # the blank line 2 is skipped, and counted
+
+
 # ---------------------------------------------------------------- round trip
 
 def _sample_trace() -> Trace:

@@ -51,6 +51,13 @@ class TraceError(InputError):
         self.path = self.where
 
 
+
+def _malformed(exc: json.JSONDecodeError) -> str:
+    """``malformed JSON: Expecting value at column 5`` (json's messages that end in "at", such
+    as "Unterminated string starting at", take the column directly)."""
+    where = f"column {exc.colno}" if exc.msg.endswith(" at") else f"at column {exc.colno}"
+    return f"malformed JSON: {exc.msg} {where}"
+
 def check_trace_block_size(block_size: int, path: str | os.PathLike[str]) -> None:
     """Check a trace's declared or given ``block_size`` (tokens per ``hash_ids`` block).
 
@@ -76,7 +83,7 @@ def load_json_document(path: str | os.PathLike[str]):
     except UnicodeDecodeError as exc:
         raise TraceError(f"not UTF-8 text ({exc.reason})", str(path)) from None
     except json.JSONDecodeError as exc:
-        raise TraceError(f"malformed JSON: {exc.msg} (column {exc.colno})", str(path), exc.lineno) from None
+        raise TraceError(_malformed(exc), str(path), exc.lineno) from None
 
 
 def check_block_sizes(trace_block_size: int, engine_block_size: int) -> None:
@@ -197,7 +204,7 @@ def parse_trace_lines(
         try:
             obj = loads(text)
         except json.JSONDecodeError as exc:
-            raise TraceError(f"malformed JSON: {exc.msg} (column {exc.colno})", source, lineno) from None
+            raise TraceError(_malformed(exc), source, lineno) from None
         if type(obj) is not dict:
             raise TraceError(f"expected a JSON object, got {type(obj).__name__}", source, lineno)
 
