@@ -302,6 +302,9 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
 
     if len(run_dirs) > 1 and out_path is None:
         raise click.UsageError("several RUN_DIRs: give --out (the profile is not written into one of them)")
+    if client_core >= 0 and api_cores != "own":
+        raise click.BadParameter("needs --api-cores own (the client shares a server's core only where each "
+                                 "server's processes keep to their own core)", param_hint="'--client-core'")
     run_dir = run_dirs[0] if len(run_dirs) == 1 else " + ".join(run_dirs)
     try:
         meta, servers, req, exp = load_sweeps(run_dirs)

@@ -87,7 +87,7 @@ def import_(source, out, fmt, block_size, tokenizer, chars_per_token):
         else:
             count, note = char_estimate(chars_per_token), f"estimated at {chars_per_token:g} characters per token"
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--tokenizer'" if tokenizer else "--chars-per-token") from None
+        raise click.BadParameter(str(exc), param_hint="'--tokenizer'" if tokenizer else "'--chars-per-token'") from None
     result = read_any_trace(source, block_size, fmt, count, note)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(result, out)

@@ -545,7 +545,7 @@ class Cluster:
         own = sum(shares[worker * per:(worker + 1) * per])
         if host.client_core >= 0:  # pinned: a fair share of one core (_client_share), none here
             return host.cores * (engine + own)
-        return host.cores * (engine + own) + host.client_busy * max(shares, default=0.0)
+        return host.cores * (engine + own) + self._client_load(shares)
 
     def _client_worker(self) -> int:
         """The worker whose core the measuring client is pinned to (``HostModel.client_core``
@@ -554,10 +554,13 @@ class Cluster:
         return host.client_core if host is not None and host.api_on_engine_core and self.frontends is not None else -1
 
     def _client_share(self, duration: float) -> float:
-        """The pinned client's share of its core over the next ``duration`` seconds:
-        ``host.client_busy`` times the largest share of that interval some API lane's queued work
-        fills (the client reads what the lanes stream, as in :meth:`_num_busy`)."""
-        shares = self.frontends.busy_shares(self.env.now, duration)
+        """The pinned client's share of its core over the next ``duration`` seconds
+        (:meth:`_client_load` of the lanes' shares of that interval)."""
+        return self._client_load(self.frontends.busy_shares(self.env.now, duration))
+
+    def _client_load(self, shares: list[float]) -> float:
+        """Busy client processes, given the API lanes' busy ``shares`` of an interval:
+        ``host.client_busy`` times the largest (the client reads what the lanes stream)."""
         return self.spec.profile.host.client_busy * max(shares, default=0.0)
 
     def _lane_slowdown(self) -> Callable[[int, float], float] | None:
@@ -587,7 +590,7 @@ class Cluster:
         if self.frontends is None:
             return float(engines)
         shares = self.frontends.busy_shares(now, duration)
-        client = host.client_busy * max(shares, default=0.0) if host is not None else 0.0
+        client = self._client_load(shares) if host is not None else 0.0
         return engines + sum(shares) + client
 
     def _release_slot(self, request_id: int) -> None:

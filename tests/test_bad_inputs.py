@@ -286,6 +286,15 @@ def test_bad_meta_json_for_fit(tmp_path, meta, expected):
     assert_error(run("calibrate", "fit", tmp_path), expected)
 
 
+@pytest.mark.parametrize("args, expected", [
+    (["--client-core", "1"], "Invalid value for '--client-core': needs --api-cores own"),
+    (["--client-core", "-2", "--api-cores", "own"], "Invalid value for '--client-core'"),
+    (["--client-core", "one"], "Invalid value for '--client-core': 'one' is not a valid integer"),
+])
+def test_bad_client_core_for_fit(tmp_path, args, expected):
+    assert_error(run("calibrate", "fit", tmp_path, *args), expected)
+
+
 @pytest.mark.parametrize("name, text, expected", [
     ("requests.csv", "exp_id,ttft_s\n0,0.1\n1,fast\n", "requests.csv:3: field 'ttft_s': expected a number, got 'fast'"),
     ("experiments.csv", "exp_id,api_cpu_s\n0,0.1\n1,\n2,abc\n",

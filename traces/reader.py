@@ -51,12 +51,12 @@ class TraceError(InputError):
         self.path = self.where
 
 
-
 def _malformed(exc: json.JSONDecodeError) -> str:
     """``malformed JSON: Expecting value at column 5`` (json's messages that end in "at", such
     as "Unterminated string starting at", take the column directly)."""
     where = f"column {exc.colno}" if exc.msg.endswith(" at") else f"at column {exc.colno}"
     return f"malformed JSON: {exc.msg} {where}"
+
 
 def check_trace_block_size(block_size: int, path: str | os.PathLike[str]) -> None:
     """Check a trace's declared or given ``block_size`` (tokens per ``hash_ids`` block).
