@@ -448,6 +448,8 @@ def _build(cls, doc, where: str, section: str, ints: tuple[str, ...], bools: tup
                 kw[k] = int(v) if k in ints else float(v)
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{where}: {section}.{k} must be a number, got {v!r} ({exc})") from None
+            if k in ints and isinstance(v, float) and not v.is_integer():  # int(1.5) is 1: counts are whole
+                raise ValueError(f"{where}: {section}.{k} must be a whole number, got {v!r}")
     try:
         return cls(**kw)
     except (TypeError, ValueError) as exc:

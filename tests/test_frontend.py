@@ -389,6 +389,8 @@ def test_contended_step_takes_its_streaming_baseline_from_its_decoding_requests(
     ("host", {"cores": 2, "api_contention": True}, "host.api_contention must be a number, got True"),
     ("host", {"cores": 2, "client_core": -2}, "host.client_core must be a worker index or -1 (floating), got -2"),
     ("host", {"cores": 2, "client_core": "one"}, "host.client_core must be a number, got 'one'"),
+    ("host", {"cores": 2, "client_core": 1.5}, "host.client_core must be a whole number, got 1.5"),
+    ("host", {"cores": 2.5}, "host.cores must be a whole number, got 2.5"),
     ("frontend", {"per_step_s": False}, "frontend.per_step_s must be a number, got False"),
 ])
 def test_bad_sections_name_the_field(section, body, message):
