@@ -107,6 +107,18 @@ def open_loop_trace(rates=(1.0, 2.0, 4.0, 8.0), phase_s: float = 5.0, docs: int 
     return Trace(records, block_size=block_size, source="open-loop rising rates")
 
 
+def client_cpu_note(shape: str, validation) -> str:
+    """The client's measured CPU share (CPU seconds per wall second of its live rounds), per policy."""
+    from kvroute.calibrate.validation.validate_report import client_cpu_share
+
+    parts = []
+    for policy, runs in validation.policy_rounds().items():
+        shares = [client_cpu_share(r) for r in runs]
+        shares = [x for x in shares if not math.isnan(x)]
+        parts.append(f"{policy} {100 * sum(shares) / len(shares):.0f} %" if shares else f"{policy} not measured")
+    return f"{shape}: the client's CPU share in the live rounds (mean over rounds): {', '.join(parts)}"
+
+
 def make_trace(shape: str):
     """The trace of a workload shape (see the module doc)."""
     from kvroute.traces.generators import seed_chat
@@ -532,6 +544,7 @@ def main() -> None:
             notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median of "
                          f"{len(lags)} later turns, each simulated turn draws one), root send offsets "
                          f"up to {1000 * max(offsets.values(), default=0):.1f} ms")
+            notes.append(client_cpu_note(shape, validation))
             for profile in profiles + checks:
                 cluster, _ = cluster_spec(profile, validation.servers, spec)
                 cluster = replace(cluster, client_lag_s=lags)

@@ -281,6 +281,15 @@ def _replay(trace, servers, **kw):
     return replay
 
 
+def test_replay_samples_the_clients_cpu_time(fakes):
+    """The replay keeps the client's CPU seconds over time, ending with the run's total."""
+    servers = fakes(2)
+    replay = _replay(small_chat(), servers, policy="round_robin", max_in_flight=2)
+    times, cpu = zip(*replay.client_cpu)
+    assert replay.client_cpu[0] == (0.0, 0.0) and list(times) == sorted(times) and list(cpu) == sorted(cpu)
+    assert replay.client_cpu[-1] == (replay.elapsed_s, replay.client_cpu_s) and replay.client_cpu_s > 0
+
+
 def test_replay_records_have_the_simulator_columns_and_resend_real_replies(fakes):
     servers = fakes(2)
     trace = small_chat()
@@ -732,7 +741,8 @@ def constructed_validation(measured: dict[str, list[dict[str, float]]], live_rou
             run = PolicyRun(policy, {m: float(np.mean(x)) for m, x in values.items()}, sim,
                             predicted_interval={m: (min(x), max(x)) for m, x in values.items()},
                             live=RunResult(pd.DataFrame(rows), np.array([]), workers, policy, 0), measured=summary,
-                            cache_reset=[True, True], elapsed_s=1.5 + r, run_values=values)
+                            cache_reset=[True, True], elapsed_s=1.5 + r, client_cpu_s=0.3 * (1 + k),
+                            run_values=values)
             if live_rounds is not None:
                 run = dataclasses.replace(run, live_round=r)
             v.runs.append(run)

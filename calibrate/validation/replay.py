@@ -43,6 +43,9 @@ from kvroute.sim.scheduler import clamp_max_tokens
 from kvroute.sim.workload import Workload
 from kvroute.traces.format import Trace, TraceRecord
 
+CPU_SAMPLE_S = 0.05
+"""Seconds between samples of the client's CPU time (:attr:`LiveReplay.client_cpu`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ReplaySpec:
@@ -106,6 +109,10 @@ class LiveReplay:
         dead: worker -> why it was marked dead.
         interrupted: the run was cancelled before it finished.
         elapsed_s: wall time of :meth:`run`, s.
+        client_cpu_s: CPU seconds this process (the client: streams, router, KV events) used
+            during :meth:`run`, all threads (``time.process_time``).
+        client_cpu: ``(seconds since the start, client CPU seconds so far)`` every
+            ``CPU_SAMPLE_S`` during :meth:`run`: the client's load over time.
         usage_reported: every finished response reported its cached prompt tokens.
 
     Raises:
@@ -149,6 +156,8 @@ class LiveReplay:
         self.dead: dict[int, str] = {}
         self.interrupted = False
         self.elapsed_s = 0.0
+        self.client_cpu_s = 0.0
+        self.client_cpu: list[tuple[float, float]] = []
         self.usage_reported = True
         self.warnings: list[str] = []  # the stream reader's notes (usage vs counted tokens)
         self.events_problem: str | None = None  # why the KV-cache events timed nothing, if they did not
@@ -185,6 +194,9 @@ class LiveReplay:
                 recorded), after the other clients were cancelled.
         """
         self._wall0, self._t0 = time.time(), time.perf_counter()
+        cpu0 = time.process_time()
+        self.client_cpu = [(0.0, 0.0)]
+        sampler = asyncio.get_running_loop().create_task(self._sample_cpu(cpu0))
         self._slots = FifoSlots(self.spec.max_in_flight) if self.spec.max_in_flight else None
         sent = self.workload.roots if self.closed_loop else self.trace.records
         poller = None
@@ -215,15 +227,23 @@ class LiveReplay:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             raise
         finally:
-            for task in (poller, subscriber):
+            for task in (poller, subscriber, sampler):
                 if task is not None:
                     task.cancel()
                     (outcome,) = await asyncio.gather(task, return_exceptions=True)
                     if task is subscriber:
                         self.events_problem = self.kv_events.problem(outcome)
             self.elapsed_s = self.now()
+            self.client_cpu_s = time.process_time() - cpu0
+            self.client_cpu.append((self.elapsed_s, self.client_cpu_s))
             await self._session.close()
             self._session = None
+
+    async def _sample_cpu(self, cpu0: float) -> None:
+        """Append ``(now, CPU seconds since cpu0)`` to :attr:`client_cpu` every ``CPU_SAMPLE_S``."""
+        while True:
+            await asyncio.sleep(CPU_SAMPLE_S)
+            self.client_cpu.append((self.now(), time.process_time() - cpu0))
 
     def result(self) -> RunResult:
         """Records and counters of what was replayed so far, in the simulator's shape.

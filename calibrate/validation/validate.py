@@ -122,6 +122,8 @@ class PolicyRun:
             server did not answer, and the run started with it marked dead).
         before, after: per server ``/metrics`` scrapes around the run (None when unreachable).
         interrupted: Ctrl-C stopped this run.
+        client_cpu_s, client_cpu: the client's CPU seconds during the run and their samples
+            over time (:class:`~kvroute.calibrate.validation.replay.LiveReplay`).
         run_values: per metric, the value of every simulated single run (the central profile's
             rounds, then each drawn profile's), in the same order for every policy, so changes
             can be paired run by run; a live run is checked against their prediction interval.
@@ -141,6 +143,8 @@ class PolicyRun:
     dead: dict[int, str] = field(default_factory=dict)
     interrupted: bool = False
     elapsed_s: float = math.nan
+    client_cpu_s: float = math.nan
+    client_cpu: list[tuple[float, float]] = field(default_factory=list)
     usage_reported: bool = True
     run_values: dict[str, list[float]] = field(default_factory=dict)
     interval_source: str = "seeds"
@@ -479,6 +483,7 @@ def finish_run(run: PolicyRun, replay: LiveReplay) -> None:
     run.dead = dict(replay.dead)
     run.interrupted = run.interrupted or replay.interrupted
     run.elapsed_s = replay.elapsed_s
+    run.client_cpu_s, run.client_cpu = replay.client_cpu_s, replay.client_cpu
     run.usage_reported = replay.usage_reported
 
 

@@ -208,6 +208,7 @@ def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
         "errors": dict(Counter(f["error"] for f in fails).most_common(20)),
         "interrupted": any(r.interrupted for r in runs),
         "live_wall_time_s": _num(spread([r.elapsed_s for r in runs])["mean"]),
+        "client_cpu_share": _num(spread([client_cpu_share(r) for r in runs])["mean"]),
         "usage_reported_cached_tokens": all(r.usage_reported for r in runs),
         "client_send_lag_s": _lag_summary(np.concatenate([send_lags(r, v.trace) for r in runs])),
         "engine_times": engine_rows(runs),
@@ -220,7 +221,8 @@ def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
         entry["rounds"] = [{"live_round": r.live_round, "cache_reset": list(r.cache_reset), "warm_cache": r.warm,
                             "dead_workers": {str(w): why for w, why in r.dead.items()},
                             "failed_requests": len(failures(r)), "interrupted": r.interrupted,
-                            "live_wall_time_s": _num(r.elapsed_s)} for r in runs]
+                            "live_wall_time_s": _num(r.elapsed_s),
+                            "client_cpu_share": _num(client_cpu_share(r))} for r in runs]
     return entry
 
 
@@ -331,6 +333,18 @@ def run_notes(v: Validation) -> list[str]:
     return notes
 
 
+def client_cpu_share(run: PolicyRun) -> float:
+    """The client's CPU seconds per wall second of ``run`` (NaN for runs recorded before
+    2026-12-04, which did not measure it)."""
+    cpu, wall = getattr(run, "client_cpu_s", math.nan), run.elapsed_s
+    return cpu / wall if wall > 0 else math.nan
+
+
+def _share(x) -> str:
+    x = _num(x)
+    return "-" if x is None else f"{100 * x:.0f} %"
+
+
 def _fmt(x, digits: int = 3) -> str:
     x = _num(x)
     if x is None:
@@ -384,7 +398,8 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
     for policy, p in doc["policies"].items():
         rounds = f" (mean of {p['live_rounds']} rounds)" if n_live else ""
         lines += ["", f"## {policy}", "",
-                  f"live wall time {_fmt(p['live_wall_time_s'], 1)} s{rounds}, failed requests {p['failed_requests']}"
+                  f"live wall time {_fmt(p['live_wall_time_s'], 1)} s{rounds}, client CPU "
+                  f"{_share(p.get('client_cpu_share'))} of it, failed requests {p['failed_requests']}"
                   + (", **warm cache**" if p["warm_cache"] else "")
                   + _lag_text(p["client_send_lag_s"], doc["sim_client_lag_s"]), ""]
         if n_live:
