@@ -267,3 +267,21 @@ def test_fit_command_with_a_base_profile_adds_only_the_burst_terms(tmp_path):
     assert result.exit_code == 0, result.output
     assert load_profile(again).host.api_contention == 0.0
     assert "host.api_contention" not in load_profile(again).raw["sources"]
+
+
+def test_contention_interval_is_the_profile_likelihood_range_on_the_grid():
+    """Loss 10 + 10 (c - 1)^2 with 10 residuals: the bound 10 (1 + 3.84 / 10) = 13.84 admits
+    |c - 1| <= 0.62, so the grid points 0.4, 0.8 and 1.6 (and the best, 1)."""
+    from kvroute.calibrate.calibration.bursts import contention_interval
+
+    seen = []
+
+    def loss(c):
+        seen.append(c)
+        return 10.0 + 10.0 * (c - 1.0) ** 2
+
+    assert contention_interval(loss, 1.0, 10.0, lambda: 10) == (0.4, 1.6)
+    assert seen == [0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 4.0]
+    # a loss no grid point comes near: only the fitted value; no residuals: the fitted value
+    assert contention_interval(lambda c: 1e6, 0.7, 1.0, lambda: 10) == (0.7, 0.7)
+    assert contention_interval(lambda c: 0.0, 0.7, 0.0, lambda: 0) == (0.7, 0.7)

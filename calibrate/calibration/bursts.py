@@ -317,6 +317,8 @@ class FrontendFit:
             the terms are fitted to the cold bursts, and the bursts on a cached prefix check
             what they cannot fit, the step costs of several such prefills in one step.
         objective: final sum of squared log ratios; evaluations: simulations of all bursts run.
+        contention_interval: the range of contention the bursts cannot tell apart from the
+            fitted one (:func:`contention_interval`; NaN when not fitted).
     """
 
     frontend: FrontendModel
@@ -325,6 +327,7 @@ class FrontendFit:
     after: pd.DataFrame
     objective: float
     evaluations: int
+    contention_interval: tuple[float, float] = (math.nan, math.nan)
 
     def summary(self) -> str:
         """Lines: the terms, then median |error| per scope and metric before -> after."""
@@ -334,6 +337,8 @@ class FrontendFit:
             f"{1e6 * f.per_prompt_token_s:.3g} us/prompt token; {1e6 * f.per_step_s:.3g} us per engine step + "
             f"{1e6 * f.per_output_token_s:.3g} us per streamed token",
             f"host: {h.cores} cores, contention {h.contention:.3g}"
+            + (f" (the bursts allow {self.contention_interval[0]:.3g}-{self.contention_interval[1]:.3g}: "
+               "an approximate 95 % profile-likelihood range)" if math.isfinite(self.contention_interval[0]) else "")
             + (f" (at its bound {CONTENTION_BOUND:g}: the bursts ask for more than the host model gives; "
                "were the API processes on their engines' cores, fit --api-cores own?)"
                if h.contention >= 0.99 * CONTENTION_BOUND else "")
@@ -416,18 +421,20 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     one = [b for b in bursts if b.num_servers == 1] or bursts
     loaded = [b for b in bursts if b.num_servers > 1]
     evals = 0
+    terms = 0  # residuals in the last loss evaluated
 
     def loss(group: list[Burst], x: np.ndarray) -> float:
-        nonlocal evals
+        nonlocal evals, terms
         evals += 1
         prof = with_terms(profile, x, api_server_count, host)
-        total = 0.0
+        total, terms = 0.0, 0
         for b in group:
             pred = simulate_burst(b, prof, seeds)
             for m in METRICS:
                 meas = b.measured[m]
                 if meas > 0 and pred[m] > 0:
                     total += math.log(pred[m] / meas) ** 2
+                    terms += 1
         return total
 
     # stage 1: the API lane times from bursts on one server (its engine and API process alone
@@ -441,12 +448,14 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     x = np.maximum(res.x, 0.0) * scale
     # stage 2: the host's contention from bursts on all servers at once (and on one server when
     # a stated busy client already oversubscribes the cores there)
-    contention = 0.0
+    contention, interval = 0.0, (math.nan, math.nan)
     group = loaded if client_busy == 0 else bursts
     if group:
         r2 = minimize_scalar(lambda c: loss(group, np.array([*x, c])), bounds=(0.0, CONTENTION_BOUND), method="bounded",
                              options={"xatol": 0.01, "maxiter": 30})
         contention = float(r2.x)
+        interval = contention_interval(lambda c: loss(group, np.array([*x, c])), contention, float(r2.fun),
+                                       lambda: terms)
     x = np.array([*x, contention])
     if refine_evals > 0:
         s3 = np.array([*scale, 1.0])
@@ -458,7 +467,36 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     fitted = with_terms(profile, x, api_server_count, host)
     before = burst_table(checked, profile)
     after = burst_table(checked, fitted)
-    return FrontendFit(fitted.frontend, fitted.host, before, after, float(objective), evals)
+    return FrontendFit(fitted.frontend, fitted.host, before, after, float(objective), evals, interval)
+
+
+CONTENTION_GRID = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, CONTENTION_BOUND)
+"""Contention values at which :func:`contention_interval` evaluates the burst loss."""
+
+
+def contention_interval(loss, best: float, best_loss: float, num_terms) -> tuple[float, float]:
+    """How well the bursts pin ``host.contention`` down: the range of ``CONTENTION_GRID`` values
+    (and ``best``) whose loss stays within the approximate 95 % profile-likelihood bound
+    ``best_loss * (1 + 3.84 / n)`` (squared log errors taken as independent Gaussian residuals of
+    one variance, estimated by ``best_loss / n``; chi-square with one degree of freedom). The
+    API lane terms stay at their fitted values, so the range is conditional on them: it is a
+    lower bound on the real uncertainty.
+
+    Args:
+        loss: ``loss(c)``: the fit's stage-2 objective (sum of squared log ratios) at contention ``c``.
+        best, best_loss: the fitted contention and its loss.
+        num_terms: ``num_terms()``: the residuals in the loss just evaluated (n).
+
+    Returns:
+        ``(low, high)``, contention (dimensionless); ``(best, best)`` when no residuals.
+    """
+    losses = {c: loss(c) for c in CONTENTION_GRID}
+    n = num_terms()
+    if n == 0:
+        return best, best
+    bound = best_loss * (1.0 + 3.84 / n)
+    inside = [c for c, value in losses.items() if value <= bound] + [best]
+    return float(min(inside)), float(max(inside))
 
 
 def profile_sections(ff: FrontendFit) -> dict:
@@ -480,6 +518,8 @@ def profile_sections(ff: FrontendFit) -> dict:
             "method": "Nelder-Mead on squared log ratios of simulated to measured burst figures (scipy)",
             "evaluations": ff.evaluations,
             "objective": r(ff.objective),
+            **({"contention_interval": [r(v) for v in ff.contention_interval]}
+               if math.isfinite(ff.contention_interval[0]) else {}),
             "num_bursts": int(ff.after["exp_id"].nunique()) if len(ff.after) else 0,
             "median_abs_error_pct_without_terms": _rounded(error_summary(ff.before)),
             "median_abs_error_pct_with_terms": _rounded(error_summary(ff.after)),
