@@ -285,3 +285,11 @@ def test_contention_interval_is_the_profile_likelihood_range_on_the_grid():
     # a loss no grid point comes near: only the fitted value; no residuals: the fitted value
     assert contention_interval(lambda c: 1e6, 0.7, 1.0, lambda: 10) == (0.7, 0.7)
     assert contention_interval(lambda c: 0.0, 0.7, 0.0, lambda: 0) == (0.7, 0.7)
+
+
+def test_a_narrow_contention_range_prints_two_numbers():
+    from kvroute.calibrate.calibration.bursts import _span
+
+    assert _span(3.99568, 4.0) == "3.9957-4.0000"
+    assert _span(1.6, 1.72309) == "1.6-1.72"
+    assert _span(0.7, 0.7) == "0.7-0.7"

@@ -337,8 +337,8 @@ class FrontendFit:
             f"{1e6 * f.per_prompt_token_s:.3g} us/prompt token; {1e6 * f.per_step_s:.3g} us per engine step + "
             f"{1e6 * f.per_output_token_s:.3g} us per streamed token",
             f"host: {h.cores} cores, contention {h.contention:.3g}"
-            + (f" (the bursts allow {self.contention_interval[0]:.3g}-{self.contention_interval[1]:.3g}: "
-               "an approximate 95 % profile-likelihood range)" if math.isfinite(self.contention_interval[0]) else "")
+            + (f" (the bursts allow {_span(*self.contention_interval)}: an approximate 95 % profile-likelihood "
+               "range)" if math.isfinite(self.contention_interval[0]) else "")
             + (f" (at its bound {CONTENTION_BOUND:g}: the bursts ask for more than the host model gives; "
                "were the API processes on their engines' cores, fit --api-cores own?)"
                if h.contention >= 0.99 * CONTENTION_BOUND else "")
@@ -359,6 +359,13 @@ class FrontendFit:
                          + (" (not fitted: checks the step costs of several prefills on a cached prefix in one step)"
                             if kind.endswith("_cached") else ""))
         return "\n".join(lines)
+
+
+def _span(low: float, high: float) -> str:
+    """``low-high`` to 3 significant figures, or to 4 decimals where those would print one number
+    twice (3.99568-4 is not 4-4)."""
+    text = f"{low:.3g}-{high:.3g}"
+    return f"{low:.4f}-{high:.4f}" if f"{low:.3g}" == f"{high:.3g}" and low != high else text
 
 
 def _pct(value: float) -> str:
