@@ -109,13 +109,13 @@ def open_loop_trace(rates=(1.0, 2.0, 4.0, 8.0), phase_s: float = 5.0, docs: int 
 
 def client_cpu_note(shape: str, validation) -> str:
     """The client's measured CPU share (CPU seconds per wall second of its live rounds), per policy."""
+    from kvroute.calibrate.validation.rounds import spread
     from kvroute.calibrate.validation.validate_report import client_cpu_share
 
     parts = []
     for policy, runs in validation.policy_rounds().items():
-        shares = [client_cpu_share(r) for r in runs]
-        shares = [x for x in shares if not math.isnan(x)]
-        parts.append(f"{policy} {100 * sum(shares) / len(shares):.0f} %" if shares else f"{policy} not measured")
+        mean = spread([client_cpu_share(r) for r in runs])["mean"]  # as the report's client_cpu_share
+        parts.append(f"{policy} not measured" if math.isnan(mean) else f"{policy} {100 * mean:.0f} %")
     return f"{shape}: the client's CPU share in the live rounds (mean over rounds): {', '.join(parts)}"
 
 
