@@ -293,3 +293,18 @@ def test_a_narrow_contention_range_prints_two_numbers():
     assert _span(3.99568, 4.0) == "3.9957-4.0000"
     assert _span(1.6, 1.72309) == "1.6-1.72"
     assert _span(0.7, 0.7) == "0.7-0.7"
+
+
+def test_sweep_schedule_spreads_the_bursts_through_the_one_at_a_time_experiments():
+    from kvroute.calibrate.calibration.measure import sweep_schedule
+
+    shares = [[{"exp_id": i} for i in range(0, 10, 2)], [{"exp_id": i} for i in range(1, 10, 2)]]
+    bursts = [{"exp_id": 100 + i} for i in range(7)]
+    ids = lambda xs: [e["exp_id"] for e in xs]  # noqa: E731
+    steps = [([ids(s) for s in segments], ids(chunk)) for segments, chunk in sweep_schedule(shares, bursts, 3, seed=0)]
+    assert steps == [([[0], [1]], [102, 104]), ([[2, 4], [3, 5]], [103, 106]), ([[6, 8], [7, 9]], [105, 100, 101])]
+    # one slot: every burst, in the plan's order, after every one-at-a-time experiment
+    assert [([ids(s) for s in segments], ids(chunk)) for segments, chunk in sweep_schedule(shares, bursts, 1)] == [
+        ([[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]], list(range(100, 107)))]
+    with pytest.raises(ValueError, match="burst_slots must be >= 1"):
+        sweep_schedule(shares, bursts, 0)

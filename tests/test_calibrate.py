@@ -573,6 +573,9 @@ def test_concurrency_sweep_writes_bursts_on_one_and_all_servers(fake_server, tmp
     assert summary.num_experiments == len(plan.experiments()) + len(plan.bursts(2, 0))
     meta, _, req, exp = load_sweep(tmp_path)
     assert meta["client_host"]["cores"] >= 1 and len(meta["client_host"]["loadavg_end"]) == 3
+    # the bursts ran between the one-at-a-time experiments, not after them (SweepPlan.burst_slots)
+    burst_rows = exp["kind"].str.startswith("burst")
+    assert exp.loc[burst_rows, "t_start_s"].min() < exp.loc[~burst_rows, "t_start_s"].max()
     bursts, notes = load_bursts(req, exp)
     assert notes == []
     assert [(x.kind, x.num_servers, x.batch, len(x.send_s), x.prefix_len) for x in bursts] == [

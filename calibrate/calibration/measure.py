@@ -10,7 +10,8 @@ Experiments (every prompt is a list of token ids, so prefix sharing is exact):
   latency histogram) give the decode step time.
 - ``mixed``: B requests decoding; when each has streamed a few tokens, a cold prompt of P
   tokens arrives: the decode streams' gap around its first token is the mixed step.
-- ``burst`` / ``burst_all`` (the concurrency sweep, after the others): N cold prompts of one
+- ``burst`` / ``burst_all`` (the concurrency sweep, spread through the others in
+  ``burst_slots`` slots: :func:`sweep_schedule`): N cold prompts of one
   shape (L prompt tokens, T output tokens) sent at once to one server (``burst``), or N to every
   server at once (``burst_all``), N = 1..64; then N prompts that share a prefix of P tokens,
   cached on the server by one request first, each with its own new tokens (``prefix_len`` P in
@@ -94,6 +95,8 @@ class SweepPlan:
         burst_cached_sizes, burst_cached_shapes: bursts on a cached prefix, in the concurrency
             sweep: N requests at once for each N, each ``(prefix tokens, new tokens, output
             tokens)`` shape, the prefix cached by one request before the burst.
+        burst_slots: the concurrency sweep runs in this many slots spread evenly through the
+            one-at-a-time experiments (:func:`sweep_schedule`); 1: all of it after them.
     """
 
     cold_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096,
@@ -117,6 +120,7 @@ class SweepPlan:
     burst_reps: int = 2
     burst_cached_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     burst_cached_shapes: tuple[tuple[int, int, int], ...] = ((2048, 256, 32),)
+    burst_slots: int = 12
 
     @classmethod
     def preset(cls, name: str) -> "SweepPlan":
@@ -307,6 +311,41 @@ class SweepPlan:
         for i, e in enumerate(exps):
             e["exp_id"] = i
         return exps
+
+
+def sweep_schedule(shares: Sequence[Sequence[dict[str, Any]]], bursts: Sequence[dict[str, Any]], slots: int,
+                   seed: int = 0) -> list[tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]]:
+    """The sweep's order in time: ``slots`` steps, each a segment of every server's one-at-a-time
+    experiments (run concurrently, one at a time per server) followed by a chunk of the
+    concurrency sweep (run one burst after another, every server free).
+
+    A host's speed moves while a sweep runs (on the 2-core reference the single-request bursts'
+    TPOT was 1.9-2.2 ms in two sweeps and 2.5-4.9 ms in two others, each burst within the last
+    minute of a 13-minute sweep; runs 23-26 of ``bench/bench_validate.py``, 2026-12-04). With every burst
+    after the one-at-a-time experiments, the burst fit compares one minute of the host with the
+    twelve before it, and its ``contention`` took up the difference (1.64 in one sweep, 0.004 in
+    the next). Spread evenly, bursts and step costs sample the same stretch of time.
+
+    Args:
+        shares: each server's one-at-a-time experiments in order; segment ``k`` of a share is
+            its ``k``-th of ``slots`` near-equal consecutive parts.
+        bursts: the concurrency sweep (:meth:`SweepPlan.bursts`); dealt to the chunks in a
+            seeded random order, so every chunk mixes shapes and sizes (experiment ids keep
+            the plan's order).
+        slots: steps, >= 1 (1: every burst after every one-at-a-time experiment).
+        seed: seeds the bursts' order (``numpy.random.default_rng(seed)``).
+
+    Returns:
+        ``[(segments, chunk), ...]``, ``slots`` long: ``segments[i]`` is server ``i``'s part.
+
+    Raises:
+        ValueError: ``slots < 1``.
+    """
+    if slots < 1:
+        raise ValueError(f"burst_slots must be >= 1, got {slots!r}")
+    order = [bursts[i] for i in np.random.default_rng(seed).permutation(len(bursts))] if slots > 1 else list(bursts)
+    cut = lambda xs, k: list(xs[len(xs) * k // slots:len(xs) * (k + 1) // slots])  # noqa: E731
+    return [([cut(share, k) for share in shares], cut(order, k)) for k in range(slots)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -753,7 +792,6 @@ async def warm_up(ctx: _Ctx, plan: SweepPlan) -> None:
 
 
 async def _sweep_one(ctx: _Ctx, exps: list[dict], plan: SweepPlan, bar) -> None:
-    await warm_up(ctx, plan)
     runners = {"cold": lambda e: _cold(ctx, e), "cached": lambda e: _cached(ctx, e),
                "decode": lambda e: _decode(ctx, e, plan), "mixed": lambda e: _mixed(ctx, e, plan)}
     for exp in exps:
@@ -798,7 +836,9 @@ async def run_sweep(
     kv_events: Sequence[str] = (),
 ) -> MeasureSummary:
     """Probe every server, check the plan fits, then run the sweep; experiments are dealt
-    round-robin to the servers, which run concurrently (each runs its own share one at a time).
+    round-robin to the servers, which run concurrently (each runs its own share one at a time),
+    with the concurrency sweep in ``plan.burst_slots`` slots between parts of them
+    (:func:`sweep_schedule`).
 
     Args:
         urls: base URLs of identical servers (same hardware, model and settings).
@@ -880,11 +920,13 @@ async def run_sweep(
 
             bar = tqdm(total=len(exps) + len(bursts), desc="calibration sweep", unit="exp")
         try:
-            await asyncio.gather(*(_sweep_one(ctx, share, plan, bar) for ctx, share in zip(ctxs, shares)))
-            for exp in bursts:
-                await _burst(ctxs, exp)
-                if bar is not None:
-                    bar.update(1)
+            await asyncio.gather(*(warm_up(ctx, plan) for ctx in ctxs))
+            for segments, chunk in sweep_schedule(shares, bursts, plan.burst_slots, seed):
+                await asyncio.gather(*(_sweep_one(ctx, seg, plan, bar) for ctx, seg in zip(ctxs, segments)))
+                for exp in chunk:
+                    await _burst(ctxs, exp)
+                    if bar is not None:
+                        bar.update(1)
             status = "complete"
         finally:
             if bar is not None:
