@@ -153,6 +153,9 @@ def calibrate():
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Limit on one request, s.")
 @click.option("--bursts/--no-bursts", default=True, show_default=True,
               help="Run the concurrency sweep (bursts of N = 1..64 requests on one and on all servers).")
+@click.option("--burst-slots", type=click.IntRange(min=1), default=12, show_default=True,
+              help="Spread the concurrency sweep over this many slots between the one-at-a-time experiments, so "
+                   "both sample the same stretch of the host's time (1: every burst after them).")
 @click.option("--longest", type=click.IntRange(min=2), default=None,
               help="Also time sequences up to this many tokens (prompt plus output): longer cold prompts, a "
                    "cached prefix and a decode context near it, for runs whose histories go beyond the preset "
@@ -164,10 +167,11 @@ def calibrate():
                    "(overheads.post_engine_s).")
 @check_values
 def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress, timeout,
-            bursts, longest, kv_events):
+            bursts, burst_slots, longest, kv_events):
     """Drive live servers through their OpenAI API: prefill (cold and cached prefixes), decode
     (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive."""
     import asyncio
+    from dataclasses import replace
 
     from kvroute.calibrate.vllm.client import CalibrationError
     from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
@@ -180,6 +184,7 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         plan = plan.clipped(max_len)
     if not bursts:
         plan = plan.without_bursts()
+    plan = replace(plan, burst_slots=burst_slots)
     try:
         lo, hi = (int(x) for x in token_range.split(":"))
     except ValueError:

@@ -107,6 +107,9 @@ def test_fit_recovers_burst_figures_of_known_terms():
     assert ff.frontend.per_request_s == pytest.approx(0.004, rel=0.35)
     assert ff.frontend.per_output_token_s == pytest.approx(1e-3, rel=0.1)
     assert ff.host.contention == pytest.approx(0.6, abs=0.35)
+    # the range the bursts allow is taken at the final terms, so it holds the fitted contention
+    low, high = ff.contention_interval
+    assert low <= ff.host.contention <= high
     doc = profile_sections(ff)
     assert doc["host"]["cores"] == 2 and doc["frontend"]["per_prompt_token_s"] == 1e-6
     reloaded = profile_from_dict({**prof.raw, "frontend": doc["frontend"], "host": doc["host"]})
@@ -308,3 +311,10 @@ def test_sweep_schedule_spreads_the_bursts_through_the_one_at_a_time_experiments
         ([[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]], list(range(100, 107)))]
     with pytest.raises(ValueError, match="burst_slots must be >= 1"):
         sweep_schedule(shares, bursts, 0)
+
+
+def test_fit_summary_prints_lane_times_in_a_readable_unit():
+    from kvroute.calibrate.calibration.bursts import _time
+
+    assert [_time(x) for x in (0.0, 5.2569e-07, 0.000726343, 0.0009996, 0.00174, 0.99996, 2.5)] == [
+        "0 us", "0.526 us", "726 us", "1 ms", "1.74 ms", "1 s", "2.5 s"]

@@ -13,8 +13,8 @@ from kvroute.sim.experiment import compare
 from kvroute.sim.metrics import SUMMARY_METRICS
 from kvroute.sim.profile import load_profile
 from kvroute.traces.generators import builtin_workload, seed_chat
+from shared_traces import shared_trace
 
-SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
 
 def invoke(*args):
@@ -79,9 +79,7 @@ def test_trace_generate_then_simulate(tmp_path):
 
 
 def test_trace_stats_reproduces_the_published_mooncake_figures():
-    path = SHARED_TRACES / "mooncake" / "conversation_trace.jsonl"
-    if not path.exists():
-        pytest.skip(f"shared traces not found at {path}")
+    path = shared_trace("mooncake", "conversation_trace.jsonl")
     doc = json.loads(invoke("trace", "stats", str(path), "--json").output)
     assert doc["records"] == 12031
     assert doc["distinct_block_ids"] == 182790

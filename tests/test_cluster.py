@@ -9,8 +9,8 @@ from kvroute.sim.cluster import ClusterSpec, simulate
 from kvroute.sim.profile import Overheads, profile_from_dict
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.generators import seed_chat
+from shared_traces import shared_trace
 
-SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
 
 def simple_profile(num_gpu_blocks=1000, api=0.1, cv=0.0, max_model_len=32768, memory=None):
@@ -123,9 +123,7 @@ def test_block_size_mismatch_names_the_sizes_that_work():
 
 
 def test_mooncake_first20_runs_on_real_input():
-    path = SHARED_TRACES / "mooncake" / "mooncake_trace_first20.jsonl"
-    if not path.exists():
-        pytest.skip(f"shared traces not found at {path}")
+    path = shared_trace("mooncake", "mooncake_trace_first20.jsonl")
     from kvroute.sim.profile import load_profile
     from kvroute.traces.reader import read_trace
 

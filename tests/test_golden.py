@@ -36,10 +36,10 @@ from kvroute.sim.cluster import ClusterSpec, simulate
 from kvroute.sim.profile import load_profile
 from kvroute.traces.format import Trace
 from kvroute.traces.reader import read_trace
+from shared_traces import shared_trace
 
 GOLDEN = Path(__file__).parent / "golden"
 SEED_TRACE = GOLDEN / "seed_burst.jsonl"
-MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 REGENERATE = os.environ.get("KVROUTE_REGEN_GOLDEN") == "1"
 POLICIES = ["round_robin", "kv_aware"]
 
@@ -105,9 +105,8 @@ def test_seed_burst_records_unchanged(policy):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_mooncake_first_1000_records_unchanged(policy):
-    if not MOONCAKE.exists():
-        pytest.skip(f"{MOONCAKE} not found (the shared traces folder is absent)")
-    full = read_trace(MOONCAKE)
-    trace = Trace(records=full.records[:1000], block_size=full.block_size, source=f"{MOONCAKE}[:1000]")
+    path = shared_trace("mooncake", "conversation_trace.jsonl")
+    full = read_trace(path)
+    trace = Trace(records=full.records[:1000], block_size=full.block_size, source=f"{path}[:1000]")
     spec = ClusterSpec(load_profile("a100-80gb-qwen2.5-7b"), num_workers=8, policy=policy)
     _check(f"mooncake_first1000_{policy}.csv", records_csv(trace, spec))

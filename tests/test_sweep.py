@@ -19,6 +19,7 @@ from kvroute.sim.profile import load_profile
 from kvroute.sim.sweep import (
     COUNTER_COLUMNS, SCENARIO_FIELDS, Scenario, cost_per_million_tokens, grid, intervals, run_scenario, sweep,
 )
+from shared_traces import shared_trace
 
 SMALL = Scenario(chats=8, turns=3)
 POLICIES = ["round_robin", "least_loaded", "kv_aware"]
@@ -214,7 +215,6 @@ def test_dask_without_an_address_starts_and_closes_a_local_cluster(sequential_ro
 
 
 SEED_BURST = Path(__file__).parent / "golden" / "seed_burst.jsonl"
-MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 
 
 def test_scenario_replays_a_trace_file_as_compare_does():
@@ -306,9 +306,8 @@ def test_cli_sweep_replays_a_trace_file_on_the_pool_as_compare_does(tmp_path):
 
 
 def test_cli_sweep_over_the_first_200_mooncake_records(tmp_path):
-    if not MOONCAKE.exists():
-        pytest.skip(f"{MOONCAKE} not found (the shared traces folder ../shared/traces is absent)")
-    options = ["--trace", str(MOONCAKE), "--max-requests", "200", "--rounds", "1", "--policies", "kv_aware"]
+    mooncake = shared_trace("mooncake", "conversation_trace.jsonl")
+    options = ["--trace", str(mooncake), "--max-requests", "200", "--rounds", "1", "--policies", "kv_aware"]
     result = CliRunner().invoke(sweep_command, [*options, "--workers", "2,4", "--speedup", "1,4", "--executor",
                                                 "local", "--max-workers", "2", "--no-progress",
                                                 "--out", str(tmp_path / "rows.parquet")])

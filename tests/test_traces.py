@@ -15,18 +15,11 @@ from kvroute.traces.generators import agent_sessions, seed_chat
 from kvroute.traces.reader import TraceError, check_block_sizes, read_trace
 from kvroute.traces.stats import format_stats, resolve_hash_ids, trace_stats
 from kvroute.traces.writer import write_trace
+from shared_traces import shared_trace
 
-SHARED_TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
-CONVERSATION = SHARED_TRACES / "mooncake" / "conversation_trace.jsonl"
-FIRST20 = SHARED_TRACES / "mooncake" / "mooncake_trace_first20.jsonl"
-AZURE_CONV = SHARED_TRACES / "azure" / "AzureLLMInferenceTrace_conv.csv"
-
-
-def _need(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip(f"real trace {path} absent (shared traces live in ../shared/traces; "
-                    f"see the README for where to download them)")
-    return path
+CONVERSATION = ("mooncake", "conversation_trace.jsonl")
+FIRST20 = ("mooncake", "mooncake_trace_first20.jsonl")
+AZURE_CONV = ("azure", "AzureLLMInferenceTrace_conv.csv")
 
 
 def _write_lines(tmp_path: Path, lines: list, name: str = "t.jsonl") -> Path:
@@ -38,7 +31,7 @@ def _write_lines(tmp_path: Path, lines: list, name: str = "t.jsonl") -> Path:
 # ---------------------------------------------------------------- real traces
 
 def test_conversation_trace_exact_figures():
-    trace = read_trace(_need(CONVERSATION))
+    trace = read_trace(shared_trace(*CONVERSATION))
     assert len(trace.records) == 12_031
     assert trace.block_size == 512
     stats = trace_stats(trace)
@@ -53,7 +46,7 @@ def test_conversation_trace_exact_figures():
 
 
 def test_mooncake_first20_loads_unchanged():
-    trace = read_trace(_need(FIRST20))
+    trace = read_trace(shared_trace(*FIRST20))
     assert len(trace.records) == 20
     first = trace.records[0]
     assert (first.request_id, first.timestamp_ms, first.input_length) == (0, 0.0, 6755)
@@ -62,7 +55,7 @@ def test_mooncake_first20_loads_unchanged():
 
 
 def test_azure_conv_loads():
-    trace = read_azure_csv(_need(AZURE_CONV))
+    trace = read_azure_csv(shared_trace(*AZURE_CONV))
     assert len(trace.records) == 19_366
     assert trace.block_size == 512
     first, second = trace.records[0], trace.records[1]
@@ -136,20 +129,23 @@ def test_write_read_round_trip(tmp_path):
     assert json.loads(lines[3])["request_id"] == 7 and "hash_ids" not in json.loads(lines[3])
 
 
-def test_round_trip_generators_and_mooncake(tmp_path):
+def test_round_trip_generators(tmp_path):
     for trace in (seed_chat(num_chats=3, num_turns=3, think_time_ms=1.5),
                   agent_sessions(np.random.default_rng(1), num_sessions=3)):
         path = tmp_path / f"{trace.source}.jsonl"
         write_trace(trace, path)
         back = read_trace(path)
         assert (back.records, back.block_size, back.metadata) == (trace.records, trace.block_size, trace.metadata)
-    if FIRST20.exists():
-        original = read_trace(FIRST20)
-        path = tmp_path / "first20.jsonl"
-        write_trace(original, path)
-        assert read_trace(path).records == original.records
-        # Mooncake lines come out as they went in, after the metadata line
-        assert path.read_text().splitlines()[1:] == FIRST20.read_text().splitlines()
+
+
+def test_round_trip_mooncake(tmp_path):
+    first20 = shared_trace(*FIRST20)
+    original = read_trace(first20)
+    path = tmp_path / "first20.jsonl"
+    write_trace(original, path)
+    assert read_trace(path).records == original.records
+    # Mooncake lines come out as they went in, after the metadata line
+    assert path.read_text().splitlines()[1:] == first20.read_text().splitlines()
 
 
 def test_block_size_sources(tmp_path):

@@ -333,9 +333,9 @@ class FrontendFit:
         """Lines: the terms, then median |error| per scope and metric before -> after."""
         f, h = self.frontend, self.host
         lines = [
-            f"front end: {f.api_server_count} API process(es); admission {1e3 * f.per_request_s:.3g} ms + "
-            f"{1e6 * f.per_prompt_token_s:.3g} us/prompt token; {1e6 * f.per_step_s:.3g} us per engine step + "
-            f"{1e6 * f.per_output_token_s:.3g} us per streamed token",
+            f"front end: {f.api_server_count} API process(es); admission {_time(f.per_request_s)} + "
+            f"{_time(f.per_prompt_token_s)}/prompt token; {_time(f.per_step_s)} per engine step + "
+            f"{_time(f.per_output_token_s)} per streamed token",
             f"host: {h.cores} cores, contention {h.contention:.3g}"
             + (f" (the bursts allow {_span(*self.contention_interval)}: an approximate 95 % profile-likelihood "
                "range)" if math.isfinite(self.contention_interval[0]) else "")
@@ -366,6 +366,16 @@ def _span(low: float, high: float) -> str:
     twice (3.99568-4 is not 4-4)."""
     text = f"{low:.3g}-{high:.3g}"
     return f"{low:.4f}-{high:.4f}" if f"{low:.3g}" == f"{high:.3g}" and low != high else text
+
+
+def _time(seconds: float) -> str:
+    """A duration to 3 significant figures in us below 1 ms, in ms below 1 s, else in s
+    (1740e-6 prints as 1.74 ms, not 1.74e+03 us)."""
+    rounded = abs(float(f"{seconds:.3g}"))
+    for scale, unit in ((1e6, "us"), (1e3, "ms")):
+        if rounded * scale < 1e3:
+            return f"{seconds * scale:.3g} {unit}"
+    return f"{seconds:.3g} s"
 
 
 def _pct(value: float) -> str:
@@ -461,8 +471,6 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
         r2 = minimize_scalar(lambda c: loss(group, np.array([*x, c])), bounds=(0.0, CONTENTION_BOUND), method="bounded",
                              options={"xatol": 0.01, "maxiter": 30})
         contention = float(r2.x)
-        interval = contention_interval(lambda c: loss(group, np.array([*x, c])), contention, float(r2.fun),
-                                       lambda: terms)
     x = np.array([*x, contention])
     if refine_evals > 0:
         s3 = np.array([*scale, 1.0])
@@ -471,6 +479,9 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
                       options={"maxfev": refine_evals, "xatol": 1e-3})
         x = np.maximum(r3.x, 0.0) * s3
     objective = loss(bursts, x)
+    if group:  # at the final terms: the range holds the contention the profile carries
+        interval = contention_interval(lambda c: loss(bursts, np.array([*x[:3], c])), float(x[3]), float(objective),
+                                       lambda: terms)
     fitted = with_terms(profile, x, api_server_count, host)
     before = burst_table(checked, profile)
     after = burst_table(checked, fitted)
@@ -490,7 +501,10 @@ def contention_interval(loss, best: float, best_loss: float, num_terms) -> tuple
     lower bound on the real uncertainty.
 
     Args:
-        loss: ``loss(c)``: the fit's stage-2 objective (sum of squared log ratios) at contention ``c``.
+        loss: ``loss(c)``: the fit's final objective over every burst (sum of squared log
+            ratios) at contention ``c``, the lane terms at their final values (after the joint
+            refinement: a range taken at stage 2 could leave out the contention the refinement
+            moved to, 1.03 outside 0.8-0.991 on one sweep).
         best, best_loss: the fitted contention and its loss.
         num_terms: ``num_terms()``: the residuals in the loss just evaluated (n).
 
