@@ -274,6 +274,13 @@ def test_kv_event_endpoints_one_per_server(tmp_path, events, expected, command):
     assert not (tmp_path / "v").exists()
 
 
+def test_burst_slots_at_least_one(tmp_path):
+    assert_error(run("calibrate", "measure", "--url", "http://127.0.0.1:8100", "--burst-slots", "0",
+                     "--out", tmp_path / "v"),
+                 "Invalid value for '--burst-slots': 0 is not in the range x>=1.")
+    assert not (tmp_path / "v").exists()
+
+
 @pytest.mark.parametrize("meta, expected", [
     ("[", "meta.json:1: not valid JSON"),
     ("[1]", "meta.json: expected a JSON object, got a list"),

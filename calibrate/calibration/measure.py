@@ -324,7 +324,14 @@ def sweep_schedule(shares: Sequence[Sequence[dict[str, Any]]], bursts: Sequence[
     minute of a 13-minute sweep; runs 23-26 of ``bench/bench_validate.py``, 2026-12-04). With every burst
     after the one-at-a-time experiments, the burst fit compares one minute of the host with the
     twelve before it, and its ``contention`` took up the difference (1.64 in one sweep, 0.004 in
-    the next). Spread evenly, bursts and step costs sample the same stretch of time.
+    the next). Spread through them, bursts and step costs sample the same stretch of time.
+
+    Segments are cut by count, not by time: the cold and cached experiments are short, so in
+    run 27 (2026-12-04, 12 slots, a 12.8-minute sweep) five slots fell in the first 0.6 minutes
+    and the others at 1.2, 4.5, 8.1, 8.6, 12.0, 12.5 and 12.8 minutes; the sweep took no longer
+    (785 s against 816-860 s for runs 24-26). Cutting by estimated duration would even the
+    slots out, but a decode experiment (64 prefills of 16k-token contexts: 2.5 minutes) then
+    ends a slot on one server while the other waits: 5-14 minutes more per sweep, estimated.
 
     Args:
         shares: each server's one-at-a-time experiments in order; segment ``k`` of a share is
