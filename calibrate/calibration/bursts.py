@@ -489,16 +489,24 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
 
 
 CONTENTION_GRID = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, CONTENTION_BOUND)
-"""Contention values at which :func:`contention_interval` evaluates the burst loss."""
+"""Contention values at which :func:`contention_interval` evaluates the burst loss first."""
+
+INTERVAL_BISECTIONS = 6
+"""Bisections of the grid step where the loss crosses the bound, on each side of the fitted
+contention (a 64th of that step: on one sweep the grid alone gave "0.936-0.936", its neighbours
+0.8 and 1.6 both outside)."""
 
 
-def contention_interval(loss, best: float, best_loss: float, num_terms) -> tuple[float, float]:
-    """How well the bursts pin ``host.contention`` down: the range of ``CONTENTION_GRID`` values
-    (and ``best``) whose loss stays within the approximate 95 % profile-likelihood bound
-    ``best_loss * (1 + 3.84 / n)`` (squared log errors taken as independent Gaussian residuals of
-    one variance, estimated by ``best_loss / n``; chi-square with one degree of freedom). The
-    API lane terms stay at their fitted values, so the range is conditional on them: it is a
-    lower bound on the real uncertainty.
+def contention_interval(loss, best: float, best_loss: float, num_terms,
+                        bisections: int = INTERVAL_BISECTIONS) -> tuple[float, float]:
+    """How well the bursts pin ``host.contention`` down: the range around ``best`` whose loss stays
+    within the approximate 95 % profile-likelihood bound ``best_loss * (1 + 3.84 / n)`` (squared
+    log errors taken as independent Gaussian residuals of one variance, estimated by
+    ``best_loss / n``; chi-square with one degree of freedom). Walking out from ``best`` over
+    ``CONTENTION_GRID``, each end is the last point within the bound, refined by ``bisections``
+    halvings of the grid step where the loss first exceeds it. The API lane terms stay at their
+    fitted values, so the range is conditional on them: it is a lower bound on the real
+    uncertainty.
 
     Args:
         loss: ``loss(c)``: the fit's final objective over every burst (sum of squared log
@@ -507,6 +515,7 @@ def contention_interval(loss, best: float, best_loss: float, num_terms) -> tuple
             moved to, 1.03 outside 0.8-0.991 on one sweep).
         best, best_loss: the fitted contention and its loss.
         num_terms: ``num_terms()``: the residuals in the loss just evaluated (n).
+        bisections: halvings of a grid step at each end.
 
     Returns:
         ``(low, high)``, contention (dimensionless); ``(best, best)`` when no residuals.
@@ -516,8 +525,22 @@ def contention_interval(loss, best: float, best_loss: float, num_terms) -> tuple
     if n == 0:
         return best, best
     bound = best_loss * (1.0 + 3.84 / n)
-    inside = [c for c, value in losses.items() if value <= bound] + [best]
-    return float(min(inside)), float(max(inside))
+
+    def end(points: list[float]) -> float:
+        inside = best
+        for c in points:
+            if losses[c] > bound:
+                outside = c
+                for _ in range(bisections):
+                    mid = 0.5 * (inside + outside)
+                    inside, outside = (mid, outside) if loss(mid) <= bound else (inside, mid)
+                return inside
+            inside = c
+        return inside
+
+    low = end(sorted((c for c in CONTENTION_GRID if c < best), reverse=True))
+    high = end(sorted(c for c in CONTENTION_GRID if c > best))
+    return float(low), float(high)
 
 
 def profile_sections(ff: FrontendFit) -> dict:
