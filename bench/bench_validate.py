@@ -31,7 +31,9 @@ figure is printed with the number of live rounds behind it and the load average 
 start and end of the shape's live rounds: live timings on a shared machine move with its load.
 Before each shape a speed probe (three cold 2,048-token requests one at a time on each server)
 times the servers; its change against the first probe, taken right after ``--calibrate``, says
-how far the host's speed moved under the run, which no profile can predict.
+how far the host's speed moved under the run, which no profile can predict. Around each shape's
+live rounds the host's CPU accounting (``/proc/stat``) gives its busy and hypervisor-stolen shares
+(a note per shape; ``host_cpu`` in ``summary.json``).
 """
 
 from __future__ import annotations
@@ -117,6 +119,35 @@ def client_cpu_note(shape: str, validation) -> str:
         mean = spread([client_cpu_share(r) for r in runs])["mean"]  # as the report's client_cpu_share
         parts.append(f"{policy} not measured" if math.isnan(mean) else f"{policy} {100 * mean:.0f} %")
     return f"{shape}: the client's CPU share in the live rounds (mean over rounds): {', '.join(parts)}"
+
+
+CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+"""The host's CPU states, in the order of ``/proc/stat``'s first line (proc(5))."""
+
+
+def host_cpu_times(path: Path = Path("/proc/stat")) -> dict[str, int] | None:
+    """The host's cumulative CPU time per state (:data:`CPU_STATES`), clock ticks over every core;
+    None where ``path`` cannot be read (not Linux)."""
+    try:
+        fields = path.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    return dict(zip(CPU_STATES, map(int, fields[1:1 + len(CPU_STATES)])))
+
+
+def host_cpu_shares(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, float] | None:
+    """Percent of the host's CPU time between two :func:`host_cpu_times` readings: ``busy`` (every
+    state but idle, iowait and steal) and ``steal`` (time the hypervisor ran something else on a
+    virtual core that had work: a cause of a host running slower than its calibration that the
+    model cannot see). None without both readings or without ticks between them."""
+    if before is None or after is None:
+        return None
+    delta = {k: after[k] - before[k] for k in CPU_STATES}
+    total = sum(delta.values())
+    if total <= 0:
+        return None
+    busy = total - delta["idle"] - delta["iowait"] - delta["steal"]
+    return {"busy": 100.0 * busy / total, "steal": 100.0 * delta["steal"] / total}
 
 
 def make_trace(shape: str):
@@ -503,7 +534,7 @@ def main() -> None:
     names = list(args.profile or DEFAULT_PROFILES)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    all_rows, missed, notes, splits, convoys, probes = [], 0, [], [], [], {}
+    all_rows, missed, notes, splits, convoys, probes, host_cpu = [], 0, [], [], [], {}, {}
     from kvroute.calibrate.commands import _cores
     from kvroute.calibrate.vllm.server import pinned
 
@@ -538,7 +569,12 @@ def main() -> None:
                 probes[shape] = speed_probe(urls, seed=k)
                 notes.append(probe_note(f"before {shape}", probes[shape], probes[shapes[0]] if k else None))
                 print(notes[-1], file=sys.stderr)
+                cpu_before = host_cpu_times()
                 validation, load = _live_rounds(shape, trace, urls, profiles[0], args, kv_endpoints)
+                host_cpu[shape] = host_cpu_shares(cpu_before, host_cpu_times())
+                if host_cpu[shape] is not None:
+                    notes.append(f"{shape}: the host's CPU in the live rounds: busy {host_cpu[shape]['busy']:.0f} %, "
+                                 f"stolen by the hypervisor {host_cpu[shape]['steal']:.2f} %")
             spec = validation.spec
             sim_trace, lags, lag, offsets = with_measured_client(trace, validation.runs)
             notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median of "
@@ -574,7 +610,8 @@ def main() -> None:
         print(f"note: {note}")
     print(f"\nwall time: {t2 - t0:.0f} s ({t1 - t0:.0f} s server start-up); reports in {args.out}/<shape>/")
     (args.out / "summary.json").write_text(json.dumps({"rows": all_rows, "notes": notes, "missed": missed,
-                                                        "wall_s": t2 - t0, "speed_probes": probes}, indent=2, default=str))
+                                                        "wall_s": t2 - t0, "speed_probes": probes,
+                                                        "host_cpu": host_cpu}, indent=2, default=str))
     print(f"targets missed: {missed} (counted over every profile)")
 
 

@@ -456,7 +456,8 @@ def test_the_engine_is_stretched_by_its_lanes_cpu_time_not_by_its_stretched_time
     assert recs.at[1, "ttft"] == pytest.approx(0.0485 - 0.025)
 
 
-def test_bench_validate_names_the_server_sharing_the_clients_core():
+def _bench_validate():
+    """``bench/bench_validate.py`` as a module (it is a script, not part of the package)."""
     import importlib.util
     from pathlib import Path
 
@@ -464,5 +465,25 @@ def test_bench_validate_names_the_server_sharing_the_clients_core():
     spec = importlib.util.spec_from_file_location("bench_validate", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_validate_names_the_server_sharing_the_clients_core():
+    bench = _bench_validate()
     # server i runs on core i: one pinned core that holds a server names it; else the client floats
     assert [bench.client_core(c, 2) for c in ("1", "0", "0-1", "1,0", "3", None, "")] == [1, 0, -1, -1, -1, -1, -1]
+
+
+def test_bench_validate_reads_the_hosts_cpu_shares(tmp_path):
+    bench = _bench_validate()
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 10 0 0 40 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    before = bench.host_cpu_times(stat)
+    assert before == {"user": 100, "nice": 0, "system": 50, "idle": 800, "iowait": 10, "irq": 0, "softirq": 0,
+                      "steal": 40}
+    stat.write_text("cpu  400 0 150 1200 10 0 0 90 0 0\n")
+    # 850 ticks between the readings: 300 + 100 busy, 400 idle, 50 stolen
+    assert bench.host_cpu_shares(before, bench.host_cpu_times(stat)) == {"busy": 100 * 400 / 850,
+                                                                          "steal": 100 * 50 / 850}
+    assert bench.host_cpu_shares(before, before) is None and bench.host_cpu_shares(None, before) is None
+    assert bench.host_cpu_times(tmp_path / "absent") is None
