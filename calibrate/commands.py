@@ -155,7 +155,8 @@ def calibrate():
               help="Run the concurrency sweep (bursts of N = 1..64 requests on one and on all servers).")
 @click.option("--burst-slots", type=click.IntRange(min=1), default=12, show_default=True,
               help="Spread the concurrency sweep over this many slots between the one-at-a-time experiments, so "
-                   "both sample the same stretch of the host's time (1: every burst after them).")
+                   "both sample the same stretch of the host's time (1: every burst after them; nothing to spread with "
+                   "--no-bursts).")
 @click.option("--longest", type=click.IntRange(min=2), default=None,
               help="Also time sequences up to this many tokens (prompt plus output): longer cold prompts, a "
                    "cached prefix and a decode context near it, for runs whose histories go beyond the preset "
