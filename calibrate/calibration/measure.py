@@ -329,7 +329,7 @@ def sweep_schedule(shares: Sequence[Sequence[dict[str, Any]]], bursts: Sequence[
     Segments are cut by count, not by time: the cold and cached experiments are short, so in
     run 27 (2026-12-04, 12 slots, a 12.8-minute sweep) five slots fell in the first 0.6 minutes
     and the others at 1.2, 4.5, 8.1, 8.6, 12.0, 12.5 and 12.8 minutes; the sweep took no longer
-    (785 s against 816-860 s for runs 24-26). Cutting by estimated duration would even the
+    (785, 822 and 867 s in runs 27-29, against 816-860 s in runs 24-26). Cutting by estimated duration would even the
     slots out, but a decode experiment (64 prefills of 16k-token contexts: 2.5 minutes) then
     ends a slot on one server while the other waits: 5-14 minutes more per sweep, estimated.
 
