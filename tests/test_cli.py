@@ -1,7 +1,6 @@
 """The kvroute command line: main job, JSON output, files written, and clear errors."""
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -14,7 +13,6 @@ from kvroute.sim.metrics import SUMMARY_METRICS
 from kvroute.sim.profile import load_profile
 from kvroute.traces.generators import builtin_workload, seed_chat
 from shared_traces import shared_trace
-
 
 
 def invoke(*args):

@@ -1,7 +1,6 @@
 """End-to-end runs of the simulated cluster: timing, replay modes, GPU sharing, bad input."""
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -10,7 +9,6 @@ from kvroute.sim.profile import Overheads, profile_from_dict
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.generators import seed_chat
 from shared_traces import shared_trace
-
 
 
 def simple_profile(num_gpu_blocks=1000, api=0.1, cv=0.0, max_model_len=32768, memory=None):

@@ -95,8 +95,8 @@ class SweepPlan:
         burst_cached_sizes, burst_cached_shapes: bursts on a cached prefix, in the concurrency
             sweep: N requests at once for each N, each ``(prefix tokens, new tokens, output
             tokens)`` shape, the prefix cached by one request before the burst.
-        burst_slots: the concurrency sweep runs in this many slots spread evenly through the
-            one-at-a-time experiments (:func:`sweep_schedule`); 1: all of it after them.
+        burst_slots: the concurrency sweep runs in this many slots between the one-at-a-time
+            experiments, cut by their count (:func:`sweep_schedule`); 1: all of it after them.
     """
 
     cold_lengths: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096,
@@ -329,8 +329,8 @@ def sweep_schedule(shares: Sequence[Sequence[dict[str, Any]]], bursts: Sequence[
     Segments are cut by count, not by time: the cold and cached experiments are short, so in
     run 27 (2026-12-04, 12 slots, a 12.8-minute sweep) five slots fell in the first 0.6 minutes
     and the others at 1.2, 4.5, 8.1, 8.6, 12.0, 12.5 and 12.8 minutes; the sweep took no longer
-    (785, 822 and 867 s in runs 27-29, against 816-860 s in runs 24-26). Cutting by estimated duration would even the
-    slots out, but a decode experiment (64 prefills of 16k-token contexts: 2.5 minutes) then
+    (785, 822 and 867 s in runs 27-29, against 816-860 s in runs 24-26). Cutting by estimated
+    duration would even the slots out, but a decode experiment (64 prefills of 16k-token contexts: 2.5 minutes) then
     ends a slot on one server while the other waits: 5-14 minutes more per sweep, estimated.
 
     Args:
