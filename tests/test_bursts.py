@@ -274,8 +274,9 @@ def test_fit_command_with_a_base_profile_adds_only_the_burst_terms(tmp_path):
 
 def test_contention_interval_is_the_profile_likelihood_range_on_the_grid():
     """Loss 10 + 10 (c - 1)^2 with 10 residuals: the bound 10 (1 + 3.84 / 10) = 13.84 admits
-    |c - 1| <= sqrt(0.384) = 0.6197: the grid gives 0.4 and 1.6 (0.8 between), then six
-    bisections of the steps beyond them, 0-0.4 and 1.6-3.2, narrow each end to 1/64 of its step."""
+    |c - 1| <= sqrt(0.384) = 0.6197: walking out from 1, the grid gives 0.8 and 0.4 below (0.2
+    is out) and 1.6 above (3.2 is out), then six bisections of the steps where the loss crosses
+    the bound, 0.2-0.4 and 1.6-3.2, narrow each end to 1/64 of its step."""
     from kvroute.calibrate.calibration.bursts import contention_interval
 
     seen = []
@@ -284,15 +285,17 @@ def test_contention_interval_is_the_profile_likelihood_range_on_the_grid():
         seen.append(c)
         return 10.0 + 10.0 * (c - 1.0) ** 2
 
-    low, high = contention_interval(loss, 1.0, 10.0, lambda: 10)
-    assert seen[:9] == [0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 4.0] and len(seen) == 9 + 2 * 6
-    # the last points within the bound at 1/64 of the step: 0.38125 (0.375 is out: loss 13.906)
+    low, high = contention_interval(loss, 1.0, 10.0, 10)
+    # only the grid points walked are simulated, not 0, 0.05, 0.1 or 4
+    assert seen == pytest.approx([0.8, 0.4, 0.2, 0.3, 0.35, 0.375, 0.3875, 0.38125, 0.378125,
+                                  1.6, 3.2, 2.4, 2.0, 1.8, 1.7, 1.65, 1.625])  # midpoints in floating point
+    # the last points within the bound at 1/64 of the step: 0.38125 (0.378125 is out: loss 13.867)
     # and 1.6 itself (1.625 is out: loss 13.906)
     assert (low, high) == (0.38125, 1.6)
-    assert loss(low) <= 13.84 < loss(low - 0.4 / 64) and loss(high) <= 13.84 < loss(high + 1.6 / 64)
+    assert loss(low) <= 13.84 < loss(low - 0.2 / 64) and loss(high) <= 13.84 < loss(high + 1.6 / 64)
     # a loss no grid point comes near: only the fitted value; no residuals: the fitted value
-    assert contention_interval(lambda c: 1e6, 0.7, 1.0, lambda: 10) == (0.7, 0.7)
-    assert contention_interval(lambda c: 0.0, 0.7, 0.0, lambda: 0) == (0.7, 0.7)
+    assert contention_interval(lambda c: 1e6, 0.7, 1.0, 10) == (0.7, 0.7)
+    assert contention_interval(lambda c: 0.0, 0.7, 0.0, 0) == (0.7, 0.7)
 
 
 def test_a_narrow_contention_range_prints_two_numbers():

@@ -481,7 +481,7 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     objective = loss(bursts, x)
     if group:  # at the final terms: the range holds the contention the profile carries
         interval = contention_interval(lambda c: loss(bursts, np.array([*x[:3], c])), float(x[3]), float(objective),
-                                       lambda: terms)
+                                       terms)
     fitted = with_terms(profile, x, api_server_count, host)
     before = burst_table(checked, profile)
     after = burst_table(checked, fitted)
@@ -497,14 +497,15 @@ contention (a 64th of that step: on one sweep the grid alone gave "0.936-0.936",
 0.8 and 1.6 both outside)."""
 
 
-def contention_interval(loss, best: float, best_loss: float, num_terms,
+def contention_interval(loss, best: float, best_loss: float, num_terms: int,
                         bisections: int = INTERVAL_BISECTIONS) -> tuple[float, float]:
     """How well the bursts pin ``host.contention`` down: the range around ``best`` whose loss stays
     within the approximate 95 % profile-likelihood bound ``best_loss * (1 + 3.84 / n)`` (squared
     log errors taken as independent Gaussian residuals of one variance, estimated by
     ``best_loss / n``; chi-square with one degree of freedom). Walking out from ``best`` over
-    ``CONTENTION_GRID``, each end is the last point within the bound, refined by ``bisections``
-    halvings of the grid step where the loss first exceeds it. The API lane terms stay at their
+    ``CONTENTION_GRID`` (each grid point simulated only when reached), each end is the last point
+    within the bound, refined by ``bisections`` halvings of the grid step where the loss first
+    exceeds it. The API lane terms stay at their
     fitted values, so the range is conditional on them: it is a lower bound on the real
     uncertainty.
 
@@ -514,22 +515,20 @@ def contention_interval(loss, best: float, best_loss: float, num_terms,
             refinement: a range taken at stage 2 could leave out the contention the refinement
             moved to, 1.03 outside 0.8-0.991 on one sweep).
         best, best_loss: the fitted contention and its loss.
-        num_terms: ``num_terms()``: the residuals in the loss just evaluated (n).
+        num_terms: the residuals in ``best_loss`` (n).
         bisections: halvings of a grid step at each end.
 
     Returns:
         ``(low, high)``, contention (dimensionless); ``(best, best)`` when no residuals.
     """
-    losses = {c: loss(c) for c in CONTENTION_GRID}
-    n = num_terms()
-    if n == 0:
+    if num_terms == 0:
         return best, best
-    bound = best_loss * (1.0 + 3.84 / n)
+    bound = best_loss * (1.0 + 3.84 / num_terms)
 
     def end(points: list[float]) -> float:
         inside = best
         for c in points:
-            if losses[c] > bound:
+            if loss(c) > bound:
                 outside = c
                 for _ in range(bisections):
                     mid = 0.5 * (inside + outside)
