@@ -153,7 +153,7 @@ def calibrate():
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Limit on one request, s.")
 @click.option("--bursts/--no-bursts", default=True, show_default=True,
               help="Run the concurrency sweep (bursts of N = 1..64 requests on one and on all servers).")
-@click.option("--burst-slots", type=click.IntRange(min=1), default=12, show_default=True,
+@click.option("--burst-slots", type=click.IntRange(min=1, max=1000), default=12, show_default=True,
               help="Spread the concurrency sweep over this many slots between the one-at-a-time experiments, so "
                    "both sample the same stretch of the host's time (1: every burst after them; nothing to spread with "
                    "--no-bursts).")

@@ -274,10 +274,11 @@ def test_kv_event_endpoints_one_per_server(tmp_path, events, expected, command):
     assert not (tmp_path / "v").exists()
 
 
-def test_burst_slots_at_least_one(tmp_path):
-    assert_error(run("calibrate", "measure", "--url", "http://127.0.0.1:8100", "--burst-slots", "0",
+@pytest.mark.parametrize("slots", ["0", "1000000000"])  # a billion slots would be built before any burst ran
+def test_burst_slots_in_range(tmp_path, slots):
+    assert_error(run("calibrate", "measure", "--url", "http://127.0.0.1:8100", "--burst-slots", slots,
                      "--out", tmp_path / "v"),
-                 "Invalid value for '--burst-slots': 0 is not in the range x>=1.")
+                 f"Invalid value for '--burst-slots': {slots} is not in the range 1<=x<=1000.")
     assert not (tmp_path / "v").exists()
 
 
