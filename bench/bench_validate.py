@@ -127,12 +127,14 @@ CPU_STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "ste
 
 def host_cpu_times(path: Path = Path("/proc/stat")) -> dict[str, int] | None:
     """The host's cumulative CPU time per state (:data:`CPU_STATES`), clock ticks over every core;
-    None where ``path`` cannot be read (not Linux)."""
+    None where ``path`` cannot be read (not Linux) or its first line is not ``cpu`` and eight
+    counts (a live run's rounds are not lost to the note)."""
     try:
         fields = path.read_text().split("\n", 1)[0].split()
-    except OSError:
+        counts = [int(x) for x in fields[1:1 + len(CPU_STATES)]]
+    except (OSError, ValueError):
         return None
-    return dict(zip(CPU_STATES, map(int, fields[1:1 + len(CPU_STATES)])))
+    return dict(zip(CPU_STATES, counts)) if fields[:1] == ["cpu"] and len(counts) == len(CPU_STATES) else None
 
 
 def host_cpu_shares(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, float] | None:

@@ -487,3 +487,6 @@ def test_bench_validate_reads_the_hosts_cpu_shares(tmp_path):
                                                                           "steal": 100 * 50 / 850}
     assert bench.host_cpu_shares(before, before) is None and bench.host_cpu_shares(None, before) is None
     assert bench.host_cpu_times(tmp_path / "absent") is None
+    for bad in ("", "cpu  1 2 3\n", "cpu  1 2 x 4 5 6 7 8\n", "intr 1 2 3 4 5 6 7 8\n"):
+        stat.write_text(bad)
+        assert bench.host_cpu_times(stat) is None, bad
