@@ -1,13 +1,12 @@
-"""Build hook for the compiled engine core, ``kvroute.sim._block_pool``,
-``kvroute.sim._kv_cache_manager``, ``kvroute.sim._decode_run``, ``kvroute.sim._content``,
-``kvroute.sim._request`` and ``kvroute.sim._scheduler`` (``sim/*.pyx``, Cython, C++);
-everything else is declared in pyproject.toml.
+"""Build hook for the compiled engine core (Cython, C++): ``kvroute.sim.engine._block_pool``,
+``_kv_cache_manager``, ``_content``, ``_request``, ``_scheduler`` (``sim/engine/*.pyx``) and
+``kvroute.sim.timing._decode_run`` (``sim/timing/_decode_run.pyx``); everything else is declared
+in pyproject.toml.
 
 The extensions are optional: when Cython is missing or the C++ build fails (no compiler), the
-install still succeeds, with a warning, and ``kvroute.sim.compiled`` falls back to the
-pure-Python modules (``sim/block_pool.py``, ``sim/kv_cache_manager.py``, ``sim/decode_run.py``,
-``sim/content.py``, ``sim/request.py``, ``sim/scheduler.py``),
-which give the same results.
+install still succeeds, with a warning, and ``kvroute.sim.engine.compiled`` and
+``kvroute.sim.timing.compiled`` fall back to the pure-Python modules beside them, which give
+the same results.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from setuptools.command.build_ext import build_ext
 
 def _warn(why: str) -> None:
     bar = "=" * 78
-    print(f"\n{bar}\nWARNING: the compiled engine core (kvroute.sim._block_pool, _kv_cache_manager, "
+    print(f"\n{bar}\nWARNING: the compiled engine core (kvroute.sim.engine._block_pool, _kv_cache_manager, "
           f"_decode_run, _content, _request, _scheduler) was not built ({why}).\nkvroute will use the pure-Python modules: same "
           f"results, slower.\n{bar}\n", file=sys.stderr)
 
@@ -44,20 +43,24 @@ class OptionalBuildExt(build_ext):
             _warn(f"{type(exc).__name__}: {exc}")
 
 
-MODULES = ["_block_pool", "_kv_cache_manager", "_decode_run", "_content", "_request", "_scheduler"]
-"""The compiled modules of ``kvroute.sim``, each from ``sim/<name>.pyx``."""
+MODULES = ["engine._block_pool", "engine._kv_cache_manager", "engine._content", "engine._request",
+           "engine._scheduler", "timing._decode_run"]
+"""The compiled modules of ``kvroute.sim``, each ``kvroute.sim.<package>.<name>`` from
+``sim/<package>/<name>.pyx``."""
 
 
 def _cython_include() -> str:
-    """A folder where the ``.pxd`` files sit under their package path (``kvroute/sim/``), so
-    that ``cimport kvroute.sim.<name>`` finds them although the package lives in ``sim/``."""
+    """A folder where the ``.pxd`` files sit under their package path (``kvroute/sim/<package>/``),
+    so that ``cimport kvroute.sim.<package>.<name>`` finds them although the package lives in
+    ``sim/``."""
     root = os.path.join("build", "cython-include")
-    package = os.path.join(root, "kvroute", "sim")
-    os.makedirs(package, exist_ok=True)
-    for init in (os.path.join(root, "kvroute", "__init__.pxd"), os.path.join(package, "__init__.pxd")):
-        open(init, "w").close()
-    for pxd in glob.glob(os.path.join("sim", "*.pxd")):
-        shutil.copy(pxd, package)
+    for package in ("engine", "timing"):
+        folder = os.path.join(root, "kvroute", "sim", package)
+        os.makedirs(folder, exist_ok=True)
+        for pxd in glob.glob(os.path.join("sim", package, "*.pxd")):
+            shutil.copy(pxd, folder)
+    for init in ("kvroute", "kvroute/sim", "kvroute/sim/engine", "kvroute/sim/timing"):
+        open(os.path.join(root, init, "__init__.pxd"), "w").close()
     return root
 
 
@@ -69,7 +72,7 @@ def _extensions() -> list[Extension]:
         return []
     # NOTE: -ffp-contract=off: no fused multiply-add, so compiled float arithmetic rounds as
     # Python's does (MSVC, which never contracts by default, ignores the flag with a warning).
-    exts = [Extension(f"kvroute.sim.{name}", [f"sim/{name}.pyx"], language="c++",
+    exts = [Extension(f"kvroute.sim.{name}", [f"sim/{name.replace('.', '/')}.pyx"], language="c++",
                       extra_compile_args=["-ffp-contract=off"]) for name in MODULES]
     try:
         return cythonize(exts, language_level=3, include_path=[_cython_include()], quiet=True)

@@ -11,7 +11,7 @@ load falls on both alike; the medians and the ratio to the reference are printed
 - ``asyncio``: the hand-written HTTP/1.1 reader on plain asyncio streams that calibration and
   replay used until the aiohttp reader replaced it (kept here, as it was, as the reference;
   one connection per request, ``Connection: close``);
-- ``aiohttp``: ``kvroute.calibrate.vllm.stream.read_completion`` on one pooled session;
+- ``aiohttp``: ``kvroute.calibrate.live.stream.read_completion`` on one pooled session;
 - ``httpx``: ``httpx.AsyncClient.stream`` with ``aiter_bytes`` and the same event split, when
   httpx is installed (the library an earlier session measured as too slow).
 
@@ -30,7 +30,7 @@ import statistics
 import time
 from urllib.parse import urlsplit
 
-from kvroute.calibrate.vllm.stream import StreamEvents, new_session, read_completion
+from kvroute.calibrate.live.stream import StreamEvents, new_session, read_completion
 
 # -- the reference: the hand-written reader (calibrate/client.py before the aiohttp reader) ------
 

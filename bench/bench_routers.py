@@ -30,8 +30,8 @@ NEW = ["sglang", "dynamo", "llmd", "session_affinity", "power_of_two"]
 CHILD = r"""
 import json, sys, time
 t0, c0 = time.perf_counter(), time.process_time()
-from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.profile import load_profile
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.timing.profile import load_profile
 from kvroute.traces.reader import read_trace
 policy, path, extra = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 trace = read_trace(path)

@@ -28,9 +28,9 @@ import itertools
 import math
 import time
 
-from kvroute.sim.cluster import ClusterSpec
-from kvroute.sim.experiment import compare
-from kvroute.sim.profile import load_profile
+from kvroute.sim.cluster.cluster import ClusterSpec
+from kvroute.sim.study.experiment import compare
+from kvroute.sim.timing.profile import load_profile
 from kvroute.traces.generators import SEED_CHAT_REPLY, builtin_workload
 
 LAB = {

@@ -20,9 +20,9 @@ TARGET_S = 120.0
 
 
 def main() -> None:
-    from kvroute.sim.cluster import simulate
-    from kvroute.sim.sensitivity import run_sensitivity
-    from kvroute.sim.sweep import Scenario
+    from kvroute.sim.cluster.cluster import simulate
+    from kvroute.sim.study.sensitivity import run_sensitivity
+    from kvroute.sim.study.sweep import Scenario
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trajectories", type=int, default=12)

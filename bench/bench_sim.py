@@ -26,8 +26,8 @@ CASES = {
 CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
-from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.profile import load_profile
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.timing.profile import load_profile
 case, policy, path = sys.argv[1], sys.argv[2], sys.argv[3]
 if case == "seed20":
     from kvroute.traces.generators import seed_chat

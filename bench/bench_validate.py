@@ -176,7 +176,7 @@ def _servers(urls: list[str], log_dir: Path, port_base: int, api_cores: str = "s
     if urls:
         yield urls, []
         return
-    from kvroute.calibrate.vllm.server import plan_servers, serve_many
+    from kvroute.calibrate.live.server import plan_servers, serve_many
     from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     model = str(build_tiny_model())
@@ -192,7 +192,7 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
     """Predicted (``runs``, one per policy) against measured (the live rounds of ``validation``)
     for one shape and profile; returns (rows, targets missed)."""
     from kvroute.calibrate.validation.rounds import change_pct, diff_interval, error_pct, spread
-    from kvroute.sim.metrics import summarize
+    from kvroute.sim.cluster.metrics import summarize
 
     live = validation.policy_rounds()
     chats = any(math.isfinite(r.measured.get("later_ttft_mean_s", math.nan)) for r in validation.runs)
@@ -320,7 +320,7 @@ def period_variants(profile) -> list:
 def client_core(client_cores: str | None, num_servers: int) -> int:
     """The server whose engine core the client is pinned to (server ``i`` on core ``i``), or -1
     when the client floats, spans several cores or sits on a core with no server."""
-    from kvroute.calibrate.commands import _cores
+    from kvroute.cli.calibrate_commands import _cores
 
     cores = _cores(client_cores) if client_cores else None
     return cores[0] if cores and len(cores) == 1 and cores[0] < num_servers else -1
@@ -386,7 +386,7 @@ def speed_probe(urls: list[str], seed: int) -> dict[str, float]:
     import numpy as np
 
     from kvroute.calibrate.calibration.measure import PromptFactory
-    from kvroute.calibrate.vllm.client import VllmClient
+    from kvroute.calibrate.live.client import VllmClient
 
     prompts = PromptFactory(np.random.default_rng(seed))  # the sweep's cold prompts and token ids
 
@@ -528,8 +528,8 @@ def main() -> None:
     from dataclasses import replace
 
     from kvroute.calibrate.validation.validate import cluster_spec, predict, with_measured_client
-    from kvroute.sim.coverage import run_note
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.coverage import run_note
+    from kvroute.sim.timing.profile import load_profile
 
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     traces = {s: make_trace(s) for s in shapes}
@@ -537,8 +537,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     all_rows, missed, notes, splits, convoys, probes, host_cpu = [], 0, [], [], [], {}, {}
-    from kvroute.calibrate.commands import _cores
-    from kvroute.calibrate.vllm.server import pinned
+    from kvroute.cli.calibrate_commands import _cores
+    from kvroute.calibrate.live.server import pinned
 
     try:
         cores = _cores(args.client_cores)  # as calibrate measure reads it

@@ -69,7 +69,7 @@ def length_value(item) -> int | tuple[int, int] | float | str:
         ValueError: neither a token count in 1..MAX_TOKENS, a range 0 <= LOW <= HIGH nor a
             distribution.
     """
-    from kvroute.sim.inputs import MAX_TOKENS
+    from kvroute.traces.inputs import MAX_TOKENS
 
     text = str(item).strip()
     if ":" in text:

@@ -36,9 +36,9 @@ def plot_series_command(series_file: Path, policy: str | None, round_: int, bins
     """
     import pandas as pd
 
-    from kvroute.sim.outputs import atomic_output
-    from kvroute.sim.plots import plot_series
-    from kvroute.sim.timeseries import SERIES_COLUMNS
+    from kvroute.traces.outputs import atomic_output
+    from kvroute.sim.study.plots import plot_series
+    from kvroute.sim.cluster.timeseries import SERIES_COLUMNS
 
     if out is not None and out.suffix.lower() != ".png":
         raise click.BadParameter(f"{out} must end in .png", param_hint="'--out'")

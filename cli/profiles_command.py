@@ -10,9 +10,9 @@ def profile_fields(name: str) -> list[str]:
     and its KV blocks per worker (``engine.num_gpu_blocks``) with the block size.
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`kvroute.sim.profile.load_profile`.
+        FileNotFoundError / ValueError: as :func:`kvroute.sim.timing.profile.load_profile`.
     """
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     profile = load_profile(name)
     raw = profile.raw
@@ -30,7 +30,7 @@ def profiles_command():
     KV blocks per worker."""
     from tabulate import tabulate
 
-    from kvroute.sim.profile import shipped_profiles
+    from kvroute.sim.timing.profile import shipped_profiles
 
     rows = [profile_fields(name) for name in shipped_profiles()]
     click.echo(tabulate(rows, tablefmt="plain", disable_numparse=True))

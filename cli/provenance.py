@@ -99,7 +99,7 @@ def write_scenario(out_dir: Path, ctx: click.Context, provenance: dict, name: st
     """
     import yaml
 
-    from kvroute.sim.outputs import write_text_atomic
+    from kvroute.traces.outputs import write_text_atomic
 
     doc = resolved_options(ctx)
     doc[PROVENANCE_KEY] = {"command": ctx.command_path, "version": kvroute_version(), **provenance}

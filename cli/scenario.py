@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from kvroute.cli.values import Opt, apply_options, check_values
-from kvroute.sim.cluster import REPLAY_MODES, ClusterSpec
-from kvroute.sim.profile import load_profile, with_overrides
+from kvroute.sim.cluster.cluster import REPLAY_MODES, ClusterSpec
+from kvroute.sim.timing.profile import load_profile, with_overrides
 from kvroute.cli.lengths import length_options
 from kvroute.sim.routing import CACHE_VIEWS, make_policy, parse_spec, split_specs
 from kvroute.traces.format import Trace, truncate  # noqa: F401 - truncate: also kvroute.cli.scenario's
@@ -183,9 +183,9 @@ def router_options(func=None, *, axes: bool = False):
 
 
 def executor_options(func):
-    """Decorate a command with where its runs execute (``kvroute.sim.executors``): ``--executor``,
+    """Decorate a command with where its runs execute (``kvroute.sim.study.executors``): ``--executor``,
     ``--address``, ``--max-workers``; the same options and defaults for ``compare`` and ``sweep``."""
-    from kvroute.sim.executors import EXECUTORS
+    from kvroute.sim.study.executors import EXECUTORS
 
     options = [
         click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,

@@ -43,7 +43,7 @@ def _pair(text: str, hint: str) -> tuple[float, float]:
 @click.option("--spread-range", default="0:0.02", show_default=True,
               help="LOW:HIGH of the start spread of root requests, s.")
 @click.option("--groups", default=None,
-              help="Comma-separated factor groups to vary (default: all; see kvroute.sim.sensitivity.FACTOR_GROUPS).")
+              help="Comma-separated factor groups to vary (default: all; see kvroute.sim.study.sensitivity.FACTOR_GROUPS).")
 @click.option("--executor", type=click.Choice(["local", "sequential"]), default="local", show_default=True,
               help="local: a process pool; sequential: this process.")
 @click.option("--max-workers", type=int, default=None, help="Processes of the local pool [CPU count].")
@@ -63,11 +63,11 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     the KV capacity and the start spread. The table gives mu*: the mean absolute change of a
     metric when the factor crosses its range (signed + / - for a monotone effect, ~ otherwise).
     """
-    from kvroute.sim.cluster import REPLAY_MODES
-    from kvroute.sim.metrics import ServiceClass
-    from kvroute.sim.profile import with_overrides
-    from kvroute.sim.sensitivity import FACTOR_GROUPS, Ranges, base_profile, default_factors, run_sensitivity
-    from kvroute.sim.sweep import Scenario
+    from kvroute.sim.cluster.cluster import REPLAY_MODES
+    from kvroute.sim.cluster.metrics import ServiceClass
+    from kvroute.sim.timing.profile import with_overrides
+    from kvroute.sim.study.sensitivity import FACTOR_GROUPS, Ranges, base_profile, default_factors, run_sensitivity
+    from kvroute.sim.study.sweep import Scenario
 
     policies = parse_policies(policies_text)
     try:

@@ -12,11 +12,11 @@ import dataclasses
 
 from kvroute.cli.config import config_option
 from kvroute.cli.values import check_values
-from kvroute.sim.collector import paused_collector
-from kvroute.sim.outputs import atomic_output, check_output, write_text_atomic
+from kvroute.sim.cluster.collector import paused_collector
+from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
 from kvroute.cli.scenario import (build_spec, describe, executor_options, load_trace, parse_policies, policies_option,
                                  router_options, scenario_options, with_errors)
-from kvroute.sim.metrics import ServiceClass
+from kvroute.sim.cluster.metrics import ServiceClass
 
 
 class _RunProgress:
@@ -60,8 +60,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
          think_time, reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup, workers, gpus, profile_name, max_model_len,
          kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
          quiet=False, time_series=False, executor=("sequential", None, None), **router):
-    from kvroute.sim.experiment import compare as run_compare
-    from kvroute.sim.experiment import format_table
+    from kvroute.sim.study.experiment import compare as run_compare
+    from kvroute.sim.study.experiment import format_table
 
     if time_series and out is None:
         raise click.UsageError("--time-series writes its files under --out: give --out DIR")
@@ -95,7 +95,7 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
                         desc="simulating", unit="run")
     inside = _RunProgress(len(trace.records), disable=quiet or json_out or not sys.stderr.isatty())
     if uncertainty:
-        from kvroute.sim.experiment import compare_uncertain, format_uncertain_table
+        from kvroute.sim.study.experiment import compare_uncertain, format_uncertain_table
 
         uncertain = compare_uncertain(rounds_trace, spec, policies, uncertainty, rounds, seed, prior_range,
                                       ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update())
@@ -129,7 +129,7 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         click.echo(f"\n{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo_ttft} s and "
                    f"TPOT <= {slo_tpot} s.")
     if not json_out:
-        from kvroute.sim.coverage import peak_in_flight, run_note
+        from kvroute.sim.timing.coverage import peak_in_flight, run_note
 
         records = comparison.records()
         peak = peak_in_flight(records)
@@ -150,7 +150,7 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
             uncertain.summaries.to_csv(out / "uncertainty.csv", index=False)
             (out / "compare.json").write_text(json.dumps({"scenario": header, **uncertain.to_dict()}, indent=2))
         if not json_out:
-            from kvroute.sim.bench_result import result_filename
+            from kvroute.sim.study.bench_result import result_filename
 
             more = ["scenario.yaml", *(result_filename(p) for p in comparison.policies)]
             if uncertainty:
@@ -159,7 +159,7 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
 
 
 def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_format: str) -> None:
-    from kvroute.sim.plots import plot_ttft
+    from kvroute.sim.study.plots import plot_ttft
 
     out.mkdir(parents=True, exist_ok=True)
     records = comparison.records()
@@ -182,7 +182,7 @@ def _write_series(comparison, out: Path, header: str, quiet: bool) -> None:
     """``timeseries.parquet`` and ``tokens.parquet`` (every policy and round) and one
     ``timeseries-<policy>.png`` per policy (its round 0) under ``out``."""
     from kvroute.cli.plot_command import SERIES_RUN_ATTR, series_png_name
-    from kvroute.sim.plots import plot_series
+    from kvroute.sim.study.plots import plot_series
 
     series, tokens = comparison.series(), comparison.tokens()
     series.attrs[SERIES_RUN_ATTR] = header.split(" | ")[0]  # plot-series titles a redrawn plot with it
@@ -205,7 +205,7 @@ def _write_series(comparison, out: Path, header: str, quiet: bool) -> None:
 
 def _write_bench_results(comparison, out: Path, spec, slo: ServiceClass, request_rate, arrival: str) -> None:
     """One ``vllm bench serve``-style result JSON per policy (its round 0) beside the outputs."""
-    from kvroute.sim.bench_result import result_filename, vllm_bench_result
+    from kvroute.sim.study.bench_result import result_filename, vllm_bench_result
     from kvroute.traces.arrivals import parse_arrival
 
     process, cv = parse_arrival(arrival)

@@ -14,10 +14,10 @@ from kvroute.cli.lengths import length_value
 from kvroute.cli.scenario import (ROUTER_FIELDS, executor_options, parse_policies, policies_option, read_any_trace,
                                  router_options, scenario_options, with_errors)
 from kvroute.cli.values import Axis
-from kvroute.sim.outputs import atomic_output, check_output
-from kvroute.sim.metrics import SUMMARY_METRICS, ServiceClass
-from kvroute.sim.profile import load_profile
-from kvroute.sim.sweep import COUNTER_COLUMNS, Scenario, SweepInterrupted, grid, intervals, sweep
+from kvroute.traces.outputs import atomic_output, check_output
+from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass
+from kvroute.sim.timing.profile import load_profile
+from kvroute.sim.study.sweep import COUNTER_COLUMNS, Scenario, SweepInterrupted, grid, intervals, sweep
 
 DEFAULT_SHOW = "time_to_complete_s,later_ttft_mean_s,later_ttft_p90_s,hit_rate"
 
@@ -175,7 +175,7 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
         _write_provenance(out, scenarios, rounds, trace_path)
         click.echo(f"wrote {len(frame)} rows to {out} and its scenario to {out.stem}.scenario.yaml", err=True)
     if plot_load is not None:
-        from kvroute.sim.plots import plot_load_curve
+        from kvroute.sim.study.plots import plot_load_curve
 
         plot_load.parent.mkdir(parents=True, exist_ok=True)
         plot_load_curve(frame, plot_load, title=f"{len(scenarios)} scenario(s) x {rounds} round(s)")

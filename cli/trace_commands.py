@@ -19,7 +19,7 @@ def trace() -> None:
 
 def _check_out(out: Path) -> None:
     """``--out`` must be writable before any work."""
-    from kvroute.sim.outputs import check_output
+    from kvroute.traces.outputs import check_output
 
     try:
         check_output(out)

@@ -1,7 +1,7 @@
 """Command-line values checked once, by the same rules as every other input.
 
 A command's numeric options are described by a table (parameter name -> :class:`Num` rule from
-:mod:`kvroute.sim.inputs`); :func:`check_values` wraps the command so that every given value is
+:mod:`kvroute.traces.inputs`); :func:`check_values` wraps the command so that every given value is
 checked before any work starts. A failure is a ``click.BadParameter`` naming the flag, e.g.
 ``Invalid value for '--think-time': must be a finite number, got inf``.
 """
@@ -12,7 +12,7 @@ import functools
 
 import click
 
-from kvroute.sim.inputs import (BLOCK_SIZE, COUNT, POSITIVE_INT, SECONDS, TOKENS, InputError, Num)
+from kvroute.traces.inputs import (BLOCK_SIZE, COUNT, POSITIVE_INT, SECONDS, TOKENS, InputError, Num)
 
 POSITIVE_SECONDS = Num(minimum=0.0, above=True, unit="s")
 

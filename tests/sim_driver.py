@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvroute.sim.compiled import Request, Scheduler  # compiled, or pure with KVROUTE_PURE_PYTHON=1
-from kvroute.sim.config import EngineConfig
+from kvroute.sim.engine.compiled import Request, Scheduler  # compiled, or pure with KVROUTE_PURE_PYTHON=1
+from kvroute.sim.engine.config import EngineConfig
 from vllm_driver import DriverRequest, DriverResult, StepRecord, default_output_token
 
 

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvroute.cli.main import cli
-from kvroute.sim.plots import plot_load_curve
+from kvroute.sim.study.plots import plot_load_curve
 from kvroute.traces.arrivals import arrival_times, parse_arrival, rescaled, with_session_starts
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.generators import builtin_workload

@@ -212,8 +212,8 @@ def test_parent_and_hash_ids_that_agree_are_accepted(tmp_path):
 
 
 def test_router_block_tokens_not_a_multiple_of_the_block_size():
-    from kvroute.sim.cluster import ClusterSpec
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.cluster.cluster import ClusterSpec
+    from kvroute.sim.timing.profile import load_profile
 
     with pytest.raises(ValueError, match="router_block_tokens must be a multiple of the block size 16 "
                                          r"\(or at most one block\), got 24"):
@@ -321,7 +321,7 @@ def test_bad_number_in_a_sweep_table_for_fit(tmp_path, name, text, expected):
 
 def test_unreachable_dask_scheduler(monkeypatch):
     pytest.importorskip("distributed")
-    from kvroute.sim import executors
+    from kvroute.sim.study import executors
 
     monkeypatch.setattr(executors, "DASK_CONNECT_TIMEOUT_S", 0.5)
     assert_error(run("sweep", "--chats", 2, "--turns", 1, "--rounds", 1, "--no-progress",
@@ -331,7 +331,7 @@ def test_unreachable_dask_scheduler(monkeypatch):
 
 def test_dask_local_cluster_is_loopback_without_dashboard(monkeypatch):
     distributed = pytest.importorskip("distributed")
-    from kvroute.sim import sweep as sweep_module
+    from kvroute.sim.study import sweep as sweep_module
 
     seen = {}
 
@@ -366,7 +366,7 @@ def test_out_that_is_a_file(tmp_path):
 
 
 def test_failed_write_leaves_no_file(tmp_path):
-    from kvroute.sim.outputs import atomic_output
+    from kvroute.traces.outputs import atomic_output
 
     target = tmp_path / "rows.csv"
     with pytest.raises(OSError):
@@ -384,7 +384,7 @@ def test_failed_write_leaves_no_file(tmp_path):
 ])
 def test_bad_host_terms_for_fit_name_their_flag(tmp_path, flag, value, expected):
     out = tmp_path / "p.json"
-    bursts = Path(__file__).resolve().parents[1] / "bench" / "calibrate-cpu-tiny-qwen2-x2-bursts"
+    bursts = Path(__file__).resolve().parents[1] / "calibrate" / "data" / "calibrate-cpu-tiny-qwen2-x2-bursts"
     assert_error(run("calibrate", "fit", bursts, "--base-profile",
                      "cpu-tiny-qwen2-x2", "--out", out, flag, value), expected)
     assert not out.exists()

@@ -2,9 +2,9 @@
 
 import pytest
 
-from kvroute.sim.block_pool import BlockPool
-from kvroute.sim.kv_cache_manager import KVCacheManager
-from kvroute.sim.request import Request
+from kvroute.sim.engine.block_pool import BlockPool
+from kvroute.sim.engine.kv_cache_manager import KVCacheManager
+from kvroute.sim.engine.request import Request
 
 
 def make_request(rid, num_prompt, hashes, max_tokens=1, block_size=4):

@@ -1,11 +1,11 @@
-"""Both engine cores, the pure-Python one (``sim/block_pool.py``, ``sim/kv_cache_manager.py``)
-and the compiled one (``sim/_block_pool.pyx``, ``sim/_kv_cache_manager.pyx``), on the same exact
+"""Both engine cores, the pure-Python one (``sim/engine/block_pool.py``, ``sim/engine/kv_cache_manager.py``)
+and the compiled one (``sim/engine/_block_pool.pyx``, ``sim/engine/_kv_cache_manager.pyx``), on the same exact
 tests: the small cases of test_block_pool.py (pool and KV-cache manager), the random streams of
 test_block_pool_reference.py against the per-block reference pool (plus streams with 64-bit
 keys and pools large enough to grow the compiled prefix index), the decode-run steps of the
 manager (``allocate_decode_run`` of both managers on random runs, hashes as lists and as
 ``array("q")``), and the errors bad input gives. Then which core a scheduler builds
-(``kvroute.sim.compiled``)."""
+(``kvroute.sim.engine.compiled``)."""
 
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ import pytest
 
 import test_block_pool
 import test_block_pool_reference
-from kvroute.sim import block_pool, compiled, kv_cache_manager
-from kvroute.sim.config import EngineConfig
-from kvroute.sim.scheduler import Scheduler
+from kvroute.sim.engine import block_pool, compiled, kv_cache_manager
+from kvroute.sim.engine.config import EngineConfig
+from kvroute.sim.engine.scheduler import Scheduler
 
 BUILT = all(importlib.util.find_spec(f"kvroute.sim.{name}") is not None
             for name in ("_block_pool", "_kv_cache_manager", "_decode_run", "_content"))
 if BUILT:
-    from kvroute.sim._block_pool import BlockPool as CompiledPool
-    from kvroute.sim._kv_cache_manager import KVCacheManager as CompiledManager
+    from kvroute.sim.engine._block_pool import BlockPool as CompiledPool
+    from kvroute.sim.engine._kv_cache_manager import KVCacheManager as CompiledManager
 else:
     CompiledPool = CompiledManager = None
 
@@ -85,7 +85,7 @@ def _decode_run_state(seed: int, pair, as_array: bool):
     """Requests admitted and decoded a few steps, then one ``allocate_decode_run``; the tables,
     the free queue and the cached hashes after it (keys drawn from a small range, some shared
     with an earlier request still cached, so some runs are refused)."""
-    from kvroute.sim.request import Request
+    from kvroute.sim.engine.request import Request
 
     rng = random.Random(seed)
     pool_cls, manager_cls = pair
@@ -222,16 +222,17 @@ def test_the_compiled_pool_is_in_use_when_built():
     scheduler = Scheduler(EngineConfig())
     assert type(scheduler.pool) is CompiledPool
     assert type(scheduler.kv_cache_manager) is CompiledManager
-    assert compiled.DecodeRunTimes.__module__ == "kvroute.sim._decode_run"
-    assert compiled.block_hashes.__module__ == "kvroute.sim._content"
+    from kvroute.sim.timing import compiled as timing_compiled
+    assert timing_compiled.DecodeRunTimes.__module__ == "kvroute.sim.timing._decode_run"
+    assert compiled.block_hashes.__module__ == "kvroute.sim.engine._content"
 
 
 def test_pure_python_is_chosen_by_the_environment():
-    code = ("from kvroute.sim import compiled; "
+    code = ("from kvroute.sim.engine import compiled; from kvroute.sim.timing import compiled as timing; "
             "print(compiled.COMPILED, compiled.BlockPool.__module__, compiled.KVCacheManager.__module__, "
-            "compiled.DecodeRunTimes.__module__, compiled.block_hashes.__module__)")
+            "timing.DecodeRunTimes.__module__, compiled.block_hashes.__module__)")
     env = {**os.environ, compiled.PURE_PYTHON_ENV: "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "kvroute.sim.block_pool", "kvroute.sim.kv_cache_manager",
-                                  "kvroute.sim.decode_run", "kvroute.sim.content"]
+    assert out.stdout.split() == ["False", "kvroute.sim.engine.block_pool", "kvroute.sim.engine.kv_cache_manager",
+                                  "kvroute.sim.timing.decode_run", "kvroute.sim.engine.content"]
     assert out.stderr == ""  # chosen, so no warning

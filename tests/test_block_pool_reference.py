@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from kvroute.sim.block_pool import BlockPool
+from kvroute.sim.engine.block_pool import BlockPool
 from reference_block_pool import ReferenceBlockPool
 
 

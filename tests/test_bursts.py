@@ -8,8 +8,8 @@ import pytest
 from kvroute.calibrate.calibration.bursts import (Burst, burst_table, fit_frontend, profile_sections, schedule_delay,
                                                   simulate_burst)
 from kvroute.calibrate.calibration.measure import SweepPlan
-from kvroute.sim.frontend import FrontendModel, HostModel
-from kvroute.sim.profile import profile_from_dict
+from kvroute.sim.timing.frontend import FrontendModel, HostModel
+from kvroute.sim.timing.profile import profile_from_dict
 
 
 def base_profile():
@@ -52,7 +52,7 @@ def test_plan_lists_bursts_on_a_cached_prefix_after_the_cold_ones():
 
 def test_burst_on_a_cached_prefix_is_replayed_after_one_warm_request_per_server():
     from kvroute.calibrate.calibration.bursts import WARM_LEAD_S, burst_trace
-    from kvroute.sim.cluster import ClusterSpec, simulate
+    from kvroute.sim.cluster.cluster import ClusterSpec, simulate
 
     b = Burst(0, "burst_all", 2, 2, 512 + 100, 8, (0.0, 0.0001, 0.0002, 0.0003), {}, prefix_len=512 + 16)
     trace = burst_trace(b, 32)
@@ -223,8 +223,8 @@ def test_fit_command_with_a_base_profile_adds_only_the_burst_terms(tmp_path):
     import pandas as pd
     from click.testing import CliRunner
 
-    from kvroute.calibrate.commands import calibrate
-    from kvroute.sim.profile import load_profile
+    from kvroute.cli.calibrate_commands import calibrate
+    from kvroute.sim.timing.profile import load_profile
 
     prof = base_profile()
     base = tmp_path / "base.json"

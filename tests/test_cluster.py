@@ -4,8 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.profile import Overheads, profile_from_dict
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.timing.profile import Overheads, profile_from_dict
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.generators import seed_chat
 from shared_traces import shared_trace
@@ -122,7 +122,7 @@ def test_block_size_mismatch_names_the_sizes_that_work():
 
 def test_mooncake_first20_runs_on_real_input():
     path = shared_trace("mooncake", "mooncake_trace_first20.jsonl")
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
     from kvroute.traces.reader import read_trace
 
     trace = read_trace(path)
@@ -141,7 +141,7 @@ def test_mooncake_first20_runs_on_real_input():
 @pytest.mark.parametrize("policy", ["round_robin", "kv_aware"])
 def test_fast_forwarded_decode_runs_equal_step_by_step_simulation(policy):
     """Advancing runs of identical decode steps as one event changes nothing but rounding."""
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     trace = seed_chat(num_chats=12, num_turns=4, think_time_ms=300.0)
     profile = load_profile("a6000-qwen2.5-7b")

@@ -4,10 +4,10 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from kvroute.sim.cluster import ClusterSpec
-from kvroute.sim.executors import run_tasks
-from kvroute.sim.experiment import compare
-from kvroute.sim.profile import load_profile
+from kvroute.sim.cluster.cluster import ClusterSpec
+from kvroute.sim.study.executors import run_tasks
+from kvroute.sim.study.experiment import compare
+from kvroute.sim.timing.profile import load_profile
 from kvroute.traces.generators import seed_chat
 
 

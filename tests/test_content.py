@@ -1,4 +1,4 @@
-"""Block hash keys (``sim/content.py`` and its compiled twin ``sim/_content.pyx``): every key is a
+"""Block hash keys (``sim/engine/content.py`` and its compiled twin ``sim/engine/_content.pyx``): every key is a
 signed 64-bit int, and both give the same keys in the same order."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from array import array
 
 import pytest
 
-from kvroute.sim import content
-from kvroute.sim.content import GENERATED_CONTENT_BASE, INT64_MAX, block_hashes
+from kvroute.sim.engine import content
+from kvroute.sim.engine.content import GENERATED_CONTENT_BASE, INT64_MAX, block_hashes
 
-BUILT = importlib.util.find_spec("kvroute.sim._content") is not None
+BUILT = importlib.util.find_spec("kvroute.sim.engine._content") is not None
 if BUILT:
-    from kvroute.sim import _content
+    from kvroute.sim.engine import _content
 NOT_BUILT = "the compiled engine core was not built (no C++ compiler or no Cython at install time)"
 
 

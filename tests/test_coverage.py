@@ -1,4 +1,4 @@
-"""A run beyond its profile's measured shapes is named (``kvroute.sim.coverage``), the fit records
+"""A run beyond its profile's measured shapes is named (``kvroute.sim.timing.coverage``), the fit records
 the sweep's shapes, and ``calibrate measure --longest`` extends the sweep to reach them."""
 
 import json
@@ -8,8 +8,8 @@ from click.testing import CliRunner
 
 from kvroute.calibrate.calibration.measure import SweepPlan
 from kvroute.cli.main import cli
-from kvroute.sim.coverage import MeasuredRange, measured_range, outside_note
-from kvroute.sim.profile import load_profile
+from kvroute.sim.timing.coverage import MeasuredRange, measured_range, outside_note
+from kvroute.sim.timing.profile import load_profile
 
 
 
@@ -80,7 +80,7 @@ def test_compare_notes_a_run_longer_than_the_profile_measured(tmp_path):
 def test_run_note_counts_overlapping_rounds_apart():
     import pandas as pd
 
-    from kvroute.sim.coverage import peak_in_flight, run_note
+    from kvroute.sim.timing.coverage import peak_in_flight, run_note
 
     profile = load_profile("cpu-tiny-qwen2-x2")  # measured: 16,384 tokens, batches of 64
     one = pd.DataFrame({"worker": [0] * 40, "arrival": [0.0] * 40, "finish": [1.0] * 40, "status": ["ok"] * 40,

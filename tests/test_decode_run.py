@@ -1,4 +1,4 @@
-"""Decode-run step times (``sim/decode_run.py`` and the compiled ``sim/_decode_run.pyx``): the
+"""Decode-run step times (``sim/timing/decode_run.py`` and the compiled ``sim/timing/_decode_run.pyx``): the
 same values, bit for bit, as stepping one step at a time with ``StepCost.step_time``."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import struct
 
 import pytest
 
-from kvroute.sim import decode_run
-from kvroute.sim.cost_model import StepCost
+from kvroute.sim.timing import decode_run
+from kvroute.sim.timing.cost_model import StepCost
 
-BUILT = importlib.util.find_spec("kvroute.sim._decode_run") is not None
+BUILT = importlib.util.find_spec("kvroute.sim.timing._decode_run") is not None
 IMPLS = [pytest.param(decode_run.DecodeRunTimes, id="pure")]
 if BUILT:
-    from kvroute.sim._decode_run import DecodeRunTimes as CompiledTimes
+    from kvroute.sim.timing._decode_run import DecodeRunTimes as CompiledTimes
 
     IMPLS.append(pytest.param(CompiledTimes, id="compiled"))
 else:

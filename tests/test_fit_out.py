@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from kvroute.cli.main import cli
 
-RUN = Path(__file__).resolve().parent.parent / "bench" / "calibrate-cpu-tiny-qwen2"
+RUN = Path(__file__).resolve().parent.parent / "calibrate" / "data" / "calibrate-cpu-tiny-qwen2"
 
 
 def _listing(root: Path) -> dict[str, str]:

@@ -1,11 +1,11 @@
-"""The API-server queue and host model (sim/frontend.py) against closed forms, alone and in a run."""
+"""The API-server queue and host model (sim/timing/frontend.py) against closed forms, alone and in a run."""
 
 import numpy as np
 import pytest
 
-from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.frontend import FifoLane, FrontendModel, Frontends, HostModel
-from kvroute.sim.profile import profile_from_dict
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.timing.frontend import FifoLane, FrontendModel, Frontends, HostModel
+from kvroute.sim.timing.profile import profile_from_dict
 from kvroute.traces.format import Trace, TraceRecord
 
 
@@ -145,7 +145,7 @@ def test_an_idle_engine_keeps_its_core_busy_for_its_spin_time():
 
 
 def test_the_client_counts_as_busy_only_while_responses_stream():
-    from kvroute.sim.cluster import Cluster
+    from kvroute.sim.cluster.cluster import Cluster
 
     prof = profile(frontend={"per_output_token_s": 0.01}, host={"cores": 2, "contention": 1.0, "client_busy": 1.0})
     spec = ClusterSpec(prof, num_workers=2, policy="round_robin", arrival_spread_s=0.0)
@@ -178,7 +178,7 @@ def test_with_api_processes_on_their_engines_cores_a_lane_stretches_its_own_engi
 
 
 def test_per_core_load_counts_the_engine_its_lanes_and_a_share_of_the_client():
-    from kvroute.sim.cluster import Cluster
+    from kvroute.sim.cluster.cluster import Cluster
 
     prof = profile(frontend={"per_output_token_s": 0.01},
                    host={"cores": 2, "contention": 1.0, "client_busy": 1.0, "api_on_engine_core": True})
@@ -193,7 +193,7 @@ def test_per_core_load_counts_the_engine_its_lanes_and_a_share_of_the_client():
 
 @pytest.mark.parametrize("client_core,pinned", [(-1, -1), (0, 0), (1, 1), (5, 5)])
 def test_a_client_pinned_to_a_workers_core_takes_a_fair_share_of_that_core_alone(client_core, pinned):
-    from kvroute.sim.cluster import Cluster
+    from kvroute.sim.cluster.cluster import Cluster
 
     prof = profile(frontend={"per_output_token_s": 0.01},
                    host={"cores": 2, "contention": 1.0, "client_busy": 1.0, "api_on_engine_core": True,
@@ -210,8 +210,8 @@ def test_a_client_pinned_to_a_workers_core_takes_a_fair_share_of_that_core_alone
 
 
 def test_a_pinned_clients_share_stretches_the_step_as_fair_sharing_whatever_the_contention():
-    from kvroute.sim.cost_model import StepCost
-    from kvroute.sim.frontend import ContendedStepCost
+    from kvroute.sim.timing.cost_model import StepCost
+    from kvroute.sim.timing.frontend import ContendedStepCost
 
     cost = StepCost(0.01, 0.0, 0.001, 0.0, 0.0, 0.0)
     host = HostModel(cores=2, contention=0.0, client_busy=1.0, api_on_engine_core=True, client_core=0)
@@ -233,7 +233,7 @@ def test_the_pinned_client_slows_its_own_workers_steps_only():
 
 
 def test_each_worker_steps_at_its_own_drawn_speed():
-    from kvroute.sim.cluster import engine_speeds
+    from kvroute.sim.cluster.cluster import engine_speeds
 
     # one request per worker, no contention: each TTFT is its one step (0.11 s) times its factor
     records = [rec(0, 100, 1), rec(1, 100, 1), rec(2, 100, 1)]
@@ -256,7 +256,7 @@ def test_each_worker_steps_at_its_own_drawn_speed():
 def test_engine_speed_drawn_anew_every_period():
     from dataclasses import replace as dc_replace
 
-    from kvroute.sim.cluster import engine_speed_processes, engine_speeds
+    from kvroute.sim.cluster.cluster import engine_speed_processes, engine_speeds
 
     # one worker, a 100-token request at 0 s and another at 1.5 s: each TTFT is its one step
     # (0.11 s) times the factor of the period its step starts in (period 1 s: draws 0 and 1)
@@ -357,7 +357,7 @@ def test_contended_step_takes_its_streaming_baseline_from_its_decoding_requests(
     """A decode-only step of B requests streams ``per_step_s + B per_output_token_s`` in its
     calibration; a step with a prefill beside B - 1 decodes streams for B - 1; a prefill alone
     for none. Busy processes held at 3.5 on 2 cores, baseline 2 engines + 3 streaming."""
-    from kvroute.sim.frontend import ContendedStepCost
+    from kvroute.sim.timing.frontend import ContendedStepCost
 
     cost = profile().step_cost  # 10 ms + 1 ms per batched token
     fe = FrontendModel(per_step_s=0.002, per_output_token_s=0.0005)
@@ -418,7 +418,7 @@ def test_lane_work_beside_a_busy_engine_on_its_core_takes_one_plus_api_contentio
 
 
 def test_api_contention_needs_the_api_process_on_the_engines_core():
-    from kvroute.sim.cluster import Cluster
+    from kvroute.sim.cluster.cluster import Cluster
 
     fe = {"per_prompt_token_s": 0.001}
     trace = Trace([rec(0, 100, 1)], block_size=16)

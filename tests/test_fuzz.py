@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kvroute.cli.main import cli
-from kvroute.sim.cluster import Cluster, ClusterSpec
-from kvroute.sim.profile import load_profile
+from kvroute.sim.cluster.cluster import Cluster, ClusterSpec
+from kvroute.sim.timing.profile import load_profile
 from kvroute.traces.reader import read_trace
 
 

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.profile import load_profile
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.timing.profile import load_profile
 from kvroute.traces.format import Trace
 from kvroute.traces.reader import read_trace
 from shared_traces import shared_trace

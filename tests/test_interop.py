@@ -145,7 +145,7 @@ def _run_result():
     import numpy as np
     import pandas as pd
 
-    from kvroute.sim.metrics import RECORD_COLUMNS, RunResult
+    from kvroute.sim.cluster.metrics import RECORD_COLUMNS, RunResult
 
     nan = float("nan")
     rows = [  # request_id, session, turn, worker, arrival, first, finish, ttft, e2e, tpot, prompt, cached, out, pre,
@@ -163,8 +163,8 @@ def _run_result():
 def test_vllm_bench_result_fields_follow_vllm_rules():
     from datetime import datetime
 
-    from kvroute.sim.bench_result import vllm_bench_result
-    from kvroute.sim.metrics import ServiceClass
+    from kvroute.sim.study.bench_result import vllm_bench_result
+    from kvroute.sim.cluster.metrics import ServiceClass
 
     doc = vllm_bench_result(_run_result(), ServiceClass(1.0, 0.4), "m", "kv_aware", date=datetime(2026, 1, 2, 3, 4, 5))
     assert doc["date"] == "20260102-030405" and doc["request_rate"] == "inf"
@@ -180,8 +180,8 @@ def test_vllm_bench_result_fields_follow_vllm_rules():
 
 
 def test_written_bench_result_reads_back_as_the_same_requests(tmp_path):
-    from kvroute.sim.bench_result import vllm_bench_result
-    from kvroute.sim.metrics import ServiceClass
+    from kvroute.sim.study.bench_result import vllm_bench_result
+    from kvroute.sim.cluster.metrics import ServiceClass
 
     path = _write(tmp_path, "r.json", vllm_bench_result(_run_result(), ServiceClass(), "m", "x"))
     trace = read_vllm_bench(path)

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.profile import load_profile
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.timing.profile import load_profile
 from kvroute.traces.generators import builtin_workload, seed_chat, workload_rng
 from kvroute.traces.lengths import parse_dist
 

@@ -13,11 +13,11 @@ import json
 
 import pytest
 
-from kvroute.calibrate.vllm.client import stream_completion
-from kvroute.calibrate.vllm.stream import StreamEvents
+from kvroute.calibrate.live.client import stream_completion
+from kvroute.calibrate.live.stream import StreamEvents
 from kvroute.calibrate.validation.livestream import stream_tokens
-from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.profile import load_profile
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.timing.profile import load_profile
 from kvroute.traces.format import Trace, TraceRecord
 
 URL = "http://127.0.0.1:1"
@@ -119,7 +119,7 @@ def test_calibration_row_counts_tokens_by_usage_and_keeps_the_warning():
     """``calibrate measure``'s row: n_tokens is the usage count (the bursts' TPOT divides by it)."""
     from types import SimpleNamespace
 
-    from kvroute.calibrate.vllm.client import StreamResult
+    from kvroute.calibrate.live.client import StreamResult
     from kvroute.calibrate.calibration.measure import _request_row
 
     warning = f"{URL}: usage says 4 completion tokens but 3 came in the stream's chunks; using the usage count"
@@ -143,7 +143,7 @@ def test_replay_stream_keeps_usage_and_warning():
 
 
 def test_calibration_stream_cut_before_done_is_an_error():
-    from kvroute.calibrate.vllm.client import CalibrationError
+    from kvroute.calibrate.live.client import CalibrationError
 
     async def main():
         server, url = await _serve(_stream_of_text()[:3], done=False)

@@ -12,9 +12,9 @@ import tracemalloc
 
 import pytest
 
-from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.profile import load_profile
-from kvroute.sim.workload import Workload
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.timing.profile import load_profile
+from kvroute.sim.cluster.workload import Workload
 from kvroute.traces import generators
 from kvroute.traces.format import Trace, TraceRecord
 

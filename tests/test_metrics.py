@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from kvroute.sim.metrics import RECORD_COLUMNS, RunResult, ServiceClass, summarize, summarize_rounds
+from kvroute.sim.cluster.metrics import RECORD_COLUMNS, RunResult, ServiceClass, summarize, summarize_rounds
 
 
 def frame(rows):

@@ -15,7 +15,7 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 from kvroute.cli.sim_commands import compare as compare_command  # noqa: E402
-from kvroute.sim.sweep import Scenario, cost_per_million_tokens, grid, intervals, sweep  # noqa: E402
+from kvroute.sim.study.sweep import Scenario, cost_per_million_tokens, grid, intervals, sweep  # noqa: E402
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = ["01_seed_study", "02_more_workers", "03_long_histories", "04_calibration", "05_validation", "06_routers"]
@@ -122,7 +122,7 @@ def _check_01_sensitivity(book, out) -> None:
     """01's sensitivity section equals ``run_sensitivity``, its intervals ``compare --uncertainty``."""
     import pandas as pd
 
-    from kvroute.sim.sensitivity import run_sensitivity
+    from kvroute.sim.study.sensitivity import run_sensitivity
 
     api = run_sensitivity(Scenario(chats=8, turns=2, workers=4, profile="a6000-qwen2.5-7b", seed=0),
                           ["round_robin", "kv_aware"], trajectories=2, rounds=1, noise_rounds=2, seed=0,

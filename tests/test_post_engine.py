@@ -9,11 +9,11 @@ import pytest
 
 from kvroute.calibrate.calibration.engine_split import apply_post_engine, post_engine_time
 from kvroute.calibrate.calibration.measure import REQUEST_COLUMNS, RowWriter, engine_first_token
-from kvroute.calibrate.calibration.prompts import chained_block_hashes
-from kvroute.calibrate.vllm.client import CalibrationError, StreamResult
-from kvroute.calibrate.vllm.kv_events import LiveKVEvents
-from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.profile import profile_from_dict
+from kvroute.calibrate.live.prompts import chained_block_hashes
+from kvroute.calibrate.live.client import CalibrationError, StreamResult
+from kvroute.calibrate.live.kv_events import LiveKVEvents
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.timing.profile import profile_from_dict
 from kvroute.traces.format import Trace, TraceRecord
 from test_frontend import profile as frontend_profile
 

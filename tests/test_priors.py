@@ -1,4 +1,4 @@
-"""Derived priors (sim/priors.py): exact arithmetic, shipped files in step with the code."""
+"""Derived priors (sim/timing/priors.py): exact arithmetic, shipped files in step with the code."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from kvroute.sim import priors
-from kvroute.sim.cost_model import StepCost, prefill_pairs
-from kvroute.sim.profile import load_profile, shipped_profiles
+from kvroute.sim.timing import priors
+from kvroute.sim.timing.cost_model import StepCost, prefill_pairs
+from kvroute.sim.timing.profile import load_profile, shipped_profiles
 
 NAMES = ["a6000-qwen2.5-7b", "a100-40gb-qwen2.5-7b", "a100-80gb-qwen2.5-7b", "h100-80gb-qwen2.5-7b"]
 
@@ -75,7 +75,7 @@ def test_step_cost_formulas_a6000():
 def test_shipped_json_equals_derivation(name):
     path = priors.profiles_dir() / f"{name}.json"
     assert json.loads(path.read_text()) == priors.shipped_documents()[name], (
-        f"{path} drifted from derive_profile; run `python -m kvroute.sim.priors --write`"
+        f"{path} drifted from derive_profile; run `python -m kvroute.sim.timing.priors --write`"
     )
 
 
@@ -86,7 +86,7 @@ def test_shipped_profile_loads_and_is_sane(name):
     assert profile.name == name
     doc = profile.raw
     assert doc["provenance"]["kind"] == "derived"
-    assert doc["provenance"]["source"] == "kvroute.sim.priors"
+    assert doc["provenance"]["source"] == "kvroute.sim.timing.priors"
     assert doc["provenance"]["date"] == "2026-11-29"
     for key in StepCost.__dataclass_fields__:
         value = doc["step_cost"][key]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from kvroute.cli.main import cli
-from kvroute.sim.profile import shipped_profiles
+from kvroute.sim.timing.profile import shipped_profiles
 
 
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from kvroute.cli.main import cli
 from kvroute.cli.provenance import canonical_sha256
-from kvroute.sim.profile import load_profile
+from kvroute.sim.timing.profile import load_profile
 
 SMALL = ["--chats", "4", "--turns", "2", "--workers", "2", "--policies", "round_robin,kv_aware"]
 

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from kvroute.sim.metrics import summarize_rounds
+from kvroute.sim.cluster.metrics import summarize_rounds
 
 
 def test_intervals_of_bounded_metrics_are_clipped_to_possible_values():
@@ -29,7 +29,7 @@ def test_unclipped_intervals_stay_symmetric_and_nan_stays_nan():
 
 
 def _comparison(base_hit, other_hit):
-    from kvroute.sim.experiment import Comparison
+    from kvroute.sim.study.experiment import Comparison
 
     def iv(hit, ttft):
         return summarize_rounds([{"hit_rate": hit, "ttft_mean_s": ttft}])
@@ -39,7 +39,7 @@ def _comparison(base_hit, other_hit):
 
 
 def test_table_shows_share_changes_in_points_and_others_in_percent():
-    from kvroute.sim.experiment import format_table
+    from kvroute.sim.study.experiment import format_table
 
     lines = format_table(_comparison(0.40, 0.55), ["hit_rate", "ttft_mean_s"]).splitlines()
     assert lines[2].split()[-2:] == ["+15.0", "pp"]      # 0.40 -> 0.55: 15 points, not +37.5 %
@@ -47,7 +47,7 @@ def test_table_shows_share_changes_in_points_and_others_in_percent():
 
 
 def test_table_shows_a_clipped_interval_as_its_ends():
-    from kvroute.sim.experiment import _fmt_interval
+    from kvroute.sim.study.experiment import _fmt_interval
 
     assert _fmt_interval(0.5, 0.25, 0.75, 3) == "0.500 ± 0.250"
     assert _fmt_interval(0.9, 0.6, 1.0, 3) == "0.900 [0.600, 1.000]"
@@ -55,7 +55,7 @@ def test_table_shows_a_clipped_interval_as_its_ends():
 
 
 def test_infeasible_grid_points_are_failed_rows_and_the_sweep_goes_on():
-    from kvroute.sim.sweep import Scenario, grid, intervals, sweep
+    from kvroute.sim.study.sweep import Scenario, grid, intervals, sweep
 
     base = Scenario(chats=2, turns=2, workers=2, policy="round_robin")
     frame = sweep(grid(base, kv_blocks=[2, 100_000]), rounds=2, executor="sequential", progress=False)
@@ -87,7 +87,7 @@ def test_a_cluster_that_cannot_be_built_is_a_failed_row_too(tmp_path):
 def test_turn_axis_has_integer_ticks_and_token_axis_reads_in_k_and_m():
     from matplotlib.figure import Figure
 
-    from kvroute.sim.plots import integer_ticks, token_axis, token_label
+    from kvroute.sim.study.plots import integer_ticks, token_axis, token_label
 
     assert [token_label(v) for v in (512, 31_250, 32_768, 1_500_000, 2_000_000)] == [
         "512", "31.2k", "32.8k", "1.5M", "2M"]

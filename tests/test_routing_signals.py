@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from kvroute.sim.cluster import Cluster, ClusterSpec, simulate
-from kvroute.sim.profile import load_profile
+from kvroute.sim.cluster.cluster import Cluster, ClusterSpec, simulate
+from kvroute.sim.timing.profile import load_profile
 from kvroute.traces import generators
 
 
@@ -97,7 +97,7 @@ def test_gateway_replicas_lose_hits_with_local_state_and_recover_them_shared():
 
 
 def test_vllm_metrics_page_parses_into_the_scraped_signals():
-    from kvroute.calibrate.vllm.metrics_scrape import parse_vllm_metrics
+    from kvroute.calibrate.live.metrics_scrape import parse_vllm_metrics
 
     page = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -125,8 +125,8 @@ def test_live_metrics_poll_every_server():
 
     from aiohttp import web
 
-    from kvroute.calibrate.vllm.metrics_scrape import LiveMetrics
-    from kvroute.calibrate.vllm.stream import new_session
+    from kvroute.calibrate.live.metrics_scrape import LiveMetrics
+    from kvroute.calibrate.live.stream import new_session
 
     pages = ["vllm:num_requests_running 1\nvllm:num_requests_waiting 4\nvllm:kv_cache_usage_perc 0.5\n",
              "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.125\n"]
@@ -172,8 +172,8 @@ class BlockRemoved:
 
 
 def test_live_kv_events_are_named_by_the_routers_own_hashes():
-    from kvroute.calibrate.vllm.kv_events import LiveKVEvents
-    from kvroute.calibrate.calibration.prompts import chained_block_hashes
+    from kvroute.calibrate.live.kv_events import LiveKVEvents
+    from kvroute.calibrate.live.prompts import chained_block_hashes
 
     prompt = list(range(100, 228))  # 4 blocks of 32
     ours = chained_block_hashes(prompt, 32)
@@ -189,8 +189,8 @@ def test_live_kv_events_are_named_by_the_routers_own_hashes():
 
 
 def test_live_kv_events_time_the_batch_that_stored_each_block():
-    from kvroute.calibrate.vllm.kv_events import LiveKVEvents
-    from kvroute.calibrate.calibration.prompts import chained_block_hashes
+    from kvroute.calibrate.live.kv_events import LiveKVEvents
+    from kvroute.calibrate.live.prompts import chained_block_hashes
 
     prompt = list(range(100, 228))  # 4 blocks of 32
     ours = chained_block_hashes(prompt, 32)

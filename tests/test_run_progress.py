@@ -7,8 +7,8 @@ from click.testing import CliRunner
 
 from kvroute.cli.main import cli
 from kvroute.cli.scenario import build_spec, load_trace
-from kvroute.sim import cluster
-from kvroute.sim.cluster import simulate
+from kvroute.sim.cluster import cluster
+from kvroute.sim.cluster.cluster import simulate
 
 
 def test_progress_reports_time_and_position_and_changes_nothing(monkeypatch):

@@ -2,11 +2,11 @@
 
 import pytest
 
-from kvroute.sim.compiled import Request, Scheduler  # compiled, or pure with KVROUTE_PURE_PYTHON=1
-from kvroute.sim.config import EngineConfig
-from kvroute.sim.content import block_hashes
-from kvroute.sim.request import RequestStatus
-from kvroute.sim.scheduler import admission_error, clamp_max_tokens
+from kvroute.sim.engine.compiled import Request, Scheduler  # compiled, or pure with KVROUTE_PURE_PYTHON=1
+from kvroute.sim.engine.config import EngineConfig
+from kvroute.sim.engine.content import block_hashes
+from kvroute.sim.engine.request import RequestStatus
+from kvroute.sim.engine.scheduler import admission_error, clamp_max_tokens
 
 
 def req(rid, prompt_segments, max_tokens, block_size=16):

@@ -1,4 +1,4 @@
-"""The compiled scheduler and request (``kvroute.sim._scheduler``, ``_request``) against the
+"""The compiled scheduler and request (``kvroute.sim.engine._scheduler``, ``_request``) against the
 pure-Python ones they were written from: the same steps, token counts, step sums, preemptions,
 finishes, decode runs and prefix-cache counters on random request streams, with preemption
 (small pools), chunked prefill caps and shared prefixes."""
@@ -9,13 +9,13 @@ import random
 
 import pytest
 
-from kvroute.sim import compiled
-from kvroute.sim import request as pure_request
-from kvroute.sim import scheduler as pure_scheduler
-from kvroute.sim.config import EngineConfig
-from kvroute.sim.request import RequestStatus
+from kvroute.sim.engine import compiled
+from kvroute.sim.engine import request as pure_request
+from kvroute.sim.engine import scheduler as pure_scheduler
+from kvroute.sim.engine.config import EngineConfig
+from kvroute.sim.engine.request import RequestStatus
 
-BUILT = importlib.util.find_spec("kvroute.sim._scheduler") is not None
+BUILT = importlib.util.find_spec("kvroute.sim.engine._scheduler") is not None
 pytestmark = pytest.mark.skipif(not BUILT, reason="the compiled scheduler is not built")
 
 
@@ -47,7 +47,7 @@ def _stream(rng: random.Random, n: int, block_size: int):
 
 
 def _run(scheduler_cls, request_cls, config, stream, decode_runs: bool):
-    from kvroute.sim._scheduler import Scheduler as CompiledScheduler
+    from kvroute.sim.engine._scheduler import Scheduler as CompiledScheduler
 
     sched = scheduler_cls(config)
     pending = list(enumerate(stream))
@@ -84,8 +84,8 @@ def _run(scheduler_cls, request_cls, config, stream, decode_runs: bool):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_same_steps_as_the_python_scheduler(seed):
-    from kvroute.sim._request import Request
-    from kvroute.sim._scheduler import Scheduler
+    from kvroute.sim.engine._request import Request
+    from kvroute.sim.engine._scheduler import Scheduler
 
     rng = random.Random(seed)
     block_size = rng.choice([4, 16])
@@ -106,7 +106,7 @@ def test_same_steps_as_the_python_scheduler(seed):
 
 
 def test_compiled_request_matches_the_python_one():
-    from kvroute.sim._request import Request
+    from kvroute.sim.engine._request import Request
 
     a, b = Request(7, 20, 5, [1, 2], client="c"), pure_request.Request(7, 20, 5, [1, 2], client="c")
     assert _state(a) == _state(b) and a.num_tokens == b.num_tokens == 20 and repr(a) == repr(b)
@@ -121,7 +121,7 @@ def test_compiled_request_matches_the_python_one():
 
 def test_compiled_core_is_chosen_when_built():
     if compiled.COMPILED:
-        assert compiled.Scheduler.__module__ == "kvroute.sim._scheduler"
-        assert compiled.Request.__module__ == "kvroute.sim._request"
+        assert compiled.Scheduler.__module__ == "kvroute.sim.engine._scheduler"
+        assert compiled.Request.__module__ == "kvroute.sim.engine._request"
     else:
         assert compiled.Scheduler is pure_scheduler.Scheduler and compiled.Request is pure_request.Request

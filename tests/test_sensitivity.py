@@ -7,11 +7,11 @@ import pytest
 from click.testing import CliRunner
 
 from kvroute.cli.main import cli
-from kvroute.sim.profile import CoefficientUncertainty, load_profile
-from kvroute.sim.sensitivity import (FACTOR_GROUPS, Factor, Ranges, base_profile, default_factors, output_names,
+from kvroute.sim.timing.profile import CoefficientUncertainty, load_profile
+from kvroute.sim.study.sensitivity import (FACTOR_GROUPS, Factor, Ranges, base_profile, default_factors, output_names,
                                      run_sensitivity)
-from kvroute.sim.sweep import Scenario
-from kvroute.sim.uncertainty import with_coefficients
+from kvroute.sim.study.sweep import Scenario
+from kvroute.sim.timing.uncertainty import with_coefficients
 
 TOY = Scenario(chats=8, turns=2, workers=2)
 

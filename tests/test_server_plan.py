@@ -1,11 +1,11 @@
-"""Where planned vLLM CPU servers put their engines and API processes (calibrate/vllm/server.py)."""
+"""Where planned vLLM CPU servers put their engines and API processes (calibrate/live/server.py)."""
 
 import re
 
 import pytest
 
-from kvroute.calibrate.vllm import server
-from kvroute.calibrate.vllm.server import plan_servers
+from kvroute.calibrate.live import server
+from kvroute.calibrate.live.server import plan_servers
 
 
 @pytest.fixture

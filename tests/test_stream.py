@@ -1,4 +1,4 @@
-"""The aiohttp stream reader (kvroute.calibrate.vllm.stream.read_completion) against an aiohttp.web
+"""The aiohttp stream reader (kvroute.calibrate.live.stream.read_completion) against an aiohttp.web
 server that sends crafted server-sent events: counting rules, errors naming the server, one
 pooled connection for many requests."""
 
@@ -11,9 +11,9 @@ import socket
 import pytest
 from aiohttp import web
 
-from kvroute.calibrate.vllm.client import CalibrationError, VllmClient
+from kvroute.calibrate.live.client import CalibrationError, VllmClient
 from kvroute.calibrate.validation.livestream import WorkerLost, stream_tokens
-from kvroute.calibrate.vllm.stream import StreamLost, new_session, read_completion
+from kvroute.calibrate.live.stream import StreamLost, new_session, read_completion
 
 BODY = {"model": "m", "prompt": [1, 2], "max_tokens": 3, "stream": True}
 

@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvroute.sim.cluster import Cluster, ClusterSpec, simulate
-from kvroute.sim.experiment import compare
-from kvroute.sim.metrics import (METRIC_BOUNDS, RECORD_COLUMNS, SUMMARY_METRICS, RunResult, ServiceClass,
+from kvroute.sim.cluster.cluster import Cluster, ClusterSpec, simulate
+from kvroute.sim.study.experiment import compare
+from kvroute.sim.cluster.metrics import (METRIC_BOUNDS, RECORD_COLUMNS, SUMMARY_METRICS, RunResult, ServiceClass,
                                  _q, one_round_intervals, summarize)
-from kvroute.sim.profile import load_profile
+from kvroute.sim.timing.profile import load_profile
 from kvroute.traces.format import Trace, TraceRecord
 
 

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 
 from kvroute.cli.scenario import build_spec, load_trace
 from kvroute.cli.sweep_command import sweep_command
-from kvroute.sim.experiment import compare
-from kvroute.sim.metrics import SUMMARY_METRICS, summarize_rounds
-from kvroute.sim.profile import load_profile
-from kvroute.sim.sweep import (
+from kvroute.sim.study.experiment import compare
+from kvroute.sim.cluster.metrics import SUMMARY_METRICS, summarize_rounds
+from kvroute.sim.timing.profile import load_profile
+from kvroute.sim.study.sweep import (
     COUNTER_COLUMNS, SCENARIO_FIELDS, Scenario, cost_per_million_tokens, grid, intervals, run_scenario, sweep,
 )
 from shared_traces import shared_trace

@@ -79,7 +79,7 @@ def test_signal_stops_local_sweep_and_keeps_finished_rows(tmp_path, signum):
 
 def test_sweep_api_raises_with_finished_rows(monkeypatch):
     """In-process: a KeyboardInterrupt mid-sweep becomes SweepInterrupted with the rows done."""
-    from kvroute.sim import sweep as sweep_module
+    from kvroute.sim.study import sweep as sweep_module
 
     calls = {"n": 0}
     real = sweep_module._run_task

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from kvroute.calibrate.vllm.client import MetricsSnapshot, parse_prometheus
-from kvroute.sim.experiment import _tabulate
+from kvroute.calibrate.live.client import MetricsSnapshot, parse_prometheus
+from kvroute.sim.study.experiment import _tabulate
 
 
 def test_table_layout_is_the_hand_written_one():

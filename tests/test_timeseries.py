@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.timeseries import SERIES_COLUMNS, cumulative_at, gauge_at, gauge_mean
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.cluster.timeseries import SERIES_COLUMNS, cumulative_at, gauge_at, gauge_mean
 from kvroute.traces.format import Trace, TraceRecord
 from test_cluster import simple_profile
 
@@ -164,7 +164,7 @@ def test_gauges_and_totals_on_a_grid():
 
 
 def test_plot_series_draws_one_run(tmp_path):
-    from kvroute.sim.plots import plot_series
+    from kvroute.sim.study.plots import plot_series
 
     res = run(two_requests())
     path = plot_series(res.series, tmp_path / "ts.png", title="two requests")
@@ -177,7 +177,7 @@ def test_plot_series_draws_one_run(tmp_path):
 
 
 def test_compare_stacks_series_and_tokens_by_policy_and_round():
-    from kvroute.sim.experiment import compare
+    from kvroute.sim.study.experiment import compare
 
     spec = ClusterSpec(simple_profile(), num_workers=2, arrival_spread_s=0.0, record_series=True)
     comp = compare(two_requests(), spec, ["round_robin", "kv_aware"], rounds=2)
@@ -224,8 +224,8 @@ def test_time_series_needs_out():
 
 
 def test_vllm_bench_result_carries_per_request_itls_when_tokens_were_kept():
-    from kvroute.sim.bench_result import vllm_bench_result
-    from kvroute.sim.metrics import ServiceClass
+    from kvroute.sim.study.bench_result import vllm_bench_result
+    from kvroute.sim.cluster.metrics import ServiceClass
 
     doc = vllm_bench_result(run(two_requests()), ServiceClass(), "m", "p", None, 1.0)
     assert doc["itls"] == [pytest.approx([0.027, 0.012], abs=1e-12), pytest.approx([0.012, 0.011], abs=1e-12)]
@@ -246,7 +246,7 @@ def test_workers_sharing_a_gpu_sample_their_alternating_steps():
 
 
 def test_token_times_are_the_client_s_behind_an_api_server_model():
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     profile = load_profile("cpu-tiny-qwen2-x2-bursts")
     trace = Trace([TraceRecord(i, 0.0, 64, 8, tuple(range(10 * i, 10 * i + 4))) for i in range(6)], block_size=16)
@@ -282,7 +282,7 @@ def test_plot_series_titles_a_redrawn_plot_with_the_run_not_the_file(tmp_path, m
     import pandas as pd
     from click.testing import CliRunner
 
-    import kvroute.sim.plots
+    import kvroute.sim.study.plots
     from kvroute.cli.main import cli
 
     out = tmp_path / "run"
@@ -290,7 +290,7 @@ def test_plot_series_titles_a_redrawn_plot_with_the_run_not_the_file(tmp_path, m
                              "--out", str(out), "--time-series", "--quiet"], catch_exceptions=False)
     assert pd.read_parquet(out / "timeseries.parquet").attrs == {"kvroute_run": "trace seed_chat: 4 requests"}
     titles = []
-    monkeypatch.setattr(kvroute.sim.plots, "plot_series", lambda series, path, title, bins: titles.append(title))
+    monkeypatch.setattr(kvroute.sim.study.plots, "plot_series", lambda series, path, title, bins: titles.append(title))
     CliRunner().invoke(cli, ["plot-series", str(out / "timeseries.parquet")], catch_exceptions=False)
     assert titles == ["round_robin, round 0 | trace seed_chat: 4 requests"]
 

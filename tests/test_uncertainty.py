@@ -9,17 +9,17 @@ import pytest
 
 from kvroute.calibrate.calibration.fit import UNCERTAIN_FIELDS, fit, uncertainty_document
 from kvroute.calibrate.calibration.observations import build_observations, engine_config, load_sweep
-from kvroute.sim.profile import CoefficientUncertainty, load_profile, profile_from_dict
-from kvroute.sim.uncertainty import PRIOR_FIELDS, coefficient, draw_profiles, profile_uncertainty
+from kvroute.sim.timing.profile import CoefficientUncertainty, load_profile, profile_from_dict
+from kvroute.sim.timing.uncertainty import PRIOR_FIELDS, coefficient, draw_profiles, profile_uncertainty
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name", ["cpu-tiny-qwen2", "cpu-tiny-qwen2-x2"])
 def test_refit_reproduces_the_shipped_coefficients_and_first_bootstrap_samples(name):
-    shipped = json.loads((ROOT / "sim" / "profiles" / f"{name}.json").read_text())
+    shipped = json.loads((ROOT / "sim" / "timing" / "profiles" / f"{name}.json").read_text())
     fit_doc = shipped["provenance"]["fit"]
-    meta, servers, req, exp = load_sweep(ROOT / "bench" / f"calibrate-{name}")
+    meta, servers, req, exp = load_sweep(ROOT / "calibrate" / "data" / f"calibrate-{name}")
     obs, _ = build_observations(req, exp, engine_config(servers[0]), "auto")
     res = fit(obs, fit_doc["holdout_share"], fit_doc["holdout_seed"], "auto", fit_doc["method"].split("/")[-1],
               True, 4, bootstrap=2)
@@ -64,7 +64,7 @@ def test_draws_of_a_derived_prior_stay_in_the_stated_range():
 
 
 def test_uncertainty_section_errors_name_the_file_and_field():
-    doc = json.loads((ROOT / "sim" / "profiles" / "cpu-tiny-qwen2.json").read_text())
+    doc = json.loads((ROOT / "sim" / "timing" / "profiles" / "cpu-tiny-qwen2.json").read_text())
     bad = dict(doc, step_cost_uncertainty={"fields": ["step_cost.nope"], "samples": [[1.0]]})
     with pytest.raises(ValueError, match="x.json: step_cost_uncertainty: unknown uncertain coefficient 'step_cost.nope'"):
         profile_from_dict(bad, "x.json")
@@ -84,7 +84,7 @@ def test_uncertainty_section_errors_name_the_file_and_field():
 def test_prediction_interval_is_the_normal_theory_one():
     from scipy.stats import t
 
-    from kvroute.sim.experiment import prediction_interval
+    from kvroute.sim.study.experiment import prediction_interval
 
     lo, hi = prediction_interval([1.0, 2.0, 3.0, float("nan")])
     half = t.ppf(0.975, 2) * 1.0 * (4 / 3) ** 0.5
@@ -121,8 +121,8 @@ def test_compare_uncertainty_keeps_the_seed_only_results_and_adds_model_interval
 
 
 def test_each_draw_runs_on_its_own_seeds_shared_by_the_policies():
-    from kvroute.sim.cluster import ClusterSpec
-    from kvroute.sim.experiment import compare_uncertain
+    from kvroute.sim.cluster.cluster import ClusterSpec
+    from kvroute.sim.study.experiment import compare_uncertain
     from kvroute.traces.generators import seed_chat
 
     spec = ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=2)
@@ -141,7 +141,7 @@ def test_model_intervals_stay_within_possible_values_and_notes_stay_under_the_ta
     from click.testing import CliRunner
 
     from kvroute.cli.main import cli
-    from kvroute.sim.experiment import UncertainComparison
+    from kvroute.sim.study.experiment import UncertainComparison
 
     # two draws far apart: the normal interval of a share and of a time runs past their bounds
     rows = pd.DataFrame({"draw": [0, 1], "policy": ["p", "p"], "round": [0, 0], "seed": [0, 1],

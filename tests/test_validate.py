@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from kvroute.calibrate.validation.livestream import FifoSlots
-from kvroute.calibrate.calibration.prompts import PromptBuilder, TokenSynth, chained_block_hashes, root_segments
+from kvroute.calibrate.live.prompts import PromptBuilder, TokenSynth, chained_block_hashes, root_segments
 from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
-from kvroute.sim.metrics import RECORD_COLUMNS, summarize
-from kvroute.sim.workload import Workload
+from kvroute.sim.cluster.metrics import RECORD_COLUMNS, summarize
+from kvroute.sim.cluster.workload import Workload
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.generators import seed_chat
 
@@ -329,7 +329,7 @@ def test_replay_keeps_every_token_time_when_asked(fakes):
 def test_one_at_a_time_hits_equal_the_simulation_exactly(fakes, tmp_path, policy):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import write_report
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
     trace = small_chat(chats=6, turns=3)
@@ -357,7 +357,7 @@ def test_one_at_a_time_hits_equal_the_simulation_exactly(fakes, tmp_path, policy
 def test_two_policies_give_a_change_table_and_kv_aware_hits_more(fakes, tmp_path):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import report_markdown, write_report
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
     spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), max_in_flight=1, sim_rounds=2)
@@ -392,7 +392,7 @@ def test_send_lag_is_arrival_minus_parent_finish_minus_think_time():
 
     from kvroute.calibrate.validation.validate import PolicyRun
     from kvroute.calibrate.validation.validate_report import send_lags
-    from kvroute.sim.metrics import RunResult
+    from kvroute.sim.cluster.metrics import RunResult
 
     trace = small_chat(chats=2, turns=3)
     trace = dataclasses.replace(trace, records=[dataclasses.replace(r, think_time_ms=100.0 if r.parent is not None else 0.0)
@@ -414,7 +414,7 @@ def test_send_lag_is_arrival_minus_parent_finish_minus_think_time():
 def test_a_worker_dying_mid_replay_is_survived(fakes, tmp_path):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import write_report
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2, s1={"die_after": 3, "token_delay_s": 0.002})
     trace = small_chat(chats=6, turns=3)
@@ -505,7 +505,7 @@ def _invoke_validate(servers, tmp_path, *extra: str):
     click result (asserted successful), report.json and the arguments."""
     from click.testing import CliRunner
 
-    from kvroute.calibrate.validation.validate_command import validate
+    from kvroute.cli.validate_command import validate
     from kvroute.traces.writer import write_trace
 
     trace_file = tmp_path / "chat.jsonl"
@@ -522,7 +522,7 @@ def _invoke_validate(servers, tmp_path, *extra: str):
 def test_validate_command(fakes, tmp_path):
     from click.testing import CliRunner
 
-    from kvroute.calibrate.validation.validate_command import validate
+    from kvroute.cli.validate_command import validate
 
     servers = fakes(2)
     res, doc, _ = _invoke_validate(servers, tmp_path)
@@ -573,9 +573,9 @@ def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path, live_ro
 
 
 def test_cluster_spec_notes_a_profile_of_another_model():
-    from kvroute.calibrate.vllm.client import ServerInfo
+    from kvroute.calibrate.live.client import ServerInfo
     from kvroute.calibrate.validation.validate import ValidationSpec, cluster_spec
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     server = ServerInfo(url="http://x:1", model="tiny-qwen2", model_root="/cache/kvroute/tiny-qwen2",
                         served_models=("tiny-qwen2",), vllm_version="0.32.0", max_model_len=32768, block_size=32,
@@ -590,8 +590,8 @@ def test_cluster_spec_notes_a_profile_of_another_model():
 
 def test_client_lag_delays_every_later_turn_of_the_simulation_exactly():
     from kvroute.calibrate.validation.validate import with_client_lag
-    from kvroute.sim.cluster import ClusterSpec, simulate
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+    from kvroute.sim.timing.profile import load_profile
 
     trace = small_chat(chats=3, turns=3)
     lagged = with_client_lag(trace, 0.025)
@@ -609,8 +609,8 @@ def test_client_lag_delays_every_later_turn_of_the_simulation_exactly():
 def test_drawn_client_lags_delay_each_later_turn_by_one_of_the_sample():
     import dataclasses
 
-    from kvroute.sim.cluster import ClusterSpec, simulate
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+    from kvroute.sim.timing.profile import load_profile
 
     trace = small_chat(chats=4, turns=3)
     spec = ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=2, arrival_spread_s=0.0)
@@ -634,8 +634,8 @@ def test_drawn_client_lags_delay_each_later_turn_by_one_of_the_sample():
 def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fakes, tmp_path):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import report_markdown, write_report
-    from kvroute.sim.experiment import prediction_interval
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.study.experiment import prediction_interval
+    from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
     spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), max_in_flight=2, sim_rounds=2,
@@ -663,7 +663,7 @@ def test_measured_client_lag_runs_live_first_and_simulates_with_lags_drawn_from_
 
     from kvroute.calibrate.validation.validate import ValidationSpec, measured_lags, run_validation, with_root_offsets
     from kvroute.calibrate.validation.validate_report import send_lags, write_report
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
     trace = small_chat(chats=3, turns=3)
@@ -707,9 +707,9 @@ def constructed_validation(measured: dict[str, list[dict[str, float]]], live_rou
     import pandas as pd
 
     from kvroute.calibrate.validation.validate import PolicyRun, Validation, ValidationSpec, cluster_spec
-    from kvroute.calibrate.vllm.client import ServerInfo
-    from kvroute.sim.metrics import RunResult
-    from kvroute.sim.profile import load_profile
+    from kvroute.calibrate.live.client import ServerInfo
+    from kvroute.sim.cluster.metrics import RunResult
+    from kvroute.sim.timing.profile import load_profile
     from kvroute.calibrate.validation.validate_report import REPORT_METRICS
 
     trace = small_chat(chats=2, turns=2)
@@ -786,7 +786,7 @@ def test_two_live_rounds_interleave_policies_each_from_a_reset_cache(fakes, tmp_
 
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import write_report
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
     trace = small_chat(chats=5, turns=3)
@@ -833,7 +833,7 @@ def test_live_rounds_report_exact_values_for_a_constructed_case():
     from scipy.stats import t
 
     from kvroute.calibrate.validation.validate_report import ONE_ROUND_NOTE, report_dict, report_markdown
-    from kvroute.sim.experiment import prediction_interval
+    from kvroute.sim.study.experiment import prediction_interval
 
     rr_tc, kv_tc = [1.0, 2.0, 3.0], [0.9, 1.5, 2.7]
     v = constructed_validation({"round_robin": [{"time_to_complete_s": x} for x in rr_tc],
@@ -877,7 +877,7 @@ def test_live_rounds_report_exact_values_for_a_constructed_case():
 def test_a_server_dying_in_one_live_round_leaves_the_next_round_running_on_the_others(fakes, tmp_path):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import report_markdown, write_report
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2, s1={"die_after": 3, "token_delay_s": 0.002})
     trace = small_chat(chats=6, turns=3)
@@ -901,7 +901,7 @@ def test_a_server_dying_in_one_live_round_leaves_the_next_round_running_on_the_o
 def test_validate_command_live_rounds(fakes, tmp_path):
     from click.testing import CliRunner
 
-    from kvroute.calibrate.validation.validate_command import validate
+    from kvroute.cli.validate_command import validate
 
     res, doc, args = _invoke_validate(fakes(2), tmp_path, "--live-rounds", "2")
     assert "| live min - max |" in res.output and "(live round 2 of 2)" in res.output
@@ -913,7 +913,7 @@ def test_validate_command_live_rounds(fakes, tmp_path):
 def test_live_rounds_share_one_prediction_with_the_client_lag_measured_over_every_round(fakes):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import send_lags
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
     trace = small_chat(chats=3, turns=3)
@@ -933,7 +933,7 @@ def test_validate_against_an_unreachable_server_leaves_no_empty_output_directory
 
     from click.testing import CliRunner
 
-    from kvroute.calibrate.validation.validate_command import validate
+    from kvroute.cli.validate_command import validate
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -957,8 +957,8 @@ def test_engine_times_split_ttft_into_queue_prefill_and_front_end_exactly():
 
     from kvroute.calibrate.validation.engine_times import engine_rows, measured_times
     from kvroute.calibrate.validation.validate import PolicyRun
-    from kvroute.calibrate.vllm.client import MetricsSnapshot
-    from kvroute.sim.metrics import RunResult
+    from kvroute.calibrate.live.client import MetricsSnapshot
+    from kvroute.sim.cluster.metrics import RunResult
 
     def snap(queue, prefill, decode, n, ttft=0.0):
         return MetricsSnapshot({"vllm:request_queue_time_seconds_sum": queue, "vllm:request_queue_time_seconds_count": n,
@@ -1006,7 +1006,7 @@ def test_convoy_rows_split_later_turns_at_the_engines_first_token():
 
     from kvroute.calibrate.validation.engine_times import convoy_rows
     from kvroute.calibrate.validation.validate import PolicyRun
-    from kvroute.sim.metrics import RunResult
+    from kvroute.sim.cluster.metrics import RunResult
 
     nan = float("nan")
 
@@ -1044,7 +1044,7 @@ def test_convoy_rows_split_later_turns_at_the_engines_first_token():
     ("works", None),
 ])
 def test_a_kv_event_feed_that_gives_nothing_is_reported(fakes, monkeypatch, behaviour, expected):
-    from kvroute.calibrate.vllm.kv_events import LiveKVEvents
+    from kvroute.calibrate.live.kv_events import LiveKVEvents
 
     async def run(self):
         if behaviour == "fails":

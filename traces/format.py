@@ -18,7 +18,7 @@ same way; its first ``parent.input_length // block_size`` ids must equal the par
 parent's full prompt blocks; for a parent without ids, those of its nearest ancestor with ids),
 or the reader rejects it naming the line and ``hash_ids``. Its later ids are not used.
 
-Limits (:mod:`kvroute.sim.inputs`): lengths at most ``MAX_TOKENS``, block sizes at most
+Limits (:mod:`kvroute.traces.inputs`): lengths at most ``MAX_TOKENS``, block sizes at most
 ``MAX_BLOCK_SIZE``; a trace has at least one record.
 
 An optional first line declares the trace's block size: ``{"kvroute_trace": 1, "block_size": 16}``.

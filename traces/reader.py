@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Iterable
 
-from kvroute.sim.inputs import BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_TOKENS, InputError, describe
+from kvroute.traces.inputs import BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_TOKENS, InputError, describe
 from kvroute.traces.format import Trace, TraceRecord
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -31,7 +31,7 @@ _OPTIONAL_FIELDS = ("request_id", "session_id", "turn", "parent", "think_time")
 class TraceError(InputError):
     """A trace (file or in-memory) is malformed, or two block sizes cannot be mapped.
 
-    An :class:`~kvroute.sim.inputs.InputError` (so a ValueError) whose ``where`` is the file.
+    An :class:`~kvroute.traces.inputs.InputError` (so a ValueError) whose ``where`` is the file.
 
     Attributes:
         path: the file (or trace source) concerned, or None.

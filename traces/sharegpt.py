@@ -23,7 +23,7 @@ import math
 import os
 from collections.abc import Callable
 
-from kvroute.sim.inputs import MAX_TOKENS
+from kvroute.traces.inputs import MAX_TOKENS
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import TraceError, load_json_document
 

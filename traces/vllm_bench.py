@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 
-from kvroute.sim.inputs import MAX_TOKENS, describe
+from kvroute.traces.inputs import MAX_TOKENS, describe
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError, check_trace_block_size, load_json_document
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from kvroute.sim.outputs import write_text_atomic
+from kvroute.traces.outputs import write_text_atomic
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import FORMAT_VERSION, TraceError
 

@@ -1,5 +1,5 @@
 """The concurrency sweep's bursts: load them, replay them in the simulator, fit the front-end
-queue and host-contention terms (``kvroute.sim.frontend``) to them, and report their errors.
+queue and host-contention terms (``kvroute.sim.timing.frontend``) to them, and report their errors.
 
 A burst (``kvroute.calibrate.calibration.measure``: kinds ``burst`` and ``burst_all``) is N cold prompts of
 one shape sent at once to one server, or N to every server, or N prompts on a prefix the server
@@ -39,9 +39,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from kvroute.sim.cluster import ClusterSpec, simulate
-from kvroute.sim.frontend import FrontendModel, HostModel
-from kvroute.sim.profile import Profile
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.timing.frontend import FrontendModel, HostModel
+from kvroute.sim.timing.profile import Profile
 from kvroute.traces.format import Trace, TraceRecord
 
 BURST_KINDS = ("burst", "burst_all")
@@ -236,7 +236,7 @@ def schedule_delay(burst: Burst, profile: Profile, seed: int = 0) -> dict:
         ``comparable_s`` is computed as :func:`measured_delay` computes the live figure (the
         server exports no per-request scheduling time, only the mean prefill time).
     """
-    from kvroute.sim.cluster import Cluster
+    from kvroute.sim.cluster.cluster import Cluster
 
     spec = ClusterSpec(profile, num_workers=burst.num_servers, policy="round_robin", arrival_spread_s=0.0,
                        closed_loop=False)

@@ -35,8 +35,8 @@ import numpy as np
 
 from kvroute.calibrate.calibration.observations import Observation, TTFT_KINDS
 from kvroute.calibrate.calibration.steps import COEFFICIENTS, Step, design_row, predict
-from kvroute.sim.coverage import measured_range
-from kvroute.sim.cost_model import StepCost
+from kvroute.sim.timing.coverage import measured_range
+from kvroute.sim.timing.cost_model import StepCost
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,11 +503,11 @@ def uncertainty_document(result: FitResult) -> dict | None:
 
 
 def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: dict | None = None) -> dict:
-    """The profile JSON document (layout of ``kvroute.sim.profile``) of a fit.
+    """The profile JSON document (layout of ``kvroute.sim.timing.profile``) of a fit.
 
     Args:
         result: the fit.
-        info: the measured server's :class:`~kvroute.calibrate.vllm.client.ServerInfo`.
+        info: the measured server's :class:`~kvroute.calibrate.live.client.ServerInfo`.
         meta: the sweep's ``meta.json`` (dates, URLs, seed, plan).
         name: profile name.
         model_doc: extra model facts (e.g. shapes read from its ``config.json``).

@@ -19,14 +19,14 @@ Experiments (every prompt is a list of token ids, so prefix sharing is exact):
   turns arrive at a server together. Each request's send time is recorded as the client
   really sent it (its send lag under load is measured, not assumed); ``/metrics`` brackets every
   server, so the burst's mean engine queue and prefill times sit beside the client's timings.
-  These load the API server and the host as a real burst does (``kvroute.sim.frontend``).
+  These load the API server and the host as a real burst does (``kvroute.sim.timing.frontend``).
 
 Sequential requests are bracketed by ``/metrics`` scrapes, so the server's own histograms
 (``vllm:request_queue_time_seconds``, ``vllm:request_prefill_time_seconds``,
 ``vllm:inter_token_latency_seconds``) separate engine time from API-server overhead. With the
 servers' KV-cache event feeds (``kv_events``), every request is also timed at the end of the
 engine step that finished its prefill (``engine_first_token_s``, from the batch that stored its
-last full prompt block: :class:`kvroute.calibrate.vllm.kv_events.LiveKVEvents`), which splits
+last full prompt block: :class:`kvroute.calibrate.live.kv_events.LiveKVEvents`), which splits
 that overhead into the part before the engine and the part after it.
 
 Files in the output directory: ``meta.json`` (plan, servers' settings, status), ``requests.csv``
@@ -51,8 +51,8 @@ from typing import Any
 
 import numpy as np
 
-from kvroute.calibrate.calibration.prompts import chained_block_hashes
-from kvroute.calibrate.vllm.client import CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, VllmClient
+from kvroute.calibrate.live.prompts import chained_block_hashes
+from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, VllmClient
 
 REQUEST_COLUMNS = [
     "url", "exp_id", "kind", "role", "rep", "batch", "prompt_len", "prefix_len", "max_tokens",
@@ -221,7 +221,7 @@ class SweepPlan:
 
         For a run whose sequences go beyond the shipped sweep (the lab's 32k-token histories):
         the fitted attention cost is then measured there rather than extrapolated
-        (``kvroute.sim.coverage``).
+        (``kvroute.sim.timing.coverage``).
 
         Raises:
             ValueError: ``longest`` < 2.
@@ -911,7 +911,7 @@ async def run_sweep(
             if not await ctx.client.reset_prefix_cache():
                 ctx.errors.append("could not reset the prefix cache (start the server with VLLM_SERVER_DEV_MODE=1)")
         if kv_events:
-            from kvroute.calibrate.vllm.kv_events import LiveKVEvents
+            from kvroute.calibrate.live.kv_events import LiveKVEvents
 
             feed = LiveKVEvents(kv_events, infos[0].block_size)
             subscriber = await feed.start()

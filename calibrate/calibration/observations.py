@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvroute.sim.inputs import InputError, describe
+from kvroute.traces.inputs import InputError, describe
 from kvroute.calibrate.calibration.measure import EXPERIMENT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS
-from kvroute.calibrate.vllm.client import ServerInfo
+from kvroute.calibrate.live.client import ServerInfo
 from kvroute.calibrate.calibration.steps import Step, decode_context, decode_step, mixed_steps, prefill_steps
-from kvroute.sim.config import EngineConfig
+from kvroute.sim.engine.config import EngineConfig
 
 TTFT_KINDS = ("cold", "cached")
 ITL_KINDS = ("decode", "mixed")

@@ -4,7 +4,7 @@ from the concurrency sweep's bursts sent to every server at once.
 Identical requests reach identical servers at once, so what differs between the servers' token
 streams is how fast each engine stepped: on a shared host, the cores its processes got. The
 simulator models that as one step-time factor per worker, piecewise constant, a mean-one
-lognormal draw every ``period`` (``kvroute.sim.frontend.EngineSpeed``).
+lognormal draw every ``period`` (``kvroute.sim.timing.frontend.EngineSpeed``).
 
 Two ways to measure it, the first used whenever the sweep kept every token's arrival time:
 

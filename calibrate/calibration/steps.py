@@ -1,7 +1,7 @@
 """The engine steps a measured experiment causes, derived with the simulator's own Scheduler.
 
-Every measurement is explained as a sum of step times of ``kvroute.sim.cost_model.StepCost``
-over the steps that ``kvroute.sim.scheduler.Scheduler`` runs for the experiment, so the fitted
+Every measurement is explained as a sum of step times of ``kvroute.sim.timing.cost_model.StepCost``
+over the steps that ``kvroute.sim.engine.scheduler.Scheduler`` runs for the experiment, so the fitted
 coefficients mean exactly what the simulator uses them for (chunking at
 ``max_num_batched_tokens``, the prefix-cache hit rules, the decode context of each step).
 
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvroute.sim.config import EngineConfig
-from kvroute.sim.cost_model import StepCost
-from kvroute.sim.request import Request
-from kvroute.sim.scheduler import Scheduler, SchedulerOutput
+from kvroute.sim.engine.config import EngineConfig
+from kvroute.sim.timing.cost_model import StepCost
+from kvroute.sim.engine.request import Request
+from kvroute.sim.engine.scheduler import Scheduler, SchedulerOutput
 
 #: Coefficient order of the design matrix (the fields of ``StepCost``).
 COEFFICIENTS = ("step_overhead_s", "weight_load_s", "per_token_s", "per_request_s",

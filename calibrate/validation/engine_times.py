@@ -6,7 +6,7 @@ engine core (``vllm:request_queue_time_seconds``), prefill time = first token ou
 first scheduled (``vllm:request_prefill_time_seconds``), decode time = last token out - first
 token out (``vllm:request_decode_time_seconds``). A live run's per-request means are the deltas
 of the histograms' sums over the run divided by the deltas of their counts, over all servers; the
-simulator's records carry the same three times (``kvroute.sim.metrics``), defined alike.
+simulator's records carry the same three times (``kvroute.sim.cluster.metrics``), defined alike.
 
 What the client's TTFT holds beyond queue and prefill time is the ``front end`` row, TTFT - queue
 - prefill on both sides: the client's send, HTTP, the API server's admission and the streaming of

@@ -2,7 +2,7 @@
 
 A replayed chat must resend the exact ids the server generated, so replay keeps them (vLLM's
 ``"return_token_ids": true`` puts them in every streamed chunk). The stream is read by
-:func:`kvroute.calibrate.vllm.stream.read_completion`, the reader calibration uses too.
+:func:`kvroute.calibrate.live.stream.read_completion`, the reader calibration uses too.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from kvroute.calibrate.vllm.stream import Stream, StreamLost, new_session, read_completion
+from kvroute.calibrate.live.stream import Stream, StreamLost, new_session, read_completion
 
 __all__ = ["FifoSlots", "Stream", "WorkerLost", "stream_tokens"]
 
@@ -32,7 +32,7 @@ async def stream_tokens(
         body: the completion request (``stream`` and ``return_token_ids`` should be set).
         timeout_s: limit on the whole request, s.
         on_tokens: called as ``on_tokens(k, t)`` when ``k`` tokens arrive at ``perf_counter`` t.
-        session: an open :func:`kvroute.calibrate.vllm.stream.new_session`; None: one for this request.
+        session: an open :func:`kvroute.calibrate.live.stream.new_session`; None: one for this request.
 
     Returns:
         The stream (times are ``perf_counter`` values); an HTTP error status is returned in

@@ -2,7 +2,7 @@
 
 The same ``Policy`` and ``RouterView`` objects the simulator uses decide where each request
 goes; the view learns only what this client knows (its own in-flight counts, what it routed,
-which workers failed). Replay follows the simulator's client (``kvroute.sim.cluster``):
+which workers failed). Replay follows the simulator's client (``kvroute.sim.cluster.cluster``):
 
 - closed loop (traces with sessions, by default): every root is sent at its timestamp, a later
   turn when its parent's last token arrived plus its think time; a chat whose turn failed stops
@@ -11,9 +11,9 @@ which workers failed). Replay follows the simulator's client (``kvroute.sim.clus
   carries the simulator's stand-in reply tokens instead;
 - ``max_in_flight`` slots are handed out in the order requests became ready (FIFO).
 
-Prompts are token ids (``kvroute.calibrate.calibration.prompts``); outputs are forced to the trace's length
+Prompts are token ids (``kvroute.calibrate.live.prompts``); outputs are forced to the trace's length
 (``ignore_eos``) and streamed with their token ids, which a later turn resends. Records have the
-simulator's columns (``kvroute.sim.metrics.RECORD_COLUMNS``); times are seconds since the replay
+simulator's columns (``kvroute.sim.cluster.metrics.RECORD_COLUMNS``); times are seconds since the replay
 started; with the servers' KV-cache events (``ReplaySpec.kv_event_endpoints``) a record also
 carries when the engine's step produced its first token. A worker whose connection breaks or
 whose request times out is marked dead: its in-flight requests fail with the error, the policy
@@ -33,14 +33,14 @@ import numpy as np
 import pandas as pd
 
 from kvroute.calibrate.validation.livestream import FifoSlots, WorkerLost, stream_tokens
-from kvroute.calibrate.calibration.prompts import PromptBuilder, TokenSynth, chained_block_hashes
-from kvroute.calibrate.vllm.kv_events import LiveKVEvents
-from kvroute.calibrate.vllm.metrics_scrape import LiveMetrics
-from kvroute.calibrate.vllm.stream import new_session
-from kvroute.sim.metrics import RequestRecord, RunResult, records_frame, tokens_frame
+from kvroute.calibrate.live.prompts import PromptBuilder, TokenSynth, chained_block_hashes
+from kvroute.calibrate.live.kv_events import LiveKVEvents
+from kvroute.calibrate.live.metrics_scrape import LiveMetrics
+from kvroute.calibrate.live.stream import new_session
+from kvroute.sim.cluster.metrics import RequestRecord, RunResult, records_frame, tokens_frame
 from kvroute.sim.routing import RouteRequest, RouterView, make_policy, router_rng
-from kvroute.sim.scheduler import clamp_max_tokens
-from kvroute.sim.workload import Workload
+from kvroute.sim.engine.scheduler import clamp_max_tokens
+from kvroute.sim.cluster.workload import Workload
 from kvroute.traces.format import Trace, TraceRecord
 
 CPU_SAMPLE_S = 0.05
@@ -63,12 +63,12 @@ class ReplaySpec:
         scrape_interval_s: seconds between polls of the servers' ``/metrics`` for a policy that
             reads them (``Policy.uses_metrics``); 0 polls back to back.
         cache_view: ``routed`` (the router's routed-prefix index) or ``events`` (the servers'
-            KV-cache events, ``kvroute.calibrate.vllm.kv_events``).
+            KV-cache events, ``kvroute.calibrate.live.kv_events``).
         kv_event_endpoints: each server's ZeroMQ event endpoint, in server order: read by the
             ``events`` view, and with either view used to time each request's engine first token
             (records' ``engine_first_token``, from the batch that stored its last full prompt block).
         record_tokens: keep every output token's arrival time (records' ``token_times``, and the
-            result's ``tokens``, ``kvroute.sim.metrics.tokens_frame``).
+            result's ``tokens``, ``kvroute.sim.cluster.metrics.tokens_frame``).
     """
 
     policy: str = "round_robin"

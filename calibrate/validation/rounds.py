@@ -52,7 +52,7 @@ def mean_interval(values, coverage: float = 0.95,
     x = finite(values)
     if len(x) < 2:
         return math.nan, math.nan
-    from kvroute.sim.metrics import clip_interval
+    from kvroute.sim.cluster.metrics import clip_interval
 
     half = float(t.ppf(0.5 + coverage / 2, len(x) - 1)) * statistics.stdev(x) / math.sqrt(len(x))
     mean = statistics.fmean(x)
@@ -62,12 +62,12 @@ def mean_interval(values, coverage: float = 0.95,
 def spread(values, metric: str | None = None) -> dict:
     """Mean, min, max and count of the finite ``values`` (one per live round), and the 95 %
     Student-t interval of the mean from ``MIN_ROUNDS_FOR_INTERVAL`` rounds on (else None),
-    clipped to ``metric``'s possible values (``kvroute.sim.metrics.METRIC_BOUNDS``).
+    clipped to ``metric``'s possible values (``kvroute.sim.cluster.metrics.METRIC_BOUNDS``).
 
     Returns:
         ``{"n", "mean", "min", "max", "interval"}``; mean, min and max are NaN without values.
     """
-    from kvroute.sim.metrics import METRIC_BOUNDS
+    from kvroute.sim.cluster.metrics import METRIC_BOUNDS
 
     x = finite(values)
     if not x:

@@ -24,14 +24,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvroute.calibrate.vllm.client import CalibrationError, MetricsSnapshot, ServerInfo, VllmClient
-from kvroute.calibrate.calibration.prompts import DEFAULT_TOKEN_RANGE, TokenSynth
+from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, ServerInfo, VllmClient
+from kvroute.calibrate.live.prompts import DEFAULT_TOKEN_RANGE, TokenSynth
 from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
-from kvroute.sim.cluster import ClusterSpec
-from kvroute.sim.coverage import run_note
-from kvroute.sim.experiment import compare, compare_uncertain
-from kvroute.sim.metrics import RunResult, summarize
-from kvroute.sim.profile import Profile
+from kvroute.sim.cluster.cluster import ClusterSpec
+from kvroute.sim.timing.coverage import run_note
+from kvroute.sim.study.experiment import compare, compare_uncertain
+from kvroute.sim.cluster.metrics import RunResult, summarize
+from kvroute.sim.timing.profile import Profile
 from kvroute.traces.format import Trace
 
 HITS = "vllm:prefix_cache_hits_total"
@@ -69,7 +69,7 @@ class ValidationSpec:
             sends each root request at the median of its live send offsets
             (:func:`with_measured_client`).
         uncertainty: profiles drawn from the profile's coefficient uncertainty
-            (``kvroute.sim.uncertainty.draw_profiles``), each simulated ``sim_rounds`` times, so
+            (``kvroute.sim.timing.uncertainty.draw_profiles``), each simulated ``sim_rounds`` times, so
             that the interval a measured value is checked against includes the model's share; 0:
             seeds only.
         prior_range: relative range of a derived prior's coefficients for ``uncertainty``.
@@ -112,7 +112,7 @@ class PolicyRun:
 
     Attributes:
         policy: the policy name.
-        predicted: summary metrics (``kvroute.sim.metrics.SUMMARY_METRICS`` keys), mean over rounds.
+        predicted: summary metrics (``kvroute.sim.cluster.metrics.SUMMARY_METRICS`` keys), mean over rounds.
         predicted_interval: per metric, the 95 % Student-t interval ``(low, high)`` of that mean
             over the simulated rounds (closed-loop bursts vary a lot from seed to seed).
         sim_runs: the simulated runs.
@@ -323,10 +323,25 @@ def with_client_lag(trace: Trace, lag_s: float) -> Trace:
     return dataclasses.replace(trace, records=records)
 
 
-def _send_lags(trace: Trace, runs: list[PolicyRun]) -> np.ndarray:
-    """Every later turn's live send lag over ``runs``, s (``validate_report.send_lags``)."""
-    from kvroute.calibrate.validation.validate_report import send_lags
+def send_lags(run: PolicyRun, trace: Trace) -> np.ndarray:
+    """Closed loop: per later turn sent live, seconds between its parent's last token and its
+    send, beyond the trace's think time (the client's own work: building the prompt, encoding
+    it, connecting). The simulation sends a turn exactly at its parent's last token plus think
+    time, so this is what the live workload adds; empty when there is none."""
+    if run.live is None:
+        return np.array([])
+    df = run.live.records.set_index("request_id")
+    ok = df[df["status"] == "ok"]
+    lags = []
+    for rec in trace.records:
+        if rec.parent is None or rec.request_id not in ok.index or rec.parent not in ok.index:
+            continue
+        lags.append(ok.at[rec.request_id, "arrival"] - ok.at[rec.parent, "finish"] - rec.think_time_ms / 1000.0)
+    return np.array(lags, float)
 
+
+def _send_lags(trace: Trace, runs: list[PolicyRun]) -> np.ndarray:
+    """Every later turn's live send lag over ``runs``, s (:func:`send_lags`)."""
     return np.concatenate([send_lags(r, trace) for r in runs] or [np.zeros(0)])
 
 
@@ -404,10 +419,10 @@ def predict(trace: Trace, cluster: ClusterSpec, policies: list[str], rounds: int
     ``predicted`` and ``predicted_interval`` come from the central profile's ``rounds`` runs;
     ``run_values`` holds those runs' values and, with ``uncertainty`` > 0, those of ``rounds``
     runs under each of ``uncertainty`` drawn profiles
-    (``kvroute.sim.experiment.compare_uncertain``).
+    (``kvroute.sim.study.experiment.compare_uncertain``).
 
     Raises:
-        ValueError: as ``kvroute.sim.cluster.simulate`` (capacity, block sizes, policy names).
+        ValueError: as ``kvroute.sim.cluster.cluster.simulate`` (capacity, block sizes, policy names).
     """
     if uncertainty:
         uncertain = compare_uncertain(trace, cluster, policies, uncertainty, rounds, seed, prior_range)

@@ -6,7 +6,7 @@ Every compared quantity is a ``{"predicted": p, "measured": m, "error_pct": e}``
 
 Each measured value (one live run) is also checked against the 95 % prediction interval of one
 simulated run (``run_interval`` and ``inside``), from the simulated runs' values
-(``kvroute.sim.experiment.prediction_interval``): the seeds' spread alone, or seeds and model
+(``kvroute.sim.study.experiment.prediction_interval``): the seeds' spread alone, or seeds and model
 when ``validate --uncertainty N`` drew N profiles from the profile's coefficient uncertainty.
 Changes between policies are checked the same way, pairing the simulated runs seed by seed.
 
@@ -33,12 +33,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvroute.sim.outputs import atomic_output, write_text_atomic
+from kvroute.traces.outputs import atomic_output, write_text_atomic
 from kvroute.calibrate.validation.engine_times import convoy_rows, engine_rows
 from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, mean_interval, spread
-from kvroute.calibrate.validation.validate import PolicyRun, Validation
-from kvroute.sim.experiment import prediction_interval
-from kvroute.sim.metrics import SUMMARY_METRICS
+from kvroute.calibrate.validation.validate import PolicyRun, Validation, send_lags
+from kvroute.sim.study.experiment import prediction_interval
+from kvroute.sim.cluster.metrics import SUMMARY_METRICS
 from kvroute.traces.format import Trace
 
 #: Metrics of the per-policy table, in order.
@@ -115,23 +115,6 @@ def worker_rows(run: PolicyRun) -> list[dict]:
             "hit_source": source,
         })
     return rows
-
-
-def send_lags(run: PolicyRun, trace: Trace) -> np.ndarray:
-    """Closed loop: per later turn sent live, seconds between its parent's last token and its
-    send, beyond the trace's think time (the client's own work: building the prompt, encoding
-    it, connecting). The simulation sends a turn exactly at its parent's last token plus think
-    time, so this is what the live workload adds; empty when there is none."""
-    if run.live is None:
-        return np.array([])
-    df = run.live.records.set_index("request_id")
-    ok = df[df["status"] == "ok"]
-    lags = []
-    for rec in trace.records:
-        if rec.parent is None or rec.request_id not in ok.index or rec.parent not in ok.index:
-            continue
-        lags.append(ok.at[rec.request_id, "arrival"] - ok.at[rec.parent, "finish"] - rec.think_time_ms / 1000.0)
-    return np.array(lags, float)
 
 
 def failures(run: PolicyRun, multi: bool = False) -> list[dict]:
@@ -474,12 +457,12 @@ def write_report(v: Validation, out_dir: str | Path) -> Path:
     column for several live rounds), ``records_sim.parquet`` and ``ttft_<policy>.png`` (every
     live round's requests; plus ``ttft_all.png`` for several policies) into ``out_dir``; with
     ``record_tokens``, also every output token's arrival time, ``tokens_live.parquet`` and
-    ``tokens_sim.parquet`` (``kvroute.sim.metrics.TOKEN_COLUMNS`` plus policy and round).
+    ``tokens_sim.parquet`` (``kvroute.sim.cluster.metrics.TOKEN_COLUMNS`` plus policy and round).
 
     Returns:
         The path of ``report.json``.
     """
-    from kvroute.sim.plots import plot_ttft
+    from kvroute.sim.study.plots import plot_ttft
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,1 @@
+"""kvroute.calibrate.live: the live vLLM client, stream, server control, metrics scrape and KV events."""

@@ -1,0 +1,174 @@
+"""The live replay's KV-cache event feed: each vLLM server's ``BlockStored``/``BlockRemoved``.
+
+A server started with ``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+"endpoint": "tcp://*:PORT"}'`` publishes one ``KVEventBatch`` per engine step on a ZeroMQ PUB
+socket as ``[topic, sequence, msgpack payload]`` (``vllm/distributed/kv_events.py``:
+``ZmqEventPublisher``). vLLM's block hashes are its own (seeded SHA-256 of parent and tokens);
+the router names blocks by ``chained_block_hashes`` of the prompt ids, so each ``BlockStored``
+is translated through its ``token_ids``: the router hash of a block chains the router hash of
+its parent block (known from an earlier event, or the root) with the block's token ids. A block
+whose parent was never seen (stored before the subscription) cannot be named and is skipped.
+
+The translated events feed the same ``KVEventIndex`` the simulator's ``events`` cache view reads.
+Each batch also carries the engine core's wall clock when it was published (``KVEventBatch.ts``,
+``time.time()`` in ``Scheduler.update_from_output``, after the step's model run and before its
+outputs go to the API process), so the batch that stores a request's last full prompt block
+times the end of the step that finished its prefill: the engine's first token, per request
+(:meth:`LiveKVEvents.stored_at`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from kvroute.calibrate.live.prompts import chained_block_hashes
+from kvroute.sim.routing import KVEventIndex
+
+
+def check_endpoints(endpoints: Sequence[str], num_servers: int) -> None:
+    """``endpoints`` must be one ZeroMQ endpoint per server (``tcp://HOST:PORT``, port in
+    1..65535, or ``ipc://PATH``), in the servers' order.
+
+    Raises:
+        ValueError: naming the count or the first bad endpoint.
+    """
+    if len(endpoints) != num_servers:
+        raise ValueError(f"one endpoint per server: {len(endpoints)} for {num_servers} server(s)")
+    for endpoint in endpoints:
+        host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+        if not (endpoint.startswith("ipc://") or (endpoint.startswith("tcp://") and host and port.isdigit())):
+            raise ValueError(f"a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got {endpoint!r}")
+        if endpoint.startswith("tcp://") and not 0 < int(port) < 65536:
+            raise ValueError(f"port {port} out of range 1-65535 in {endpoint!r}")
+
+
+JOIN_S = 0.5
+"""Seconds :meth:`LiveKVEvents.start` gives the subscriptions to join before the first request."""
+
+
+class KVEventTranslator:
+    """vLLM block hashes of one server to the router's, from the events' token ids.
+
+    Args:
+        block_size: the server's KV block size, tokens.
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._ours: dict[int, int] = {}  # vLLM block hash -> router block hash
+        self.num_unnamed = 0
+
+    def stored(self, block_hashes: Sequence[int], parent: int | None, token_ids: Sequence[int]) -> list[int]:
+        """Router hashes of the blocks of one ``BlockStored`` event (empty if its parent is unknown)."""
+        bs = self.block_size
+        if parent is None:
+            known = []
+        elif parent in self._ours:
+            known = [self._ours[parent]]
+        else:
+            self.num_unnamed += len(block_hashes)
+            return []
+        # NOTE: a dummy first block carries the parent's hash as an already-known prefix.
+        ids = [0] * (bs * len(known)) + list(token_ids)
+        ours = chained_block_hashes(ids, bs, known)[len(known):]
+        for vh, h in zip(block_hashes, ours):
+            self._ours[vh] = h
+        return ours[: len(block_hashes)]
+
+    def removed(self, block_hashes: Sequence[int]) -> list[int]:
+        """Router hashes of the blocks of one ``BlockRemoved`` event (those it could name)."""
+        return [self._ours[vh] for vh in block_hashes if vh in self._ours]
+
+
+class LiveKVEvents:
+    """Subscribes to every server's KV-event socket and keeps ``index`` up to date.
+
+    Args:
+        endpoints: ZeroMQ endpoints, worker ``i`` publishing on ``endpoints[i]``
+            (``tcp://127.0.0.1:PORT``).
+        block_size: the servers' KV block size, tokens.
+
+    Attributes:
+        index: the ``KVEventIndex`` to give the ``RouterView``.
+        num_batches: event batches received, all servers.
+    """
+
+    def __init__(self, endpoints: Sequence[str], block_size: int) -> None:
+        self.endpoints = list(endpoints)
+        self.index = KVEventIndex(len(self.endpoints))
+        self.translators = [KVEventTranslator(block_size) for _ in self.endpoints]
+        self.num_batches = 0
+        self._stored_ts: list[dict[int, float]] = [{} for _ in self.endpoints]
+
+    def stored_at(self, worker: int, block_hash: int) -> float | None:
+        """Wall-clock time (``time.time()``, s) of the last batch of ``worker`` that stored the
+        block with router hash ``block_hash``; None if none was seen."""
+        return self._stored_ts[worker].get(block_hash)
+
+    def apply(self, worker: int, events, ts: float | None = None) -> None:
+        """Apply one decoded batch's events of ``worker`` (vLLM ``KVEventBatch.events``),
+        published at wall-clock time ``ts`` (s; None: not timed)."""
+        tr = self.translators[worker]
+        stamps = self._stored_ts[worker]
+        for event in events:
+            kind = type(event).__name__
+            if kind == "BlockStored":
+                named = tr.stored(event.block_hashes, event.parent_block_hash, event.token_ids)
+                if ts is not None:
+                    for h in named:
+                        stamps[h] = ts
+                self.index.apply(worker, True, named)
+            elif kind == "BlockRemoved":
+                self.index.apply(worker, False, tr.removed(event.block_hashes))
+            elif kind == "AllBlocksCleared":
+                self.index.apply(worker, False, [h for h in self.index.cached(worker)
+                                                 for _ in range(self.index.copies(worker, h))])
+        self.num_batches += 1
+
+    async def start(self) -> asyncio.Task:
+        """:meth:`run` as a task of the running loop, returned once the subscriptions have had
+        ``JOIN_S`` to join (a ZeroMQ subscriber misses what is published before it joins)."""
+        task = asyncio.get_running_loop().create_task(self.run())
+        await asyncio.sleep(JOIN_S)
+        return task
+
+    def problem(self, outcome) -> str | None:
+        """Why the feed (its task ended with ``outcome``: its exception, or None) gave nothing,
+        or None when it received batches."""
+        endpoints = ", ".join(self.endpoints)
+        if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
+            return f"reading the KV-cache events of {endpoints} failed: {type(outcome).__name__}: {outcome}"
+        if self.num_batches == 0:
+            return (f"no KV-cache event arrived from {endpoints} (servers started without --kv-events-config, "
+                    "or another port?)")
+        return None
+
+    async def run(self) -> None:
+        """Receive until cancelled (needs ``pyzmq`` and ``msgspec``, which vLLM brings)."""
+        import msgspec
+        import zmq
+        import zmq.asyncio
+        from vllm.distributed.kv_events import KVEventBatch
+
+        decoder = msgspec.msgpack.Decoder(KVEventBatch)
+        ctx = zmq.asyncio.Context()
+        sockets = []
+        try:
+            for endpoint in self.endpoints:
+                sock = ctx.socket(zmq.SUB)
+                sock.setsockopt(zmq.SUBSCRIBE, b"")
+                sock.connect(endpoint)
+                sockets.append(sock)
+
+            async def receive(worker: int, sock) -> None:
+                while True:
+                    parts = await sock.recv_multipart()
+                    batch = decoder.decode(parts[-1])
+                    self.apply(worker, batch.events, batch.ts)
+
+            await asyncio.gather(*(receive(w, s) for w, s in enumerate(sockets)))
+        finally:
+            for sock in sockets:
+                sock.close(linger=0)
+            ctx.term()

@@ -1,0 +1,482 @@
+"""Command line: ``kvroute serve`` and ``kvroute calibrate {measure,fit,tiny-model}``.
+
+``kvroute`` loads this module only when one of its commands runs
+(``kvroute.cli.main.LAZY_COMMANDS``); heavy imports stay inside the commands. Also runnable as
+``python -m kvroute.cli.calibrate_commands {serve,calibrate} ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from kvroute.cli.values import check_urls, check_values
+from kvroute.traces.inputs import POSITIVE_INT, SECONDS, Num
+from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
+
+
+def _fail(message: str) -> None:
+    raise click.ClickException(message)
+
+
+def _cores(text: str | None) -> tuple[int, ...] | None:
+    """``"1"``, ``"1,3"`` or ``"2-5"`` to core ids."""
+    if not text:
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out += range(int(a), int(b) + 1)
+        elif part.strip():
+            out.append(int(part))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------
+# serve
+# --------------------------------------------------------------------------------------------
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
+@click.option("--model", required=True,
+              help="Model directory or Hugging Face id; 'tiny-qwen2' builds the tiny random-weight test model.")
+@click.option("--served-model-name", default=None, help="Name clients use (default: the model; 'tiny-qwen2' for the tiny model).")
+@click.option("-n", "--num-servers", type=int, default=None, help="Servers to start (default: one per GPU, or one per CPU core).")
+@click.option("--port-base", type=int, default=8100, show_default=True, help="Server i listens on port-base + i.")
+@click.option("--block-size", type=int, default=None, help="KV block size (default 16 on GPUs, 32 on the CPU backend).")
+@click.option("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of each GPU (GPU only).")
+@click.option("--kv-cache-gib", type=float, default=1.0, show_default=True, help="KV cache per server on the CPU backend, GiB.")
+@click.option("--max-model-len", type=int, default=None, help="vLLM --max-model-len.")
+@click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True)
+@click.option("--api-cores", type=click.Choice(["spare", "own", "any"]), default="spare", show_default=True,
+              help="CPU backend: where each server's API process runs. spare: the cores no engine uses (every core "
+                   "when none is spare); own: its own engine's core, so each engine shares its core with its own "
+                   "API process alone and decode speed does not flip with where the kernel puts the API processes; "
+                   "any: every core. Fit a sweep of such servers with 'kvroute calibrate fit --api-cores own' after "
+                   "own, '--api-cores spare' otherwise.")
+@click.option("--kv-events-port-base", type=int, default=None,
+              help="Server i publishes its KV-cache events on this port + i (vLLM --kv-events-config, ZeroMQ); "
+                   "'kvroute validate' then takes '--kv-events tcp://127.0.0.1:<this port + i>' once per server, in --url "
+                   "order, and times each request's engine first token.")
+@click.option("--log-dir", type=click.Path(file_okay=False), default=".", show_default=True, help="Where vllm-<port>.log files go.")
+@click.option("--vllm-args", default="", help="More vLLM arguments, as one shell-quoted string.")
+@click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds to wait for /health.")
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memory_utilization, kv_cache_gib,
+          max_model_len, device, api_cores, kv_events_port_base, log_dir, vllm_args, timeout, extra):
+    """Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up
+    until Ctrl-C. Arguments after ``--`` go to vLLM as they are.
+
+    \b
+    Examples:
+      kvroute serve --model Qwen/Qwen2.5-7B-Instruct            # every GPU, ports 8100...
+      kvroute serve --model tiny-qwen2 -n 1 -- --max-num-seqs 64  # CPU, engine on core 0
+    """
+    import signal
+    import time
+
+    from kvroute.calibrate.live.server import ServerError, plan_servers, serve_many
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    # Ctrl-C and SIGTERM both stop the servers cleanly, also when a script started us in the
+    # background (where SIGINT arrives ignored)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
+
+    if model == TINY_MODEL_NAME and not Path(model).exists():
+        click.echo("building the tiny random-weight Qwen2 model ...", err=True)
+        try:
+            model_path = str(build_tiny_model())
+        except ImportError as exc:
+            _fail(f"building {TINY_MODEL_NAME} needs torch, transformers and tokenizers "
+                  f"(pip install 'kvroute[live]'): {exc}")
+        served_model_name = served_model_name or TINY_MODEL_NAME
+    else:
+        model_path = model
+    args = shlex.split(vllm_args) + list(extra)
+    try:
+        specs = plan_servers(model_path, num_servers, port_base, served_model_name or model, block_size,
+                             gpu_memory_utilization, kv_cache_gib, max_model_len, args, log_dir, device, api_cores,
+                             kv_events_port_base)
+    except ValueError as exc:
+        _fail(str(exc))
+    for s in specs:
+        where = f"GPU {s.cuda_device}" if s.cuda_device is not None else f"CPU core {s.cpu_core}"
+        events = f", KV-cache events on {s.kv_events_endpoint}" if s.kv_events_endpoint else ""
+        click.echo(f"starting {s.url} on {where} (log {s.log_path}{events})", err=True)
+    try:
+        with serve_many(specs, timeout) as servers:
+            for s in servers:
+                click.echo(s.url)
+            sys.stdout.flush()
+            click.echo("ready; Ctrl-C stops the servers", err=True)
+            while True:
+                for s in servers:
+                    if s.process is not None and s.process.poll() is not None:
+                        _fail(f"server {s.url} exited with code {s.process.returncode}; see {s.log_path}")
+                time.sleep(1.0)
+    except ServerError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)
+
+
+# --------------------------------------------------------------------------------------------
+# calibrate
+# --------------------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def calibrate():
+    """Measure real vLLM servers and fit a profile for the simulator."""
+
+
+@calibrate.command()
+@click.option("--url", "urls", multiple=True, required=True, help="Server base URL; repeat for identical servers.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory for the raw rows.")
+@click.option("--model", default=None, help="Served model name (default: the server's only model).")
+@click.option("--preset", type=click.Choice(["full", "quick"]), default="full", show_default=True, help="Sweep size.")
+@click.option("--max-len", type=int, default=None, help="Drop sweep lengths whose sequences exceed this many tokens.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the prompts' token ids.")
+@click.option("--token-range", default="100:1700", show_default=True, help="LO:HI range of prompt token ids.")
+@click.option("--hardware", default=None, help="Hardware description for the profile (default: what the server reports).")
+@click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engine's core.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Limit on one request, s.")
+@click.option("--bursts/--no-bursts", default=True, show_default=True,
+              help="Run the concurrency sweep (bursts of N = 1..64 requests on one and on all servers).")
+@click.option("--burst-slots", type=click.IntRange(min=1, max=1000), default=12, show_default=True,
+              help="Spread the concurrency sweep over this many slots between the one-at-a-time experiments, so "
+                   "both sample the same stretch of the host's time (1: every burst after them; nothing to spread with "
+                   "--no-bursts).")
+@click.option("--longest", type=click.IntRange(min=2), default=None,
+              help="Also time sequences up to this many tokens (prompt plus output): longer cold prompts, a "
+                   "cached prefix and a decode context near it, for runs whose histories go beyond the preset "
+                   "(16k tokens for 'full'); must fit the servers' max_model_len.")
+@click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
+              help="Each server's KV-cache event endpoint (tcp://HOST:PORT; kvroute serve --kv-events-port-base), "
+                   "one per --url in the same order: every request is then also timed at the engine step that "
+                   "finished its prefill, and the fit places the unloaded front end before and after the engine "
+                   "(overheads.post_engine_s).")
+@check_values
+def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress, timeout,
+            bursts, burst_slots, longest, kv_events):
+    """Drive live servers through their OpenAI API: prefill (cold and cached prefixes), decode
+    (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive."""
+    import asyncio
+    from dataclasses import replace
+
+    from kvroute.calibrate.live.client import CalibrationError
+    from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.live.server import pinned
+
+    plan = SweepPlan.preset(preset)
+    if longest is not None:
+        plan = plan.extended(longest)
+    if max_len is not None:
+        plan = plan.clipped(max_len)
+    if not bursts:
+        plan = plan.without_bursts()
+    plan = replace(plan, burst_slots=burst_slots)
+    try:
+        lo, hi = (int(x) for x in token_range.split(":"))
+    except ValueError:
+        _fail(f"--token-range must be LO:HI, got {token_range!r}")
+    out = Path(out_dir)
+    check_urls(urls)
+    if kv_events:
+        from kvroute.calibrate.live.kv_events import check_endpoints
+
+        try:
+            check_endpoints(kv_events, len(urls))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--kv-events'") from exc
+    # NOTE: the client, imported before --out is made: when it is missing, main() names the extras
+    import aiohttp  # noqa: F401
+    try:  # before any work; a full sweep writes a few MB of rows
+        check_output(out, 16 << 20, is_dir=True)
+    except ValueError as exc:
+        _fail(str(exc))
+    try:
+        with pinned(_cores(client_cores)):
+            summary = asyncio.run(run_sweep(list(urls), out, plan, model, seed, (lo, hi), progress, hardware,
+                                            timeout, kv_events))
+    except CalibrationError as exc:
+        kept = _rows(out / "requests.csv")
+        _fail(f"{exc}" + (f"\n{kept} measured requests are kept in {out / 'requests.csv'}" if kept else ""))
+    except KeyboardInterrupt:
+        kept = _rows(out / "requests.csv")
+        click.echo(f"\ninterrupted: {kept} measured requests are kept in {out / 'requests.csv'}", err=True)
+        sys.exit(130)
+    s = summary.servers[0]
+    click.echo(
+        f"measured {summary.num_requests} requests in {summary.num_experiments} experiments in "
+        f"{summary.elapsed_s:.0f} s on {len(summary.servers)} server(s): {s.model} on {s.hardware}, vLLM "
+        f"{s.vllm_version}, block size {s.block_size}, {s.num_gpu_blocks} blocks -> {out}"
+    )
+    if summary.events_problem:
+        click.echo(f"warning: {summary.events_problem}; no request was timed in the engine", err=True)
+
+
+def _rows(path: Path) -> int:
+    try:
+        with open(path) as fh:
+            return max(0, sum(1 for _ in fh) - 1)
+    except OSError:
+        return 0
+
+
+@calibrate.command("fit")
+@click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True,
+                type=click.Path(exists=True, file_okay=False))
+@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+              help="Profile JSON to write, with <stem>.fit.png and <stem>.fit_points.csv beside it; RUN_DIR is then "
+                   "left untouched (default RUN_DIR/profile.json and RUN_DIR/fit_points.csv; required with several "
+                   "RUN_DIRs).")
+@click.option("--name", default=None, help="Profile name (default: the output file's stem).")
+@click.option("--report", default=None, type=click.Path(dir_okay=False),
+              help="PNG report (default: beside the profile, <stem>.fit.png).")
+@click.option("--holdout", type=float, default=0.25, show_default=True, help="Share of experiments held out.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the hold-out split.")
+@click.option("--overhead", type=click.Choice(["auto", "metrics", "fit"]), default="auto", show_default=True,
+              help="API-server time from the server's /metrics or fitted.")
+@click.option("--loss", type=click.Choice(["linear", "soft_l1", "huber", "cauchy"]), default="soft_l1",
+              show_default=True, help="linear: NNLS; else a robust least_squares refinement.")
+@click.option("--itl-source", type=click.Choice(["auto", "engine", "stream"]), default="auto", show_default=True,
+              help="Decode and mixed step times from the server's histograms or the client's streams.")
+@click.option("--per-token-overhead/--no-per-token-overhead", default=True, show_default=True,
+              help="Fit the per-prompt-token part of the API-server time.")
+@click.option("--folds", type=int, default=4, show_default=True, help="Cross-validation folds (0: none).")
+@click.option("--bootstrap", type=int, default=100, show_default=True,
+              help="Refits on resampled configurations, kept in the profile as the coefficients' uncertainty (0: none).")
+@click.option("--bursts/--no-bursts", default=True, show_default=True,
+              help="Fit the front-end queue and host-contention terms to the sweep's bursts, if it has any.")
+@click.option("--api-server-count", type=int, default=1, show_default=True,
+              help="API processes per server during the sweep (vLLM --api-server-count).")
+@click.option("--client-busy", type=float, default=1.0, show_default=True,
+              help="Processes of the measuring client on the servers' host, busy while responses stream "
+                   "(1; 0 when it ran elsewhere).")
+@click.option("--engine-spin", type=float, default=1.0, show_default=True,
+              help="Seconds an engine's core stays busy after its last step (vLLM's shared-memory queue "
+                   "busy-polls for 1 s; 0: busy only while it has work).")
+@click.option("--stream-baseline/--no-stream-baseline", default=True, show_default=True,
+              help="Count the API processes and the client, which streamed while the decode steps were timed, in "
+                   "those steps' contention baseline (host.baseline_stream_busy); off: engines only, as before.")
+@click.option("--api-cores", type=click.Choice(["spare", "own"]), default="spare", show_default=True,
+              help="Where the sweep's servers ran their API processes (kvroute serve --api-cores): own: each on its "
+                   "engine's core, so the host model counts load per core (host.api_on_engine_core) and the API "
+                   "process's work beside a busy engine takes twice as long (host.api_contention 1); spare: the "
+                   "whole host's load stretches every engine.")
+@click.option("--api-contention", type=float, default=1.0, show_default=True,
+              help="With --api-cores own: how much longer the API process's work takes while its engine, on the "
+                   "same core, has requests (host.api_contention; 1: fair sharing of the core, 0: not at all). "
+                   "Stated, not fitted: closed-loop TTFT under kv-aware routing depends strongly on it "
+                   "(README: Bursts).")
+@click.option("--front-end-split/--no-front-end-split", default=True, show_default=True,
+              help="When the sweep timed its requests in the engine (measure --kv-events), put the part of the "
+                   "unloaded front end that comes after the engine's step after it (overheads.post_engine_s); off: "
+                   "keep all of the front end before the engine, as for a sweep without events.")
+@click.option("--base-profile", default=None,
+              help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
+                   "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
+@click.option("--client-core", "client_core", type=int, default=-1, show_default=True,
+              help="With --api-cores own: the server (0, 1, ...: server i of kvroute serve runs on core i) whose "
+                   "core the measuring client was pinned to (calibrate measure --client-cores): the client's load "
+                   "then slows that server's steps alone (host.client_core). -1: the client floated.")
+@check_values(rules={"api_server_count": POSITIVE_INT, "client_busy": Num(minimum=0.0), "engine_spin": SECONDS,
+                     "api_contention": Num(minimum=0.0), "client_core": Num(minimum=-1)})
+def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
+            bootstrap, bursts, api_server_count, client_busy, engine_spin, stream_baseline, api_cores, api_contention,
+            client_core, front_end_split, base_profile):
+    """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report.
+
+    Several RUN_DIRs (sweeps of the same servers, taken one after another) are pooled into one
+    fit: each sweep's scatter from the host's load of the moment then weighs less."""
+    from kvroute.calibrate.calibration.engine_split import apply_post_engine, describe, post_engine_time
+    from kvroute.calibrate.calibration.fit import fit, plot_report, profile_document
+    from kvroute.calibrate.calibration.observations import (build_observations, engine_config, load_sweeps,
+                                                            observations_frame)
+    from kvroute.sim.timing.profile import load_profile
+
+    if len(run_dirs) > 1 and out_path is None:
+        raise click.UsageError("several RUN_DIRs: give --out (the profile is not written into one of them)")
+    if client_core >= 0 and api_cores != "own":
+        raise click.BadParameter("needs --api-cores own (the client shares a server's core only where each "
+                                 "server's processes keep to their own core)", param_hint="'--client-core'")
+    run_dir = run_dirs[0] if len(run_dirs) == 1 else " + ".join(run_dirs)
+    try:
+        meta, servers, req, exp = load_sweeps(run_dirs)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    if not servers:
+        _fail(f"{run_dirs[0]}/meta.json names no server")
+    info = servers[0]
+    out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
+    if base_profile is not None:
+        _fit_bursts_only(base_profile, run_dir, out, name or out.stem, meta, req, exp, api_server_count, client_busy,
+                         engine_spin, stream_baseline, api_cores == "own", api_contention, client_core)
+        return
+    obs, notes = build_observations(req, exp, engine_config(info), itl_source)
+    for n in notes[:8]:
+        click.echo(f"note: {n}", err=True)
+    if len(notes) > 8:
+        click.echo(f"note: ... {len(notes) - 8} more left out", err=True)
+    try:
+        result = fit(obs, holdout, seed, overhead, loss, per_token_overhead, folds, bootstrap)
+    except ValueError as exc:
+        _fail(str(exc))
+    name = name or out.stem
+    doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
+    split = post_engine_time(req) if front_end_split else None
+    if split is not None:
+        apply_post_engine(doc, split)
+    burst_text = (_fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline,
+                              api_cores == "own", api_contention, client_core) if bursts else None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
+    load_profile(out)  # the simulator must accept what we wrote
+    png = Path(report) if report else out.with_name(out.stem + ".fit.png")
+    plot_report(result, png, f"{name}: {info.model} on {info.hardware}, vLLM {info.vllm_version}")
+    frame = observations_frame(obs)
+    frame["predicted_s"] = result.predicted_s
+    frame["held_out"] = result.held_out
+    # NOTE: with --out, everything goes under it and RUN_DIR (measurements) is left untouched.
+    points = Path(run_dir) / "fit_points.csv" if out_path is None else out.with_name(out.stem + ".fit_points.csv")
+    with atomic_output(points) as tmp:
+        frame.to_csv(tmp, index=False)
+    click.echo("one request at a time:\n" + result.summary() + "\n"
+               + (describe(split, doc["overheads"]) if front_end_split
+                  else "front end: all of it before the engine (--no-front-end-split)"))
+    if burst_text:
+        click.echo(burst_text)
+    click.echo(f"profile {out}\nreport  {png}\npoints  {points}")
+
+
+def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, exp, api_server_count: int,
+                     client_busy: float, engine_spin: float, stream_baseline: bool = True,
+                     own_cores: bool = False, api_contention: float = 1.0, client_core: int = -1) -> None:
+    """Write ``base`` (its step costs and overheads) with burst terms fitted to RUN_DIR as ``name``."""
+    import copy
+
+    from kvroute.sim.timing.profile import load_profile
+
+    try:
+        doc = copy.deepcopy(load_profile(base).raw)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="'--base-profile'") from exc
+    doc["name"] = name
+    doc.setdefault("provenance", {}).setdefault("fit", {})
+    doc.setdefault("sources", {})
+    doc["provenance"]["base_profile"] = (f"step costs and overheads of {base} ({doc['provenance'].get('date', '?')}); "
+                                         f"front-end and host terms fitted to the bursts in {run_dir} "
+                                         f"({meta.get('started')} - {meta.get('finished')})")
+    text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline, own_cores,
+                       api_contention, client_core)
+    if text is None:
+        _fail(f"{run_dir} holds no bursts to fit")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    load_profile(out)
+    click.echo(f"one request at a time: kept from {base}\n{text}\nprofile {out}")
+
+
+def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_busy: float = 1.0,
+                engine_spin: float = 1.0, stream_baseline: bool = True, own_cores: bool = False,
+                api_contention: float = 1.0, client_core: int = -1) -> str | None:
+    """Add the front-end and host sections fitted to the sweep's bursts to ``doc``; returns the
+    report text, or None when the sweep has no bursts. ``own_cores``: the servers ran their API
+    processes on their engines' cores (``HostModel.api_on_engine_core``), whose work then takes
+    ``1 + api_contention`` times as long beside a busy engine (``HostModel.api_contention``), and
+    ``client_core`` names the server whose core the client shared (``HostModel.client_core``)."""
+    import math
+    import os
+    from dataclasses import replace
+
+    from kvroute.calibrate.calibration.bursts import fit_frontend, load_bursts, profile_sections
+    from kvroute.calibrate.calibration.speed import fit_speed
+    from kvroute.sim.timing.profile import profile_from_dict
+
+    found, notes = load_bursts(req, exp)
+    for n in notes[:4]:
+        click.echo(f"note: {n}", err=True)
+    if not found:
+        return None
+    host = meta.get("client_host") or {}
+    servers = float(len(meta.get("urls") or [1]))
+    # NOTE: the decode steps were timed while every server's API process streamed and the client
+    # read: they count in those steps' baseline (HostModel.baseline_stream_busy).
+    ff = fit_frontend(found, profile_from_dict(doc), int(host.get("cores") or os.cpu_count() or 1), servers,
+                      api_server_count, client_busy=client_busy, engine_spin_s=engine_spin, refine_evals=40,
+                      baseline_stream_busy=servers + client_busy if stream_baseline else 0.0,
+                      api_on_engine_core=own_cores, api_contention=api_contention if own_cores else 0.0,
+                      client_core=client_core)
+    speed = fit_speed(req)
+    if speed is not None:
+        ff = replace(ff, host=replace(ff.host, engine_speed_sigma=speed.sigma, engine_speed_period_s=speed.period_s))
+    sections = profile_sections(ff)
+    doc["frontend"], doc["host"] = sections["frontend"], sections["host"]
+    doc["provenance"]["fit"]["bursts"] = sections["burst_fit"]
+    text = ff.summary()
+    if speed is not None:
+        lo, hi = speed.interval_s
+        doc["provenance"]["fit"]["bursts"]["engine_speed_period_interval_s"] = [lo, hi if hi != math.inf else None]
+        doc["provenance"]["fit"]["bursts"]["engine_speed_method"] = speed.method
+        if speed.method == "windows":
+            doc["provenance"]["fit"]["bursts"]["engine_speed_client_lag_s"] = round(speed.lag_s, 6)
+        shown = f"{lo:.3g}-{hi:.3g} s" if hi != math.inf else f"{lo:.3g} s to one factor per run"
+        text += (f"\nengine-speed period: the bursts allow {shown} (likelihood-ratio interval); closed-loop TTFT "
+                 "under kv-aware routing depends on it: compare predictions across that range")
+    # NOTE: a base profile's own burst terms are replaced whole, their sources with them
+    doc["sources"] = {k: v for k, v in doc["sources"].items() if not k.startswith(("frontend", "host."))}
+    doc["sources"].update(sections["sources"])
+    if host.get("loadavg_start") is not None:
+        doc["provenance"]["client_host_loadavg"] = {k: host.get(k) for k in ("loadavg_start", "loadavg_end")}
+    return text
+
+
+def _model_doc(root: str) -> dict:
+    """Shapes from a local model directory's config.json, if there is one."""
+    cfg = Path(root) / "config.json"
+    if not cfg.is_file():
+        return {}
+    try:
+        c = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return {}
+    keys = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
+            "num_key_value_heads": "num_kv_heads", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
+            "torch_dtype": "dtype", "dtype": "dtype", "architectures": "architectures"}
+    return {v: c[k] for k, v in keys.items() if k in c}
+
+
+@calibrate.command("tiny-model")
+@click.argument("out_dir", required=False, type=click.Path(file_okay=False))
+def tiny_model(out_dir):
+    """Build the tiny random-weight Qwen2 model and tokenizer (no download) and print its path."""
+    from kvroute.calibrate.calibration.tiny_model import build_tiny_model
+
+    click.echo(build_tiny_model(out_dir))
+
+
+COMMANDS = [serve, calibrate]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _main() -> None:
+    """kvroute calibration commands (standalone entry point)."""
+
+
+for _c in COMMANDS:
+    _main.add_command(_c)
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,174 @@
+"""``kvroute validate``: live replay + prediction + comparison report.
+
+Register with ``cli.add_command(validate)``. Heavy imports stay inside the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import click
+
+from kvroute.cli.lengths import workload_length_options
+from kvroute.cli.values import check_urls, check_values
+from kvroute.traces.outputs import check_output
+
+
+def _policies(single: tuple[str, ...], joined: str | None) -> list[str]:
+    from kvroute.cli.scenario import parse_policies
+
+    names = [p for text in (*single, joined or "") for p in text.split(",") if p.strip()]
+    return parse_policies(",".join(names) or "round_robin")
+
+
+def _token_range(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"must be LO:HI, got {text!r}", param_hint="'--token-range'") from None
+    return lo, hi
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Trace file (kvroute/Mooncake JSONL or Azure CSV); default: the built-in --workload.")
+@click.option("--trace-block-size", type=int, default=None, help="Tokens per hash_ids block when the file does not say.")
+@click.option("--max-requests", type=int, default=None, help="Use only the first N records of the trace.")
+@click.option("--workload", type=click.Choice(["seed-chat", "agent"]), default="seed-chat", show_default=True,
+              help="Built-in workload when no --trace is given.")
+@click.option("--chats", type=int, default=8, show_default=True, help="Chats of the built-in workload.")
+@click.option("--turns", type=int, default=4, show_default=True, help="Turns per chat of the built-in workload.")
+@click.option("--url", "urls", multiple=True, required=True, help="vLLM server base URL; repeat, one per worker.")
+@click.option("--policy", "policy", multiple=True, help="Routing policy; repeat to compare several.")
+@click.option("--policies", "policies_text", default=None, help="Comma-separated policies (same as repeated --policy).")
+@click.option("--profile", "profile_name", default="cpu-tiny-qwen2", show_default=True,
+              help="Profile (shipped name or JSON file) for step costs and overheads; engine settings come from the servers.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory for report.json, report.md, records_*.parquet and ttft_*.png.")
+@click.option("--max-in-flight", type=int, default=None, help="Most requests outstanding at the client (1: one at a time).")
+@click.option("--replay", type=click.Choice(["auto", "closed", "open"]), default="auto", show_default=True,
+              help="closed: later turns wait for their parent; open: trace timestamps.")
+@click.option("--arrival-spread", type=float, default=0.0, show_default=True,
+              help="The simulation's start jitter of root requests, s.")
+@click.option("--rounds", type=int, default=10, show_default=True,
+              help="Seeded simulation rounds averaged (the report gives the mean's 95 % interval).")
+@click.option("--live-rounds", type=int, default=1, show_default=True,
+              help="Live replays of every policy, interleaved (rr, kv, rr, kv, ...); the report gives their mean, "
+                   "min-max and, from 3 rounds, the mean's 95 % interval. One round of a burst shorter than a minute can be off "
+                   "by tens of percent on a shared machine: use 3 or more there. The prediction does not change.")
+@click.option("--timeout", type=float, default=600.0, show_default=True,
+              help="Limit on one live request, s; a worker that passes it is treated as dead.")
+@click.option("--router-block-tokens", type=int, default=256, show_default=True, help="Router prefix-index granularity.")
+@click.option("--model", default=None, help="Served model name (default: each server's only model).")
+@click.option("--token-range", default=None, help="LO:HI prompt token ids (default: from the model's tokenizer).")
+@click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engines'.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds simulation rounds and prompt tokens.")
+@workload_length_options
+@click.option("--client-lag", default="measured", show_default=True,
+              help="Seconds the simulation adds before every later turn, for the live client's own send delay; "
+                   "'measured': run the live replays first, then give each simulated later turn a lag drawn from "
+                   "their measured send lags (and each root its measured send offset).")
+@click.option("--uncertainty", type=int, default=0, show_default=True,
+              help="Also simulate N profiles drawn from the profile's coefficient uncertainty (x --rounds each), so "
+                   "each measured value is checked against an interval that includes the model's share.")
+@click.option("--prior-range", type=float, default=0.2, show_default=True,
+              help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
+@click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
+              help="Each server's KV-cache event endpoint (tcp://HOST:PORT; kvroute serve --kv-events-port-base), "
+                   "one per --url in the same order: every live record then carries when the engine's step produced "
+                   "its first token, and the report splits later turns' TTFT at it.")
+@click.option("--tokens/--no-tokens", "record_tokens", default=False, show_default=True,
+              help="Also keep every output token's arrival time, live and simulated (tokens_live.parquet, "
+                   "tokens_sim.parquet).")
+@check_values
+def validate(trace_path, trace_block_size, max_requests, workload, chats, turns, urls, policy, policies_text,
+             profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, live_rounds, timeout,
+             router_block_tokens,
+             model, token_range, client_cores, seed, client_lag, uncertainty, prior_range, reply_tokens, max_tokens,
+             user_tokens, think_time, start, request_rate, arrival, speedup, kv_events, record_tokens):
+    """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
+    same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate,
+    per-worker hit tokens). Ctrl-C writes what was measured so far.
+
+    \b
+    Example:
+      kvroute validate --trace chat.jsonl --url http://127.0.0.1:8100 --url http://127.0.0.1:8101 \\
+          --policies round_robin,kv_aware --profile cpu-tiny-qwen2-x2 --live-rounds 3 --out runs/validate
+    """
+    from kvroute.calibrate.live.client import CalibrationError
+    from kvroute.cli.calibrate_commands import _cores
+    from kvroute.calibrate.live.kv_events import check_endpoints
+    from kvroute.calibrate.live.server import pinned
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
+    from kvroute.cli.scenario import load_trace
+    from kvroute.sim.cluster.cluster import REPLAY_MODES
+    from kvroute.sim.timing.profile import load_profile
+
+    check_urls(urls)
+    if kv_events:
+        try:
+            check_endpoints(kv_events, len(urls))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--kv-events'") from exc
+    # NOTE: the live client, imported before anything is written: when it is missing, main()
+    # names the extras that bring it (cli.main.OPTIONAL_MODULES)
+    import aiohttp  # noqa: F401
+    names = _policies(policy, policies_text)
+    created = not Path(out_dir).exists()  # removed again if the run fails before writing anything
+    try:  # before any work: ~1 KB per record per policy and round, simulated or live
+        check_output(out_dir, 1024 * len(names) * (rounds + live_rounds) * (max_requests or 10**4), is_dir=True)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    trace = load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, seed,
+                       reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup)
+    try:
+        profile = load_profile(profile_name)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
+    closed = REPLAY_MODES[replay]
+    if uncertainty < 0:
+        raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="'--uncertainty'")
+    if not 0.0 <= prior_range < 1.0:
+        raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="'--prior-range'")
+    if client_lag == "measured":
+        client_lag = None
+    else:
+        try:
+            client_lag = float(client_lag)
+        except ValueError:
+            raise click.BadParameter(f"expected seconds or 'measured', got {client_lag!r}",
+                                     param_hint="'--client-lag'") from None
+        if not 0.0 <= client_lag <= 1e9:
+            raise click.BadParameter(f"must be a finite number >= 0 (seconds) or 'measured', got {client_lag!r}",
+                                     param_hint="'--client-lag'")
+    spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread, router_block_tokens,
+                          timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
+                          prior_range, live_rounds=live_rounds, record_tokens=record_tokens,
+                          kv_event_endpoints=tuple(kv_events))
+    try:
+        with pinned(_cores(client_cores)):
+            result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))
+    except (CalibrationError, ValueError) as exc:
+        _remove_if_empty(out_dir, created)
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        _remove_if_empty(out_dir, created)
+        click.echo("interrupted before any live measurement; nothing written", err=True)
+        sys.exit(130)
+    path = write_report(result, out_dir)
+    click.echo(report_markdown(result))
+    click.echo(f"wrote {path}, report.md, records_live.parquet, records_sim.parquet, ttft_*.png in {out_dir}", err=True)
+    if result.interrupted:
+        sys.exit(130)
+
+
+def _remove_if_empty(out_dir, created: bool) -> None:
+    """Remove ``out_dir`` if this run created it and wrote nothing there."""
+    if created:
+        with contextlib.suppress(OSError):
+            Path(out_dir).rmdir()

@@ -1,0 +1,662 @@
+"""A cluster run: SimPy environment, GPUs, workers, router and clients; returns the records.
+
+Time of one request: the client sends it (a root at its trace timestamp plus a seeded start
+jitter; a later turn when its parent's last token arrived plus its think time); the gateway
+routes it at once and forwards it; gateway and API-server overheads (a seeded lognormal factor
+around the profile's means) pass before the engine sees it; each token reaches the client when
+its engine step ends. A profile with a ``frontend`` or ``host`` section (``kvroute.sim.timing.frontend``)
+also queues admissions and streamed tokens in each server's API processes and stretches engine
+steps when the host's cores are oversubscribed; runs of decode steps are then simulated one by one.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from kvroute.sim.cluster.collector import paused_collector
+from kvroute.sim.engine.compiled import Request
+from kvroute.sim.timing.frontend import ContendedStepCost, EngineSpeed, Frontends, HostModel
+from kvroute.sim.cluster.metrics import RequestRecord, RunResult
+from kvroute.sim.cluster.timeseries import series_frame
+from kvroute.sim.timing.profile import Profile
+from kvroute.sim.routing import (CACHE_VIEWS, KVEventIndex, MetricsScrape, RouteRequest, RouterView, make_policy,
+                                 router_rng)
+from kvroute.sim.engine.scheduler import admission_error, clamp_max_tokens
+from kvroute.sim.cluster.worker import Worker
+from kvroute.sim.cluster.workload import Workload
+from kvroute.traces.format import Trace, TraceRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """What to simulate.
+
+    Attributes:
+        profile: the workers' profile (all workers alike).
+        num_workers: vLLM instances behind the router.
+        num_gpus: GPUs; worker ``i`` runs on GPU ``i % num_gpus``, so fewer GPUs than workers
+            means sharing (memory split per vLLM's rule, steps alternating). Default: one each.
+        policy: routing policy name (see ``kvroute.sim.routing.POLICIES``).
+        closed_loop: send a later turn when its parent finished (plus think time); None picks
+            closed loop for traces with sessions and open loop (timestamps) otherwise.
+        arrival_spread_s: each root request's send time gets a uniform jitter in
+            ``[0, arrival_spread_s]`` (the lab's burst started within a few ms, not at once).
+        router_block_tokens: granularity of the router's routed-prefix index, tokens.
+        record_steps: keep a per-step log on each worker.
+        record_series: sample each worker's state after every engine step
+            (``kvroute.sim.cluster.timeseries``) and keep every output token's arrival time; off, the
+            run does neither and costs nothing extra.
+        fast_forward: advance runs of identical decode steps as one event (same result up to
+            floating-point rounding; much faster on long decodes).
+        max_in_flight: the client keeps at most this many requests outstanding; the others wait
+            in the client in the order they became ready (1 sends requests one at a time).
+            None: no limit.
+        scrape_interval_s: the gateway scrapes each worker's ``/metrics`` (running, waiting,
+            KV usage) every this many seconds; 0 reads them live at each decision.
+        cache_view: where cache-aware policies look up prefixes: ``routed`` (the gateway's
+            routed-prefix index), ``events`` (the workers' KV-cache events) or ``exact``.
+        kv_event_delay_s: KV-cache events reach the gateway this many seconds after the
+            worker's block pool changed (``cache_view="events"``).
+        gateways: gateway replicas behind a front load balancer.
+        gateway_lb: the front balancer: ``round_robin`` or ``random`` over replicas.
+        gateway_state: ``local`` (each replica keeps its own in-flight counts, sessions and
+            routed-prefix index) or ``shared`` (one store for all replicas).
+        store_latency_s: with shared state, seconds each request waits on the store (read
+            before the decision, write after) before it is forwarded. The lab's Redis: 0.05
+            before its fix (writes one after another), about 0.001 after.
+        client_lag_s: the client's own delay before it sends a later turn, beyond the think
+            time, s: an empirical sample (a live client's measured send lags); each later turn
+            draws one uniformly from a generator of its own (seeded from the run's seed, so the
+            run's other draws do not move). Empty: none. Its spread matters in closed-loop
+            bursts: chats whose replies end in one engine step stay in lock-step when their
+            next turns all wait the same time.
+    """
+
+    profile: Profile
+    num_workers: int = 4
+    num_gpus: int | None = None
+    policy: str = "round_robin"
+    closed_loop: bool | None = None
+    arrival_spread_s: float = 0.005
+    router_block_tokens: int = 256
+    record_steps: bool = False
+    record_series: bool = False
+    fast_forward: bool = True
+    max_in_flight: int | None = None
+    scrape_interval_s: float = 0.0
+    cache_view: str = "routed"
+    kv_event_delay_s: float = 0.0
+    gateways: int = 1
+    gateway_lb: str = "round_robin"
+    gateway_state: str = "local"
+    store_latency_s: float = 0.0
+    client_lag_s: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+        if self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {self.num_workers}")
+        if self.num_gpus is not None and not 1 <= self.num_gpus <= self.num_workers:
+            raise ValueError(f"num_gpus must be between 1 and num_workers, got {self.num_gpus}")
+        if not 0 <= self.arrival_spread_s < math.inf:
+            raise ValueError(f"arrival_spread_s must be a finite number >= 0, got {self.arrival_spread_s}")
+        block_size = self.profile.engine.block_size
+        if self.router_block_tokens < 1 or (self.router_block_tokens > block_size
+                                            and self.router_block_tokens % block_size):
+            raise ValueError(f"router_block_tokens must be a multiple of the block size {block_size} "
+                             f"(or at most one block), got {self.router_block_tokens}")
+        if min(self.scrape_interval_s, self.kv_event_delay_s, self.store_latency_s) < 0:
+            raise ValueError("scrape interval, KV-event delay and store latency must be >= 0 s")
+        if self.cache_view not in CACHE_VIEWS:
+            raise ValueError(f"unknown cache view {self.cache_view!r}; valid: {', '.join(CACHE_VIEWS)}")
+        if self.gateways < 1:
+            raise ValueError(f"gateways must be >= 1, got {self.gateways}")
+        if not all(0.0 <= x < math.inf for x in self.client_lag_s):
+            raise ValueError("client_lag_s must hold finite numbers >= 0 (seconds)")
+        if self.gateway_lb not in ("round_robin", "random"):
+            raise ValueError(f"gateway_lb must be round_robin or random, got {self.gateway_lb!r}")
+        if self.gateway_state not in ("local", "shared"):
+            raise ValueError(f"gateway_state must be local or shared, got {self.gateway_state!r}")
+
+    def gpu_of(self, worker: int) -> int:
+        """The GPU index worker ``worker`` runs on."""
+        return worker % (self.num_gpus or self.num_workers)
+
+    def workers_on_gpu(self, gpu: int) -> int:
+        """How many workers share GPU ``gpu``."""
+        return sum(1 for w in range(self.num_workers) if self.gpu_of(w) == gpu)
+
+
+REPLAY_MODES: dict[str, bool | None] = {"auto": None, "closed": True, "open": False}
+"""``--replay`` names -> ``ClusterSpec.closed_loop`` (closed: later turns wait for their parent;
+open: trace timestamps; auto: the trace decides)."""
+
+
+def engine_speeds(host: HostModel | None, num_workers: int, seed: int) -> list[float]:
+    """Each worker's step-time factor for one run, or for the run's first period when
+    ``HostModel.engine_speed_period_s`` is set (``HostModel.engine_speed_sigma``): lognormal
+    with mean 1, from a generator of its own spawned from ``seed`` (the run's other draws do
+    not move); all 1.0 without a host model or with a zero spread."""
+    sigma = host.engine_speed_sigma if host is not None else 0.0
+    if sigma <= 0.0:
+        return [1.0] * num_workers
+    rng = np.random.default_rng(seed).spawn(3)[2]
+    return [float(f) for f in rng.lognormal(-0.5 * sigma * sigma, sigma, num_workers)]
+
+
+def engine_speed_processes(host: HostModel, num_workers: int, seed: int) -> list[EngineSpeed | None]:
+    """Per worker, its :class:`EngineSpeed` over the run (None: factor 1 throughout). The first
+    period's factors are :func:`engine_speeds`'; later periods' come from one generator per
+    worker, spawned from another child of ``seed``."""
+    if host.engine_speed_sigma <= 0.0:
+        return [None] * num_workers
+    first = engine_speeds(host, num_workers, seed)
+    rngs = np.random.default_rng(seed).spawn(4)[3].spawn(num_workers)
+    return [EngineSpeed(host.engine_speed_sigma, host.engine_speed_period_s, rng, f) for rng, f in zip(rngs, first)]
+
+
+def check_capacity(trace: Trace, profile: Profile) -> None:
+    """Fail before a run if some request can never fit in one worker's KV cache.
+
+    A request needs ``ceil(min(prompt + output, max_model_len) / block_size)`` blocks when it is
+    alone; prompts vLLM would reject for ``max_model_len`` are not counted.
+
+    Raises:
+        ValueError: naming the request, its tokens, the blocks it needs and the blocks available.
+    """
+    engine = profile.engine
+    usable = engine.num_usable_blocks
+    for rec in trace.records:
+        if admission_error(rec.input_length, engine.max_model_len):
+            continue
+        tokens = rec.input_length + clamp_max_tokens(rec.input_length, rec.output_length, engine.max_model_len)
+        need = math.ceil(tokens / engine.block_size)
+        if need > usable:
+            raise ValueError(
+                f"{trace.source}: request {rec.request_id} needs {need} KV blocks "
+                f"({rec.input_length} prompt + {rec.output_length} output tokens at "
+                f"{engine.block_size} tokens per block) but a worker of profile "
+                f"{profile.name!r} has only {usable} usable blocks "
+                f"({usable * engine.block_size} tokens)"
+            )
+
+
+class Cluster:
+    """Workers, router and clients of one run. Use ``simulate`` rather than this directly.
+
+    Args:
+        trace: the requests.
+        spec: what to simulate.
+        seed: seeds the run's random generator (jitter, overheads) and, through a spawned
+            child, the router's (ties, random choices).
+    """
+
+    def __init__(self, trace: Trace, spec: ClusterSpec, seed: int) -> None:
+        self.spec = spec
+        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.env = simpy.Environment()
+        num_gpus = spec.num_gpus or spec.num_workers
+        self.profiles = [spec.profile.shared(spec.workers_on_gpu(spec.gpu_of(w))) for w in range(spec.num_workers)]
+        for profile in {p.engine.num_gpu_blocks: p for p in self.profiles}.values():
+            check_capacity(trace, profile)
+        gpus = [simpy.Resource(self.env, capacity=1) for _ in range(num_gpus)]
+        prof = spec.profile
+        self.frontends = Frontends(prof.frontend, spec.num_workers, self._lane_slowdown()) \
+            if prof.frontend is not None else None
+        loaded = self.frontends is not None or prof.host is not None
+        step_costs = [ContendedStepCost(prof.step_cost, prof.host, self._busy_for(w), speed, lambda: self.env.now,
+                                        prof.frontend, self._client_share if w == self._client_worker() else None)
+                      for w, speed in enumerate(engine_speed_processes(prof.host, spec.num_workers, seed))] \
+            if prof.host else [prof.step_cost] * spec.num_workers
+        # NOTE: token times are kept by other callbacks, chosen once here, so a run without them
+        # pays no test per token.
+        on_token = self._on_token_timed if spec.record_series else self._on_token
+        on_decode_run = self._on_decode_run_timed if spec.record_series else self._on_decode_run
+        self.workers = [
+            Worker(
+                self.env,
+                w,
+                self.profiles[w].engine,
+                step_costs[w],
+                gpus[spec.gpu_of(w)] if spec.workers_on_gpu(spec.gpu_of(w)) > 1 else None,
+                on_token,
+                self._on_finish,
+                on_decode_run,
+                spec.record_steps,
+                spec.fast_forward and not loaded,
+                spec.record_series,
+            )
+            for w in range(spec.num_workers)
+        ]
+        self.workload = Workload(trace, spec.profile.engine.block_size, spec.profile.engine.max_model_len)
+        self._build_gateways(seed)
+        self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
+        self.records: list[RequestRecord] = []
+        self.itl_gaps = array("d")  # every inter-token gap, s (an array: 3.8 M on Mooncake)
+        self._slots = simpy.Resource(self.env, spec.max_in_flight) if spec.max_in_flight else None
+        self._held: dict[int, simpy.resources.resource.Request] = {}
+        self._overheads = spec.profile.overheads
+        # NOTE: the seed's children 0-3 seed the router, the gateway balancer and the engine speeds
+        self._lag_rng = np.random.default_rng(seed).spawn(5)[4] if spec.client_lag_s else None
+        self._sigma = math.sqrt(math.log1p(self._overheads.jitter_cv**2))
+        # the time after each token's step (Overheads.post_engine_delay_s), or None: none; with
+        # API lanes, lane work on a request's first output, else a pure delay of every token
+        self._post = (lambda request: self._overheads.post_engine_delay_s(prof.frontend, request.num_prompt_tokens)) \
+            if self._overheads.has_post_engine else None
+
+    def _build_gateways(self, seed: int) -> None:
+        """Policies and views of the gateway replicas, and the worker signals they read."""
+        spec, n = self.spec, self.spec.num_workers
+        workers = self.workers
+        self.metrics = MetricsScrape(
+            lambda: [(len(w.scheduler.running), len(w.scheduler.waiting), w.scheduler.pool.usage()) for w in workers],
+            spec.scrape_interval_s,
+        )
+        self.events = None
+        if spec.cache_view == "events":
+            self.events = KVEventIndex(n)
+            self._pending_events: list | None = None
+            self._pending_due = -1.0
+            for w in workers:
+                w.scheduler.pool.kv_event_listener = self._event_listener(w.index)
+        exact = None
+        if spec.cache_view == "exact":
+            pools = [w.scheduler.pool for w in workers]
+            exact = lambda hashes: [len(p.longest_cache_hit(hashes, len(hashes))) for p in pools]  # noqa: E731
+        rng = router_rng(seed)
+        rngs = [rng] + (rng.spawn(spec.gateways - 1) if spec.gateways > 1 else [])
+        self.policies = [make_policy(spec.policy, r) for r in rngs]
+        num_views = 1 if spec.gateway_state == "shared" else spec.gateways
+        self.views = [
+            RouterView(n, spec.profile.engine.block_size, spec.router_block_tokens,
+                       track_prefixes=self.policies[0].uses_prefixes, cache_view=spec.cache_view,
+                       metrics=self.metrics, events=self.events, exact=exact)
+            for _ in range(num_views)
+        ]
+        self.policy, self.view = self.policies[0], self.views[0]
+        self._lb_rng = np.random.default_rng(seed).spawn(2)[1]
+        self._lb_next = 0
+        self._view_of: dict[int, RouterView] = {}
+        self._num_done = 0
+
+    def _event_listener(self, worker: int):
+        events, delay, env, n = self.events, self.spec.kv_event_delay_s, self.env, self.spec.num_workers
+        if delay == 0:
+            return lambda stored, hashes: events.apply(worker, stored, hashes)
+
+        def deliver(batch) -> None:
+            for w, (removed, stored) in enumerate(batch):
+                # NOTE: removals first: a block removed at an instant was stored before it (a block
+                # cached at schedule time is held by its request until a later step), and copies
+                # are counted, so the order within one instant does not change the result.
+                events.apply(w, False, removed)
+                events.apply(w, True, stored)
+
+        def later(stored: bool, hashes) -> None:
+            if env.now != self._pending_due:
+                self._pending_due = env.now
+                batch = self._pending_events = [([], []) for _ in range(n)]
+                env.timeout(delay).callbacks.append(lambda _ev: deliver(batch))
+            self._pending_events[worker][stored].extend(hashes)
+
+        return later
+
+    def _gateway(self) -> int:
+        """The replica the front load balancer sends the next request to."""
+        if self.spec.gateways == 1:
+            return 0
+        if self.spec.gateway_lb == "random":
+            return int(self._lb_rng.integers(self.spec.gateways))
+        g = self._lb_next
+        self._lb_next = (g + 1) % self.spec.gateways
+        return g
+
+    def _scraper(self):
+        total, interval = len(self.workload.trace.records), self.spec.scrape_interval_s
+        while self._num_done < total:
+            self.metrics.scrape()
+            yield self.env.timeout(interval)
+
+    def run(self, progress: Callable[[float, int, int], None] | None = None) -> RunResult:
+        """Simulate until every request has finished; return the records and counters.
+
+        ``progress(now_s, sent, total)`` (optional) is called every ``PROGRESS_EVERY`` events
+        and at the end with the simulated time, the requests sent so far and the trace's size;
+        the events and their order are the same with or without it."""
+        # NOTE: without the cyclic collector (kvroute.sim.cluster.collector): its passes over what the
+        # run keeps were 4-5 % of the whole Mooncake trace's time.
+        with paused_collector():
+            if self.spec.scrape_interval_s > 0:
+                self.env.process(self._scraper())
+            spread = self.spec.arrival_spread_s
+            sent = self.workload.roots if self.closed_loop else self.workload.trace.records
+            starts = []
+            for rec in sent:
+                jitter = self.rng.uniform(0.0, spread) if spread > 0 else 0.0
+                starts.append((rec, rec.timestamp_ms / 1000.0 + jitter))
+            self._start_at_once(lambda _event: self._start_clients(starts))
+            if progress is None:
+                self.env.run()
+            else:
+                self._run_reporting(progress)
+            return self._result()
+
+    def _result(self) -> RunResult:
+        """The finished run's records and per-worker counters."""
+        rows = []
+        for w in self.workers:
+            st = w.scheduler.kv_cache_manager.stats
+            rows.append(
+                {
+                    "worker": w.index,
+                    "gpu": self.spec.gpu_of(w.index),
+                    "num_gpu_blocks": w.scheduler.config.num_gpu_blocks,
+                    "num_steps": w.num_steps,
+                    "busy_time": w.busy_time,
+                    "prefix_cache_queries": st.queries,
+                    "prefix_cache_hits": st.hits,
+                    "preempted_queries": st.preempted_queries,
+                    "preempted_hits": st.preempted_hits,
+                    "num_preemptions": w.scheduler.num_preemptions,
+                    "num_evictions": w.scheduler.pool.num_evictions,
+                }
+            )
+        logs = None
+        if self.spec.record_steps:
+            logs = [np.asarray(w.step_log).reshape(-1, 4) for w in self.workers]
+        series = None
+        if self.spec.record_series:
+            series = series_frame([w.series for w in self.workers])
+        return RunResult.from_rows(self.spec.policy, self.seed, self.records, rows, self.itl_gaps, logs, series)
+
+    def _run_reporting(self, progress: Callable[[float, int, int], None]) -> None:
+        """``env.run()`` as SimPy runs it (one ``step`` per event until none is left), reporting."""
+        from simpy.core import EmptySchedule
+
+        env, total, count = self.env, len(self.workload.trace.records), 0
+        try:
+            while True:
+                env.step()
+                count += 1
+                if count % PROGRESS_EVERY == 0:
+                    progress(env.now, len(self.records), total)
+        except EmptySchedule:
+            pass
+        progress(env.now, len(self.records), total)
+
+    # -- clients -------------------------------------------------------------------------------
+
+    # NOTE: a client is a chain of callbacks on the events it waits for, not a SimPy process:
+    # the same events in the same order, without a process's start and end events (2 of the 4
+    # events a request costs the client) and its generator resumptions. A client starts where
+    # its process did: the roots in trace order in one event where the run starts, a closed-loop
+    # child in an urgent event of its own when its parent finishes (``_start_at_once``).
+
+    def _start_at_once(self, start: Callable[[simpy.Event], None]) -> None:
+        """Call ``start`` from an urgent event at the current time, where a new process's first
+        step would run (SimPy's ``Initialize``: before the time's normal events)."""
+        event = simpy.Event(self.env)
+        event._ok, event._value = True, None
+        event.callbacks.append(start)
+        self.env.schedule(event, simpy.events.URGENT)
+
+    def _start_clients(self, starts: list[tuple[TraceRecord, float]]) -> None:
+        for rec, send_at in starts:
+            self._client(rec, send_at)
+
+    def _client(self, rec: TraceRecord, send_at: float) -> None:
+        """Send ``rec`` at ``send_at`` (seconds): wait for it, then for a concurrency slot."""
+        env = self.env
+        if send_at > env.now:
+            env.timeout(send_at - env.now).callbacks.append(lambda _event: self._ready(rec))
+        else:
+            self._ready(rec)
+
+    def _ready(self, rec: TraceRecord) -> None:
+        ready = self.env.now
+        if self._slots is not None:
+            slot = self._held[rec.request_id] = self._slots.request()
+            slot.callbacks.append(lambda _event: self._route(rec, ready))
+        else:
+            self._route(rec, ready)
+
+    def _route(self, rec: TraceRecord, ready: float) -> None:
+        """Route ``rec`` (sent at ``ready``, holding its slot), then pass it through the gateway's
+        shared store and the API server."""
+        env = self.env
+        segments, hashes = self.workload.build(rec)
+        bs = self.spec.profile.engine.block_size
+        route = RouteRequest(rec.request_id, rec.session_id, hashes[: rec.input_length // bs], rec.input_length)
+        g = self._gateway()
+        view = self.views[g if len(self.views) > 1 else 0]
+        worker = self.policies[g].choose(route, view)
+        view.on_routed(worker, route)
+        self._view_of[rec.request_id] = view
+        record = RequestRecord(rec, worker, env.now)
+        record.client_wait = env.now - ready
+        if self.spec.record_series:
+            record.token_times = array("d")
+        self.records.append(record)
+        if self.spec.gateway_state == "shared" and self.spec.store_latency_s > 0:
+            env.timeout(self.spec.store_latency_s).callbacks.append(
+                lambda _event: self._front_end(rec, record, worker, hashes))
+        else:
+            self._front_end(rec, record, worker, hashes)
+
+    def _front_end(self, rec: TraceRecord, record: RequestRecord, worker: int, hashes) -> None:
+        env = self.env
+        if self._sigma > 0:
+            factor = self.rng.lognormal(-0.5 * self._sigma**2, self._sigma)
+        else:
+            factor = 1.0
+        delay = self._overheads.mean_s(rec.input_length) * factor
+        if self.frontends is not None:
+            delay += self.frontends.admit(worker, rec.request_id, env.now, rec.input_length)
+        env.timeout(delay).callbacks.append(lambda _event: self._arrive(rec, record, worker, hashes))
+
+    def _arrive(self, rec: TraceRecord, record: RequestRecord, worker: int, hashes) -> None:
+        """``rec`` reaches worker ``worker``'s engine, or fails its admission check there."""
+        env = self.env
+        engine = self.profiles[worker].engine
+        error = admission_error(rec.input_length, engine.max_model_len)
+        if error:
+            record.error = error
+            record.finish = env.now
+            self._view_of.pop(rec.request_id).on_finished(worker, rec.request_id)
+            self._num_done += 1
+            self._release_slot(rec.request_id)
+            self._release_children(rec)
+            return
+        max_tokens = clamp_max_tokens(rec.input_length, rec.output_length, engine.max_model_len)
+        request = Request(rec.request_id, rec.input_length, max_tokens, hashes, client=record)
+        self.workers[worker].add_request(request)
+
+    def _on_token(self, request: Request, now: float) -> None:
+        record: RequestRecord = request.client
+        engine_now = now
+        first = request.num_output_tokens == 1 and record.first_token is None
+        if self.frontends is not None:
+            # the part of the front end after the engine is the API process's work on the first output
+            extra = self._post(request) if first and self._post is not None else 0.0
+            now = self.frontends.deliver(record.worker, request.request_id, now, extra)
+        elif self._post is not None:
+            now += self._post(request)
+        if first:
+            record.first_token = now
+            record.engine_first_token = engine_now
+            self._view_of[request.request_id].on_first_token(request.request_id)
+        else:
+            self.itl_gaps.append(now - record.last_token)
+        record.last_token = now
+
+    def _on_decode_run(self, requests: list[Request], step_ends, gaps: array) -> None:
+        # every request of the run adds the same gaps (a copy)
+        last = step_ends[-1]
+        extend = self.itl_gaps.extend
+        post = self._post
+        for request in requests:
+            request.client.last_token = last if post is None else last + post(request)
+            extend(gaps)
+
+    def _on_token_timed(self, request: Request, now: float) -> None:
+        self._on_token(request, now)
+        record: RequestRecord = request.client
+        record.token_times.append(record.last_token)
+
+    def _on_decode_run_timed(self, requests: list[Request], step_ends, gaps: array) -> None:
+        self._on_decode_run(requests, step_ends, gaps)
+        later = step_ends[1:]  # the run's first step came through on_token
+        post = self._post
+        for request in requests:
+            if post is None:
+                request.client.token_times.extend(later)
+            else:
+                delay = post(request)
+                request.client.token_times.extend([t + delay for t in later])
+
+    def _on_finish(self, request: Request, now: float) -> None:
+        record: RequestRecord = request.client
+        record.engine_last_token = now
+        if self.frontends is not None:
+            now = record.last_token  # the client has the reply when the API streamed its last token
+        elif self._post is not None:
+            now += self._post(request)
+        record.finish = now
+        record.cached_tokens = request.num_cached_tokens or 0
+        record.output_tokens = request.num_output_tokens
+        record.preemptions = request.num_preemptions
+        record.queued = request.queued_ts
+        record.scheduled = request.scheduled_ts
+        self._view_of.pop(request.request_id).on_finished(record.worker, request.request_id)
+        self._num_done += 1
+        self._release_slot(record.trace.request_id)
+        if self.closed_loop:
+            lags = self.spec.client_lag_s
+            for child in self.workload.children.get(record.trace.request_id, ()):
+                lag = lags[int(self._lag_rng.integers(len(lags)))] if lags else 0.0
+                send_at = now + child.think_time_ms / 1000.0 + lag
+                self._start_at_once(lambda _event, child=child, send_at=send_at: self._client(child, send_at))
+
+    def _busy_for(self, worker: int) -> Callable[[float], float]:
+        """The load function worker ``worker``'s step costs read: the whole host's
+        (:meth:`_num_busy`), or with ``host.api_on_engine_core`` its own core's times ``cores``
+        (:meth:`_num_busy_on_core`)."""
+        if self.spec.profile.host.api_on_engine_core:
+            return lambda duration: self._num_busy_on_core(worker, duration)
+        return self._num_busy
+
+    def _num_busy_on_core(self, worker: int, duration: float) -> float:
+        """``cores`` times the load on ``worker``'s core over the next ``duration`` seconds: its
+        engine (with work or spinning, as in :meth:`_num_busy`), its own API lanes' shares, and
+        the client's ``host.client_busy`` share (while some lane is busy) spread over the cores;
+        a client pinned to one core (``host.client_core``) counts there as a fair share instead
+        (:meth:`_client_share`, :class:`~kvroute.sim.timing.frontend.ContendedStepCost`).
+        Times ``cores``, so that :meth:`HostModel.stretch` turns it into the per-core stretch
+        ``1 + contention * max(0, load - max(1, baseline / cores))``."""
+        now = self.env.now
+        host = self.spec.profile.host
+        engine = float(self._engine_busy(self.workers[worker], now, host.engine_spin_s))
+        if self.frontends is None:
+            return host.cores * engine
+        # NOTE: by CPU time, not elapsed (busy_shares): a lane stretched by its engine
+        # (api_contention) takes the core for its own work only; counting its stretched time
+        # would charge the engine for its own share too (and break the decode streaming baseline).
+        shares = self.frontends.busy_shares(now, duration)
+        per = self.frontends.model.api_server_count
+        own = sum(shares[worker * per:(worker + 1) * per])
+        if host.client_core >= 0:  # pinned: a fair share of one core (_client_share), none here
+            return host.cores * (engine + own)
+        return host.cores * (engine + own) + self._client_load(shares)
+
+    def _client_worker(self) -> int:
+        """The worker whose core the measuring client is pinned to (``HostModel.client_core``
+        with ``api_on_engine_core``), or -1."""
+        host = self.spec.profile.host
+        return host.client_core if host is not None and host.api_on_engine_core and self.frontends is not None else -1
+
+    def _client_share(self, duration: float) -> float:
+        """The pinned client's share of its core over the next ``duration`` seconds
+        (:meth:`_client_load` of the lanes' shares of that interval)."""
+        return self._client_load(self.frontends.busy_shares(self.env.now, duration))
+
+    def _client_load(self, shares: list[float]) -> float:
+        """Busy client processes, given the API lanes' busy ``shares`` of an interval:
+        ``host.client_busy`` times the largest (the client reads what the lanes stream)."""
+        return self.spec.profile.host.client_busy * max(shares, default=0.0)
+
+    def _lane_slowdown(self) -> Callable[[int, float], float] | None:
+        """The API lanes' service-time factor (``HostModel.api_contention``): ``1 +
+        api_contention`` while the server's engine has requests, else 1; None without it."""
+        host = self.spec.profile.host
+        if host is None or not host.api_on_engine_core or host.api_contention <= 0.0:
+            return None
+        stretched = 1.0 + host.api_contention
+        return lambda worker, now: stretched if self._engine_busy(self.workers[worker], now, 0.0) else 1.0
+
+    @staticmethod
+    def _engine_busy(worker: Worker, now: float, spin_s: float) -> bool:
+        """Whether ``worker``'s engine holds a core at ``now``: it has work, or ran out of it less
+        than ``spin_s`` seconds ago (``HostModel.engine_spin_s``)."""
+        return worker.scheduler.has_unfinished_requests() or now - worker.idle_since < spin_s
+
+    def _num_busy(self, duration: float = 0.0) -> float:
+        """The host model's load over the next ``duration`` seconds (0: now): engines with work
+        (or that ran out of it less than ``host.engine_spin_s`` ago), each API lane's share of the
+        interval its queued work fills, and the client's ``host.client_busy`` processes for the
+        share during which some lane is busy (the client reads what the lanes stream)."""
+        now = self.env.now
+        host = self.spec.profile.host
+        spin = host.engine_spin_s if host is not None else 0.0
+        engines = sum(self._engine_busy(w, now, spin) for w in self.workers)
+        if self.frontends is None:
+            return float(engines)
+        shares = self.frontends.busy_shares(now, duration)
+        client = self._client_load(shares) if host is not None else 0.0
+        return engines + sum(shares) + client
+
+    def _release_slot(self, request_id: int) -> None:
+        if self._slots is not None:
+            self._slots.release(self._held.pop(request_id))
+
+    def _release_children(self, rec: TraceRecord) -> None:
+        """A failed request's later turns are never sent (closed loop); record them as skipped."""
+        if not self.closed_loop:
+            return
+        for parent, children in self.workload.subtree(rec):
+            for child in children:
+                record = RequestRecord(child, -1, self.env.now)
+                record.error = f"not sent: its parent request {parent.request_id} failed"
+                self.records.append(record)
+                self._num_done += 1
+
+
+PROGRESS_EVERY = 4096
+"""Events between two progress reports of :meth:`Cluster.run`."""
+
+
+def simulate(trace: Trace, spec: ClusterSpec, seed: int = 0,
+             progress: Callable[[float, int, int], None] | None = None) -> RunResult:
+    """Run one simulation of ``trace`` on the cluster ``spec``.
+
+    Args:
+        trace: the requests.
+        spec: profile, workers, GPUs, policy and replay mode.
+        seed: seeds the run's one random generator; the same seed gives the same result.
+        progress: optional ``progress(now_s, sent, total)`` reporter (:meth:`Cluster.run`).
+
+    Returns:
+        The run's per-request records and per-worker counters.
+
+    Raises:
+        ValueError: a request can never fit in a worker's KV cache, the engine block size
+            cannot map the trace's, or the policy name is unknown.
+    """
+    return Cluster(trace, spec, seed).run(progress)

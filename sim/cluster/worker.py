@@ -1,0 +1,218 @@
+"""One simulated vLLM worker: a SimPy process around the plain Scheduler.
+
+Each iteration schedules a step, holds the worker's GPU for the step time the cost model gives,
+applies the step and streams its tokens: a token reaches the client when its step ends. An idle
+worker sleeps on an event that ``add_request`` triggers, so there is no polling. GPUs are SimPy
+resources of capacity 1: two workers on one GPU alternate their steps, each at half speed.
+
+A run of decode steps whose batch cannot change (nothing waiting, nobody finishing, enough free
+blocks) is advanced as one event: the step times are summed in closed form and the run is
+cut short at the step in progress when a request arrives, so the result equals stepping one
+at a time (up to floating-point rounding of the summed times).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from typing import TYPE_CHECKING
+
+import simpy
+
+from kvroute.sim.engine.compiled import Scheduler
+from kvroute.sim.timing.compiled import DecodeRunTimes
+from kvroute.sim.timing.cost_model import StepCost
+from kvroute.sim.cluster.timeseries import StepSeries
+
+if TYPE_CHECKING:
+    from kvroute.sim.engine.config import EngineConfig
+    from kvroute.sim.engine.request import Request
+
+
+class Worker:
+    """A vLLM engine on a (possibly shared) GPU.
+
+    Args:
+        env: the SimPy environment.
+        index: worker index behind the router.
+        config: engine settings (block count already adjusted for GPU sharing).
+        step_cost: step-time coefficients.
+        gpu: the GPU's resource when other workers share it; None when the worker owns its GPU
+            (holding an uncontended resource would change nothing but cost time).
+        on_token: called as ``on_token(request, now)`` for every sampled token.
+        on_finish: called as ``on_finish(request, now)`` when a request has all its tokens.
+        on_decode_run: called as ``on_decode_run(requests, step_ends, gaps)`` for a run of
+            decode steps advanced at once: every request got one token at each time in
+            ``step_ends`` (a sequence of floats); ``gaps`` are the differences of consecutive
+            ends, an ``array("d")``.
+        fast_forward: advance runs of identical decode steps as one event (needs an unshared GPU).
+        record_series: sample the engine's state after every step into ``series``
+            (``kvroute.sim.cluster.timeseries``; a fast-forwarded decode run is one sample).
+
+    Attributes:
+        scheduler: the engine's scheduler (queues, block pool, prefix-cache counters).
+        num_steps: engine steps run.
+        busy_time: seconds spent running steps (not waiting for a shared GPU).
+        idle_since: when the engine last ran out of work, s (-inf: not yet).
+        step_log: when ``record_steps`` is set, ``(start, duration, tokens, reqs)`` per step.
+        series: the step samples when ``record_series`` is set, else None.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        index: int,
+        config: "EngineConfig",
+        step_cost: StepCost,
+        gpu: simpy.Resource | None,
+        on_token,
+        on_finish,
+        on_decode_run,
+        record_steps: bool = False,
+        fast_forward: bool = True,
+        record_series: bool = False,
+    ) -> None:
+        self.env = env
+        self.index = index
+        self.scheduler = Scheduler(config)
+        self.step_cost = step_cost
+        self.gpu = gpu
+        self.on_token = on_token
+        self.on_finish = on_finish
+        self.on_decode_run = on_decode_run
+        self.fast_forward = fast_forward and gpu is None
+        self.num_steps = 0
+        self.busy_time = 0.0
+        self.idle_since = -math.inf
+        self.step_log: array | None = array("d") if record_steps else None
+        self.series = StepSeries(index, self.scheduler) if record_series else None
+        self._wakeup: simpy.Event | None = None
+        self._arrived: list[Request] = []  # handed over since the last step started
+        self.process = env.process(self._run())
+
+    def add_request(self, request: Request) -> None:
+        """Hand a request to the engine; it joins the waiting queue before the next step, and
+        its ``queued_ts`` is that step's start (vLLM's QUEUED event: the engine core's loop adds
+        the requests that came in during a step after that step, ``EngineCore._process_input_queue``
+        then ``Scheduler.add_request``, so vLLM's queue time leaves out the step in progress)."""
+        self._arrived.append(request)
+        self.scheduler.add_request(request)
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    def _run(self):
+        env, scheduler, cost = self.env, self.scheduler, self.step_cost
+        while True:
+            if not scheduler.has_unfinished_requests():
+                self.idle_since = env.now
+                self._wakeup = env.event()
+                yield self._wakeup
+                self._wakeup = None
+            if self._arrived:
+                self._mark_queued(self._arrived, env.now)
+            out = scheduler.schedule()
+            if out.admitted:
+                self._mark_scheduled(out.admitted, env.now)
+            if not out.requests:
+                # Nothing fits even alone: the cluster checks capacity before the run, so this
+                # is a bug, not a workload property.
+                raise RuntimeError(
+                    f"worker {self.index}: no request can be scheduled "
+                    f"(waiting {len(scheduler.waiting)}, running {len(scheduler.running)}, "
+                    f"free blocks {scheduler.pool.num_free_blocks})"
+                )
+            tokens, reqs = out.num_batched_tokens, len(out.requests)
+            dt = cost.step_time(tokens, reqs, out.prefill_token_pairs, out.decode_context_tokens)
+            if self.fast_forward:
+                run = scheduler.decode_run_length(out)
+                if run > 0:
+                    yield from self._decode_run(out, dt, run)
+                    continue
+            if self.gpu is not None:
+                with self.gpu.request() as slot:
+                    yield slot
+                    start = env.now
+                    yield env.timeout(dt)
+            else:
+                start = env.now
+                yield env.timeout(dt)
+            self.num_steps += 1
+            self.busy_time += dt
+            if self.step_log is not None:
+                self.step_log.extend((start, dt, tokens, reqs))
+            self._finish_step(out, env.now)
+            if self.series is not None:
+                self.series.sample(start, env.now, 1, tokens, reqs)
+
+    @staticmethod
+    def _mark_queued(arrived: list[Request], now: float) -> None:
+        """Stamp the requests handed over since the last step with this step's start, and
+        forget them."""
+        for req in arrived:
+            req.queued_ts = now
+        arrived.clear()
+
+    @staticmethod
+    def _mark_scheduled(admitted: list[Request], now: float) -> None:
+        """Stamp a request's first scheduling (vLLM's ``RequestStateStats.scheduled_ts``: set on
+        the first SCHEDULED event only, a re-admission after a preemption leaves it)."""
+        for req in admitted:
+            if req.scheduled_ts is None:
+                req.scheduled_ts = now
+
+    def _finish_step(self, out, now: float) -> None:
+        result = self.scheduler.update(out)
+        on_token = self.on_token
+        for req in result.emitted:
+            on_token(req, now)
+        for req in result.finished:
+            self.on_finish(req, now)
+
+    def _decode_run(self, out, dt: float, run: int):
+        """Step ``out`` plus up to ``run`` identical decode steps, as one wait.
+
+        Step j's time grows only through the context every request reads (one more token each
+        per step). An arrival cuts the run after the step in progress, as a real engine would
+        take the new request into the next step it schedules.
+        """
+        env = self.env
+        batch = len(out.requests)
+        start = env.now
+        # Step j of the run costs base + decode_attn_s * (context + batch * j): the same float
+        # operations, in the same order, as cost.step_time(batch, batch, 0.0, ...), so every
+        # duration and every end time equals stepping one at a time bit for bit.
+        times = DecodeRunTimes(self.step_cost, dt, batch, out.decode_context_tokens, run, start)
+        last = times.end(run)
+        wakeup = self._wakeup = env.event()
+        timeout = env.timeout(last - start)
+        # NOTE: what ``timeout | wakeup`` (SimPy's AnyOf) does, without building its value:
+        # ``resume`` is triggered from the callback of the first of the two to be processed, so
+        # the worker resumes one event after it, as it would after the condition.
+        resume = env.event()
+
+        def end_wait(_event) -> None:
+            if not resume.triggered:
+                resume.succeed()
+
+        timeout.callbacks.append(end_wait)
+        wakeup.callbacks.append(end_wait)
+        yield resume
+        self._wakeup = None
+        done = run
+        if env.now < last:  # an arrival: finish the step in progress, then stop
+            now = env.now
+            done = times.first_ending_at_or_after(now)
+            if times.end(done) > now:
+                yield env.timeout(times.end(done) - now)
+        self.num_steps += done + 1
+        self.busy_time += times.busy_s(done + 1)
+        if self.step_log is not None:
+            for j in range(done + 1):
+                self.step_log.extend((times.end(j) - times.duration(j), times.duration(j), batch, batch))
+        self._finish_step(out, times.end(0))
+        if done:
+            requests = list(out.requests)
+            self.scheduler.advance_decode_run(requests, done)
+            self.on_decode_run(requests, times.ends(done + 1), times.gaps(done + 1))
+        if self.series is not None:
+            self.series.sample(start, times.end(done), done + 1, batch, batch)

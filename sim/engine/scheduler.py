@@ -1,0 +1,295 @@
+"""vLLM v1's step scheduler for one engine (``vllm/v1/core/sched/scheduler.py: schedule``,
+``update_from_output``), with chunked prefill on, FCFS, recompute preemption, no async
+scheduling (the CPU backend's setting) and no speculative decoding.
+
+One step: a token budget of ``max_num_batched_tokens`` shared by prefill chunks and decodes.
+Pass 1 walks the running queue in order; a request whose blocks cannot be allocated preempts the
+last running request (possibly itself) until they fit. Pass 2 admits waiting requests in FCFS
+order, only when pass 1 preempted nothing, and stops at the first that does not fit. Plain class:
+no SimPy, no clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from kvroute.sim.engine.config import EngineConfig
+from kvroute.sim.engine.block_pool import BlockPool
+from kvroute.sim.engine.kv_cache_manager import KVCacheManager, first_run_step
+from kvroute.sim.engine.request import Request, RequestStatus
+from kvroute.sim.engine.scheduler_output import SchedulerOutput, StepResult
+
+__all__ = ["Scheduler", "SchedulerOutput", "StepResult", "admission_error", "clamp_max_tokens"]
+
+
+def admission_error(num_prompt_tokens: int, max_model_len: int) -> str | None:
+    """The error vLLM returns for a prompt it rejects, or None.
+
+    vLLM 0.32 rejects a prompt that leaves no room for one output token, i.e.
+    ``num_prompt_tokens >= max_model_len`` (``renderers/params.py: _token_len_check``, and the
+    engine's ``input_processor.py: _validate_prompt_len``); a longer ``max_tokens`` is clamped
+    instead (see ``clamp_max_tokens``).
+    """
+    if num_prompt_tokens >= max_model_len:
+        return (
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {num_prompt_tokens} input tokens."
+        )
+    return None
+
+
+def clamp_max_tokens(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> int:
+    """``max_tokens`` as vLLM's OpenAI server passes it on: at most ``max_model_len - prompt``
+    (``entrypoints/serve/utils/api_utils.py: get_max_tokens``)."""
+    return min(max_tokens, max_model_len - num_prompt_tokens)
+
+
+class Scheduler:
+    """The waiting and running queues of one engine and the step algorithm over them.
+
+    Args:
+        config: engine settings.
+
+    Attributes:
+        waiting: FCFS queue; preempted requests return to its front.
+        running: requests holding blocks, in admission order.
+        kv_cache_manager: block tables and prefix-cache counters.
+        num_preemptions: preemptions so far (``vllm:num_preemptions_total``).
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_gpu_blocks, config.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(self.pool, config.block_size, config.max_model_len)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # -- queue management ---------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Append a new request to the waiting queue."""
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return bool(self.waiting) or bool(self.running)
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Choose the requests and token counts of the next step and allocate their blocks.
+
+        Advances each scheduled request's ``num_computed_tokens`` by its scheduled tokens (vLLM
+        does so right after scheduling).
+        """
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        num_eligible = len(self.running) + len(self.waiting)
+        # NOTE: the long-prefill cap applies only when another request competes for the step.
+        threshold = self.config.long_prefill_token_threshold if num_eligible > 1 else 0
+        budget = self._schedule_running(out, budget, threshold)
+        if not out.preempted and self.waiting:
+            self._schedule_waiting(out, budget, threshold)
+        for req, n in zip(out.requests, out.num_scheduled_tokens):
+            req.num_computed_tokens += n
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int) -> int:
+        running = self.running
+        kv = self.kv_cache_manager
+        max_model_len = self.config.max_model_len
+        req_index = 0
+        while req_index < len(running) and budget > 0:
+            req = running[req_index]
+            computed = req.num_computed_tokens
+            num_new = req.num_prompt_tokens + req.num_output_tokens - computed
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            if num_new > max_model_len - computed - 1:
+                num_new = max_model_len - computed - 1
+            if num_new <= 0:
+                req_index += 1
+                continue
+            scheduled = True
+            while not kv.allocate_slots(req, num_new):
+                victim = running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    scheduled = False
+                    break
+            if not scheduled:
+                break
+            self._add_to_output(out, req, num_new, computed)
+            budget -= num_new
+            req_index += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int) -> None:
+        waiting, running = self.waiting, self.running
+        kv = self.kv_cache_manager
+        max_num_seqs = self.config.max_num_seqs
+        while budget > 0 and waiting:
+            if len(running) >= max_num_seqs:
+                break
+            req = waiting[0]
+            hit_blocks: list[int] = []
+            num_hit = 0
+            looked_up = req.num_computed_tokens == 0
+            if looked_up:
+                hit_blocks, num_hit = kv.get_computed_blocks(req)
+            num_computed = req.num_computed_tokens + num_hit
+            num_new = req.num_prompt_tokens + req.num_output_tokens - num_computed
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            if not kv.allocate_slots(req, num_new, hit_blocks, full_sequence=True):
+                break  # NOTE: head-of-line blocking: the rest of the queue waits too.
+            waiting.popleft()
+            running.append(req)
+            if looked_up:
+                # vLLM records prefix-cache stats at admission only, not on failed lookups.
+                kv.stats.record(req.num_tokens, num_hit, preempted=req.num_preemptions > 0)
+                if req.num_cached_tokens is None:
+                    req.num_cached_tokens = num_hit
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_computed
+            out.admitted.append(req)
+            self._add_to_output(out, req, num_new, num_computed)
+            budget -= num_new
+
+    @staticmethod
+    def _add_to_output(out: SchedulerOutput, req: Request, num_new: int, computed: int) -> None:
+        out.requests.append(req)
+        out.num_scheduled_tokens.append(num_new)
+        out.num_batched_tokens += num_new
+        if num_new == 1:
+            out.decode_context_tokens += computed + 1
+        else:
+            out.prefill_token_pairs += num_new * (computed + (num_new + 1) / 2)
+
+    def _preempt(self, req: Request) -> None:
+        """Free a running request's blocks and put it at the front of the waiting queue."""
+        self.kv_cache_manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # -- runs of identical decode steps ------------------------------------------------------
+
+    def decode_run_length(self, out: SchedulerOutput) -> int:
+        """How many steps after ``out`` would repeat its composition exactly.
+
+        ``out`` must be the step just scheduled. A run exists when the step only decodes (every
+        running request, one token each, none admitted or preempted, nothing waiting); it lasts
+        while no request finishes (after ``out`` and the returned number of steps, every request
+        still has a token to generate) and the free queue covers every block the run's requests
+        cross into. Returns 0 when ``out`` is not such a step. Arrivals are the caller's concern.
+        """
+        if self.waiting or out.preempted or out.admitted or len(out.requests) != len(self.running):
+            return 0
+        if out.num_batched_tokens != len(out.requests):
+            return 0
+        max_model_len = self.config.max_model_len
+        n = 1 << 62
+        for req in out.requests:
+            if req.num_output_tokens < 1:
+                return 0
+            left = req.max_tokens - req.num_output_tokens - 2
+            room = max_model_len - req.num_prompt_tokens - req.num_output_tokens - 2
+            n = min(n, left, room)
+        if n <= 0:
+            return 0
+        return min(n, self._steps_before_blocks_run_out(out.requests, n))
+
+    def _steps_before_blocks_run_out(self, requests: list[Request], n: int) -> int:
+        bs = self.config.block_size
+        free = self.pool.num_free_blocks
+        if len(requests) * (-(-n // bs)) <= free:
+            return n
+        firsts = [first_run_step(req.num_computed_tokens - 1, bs) for req in requests]
+
+        def blocks_by(j: int) -> int:
+            return sum((j - f) // bs + 1 for f in firsts if f <= j)
+
+        lo, hi = 0, n  # largest j with blocks_by(j) <= free
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if blocks_by(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def advance_decode_run(self, requests: list[Request], num_steps: int) -> None:
+        """Apply ``num_steps`` decode steps to ``requests`` at once, exactly as that many
+        ``schedule()`` + ``update()`` calls would (block allocations and prefix-cache
+        registrations in step order, then running order). Only valid for up to
+        ``decode_run_length`` steps after the step that ``update`` just applied.
+        """
+        if num_steps <= 0:
+            return
+        bs = self.config.block_size
+        kv = self.kv_cache_manager
+        if self._advance_decode_run_by_request(requests, num_steps):
+            return
+        events: list[tuple[int, int, int]] = []  # (step, position in running order, kind)
+        for pos, req in enumerate(requests):
+            c = req.num_computed_tokens  # before run step 1; step j computes token c + j
+            for j in range(first_run_step(c - 1, bs), num_steps + 1, bs):
+                events.append((j, pos, 0))  # token c + j opens a block
+            for j in range(first_run_step(c, bs), num_steps + 1, bs):
+                events.append((j, pos, 1))  # token c + j fills its block
+        events.sort()
+        for _, pos, kind in events:
+            req = requests[pos]
+            if kind == 0:
+                kv.allocate_new_blocks(req, 1)
+            else:
+                kv.cache_blocks(req, kv.get_num_cached_blocks(req) + 1)
+        for req in requests:
+            req.num_computed_tokens += num_steps
+            req.num_output_tokens += num_steps
+
+    def _advance_decode_run_by_request(self, requests: list[Request], num_steps: int) -> bool:
+        """``advance_decode_run`` with one allocation for the whole run and one registration
+        per request (``KVCacheManager.allocate_decode_run``), when that is provably the same.
+        Returns False, changing nothing, when the hashes do not allow it."""
+        if not self.kv_cache_manager.allocate_decode_run(requests, num_steps):
+            return False
+        for req in requests:
+            req.num_computed_tokens += num_steps
+            req.num_output_tokens += num_steps
+        return True
+
+    def update(self, out: SchedulerOutput) -> StepResult:
+        """Apply a finished step: sample one token for every request whose prompt (and, after a
+        preemption, replayed output) is computed; finish and free those that reach
+        ``max_tokens`` or ``max_model_len``.
+        """
+        emitted: list[Request] = []
+        finished: list[Request] = []
+        max_model_len = self.config.max_model_len
+        running = RequestStatus.RUNNING
+        for req in out.requests:
+            if req.status is not running:
+                continue
+            if req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
+                continue  # a prefill chunk that does not finish the sequence samples nothing
+            req.num_output_tokens += 1
+            emitted.append(req)
+            if req.num_output_tokens >= req.max_tokens or req.num_tokens >= max_model_len:
+                req.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                finished.append(req)
+        if finished:
+            for req in finished:
+                self.kv_cache_manager.free(req)
+            self.running = [r for r in self.running if r.status is running]
+        return StepResult(emitted, finished)

@@ -1,0 +1,56 @@
+"""What one engine step schedules and what it produces (vLLM's ``SchedulerOutput`` and the
+sampled/finished part of ``EngineCoreOutputs``), shared by the pure-Python scheduler
+(``kvroute.sim.engine.scheduler``) and the compiled one (``kvroute.sim.engine._scheduler``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvroute.sim.engine.request import Request
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one step runs, in vLLM's order (running requests first, then admitted ones).
+
+    Attributes:
+        requests: scheduled requests.
+        num_scheduled_tokens: tokens scheduled per request, parallel to ``requests``.
+        num_batched_tokens: sum of ``num_scheduled_tokens``.
+        prefill_token_pairs: causal attention pairs of chunks longer than one token.
+        decode_context_tokens: context tokens read by one-token requests.
+        preempted: requests preempted in this step, in preemption order.
+        admitted: requests moved from waiting to running in this step.
+    """
+
+    requests: list[Request] = field(default_factory=list)
+    num_scheduled_tokens: list[int] = field(default_factory=list)
+    num_batched_tokens: int = 0
+    prefill_token_pairs: float = 0.0
+    decode_context_tokens: int = 0
+    preempted: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_reqs(self) -> int:
+        """Requests scheduled in the step."""
+        return len(self.requests)
+
+    def is_empty(self) -> bool:
+        """True when the step schedules nothing."""
+        return not self.requests
+
+
+@dataclass(slots=True)
+class StepResult:
+    """Tokens a step produced.
+
+    Attributes:
+        emitted: requests that sampled one token in this step (their first when
+            ``num_output_tokens == 1``).
+        finished: requests that reached ``max_tokens`` (or ``max_model_len``); their blocks
+            are already freed.
+    """
+
+    emitted: list[Request]
+    finished: list[Request]

@@ -1,0 +1,480 @@
+"""Experiments: several policies on the same trace and cluster, over several seeded rounds.
+
+Round ``r`` of every policy uses seed ``seed + r``, so policies are compared under the same
+jitter draws and the same workload draws (common random numbers). ``compare_uncertain`` repeats
+the comparison under profiles drawn from the coefficients' uncertainty, for intervals that
+include the model's share.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.cluster.metrics import (METRIC_BOUNDS, SUMMARY_METRICS, RunResult, ServiceClass, clip_interval,
+                                 one_round_intervals, summarize, summarize_rounds)
+from kvroute.sim.timing.uncertainty import PRIOR_RANGE
+from kvroute.traces.format import Trace
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class Comparison:
+    """Results of ``compare``.
+
+    Held as plain rows; the DataFrames ``summaries`` and ``intervals`` are built on first use,
+    so a comparison printed as JSON or a table never imports pandas when it has one round
+    (about 0.3 s of a short run's start-up).
+
+    Args:
+        policies: policy names in the order given (the first is the baseline).
+        runs: ``runs[policy][round]`` run results.
+        summaries: one row per (policy, round): a list of dicts (``policy``, ``round``, ``seed``
+            and every summary metric) or the same as a DataFrame.
+        intervals: per policy, per metric ``mean``, ``low``, ``high``, ``rounds``: dicts
+            (``intervals[policy][metric]``) or ``summarize_rounds`` DataFrames.
+
+    Attributes:
+        policies, runs: as given.
+        rows: the summaries as a list of dicts.
+        interval_rows: ``interval_rows[policy][metric]``: dict of ``mean``, ``low``, ``high``, ``rounds``.
+        summaries: ``rows`` as a DataFrame.
+        intervals: ``intervals[policy]``: DataFrame of mean/low/high/rounds per metric.
+    """
+
+    __slots__ = ("policies", "runs", "rows", "interval_rows", "_summaries", "_intervals")
+
+    def __init__(self, policies: list[str], runs: dict[str, list[RunResult]], summaries: list[dict] | pd.DataFrame,
+                 intervals: dict[str, dict[str, dict[str, float]]] | dict[str, pd.DataFrame]) -> None:
+        self.policies = policies
+        self.runs = runs
+        self._summaries = self._intervals = None
+        if isinstance(summaries, list):
+            self.rows = summaries
+        else:
+            self._summaries, self.rows = summaries, summaries.to_dict("records")
+        frames = {p: iv for p, iv in intervals.items() if not isinstance(iv, dict)}
+        if frames:
+            self._intervals = dict(intervals) if len(frames) == len(intervals) else None
+            intervals = {p: iv.to_dict("index") if p in frames else iv for p, iv in intervals.items()}
+        self.interval_rows = intervals
+
+    @property
+    def summaries(self) -> pd.DataFrame:
+        """One row per (policy, round) with every summary metric."""
+        if self._summaries is None:
+            import pandas as pd
+
+            self._summaries = pd.DataFrame(self.rows)
+        return self._summaries
+
+    @property
+    def intervals(self) -> dict[str, pd.DataFrame]:
+        """``intervals[policy]``: DataFrame indexed by metric with ``mean``, ``low``, ``high``, ``rounds``."""
+        if self._intervals is None:
+            import pandas as pd
+
+            self._intervals = {p: pd.DataFrame.from_dict(iv, orient="index", columns=["mean", "low", "high", "rounds"])
+                               for p, iv in self.interval_rows.items()}
+        return self._intervals
+
+    def records(self) -> pd.DataFrame:
+        """Every record of every run, with ``policy`` and ``round`` columns."""
+        import pandas as pd
+
+        frames = []
+        for policy, runs in self.runs.items():
+            for r, run in enumerate(runs):
+                frames.append(run.records.assign(policy=policy, round=r))
+        return pd.concat(frames, ignore_index=True)
+
+    def series(self) -> pd.DataFrame | None:
+        """Every run's per-worker time series (``kvroute.sim.cluster.timeseries.SERIES_COLUMNS``) with
+        ``policy`` and ``round`` columns first, or None when the runs did not record them
+        (``ClusterSpec.record_series``)."""
+        return self._stacked("series")
+
+    def tokens(self) -> pd.DataFrame | None:
+        """Every run's per-token arrival times (``kvroute.sim.cluster.metrics.TOKEN_COLUMNS``) with
+        ``policy`` and ``round`` columns first, or None when the runs did not record them."""
+        return self._stacked("tokens")
+
+    def _stacked(self, field: str) -> pd.DataFrame | None:
+        import pandas as pd
+
+        frames = []
+        for policy, runs in self.runs.items():
+            for r, run in enumerate(runs):
+                frame = getattr(run, field)
+                if frame is None:
+                    return None
+                frames.append(frame.assign(policy=policy, round=r)[["policy", "round", *frame.columns]])
+        return pd.concat(frames, ignore_index=True) if frames else None
+
+    def change(self, policy: str, metric: str) -> float:
+        """Relative change of ``metric``'s mean for ``policy`` against the baseline, percent."""
+        base = self.interval_rows[self.policies[0]][metric]["mean"]
+        value = self.interval_rows[policy][metric]["mean"]
+        return 100.0 * (value - base) / base if base else math.nan
+
+    def change_points(self, policy: str, metric: str) -> float:
+        """Change of a share's mean (hit rate, goodput share) against the baseline, percentage points."""
+        base = self.interval_rows[self.policies[0]][metric]["mean"]
+        return 100.0 * (self.interval_rows[policy][metric]["mean"] - base)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict: per policy, per metric, mean/low/high, each round's value and the
+        change against the baseline (percent; for shares also ``change_vs_baseline_pp``)."""
+        out: dict = {"policies": {}}
+        for policy in self.policies:
+            rounds = [row for row in self.rows if row["policy"] == policy]
+            out["policies"][policy] = {
+                metric: {
+                    "mean": _num(row["mean"]),
+                    "low": _num(row["low"]),
+                    "high": _num(row["high"]),
+                    "rounds": [_num(r[metric]) for r in rounds],
+                    **(
+                        {"change_vs_baseline_pct": _num(self.change(policy, metric))}
+                        if policy != self.policies[0]
+                        else {}
+                    ),
+                    **(
+                        {"change_vs_baseline_pp": _num(self.change_points(policy, metric))}
+                        if policy != self.policies[0] and metric in SHARE_METRICS
+                        else {}
+                    ),
+                }
+                for metric, row in self.interval_rows[policy].items()
+            }
+        return out
+
+
+def _num(value: float) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def compare(
+    trace: Trace | Callable[[int], Trace],
+    spec: ClusterSpec,
+    policies: list[str],
+    rounds: int = 3,
+    seed: int = 0,
+    slo: ServiceClass = ServiceClass(),
+    progress=None,
+    run_progress=None,
+    executor: str = "sequential",
+    address: str | None = None,
+    max_workers: int | None = None,
+) -> Comparison:
+    """Simulate ``trace`` on ``spec`` under each policy for ``rounds`` seeded rounds.
+
+    Args:
+        trace: the requests, or a function ``trace(seed)`` giving the trace of the round with
+            that seed (a generated workload with random lengths draws one per round; every
+            policy replays the same draws).
+        spec: the cluster; its ``policy`` field is replaced by each of ``policies``.
+        policies: policy names; the first is the baseline of the change columns.
+        rounds: rounds per policy (seeds ``seed .. seed + rounds - 1``).
+        seed: first seed.
+        slo: the service class goodput is measured against.
+        progress: optional callable ``progress(policy, round)`` called after each run.
+        run_progress: optional callable ``run_progress(policy, round, now_s, sent, total)``
+            called inside each run (``Cluster.run``): simulated time, requests sent, trace size;
+            with ``executor="sequential"`` only (runs elsewhere report when they end).
+        executor, address, max_workers: where the policy x round runs execute
+            (``kvroute.sim.study.executors.run_tasks``: ``sequential``, ``local`` process pool or
+            ``dask``); every executor gives the same results.
+
+    Raises:
+        ValueError: no policy, fewer than one round, or any error ``simulate`` raises.
+    """
+    if not policies:
+        raise ValueError("compare needs at least one policy")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    traces = [trace(seed + r) for r in range(rounds)] if callable(trace) else [trace] * rounds
+    grid = [(policy, r) for policy in policies for r in range(rounds)]
+    results: list[RunResult | None] = [None] * len(grid)
+
+    def done(i: int, result: RunResult) -> None:
+        results[i] = result
+        if progress is not None:
+            progress(*grid[i])
+
+    if executor == "sequential":
+        for i, (policy, r) in enumerate(grid):
+            inside = None if run_progress is None else functools.partial(run_progress, policy, r)
+            done(i, simulate(traces[r], replace(spec, policy=policy), seed=seed + r, progress=inside))
+    else:
+        from kvroute.sim.study.executors import interrupts_as_keyboard, run_tasks
+
+        tasks = [(traces[r], replace(spec, policy=policy), seed + r) for policy, r in grid]
+        with interrupts_as_keyboard():
+            run_tasks(_simulate_task, tasks, done, executor, address, max_workers)
+    runs: dict[str, list[RunResult]] = {policy: [] for policy in policies}
+    rows = []
+    for (policy, r), result in zip(grid, results):
+        runs[policy].append(result)
+        rows.append({"policy": policy, "round": r, "seed": seed + r, **summarize(result, slo)})
+    intervals = {}
+    for p in policies:
+        per_round = [{m: row[m] for m in SUMMARY_METRICS} for row in rows if row["policy"] == p]
+        if len(per_round) == 1:
+            intervals[p] = one_round_intervals(per_round[0])
+        else:
+            intervals[p] = summarize_rounds(per_round).to_dict("index")
+    return Comparison(list(policies), runs, rows, intervals)
+
+
+def _simulate_task(task: tuple[Trace, ClusterSpec, int]) -> RunResult:
+    """One run of ``compare`` on an executor: ``simulate(trace, spec, seed)``."""
+    trace, spec, seed = task
+    return simulate(trace, spec, seed=seed)
+
+
+def format_table(comparison: Comparison, metrics: list[str] | None = None) -> str:
+    """A paper-style table: one row per metric, one column per policy (mean ± 95% half-width
+    over rounds, or ``mean [low, high]`` where the interval was clipped to possible values), and
+    after each non-baseline policy its change against the first: percent, or for a share
+    (hit rate, goodput share) percentage points (``+3.8 pp``), never a percent of a percent."""
+    metrics = metrics or list(SUMMARY_METRICS)
+    header = ["metric"]
+    for i, p in enumerate(comparison.policies):
+        header.append(p)
+        if i:
+            header.append(f"Δ vs {comparison.policies[0]}")
+    rows = [header]
+    for m in metrics:
+        row = [SUMMARY_METRICS[m]]
+        for i, p in enumerate(comparison.policies):
+            iv = comparison.interval_rows[p][m]
+            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"])))
+            if i:
+                row.append(_fmt_change(comparison, p, m))
+        rows.append(row)
+    return _tabulate(rows)
+
+
+SHARE_METRICS = ("hit_rate", "goodput_share")
+"""Metrics that are shares in [0, 1]: their changes are shown in percentage points."""
+
+
+def _fmt_change(comparison: Comparison, policy: str, metric: str) -> str:
+    if metric in SHARE_METRICS:
+        points = comparison.change_points(policy, metric)
+        return "" if math.isnan(points) else f"{points:+.1f} pp"
+    change = comparison.change(policy, metric)
+    return "" if math.isnan(change) else f"{change:+.1f}%"
+
+
+def _tabulate(rows: list[list[str]]) -> str:
+    """Rows (the first is the header) as a plain-text table: ``tabulate``'s ``simple`` format,
+    the metric column left-aligned, the others right-aligned, cells kept as written."""
+    from tabulate import SEPARATING_LINE, DataRow, Line, TableFormat, tabulate
+
+    # NOTE: the header goes in as a row above a separating line, since tabulate pads headers by
+    # two extra spaces (MIN_PADDING), which would widen columns narrower than their cells; the
+    # format is "simple" without its top and bottom rules.
+    rule, row = Line("", "-", "  ", ""), DataRow("", "  ", "")
+    fmt = TableFormat(lineabove=None, linebelowheader=rule, linebetweenrows=None, linebelow=None,
+                      headerrow=row, datarow=row, padding=0, with_header_hide=None)
+    return tabulate([rows[0], SEPARATING_LINE, *rows[1:]], tablefmt=fmt, disable_numparse=True,
+                    colalign=("left",) + ("right",) * (len(rows[0]) - 1))
+
+
+def _fmt_interval(mean: float, low: float, high: float, rounds: int) -> str:
+    """``mean ± half`` for a symmetric interval; ``mean [low, high]`` for one clipped to the
+    metric's possible values (``summarize_rounds``)."""
+    if math.isnan(mean):
+        return "-"
+    digits = 3 if abs(mean) < 10 else 1
+    if rounds <= 1:
+        return f"{mean:.{digits}f}"
+    if math.isclose(mean - low, high - mean, rel_tol=1e-9, abs_tol=1e-12):
+        return f"{mean:.{digits}f} ± {high - mean:.{digits}f}"
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+@dataclass(slots=True)
+class UncertainComparison:
+    """Results of ``compare_uncertain``: the central profile's comparison plus the same comparison
+    under profiles drawn from the coefficients' uncertainty.
+
+    Attributes:
+        base: ``compare`` on the central profile (seed-only intervals).
+        draws: profiles drawn.
+        rounds: rounds per policy and draw.
+        summaries: one row per (draw, policy, round): ``draw``, ``policy``, ``round``, ``seed`` and
+            every summary metric.
+        method: how the profiles were drawn (the profile's uncertainty ``method``).
+    """
+
+    base: Comparison
+    draws: int
+    rounds: int
+    summaries: pd.DataFrame
+    method: str
+
+    @property
+    def policies(self) -> list[str]:
+        """Policy names; the first is the baseline."""
+        return self.base.policies
+
+    def _draw_means(self, policy: str, metric: str) -> np.ndarray:
+        rows = self.summaries[self.summaries["policy"] == policy]
+        return rows.groupby("draw")[metric].mean().to_numpy(float)
+
+    def mean_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
+        """``coverage`` prediction interval (:func:`prediction_interval`) of the mean over
+        ``rounds`` runs, from the drawn profiles' means (each of which carries its own seeds'
+        noise, so the interval holds the model's and the seeds' share), clipped to the metric's
+        possible values (``METRIC_BOUNDS``: a time is never negative, a share lies in [0, 1])."""
+        return _clipped(metric, prediction_interval(self._draw_means(policy, metric), coverage))
+
+    def run_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
+        """``coverage`` prediction interval of a single run's value, from every draw and round,
+        clipped like :meth:`mean_interval`."""
+        rows = self.summaries[self.summaries["policy"] == policy]
+        return _clipped(metric, prediction_interval(rows[metric].to_numpy(float), coverage))
+
+    def change_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
+        """``coverage`` prediction interval of the relative change (percent) of ``policy``'s mean
+        against the baseline's mean, from each draw's change (same profile and seeds for both);
+        for shares (``SHARE_METRICS``) the change in percentage points."""
+        base = self._draw_means(self.policies[0], metric)
+        value = self._draw_means(policy, metric)
+        if metric in SHARE_METRICS:
+            return prediction_interval(100.0 * (value - base), coverage)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            change = np.where(base != 0, 100.0 * (value - base) / base, np.nan)
+        return prediction_interval(change, coverage)
+
+    def to_dict(self, coverage: float = 0.95) -> dict:
+        """``base.to_dict()`` with, per metric, ``model_interval`` (mean over rounds, model
+        uncertainty included), ``run_interval`` (one run) and, for later policies,
+        ``change_model_interval_pct`` (``change_model_interval_pp`` for shares); plus ``uncertainty``: draws,
+        rounds, method."""
+        doc = self.base.to_dict()
+        for policy, metrics in doc["policies"].items():
+            for metric, entry in metrics.items():
+                lo, hi = self.mean_interval(policy, metric, coverage)
+                entry["model_interval"] = {"low": _num(lo), "high": _num(hi)}
+                lo, hi = self.run_interval(policy, metric, coverage)
+                entry["run_interval"] = {"low": _num(lo), "high": _num(hi)}
+                if policy != self.policies[0]:
+                    lo, hi = self.change_interval(policy, metric, coverage)
+                    key = "change_model_interval_pp" if metric in SHARE_METRICS else "change_model_interval_pct"
+                    entry[key] = {"low": _num(lo), "high": _num(hi)}
+        doc["uncertainty"] = {"draws": self.draws, "rounds_per_draw": self.rounds, "coverage": coverage,
+                              "method": self.method}
+        return doc
+
+
+def prediction_interval(values, coverage: float = 0.95, future: int = 1) -> tuple[float, float]:
+    """Normal-theory prediction interval of one more value like ``values``, or of the mean of
+    ``future`` more: ``mean ± t(n - 1) * sd * sqrt(1 / future + 1 / n)`` (NaNs dropped;
+    ``(nan, nan)`` for fewer than two values).
+
+    Unlike percentiles it stays honest with few draws (five draws' percentiles would be nearly
+    their min and max, and cover far less than 95 %).
+    """
+    from scipy.stats import t
+
+    x = np.asarray(values, float)
+    x = x[~np.isnan(x)]
+    if len(x) < 2:
+        return math.nan, math.nan
+    half = (float(t.ppf(0.5 + coverage / 2, len(x) - 1)) * float(x.std(ddof=1))
+            * math.sqrt(1 / future + 1 / len(x)))
+    return float(x.mean()) - half, float(x.mean()) + half
+
+
+def compare_uncertain(
+    trace: Trace | Callable[[int], Trace],
+    spec: ClusterSpec,
+    policies: list[str],
+    draws: int,
+    rounds: int = 3,
+    seed: int = 0,
+    prior_range: float = PRIOR_RANGE,
+    slo: ServiceClass = ServiceClass(),
+    progress=None,
+) -> UncertainComparison:
+    """``compare`` on the central profile, then on ``draws`` profiles drawn from its coefficients'
+    uncertainty (``kvroute.sim.timing.uncertainty.draw_profiles``: bootstrap refits of a measured
+    profile, or ``±prior_range`` for a derived prior).
+
+    Draw ``d`` runs every policy on seeds ``seed + (d + 1) * rounds ..`` (its own seeds, so the
+    spread of the draws' means holds both the model's and the seeds' share; policies share them,
+    so changes keep common random numbers). The profiles are drawn with
+    ``numpy.random.default_rng([seed, 2])`` (the workload lengths use ``[seed, 1]``). Runs: ``(draws + 1) * rounds`` per policy.
+
+    Raises:
+        ValueError: ``draws < 1``, or as ``compare``.
+    """
+    from kvroute.sim.timing.uncertainty import draw_profiles, profile_uncertainty
+
+    if draws < 1:
+        raise ValueError(f"uncertainty draws must be >= 1, got {draws}")
+    base = compare(trace, spec, policies, rounds, seed, slo, progress)
+    profiles = draw_profiles(spec.profile, draws, np.random.default_rng([seed, 2]), prior_range)
+    rows = []
+    for d, profile in enumerate(profiles):
+        first = seed + (d + 1) * rounds
+        # Only the central profile's runs keep time series (``base``); the drawn ones give summaries.
+        drawn = replace(spec, profile=profile, record_series=False)
+        comparison = compare(trace, drawn, policies, rounds, first, slo, progress)
+        rows.append(comparison.summaries.assign(draw=d))
+    import pandas as pd
+
+    summaries = pd.concat(rows, ignore_index=True)
+    method = profile_uncertainty(spec.profile, prior_range).method
+    return UncertainComparison(base, draws, rounds, summaries, method)
+
+
+def _clipped(metric: str, interval: tuple[float, float]) -> tuple[float, float]:
+    """``interval`` clipped to ``METRIC_BOUNDS[metric]`` (NaNs kept)."""
+    return clip_interval(*interval, METRIC_BOUNDS.get(metric, (-math.inf, math.inf)))
+
+
+def format_uncertain_table(result: UncertainComparison, metrics: list[str] | None = None,
+                           coverage: float = 0.95) -> str:
+    """``format_table``'s layout with, after each policy, its 95 % interval including model
+    uncertainty (``UncertainComparison.mean_interval``), and after each change, the change's
+    (``UncertainComparison.change_interval``)."""
+    metrics = metrics or list(SUMMARY_METRICS)
+    base, first = result.base, result.policies[0]
+    header = ["metric"]
+    for i, p in enumerate(result.policies):
+        header += [f"{p} (seeds)", "with model unc."]
+        if i:
+            header += [f"Δ vs {first}", "Δ with model unc."]
+    rows = [header]
+    for m in metrics:
+        row = [SUMMARY_METRICS[m]]
+        for i, p in enumerate(result.policies):
+            iv = base.interval_rows[p][m]
+            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"])))
+            row.append(_fmt_range(*result.mean_interval(p, m, coverage)))
+            if i:
+                row.append(_fmt_change(base, p, m))
+                lo, hi = result.change_interval(p, m, coverage)
+                unit = " pp" if m in SHARE_METRICS else "%"
+                row.append("" if math.isnan(lo) else f"[{lo:+.1f}, {hi:+.1f}]{unit}")
+        rows.append(row)
+    return _tabulate(rows)
+
+
+def _fmt_range(lo: float, hi: float) -> str:
+    if math.isnan(lo):
+        return "-"
+    digits = 3 if max(abs(lo), abs(hi)) < 10 else 1
+    return f"[{lo:.{digits}f}, {hi:.{digits}f}]"

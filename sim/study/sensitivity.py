@@ -1,0 +1,607 @@
+"""Global sensitivity of a scenario's headline metrics to its uncertain inputs (Morris screening).
+
+Each uncertain input is a :class:`Factor`: a name, a stated range ``[low, high]`` and
+``apply(scenario, profile, value) -> (scenario, profile)``. Morris's method of elementary effects
+(Morris 1991, *Technometrics* 33(2); the radial-free trajectory design and the mu* measure of
+Campolongo, Cariboni & Saltelli 2007, as implemented by SALib's ``sample.morris`` and
+``analyze.morris``) moves one factor at a time along ``trajectories`` random paths through a grid of
+``levels`` levels per factor. For every factor and every output:
+
+- ``mu_star``: mean absolute change of the output when the factor crosses its whole range (the
+  output's units; SALib scales each step to the full range), the ranking measure;
+- ``mu``: the same with signs (``mu ~ mu_star`` or ``-mu_star``: a monotone effect);
+- ``sigma``: spread of the effects (non-linearity, interactions with other factors);
+- ``mu_star_conf``: bootstrap half-width of ``mu_star``'s 95 % interval.
+
+Every point is simulated for each policy on the same seeds ``scenario.seed .. + rounds - 1``
+(common random numbers), and its outputs averaged over those rounds: the headline metrics per
+policy and, for every other policy, its relative change against the first.
+
+**Adding a factor.** :data:`FACTOR_GROUPS` maps a group name to a builder
+``builder(scenario, profile, ranges) -> list[Factor]`` (an empty list when the group does not
+apply); :func:`default_factors` calls every builder in order. A new uncertain input is one
+builder added to that dict (and, when its range is an option, one field of :class:`Ranges`).
+From Python, any list of :class:`Factor` can be passed to :func:`run_sensitivity` instead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.timing.cost_model import StepCost
+from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass, summarize
+from kvroute.sim.timing.profile import Profile, load_profile
+from kvroute.sim.study.sweep import Scenario
+from kvroute.sim.timing.uncertainty import PRIOR_RANGE, coefficient, with_coefficients
+from kvroute.traces.format import Trace
+from kvroute.traces.generators import SEED_CHAT_REPLY, SEED_CHAT_USER
+from kvroute.traces.lengths import Dist, parse_dist
+
+HEADLINE_METRICS: tuple[str, ...] = ("time_to_complete_s", "later_ttft_mean_s", "later_ttft_p90_s", "hit_rate")
+"""Metrics every policy reports (``SUMMARY_METRICS`` keys)."""
+
+SHORT_LABELS: dict[str, str] = {"time_to_complete_s": "time to complete (s)", "later_ttft_mean_s": "later TTFT mean (s)",
+                                 "later_ttft_p90_s": "later TTFT p90 (s)", "hit_rate": "hit rate"}
+"""Column labels of the tables and plots (later = turns >= 2)."""
+
+EXECUTORS = ("local", "sequential")
+
+Apply = Callable[[Scenario, Profile, float], "tuple[Scenario, Profile]"]
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One uncertain input.
+
+    Attributes:
+        name: unique name (e.g. ``"step_cost.per_token_s"``).
+        low, high: the stated range, in the factor's own units (``low < high``).
+        apply: ``apply(scenario, profile, value) -> (scenario, profile)`` sets the input to
+            ``value``; it must not mutate its arguments (both are frozen dataclasses).
+        unit: unit of ``low``/``high`` for tables (``"s"``, ``"x"`` for a multiplier, ...).
+        source: where the range comes from (``"bootstrap 95 %"``, ``"±20 % of the prior"``, ...).
+
+    Raises:
+        ValueError: ``low >= high`` or a bound is not finite.
+    """
+
+    name: str
+    low: float
+    high: float
+    apply: Apply = field(compare=False, repr=False)
+    unit: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
+            raise ValueError(f"factor {self.name!r}: need finite low < high, got [{self.low}, {self.high}]")
+
+
+@dataclass(frozen=True, slots=True)
+class Ranges:
+    """The stated ranges of the default factors.
+
+    Attributes:
+        prior_range: relative half-width of a step-cost coefficient or overhead mean that has no
+            fitted uncertainty (derived priors): ``[(1 - r) c, (1 + r) c]``.
+        coverage: central share of a measured coefficient's bootstrap samples used as its range.
+        jitter_cv: absolute range of the per-request overhead's coefficient of variation (when
+            the profile has no fitted one).
+        kv_range: relative half-width of the KV capacity (``num_gpu_blocks``).
+        arrival_spread_s: absolute range of the start spread of root requests, s.
+        reply_median_range: relative half-width of a lognormal reply stop point's median.
+        reply_cv: absolute range of that lognormal's coefficient of variation.
+        user_sd: absolute range of the standard deviation of user-message tokens (seed-chat; the
+            mean stays the scenario's), tokens.
+    """
+
+    prior_range: float = PRIOR_RANGE
+    coverage: float = 0.95
+    jitter_cv: tuple[float, float] = (0.0, 0.6)
+    kv_range: float = 0.1
+    arrival_spread_s: tuple[float, float] = (0.0, 0.02)
+    reply_median_range: float = 0.3
+    reply_cv: tuple[float, float] = (0.25, 1.5)
+    user_sd: tuple[float, float] = (0.0, 20.0)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.prior_range < 1.0:
+            raise ValueError(f"prior_range must be in (0, 1), got {self.prior_range}")
+        if not 0.0 < self.kv_range < 1.0:
+            raise ValueError(f"kv_range must be in (0, 1), got {self.kv_range}")
+        if not 0.0 < self.coverage < 1.0:
+            raise ValueError(f"coverage must be in (0, 1), got {self.coverage}")
+        if not 0.0 < self.reply_median_range < 1.0:
+            raise ValueError(f"reply_median_range must be in (0, 1), got {self.reply_median_range}")
+        for name in ("jitter_cv", "arrival_spread_s", "reply_cv", "user_sd"):
+            lo, hi = getattr(self, name)
+            if not 0.0 <= lo < hi:
+                raise ValueError(f"{name} range must satisfy 0 <= low < high, got ({lo}, {hi})")
+
+
+# --------------------------------------------------------------------------------------------
+# Factor builders
+# --------------------------------------------------------------------------------------------
+
+
+def _set_coefficient(name: str) -> Apply:
+    def apply(scenario: Scenario, profile: Profile, value: float) -> tuple[Scenario, Profile]:
+        return scenario, with_coefficients(profile, {name: value})
+    return apply
+
+
+def _coefficient_factor(name: str, profile: Profile, ranges: Ranges, fallback: str) -> Factor | None:
+    """A coefficient's factor: its bootstrap range if the profile has one, else the stated
+    relative range around it; None when the range is empty (a zero coefficient)."""
+    value = coefficient(profile, name)
+    unc = profile.uncertainty
+    band = unc.interval(name, value, ranges.coverage) if unc is not None else None
+    if band is not None and unc.samples:
+        source = f"bootstrap {100 * ranges.coverage:g} %"
+    elif band is not None:
+        source = f"±{100 * unc.relative_range:g} % (profile)"
+    else:
+        band, source = fallback_band(value, ranges.prior_range), fallback
+    if band is None or not band[0] < band[1]:
+        return None
+    return Factor(name, band[0], band[1], _set_coefficient(name), "s" if name.endswith("_s") else "", source)
+
+
+def fallback_band(value: float, r: float) -> tuple[float, float] | None:
+    """``[(1 - r) value, (1 + r) value]``, or None for a zero value."""
+    return (value * (1 - r), value * (1 + r)) if value > 0 else None
+
+
+def step_cost_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -> list[Factor]:
+    """One factor per non-zero step-cost coefficient."""
+    out = [_coefficient_factor(f"step_cost.{k}", profile, ranges, f"±{100 * ranges.prior_range:g} % (stated)")
+           for k in StepCost.__dataclass_fields__]
+    return [f for f in out if f is not None]
+
+
+def overhead_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -> list[Factor]:
+    """The API-server and gateway means (and per-token growth), and the jitter CV."""
+    out = [_coefficient_factor(f"overheads.{k}", profile, ranges, f"±{100 * ranges.prior_range:g} % (stated)")
+           for k in ("api_server_s", "api_server_per_token_s", "gateway_s")]
+    jitter = _coefficient_factor("overheads.jitter_cv", profile, ranges, "")
+    if jitter is None or jitter.source == "":
+        lo, hi = ranges.jitter_cv
+        jitter = Factor("overheads.jitter_cv", lo, hi, _set_coefficient("overheads.jitter_cv"), "",
+                        "stated range")
+    return [f for f in out if f is not None] + [jitter]
+
+
+def _scale_kv(scenario: Scenario, profile: Profile, value: float) -> tuple[Scenario, Profile]:
+    engine = replace(profile.engine, num_gpu_blocks=max(2, int(round(profile.engine.num_gpu_blocks * value))))
+    memory = profile.memory
+    if memory is not None:
+        # NOTE: workers sharing a GPU re-derive their blocks from the memory rule: fewer bytes
+        # per block give the same relative change there.
+        memory = replace(memory, kv_bytes_per_block=max(1, int(round(memory.kv_bytes_per_block / value))))
+    return scenario, replace(profile, engine=engine, memory=memory)
+
+
+def kv_capacity_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -> list[Factor]:
+    """KV capacity as a multiplier of ``num_gpu_blocks``."""
+    r = ranges.kv_range
+    return [Factor("kv_capacity", 1 - r, 1 + r, _scale_kv, "x", f"±{100 * r:g} % of num_gpu_blocks")]
+
+
+def _set_spread(scenario: Scenario, profile: Profile, value: float) -> tuple[Scenario, Profile]:
+    return replace(scenario, arrival_spread_s=value), profile
+
+
+def start_spread_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -> list[Factor]:
+    """The uniform start spread of root requests (``arrival_spread_s``)."""
+    lo, hi = ranges.arrival_spread_s
+    return [Factor("arrival_spread_s", lo, hi, _set_spread, "s", "stated range")]
+
+
+def _reply_dist(scenario: Scenario) -> Dist:
+    reply = scenario.reply
+    if reply is None:
+        return parse_dist(SEED_CHAT_REPLY if scenario.workload == "seed-chat" else "uniform:50:300")
+    if isinstance(reply, tuple):
+        return parse_dist(f"uniform:{reply[0]}:{reply[1]}")
+    return parse_dist(reply)
+
+
+def workload_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -> list[Factor]:
+    """Where replies stop and how long user turns are (generated workloads only).
+
+    A lognormal reply stop point (the seed-chat default) varies its median by
+    ``±reply_median_range`` and its CV over ``reply_cv``; other reply distributions are left
+    alone. Seed-chat user messages become ``normal:MEAN:SD`` with the scenario's mean and SD over
+    ``user_sd``. The seed-chat default was fitted to the lab's run (README), so these ranges state
+    how far that fit might be off.
+    """
+    factors = []
+    reply = _reply_dist(scenario)
+    if reply.kind == "lognormal":
+        median = reply.params[0]
+        r = ranges.reply_median_range
+
+        def set_median(sc: Scenario, pr: Profile, value: float) -> tuple[Scenario, Profile]:
+            current = _reply_dist(sc)
+            return replace(sc, reply=f"lognormal:{value:g}:{current.params[1]:g}"), pr
+
+        def set_cv(sc: Scenario, pr: Profile, value: float) -> tuple[Scenario, Profile]:
+            current = _reply_dist(sc)
+            return replace(sc, reply=f"lognormal:{current.params[0]:g}:{value:g}"), pr
+
+        factors.append(Factor("reply.median_tokens", (1 - r) * median, (1 + r) * median, set_median, "tokens",
+                              f"±{100 * r:g} % of the workload's median"))
+        factors.append(Factor("reply.cv", *ranges.reply_cv, set_cv, "", "stated range"))
+    if scenario.workload == "seed-chat":
+        user = parse_dist(SEED_CHAT_USER if scenario.user is None else scenario.user)
+
+        def set_user_sd(sc: Scenario, pr: Profile, value: float, mean: float = user.mean) -> tuple[Scenario, Profile]:
+            return replace(sc, user=f"normal:{mean:g}:{value:g}"), pr
+
+        factors.append(Factor("user_tokens.sd", *ranges.user_sd, set_user_sd, "tokens", "stated range"))
+    return factors
+
+
+FactorBuilder = Callable[[Scenario, Profile, Ranges], "list[Factor]"]
+
+FACTOR_GROUPS: dict[str, FactorBuilder] = {
+    "step_cost": step_cost_factors,
+    "overheads": overhead_factors,
+    "kv_capacity": kv_capacity_factors,
+    "start_spread": start_spread_factors,
+    "workload": workload_factors,
+}
+"""The default factor groups, in table order. Extension point: add ``name: builder`` here."""
+
+
+def base_profile(scenario: Scenario) -> Profile:
+    """The scenario's profile with its ``kv_blocks`` override applied (as ``Scenario.spec``)."""
+    profile = load_profile(scenario.profile)
+    if scenario.kv_blocks is not None:
+        profile = replace(profile, engine=replace(profile.engine, num_gpu_blocks=scenario.kv_blocks), memory=None)
+    return profile
+
+
+def default_factors(scenario: Scenario, profile: Profile | None = None, ranges: Ranges = Ranges(),
+                    groups: list[str] | None = None) -> list[Factor]:
+    """Every factor of ``groups`` (default: all of :data:`FACTOR_GROUPS`) for the scenario.
+
+    Raises:
+        ValueError: an unknown group (listing the valid ones).
+    """
+    profile = profile or base_profile(scenario)
+    groups = list(FACTOR_GROUPS) if groups is None else groups
+    unknown = [g for g in groups if g not in FACTOR_GROUPS]
+    if unknown:
+        raise ValueError(f"unknown factor group(s) {', '.join(unknown)}; valid groups: {', '.join(FACTOR_GROUPS)}")
+    return [f for g in groups for f in FACTOR_GROUPS[g](scenario, profile, ranges)]
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+
+
+def output_names(policies: list[str], metrics: tuple[str, ...] = HEADLINE_METRICS) -> list[str]:
+    """Output columns: ``"<policy>:<metric>"`` per policy, then ``"<policy> vs <first>:<metric>"``
+    (relative change, percent) per later policy."""
+    names = [f"{p}:{m}" for p in policies for m in metrics]
+    names += [f"{p} vs {policies[0]}:{m}" for p in policies[1:] for m in metrics]
+    return names
+
+
+@dataclass(frozen=True, slots=True)
+class _Point:
+    scenario: Scenario
+    profile: Profile
+    policies: tuple[str, ...]
+    rounds: int
+    slo: ServiceClass
+    closed_loop: bool | None
+    trace: Trace | None
+
+
+def evaluate(point: _Point) -> dict[str, float]:
+    """Outputs of one point: each policy's headline metrics averaged over the rounds, and the
+    relative changes (percent) of the averages against the first policy."""
+    s = point.scenario
+    # A generated workload draws its lengths per round (the same draws for every policy).
+    traces = [point.trace if point.trace is not None else s.trace(r) for r in range(point.rounds)]
+    means: dict[str, dict[str, float]] = {}
+    for policy in point.policies:
+        spec = ClusterSpec(point.profile, num_workers=s.workers, num_gpus=s.gpus, policy=policy,
+                           arrival_spread_s=s.arrival_spread_s, closed_loop=point.closed_loop)
+        rows = [summarize(simulate(traces[r], spec, seed=s.seed + r), point.slo) for r in range(point.rounds)]
+        means[policy] = {m: float(np.mean([row[m] for row in rows])) for m in HEADLINE_METRICS}
+    out = {f"{p}:{m}": means[p][m] for p in point.policies for m in HEADLINE_METRICS}
+    first = point.policies[0]
+    for p in point.policies[1:]:
+        for m in HEADLINE_METRICS:
+            base = means[first][m]
+            out[f"{p} vs {first}:{m}"] = 100.0 * (means[p][m] - base) / base if base else math.nan
+    return out
+
+
+@dataclass
+class SensitivityResult:
+    """What :func:`run_sensitivity` found.
+
+    Attributes:
+        factors: the factors, in design order.
+        policies: the policies (the first is the baseline of the change outputs).
+        outputs: output column names (:func:`output_names`).
+        samples: one row per design point: the factors' values and every output.
+        indices: one row per (output, factor): ``mu``, ``mu_star``, ``sigma``, ``mu_star_conf``
+            and ``rank`` (1 = largest ``mu_star`` for that output).
+        base: every output at the unperturbed scenario, mean over ``noise_rounds`` seeds.
+        noise: every output's standard deviation over those seeds (the seed-to-seed noise a
+            ``mu_star`` should be read against).
+        settings: trajectories, levels, rounds, seed, executor and the scenario.
+    """
+
+    factors: list[Factor]
+    policies: list[str]
+    outputs: list[str]
+    samples: pd.DataFrame
+    indices: pd.DataFrame
+    base: dict[str, float]
+    noise: dict[str, float]
+    settings: dict[str, Any]
+
+    def ranking(self, output: str) -> list[str]:
+        """Factor names by decreasing ``mu_star`` for ``output``."""
+        sel = self.indices[self.indices["output"] == output].sort_values("rank")
+        return list(sel["factor"])
+
+    def table(self, measure: str = "mu_star") -> pd.DataFrame:
+        """``measure`` as a factor x output table (factors in design order)."""
+        wide = self.indices.pivot(index="factor", columns="output", values=measure)
+        return wide.loc[[f.name for f in self.factors], self.outputs]
+
+    def format_table(self, group: str | None = None) -> str:
+        """Text tables, one per policy (and per change), rows = factors with their ranges,
+        cells = ``mu_star`` signed by ``mu`` (``~`` when the effects' signs disagree, |mu| < mu*/2)."""
+        blocks = []
+        groups = list(dict.fromkeys(o.split(":")[0] for o in self.outputs))
+        for g in groups if group is None else [group]:
+            cols = [o for o in self.outputs if o.split(":")[0] == g]
+            change = " vs " in g
+            header = ["factor", "range"] + [_label(o.split(":")[1], change) for o in cols]
+            rows = [header]
+            rows.append(["at the base point", "(seed sd)"]
+                        + [f"{_fmt(self.base[o])} ({_fmt(self.noise[o])})" for o in cols])
+            for f in self.factors:
+                cells = [f.name, f"{_fmt(f.low)}..{_fmt(f.high)} {f.unit}".rstrip()]
+                for o in cols:
+                    row = self.indices[(self.indices["output"] == o) & (self.indices["factor"] == f.name)].iloc[0]
+                    cells.append(_signed(row["mu"], row["mu_star"]))
+                rows.append(cells)
+            widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+            lines = [f"{g}{' (change, %)' if change else ''}: mu* per factor (effect of crossing its range)"]
+            for k, r in enumerate(rows):
+                lines.append("  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1])]
+                                       + [r[c].rjust(widths[c]) for c in range(2, len(r))]))
+                if k == 0:
+                    lines.append("  ".join("-" * w for w in widths))
+            blocks.append("\n".join(lines))
+        return "\n\n".join(blocks)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict: settings, factors (with ranges and sources), base, noise, indices."""
+        return {
+            "settings": self.settings,
+            "policies": self.policies,
+            "factors": [{"name": f.name, "low": f.low, "high": f.high, "unit": f.unit, "source": f.source}
+                        for f in self.factors],
+            "base": {k: _num(v) for k, v in self.base.items()},
+            "noise_sd": {k: _num(v) for k, v in self.noise.items()},
+            "indices": [{k: (_num(v) if isinstance(v, float) else v) for k, v in row.items()}
+                        for row in self.indices.to_dict("records")],
+        }
+
+    def plot(self, path=None, outputs: list[str] | None = None, top: int | None = None):
+        """Tornado plot: per output, a horizontal bar of ``mu_star`` per factor, largest on top,
+        red when the factor raises the output (``mu > 0``), blue when it lowers it, grey when the
+        signs disagree; the whisker is ``mu_star_conf``; the dashed line is the seed noise.
+
+        Args:
+            path: PNG to write (None: only return the figure).
+            outputs: outputs to plot (default all), one panel each.
+            top: show only the ``top`` factors of each panel.
+
+        Returns:
+            The matplotlib figure.
+        """
+        import matplotlib
+
+        if path is not None:
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        outputs = outputs or self.outputs
+        ncols = min(len(HEADLINE_METRICS), len(outputs))
+        nrows = math.ceil(len(outputs) / ncols)
+        n = len(self.factors) if top is None else min(top, len(self.factors))
+        fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 0.9 + 0.32 * n * nrows + 0.6 * nrows),
+                                 squeeze=False)
+        for ax, out in zip(axes.flat, outputs):
+            sel = self.indices[self.indices["output"] == out].sort_values("mu_star").tail(n)
+            colors = ["tab:red" if m > 0.5 * s else "tab:blue" if m < -0.5 * s else "tab:grey"
+                      for m, s in zip(sel["mu"], sel["mu_star"])]
+            ax.barh(sel["factor"], sel["mu_star"], xerr=sel["mu_star_conf"], color=colors, capsize=2)
+            ax.axvline(self.noise.get(out, 0.0), color="k", ls="--", lw=0.8)
+            group, metric = out.split(":")
+            change = " vs " in group
+            ax.set_title(f"{group}\n{_label(metric, change)}", fontsize=9)
+            ax.tick_params(axis="y", labelsize=7)
+            ax.tick_params(axis="x", labelsize=7)
+        for ax in list(axes.flat)[len(outputs):]:
+            ax.set_visible(False)
+        fig.suptitle(f"Morris mu* ({self.settings['trajectories']} trajectories, {self.settings['levels']} levels, "
+                     f"{self.settings['rounds']} round(s)); dashed: seed noise (sd)", fontsize=10)
+        fig.tight_layout()
+        if path is not None:
+            fig.savefig(path, dpi=90)
+            plt.close(fig)
+        return fig
+
+
+def _label(metric: str, change: bool) -> str:
+    text = SHORT_LABELS.get(metric, SUMMARY_METRICS.get(metric, metric))
+    return f"{text.replace(' (s)', '')} change %" if change else text
+
+
+def _fmt(x: float) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if x == 0:
+        return "0"
+    return f"{x:.3g}" if 1e-3 <= abs(x) < 1e4 else f"{x:.2e}"
+
+
+def _signed(mu: float, mu_star: float) -> str:
+    if math.isnan(mu_star):
+        return "-"
+    sign = "+" if mu > 0.5 * mu_star else "-" if mu < -0.5 * mu_star else "~"
+    return f"{sign}{_fmt(mu_star)}" if mu_star else "0"
+
+
+def _num(v) -> float | None:
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) or math.isinf(v) else v
+
+
+def run_sensitivity(
+    scenario: Scenario,
+    policies: list[str] | tuple[str, ...] = ("round_robin", "kv_aware"),
+    factors: list[Factor] | None = None,
+    ranges: Ranges = Ranges(),
+    trajectories: int = 10,
+    levels: int = 4,
+    rounds: int = 1,
+    seed: int = 0,
+    noise_rounds: int = 5,
+    profile: Profile | None = None,
+    trace: Trace | None = None,
+    closed_loop: bool | None = None,
+    executor: str = "local",
+    max_workers: int | None = None,
+    progress: bool = False,
+    slo: ServiceClass = ServiceClass(),
+) -> SensitivityResult:
+    """Morris screening of ``factors`` on ``scenario`` under each of ``policies``.
+
+    Args:
+        scenario: the scenario (its ``policy`` is ignored; ``policies`` are run).
+        policies: policies; the first is the baseline of the change outputs.
+        factors: the factors (default :func:`default_factors` with ``ranges``).
+        ranges: stated ranges of the default factors.
+        trajectories: Morris trajectories r; the design has ``r * (k + 1)`` points for k factors.
+        levels: Morris grid levels p (even; 4 is the usual choice).
+        rounds: seeds per point (``scenario.seed + 0 .. rounds - 1``, the same at every point).
+        seed: seeds the Morris design and the bootstrap of ``mu_star_conf``.
+        noise_rounds: seeds of the unperturbed scenario that give ``base`` and ``noise``.
+        profile: the base profile (default: the scenario's, with its ``kv_blocks``).
+        trace: a fixed trace (a file); default: the scenario's built-in workload, rebuilt
+            whenever a factor changes the scenario.
+        closed_loop: as ``ClusterSpec.closed_loop`` (None: closed loop for traces with sessions).
+        executor: ``"local"`` (process pool) or ``"sequential"``.
+        max_workers: processes of the pool (default: the CPU count).
+        progress: a progress bar on stderr.
+        slo: the service class of ``summarize`` (goodput is not an output, so rarely needed).
+
+    Returns:
+        A :class:`SensitivityResult`.
+
+    Raises:
+        ValueError: no policy, fewer than two factors, duplicate factor names, trajectories < 2,
+            levels < 2 or odd, rounds < 1, an unknown executor, or any simulation error.
+    """
+    from SALib.analyze import morris as morris_analyze
+    from SALib.sample import morris as morris_sample
+    from tqdm import tqdm
+
+    policies = list(policies)
+    if not policies:
+        raise ValueError("sensitivity needs at least one policy")
+    if trajectories < 2:
+        raise ValueError(f"trajectories must be >= 2, got {trajectories}")
+    if levels < 2 or levels % 2:
+        raise ValueError(f"levels must be even and >= 2, got {levels}")
+    if rounds < 1 or noise_rounds < 1:
+        raise ValueError(f"rounds and noise_rounds must be >= 1, got {rounds} and {noise_rounds}")
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
+    profile = profile or base_profile(scenario)
+    factors = default_factors(scenario, profile, ranges) if factors is None else list(factors)
+    names = [f.name for f in factors]
+    if len(factors) < 2:
+        raise ValueError("Morris screening needs at least two factors")
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate factor names: {names}")
+    problem = {"num_vars": len(factors), "names": names, "bounds": [[f.low, f.high] for f in factors]}
+    X = morris_sample.sample(problem, trajectories, num_levels=levels, seed=seed)
+
+    def point(values) -> _Point:
+        sc, pr = scenario, profile
+        for f, v in zip(factors, values):
+            sc, pr = f.apply(sc, pr, float(v))
+        return _Point(replace(sc, seed=scenario.seed), pr, tuple(policies), rounds, slo, closed_loop, trace)
+
+    noise_points = [_Point(replace(scenario, seed=scenario.seed + s), profile, tuple(policies), 1, slo, closed_loop,
+                           trace) for s in range(noise_rounds)]
+    points = [point(x) for x in X] + noise_points
+    bar = tqdm(total=len(points), desc="sensitivity", unit="point", file=sys.stderr, disable=not progress)
+    try:
+        if executor == "sequential":
+            results = []
+            for p in points:
+                results.append(evaluate(p))
+                bar.update()
+        else:
+            workers = max_workers or min(len(points), os.cpu_count() or 1)
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                results = []
+                for r in pool.map(evaluate, points, chunksize=max(1, len(points) // (8 * workers))):
+                    results.append(r)
+                    bar.update()
+    finally:
+        bar.close()
+    outputs = output_names(policies)
+    design = pd.DataFrame(X, columns=names)
+    values = pd.DataFrame(results[: len(X)], columns=outputs)
+    noise_frame = pd.DataFrame(results[len(X):], columns=outputs)
+    rows = []
+    for out in outputs:
+        y = values[out].to_numpy(float)
+        if not np.all(np.isfinite(y)):
+            res = {k: [math.nan] * len(factors) for k in ("mu", "mu_star", "sigma", "mu_star_conf")}
+        else:
+            res = morris_analyze.analyze(problem, X, y, num_levels=levels, num_resamples=1000, seed=seed,
+                                         print_to_console=False)
+        order = np.argsort(-np.nan_to_num(np.asarray(res["mu_star"], float), nan=-1.0), kind="stable")
+        rank = np.empty(len(factors), int)
+        rank[order] = np.arange(1, len(factors) + 1)
+        for i, name in enumerate(names):
+            rows.append({"output": out, "factor": name, "mu": float(res["mu"][i]), "mu_star": float(res["mu_star"][i]),
+                         "sigma": float(res["sigma"][i]), "mu_star_conf": float(res["mu_star_conf"][i]),
+                         "rank": int(rank[i])})
+    settings = {"scenario": asdict(scenario), "profile": profile.name, "trajectories": trajectories, "levels": levels,
+                "rounds": rounds, "noise_rounds": noise_rounds, "seed": seed, "executor": executor,
+                "points": len(X), "ranges": asdict(ranges)}
+    return SensitivityResult(factors, policies, outputs, pd.concat([design, values], axis=1), pd.DataFrame(rows),
+                             {o: float(noise_frame[o].mean()) for o in outputs},
+                             {o: float(noise_frame[o].std(ddof=1)) if noise_rounds > 1 else math.nan for o in outputs},
+                             settings)
