@@ -279,7 +279,7 @@ def _rows(path: Path) -> int:
               help="With --api-cores own: how much longer the API process's work takes while its engine, on the "
                    "same core, has requests (host.api_contention; 1: fair sharing of the core, 0: not at all). "
                    "Stated, not fitted: closed-loop TTFT under kv-aware routing depends strongly on it "
-                   "(README: Bursts).")
+                   "(docs/design/timing-and-host-model.md).")
 @click.option("--front-end-split/--no-front-end-split", default=True, show_default=True,
               help="When the sweep timed its requests in the engine (measure --kv-events), put the part of the "
                    "unloaded front end that comes after the engine's step after it (overheads.post_engine_s); off: "

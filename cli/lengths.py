@@ -19,7 +19,7 @@ def length_options() -> list[Opt]:
         Opt("--reply-tokens", default=None, callback=_dist_option, axis=length_value, sweep_names=("--reply",),
             help="Where replies stop, tokens: N, uniform:LO:HI, lognormal:MEDIAN:CV, "
                  "empirical:FILE, ... (capped at --max-tokens) [seed-chat: the fitted "
-                 "default, see README; agent: uniform:50:300]."),
+                 "default, see docs/reference/seed-study-fit.md; agent: uniform:50:300]."),
         Opt("--max-tokens", type=click.IntRange(min=1), default=None,
             help="Reply limit of every request (vLLM's max_tokens) [seed-chat 128, agent none]."),
         Opt("--user-tokens", default=None, callback=_dist_option, axis=dist_value,

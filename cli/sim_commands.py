@@ -325,7 +325,7 @@ def _unmeasured_note(profile, fitted_seed_workload: bool, uncertainty: int = 0) 
             f"{advice[0].upper() + advice[1:]}; `kvroute sensitivity` ranks them.")
     if fitted_seed_workload and profile.name == "a6000-qwen2.5-7b":
         note += (" On the lab's 6-turn run this prior predicts later-turn TTFT about 1.5x the measured value "
-                 "(README: the seed workload, fitted to the lab's run).")
+                 "(docs/reference/seed-study-fit.md).")
     return note
 
 
@@ -344,7 +344,7 @@ def _speed_note(profile, num_workers: int) -> str:
         allowed = f"; its sweep allows {lo:.2g} s to " + (f"{hi:.2g} s" if hi != float("inf") else "one speed per round")
     return (f"Note: each worker steps at its own speed, {drawn} (log-spread {sigma:.2f}, from {profile.name}'s "
             f"bursts{allowed}); the spread and how long a speed lasts move from sweep to sweep, and changes between "
-            "policies move with them (README: Bursts).")
+            "policies move with them (docs/design/timing-and-host-model.md).")
 
 
 FRONTEND_NOTE_IN_FLIGHT = 8
@@ -356,7 +356,7 @@ def _frontend_note(profile, peak: int) -> str:
     ``frontend`` section vLLM's API process is taken as unlimited, which bursts disprove; with
     one, its serial admission work per prompt token and the host contention that work feeds (or,
     with the API process on its engine's core, the stated ``host.api_contention``) are the terms
-    closed-loop TTFT hangs on (README: Bursts)."""
+    closed-loop TTFT hangs on (docs/design/timing-and-host-model.md)."""
     if peak < FRONTEND_NOTE_IN_FLIGHT:
         return ""
     if profile.frontend is not None:
@@ -372,17 +372,17 @@ def _frontend_note(profile, peak: int) -> str:
                     f"engine has requests (host.api_contention {host.api_contention:.2g}, stated, not measured). "
                     "Closed-loop TTFT under a kv-aware router hangs on it: on the CPU reference (run 16) the "
                     "kv_aware-vs-round_robin TTFT change was predicted +39 % with 0 and +13 % with 1, measured +25 % "
-                    "(README: Bursts).")
+                    "(docs/design/timing-and-host-model.md).")
         contention = host.contention if host is not None else 0.0
         return (admits + "counting as a busy process on the host while it works "
                 f"(host.contention {contention:.2g}). Closed-loop TTFT under a kv-aware router hangs on both: on the "
                 "CPU reference one profile's kv_aware-vs-round_robin TTFT change was -31, +5 and +41 points off the "
                 "measured one with contention 0, 2 and 4, and a fitted contention often sits at the fit's bound "
-                "(README: Bursts).")
+                "(docs/design/timing-and-host-model.md).")
     return (f"Note: up to {peak} requests were in flight on one worker, and {profile.name} has no front-end terms: "
             "vLLM's API process and the host's CPU are taken as unlimited, where under bursts they queue work "
             "(on the CPU reference, bursts of short replies took about twice the time such a profile predicts). "
-            "Calibrate with the concurrency sweep (`kvroute calibrate measure`) to model them (README: Bursts).")
+            "Calibrate with the concurrency sweep (`kvroute calibrate measure`) to model them (docs/design/timing-and-host-model.md).")
 
 
 @click.command("policies")

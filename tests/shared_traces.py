@@ -19,5 +19,5 @@ def shared_trace(*parts: str) -> Path:
     path = SHARED_TRACES.joinpath(*parts)
     if not path.exists():
         pytest.skip(f"{path} absent: the lab's traces are read from ../shared/traces beside the repository "
-                    f"(README: Traces)")
+                    f"(docs/reference/trace-formats.md)")
     return path

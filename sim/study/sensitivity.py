@@ -221,7 +221,7 @@ def workload_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -> li
     A lognormal reply stop point (the seed-chat default) varies its median by
     ``±reply_median_range`` and its CV over ``reply_cv``; other reply distributions are left
     alone. Seed-chat user messages become ``normal:MEAN:SD`` with the scenario's mean and SD over
-    ``user_sd``. The seed-chat default was fitted to the lab's run (README), so these ranges state
+    ``user_sd``. The seed-chat default was fitted to the lab's run (docs/reference/seed-study-fit.md), so these ranges state
     how far that fit might be off.
     """
     factors = []
