@@ -1,4 +1,4 @@
-"""Client CPU cost per streamed chunk: the aiohttp reader against the hand-written one it replaced.
+"""Client CPU cost per streamed chunk: the aiohttp reader against a hand-written asyncio reader.
 
     python bench/bench_client.py                    # a fake SSE server (aiohttp.web, own process)
     python bench/bench_client.py --url http://127.0.0.1:8100 --model tiny-qwen2   # a vLLM server
@@ -8,12 +8,11 @@ time, through one reader, and charges the client process's CPU time (``time.proc
 user + system) to the chunks received. Readers alternate round by round (A B A B ...) so machine
 load falls on both alike; the medians and the ratio to the reference are printed:
 
-- ``asyncio``: the hand-written HTTP/1.1 reader on plain asyncio streams that calibration and
-  replay used until the aiohttp reader replaced it (kept here, as it was, as the reference;
-  one connection per request, ``Connection: close``);
+- ``asyncio``: a hand-written HTTP/1.1 reader on plain asyncio streams, the reference (one
+  connection per request, ``Connection: close``);
 - ``aiohttp``: ``kvroute.calibrate.live.stream.read_completion`` on one pooled session;
 - ``httpx``: ``httpx.AsyncClient.stream`` with ``aiter_bytes`` and the same event split, when
-  httpx is installed (the library an earlier session measured as too slow).
+  httpx is installed.
 
 The fake server sends vLLM-shaped chunks (one token id each, chunked transfer encoding, as
 uvicorn does) ``--gap-ms`` apart, so each chunk arrives on its own as decode steps do. The
@@ -32,7 +31,7 @@ from urllib.parse import urlsplit
 
 from kvroute.calibrate.live.stream import StreamEvents, new_session, read_completion
 
-# -- the reference: the hand-written reader (calibrate/client.py before the aiohttp reader) ------
+# -- the reference: a hand-written reader on plain asyncio streams ---------------------------------
 
 
 class AsyncioStream:

@@ -2,9 +2,9 @@
 
     python bench/bench_reader.py
 
-Replaces the wall-clock test that failed on a loaded machine: the reference (``json.loads`` of
-every line of the same file, no validation) is timed in the same run, alternating with the
-reader (A B A B ...), so machine load cancels out of the ratio. The assertion: reading with
+The reference (``json.loads`` of every line of the same file, no validation) is timed in the
+same run, alternating with the reader (A B A B ...), so machine load cancels out of the ratio
+(a plain wall-clock limit fails on a loaded machine). The assertion: reading with
 full validation costs at most ``MAX_RATIO`` times parsing the JSON alone.
 """
 

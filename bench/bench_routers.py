@@ -6,10 +6,8 @@ kv_aware's measured in the same call (each run in a fresh subprocess).
     python bench/bench_routers.py --one dynamo          # one run, for farm-bench:
     farm-bench --vs 'python bench/bench_routers.py --one kv_aware' -- python bench/bench_routers.py --one llmd
 
-Measured with farm-bench, 3 pairs each against kv_aware (load average 4-8, 2 cores shared):
-sglang 1.00x CPU / 1.01x wall, power_of_two 0.98x / 0.92x, llmd with KV events and scrapes
-delayed 200 ms (``--spec cache_view=events --spec kv_event_delay_s=0.2 --spec
-scrape_interval_s=0.2``) 1.25x / 1.35x. CPU seconds are printed beside wall seconds: on a shared machine they are the steadier figure.
+CPU seconds are printed beside wall seconds: on a shared machine they are the steadier figure
+(measured ratios: docs/log/from-code-comments.md).
 Target (routing issue): the slowest of the new policies (sglang, dynamo, llmd, session_affinity,
 power_of_two) within 1.5x of kv_aware's wall time. Extra router settings can be given as
 ``--spec key=value`` (ClusterSpec fields, e.g. ``cache_view=events``).

@@ -52,14 +52,12 @@ TARGETS = {"time_to_complete_s": 15.0, "ttft": 25.0, "tpot_mean_s": 25.0}
 CHANGE_TARGET_PP = 8.0
 SHAPES = ("long-chats", "short-replies", "open-loop")
 LIVE_ROUNDS = {"long-chats": 3, "short-replies": 20, "open-loop": 6}
-"""Default live rounds per shape. A short-reply round takes about 1 s, and its policies' rounds
-differ so much (time to complete 0.93-1.16 s for round_robin in three rounds on 2026-12-01) that
-the 90 % interval of the measured change from 3 rounds was +-9 to +-16 pp, wider than the 8 pp
-target itself; 10 rounds narrowed the time-to-complete change's to +-6 pp (the later-turn TTFT
-change's stayed +-17 pp: that interval also holds the simulated rounds' spread), hence 20. The
-long chats' changes were within +-5 pp from 3 rounds. The open loop's TPOT spanned 17-26 ms over
-3 round_robin rounds on 2026-12-02 (its TTFT change's interval 12 pp wide), hence 6 (a round
-takes about 20 s)."""
+"""Default live rounds per shape: enough rounds that the 90 % interval of a measured change
+between policies is narrower than the 8 pp target. A short-reply round takes about 1 s and its
+rounds differ so much that from a few rounds that interval is wider than the target itself,
+hence 20; the long chats' changes are narrow from 3 rounds; the open loop's TPOT moves from round
+to round, hence 6 (a round takes about 20 s). (The measurements behind these defaults:
+docs/log/from-code-comments.md.)"""
 DEFAULT_PROFILES = ("cpu-tiny-qwen2-x2-bursts", "cpu-tiny-qwen2-x2")
 
 
@@ -333,8 +331,9 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweep
     concurrency sweep, extended to ``longest`` tokens when given) into ``out``, ``sweeps`` times
     one after another (into ``out/sweep-1``, ``out/sweep-2``, ... when more than one), then one
     ``kvroute calibrate fit`` of them all pooled (no bootstrap); returns the profile's path,
-    ``out/profile.json``. The processors behind this machine differ from session to session, so
-    a profile measured in another session carries another speed. ``api_cores``: where the
+    ``out/profile.json``. The processor behind a shared machine can change from one start of it
+    to the next, so a profile measured on another start carries another speed
+    (docs/guide/calibrate-on-cpu.md). ``api_cores``: where the
     servers run their API processes (``own``: the fit counts the host's load per core);
     ``client_cores``: the sweep's client's cores (``measure --client-cores``); ``kv_events``:
     the servers' KV-event endpoints (``measure --kv-events``: the fit then places the unloaded

@@ -370,7 +370,7 @@ def _frontend_note(profile, peak: int) -> str:
         if host is not None and host.api_on_engine_core:
             return (admits + f"on its engine's core, taking {1 + host.api_contention:.2g} times as long while the "
                     f"engine has requests (host.api_contention {host.api_contention:.2g}, stated, not measured). "
-                    "Closed-loop TTFT under a kv-aware router hangs on it: on the CPU reference (run 16) the "
+                    "Closed-loop TTFT under a kv-aware router hangs on it: on the CPU reference the "
                     "kv_aware-vs-round_robin TTFT change was predicted +39 % with 0 and +13 % with 1, measured +25 % "
                     "(docs/design/timing-and-host-model.md).")
         contention = host.contention if host is not None else 0.0

@@ -137,7 +137,8 @@ def seed_chat(
 
 
 def _param(dist: Dist) -> float | str:
-    """A fixed distribution as its number (as the metadata held before), else its text."""
+    """A fixed distribution as its number (fixed lengths stay plain numbers in the metadata),
+    else its text."""
     return dist.params[0] if dist.kind == "fixed" else dist.text
 
 

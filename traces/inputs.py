@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 MAX_TOKENS = 1 << 27
 """Largest token count a length field may hold: 134,217,728 tokens, over ten times the longest
-context any model served by vLLM accepts today (10M). Larger values are typos or hostile input,
+context of any model vLLM serves (10M). Larger values are typos or hostile input,
 and would be expanded into ``len / block_size`` hash ids before ``max_model_len`` rejects them."""
 
 MAX_BLOCK_SIZE = 1 << 20

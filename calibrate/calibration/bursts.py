@@ -17,8 +17,8 @@ The CPU seconds each server's API process spent over the burst (``process_cpu_se
 which prometheus_client's process collector adds to vLLM's ``/metrics`` with one API process)
 are compared with the lane work the terms give (:func:`api_busy_s`): without them a large
 per-step lane time could stand in for engine slowdown, since busy API lanes count as busy
-processes on the host (fitted 6.7 ms per step on 2026-12-02 where the API process had spent
-about a fifth of that).
+processes on the host (a fit without them can give a per-step lane time several times the API
+process's CPU time: docs/log/from-code-comments.md).
 
 Fit: the step costs and the unloaded API-server time come from the one-at-a-time sweep and stay
 fixed. The loss is the sum of squared log ratios of predicted to measured figures. Stage 1:

@@ -4,10 +4,10 @@ A request alone on a server spends its TTFT in three parts: the API process admi
 tokenise, hand it to the engine core), the engine queues and prefills it, and the step's output
 goes back through the API process (detokenise, one SSE chunk) to the client. The ``/metrics``
 histograms give the middle part's length but not where it lies, so ``overheads.api_server_s``
-(client TTFT minus the engine's queue and prefill time) holds the first and last parts together,
-and the simulator used to place all of it before the engine. Under load that matters: a
-request's turn at the engine then comes too late by the part that really follows the step, and
-its token reaches the client too early by the same amount.
+(client TTFT minus the engine's queue and prefill time) holds the first and last parts together.
+Placing all of it before the engine matters under load: a request's turn at the engine then
+comes too late by the part that really follows the step, and its token reaches the client too
+early by the same amount.
 
 With the servers' KV-cache events the sweep times the end of each request's prefill step
 (``engine_first_token_s`` in ``requests.csv``, :func:`kvroute.calibrate.calibration.measure.

@@ -311,11 +311,10 @@ def lognormal_cv(ratios: np.ndarray) -> float:
 
     The log-spread comes from the interquartile range of ``log(ratios)`` (``sigma = IQR / 1.349``),
     not from their standard deviation: on a shared machine a few requests stall behind another
-    process for tens of milliseconds, and a standard deviation inflated by them (CV 1.6 instead
-    of 0.6 on the two-server CPU sweep) gives a lognormal whose median is half its mean. The
-    simulator then admits most requests too early, which decides the race between a chat's next
-    turn and other requests' last decode steps (validation bench: kv_aware's mean TTFT predicted
-    11 % low with the standard deviation, 8 % high with this estimate).
+    process for tens of milliseconds, and a standard deviation inflated by them gives a
+    lognormal whose median is far below its mean. The simulator then admits most requests too
+    early, which decides the race between a chat's next turn and other requests' last decode
+    steps (the measurements behind this: docs/log/from-code-comments.md).
     Non-positive ratios are dropped; fewer than two left gives 0.
 
     Returns:

@@ -319,19 +319,17 @@ def sweep_schedule(shares: Sequence[Sequence[dict[str, Any]]], bursts: Sequence[
     experiments (run concurrently, one at a time per server) followed by a chunk of the
     concurrency sweep (run one burst after another, every server free).
 
-    A host's speed moves while a sweep runs (on the 2-core reference the single-request bursts'
-    TPOT was 1.9-2.2 ms in two sweeps and 2.5-4.9 ms in two others, each burst within the last
-    minute of a 13-minute sweep; runs 23-26 of ``bench/bench_validate.py``, 2026-12-04). With every burst
-    after the one-at-a-time experiments, the burst fit compares one minute of the host with the
-    twelve before it, and its ``contention`` took up the difference (1.64 in one sweep, 0.004 in
-    the next). Spread through them, bursts and step costs sample the same stretch of time.
+    A host's speed moves while a sweep runs. With every burst after the one-at-a-time
+    experiments, the burst fit would compare the sweep's last minute of the host with the minutes
+    before it, and its ``contention`` would take up the difference. Spread through them, bursts
+    and step costs sample the same stretch of time.
 
-    Segments are cut by count, not by time: the cold and cached experiments are short, so in
-    run 27 (2026-12-04, 12 slots, a 12.8-minute sweep) five slots fell in the first 0.6 minutes
-    and the others at 1.2, 4.5, 8.1, 8.6, 12.0, 12.5 and 12.8 minutes; the sweep took no longer
-    (785, 822 and 867 s in runs 27-29, against 816-860 s in runs 24-26). Cutting by estimated
-    duration would even the slots out, but a decode experiment (64 prefills of 16k-token contexts: 2.5 minutes) then
-    ends a slot on one server while the other waits: 5-14 minutes more per sweep, estimated.
+    Segments are cut by count, not by time: the cold and cached experiments are short, so the
+    first slots fall within the sweep's first minute and the others minutes apart; the sweep
+    takes no longer than with every burst at the end. Cutting by estimated duration would even
+    the slots out, but a decode experiment (64 prefills of 16k-token contexts: minutes on a CPU
+    server) then ends a slot on one server while the other waits, which makes the sweep minutes
+    longer. (The measurements behind both choices: docs/log/from-code-comments.md.)
 
     Args:
         shares: each server's one-at-a-time experiments in order; segment ``k`` of a share is

@@ -308,11 +308,10 @@ API_CORES = ("spare", "own", "any")
 no engine uses, or every core when each core has an engine (the API processes then float, and
 which engine's core each lands on changes at random); ``own``, each server's API process on its
 own engine's core (no core is free of an engine's work, but every engine always shares its core
-with its own API process alone); ``any``, every core. Measured on the 2-core reference
-(2026-12-03, one server probed, the other idle, client on the other core): decode ITL 1.3-1.8 ms
-with the API process off the engine's core, 1.7-3.2 ms on it; with two servers and no spare core,
-floating API processes and the client land on one engine's core or the other and the servers'
-decode speed flips between about 1.7 and 3 ms for minutes at a time."""
+with its own API process alone); ``any``, every core. An API process on its engine's core
+slows that engine's decode steps; with two servers and no spare core, floating API processes and
+the client land on one engine's core or the other, and the servers' decode speed flips between
+the two for minutes at a time (the measurements behind this: docs/log/from-code-comments.md)."""
 
 
 def plan_servers(

@@ -7,8 +7,8 @@
 - :class:`StreamEvents`: the counting rules applied to each event.
 
 aiohttp is the library ``vllm bench serve`` uses (``vllm/benchmarks/lib/endpoint_request_func.py``);
-``bench/bench_client.py`` measures its client CPU cost per streamed chunk against the
-hand-written asyncio reader it replaced. aiohttp is imported inside the functions, so importing
+``bench/bench_client.py`` measures its client CPU cost per streamed chunk against a
+hand-written asyncio reader. aiohttp is imported inside the functions, so importing
 this module stays cheap.
 """
 
@@ -152,8 +152,8 @@ class Stream:
     """One streamed completion as the client saw it; times are ``time.perf_counter()`` values, s.
 
     Attributes:
-        t_send: when the request's headers were written, after any connection set-up (as the
-            hand-written reader before this one stamped it); with a session not made by
+        t_send: when the request's headers were written, after any connection set-up (so
+            TTFT, measured from it, leaves connection set-up out); with a session not made by
             :func:`new_session`, just before the request was handed to aiohttp (``vllm bench
             serve``'s start).
         token_times: arrival time of every output token counted in the chunks (a chunk of k

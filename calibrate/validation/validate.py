@@ -379,7 +379,7 @@ def measured_lags(trace: Trace, runs: list[PolicyRun]) -> tuple[float, ...]:
     the send, beyond think time; negative values, a clock's rounding, as 0), ascending: the
     empirical sample ``ClusterSpec.client_lag_s`` draws from. Its spread, not only its median,
     decides whether chats whose replies end in one engine step send their next turns together
-    (on the CPU reference on 2026-12-03: median 5.5 ms, quartiles 2.6 and 9.0 ms)."""
+    (on the CPU reference its quartiles lie milliseconds apart: docs/log/from-code-comments.md)."""
     return _lag_sample(_send_lags(trace, runs))
 
 

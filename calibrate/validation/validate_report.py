@@ -19,8 +19,8 @@ change is that of the round means; ``measured_rounds`` holds the change of round
 policy against round ``i`` of the base, and ``measured_interval`` the 95 % Student-t interval of
 their mean. Per-policy counts (failures, errors) add up the rounds, ``workers`` holds per-round
 means, and ``rounds`` lists each round's cache reset, dead workers and wall time. With one live
-round (the default) the report is as it always was, plus a note that one round of a short burst
-can be off by tens of percent.
+round (the default) every measured value is that round's, none of these per-round fields is
+written, and a note says that one round of a short burst can be off by tens of percent.
 """
 
 from __future__ import annotations
@@ -317,8 +317,8 @@ def run_notes(v: Validation) -> list[str]:
 
 
 def client_cpu_share(run: PolicyRun) -> float:
-    """The client's CPU seconds per wall second of ``run`` (NaN for runs recorded before
-    2026-12-04, which did not measure it)."""
+    """The client's CPU seconds per wall second of ``run`` (NaN for a run recorded without
+    ``client_cpu_s``, by a kvroute that did not measure it)."""
     cpu, wall = getattr(run, "client_cpu_s", math.nan), run.elapsed_s
     return cpu / wall if wall > 0 else math.nan
 

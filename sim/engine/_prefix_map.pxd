@@ -3,9 +3,9 @@
 an open-addressing hash table with linear probing and backward-shift deletion (no tombstones).
 
 vLLM keeps this index in a Python dict (``vllm/v1/core/block_pool.py: BlockHashToBlockMap``).
-A C++ ``unordered_map`` was measured first and rejected: it allocates a node per entry and an
+A C++ ``unordered_map`` is slower here: it allocates a node per entry and an
 erase walks a bucket chain, so on the Mooncake trace (millions of blocks registered and evicted)
-a registration or an eviction cost two to three cache misses, more than the Python dict's. Here a
+a registration or an eviction costs two to three cache misses, more than the Python dict's. Here a
 slot is 16 bytes in one flat array, kept at most a quarter full, and most operations touch one
 cache line. ``content.block_hashes`` keys a run of blocks with consecutive ints, registered
 together and evicted together: consecutive keys get neighbouring slots (``_slot_of``). On the

@@ -24,8 +24,8 @@ class MetricsScrape:
     Args:
         read: returns, per worker, ``(num_running, num_waiting, kv_usage)`` now
             (requests, requests, fraction 0..1).
-        interval_s: seconds between scrapes; 0 reads ``read()`` at every access (today's
-            instant view).
+        interval_s: seconds between scrapes; 0 reads ``read()`` at every access (an
+            instant view, ``ClusterSpec.scrape_interval_s``' default).
 
     Raises:
         ValueError: a negative interval.

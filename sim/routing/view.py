@@ -18,7 +18,7 @@ from kvroute.sim.routing.base import RouteRequest, pick_min
 from kvroute.sim.routing.signals import KVEventIndex, MetricsScrape
 
 CACHE_VIEWS = ("routed", "events", "exact")
-"""Where ``matched_blocks`` looks: the gateway's routed-prefix index (today's default), the
+"""Where ``matched_blocks`` looks: the gateway's routed-prefix index (the default), the
 worker's KV-cache events as received (possibly late), or the workers' prefix caches exactly."""
 
 SCRAPED_SIGNALS = ("running", "waiting", "queue", "kv_usage")

@@ -61,9 +61,10 @@ class Overheads:
         post_engine_s: time from the end of an engine step to its token reaching the client,
             measured one request at a time (the engine core hands the step's outputs to the API
             process, which detokenises them and writes the SSE chunk, and the client reads it);
-            0: none, every overhead before the engine, as before. A measured profile takes it
+            0: none, every overhead before the engine. A measured profile takes it
             from the KV-cache events' step times (``kvroute calibrate measure --kv-events``) and
-            takes it out of ``api_server_s``, so one request alone is predicted as before.
+            takes it out of ``api_server_s``, so one request alone is predicted the same with or
+            without it.
         post_engine_per_token_s: its growth per prompt token, s/token (taken out of
             ``api_server_per_token_s`` the same way; on the 2-core CPU reference about 0.4 us,
             1.6 ms at 32 tokens to 8 ms at 16k). With a ``frontend`` section the simulator
@@ -80,8 +81,8 @@ class Overheads:
     a request, its block hashing included, into ``api_server_s``): vLLM v1 builds the
     ``Request`` in the engine core's input thread "in parallel with Model forward"
     (``vllm/v1/engine/core.py: preprocess_add_request``, called from ``process_input_sockets``).
-    Charging it inside the next step instead was tried against the CPU validation bench: one
-    server's mean TTFT fell 12 % below the measured value and ITL rose 21 % above it.
+    Charging it inside the next step instead predicts the CPU validation bench worse (the
+    measurements behind this: docs/log/from-code-comments.md).
     """
 
     api_server_s: float = 0.1
