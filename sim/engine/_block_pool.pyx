@@ -615,7 +615,7 @@ cdef class BlockPool:
         cdef int32_t b, prev, nxt
         for b in range(self._fresh):
             self._blocks[b].has_hash = 0
-        # as the Python pool: every block now counts as handed out (0 references, in the queue
+        # as in vLLM's pool: every block now counts as handed out (0 references, in the queue
         # in the same order), so the never-used run is linked in block by block
         if self._fresh < self.num_gpu_blocks:
             self._grow(self.num_gpu_blocks)

@@ -1,4 +1,10 @@
-"""vLLM v1's KV block pool with prefix caching (``vllm/v1/core/block_pool.py``).
+"""vLLM v1's KV block pool with prefix caching, written as vLLM writes it: the source of truth
+that the compiled twin (``_block_pool.pyx``) is tested against.
+
+Mirrors ``vllm/v1/core/block_pool.py`` (``BlockPool``, ``BlockHashToBlockMap``) and
+``vllm/v1/core/kv_cache_utils.py: FreeKVCacheBlockQueue`` of vLLM 0.32 (the release
+tests/sim/engine/test_vllm_parity.py drives) for one full-attention KV-cache group; each method
+names the vLLM function it follows.
 
 Blocks are ids ``0 .. num_gpu_blocks - 1``; block 0 is the reserved null block and is never
 handed out. Free blocks sit in a queue that starts in id order. New blocks are popped from the
@@ -7,61 +13,196 @@ blocks whose reference count reaches 0 go to the tail when they carry a hash (ev
 the queue is an LRU) and to the head when they do not (reused first). A cached block stays a
 possible hit until it is popped. Plain class: no SimPy, no clock.
 
-Representation (same queue order as vLLM's ``FreeKVCacheBlockQueue``, cheaper to change by runs
-of blocks): every block without a hash is only ever pushed to the head and every block with a
-hash only ever appended to the tail, and a block's hash changes only while it is in use, so the
-queue is always [blocks without a hash] + [blocks with a hash]. The first part is a list used as
-a stack (its end is the head of the queue) above the blocks never handed out, which stay a bare
-range of ids (``_fresh .. num_gpu_blocks - 1``, in id order): per-block state exists only for
-blocks a run has used, so memory follows the run, not the KV capacity. The second is an append-only list read from a moving
-start index: a hit block taken out of the middle (``touch``) leaves a stale entry behind, counted
-per block and skipped when the head reaches it (a block's stale entries always precede its live
-one, which is its latest). Whole runs of blocks then move with list slices, reads by C-level
-``map`` calls and stores by tight loops (an ``OrderedDict`` cost about 0.7 us per block moved
-through it); the Mooncake trace moves about 5 million blocks per run.
+Where this differs from vLLM, and why (none of it changes a block id, an eviction or a hit):
 
-No hash is stored per block: a block's hash is known where it matters. A request's table
-carries hash ``block_hashes[i]`` on its block ``i`` for every registered block (hits are looked
-up under those hashes, new blocks are registered under them), so ``free_table`` is given the
-hashes with the table and the LRU part keeps them in a parallel list; a popped block's hash,
-the one to evict, is then read off that list by the same slice that pops the block. Blocks
-with more than one reference are kept in a set (``_shared``, usually small): a freed table
-releases every block but those in it without reading reference counts.
-
-Runs of consecutive block ids (extents) were measured and rejected as a representation: on the
-Mooncake trace (round_robin) the blocks one call hands out, registers, evicts or frees form
-runs of 5.5 consecutive ids on average (5.7 million blocks in 0.95 million runs handed out),
-because decode steps interleave the blocks of the running requests and the LRU order keeps
-that interleaving; a Python step per run would cost more than the C-level per-block steps it
-replaces. Consecutive hash keys (``content.block_hashes``) do not help either: the blocks
-registered under them are no more consecutive.
+- A block is its id, not a ``KVCacheBlock`` object: its fields are lists indexed by id
+  (``ref_cnt``; ``_block_hash``, ``KVCacheBlock.block_hash``).
+- The free queue is an ``OrderedDict`` of block ids (a doubly linked list in C, with vLLM's O(1)
+  ``popleft``, ``remove``, ``append`` and push to the head), not links stored in the blocks.
+- vLLM builds every block when the pool starts. Here the blocks never handed out, ids ``fresh ..
+  num_gpu_blocks - 1``, are one entry of the free queue standing for all of them in id order,
+  and a block's fields are made when it is first handed out, so memory follows the blocks a run
+  uses, not the KV capacity (the compiled twin does the same).
+- One group and one hash per block: the prefix cache is keyed by the block hash alone, not by
+  ``(hash, group id)``.
+- KV-cache events go to ``kv_event_listener`` as they happen (vLLM queues ``BlockStored`` /
+  ``BlockRemoved`` events for the scheduler to publish).
+- Block tables never hold the null block (no sliding window), so ``touch`` and ``free_blocks``
+  need not skip it.
+- Besides vLLM's methods the pool answers the questions the KV-cache manager asks of it (the
+  longest cache hit, the evictable hit blocks, whether any hash is cached) and frees a whole
+  block table (``free_table``), each one written with the primitives above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from itertools import compress, repeat
-from operator import not_
+import operator
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 
 
-# NOTE: stores go through plain loops (``lst[i] = v``, ``del d[k]``), not ``map(lst.__setitem__,
-# ...)``: ``__setitem__``, ``__delitem__`` and ``int.__add__`` are slot wrappers that build an
-# argument tuple per call, 2-4x slower on CPython 3.11 than the interpreter's specialised
-# instructions; ``list.__getitem__``, ``dict.get``/``setdefault`` and ``operator`` functions
-# are fast calls, so reads stay ``map`` calls.
+class FreeKVCacheBlockQueue:
+    """The free blocks in eviction order, head first (``vllm/v1/core/kv_cache_utils.py:
+    FreeKVCacheBlockQueue``).
+
+    The blocks never handed out, ``fresh .. num_gpu_blocks - 1``, are the one entry ``fresh``:
+    popping it hands out block ``fresh`` (or a run of them) and puts the next one in its place.
+    Block 0, the null block, is never in the queue (vLLM pops it when the pool starts:
+    ``BlockPool.null_block``).
+
+    Args:
+        num_gpu_blocks: total blocks including the null block 0.
+
+    Attributes:
+        num_free_blocks: blocks in the queue.
+        fresh: the lowest block id never handed out (``num_gpu_blocks``: none left).
+    """
+
+    def __init__(self, num_gpu_blocks: int) -> None:
+        self.num_gpu_blocks = num_gpu_blocks
+        self.num_free_blocks = num_gpu_blocks - 1
+        self.fresh = 1
+        self._queue: OrderedDict[int, None] = OrderedDict.fromkeys([1])
+
+    def popleft(self) -> int:
+        """Pop the block at the head (``FreeKVCacheBlockQueue.popleft``)."""
+        return self.popleft_n(1)[0]
+
+    def popleft_n(self, n: int) -> list[int]:
+        """Pop ``n`` blocks from the head, in queue order (``FreeKVCacheBlockQueue.popleft_n``).
+
+        Never-used blocks at the head are handed out as one run of ids (as the compiled twin
+        does). The caller checks that ``n`` blocks are free.
+
+        Raises:
+            TypeError: if ``n`` is not an int.
+        """
+        n = operator.index(n)
+        ret: list[int] = []
+        while len(ret) < n:
+            block_id, _ = self._queue.popitem(last=False)
+            if block_id != self.fresh:
+                ret.append(block_id)
+                continue
+            run = min(n - len(ret), self.num_gpu_blocks - self.fresh)
+            ret += range(self.fresh, self.fresh + run)
+            self.fresh += run
+            if self.fresh < self.num_gpu_blocks:  # the next never-used block stands for the rest
+                self._queue[self.fresh] = None
+                self._queue.move_to_end(self.fresh, last=False)
+        self.num_free_blocks -= len(ret)
+        return ret
+
+    def remove(self, block_id: int) -> None:
+        """Take a block out of the middle of the queue (``FreeKVCacheBlockQueue.remove``): a hit
+        block, which carries a hash, so never a never-used block."""
+        del self._queue[block_id]
+        self.num_free_blocks -= 1
+
+    def append_n(self, block_ids: list[int]) -> None:
+        """Put blocks at the tail, the first of them first (``FreeKVCacheBlockQueue.append_n``)."""
+        for block_id in block_ids:
+            self._queue[block_id] = None
+        self.num_free_blocks += len(block_ids)
+
+    def prepend_n(self, block_ids: list[int]) -> None:
+        """Put blocks at the head, the first of them becoming the head
+        (``FreeKVCacheBlockQueue.prepend_n``)."""
+        for block_id in reversed(block_ids):
+            self._queue[block_id] = None
+            self._queue.move_to_end(block_id, last=False)
+        self.num_free_blocks += len(block_ids)
+
+    def get_all_free_blocks(self) -> list[int]:
+        """Block ids in queue order, head first (``FreeKVCacheBlockQueue.get_all_free_blocks``)."""
+        out: list[int] = []
+        for block_id in self._queue:
+            if block_id == self.fresh:
+                out.extend(range(self.fresh, self.num_gpu_blocks))
+            else:
+                out.append(block_id)
+        return out
+
+
+class BlockHashToBlockMap:
+    """Prefix cache: block hash -> the blocks cached under it (``vllm/v1/core/block_pool.py:
+    BlockHashToBlockMap``).
+
+    vLLM does not merge identical blocks (block tables stay append-only), so one hash may name
+    several blocks. As in vLLM, an entry is one block id, or a dict of block ids in
+    registration order when there are several; a lookup returns the first.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[int, int | dict[int, None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self._cache
+
+    def __iter__(self) -> Iterator[int]:
+        """The cached hashes."""
+        return iter(self._cache)
+
+    def get_one_block(self, block_hash: int) -> int | None:
+        """A block cached under ``block_hash`` (the first registered), or None
+        (``BlockHashToBlockMap.get_one_block``)."""
+        blocks = self._cache.get(block_hash)
+        if blocks is None or type(blocks) is int:
+            return blocks
+        return next(iter(blocks))
+
+    def insert(self, block_hash: int, block_id: int) -> None:
+        """Cache ``block_id`` under ``block_hash`` (``BlockHashToBlockMap.insert``)."""
+        blocks = self._cache.get(block_hash)
+        if blocks is None:
+            self._cache[block_hash] = block_id
+        elif type(blocks) is int:
+            self._cache[block_hash] = {blocks: None, block_id: None}
+        else:
+            blocks[block_id] = None
+
+    def pop(self, block_hash: int, block_id: int) -> bool:
+        """Drop ``block_id`` from the blocks cached under ``block_hash``; False if it was not
+        one of them (``BlockHashToBlockMap.pop``)."""
+        blocks = self._cache.pop(block_hash, None)
+        if blocks is None:
+            return False
+        if type(blocks) is int:
+            if blocks == block_id:
+                return True
+            self._cache[block_hash] = blocks
+            return False
+        found = block_id in blocks
+        if found:
+            del blocks[block_id]
+        if blocks:
+            self._cache[block_hash] = blocks
+        return found
+
+    def clear(self) -> None:
+        self._cache.clear()
 
 
 class BlockPool:
-    """The blocks of one worker, their reference counts, hashes and the free queue.
+    """The blocks of one worker, their reference counts, hashes and the free queue
+    (``vllm/v1/core/block_pool.py: BlockPool``).
 
     Args:
         num_gpu_blocks: total blocks including the null block 0, as vLLM reports it.
         enable_caching: keep hashes of freed blocks so they can be hit later.
 
     Attributes:
-        ref_cnt: reference count per block id handed out so far (a block id at or above
-            ``len(ref_cnt)`` was never used: 0 references).
+        ref_cnt: reference count per block id handed out so far (``KVCacheBlock.ref_cnt``; a
+            block id at or above ``len(ref_cnt)`` was never used: 0 references). Block 0, the
+            null block, keeps 1 and is never freed.
+        free_block_queue: the free blocks, head (next to be reused) first.
+        cached_block_hash_to_block: the prefix cache.
         num_evictions: cached blocks whose hash was dropped because the block was reused.
+        kv_event_listener: None, or called as ``listener(stored, hashes)`` when hashes enter
+            (True) or leave (False) the prefix cache: vLLM's BlockStored / BlockRemoved events.
 
     Raises:
         ValueError: if ``num_gpu_blocks < 2``.
@@ -72,97 +213,83 @@ class BlockPool:
             raise ValueError(f"num_gpu_blocks must be >= 2 (block 0 is reserved), got {num_gpu_blocks}")
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
-        self.ref_cnt = [1]  # the null block is never freed
-        self._shared: set[int] = set()  # blocks with 2 or more references
-        # Free blocks without a hash that were used before; the END of the list is the head of
-        # the free queue. Below them, the never-used blocks _fresh .. num_gpu_blocks - 1.
-        self._head: list[int] = []
-        self._fresh = 1
-        # Free blocks with a hash, in queue order from _lru[_lru_start] (next to be evicted),
-        # with stale entries: _stale[bid] of them per block, _num_stale in all, _lru_len live.
-        # _lru_hash[i] is the hash of block _lru[i].
-        self._lru: list[int] = []
-        self._lru_hash: list[int] = []
-        self._lru_start = 0
-        self._lru_len = 0
-        self._stale = [0]
-        self._num_stale = 0
-        # hash -> the first block registered under it (the one a lookup returns); identical
-        # blocks computed twice are kept, vLLM does not merge them: the later ones in _dups.
-        self._cached: dict[int, int] = {}
-        self._dups: dict[int, list[int]] = {}
+        self.ref_cnt = [1]  # the null block
+        self._block_hash: list[int | None] = [None]
+        self.free_block_queue = FreeKVCacheBlockQueue(num_gpu_blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.num_evictions = 0
-        # Called as listener(stored, hashes) when hashes enter (True) or leave (False) the
-        # prefix cache: vLLM's BlockStored / BlockRemoved KV events. None: no events.
         self.kv_event_listener = None
 
     # -- queries -----------------------------------------------------------------------------
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks in the free queue, cached (evictable) ones included."""
-        return len(self._head) + self.num_gpu_blocks - self._fresh + self._lru_len
+        """Blocks in the free queue, cached (evictable) ones included
+        (``BlockPool.get_num_free_blocks``)."""
+        return self.free_block_queue.num_free_blocks
 
     def free_queue(self) -> list[int]:
         """Block ids in free-queue order, head (next to be reused) first. For tests and reports."""
-        return self._head[::-1] + list(range(self._fresh, self.num_gpu_blocks)) + self._lru_order()
+        return self.free_block_queue.get_all_free_blocks()
 
     @property
     def block_hash(self) -> list[int | None]:
-        """Hash per block id (None: not cached), built from the prefix cache. For tests and reports."""
-        out: list[int | None] = [None] * self.num_gpu_blocks
-        for h, bid in self._cached.items():
-            out[bid] = h
-        for h, bids in self._dups.items():
-            for bid in bids:
-                out[bid] = h
-        return out
+        """Hash per block id (None: not cached). For tests and reports."""
+        return self._block_hash + [None] * (self.num_gpu_blocks - len(self._block_hash))
+
+    @property
+    def _cached(self) -> dict[int, int]:
+        """The prefix cache as hash -> the block a lookup returns, a copy. For tests (the
+        compiled twin has the same)."""
+        get = self.cached_block_hash_to_block.get_one_block
+        return {block_hash: get(block_hash) for block_hash in self.cached_block_hash_to_block}
 
     def usage(self) -> float:
-        """KV usage as vLLM reports it: 1 - free / usable blocks (evictable counts as free)."""
+        """KV usage as vLLM reports it: 1 - free / usable blocks, evictable counting as free
+        (``BlockPool.get_usage``)."""
         return 1.0 - self.num_free_blocks / (self.num_gpu_blocks - 1)
 
     def get_cached_block(self, block_hash: int) -> int | None:
-        """The block holding ``block_hash``, or None (the first registered when several do)."""
-        return self._cached.get(block_hash)
+        """The block holding ``block_hash``, or None; the first registered when several do
+        (``BlockPool.get_cached_block``)."""
+        return self.cached_block_hash_to_block.get_one_block(block_hash)
 
     def num_cached_blocks(self) -> int:
         """Distinct hashes currently in the prefix cache."""
-        return len(self._cached)
+        return len(self.cached_block_hash_to_block)
 
-    def num_evictable(self, block_ids: list[int]) -> int:
+    def num_evictable(self, block_ids: Iterable[int]) -> int:
         """How many of ``block_ids`` (hit blocks) have no reference: they sit in the free queue,
-        so taking them uses free capacity (``get_num_blocks_to_allocate``'s evictable blocks)."""
-        return list(map(self.ref_cnt.__getitem__, block_ids)).count(0)
+        so taking them uses free capacity (``vllm/v1/core/single_type_kv_cache_manager.py:
+        SingleTypeKVCacheManager._get_num_evictable_blocks``, for ``get_num_blocks_to_allocate``)."""
+        ref_cnt = self.ref_cnt
+        return sum(1 for block_id in block_ids if ref_cnt[block_id] == 0)
 
-    def none_cached(self, block_hashes: list[int]) -> bool:
+    def none_cached(self, block_hashes: Iterable[int]) -> bool:
         """True when no hash of ``block_hashes`` is in the prefix cache."""
-        return self._cached.keys().isdisjoint(block_hashes)
+        cached = self.cached_block_hash_to_block
+        return not any(block_hash in cached for block_hash in block_hashes)
 
     def longest_cache_hit(self, block_hashes: list[int], max_num_blocks: int) -> list[int]:
-        """Block ids of the longest cached prefix of ``block_hashes``, at most ``max_num_blocks``.
+        """Block ids of the longest cached prefix of ``block_hashes``, at most ``max_num_blocks``
+        (``vllm/v1/core/single_type_kv_cache_manager.py: FullAttentionManager.find_longest_cache_hit``).
 
-        The walk stops at the first hash not cached (``find_longest_cache_hit`` for full
-        attention), so a lost block 1 hides blocks 2 and 3 even if they are still cached.
+        The walk stops at the first hash not cached, so a lost block 1 hides blocks 2 and 3 even
+        if they are still cached.
         """
-        get = self._cached.get
-        n = min(max_num_blocks, len(block_hashes))
         hit: list[int] = []
-        i, step = 0, 8
-        while i < n:  # chunks of growing size: a short hit costs few lookups, a long one few calls
-            part = list(map(get, block_hashes[i:min(i + step, n)]))
-            if None in part:
-                hit += part[:part.index(None)]
+        for block_hash in block_hashes[:max(max_num_blocks, 0)]:
+            block_id = self.get_cached_block(block_hash)
+            if block_id is None:
                 break
-            hit += part
-            i += step
-            step *= 2
+            hit.append(block_id)
         return hit
 
     # -- actions -----------------------------------------------------------------------------
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:
-        """Pop ``num_blocks`` from the head of the free queue, evicting their cache entries.
+        """Pop ``num_blocks`` from the head of the free queue, evicting their cache entries
+        (``BlockPool.get_new_blocks``).
 
         Returns:
             the block ids in queue order, each now with one reference.
@@ -170,269 +297,109 @@ class BlockPool:
         Raises:
             ValueError: if fewer blocks are free (callers check first, as vLLM's do).
         """
-        head = self._head
-        ref_cnt = self.ref_cnt
-        k = len(head)
-        if num_blocks <= k:
-            out = head[k - num_blocks:]
-            del head[k - num_blocks:]
-            out.reverse()
-            for bid in out:
-                ref_cnt[bid] = 1
-            return out
-        m = num_blocks - k
-        fresh = self._fresh
-        num_fresh = self.num_gpu_blocks - fresh
-        if m > num_fresh + self._lru_len:
+        if num_blocks > self.num_free_blocks:
             raise ValueError(f"cannot get {num_blocks} free blocks, only {self.num_free_blocks} free")
-        out = head[::-1]
-        head.clear()
-        for bid in out:
-            ref_cnt[bid] = 1
-        if num_fresh:
-            t = min(m, num_fresh)
-            out += range(fresh, fresh + t)
-            self._fresh = fresh + t
-            ref_cnt += repeat(1, t)  # never-used blocks enter with their one reference
-            self._stale += repeat(0, t)
-            m -= t
-        if m:
-            taken, hashes = self._pop_lru(m)
-            self._evict(taken, hashes)
-            for bid in taken:
-                ref_cnt[bid] = 1
-            out += taken
-        return out
+        ret = self.free_block_queue.popleft_n(num_blocks)
+        new = self.free_block_queue.fresh - len(self.ref_cnt)
+        if new > 0:  # blocks handed out for the first time: vLLM's KVCacheBlock(block_id)
+            self.ref_cnt += [0] * new
+            self._block_hash += [None] * new
+        ref_cnt, block_hashes = self.ref_cnt, self._block_hash
+        evicted: list[int] = []
+        for block_id in ret:
+            block_hash = block_hashes[block_id]
+            if block_hash is not None and self._maybe_evict_cached_block(block_id):
+                evicted.append(block_hash)
+            ref_cnt[block_id] += 1
+        if evicted and self.kv_event_listener is not None:
+            self.kv_event_listener(False, evicted)  # one BlockRemoved per evicted block, in order
+        return ret
+
+    def _maybe_evict_cached_block(self, block_id: int) -> bool:
+        """Drop a reused block's cache entry, if it has one (``BlockPool._maybe_evict_cached_block``).
+
+        Returns:
+            True if the block was cached.
+        """
+        block_hash = self._block_hash[block_id]
+        if block_hash is None:
+            return False
+        self._block_hash[block_id] = None  # KVCacheBlock.reset_hash
+        if not self.cached_block_hash_to_block.pop(block_hash, block_id):
+            return False
+        self.num_evictions += 1
+        return True
 
     def touch(self, block_ids: Iterable[int]) -> None:
-        """Take a reference on hit blocks; one with no reference leaves the free queue."""
-        ids = list(block_ids)
-        ref_cnt, stale = self.ref_cnt, self._stale
-        if len(set(ids)) != len(ids):  # a block twice (only on a hash collision): one by one
-            for bid in ids:
-                if ref_cnt[bid] == 0:
-                    stale[bid] += 1
-                    self._num_stale += 1
-                    self._lru_len -= 1
-                elif ref_cnt[bid] == 1:
-                    self._shared.add(bid)
-                ref_cnt[bid] += 1
-            return
-        refs = list(map(ref_cnt.__getitem__, ids))
-        if 1 in refs:  # held by another request: now shared
-            self._shared.update(compress(ids, [r == 1 for r in refs]))
-        if 0 in refs:  # a hit block carries a hash, so a free one sits in the LRU part
-            leaving = list(compress(ids, map(not_, refs)))
-            for bid in leaving:
-                stale[bid] += 1
-            self._num_stale += len(leaving)
-            self._lru_len -= len(leaving)
-        for bid, r in zip(ids, refs):
-            ref_cnt[bid] = r + 1
-
-    def free_blocks(self, ordered_block_ids: Iterable[int], hashes: Iterable[int | None]) -> None:
-        """Drop one reference on each block, in eviction-priority order (first evicted first);
-        ``hashes`` gives each block's hash, None for a block not cached.
-
-        Blocks reaching 0 references go to the tail if they carry a hash, to the head if not
-        (``BlockPool.free_blocks``: FIFO reuse for cached blocks, LIFO for the others).
-        """
+        """Take a reference on hit blocks; one with no reference leaves the free queue
+        (``BlockPool.touch``)."""
         ref_cnt = self.ref_cnt
+        for block_id in block_ids:
+            if ref_cnt[block_id] == 0:  # in the free queue: an eviction candidate
+                self.free_block_queue.remove(block_id)
+            ref_cnt[block_id] += 1
+
+    def free_blocks(self, ordered_block_ids: Iterable[int],
+                    hashes: Iterable[int | None] | None = None) -> None:
+        """Drop one reference on each block, in eviction-priority order, first evicted first
+        (``BlockPool.free_blocks``).
+
+        Blocks reaching 0 references go to the tail if they carry a hash (FIFO reuse: the LRU)
+        and to the head if they do not, or if caching is off (LIFO reuse). A block's hash is the
+        pool's own; ``hashes``, when given, only pairs with the blocks as ``zip`` does (the
+        compiled twin's signature).
+        """
+        if hashes is not None:
+            ordered_block_ids = [block_id for block_id, _ in zip(ordered_block_ids, hashes)]
+        ref_cnt, block_hash = self.ref_cnt, self._block_hash
         evict_first: list[int] = []
-        for bid, h in zip(ordered_block_ids, hashes):  # one by one: a block may be listed twice
-            r = ref_cnt[bid] - 1
-            ref_cnt[bid] = r
-            if r == 1:
-                self._shared.discard(bid)
-            elif r == 0:
-                if h is None:
-                    evict_first.append(bid)
+        evict_last: list[int] = []
+        for block_id in ordered_block_ids:
+            ref_cnt[block_id] -= 1
+            if ref_cnt[block_id] == 0:
+                if block_hash[block_id] is None or not self.enable_caching:
+                    evict_first.append(block_id)
                 else:
-                    self._lru.append(bid)
-                    self._lru_hash.append(h)
-                    self._lru_len += 1
-        self._head.extend(reversed(evict_first))  # the first released becomes the head
+                    evict_last.append(block_id)
+        self.free_block_queue.prepend_n(evict_first)
+        self.free_block_queue.append_n(evict_last)
 
-    def free_table(self, blocks: list[int], block_hashes: list[int], num_hashed: int) -> None:
-        """``free_blocks(reversed(blocks), ...)`` for a request's block table whose first
-        ``num_hashed`` blocks, and only those, carry a hash, block ``i`` the hash
-        ``block_hashes[i]`` (hits and registered full blocks form a prefix of every table):
-        the same queue order, by slices.
+    def free_table(self, blocks: list[int], block_hashes: list[int] | None = None,
+                   num_hashed: int = 0) -> None:
+        """Free a request's block table, last block first, so its suffix is evicted before its
+        prefix (``vllm/v1/core/single_type_kv_cache_manager.py: SingleTypeKVCacheManager.free``).
+
+        ``block_hashes`` and ``num_hashed`` (the table's hashes; its first ``num_hashed`` blocks
+        carry them) are the compiled twin's signature; a block's hash is the pool's own.
         """
-        ref_cnt = self.ref_cnt
-        shared = self._shared.intersection(blocks) if self._shared else None
-        k = 0
-        if shared:
-            # Shared hit blocks (another running request holds them; under round_robin too, as
-            # conversations share prefixes) lose one reference and stay. They are usually the
-            # table's first blocks; if they are exactly those (so each is listed once, and so is
-            # every other block, which has one reference), the rest is released by slices.
-            k = len(shared)
-            if k > num_hashed or shared != set(blocks[:k]):
-                self._free_shared_table(blocks, block_hashes, num_hashed, shared)
-                return
-            for bid in blocks[:k]:
-                r = ref_cnt[bid] - 1
-                ref_cnt[bid] = r
-                if r == 1:
-                    self._shared.discard(bid)
-        # every block from k on has one reference: all are released
-        for bid in blocks[k:]:
-            ref_cnt[bid] = 0
-        if num_hashed < len(blocks):
-            self._head.extend(blocks[num_hashed:])  # unhashed: to the head, the last block first
-        if num_hashed > k:
-            self._lru.extend(reversed(blocks[k:num_hashed]))  # hashed: to the tail, last first
-            self._lru_hash.extend(reversed(block_hashes[k:num_hashed]))
-            self._lru_len += num_hashed - k
-
-    def _free_shared_table(self, blocks: list[int], block_hashes: list[int], num_hashed: int, shared: set[int]) -> None:
-        # ``free_table`` when the table's ``shared`` blocks are not exactly its first ones.
-        if len(set(blocks)) != len(blocks):  # a block listed twice (a hash collision): one by one
-            hashes = [*block_hashes[:num_hashed], *[None] * (len(blocks) - num_hashed)]
-            self.free_blocks(reversed(blocks), reversed(hashes))
-            return
-        ref_cnt = self.ref_cnt
-        kept = list(shared)
-        left = [ref_cnt[bid] - 1 for bid in kept]
-        for bid in blocks:
-            ref_cnt[bid] = 0
-        for bid, r in zip(kept, left):
-            ref_cnt[bid] = r
-            if r == 1:
-                self._shared.discard(bid)
-        released = list(map(not_, map(shared.__contains__, blocks)))
-        if num_hashed < len(blocks):
-            self._head.extend(compress(blocks[num_hashed:], released[num_hashed:]))
-        if num_hashed:
-            hashed = list(compress(blocks[:num_hashed], released))
-            hashed.reverse()
-            self._lru.extend(hashed)
-            hashes = list(compress(block_hashes[:num_hashed], released))
-            hashes.reverse()
-            self._lru_hash.extend(hashes)
-            self._lru_len += len(hashed)
+        self.free_blocks(reversed(blocks))
 
     def cache_full_blocks(self, block_ids: list[int], block_hashes: list[int], start: int, end: int) -> None:
-        """Register blocks ``start .. end - 1`` of a request under their hashes.
+        """Register blocks ``start .. end - 1`` of a request under their hashes
+        (``BlockPool.cache_full_blocks``).
 
-        Called when the blocks are scheduled full, before their compute finishes
-        (``BlockPool.cache_full_blocks``). Identical blocks are not merged.
+        Called when the blocks are scheduled full, before their compute finishes. Identical
+        blocks are not merged. The pairs are ``zip(block_ids[start:end], block_hashes[start:end])``.
         """
         if not self.enable_caching or end <= start:
             return
-        bids = block_ids[start:end]
-        hashes = block_hashes[start:end]
-        # setdefault inserts a new hash and returns the block given; for a hash already cached
-        # (or repeated within this call) it keeps the first block and returns that one instead.
-        firsts = list(map(self._cached.setdefault, hashes, bids))
-        if firsts != bids:
-            dups = self._dups
-            for bid, h, first in zip(bids, hashes, firsts):
-                if first != bid:
-                    dups.setdefault(h, []).append(bid)
+        new_hashes = block_hashes[start:end]
+        cached = self.cached_block_hash_to_block
+        for block_id, block_hash in zip(block_ids[start:end], new_hashes):
+            self._block_hash[block_id] = block_hash
+            cached.insert(block_hash, block_id)
         if self.kv_event_listener is not None:
-            self.kv_event_listener(True, hashes)
+            self.kv_event_listener(True, new_hashes)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash if no block is in use (vLLM's ``reset_prefix_cache``).
+        """Forget every cached hash if no block is in use (``BlockPool.reset_prefix_cache``).
+        The free queue keeps its order.
 
         Returns:
             False, changing nothing, when some request still holds blocks.
         """
         if self.num_free_blocks != self.num_gpu_blocks - 1:
             return False
-        order = self.free_queue()
-        self._cached.clear()
-        self._dups.clear()
-        self.ref_cnt += repeat(0, self.num_gpu_blocks - self._fresh)
-        self._fresh = self.num_gpu_blocks
-        self._lru.clear()
-        self._lru_hash.clear()
-        self._lru_start = self._lru_len = self._num_stale = 0
-        self._stale = [0] * self.num_gpu_blocks
-        self._head = order[::-1]
+        self.cached_block_hash_to_block.clear()
+        self._block_hash = [None] * len(self._block_hash)
         return True
-
-    def _pop_lru(self, num_blocks: int) -> tuple[list[int], list[int]]:
-        """Take ``num_blocks`` live entries from the head of the LRU part (caller checks there
-        are enough), skipping stale ones. Returns their block ids and hashes."""
-        lst, lst_hash, start = self._lru, self._lru_hash, self._lru_start
-        if not self._num_stale:
-            taken = lst[start:start + num_blocks]
-            hashes = lst_hash[start:start + num_blocks]
-            start += num_blocks
-        else:
-            stale = self._stale
-            taken, hashes = [], []
-            while len(taken) < num_blocks:
-                need = num_blocks - len(taken)
-                chunk = lst[start:start + need]  # at most ``need`` live entries
-                chunk_hash = lst_hash[start:start + need]
-                start += need
-                marks = list(map(stale.__getitem__, chunk))
-                if not any(marks):
-                    taken += chunk
-                    hashes += chunk_hash
-                    continue
-                skipped = list(compress(chunk, marks))
-                # A block with no stale entry has at most one (live) entry, so only a stale block
-                # can appear twice; if none does, every entry is decided alone.
-                if len(set(skipped)) == len(skipped):
-                    for bid in skipped:
-                        stale[bid] -= 1
-                    self._num_stale -= len(skipped)
-                    live = list(map(not_, marks))
-                    taken += compress(chunk, live)
-                    hashes += compress(chunk_hash, live)
-                    continue
-                for bid, h in zip(chunk, chunk_hash):  # in order: a block's stale entries precede its live one
-                    left = stale[bid]
-                    if left:
-                        stale[bid] = left - 1
-                        self._num_stale -= 1
-                    else:
-                        taken.append(bid)
-                        hashes.append(h)
-        self._lru_len -= num_blocks
-        if start > 4096 and 2 * start > len(lst):
-            del lst[:start]
-            del lst_hash[:start]
-            start = 0
-        self._lru_start = start
-        return taken, hashes
-
-    def _lru_order(self) -> list[int]:
-        """Live entries of the LRU part in queue order (for ``free_queue``)."""
-        stale = {bid: n for bid, n in enumerate(self._stale) if n}
-        order = []
-        for bid in self._lru[self._lru_start:]:
-            if stale.get(bid):
-                stale[bid] -= 1
-            else:
-                order.append(bid)
-        return order
-
-    def _evict(self, bids: list[int], hashes: list[int]) -> None:
-        """Drop the cache entries of blocks popped from the LRU part (``hashes``: theirs)."""
-        self.num_evictions += len(bids)
-        dups = self._dups
-        if not dups or dups.keys().isdisjoint(hashes):
-            cached = self._cached
-            for h in hashes:
-                del cached[h]
-        else:
-            cached = self._cached
-            for bid, h in zip(bids, hashes):
-                others = dups.get(h)
-                if others is None:
-                    del cached[h]
-                else:
-                    if cached[h] == bid:
-                        cached[h] = others.pop(0)
-                    else:
-                        others.remove(bid)
-                    if not others:
-                        del dups[h]
-        if self.kv_event_listener is not None:
-            self.kv_event_listener(False, hashes)  # one BlockRemoved per evicted block, in order
