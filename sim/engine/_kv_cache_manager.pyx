@@ -211,7 +211,7 @@ cdef class KVCacheManager:
             return []
         return [b for b in table.blocks]
 
-    # -- steps of a decode run (``Scheduler.advance_decode_run``) -------------------------------
+    # -- steps of a decode run (``kvroute.sim.engine.fast_forward``) ----------------------------
 
     def allocate_new_blocks(self, request, num_blocks) -> None:
         """Append ``num_blocks`` blocks popped from the free queue to the request's table

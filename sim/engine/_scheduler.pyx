@@ -3,7 +3,7 @@
 """vLLM v1's step scheduler for one engine, compiled: the same public API and the same results
 as the pure-Python ``kvroute.sim.engine.scheduler.Scheduler`` (the reference and fallback, whose
 docstrings describe the algorithm; ``kvroute.sim.engine.compiled`` chooses between them, and
-``tests/test_scheduler_impls.py`` checks that both take the same steps).
+``tests/sim/engine/test_scheduler_impls.py`` checks that both take the same steps).
 
 The per-step passes (``schedule``, ``update``, ``decode_run_length``) keep the requests' token
 counters as C integers (the compiled ``Request``) and the step's sums in C variables, so an
@@ -37,7 +37,7 @@ cdef struct StepSums:
 
 
 cdef inline Py_ssize_t first_run_step(Py_ssize_t c, Py_ssize_t block_size):
-    """``kvroute.sim.engine.kv_cache_manager.first_run_step``: the first step j >= 1 of a decode run
+    """``kvroute.sim.engine.fast_forward.first_run_step``: the first step j >= 1 of a decode run
     with (c + j) % block_size == 0."""
     cdef Py_ssize_t j = (-c) % block_size
     return j if j else block_size

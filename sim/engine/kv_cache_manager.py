@@ -8,14 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvroute.sim.engine.block_pool import BlockPool
+from kvroute.sim.engine.fast_forward import ManagerDecodeRuns
 from kvroute.sim.engine.request import Request
-
-
-def first_run_step(c: int, block_size: int) -> int:
-    """The first step j >= 1 of a decode run with (c + j) % block_size == 0: with ``c`` the
-    request's computed tokens before the run, the step that fills a block; with ``c - 1``, the
-    step that opens one."""
-    return (-c) % block_size or block_size
 
 
 @dataclass(slots=True)
@@ -47,7 +41,7 @@ class PrefixCacheStats:
             self.hits += num_hits
 
 
-class KVCacheManager:
+class KVCacheManager(ManagerDecodeRuns):
     """Block tables of the requests of one worker.
 
     Args:
@@ -190,7 +184,7 @@ class KVCacheManager:
         """The request's block table (a copy)."""
         return list(self.req_to_blocks.get(request.request_id, ()))
 
-    # -- steps of a decode run (``Scheduler.advance_decode_run``) -------------------------------
+    # -- block tables one step at a time (also the fallback of a decode run) ---------------------
 
     def allocate_new_blocks(self, request: Request, num_blocks: int) -> None:
         """Append ``num_blocks`` blocks popped from the free queue to the request's table
@@ -200,14 +194,6 @@ class KVCacheManager:
             KeyError: if the request holds no table.
         """
         self.req_to_blocks[request.request_id].extend(self.pool.get_new_blocks(num_blocks))
-
-    def append_blocks(self, request: Request, block_ids: list[int]) -> None:
-        """Append blocks the caller took from the pool (``get_new_blocks``) to the request's table.
-
-        Raises:
-            KeyError: if the request holds no table.
-        """
-        self.req_to_blocks[request.request_id].extend(block_ids)
 
     def cache_blocks(self, request: Request, num_full_blocks: int) -> None:
         """Register the request's blocks up to ``num_full_blocks`` in the prefix cache
@@ -222,48 +208,6 @@ class KVCacheManager:
         if num_full_blocks > start:
             self.pool.cache_full_blocks(blocks, request.block_hashes, start, num_full_blocks)
             self.num_cached_block[rid] = num_full_blocks
-
-    def allocate_decode_run(self, requests: list[Request], num_steps: int) -> bool:
-        """The block tables after ``num_steps`` decode steps of ``requests`` (running order; each
-        computes one token per step after its ``num_computed_tokens``, which the caller
-        advances), with one allocation for the whole run and one registration per request,
-        when that is provably the same as stepping: the blocks opened are popped in the
-        (step, running position) order of the step-by-step loop, and the blocks filled carry
-        hashes that are distinct and not yet cached, so no duplicate entry can arise and the
-        registrations commute with each other and with the run's evictions (which only drop
-        hashes of free blocks). The caller checks the free queue covers the run.
-
-        Returns:
-            False, changing nothing, when the hashes do not allow it (step one at a time then).
-
-        Raises:
-            KeyError: if a request holds no table.
-        """
-        bs = self.block_size
-        num_reqs = len(requests)
-        opens: list[int] = []  # step * num_reqs + position, one per block opened
-        ends: list[int] = []  # blocks each request has registered after the run
-        filled: list[int] = []
-        for pos, req in enumerate(requests):
-            c = req.num_computed_tokens  # before run step 1; step j computes token c + j
-            first = first_run_step(c - 1, bs)  # the first step that opens a block
-            opens.extend(range(first * num_reqs + pos, num_steps * num_reqs + pos + 1, bs * num_reqs))
-            start = self.num_cached_block[req.request_id]
-            end = start + len(range(first_run_step(c, bs), num_steps + 1, bs))  # steps that fill one
-            ends.append(end)
-            filled += req.block_hashes[start:end]
-        if len(set(filled)) != len(filled) or not self.pool.none_cached(filled):
-            return False
-        opens.sort()
-        new = self.pool.get_new_blocks(len(opens))
-        opened: list[list[int]] = [[] for _ in requests]
-        for key, bid in zip(opens, new):
-            opened[key % num_reqs].append(bid)
-        for req, blocks, end in zip(requests, opened, ends):
-            if blocks:
-                self.append_blocks(req, blocks)
-            self.cache_blocks(req, end)
-        return True
 
     def get_num_cached_blocks(self, request: Request) -> int:
         """How many of the request's blocks are registered (or hits): a prefix of its table.

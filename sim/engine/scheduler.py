@@ -15,7 +15,8 @@ from collections import deque
 
 from kvroute.sim.engine.config import EngineConfig
 from kvroute.sim.engine.block_pool import BlockPool
-from kvroute.sim.engine.kv_cache_manager import KVCacheManager, first_run_step
+from kvroute.sim.engine.fast_forward import SchedulerDecodeRuns
+from kvroute.sim.engine.kv_cache_manager import KVCacheManager
 from kvroute.sim.engine.request import Request, RequestStatus
 from kvroute.sim.engine.scheduler_output import SchedulerOutput, StepResult
 
@@ -44,7 +45,7 @@ def clamp_max_tokens(num_prompt_tokens: int, max_tokens: int, max_model_len: int
     return min(max_tokens, max_model_len - num_prompt_tokens)
 
 
-class Scheduler:
+class Scheduler(SchedulerDecodeRuns):
     """The waiting and running queues of one engine and the step algorithm over them.
 
     Args:
@@ -181,93 +182,6 @@ class Scheduler:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
-
-    # -- runs of identical decode steps ------------------------------------------------------
-
-    def decode_run_length(self, out: SchedulerOutput) -> int:
-        """How many steps after ``out`` would repeat its composition exactly.
-
-        ``out`` must be the step just scheduled. A run exists when the step only decodes (every
-        running request, one token each, none admitted or preempted, nothing waiting); it lasts
-        while no request finishes (after ``out`` and the returned number of steps, every request
-        still has a token to generate) and the free queue covers every block the run's requests
-        cross into. Returns 0 when ``out`` is not such a step. Arrivals are the caller's concern.
-        """
-        if self.waiting or out.preempted or out.admitted or len(out.requests) != len(self.running):
-            return 0
-        if out.num_batched_tokens != len(out.requests):
-            return 0
-        max_model_len = self.config.max_model_len
-        n = 1 << 62
-        for req in out.requests:
-            if req.num_output_tokens < 1:
-                return 0
-            left = req.max_tokens - req.num_output_tokens - 2
-            room = max_model_len - req.num_prompt_tokens - req.num_output_tokens - 2
-            n = min(n, left, room)
-        if n <= 0:
-            return 0
-        return min(n, self._steps_before_blocks_run_out(out.requests, n))
-
-    def _steps_before_blocks_run_out(self, requests: list[Request], n: int) -> int:
-        bs = self.config.block_size
-        free = self.pool.num_free_blocks
-        if len(requests) * (-(-n // bs)) <= free:
-            return n
-        firsts = [first_run_step(req.num_computed_tokens - 1, bs) for req in requests]
-
-        def blocks_by(j: int) -> int:
-            return sum((j - f) // bs + 1 for f in firsts if f <= j)
-
-        lo, hi = 0, n  # largest j with blocks_by(j) <= free
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if blocks_by(mid) <= free:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def advance_decode_run(self, requests: list[Request], num_steps: int) -> None:
-        """Apply ``num_steps`` decode steps to ``requests`` at once, exactly as that many
-        ``schedule()`` + ``update()`` calls would (block allocations and prefix-cache
-        registrations in step order, then running order). Only valid for up to
-        ``decode_run_length`` steps after the step that ``update`` just applied.
-        """
-        if num_steps <= 0:
-            return
-        bs = self.config.block_size
-        kv = self.kv_cache_manager
-        if self._advance_decode_run_by_request(requests, num_steps):
-            return
-        events: list[tuple[int, int, int]] = []  # (step, position in running order, kind)
-        for pos, req in enumerate(requests):
-            c = req.num_computed_tokens  # before run step 1; step j computes token c + j
-            for j in range(first_run_step(c - 1, bs), num_steps + 1, bs):
-                events.append((j, pos, 0))  # token c + j opens a block
-            for j in range(first_run_step(c, bs), num_steps + 1, bs):
-                events.append((j, pos, 1))  # token c + j fills its block
-        events.sort()
-        for _, pos, kind in events:
-            req = requests[pos]
-            if kind == 0:
-                kv.allocate_new_blocks(req, 1)
-            else:
-                kv.cache_blocks(req, kv.get_num_cached_blocks(req) + 1)
-        for req in requests:
-            req.num_computed_tokens += num_steps
-            req.num_output_tokens += num_steps
-
-    def _advance_decode_run_by_request(self, requests: list[Request], num_steps: int) -> bool:
-        """``advance_decode_run`` with one allocation for the whole run and one registration
-        per request (``KVCacheManager.allocate_decode_run``), when that is provably the same.
-        Returns False, changing nothing, when the hashes do not allow it."""
-        if not self.kv_cache_manager.allocate_decode_run(requests, num_steps):
-            return False
-        for req in requests:
-            req.num_computed_tokens += num_steps
-            req.num_output_tokens += num_steps
-        return True
 
     def update(self, out: SchedulerOutput) -> StepResult:
         """Apply a finished step: sample one token for every request whose prompt (and, after a
