@@ -6,7 +6,8 @@ routes it at once and forwards it; gateway and API-server overheads (a seeded lo
 around the profile's means) pass before the engine sees it; each token reaches the client when
 its engine step ends. A profile with a ``frontend`` or ``host`` section (``kvroute.sim.timing.frontend``)
 also queues admissions and streamed tokens in each server's API processes and stretches engine
-steps when the host's cores are oversubscribed; runs of decode steps are then simulated one by one.
+steps when the host's cores are oversubscribed (``kvroute.sim.timing.host``: the lanes, the load
+and each worker's step timer); runs of decode steps are then simulated one by one.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import simpy
 
 from kvroute.sim.cluster.collector import paused_collector
 from kvroute.sim.engine.compiled import Request
-from kvroute.sim.timing.frontend import ContendedStepCost, EngineSpeed, Frontends, HostModel
+from kvroute.sim.timing.host import Host
 from kvroute.sim.cluster.metrics import RequestRecord, RunResult
 from kvroute.sim.cluster.timeseries import series_frame
 from kvroute.sim.timing.profile import Profile
-from kvroute.sim.routing import (CACHE_VIEWS, KVEventIndex, MetricsScrape, RouteRequest, RouterView, make_policy,
-                                 router_rng)
+from kvroute.sim.routing import (CACHE_VIEWS, DEFAULT_POLICIES, KVEventIndex, MetricsScrape, RouteRequest, RouterView,
+                                 make_policy, router_rng)
 from kvroute.sim.engine.scheduler import admission_error, clamp_max_tokens
 from kvroute.sim.cluster.worker import Worker
 from kvroute.sim.cluster.workload import Workload
@@ -42,7 +43,8 @@ class ClusterSpec:
         num_workers: vLLM instances behind the router.
         num_gpus: GPUs; worker ``i`` runs on GPU ``i % num_gpus``, so fewer GPUs than workers
             means sharing (memory split per vLLM's rule, steps alternating). Default: one each.
-        policy: routing policy name (see ``kvroute.sim.routing.POLICIES``).
+        policy: routing policy name (see ``kvroute.sim.routing.POLICIES``); default the
+            baseline of ``kvroute.sim.routing.DEFAULT_POLICIES``, round_robin.
         closed_loop: send a later turn when its parent finished (plus think time); None picks
             closed loop for traces with sessions and open loop (timestamps) otherwise.
         arrival_spread_s: each root request's send time gets a uniform jitter in
@@ -81,7 +83,7 @@ class ClusterSpec:
     profile: Profile
     num_workers: int = 4
     num_gpus: int | None = None
-    policy: str = "round_robin"
+    policy: str = DEFAULT_POLICIES[0]
     closed_loop: bool | None = None
     arrival_spread_s: float = 0.005
     router_block_tokens: int = 256
@@ -139,29 +141,6 @@ REPLAY_MODES: dict[str, bool | None] = {"auto": None, "closed": True, "open": Fa
 open: trace timestamps; auto: the trace decides)."""
 
 
-def engine_speeds(host: HostModel | None, num_workers: int, seed: int) -> list[float]:
-    """Each worker's step-time factor for one run, or for the run's first period when
-    ``HostModel.engine_speed_period_s`` is set (``HostModel.engine_speed_sigma``): lognormal
-    with mean 1, from a generator of its own spawned from ``seed`` (the run's other draws do
-    not move); all 1.0 without a host model or with a zero spread."""
-    sigma = host.engine_speed_sigma if host is not None else 0.0
-    if sigma <= 0.0:
-        return [1.0] * num_workers
-    rng = np.random.default_rng(seed).spawn(3)[2]
-    return [float(f) for f in rng.lognormal(-0.5 * sigma * sigma, sigma, num_workers)]
-
-
-def engine_speed_processes(host: HostModel, num_workers: int, seed: int) -> list[EngineSpeed | None]:
-    """Per worker, its :class:`EngineSpeed` over the run (None: factor 1 throughout). The first
-    period's factors are :func:`engine_speeds`'; later periods' come from one generator per
-    worker, spawned from another child of ``seed``."""
-    if host.engine_speed_sigma <= 0.0:
-        return [None] * num_workers
-    first = engine_speeds(host, num_workers, seed)
-    rngs = np.random.default_rng(seed).spawn(4)[3].spawn(num_workers)
-    return [EngineSpeed(host.engine_speed_sigma, host.engine_speed_period_s, rng, f) for rng, f in zip(rngs, first)]
-
-
 def check_capacity(trace: Trace, profile: Profile) -> None:
     """Fail before a run if some request can never fit in one worker's KV cache.
 
@@ -209,13 +188,10 @@ class Cluster:
             check_capacity(trace, profile)
         gpus = [simpy.Resource(self.env, capacity=1) for _ in range(num_gpus)]
         prof = spec.profile
-        self.frontends = Frontends(prof.frontend, spec.num_workers, self._lane_slowdown()) \
-            if prof.frontend is not None else None
-        loaded = self.frontends is not None or prof.host is not None
-        step_costs = [ContendedStepCost(prof.step_cost, prof.host, self._busy_for(w), speed, lambda: self.env.now,
-                                        prof.frontend, self._client_share if w == self._client_worker() else None)
-                      for w, speed in enumerate(engine_speed_processes(prof.host, spec.num_workers, seed))] \
-            if prof.host else [prof.step_cost] * spec.num_workers
+        # the API lanes, the host's load and one step timer per worker (kvroute.sim.timing.host)
+        self.host = Host(prof.frontend, prof.host, spec.num_workers, lambda: self.env.now)
+        self.frontends = self.host.frontends
+        step_timers = self.host.step_timers(prof.step_cost, seed)
         # NOTE: token times are kept by other callbacks, chosen once here, so a run without them
         # pays no test per token.
         on_token = self._on_token_timed if spec.record_series else self._on_token
@@ -225,17 +201,18 @@ class Cluster:
                 self.env,
                 w,
                 self.profiles[w].engine,
-                step_costs[w],
+                step_timers[w],
                 gpus[spec.gpu_of(w)] if spec.workers_on_gpu(spec.gpu_of(w)) > 1 else None,
                 on_token,
                 self._on_finish,
                 on_decode_run,
                 spec.record_steps,
-                spec.fast_forward and not loaded,
+                spec.fast_forward,
                 spec.record_series,
             )
             for w in range(spec.num_workers)
         ]
+        self.host.engines = self.workers
         self.workload = Workload(trace, spec.profile.engine.block_size, spec.profile.engine.max_model_len)
         self._build_gateways(seed)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
@@ -342,7 +319,7 @@ class Cluster:
             for rec in sent:
                 jitter = self.rng.uniform(0.0, spread) if spread > 0 else 0.0
                 starts.append((rec, rec.timestamp_ms / 1000.0 + jitter))
-            self._start_at_once(lambda _event: self._start_clients(starts))
+            self._start_at_once(self._start_clients, starts)
             if progress is None:
                 self.env.run()
             else:
@@ -395,18 +372,26 @@ class Cluster:
     # -- clients -------------------------------------------------------------------------------
 
     # NOTE: a client is a chain of callbacks on the events it waits for, not a SimPy process:
-    # the same events in the same order, without a process's start and end events (2 of the 4
-    # events a request costs the client) and its generator resumptions. A client starts where
-    # its process did: the roots in trace order in one event where the run starts, a closed-loop
-    # child in an urgent event of its own when its parent finishes (``_start_at_once``).
+    # the same events in the same order, without a process's generator resumptions. A client
+    # starts where its process did: the roots in trace order in the one step of one process
+    # where the run starts (not a process's start and end events each, 2 of the 4 events a
+    # root cost), a closed-loop child in a one-step process of its own when its parent
+    # finishes (``_start_at_once``).
 
-    def _start_at_once(self, start: Callable[[simpy.Event], None]) -> None:
-        """Call ``start`` from an urgent event at the current time, where a new process's first
-        step would run (SimPy's ``Initialize``: before the time's normal events)."""
-        event = simpy.Event(self.env)
-        event._ok, event._value = True, None
-        event.callbacks.append(start)
-        self.env.schedule(event, simpy.events.URGENT)
+    def _start_at_once(self, start: Callable[..., None], *args) -> None:
+        """Call ``start(*args)`` where a new process's first step runs: in an urgent event at the
+        current time (SimPy's ``Initialize``), after the event being processed and before the
+        time's normal events."""
+        # NOTE: a process of one step, because a new process is SimPy's one public way to run
+        # code in an urgent event (``Process.interrupt`` is the other, by throwing into a
+        # running process). ``Event.succeed`` and ``Timeout`` schedule a normal one, after the
+        # events already due now (another worker's step ending at the same time), which would
+        # change the order of events; ``Environment.schedule(event, URGENT)`` is public but
+        # processes only an event marked as succeeded, which only ``succeed`` (normal priority)
+        # does publicly. The process's end adds one event with no callbacks (normal priority,
+        # same time): it changes no order, and costs about 2 us per later turn more than an
+        # event set up by hand through SimPy's private fields (2 % of a closed-loop run).
+        self.env.process(_first_step(start, args))
 
     def _start_clients(self, starts: list[tuple[TraceRecord, float]]) -> None:
         for rec, send_at in starts:
@@ -543,84 +528,7 @@ class Cluster:
             for child in self.workload.children.get(record.trace.request_id, ()):
                 lag = lags[int(self._lag_rng.integers(len(lags)))] if lags else 0.0
                 send_at = now + child.think_time_ms / 1000.0 + lag
-                self._start_at_once(lambda _event, child=child, send_at=send_at: self._client(child, send_at))
-
-    def _busy_for(self, worker: int) -> Callable[[float], float]:
-        """The load function worker ``worker``'s step costs read: the whole host's
-        (:meth:`_num_busy`), or with ``host.api_on_engine_core`` its own core's times ``cores``
-        (:meth:`_num_busy_on_core`)."""
-        if self.spec.profile.host.api_on_engine_core:
-            return lambda duration: self._num_busy_on_core(worker, duration)
-        return self._num_busy
-
-    def _num_busy_on_core(self, worker: int, duration: float) -> float:
-        """``cores`` times the load on ``worker``'s core over the next ``duration`` seconds: its
-        engine (with work or spinning, as in :meth:`_num_busy`), its own API lanes' shares, and
-        the client's ``host.client_busy`` share (while some lane is busy) spread over the cores;
-        a client pinned to one core (``host.client_core``) counts there as a fair share instead
-        (:meth:`_client_share`, :class:`~kvroute.sim.timing.frontend.ContendedStepCost`).
-        Times ``cores``, so that :meth:`HostModel.stretch` turns it into the per-core stretch
-        ``1 + contention * max(0, load - max(1, baseline / cores))``."""
-        now = self.env.now
-        host = self.spec.profile.host
-        engine = float(self._engine_busy(self.workers[worker], now, host.engine_spin_s))
-        if self.frontends is None:
-            return host.cores * engine
-        # NOTE: by CPU time, not elapsed (busy_shares): a lane stretched by its engine
-        # (api_contention) takes the core for its own work only; counting its stretched time
-        # would charge the engine for its own share too (and break the decode streaming baseline).
-        shares = self.frontends.busy_shares(now, duration)
-        per = self.frontends.model.api_server_count
-        own = sum(shares[worker * per:(worker + 1) * per])
-        if host.client_core >= 0:  # pinned: a fair share of one core (_client_share), none here
-            return host.cores * (engine + own)
-        return host.cores * (engine + own) + self._client_load(shares)
-
-    def _client_worker(self) -> int:
-        """The worker whose core the measuring client is pinned to (``HostModel.client_core``
-        with ``api_on_engine_core``), or -1."""
-        host = self.spec.profile.host
-        return host.client_core if host is not None and host.api_on_engine_core and self.frontends is not None else -1
-
-    def _client_share(self, duration: float) -> float:
-        """The pinned client's share of its core over the next ``duration`` seconds
-        (:meth:`_client_load` of the lanes' shares of that interval)."""
-        return self._client_load(self.frontends.busy_shares(self.env.now, duration))
-
-    def _client_load(self, shares: list[float]) -> float:
-        """Busy client processes, given the API lanes' busy ``shares`` of an interval:
-        ``host.client_busy`` times the largest (the client reads what the lanes stream)."""
-        return self.spec.profile.host.client_busy * max(shares, default=0.0)
-
-    def _lane_slowdown(self) -> Callable[[int, float], float] | None:
-        """The API lanes' service-time factor (``HostModel.api_contention``): ``1 +
-        api_contention`` while the server's engine has requests, else 1; None without it."""
-        host = self.spec.profile.host
-        if host is None or not host.api_on_engine_core or host.api_contention <= 0.0:
-            return None
-        stretched = 1.0 + host.api_contention
-        return lambda worker, now: stretched if self._engine_busy(self.workers[worker], now, 0.0) else 1.0
-
-    @staticmethod
-    def _engine_busy(worker: Worker, now: float, spin_s: float) -> bool:
-        """Whether ``worker``'s engine holds a core at ``now``: it has work, or ran out of it less
-        than ``spin_s`` seconds ago (``HostModel.engine_spin_s``)."""
-        return worker.scheduler.has_unfinished_requests() or now - worker.idle_since < spin_s
-
-    def _num_busy(self, duration: float = 0.0) -> float:
-        """The host model's load over the next ``duration`` seconds (0: now): engines with work
-        (or that ran out of it less than ``host.engine_spin_s`` ago), each API lane's share of the
-        interval its queued work fills, and the client's ``host.client_busy`` processes for the
-        share during which some lane is busy (the client reads what the lanes stream)."""
-        now = self.env.now
-        host = self.spec.profile.host
-        spin = host.engine_spin_s if host is not None else 0.0
-        engines = sum(self._engine_busy(w, now, spin) for w in self.workers)
-        if self.frontends is None:
-            return float(engines)
-        shares = self.frontends.busy_shares(now, duration)
-        client = self._client_load(shares) if host is not None else 0.0
-        return engines + sum(shares) + client
+                self._start_at_once(self._client, child, send_at)
 
     def _release_slot(self, request_id: int) -> None:
         if self._slots is not None:
@@ -636,6 +544,13 @@ class Cluster:
                 record.error = f"not sent: its parent request {parent.request_id} failed"
                 self.records.append(record)
                 self._num_done += 1
+
+
+def _first_step(start: Callable[..., None], args: tuple):
+    """The generator of a process that calls ``start(*args)`` in its first step and ends
+    (:meth:`Cluster._start_at_once`)."""
+    start(*args)
+    yield from ()
 
 
 PROGRESS_EVERY = 4096

@@ -290,7 +290,7 @@ def _q(values: np.ndarray, q: float) -> float:
 
     NOTE: numpy's own steps (the same partition of a copy, the same interpolation, NaN when a
     value is NaN) without its ``np.unique`` of the partition points, which imports ``numpy.ma``
-    (about 8 ms of a short run's start-up); tests/test_summary_rows.py compares the two."""
+    (about 8 ms of a short run's start-up); tests/sim/cluster/test_summary_rows.py compares the two."""
     n = len(values)
     if not n:
         return math.nan

@@ -6,9 +6,11 @@ worker sleeps on an event that ``add_request`` triggers, so there is no polling.
 resources of capacity 1: two workers on one GPU alternate their steps, each at half speed.
 
 A run of decode steps whose batch cannot change (nothing waiting, nobody finishing, enough free
-blocks) is advanced as one event: the step times are summed in closed form and the run is
-cut short at the step in progress when a request arrives, so the result equals stepping one
-at a time (up to floating-point rounding of the summed times).
+blocks) is advanced as one event, where the step timer allows it (its step times depend on
+nothing but the batch, ``kvroute.sim.timing.step_timer.StepTimer``): the step times are
+summed in closed form and the run is cut short at the step in progress when a request
+arrives, so the result equals stepping one at a time (up to floating-point rounding of the
+summed times).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import simpy
 
 from kvroute.sim.engine.compiled import Scheduler
 from kvroute.sim.timing.compiled import DecodeRunTimes
-from kvroute.sim.timing.cost_model import StepCost
+from kvroute.sim.timing.step_timer import StepTimer
 from kvroute.sim.cluster.timeseries import StepSeries
 
 if TYPE_CHECKING:
@@ -36,7 +38,7 @@ class Worker:
         env: the SimPy environment.
         index: worker index behind the router.
         config: engine settings (block count already adjusted for GPU sharing).
-        step_cost: step-time coefficients.
+        step_cost: the engine's step timer (``kvroute.sim.timing.host.Host.step_timers``).
         gpu: the GPU's resource when other workers share it; None when the worker owns its GPU
             (holding an uncontended resource would change nothing but cost time).
         on_token: called as ``on_token(request, now)`` for every sampled token.
@@ -45,7 +47,8 @@ class Worker:
             decode steps advanced at once: every request got one token at each time in
             ``step_ends`` (a sequence of floats); ``gaps`` are the differences of consecutive
             ends, an ``array("d")``.
-        fast_forward: advance runs of identical decode steps as one event (needs an unshared GPU).
+        fast_forward: advance runs of identical decode steps as one event where the step timer
+            allows it (``StepTimer.fast_forward``) and the GPU is not shared.
         record_series: sample the engine's state after every step into ``series``
             (``kvroute.sim.cluster.timeseries``; a fast-forwarded decode run is one sample).
 
@@ -63,7 +66,7 @@ class Worker:
         env: simpy.Environment,
         index: int,
         config: "EngineConfig",
-        step_cost: StepCost,
+        step_cost: StepTimer,
         gpu: simpy.Resource | None,
         on_token,
         on_finish,
@@ -80,7 +83,7 @@ class Worker:
         self.on_token = on_token
         self.on_finish = on_finish
         self.on_decode_run = on_decode_run
-        self.fast_forward = fast_forward and gpu is None
+        self.fast_forward = fast_forward and gpu is None and step_cost.fast_forward
         self.num_steps = 0
         self.busy_time = 0.0
         self.idle_since = -math.inf
@@ -99,6 +102,11 @@ class Worker:
         self.scheduler.add_request(request)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
+
+    def holds_core(self, now: float, spin_s: float) -> bool:
+        """Whether the engine holds a CPU core at ``now`` (``kvroute.sim.timing.host.Engine``): it
+        has work, or ran out of it less than ``spin_s`` seconds ago (``HostModel.engine_spin_s``)."""
+        return self.scheduler.has_unfinished_requests() or now - self.idle_since < spin_s
 
     def _run(self):
         env, scheduler, cost = self.env, self.scheduler, self.step_cost

@@ -38,6 +38,11 @@ class StepCost:
         ValueError: if a coefficient is negative or not finite.
     """
 
+    # NOTE: a class attribute, not a field (no annotation): the fields are the coefficients.
+    fast_forward = True
+    """A :class:`~kvroute.sim.timing.step_timer.StepTimer`: a step's time depends on nothing but
+    its batch, so runs of decode steps may be advanced as one event (:meth:`decode_run_times`)."""
+
     step_overhead_s: float
     weight_load_s: float
     per_token_s: float

@@ -16,7 +16,7 @@ the engine core (its own process) keeps stepping. Model here:
 - Admission holds the lane for ``per_request_s + per_prompt_token_s * prompt tokens``. The
   request's unloaded pre-engine time stays the profile's ``overheads`` draw (the same seeded
   lognormal as without this section); the lane only adds its queueing wait in front of it, so
-  one request at a time is predicted exactly as before.
+  one request at a time is predicted exactly as without this section.
 - Every engine step's outputs hold the lane for ``per_step_s`` once (``AsyncLLM.output_handler``
   takes one ``EngineCoreOutputs`` batch per step and runs ``process_outputs`` over it), then every
   token of the step for ``per_output_token_s`` (its detokenising and its SSE chunk, written by its
@@ -161,13 +161,11 @@ class HostModel:
             the step) as fair sharing, ``1 + share`` times as long whatever the fitted
             ``contention``, and the other workers none of it. -1: the client floats, its share
             counted with the other busy processes and spread over the cores. Stated, not
-            fitted. On the 2-core reference with the client on core 1 (runs 23 and 24 of
-            ``bench/bench_validate.py``, 2026-12-04), worker 1's later-turn TTFT in closed-loop
-            short replies was 9-11 ms longer than worker 0's and its round_robin TPOT 60 % longer
-            (9.6 against 5.9 ms); with the client spread, both workers ran alike, round_robin's
-            turns reached the servers closer together than live, and kv_aware's TTFT change
-            against round_robin came out 13.8 and 6.5 points short (5.1 and 2.5 pinned; each
-            profile refitted with and without the term).
+            fitted. A pinned client slows the worker on its core alone, so that worker's
+            later-turn TTFT and TPOT run longer than the other's; counted as spread over the
+            cores, both workers run alike, closed-loop turns under round_robin reach the servers
+            closer together than live, and kv_aware's TTFT change against round_robin comes out
+            short (the measurements behind this: docs/log/from-code-comments.md).
 
     Raises:
         ValueError: ``cores < 1``, negative terms or ``client_core`` below -1.
@@ -222,8 +220,9 @@ class EngineSpeed:
         sigma: log-spread of the factor.
         period_s: seconds one draw lasts (0: one draw for the whole run).
         rng: the worker's generator (unused when ``first`` covers a run of one draw).
-        first: the factor of the first period (drawn by the caller, so one draw per run keeps
-            the factors runs had before periods existed).
+        first: the factor of the first period, drawn by the caller
+            (``kvroute.sim.timing.host.engine_speeds``): the same factor a run with one
+            speed per run (period 0) gets.
     """
 
     __slots__ = ("sigma", "period_s", "rng", "factors")
@@ -352,7 +351,9 @@ class Frontends:
 class ContendedStepCost:
     """A step-cost model whose times are stretched by the host's busy processes.
 
-    Duck-types :class:`~kvroute.sim.timing.cost_model.StepCost` for the worker (``step_time``).
+    A :class:`~kvroute.sim.timing.step_timer.StepTimer` without fast-forward: a step's time
+    depends on the clock and the host's load when it starts, not on its batch alone.
+    :meth:`kvroute.sim.timing.host.Host.step_timers` builds one per worker.
 
     Args:
         cost: the calibrated step cost.
@@ -372,6 +373,7 @@ class ContendedStepCost:
     """
 
     __slots__ = ("cost", "host", "busy", "speed", "now", "per_step_s", "per_token_s", "client")
+    fast_forward = False
 
     def __init__(self, cost, host: HostModel, busy: Callable[[float], float], speed: EngineSpeed | None = None,
                  now: Callable[[], float] = lambda: 0.0, frontend: FrontendModel | None = None,
