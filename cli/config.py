@@ -1,11 +1,12 @@
 """``--config FILE``: a YAML or JSON scenario file as the defaults of a command's options.
 
 The file maps option names (long names with or without dashes: ``trace-block-size``,
-``trace_block_size``, or the parameter's own name) to values. It becomes the command's click
-``default_map``, so the scenario model stays the command's options: a value from the file is
-converted and checked exactly as the same value given on the command line, and a flag given on
-the command line overrides it. The ``kvroute`` provenance block of a saved ``scenario.yaml``
-(:mod:`kvroute.cli.provenance`) is ignored.
+``trace_block_size``, or the parameter's own name, which for a scenario option is its
+``Scenario`` field's or an earlier one, ``trace_path``, ``profile_name``) to values. It becomes
+the command's click ``default_map``, so the scenario model stays the command's options: a value
+from the file is converted and checked exactly as the same value given on the command line, and
+a flag given on the command line overrides it. The ``kvroute`` provenance block of a saved
+``scenario.yaml`` (:mod:`kvroute.cli.provenance`) is ignored.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None) ->
     for param in command.params:
         if isinstance(param, click.Option) and param.name not in NOT_SCENARIO:
             names[param.name] = param.name
+            for alias in getattr(param, "aliases", ()):  # an earlier parameter name (AliasedOption)
+                names[alias] = param.name
             for opt in param.opts:
                 if opt.startswith("--"):
                     names[opt[2:]] = names[opt[2:].replace("-", "_")] = param.name

@@ -1,48 +1,14 @@
-"""The workload-length options shared by every command that generates a workload.
+"""How the command line reads workload lengths and times: distributions, token lengths, ranges.
 
 Their values use one syntax (:mod:`kvroute.traces.lengths`), checked when the command line is
-parsed so a bad value names its flag. Kept apart from ``scenario`` so that commands can take these
-options without importing the simulator.
+parsed so a bad value names its flag. The options themselves are generated from the scenario's
+fields (``kvroute.cli.scenario.scenario_options``); these readers are their types and callbacks,
+kept apart so that they import nothing of the simulator.
 """
 
 from __future__ import annotations
 
 import click
-
-from kvroute.cli.values import Opt, apply_options
-
-
-def length_options() -> list[Opt]:
-    """The workload-length options of generated workloads (``kvroute.traces.lengths`` syntax);
-    as sweep axes, comma lists of the same values (``--reply-tokens`` also takes LOW-HIGH)."""
-    return [
-        Opt("--reply-tokens", default=None, callback=_dist_option, axis=length_value, sweep_names=("--reply",),
-            help="Where replies stop, tokens: N, uniform:LO:HI, lognormal:MEDIAN:CV, "
-                 "empirical:FILE, ... (capped at --max-tokens) [seed-chat: the fitted "
-                 "default, see docs/reference/seed-study-fit.md; agent: uniform:50:300]."),
-        Opt("--max-tokens", type=click.IntRange(min=1), default=None,
-            help="Reply limit of every request (vLLM's max_tokens) [seed-chat 128, agent none]."),
-        Opt("--user-tokens", default=None, callback=_dist_option, axis=dist_value,
-            help="Tokens of each user message (seed-chat) or new tokens per later turn (agent), "
-                 "as a distribution [seed-chat 195, agent uniform:200:1000]."),
-        Opt("--think-time", default="0", show_default=True, callback=_dist_option, axis=dist_value,
-            help="Seconds between a reply's last token and the next turn: a number or a distribution."),
-        Opt("--start", default="0", show_default=True, callback=_dist_option, axis=dist_value,
-            help="Seed-chat: each chat's first send, seconds (a distribution; on top of --arrival-spread)."),
-        Opt("--request-rate", type=float, default=None, callback=_positive,
-            help="Load: sessions started per second for a generated workload (later turns follow "
-                 "closed-loop); for a --trace file, its timestamps rescaled to this mean request rate "
-                 "[generated: all at once]."),
-        Opt("--arrival", default="poisson", show_default=True, callback=_arrival_option,
-            help="Arrival process of --request-rate: poisson, gamma:CV (CV > 1 burstier), constant."),
-        Opt("--speedup", type=float, default=None, callback=_positive,
-            help="Divide a --trace file's timestamps by this factor (2 = twice the load)."),
-    ]
-
-
-def workload_length_options(func):
-    """Decorate a command with the workload-length options alone (``length_options``)."""
-    return apply_options(func, length_options())
 
 
 def dist_value(item) -> float | str:
@@ -86,7 +52,41 @@ def length_value(item) -> int | tuple[int, int] | float | str:
     raise ValueError(f"{text!r} is neither a token count nor a range LOW-HIGH")
 
 
-def _positive(ctx: click.Context, param: click.Parameter, value: float | None):
+def history_value(item) -> int | tuple[int, int]:
+    """One ``--history`` value: ``H`` tokens (meaning H/2-H) or a ``LOW-HIGH`` range (a tuple;
+    a two-item list, as a scenario file may hold it, too).
+
+    Raises:
+        ValueError: neither a token count in 1..MAX_TOKENS nor a range 0 <= LOW <= HIGH.
+    """
+    if isinstance(item, (list, tuple)) and len(item) == 2:
+        item = f"{item[0]}-{item[1]}"
+    value = length_value(item) if ":" not in str(item) else None
+    if value is None or isinstance(value, (float, str)):
+        raise ValueError(f"{str(item).strip()!r} is neither a token count H nor a range LOW-HIGH")
+    return value
+
+
+class TokenRange(click.ParamType):
+    """A click type for ``history_value``."""
+
+    name = "tokens"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "H|LOW-HIGH"
+
+    def convert(self, value, param, ctx):
+        try:
+            return history_value(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+TOKEN_RANGE = TokenRange()
+
+
+def positive_option(ctx: click.Context, param: click.Parameter, value: float | None):
+    """Check a finite number > 0 at parse time (None stays None)."""
     import math
 
     if value is not None and not (math.isfinite(value) and value > 0):
@@ -94,7 +94,8 @@ def _positive(ctx: click.Context, param: click.Parameter, value: float | None):
     return value
 
 
-def _arrival_option(ctx: click.Context, param: click.Parameter, value: str):
+def arrival_option(ctx: click.Context, param: click.Parameter, value: str):
+    """Check an arrival process (``kvroute.traces.arrivals.parse_arrival``) at parse time."""
     from kvroute.traces.arrivals import parse_arrival
 
     try:
@@ -104,13 +105,13 @@ def _arrival_option(ctx: click.Context, param: click.Parameter, value: str):
     return value
 
 
-def _dist_option(ctx: click.Context, param: click.Parameter, value: str | None):
+def dist_option(ctx: click.Context, param: click.Parameter, value: str | None):
     """Check a distribution flag's text at parse time; keep the text (None stays None)."""
     if value is None:
         return None
     from kvroute.traces.lengths import parse_dist
 
-    flag = f"--{param.name.replace('_', '-')}"
+    flag = next((opt for opt in param.opts if opt.startswith("--")), f"--{param.name.replace('_', '-')}")
     try:
         return parse_dist(value, flag).text
     except ValueError as exc:

@@ -13,7 +13,7 @@ import click
 
 # Subcommands are loaded only when invoked, so that ``kvroute --help`` and ``kvroute simulate
 # --help`` stay fast and a simulation imports no calibration code (name -> module, attribute,
-# first paragraph of the command's help; tests/test_lazy_imports.py checks it against the command's).
+# first paragraph of the command's help; tests/cli/test_lazy_imports.py checks it against the command's).
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "simulate": ("kvroute.cli.sim_commands", "simulate", "Simulate one routing policy and print its summary."),
     "compare": ("kvroute.cli.sim_commands", "compare", "Compare routing policies on the same trace and cluster (default: the seed study's burst)."),

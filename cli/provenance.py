@@ -71,7 +71,7 @@ def resolved_options(ctx: click.Context) -> dict:
             value = Axis.text(value)  # a sweep's comma list, as --config reads it back
         elif isinstance(value, Path):
             value = str(value.resolve())
-        elif name == "profile_name" and isinstance(value, str) and Path(value).is_file():
+        elif name in ("profile", "profile_name") and isinstance(value, str) and Path(value).is_file():
             value = str(Path(value).resolve())  # a profile file, not a shipped name
         elif isinstance(value, tuple):
             value = list(value)

@@ -1,97 +1,191 @@
-"""Options shared by ``simulate``, ``compare`` and ``sweep``: which trace, which cluster."""
+"""The scenario options of every command that runs a workload, generated from the one scenario
+type (:class:`kvroute.sim.study.scenario.Scenario`), and the trace and cluster they give.
+
+``scenario_options`` walks the dataclass's fields and makes each one's click option from its
+metadata (flag, help, type, check, default: the field's own), as Vidur flattens its config
+dataclasses; ``simulate``, ``compare``, ``sweep`` (as comma lists) and ``sensitivity`` take every
+group, ``validate`` and ``trace generate`` the workload (and trace) ones. A command's parameters
+are named as the fields, so ``scenario_from_options`` builds its ``Scenario`` without a rename
+table; ``scenario_trace`` and ``scenario_spec`` turn the scenario's errors into click errors that
+name the flag.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
 import click
 
-from kvroute.cli.values import Opt, apply_options, check_values
-from kvroute.sim.cluster.cluster import REPLAY_MODES, ClusterSpec
-from kvroute.sim.timing.profile import load_profile, with_overrides
-from kvroute.cli.lengths import length_options
-from kvroute.sim.routing import CACHE_VIEWS, make_policy, parse_spec, split_specs
+from kvroute.cli.values import SCENARIO_VALUES, AliasedOption, Opt, apply_options, check_values
+from kvroute.cli.lengths import (TOKEN_RANGE, arrival_option, dist_option, dist_value, history_value, length_value,
+                                 positive_option)
+from kvroute.sim.cluster.cluster import ClusterSpec
+from kvroute.sim.cluster.metrics import ServiceClass
+from kvroute.sim.routing import DEFAULT_POLICIES as POLICY_SET
+from kvroute.sim.routing import make_policy, parse_spec, split_specs
+from kvroute.sim.study.scenario import OPTION_GROUPS, SCENARIO_FIELDS, Scenario, ScenarioError
 from kvroute.traces.format import Trace, truncate  # noqa: F401 - truncate: also kvroute.cli.scenario's
 
-from kvroute.traces.generators import BUILTIN_WORKLOADS as WORKLOADS
+from kvroute.traces.generators import BUILTIN_WORKLOADS as WORKLOADS  # noqa: F401 - also this module's
+
+OPTION_FIELDS = {f.name: f for f in dataclasses.fields(Scenario) if f.metadata.get("option", True)}
+"""The ``Scenario`` fields that are command-line options, by name (parameter name = field name)."""
+
+FLAGS = {name: f.metadata.get("flag", "--" + name.replace("_", "-")) for name, f in OPTION_FIELDS.items()}
+"""Each option field's long flag."""
+
+FIELD_RULES = {name: f.metadata["check"] for name, f in OPTION_FIELDS.items() if "check" in f.metadata}
+"""The numeric rules of the fields (the checks ``Scenario`` runs), by parameter name."""
+
+_KINDS = {  # field kind -> (single-value type, its callback, a sweep item's converter)
+    "dist": (str, dist_option, dist_value),
+    "length": (str, dist_option, length_value),
+    "history": (TOKEN_RANGE, None, history_value),
+    "arrival": (str, arrival_option, True),
+    "positive": (float, positive_option, True),
+}
 
 
-def scenario_option_list() -> list[Opt]:
-    """The trace and cluster options (``Opt``: a sweep takes each but the trace file's and the
-    SLO's as a comma list)."""
+def field_option(name: str) -> Opt:
+    """The option of ``Scenario`` field ``name``, made from its metadata and default."""
+    f = OPTION_FIELDS[name]
+    meta = f.metadata
+    attrs = {"default": f.default, "show_default": f.default is not None, "help": meta["help"]}
+    axis = meta.get("axis", True)
+    if "choices" in meta:
+        attrs["type"] = click.Choice(list(meta["choices"]))
+    elif meta.get("type") == "path":
+        attrs["type"] = click.Path(dir_okay=False, path_type=Path)
+    elif "kind" in meta:
+        attrs["type"], callback, item = _KINDS[meta["kind"]]
+        if callback is not None:
+            attrs["callback"] = callback
+        axis = item if axis else False
+    else:
+        attrs["type"] = meta.get("type", str)
+    if meta.get("aliases"):
+        attrs.update(cls=AliasedOption, aliases=tuple(meta["aliases"]))
+    return Opt(FLAGS[name], name, axis=axis, sweep_names=tuple(meta.get("sweep_flags", ())), **attrs)
+
+
+def slo_option_list() -> list[Opt]:
+    """The goodput bounds (``ServiceClass``): how runs are judged, not what runs; one value each."""
+    slo = ServiceClass()
     return [
-        Opt("--workload", type=click.Choice(WORKLOADS), default="seed-chat", show_default=True,
-            help="Built-in workload (ignored with --trace)."),
-        Opt("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), axis=False,
-            help="Trace file: kvroute/Mooncake JSONL, Azure or BurstGPT CSV, ShareGPT or vllm bench serve JSON."),
-        Opt("--trace-block-size", type=int, default=None, axis=False,
-            help="Tokens per hash_ids block when the trace file does not declare it [512]."),
-        Opt("--max-requests", type=int, default=None, help="Use only the first N records of the trace."),
-        Opt("--turns", type=int, default=6, show_default=True,
-            help="Turns per chat (seed-chat); most turns per session (agent: a session stops "
-                 "once its next prompt would pass 32,000 tokens)."),
-        Opt("--chats", type=int, default=64, show_default=True, help="Chats (seed-chat) or sessions (agent)."),
-        *length_options(),
-        Opt("--workers", type=int, default=4, show_default=True, help="vLLM workers behind the router."),
-        Opt("--gpus", type=int, default=None, help="GPUs; fewer than workers means sharing [one each]."),
-        Opt("--profile", "profile_name", default="a6000-qwen2.5-7b", show_default=True,
-            help="Shipped profile name or profile JSON file."),
-        Opt("--max-model-len", type=int, default=None,
-            help="Override the profile's max_model_len (tokens); longer prompts are rejected as vLLM does."),
-        Opt("--kv-blocks", type=int, default=None,
-            help="Override the profile's num_gpu_blocks per worker (KV capacity)."),
-        Opt("--arrival-spread", type=float, default=0.005, show_default=True,
-            help="Uniform start jitter of root requests, s."),
-        Opt("--replay", type=click.Choice(list(REPLAY_MODES)), default="auto", show_default=True,
-            help="closed: later turns wait for their parent; open: trace timestamps."),
-        Opt("--seed", type=int, default=0, show_default=True, sweep_names=("--seeds",),
-            help="Seed of round 0 (round r uses seed + r)."),
-        Opt("--slo-ttft", type=float, default=2.0, show_default=True, axis=False, help="Goodput bound on TTFT, s."),
-        Opt("--slo-tpot", type=float, default=0.1, show_default=True, axis=False, help="Goodput bound on TPOT, s."),
+        Opt("--slo-ttft", type=float, default=slo.ttft_s, show_default=True, axis=False,
+            help="Goodput bound on TTFT, s."),
+        Opt("--slo-tpot", type=float, default=slo.tpot_s, show_default=True, axis=False,
+            help="Goodput bound on TPOT, s."),
     ]
 
 
-def scenario_options(func=None, *, axes: bool = False):
-    """Decorate a command with the trace and cluster options (``axes``: as a sweep's comma lists)."""
+def scenario_option_list(groups: tuple[str, ...] = OPTION_GROUPS, exclude: tuple[str, ...] = (),
+                         include: tuple[str, ...] = (), slo: bool = True) -> list[Opt]:
+    """The options of the ``Scenario`` fields in ``groups`` (and ``include``), but ``exclude``,
+    group by group in ``OPTION_GROUPS`` order (fields in their dataclass order), with the SLO
+    bounds after the cluster group when ``slo``."""
+    out = []
+    for group in OPTION_GROUPS:
+        out += [field_option(name) for name, f in OPTION_FIELDS.items() if f.metadata["group"] == group
+                and (group in groups or name in include) and name not in exclude]
+        if group == "cluster" and slo:
+            out += slo_option_list()
+    return out
+
+
+def scenario_options(func=None, *, axes: bool = False, groups: tuple[str, ...] = OPTION_GROUPS,
+                     exclude: tuple[str, ...] = (), include: tuple[str, ...] = (), slo: bool = True):
+    """Decorate a command with the scenario options (``scenario_option_list``; ``axes``: as a
+    sweep's comma lists), their numeric values checked by the fields' rules before it runs."""
     if func is None:
-        return functools.partial(scenario_options, axes=axes)
-    return apply_options(check_values(func), scenario_option_list(), axes)
+        return functools.partial(scenario_options, axes=axes, groups=groups, exclude=exclude, include=include,
+                                 slo=slo)
+    checked = check_values(func, rules={**SCENARIO_VALUES, **FIELD_RULES})
+    return apply_options(checked, scenario_option_list(groups, exclude, include, slo), axes)
 
 
-def load_trace(trace_path: Path | None, workload: str, turns: int, chats: int, think_time: float | str,
-               trace_block_size: int | None, max_requests: int | None, seed: int,
-               reply_tokens: str | None = None, max_tokens: int | None = None, user_tokens: str | None = None,
-               start: str | float = 0.0, request_rate: float | None = None, arrival: str = "poisson",
-               speedup: float | None = None) -> Trace:
-    """The trace a command runs: a file, or a built-in workload drawn for run seed ``seed``.
+def click_error(exc: ScenarioError) -> click.ClickException:
+    """A scenario's error as the command line's: naming the field's flag where it has one."""
+    flag = FLAGS.get(exc.field) if exc.field else None
+    if flag is None:
+        return click.UsageError(str(exc))
+    return click.BadParameter(exc.reason, param_hint=f"'{flag}'")
 
-    ``think_time``, ``reply_tokens``, ``user_tokens`` and ``start`` are distributions
-    (:mod:`kvroute.traces.lengths`); random ones are drawn from ``workload_rng(seed)``. A
-    generated workload's sessions start at ``request_rate`` per second (``arrival`` process); a
-    file's timestamps are rescaled by ``speedup`` or to a mean ``request_rate``.
+
+def scenario_from_options(options: dict, **values) -> Scenario:
+    """The ``Scenario`` of a command's scenario options (``options``: parameter name -> value;
+    the names that are not fields are ignored) and ``values`` (more fields).
 
     Raises:
-        click.UsageError: ``--speedup`` without a trace file, or both ``--speedup`` and
-            ``--request-rate`` for one.
+        click.BadParameter: naming the flag of the field at fault (click.UsageError when the
+            message names the flags itself).
     """
-    from kvroute.traces import generators
-    from kvroute.traces.arrivals import rescale_conflict, rescaled
+    fields = {name: value for name, value in options.items() if name in SCENARIO_FIELDS}
+    fields.update(values)
+    if isinstance(fields.get("trace_file"), Path):
+        fields["trace_file"] = str(fields["trace_file"])
+    try:
+        return Scenario(**fields)
+    except ScenarioError as exc:
+        raise click_error(exc) from None
 
-    conflict = rescale_conflict(trace_path is not None, speedup, request_rate)
-    if conflict:
-        raise click.UsageError(conflict)
-    if trace_path is not None:
-        trace = read_any_trace(trace_path, trace_block_size)
-        if speedup is not None or request_rate is not None:
-            trace = rescaled(trace, speedup, request_rate)
-    else:
-        trace = generators.builtin_workload(workload, chats, turns, think_time, seed, reply_tokens,
-                                            max_tokens=max_tokens, user=user_tokens, start_s=start,
-                                            request_rate=request_rate, arrival=arrival)
-    if max_requests is not None:
-        trace = truncate(trace, max_requests)
-    return trace
+
+def scenario_trace(scenario: Scenario, round: int = 0) -> Trace:
+    """``scenario.trace(round)`` (the one trace loader) with click errors.
+
+    Raises:
+        click.BadParameter: the trace file does not exist.
+        click.ClickException: it cannot be read or parsed (the message names file, line and
+            field), or cannot be rescaled.
+    """
+    if scenario.trace_file is not None and not Path(scenario.trace_file).exists():
+        raise click.BadParameter(f"{scenario.trace_file} does not exist", param_hint="'--trace'")
+    try:
+        return scenario.trace(round)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def scenario_spec(scenario: Scenario, **changes) -> ClusterSpec:
+    """``scenario.spec(**changes)`` (the one ``ClusterSpec`` builder) with click errors.
+
+    Raises:
+        click.BadParameter: an unknown profile (listing the shipped ones) or a bad profile
+            file (``--profile``), more GPUs than workers (``--gpus``).
+        click.UsageError: any other cluster that cannot be built.
+    """
+    try:
+        profile = scenario.base_profile()
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
+    if scenario.gpus is not None and not 1 <= scenario.gpus <= scenario.workers:
+        raise click.BadParameter(f"must be between 1 and --workers ({scenario.workers}), got {scenario.gpus}",
+                                 param_hint="'--gpus'")
+    try:
+        return scenario.spec(profile, **changes)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def load_trace(trace_path: Path | None, workload: str, turns: int | None, chats: int | None,
+               think_time: float | str, trace_block_size: int | None, max_requests: int | None, seed: int,
+               reply_tokens: str | None = None, max_tokens: int | None = None, user_tokens: str | None = None,
+               start: str | float = 0.0, request_rate: float | None = None, arrival: str = "poisson",
+               speedup: float | None = None, history=None) -> Trace:
+    """The trace of these options for run seed ``seed``: ``scenario_trace`` of their ``Scenario``.
+
+    Raises:
+        click.UsageError, click.BadParameter, click.ClickException: as ``scenario_from_options``
+            and ``scenario_trace``.
+    """
+    scenario = scenario_from_options({}, trace_file=trace_path, workload=workload, turns=turns, chats=chats,
+                                     think_time_s=think_time, trace_block_size=trace_block_size,
+                                     max_requests=max_requests, seed=seed, reply=reply_tokens,
+                                     max_tokens=max_tokens, user=user_tokens, start_s=start,
+                                     request_rate=request_rate, arrival=arrival, speedup=speedup, history=history)
+    return scenario_trace(scenario)
 
 
 def read_any_trace(path: Path, block_size: int | None, fmt: str = "auto", count_tokens=None,
@@ -139,7 +233,8 @@ def parse_policies(text: str, param_hint: str = "--policies") -> list[str]:
     return specs
 
 
-DEFAULT_POLICIES = "round_robin,least_loaded,kv_aware"
+DEFAULT_POLICIES = ",".join(POLICY_SET)
+"""``--policies``' default: ``kvroute.sim.routing.DEFAULT_POLICIES``, the same on every command."""
 
 
 def policies_option(func):
@@ -148,38 +243,6 @@ def policies_option(func):
         "--policies", "policies_text", default=DEFAULT_POLICIES, show_default=True,
         help="Comma-separated policies, each optionally with parameters (dynamo:overlap_weight=2,temperature=0.5); "
              "the first is the baseline of the change columns. `kvroute policies` lists them.")(func)
-
-
-def router_option_list() -> list[Opt]:
-    """What the gateway sees and how many gateways there are (a sweep takes each as a comma list)."""
-    return [
-        Opt("--scrape-interval", "scrape_interval_s", type=float, default=0.0, show_default=True,
-            help="Seconds between the gateway's scrapes of each worker's /metrics (0: live)."),
-        Opt("--cache-view", type=click.Choice(CACHE_VIEWS), default="routed", show_default=True,
-            help="Cache state cache-aware policies read: the routed-prefix index, the workers' "
-                 "KV-cache events, or the exact caches."),
-        Opt("--kv-event-delay", "kv_event_delay_s", type=float, default=0.0, show_default=True,
-            help="Seconds before a worker's KV-cache event reaches the gateway (--cache-view events)."),
-        Opt("--gateways", type=int, default=1, show_default=True, help="Gateway replicas."),
-        Opt("--gateway-lb", type=click.Choice(["round_robin", "random"]), default="round_robin",
-            show_default=True, help="Front load balancer over the gateway replicas."),
-        Opt("--gateway-state", type=click.Choice(["local", "shared"]), default="local", show_default=True,
-            help="Session/prefix state per replica, or in one shared store."),
-        Opt("--store-latency", "store_latency_s", type=float, default=0.0, show_default=True,
-            help="Seconds each request waits on the shared store (lab's Redis: 0.05 before its fix, 0.001 after)."),
-    ]
-
-
-ROUTER_FIELDS = ("scrape_interval_s", "cache_view", "kv_event_delay_s", "gateways", "gateway_lb", "gateway_state",
-                 "store_latency_s")
-"""The parameters of ``router_option_list``, named as the ``ClusterSpec`` fields they set."""
-
-
-def router_options(func=None, *, axes: bool = False):
-    """Decorate a command with the gateway options (``axes``: as a sweep's comma lists)."""
-    if func is None:
-        return functools.partial(router_options, axes=axes)
-    return apply_options(func, router_option_list(), axes)
 
 
 def executor_options(func):
@@ -202,22 +265,10 @@ def executor_options(func):
 
 def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread: float, replay: str,
                max_model_len: int | None = None, kv_blocks: int | None = None) -> ClusterSpec:
-    """The ClusterSpec for the options; unknown profiles list the shipped names."""
-    if kv_blocks is not None and gpus is not None and gpus < workers:
-        raise click.UsageError("--kv-blocks sets each worker's blocks and cannot be combined with workers "
-                               "sharing GPUs, whose blocks follow vLLM's memory rule")
-    try:
-        profile = with_overrides(load_profile(profile_name), max_model_len, kv_blocks)
-    except (FileNotFoundError, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
-    closed = REPLAY_MODES[replay]
-    if gpus is not None and not 1 <= gpus <= workers:
-        raise click.BadParameter(f"must be between 1 and --workers ({workers}), got {gpus}", param_hint="'--gpus'")
-    try:
-        return ClusterSpec(profile, num_workers=workers, num_gpus=gpus, arrival_spread_s=arrival_spread,
-                           closed_loop=closed)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
+    """The ClusterSpec of these options: ``scenario_spec`` of their ``Scenario``."""
+    return scenario_spec(scenario_from_options({}, profile=profile_name, workers=workers, gpus=gpus,
+                                               arrival_spread_s=arrival_spread, replay=replay,
+                                               max_model_len=max_model_len, kv_blocks=kv_blocks))
 
 
 def describe(trace: Trace, spec: ClusterSpec) -> str:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from kvroute.cli.scenario import parse_policies, read_any_trace, scenario_options, truncate, with_errors
+from kvroute.cli.scenario import (parse_policies, policies_option, scenario_from_options, scenario_options,
+                                 scenario_trace, with_errors)
 
 
 def _pair(text: str, hint: str) -> tuple[float, float]:
@@ -22,8 +23,7 @@ def _pair(text: str, hint: str) -> tuple[float, float]:
 
 @click.command("sensitivity")
 @scenario_options
-@click.option("--policies", "policies_text", default="round_robin,kv_aware", show_default=True,
-              help="Comma-separated policies; every later one also reports its change against the first.")
+@policies_option
 @click.option("--trajectories", type=click.IntRange(min=2), default=12, show_default=True,
               help="Morris trajectories; the design has trajectories x (factors + 1) points.")
 @click.option("--levels", type=int, default=4, show_default=True, help="Morris grid levels (even).")
@@ -53,9 +53,7 @@ def _pair(text: str, hint: str) -> tuple[float, float]:
 @with_errors
 def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, design_seed, prior_range, coverage,
                 jitter_cv_range, kv_range, spread_range, groups, executor, max_workers, json_out, out,
-                workload, trace_path, trace_block_size, max_requests, turns, chats, think_time, reply_tokens,
-                max_tokens, user_tokens, start, request_rate, arrival, speedup, workers, gpus, profile_name,
-                max_model_len, kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot):
+                slo_ttft, slo_tpot, **options):
     """Rank the scenario's uncertain inputs by how much each moves the headline metrics.
 
     Morris's elementary effects (SALib) over the step-cost coefficients (their bootstrap range
@@ -63,11 +61,8 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     the KV capacity and the start spread. The table gives mu*: the mean absolute change of a
     metric when the factor crosses its range (signed + / - for a monotone effect, ~ otherwise).
     """
-    from kvroute.sim.cluster.cluster import REPLAY_MODES
     from kvroute.sim.cluster.metrics import ServiceClass
-    from kvroute.sim.timing.profile import with_overrides
     from kvroute.sim.study.sensitivity import FACTOR_GROUPS, Ranges, base_profile, default_factors, run_sensitivity
-    from kvroute.sim.study.sweep import Scenario
 
     policies = parse_policies(policies_text)
     try:
@@ -75,43 +70,30 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
                         _pair(spread_range, "--spread-range"))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    trace = None
-    if trace_path is not None:
-        trace = read_any_trace(trace_path, trace_block_size)
-        if max_requests is not None:
-            trace = truncate(trace, max_requests)
-        if speedup is not None or request_rate is not None:
-            from kvroute.traces.arrivals import rescaled
-
-            trace = rescaled(trace, speedup, None if speedup is not None else request_rate)
-    elif max_requests is not None or speedup is not None:
-        raise click.UsageError("--max-requests and --speedup apply to --trace files")
-    scenario = Scenario(workload=workload, chats=chats, turns=turns, think_time_s=think_time, reply=reply_tokens,
-                        max_tokens=max_tokens, user=user_tokens, start_s=start, request_rate=request_rate,
-                        arrival=arrival, profile=profile_name,
-                        workers=workers, gpus=gpus, policy=policies[0], kv_blocks=kv_blocks,
-                        arrival_spread_s=arrival_spread, seed=seed)
+    scenario = scenario_from_options(options, policy=policies[0])
+    # a trace file is read once, the same records at every point (a generated workload is drawn
+    # anew whenever a factor changes the scenario)
+    trace = scenario_trace(scenario) if scenario.trace_file is not None else None
     try:
         profile = base_profile(scenario)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
-    profile = with_overrides(profile, max_model_len=max_model_len or None)
     names = [g.strip() for g in groups.split(",") if g.strip()] if groups else None
     if names is None and trace is not None:
         names = [g for g in FACTOR_GROUPS if g != "workload"]  # a trace file's lengths are given
     factors = default_factors(scenario, profile, ranges, names)
-    closed = REPLAY_MODES[replay]
     start = time.perf_counter()
     result = run_sensitivity(scenario, policies, factors, ranges, trajectories, levels, rounds, design_seed,
-                             noise_rounds, profile, trace, closed, executor, max_workers,
+                             noise_rounds, profile, trace, None, executor, max_workers,
                              progress=not json_out and sys.stderr.isatty(), slo=ServiceClass(slo_ttft, slo_tpot))
     wall = time.perf_counter() - start
     result.settings["wall_s"] = round(wall, 2)
-    source = trace.source if trace is not None else f"{workload}: {chats} chats x {turns} turns"
+    chats, turns = scenario.sizes
+    source = trace.source if trace is not None else f"{scenario.workload}: {chats} chats x {turns} turns"
     if json_out:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
-        click.echo(f"{source} | {workers} workers | profile {profile.name} | {len(factors)} factors, "
+        click.echo(f"{source} | {scenario.workers} workers | profile {profile.name} | {len(factors)} factors, "
                    f"{trajectories} trajectories x {levels} levels = {result.settings['points']} points, "
                    f"{rounds} round(s) each, policies {', '.join(policies)}\n")
         click.echo(result.format_table())

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import click
 
-import dataclasses
-
 from kvroute.cli.config import config_option
 from kvroute.cli.values import check_values
 from kvroute.sim.cluster.collector import paused_collector
 from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
-from kvroute.cli.scenario import (build_spec, describe, executor_options, load_trace, parse_policies, policies_option,
-                                 router_options, scenario_options, with_errors)
+from kvroute.cli.scenario import (describe, executor_options, parse_policies, policies_option, scenario_from_options,
+                                 scenario_options, scenario_spec, scenario_trace, with_errors)
+from kvroute.sim.routing import DEFAULT_POLICIES
 from kvroute.sim.cluster.metrics import ServiceClass
 
 
@@ -56,31 +55,23 @@ def _progress_bar(disable: bool, **kwargs):
     return tqdm(file=sys.stderr, **kwargs)
 
 
-def _run(policies, rounds, json_out, out, records_format, workload, trace_path, trace_block_size, max_requests, turns, chats,
-         think_time, reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup, workers, gpus, profile_name, max_model_len,
-         kv_blocks, arrival_spread, replay, seed, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
-         quiet=False, time_series=False, executor=("sequential", None, None), **router):
+def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
+         quiet=False, time_series=False, executor=("sequential", None, None)):
     from kvroute.sim.study.experiment import compare as run_compare
     from kvroute.sim.study.experiment import format_table
 
     if time_series and out is None:
         raise click.UsageError("--time-series writes its files under --out: give --out DIR")
 
+    seed, trace_path = scenario.seed, scenario.trace_file
+
     def trace_for(run_seed: int):
-        return load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, run_seed,
-                          reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup)
+        return scenario_trace(scenario, run_seed - seed)
 
     trace = trace_for(seed)
     # A generated workload draws its lengths per round; a trace file is the same in every round.
     rounds_trace = trace if trace_path is not None else trace_for
-    spec = build_spec(profile_name, workers, gpus, arrival_spread, replay, max_model_len, kv_blocks)
-    if router:
-        try:
-            spec = dataclasses.replace(spec, **router)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from exc
-    if time_series:
-        spec = dataclasses.replace(spec, record_series=True)
+    spec = scenario_spec(scenario, record_series=time_series)
     if out is not None:  # before the work: ~300 bytes per record row, plus a plot
         check_output(out, 300 * len(trace.records) * len(policies) * rounds + (1 << 20), is_dir=True)
     header = describe(trace, spec)
@@ -134,7 +125,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         records = comparison.records()
         peak = peak_in_flight(records)
         for line in (_failure_note(comparison),
-                     _unmeasured_note(spec.profile, trace_path is None and workload == "seed-chat" and reply_tokens is None,
+                     _unmeasured_note(spec.profile, trace_path is None and scenario.workload == "seed-chat"
+                                      and scenario.reply is None,
                                       uncertainty),
                      _frontend_note(spec.profile, peak), run_note(spec.profile, records, peak),
                      _speed_note(spec.profile, spec.num_workers)):
@@ -144,7 +136,8 @@ def _run(policies, rounds, json_out, out, records_format, workload, trace_path, 
         _write_outputs(comparison, out, header, json_out, records_format)
         if time_series:
             _write_series(comparison, out, header, json_out)
-        _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), request_rate, arrival)
+        _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), scenario.request_rate,
+                             scenario.arrival)
         _write_provenance(out, trace_path, trace_for, spec, seed, rounds)
         if uncertainty:
             uncertain.summaries.to_csv(out / "uncertainty.csv", index=False)
@@ -261,7 +254,6 @@ def output_options(func):
 @click.command()
 @config_option
 @scenario_options
-@router_options
 @policies_option
 @click.option("--rounds", type=int, default=3, show_default=True, help="Seeded rounds per policy.")
 @click.option("--uncertainty", type=int, default=0, show_default=True,
@@ -275,30 +267,30 @@ def output_options(func):
 @check_values
 @with_errors
 def compare(policies_text, rounds, uncertainty, prior_range, executor, address, max_workers, json_out, out,
-            records_format, quiet, time_series, **scenario):
+            records_format, quiet, time_series, slo_ttft, slo_tpot, **options):
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
     if address is not None:
         executor = "dask"
     with paused_collector():
-        _run(parse_policies(policies_text), rounds, json_out, out, records_format, **scenario, uncertainty=uncertainty,
-             prior_range=prior_range, quiet=quiet, time_series=time_series, executor=(executor, address, max_workers))
+        _run(parse_policies(policies_text), rounds, json_out, out, records_format, scenario_from_options(options),
+             slo_ttft, slo_tpot, uncertainty=uncertainty, prior_range=prior_range, quiet=quiet, time_series=time_series,
+             executor=(executor, address, max_workers))
 
 
 @click.command()
 @config_option
 @scenario_options
-@router_options
-@click.option("--policy", default="kv_aware", show_default=True,
+@click.option("--policy", default=DEFAULT_POLICIES[0], show_default=True,
               help="Routing policy, optionally with parameters (sglang:cache_threshold=0.5).")
 @click.option("--rounds", type=int, default=1, show_default=True, help="Seeded rounds.")
 @output_options
 @check_values
 @with_errors
-def simulate(policy, rounds, json_out, out, records_format, quiet, time_series, **scenario):
+def simulate(policy, rounds, json_out, out, records_format, quiet, time_series, slo_ttft, slo_tpot, **options):
     """Simulate one routing policy and print its summary."""
     with paused_collector():
-        _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, **scenario, quiet=quiet,
-             time_series=time_series)
+        _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, scenario_from_options(options),
+             slo_ttft, slo_tpot, quiet=quiet, time_series=time_series)
 
 
 def _failure_note(comparison) -> str:

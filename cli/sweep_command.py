@@ -10,28 +10,14 @@ import click
 import pandas as pd
 
 from kvroute.cli.config import config_option
-from kvroute.cli.lengths import length_value
-from kvroute.cli.scenario import (ROUTER_FIELDS, executor_options, parse_policies, policies_option, read_any_trace,
-                                 router_options, scenario_options, with_errors)
-from kvroute.cli.values import Axis
+from kvroute.cli.scenario import (SCENARIO_FIELDS, click_error, executor_options, parse_policies, policies_option,
+                                 scenario_options, scenario_trace, with_errors)
 from kvroute.traces.outputs import atomic_output, check_output
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass
 from kvroute.sim.timing.profile import load_profile
-from kvroute.sim.study.sweep import COUNTER_COLUMNS, Scenario, SweepInterrupted, grid, intervals, sweep
+from kvroute.sim.study.sweep import COUNTER_COLUMNS, Scenario, ScenarioError, SweepInterrupted, grid, intervals, sweep
 
 DEFAULT_SHOW = "time_to_complete_s,later_ttft_mean_s,later_ttft_p90_s,hit_rate"
-
-
-SCENARIO_FIELD = {
-    "workload": "workload", "trace_path": "trace_file", "trace_block_size": "trace_block_size",
-    "max_requests": "max_requests", "turns": "turns", "chats": "chats", "reply_tokens": "reply",
-    "max_tokens": "max_tokens", "user_tokens": "user", "think_time": "think_time_s", "start": "start_s",
-    "request_rate": "request_rate", "arrival": "arrival", "speedup": "speedup", "workers": "workers",
-    "gpus": "gpus", "profile_name": "profile", "max_model_len": "max_model_len", "kv_blocks": "kv_blocks",
-    "arrival_spread": "arrival_spread_s", "replay": "replay", "seed": "seed", "history": "history",
-    "policies_text": "policy", **{name: name for name in ROUTER_FIELDS},
-}
-"""Option parameter -> ``Scenario`` field, for every scenario option of ``sweep``."""
 
 
 def _choices(text: str, valid: tuple[str, ...] | list[str], hint: str) -> list[str]:
@@ -91,9 +77,6 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
 @click.command("sweep")
 @config_option
 @scenario_options(axes=True)
-@router_options(axes=True)
-@click.option("--history", type=Axis(item=length_value), default=None,
-              help="Agent prompt tokens, comma list of H (meaning H/2-H) or LOW-HIGH ranges [8000-32000].")
 @policies_option
 @click.option("--rounds", type=int, default=3, show_default=True, help="Seeded rounds per scenario.")
 @executor_options
@@ -127,17 +110,16 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
         raise click.BadParameter(f"{out} must end in .parquet or .csv", param_hint="'--out'")
     if address is not None:
         executor = "dask"
-    _check_profiles(options["profile_name"])
-    if options["history"] is not None and "seed-chat" in options["workload"] and options["trace_path"] is None:
-        raise click.BadParameter("applies to --workload agent only", param_hint="'--history'")
-    trace_path = options["trace_path"]
+    _check_profiles(options["profile"])
+    trace_path = options["trace_file"]
     if trace_path is not None:  # read once here: a bad file is one error, not a failed row per point
-        read_any_trace(trace_path, options["trace_block_size"])
-        options["trace_path"] = str(trace_path.resolve())
-    options["policies_text"] = parse_policies(policies_text)
-    fields = {SCENARIO_FIELD[name]: value for name, value in options.items() if value is not None}
+        scenario_trace(Scenario(trace_file=str(trace_path), trace_block_size=options["trace_block_size"]))
+        options["trace_file"] = str(trace_path.resolve())
+    fields = {name: value for name, value in options.items() if value is not None and name in SCENARIO_FIELDS}
     try:
-        scenarios = grid(**fields)
+        scenarios = grid(**fields, policy=parse_policies(policies_text))
+    except ScenarioError as exc:
+        raise click_error(exc) from None
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if out is not None:  # before the work: about 1 KB per row

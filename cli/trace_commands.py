@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from kvroute.cli.lengths import workload_length_options
-from kvroute.cli.scenario import read_any_trace
+from kvroute.cli.scenario import read_any_trace, scenario_from_options, scenario_options
 from kvroute.cli.values import check_values
 
 
@@ -30,15 +29,12 @@ def _check_out(out: Path) -> None:
 @trace.command()
 @click.argument("kind", type=click.Choice(["seed-chat", "agent"]))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
-@click.option("--chats", type=int, default=None, help="Chats (seed-chat, default 64) or sessions (agent, default 16).")
-@click.option("--turns", type=int, default=None, help="Turns per chat (seed-chat 6, agent 10).")
-@workload_length_options
+@scenario_options(groups=("workload",), exclude=("workload",), include=("speedup",), slo=False)
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the length draws (the same as a simulation round with this seed draws).")
 @click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per hash_ids block.")
 @check_values
-def generate(kind, out, chats, turns, seed, block_size, reply_tokens, max_tokens, user_tokens, think_time, start,
-             request_rate, arrival, speedup):
+def generate(kind, out, seed, block_size, speedup, **options):
     """Write a generated workload as a kvroute trace, with every drawn length written out.
 
     The file replays exactly: `kvroute simulate --trace FILE` gives the records of the built-in
@@ -50,11 +46,12 @@ def generate(kind, out, chats, turns, seed, block_size, reply_tokens, max_tokens
     _check_out(out)
     if speedup is not None:
         raise click.UsageError("--speedup rescales a trace file (kvroute simulate --trace FILE --speedup X)")
-    chats = chats or (64 if kind == "seed-chat" else 16)
-    turns = turns or (6 if kind == "seed-chat" else 10)
-    result = generators.builtin_workload(kind, chats, turns, think_time, seed, reply_tokens,
-                                         max_tokens=max_tokens, user=user_tokens, start_s=start,
-                                         block_size=block_size, request_rate=request_rate, arrival=arrival)
+    scenario = scenario_from_options(options, workload=kind, seed=seed)  # its checks, its sizes
+    chats, turns = scenario.sizes
+    result = generators.builtin_workload(kind, chats, turns, scenario.think_time_s, seed, scenario.reply,
+                                         scenario.history_range, max_tokens=scenario.max_tokens, user=scenario.user,
+                                         start_s=scenario.start_s, block_size=block_size,
+                                         request_rate=scenario.request_rate, arrival=scenario.arrival)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(result, out)
     click.echo(f"wrote {len(result.records)} requests to {out}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from kvroute.cli.lengths import workload_length_options
+from kvroute.cli.scenario import DEFAULT_POLICIES, scenario_from_options, scenario_options
 from kvroute.cli.values import check_urls, check_values
 from kvroute.traces.outputs import check_output
 
@@ -20,7 +20,7 @@ def _policies(single: tuple[str, ...], joined: str | None) -> list[str]:
     from kvroute.cli.scenario import parse_policies
 
     names = [p for text in (*single, joined or "") for p in text.split(",") if p.strip()]
-    return parse_policies(",".join(names) or "round_robin")
+    return parse_policies(",".join(names) or DEFAULT_POLICIES)
 
 
 def _token_range(text: str | None) -> tuple[int, int] | None:
@@ -34,17 +34,11 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Trace file (kvroute/Mooncake JSONL or Azure CSV); default: the built-in --workload.")
-@click.option("--trace-block-size", type=int, default=None, help="Tokens per hash_ids block when the file does not say.")
-@click.option("--max-requests", type=int, default=None, help="Use only the first N records of the trace.")
-@click.option("--workload", type=click.Choice(["seed-chat", "agent"]), default="seed-chat", show_default=True,
-              help="Built-in workload when no --trace is given.")
-@click.option("--chats", type=int, default=8, show_default=True, help="Chats of the built-in workload.")
-@click.option("--turns", type=int, default=4, show_default=True, help="Turns per chat of the built-in workload.")
+@scenario_options(groups=("workload", "trace"), slo=False)
 @click.option("--url", "urls", multiple=True, required=True, help="vLLM server base URL; repeat, one per worker.")
 @click.option("--policy", "policy", multiple=True, help="Routing policy; repeat to compare several.")
-@click.option("--policies", "policies_text", default=None, help="Comma-separated policies (same as repeated --policy).")
+@click.option("--policies", "policies_text", default=None,
+              help=f"Comma-separated policies (same as repeated --policy) [{DEFAULT_POLICIES}].")
 @click.option("--profile", "profile_name", default="cpu-tiny-qwen2", show_default=True,
               help="Profile (shipped name or JSON file) for step costs and overheads; engine settings come from the servers.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
@@ -52,7 +46,7 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @click.option("--max-in-flight", type=int, default=None, help="Most requests outstanding at the client (1: one at a time).")
 @click.option("--replay", type=click.Choice(["auto", "closed", "open"]), default="auto", show_default=True,
               help="closed: later turns wait for their parent; open: trace timestamps.")
-@click.option("--arrival-spread", type=float, default=0.0, show_default=True,
+@click.option("--arrival-spread", "arrival_spread_s", type=float, default=0.0, show_default=True,
               help="The simulation's start jitter of root requests, s.")
 @click.option("--rounds", type=int, default=10, show_default=True,
               help="Seeded simulation rounds averaged (the report gives the mean's 95 % interval).")
@@ -67,7 +61,6 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @click.option("--token-range", default=None, help="LO:HI prompt token ids (default: from the model's tokenizer).")
 @click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engines'.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds simulation rounds and prompt tokens.")
-@workload_length_options
 @click.option("--client-lag", default="measured", show_default=True,
               help="Seconds the simulation adds before every later turn, for the live client's own send delay; "
                    "'measured': run the live replays first, then give each simulated later turn a lag drawn from "
@@ -85,11 +78,9 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
               help="Also keep every output token's arrival time, live and simulated (tokens_live.parquet, "
                    "tokens_sim.parquet).")
 @check_values
-def validate(trace_path, trace_block_size, max_requests, workload, chats, turns, urls, policy, policies_text,
-             profile_name, out_dir, max_in_flight, replay, arrival_spread, rounds, live_rounds, timeout,
-             router_block_tokens,
-             model, token_range, client_cores, seed, client_lag, uncertainty, prior_range, reply_tokens, max_tokens,
-             user_tokens, think_time, start, request_rate, arrival, speedup, kv_events, record_tokens):
+def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, replay, arrival_spread_s, rounds,
+             live_rounds, timeout, router_block_tokens, model, token_range, client_cores, seed, client_lag,
+             uncertainty, prior_range, kv_events, record_tokens, **options):
     """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
     same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate,
     per-worker hit tokens). Ctrl-C writes what was measured so far.
@@ -105,11 +96,12 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     from kvroute.calibrate.live.server import pinned
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import report_markdown, write_report
-    from kvroute.cli.scenario import load_trace
+    from kvroute.cli.scenario import scenario_trace
     from kvroute.sim.cluster.cluster import REPLAY_MODES
     from kvroute.sim.timing.profile import load_profile
 
     check_urls(urls)
+    scenario = scenario_from_options(options, seed=seed)  # the workload: checked before any connection
     if kv_events:
         try:
             check_endpoints(kv_events, len(urls))
@@ -121,11 +113,11 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
     names = _policies(policy, policies_text)
     created = not Path(out_dir).exists()  # removed again if the run fails before writing anything
     try:  # before any work: ~1 KB per record per policy and round, simulated or live
-        check_output(out_dir, 1024 * len(names) * (rounds + live_rounds) * (max_requests or 10**4), is_dir=True)
+        check_output(out_dir, 1024 * len(names) * (rounds + live_rounds) * (scenario.max_requests or 10**4),
+                     is_dir=True)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    trace = load_trace(trace_path, workload, turns, chats, think_time, trace_block_size, max_requests, seed,
-                       reply_tokens, max_tokens, user_tokens, start, request_rate, arrival, speedup)
+    trace = scenario_trace(scenario)
     try:
         profile = load_profile(profile_name)
     except (FileNotFoundError, ValueError) as exc:
@@ -146,7 +138,7 @@ def validate(trace_path, trace_block_size, max_requests, workload, chats, turns,
         if not 0.0 <= client_lag <= 1e9:
             raise click.BadParameter(f"must be a finite number >= 0 (seconds) or 'measured', got {client_lag!r}",
                                      param_hint="'--client-lag'")
-    spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread, router_block_tokens,
+    spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread_s, router_block_tokens,
                           timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
                           prior_range, live_rounds=live_rounds, record_tokens=record_tokens,
                           kv_event_endpoints=tuple(kv_events))

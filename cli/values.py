@@ -17,16 +17,7 @@ from kvroute.traces.inputs import (BLOCK_SIZE, COUNT, POSITIVE_INT, SECONDS, TOK
 POSITIVE_SECONDS = Num(minimum=0.0, above=True, unit="s")
 
 SCENARIO_VALUES: dict[str, Num] = {
-    "trace_block_size": BLOCK_SIZE,
-    "max_requests": POSITIVE_INT,
-    "turns": POSITIVE_INT,
-    "chats": POSITIVE_INT,
-    "think_time": SECONDS,
-    "workers": POSITIVE_INT,
-    "gpus": POSITIVE_INT,
     "max_model_len": TOKENS,
-    "kv_blocks": Num(integer=True, minimum=2),
-    "arrival_spread": SECONDS,
     "seed": COUNT,
     "slo_ttft": POSITIVE_SECONDS,
     "slo_tpot": POSITIVE_SECONDS,
@@ -40,8 +31,9 @@ SCENARIO_VALUES: dict[str, Num] = {
     "client_lag": SECONDS,
     "max_len": TOKENS,
 }
-"""Rules of the numeric options of every command, by parameter name. A command checks the
-names it has; values left at None (not given, no default) are not checked."""
+"""Rules of the numeric options of every command, by parameter name, but the scenario's: those
+are its fields' (``kvroute.cli.scenario.FIELD_RULES``, which ``scenario_options`` adds). A
+command checks the names it has; values left at None (not given, no default) are not checked."""
 
 
 def check_values(func=None, *, rules: dict[str, Num] = SCENARIO_VALUES):
@@ -116,6 +108,15 @@ class Axis(click.ParamType):
         list (a ``(low, high)`` range as ``"low-high"``)."""
         items = [f"{v[0]}-{v[1]}" if isinstance(v, tuple) else v for v in values]
         return items[0] if len(items) == 1 else ",".join(map(str, items))
+
+
+class AliasedOption(click.Option):
+    """A click option that a ``--config`` scenario file may also name by ``aliases`` (earlier
+    parameter names of the option)."""
+
+    def __init__(self, *args, aliases: tuple[str, ...] = (), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.aliases = tuple(aliases)
 
 
 class Opt:

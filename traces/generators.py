@@ -299,6 +299,11 @@ class _BlockIds:
 
 BUILTIN_WORKLOADS = ("seed-chat", "agent")
 
+WORKLOAD_SIZES: dict[str, tuple[int, int]] = {"seed-chat": (64, 6), "agent": (16, 10)}
+"""Each built-in workload's default (chats or sessions, turns): the lab's seed burst, and the
+agent generator's 16 sessions of up to 10 turns (``agent_sessions``'s defaults). Every command and
+``Scenario`` takes a size left unset (None) from here."""
+
 SEED_CHAT_MAX_TOKENS = 128
 """The lab's reply limit: "128-token replies" (``../shared/seed-study.md``), read as ``max_tokens``."""
 
@@ -322,8 +327,8 @@ def workload_rng(seed: int) -> np.random.Generator:
 
 def builtin_workload(
     name: str,
-    chats: int,
-    turns: int,
+    chats: int | None,
+    turns: int | None,
     think_time_s: float | Dist | str = 0.0,
     seed: int = 0,
     reply: int | tuple[int, int] | Dist | str | None = None,
@@ -340,8 +345,9 @@ def builtin_workload(
 
     Args:
         name: ``"seed-chat"`` (the lab's burst) or ``"agent"`` (long-history sessions).
-        chats: chats or sessions.
-        turns: turns per chat (the agent generator may stop a session earlier).
+        chats: chats or sessions; None: the workload's default (``WORKLOAD_SIZES``).
+        turns: turns per chat (the agent generator may stop a session earlier); None: the
+            workload's default.
         think_time_s: seconds between a reply's last token and the next turn: a number or a
             distribution (:mod:`kvroute.traces.lengths`).
         seed: the run's seed; random lengths are drawn from ``workload_rng(seed)``, so every
@@ -364,6 +370,10 @@ def builtin_workload(
     Raises:
         ValueError: for an unknown name (the message lists the valid ones) or a bad distribution.
     """
+    if name in WORKLOAD_SIZES:
+        default_chats, default_turns = WORKLOAD_SIZES[name]
+        chats = default_chats if chats is None else chats
+        turns = default_turns if turns is None else turns
     rng = workload_rng(seed)
     trace = _generate(name, chats, turns, think_time_s, rng, reply, history, max_tokens, user, start_s, block_size)
     if request_rate is None:

@@ -38,7 +38,13 @@ from kvroute.sim.routing import sglang, dynamo, llmd, session_affinity, power_of
 from kvroute.sim.routing.view import CACHE_VIEWS, LOAD_SIGNALS  # noqa: E402
 from kvroute.sim.routing.signals import KVEventIndex, MetricsScrape  # noqa: E402
 
+DEFAULT_POLICIES = ("round_robin", "least_loaded", "kv_aware")
+"""The policies every command that compares policies runs by default (``compare``, ``sweep``,
+``sensitivity``, ``validate``), the first the baseline of the change columns. One policy left
+unset (``ClusterSpec.policy``, ``Scenario.policy``, ``simulate --policy``) is the first:
+round_robin, what a vLLM deployment without a cache-aware router does."""
+
 __all__ = [
-    "CACHE_VIEWS", "KVEventIndex", "LOAD_SIGNALS", "MetricsScrape", "POLICIES", "Policy", "RouteRequest", "RouterView", "check_spec", "load_user_policies", "make_policy", "parse_spec",
+    "CACHE_VIEWS", "DEFAULT_POLICIES", "KVEventIndex", "LOAD_SIGNALS", "MetricsScrape", "POLICIES", "Policy", "RouteRequest", "RouterView", "check_spec", "load_user_policies", "make_policy", "parse_spec",
     "pick_max", "pick_min", "policy_params", "register", "router_rng", "split_specs",
 ]

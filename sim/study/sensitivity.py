@@ -36,11 +36,12 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.cluster.cluster import REPLAY_MODES, simulate
 from kvroute.sim.timing.cost_model import StepCost
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass, summarize
-from kvroute.sim.timing.profile import Profile, load_profile
-from kvroute.sim.study.sweep import Scenario
+from kvroute.sim.routing import DEFAULT_POLICIES
+from kvroute.sim.timing.profile import Profile
+from kvroute.sim.study.scenario import Scenario
 from kvroute.sim.timing.uncertainty import PRIOR_RANGE, coefficient, with_coefficients
 from kvroute.traces.format import Trace
 from kvroute.traces.generators import SEED_CHAT_REPLY, SEED_CHAT_USER
@@ -264,11 +265,9 @@ FACTOR_GROUPS: dict[str, FactorBuilder] = {
 
 
 def base_profile(scenario: Scenario) -> Profile:
-    """The scenario's profile with its ``kv_blocks`` override applied (as ``Scenario.spec``)."""
-    profile = load_profile(scenario.profile)
-    if scenario.kv_blocks is not None:
-        profile = replace(profile, engine=replace(profile.engine, num_gpu_blocks=scenario.kv_blocks), memory=None)
-    return profile
+    """The scenario's profile with its ``max_model_len`` and ``kv_blocks`` overrides applied
+    (``Scenario.base_profile``, as ``Scenario.spec`` takes it)."""
+    return scenario.base_profile()
 
 
 def default_factors(scenario: Scenario, profile: Profile | None = None, ranges: Ranges = Ranges(),
@@ -318,8 +317,7 @@ def evaluate(point: _Point) -> dict[str, float]:
     traces = [point.trace if point.trace is not None else s.trace(r) for r in range(point.rounds)]
     means: dict[str, dict[str, float]] = {}
     for policy in point.policies:
-        spec = ClusterSpec(point.profile, num_workers=s.workers, num_gpus=s.gpus, policy=policy,
-                           arrival_spread_s=s.arrival_spread_s, closed_loop=point.closed_loop)
+        spec = s.spec(point.profile, policy=policy, closed_loop=point.closed_loop)
         rows = [summarize(simulate(traces[r], spec, seed=s.seed + r), point.slo) for r in range(point.rounds)]
         means[policy] = {m: float(np.mean([row[m] for row in rows])) for m in HEADLINE_METRICS}
     out = {f"{p}:{m}": means[p][m] for p in point.policies for m in HEADLINE_METRICS}
@@ -485,7 +483,7 @@ def _num(v) -> float | None:
 
 def run_sensitivity(
     scenario: Scenario,
-    policies: list[str] | tuple[str, ...] = ("round_robin", "kv_aware"),
+    policies: list[str] | tuple[str, ...] = DEFAULT_POLICIES,
     factors: list[Factor] | None = None,
     ranges: Ranges = Ranges(),
     trajectories: int = 10,
@@ -516,7 +514,8 @@ def run_sensitivity(
         profile: the base profile (default: the scenario's, with its ``kv_blocks``).
         trace: a fixed trace (a file); default: the scenario's built-in workload, rebuilt
             whenever a factor changes the scenario.
-        closed_loop: as ``ClusterSpec.closed_loop`` (None: closed loop for traces with sessions).
+        closed_loop: as ``ClusterSpec.closed_loop``; None: the scenario's ``replay`` (whose
+            ``auto`` is closed loop for traces with sessions).
         executor: ``"local"`` (process pool) or ``"sequential"``.
         max_workers: processes of the pool (default: the CPU count).
         progress: a progress bar on stderr.
@@ -545,6 +544,7 @@ def run_sensitivity(
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
     profile = profile or base_profile(scenario)
+    closed_loop = REPLAY_MODES[scenario.replay] if closed_loop is None else closed_loop
     factors = default_factors(scenario, profile, ranges) if factors is None else list(factors)
     names = [f.name for f in factors]
     if len(factors) < 2:
@@ -598,7 +598,7 @@ def run_sensitivity(
             rows.append({"output": out, "factor": name, "mu": float(res["mu"][i]), "mu_star": float(res["mu_star"][i]),
                          "sigma": float(res["sigma"][i]), "mu_star_conf": float(res["mu_star_conf"][i]),
                          "rank": int(rank[i])})
-    settings = {"scenario": asdict(scenario), "profile": profile.name, "trajectories": trajectories, "levels": levels,
+    settings = {"scenario": scenario.label(), "profile": profile.name, "trajectories": trajectories, "levels": levels,
                 "rounds": rounds, "noise_rounds": noise_rounds, "seed": seed, "executor": executor,
                 "points": len(X), "ranges": asdict(ranges)}
     return SensitivityResult(factors, policies, outputs, pd.concat([design, values], axis=1), pd.DataFrame(rows),

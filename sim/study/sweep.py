@@ -1,6 +1,6 @@
 """Sweeps: grids of scenarios run on a process pool or a Dask cluster, as one tidy DataFrame.
 
-A :class:`Scenario` names a workload, a cluster and a policy; ``run_scenario(scenario, round)``
+A :class:`~kvroute.sim.study.scenario.Scenario` names a workload, a cluster and a policy; ``run_scenario(scenario, round)``
 simulates it with seed ``scenario.seed + round`` and returns one row. The trace is built from the
 scenario alone (the agent workload draws it from ``scenario.seed``), and the spec the same way
 ``kvroute compare`` builds it, so a sweep row equals the matching row of
@@ -22,27 +22,21 @@ the same scenarios):
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import sys
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 from typing import Any, Iterable
 
 import pandas as pd
 from tqdm import tqdm
 
-from kvroute.sim.cluster.cluster import REPLAY_MODES, ClusterSpec, simulate
+from kvroute.sim.cluster.cluster import simulate
 from kvroute.sim.study.executors import EXECUTORS, Stop, interrupts_as_keyboard, run_tasks
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass, summarize, summarize_rounds
-from kvroute.sim.timing.profile import Profile, load_profile, with_overrides
-from kvroute.sim.routing import check_spec
-from kvroute.traces import generators
-from kvroute.traces.format import Trace, truncate
-from kvroute.traces.arrivals import parse_arrival, rescale_conflict, rescaled
-from kvroute.traces.lengths import parse_dist
-
-WORKLOADS = ("seed-chat", "agent")
+from kvroute.sim.study.scenario import (  # noqa: F401 - Scenario's names, also this module's
+    GENERATOR_FIELDS, SCENARIO_FIELDS, WORKLOADS, Scenario, ScenarioError,
+)
 
 COUNTER_COLUMNS: dict[str, str] = {
     "num_requests": "requests in the trace",
@@ -55,204 +49,6 @@ COUNTER_COLUMNS: dict[str, str] = {
     "busy_time_s": "GPU busy time, all workers (s)",
 }
 """Columns a row has besides the scenario fields and ``SUMMARY_METRICS``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    """One simulated scenario (everything but the round).
-
-    Attributes:
-        workload: ``"seed-chat"`` (the lab's burst) or ``"agent"`` (long-history sessions).
-        chats: chats (seed-chat) or sessions (agent).
-        turns: turns per chat; an agent session stops earlier when its history would exceed
-            the history range's top.
-        reply: where replies stop, tokens: an int (exact), a ``(low, high)`` uniform range or a
-            distribution in ``kvroute.traces.lengths`` syntax (e.g. ``"lognormal:150:1"``); None
-            keeps the generator's default (seed-chat: the fitted default capped at 128; agent
-            50-300).
-        history: agent only: prompt tokens, a ``(low, high)`` range (turn 1 drawn uniformly in
-            it, later turns grow until they would pass ``high``) or an int ``H`` meaning
-            ``(H // 2, H)``; None keeps the generator's default (8000, 32000).
-        think_time_s: seconds between a reply's last token and the next turn (a number or a
-            distribution).
-        max_tokens: the requests' reply limit; None keeps the default (seed-chat 128, agent none).
-        user: seed-chat: tokens of each user message; agent: new tokens per later turn (a number
-            or a distribution); None keeps the default.
-        start_s: seed-chat: each chat's first send, s (a number or a distribution).
-        request_rate: sessions started per second (None: all at once); later turns follow
-            closed-loop.
-        arrival: the sessions' arrival process (``poisson``, ``gamma:CV``, ``constant``).
-        profile: shipped profile name or profile JSON path.
-        workers: vLLM workers behind the router.
-        gpus: GPUs (fewer than workers means sharing); None means one per worker.
-        policy: routing policy spec (``name`` or ``name:key=value,...``).
-        kv_blocks: override of each worker's ``num_gpu_blocks``; None keeps the profile's.
-            Not allowed with shared GPUs (there vLLM's memory rule sets the blocks).
-        arrival_spread_s: uniform start jitter of root requests, s.
-        seed: round r runs with seed ``seed + r``, and random workload lengths are drawn for
-            that seed (``kvroute.traces.generators.workload_rng``).
-        scrape_interval_s: seconds between the gateway's ``/metrics`` scrapes (0: live).
-        cache_view: ``routed``, ``events`` or ``exact`` (see ``ClusterSpec``).
-        kv_event_delay_s: seconds before a KV-cache event reaches the gateway.
-        gateways: gateway replicas (front balancer round robin).
-        gateway_state: ``local`` or ``shared`` session/prefix state.
-        store_latency_s: seconds each request waits on the shared store.
-        trace_file: a trace file to replay instead of the generated workload (any format
-            ``kvroute.traces.detect`` reads; the same records in every round), as
-            ``kvroute compare --trace``; the workload, chats, turns and length fields are then
-            unused.
-        trace_block_size: tokens per ``hash_ids`` block when the file does not declare it.
-        max_requests: keep only the first N records (and none whose parent was cut).
-        speedup: divide the trace file's timestamps by this factor; or give ``request_rate``
-            to rescale them to that mean rate (requests per second), not both.
-        max_model_len: override of the profile's ``max_model_len``, tokens (longer prompts
-            are rejected as vLLM does); None keeps the profile's.
-        replay: ``auto``, ``closed`` (later turns wait for their parent) or ``open`` (trace
-            timestamps); see ``kvroute.sim.cluster.cluster.REPLAY_MODES``.
-        gateway_lb: the front balancer over gateway replicas, ``round_robin`` or ``random``.
-    """
-
-    workload: str = "seed-chat"
-    chats: int = 64
-    turns: int = 6
-    reply: int | tuple[int, int] | None = None
-    history: int | tuple[int, int] | None = None
-    think_time_s: float | str = 0.0
-    max_tokens: int | None = None
-    user: int | str | None = None
-    start_s: float | str = 0.0
-    request_rate: float | None = None
-    arrival: str = "poisson"
-    profile: str = "a6000-qwen2.5-7b"
-    workers: int = 4
-    gpus: int | None = None
-    policy: str = "round_robin"
-    kv_blocks: int | None = None
-    arrival_spread_s: float = 0.005
-    seed: int = 0
-    scrape_interval_s: float = 0.0
-    cache_view: str = "routed"
-    kv_event_delay_s: float = 0.0
-    gateways: int = 1
-    gateway_state: str = "local"
-    store_latency_s: float = 0.0
-    trace_file: str | None = None
-    trace_block_size: int | None = None
-    max_requests: int | None = None
-    speedup: float | None = None
-    max_model_len: int | None = None
-    replay: str = "auto"
-    gateway_lb: str = "round_robin"
-
-    def __post_init__(self) -> None:
-        # Lists (e.g. from JSON) become tuples so that scenarios stay hashable.
-        for name in ("reply", "history"):
-            value = getattr(self, name)
-            if isinstance(value, list):
-                object.__setattr__(self, name, tuple(value))
-        if self.workload not in WORKLOADS:
-            raise ValueError(f"unknown workload {self.workload!r}; valid workloads: {', '.join(WORKLOADS)}")
-        check_spec(self.policy)
-        if self.workload == "seed-chat" and self.history is not None:
-            raise ValueError("history applies to the agent workload only (seed-chat histories grow with turns)")
-        for name in ("reply", "think_time_s", "user", "start_s"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, tuple):
-                parse_dist(value, name)  # raises ValueError naming the field
-        parse_arrival(self.arrival)
-        conflict = rescale_conflict(self.trace_file is not None, self.speedup, self.request_rate)
-        if conflict:
-            raise ValueError(conflict)
-        if self.trace_file is not None and self.history is not None:
-            raise ValueError("history applies to the generated agent workload, not to a trace file")
-        if self.replay not in REPLAY_MODES:
-            raise ValueError(f"unknown replay {self.replay!r}; valid: {', '.join(REPLAY_MODES)}")
-        if self.max_requests is not None and self.max_requests < 1:
-            raise ValueError(f"max_requests must be >= 1, got {self.max_requests}")
-        if self.request_rate is not None and not (math.isfinite(self.request_rate) and self.request_rate > 0):
-            raise ValueError(f"request_rate must be a finite number > 0, got {self.request_rate}")
-        if self.kv_blocks is not None and self.kv_blocks < 2:
-            raise ValueError(f"kv_blocks must be >= 2, got {self.kv_blocks}")
-        if self.kv_blocks is not None and self.gpus is not None and self.gpus < self.workers:
-            raise ValueError("kv_blocks cannot be overridden when workers share GPUs "
-                             "(vLLM's memory rule sets each shared worker's blocks)")
-
-    @property
-    def history_range(self) -> tuple[int, int] | None:
-        """The agent workload's prompt-token range, or None for the generator's default."""
-        if self.history is None or isinstance(self.history, tuple):
-            return self.history
-        return (self.history // 2, self.history)
-
-    def trace(self, round: int = 0) -> Trace:
-        """The scenario's trace for round ``round``, loaded as ``kvroute compare`` loads it: the
-        trace file (rescaled by ``speedup`` or to ``request_rate``), or the workload generated for
-        seed ``seed + round``; then its first ``max_requests`` records. Files and generated
-        workloads are cached per process.
-
-        Raises:
-            ValueError: the file cannot be read or parsed (naming it), or cannot be rescaled.
-        """
-        if self.trace_file is not None:
-            trace = _file_trace(self.trace_file, self.trace_block_size)
-            if self.speedup is not None or self.request_rate is not None:
-                trace = rescaled(trace, self.speedup, self.request_rate)
-        else:
-            trace = _trace(self.workload, self.chats, self.turns, self.reply, self.history_range,
-                           self.think_time_s, self.seed + round, self.max_tokens, self.user, self.start_s,
-                           self.request_rate, self.arrival)
-        return trace if self.max_requests is None else truncate(trace, self.max_requests)
-
-    def spec(self) -> ClusterSpec:
-        """The scenario's cluster, built as ``kvroute compare`` builds it."""
-        profile = with_overrides(_profile(self.profile), self.max_model_len, self.kv_blocks)
-        return ClusterSpec(profile, num_workers=self.workers, num_gpus=self.gpus, policy=self.policy,
-                           closed_loop=REPLAY_MODES[self.replay],
-                           arrival_spread_s=self.arrival_spread_s, scrape_interval_s=self.scrape_interval_s,
-                           cache_view=self.cache_view, kv_event_delay_s=self.kv_event_delay_s,
-                           gateways=self.gateways, gateway_lb=self.gateway_lb, gateway_state=self.gateway_state,
-                           store_latency_s=self.store_latency_s)
-
-    def label(self) -> dict[str, Any]:
-        """The scenario's fields as row columns (ranges as ``"low-high"`` strings). With a
-        ``trace_file`` the generator's fields it leaves unused (``GENERATOR_FIELDS``) are None and
-        ``workload`` is ``"trace"``, so a row never names a workload that did not run."""
-        row = asdict(self)
-        for name in ("reply", "history"):
-            if isinstance(row[name], (tuple, list)):
-                row[name] = f"{row[name][0]}-{row[name][1]}"
-        if self.trace_file is not None:
-            row.update(dict.fromkeys(GENERATOR_FIELDS), workload="trace")
-        return row
-
-
-SCENARIO_FIELDS = tuple(f.name for f in fields(Scenario))
-
-GENERATOR_FIELDS = ("chats", "turns", "reply", "history", "think_time_s", "max_tokens", "user")
-"""Fields only the generated workloads read; unused when a scenario replays a trace file."""
-
-
-@functools.lru_cache(maxsize=8)
-def _profile(name: str) -> Profile:
-    return load_profile(name)
-
-
-@functools.lru_cache(maxsize=4)
-def _file_trace(path: str, block_size: int | None) -> Trace:
-    from kvroute.traces.detect import read_any
-
-    try:
-        return read_any(path, block_size)
-    except OSError as exc:
-        raise ValueError(f"cannot read trace file {path}: {exc.strerror or exc}") from None
-
-
-@functools.lru_cache(maxsize=16)
-def _trace(workload: str, chats: int, turns: int, reply, history, think_time_s, seed: int, max_tokens, user,
-           start_s, request_rate, arrival) -> Trace:
-    return generators.builtin_workload(workload, chats, turns, think_time_s, seed, reply, history,
-                                       max_tokens=max_tokens, user=user, start_s=start_s,
-                                       request_rate=request_rate, arrival=arrival)
 
 
 def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = ServiceClass()) -> dict[str, Any]:
