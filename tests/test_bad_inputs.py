@@ -4,7 +4,8 @@ Every case runs the real command (click's runner, exceptions not caught) and che
 exit, exactly one ``Error:`` line holding the expected text, and no traceback. The inputs that
 used to hang, exhaust memory or recurse too deep run to the end with their requests counted.
 Stream-level server answers (negative or string ``cached_tokens``, a cut stream, an empty first
-chunk) are in ``test_live_client.py``; capacity-proportional memory in ``test_memory.py``.
+chunk) are in ``calibrate/live/test_live_client.py``; capacity-proportional memory in
+``sim/cluster/test_memory.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvroute.cli.main import cli
+from tests.support.paths import CALIBRATE_DATA
 
 
 PROFILE = {
@@ -73,7 +75,7 @@ def test_long_output_below_the_limit_runs_capped(tmp_path):
                                          "hash_ids": [1, 2]})
     result = run("simulate", "--trace", trace, "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["policies"]["kv_aware"]["failed"]["mean"] == 0
+    assert json.loads(result.output)["policies"]["round_robin"]["failed"]["mean"] == 0
 
 
 def test_azure_huge_context(tmp_path):
@@ -89,7 +91,7 @@ def test_azure_long_context_is_rejected_by_max_model_len_without_expanding(tmp_p
                                     "2023-11-16 18:15:47.6805900,100,10\n")
     result = run("simulate", "--trace", csv, "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["policies"]["kv_aware"]["failed"]["mean"] == 1
+    assert json.loads(result.output)["policies"]["round_robin"]["failed"]["mean"] == 1
 
 
 def test_absurd_block_size_in_metadata(tmp_path):
@@ -106,7 +108,7 @@ def test_two_thousand_turns_run_closed_loop(tmp_path):
     assert run("trace", "generate", "seed-chat", "--chats", 1, "--turns", 2000, "--out", out).exit_code == 0
     result = run("simulate", "--trace", out, "--json")
     assert result.exit_code == 0, result.output
-    failed = json.loads(result.output)["policies"]["kv_aware"]["failed"]["mean"]
+    failed = json.loads(result.output)["policies"]["round_robin"]["failed"]["mean"]
     assert 0 < failed < 2000  # turns past max_model_len fail, and every later turn is counted
 
 
@@ -116,7 +118,7 @@ def test_six_hundred_record_chain_open_loop(tmp_path):
     objs += [{"timestamp": 0, "input_length": 16 + 2 * i, "output_length": 1, "parent": i - 1} for i in range(1, 600)]
     result = run("simulate", "--trace", jsonl(tmp_path / "chain.jsonl", *objs), "--replay", "open", "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["policies"]["kv_aware"]["failed"]["mean"] == 0
+    assert json.loads(result.output)["policies"]["round_robin"]["failed"]["mean"] == 0
 
 
 # -- wrong numbers that used to pass with exit 0 ------------------------------------------------
@@ -384,7 +386,7 @@ def test_failed_write_leaves_no_file(tmp_path):
 ])
 def test_bad_host_terms_for_fit_name_their_flag(tmp_path, flag, value, expected):
     out = tmp_path / "p.json"
-    bursts = Path(__file__).resolve().parents[1] / "calibrate" / "data" / "calibrate-cpu-tiny-qwen2-x2-bursts"
+    bursts = CALIBRATE_DATA / "calibrate-cpu-tiny-qwen2-x2-bursts"
     assert_error(run("calibrate", "fit", bursts, "--base-profile",
                      "cpu-tiny-qwen2-x2", "--out", out, flag, value), expected)
     assert not out.exists()

@@ -152,7 +152,7 @@ PROFILE_FIELDS += [("engine", "max_num_seqs"), ("engine", "max_num_batched_token
                    ("overheads", "api_server_per_token_s")]
 
 
-# NOTE: huge KV capacities are left to tests/test_memory.py (xfail until the block pool stops
+# NOTE: huge KV capacities are left to tests/sim/cluster/test_memory.py (xfail until the block pool stops
 # preallocating per-block objects, issue 12); here num_gpu_blocks stays small or invalid.
 CAPACITY = st.sampled_from([0, 1, 2, -1, 64, 3000, 1.5, 3000.0, float("inf"), float("nan"), "3000", None, True])
 

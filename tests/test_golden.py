@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import io
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,9 +35,9 @@ from kvroute.sim.cluster.cluster import ClusterSpec, simulate
 from kvroute.sim.timing.profile import load_profile
 from kvroute.traces.format import Trace
 from kvroute.traces.reader import read_trace
-from shared_traces import shared_trace
+from tests.support.paths import GOLDEN
+from tests.support.shared_traces import shared_trace
 
-GOLDEN = Path(__file__).parent / "golden"
 SEED_TRACE = GOLDEN / "seed_burst.jsonl"
 REGENERATE = os.environ.get("KVROUTE_REGEN_GOLDEN") == "1"
 POLICIES = ["round_robin", "kv_aware"]

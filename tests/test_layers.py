@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import ROOT
 
 FOLDERS = {"sim": "kvroute.sim", "traces": "kvroute.traces", "calibrate": "kvroute.calibrate", "cli": "kvroute.cli"}
 """Top-level source folder -> its package name (pyproject.toml's package-dir)."""

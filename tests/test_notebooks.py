@@ -16,8 +16,9 @@ nbclient = pytest.importorskip("nbclient")
 
 from kvroute.cli.sim_commands import compare as compare_command  # noqa: E402
 from kvroute.sim.study.sweep import Scenario, cost_per_million_tokens, grid, intervals, sweep  # noqa: E402
+from tests.support.paths import ROOT, SHARED_TRACES  # noqa: E402
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = ROOT / "notebooks"
 NAMES = ["01_seed_study", "02_more_workers", "03_long_histories", "04_calibration", "05_validation", "06_routers"]
 MARK = "KVROUTE-CHECK "
 
@@ -213,7 +214,7 @@ def test_05_validation_shows_a_report(tmp_path):
 
 
 def test_06_routers_tables_are_the_sweep(tmp_path):
-    mooncake = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+    mooncake = SHARED_TRACES / "mooncake" / "conversation_trace.jsonl"
     params = SMALL["06_routers"] + f"MOONCAKE = {str(mooncake)!r}\n"
     book, out = run("06_routers", tmp_path, params,
                     "{'policies': policies_iv.to_dict('records'), 'delay': delay_iv.to_dict('records'), "

@@ -1,0 +1,214 @@
+"""The unloaded front end split at the engine's step: measured (KV-event step times in the
+sweep's rows), fitted (``overheads.post_engine_s``) and simulated (every token delayed by it)."""
+
+import math
+import time
+
+import pandas as pd
+import pytest
+
+from kvroute.calibrate.calibration.engine_split import apply_post_engine, post_engine_time
+from kvroute.calibrate.calibration.measure import REQUEST_COLUMNS, RowWriter, engine_first_token
+from kvroute.calibrate.live.prompts import chained_block_hashes
+from kvroute.calibrate.live.client import CalibrationError, StreamResult
+from kvroute.calibrate.live.kv_events import LiveKVEvents
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.timing.profile import profile_from_dict
+from kvroute.traces.format import Trace, TraceRecord
+from tests.sim.timing.test_frontend import profile as frontend_profile
+
+
+def profile(api, post=None, frontend=None, per_token=None):
+    """test_frontend's profile (steps 10 ms + 1 ms per batched token, ``api`` s before the engine,
+    no jitter) with ``post`` s + ``per_token`` s per prompt token after the engine."""
+    doc = frontend_profile(api, frontend).raw
+    if post is not None:
+        doc["overheads"]["post_engine_s"] = post
+    if per_token is not None:
+        doc["overheads"]["post_engine_per_token_s"] = per_token
+    return profile_from_dict(doc)
+
+
+def rec(rid, length, out, t=0.0):
+    return TraceRecord(rid, t, length, out, tuple(range(rid * 1000, rid * 1000 + -(-length // 16))))
+
+
+def run(prof, records, series=False):
+    """The run's records, or with ``series`` the run (its ``tokens`` then kept)."""
+    spec = ClusterSpec(prof, num_workers=1, arrival_spread_s=0.0, record_series=series)
+    res = simulate(Trace(records, block_size=16), spec, seed=0)
+    return res if series else res.records
+
+
+# -- simulated ---------------------------------------------------------------------------------
+
+
+def test_a_lone_request_is_predicted_as_before_with_its_tokens_later_than_its_steps():
+    # prefill step 10 + 100 ms, two decode steps of 11 ms; 20 ms front end, 5 ms of it after the engine
+    before = run(profile(0.020), [rec(0, 100, 3)]).iloc[0]
+    after = run(profile(0.015, post=0.005), [rec(0, 100, 3)]).iloc[0]
+    assert before["ttft"] == pytest.approx(0.130) and after["ttft"] == pytest.approx(0.130)
+    assert before["engine_first_token"] == pytest.approx(0.130)
+    assert after["engine_first_token"] == pytest.approx(0.125)
+    assert after["e2e"] == pytest.approx(0.152) and after["tpot"] == pytest.approx(0.011)
+
+
+def test_every_token_is_delayed_by_the_same_time():
+    records = [rec(0, 100, 6), rec(1, 40, 4, t=50.0)]  # the second joins the first's decodes
+    plain = run(profile(0.0), records, series=True)
+    late = run(profile(0.0, post=0.004), records, series=True)
+    assert len(late.tokens) == 10
+    assert list(late.tokens["time"]) == pytest.approx(list(plain.tokens["time"] + 0.004))
+    assert list(late.records["finish"] - plain.records["finish"]) == pytest.approx([0.004, 0.004])
+    assert list(late.records["engine_first_token"]) == list(plain.records["engine_first_token"])
+    assert list(late.records["tpot"]) == pytest.approx(list(plain.records["tpot"]))
+
+
+def test_a_burst_reaches_the_engine_sooner_when_part_of_the_front_end_follows_it():
+    # two 100-token prompts at once; before: both reach the engine at 20 ms and share one step
+    # (10 + 200 ms); with 15 ms of the 20 after the engine, they reach it at 5 ms: same step,
+    # 15 ms earlier, and the client sees their tokens at the same time as before.
+    both = [rec(0, 100, 1), rec(1, 100, 1)]
+    before = run(profile(0.020), both)
+    after = run(profile(0.005, post=0.015), both)
+    assert list(before["engine_first_token"]) == pytest.approx([0.230, 0.230])
+    assert list(after["engine_first_token"]) == pytest.approx([0.215, 0.215])
+    assert list(after["ttft"]) == pytest.approx(list(before["ttft"]))
+
+
+def test_with_a_frontend_the_lanes_work_on_a_lone_token_is_part_of_the_measured_time():
+    fe = {"per_step_s": 0.0005, "per_output_token_s": 0.0005}
+    row = run(profile(0.015, post=0.005, frontend=fe), [rec(0, 100, 1)]).iloc[0]
+    assert row["ttft"] == pytest.approx(0.130)  # 15 + 110 + (1 ms lane + 4 ms delay)
+    small = profile(0.0, post=0.0005, frontend=fe)
+    assert small.overheads.post_engine_delay_s(small.frontend, 100) == 0.0
+
+
+def test_with_a_frontend_it_is_lane_work_on_the_first_output_queued_and_stretched_like_any():
+    # two 100-token prompts at once share one 210 ms step; each first output then holds the one
+    # API lane 5 ms, so the second reaches the client 5 ms after the first; later tokens pay none
+    fe = {"per_step_s": 0.0, "per_output_token_s": 0.0}
+    rows = run(profile(0.0, post=0.005, frontend=fe), [rec(0, 100, 2), rec(1, 100, 2)])
+    assert list(rows["engine_first_token"]) == pytest.approx([0.210, 0.210])
+    assert list(rows["first_token"]) == pytest.approx([0.215, 0.220])
+    assert list(rows["finish"]) == pytest.approx([0.222, 0.222])  # the decode step: 10 + 2 ms
+    # beside a busy engine on its core (api_contention 1), the first output's work takes twice as long
+    host = {"cores": 1, "api_on_engine_core": True, "api_contention": 1.0}
+    doc = {**profile(0.0, post=0.005, frontend=fe).raw, "host": host}
+    row = run(profile_from_dict(doc), [rec(0, 100, 3)]).iloc[0]
+    assert row["first_token"] - row["engine_first_token"] == pytest.approx(0.010)
+
+
+def test_the_delay_grows_with_the_prompt():
+    # 1 ms + 10 us per prompt token after the engine: 2 ms for 100 tokens, 5 ms for 400
+    prof = profile(0.0, post=0.001, per_token=1e-5)
+    rows = run(prof, [rec(0, 100, 2), rec(1, 400, 2, t=10_000.0)])  # the second 10 s later, alone
+    assert list(rows["first_token"] - rows["engine_first_token"]) == pytest.approx([0.002, 0.005])
+    assert list(rows["tpot"]) == pytest.approx([0.011, 0.011])  # one decode step of 10 + 1 ms, delayed alike
+
+
+def test_a_profile_without_the_field_predicts_exactly_as_before():
+    records = [rec(i, 50 + 7 * i, 3 + i % 4, t=0.01 * i) for i in range(20)]
+    a, b = run(profile(0.02), records), run(profile(0.02, post=0.0), records)
+    pd.testing.assert_frame_equal(a, b)
+
+
+# -- fitted ------------------------------------------------------------------------------------
+
+
+def requests_frame(rows):
+    return pd.DataFrame(rows, columns=["role", "error", "prompt_len", "ttft_s", "engine_first_token_s"])
+
+
+def test_post_engine_time_is_a_line_in_prompt_length_over_requests_alone_timed_in_the_engine():
+    # 2 ms + 1 us per prompt token after the engine
+    req = requests_frame([
+        ("cold", None, 100, 0.0200, 0.0179),
+        ("warm", None, 1100, 0.0300, 0.0269),
+        ("cached", None, 2100, 0.0120, 0.0079),
+        ("context", None, 3100, 0.0400, 0.0349),
+        ("cold", None, 500, 0.020, math.nan),   # not timed: counted alone, not in the line
+        ("burst", None, 100, 0.500, 0.100),     # under load: not read
+        ("cold", "HTTP 500", 100, 0.0, 0.0),    # failed
+    ])
+    split = post_engine_time(req)
+    assert (split.intercept_s, split.per_token_s) == pytest.approx((0.002, 1e-6))
+    assert (split.median_s, split.q25_s, split.q75_s) == pytest.approx((0.0036, 0.00285, 0.00435))
+    assert (split.num_requests, split.num_alone) == (4, 5)
+
+
+def test_no_engine_times_no_split():
+    assert post_engine_time(pd.DataFrame({"role": ["cold"], "error": [None], "prompt_len": [10],
+                                          "ttft_s": [0.01]})) is None
+    assert post_engine_time(requests_frame([("cold", None, 10, 0.01, math.nan)])) is None
+
+
+def line(a, b):
+    return post_engine_time(requests_frame([("cold", None, n, a + b * n + 0.01, 0.01) for n in (100, 200, 300)]))
+
+
+def test_the_split_moves_its_line_out_of_the_api_server_line():
+    doc = {"overheads": {"api_server_s": 0.009, "api_server_per_token_s": 3e-6}}
+    apply_post_engine(doc, line(0.006, 1e-6))
+    assert doc["overheads"] == pytest.approx({"api_server_s": 0.003, "api_server_per_token_s": 2e-6,
+                                              "post_engine_s": 0.006, "post_engine_per_token_s": 1e-6})
+    assert "cut" not in doc["provenance"]["fit"]["post_engine"]
+    small = {"overheads": {"api_server_s": 0.002, "api_server_per_token_s": 0.0}}
+    apply_post_engine(small, line(0.006, 1e-6))
+    assert small["overheads"] == {"api_server_s": 0.0, "api_server_per_token_s": 0.0, "post_engine_s": 0.002,
+                                  "post_engine_per_token_s": 0.0}
+    assert small["provenance"]["fit"]["post_engine"]["cut"] == {
+        "post_engine_s": "cut to what api_server_s held",
+        "post_engine_per_token_s": "cut to what api_server_per_token_s held"}
+
+
+# -- measured ----------------------------------------------------------------------------------
+
+
+class BlockStored:  # the fields of vllm.distributed.kv_events.BlockStored the feed reads
+    def __init__(self, block_hashes, parent_block_hash, token_ids):
+        self.block_hashes, self.parent_block_hash, self.token_ids = block_hashes, parent_block_hash, token_ids
+
+
+class Info:
+    block_size = 4
+
+
+class Ctx:
+    def __init__(self, events, worker=0):
+        self.info, self.events, self.worker = Info(), events, worker
+
+
+def stored(prompt, vllm_hashes):
+    """One BlockStored event per full block of ``prompt``, chained by ``vllm_hashes``."""
+    return [BlockStored([h], vllm_hashes[i - 1] if i else None, prompt[4 * i: 4 * i + 4])
+            for i, h in enumerate(vllm_hashes)]
+
+
+def test_a_row_is_timed_by_the_batch_that_stored_its_last_full_block():
+    prompt = list(range(100, 110))  # two full blocks and two tokens
+    feed = LiveKVEvents(["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"], block_size=4)
+    now_wall, now = time.time(), time.perf_counter()
+    feed.apply(1, stored(prompt, [11, 12])[:1], ts=now_wall - 0.008)  # the first block, in an earlier step
+    feed.apply(1, stored(prompt, [11, 12])[1:], ts=now_wall - 0.004)
+    assert feed.stored_at(1, chained_block_hashes(prompt, 4)[-1]) == now_wall - 0.004
+    res = StreamResult(t_send=now - 0.010, token_times=[0.009])
+    assert engine_first_token(Ctx(feed, worker=1), prompt, res) == pytest.approx(0.006, abs=5e-4)
+    assert math.isnan(engine_first_token(Ctx(feed, worker=0), prompt, res))  # the other server stored nothing
+    assert math.isnan(engine_first_token(Ctx(None, worker=1), prompt, res))  # no feed
+    assert math.isnan(engine_first_token(Ctx(feed, worker=1), prompt[:3], res))  # no full block
+    late = StreamResult(t_send=now - 0.010, token_times=[0.005])  # stored after the first token: not this request's
+    assert math.isnan(engine_first_token(Ctx(feed, worker=1), prompt, late))
+    early = StreamResult(t_send=now - 0.001, token_times=[0.0005])  # stored before the send: a cache hit
+    assert math.isnan(engine_first_token(Ctx(feed, worker=1), prompt, early))
+
+
+def test_rows_are_not_appended_under_another_header(tmp_path):
+    path = tmp_path / "requests.csv"
+    path.write_text(",".join(REQUEST_COLUMNS[:-1]) + "\n")
+    with pytest.raises(CalibrationError, match=r"requests.csv:1: its columns differ from this version's "
+                                               r"\(23 against 24: engine_first_token_s\)"):
+        RowWriter(path, REQUEST_COLUMNS)
+    RowWriter(tmp_path / "new.csv", REQUEST_COLUMNS).close()
+    RowWriter(tmp_path / "new.csv", REQUEST_COLUMNS).close()
+    assert (tmp_path / "new.csv").read_text().count("\n") == 1

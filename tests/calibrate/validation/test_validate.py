@@ -1,0 +1,1063 @@
+"""Validation mode without vLLM: token synthesis, slots, and the live replay against fake servers.
+
+The fake server speaks the parts of vLLM's OpenAI API the replay uses (streamed completions of
+token-id prompts with ``return_token_ids`` and cached-token usage, ``/metrics``, ``/v1/models``,
+``/reset_prefix_cache``) and keeps an unbounded prefix cache with vLLM's rules (chained full-block
+hashes, prompt plus all but the last output token cached, hits capped at prompt - 1 tokens), so
+one-at-a-time replays must match the simulator's hit tokens exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from kvroute.calibrate.validation.livestream import FifoSlots
+from kvroute.calibrate.live.prompts import PromptBuilder, TokenSynth, chained_block_hashes, root_segments
+from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
+from kvroute.sim.cluster.metrics import RECORD_COLUMNS, summarize
+from kvroute.sim.cluster.workload import Workload
+from kvroute.traces.format import Trace, TraceRecord
+from kvroute.traces.generators import seed_chat
+from tests.support.paths import GOLDEN
+
+BLOCK = 32
+
+
+# --------------------------------------------------------------------------------------------
+# A fake vLLM server
+# --------------------------------------------------------------------------------------------
+
+
+class FakeVllm:
+    """A vLLM-like server on a background thread.
+
+    Args:
+        die_after: close every connection (mid-stream) once this many completions have started,
+            and stop listening, like a killed server.
+        hang: never answer completions.
+        token_delay_s: time between streamed tokens.
+    """
+
+    def __init__(self, die_after: int | None = None, hang: bool = False, token_delay_s: float = 0.0005,
+                 block_size: int = BLOCK) -> None:
+        self.die_after, self.hang, self.delay, self.block_size = die_after, hang, token_delay_s, block_size
+        self.cache: set[int] = set()
+        self.hits = self.queries = 0
+        self.started = 0
+        self.prompts: list[list[int]] = []
+        self.replies: list[tuple[list[int], list[int]]] = []
+        self.log: list[str] = []  # "reset" and "completion", in the order they came
+        self.dead = False
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        async def stop():
+            self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._loop.stop()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop)
+        self._thread.join(5)
+
+    async def _handle(self, reader, writer) -> None:
+        try:
+            line = await reader.readline()
+            if not line:
+                return
+            method, path, _ = line.decode().split(" ", 2)
+            length = 0
+            while True:
+                h = await reader.readline()
+                if h in (b"\r\n", b"\n", b""):
+                    break
+                k, _, v = h.decode().partition(":")
+                if k.strip().lower() == "content-length":
+                    length = int(v)
+            body = await reader.readexactly(length) if length else b""
+            path = path.split("?")[0]
+            if path == "/v1/completions":
+                await self._complete(json.loads(body), writer)
+            elif path == "/v1/models":
+                self._json(writer, {"data": [{"id": "fake", "root": "/nonexistent/fake", "max_model_len": 8192}]})
+            elif path == "/version":
+                self._json(writer, {"version": "0.32.0"})
+            elif path == "/metrics":
+                text = (f'vllm:cache_config_info{{block_size="{self.block_size}",num_gpu_blocks="100000",'
+                        f'enable_prefix_caching="True"}} 1.0\n'
+                        f"vllm:prefix_cache_queries_total {self.queries}\n"
+                        f"vllm:prefix_cache_hits_total {self.hits}\nvllm:num_preemptions_total 0\n")
+                self._send(writer, 200, text.encode(), "text/plain")
+            elif path == "/reset_prefix_cache" and method == "POST":
+                self.cache.clear()
+                self.log.append("reset")
+                self._json(writer, {"success": True})
+            elif path == "/health":
+                self._send(writer, 200, b"", "text/plain")
+            else:
+                self._send(writer, 404, b'{"detail":"Not Found"}', "application/json")
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    def _send(self, writer, status: int, payload: bytes, ctype: str) -> None:
+        writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {len(payload)}\r\n"
+                     f"Connection: close\r\n\r\n".encode() + payload)
+
+    def _json(self, writer, doc) -> None:
+        self._send(writer, 200, json.dumps(doc).encode(), "application/json")
+
+    def _hashes(self, ids: list[int]) -> list[int]:
+        return chained_block_hashes(ids, self.block_size)
+
+    async def _complete(self, req: dict, writer) -> None:
+        if self.dead:
+            return  # closes the connection at once
+        if self.hang:
+            await asyncio.sleep(3600)
+        self.started += 1
+        self.log.append("completion")
+        prompt = [int(t) for t in req["prompt"]]
+        self.prompts.append(prompt)
+        n = len(prompt)
+        hashes = self._hashes(prompt)
+        hit = 0
+        for h in hashes[: (n - 1) // self.block_size]:
+            if h not in self.cache:
+                break
+            hit += 1
+        cached = hit * self.block_size
+        self.queries += n
+        self.hits += cached
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+        out: list[int] = []
+        for i in range(int(req["max_tokens"])):
+            if self.die_after is not None and self.started > self.die_after:
+                self.dead = True
+                self._server.close()
+                writer.transport.abort()
+                return
+            tok = 100 + (prompt[-1] * 31 + i * 7 + n) % 900
+            out.append(tok)
+            chunk = {"choices": [{"index": 0, "text": "x", "token_ids": [tok], "finish_reason": None}]}
+            writer.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await writer.drain()
+            await asyncio.sleep(self.delay)
+        self.cache.update(self._hashes(prompt + out[:-1]))
+        self.replies.append((prompt, out))
+        usage = {"choices": [], "usage": {"prompt_tokens": n, "completion_tokens": len(out),
+                                          "prompt_tokens_details": {"cached_tokens": cached}}}
+        writer.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+
+@pytest.fixture
+def fakes(request):
+    servers = []
+
+    def make(n=2, **kw):
+        for i in range(n):
+            opts = kw.get(f"s{i}", {})
+            servers.append(FakeVllm(**opts))
+        return servers
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def small_chat(chats=4, turns=3):
+    return seed_chat(num_chats=chats, num_turns=turns, system_words=150, user_words=30, reply_tokens=20,
+                     block_size=16)
+
+
+# --------------------------------------------------------------------------------------------
+# Prompts
+# --------------------------------------------------------------------------------------------
+
+
+def test_token_synthesis_is_deterministic_and_in_range():
+    s = TokenSynth(100, 1700, seed=3)
+    a, b = s.tokens(7, 10, 500), s.tokens(7, 10, 500)
+    assert (a == b).all() and a.min() >= 100 and a.max() < 1700
+    assert (s.tokens(7, 0, 510)[10:] == a).all()  # position, not call, decides the token
+    assert (s.tokens(8, 10, 500) != a).mean() > 0.99
+    assert (TokenSynth(100, 1700, seed=4).tokens(7, 10, 500) != a).mean() > 0.99
+    assert (s.tokens(1 << 48, 0, 64) != s.tokens((1 << 48) + 1, 0, 64)).any()
+    with pytest.raises(ValueError):
+        TokenSynth(5, 6)
+
+
+def test_chained_hashes_reuse_a_known_prefix():
+    ids = TokenSynth().tokens(1, 0, 300)
+    full = chained_block_hashes(ids, 32)
+    assert len(full) == 9
+    assert chained_block_hashes(ids, 32, full[:4]) == full
+    assert chained_block_hashes(ids[:100], 32) == full[:3]
+    other = ids.copy()
+    other[40] += 1
+    h2 = chained_block_hashes(other, 32)
+    assert h2[0] == full[0] and all(x != y for x, y in zip(h2[1:], full[1:]))  # a hash names its whole prefix
+
+
+def test_live_prompts_share_blocks_exactly_where_the_simulated_ones_do():
+    """The equality pattern of live block hashes matches the simulator's content hashes, so the
+    routing policies see the same structure (replies stand in as the simulator's streams)."""
+    trace = small_chat(chats=3, turns=3)
+    wl = Workload(trace, BLOCK)
+    builder = PromptBuilder(Workload(trace, BLOCK), TokenSynth())
+    prompts, sim_to_live, live_to_sim = {}, {}, {}
+    for rec in trace.records:
+        if rec.parent is None:
+            ids = builder.root(rec)
+        else:
+            parent = wl.by_id[rec.parent]
+            ids = builder.child(rec, prompts[parent.request_id], builder.synthetic_output(parent))
+        prompts[rec.request_id] = ids
+        assert len(ids) == rec.input_length
+        _, sim_hashes = wl.build(rec)
+        live_hashes = chained_block_hashes(ids, BLOCK)
+        for s, l in zip(sim_hashes[: rec.input_length // BLOCK], live_hashes):
+            assert sim_to_live.setdefault(s, l) == l
+            assert live_to_sim.setdefault(l, s) == s
+    assert len(sim_to_live) < sum(r.input_length // BLOCK for r in trace.records)  # some sharing happened
+
+
+def test_root_segments_match_the_workload():
+    rec = TraceRecord(0, 0.0, 40, 5, hash_ids=(3, 4, 9))
+    assert root_segments(rec, 16) == [(3, 0, 16), (4, 0, 16), (9, 0, 8)]
+    with pytest.raises(ValueError):
+        root_segments(TraceRecord(1, 0.0, 40, 5, parent=0), 16)
+
+
+def test_fifo_slots_serve_in_request_order():
+    async def main():
+        slots, order = FifoSlots(1), []
+
+        async def user(i):
+            await slots.acquire()
+            order.append(i)
+            await asyncio.sleep(0.001)
+            slots.release()
+
+        await asyncio.gather(*(user(i) for i in range(6)))
+        return order
+
+    assert asyncio.run(main()) == list(range(6))
+
+
+# --------------------------------------------------------------------------------------------
+# Replay against fake servers
+# --------------------------------------------------------------------------------------------
+
+
+def _replay(trace, servers, **kw):
+    replay = LiveReplay(trace, [Endpoint(s.url, "fake") for s in servers], BLOCK, ReplaySpec(**kw))
+    asyncio.run(replay.run())
+    return replay
+
+
+def test_replay_samples_the_clients_cpu_time(fakes):
+    """The replay keeps the client's CPU seconds over time, ending with the run's total."""
+    servers = fakes(2)
+    replay = _replay(small_chat(), servers, policy="round_robin", max_in_flight=2)
+    times, cpu = zip(*replay.client_cpu)
+    assert replay.client_cpu[0] == (0.0, 0.0) and list(times) == sorted(times) and list(cpu) == sorted(cpu)
+    assert replay.client_cpu[-1] == (replay.elapsed_s, replay.client_cpu_s) and replay.client_cpu_s > 0
+
+
+def test_replay_records_have_the_simulator_columns_and_resend_real_replies(fakes):
+    servers = fakes(2)
+    trace = small_chat()
+    replay = _replay(trace, servers, policy="round_robin", max_in_flight=2)
+    res = replay.result()
+    assert list(res.records.columns) == RECORD_COLUMNS
+    assert (res.records["status"] == "ok").all() and len(res.records) == len(trace.records)
+    assert (res.records["output_tokens"] == 20).all()
+    assert len(res.itl) == len(trace.records) * 19
+    s = summarize(res)
+    assert s["time_to_complete_s"] > 0 and 0 < s["hit_rate"] < 1
+    # a later turn's prompt starts with its parent's prompt and the tokens the server generated
+    replies = [r for srv in servers for r in srv.replies]
+    first = trace.records[0].input_length
+    later = [p for srv in servers for p in srv.prompts if len(p) > first]
+    assert len(later) == len(trace.records) - 4
+    for p in later:
+        assert any(p[: len(q) + len(o)] == q + o for q, o in replies)
+
+
+def test_replay_keeps_every_token_time_when_asked(fakes):
+    """``record_tokens``: one row per output token, the first and last at the record's first
+    token and finish, consecutive differences the run's inter-token gaps; off, nothing kept."""
+    servers = fakes(2)
+    trace = small_chat()
+    res = _replay(trace, servers, policy="round_robin", record_tokens=True).result()
+    tok, rec = res.tokens, res.records.set_index("request_id")
+    assert list(tok.columns) == ["request_id", "token", "time"]
+    assert len(tok) == int(rec["output_tokens"].sum()) == 20 * len(trace.records)
+    per = tok.groupby("request_id")["time"]
+    assert (per.first() == rec["first_token"]).all() and (per.last() == rec["finish"]).all()
+    assert sorted(np.concatenate([np.diff(t) for _, t in per])) == pytest.approx(sorted(res.itl))
+    assert _replay(trace, fakes(2), policy="round_robin").result().tokens is None
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "kv_aware"])
+def test_one_at_a_time_hits_equal_the_simulation_exactly(fakes, tmp_path, policy):
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import write_report
+    from kvroute.sim.timing.profile import load_profile
+
+    servers = fakes(2)
+    trace = small_chat(chats=6, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), (policy,), max_in_flight=1, sim_rounds=1)
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    run = v.runs[0]
+    assert run.cache_reset == [True, True] and not run.warm
+    live = run.live.workers
+    sim = run.sim_runs[0].workers
+    assert list(live["prefix_cache_hits"]) == list(sim["prefix_cache_hits"].astype(float))
+    assert list(live["prefix_cache_queries"]) == list(sim["prefix_cache_queries"].astype(float))
+    assert list(live["usage_cached_tokens"]) == list(sim["prefix_cache_hits"])
+    # same routing decision for every request
+    lw = run.live.records.set_index("request_id")["worker"]
+    sw = run.sim_runs[0].records.set_index("request_id")["worker"]
+    assert (lw == sw).all()
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    w0 = doc["policies"][policy]["workers"]["0"]["hit_tokens"]
+    assert w0["predicted"] == w0["measured"] and w0["error_pct"] == 0
+    assert doc["warm_cache"] is False and doc["failed_requests"] == 0
+    for name in ("report.md", "records_live.parquet", "records_sim.parquet", f"ttft_{policy}.png"):
+        assert (tmp_path / name).exists()
+
+
+def test_two_policies_give_a_change_table_and_kv_aware_hits_more(fakes, tmp_path):
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
+    from kvroute.sim.timing.profile import load_profile
+
+    servers = fakes(2)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), max_in_flight=1, sim_rounds=2)
+    # an odd number of chats: round robin does not happen to keep each chat on one worker
+    v = run_validation(small_chat(chats=5, turns=3), load_profile("a6000-qwen2.5-7b"), spec)
+    rr, kv = v.runs
+    assert kv.measured["hit_rate"] > rr.measured["hit_rate"]
+    assert kv.predicted["hit_rate"] > rr.predicted["hit_rate"]
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    ch = doc["changes"]["kv_aware"]["hit_rate"]
+    assert ch["predicted"] > 0 and ch["measured"] > 0 and ch["vs"] == "round_robin"
+    md = report_markdown(v)
+    assert "## Change vs round_robin" in md and "| hit tokens, worker 1 |" in md
+    assert (tmp_path / "ttft_all.png").exists()
+    ttft = doc["policies"]["kv_aware"]["metrics"]["ttft_mean_s"]
+    lo, hi = ttft["predicted_interval"]
+    assert lo <= ttft["predicted"] <= hi and lo < hi  # two simulated rounds differ
+    lag = doc["policies"]["kv_aware"]["client_send_lag_s"]
+    assert lag["n"] == 10 and 0 <= lag["median"] <= lag["p90"] <= lag["max"]
+    assert "after their parent's last token" in md
+    import pandas as pd
+
+    live = pd.read_parquet(tmp_path / "records_live.parquet")
+    assert set(live["policy"]) == {"round_robin", "kv_aware"} and live["url"].notna().all()
+
+
+def test_send_lag_is_arrival_minus_parent_finish_minus_think_time():
+    import dataclasses
+
+    import numpy as np
+    import pandas as pd
+
+    from kvroute.calibrate.validation.validate import PolicyRun
+    from kvroute.calibrate.validation.validate_report import send_lags
+    from kvroute.sim.cluster.metrics import RunResult
+
+    trace = small_chat(chats=2, turns=3)
+    trace = dataclasses.replace(trace, records=[dataclasses.replace(r, think_time_ms=100.0 if r.parent is not None else 0.0)
+                                                for r in trace.records])
+    rows = []
+    for i, rec in enumerate(trace.records):  # arrivals 0, 1, 2, ... s; each finishes 0.5 s later
+        status = "failed" if (rec.session_id, rec.turn) == (trace.records[-1].session_id, 3) else "ok"
+        rows.append({"request_id": rec.request_id, "arrival": float(i), "finish": i + 0.5, "status": status})
+    live = RunResult(pd.DataFrame(rows), np.array([]), pd.DataFrame(), "round_robin", 0)
+    run = PolicyRun("round_robin", {}, [], live=live)
+    arrival = {r["request_id"]: r["arrival"] for r in rows}
+    want = [arrival[r.request_id] - (arrival[r.parent] + 0.5) - 0.1 for r in trace.records
+            if r.parent is not None and not (r.session_id == trace.records[-1].session_id and r.turn == 3)]
+    assert len(want) == 3  # four later turns, one failed
+    assert send_lags(run, trace).tolist() == pytest.approx(want, abs=1e-12)
+    assert len(send_lags(PolicyRun("x", {}, []), trace)) == 0
+
+
+def test_a_worker_dying_mid_replay_is_survived(fakes, tmp_path):
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import write_report
+    from kvroute.sim.timing.profile import load_profile
+
+    servers = fakes(2, s1={"die_after": 3, "token_delay_s": 0.002})
+    trace = small_chat(chats=6, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin",), max_in_flight=3, sim_rounds=1)
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    run = v.runs[0]
+    df = run.live.records
+    assert list(run.dead) == [1]
+    failed = df[df["status"] != "ok"]
+    lost = failed[failed["worker"] == 1]
+    assert len(lost) >= 1 and lost["error"].str.contains(servers[1].url.split("//")[1]).all()
+    assert failed[failed["worker"] == -1]["error"].str.startswith("not sent: its parent request").all()
+    ok = df[df["status"] == "ok"]
+    assert len(ok) > 0 and (ok["worker"] == 0).sum() >= len(ok) - 3
+    assert len(df) == len(trace.records)  # every request is accounted for
+    # sessions never touched by a failure completed all their turns
+    hurt = set(failed["session_id"])
+    assert all(len(g) == 3 for s, g in ok.groupby("session_id") if s not in hurt)
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    assert doc["policies"]["round_robin"]["dead_workers"].keys() == {"1"}
+    assert any("died or timed out" in n for n in doc["notes"])
+    assert doc["policies"]["round_robin"]["workers"]["1"]["alive"] is False
+    assert doc["failures"] and doc["failures"][0]["error"]
+
+
+def test_a_hanging_worker_times_out_and_is_marked_dead(fakes):
+    servers = fakes(2, s1={"hang": True})
+    trace = small_chat(chats=4, turns=2)
+    replay = _replay(trace, servers, policy="round_robin", timeout_s=0.5)
+    df = replay.result().records
+    assert list(replay.dead) == [1] and "within 0.5 s" in replay.dead[1]
+    assert (df.loc[df["status"] != "ok", "worker"] != 0).all()
+    assert (df["status"] == "ok").sum() >= 2 and (df.loc[df["status"] == "ok", "worker"] == 0).all()
+
+
+def test_all_workers_dead_means_nothing_more_is_sent(fakes):
+    servers = fakes(1, s0={"hang": True})
+    replay = _replay(small_chat(chats=2, turns=2), servers, timeout_s=0.3)
+    df = replay.result().records
+    assert (df["status"] == "failed").all() and len(df) == 4
+    assert df["error"].str.contains("not sent").sum() == 2
+
+
+def test_interrupting_keeps_what_was_measured(fakes):
+    servers = fakes(2, s0={"token_delay_s": 0.003}, s1={"token_delay_s": 0.003})
+    trace = small_chat(chats=4, turns=4)
+    replay = LiveReplay(trace, [Endpoint(s.url, "fake") for s in servers], BLOCK, ReplaySpec(max_in_flight=2))
+
+    async def main():
+        task = asyncio.create_task(replay.run())
+        while replay.num_finished < 3:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    df = replay.result().records
+    assert replay.interrupted and len(df) == len(trace.records)
+    assert (df["status"] == "ok").sum() >= 3
+    assert df["error"].isin(["interrupted", "not sent: the replay was interrupted"]).sum() >= 1
+    assert math.isfinite(summarize(replay.result())["ttft_mean_s"])
+
+
+def test_open_loop_sends_at_timestamps(fakes):
+    servers = fakes(2)
+    recs = [TraceRecord(i, 100.0 * i, 70, 4, hash_ids=(0, 1, 10 + i)) for i in range(4)]
+    replay = _replay(Trace(recs, 32), servers, policy="kv_aware")
+    df = replay.result().records
+    assert (df["status"] == "ok").all()
+    assert np.all(np.diff(df["arrival"].to_numpy()) > 0.08)
+    assert df["cached_tokens"].iloc[1:].max() == 64  # the shared two blocks hit after the first
+
+
+def test_open_loop_child_before_its_parent_replied(fakes):
+    servers = fakes(1)
+    recs = [TraceRecord(0, 0.0, 64, 8, hash_ids=(0, 1)), TraceRecord(1, 0.0, 64 + 8 + 24, 4, parent=0, session_id=0)]
+    replay = _replay(Trace(recs, 32), servers, closed_loop=False)
+    df = replay.result().records
+    assert (df["status"] == "ok").all()
+    child = next(p for p in servers[0].prompts if len(p) == 96)
+    assert child[:64] == next(p for p in servers[0].prompts if len(p) == 64)
+
+
+def _invoke_validate(servers, tmp_path, *extra: str):
+    """``kvroute validate`` of a 3-chat x 2-turn trace file on ``servers``, round_robin then
+    kv_aware one request at a time, one simulated round, plus ``extra`` arguments; returns the
+    click result (asserted successful), report.json and the arguments."""
+    from click.testing import CliRunner
+
+    from kvroute.cli.validate_command import validate
+    from kvroute.traces.writer import write_trace
+
+    trace_file = tmp_path / "chat.jsonl"
+    write_trace(small_chat(chats=3, turns=2), trace_file)
+    out = tmp_path / "out"
+    args = ["--trace", str(trace_file), "--url", servers[0].url, "--url", servers[1].url,
+            "--policies", "round_robin,kv_aware", "--profile", "a6000-qwen2.5-7b", "--out", str(out),
+            "--max-in-flight", "1", "--rounds", "1", *extra]
+    res = CliRunner().invoke(validate, args)
+    assert res.exit_code == 0, res.output
+    return res, json.loads((out / "report.json").read_text()), args
+
+
+def test_validate_command(fakes, tmp_path):
+    from click.testing import CliRunner
+
+    from kvroute.cli.validate_command import validate
+
+    servers = fakes(2)
+    res, doc, _ = _invoke_validate(servers, tmp_path)
+    out = tmp_path / "out"
+    assert "| time to complete (s) |" in res.output
+    assert set(doc["policies"]) == {"round_robin", "kv_aware"} and doc["max_in_flight"] == 1
+    bad = CliRunner().invoke(validate, ["--url", servers[0].url, "--policy", "nope", "--out", str(out)])
+    assert bad.exit_code != 0 and "valid policies" in bad.output
+    assert not (out / "tokens_live.parquet").exists()
+
+
+def test_validate_tokens_writes_live_and_simulated_token_times(fakes, tmp_path):
+    import pandas as pd
+
+    _invoke_validate(fakes(2), tmp_path, "--tokens")
+    live = pd.read_parquet(tmp_path / "out" / "tokens_live.parquet")
+    sim = pd.read_parquet(tmp_path / "out" / "tokens_sim.parquet")
+    records = pd.read_parquet(tmp_path / "out" / "records_live.parquet")
+    assert set(live["policy"]) == set(sim["policy"]) == {"round_robin", "kv_aware"}
+    for frame in (live, sim):  # 6 requests x 20 tokens per policy (one simulated round)
+        assert frame.groupby("policy").size().to_dict() == {"round_robin": 120, "kv_aware": 120}
+    assert len(live) == records["output_tokens"].sum()
+
+
+@pytest.mark.parametrize("live_rounds", [1, 2])
+def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path, live_rounds):
+    from tests.support.validate_driver import interrupt_validate
+
+    from kvroute.traces.writer import write_trace
+
+    servers = fakes(2, s0={"token_delay_s": 0.01}, s1={"token_delay_s": 0.01})
+    trace_file = tmp_path / "chat.jsonl"
+    write_trace(small_chat(chats=5, turns=3), trace_file)
+    out = tmp_path / "out"
+    # Interrupt once two replies are done: 13 of 15 are then still to come (0.2 s each, one at a
+    # time), however loaded the machine is.
+    code, err, doc = interrupt_validate(trace_file, [s.url for s in servers], "a6000-qwen2.5-7b", out,
+                                        settle_s=0.0, timeout_s=60,
+                                        ready=lambda: sum(len(s.replies) for s in servers) >= 2,
+                                        extra=("--live-rounds", str(live_rounds)))
+    assert code == 130, err
+    assert doc["interrupted"] is True and list(doc["policies"]) == ["round_robin"]
+    rr = doc["policies"]["round_robin"]
+    assert rr.get("live_rounds") == (None if live_rounds == 1 else 1)  # no later round was started
+    assert rr["interrupted"] and 0 < rr["failed_requests"] < doc["num_requests"]
+    assert rr["metrics"]["ttft_mean_s"]["measured"] > 0
+    assert "interrupted" in (out / "report.md").read_text()
+
+
+def test_cluster_spec_notes_a_profile_of_another_model():
+    from kvroute.calibrate.live.client import ServerInfo
+    from kvroute.calibrate.validation.validate import ValidationSpec, cluster_spec
+    from kvroute.sim.timing.profile import load_profile
+
+    server = ServerInfo(url="http://x:1", model="tiny-qwen2", model_root="/cache/kvroute/tiny-qwen2",
+                        served_models=("tiny-qwen2",), vllm_version="0.32.0", max_model_len=32768, block_size=32,
+                        num_gpu_blocks=4096, enable_prefix_caching=True, max_num_batched_tokens=2048,
+                        max_num_seqs=128, hardware="CPU", device="cpu")
+    spec = ValidationSpec(("http://x:1",))
+    cluster, notes = cluster_spec(load_profile("cpu-tiny-qwen2-x2"), [server], spec)
+    assert notes == [] and cluster.profile.engine.num_gpu_blocks == 4096
+    _, notes = cluster_spec(load_profile("a6000-qwen2.5-7b"), [server], spec)
+    assert any("describes model 'qwen2.5-7b-instruct'" in n and "['tiny-qwen2']" in n for n in notes)
+
+
+def test_client_lag_delays_every_later_turn_of_the_simulation_exactly():
+    from kvroute.calibrate.validation.validate import with_client_lag
+    from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+    from kvroute.sim.timing.profile import load_profile
+
+    trace = small_chat(chats=3, turns=3)
+    lagged = with_client_lag(trace, 0.025)
+    assert with_client_lag(trace, 0.0) is trace
+    with pytest.raises(ValueError, match="client lag"):
+        with_client_lag(trace, -0.001)
+    res = simulate(lagged, ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=2, arrival_spread_s=0.0))
+    df = res.records.set_index("request_id")
+    parents = {r.request_id: r.parent for r in trace.records if r.parent is not None}
+    assert len(parents) == 6
+    for rid, parent in parents.items():
+        assert df.at[rid, "arrival"] - df.at[parent, "finish"] == pytest.approx(0.025, abs=1e-9)
+
+
+def test_drawn_client_lags_delay_each_later_turn_by_one_of_the_sample():
+    import dataclasses
+
+    from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+    from kvroute.sim.timing.profile import load_profile
+
+    trace = small_chat(chats=4, turns=3)
+    spec = ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=2, arrival_spread_s=0.0)
+    parents = {r.request_id: r.parent for r in trace.records if r.parent is not None}
+
+    def gaps(s, seed=0):
+        df = simulate(trace, s, seed=seed).records.set_index("request_id")
+        return [round(df.at[rid, "arrival"] - df.at[p, "finish"], 9) for rid, p in parents.items()]
+
+    assert gaps(spec) == [0.0] * 8  # no sample: the trace's think time alone (0 here)
+    one = dataclasses.replace(spec, client_lag_s=(0.025,))
+    assert gaps(one) == [0.025] * 8
+    two = dataclasses.replace(spec, client_lag_s=(0.002, 0.030))
+    drawn = gaps(two)
+    assert set(drawn) == {0.002, 0.030} and drawn == gaps(two)  # both values drawn; same seed, same draws
+    assert gaps(two, seed=1) != drawn
+    with pytest.raises(ValueError, match="client_lag_s"):
+        dataclasses.replace(spec, client_lag_s=(-0.001,))
+
+
+def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fakes, tmp_path):
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
+    from kvroute.sim.study.experiment import prediction_interval
+    from kvroute.sim.timing.profile import load_profile
+
+    servers = fakes(2)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), max_in_flight=2, sim_rounds=2,
+                          uncertainty=2)
+    v = run_validation(small_chat(chats=5, turns=3), load_profile("cpu-tiny-qwen2"), spec)
+    rr, kv = v.runs
+    assert len(kv.run_values["ttft_mean_s"]) == 2 + 2 * 2  # central rounds, then 2 draws x 2 rounds
+    assert kv.interval_source.startswith("seeds and model (bootstrap")
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    m = doc["policies"]["kv_aware"]["metrics"]["ttft_mean_s"]
+    lo, hi = prediction_interval(kv.run_values["ttft_mean_s"])
+    assert m["run_interval"] == [lo, hi] and m["inside"] == (lo <= m["measured"] <= hi)
+    ch = doc["changes"]["kv_aware"]["time_to_complete_s"]
+    assert ch["inside"] in (True, False) and ch["run_interval"][0] < ch["run_interval"][1]
+    k, n = doc["inside_interval"]["inside"], doc["inside_interval"]["checked"]
+    assert 0 <= k <= n and n >= 2 * 9 + 6  # every defined metric and change of both policies
+    md = report_markdown(v)
+    assert "| inside |" in md and f"{k} of {n} measured values fall inside" in md and "2 drawn profiles" in md
+
+
+def test_measured_client_lag_runs_live_first_and_simulates_with_lags_drawn_from_the_measured(fakes, tmp_path):
+    import dataclasses
+
+    import numpy as np
+
+    from kvroute.calibrate.validation.validate import ValidationSpec, measured_lags, run_validation, with_root_offsets
+    from kvroute.calibrate.validation.validate_report import send_lags, write_report
+    from kvroute.sim.timing.profile import load_profile
+
+    servers = fakes(2)
+    trace = small_chat(chats=3, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), sim_rounds=1,
+                          client_lag_s=None)
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    lags = np.concatenate([send_lags(r, trace) for r in v.runs])
+    assert v.client_lag_s == pytest.approx(float(np.median(lags)))
+    # the simulation draws each later turn's lag from the measured ones
+    assert measured_lags(trace, v.runs) == tuple(sorted(max(float(x), 0.0) for x in lags)) and len(lags) == 12
+    for run in v.runs:
+        sim = run.sim_runs[0].records.set_index("request_id")
+        for rec in trace.records:
+            if rec.parent is not None:
+                gap = sim.at[rec.request_id, "arrival"] - sim.at[rec.parent, "finish"]
+                assert min(abs(gap - x) for x in measured_lags(trace, v.runs)) < 1e-9
+    assert set(v.root_offsets_s) == {r.request_id for r in trace.records if r.parent is None}
+    assert min(v.root_offsets_s.values()) == 0.0
+    assert all(r.predicted and r.measured for r in v.runs)
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    assert doc["sim_client_lag_s"] == pytest.approx(v.client_lag_s) and doc["sim_client_lag_measured"]
+    shifted = with_root_offsets(trace, {0: 0.25})
+    assert [r.timestamp_ms for r in shifted.records if r.parent is None][:1] == [250.0]
+    assert dataclasses.replace(shifted, records=trace.records) == trace
+
+
+# --------------------------------------------------------------------------------------------
+# Live rounds: a constructed validation (no server, no simulator) with fixed numbers
+# --------------------------------------------------------------------------------------------
+
+GOLDEN_N1 = GOLDEN / "validate_one_round"
+
+
+def constructed_validation(measured: dict[str, list[dict[str, float]]], live_rounds: int | None = None):
+    """A validation of round_robin then kv_aware on a 2-chat x 2-turn trace, built by hand:
+    ``measured[policy][r]`` is live round ``r``'s summary (metrics not given read 0.5 s / 0.5);
+    predictions, simulated-run values and per-worker counters are fixed numbers. Rounds are
+    appended round-major (rr, kv, rr, kv, ...). ``live_rounds``: the spec's (None: the default)."""
+    import dataclasses
+
+    import pandas as pd
+
+    from kvroute.calibrate.validation.validate import PolicyRun, Validation, ValidationSpec, cluster_spec
+    from kvroute.calibrate.live.client import ServerInfo
+    from kvroute.sim.cluster.metrics import RunResult
+    from kvroute.sim.timing.profile import load_profile
+    from kvroute.calibrate.validation.validate_report import REPORT_METRICS
+
+    trace = small_chat(chats=2, turns=2)
+    servers = [ServerInfo(url=f"http://x:{port}", model="tiny-qwen2", model_root="/cache/kvroute/tiny-qwen2",
+                          served_models=("tiny-qwen2",), vllm_version="0.32.0", max_model_len=32768, block_size=32,
+                          num_gpu_blocks=4096, enable_prefix_caching=True, max_num_batched_tokens=2048,
+                          max_num_seqs=128, hardware="CPU", device="cpu") for port in (1, 2)]
+    extra = {} if live_rounds is None else {"live_rounds": live_rounds}
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), sim_rounds=3, **extra)
+    cluster, notes = cluster_spec(load_profile("cpu-tiny-qwen2-x2"), servers, spec)
+    v = Validation(trace, spec, servers, cluster, notes=notes)
+    policies = spec.policies
+    for r in range(max(len(measured[p]) for p in policies)):
+        for k, policy in enumerate(policies):
+            if r >= len(measured[policy]):
+                continue
+            rows = [{"request_id": rec.request_id, "session_id": rec.session_id, "turn": rec.turn,
+                     "worker": i % 2, "arrival": float(i), "finish": i + 0.5 + 0.01 * r, "status": "ok", "error": None}
+                    for i, rec in enumerate(trace.records)]
+            workers = pd.DataFrame({"url": [s.url for s in servers], "alive": [True, True], "requests": [2, 2],
+                                    "prefix_cache_hits": [100.0 + 10 * r + k, 200.0], "prefix_cache_queries": [400.0, 500.0],
+                                    "usage_cached_tokens": [100, 200], "num_preemptions": [0.0, 0.0]})
+            sim_workers = pd.DataFrame({"prefix_cache_hits": [110 + k, 190], "prefix_cache_queries": [400, 500]})
+            sim = [RunResult(pd.DataFrame(rows), np.array([]), sim_workers, policy, s) for s in range(3)]
+            values = {m: [0.5 + 0.1 * k + 0.05 * s for s in range(3)] for m in REPORT_METRICS}
+            values["time_to_complete_s"] = [2.0 - 0.2 * k + 0.1 * s for s in range(3)]
+            values["failed"] = [0.0, 0.0, 0.0]
+            summary = {m: 0.5 for m in REPORT_METRICS} | {"failed": 0.0} | measured[policy][r]
+            run = PolicyRun(policy, {m: float(np.mean(x)) for m, x in values.items()}, sim,
+                            predicted_interval={m: (min(x), max(x)) for m, x in values.items()},
+                            live=RunResult(pd.DataFrame(rows), np.array([]), workers, policy, 0), measured=summary,
+                            cache_reset=[True, True], elapsed_s=1.5 + r, client_cpu_s=0.3 * (1 + k),
+                            run_values=values)
+            if live_rounds is not None:
+                run = dataclasses.replace(run, live_round=r)
+            v.runs.append(run)
+    return v
+
+
+def test_one_live_round_reports_as_before(tmp_path):
+    """The default (one live round) writes today's report.json and report.md, plus one note."""
+    import os
+
+    from kvroute.calibrate.validation.validate_report import ONE_ROUND_NOTE, report_dict, report_markdown
+
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": 1.8}], "kv_aware": [{"time_to_complete_s": 1.5}]})
+    doc = json.loads(json.dumps(report_dict(v), default=str))
+    md = report_markdown(v)
+    assert doc["notes"][0] == ONE_ROUND_NOTE and "1.44 s" in ONE_ROUND_NOTE and "--live-rounds 3" in ONE_ROUND_NOTE
+    assert md.endswith(f"\n\n## Notes\n\n- {ONE_ROUND_NOTE}\n")
+    doc["notes"].remove(ONE_ROUND_NOTE)
+    md = md.replace(f"\n## Notes\n\n- {ONE_ROUND_NOTE}\n", "")
+    if os.environ.get("KVROUTE_REGEN_GOLDEN"):  # written by the code before --live-rounds (b0f4de5, d77d01d)
+        GOLDEN_N1.mkdir(exist_ok=True)
+        (GOLDEN_N1 / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (GOLDEN_N1 / "report.md").write_text(md)
+    assert doc == json.loads((GOLDEN_N1 / "report.json").read_text())
+    assert md == (GOLDEN_N1 / "report.md").read_text()
+
+
+def test_a_change_is_checked_against_the_paired_simulated_changes_of_the_same_sign():
+    from kvroute.calibrate.validation.validate_report import change_pair
+
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": 2.0}], "kv_aware": [{"time_to_complete_s": 1.8}]})
+    ch = change_pair(v.runs[:1], v.runs[1:], "time_to_complete_s")  # simulated: 2.0/1.8, 2.1/1.9, 2.2/2.0 s
+    assert ch["predicted"] == pytest.approx(-100 * 0.2 / 2.1) and ch["measured"] == pytest.approx(-10.0)
+    lo, hi = ch["run_interval"]
+    assert lo < -9.0 < hi < 0 and ch["inside"] is True
+
+
+def test_two_live_rounds_interleave_policies_each_from_a_reset_cache(fakes, tmp_path):
+    import itertools
+    import statistics
+
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import write_report
+    from kvroute.sim.timing.profile import load_profile
+
+    servers = fakes(2)
+    trace = small_chat(chats=5, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), max_in_flight=1, sim_rounds=1,
+                          live_rounds=2)
+    messages = []
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec, progress=messages.append)
+    assert [(r.policy, r.live_round) for r in v.runs] == [("round_robin", 0), ("kv_aware", 0),
+                                                         ("round_robin", 1), ("kv_aware", 1)]
+    assert [m for m in messages if m.startswith("replaying")] == [
+        f"replaying 15 requests live with {p} (live round {r} of 2)" for r in (1, 2) for p in ("round_robin", "kv_aware")]
+    # every run starts from a reset cache: each server saw a reset before each of the four runs' requests
+    for s in servers:
+        assert [k for k, _ in itertools.groupby(s.log)] == ["reset", "completion"] * 4
+    assert all(r.cache_reset == [True, True] for r in v.runs)
+    # ... so one at a time, both rounds of a policy hit exactly what the simulation hits
+    for run in v.runs:
+        assert list(run.live.workers["prefix_cache_hits"]) == list(run.sim_runs[0].workers["prefix_cache_hits"])
+    rounds = v.policy_rounds()
+    assert rounds["kv_aware"][0].sim_runs is rounds["kv_aware"][1].sim_runs  # one prediction per policy
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    assert doc["live_rounds"] == 2
+    for policy, runs in rounds.items():
+        p = doc["policies"][policy]
+        assert p["live_rounds"] == 2 and [r["live_round"] for r in p["rounds"]] == [0, 1]
+        for metric, m in p["metrics"].items():
+            values = [summarize(r.live)[metric] for r in runs]
+            assert m["measured_rounds"] == values and m["live_rounds"] == 2 and m["measured_interval"] is None
+            assert m["measured"] == statistics.fmean(values)
+            assert (m["measured_min"], m["measured_max"]) == (min(values), max(values))
+    ch = doc["changes"]["kv_aware"]["time_to_complete_s"]
+    assert ch["measured_rounds"] == pytest.approx([
+        100 * (k.measured["time_to_complete_s"] / r.measured["time_to_complete_s"] - 1)
+        for r, k in zip(rounds["round_robin"], rounds["kv_aware"])], rel=1e-12)
+    assert ch["measured_interval"][0] < ch["measured_interval"][1]
+    import pandas as pd
+
+    live = pd.read_parquet(tmp_path / "records_live.parquet")
+    assert len(live) == 4 * 15 and sorted(set(live["live_round"])) == [0, 1]
+    assert len(pd.read_parquet(tmp_path / "records_sim.parquet")) == 2 * 15  # the prediction once per policy
+
+
+def test_live_rounds_report_exact_values_for_a_constructed_case():
+    from scipy.stats import t
+
+    from kvroute.calibrate.validation.validate_report import ONE_ROUND_NOTE, report_dict, report_markdown
+    from kvroute.sim.study.experiment import prediction_interval
+
+    rr_tc, kv_tc = [1.0, 2.0, 3.0], [0.9, 1.5, 2.7]
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": x} for x in rr_tc],
+                                "kv_aware": [{"time_to_complete_s": x} for x in kv_tc]}, live_rounds=3)
+    doc = report_dict(v)
+    assert doc["live_rounds"] == 3 and ONE_ROUND_NOTE not in doc["notes"]
+    rr = doc["policies"]["round_robin"]
+    m = rr["metrics"]["time_to_complete_s"]
+    half = t.ppf(0.975, 2) * 1.0 / 3 ** 0.5
+    assert m["predicted"] == pytest.approx(2.1) and m["measured"] == 2.0
+    assert m["measured_rounds"] == rr_tc and (m["measured_min"], m["measured_max"]) == (1.0, 3.0)
+    assert m["measured_interval"] == [0.0, pytest.approx(2.0 + half)]  # 2.0 - 2.48 s clipped to 0
+    assert m["live_rounds"] == 3 and m["predicted_inside_live_range"] is True
+    assert m["error_pct"] == pytest.approx(5.0)
+    assert m["run_interval"] == list(prediction_interval([2.0, 2.1, 2.2], future=3))
+    assert m["inside"] is True
+    assert rr["live_rounds"] == 3 and rr["live_wall_time_s"] == 2.5
+    assert [r["live_wall_time_s"] for r in rr["rounds"]] == [1.5, 2.5, 3.5]
+    assert rr["cache_reset"] == [[True, True]] * 3 and rr["failed_requests"] == 0
+    assert rr["workers"]["0"]["hit_tokens"] == {"predicted": 110.0, "measured": 110.0, "error_pct": 0.0}
+    assert doc["policies"]["kv_aware"]["workers"]["0"]["hit_tokens"]["measured"] == 111.0
+    assert doc["policies"]["kv_aware"]["metrics"]["time_to_complete_s"]["measured"] == pytest.approx(1.7)
+    ch = doc["changes"]["kv_aware"]["time_to_complete_s"]
+    assert ch["measured"] == pytest.approx(-15.0) and ch["predicted"] == pytest.approx(-100 * 0.2 / 2.1)
+    assert ch["measured_rounds"] == pytest.approx([-10.0, -25.0, -10.0])
+    half = t.ppf(0.975, 2) * 75 ** 0.5 / 3 ** 0.5
+    assert ch["measured_interval"] == pytest.approx([-15.0 - half, -15.0 + half])
+    assert ch["predicted_inside_measured_interval"] is True and ch["live_rounds"] == 3
+    md = report_markdown(v, doc)
+    assert "- live: 3 rounds per policy, interleaved" in md
+    assert "| time to complete (s) | 2.100 | 2.000 - 2.200 |" in md and "| 2.000 | 1.000 - 3.000 | 0.000 - " in md
+    assert "95 % interval over paired rounds" in md and "of the mean of 3 simulated runs" in md
+    # two rounds: no interval of a metric's mean (t(1) is 12.7), but one over the paired changes
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": x} for x in rr_tc[:2]],
+                                "kv_aware": [{"time_to_complete_s": x} for x in kv_tc[:2]]}, live_rounds=2)
+    doc = report_dict(v)
+    assert doc["policies"]["round_robin"]["metrics"]["time_to_complete_s"]["measured_interval"] is None
+    assert doc["changes"]["kv_aware"]["time_to_complete_s"]["measured_interval"][0] < -25.0
+
+
+def test_a_server_dying_in_one_live_round_leaves_the_next_round_running_on_the_others(fakes, tmp_path):
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
+    from kvroute.sim.timing.profile import load_profile
+
+    servers = fakes(2, s1={"die_after": 3, "token_delay_s": 0.002})
+    trace = small_chat(chats=6, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin",), max_in_flight=3, sim_rounds=1,
+                          live_rounds=2)
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    first, second = v.runs
+    assert list(first.dead) == [1] and list(second.dead) == [1]
+    assert second.cache_reset == [True, None] and "did not answer before the run" in second.dead[1]
+    ok = second.live.records[second.live.records["status"] == "ok"]
+    assert len(ok) == len(trace.records) and (ok["worker"] == 0).all()
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    rr = doc["policies"]["round_robin"]
+    assert rr["live_rounds"] == 2 and rr["dead_workers"]["1"].startswith("live round 1: ")
+    assert rr["failed_requests"] == len(first.live.records[first.live.records["status"] != "ok"]) > 0
+    assert rr["rounds"][1]["dead_workers"].keys() == {"1"} and rr["workers"]["1"]["alive"] is False
+    assert {f["live_round"] for f in doc["failures"]} == {0}
+    assert "round_robin (live round 2): worker 1" in report_markdown(v, doc)
+
+
+def test_validate_command_live_rounds(fakes, tmp_path):
+    from click.testing import CliRunner
+
+    from kvroute.cli.validate_command import validate
+
+    res, doc, args = _invoke_validate(fakes(2), tmp_path, "--live-rounds", "2")
+    assert "| live min - max |" in res.output and "(live round 2 of 2)" in res.output
+    assert doc["live_rounds"] == 2 and doc["policies"]["kv_aware"]["live_rounds"] == 2
+    bad = CliRunner().invoke(validate, args[:-1] + ["0"])
+    assert bad.exit_code == 2 and "Invalid value for '--live-rounds': must be >= 1, got 0" in bad.output
+
+
+def test_live_rounds_share_one_prediction_with_the_client_lag_measured_over_every_round(fakes):
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import send_lags
+    from kvroute.sim.timing.profile import load_profile
+
+    servers = fakes(2)
+    trace = small_chat(chats=3, turns=3)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin", "kv_aware"), sim_rounds=1,
+                          client_lag_s=None, live_rounds=2)
+    messages = []
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec, progress=messages.append)
+    assert len(v.runs) == 4 and sum(m.startswith("simulating") for m in messages) == 1
+    assert v.client_lag_s == pytest.approx(float(np.median(np.concatenate([send_lags(r, trace) for r in v.runs]))))
+    for runs in v.policy_rounds().values():
+        assert runs[0].predicted and all(r.sim_runs is runs[0].sim_runs and r.predicted is runs[0].predicted
+                                         for r in runs)
+
+
+def test_validate_against_an_unreachable_server_leaves_no_empty_output_directory(tmp_path):
+    import socket
+
+    from click.testing import CliRunner
+
+    from kvroute.cli.validate_command import validate
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "runs" / "validate"
+    res = CliRunner().invoke(validate, ["--url", f"http://127.0.0.1:{port}", "--chats", "2", "--turns", "1",
+                                        "--out", str(out)])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert "127.0.0.1" in res.output
+    assert not out.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    CliRunner().invoke(validate, ["--url", f"http://127.0.0.1:{port}", "--out", str(kept)])
+    assert kept.is_dir()  # a directory the user made stays
+
+
+def test_engine_times_split_ttft_into_queue_prefill_and_front_end_exactly():
+    """Measured: histogram deltas over all servers (sum / count), a dead server left out;
+    predicted: the simulated records' vLLM-defined times, pooled over runs."""
+    import pandas as pd
+
+    from kvroute.calibrate.validation.engine_times import engine_rows, measured_times
+    from kvroute.calibrate.validation.validate import PolicyRun
+    from kvroute.calibrate.live.client import MetricsSnapshot
+    from kvroute.sim.cluster.metrics import RunResult
+
+    def snap(queue, prefill, decode, n, ttft=0.0):
+        return MetricsSnapshot({"vllm:request_queue_time_seconds_sum": queue, "vllm:request_queue_time_seconds_count": n,
+                                "vllm:request_prefill_time_seconds_sum": prefill,
+                                "vllm:request_prefill_time_seconds_count": n,
+                                "vllm:request_decode_time_seconds_sum": decode,
+                                "vllm:request_decode_time_seconds_count": n,
+                                "vllm:time_to_first_token_seconds_sum": ttft,
+                                "vllm:time_to_first_token_seconds_count": n}, {})
+
+    nan = float("nan")
+
+    def row(rid, ttft, queue, prefill, decode, status="ok"):
+        return (rid, None, None, 0, 0.0, ttft, 1.0, ttft, 1.0, 0.1, 100, 0, 5, 0, status, None, 0.0, nan, nan,
+                queue, prefill, decode, nan)
+
+    sims = [RunResult(pd.DataFrame([row(0, 0.2, 0.01, 0.05, 0.4), row(1, 0.3, 0.03, 0.07, 0.6)], columns=RECORD_COLUMNS),
+                      np.array([]), pd.DataFrame(), "kv_aware", 0),
+            RunResult(pd.DataFrame([row(0, 0.2, 0.02, 0.06, 0.5), row(1, nan, nan, nan, nan, "failed")],
+                                   columns=RECORD_COLUMNS), np.array([]), pd.DataFrame(), "kv_aware", 1)]
+    run = PolicyRun("kv_aware", {"ttft_mean_s": 0.25}, sims, measured={"ttft_mean_s": 0.3},
+                    before=[snap(1.0, 2.0, 3.0, 10), snap(0.0, 0.0, 0.0, 0), None],
+                    after=[snap(1.06, 2.3, 4.2, 13, ttft=0.6), snap(0.04, 0.1, 0.8, 1, ttft=0.4), snap(9.0, 9.0, 9.0, 9)])
+    got = measured_times(run)
+    assert got["queue_time"] == pytest.approx(0.1 / 4) and got["prefill_time"] == pytest.approx(0.4 / 4)
+    assert got["decode_time"] == pytest.approx(2.0 / 4)
+    assert got["front_end"] == pytest.approx(0.3 - 0.025 - 0.1)
+    assert got["api_front_end"] == pytest.approx(1.0 / 4 - 0.025 - 0.1)  # vLLM's TTFT 0.25 s
+    assert got["client"] == pytest.approx(0.3 - 0.25)
+    rows = engine_rows([run])
+    assert rows["queue_time"]["predicted"] == pytest.approx(0.02)  # (0.01 + 0.03 + 0.02) / 3 finished
+    assert rows["prefill_time"]["predicted"] == pytest.approx(0.06)
+    assert rows["decode_time"]["predicted"] == pytest.approx(0.5)
+    assert rows["front_end"]["predicted"] == pytest.approx(0.25 - 0.02 - 0.06)
+    assert rows["client"]["predicted"] is None and rows["client"]["measured"] == pytest.approx(0.05)
+    assert rows["ttft"] == {"label": "TTFT, all requests (client)", "predicted": 0.25, "measured": 0.3,
+                            "error_pct": pytest.approx(100 * (0.25 - 0.3) / 0.3)}
+    # a server without these histograms (another vLLM) gives None, not a wrong number
+    bare = PolicyRun("kv_aware", {}, [], measured={}, before=[MetricsSnapshot({}, {})], after=[MetricsSnapshot({}, {})])
+    assert math.isnan(measured_times(bare)["queue_time"])
+
+
+def test_convoy_rows_split_later_turns_at_the_engines_first_token():
+    import pandas as pd
+
+    from kvroute.calibrate.validation.engine_times import convoy_rows
+    from kvroute.calibrate.validation.validate import PolicyRun
+    from kvroute.sim.cluster.metrics import RunResult
+
+    nan = float("nan")
+
+    def row(rid, worker, turn, arrival, engine_first, first, status="ok"):
+        return (rid, rid % 10, turn, worker, arrival, first, first + 1.0, first - arrival, 1.0, 0.1, 100, 0, 5, 0,
+                status, None, 0.0, nan, nan, nan, nan, nan, engine_first)
+
+    def result(rows):
+        return RunResult(pd.DataFrame(rows, columns=RECORD_COLUMNS), np.array([]), pd.DataFrame(), "kv_aware", 0)
+
+    # a convoy of two later turns on worker 0 (sent at 1.0 and 1.01 s), one on worker 1, a first
+    # turn (left out) and a failed request (left out)
+    sim = result([row(0, 0, 1, 0.0, 0.02, 0.03), row(1, 0, 2, 1.0, 1.02, 1.021), row(2, 0, 2, 1.01, 1.05, 1.052),
+                  row(3, 1, 2, 1.0, 1.03, 1.031), row(4, 1, 2, 1.1, nan, nan, "failed")])
+    live = result([row(0, 0, 1, 0.0, 0.02, 0.03), row(1, 0, 2, 1.0, 1.03, 1.036), row(2, 0, 2, 1.01, 1.06, 1.068),
+                   row(3, 1, 2, 1.0, 1.04, 1.046)])
+    run = PolicyRun("kv_aware", {}, [sim], live=live, measured={})
+    rows = convoy_rows([run])
+    assert [(r["position"], r["count"]) for r in rows] == [(1, 2), (2, 1)]
+    first, second = rows
+    assert first["predicted_engine"] == pytest.approx((0.02 + 0.03) / 2)
+    assert first["measured_engine"] == pytest.approx((0.03 + 0.04) / 2)
+    assert first["measured_out"] == pytest.approx(0.006) and first["predicted_out"] == pytest.approx(0.001)
+    assert second["measured_engine"] == pytest.approx(0.05) and second["measured_out"] == pytest.approx(0.008)
+    assert second["measured_ttft"] == pytest.approx(0.058) and second["predicted_ttft"] == pytest.approx(0.042)
+    # live records without engine first-token times (servers without KV-cache events): no rows
+    untimed = result([row(1, 0, 2, 1.0, nan, 1.036)])
+    assert convoy_rows([PolicyRun("kv_aware", {}, [sim], live=untimed, measured={})]) == []
+
+
+@pytest.mark.parametrize("behaviour, expected", [
+    ("fails", "reading the KV-cache events of tcp://127.0.0.1:1, tcp://127.0.0.1:2 failed: "
+              "ModuleNotFoundError: No module named 'msgspec'"),
+    ("silent", "no KV-cache event arrived from tcp://127.0.0.1:1, tcp://127.0.0.1:2"),
+    ("works", None),
+])
+def test_a_kv_event_feed_that_gives_nothing_is_reported(fakes, monkeypatch, behaviour, expected):
+    from kvroute.calibrate.live.kv_events import LiveKVEvents
+
+    async def run(self):
+        if behaviour == "fails":
+            raise ModuleNotFoundError("No module named 'msgspec'")
+        if behaviour == "works":
+            self.apply(0, [], ts=0.0)
+        await asyncio.Event().wait()  # subscribed until cancelled
+
+    monkeypatch.setattr(LiveKVEvents, "run", run)
+    replay = _replay(small_chat(), fakes(2), kv_event_endpoints=("tcp://127.0.0.1:1", "tcp://127.0.0.1:2"))
+    assert (replay.result().records["status"] == "ok").all()  # the replay itself goes on
+    if expected is None:
+        assert replay.events_problem is None
+    else:
+        assert replay.events_problem.startswith(expected)
+    assert replay.result().records["engine_first_token"].isna().all()  # no block was ever stored

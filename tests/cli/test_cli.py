@@ -1,0 +1,202 @@
+"""The kvroute command line: main job, JSON output, files written, and clear errors."""
+
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from kvroute.cli.main import cli
+from kvroute.sim.cluster.cluster import ClusterSpec
+from kvroute.sim.study.experiment import compare
+from kvroute.sim.cluster.metrics import SUMMARY_METRICS
+from kvroute.sim.timing.profile import load_profile
+from kvroute.traces.generators import builtin_workload, seed_chat
+from tests.support.shared_traces import shared_trace
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_compare_json_equals_the_python_api_for_the_same_seeds():
+    result = invoke("compare", "--turns", "2", "--chats", "8", "--rounds", "2", "--seed", "4", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert list(doc["policies"]) == ["round_robin", "least_loaded", "kv_aware"]
+    spec = ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=4)
+    # The CLI's seed-chat draws its reply lengths per round from the round's seed.
+    api = compare(lambda seed: builtin_workload("seed-chat", 8, 2, seed=seed), spec, ["round_robin", "least_loaded", "kv_aware"],
+                  rounds=2, seed=4)
+    for policy in api.policies:
+        for metric in SUMMARY_METRICS:
+            expected = list(api.summaries[api.summaries["policy"] == policy][metric])
+            got = doc["policies"][policy][metric]["rounds"]
+            assert got == pytest.approx(expected, nan_ok=True), (policy, metric)
+    assert "change_vs_baseline_pct" in doc["policies"]["kv_aware"]["hit_rate"]
+
+
+def test_compare_table_and_output_files(tmp_path):
+    result = invoke("compare", "--turns", "2", "--chats", "8", "--rounds", "1", "--policies",
+                    "round_robin,kv_aware", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "Δ vs round_robin" in result.output and "hit rate" in result.output
+    records = pd.read_parquet(tmp_path / "records.parquet")
+    assert len(records) == 2 * 16 and set(records["policy"]) == {"round_robin", "kv_aware"}
+    assert (tmp_path / "ttft.png").stat().st_size > 10_000
+    assert set(json.loads((tmp_path / "compare.json").read_text())["policies"]) == {"round_robin", "kv_aware"}
+
+
+def test_unknown_names_list_the_valid_ones():
+    result = CliRunner().invoke(cli, ["compare", "--policies", "round_robin,fastest"])
+    assert result.exit_code == 2
+    assert "unknown policy 'fastest'; valid policies: round_robin, least_loaded, kv_aware" in result.output
+    result = CliRunner().invoke(cli, ["simulate", "--profile", "a7000"])
+    assert result.exit_code == 2 and "a6000-qwen2.5-7b" in result.output
+
+
+def test_malformed_trace_names_file_line_and_field(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
+                   '{"timestamp": 0, "input_length": 20, "output_length": 5, "hash_ids": [1, 2]}\n')
+    result = CliRunner().invoke(cli, ["simulate", "--trace", str(bad)])
+    assert result.exit_code == 1
+    assert f"{bad}:2: field 'hash_ids'" in result.output
+
+
+def test_trace_generate_then_simulate(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    assert invoke("trace", "generate", "seed-chat", "--chats", "4", "--turns", "3", "--reply-tokens", "128",
+                  "--out", str(path)).exit_code == 0
+    result = invoke("simulate", "--trace", str(path), "--policy", "kv_aware", "--json")
+    doc = json.loads(result.output)
+    assert doc["policies"]["kv_aware"]["failed"]["mean"] == 0.0
+    # Each of 4 chats on its own worker: turn 1 finds nothing; turn 2 hits the 69 full blocks of
+    # turn 1's 986 + 127 computed tokens, turn 3 the 90 blocks of 1316 + 127.
+    assert doc["policies"]["kv_aware"]["hit_rate"]["mean"] == pytest.approx((1104 + 1440) / (986 + 1316 + 1646))
+
+
+def test_trace_stats_reproduces_the_published_mooncake_figures():
+    path = shared_trace("mooncake", "conversation_trace.jsonl")
+    doc = json.loads(invoke("trace", "stats", str(path), "--json").output)
+    assert doc["records"] == 12031
+    assert doc["distinct_block_ids"] == 182790
+    assert doc["block_references"] == 288500
+    assert doc["repeated_references"] == 105710
+
+
+def test_generated_trace_with_drawn_lengths_replays_to_identical_records(tmp_path):
+    from kvroute.sim.cluster.cluster import simulate
+    from kvroute.traces.reader import read_trace
+
+    path = tmp_path / "chats.jsonl"
+    result = invoke("trace", "generate", "seed-chat", "--chats", "6", "--turns", "3", "--seed", "7",
+                    "--reply-tokens", "lognormal:90:1", "--user-tokens", "uniform:180:210",
+                    "--start", "uniform:0:0.01", "--think-time", "exponential:0.2", "--out", str(path))
+    assert result.exit_code == 0, result.output
+    written = read_trace(path)
+    drawn = builtin_workload("seed-chat", 6, 3, "exponential:0.2", 7, "lognormal:90:1", user="uniform:180:210",
+                             start_s="uniform:0:0.01")
+    assert written.records == drawn.records
+    assert len({r.output_length for r in written.records}) > 3  # the lengths really vary
+    spec = ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=2, policy="kv_aware")
+    a = simulate(written, spec, seed=7).records
+    b = simulate(drawn, spec, seed=7).records
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_length_flags_name_the_flag_in_errors():
+    result = CliRunner().invoke(cli, ["compare", "--reply-tokens", "lognormal:90"])
+    assert result.exit_code != 0
+    assert "Invalid value for '--reply-tokens': lognormal takes 2 number(s)" in result.output
+    result = CliRunner().invoke(cli, ["compare", "--think-time", "-1"])
+    assert "Invalid value for '--think-time': value must be a finite number >= 0" in result.output
+
+
+def test_a_derived_prior_is_flagged_under_the_table():
+    result = invoke("compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin")
+    assert "Note: a6000-qwen2.5-7b is a derived prior, not a measurement" in result.output
+    assert "later-turn TTFT about 1.5x the measured value" in result.output
+    measured = invoke("compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin",
+                      "--profile", "cpu-tiny-qwen2")
+    assert "derived prior" not in measured.output
+
+
+def test_many_requests_in_flight_without_front_end_terms_are_flagged():
+    note = "has no front-end terms: vLLM's API process and the host's CPU are taken as unlimited"
+    few = invoke("compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin")
+    assert note not in few.output
+    # 32 chats at once on 2 workers, round-robin: 16 on each
+    many = invoke("compare", "--chats", "32", "--turns", "1", "--rounds", "1", "--policies", "round_robin",
+                  "--workers", "2")
+    assert f"Note: up to 16 requests were in flight on one worker, and a6000-qwen2.5-7b {note}" in many.output
+    modelled = invoke("compare", "--chats", "32", "--turns", "1", "--rounds", "1", "--policies", "round_robin",
+                      "--workers", "2", "--profile", "cpu-tiny-qwen2-x2-bursts")
+    assert note not in modelled.output
+    # with front-end terms the note names the serial admission work per prompt token instead
+    assert ("Note: up to 16 requests were in flight on one worker, and each server's API process admits them one "
+            "after another, 1.25 us per prompt token (cpu-tiny-qwen2-x2-bursts's frontend.per_prompt_token_s), "
+            "counting as a busy process on the host while it works (host.contention 0.64)" in modelled.output)
+    # that profile's workers step at drawn speeds, which the output says
+    assert "Note: each worker steps at its own speed, drawn anew every 0.25 s (log-spread 0.37" in modelled.output
+    assert "its own speed" not in many.output
+
+
+def test_the_speed_note_gives_the_periods_the_sweep_allows(tmp_path):
+    """A fitted profile keeps the engine-speed period's likelihood interval; the note under the
+    table quotes it (an open upper end: one speed per round)."""
+    import copy
+
+    doc = copy.deepcopy(load_profile("cpu-tiny-qwen2-x2-bursts").raw)
+    doc["provenance"]["fit"].setdefault("bursts", {})["engine_speed_period_interval_s"] = [0.25, 0.63]
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    doc["provenance"]["fit"]["bursts"]["engine_speed_period_interval_s"] = [0.63, None]
+    (tmp_path / "open.json").write_text(json.dumps(doc))
+    args = ("compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin", "--workers", "2")
+    assert "(log-spread 0.37, from cpu-tiny-qwen2-x2-bursts's bursts; its sweep allows 0.25 s to 0.63 s)" in invoke(
+        *args, "--profile", str(tmp_path / "p.json")).output
+    assert "its sweep allows 0.63 s to one speed per round)" in invoke(*args, "--profile", str(tmp_path / "open.json")).output
+
+
+def test_peak_in_flight_counts_each_worker_and_round_apart():
+    import pandas as pd
+
+    from kvroute.sim.timing.coverage import peak_in_flight
+
+    rows = pd.DataFrame({"policy": ["p"] * 5, "round": [0, 0, 0, 1, 1], "worker": [0, 0, 0, 0, 1],
+                         "arrival": [0.0, 1.0, 2.0, 0.5, 0.5], "finish": [2.0, 3.0, float("nan"), 9.0, 9.0]})
+    # round 0, worker 0: [0, 2), [1, 3), [2, inf): two at once at most (a finish at 2.0 goes first)
+    assert peak_in_flight(rows) == 2
+    assert peak_in_flight(rows.assign(arrival=[0.0, 1.0, 1.5, 0.5, 0.5])) == 3
+
+
+def test_failed_requests_are_counted_under_the_table_and_gpus_named():
+    result = invoke("compare", "--chats", "2", "--turns", "2", "--rounds", "1", "--policies", "round_robin",
+                    "--max-model-len", "10")
+    assert "Warning: every request failed (all policies and rounds); e.g. request 0: This model's maximum " \
+           "context length is 10 tokens" in result.output
+    ok = invoke("compare", "--chats", "2", "--turns", "2", "--rounds", "1", "--policies", "round_robin")
+    assert "requests failed" not in ok.output
+    bad = CliRunner().invoke(cli, ["compare", "--gpus", "8"])
+    assert bad.exit_code != 0 and "Invalid value for '--gpus': must be between 1 and --workers (4), got 8" in bad.output
+
+
+def test_one_round_says_it_has_no_interval():
+    one = invoke("simulate", "--chats", "4", "--turns", "2")
+    assert "one round per policy, seed 0: no interval (--rounds 2 or more gives one)" in one.output
+    assert "± is the 95% interval" not in one.output
+    two = invoke("simulate", "--chats", "4", "--turns", "2", "--rounds", "2")
+    assert "2 round(s) per policy, seeds 0..1; ± is the 95% interval over rounds" in two.output
+
+
+def test_the_front_end_note_names_the_stated_api_contention_of_a_per_core_profile(tmp_path):
+    from kvroute.sim.timing.profile import load_profile
+
+    doc = load_profile("cpu-tiny-qwen2-x2-bursts").raw
+    doc = {**doc, "name": "per-core", "host": {**doc["host"], "api_on_engine_core": True, "api_contention": 1.0}}
+    path = tmp_path / "per-core.json"
+    path.write_text(json.dumps(doc))
+    result = invoke("compare", "--chats", "32", "--turns", "1", "--rounds", "1", "--policies", "round_robin",
+                    "--workers", "2", "--profile", str(path))
+    assert ("on its engine's core, taking 2 times as long while the engine has requests (host.api_contention 1, "
+            "stated, not measured). Closed-loop TTFT under a kv-aware router hangs on it" in result.output)

@@ -1,0 +1,110 @@
+"""One scenario type: the commands' scenario options are generated from ``Scenario``'s fields, so
+every command that runs a workload has every workload option, with one default and one check."""
+
+import dataclasses
+import importlib
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kvroute.cli.main import LAZY_COMMANDS, cli
+from kvroute.cli.scenario import FLAGS, OPTION_FIELDS
+from kvroute.cli.trace_commands import generate
+from kvroute.sim.cluster.cluster import ClusterSpec
+from kvroute.sim.routing import DEFAULT_POLICIES
+from kvroute.sim.study.scenario import SCENARIO_FIELDS, Scenario, ScenarioError
+from kvroute.traces.generators import WORKLOAD_SIZES
+from kvroute.traces.reader import read_trace
+
+
+def command(name: str):
+    module, attribute, _ = LAZY_COMMANDS[name]
+    return getattr(importlib.import_module(module), attribute)
+
+
+def options(cmd) -> dict:
+    """Long flag -> click parameter."""
+    return {flag: param for param in cmd.params for flag in param.opts if flag.startswith("--")}
+
+
+WORKLOAD_FIELDS = [name for name, f in OPTION_FIELDS.items() if f.metadata["group"] == "workload"]
+
+
+@pytest.mark.parametrize("name", ["simulate", "compare", "sweep", "sensitivity"])
+def test_every_scenario_field_is_an_option_named_as_the_field_with_its_default(name):
+    flags = options(command(name))
+    for field in dataclasses.fields(Scenario):
+        if field.name not in OPTION_FIELDS:
+            continue
+        param = flags[FLAGS[field.name]]
+        assert param.name == field.name, field.name  # no rename table between options and fields
+        if name != "sweep":
+            assert param.default == field.default, field.name
+        assert param.help.startswith(field.metadata["help"]), field.name
+
+
+@pytest.mark.parametrize("name", ["simulate", "compare", "sweep", "sensitivity", "validate", "trace generate"])
+def test_every_workload_command_has_every_workload_option_with_one_default(name):
+    cmd = generate if name == "trace generate" else command(name)
+    flags = options(cmd)
+    for field in WORKLOAD_FIELDS:
+        if name == "trace generate" and field == "workload":
+            continue  # its KIND argument
+        param = flags[FLAGS[field]]
+        assert param.name == field
+        if name != "sweep":
+            assert param.default == OPTION_FIELDS[field].default, (name, field)
+    assert "--history" in flags
+
+
+def test_one_default_policy_set():
+    baseline = DEFAULT_POLICIES[0]
+    assert baseline == "round_robin"
+    assert ClusterSpec.__dataclass_fields__["policy"].default == Scenario().policy == baseline
+    assert options(command("simulate"))["--policy"].default == baseline
+    for name in ("compare", "sweep", "sensitivity"):
+        assert options(command(name))["--policies"].default == ",".join(DEFAULT_POLICIES), name
+    from kvroute.cli.validate_command import _policies
+
+    assert _policies((), None) == list(DEFAULT_POLICIES)
+
+
+def test_the_agent_workload_has_one_default_size_everywhere(tmp_path):
+    assert Scenario(workload="agent").sizes == WORKLOAD_SIZES["agent"] == (16, 10)
+    assert Scenario().sizes == WORKLOAD_SIZES["seed-chat"] == (64, 6)
+    out = tmp_path / "agent.jsonl"
+    result = CliRunner().invoke(cli, ["trace", "generate", "agent", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert read_trace(out).records == Scenario(workload="agent").trace().records
+    run = CliRunner().invoke(cli, ["simulate", "--workload", "agent", "--json"])
+    assert run.exit_code == 0, run.output
+    assert f"{len(read_trace(out).records)} requests" in json.loads(run.output)["scenario"]
+
+
+def test_history_runs_on_compare_and_is_checked_as_the_scenario_checks_it():
+    ok = CliRunner().invoke(cli, ["simulate", "--workload", "agent", "--chats", "2", "--turns", "2",
+                                  "--history", "8000-9000", "--json"])
+    assert ok.exit_code == 0, ok.output
+    bad = CliRunner().invoke(cli, ["compare", "--history", "8000"])
+    assert bad.exit_code == 2 and "Invalid value for '--history': applies to the agent workload only" in bad.output
+    with pytest.raises(ScenarioError, match="history applies to the agent workload only") as info:
+        Scenario(history=8000)
+    assert info.value.field == "history"
+    with pytest.raises(ValueError, match="kv_blocks must be >= 2, got 1"):
+        Scenario(kv_blocks=1)
+    bad = CliRunner().invoke(cli, ["simulate", "--kv-blocks", "1"])
+    assert "Invalid value for '--kv-blocks': must be >= 2, got 1" in bad.output
+
+
+def test_a_scenario_file_may_use_the_earlier_parameter_names(tmp_path):
+    config = tmp_path / "s.yaml"
+    config.write_text("profile_name: a6000-qwen2.5-7b\ntrace_path: null\nchats: 2\nturns: 1\n")
+    a = CliRunner().invoke(cli, ["simulate", "--config", str(config), "--json"])
+    b = CliRunner().invoke(cli, ["simulate", "--chats", "2", "--turns", "1", "--json"])
+    assert a.exit_code == b.exit_code == 0, a.output
+    assert a.output == b.output
+
+
+def test_fields_are_the_scenario_fields():
+    assert set(OPTION_FIELDS) == set(SCENARIO_FIELDS) - {"policy"}

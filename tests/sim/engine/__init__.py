@@ -1,0 +1,1 @@
+"""Tests of ``kvroute.sim.engine`` (the vLLM mirror), including parity with vLLM's own scheduler."""

@@ -1,0 +1,129 @@
+"""Sensitivity (Morris screening): factors and their ranges, ranking, determinism, CLI."""
+
+import json
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from kvroute.cli.main import cli
+from kvroute.sim.timing.profile import CoefficientUncertainty, load_profile
+from kvroute.sim.study.sensitivity import (FACTOR_GROUPS, Factor, Ranges, base_profile, default_factors, output_names,
+                                     run_sensitivity)
+from kvroute.sim.study.sweep import Scenario
+from kvroute.sim.timing.uncertainty import with_coefficients
+
+TOY = Scenario(chats=8, turns=2, workers=2)
+
+
+def _set(name):
+    return lambda scenario, profile, value: (scenario, with_coefficients(profile, {name: value}))
+
+
+def test_default_factors_of_a_derived_prior_are_its_values_plus_minus_the_stated_range():
+    profile = load_profile("a6000-qwen2.5-7b")
+    factors = {f.name: f for f in default_factors(Scenario(), profile, Ranges(prior_range=0.25))}
+    assert list(FACTOR_GROUPS) == ["step_cost", "overheads", "kv_capacity", "start_spread", "workload"]
+    f = factors["step_cost.per_token_s"]
+    assert (f.low, f.high) == (0.75 * profile.step_cost.per_token_s, 1.25 * profile.step_cost.per_token_s)
+    assert f.source == "±25 % (stated)"
+    assert (factors["overheads.api_server_s"].low, factors["overheads.api_server_s"].high) == (0.1 * (1 - 0.25), 0.1 * 1.25)
+    assert (factors["overheads.jitter_cv"].low, factors["overheads.jitter_cv"].high) == (0.0, 0.6)
+    assert (factors["kv_capacity"].low, factors["kv_capacity"].high) == (0.9, 1.1)
+    assert (factors["arrival_spread_s"].low, factors["arrival_spread_s"].high) == (0.0, 0.02)
+    # a zero coefficient has no relative range and is left out
+    assert "overheads.api_server_per_token_s" not in factors
+    # the seed workload's fitted reply stop point, lognormal:90:1, and its 195-token user turns
+    assert (factors["reply.median_tokens"].low, factors["reply.median_tokens"].high) == (0.7 * 90, 1.3 * 90)
+    assert (factors["reply.cv"].low, factors["reply.cv"].high) == (0.25, 1.5)
+    assert (factors["user_tokens.sd"].low, factors["user_tokens.sd"].high) == (0.0, 20.0)
+
+
+def test_workload_factors_set_the_scenarios_lengths():
+    profile = load_profile("a6000-qwen2.5-7b")
+    factors = {f.name: f for f in default_factors(TOY, profile, groups=["workload"])}
+    scenario, _ = factors["reply.median_tokens"].apply(TOY, profile, 70.0)
+    scenario, _ = factors["reply.cv"].apply(scenario, profile, 0.5)
+    scenario, _ = factors["user_tokens.sd"].apply(scenario, profile, 12.0)
+    assert (scenario.reply, scenario.user) == ("lognormal:70:0.5", "normal:195:12")
+    fixed = default_factors(replace(TOY, reply=128), profile, groups=["workload"])
+    assert [f.name for f in fixed] == ["user_tokens.sd"]  # a fixed reply has no stop-point spread to vary
+
+
+def test_measured_coefficients_take_their_bootstrap_range():
+    profile = load_profile("a6000-qwen2.5-7b")
+    samples = tuple((v, 0.1) for v in (1.0, 2.0, 3.0, 4.0, 5.0))
+    profile = replace(profile, uncertainty=CoefficientUncertainty(
+        ("step_cost.step_overhead_s", "overheads.jitter_cv"), samples, method="bootstrap"))
+    factors = {f.name: f for f in default_factors(Scenario(), profile, Ranges(coverage=0.5))}
+    f = factors["step_cost.step_overhead_s"]
+    assert (f.low, f.high, f.source) == (2.0, 4.0, "bootstrap 50 %")
+    # every sample has the same jitter CV: an empty range falls back to the stated one
+    assert (factors["overheads.jitter_cv"].low, factors["overheads.jitter_cv"].high) == (0.0, 0.6)
+
+
+def test_kv_capacity_factor_scales_the_blocks_and_the_shared_gpu_rule():
+    profile = base_profile(Scenario())
+    kv = next(f for f in default_factors(Scenario(), profile) if f.name == "kv_capacity")
+    _, scaled = kv.apply(Scenario(), profile, 0.9)
+    assert scaled.engine.num_gpu_blocks == round(0.9 * profile.engine.num_gpu_blocks)
+    shared, shared_scaled = profile.shared(2), scaled.shared(2)
+    assert shared_scaled.engine.num_gpu_blocks == pytest.approx(0.9 * shared.engine.num_gpu_blocks, rel=1e-3)
+    assert profile.engine.num_gpu_blocks != scaled.engine.num_gpu_blocks  # the input is not mutated
+
+
+def test_a_dominant_input_is_ranked_first():
+    factors = [
+        Factor("dominant_api_server_s", 0.0, 2.0, _set("overheads.api_server_s"), "s"),
+        Factor("minor_gateway_s", 0.001, 0.0012, _set("overheads.gateway_s"), "s"),
+        *[f for f in default_factors(TOY) if f.name in ("kv_capacity", "step_cost.per_request_s")],
+    ]
+    result = run_sensitivity(TOY, ["round_robin", "kv_aware"], factors=factors, trajectories=4, rounds=1,
+                             noise_rounds=2, executor="sequential")
+    for out in ("round_robin:time_to_complete_s", "kv_aware:later_ttft_mean_s", "round_robin:later_ttft_p90_s"):
+        assert result.ranking(out)[0] == "dominant_api_server_s", out
+    row = result.indices[(result.indices["output"] == "kv_aware:later_ttft_mean_s")
+                         & (result.indices["factor"] == "dominant_api_server_s")].iloc[0]
+    # later-turn TTFT carries the API-server time once: crossing 0..2 s adds about 2 s
+    assert row["mu"] == pytest.approx(2.0, rel=0.15) and row["mu"] == row["mu_star"]
+    assert result.indices.groupby("output")["rank"].apply(sorted).map(list).tolist() == [[1, 2, 3, 4]] * 12
+    assert result.outputs == output_names(["round_robin", "kv_aware"])
+    assert len(result.samples) == 4 * (len(factors) + 1)
+
+
+def test_same_seed_same_indices_on_every_executor():
+    factors = [f for f in default_factors(TOY) if f.name in ("overheads.api_server_s", "overheads.jitter_cv",
+                                                             "arrival_spread_s")]
+    a = run_sensitivity(TOY, factors=factors, trajectories=2, noise_rounds=2, executor="sequential")
+    b = run_sensitivity(TOY, factors=factors, trajectories=2, noise_rounds=2, executor="local", max_workers=2)
+    assert a.indices.equals(b.indices) and a.samples.equals(b.samples)
+    assert a.base == b.base
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="levels must be even"):
+        run_sensitivity(TOY, levels=3)
+    with pytest.raises(ValueError, match="at least two factors"):
+        run_sensitivity(TOY, factors=default_factors(TOY)[:1])
+    with pytest.raises(ValueError, match="unknown factor group"):
+        default_factors(TOY, groups=["nope"])
+    with pytest.raises(ValueError, match="finite low < high"):
+        Factor("x", 1.0, 1.0, _set("overheads.gateway_s"))
+    with pytest.raises(ValueError, match="kv_range"):
+        Ranges(kv_range=1.5)
+
+
+def test_cli_writes_the_table_json_and_tornado(tmp_path):
+    out = tmp_path / "sens"
+    result = CliRunner().invoke(cli, ["sensitivity", "--chats", "6", "--turns", "2", "--workers", "2",
+                                      "--trajectories", "2", "--rounds", "1", "--noise-rounds", "2",
+                                      "--groups", "overheads,start_spread", "--executor", "sequential",
+                                      "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "overheads.api_server_s" in result.output and "kv_aware vs round_robin (change, %)" in result.output
+    doc = json.loads((out / "sensitivity.json").read_text())
+    assert [f["name"] for f in doc["factors"]] == ["overheads.api_server_s", "overheads.gateway_s",
+                                                   "overheads.jitter_cv", "arrival_spread_s"]
+    assert (out / "tornado.png").stat().st_size > 0
+    bad = CliRunner().invoke(cli, ["sensitivity", "--spread-range", "0.1:0"])
+    assert bad.exit_code != 0 and "arrival_spread_s range" in bad.output

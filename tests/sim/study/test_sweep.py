@@ -1,0 +1,335 @@
+"""Sweeps: grids, rows equal to ``compare``'s, the same numbers on every executor, and the CLI."""
+
+import dataclasses
+import hashlib
+import json
+import math
+
+import pandas as pd
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kvroute.cli.scenario import build_spec, load_trace
+from kvroute.cli.sweep_command import sweep_command
+from kvroute.sim.study.experiment import compare
+from kvroute.sim.cluster.metrics import SUMMARY_METRICS, summarize_rounds
+from kvroute.sim.timing.profile import load_profile
+from kvroute.sim.study.sweep import (
+    COUNTER_COLUMNS, SCENARIO_FIELDS, Scenario, cost_per_million_tokens, grid, intervals, run_scenario, sweep,
+)
+from tests.support.paths import GOLDEN
+from tests.support.shared_traces import shared_trace
+
+SMALL = Scenario(chats=8, turns=3)
+POLICIES = ["round_robin", "least_loaded", "kv_aware"]
+
+
+@pytest.fixture(scope="module")
+def dask_cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster:
+        yield cluster
+
+
+def test_grid_is_the_cartesian_product_first_axis_slowest():
+    scenarios = grid(SMALL, workers=[2, 4], policy=["round_robin", "kv_aware"], chats=16)
+    assert [(s.workers, s.policy, s.chats) for s in scenarios] == [
+        (2, "round_robin", 16), (2, "kv_aware", 16), (4, "round_robin", 16), (4, "kv_aware", 16)]
+    assert grid(SMALL) == [SMALL]
+    # a tuple is one value (a range), not an axis
+    assert [s.history for s in grid(Scenario(workload="agent"), history=(8000, 16000))] == [(8000, 16000)]
+
+
+def test_bad_names_list_the_valid_ones():
+    with pytest.raises(ValueError, match="valid fields: workload, chats"):
+        grid(SMALL, worker=[2])
+    with pytest.raises(ValueError, match="valid policies: round_robin"):
+        Scenario(policy="sticky")
+    with pytest.raises(ValueError, match="valid workloads: seed-chat, agent"):
+        Scenario(workload="chat")
+    with pytest.raises(ValueError, match="agent workload only"):
+        Scenario(history=8000)
+    with pytest.raises(ValueError, match="share GPUs"):
+        Scenario(workers=2, gpus=1, kv_blocks=1000)
+    with pytest.raises(ValueError, match="valid executors: local, sequential, dask"):
+        sweep([SMALL], executor="ray")
+
+
+def test_rows_equal_compare_for_the_same_seeds():
+    frame = sweep(grid(SMALL, policy=POLICIES), rounds=2, executor="sequential", progress=False)
+    trace = lambda seed: load_trace(None, "seed-chat", 3, 8, 0.0, None, None, seed)  # noqa: E731
+    expected = compare(trace, build_spec("a6000-qwen2.5-7b", 4, None, 0.005, "auto"), POLICIES, rounds=2)
+    assert list(frame["policy"]) == list(expected.summaries["policy"])
+    assert list(frame["run_seed"]) == list(expected.summaries["seed"])
+    for metric in SUMMARY_METRICS:
+        assert frame[metric].tolist() == pytest.approx(expected.summaries[metric].tolist(), rel=0, abs=0,
+                                                       nan_ok=True), metric
+
+
+def test_agent_rows_equal_compare_with_the_cli_trace():
+    scenario = Scenario(workload="agent", chats=4, turns=3, seed=5, policy="kv_aware")
+    frame = sweep(scenario, rounds=2, executor="sequential", progress=False)
+    # Each round draws its own agent trace from its run seed, in the CLI as in sweeps.
+    trace = lambda seed: load_trace(None, "agent", 3, 4, 0.0, None, None, seed)  # noqa: E731
+    expected = compare(trace, build_spec("a6000-qwen2.5-7b", 4, None, 0.005, "auto"), ["kv_aware"],
+                       rounds=2, seed=5)
+    for metric in ("time_to_complete_s", "later_ttft_mean_s", "hit_rate", "goodput_share"):
+        assert frame[metric].tolist() == expected.summaries[metric].tolist()
+
+
+def test_kv_blocks_rows_equal_compare_with_the_same_override():
+    scenario = Scenario(workload="agent", chats=4, turns=3, history=None, workers=2, kv_blocks=2500, seed=2)
+    frame = sweep(grid(scenario, policy=["round_robin", "kv_aware"]), rounds=2, executor="sequential", progress=False)
+    trace = lambda seed: load_trace(None, "agent", 3, 4, 0.0, None, None, seed)  # noqa: E731
+    spec = build_spec("a6000-qwen2.5-7b", 2, None, 0.005, "auto", kv_blocks=2500)
+    expected = compare(trace, spec, ["round_robin", "kv_aware"], rounds=2, seed=2)
+    assert frame["num_evictions"].sum() > 0
+    for metric in ("time_to_complete_s", "later_ttft_p90_s", "hit_rate"):
+        assert frame[metric].tolist() == expected.summaries[metric].tolist()
+
+
+def test_row_has_scenario_fields_metrics_and_counters():
+    row = run_scenario(Scenario(chats=4, turns=2, workers=2, policy="kv_aware", reply=128), round=1)
+    assert set(SCENARIO_FIELDS) | set(SUMMARY_METRICS) | set(COUNTER_COLUMNS) <= set(row)
+    assert row["round"] == 1 and row["run_seed"] == 1
+    assert row["num_requests"] == 8
+    assert row["output_tokens"] == 8 * 128
+    assert row["prefill_tokens"] == pytest.approx(row["prompt_tokens"] * (1 - row["hit_rate"]))
+    assert row["num_gpu_blocks"] == load_profile("a6000-qwen2.5-7b").engine.num_gpu_blocks
+    assert row["num_evictions"] == 0 and row["num_preemptions"] == row["preemptions"] == 0
+
+
+def test_kv_blocks_override_makes_evictions_appear():
+    base = Scenario(workload="agent", chats=8, turns=4, history=(8000, 12000), policy="kv_aware", workers=2)
+    frame = sweep(grid(base, kv_blocks=[1000, 100_000]), executor="sequential", progress=False)
+    assert frame["num_gpu_blocks"].tolist() == [1000, 100_000]
+    small, large = frame.iloc[0], frame.iloc[1]
+    assert small["num_evictions"] > 0 and large["num_evictions"] == 0
+    assert small["hit_rate"] < large["hit_rate"]
+
+
+def test_shared_gpu_follows_the_memory_rule():
+    row = run_scenario(Scenario(chats=4, turns=2, workers=2, gpus=1, profile="a100-80gb-qwen2.5-7b"))
+    assert row["num_gpu_blocks"] == load_profile("a100-80gb-qwen2.5-7b").shared(2).engine.num_gpu_blocks
+
+
+EXECUTOR_GRID = grid(SMALL, workers=[2, 4], policy=["round_robin", "kv_aware"])
+
+
+@pytest.fixture(scope="module")
+def sequential_rows():
+    return sweep(EXECUTOR_GRID, rounds=2, executor="sequential", progress=False)
+
+
+def test_local_pool_gives_the_sequential_numbers(sequential_rows):
+    local = sweep(EXECUTOR_GRID, rounds=2, executor="local", max_workers=2, progress=False)
+    assert len(sequential_rows) == 8
+    pd.testing.assert_frame_equal(local, sequential_rows)
+
+
+def test_dask_cluster_gives_the_sequential_numbers(dask_cluster, sequential_rows):
+    dask = sweep(EXECUTOR_GRID, rounds=2, executor="dask", address=dask_cluster.scheduler_address, progress=False)
+    pd.testing.assert_frame_equal(dask, sequential_rows)
+
+
+def test_intervals_use_summarize_rounds():
+    frame = sweep(grid(SMALL, policy=["round_robin", "kv_aware"]), rounds=3, executor="sequential", progress=False)
+    iv = intervals(frame, ["time_to_complete_s", "hit_rate"])
+    assert iv["policy"].tolist() == ["round_robin", "kv_aware"] and iv["rounds"].tolist() == [3, 3]
+    rr = frame[frame["policy"] == "round_robin"]
+    expected = summarize_rounds(rr[["time_to_complete_s", "hit_rate"]].to_dict("records"))
+    assert iv.loc[0, "hit_rate_low"] == expected.loc["hit_rate", "low"]
+    assert iv.loc[0, "time_to_complete_s"] == expected.loc["time_to_complete_s", "mean"]
+
+
+def test_cost_per_million_tokens():
+    frame = pd.DataFrame({"workers": [2, 2], "gpus": [None, 1], "time_to_complete_s": [3600.0, 1800.0],
+                          "output_tokens": [500_000, 0], "prompt_tokens": [1_500_000, 0]})
+    # 2 GPUs for an hour at $2/h = $4 for half a million output tokens
+    assert cost_per_million_tokens(frame, 2.0).iloc[0] == pytest.approx(8.0)
+    assert cost_per_million_tokens(frame, 2.0, tokens="total").iloc[0] == pytest.approx(2.0)
+    assert math.isnan(cost_per_million_tokens(frame, 2.0).iloc[1])
+
+
+def test_cli_prints_pivot_tables_and_writes_rows(tmp_path):
+    out = tmp_path / "rows.csv"
+    result = CliRunner().invoke(sweep_command, [
+        "--chats", "4", "--turns", "2", "--workers", "2,4", "--policies", "round_robin,kv_aware",
+        "--rounds", "2", "--executor", "sequential", "--no-progress", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "time to complete (s)" in result.output and "hit rate" in result.output
+    header = next(line for line in result.output.splitlines() if "round_robin" in line)
+    assert header.split() == ["round_robin", "kv_aware"]
+    rows = pd.read_csv(out)
+    assert len(rows) == 8 and set(rows["workers"]) == {2, 4}
+
+
+def test_cli_agent_ranges_and_parquet(tmp_path):
+    out = tmp_path / "rows.parquet"
+    result = CliRunner().invoke(sweep_command, [
+        "--workload", "agent", "--chats", "2", "--turns", "2", "--history", "8000,8000-12000", "--reply", "32",
+        "--policies", "kv_aware", "--rounds", "1", "--executor", "sequential", "--no-progress",
+        "--show", "num_evictions", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = pd.read_parquet(out)
+    assert rows["history"].tolist() == ["8000", "8000-12000"]
+    assert (rows["output_tokens"] == 32 * rows["num_requests"]).all()
+
+
+def test_cli_dask_address(dask_cluster):
+    result = CliRunner().invoke(sweep_command, [
+        "--chats", "4", "--turns", "2", "--policies", "kv_aware", "--rounds", "2", "--no-progress",
+        "--address", dask_cluster.scheduler_address])
+    assert result.exit_code == 0, result.output
+    assert "executor dask" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policies", "round_robin,sticky"], "valid policies: round_robin"),
+    (["--workload", "chat"], "'chat' is not one of 'seed-chat', 'agent'"),
+    (["--profile", "v100"], "shipped profiles:"),
+    (["--show", "latency"], "valid names: time_to_complete_s"),
+    (["--workers", "2,two"], "Invalid value for '--workers': 'two' is not a valid integer"),
+    (["--history", "8000"], "--workload agent only"),
+    (["--out", "rows.json"], ".parquet or .csv"),
+    (["--workers", "2", "--gpus", "3"], "num_gpus must be between"),
+    (["--trace", "/nonexistent/t.jsonl"], "/nonexistent/t.jsonl does not exist"),
+    (["--speedup", "2"], "--speedup rescales a --trace file"),
+    (["--cache-view", "routed,exactly"], "'exactly' is not one of 'routed', 'events', 'exact'"),
+    (["--time-series"], "sweep does not record time series; run kvroute compare --time-series --out DIR"),
+])
+def test_cli_rejects_bad_input_with_the_valid_choices(args, message):
+    result = CliRunner().invoke(sweep_command, ["--chats", "2", "--turns", "1", "--rounds", "1",
+                                                "--executor", "sequential", "--no-progress", *args])
+    assert result.exit_code != 0
+    assert message in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # no traceback
+
+
+def test_dask_without_an_address_starts_and_closes_a_local_cluster(sequential_rows):
+    pytest.importorskip("distributed")
+    rows = sweep(EXECUTOR_GRID[:2], rounds=2, executor="dask", max_workers=1, progress=False)
+    pd.testing.assert_frame_equal(rows, sequential_rows.iloc[:4])
+
+
+SEED_BURST = GOLDEN / "seed_burst.jsonl"
+
+
+def test_scenario_replays_a_trace_file_as_compare_does():
+    scenario = Scenario(trace_file=str(SEED_BURST), max_requests=96, speedup=2.0, workers=2, replay="open",
+                        max_model_len=1200, gateway_lb="random", gateways=2)
+    frame = sweep(grid(scenario, policy=["round_robin", "kv_aware"]), rounds=2, executor="sequential",
+                  progress=False)
+    trace = load_trace(SEED_BURST, "seed-chat", 6, 64, 0.0, None, 96, 0, speedup=2.0)
+    spec = build_spec("a6000-qwen2.5-7b", 2, None, 0.005, "open", max_model_len=1200)
+    expected = compare(trace, dataclasses.replace(spec, gateways=2, gateway_lb="random"),
+                       ["round_robin", "kv_aware"], rounds=2)
+    assert frame["num_requests"].tolist() == [96] * 4
+    assert frame["failed"].sum() > 0  # prompts past max_model_len=1200 are rejected in both
+    # the rows name the trace, not the generator's defaults it left unused
+    assert set(frame["workload"]) == {"trace"} and frame["chats"].isna().all() and frame["turns"].isna().all()
+    for metric in SUMMARY_METRICS:
+        assert frame[metric].tolist() == pytest.approx(expected.summaries[metric].tolist(), rel=0, abs=0,
+                                                       nan_ok=True), metric
+
+
+def test_trace_file_options_are_checked():
+    with pytest.raises(ValueError, match="--speedup rescales a --trace file"):
+        Scenario(speedup=2.0)
+    with pytest.raises(ValueError, match="not both"):
+        Scenario(trace_file=str(SEED_BURST), speedup=2.0, request_rate=1.0)
+    with pytest.raises(ValueError, match="valid: auto, closed, open"):
+        Scenario(replay="fast")
+    missing = sweep(Scenario(trace_file="/nonexistent/t.jsonl"), executor="sequential", progress=False)
+    assert missing["status"].tolist() == ["failed"] and "cannot read trace file" in missing["error"].iloc[0]
+
+
+OUTPUT_ONLY = {"json_out", "out", "records_format", "quiet", "time_series"}
+"""compare's options that say what is written or shown, not what runs."""
+COMPARE_ONLY = {"uncertainty", "prior_range"}
+"""compare's model-uncertainty analysis, which sweeps do not run."""
+
+
+def test_sweep_takes_every_scenario_option_of_compare_with_its_default():
+    from kvroute.cli.sim_commands import compare as compare_command
+
+    sweep_flags = {flag: param for param in sweep_command.params for flag in param.opts}
+    scenario = [p for p in compare_command.params if p.name not in OUTPUT_ONLY | COMPARE_ONLY]
+    assert len(scenario) == 38  # --config, 32 trace/workload/cluster/gateway, --policies, --rounds, 3 executor
+    for param in scenario:
+        for flag in param.opts:
+            assert flag in sweep_flags, f"sweep has no {flag}"
+            assert sweep_flags[flag].name == param.name, flag
+            assert sweep_flags[flag].default == param.default, flag
+    compare_flags = {flag for param in compare_command.params for flag in param.opts}
+    assert sorted(set(sweep_flags) - compare_flags) == [
+        "--no-progress", "--plot-load", "--reply", "--seeds", "--show"]
+
+
+def _compare_json(*args) -> dict:
+    from kvroute.cli.sim_commands import compare as compare_command
+
+    result = CliRunner().invoke(compare_command, [*args, "--json", "--executor", "sequential"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def _assert_rows_equal_compare(rows: pd.DataFrame, doc: dict) -> None:
+    for policy, metrics in doc["policies"].items():
+        mine = rows[rows["policy"] == policy]
+        for metric in SUMMARY_METRICS:
+            expected = [math.nan if v is None else v for v in metrics[metric]["rounds"]]
+            assert mine[metric].tolist() == pytest.approx(expected, rel=0, abs=0, nan_ok=True), (policy, metric)
+
+
+def test_cli_sweep_replays_a_trace_file_on_the_pool_as_compare_does(tmp_path):
+    options = ["--trace", str(SEED_BURST), "--max-requests", "192", "--workers", "2", "--rounds", "2",
+               "--policies", "round_robin,kv_aware", "--cache-view", "events", "--kv-event-delay", "0.01"]
+    out = tmp_path / "rows.parquet"
+    result = CliRunner().invoke(sweep_command, [*options, "--executor", "local", "--max-workers", "2",
+                                                "--no-progress", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = pd.read_parquet(out)
+    assert rows["num_requests"].tolist() == [192] * 4
+    assert rows["trace_file"].tolist() == [str(SEED_BURST.resolve())] * 4
+    _assert_rows_equal_compare(rows, _compare_json(*options))
+    saved = yaml.safe_load((tmp_path / "rows.scenario.yaml").read_text())
+    assert saved["kvroute"]["trace"] == {"file": str(SEED_BURST.resolve()),
+                                         "sha256": hashlib.sha256(SEED_BURST.read_bytes()).hexdigest()}
+    assert saved["workers"] == 2 and saved["cache-view"] == "events" and saved["policies"] == "round_robin,kv_aware"
+    again = CliRunner().invoke(sweep_command, ["--config", str(tmp_path / "rows.scenario.yaml"), "--executor",
+                                               "sequential", "--out", str(tmp_path / "again.parquet")])
+    assert again.exit_code == 0, again.output
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "again.parquet"), rows)
+
+
+def test_cli_sweep_over_the_first_200_mooncake_records(tmp_path):
+    mooncake = shared_trace("mooncake", "conversation_trace.jsonl")
+    options = ["--trace", str(mooncake), "--max-requests", "200", "--rounds", "1", "--policies", "kv_aware"]
+    result = CliRunner().invoke(sweep_command, [*options, "--workers", "2,4", "--speedup", "1,4", "--executor",
+                                                "local", "--max-workers", "2", "--no-progress",
+                                                "--out", str(tmp_path / "rows.parquet")])
+    assert result.exit_code == 0, result.output
+    rows = pd.read_parquet(tmp_path / "rows.parquet")
+    assert list(zip(rows["workers"], rows["speedup"])) == [(2, 1.0), (2, 4.0), (4, 1.0), (4, 4.0)]
+    assert rows["num_requests"].tolist() == [200] * 4 and (rows["status"] == "ok").all()
+    point = rows[(rows["workers"] == 4) & (rows["speedup"] == 4.0)]
+    _assert_rows_equal_compare(point, _compare_json(*options, "--workers", "4", "--speedup", "4"))
+
+
+def test_sweep_leaves_out_tables_no_run_has_a_value_and_says_why(tmp_path):
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import cli
+
+    trace = tmp_path / "flat.jsonl"  # Mooncake records without sessions: no later turns
+    trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 600, "output_length": 8,
+                                         "hash_ids": [i, 1000 + i]}) + "\n" for i in range(6)))
+    out = CliRunner().invoke(cli, ["sweep", "--trace", str(trace), "--workers", "1,2", "--policies", "round_robin",
+                                   "--rounds", "1", "--no-progress"], catch_exceptions=False).output
+    assert "time to complete" in out and "hit rate" in out
+    assert "TTFT mean, turns >= 2" not in out
+    assert ("not shown, no run has a value: later_ttft_mean_s, later_ttft_p90_s (the trace has no later turns)"
+            in out)
