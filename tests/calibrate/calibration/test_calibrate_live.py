@@ -119,10 +119,8 @@ def test_fit_writes_a_profile_the_simulator_loads(sweep, tmp_path):
 
 
 @pytest.mark.skipif(os.environ.get("KVROUTE_LIVE_BURST") != "1",
-                    reason="depends on the shared machine's load: within its 30 % in four runs on a quiet machine "
-                           "(+26.7, -11.3, +23.4 % at load 1.4-1.5, then +13.3 % at load 1.1, 2026-12-01; +11.1 % at load 1.4, "
-                           "2026-12-04), outside it at load 4-9 (+57, "
-                           "+124 %, an earlier host model); set KVROUTE_LIVE_BURST=1 to run it")
+                    reason="depends on the shared machine's load: within its 30 % on a quiet machine, outside it at "
+                           "load 4-9 (the runs: docs/log/from-code-comments.md); set KVROUTE_LIVE_BURST=1 to run it")
 def test_burst_of_16_last_request_schedule_delay_within_30_percent(server, sweep, tmp_path):
     """Three fresh bursts of 16 cold 256-token prompts (16 output tokens each) on the server; the
     profile fitted to the quick sweep (its bursts included) predicts the last-sent request's
