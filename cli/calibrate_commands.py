@@ -60,9 +60,11 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
                    "any: every core. Fit a sweep of such servers with 'kvroute calibrate fit --api-cores own' after "
                    "own, '--api-cores spare' otherwise.")
 @click.option("--kv-events-port-base", type=int, default=None,
-              help="Server i publishes its KV-cache events on this port + i (vLLM --kv-events-config, ZeroMQ); "
-                   "'kvroute validate' then takes '--kv-events tcp://127.0.0.1:<this port + i>' once per server, in --url "
-                   "order, and times each request's engine first token.")
+              help="Server i publishes its KV-cache events as number this + i (vLLM --kv-events-config, ZeroMQ): "
+                   "on a Unix socket, ipc://<tmp>/kvroute-<uid>/kv-events-<this + i>.sock, when the API listens on "
+                   "loopback (as it does by default), else on TCP port this + i of every interface. serve prints each "
+                   "endpoint; 'kvroute validate' and 'calibrate measure' take it as '--kv-events ENDPOINT' once per "
+                   "server, in --url order, and time each request's engine first token.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=".", show_default=True, help="Where vllm-<port>.log files go.")
 @click.option("--vllm-args", default="", help="More vLLM arguments, as one shell-quoted string.")
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds to wait for /health.")
@@ -162,7 +164,8 @@ def calibrate():
                    "cached prefix and a decode context near it, for runs whose histories go beyond the preset "
                    "(16k tokens for 'full'); must fit the servers' max_model_len.")
 @click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
-              help="Each server's KV-cache event endpoint (tcp://HOST:PORT; kvroute serve --kv-events-port-base), "
+              help="Each server's KV-cache event endpoint (ipc://PATH or tcp://HOST:PORT, as kvroute serve "
+                   "--kv-events-port-base prints it), "
                    "one per --url in the same order: every request is then also timed at the engine step that "
                    "finished its prefill, and the fit places the unloaded front end before and after the engine "
                    "(overheads.post_engine_s).")

@@ -71,7 +71,8 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @click.option("--prior-range", type=float, default=0.2, show_default=True,
               help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
 @click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
-              help="Each server's KV-cache event endpoint (tcp://HOST:PORT; kvroute serve --kv-events-port-base), "
+              help="Each server's KV-cache event endpoint (ipc://PATH or tcp://HOST:PORT, as kvroute serve "
+                   "--kv-events-port-base prints it), "
                    "one per --url in the same order: every live record then carries when the engine's step produced "
                    "its first token, and the report splits later turns' TTFT at it.")
 @click.option("--tokens/--no-tokens", "record_tokens", default=False, show_default=True,

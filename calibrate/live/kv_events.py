@@ -1,7 +1,7 @@
 """The live replay's KV-cache event feed: each vLLM server's ``BlockStored``/``BlockRemoved``.
 
 A server started with ``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
-"endpoint": "tcp://*:PORT"}'`` publishes one ``KVEventBatch`` per engine step on a ZeroMQ PUB
+"endpoint": "tcp://127.0.0.1:PORT"}'`` (``kvroute serve`` binds it to the API's interface) publishes one ``KVEventBatch`` per engine step on a ZeroMQ PUB
 socket as ``[topic, sequence, msgpack payload]`` (``vllm/distributed/kv_events.py``:
 ``ZmqEventPublisher``). vLLM's block hashes are its own (seeded SHA-256 of parent and tokens);
 the router names blocks by ``chained_block_hashes`` of the prompt ids, so each ``BlockStored``

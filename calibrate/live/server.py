@@ -53,8 +53,9 @@ class ServerSpec:
         max_model_len: ``--max-model-len``; None: the model's own limit.
         extra_args: more vLLM command-line arguments, passed as they are.
         kv_events_port: publish KV-cache events on this TCP port (vLLM's ``--kv-events-config``,
-            ZeroMQ publisher; :attr:`kv_events_endpoint` subscribes): the ``events`` cache view
-            and the live records' engine first-token times read them. None: no events.
+            ZeroMQ publisher, reachable no further than the API: :attr:`kv_events_endpoint`
+            subscribes): the ``events`` cache view and the live records' engine first-token times
+            read them. None: no events.
         host: interface to bind.
         log_path: file receiving the server's stdout and stderr; default ``vllm-<port>.log`` in
             the current directory.
@@ -82,9 +83,34 @@ class ServerSpec:
 
     @property
     def kv_events_endpoint(self) -> str | None:
-        """ZeroMQ endpoint to subscribe to the server's KV-cache events, e.g.
-        ``tcp://127.0.0.1:8200``; None without ``kv_events_port``."""
-        return None if self.kv_events_port is None else f"tcp://{self.host}:{self.kv_events_port}"
+        """ZeroMQ endpoint to subscribe to the server's KV-cache events; None without
+        ``kv_events_port``.
+
+        On a loopback ``host`` (the default 127.0.0.1) it is a Unix socket,
+        ``ipc://<tmp>/kvroute-<uid>/kv-events-<port>.sock`` in a folder only this user may
+        enter: vLLM's ZeroMQ publisher binds only wildcard and ``ipc://`` endpoints
+        (``vllm/distributed/kv_events.py: ZmqEventPublisher._is_bind_endpoint``; a
+        ``tcp://127.0.0.1:PORT`` it would connect to, not listen on), and a wildcard would publish
+        the prompts' token ids (``BlockStored.token_ids``) on every interface while the API
+        listens on loopback. On any other ``host`` the API is already exposed, and the events
+        are published on ``tcp://*:<port>`` and subscribed to at ``tcp://<host>:<port>``.
+        """
+        if self.kv_events_port is None:
+            return None
+        if _loopback(self.host):
+            return f"ipc://{kv_events_dir() / f'kv-events-{self.kv_events_port}.sock'}"
+        return f"tcp://{self.host}:{self.kv_events_port}"
+
+    @property
+    def kv_events_publish(self) -> str | None:
+        """The endpoint vLLM's publisher binds (``--kv-events-config``'s ``endpoint``): the
+        ``ipc://`` socket of :attr:`kv_events_endpoint` on a loopback ``host``, else
+        ``tcp://*:<port>``; None without ``kv_events_port``."""
+        if self.kv_events_port is None:
+            return None
+        if _loopback(self.host):
+            return self.kv_events_endpoint
+        return f"tcp://*:{self.kv_events_port}"
 
     def command(self) -> list[str]:
         """The server's command line."""
@@ -104,7 +130,7 @@ class ServerSpec:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.kv_events_port is not None:
             cmd += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                                      "endpoint": f"tcp://*:{self.kv_events_port}"})]
+                                                      "endpoint": self.kv_events_publish})]
         return cmd + list(self.extra_args)
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -121,6 +147,26 @@ class ServerSpec:
         if self.cuda_device is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.cuda_device)
         return env
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def kv_events_dir() -> Path:
+    """The folder of the servers' KV-cache event sockets: ``<tmp>/kvroute-<uid>``
+    (``tempfile.gettempdir()``), created by :meth:`VllmServer.start` with mode 0700."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"kvroute-{os.getuid()}"
 
 
 def _health(url: str, timeout: float = 2.0) -> bool:
@@ -189,6 +235,12 @@ class VllmServer:
         if not _port_free(self.spec.host, self.spec.port):
             raise ServerError(f"port {self.spec.port} on {self.spec.host} is already in use")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        events = self.spec.kv_events_endpoint
+        if events is not None and events.startswith("ipc://"):
+            sock = Path(events.removeprefix("ipc://"))
+            sock.parent.mkdir(mode=0o700, exist_ok=True)
+            sock.parent.chmod(0o700)
+            sock.unlink(missing_ok=True)  # left by a server that was killed
         log = open(self.log_path, "ab")
         core = self.spec.cpu_core
         preexec = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None

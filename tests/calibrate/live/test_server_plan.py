@@ -1,5 +1,6 @@
 """Where planned vLLM CPU servers put their engines and API processes (calibrate/live/server.py)."""
 
+import dataclasses
 import re
 
 import pytest
@@ -38,11 +39,20 @@ def test_unknown_placement_is_refused(two_cores):
 def test_kv_events_get_a_port_per_server(two_cores):
     import json
 
+    from kvroute.calibrate.live.server import kv_events_dir
+
     specs = plan_servers("m", 2, port_base=8300, kv_events_port_base=8400)
-    assert [s.kv_events_endpoint for s in specs] == ["tcp://127.0.0.1:8400", "tcp://127.0.0.1:8401"]
+    sockets = [f"ipc://{kv_events_dir()}/kv-events-8400.sock", f"ipc://{kv_events_dir()}/kv-events-8401.sock"]
+    assert [s.kv_events_endpoint for s in specs] == sockets
     cmd = specs[1].command()
     config = json.loads(cmd[cmd.index("--kv-events-config") + 1])
-    assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:8401"}
+    # an API on loopback publishes its events on a Unix socket (vLLM binds only wildcard and
+    # ipc endpoints), never on every interface: BlockStored events carry the prompts' token ids
+    assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": sockets[1]}
+    exposed = dataclasses.replace(specs[1], host="0.0.0.0")
+    cmd = exposed.command()
+    assert json.loads(cmd[cmd.index("--kv-events-config") + 1])["endpoint"] == "tcp://*:8401"
+    assert exposed.kv_events_endpoint == "tcp://0.0.0.0:8401"
     plain = plan_servers("m", 2)
     assert [s.kv_events_endpoint for s in plain] == [None, None]
     assert "--kv-events-config" not in plain[0].command()
