@@ -12,6 +12,12 @@ Given the engine's ``max_model_len``, nothing is expanded past it: a prompt vLLM
 ``max_model_len - input_length`` tokens, as vLLM's OpenAI server clamps ``max_tokens``. A
 child of such a record is rejected too (its prompt holds the whole parent sequence), so the
 cut never changes a prompt that is served. Long sessions are built without recursion.
+
+Each record is built once for its own send. A record's sequence is kept while a later build
+may need it: until its own send, and until each of its children has been built. An open-loop
+child sent before its parent (arrival spread reorders a session's turns) builds the missing
+ancestors once, keeps them for their own sends, and so every record is built once whatever
+the send order.
 """
 
 from __future__ import annotations
@@ -60,8 +66,9 @@ class Workload:
             else:
                 self.children.setdefault(rec.parent, []).append(rec)
         self.has_sessions = bool(self.children)
-        self._pending = {rid: len(kids) for rid, kids in self.children.items()}
+        self._unbuilt = {rid: len(kids) for rid, kids in self.children.items()}  # children not built yet
         self._kept: dict[int, tuple[list[Segment], list[int]]] = {}
+        self._sent: set[int] = set()  # kept records whose own build (their send) has happened
 
     def subtree(self, rec: TraceRecord) -> Iterator[tuple[TraceRecord, list[TraceRecord]]]:
         """``(parent, its children)`` for ``rec`` and every later turn below it, depth first (a
@@ -83,7 +90,8 @@ class Workload:
         return GENERATED_CONTENT_BASE + 2 * self.position[rec.request_id] + 1
 
     def build(self, rec: TraceRecord) -> tuple[list[Segment], list[int]]:
-        """Segments of ``rec``'s prompt followed by its output, and their full-block hashes.
+        """Segments of ``rec``'s prompt followed by its output, and their full-block hashes; call
+        it once per record, when the record is sent.
 
         Returns:
             ``(segments, hashes)``: the sequence of ``input_length + output_length`` tokens
@@ -91,25 +99,30 @@ class Workload:
             of ints, or an ``array("q")`` from the compiled core: ``compiled.block_hashes``);
             nothing (empty segments, no hashes) for a prompt of ``max_model_len`` tokens or more.
         """
-        # An open-loop child can be sent before its parent: build the missing ancestors first,
-        # oldest first, in a loop (sessions can be thousands of turns deep).
-        chain = [rec]
-        while chain[-1].parent is not None and chain[-1].parent not in self._kept:
-            chain.append(self.by_id[chain[-1].parent])
-        built = None
-        for link in reversed(chain):
-            built = self._build_one(link, built)
+        rid = rec.request_id
+        built = self._kept.get(rid)
+        if built is None:
+            # An open-loop child can be sent before its parent: build the missing ancestors
+            # first, oldest first, in a loop (sessions can be thousands of turns deep), and keep
+            # them for their own sends.
+            chain = [rec]
+            while chain[-1].parent is not None and chain[-1].parent not in self._kept:
+                chain.append(self.by_id[chain[-1].parent])
+            for link in reversed(chain):
+                built = self._build_one(link, built, ahead=link is not rec)
+        self._sent.add(rid)
+        self._maybe_release(rid)
         return built
 
-    def _build_one(self, rec: TraceRecord, parent_built: tuple[list[Segment], list[int]] | None
-                   ) -> tuple[list[Segment], list[int]]:
-        """``build`` for one record whose parent's sequence is ``parent_built`` or kept."""
+    def _build_one(self, rec: TraceRecord, parent_built: tuple[list[Segment], list[int]] | None,
+                   ahead: bool) -> tuple[list[Segment], list[int]]:
+        """``build`` for one record whose parent's sequence is ``parent_built`` or kept;
+        ``ahead``: built before its own send (for a child sent first), so kept for it."""
         limit = self.max_model_len
         if rec.parent is not None:
             parent = self.by_id[rec.parent]
             if parent_built is None:
                 parent_built = self._kept[rec.parent]
-            self._release_parent(parent.request_id)
         if limit is not None and rec.input_length >= limit:
             segments, hashes = [], []  # vLLM rejects the prompt: nothing to hash
         elif rec.parent is None:
@@ -124,9 +137,18 @@ class Workload:
                 segments.append((self.new_content_id(rec), 0, new))
             segments.append(self._output(rec))
             hashes = block_hashes(segments, self.block_size, parent_hashes)
-        if rec.request_id in self._pending:
+        if ahead or self._unbuilt.get(rec.request_id, 0) > 0:
             self._kept[rec.request_id] = (segments, hashes)
+        if rec.parent is not None:
+            self._unbuilt[rec.parent] -= 1
+            self._maybe_release(rec.parent)
         return segments, hashes
+
+    def _maybe_release(self, request_id: int) -> None:
+        """Drop a record's kept sequence once it is sent and every child of it is built."""
+        if request_id in self._sent and self._unbuilt.get(request_id, 0) <= 0:
+            self._kept.pop(request_id, None)
+            self._sent.discard(request_id)
 
     def _output(self, rec: TraceRecord) -> Segment:
         """``rec``'s output segment, cut where vLLM clamps ``max_tokens``."""
@@ -143,11 +165,3 @@ class Workload:
             last = rec.input_length - size * (len(ids) - 1)
             segments[-1] = (ids[-1], 0, last)
         return segments
-
-    def _release_parent(self, parent_id: int) -> None:
-        left = self._pending.get(parent_id, 0) - 1
-        if left <= 0:
-            self._pending.pop(parent_id, None)
-            self._kept.pop(parent_id, None)
-        else:
-            self._pending[parent_id] = left

@@ -72,3 +72,24 @@ def test_long_session_builds_without_recursion():
         built = in_order.build(rec)
     assert built == child_first
     assert sum(s[2] for s in built[0]) == last.input_length + last.output_length
+
+
+def test_reordered_session_builds_every_record_once(monkeypatch):
+    """Open-loop arrival spread can send a session's turns out of order: each record is built
+    once (its missing ancestors ahead of their own sends, then kept for them), the hashes are
+    those of the in-order build, and nothing is kept once every turn is sent."""
+    recs = [TraceRecord(0, 0.0, 16, 1, (7,))]
+    for i in range(1, 3000):
+        recs.append(TraceRecord(i, 0.0, recs[-1].input_length + 2, 1, parent=i - 1))
+    order = [recs[i ^ 1] for i in range(len(recs))]  # 1, 0, 3, 2, ...: every child before its parent
+    in_order = Workload(Trace(recs, 16), 16)
+    want = {rec.request_id: in_order.build(rec) for rec in recs}
+    workload = Workload(Trace(recs, 16), 16)
+    calls = []
+    build_one = Workload._build_one
+    monkeypatch.setattr(Workload, "_build_one", lambda self, rec, *a, **k: calls.append(rec.request_id)
+                        or build_one(self, rec, *a, **k))
+    got = {rec.request_id: workload.build(rec) for rec in order}
+    assert got == want
+    assert sorted(calls) == list(range(len(recs)))
+    assert workload._kept == {} and in_order._kept == {}
