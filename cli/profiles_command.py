@@ -1,4 +1,5 @@
-"""``kvroute profiles``: the shipped profiles, one line each."""
+"""``kvroute profiles``: the shipped profiles, one line each; ``kvroute profiles derive``: a
+profile for any GPU of the spec table and any dense model, with tensor parallelism."""
 
 from __future__ import annotations
 
@@ -24,13 +25,109 @@ def profile_fields(name: str) -> list[str]:
     return [name, kind, device, model, f"{engine.num_gpu_blocks:>7,} KV blocks of {engine.block_size} tokens"]
 
 
-@click.command("profiles")
-def profiles_command():
-    """List the shipped profiles, one line each: name, source (measured/derived), hardware, model,
-    KV blocks per worker."""
+def list_profiles() -> None:
+    """Print the shipped profiles' lines."""
     from tabulate import tabulate
 
     from kvroute.sim.timing.profile import shipped_profiles
 
     rows = [profile_fields(name) for name in shipped_profiles()]
     click.echo(tabulate(rows, tablefmt="plain", disable_numparse=True))
+
+
+@click.group("profiles", invoke_without_command=True)
+@click.pass_context
+def profiles_command(ctx: click.Context):
+    """List the shipped profiles, one line each: name, source (measured/derived), hardware, model,
+    KV blocks per worker.
+
+    Subcommands: list (the same), derive (a profile for any GPU and model, with tensor
+    parallelism), gpus and models (what derive takes).
+    """
+    if ctx.invoked_subcommand is None:
+        list_profiles()
+
+
+@profiles_command.command("list")
+def list_command():
+    """List the shipped profiles, one line each (as kvroute profiles with no subcommand)."""
+    list_profiles()
+
+
+@profiles_command.command("gpus")
+def gpus_command():
+    """List the GPUs that derive --gpu takes (the spec table sim/timing/data/gpus.csv)."""
+    from kvroute.sim.timing.specs import load_gpu_table
+
+    for name, g in load_gpu_table().items():
+        fp8 = f"{g.peak_fp8_flops / 1e12:g}" if g.peak_fp8_flops else "-"
+        nvlink = f"{g.nvlink_bidir_bytes_per_s / 1e9:g} GB/s" if g.nvlink_bidir_bytes_per_s else "none"
+        click.echo(f"{name:<14} {g.name:<24} {g.memory_bytes / 2**30:6.1f} GiB  bf16 {g.peak_bf16_flops / 1e12:g} "
+                   f"TFLOP/s  fp8 {fp8}  {g.memory_bandwidth_bytes_per_s / 1e12:g} TB/s  NVLink {nvlink}  ({g.source})")
+
+
+@profiles_command.command("models")
+def models_command():
+    """List the model shapes that derive --model takes (sim/timing/data/models/)."""
+    from kvroute.sim.timing.specs import model_names, model_spec
+
+    for stem in model_names():
+        m = model_spec(stem)
+        click.echo(f"{stem:<16} {m.name:<36} {m.total_params / 1e9:6.2f}B params, {m.num_layers} layers, "
+                   f"{m.num_kv_heads} KV heads")
+
+
+@profiles_command.command("derive")
+@click.option("--gpu", "gpu", required=True, help="GPU of the spec table (kvroute profiles gpus), e.g. H100-SXM.")
+@click.option("--model", "model", required=True,
+              help="Shipped model (kvroute profiles models), e.g. Llama-3.1-70B, or the path of a Hugging Face config.json.")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size: GPUs per worker.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
+              help="Weights: bf16, or fp8 linear layers (embedding, LM head and norms stay bf16).")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
+              help="KV cache: auto (bf16) or fp8.")
+@click.option("--max-model-len", type=int, default=None,
+              help="Longest sequence, tokens [default: the model's max_position_embeddings].")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Profile JSON to write [default: <name>.json in the current directory].")
+def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, out):
+    """Derive a profile for a GPU and a model from spec sheets, print its summary and write it.
+
+    The profile is a roofline prior with stated efficiencies (docs/guide/derive-a-profile.md);
+    kvroute compare --profile FILE takes the file.
+    """
+    import json
+
+    from kvroute.sim.timing import priors
+    from kvroute.sim.timing.specs import gpu_spec, model_spec
+    from kvroute.traces.outputs import write_text_atomic
+
+    try:
+        gpu_row = gpu_spec(gpu)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--gpu'") from None
+    try:
+        model_row = model_spec(model)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--model'") from None
+    if tp < 1:
+        raise click.BadParameter(f"must be >= 1, got {tp}", param_hint="'--tp'")
+    try:
+        model_row.check_tp(tp)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--tp'") from None
+    if max_model_len is not None and max_model_len < 1:
+        raise click.BadParameter(f"must be >= 1, got {max_model_len}", param_hint="'--max-model-len'")
+    try:
+        doc = priors.derive_profile(gpu_row, model_row, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                                    max_model_len=max_model_len)
+    except ValueError as exc:
+        raise click.ClickException(f"{exc} (more GPUs with --tp, fp8 with --dtype/--kv-cache-dtype, or a "
+                                   "shorter --max-model-len)") from None
+    path = out if out is not None else f"{doc['name']}.json"
+    click.echo(priors.derive_summary(doc))
+    try:
+        write_text_atomic(path, json.dumps(doc, indent=2) + "\n")
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {path}: {exc.strerror or exc}", param_hint="'--out'") from None
+    click.echo(f"wrote {path} (kvroute compare --profile {path})")

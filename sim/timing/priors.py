@@ -3,12 +3,21 @@
 A prior is what the simulator uses before a worker has been measured (``calibrate`` replaces it
 with fitted numbers). Everything here is arithmetic on public numbers:
 
-- the GPU's memory as the driver reports it (``nvidia-smi``), its peak dense bf16 tensor FLOP/s
-  and its memory bandwidth from NVIDIA's data sheets (:class:`GpuSpec`);
-- the model's shapes from its ``config.json`` on Hugging Face (:class:`ModelSpec`);
+- the GPU's memory as the driver reports it (``nvidia-smi``), its peak dense bf16 and fp8 tensor
+  FLOP/s, its memory bandwidth and its NVLink/PCIe bandwidth from NVIDIA's data sheets (a row of
+  the table ``data/gpus.csv``, :class:`~kvroute.sim.timing.specs.GpuSpec`);
+- the model's shapes from its ``config.json`` on Hugging Face (``data/models/*.json`` or any local
+  file, :class:`~kvroute.sim.timing.specs.ModelSpec`);
 - efficiency factors, stated as assumptions from public knowledge of what vLLM achieves and
-  **not** tuned against the lab's runs (:class:`Efficiency`);
-- vLLM 0.11's memory rule and batch defaults.
+  **not** tuned against the lab's runs (:class:`Efficiency`, :class:`ParallelEfficiency`);
+- vLLM 0.11's memory rule and batch defaults, and its tensor-parallel sharding: weights, KV heads
+  (replicated below ``tp``) and FLOPs split across ranks, two all-reduces per layer, the KV pool
+  bounded by the smallest rank.
+
+:func:`derive_profile` takes any GPU of the table, any model (shipped name or ``config.json``),
+``tp``, ``dtype`` (bf16/fp8) and ``kv_cache_dtype`` (auto/fp8); ``kvroute profiles derive`` is
+its command (docs/guide/derive-a-profile.md). With ``tp=1`` and bf16 the document is exactly the
+one the shipped Qwen2.5-7B priors were written from.
 
 ``python -m kvroute.sim.timing.priors`` prints each shipped prior's sanity report (decode speed and
 prefill time beside the lab's observations); ``--write`` rewrites the shipped JSON files in
@@ -26,6 +35,7 @@ from pathlib import Path
 from kvroute.traces.outputs import write_text_atomic
 from kvroute.sim.timing.cost_model import prefill_pairs
 from kvroute.sim.timing.profile import MemoryModel, profile_from_dict
+from kvroute.sim.timing.specs import GpuSpec, ModelSpec, gpu_spec, model_spec
 
 MiB = 2**20
 GiB = 2**30
@@ -45,167 +55,13 @@ NON_TORCH_BYTES = 512 * MiB
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class GpuSpec:
-    """One GPU model, from public spec sheets.
+# GPU rows and model shapes are data (sim/timing/data/); these names are kept for the shipped priors.
+RTX_A6000 = gpu_spec("RTX-A6000")
+A100_SXM_40GB = gpu_spec("A100-40GB-SXM")
+A100_SXM_80GB = gpu_spec("A100-80GB-SXM")
+H100_SXM_80GB = gpu_spec("H100-SXM")
 
-    Attributes:
-        name: device name as CUDA reports it (``torch.cuda.get_device_name``); vLLM's batch
-            defaults look at it (``"a100"`` is excluded from the large defaults).
-        short_name: stem used in profile names, e.g. ``"a6000"``.
-        memory_bytes: total device memory in bytes, as the driver reports it (``nvidia-smi``
-            total in MiB x 2**20).
-        peak_bf16_flops: peak dense (no sparsity) bf16 tensor-core FLOP/s with fp32 accumulate.
-        memory_bandwidth_bytes_per_s: peak DRAM bandwidth, bytes/s.
-        memory_source, flops_source, bandwidth_source: where each number comes from.
-    """
-
-    name: str
-    short_name: str
-    memory_bytes: int
-    peak_bf16_flops: float
-    memory_bandwidth_bytes_per_s: float
-    memory_source: str
-    flops_source: str
-    bandwidth_source: str
-
-
-RTX_A6000 = GpuSpec(
-    name="NVIDIA RTX A6000",
-    short_name="a6000",
-    memory_bytes=49_140 * MiB,
-    peak_bf16_flops=154.8e12,
-    memory_bandwidth_bytes_per_s=768e9,
-    memory_source="nvidia-smi total for NVIDIA RTX A6000: 49140 MiB",
-    flops_source=(
-        "NVIDIA Ampere GA102 GPU architecture whitepaper, RTX A6000: peak BF16 tensor TFLOPS "
-        "with FP32 accumulate 154.8 dense (309.7 with sparsity, as on the RTX A6000 data sheet)"
-    ),
-    bandwidth_source="NVIDIA RTX A6000 data sheet: 48 GB GDDR6, 768 GB/s",
-)
-
-A100_SXM_40GB = GpuSpec(
-    name="NVIDIA A100-SXM4-40GB",
-    short_name="a100-40gb",
-    memory_bytes=40_536 * MiB,
-    peak_bf16_flops=312e12,
-    memory_bandwidth_bytes_per_s=1_555e9,
-    memory_source="nvidia-smi total for NVIDIA A100-SXM4-40GB: 40536 MiB",
-    flops_source="NVIDIA A100 Tensor Core GPU data sheet: BF16 tensor core 312 TFLOPS dense (624 sparse)",
-    bandwidth_source="NVIDIA A100 data sheet, A100 40GB SXM: HBM2 1,555 GB/s",
-)
-
-A100_SXM_80GB = GpuSpec(
-    name="NVIDIA A100-SXM4-80GB",
-    short_name="a100-80gb",
-    memory_bytes=81_920 * MiB,
-    peak_bf16_flops=312e12,
-    memory_bandwidth_bytes_per_s=2_039e9,
-    memory_source="nvidia-smi total for NVIDIA A100-SXM4-80GB: 81920 MiB",
-    flops_source="NVIDIA A100 Tensor Core GPU data sheet: BF16 tensor core 312 TFLOPS dense (624 sparse)",
-    bandwidth_source="NVIDIA A100 data sheet, A100 80GB SXM: HBM2e 2,039 GB/s",
-)
-
-H100_SXM_80GB = GpuSpec(
-    name="NVIDIA H100 80GB HBM3",
-    short_name="h100-80gb",
-    memory_bytes=81_559 * MiB,
-    peak_bf16_flops=989.4e12,
-    memory_bandwidth_bytes_per_s=3.35e12,
-    memory_source="nvidia-smi total for NVIDIA H100 80GB HBM3 (SXM5): 81559 MiB",
-    flops_source=(
-        "NVIDIA H100 Tensor Core GPU architecture whitepaper, H100 SXM5: BF16 tensor 989.4 "
-        "TFLOPS dense (the H100 data sheet's 1,979 TFLOPS is with sparsity)"
-    ),
-    bandwidth_source="NVIDIA H100 data sheet, H100 SXM: HBM3 3.35 TB/s",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """A decoder-only transformer's shapes, from its ``config.json``.
-
-    Attributes:
-        name: Hugging Face model id.
-        short_name: stem used in profile names, e.g. ``"qwen2.5-7b"``.
-        num_layers: ``num_hidden_layers``.
-        hidden_size: ``hidden_size``.
-        num_attention_heads: ``num_attention_heads`` (query heads).
-        num_kv_heads: ``num_key_value_heads`` (grouped-query attention).
-        head_dim: ``hidden_size / num_attention_heads``.
-        intermediate_size: ``intermediate_size`` of the gated (SwiGLU) MLP.
-        vocab_size: ``vocab_size`` (rows of the embedding and of the LM head).
-        tie_word_embeddings: whether the LM head shares the embedding matrix.
-        total_params: all parameters, embeddings and LM head included.
-        dtype_bytes: bytes per weight and per KV element (bf16: 2).
-        source: where the shapes and the count come from.
-    """
-
-    name: str
-    short_name: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    total_params: int
-    dtype_bytes: int
-    source: str
-
-    @property
-    def embedding_params(self) -> int:
-        """Parameters of the input embedding table (vocab x hidden)."""
-        return self.vocab_size * self.hidden_size
-
-    @property
-    def lm_head_params(self) -> int:
-        """Parameters of the LM head (vocab x hidden; 0 extra if tied to the embedding)."""
-        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-
-    @property
-    def non_embedding_params(self) -> int:
-        """Parameters of the decoder layers and final norm (no embedding, no LM head)."""
-        return self.total_params - self.embedding_params - self.lm_head_params
-
-    def qwen2_param_count(self) -> int:
-        """Parameters implied by the shapes for a Qwen2 layer (q/k/v with bias, o without,
-        SwiGLU MLP without bias, two RMSNorms per layer, a final RMSNorm)."""
-        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
-        attn = (h * h + h) + 2 * (h * kv + kv) + h * h
-        mlp = 3 * h * self.intermediate_size
-        layer = attn + mlp + 2 * h
-        return self.num_layers * layer + h + self.embedding_params + self.lm_head_params
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one token takes: K and V x layers x kv_heads x head_dim x dtype bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
-
-
-QWEN25_7B = ModelSpec(
-    name="Qwen/Qwen2.5-7B-Instruct",
-    short_name="qwen2.5-7b",
-    num_layers=28,
-    hidden_size=3584,
-    num_attention_heads=28,
-    num_kv_heads=4,
-    head_dim=128,
-    intermediate_size=18944,
-    vocab_size=152064,
-    tie_word_embeddings=False,
-    total_params=7_615_616_512,
-    dtype_bytes=2,
-    source=(
-        "config.json of Qwen/Qwen2.5-7B-Instruct on Hugging Face (same shapes as Qwen/Qwen2.5-7B): "
-        "num_hidden_layers 28, hidden_size 3584, num_attention_heads 28, num_key_value_heads 4, "
-        "intermediate_size 18944, vocab_size 152064, tie_word_embeddings false, torch_dtype "
-        "bfloat16; total_params = model.safetensors.index.json total_size 15,231,233,024 bytes / 2 "
-        "(the model card's 7.61B; 6.53B non-embedding)"
-    ),
-)
+QWEN25_7B = model_spec("qwen2.5-7b")
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,71 +134,167 @@ def get_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
     return 2048, 256
 
 
-def activation_peak_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int) -> int:
-    """Peak activation bytes of vLLM's profiling run (a stated simple rule).
+def activation_peak_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1) -> int:
+    """Peak activation bytes of vLLM's profiling run on one rank (a stated simple rule).
 
     vLLM profiles one forward pass over ``max_num_batched_tokens`` tokens and a sampler pass
     over ``max_num_seqs`` positions (``vllm/v1/worker/gpu_model_runner.py: profile_run``). The
     rule keeps, per token, the bf16 residual stream and one layer's hidden output
-    (2 x hidden) plus the MLP's gate/up output and activated product (3 x intermediate), and
-    per sampled position the logits in bf16 and their fp32 copy (6 bytes x vocab).
+    (2 x hidden, whole on every rank) plus the MLP's gate/up output and activated product
+    (3 x intermediate / tp, split across ranks), and per sampled position the logits in bf16
+    and their fp32 copy (6 bytes x vocab; the logits are gathered whole on every rank).
     """
-    per_token = (2 * model.hidden_size + 3 * model.intermediate_size) * model.dtype_bytes
+    per_token = (2 * model.hidden_size + 3 * model.intermediate_size // tp) * model.dtype_bytes
     per_seq = model.vocab_size * (model.dtype_bytes + 4)
     return max_num_batched_tokens * per_token + max_num_seqs * per_seq
 
 
-# --------------------------------------------------------------------------------------------
-# The derivation
-# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ParallelEfficiency:
+    """Stated factors of tensor parallelism and fp8 (assumptions, not fits; the same for every GPU).
+
+    Attributes:
+        allreduce_bandwidth: share of the link's one-direction bandwidth a ring all-reduce's bus
+            bandwidth reaches. 0.7: nccl-tests ``all_reduce_perf`` reports bus bandwidths of
+            roughly 70-85 % of the one-direction NVLink figure for large messages, less for the
+            0.1-10 MB messages of one layer; 0.7 is stated, not measured here.
+        allreduce_latency_nvlink_s: fixed time of one all-reduce over NVLink, s. 8 us: vLLM's
+            custom all-reduce for small messages (one or two shots over NVLink/NVSwitch) is
+            reported at a few microseconds to about ten; stated.
+        allreduce_latency_pcie_s: fixed time of one all-reduce over PCIe (NCCL, no custom
+            all-reduce), s. 25 us; stated.
+        nccl_bytes: extra memory outside PyTorch per rank with tensor parallelism (NCCL
+            communicators and buffers, vLLM's custom all-reduce buffers), bytes. 1 GiB: the
+            :data:`NON_TORCH_BYTES` note's vLLM logs show 1-2 GiB non-torch memory with NCCL against
+            0.03-0.3 GiB without; 0.5 GiB + 1 GiB = 1.5 GiB sits in that range.
+        fp8_linear_flops: share of the fp8 peak that fp8 GEMMs reach (when the GPU has fp8 tensor
+            cores). 0.6: the bf16 factor (:class:`Efficiency`), stated; fp8 GEMMs reach a similar
+            share of their (doubled) peak at large shapes and less at small ones.
+    """
+
+    allreduce_bandwidth: float = 0.7
+    allreduce_latency_nvlink_s: float = 8e-6
+    allreduce_latency_pcie_s: float = 25e-6
+    nccl_bytes: int = GiB
+    fp8_linear_flops: float = 0.6
+
+
+DTYPES = {"bf16": 2, "fp8": 1}
+"""Weight dtypes ``--dtype`` takes and their bytes per weight (fp8: the linear layers' weights;
+embedding, LM head, norms and biases stay bf16, as vLLM's fp8 quantization keeps them)."""
+
+KV_CACHE_DTYPES = {"auto": 2, "fp8": 1}
+"""``--kv-cache-dtype`` values and bytes per KV element (auto: the activations' bf16, also with
+fp8 weights, as in vLLM)."""
+
+
+def allreduce_buffer_bytes_per_token(model: ModelSpec) -> int:
+    """Bytes one token puts into the all-reduces of one forward pass: 2 per layer of its bf16
+    activations, ``2 x layers x hidden x 2`` (the volume the all-reduces reduce, before the ring's
+    ``2 (tp - 1) / tp`` factor)."""
+    return 2 * model.num_layers * model.hidden_size * 2
+
+
+def allreduce_bytes_per_token(model: ModelSpec, tp: int) -> int:
+    """Bytes one rank sends per token per forward pass in its all-reduces: 2 all-reduces per layer
+    (after attention's o_proj and the MLP's down_proj, ``RowParallelLinear``) of the token's bf16
+    activations (hidden x 2 bytes), each a ring all-reduce sending ``2 (tp - 1) / tp`` of the
+    buffer; 0 without tensor parallelism. The value is exact when ``2 (tp - 1) x hidden x 2``
+    divides by ``tp`` (it does for even hidden sizes and tp a power of two)."""
+    if tp == 1:
+        return 0
+    return 2 * model.num_layers * 2 * (tp - 1) * model.hidden_size * 2 // tp
 
 
 def derive_profile(
-    gpu: GpuSpec,
-    model: ModelSpec = QWEN25_7B,
+    gpu: GpuSpec | str,
+    model: ModelSpec | str | Path = QWEN25_7B,
     eff: Efficiency = Efficiency(),
     vllm_version: str = "0.11.0",
     gpu_memory_utilization: float = 0.9,
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
     block_size: int = 16,
-    max_model_len: int = 32768,
+    max_model_len: int | None = None,
+    tp: int = 1,
+    dtype: str = "bf16",
+    kv_cache_dtype: str = "auto",
+    par: ParallelEfficiency = ParallelEfficiency(),
 ) -> dict:
     """A profile document (the layout of ``kvroute.sim.timing.profile``) derived from specs.
 
     Args:
-        gpu: the GPU (memory in bytes, peak FLOP/s, bandwidth in bytes/s).
-        model: the model's shapes (bf16 weights and KV cache).
+        gpu: the GPU, a :class:`GpuSpec` or a name of ``data/gpus.csv`` (``"H100-SXM"``).
+        model: the model's shapes, a :class:`ModelSpec`, a shipped model's name
+            (``"llama-3.1-70b"``) or the path of a Hugging Face ``config.json``.
         eff: stated efficiency factors and overheads.
         vllm_version: engine version the prior stands for (0.11.0: utilisation 0.9).
-        gpu_memory_utilization: vLLM's share of the device for this instance.
+        gpu_memory_utilization: vLLM's share of each device for this instance.
         max_num_batched_tokens, max_num_seqs: scheduler limits; ``None`` takes
             :func:`get_batch_defaults` for this GPU.
         block_size: tokens per KV block (vLLM default 16).
-        max_model_len: longest sequence in tokens (Qwen2.5-7B-Instruct's 32768).
+        max_model_len: longest sequence in tokens; ``None``: the model's
+            ``max_position_embeddings`` (Qwen2.5-7B-Instruct's 32768).
+        tp: tensor-parallel size: one worker spans ``tp`` GPUs.
+        dtype: weights, ``"bf16"`` or ``"fp8"``.
+        kv_cache_dtype: ``"auto"`` (bf16) or ``"fp8"``.
+        par: stated factors of tensor parallelism and fp8.
 
     Returns:
         A dict with sections name, hardware, model, engine, memory, step_cost, overheads,
-        provenance and sources. Times are seconds; memory is bytes.
+        provenance and sources (and ``parallel`` when tp > 1 or a dtype is fp8). Times are
+        seconds; memory is bytes, per rank.
 
     Raises:
-        ValueError: if no KV cache fits, or the cache cannot hold one ``max_model_len`` request
-            (vLLM refuses to start in that case).
+        InputError: unknown GPU or model name, or a bad config file.
+        ValueError: ``tp``, ``dtype`` or ``kv_cache_dtype`` not allowed for this model, no KV
+            cache fits, or the cache cannot hold one ``max_model_len`` request (vLLM refuses to
+            start in that case).
     """
+    gpu = gpu_spec(gpu) if isinstance(gpu, str) else gpu
+    model = model if isinstance(model, ModelSpec) else model_spec(model)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    if type(tp) is not int:
+        raise ValueError(f"tensor parallel size must be an integer, got {tp!r}")
+    model.check_tp(tp)
+    plain = tp == 1 and dtype == "bf16" and kv_cache_dtype == "auto"
+    max_model_len = model.max_position_embeddings if max_model_len is None else max_model_len
     default_tokens, default_seqs = get_batch_defaults(gpu)
     tokens = default_tokens if max_num_batched_tokens is None else max_num_batched_tokens
     seqs = default_seqs if max_num_seqs is None else max_num_seqs
+    wbytes, kvbytes, bf16 = DTYPES[dtype], KV_CACHE_DTYPES[kv_cache_dtype], model.dtype_bytes
 
-    # Memory (bytes) and vLLM's KV-capacity rule.
-    kv_bytes_per_block = model.kv_bytes_per_token * block_size
-    weight_bytes = model.total_params * model.dtype_bytes
-    memory = MemoryModel(
-        gpu_memory_bytes=gpu.memory_bytes,
-        weight_bytes=weight_bytes,
-        activation_peak_bytes=activation_peak_bytes(model, tokens, seqs),
-        non_torch_bytes=NON_TORCH_BYTES,
-        kv_bytes_per_block=kv_bytes_per_block,
-    )
+    # Per-rank parameters and bytes (every rank holds the same shard sizes: heads, MLP and the
+    # padded vocabulary divide evenly, and KV heads are replicated below tp).
+    linear_params = model.linear_params_per_rank(tp)
+    other_params = model.other_layer_params_per_rank(tp)
+    embedding_params = model.embedding_params_per_rank(tp)
+    lm_head_params = model.lm_head_params_per_rank(tp)
+    non_embedding_params = linear_params + other_params
+    weight_bytes = linear_params * wbytes + (other_params + embedding_params + lm_head_params) * bf16
+    kv_bytes_per_token = model.kv_bytes_per_token_per_rank(tp, kvbytes)
+    kv_bytes_per_block = kv_bytes_per_token * block_size
+    non_torch = NON_TORCH_BYTES + (par.nccl_bytes if tp > 1 else 0)
+
+    # vLLM's KV-capacity rule on every rank (each rank's free memory / its own bytes per block,
+    # which hold only its KV heads); the smallest rank bounds the pool
+    # (vllm/v1/core/kv_cache_utils.py: get_kv_cache_configs, "Change the num_blocks of each
+    # rank to the smallest among all ranks"). Under this model every rank holds the same shard
+    # sizes, so the counts are equal; the list keeps the rule visible.
+    rank_memory = [
+        MemoryModel(
+            gpu_memory_bytes=gpu.memory_bytes,
+            weight_bytes=weight_bytes,
+            activation_peak_bytes=activation_peak_bytes(model, tokens, seqs, tp),
+            non_torch_bytes=non_torch,
+            kv_bytes_per_block=kv_bytes_per_block,
+        )
+        for _ in range(tp)
+    ]
+    memory = min(rank_memory, key=lambda m: m.num_gpu_blocks(gpu_memory_utilization))
     num_gpu_blocks = memory.num_gpu_blocks(gpu_memory_utilization)
     if (num_gpu_blocks - 1) * block_size < max_model_len:
         raise ValueError(
@@ -350,23 +302,43 @@ def derive_profile(
             f"one request of max_model_len {max_model_len}"
         )
 
-    # Step-cost coefficients (seconds).
+    # Step-cost coefficients (seconds), per rank (ranks run in lockstep).
     bw, peak = gpu.memory_bandwidth_bytes_per_s, gpu.peak_bf16_flops
-    streamed_weight_bytes = weight_bytes - model.embedding_params * model.dtype_bytes
+    fp8_compute = dtype == "fp8" and gpu.peak_fp8_flops is not None
+    linear_peak = gpu.peak_fp8_flops * par.fp8_linear_flops if fp8_compute else peak * eff.linear_flops
+    streamed_weight_bytes = weight_bytes - embedding_params * bf16
     weight_load_s = streamed_weight_bytes / (bw * eff.weight_bandwidth)
-    per_token_s = 2 * model.non_embedding_params / (peak * eff.linear_flops)
-    lm_head_s = 2 * model.hidden_size * model.vocab_size / (peak * eff.linear_flops)
+    link_kind, link_bw = gpu.interconnect(tp)
+    ar_bytes = allreduce_bytes_per_token(model, tp)
+    allreduce_per_token_s = ar_bytes / (link_bw * par.allreduce_bandwidth) if tp > 1 else 0.0
+    ar_latency = par.allreduce_latency_nvlink_s if link_kind == "nvlink" else par.allreduce_latency_pcie_s
+    allreduce_step_s = 2 * model.num_layers * ar_latency if tp > 1 else 0.0
+    if plain:
+        per_token_s = 2 * model.non_embedding_params / (peak * eff.linear_flops)
+    else:
+        per_token_s = 2 * non_embedding_params / linear_peak + allreduce_per_token_s
+    lm_head_s = 2 * model.hidden_size * model.vocab_per_rank(tp) / (peak * eff.linear_flops)
+    if plain:
+        lm_head_s = 2 * model.hidden_size * model.vocab_size / (peak * eff.linear_flops)
     sampling_s = model.vocab_size * eff.sampler_bytes_per_logit / (bw * eff.weight_bandwidth)
     per_request_s = lm_head_s + sampling_s + eff.per_request_overhead_s
-    attn_flops_per_pair = 4 * model.num_layers * model.num_attention_heads * model.head_dim
+    attn_flops_per_pair = 4 * model.num_layers * (model.num_attention_heads // tp) * model.head_dim
     prefill_attn_s = attn_flops_per_pair / (peak * eff.attention_flops)
-    decode_attn_s = model.kv_bytes_per_token / (bw * eff.kv_bandwidth)
+    decode_attn_s = kv_bytes_per_token / (bw * eff.kv_bandwidth)
+    step_overhead_s = eff.step_overhead_s + allreduce_step_s
 
-    name = f"{gpu.short_name}-{model.short_name}"
+    suffix = (f"-tp{tp}" if tp > 1 else "") + ("-fp8" if dtype == "fp8" else "") + (
+        "-kvfp8" if kv_cache_dtype == "fp8" else "")
+    name = f"{gpu.short_name}-{model.short_name}{suffix}"
     eff_text = (
         f"linear {eff.linear_flops:g} of peak FLOP/s, prefill attention {eff.attention_flops:g}, "
         f"weights {eff.weight_bandwidth:g} of bandwidth, KV reads {eff.kv_bandwidth:g}"
     )
+    if not plain:
+        eff_text += (f", fp8 GEMMs {par.fp8_linear_flops:g} of fp8 peak, all-reduce "
+                     f"{par.allreduce_bandwidth:g} of link bandwidth + {ar_latency * 1e6:g} us each")
+    model_id = model.name.rstrip("/").split("/")[-1]
+    dtype_text = "bf16" if dtype == "bf16" else "fp8 linear weights, bf16 embedding/LM head/norms/biases"
     sources = {
         "hardware.gpu": "device name as CUDA reports it",
         "hardware.gpu_memory_bytes": gpu.memory_source,
@@ -385,43 +357,73 @@ def derive_profile(
             f"vllm serve default on {gpu.name}: {default_seqs} (vllm/engine/arg_utils.py: "
             "get_batch_defaults; >= 70 GiB and not A100: 1024, else 256)"
         ),
-        "engine.max_model_len": "max_position_embeddings 32768 in Qwen2.5-7B-Instruct's config.json",
+        "engine.max_model_len": (
+            f"max_position_embeddings {model.max_position_embeddings} in {model_id}'s config.json"
+            if max_model_len == model.max_position_embeddings else f"given: {max_model_len}"
+        ),
         "engine.num_gpu_blocks": (
             "floor((gpu_memory_bytes x gpu_memory_utilization - weight_bytes - activation_peak_bytes "
             "- non_torch_bytes) / kv_bytes_per_block) (vllm/v1/worker/gpu_worker.py: "
             "determine_available_memory; kvroute.sim.timing.profile.MemoryModel)"
+            + ("" if tp == 1 else "; per rank, the smallest rank's count bounds the pool "
+               "(vllm/v1/core/kv_cache_utils.py: get_kv_cache_configs)")
         ),
         "memory.gpu_memory_bytes": gpu.memory_source,
-        "memory.weight_bytes": "total_params x 2 bytes (bf16)",
+        "memory.weight_bytes": "total_params x 2 bytes (bf16)" if plain else (
+            f"one rank's share ({dtype_text}): q/o/MLP weights / tp, k/v by KV heads per rank, "
+            "embedding and LM head by padded vocab / tp, norms and o bias whole"
+        ),
         "memory.activation_peak_bytes": (
             "stated rule (kvroute.sim.timing.priors.activation_peak_bytes): max_num_batched_tokens x "
             "(2 x hidden + 3 x intermediate) x 2 bytes + max_num_seqs x vocab x 6 bytes (bf16 + fp32 "
             "logits), for vLLM's profile_run (vllm/v1/worker/gpu_model_runner.py)"
+            + ("" if tp == 1 else "; intermediate / tp on each rank")
         ),
-        "memory.non_torch_bytes": "stated constant 0.5 GiB (CUDA/cuBLAS workspaces, allocator slack)",
-        "memory.kv_bytes_per_block": "2 (K,V) x layers x kv_heads x head_dim x 2 bytes x block_size",
-        "step_cost.step_overhead_s": f"stated: {eff.step_overhead_s} s per step, vLLM with CUDA graphs",
+        "memory.non_torch_bytes": "stated constant 0.5 GiB (CUDA/cuBLAS workspaces, allocator slack)" + (
+            "" if tp == 1 else f" + {par.nccl_bytes / GiB:g} GiB per rank for NCCL and custom all-reduce buffers (stated)"),
+        "memory.kv_bytes_per_block": "2 (K,V) x layers x kv_heads x head_dim x 2 bytes x block_size" if plain else (
+            f"2 (K,V) x layers x KV heads per rank ({model.kv_heads_per_rank(tp)}: max(1, kv_heads / tp), "
+            f"vLLM replicates KV heads below tp) x head_dim x {kvbytes} bytes ({kv_cache_dtype}) x block_size"
+        ),
+        "step_cost.step_overhead_s": f"stated: {eff.step_overhead_s} s per step, vLLM with CUDA graphs" + (
+            "" if tp == 1 else f" + 2 all-reduces x {model.num_layers} layers x {ar_latency * 1e6:g} us latency "
+                               f"over {link_kind} (stated)"),
         "step_cost.weight_load_s": (
             "streamed weight bytes (all weights but the input embedding, which is only gathered) / "
-            f"(bandwidth x {eff.weight_bandwidth:g})"
+            f"(bandwidth x {eff.weight_bandwidth:g})" + ("" if plain else ", one rank's share")
         ),
-        "step_cost.per_token_s": f"2 x non_embedding_params FLOPs / (peak bf16 x {eff.linear_flops:g})",
+        "step_cost.per_token_s": f"2 x non_embedding_params FLOPs / (peak bf16 x {eff.linear_flops:g})" if plain else (
+            f"2 x one rank's non_embedding_params FLOPs / ("
+            + (f"peak fp8 x {par.fp8_linear_flops:g}" if fp8_compute else f"peak bf16 x {eff.linear_flops:g}")
+            + ")" + ("" if tp == 1 else
+                     f" + all-reduce bytes per token {ar_bytes} (2 x layers x 2 (tp-1)/tp x hidden x 2 bytes) / "
+                     f"({link_kind} {link_bw / 1e9:g} GB/s one direction x {par.allreduce_bandwidth:g})")
+        ),
         "step_cost.per_request_s": (
-            f"LM head 2 x hidden x vocab FLOPs / (peak x {eff.linear_flops:g}) + sampling vocab x "
-            f"{eff.sampler_bytes_per_logit:g} bytes / (bandwidth x {eff.weight_bandwidth:g}) + "
+            f"LM head 2 x hidden x vocab{'' if tp == 1 else ' / tp'} FLOPs / (peak x {eff.linear_flops:g}) + "
+            f"sampling vocab x {eff.sampler_bytes_per_logit:g} bytes / (bandwidth x {eff.weight_bandwidth:g}) + "
             f"{eff.per_request_overhead_s:g} s CPU per request"
         ),
         "step_cost.prefill_attn_s": (
-            f"4 x layers x heads x head_dim FLOPs per causal pair / (peak x {eff.attention_flops:g})"
+            f"4 x layers x heads{'' if tp == 1 else ' / tp'} x head_dim FLOPs per causal pair / "
+            f"(peak x {eff.attention_flops:g})"
         ),
         "step_cost.decode_attn_s": (
-            f"KV bytes per context token / (bandwidth x {eff.kv_bandwidth:g})"
+            f"KV bytes per context token{'' if plain else ' on one rank'} / (bandwidth x {eff.kv_bandwidth:g})"
         ),
         "overheads.api_server_s": "seed study: the API server adds about 100 ms per request",
         "overheads.gateway_s": "seed study: the gateway adds about 1 ms after the Redis fix",
         "overheads.jitter_cv": "stated: lognormal jitter with CV 0.1 (seed study asks for stated, seeded jitter)",
     }
-    return {
+    if not plain:
+        sources["hardware.peak_fp8_dense_flops"] = gpu.fp8_source
+        sources["parallel.interconnect_bytes_per_s"] = gpu.interconnect_source
+        sources["parallel"] = (
+            "tensor parallelism as vLLM shards a dense decoder (ColumnParallelLinear q/k/v, gate/up; "
+            "RowParallelLinear o, down, each followed by an all-reduce; VocabParallelEmbedding and "
+            "ParallelLMHead); stated factors in provenance.parallel_efficiency"
+        )
+    doc = {
         "name": name,
         "hardware": {
             "gpu": gpu.name,
@@ -431,7 +433,7 @@ def derive_profile(
         },
         "model": {
             "name": model.name,
-            "dtype": "bfloat16",
+            "dtype": "bfloat16" if dtype == "bf16" else "fp8",
             "num_layers": model.num_layers,
             "hidden_size": model.hidden_size,
             "num_attention_heads": model.num_attention_heads,
@@ -454,7 +456,7 @@ def derive_profile(
         },
         "memory": asdict(memory),
         "step_cost": {
-            "step_overhead_s": eff.step_overhead_s,
+            "step_overhead_s": step_overhead_s,
             "weight_load_s": weight_load_s,
             "per_token_s": per_token_s,
             "per_request_s": per_request_s,
@@ -471,7 +473,8 @@ def derive_profile(
             "source": "kvroute.sim.timing.priors",
             "date": PROVENANCE_DATE,
             "notes": (
-                f"Roofline prior for {model.name} (bf16) on {gpu.name} under vLLM {vllm_version}, "
+                f"Roofline prior for {model.name} ({'bf16' if plain else dtype_text + ', KV ' + kv_cache_dtype}"
+                f"{'' if tp == 1 else f', tensor parallel {tp}'}) on {gpu.name} under vLLM {vllm_version}, "
                 f"from spec sheets and config.json with stated efficiencies ({eff_text}); not fitted "
                 "to any measurement. Replace with a calibrated profile once the worker is measured."
             ),
@@ -479,6 +482,26 @@ def derive_profile(
         },
         "sources": sources,
     }
+    if not plain:
+        doc["hardware"]["peak_fp8_dense_flops"] = gpu.peak_fp8_flops
+        doc["model"]["kv_cache_dtype"] = kv_cache_dtype
+        doc["parallel"] = {
+            "tensor_parallel_size": tp,
+            "interconnect": link_kind if tp > 1 else None,
+            "interconnect_bytes_per_s": link_bw if tp > 1 else None,
+            "kv_heads_per_rank": model.kv_heads_per_rank(tp),
+            "weight_bytes_per_rank": weight_bytes,
+            "kv_bytes_per_token_per_rank": kv_bytes_per_token,
+            "allreduce_buffer_bytes_per_token": allreduce_buffer_bytes_per_token(model) if tp > 1 else 0,
+            "allreduce_bytes_per_token": ar_bytes,
+            "allreduce_per_token_s": allreduce_per_token_s,
+            "allreduce_latency_per_step_s": allreduce_step_s,
+            "nccl_bytes_per_rank": par.nccl_bytes if tp > 1 else 0,
+            "linear_compute": "fp8" if fp8_compute else "bf16",
+            "blocks_per_rank": [m.num_gpu_blocks(gpu_memory_utilization) for m in rank_memory],
+        }
+        doc["provenance"]["parallel_efficiency"] = asdict(par)
+    return doc
 
 
 #: The shipped derived profiles: file stem -> GPU (model Qwen2.5-7B, default efficiencies).
@@ -536,6 +559,39 @@ def decode_step_s(profile_doc: dict, num_decodes: int, context_tokens: int) -> f
     ``context_tokens`` tokens of context."""
     profile = profile_from_dict(profile_doc, profile_doc.get("name", "<dict>"))
     return profile.step_cost.step_time(num_decodes, num_decodes, 0.0, num_decodes * (context_tokens + 1))
+
+
+def derive_summary(doc: dict, context_tokens: int = 1000, prompt_tokens: int = 1000) -> str:
+    """Plain-text summary of a derived profile: per-rank memory, KV blocks per worker, the decode
+    step at batch 1/16/64 (each request at ``context_tokens`` of context) and prefill time per
+    token (one ``prompt_tokens`` prompt alone, in chunks of the step budget)."""
+    eng, mem, model = doc["engine"], doc["memory"], doc["model"]
+    par = doc.get("parallel") or {}
+    tp = par.get("tensor_parallel_size", 1)
+    gib = 2**30
+    link = f", TP{tp} over {par['interconnect']}" if tp > 1 else ""
+    blocks = eng["num_gpu_blocks"]
+    rows = [
+        ("weights per rank", f"{mem['weight_bytes'] / gib:.2f} GiB ({model['dtype']})"),
+        ("KV bytes per token per rank", f"{mem['kv_bytes_per_block'] // eng['block_size']:,} B "
+         f"(KV cache {model.get('kv_cache_dtype', 'auto')}, {par.get('kv_heads_per_rank', model['num_kv_heads'])} "
+         "KV heads per rank)"),
+        ("all-reduce bytes per token", f"{par.get('allreduce_buffer_bytes_per_token', 0):,} B reduced, "
+         f"{par.get('allreduce_bytes_per_token', 0):,} B sent per rank (ring)"),
+        ("KV blocks per worker", f"{blocks:,} of {eng['block_size']} tokens ({blocks * eng['block_size']:,} tokens)"),
+        ("batch limits", f"max_num_batched_tokens {eng['max_num_batched_tokens']}, max_num_seqs "
+         f"{eng['max_num_seqs']}, max_model_len {eng['max_model_len']:,}"),
+    ]
+    for batch in (1, 16, 64):
+        step = decode_step_s(doc, batch, context_tokens)
+        rows.append((f"decode step, batch {batch}", f"{step * 1e3:.2f} ms ({1 / step:.1f} tokens/s per request, "
+                     f"{context_tokens:,}-token contexts)"))
+    prefill = prefill_time_s(doc, prompt_tokens)
+    rows.append(("prefill per token", f"{prefill / prompt_tokens * 1e6:.1f} us ({prompt_tokens:,}-token prompt "
+                 f"alone: {prefill * 1e3:.1f} ms)"))
+    width = max(len(r[0]) for r in rows)
+    head = f"{doc['name']}: {model['name']} on {tp} x {doc['hardware']['gpu']}{link} (derived prior, not measured)"
+    return "\n".join([head, *(f"  {a:<{width}}  {b}" for a, b in rows)])
 
 
 def sanity_report(profile_doc: dict) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from kvroute.cli.main import cli
@@ -26,3 +27,53 @@ def test_profiles_columns_line_up_whatever_the_name_length():
     lines = CliRunner().invoke(cli, ["profiles"]).output.splitlines()
     starts = {line.index(" measured ") if " measured " in line else line.index(" derived ") for line in lines}
     assert len(starts) == 1, lines
+
+
+def test_profiles_list_is_profiles():
+    runner = CliRunner()
+    assert runner.invoke(cli, ["profiles", "list"]).output == runner.invoke(cli, ["profiles"]).output
+
+
+def test_derive_writes_a_profile_compare_accepts(tmp_path):
+    from kvroute.sim.timing.profile import load_profile
+
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "Llama-3.1-70B",
+                                      "--tp", "4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "KV blocks per worker         29,503 of 16 tokens" in result.output
+    for batch in (1, 16, 64):
+        assert f"decode step, batch {batch}" in result.output
+    assert "prefill per token" in result.output
+    profile = load_profile(out)
+    assert profile.name == "h100-80gb-llama-3.1-70b-tp4" and profile.engine.num_gpu_blocks == 29_503
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--gpu", "V100", "--model", "qwen3-32b"], "--gpu"),
+    (["--gpu", "H100-SXM", "--model", "nope"], "--model"),
+    (["--gpu", "H100-SXM", "--model", "qwen3-32b", "--tp", "3"], "--tp"),
+    (["--gpu", "H100-SXM", "--model", "qwen3-32b", "--tp", "0"], "--tp"),
+    (["--gpu", "H100-SXM", "--model", "qwen3-32b", "--dtype", "int4"], "--dtype"),
+    (["--gpu", "H100-SXM", "--model", "qwen3-32b", "--kv-cache-dtype", "fp16"], "--kv-cache-dtype"),
+])
+def test_derive_bad_values_name_the_flag(args, flag, tmp_path):
+    result = CliRunner().invoke(cli, ["profiles", "derive", *args, "--out", str(tmp_path / "x.json")])
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and f"'{flag}'" in errors[0], result.output
+
+
+def test_derive_bad_config_file_names_file_and_field(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"hidden_size": 4096}')
+    result = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", str(cfg)])
+    assert result.exit_code == 2
+    assert f"Invalid value for '--model': {cfg}: field 'intermediate_size'" in result.output
+
+
+def test_derive_too_small_is_one_line(tmp_path):
+    result = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "llama-3.1-70b",
+                                      "--out", str(tmp_path / "x.json")])
+    assert result.exit_code == 1
+    assert result.output.count("\n") == 1 and result.output.startswith("Error: no KV cache fits"), result.output
