@@ -79,10 +79,15 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
       kvroute serve --model Qwen/Qwen2.5-7B-Instruct            # every GPU, ports 8100...
       kvroute serve --model tiny-qwen2 -n 1 -- --max-num-seqs 64  # CPU, engine on core 0
     """
+    import importlib.util
     import signal
     import time
 
     from kvroute.calibrate.live.server import ServerError, plan_servers, serve_many
+
+    if importlib.util.find_spec("vllm") is None:
+        raise click.ClickException("vLLM is not installed in this Python, so no server can start: "
+                                   "python -m pip install -e '.[gpu]' on GPU machines, '.[live]' for vLLM's CPU build")
 
     def _stop(signum, frame):
         raise KeyboardInterrupt

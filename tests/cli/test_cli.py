@@ -200,3 +200,19 @@ def test_the_front_end_note_names_the_stated_api_contention_of_a_per_core_profil
                     "--workers", "2", "--profile", str(path))
     assert ("on its engine's core, taking 2 times as long while the engine has requests (host.api_contention 1, "
             "stated, not measured). Closed-loop TTFT under a kv-aware router hangs on it" in result.output)
+
+
+def test_serve_without_vllm_says_so_before_starting(monkeypatch):
+    """No server is planned or started when vLLM cannot be imported: one line names the extra."""
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    result = CliRunner().invoke(cli, ["serve", "--model", "Qwen/Qwen2.5-7B-Instruct", "-n", "1"])
+    assert result.exit_code == 1
+    assert result.output.strip() == ("Error: vLLM is not installed in this Python, so no server can start: "
+                                     "python -m pip install -e '.[gpu]' on GPU machines, '.[live]' for vLLM's CPU build")
