@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from kvroute.cli.config import config_option
+from kvroute.cli.signals import INTERRUPTED_EXIT, stops_on_sigterm
 from kvroute.cli.values import check_values
 from kvroute.sim.cluster.collector import paused_collector
 from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
@@ -57,8 +58,8 @@ def _progress_bar(disable: bool, **kwargs):
 
 def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
          quiet=False, time_series=False, executor=("sequential", None, None)):
+    from kvroute.sim.study.experiment import CompareInterrupted, format_table
     from kvroute.sim.study.experiment import compare as run_compare
-    from kvroute.sim.study.experiment import format_table
 
     if time_series and out is None:
         raise click.UsageError("--time-series writes its files under --out: give --out DIR")
@@ -85,25 +86,35 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
     bar = _progress_bar(quiet or json_out or not sys.stderr.isatty(), total=len(policies) * rounds * (1 + uncertainty),
                         desc="simulating", unit="run")
     inside = _RunProgress(len(trace.records), disable=quiet or json_out or not sys.stderr.isatty())
-    if uncertainty:
-        from kvroute.sim.study.experiment import compare_uncertain, format_uncertain_table
+    interrupted = None  # Ctrl-C or SIGTERM: the finished runs are reported and written, marked incomplete
+    try:
+        if uncertainty:
+            from kvroute.sim.study.experiment import compare_uncertain, format_uncertain_table
 
-        uncertain = compare_uncertain(rounds_trace, spec, policies, uncertainty, rounds, seed, prior_range,
-                                      ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update())
-        comparison = uncertain.base
-    else:
-        where, address, max_workers = executor
-        if where == "local" and len(policies) * rounds == 1:
-            where = "sequential"  # one run: a pool would only add its start-up
-        comparison = run_compare(rounds_trace, spec, policies, rounds=rounds, seed=seed,
-                                 slo=ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update(),
-                                 run_progress=inside if not inside.disable else None, executor=where,
-                                 address=address, max_workers=max_workers)
+            uncertain = compare_uncertain(rounds_trace, spec, policies, uncertainty, rounds, seed, prior_range,
+                                          ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update())
+            comparison = uncertain.base
+        else:
+            where, address, max_workers = executor
+            if where == "local" and len(policies) * rounds == 1:
+                where = "sequential"  # one run: a pool would only add its start-up
+            comparison = run_compare(rounds_trace, spec, policies, rounds=rounds, seed=seed,
+                                     slo=ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update(),
+                                     run_progress=inside if not inside.disable else None, executor=where,
+                                     address=address, max_workers=max_workers)
+    except CompareInterrupted as stop:
+        interrupted, comparison, uncertainty = stop, stop.comparison, 0
     inside.close()
     bar.close()
+    if interrupted is not None:
+        click.echo(f"\ninterrupted: {interrupted.total - len(interrupted.missing)} of {interrupted.total} runs "
+                   "finished" + ("" if comparison is not None else "; nothing written"), err=True)
+        if comparison is None:
+            sys.exit(INTERRUPTED_EXIT)
     if json_out:
         doc = {"scenario": header, "rounds": rounds, "seed": seed,
                "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot},
+               **({"incomplete": {"missing_runs": interrupted.missing}} if interrupted is not None else {}),
                **(uncertain.to_dict() if uncertainty else comparison.to_dict())}
         click.echo(json.dumps(doc, indent=2))
     elif uncertainty:
@@ -133,7 +144,11 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
             if line:
                 click.echo(line)
     if out is not None:
-        _write_outputs(comparison, out, header, json_out, records_format)
+        # INCOMPLETE marks the set until its last file is written; an interrupted run's names the runs not finished
+        marker = out / INCOMPLETE_MARKER
+        write_text_atomic(marker, _incomplete_text(None))
+        _write_outputs(comparison, out, header, json_out, records_format,
+                       incomplete=None if interrupted is None else {"missing_runs": interrupted.missing})
         if time_series:
             _write_series(comparison, out, header, json_out)
         _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), scenario.request_rate,
@@ -149,9 +164,33 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
             if uncertainty:
                 more.append("uncertainty.csv")
             click.echo(f"wrote {', '.join(str(out / name) for name in more)}")
+        if interrupted is None:
+            marker.unlink()
+        else:
+            write_text_atomic(marker, _incomplete_text(interrupted.missing))
+            click.echo(f"the set in {out} is incomplete: {marker.name} names the {len(interrupted.missing)} runs "
+                       "not finished", err=True)
+    if interrupted is not None:
+        sys.exit(INTERRUPTED_EXIT)
 
 
-def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_format: str) -> None:
+INCOMPLETE_MARKER = "INCOMPLETE"
+"""A file in ``--out`` while the set there is not whole: written before the first output file, removed
+after the last; it stays when the command was stopped while writing, or names the runs not finished
+when it was stopped before them (the files then hold the finished runs only)."""
+
+
+def _incomplete_text(missing: list[str] | None) -> str:
+    if missing is None:
+        return ("This output set is incomplete: the command was stopped while writing it, so files may be missing "
+                "or left from an earlier run in this directory.\n")
+    return (f"This output set is incomplete: the command was interrupted (Ctrl-C or SIGTERM) before {len(missing)} "
+            "run(s) finished; the files hold the finished runs only (compare.json: incomplete.missing_runs).\n"
+            "Runs not finished:\n" + "".join(f"  {name}\n" for name in missing))
+
+
+def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_format: str,
+                   incomplete: dict | None = None) -> None:
     from kvroute.sim.study.plots import plot_ttft
 
     out.mkdir(parents=True, exist_ok=True)
@@ -164,7 +203,8 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
             records.to_parquet(tmp, index=False)
     with atomic_output(out / "summary.csv") as tmp:
         comparison.summaries.to_csv(tmp, index=False)
-    write_text_atomic(out / "compare.json", json.dumps({"scenario": header, **comparison.to_dict()}, indent=2))
+    doc = {"scenario": header, **comparison.to_dict(), **({"incomplete": incomplete} if incomplete else {})}
+    write_text_atomic(out / "compare.json", json.dumps(doc, indent=2))
     with atomic_output(out / "ttft.png") as tmp:
         plot_ttft(records, tmp, title=header.split(" | ")[0])
     if not quiet:
@@ -266,6 +306,7 @@ def output_options(func):
 @output_options
 @check_values
 @with_errors
+@stops_on_sigterm
 def compare(policies_text, rounds, uncertainty, prior_range, executor, address, max_workers, json_out, out,
             records_format, quiet, time_series, slo_ttft, slo_tpot, **options):
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
@@ -286,6 +327,7 @@ def compare(policies_text, rounds, uncertainty, prior_range, executor, address, 
 @output_options
 @check_values
 @with_errors
+@stops_on_sigterm
 def simulate(policy, rounds, json_out, out, records_format, quiet, time_series, slo_ttft, slo_tpot, **options):
     """Simulate one routing policy and print its summary."""
     with paused_collector():

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from kvroute.cli.scenario import DEFAULT_POLICIES, scenario_from_options, scenario_options
+from kvroute.cli.signals import stops_on_sigterm
 from kvroute.cli.values import check_urls, check_values
 from kvroute.traces.outputs import check_output
 
@@ -79,12 +80,13 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
               help="Also keep every output token's arrival time, live and simulated (tokens_live.parquet, "
                    "tokens_sim.parquet).")
 @check_values
+@stops_on_sigterm
 def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, replay, arrival_spread_s, rounds,
              live_rounds, timeout, router_block_tokens, model, token_range, client_cores, seed, client_lag,
              uncertainty, prior_range, kv_events, record_tokens, **options):
     """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
     same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate,
-    per-worker hit tokens). Ctrl-C writes what was measured so far.
+    per-worker hit tokens). Ctrl-C or SIGTERM writes what was measured so far (exit code 130).
 
     \b
     Example:

@@ -40,6 +40,9 @@ class Comparison:
             and every summary metric) or the same as a DataFrame.
         intervals: per policy, per metric ``mean``, ``low``, ``high``, ``rounds``: dicts
             (``intervals[policy][metric]``) or ``summarize_rounds`` DataFrames.
+        round_ids: ``round_ids[policy][k]``: the round of ``runs[policy][k]`` (the ``round``
+            column of ``records``, ``series``, ``tokens``); default ``k`` (an interrupted
+            comparison's finished rounds may have gaps).
 
     Attributes:
         policies, runs: as given.
@@ -49,12 +52,14 @@ class Comparison:
         intervals: ``intervals[policy]``: DataFrame of mean/low/high/rounds per metric.
     """
 
-    __slots__ = ("policies", "runs", "rows", "interval_rows", "_summaries", "_intervals")
+    __slots__ = ("policies", "runs", "rows", "interval_rows", "round_ids", "_summaries", "_intervals")
 
     def __init__(self, policies: list[str], runs: dict[str, list[RunResult]], summaries: list[dict] | pd.DataFrame,
-                 intervals: dict[str, dict[str, dict[str, float]]] | dict[str, pd.DataFrame]) -> None:
+                 intervals: dict[str, dict[str, dict[str, float]]] | dict[str, pd.DataFrame],
+                 round_ids: dict[str, list[int]] | None = None) -> None:
         self.policies = policies
         self.runs = runs
+        self.round_ids = round_ids
         self._summaries = self._intervals = None
         if isinstance(summaries, list):
             self.rows = summaries
@@ -91,9 +96,12 @@ class Comparison:
 
         frames = []
         for policy, runs in self.runs.items():
-            for r, run in enumerate(runs):
-                frames.append(run.records.assign(policy=policy, round=r))
+            for k, run in enumerate(runs):
+                frames.append(run.records.assign(policy=policy, round=self._round(policy, k)))
         return pd.concat(frames, ignore_index=True)
+
+    def _round(self, policy: str, k: int) -> int:
+        return k if self.round_ids is None else self.round_ids[policy][k]
 
     def series(self) -> pd.DataFrame | None:
         """Every run's per-worker time series (``kvroute.sim.cluster.timeseries.SERIES_COLUMNS``) with
@@ -111,11 +119,12 @@ class Comparison:
 
         frames = []
         for policy, runs in self.runs.items():
-            for r, run in enumerate(runs):
+            for k, run in enumerate(runs):
                 frame = getattr(run, field)
                 if frame is None:
                     return None
-                frames.append(frame.assign(policy=policy, round=r)[["policy", "round", *frame.columns]])
+                frames.append(frame.assign(policy=policy, round=self._round(policy, k))[["policy", "round",
+                                                                                        *frame.columns]])
         return pd.concat(frames, ignore_index=True) if frames else None
 
     def change(self, policy: str, metric: str) -> float:
@@ -195,6 +204,8 @@ def compare(
 
     Raises:
         ValueError: no policy, fewer than one round, or any error ``simulate`` raises.
+        CompareInterrupted (a KeyboardInterrupt): Ctrl-C or SIGTERM (as ``KeyboardInterrupt``)
+            before every run finished; carries the finished runs.
     """
     if not policies:
         raise ValueError("compare needs at least one policy")
@@ -209,20 +220,52 @@ def compare(
         if progress is not None:
             progress(*grid[i])
 
-    if executor == "sequential":
-        for i, (policy, r) in enumerate(grid):
-            inside = None if run_progress is None else functools.partial(run_progress, policy, r)
-            done(i, simulate(traces[r], replace(spec, policy=policy), seed=seed + r, progress=inside))
-    else:
-        from kvroute.sim.study.executors import interrupts_as_keyboard, run_tasks
+    try:
+        if executor == "sequential":
+            for i, (policy, r) in enumerate(grid):
+                inside = None if run_progress is None else functools.partial(run_progress, policy, r)
+                done(i, simulate(traces[r], replace(spec, policy=policy), seed=seed + r, progress=inside))
+        else:
+            from kvroute.sim.study.executors import interrupts_as_keyboard, run_tasks
 
-        tasks = [(traces[r], replace(spec, policy=policy), seed + r) for policy, r in grid]
-        with interrupts_as_keyboard():
-            run_tasks(_simulate_task, tasks, done, executor, address, max_workers)
+            tasks = [(traces[r], replace(spec, policy=policy), seed + r) for policy, r in grid]
+            with interrupts_as_keyboard():
+                run_tasks(_simulate_task, tasks, done, executor, address, max_workers)
+    except KeyboardInterrupt:
+        missing = [f"{policy} round {r}" for (policy, r), result in zip(grid, results) if result is None]
+        finished = [p for p in policies if any(res is not None for (q, _), res in zip(grid, results) if q == p)]
+        partial = _comparison(finished, grid, results, seed, slo) if finished else None
+        raise CompareInterrupted(partial, missing, len(grid)) from None
+    return _comparison(list(policies), grid, results, seed, slo)
+
+
+class CompareInterrupted(KeyboardInterrupt):
+    """``compare`` was stopped (Ctrl-C, SIGTERM) before every run finished.
+
+    Attributes:
+        comparison: the finished runs as a :class:`Comparison` (the policies with at least one
+            finished round; each policy's intervals over its finished rounds), or None when no
+            run finished.
+        missing: the runs not finished, ``"<policy> round <r>"``.
+        total: the runs asked for.
+    """
+
+    def __init__(self, comparison: Comparison | None, missing: list[str], total: int) -> None:
+        super().__init__(f"compare interrupted: {total - len(missing)} of {total} runs finished")
+        self.comparison, self.missing, self.total = comparison, missing, total
+
+
+def _comparison(policies: list[str], grid: list[tuple[str, int]], results: list[RunResult | None], seed: int,
+                slo: ServiceClass) -> Comparison:
+    """The :class:`Comparison` of the finished ``results`` (None: not finished) of ``grid``."""
     runs: dict[str, list[RunResult]] = {policy: [] for policy in policies}
+    round_ids: dict[str, list[int]] = {policy: [] for policy in policies}
     rows = []
     for (policy, r), result in zip(grid, results):
+        if result is None or policy not in runs:
+            continue
         runs[policy].append(result)
+        round_ids[policy].append(r)
         rows.append({"policy": policy, "round": r, "seed": seed + r, **summarize(result, slo)})
     intervals = {}
     for p in policies:
@@ -231,7 +274,8 @@ def compare(
             intervals[p] = one_round_intervals(per_round[0])
         else:
             intervals[p] = summarize_rounds(per_round).to_dict("index")
-    return Comparison(list(policies), runs, rows, intervals)
+    gaps = any(ids != list(range(len(ids))) for ids in round_ids.values())
+    return Comparison(list(policies), runs, rows, intervals, round_ids if gaps else None)
 
 
 def _simulate_task(task: tuple[Trace, ClusterSpec, int]) -> RunResult:
@@ -419,19 +463,30 @@ def compare_uncertain(
 
     Raises:
         ValueError: ``draws < 1``, or as ``compare``.
+        CompareInterrupted: stopped before every run finished; carries the central profile's
+            finished runs (the drawn profiles' runs are all listed as missing).
     """
     from kvroute.sim.timing.uncertainty import draw_profiles, profile_uncertainty
 
     if draws < 1:
         raise ValueError(f"uncertainty draws must be >= 1, got {draws}")
-    base = compare(trace, spec, policies, rounds, seed, slo, progress)
+    total = len(policies) * rounds * (draws + 1)
+    drawn_runs = [f"{p} round {r} of uncertainty draw {k}" for k in range(draws) for p in policies
+                  for r in range(rounds)]
+    try:
+        base = compare(trace, spec, policies, rounds, seed, slo, progress)
+    except CompareInterrupted as stop:
+        raise CompareInterrupted(stop.comparison, stop.missing + drawn_runs, total) from None
     profiles = draw_profiles(spec.profile, draws, np.random.default_rng([seed, 2]), prior_range)
     rows = []
     for d, profile in enumerate(profiles):
         first = seed + (d + 1) * rounds
         # Only the central profile's runs keep time series (``base``); the drawn ones give summaries.
         drawn = replace(spec, profile=profile, record_series=False)
-        comparison = compare(trace, drawn, policies, rounds, first, slo, progress)
+        try:
+            comparison = compare(trace, drawn, policies, rounds, first, slo, progress)
+        except CompareInterrupted:  # the central profile's comparison is kept; the draws are not
+            raise CompareInterrupted(base, drawn_runs, total) from None
         rows.append(comparison.summaries.assign(draw=d))
     import pandas as pd
 

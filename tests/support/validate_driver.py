@@ -15,11 +15,13 @@ _CODE = ("import sys; from kvroute.cli.validate_command import validate; "
 
 
 def interrupt_validate(trace: Path, urls: list[str], profile: str, out: Path, settle_s: float,
-                       timeout_s: float, ready=None, extra: tuple[str, ...] = ()) -> tuple[int, str, dict]:
-    """Validate round_robin then kv_aware one request at a time, send SIGINT ``settle_s`` seconds
+                       timeout_s: float, ready=None, extra: tuple[str, ...] = (),
+                       signum: int = signal.SIGINT) -> tuple[int, str, dict]:
+    """Validate round_robin then kv_aware one request at a time, send SIGINT (or ``signum``) ``settle_s`` seconds
     after the first "replaying" line (or after ``timeout_s`` without one) or, given ``ready``, as
     soon as ``ready()`` is true after that line (an event, robust on a loaded machine); returns
-    the exit code, stderr and the report written to ``out``. ``extra``: more arguments."""
+    the exit code, stderr and the report written to ``out``. ``extra``: more arguments; ``signum``:
+    the signal sent (SIGTERM, as a service manager or ``timeout`` sends, must stop it the same way)."""
     args = [sys.executable, "-c", _CODE, "--trace", str(trace)]
     for url in urls:
         args += ["--url", url]
@@ -37,7 +39,7 @@ def interrupt_validate(trace: Path, urls: list[str], profile: str, out: Path, se
     else:
         while time.monotonic() < deadline and not ready():
             time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=timeout_s)
     doc = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
     return proc.returncode, err, doc

@@ -1,0 +1,185 @@
+"""Ctrl-C and SIGTERM stop ``kvroute compare`` (issue 35, item 5): exit code 130, the finished
+runs reported and written under ``--out``, and the set marked incomplete by an ``INCOMPLETE``
+file naming the runs not finished (also ``compare.json``'s ``incomplete.missing_runs``).
+
+The command runs in a real process for the signals, with standard error on a pseudo-terminal so
+its progress bar shows finished runs; the signal is sent once one has, so the test does not depend
+on the machine's speed (the waits only guard against a hang).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+import pandas as pd
+import pytest
+
+HANG_GUARD_S = 120
+ROUNDS = 40
+
+
+def _run_until_runs_finished(cmd: list[str], signum: int, finished: int) -> tuple[int, str]:
+    """Start ``cmd`` with standard error on a pseudo-terminal, send ``signum`` once its bar shows
+    ``finished`` runs done; returns the exit code and what it wrote to standard error."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))  # tqdm draws nothing 0 wide
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=slave, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    os.close(slave)
+    seen = b""
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not any(int(n) >= finished for n in re.findall(rb"\| *(\d+)/%d " % (2 * ROUNDS), seen)):
+            assert proc.poll() is None, seen.decode(errors="replace")
+            assert time.monotonic() < deadline, "compare finished no run"
+            try:
+                seen += os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+        proc.send_signal(signum)
+        code = proc.wait(timeout=HANG_GUARD_S)
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    return code, seen.decode(errors="replace")
+
+
+@pytest.mark.parametrize("signum,executor", [(signal.SIGTERM, "sequential"), (signal.SIGTERM, "local"),
+                                             (signal.SIGINT, "sequential")])
+def test_signal_keeps_finished_rounds_and_marks_the_set_incomplete(tmp_path, signum, executor):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-c", "from kvroute.cli.main import main; main()", "compare",
+           "--workload", "agent", "--chats", "16", "--turns", "10", "--workers", "4",
+           "--policies", "round_robin,kv_aware", "--rounds", str(ROUNDS), "--executor", executor,
+           "--max-workers", "2", "--out", str(out)]
+    code, err = _run_until_runs_finished(cmd, signum, finished=2)
+    assert code == 130, err
+    assert re.search(r"interrupted: \d+ of 80 runs finished", err) and "Traceback" not in err, err
+    summary = pd.read_csv(out / "summary.csv")
+    doc = json.loads((out / "compare.json").read_text())
+    missing = doc["incomplete"]["missing_runs"]
+    assert len(summary) >= 2 and len(summary) + len(missing) == 2 * ROUNDS
+    assert set(summary["policy"]) == set(doc["policies"])
+    assert set(pd.read_parquet(out / "records.parquet")["round"]) == set(summary["round"])
+    marker = (out / "INCOMPLETE").read_text()
+    assert f"before {len(missing)} run(s) finished" in marker and all(name in marker for name in missing)
+    assert list(out.glob(".*tmp*")) == []  # no temporary file left behind
+
+
+def test_compare_api_raises_with_the_finished_runs(monkeypatch):
+    """In-process: a KeyboardInterrupt mid-compare becomes CompareInterrupted with the runs done."""
+    from kvroute.sim.study import experiment
+    from kvroute.sim.cluster.cluster import ClusterSpec
+    from kvroute.sim.timing.profile import load_profile
+    from kvroute.traces.generators import seed_chat
+
+    calls = {"n": 0}
+    real = experiment.simulate
+
+    def simulate(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "simulate", simulate)
+    trace = seed_chat(num_chats=2, num_turns=2)
+    spec = ClusterSpec(profile=load_profile("a6000-qwen2.5-7b"), num_workers=2)
+    with pytest.raises(experiment.CompareInterrupted) as info:
+        experiment.compare(trace, spec, ["round_robin", "kv_aware"], rounds=2)
+    stop = info.value
+    assert stop.total == 4 and stop.missing == ["kv_aware round 1"]
+    assert stop.comparison.policies == ["round_robin", "kv_aware"]
+    assert [len(stop.comparison.runs[p]) for p in stop.comparison.policies] == [2, 1]
+
+
+def test_finished_rounds_with_a_gap_keep_their_round_numbers():
+    """A pool finishes runs in any order: rounds 0 and 2 done, 1 not, are rounds 0 and 2."""
+    from kvroute.sim.study import experiment
+    from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+    from kvroute.sim.timing.profile import load_profile
+    from kvroute.traces.generators import seed_chat
+
+    trace = seed_chat(num_chats=2, num_turns=2)
+    spec = ClusterSpec(profile=load_profile("a6000-qwen2.5-7b"), num_workers=2)
+    grid = [("round_robin", r) for r in range(3)]
+    results = [simulate(trace, spec, seed=0), None, simulate(trace, spec, seed=2)]
+    comparison = experiment._comparison(["round_robin"], grid, results, 0, experiment.ServiceClass())
+    assert sorted(set(comparison.records()["round"])) == [0, 2]
+    assert list(comparison.summaries["round"]) == [0, 2] and list(comparison.summaries["seed"]) == [0, 2]
+
+
+def test_uncertain_compare_interrupted_in_a_draw_keeps_the_central_comparison(monkeypatch):
+    from kvroute.sim.study import experiment
+    from kvroute.sim.cluster.cluster import ClusterSpec
+    from kvroute.sim.timing.profile import load_profile
+    from kvroute.traces.generators import seed_chat
+
+    calls = {"n": 0}
+    real = experiment.simulate
+
+    def simulate(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4 + 2:  # the second run of the first drawn profile
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "simulate", simulate)
+    spec = ClusterSpec(profile=load_profile("a6000-qwen2.5-7b"), num_workers=2)
+    with pytest.raises(experiment.CompareInterrupted) as info:
+        experiment.compare_uncertain(seed_chat(num_chats=2, num_turns=2), spec, ["round_robin", "kv_aware"], 2,
+                                     rounds=2)
+    stop = info.value
+    assert stop.total == 12 and len(stop.missing) == 8 and all("uncertainty draw" in m for m in stop.missing)
+    assert [len(stop.comparison.runs[p]) for p in stop.comparison.policies] == [2, 2]
+
+
+def test_interrupted_while_writing_leaves_the_marker(monkeypatch, tmp_path):
+    """Stopped between two output files: exit code 130, and INCOMPLETE says the set was cut short."""
+    from click.testing import CliRunner
+
+    from kvroute.cli import sim_commands
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim_commands, "_write_bench_results", stop)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(sim_commands.compare, ["--chats", "2", "--turns", "2", "--rounds", "1", "--out", str(out)])
+    assert res.exit_code == 130, res.output
+    assert (out / "summary.csv").exists()
+    assert "stopped while writing" in (out / "INCOMPLETE").read_text()
+    assert "incomplete" not in json.loads((out / "compare.json").read_text())
+
+
+def test_a_finished_compare_leaves_no_marker(tmp_path):
+    from click.testing import CliRunner
+
+    from kvroute.cli import sim_commands
+
+    out = tmp_path / "out"
+    (out).mkdir()
+    (out / "INCOMPLETE").write_text("from an earlier, interrupted run\n")
+    res = CliRunner().invoke(sim_commands.compare, ["--chats", "2", "--turns", "2", "--rounds", "1", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert not (out / "INCOMPLETE").exists() and (out / "compare.json").exists()
