@@ -160,6 +160,7 @@ class LiveReplay:
         self.client_cpu: list[tuple[float, float]] = []
         self.usage_reported = True
         self.warnings: list[str] = []  # the stream reader's notes (usage vs counted tokens)
+        self._no_ids: set[int] = set()  # replies streamed without token ids whose later turns were skipped
         self.events_problem: str | None = None  # why the KV-cache events timed nothing, if they did not
         self._t0 = 0.0
         self._wall0 = 0.0  # time.time() at self._t0: the servers' event clock
@@ -171,7 +172,8 @@ class LiveReplay:
         self._killed: dict[int, str] = {}
         self._prompt: dict[int, np.ndarray] = {}  # request id -> prompt ids sent (kept for children)
         self._output: dict[int, list[int]] = {}  # request id -> output ids received
-        self._pending = {rid: len(kids) for rid, kids in self.workload.children.items()}
+        self._pending = {rid: len(kids) for rid, kids in self.workload.children.items()}  # children not built
+        self._sent: set[int] = set()  # kept prompts whose own request was sent
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -333,10 +335,10 @@ class LiveReplay:
                 record.error = "interrupted"
             record.client_wait = max(0.0, record.arrival - ready)  # ready to send -> sent
             self.view.on_finished(worker, rec.request_id)
-        if ok:
-            self._on_done(rec, record)
-        else:
+        if not ok:
             self._skip_children(rec)
+        elif rec.request_id not in self._no_ids:
+            self._on_done(rec, record)
 
     async def _stream(self, rec: TraceRecord, worker: int, prompt: np.ndarray, record: RequestRecord) -> bool:
         ep = self.endpoints[worker]
@@ -396,6 +398,14 @@ class LiveReplay:
         record.cached_tokens = res.cached_tokens or 0
         self.usage_reported &= res.cached_tokens is not None
         if rec.request_id in self._pending:
+            if self.closed_loop and record.output_tokens and min(res.token_ids, default=-1) < 0:  # -1: no id
+                # the later turns resend this reply: without its ids they would resend an invented
+                # one, and their hits and TTFT would not be the replayed conversation's
+                self._no_ids.add(rec.request_id)
+                self._skip_children(rec, f"not sent: the server streamed no token ids for its parent request "
+                                         f"{rec.request_id}'s reply (vLLM's return_token_ids), which this turn "
+                                         f"resends")
+                return True
             self._output[rec.request_id] = res.token_ids
         return True
 
@@ -404,16 +414,28 @@ class LiveReplay:
             for child in self.workload.children.get(rec.request_id, ()):
                 self._spawn(child, record.finish + child.think_time_ms / 1000.0)
 
-    def _skip_children(self, rec: TraceRecord) -> None:
-        """A failed turn's later turns are never sent (closed loop), as in the simulator."""
+    def _skip_children(self, rec: TraceRecord, reason: str | None = None) -> None:
+        """A failed turn's later turns are never sent (closed loop), as in the simulator;
+        ``reason`` is the error of ``rec``'s own children (default: their parent failed)."""
         if not self.closed_loop:
             return
         for parent, children in self.workload.subtree(rec):
             for child in children:
                 skipped = RequestRecord(child, -1, self.now())
-                skipped.error = f"not sent: its parent request {parent.request_id} failed"
+                skipped.error = (reason if reason is not None and parent is rec
+                                 else f"not sent: its parent request {parent.request_id} failed")
                 self.records.append(skipped)
             self._release(parent.request_id, all_children=True)
+
+    @property
+    def no_token_ids_note(self) -> str | None:
+        """Why some later turns were not sent: replies streamed without token ids (closed loop),
+        or None when every reply that later turns resend came with its ids."""
+        if not self._no_ids:
+            return None
+        return (f"{len(self._no_ids)} replies came without token ids (the servers did not honour vLLM's "
+                f"return_token_ids), so their later turns were not sent: resending an invented reply would "
+                f"measure another conversation's hits and TTFT")
 
     def mark_dead(self, worker: int, reason: str) -> None:
         """Stop routing to ``worker`` and fail its requests in flight with ``reason``."""
@@ -430,9 +452,12 @@ class LiveReplay:
     # -- prompts --------------------------------------------------------------------------------
 
     def _prompt_ids(self, rec: TraceRecord) -> np.ndarray:
-        """The ids to send for ``rec``; built once and kept while children still need them."""
+        """The ids to send for ``rec`` (call it once, when ``rec`` is sent); each record's ids are
+        built once and kept while a later build needs them: until its own send, and until each
+        of its children is built."""
         # Ancestors not built yet (open loop: a child sent first) are built oldest first, in a
-        # loop rather than by recursion, since sessions can be thousands of turns deep.
+        # loop rather than by recursion, since sessions can be thousands of turns deep, and kept
+        # for their own sends.
         chain = [rec]
         while chain[-1].request_id not in self._prompt and chain[-1].parent is not None:
             chain.append(self.workload.by_id[chain[-1].parent])
@@ -440,11 +465,16 @@ class LiveReplay:
         if prompt is not None:  # built earlier for a child sent first (open loop)
             chain.pop()
         for link in reversed(chain):
-            prompt = self._prompt_one(link, prompt)
+            prompt = self._prompt_one(link, prompt, ahead=link is not rec)
+        self._sent.add(rec.request_id)
+        if rec.request_id not in self._pending:  # every child built already, or none
+            self._prompt.pop(rec.request_id, None)
+            self._sent.discard(rec.request_id)
         return prompt
 
-    def _prompt_one(self, rec: TraceRecord, parent_prompt: np.ndarray | None) -> np.ndarray:
-        """The ids of ``rec`` given its parent's (None for a root)."""
+    def _prompt_one(self, rec: TraceRecord, parent_prompt: np.ndarray | None, ahead: bool) -> np.ndarray:
+        """The ids of ``rec`` given its parent's (None for a root); ``ahead``: built before its
+        own send, for a child sent first, and so kept for it."""
         if rec.parent is None:
             prompt = self.prompts.root(rec)
         else:
@@ -454,7 +484,7 @@ class LiveReplay:
                 output = self.prompts.synthetic_output(parent)
             prompt = self.prompts.child(rec, parent_prompt, output)
             self._release(parent.request_id)
-        if rec.request_id in self._pending:
+        if ahead or rec.request_id in self._pending:
             self._prompt[rec.request_id] = prompt
         return prompt
 
@@ -463,7 +493,9 @@ class LiveReplay:
         left = 0 if all_children else self._pending.get(request_id, 0) - 1
         if left <= 0:
             self._pending.pop(request_id, None)
-            self._prompt.pop(request_id, None)
             self._output.pop(request_id, None)
+            if all_children or request_id in self._sent:  # else kept for its own send (open loop)
+                self._prompt.pop(request_id, None)
+                self._sent.discard(request_id)
         else:
             self._pending[request_id] = left

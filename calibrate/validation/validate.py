@@ -570,6 +570,8 @@ def run_validation(
             if replay.events_problem:
                 validation.notes.append(f"{run.policy}: {replay.events_problem}; its live records have no engine "
                                         "first-token times")
+            if replay.no_token_ids_note:
+                validation.notes.append(f"{run.policy}: {replay.no_token_ids_note}")
             if replay.warnings:
                 validation.notes.append(f"{run.policy}: {len(replay.warnings)} streams disagreed with their "
                                         f"usage on the token count (the usage count is used); first: "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import signal
 import threading
 
 import numpy as np
@@ -42,11 +43,13 @@ class FakeVllm:
             and stop listening, like a killed server.
         hang: never answer completions.
         token_delay_s: time between streamed tokens.
+        token_ids: stream each token's id (vLLM's ``return_token_ids``); False streams text only.
     """
 
     def __init__(self, die_after: int | None = None, hang: bool = False, token_delay_s: float = 0.0005,
-                 block_size: int = BLOCK) -> None:
+                 block_size: int = BLOCK, token_ids: bool = True) -> None:
         self.die_after, self.hang, self.delay, self.block_size = die_after, hang, token_delay_s, block_size
+        self.token_ids = token_ids
         self.cache: set[int] = set()
         self.hits = self.queries = 0
         self.started = 0
@@ -164,7 +167,9 @@ class FakeVllm:
                 return
             tok = 100 + (prompt[-1] * 31 + i * 7 + n) % 900
             out.append(tok)
-            chunk = {"choices": [{"index": 0, "text": "x", "token_ids": [tok], "finish_reason": None}]}
+            chunk = {"choices": [{"index": 0, "text": "x", "finish_reason": None}]}
+            if self.token_ids:
+                chunk["choices"][0]["token_ids"] = [tok]
             writer.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await writer.drain()
             await asyncio.sleep(self.delay)
@@ -308,6 +313,31 @@ def test_replay_records_have_the_simulator_columns_and_resend_real_replies(fakes
     assert len(later) == len(trace.records) - 4
     for p in later:
         assert any(p[: len(q) + len(o)] == q + o for q, o in replies)
+
+
+def test_a_reply_without_token_ids_is_not_resent_invented(fakes):
+    """Closed loop, a server that streams text without token ids: the first turns are measured,
+    their later turns are not sent (they would resend an invented reply), each saying why, and
+    the replay notes it once."""
+    servers = fakes(2, s0={"token_ids": False}, s1={"token_ids": False})
+    trace = small_chat(chats=4, turns=3)
+    replay = _replay(trace, servers, policy="round_robin", max_in_flight=2)
+    records = replay.result().records.set_index("request_id")
+    roots = [r.request_id for r in trace.records if r.parent is None]
+    assert (records.loc[roots, "status"] == "ok").all()
+    later = [r for r in trace.records if r.parent is not None]
+    errors = {r.request_id: records.at[r.request_id, "error"] for r in later}
+    for r in later:
+        if r.parent in roots:
+            assert errors[r.request_id] == (f"not sent: the server streamed no token ids for its parent request "
+                                            f"{r.parent}'s reply (vLLM's return_token_ids), which this turn resends")
+        else:
+            assert errors[r.request_id] == f"not sent: its parent request {r.parent} failed"
+    assert sum(len(s.prompts) for s in servers) == len(roots)
+    assert replay.no_token_ids_note == (f"{len(roots)} replies came without token ids (the servers did not honour "
+                                        f"vLLM's return_token_ids), so their later turns were not sent: resending "
+                                        f"an invented reply would measure another conversation's hits and TTFT")
+    assert replay.warnings == []
 
 
 def test_replay_keeps_every_token_time_when_asked(fakes):
@@ -547,8 +577,9 @@ def test_validate_tokens_writes_live_and_simulated_token_times(fakes, tmp_path):
     assert len(live) == records["output_tokens"].sum()
 
 
-@pytest.mark.parametrize("live_rounds", [1, 2])
-def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path, live_rounds):
+@pytest.mark.parametrize("live_rounds,signum", [(1, signal.SIGINT), (2, signal.SIGINT), (1, signal.SIGTERM)])
+def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path, live_rounds, signum):
+    """Ctrl-C, and SIGTERM the same way: the partial report is written, exit code 130."""
     from tests.support.validate_driver import interrupt_validate
 
     from kvroute.traces.writer import write_trace
@@ -562,7 +593,7 @@ def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path, live_ro
     code, err, doc = interrupt_validate(trace_file, [s.url for s in servers], "a6000-qwen2.5-7b", out,
                                         settle_s=0.0, timeout_s=60,
                                         ready=lambda: sum(len(s.replies) for s in servers) >= 2,
-                                        extra=("--live-rounds", str(live_rounds)))
+                                        extra=("--live-rounds", str(live_rounds)), signum=signum)
     assert code == 130, err
     assert doc["interrupted"] is True and list(doc["policies"]) == ["round_robin"]
     rr = doc["policies"]["round_robin"]
@@ -1061,3 +1092,24 @@ def test_a_kv_event_feed_that_gives_nothing_is_reported(fakes, monkeypatch, beha
     else:
         assert replay.events_problem.startswith(expected)
     assert replay.result().records["engine_first_token"].isna().all()  # no block was ever stored
+
+
+def test_open_loop_prompts_of_a_reordered_session_are_built_once(monkeypatch):
+    """Open loop, every turn of a 2,000-turn session sent before its parent: each prompt is built
+    once (an ancestor built ahead is kept for its own send), each equals the in-order prompt, and
+    nothing is kept once every turn is sent."""
+    recs = [TraceRecord(0, 0.0, 16, 1, (7,))]
+    for i in range(1, 2000):
+        recs.append(TraceRecord(i, 0.0, recs[-1].input_length + 2, 1, parent=i - 1))
+    trace = Trace(recs, 16)
+    spec = ReplaySpec(closed_loop=False)
+    in_order = LiveReplay(trace, [Endpoint("http://127.0.0.1:1", "fake")], BLOCK, spec)
+    want = {r.request_id: in_order._prompt_ids(r).tolist() for r in recs}
+    replay = LiveReplay(trace, [Endpoint("http://127.0.0.1:1", "fake")], BLOCK, spec)
+    built = []
+    child = replay.prompts.child
+    monkeypatch.setattr(replay.prompts, "child", lambda rec, *a: built.append(rec.request_id) or child(rec, *a))
+    got = {r.request_id: replay._prompt_ids(r).tolist() for r in (recs[i ^ 1] for i in range(len(recs)))}
+    assert got == want
+    assert sorted(built) == list(range(1, len(recs)))
+    assert replay._prompt == {} and in_order._prompt == {}
