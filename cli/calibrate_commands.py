@@ -14,9 +14,25 @@ from pathlib import Path
 
 import click
 
+from kvroute.cli.signals import stops_on_sigterm
 from kvroute.cli.values import check_urls, check_values
-from kvroute.traces.inputs import POSITIVE_INT, SECONDS, Num
+from kvroute.traces.inputs import BLOCK_SIZE, FRACTION, POSITIVE_INT, SECONDS, TOKENS, Num
 from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
+
+
+PORT = Num(integer=True, minimum=1, maximum=65535)
+
+SERVE_VALUES = {
+    "num_servers": Num(integer=True, minimum=1, maximum=1024),
+    "port_base": PORT,
+    "kv_events_port_base": PORT,
+    "block_size": BLOCK_SIZE,
+    "gpu_memory_utilization": FRACTION,
+    "kv_cache_gib": Num(integer=True, minimum=1, maximum=65536, unit="GiB"),  # vLLM reads an int; 0 = its 4 GiB
+    "max_model_len": TOKENS,
+    "timeout": Num(minimum=0.0, above=True, maximum=SECONDS.maximum, unit="s"),
+}
+"""Rules of ``kvroute serve``'s numeric options (checked before vLLM is looked for)."""
 
 
 def _fail(message: str) -> None:
@@ -50,7 +66,7 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
 @click.option("--port-base", type=int, default=8100, show_default=True, help="Server i listens on port-base + i.")
 @click.option("--block-size", type=int, default=None, help="KV block size (default 16 on GPUs, 32 on the CPU backend).")
 @click.option("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of each GPU (GPU only).")
-@click.option("--kv-cache-gib", type=float, default=1.0, show_default=True, help="KV cache per server on the CPU backend, GiB.")
+@click.option("--kv-cache-gib", type=float, default=1.0, show_default=True, help="KV cache per server on the CPU backend, whole GiB.")
 @click.option("--max-model-len", type=int, default=None, help="vLLM --max-model-len.")
 @click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True)
 @click.option("--api-cores", type=click.Choice(["spare", "own", "any"]), default="spare", show_default=True,
@@ -69,6 +85,7 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
 @click.option("--vllm-args", default="", help="More vLLM arguments, as one shell-quoted string.")
 @click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds to wait for /health.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+@check_values(rules=SERVE_VALUES)
 def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memory_utilization, kv_cache_gib,
           max_model_len, device, api_cores, kv_events_port_base, log_dir, vllm_args, timeout, extra):
     """Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up
@@ -175,10 +192,12 @@ def calibrate():
                    "finished its prefill, and the fit places the unloaded front end before and after the engine "
                    "(overheads.post_engine_s).")
 @check_values
+@stops_on_sigterm
 def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress, timeout,
             bursts, burst_slots, longest, kv_events):
     """Drive live servers through their OpenAI API: prefill (cold and cached prefixes), decode
-    (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive."""
+    (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive. Ctrl-C or SIGTERM
+    stops the sweep with meta.json saying "interrupted" and the rows kept (exit code 130)."""
     import asyncio
     from dataclasses import replace
 

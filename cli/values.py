@@ -14,7 +14,7 @@ import click
 
 from kvroute.traces.inputs import (BLOCK_SIZE, COUNT, POSITIVE_INT, SECONDS, TOKENS, InputError, Num)
 
-POSITIVE_SECONDS = Num(minimum=0.0, above=True, unit="s")
+POSITIVE_SECONDS = Num(minimum=0.0, above=True, maximum=SECONDS.maximum, unit="s")
 
 SCENARIO_VALUES: dict[str, Num] = {
     "max_model_len": TOKENS,

@@ -289,6 +289,7 @@ def test_burst_slots_in_range(tmp_path, slots):
     ("[1]", "meta.json: expected a JSON object, got a list"),
     ('{"servers": 5}', "meta.json: field 'servers': expected a list of servers, got int (5)"),
     ('{"servers": [{"url": "u"}]}', "meta.json: servers[0]: field 'model': required field missing"),
+    ('{"servers": [], "servers": []}', "meta.json: field 'servers': given twice in one object"),
 ])
 def test_bad_meta_json_for_fit(tmp_path, meta, expected):
     write(tmp_path / "meta.json", meta)
@@ -407,3 +408,139 @@ def test_a_missing_optional_module_names_its_extra(tmp_path):
     assert errors == ["Error: this command needs aiohttp, which kvroute does not install by default: "
                       "pip install 'kvroute[gpu]' (GPU servers) or 'kvroute[live]' (vLLM on the CPU)"], res.stderr
     assert "Traceback" not in res.stderr and not out.exists()
+
+
+# -- issue 35, item 4: silently wrong numbers (rc 0) -------------------------------------------
+
+@pytest.mark.parametrize("name, text, expected", [
+    ("t.jsonl", '{"timestamp": 1e308, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}\n',
+     "t.jsonl:1: field 'timestamp': must be <= 1e+12, got 1e+308"),
+    ("t.jsonl", '{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2], "session_id": 1, '
+                '"think_time": 1e300}\n',
+     "t.jsonl:1: field 'think_time': must be <= 1e+12, got 1e+300"),
+    ("b.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+              "0,ChatGPT,100,10,110,Conversation log\n1e308,ChatGPT,100,10,110,Conversation log\n",
+     "b.csv:3: field 'Timestamp': must be <= 1e+09, got 1e+308"),
+    ("v.json", '{"input_lens": [10, 10], "output_lens": [5, 5], "start_times": [1000.0, 1e308]}',
+     "v.json: field 'start_times[1]': must be <= 1e+09, got 1e+308"),
+])
+def test_trace_timestamp_beyond_the_seconds_bound(tmp_path, name, text, expected):
+    assert_error(run("simulate", "--trace", write(tmp_path / name, text)), expected)
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--store-latency", "inf", "Invalid value for '--store-latency': must be a finite number, got inf"),
+    ("--store-latency", "nan", "Invalid value for '--store-latency': must be a finite number, got nan"),
+    ("--store-latency", "2e9", "Invalid value for '--store-latency': must be <= 1e+09, got 2000000000.0"),
+    ("--kv-event-delay", "nan", "Invalid value for '--kv-event-delay': must be a finite number, got nan"),
+    ("--scrape-interval", "nan", "Invalid value for '--scrape-interval': must be a finite number, got nan"),
+    ("--scrape-interval", "-1", "Invalid value for '--scrape-interval': must be >= 0.0, got -1.0"),
+])
+@pytest.mark.parametrize("command", [["simulate"], ["compare", "--rounds", "1"]])
+def test_gateway_seconds_finite_and_in_range(command, flag, value, expected):
+    assert_error(run(*command, "--chats", 2, "--turns", 1, "--gateway-state", "shared", flag, value), expected)
+
+
+def test_cluster_spec_refuses_nan_delays():
+    from kvroute.sim.cluster.cluster import ClusterSpec
+    from kvroute.sim.timing.profile import load_profile
+
+    with pytest.raises(ValueError, match="field 'kv_event_delay_s': must be a finite number, got nan"):
+        ClusterSpec(load_profile("a6000-qwen2.5-7b"), kv_event_delay_s=float("nan"))
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("--block-size", "0"), "Invalid value for '--block-size': must be >= 1, got 0"),
+    (("--kv-cache-gib", "-1"), "Invalid value for '--kv-cache-gib': must be >= 1, got -1"),
+    (("--kv-cache-gib", "1.5"), "Invalid value for '--kv-cache-gib': expected an int (GiB), got 1.5"),
+    (("--kv-cache-gib", "nan"), "Invalid value for '--kv-cache-gib': must be a finite number, got nan"),
+    (("--max-model-len", "-5"), "Invalid value for '--max-model-len': must be >= 1, got -5"),
+    (("--gpu-memory-utilization", "1.5"), "Invalid value for '--gpu-memory-utilization': must be <= 1.0, got 1.5"),
+    (("--port-base", "70000"), "Invalid value for '--port-base': must be <= 65,535, got 70000"),
+    (("-n", "0"), "Invalid value for '--num-servers': must be >= 1, got 0"),
+])
+def test_serve_flags_checked_before_vllm(args, expected):
+    assert_error(run("serve", "--model", "tiny-qwen2", *args), expected)
+
+
+def test_serve_planner_keeps_a_given_block_size():
+    """A given block size is passed on as given (0 was replaced by the default: ``or``); the
+    command refuses 0 before planning."""
+    from kvroute.calibrate.live.server import plan_servers
+
+    assert plan_servers("m", 1, block_size=0, device="cpu")[0].block_size == 0
+    assert plan_servers("m", 1, device="cpu")[0].block_size == 32
+
+
+@pytest.mark.parametrize("name, text, expected", [
+    ("s.yaml", "workers: 2\nchats: 2\nworkers: 3\n",
+     "s.yaml:3: field 'workers': given twice in one object (each key may appear once)"),
+    ("s.json", '{"workers": 2, "workers": 3}', "s.json: field 'workers': given twice in one object"),
+])
+def test_duplicate_key_in_a_scenario_file(tmp_path, name, text, expected):
+    assert_error(run("simulate", "--chats", 2, "--turns", 1, "--config", write(tmp_path / name, text)), expected)
+
+
+def test_yaml_merge_key_may_still_be_overridden():
+    import yaml
+
+    from kvroute.cli.config import _unique_key_loader
+
+    doc = yaml.load("a: &a {x: 1, y: 2}\nb:\n  <<: *a\n  x: 3\n", _unique_key_loader())
+    assert doc["b"] == {"x": 3, "y": 2}
+
+
+def test_duplicate_key_in_a_profile(tmp_path):
+    text = json.dumps(PROFILE).replace('"block_size": 16', '"block_size": 16, "block_size": 32')
+    assert_error(run("simulate", "--chats", 2, "--turns", 1, "--profile", write(tmp_path / "profile.json", text)),
+                 "profile.json: field 'block_size': given twice in one object (each key may appear once)")
+
+
+@pytest.mark.parametrize("name, text, expected", [
+    ("d.jsonl", '{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2], "timestamp": 5}\n',
+     "d.jsonl:1: field 'timestamp': given twice in one object"),
+    ("d.json", '{"input_lens": [10], "output_lens": [5], "input_lens": [3]}',
+     "d.json: field 'input_lens': given twice in one object"),
+])
+def test_duplicate_key_in_a_trace(tmp_path, name, text, expected):
+    assert_error(run("simulate", "--trace", write(tmp_path / name, text)), expected)
+
+
+def test_an_int_too_long_for_python_names_the_trace_line(tmp_path):
+    text = '{"timestamp": ' + "1" * 5000 + ', "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+    assert_error(run("simulate", "--trace", write(tmp_path / "big.jsonl", text)),
+                 "big.jsonl:1: unreadable JSON: Exceeds the limit (4300 digits) for integer string conversion")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("--speedup", "1e-300"), "--speedup 1e-300 puts the trace's last request at 1e+300 s, past the 1e+09 s any "
+                              "time may be"),
+    (("--request-rate", "1e-300"), "--request-rate 1e-300 puts the trace's last request at 1e+300 s"),
+])
+def test_rescaled_trace_arrivals_stay_in_the_seconds_bound(tmp_path, args, expected):
+    trace = jsonl(tmp_path / "t.jsonl", {"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]},
+                  {"timestamp": 1000, "input_length": 600, "output_length": 10, "hash_ids": [3, 4]})
+    assert_error(run("simulate", "--trace", trace, "--replay", "open", *args), expected)
+
+
+def test_generated_arrivals_stay_in_the_seconds_bound():
+    assert_error(run("simulate", "--chats", 3, "--turns", 1, "--request-rate", "1e-300", "--arrival", "constant"),
+                 "--request-rate 1e-300 puts the last of 3 sessions at 2e+300 s, past the 1e+09 s any time may be")
+
+
+def test_malformed_whole_file_json_still_names_its_line(tmp_path):
+    assert_error(run("simulate", "--trace", write(tmp_path / "v.json", '{"input_lens": [1,')),
+                 "v.json:1: malformed JSON: Expecting value at column 19")
+
+
+def test_an_int_too_long_for_python_in_a_profile(tmp_path):
+    text = json.dumps(PROFILE).replace('"num_gpu_blocks": 4096', '"num_gpu_blocks": ' + "9" * 5000)
+    assert_error(run("simulate", "--chats", 2, "--turns", 1, "--profile", write(tmp_path / "profile.json", text)),
+                 "profile.json: not valid JSON: Exceeds the limit (4300 digits) for integer string conversion")
+
+
+@pytest.mark.parametrize("name", ["s.yaml", "s.json"])
+def test_an_int_too_long_for_python_in_a_scenario_file(tmp_path, name):
+    text = ("workers: " + "9" * 5000) if name.endswith(".yaml") else '{"workers": ' + "9" * 5000 + "}"
+    assert_error(run("simulate", "--config", write(tmp_path / name, text)),
+                 f"{name}: Exceeds the limit (4300 digits) for integer string conversion")

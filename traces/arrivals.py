@@ -21,6 +21,7 @@ from dataclasses import replace
 import numpy as np
 
 from kvroute.traces.format import Trace, TraceRecord
+from kvroute.traces.inputs import MILLISECONDS
 
 PROCESSES = ("poisson", "gamma:CV", "constant")
 
@@ -57,8 +58,8 @@ def arrival_times(n: int, rate: float, process: str, rng: np.random.Generator | 
         rng: draws the gaps (not used by ``constant``).
 
     Raises:
-        ValueError: ``rate`` not a finite number > 0, a bad process, or a random process
-            without ``rng``.
+        ValueError: ``rate`` not a finite number > 0, a bad process, a random process
+            without ``rng``, or a last arrival past 1e9 s.
     """
     if not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"--request-rate must be a finite number > 0, got {rate!r}")
@@ -72,7 +73,11 @@ def arrival_times(n: int, rate: float, process: str, rng: np.random.Generator | 
             raise ValueError(f"arrival process {process!r} is random: pass rng (a seeded numpy Generator)")
         shape = 1.0 / (cv * cv)
         gaps = rng.gamma(shape, 1.0 / (rate * shape), n - 1)
-    return np.concatenate(([0.0], np.cumsum(gaps)))
+    times = np.concatenate(([0.0], np.cumsum(gaps)))
+    if not times[-1] <= MILLISECONDS.maximum / 1000.0:  # inf too: the later sessions would never start
+        raise ValueError(f"--request-rate {rate:g} puts the last of {n} sessions at {times[-1]:.3g} s, past the "
+                         f"{MILLISECONDS.maximum / 1000:g} s any time may be")
+    return times
 
 
 def with_session_starts(trace: Trace, starts_s: np.ndarray) -> Trace:
@@ -111,8 +116,8 @@ def rescaled(trace: Trace, speedup: float | None = None, rate: float | None = No
     gaps (``think_time``) are not scaled: they belong to the client, not to the load.
 
     Raises:
-        ValueError: both or neither given, a value not finite and > 0, or ``rate`` asked of a
-            trace whose timestamps are all equal.
+        ValueError: both or neither given, a value not finite and > 0, ``rate`` asked of a
+            trace whose timestamps are all equal, or a last timestamp past 1e9 s once rescaled.
     """
     if (speedup is None) == (rate is None):
         raise ValueError("give one of --speedup and --request-rate")
@@ -127,6 +132,11 @@ def rescaled(trace: Trace, speedup: float | None = None, rate: float | None = No
         speedup = rate / ((len(stamps) - 1) / span_s)
     if not (math.isfinite(speedup) and speedup > 0):
         raise ValueError(f"--speedup must be a finite number > 0, got {speedup!r}")
+    last_ms = max((r.timestamp_ms for r in trace.records), default=0.0) / speedup
+    if not last_ms <= MILLISECONDS.maximum:  # inf too: the later arrivals would never come
+        flag = f"--speedup {speedup:g}" if rate is None else f"--request-rate {rate:g}"
+        raise ValueError(f"{flag} puts the trace's last request at {last_ms / 1000:.3g} s, past the "
+                         f"{MILLISECONDS.maximum / 1000:g} s any time may be")
     records = [_shifted(rec, rec.timestamp_ms / speedup - rec.timestamp_ms) for rec in trace.records]
     metadata = {**trace.metadata, "speedup": speedup}
     return Trace(records, trace.block_size, trace.source, metadata)

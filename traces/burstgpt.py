@@ -13,7 +13,7 @@ import csv
 import math
 import os
 
-from kvroute.traces.inputs import MAX_TOKENS
+from kvroute.traces.inputs import MAX_TOKENS, SECONDS, InputError
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError, check_trace_block_size
 
@@ -42,8 +42,8 @@ def read_burstgpt(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOCK
 
     Raises:
         TraceError (a ValueError) naming path, line (1 = header) and column: a missing column, a
-            short row, a timestamp that is not a finite number or is earlier than the first
-            row's, a token count that is not an int between 0 and ``MAX_TOKENS``, a file that is
+            short row, a timestamp that is not a finite number between 0 and 1e9 s
+            (:data:`~kvroute.traces.inputs.SECONDS`) or is earlier than the first row's, a token count that is not an int between 0 and ``MAX_TOKENS``, a file that is
             not UTF-8 text, no kept row; a bad ``block_size``.
         OSError: the file cannot be opened.
     """
@@ -94,7 +94,10 @@ def _seconds(text: str, source: str, line: int) -> float:
         raise TraceError(f"expected seconds, got {text!r}", source, line, "Timestamp") from None
     if not math.isfinite(value):
         raise TraceError(f"must be finite, got {text!r}", source, line, "Timestamp")
-    return value
+    try:
+        return SECONDS.check(value)
+    except InputError as exc:
+        raise TraceError(exc.reason, source, line, "Timestamp") from None
 
 
 def _count(text: str, source: str, line: int, field: str) -> int:

@@ -16,6 +16,7 @@ This module imports nothing from kvroute, so every package (``traces``, ``sim``,
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -111,6 +112,8 @@ POSITIVE_INT = Num(integer=True, minimum=1)
 TOKENS = Num(integer=True, minimum=1, maximum=MAX_TOKENS, unit="tokens")
 BLOCK_SIZE = Num(integer=True, minimum=1, maximum=MAX_BLOCK_SIZE, unit="tokens")
 SECONDS = Num(minimum=0.0, maximum=1e9, unit="s")  # up to ~31 years: later times lose all precision
+MILLISECONDS = Num(minimum=0.0, maximum=SECONDS.maximum * 1000.0, unit="ms")
+""":data:`SECONDS` for fields stated in ms (trace ``timestamp`` and ``think_time``): the same bound."""
 COST_SECONDS = Num(minimum=0.0, maximum=3600.0, unit="s")  # a profile coefficient; larger overflows sums
 FRACTION = Num(minimum=0.0, maximum=1.0, above=True)
 
@@ -148,6 +151,35 @@ def check_fields(doc: object, schema: dict[str, Num], where: str | None = None, 
     return out
 
 
+class DuplicateKeyError(InputError):
+    """A JSON or YAML object names the same key twice (parsers would silently keep the last).
+
+    ``field`` is the repeated key; ``key`` the key as parsed.
+    """
+
+    def __init__(self, key: object, where: str | None = None, line: int | None = None) -> None:
+        super().__init__("given twice in one object (each key may appear once)", where, line, str(key))
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """The ``object_pairs_hook`` of :data:`JSON_DECODER`: the object, or
+    :class:`DuplicateKeyError` when a key repeats (json keeps the last silently)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKeyError(key)
+            seen.add(key)
+    return out
+
+
+JSON_DECODER = json.JSONDecoder(object_pairs_hook=unique_keys)
+"""Decodes JSON refusing duplicate keys: ``JSON_DECODER.decode(text)`` (as fast as ``json.loads``);
+failures are ``json.JSONDecodeError`` or :class:`DuplicateKeyError` (no location: add it)."""
+
+
 def describe(value: object) -> str:
     """A JSON-ish name for a value's type, for error messages."""
     if value is None:
@@ -167,4 +199,6 @@ def describe(value: object) -> str:
 
 
 def _fmt(value: float) -> str:
-    return f"{value:,}" if type(value) is int and abs(value) >= 10000 else repr(value)
+    if abs(value) >= 10000 and (type(value) is int or value.is_integer()):
+        return f"{value:,}" if type(value) is int else f"{value:g}"  # 1,000,000 or 1e+09
+    return repr(value)

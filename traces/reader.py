@@ -15,7 +15,8 @@ import math
 import os
 from collections.abc import Iterable
 
-from kvroute.traces.inputs import BLOCK_SIZE, MAX_BLOCK_SIZE, MAX_TOKENS, InputError, describe
+from kvroute.traces.inputs import (BLOCK_SIZE, JSON_DECODER, MAX_BLOCK_SIZE, MAX_TOKENS, MILLISECONDS,
+                                   DuplicateKeyError, InputError, describe)
 from kvroute.traces.format import Trace, TraceRecord
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -79,11 +80,15 @@ def load_json_document(path: str | os.PathLike[str]):
     """
     try:
         with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+            return JSON_DECODER.decode(handle.read())
     except UnicodeDecodeError as exc:
         raise TraceError(f"not UTF-8 text ({exc.reason})", str(path)) from None
+    except DuplicateKeyError as exc:
+        raise TraceError(exc.reason, str(path), None, exc.field) from None
     except json.JSONDecodeError as exc:
         raise TraceError(_malformed(exc), str(path), exc.lineno) from None
+    except ValueError as exc:  # an int of over 4300 digits
+        raise TraceError(f"unreadable JSON: {' '.join(str(exc).split(';')[0].split())}", str(path)) from None
 
 
 def check_block_sizes(trace_block_size: int, engine_block_size: int) -> None:
@@ -135,14 +140,15 @@ def read_trace(path: str | os.PathLike[str], block_size: int | None = None) -> T
         TraceError (a ValueError) naming path, line and field for: malformed JSON or a line that
             is not an object; an unsupported or misplaced metadata line; a missing required field;
             a wrong type (bools are not numbers, lengths and ids must be ints); a negative or
-            non-finite number; ``len(hash_ids) != ceil(input_length / block_size)``; a negative
-            hash id; a duplicate ``request_id``; a ``parent`` that is not an earlier record; a
+            non-finite number; a ``timestamp`` or ``think_time`` above 1e12 ms (the
+            :data:`~kvroute.traces.inputs.SECONDS` bound);
+            ``len(hash_ids) != ceil(input_length / block_size)``; a negative hash id; a duplicate ``request_id``; a ``parent`` that is not an earlier record; a
             record with a parent whose ``input_length`` is below the parent's
             ``input_length + output_length``; a record with both ``parent`` and ``hash_ids``
             whose ids for the parent's full prompt blocks differ from the parent's; a record with
             neither ``hash_ids`` nor ``parent``; a length above ``MAX_TOKENS`` or a block size
             above ``MAX_BLOCK_SIZE``; a file that is not UTF-8 text (gzip, binary); a file with
-            no record. Unknown fields are ignored.
+            no record; a key given twice in one object. Unknown fields are ignored.
         OSError: the file cannot be opened.
     """
     source = str(path)
@@ -195,8 +201,8 @@ def parse_trace_lines(
     metadata: dict = {}
     declared: int | None = None
     seen_content = False
-    loads = json.loads
-    isfinite = math.isfinite
+    loads = JSON_DECODER.decode
+    max_ms = MILLISECONDS.maximum
 
     for lineno, text in enumerate(lines, start=1):
         if not text.strip():
@@ -205,6 +211,10 @@ def parse_trace_lines(
             obj = loads(text)
         except json.JSONDecodeError as exc:
             raise TraceError(_malformed(exc), source, lineno) from None
+        except DuplicateKeyError as exc:  # json would keep the last value silently
+            raise TraceError(exc.reason, source, lineno, exc.field) from None
+        except ValueError as exc:  # an int of over 4300 digits
+            raise TraceError(f"unreadable JSON: {' '.join(str(exc).split(';')[0].split())}", source, lineno) from None
         if type(obj) is not dict:
             raise TraceError(f"expected a JSON object, got {type(obj).__name__}", source, lineno)
 
@@ -228,10 +238,8 @@ def parse_trace_lines(
             n_out = obj["output_length"]
         except KeyError as exc:
             raise TraceError(_missing_reason(exc.args[0], obj), source, lineno, exc.args[0]) from None
-        if type(ts) is not int and type(ts) is not float:
-            raise TraceError(f"expected a number (ms), got {describe(ts)}", source, lineno, "timestamp")
-        if not isfinite(ts) or ts < 0:
-            raise TraceError(f"must be a finite number >= 0, got {ts!r}", source, lineno, "timestamp")
+        if (type(ts) is not int and type(ts) is not float) or not 0 <= ts <= max_ms:  # NaN fails too
+            _check_ms(ts, source, lineno, "timestamp")
         for name, value in (("input_length", n_in), ("output_length", n_out)):
             if type(value) is not int:
                 raise TraceError(f"expected an int (tokens), got {describe(value)}", source, lineno, name)
@@ -279,10 +287,8 @@ def parse_trace_lines(
             think = obj.get("think_time")
             if think is None:
                 think = 0.0
-            elif type(think) is not int and type(think) is not float:
-                raise TraceError(f"expected a number (ms), got {describe(think)}", source, lineno, "think_time")
-            elif not isfinite(think) or think < 0:
-                raise TraceError(f"must be a finite number >= 0, got {think!r}", source, lineno, "think_time")
+            elif (type(think) is not int and type(think) is not float) or not 0 <= think <= max_ms:
+                _check_ms(think, source, lineno, "think_time")
             parent = obj.get("parent")
             if parent is not None:
                 if type(parent) is not int:
@@ -317,6 +323,14 @@ def parse_trace_lines(
     if not records:
         raise TraceError("the trace has no records (an empty file, or only a metadata line)", source)
     return Trace(records=records, block_size=declared, source=source, metadata=metadata)
+
+
+def _check_ms(value: object, source: str, lineno: int, field: str) -> None:
+    """Raise the :data:`~kvroute.traces.inputs.MILLISECONDS` rule's error for a time field."""
+    try:
+        MILLISECONDS.check(value, field, source, lineno)
+    except InputError as exc:
+        raise TraceError(exc.reason, source, lineno, field) from None
 
 
 def _parse_metadata(obj: dict, source: str, lineno: int, block_size: int | None) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 
-from kvroute.traces.inputs import MAX_TOKENS, describe
+from kvroute.traces.inputs import MAX_TOKENS, SECONDS, InputError, describe
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError, check_trace_block_size, load_json_document
 
@@ -45,7 +45,8 @@ def read_vllm_bench(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLO
     Raises:
         TraceError (a ValueError) naming path and field (``input_lens[i]``): not JSON, not a
             result (no ``input_lens``/``output_lens`` lists), lists of different lengths, a
-            length not an int between 0 and ``MAX_TOKENS``, a start time not a finite number,
+            length not an int between 0 and ``MAX_TOKENS``, a start time not a finite number
+            between 0 and 1e9 s (:data:`~kvroute.traces.inputs.SECONDS`),
             no successful request; a bad ``block_size``.
         OSError: the file cannot be opened.
     """
@@ -72,6 +73,10 @@ def read_vllm_bench(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLO
             if type(start) not in (int, float) or not math.isfinite(start):
                 raise TraceError(f"expected a finite number (s), got {describe(start)}", source, None,
                                  f"start_times[{i}]")
+            try:  # vLLM writes time.perf_counter() values: seconds since boot
+                SECONDS.check(start)
+            except InputError as exc:
+                raise TraceError(exc.reason, source, None, f"start_times[{i}]") from None
         if errors[i] or n_in == 0 or n_out == 0:
             continue
         kept.append((i, float(start), n_in, n_out))

@@ -110,15 +110,21 @@ def _e2e_and_tpot(grp: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_bursts(requests: pd.DataFrame, experiments: pd.DataFrame) -> tuple[list[Burst], list[str]]:
-    """The sweep's bursts and notes on the ones left out (a failed request).
+    """The sweep's bursts and notes on the ones left out (a failed request; impossible counts are
+    measurement errors, counted in the first note: ``observations.mark_measurement_errors``).
 
     Args:
         requests, experiments: the sweep's tables (``kvroute.calibrate.calibration.observations.load_sweep``).
     """
+    from kvroute.calibrate.calibration.observations import mark_measurement_errors
+
     out, notes = [], []
     if "kind" not in requests.columns:
         return out, notes
     req = requests[requests["kind"].isin(BURST_KINDS) & (requests["role"] == "burst")]
+    req, summary = mark_measurement_errors(req)
+    if summary is not None:
+        notes.append(summary)
     for exp_id, grp in req.groupby("exp_id"):
         errors = grp["error"].dropna() if "error" in grp else []
         if len(errors) or not (grp["ttft_s"] > 0).all():

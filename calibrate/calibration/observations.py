@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvroute.traces.inputs import InputError, describe
+from kvroute.traces.inputs import JSON_DECODER, DuplicateKeyError, InputError, describe
 from kvroute.calibrate.calibration.measure import EXPERIMENT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS
 from kvroute.calibrate.live.client import ServerInfo
 from kvroute.calibrate.calibration.steps import Step, decode_context, decode_step, mixed_steps, prefill_steps
@@ -110,9 +110,11 @@ def load_sweep(run_dir: str | Path) -> tuple[dict, list[ServerInfo], pd.DataFram
         )
     where = str(d / "meta.json")
     try:
-        meta = json.loads((d / "meta.json").read_text(encoding="utf-8"))
+        meta = JSON_DECODER.decode((d / "meta.json").read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise InputError(f"not valid JSON: {exc.msg} (column {exc.colno})", where, exc.lineno) from None
+    except DuplicateKeyError as exc:  # json would keep the last value silently
+        raise InputError(exc.reason, where, None, exc.field) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read it: {exc}", where) from None
     if type(meta) is not dict:
@@ -281,11 +283,68 @@ def _ok(row) -> bool:
     return not (isinstance(row.get("error"), str) and row.get("error"))
 
 
+MEASUREMENT_ERROR = "measurement error"
+"""How an ``error`` cell marks a request whose answer was whole but whose counts are impossible
+(``kvroute.calibrate.live.stream``), and how :func:`mark_measurement_errors` marks such rows."""
+
+
+def _column(df: pd.DataFrame, name: str) -> np.ndarray:
+    if name not in df:
+        return np.full(len(df), np.nan)
+    return pd.to_numeric(df[name], errors="coerce").to_numpy(float)
+
+
+def mark_measurement_errors(requests: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """Mark the request rows no real server can have produced as measurement errors.
+
+    Impossible: more ``cached_tokens`` than the prompt's tokens (``prompt_len``, else the usage's
+    ``prompt_tokens``), or more output tokens (``n_tokens``, or the ``token_times`` streamed)
+    than the request's ``max_tokens``. Their ``error`` cell gets ``"measurement error: ..."``
+    (rows already so marked by the live client are kept as they are), so every later rule leaves
+    them out like a failed request.
+
+    Returns:
+        The table (a copy when a row was marked) and a summary note counting the rows marked by
+        the client or here (None when there is none).
+    """
+    if requests.empty:
+        return requests, None
+    prompt = _column(requests, "prompt_len")
+    prompt = np.where(np.isnan(prompt), _column(requests, "prompt_tokens"), prompt)
+    cached = _column(requests, "cached_tokens")
+    max_tokens = _column(requests, "max_tokens")
+    output = _column(requests, "n_tokens")
+    if "token_times" in requests:
+        streamed = np.array([len(t.split()) if isinstance(t, str) else np.nan for t in requests["token_times"]])
+        output = np.fmax(output, streamed)
+    with np.errstate(invalid="ignore"):
+        too_cached = cached > prompt
+        too_long = output > max_tokens
+    errors = requests["error"] if "error" in requests else pd.Series([None] * len(requests), index=requests.index)
+    marked = errors.map(lambda e: isinstance(e, str) and e.startswith(MEASUREMENT_ERROR)).to_numpy(bool)
+    new = (too_cached | too_long) & ~marked
+    if new.any():
+        requests = requests.copy()
+        errors = errors.astype(object).copy()
+        for i in np.flatnonzero(new):
+            why = (f"{int(cached[i])} cached tokens for a {int(prompt[i])}-token prompt" if too_cached[i]
+                   else f"{int(output[i])} output tokens for max_tokens {int(max_tokens[i])}")
+            errors.iloc[i] = f"{MEASUREMENT_ERROR}: {why}"
+        requests["error"] = errors
+    count = int((marked | new).sum())
+    if not count:
+        return requests, None
+    first = errors.iloc[int(np.flatnonzero(marked | new)[0])]
+    return requests, (f"{count} request row(s) left out as measurement errors (counts no server can give: "
+                      f"cached tokens above the prompt, or more tokens than max_tokens); first: {first}")
+
+
 def build_observations(
     requests: pd.DataFrame, experiments: pd.DataFrame, engine: EngineConfig, itl_source: str = "auto"
 ) -> tuple[list[Observation], list[str]]:
     """Observations of a sweep, and notes about rows left out (errors, unexpected cache hits,
-    streams too short to show a steady window).
+    streams too short to show a steady window); impossible counts are measurement errors
+    (:func:`mark_measurement_errors`, whose count is the first note).
 
     Args:
         requests, experiments: the sweep's tables (:func:`load_sweep`).
@@ -305,7 +364,8 @@ def build_observations(
     pf = lru_cache(maxsize=None)(lambda L, P: tuple(prefill_steps(engine, L, P)))
     mx = lru_cache(maxsize=None)(lambda B, L, P0, a, P: tuple(mixed_steps(engine, B, L, P0, a, P)))
     obs: list[Observation] = []
-    notes: list[str] = []
+    requests, summary = mark_measurement_errors(requests)
+    notes: list[str] = [] if summary is None else [summary]
     exp_by_id = {int(r["exp_id"]): r for _, r in experiments.iterrows()} if len(experiments) else {}
 
     for _, row in requests[requests["role"].isin(["cold", "warm", "cached"])].iterrows():

@@ -426,12 +426,12 @@ def plan_servers(
             log_path=Path(log_dir) / f"vllm-{port_base + i}.log",
         )
         if gpus:
-            specs.append(ServerSpec(**common, block_size=block_size or 16, cuda_device=devices[i],
-                                    gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=None))
+            specs.append(ServerSpec(**common, block_size=16 if block_size is None else block_size,
+                                    cuda_device=devices[i], gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=None))
         else:
             frontend = {"spare": spare or None, "own": (devices[i],), "any": None}[api_cores]
-            specs.append(ServerSpec(**common, block_size=block_size or 32, cpu_core=devices[i],
-                                    frontend_cores=frontend, kv_cache_gib=kv_cache_gib))
+            specs.append(ServerSpec(**common, block_size=32 if block_size is None else block_size,
+                                    cpu_core=devices[i], frontend_cores=frontend, kv_cache_gib=kv_cache_gib))
     return specs
 
 

@@ -165,7 +165,8 @@ class Stream:
         status: HTTP status.
         error: the server's error message (of an HTTP error answer, whose status is in ``status``,
             or of an error event), or None.
-        usage_error: why the usage block failed its checks (its figures are then None), or None.
+        usage_error: why the usage block failed its checks (its figures are then None), or why
+            the counts are impossible (:func:`impossible_counts`; figures kept), or None.
         warning: set when usage and the streamed chunks disagree on the token count.
     """
 
@@ -185,6 +186,24 @@ class Stream:
     def num_tokens(self) -> int:
         """Output tokens, as ``vllm bench serve`` counts them: usage when given, else counted."""
         return len(self.token_times) if self.completion_tokens is None else self.completion_tokens
+
+
+def impossible_counts(url: str, body: dict, res: Stream) -> str | None:
+    """Why a whole answer's counts cannot be right, or None: more ``cached_tokens`` than the
+    prompt has tokens (the usage's ``prompt_tokens``, else the ids sent), or more output tokens
+    (usage or streamed) than the request's ``max_tokens``. The caller records such an answer as
+    a measurement error, not as a number."""
+    prompt = body.get("prompt")
+    sent = len(prompt) if type(prompt) is list else None
+    limit = res.prompt_tokens if res.prompt_tokens is not None else sent
+    if res.cached_tokens is not None and limit is not None and res.cached_tokens > limit:
+        return (f"{url}: field 'usage.prompt_tokens_details.cached_tokens': {res.cached_tokens} cached tokens "
+                f"for a {limit}-token prompt")
+    max_tokens = body.get("max_tokens")
+    got = max(res.num_tokens, len(res.token_times))
+    if type(max_tokens) is int and got > max_tokens:
+        return f"{url}: {got} output tokens for max_tokens {max_tokens}"
+    return None
 
 
 class _Sent:
@@ -258,7 +277,8 @@ async def read_completion(
 
     Returns:
         The stream; an HTTP error status or an error event is returned in ``status``/``error``,
-        a usage block that fails its checks in ``usage_error``.
+        a usage block that fails its checks, or counts no server can give
+        (:func:`impossible_counts`), in ``usage_error``.
 
     Raises:
         StreamLost: connection refused, reset or closed before ``[DONE]`` (naming the server and
@@ -289,6 +309,8 @@ async def read_completion(
                     res.prompt_tokens, res.completion_tokens = events.prompt_tokens, events.completion_tokens
                     res.cached_tokens, res.usage_error = events.cached_tokens, events.usage_error
                     res.warning = events.warning
+                    if res.usage_error is None:
+                        res.usage_error = impossible_counts(url, body, res)
     except TimeoutError as exc:
         raise StreamLost(f"no complete answer from {url} within {timeout_s:g} s") from exc
     except (aiohttp.ClientError, OSError, ValueError) as exc:

@@ -32,6 +32,7 @@ from kvroute.sim.engine.scheduler import admission_error, clamp_max_tokens
 from kvroute.sim.cluster.worker import Worker
 from kvroute.sim.cluster.workload import Workload
 from kvroute.traces.format import Trace, TraceRecord
+from kvroute.traces.inputs import SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +115,8 @@ class ClusterSpec:
                                             and self.router_block_tokens % block_size):
             raise ValueError(f"router_block_tokens must be a multiple of the block size {block_size} "
                              f"(or at most one block), got {self.router_block_tokens}")
-        if min(self.scrape_interval_s, self.kv_event_delay_s, self.store_latency_s) < 0:
-            raise ValueError("scrape interval, KV-event delay and store latency must be >= 0 s")
+        for name in ("scrape_interval_s", "kv_event_delay_s", "store_latency_s"):
+            SECONDS.check(getattr(self, name), name)  # finite, 0 to 1e9 s (NaN fails, unlike min() < 0)
         if self.cache_view not in CACHE_VIEWS:
             raise ValueError(f"unknown cache view {self.cache_view!r}; valid: {', '.join(CACHE_VIEWS)}")
         if self.gateways < 1:

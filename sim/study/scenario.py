@@ -184,19 +184,19 @@ class Scenario:
         "cluster", "Seed of round 0 (round r uses seed + r).", type=int, check=COUNT, sweep_flags=("--seeds",)))
     scrape_interval_s: float = field(default=0.0, metadata=option(
         "gateway", "Seconds between the gateway's scrapes of each worker's /metrics (0: live).",
-        flag="--scrape-interval", type=float))
+        flag="--scrape-interval", type=float, check=SECONDS))
     cache_view: str = field(default="routed", metadata=option(
         "gateway", "Cache state cache-aware policies read: the routed-prefix index, the workers' KV-cache events, "
                    "or the exact caches.", choices=CACHE_VIEWS))
     kv_event_delay_s: float = field(default=0.0, metadata=option(
         "gateway", "Seconds before a worker's KV-cache event reaches the gateway (--cache-view events).",
-        flag="--kv-event-delay", type=float))
+        flag="--kv-event-delay", type=float, check=SECONDS))
     gateways: int = field(default=1, metadata=option("gateway", "Gateway replicas.", type=int))
     gateway_state: str = field(default="local", metadata=option(
         "gateway", "Session/prefix state per replica, or in one shared store.", choices=("local", "shared")))
     store_latency_s: float = field(default=0.0, metadata=option(
         "gateway", "Seconds each request waits on the shared store (lab's Redis: 0.05 before its fix, 0.001 after).",
-        flag="--store-latency", type=float))
+        flag="--store-latency", type=float, check=SECONDS))
     trace_file: str | None = field(default=None, metadata=option(
         "trace", "Trace file: kvroute/Mooncake JSONL, Azure or BurstGPT CSV, ShareGPT or vllm bench serve JSON.",
         flag="--trace", type="path", axis=False, aliases=("trace_path",)))

@@ -42,8 +42,8 @@ from pathlib import Path
 
 from kvroute.sim.engine.config import EngineConfig
 from kvroute.sim.timing.cost_model import StepCost
-from kvroute.traces.inputs import (BLOCK_SIZE, COST_SECONDS, COUNT, FRACTION, POSITIVE_INT, TOKENS, InputError, Num,
-                                check_fields, describe)
+from kvroute.traces.inputs import (BLOCK_SIZE, COST_SECONDS, COUNT, FRACTION, JSON_DECODER, POSITIVE_INT, TOKENS,
+                                DuplicateKeyError, InputError, Num, check_fields, describe)
 from kvroute.sim.timing.frontend import FrontendModel, HostModel, frontend_from_dict, host_from_dict
 
 
@@ -340,9 +340,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
             )
         text, where = entry.read_text(), f"shipped profile {name_or_path}"
     try:
-        doc = json.loads(text)
+        doc = JSON_DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"not valid JSON: {exc.msg} (column {exc.colno})", where, exc.lineno) from None
+    except DuplicateKeyError as exc:  # json would keep the last value silently
+        raise InputError(exc.reason, where, None, exc.field) from None
+    except ValueError as exc:  # an int of over 4300 digits
+        raise InputError(f"not valid JSON: {' '.join(str(exc).split(';')[0].split())}", where) from None
     return profile_from_dict(doc, where)
 
 

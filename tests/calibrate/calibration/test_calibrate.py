@@ -464,6 +464,30 @@ def test_fit_command_writes_a_loadable_profile_and_report(tmp_path):
     assert len(prof.uncertainty.samples) == 3 and prof.uncertainty.fields[-1] == "overheads.jitter_cv"
 
 
+def test_fit_leaves_out_and_counts_rows_with_impossible_counts(tmp_path):
+    """Issue 35, item 4: cached tokens 1000x the prompt, or 3x max_tokens streamed, are
+    measurement errors: fit leaves those rows out and says how many."""
+    from click.testing import CliRunner
+
+    from kvroute.cli.calibrate_commands import calibrate
+
+    _write_synthetic_run(tmp_path / "run")
+    path = tmp_path / "run" / "requests.csv"
+    req = pd.read_csv(path)
+    req["n_tokens"] = req["max_tokens"]
+    req.loc[0, "cached_tokens"] = 1000 * req.loc[0, "prompt_len"]  # exp 0: a 16-token cold prompt
+    decode = req.index[req["role"] == "decode"][0]
+    req.loc[decode, "n_tokens"] = 3 * req.loc[decode, "max_tokens"]
+    req.to_csv(path, index=False)
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(calibrate, ["fit", str(tmp_path / "run"), "--out", str(out), "--loss", "linear"])
+    assert result.exit_code == 0, result.output
+    assert ("note: 2 request row(s) left out as measurement errors (counts no server can give: cached tokens "
+            "above the prompt, or more tokens than max_tokens); first: measurement error: 16000 cached tokens "
+            "for a 16-token prompt") in result.output
+    assert "exp 0: request failed or sent no token; left out" in result.output
+
+
 def _split_run(whole: Path, a: Path, b: Path) -> None:
     """Two sweeps of one run: the experiments with even ids in ``a``, the odd ones (ids
     renumbered from 0) in ``b``; the same meta data in both but the start time."""

@@ -154,6 +154,43 @@ def test_calibration_stream_cut_before_done_is_an_error():
         asyncio.run(main())
 
 
+@pytest.mark.parametrize("usage, body, message", [
+    ({"prompt_tokens": 2, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 2000}},
+     {"prompt": [1, 2], "max_tokens": 4},
+     "field 'usage.prompt_tokens_details.cached_tokens': 2000 cached tokens for a 2-token prompt"),
+    ({"prompt_tokens": 2, "completion_tokens": 12}, {"prompt": [1, 2], "max_tokens": 4},
+     "12 output tokens for max_tokens 4"),
+    ({"prompt_tokens": 2, "completion_tokens": 2}, {"prompt": [1, 2], "max_tokens": 2},  # 3 chunks streamed
+     "3 output tokens for max_tokens 2"),
+])
+def test_impossible_counts_are_a_measurement_error_not_a_number(usage, body, message):
+    """Issue 35, item 4: cached tokens above the prompt, or more tokens than max_tokens, mark the
+    request as a measurement error (calibration: in ``error``; replay: from ``usage_error``)."""
+    events = [(0.0, _event(_text("a"))), (0.0, _event(_text("bc"))), (0.0, _event(_text("d"))),
+              (0.0, _event({"choices": [], "usage": usage}))]
+
+    async def main():
+        server, url = await _serve(events)
+        async with server:
+            return url, await stream_completion(url, body, 30.0), await stream_tokens(url, body, 30.0)
+
+    url, calibration, replay = asyncio.run(main())
+    assert calibration.error == f"measurement error: {url}: {message}"
+    assert replay.usage_error == f"{url}: {message}" and replay.error is None
+
+
+def test_possible_counts_are_not_an_error():
+    usage = {"prompt_tokens": 2, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 2}}
+
+    async def main():
+        server, url = await _serve([(0.0, _event(_text("abcd"))), (0.0, _event({"choices": [], "usage": usage}))])
+        async with server:
+            return await stream_completion(url, {"prompt": [1, 2], "max_tokens": 4}, 30.0)
+
+    res = asyncio.run(main())
+    assert res.error is None and res.cached_tokens == 2
+
+
 # -- client wait -----------------------------------------------------------------------------
 
 def test_client_wait_one_request_at_a_time():
