@@ -160,6 +160,11 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
     click.echo(f"wrote {path}, report.md, records_live.parquet, records_sim.parquet, ttft_*.png in {out_dir}", err=True)
     if result.interrupted:
         sys.exit(130)
+    measured = sum(int((run.live.records["status"] == "ok").sum()) for run in result.runs if run.live is not None)
+    if measured == 0:
+        click.echo("Error: no live request was measured (each one failed or was not sent: report.md says why)",
+                   err=True)
+        sys.exit(1)
 
 
 def _remove_if_empty(out_dir, created: bool) -> None:

@@ -1113,3 +1113,26 @@ def test_open_loop_prompts_of_a_reordered_session_are_built_once(monkeypatch):
     assert got == want
     assert sorted(built) == list(range(1, len(recs)))
     assert replay._prompt == {} and in_order._prompt == {}
+
+
+def test_validate_exits_non_zero_when_no_request_was_measured(fakes, tmp_path):
+    """Servers that drop every completion: the report is written (nothing is lost) and the
+    command fails, since no number in it was measured."""
+    from click.testing import CliRunner
+
+    from kvroute.cli.validate_command import validate
+    from kvroute.traces.writer import write_trace
+
+    servers = fakes(2, s0={"die_after": 0}, s1={"die_after": 0})
+    trace_file = tmp_path / "chat.jsonl"
+    write_trace(small_chat(chats=2, turns=2), trace_file)
+    out = tmp_path / "out"
+    args = ["--trace", str(trace_file), "--policies", "round_robin", "--profile", "a6000-qwen2.5-7b",
+            "--out", str(out), "--rounds", "1", "--timeout", "5"]
+    for s in servers:
+        args += ["--url", s.url]
+    result = CliRunner().invoke(validate, args)
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines()[-1] == ("Error: no live request was measured (each one failed or was not "
+                                              "sent: report.md says why)")
+    assert (out / "report.json").exists()
