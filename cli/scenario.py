@@ -169,25 +169,6 @@ def scenario_spec(scenario: Scenario, **changes) -> ClusterSpec:
         raise click.UsageError(str(exc)) from exc
 
 
-def load_trace(trace_path: Path | None, workload: str, turns: int | None, chats: int | None,
-               think_time: float | str, trace_block_size: int | None, max_requests: int | None, seed: int,
-               reply_tokens: str | None = None, max_tokens: int | None = None, user_tokens: str | None = None,
-               start: str | float = 0.0, request_rate: float | None = None, arrival: str = "poisson",
-               speedup: float | None = None, history=None) -> Trace:
-    """The trace of these options for run seed ``seed``: ``scenario_trace`` of their ``Scenario``.
-
-    Raises:
-        click.UsageError, click.BadParameter, click.ClickException: as ``scenario_from_options``
-            and ``scenario_trace``.
-    """
-    scenario = scenario_from_options({}, trace_file=trace_path, workload=workload, turns=turns, chats=chats,
-                                     think_time_s=think_time, trace_block_size=trace_block_size,
-                                     max_requests=max_requests, seed=seed, reply=reply_tokens,
-                                     max_tokens=max_tokens, user=user_tokens, start_s=start,
-                                     request_rate=request_rate, arrival=arrival, speedup=speedup, history=history)
-    return scenario_trace(scenario)
-
-
 def read_any_trace(path: Path, block_size: int | None, fmt: str = "auto", count_tokens=None,
                    tokens_note: str | None = None) -> Trace:
     """Read a trace in any format :mod:`kvroute.traces.detect` knows (``auto``: by suffix/content).
@@ -261,14 +242,6 @@ def executor_options(func):
     for option in reversed(options):
         func = option(func)
     return func
-
-
-def build_spec(profile_name: str, workers: int, gpus: int | None, arrival_spread: float, replay: str,
-               max_model_len: int | None = None, kv_blocks: int | None = None) -> ClusterSpec:
-    """The ClusterSpec of these options: ``scenario_spec`` of their ``Scenario``."""
-    return scenario_spec(scenario_from_options({}, profile=profile_name, workers=workers, gpus=gpus,
-                                               arrival_spread_s=arrival_spread, replay=replay,
-                                               max_model_len=max_model_len, kv_blocks=kv_blocks))
 
 
 def describe(trace: Trace, spec: ClusterSpec) -> str:

@@ -6,15 +6,15 @@ import pandas as pd
 from click.testing import CliRunner
 
 from kvroute.cli.main import cli
-from kvroute.cli.scenario import build_spec, load_trace
+from kvroute.sim.study.scenario import Scenario
 from kvroute.sim.cluster import cluster
 from kvroute.sim.cluster.cluster import simulate
 
 
 def test_progress_reports_time_and_position_and_changes_nothing(monkeypatch):
     monkeypatch.setattr(cluster, "PROGRESS_EVERY", 50)
-    trace = load_trace(None, "seed-chat", 3, 8, 0.0, None, None, 0)
-    spec = build_spec("a6000-qwen2.5-7b", 2, None, 0.005, "auto")
+    trace = Scenario(workload="seed-chat", turns=3, chats=8).trace()
+    spec = Scenario(profile="a6000-qwen2.5-7b", workers=2).spec()
     reports = []
     with_bar = simulate(trace, spec, seed=3, progress=lambda now, sent, total: reports.append((now, sent, total)))
     plain = simulate(trace, spec, seed=3)

@@ -10,7 +10,6 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from kvroute.cli.scenario import build_spec, load_trace
 from kvroute.cli.sweep_command import sweep_command
 from kvroute.sim.study.experiment import compare
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, summarize_rounds
@@ -59,8 +58,8 @@ def test_bad_names_list_the_valid_ones():
 
 def test_rows_equal_compare_for_the_same_seeds():
     frame = sweep(grid(SMALL, policy=POLICIES), rounds=2, executor="sequential", progress=False)
-    trace = lambda seed: load_trace(None, "seed-chat", 3, 8, 0.0, None, None, seed)  # noqa: E731
-    expected = compare(trace, build_spec("a6000-qwen2.5-7b", 4, None, 0.005, "auto"), POLICIES, rounds=2)
+    trace = lambda seed: Scenario(workload="seed-chat", turns=3, chats=8, seed=seed).trace()  # noqa: E731
+    expected = compare(trace, Scenario(profile="a6000-qwen2.5-7b", workers=4).spec(), POLICIES, rounds=2)
     assert list(frame["policy"]) == list(expected.summaries["policy"])
     assert list(frame["run_seed"]) == list(expected.summaries["seed"])
     for metric in SUMMARY_METRICS:
@@ -72,8 +71,8 @@ def test_agent_rows_equal_compare_with_the_cli_trace():
     scenario = Scenario(workload="agent", chats=4, turns=3, seed=5, policy="kv_aware")
     frame = sweep(scenario, rounds=2, executor="sequential", progress=False)
     # Each round draws its own agent trace from its run seed, in the CLI as in sweeps.
-    trace = lambda seed: load_trace(None, "agent", 3, 4, 0.0, None, None, seed)  # noqa: E731
-    expected = compare(trace, build_spec("a6000-qwen2.5-7b", 4, None, 0.005, "auto"), ["kv_aware"],
+    trace = lambda seed: Scenario(workload="agent", turns=3, chats=4, seed=seed).trace()  # noqa: E731
+    expected = compare(trace, Scenario(profile="a6000-qwen2.5-7b", workers=4).spec(), ["kv_aware"],
                        rounds=2, seed=5)
     for metric in ("time_to_complete_s", "later_ttft_mean_s", "hit_rate", "goodput_share"):
         assert frame[metric].tolist() == expected.summaries[metric].tolist()
@@ -82,8 +81,8 @@ def test_agent_rows_equal_compare_with_the_cli_trace():
 def test_kv_blocks_rows_equal_compare_with_the_same_override():
     scenario = Scenario(workload="agent", chats=4, turns=3, history=None, workers=2, kv_blocks=2500, seed=2)
     frame = sweep(grid(scenario, policy=["round_robin", "kv_aware"]), rounds=2, executor="sequential", progress=False)
-    trace = lambda seed: load_trace(None, "agent", 3, 4, 0.0, None, None, seed)  # noqa: E731
-    spec = build_spec("a6000-qwen2.5-7b", 2, None, 0.005, "auto", kv_blocks=2500)
+    trace = lambda seed: Scenario(workload="agent", turns=3, chats=4, seed=seed).trace()  # noqa: E731
+    spec = Scenario(profile="a6000-qwen2.5-7b", workers=2, kv_blocks=2500).spec()
     expected = compare(trace, spec, ["round_robin", "kv_aware"], rounds=2, seed=2)
     assert frame["num_evictions"].sum() > 0
     for metric in ("time_to_complete_s", "later_ttft_p90_s", "hit_rate"):
@@ -222,8 +221,8 @@ def test_scenario_replays_a_trace_file_as_compare_does():
                         max_model_len=1200, gateway_lb="random", gateways=2)
     frame = sweep(grid(scenario, policy=["round_robin", "kv_aware"]), rounds=2, executor="sequential",
                   progress=False)
-    trace = load_trace(SEED_BURST, "seed-chat", 6, 64, 0.0, None, 96, 0, speedup=2.0)
-    spec = build_spec("a6000-qwen2.5-7b", 2, None, 0.005, "open", max_model_len=1200)
+    trace = Scenario(trace_file=str(SEED_BURST), max_requests=96, speedup=2.0).trace()
+    spec = Scenario(profile="a6000-qwen2.5-7b", workers=2, replay="open", max_model_len=1200).spec()
     expected = compare(trace, dataclasses.replace(spec, gateways=2, gateway_lb="random"),
                        ["round_robin", "kv_aware"], rounds=2)
     assert frame["num_requests"].tolist() == [96] * 4
