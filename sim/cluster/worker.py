@@ -11,17 +11,32 @@ nothing but the batch, ``kvroute.sim.timing.step_timer.StepTimer``): the step ti
 summed in closed form and the run is cut short at the step in progress when a request
 arrives, so the result equals stepping one at a time (up to floating-point rounding of the
 summed times).
+
+A request whose client went away is aborted as vLLM's engine core aborts it
+(``abort_request``): the abort is taken in when the step in flight ends, before that step's
+output is applied (``EngineCore.step``: ``_process_aborts_queue`` before
+``update_from_output``), or at the start of the next loop iteration, before ``schedule()``, if
+no step output comes first (``_process_input_queue``); ``Scheduler.finish_requests`` then
+frees its blocks. An abort cuts a decode run after the step in progress, as an arrival does.
+
+With async scheduling (``EngineConfig.async_scheduling``) the loop is vLLM's
+``EngineCore.step_with_batch_queue`` with a batch queue of two (``_run_async``): the step after
+the one in flight is scheduled before the output of the one in flight is processed, and each
+step's CPU part overlaps the GPU part of the step before it
+(``kvroute.sim.timing.async_overlap``). No decode-run fast-forward then.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
+from collections import deque
 from typing import TYPE_CHECKING
 
 import simpy
 
-from kvroute.sim.engine.compiled import Scheduler
+from kvroute.sim.engine.compiled import engine_classes
+from kvroute.sim.engine.request import RequestStatus
 from kvroute.sim.timing.compiled import DecodeRunTimes
 from kvroute.sim.timing.step_timer import StepTimer
 from kvroute.sim.cluster.timeseries import StepSeries
@@ -51,11 +66,15 @@ class Worker:
             allows it (``StepTimer.fast_forward``) and the GPU is not shared.
         record_series: sample the engine's state after every step into ``series``
             (``kvroute.sim.cluster.timeseries``; a fast-forwarded decode run is one sample).
+        async_cpu_s: with ``config.async_scheduling``, the CPU part of every step, s
+            (``kvroute.sim.timing.async_overlap.AsyncOverlap.cpu_s``); ignored otherwise.
 
     Attributes:
         scheduler: the engine's scheduler (queues, block pool, prefix-cache counters).
+        num_aborted: requests aborted while in the engine (``abort_request``).
         num_steps: engine steps run.
-        busy_time: seconds spent running steps (not waiting for a shared GPU).
+        busy_time: seconds spent running steps (not waiting for a shared GPU); with async
+            scheduling, their GPU parts (the CPU parts overlap them).
         idle_since: when the engine last ran out of work, s (-inf: not yet).
         step_log: when ``record_steps`` is set, ``(start, duration, tokens, reqs)`` per step.
         series: the step samples when ``record_series`` is set, else None.
@@ -74,16 +93,18 @@ class Worker:
         record_steps: bool = False,
         fast_forward: bool = True,
         record_series: bool = False,
+        async_cpu_s: float = 0.0,
     ) -> None:
         self.env = env
         self.index = index
-        self.scheduler = Scheduler(config)
+        self.async_cpu_s = async_cpu_s
+        self.scheduler = engine_classes(config)[1](config)
         self.step_cost = step_cost
         self.gpu = gpu
         self.on_token = on_token
         self.on_finish = on_finish
         self.on_decode_run = on_decode_run
-        self.fast_forward = fast_forward and gpu is None and step_cost.fast_forward
+        self.fast_forward = fast_forward and gpu is None and step_cost.fast_forward and not config.async_scheduling
         self.num_steps = 0
         self.busy_time = 0.0
         self.idle_since = -math.inf
@@ -91,7 +112,9 @@ class Worker:
         self.series = StepSeries(index, self.scheduler) if record_series else None
         self._wakeup: simpy.Event | None = None
         self._arrived: list[Request] = []  # handed over since the last step started
-        self.process = env.process(self._run())
+        self._aborted: list[Request] = []  # aborted since the engine last took aborts in
+        self.num_aborted = 0
+        self.process = env.process(self._run_async() if config.async_scheduling else self._run())
 
     def add_request(self, request: Request) -> None:
         """Hand a request to the engine; it joins the waiting queue before the next step, and
@@ -102,6 +125,33 @@ class Worker:
         self.scheduler.add_request(request)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
+
+    def abort_request(self, request: Request) -> None:
+        """Abort a request handed to this engine (its client went away), as vLLM does.
+
+        vLLM's API server aborts a request whose client disconnected
+        (``vllm/v1/engine/async_llm.py: generate``); the engine core takes the abort in at its
+        next step boundary: when the step in flight ends, before its output is processed
+        (``vllm/v1/engine/core.py: step``, ``_process_aborts_queue``), or, if the loop reaches
+        its next ``schedule()`` first (an async batch queue not yet full), at the start of that
+        iteration (``_process_input_queue``); ``EngineCore.abort_requests`` then calls
+        ``Scheduler.finish_requests(ids, FINISHED_ABORTED)``, which takes it out of its queue and
+        frees its blocks. So the aborted request gets no token from the step in flight. A decode
+        run is cut after the step in progress. Aborts taken in together are applied in the order
+        they came (vLLM collects their ids in a set, whose order is not fixed). A request already
+        finished is left alone. The API server's own abort latency is taken as 0 s.
+        """
+        self._aborted.append(request)
+        # NOTE: wakes only a decode run; an idle engine holds no request to abort
+        if self._wakeup is not None and not self._wakeup.triggered and self.scheduler.has_unfinished_requests():
+            self._wakeup.succeed()
+
+    def _take_aborts(self) -> None:
+        """``EngineCore._process_aborts_queue``: apply the aborts that came since the last time."""
+        aborted = self._aborted
+        if aborted:
+            self._aborted = []
+            self.num_aborted += len(self.scheduler.finish_requests(aborted, RequestStatus.FINISHED_ABORTED))
 
     def holds_core(self, now: float, spin_s: float) -> bool:
         """Whether the engine holds a CPU core at ``now`` (``kvroute.sim.timing.host.Engine``): it
@@ -116,6 +166,10 @@ class Worker:
                 self._wakeup = env.event()
                 yield self._wakeup
                 self._wakeup = None
+            if self._aborted:  # came in after the last step's output (at its very end)
+                self._take_aborts()
+                if not scheduler.has_unfinished_requests():
+                    continue
             if self._arrived:
                 self._mark_queued(self._arrived, env.now)
             out = scheduler.schedule()
@@ -152,6 +206,85 @@ class Worker:
             if self.series is not None:
                 self.series.sample(start, env.now, 1, tokens, reqs)
 
+    def _run_async(self):
+        """The engine core's loop with async scheduling (``step_with_batch_queue``, two batches).
+
+        Each iteration takes the arrived requests and, if any request is unfinished, schedules
+        a step and queues it. Its CPU part (``async_cpu_s``: scheduling, input preparation and
+        the previous output's processing) keeps the engine's thread busy. Unless the queue is
+        then full (two steps) the next iteration starts when that CPU part is done; otherwise
+        the oldest queued step runs its GPU part now (its own CPU part is done, and so is the
+        step before it) and its output is processed when both that GPU part and the new step's
+        CPU part are done: its tokens, finishes and freed blocks appear then
+        (``kvroute.sim.timing.async_overlap``). On a shared GPU the GPU part holds the GPU.
+        """
+        env, scheduler, cost = self.env, self.scheduler, self.step_cost
+        cpu_s, gpu = self.async_cpu_s, self.gpu
+        queue: deque = deque()  # (out, step time): newest first, as vLLM's batch queue
+        while True:
+            if not queue and not scheduler.has_unfinished_requests():
+                self.idle_since = env.now
+                self._wakeup = env.event()
+                yield self._wakeup
+                self._wakeup = None
+            if self._aborted:  # _process_input_queue: before this iteration schedules
+                self._take_aborts()
+                if not queue and not scheduler.has_unfinished_requests():
+                    continue
+            if self._arrived:
+                self._mark_queued(self._arrived, env.now)
+            cpu_done = env.now
+            if scheduler.has_unfinished_requests():
+                out = scheduler.schedule()
+                if out.admitted:
+                    self._mark_scheduled(out.admitted, env.now)
+                dt = 0.0
+                if out.requests:
+                    dt = cost.step_time(out.num_batched_tokens, len(out.requests),
+                                        out.prefill_token_pairs, out.decode_context_tokens)
+                    # NOTE: the CPU part cannot exceed the step (a step timer may give less)
+                    cpu_done += cpu_s if cpu_s < dt else dt
+                elif not any(q[0].requests for q in queue):
+                    # Nothing fits even alone and nothing is in flight: the cluster checks
+                    # capacity before the run, so this is a bug, not a workload property.
+                    raise RuntimeError(
+                        f"worker {self.index}: no request can be scheduled "
+                        f"(waiting {len(scheduler.waiting)}, running {len(scheduler.running)}, "
+                        f"free blocks {scheduler.pool.num_free_blocks})"
+                    )
+                queue.appendleft((out, dt))
+                if len(queue) < 2:
+                    if cpu_done > env.now:
+                        yield env.timeout(cpu_done - env.now)
+                    continue  # schedule the next step before waiting for this one
+            out, dt = queue.pop()
+            if out.requests:
+                gpu_s = dt - (cpu_s if cpu_s < dt else dt)
+                if gpu is not None:
+                    with gpu.request() as slot:
+                        yield slot
+                        start = env.now
+                        yield env.timeout(gpu_s)
+                else:
+                    start = env.now
+                    if start + gpu_s > cpu_done:
+                        cpu_done = start + gpu_s
+                end = start + gpu_s
+                tokens, reqs = out.num_batched_tokens, len(out.requests)
+                self.num_steps += 1
+                self.busy_time += gpu_s
+                if self.step_log is not None:
+                    self.step_log.extend((start, gpu_s, tokens, reqs))
+            if cpu_done > env.now:
+                yield env.timeout(cpu_done - env.now)
+            if out.requests:
+                self._finish_step(out, env.now)
+                if self.series is not None:
+                    self.series.sample(start, end, 1, tokens, reqs)
+            else:
+                self._take_aborts()
+                scheduler.update(out)
+
     @staticmethod
     def _mark_queued(arrived: list[Request], now: float) -> None:
         """Stamp the requests handed over since the last step with this step's start, and
@@ -169,6 +302,9 @@ class Worker:
                 req.scheduled_ts = now
 
     def _finish_step(self, out, now: float) -> None:
+        """Take in the aborts that came during the step, then apply its output and stream it."""
+        if self._aborted:
+            self._take_aborts()
         result = self.scheduler.update(out)
         on_token = self.on_token
         for req in result.emitted:
@@ -181,7 +317,9 @@ class Worker:
 
         Step j's time grows only through the context every request reads (one more token each
         per step). An arrival cuts the run after the step in progress, as a real engine would
-        take the new request into the next step it schedules.
+        take the new request into the next step it schedules. An abort cuts it the same way and
+        is taken in at the end of that step, before its output: the aborted request gets the
+        tokens of the steps before it only.
         """
         env = self.env
         batch = len(out.requests)
@@ -217,10 +355,22 @@ class Worker:
         if self.step_log is not None:
             for j in range(done + 1):
                 self.step_log.extend((times.end(j) - times.duration(j), times.duration(j), batch, batch))
+        # aborts that came during step ``done`` (> 0) are taken in after the steps before it and
+        # its schedule, before its output (a decode step's output frees nothing)
+        aborted, self._aborted = (self._aborted, []) if done else ([], self._aborted)
         self._finish_step(out, times.end(0))
         if done:
             requests = list(out.requests)
             self.scheduler.advance_decode_run(requests, done)
-            self.on_decode_run(requests, times.ends(done + 1), times.gaps(done + 1))
+            if aborted:
+                self._aborted = aborted
+                self._take_aborts()
+                gone = [r for r in requests if r.status == RequestStatus.FINISHED_ABORTED]
+                if gone:
+                    requests = [r for r in requests if r.status != RequestStatus.FINISHED_ABORTED]
+                    if done > 1:
+                        self.on_decode_run(gone, times.ends(done), times.gaps(done))
+            if requests:
+                self.on_decode_run(requests, times.ends(done + 1), times.gaps(done + 1))
         if self.series is not None:
             self.series.sample(start, times.end(done), done + 1, batch, batch)

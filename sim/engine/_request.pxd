@@ -12,6 +12,9 @@ cdef class Request:
     cdef public Py_ssize_t num_output_tokens
     cdef public object num_cached_tokens
     cdef public Py_ssize_t num_preemptions
+    cdef public Py_ssize_t num_output_placeholders
+    cdef public Py_ssize_t num_in_flight_tokens
+    cdef public Py_ssize_t num_stale_output_tokens
     cdef public object queued_ts
     cdef public object scheduled_ts
     cdef public object status

@@ -33,6 +33,9 @@ cdef class Request:
         self.num_output_tokens = 0
         self.num_cached_tokens = None
         self.num_preemptions = 0
+        self.num_output_placeholders = 0
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
         self.queued_ts = None
         self.scheduled_ts = None
         self.status = RequestStatus.WAITING

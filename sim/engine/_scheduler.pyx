@@ -28,6 +28,7 @@ cdef object WAITING = RequestStatus.WAITING
 cdef object RUNNING = RequestStatus.RUNNING
 cdef object PREEMPTED = RequestStatus.PREEMPTED
 cdef object FINISHED_LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
+cdef object FINISHED_ABORTED = RequestStatus.FINISHED_ABORTED
 
 
 cdef struct StepSums:
@@ -49,6 +50,10 @@ cdef class Scheduler:
     Args:
         config: engine settings (``EngineConfig``, read once here).
 
+    With ``config.async_scheduling`` it is also vLLM's ``AsyncScheduler`` (as the pure-Python
+    ``kvroute.sim.engine.async_scheduler.AsyncScheduler``): output placeholders after
+    ``schedule()``, ``out.samples``, and the async ``update()``.
+
     Attributes:
         config: as given.
         pool: the worker's compiled BlockPool.
@@ -66,12 +71,14 @@ cdef class Scheduler:
     cdef public Py_ssize_t num_preemptions
     cdef Py_ssize_t _block_size, _max_num_batched_tokens, _max_num_seqs, _max_model_len
     cdef Py_ssize_t _long_prefill_token_threshold
+    cdef bint _async
     # NOTE: an instance dict, as the Python class has, so that callers can wrap a method of one
     # scheduler (calibration instruments ``schedule`` this way)
     cdef dict __dict__
 
     def __init__(self, config) -> None:
         self.config = config
+        self._async = config.async_scheduling
         self.pool = BlockPool(config.num_gpu_blocks, config.enable_prefix_caching)
         self.kv_cache_manager = KVCacheManager(self.pool, config.block_size, config.max_model_len)
         self.waiting = deque()
@@ -93,6 +100,43 @@ cdef class Scheduler:
     def has_unfinished_requests(self) -> bool:
         """True while any request waits or runs."""
         return bool(self.waiting) or bool(self.running)
+
+    def finish_requests(self, requests, finished_status=FINISHED_ABORTED) -> list:
+        """Finish requests from outside the scheduler (vLLM's ``Scheduler.finish_requests``,
+        called with ``FINISHED_ABORTED`` by ``EngineCore.abort_requests``): as the pure-Python
+        ``Scheduler.finish_requests``, whose docstring gives the rules.
+
+        Raises:
+            ValueError: if ``finished_status`` is not a finished status.
+        """
+        if finished_status < FINISHED_LENGTH_CAPPED:
+            raise ValueError(f"finish_requests: {finished_status!r} is not a finished status")
+        cdef list valid = []
+        cdef set seen = set()
+        cdef set from_running = set()
+        cdef list from_waiting = []
+        cdef Request req
+        for r in requests:
+            req = <Request?>r
+            key = id(req)
+            if key in seen or req.status >= FINISHED_LENGTH_CAPPED:
+                continue
+            if req.status is RUNNING:
+                from_running.add(key)
+            elif req in self.waiting:
+                from_waiting.append(req)
+            else:
+                continue  # not in this engine (vLLM: an unknown request id)
+            seen.add(key)
+            valid.append(req)
+        if from_running:
+            self.running = [r for r in self.running if id(r) not in from_running]
+        for r in from_waiting:
+            self.waiting.remove(r)
+        for r in valid:
+            (<Request>r).status = finished_status
+            self.kv_cache_manager.free(r)
+        return valid
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -119,6 +163,19 @@ cdef class Scheduler:
         for i in range(<Py_ssize_t>num_new.size()):
             (<Request>requests[i]).num_computed_tokens += num_new[i]
             num_scheduled.append(num_new[i])
+        cdef list samples = None
+        cdef Request req
+        if self._async:
+            # vLLM's AsyncScheduler._update_after_schedule: a placeholder per sampling request
+            samples = []
+            for i in range(<Py_ssize_t>num_new.size()):
+                req = <Request>requests[i]
+                req.num_in_flight_tokens += num_new[i]
+                if req.num_computed_tokens >= req.num_prompt_tokens + req.num_output_tokens + req.num_output_placeholders:
+                    req.num_output_placeholders += 1
+                    samples.append(True)
+                else:
+                    samples.append(False)
         # NOTE: filled field by field, without the dataclass's Python __init__ (a frame per step)
         out = SchedulerOutput.__new__(SchedulerOutput)
         out.requests = requests
@@ -128,6 +185,7 @@ cdef class Scheduler:
         out.decode_context_tokens = sums.decode_context_tokens
         out.preempted = preempted
         out.admitted = admitted
+        out.samples = samples
         return out
 
     cdef Py_ssize_t _schedule_running(self, list requests, vector[Py_ssize_t]& num_scheduled, list preempted,
@@ -136,13 +194,18 @@ cdef class Scheduler:
         cdef KVCacheManager kv = self.kv_cache_manager
         cdef Py_ssize_t max_model_len = self._max_model_len
         cdef Py_ssize_t req_index = 0
-        cdef Py_ssize_t computed, num_new
+        cdef Py_ssize_t computed, num_new, placeholders
         cdef Request req, victim
         cdef bint scheduled
         while req_index < len(running) and budget > 0:
             req = <Request>running[req_index]
             computed = req.num_computed_tokens
-            num_new = req.num_prompt_tokens + req.num_output_tokens - computed
+            placeholders = req.num_output_placeholders  # 0 without async scheduling
+            if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
+                # NOTE: async scheduling: the step in flight already samples the last token.
+                req_index += 1
+                continue
+            num_new = req.num_prompt_tokens + req.num_output_tokens + placeholders - computed
             if 0 < threshold < num_new:
                 num_new = threshold
             if num_new > budget:
@@ -214,6 +277,9 @@ cdef class Scheduler:
         self.kv_cache_manager.free(req)
         req.status = PREEMPTED
         req.num_computed_tokens = 0
+        # async scheduling: the output in flight is still delivered, but moves no counter
+        req.num_stale_output_tokens = req.num_in_flight_tokens
+        req.num_output_placeholders = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -226,6 +292,8 @@ cdef class Scheduler:
         scheduler's method); 0 when ``out`` is not a pure decode step of every running request
         with nothing waiting."""
         cdef list requests = out.requests
+        if self._async:
+            return 0  # outputs lag their step: a run's steps are not identical
         if self.waiting or out.preempted or out.admitted or len(requests) != len(self.running):
             return 0
         if out.num_batched_tokens != len(requests):
@@ -298,7 +366,14 @@ cdef class Scheduler:
     def update(self, out):
         """Apply a finished step: sample one token for every request whose prompt (and, after a
         preemption, replayed output) is computed; finish and free those that reach
-        ``max_tokens`` or ``max_model_len``."""
+        ``max_tokens`` or ``max_model_len``. With async scheduling, as
+        ``AsyncScheduler.update``.
+
+        Raises:
+            ValueError: with async scheduling, if ``out`` was not scheduled so.
+        """
+        if self._async:
+            return self._update_async(out)
         cdef list emitted = []
         cdef list finished = []
         cdef Py_ssize_t max_model_len = self._max_model_len
@@ -323,6 +398,63 @@ cdef class Scheduler:
         result.finished = finished
         return result
 
+    cdef object _update_async(self, out):
+        # vLLM's update_from_output with AsyncScheduler._update_request_with_output (see the
+        # pure-Python kvroute.sim.engine.async_scheduler.AsyncScheduler.update)
+        cdef list samples = out.samples
+        if samples is None:
+            raise ValueError("AsyncScheduler.update: the step was not scheduled by an AsyncScheduler")
+        cdef list emitted = []
+        cdef list finished = []
+        cdef list requests = out.requests
+        cdef list num_scheduled = out.num_scheduled_tokens
+        cdef KVCacheManager kv = self.kv_cache_manager
+        cdef bint caching = self.pool.enable_caching
+        cdef Py_ssize_t bs = self._block_size
+        cdef Py_ssize_t max_model_len = self._max_model_len
+        cdef Py_ssize_t i, n
+        cdef bint stale, stopped, was_running, stopped_waiting = False
+        cdef Request req
+        for i in range(len(requests)):
+            req = <Request>requests[i]
+            status = req.status
+            if status is FINISHED_LENGTH_CAPPED or status is FINISHED_ABORTED:
+                continue  # finished (or aborted) while this step was in flight
+            n = num_scheduled[i]
+            req.num_in_flight_tokens -= n
+            stale = req.num_stale_output_tokens > 0
+            if stale:
+                req.num_stale_output_tokens -= n
+            if not samples[i]:
+                continue  # a prefill chunk that does not reach the end samples nothing
+            was_running = status is RUNNING
+            req.num_output_tokens += 1
+            emitted.append(req)
+            stopped = (req.num_output_tokens >= req.max_tokens
+                       or req.num_prompt_tokens + req.num_output_tokens >= max_model_len)
+            if stopped:
+                req.status = FINISHED_LENGTH_CAPPED
+            if not stale:
+                req.num_output_placeholders -= 1
+            if was_running and caching:
+                kv.cache_blocks(req, (req.num_computed_tokens - req.num_output_placeholders) // bs)
+            if stopped:
+                kv.free(req)
+                finished.append(req)
+                if not was_running:
+                    stopped_waiting = True
+        if finished:
+            self.running = [r for r in self.running if (<Request>r).status is RUNNING]
+            if stopped_waiting:
+                # NOTE: rare: a request preempted with its last token in flight
+                for r in finished:
+                    if r in self.waiting:
+                        self.waiting.remove(r)
+        result = StepResult.__new__(StepResult)
+        result.emitted = emitted
+        result.finished = finished
+        return result
+
 
 cdef inline void _add_to_output(list requests, vector[Py_ssize_t]& num_scheduled, StepSums* sums, Request req,
                                 Py_ssize_t num_new, Py_ssize_t computed) except *:
@@ -334,3 +466,4 @@ cdef inline void _add_to_output(list requests, vector[Py_ssize_t]& num_scheduled
     else:
         # the Python scheduler's num_new * (computed + (num_new + 1) / 2), operation by operation
         sums.prefill_token_pairs += <double>num_new * (<double>computed + <double>(num_new + 1) / 2.0)
+

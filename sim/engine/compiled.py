@@ -70,3 +70,17 @@ else:
         )
     else:
         COMPILED, REASON = True, ""
+
+
+def engine_classes(config) -> tuple[type, type]:
+    """``(Request, Scheduler)`` for an engine of ``config`` (an ``EngineConfig``).
+
+    The chosen ``Request`` and ``Scheduler`` above; with ``config.async_scheduling`` and the
+    pure-Python core, ``kvroute.sim.engine.async_scheduler.AsyncScheduler`` (the compiled
+    scheduler reads ``config.async_scheduling`` itself and steps as vLLM's ``AsyncScheduler``).
+    """
+    if config.async_scheduling and not COMPILED:
+        from kvroute.sim.engine.async_scheduler import AsyncScheduler
+
+        return Request, AsyncScheduler
+    return Request, Scheduler

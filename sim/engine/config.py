@@ -21,6 +21,12 @@ class EngineConfig:
         long_prefill_token_threshold: cap on one prefill chunk when more than one request is
             running or waiting; 0 disables it (vLLM default when ``max_num_partial_prefills`` is 1).
         enable_prefix_caching: vLLM's prefix caching; on by default in the v1 engine.
+        async_scheduling: vLLM's ``SchedulerConfig.async_scheduling``: the engine core
+            schedules step N+1 before it processes step N's output (``vllm/v1/engine/core.py:
+            step_with_batch_queue``, a batch queue of 2) and the scheduler is vLLM's
+            ``AsyncScheduler`` (``vllm/v1/core/sched/async_scheduler.py``), see
+            ``kvroute.sim.engine.async_scheduler``. Off on the CPU backend and in vLLM 0.11;
+            on by default on CUDA from the 0.14 line. Off by default here.
 
     Raises:
         ValueError: on a non-positive size or a pool without a usable block.
@@ -33,6 +39,7 @@ class EngineConfig:
     max_model_len: int = 32768
     long_prefill_token_threshold: int = 0
     enable_prefix_caching: bool = True
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):

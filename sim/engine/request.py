@@ -33,6 +33,13 @@ class Request:
         num_output_tokens: tokens sampled so far.
         num_cached_tokens: prefix-cache hit tokens at the first admission, None before it.
         num_preemptions: times preempted (recompute).
+        num_output_placeholders: with async scheduling, tokens scheduled for sampling whose
+            value is not yet known (vLLM's ``Request.num_output_placeholders``); 0 otherwise.
+        num_in_flight_tokens: with async scheduling, tokens scheduled in steps whose output is
+            not yet processed (``num_in_flight_tokens``).
+        num_stale_output_tokens: with async scheduling, in-flight tokens scheduled before the
+            request's last preemption; their output is still delivered but changes no counter
+            (``num_stale_output_tokens``, set in ``Scheduler._preempt_request``).
         queued_ts: when the engine received it, s (vLLM's ``RequestStateStats.queued_ts``).
         scheduled_ts: when a step first scheduled it, s (``scheduled_ts``; None before).
         client: opaque slot for whoever submitted the request (the worker's record).
@@ -50,6 +57,9 @@ class Request:
         "num_output_tokens",
         "num_cached_tokens",
         "num_preemptions",
+        "num_output_placeholders",
+        "num_in_flight_tokens",
+        "num_stale_output_tokens",
         "queued_ts",
         "scheduled_ts",
         "status",
@@ -76,6 +86,9 @@ class Request:
         self.num_output_tokens = 0
         self.num_cached_tokens: int | None = None
         self.num_preemptions = 0
+        self.num_output_placeholders = 0
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
         self.queued_ts: float | None = None
         self.scheduled_ts: float | None = None
         self.status = RequestStatus.WAITING

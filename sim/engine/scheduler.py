@@ -1,6 +1,8 @@
 """vLLM v1's step scheduler for one engine (``vllm/v1/core/sched/scheduler.py: schedule``,
-``update_from_output``), with chunked prefill on, FCFS, recompute preemption, no async
-scheduling (the CPU backend's setting) and no speculative decoding.
+``update_from_output``), with chunked prefill on, FCFS, recompute preemption and no speculative
+decoding. This class steps synchronously (the CPU backend's setting); vLLM's ``AsyncScheduler``
+is ``kvroute.sim.engine.async_scheduler`` (the output placeholders it adds are read here, and
+are 0 without it).
 
 One step: a token budget of ``max_num_batched_tokens`` shared by prefill chunks and decodes.
 Pass 1 walks the running queue in order; a request whose blocks cannot be allocated preempts the
@@ -77,6 +79,57 @@ class Scheduler(SchedulerDecodeRuns):
         """True while any request waits or runs."""
         return bool(self.waiting) or bool(self.running)
 
+    def finish_requests(self, requests, finished_status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> list[Request]:
+        """Finish requests from outside the scheduler: vLLM's ``Scheduler.finish_requests``
+        (``vllm/v1/core/sched/scheduler.py``, vLLM 0.32), which ``EngineCore.abort_requests``
+        calls with ``FINISHED_ABORTED`` when the API server aborts a request whose client went
+        away.
+
+        First every request given that is still in this engine (running, or waiting or
+        preempted in the waiting queue) is taken out of its queue, the others keeping their
+        order; then each, in the order given, gets ``finished_status`` and its blocks are freed
+        (``_free_request``: last block first; blocks already registered stay in the prefix cache
+        as evictable). A request that is finished, or not in this engine, is skipped, as is a
+        repeat. A step already scheduled that holds an aborted request samples nothing for it
+        when its output is applied (``update`` skips finished requests).
+
+        Args:
+            requests: the requests (objects of this engine's request class).
+            finished_status: a finished status (``FINISHED_ABORTED`` for an abort).
+
+        Returns:
+            The requests finished by this call, in the order given.
+
+        Raises:
+            ValueError: if ``finished_status`` is not a finished status.
+        """
+        if finished_status < RequestStatus.FINISHED_LENGTH_CAPPED:
+            raise ValueError(f"finish_requests: {finished_status!r} is not a finished status")
+        valid: list[Request] = []
+        seen: set[int] = set()
+        from_running: set[int] = set()
+        from_waiting: list[Request] = []
+        for req in requests:
+            key = id(req)
+            if key in seen or req.status >= RequestStatus.FINISHED_LENGTH_CAPPED:
+                continue
+            if req.status is RequestStatus.RUNNING:
+                from_running.add(key)
+            elif req in self.waiting:
+                from_waiting.append(req)
+            else:
+                continue  # not in this engine (vLLM: an unknown request id)
+            seen.add(key)
+            valid.append(req)
+        if from_running:
+            self.running = [r for r in self.running if id(r) not in from_running]
+        for req in from_waiting:
+            self.waiting.remove(req)
+        for req in valid:
+            req.status = finished_status
+            self.kv_cache_manager.free(req)
+        return valid
+
     # -- one step ----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
@@ -105,7 +158,12 @@ class Scheduler(SchedulerDecodeRuns):
         while req_index < len(running) and budget > 0:
             req = running[req_index]
             computed = req.num_computed_tokens
-            num_new = req.num_prompt_tokens + req.num_output_tokens - computed
+            placeholders = req.num_output_placeholders  # 0 without async scheduling
+            if placeholders and computed + 2 - placeholders >= req.num_prompt_tokens + req.max_tokens:
+                # NOTE: async scheduling: the step in flight already samples the last token.
+                req_index += 1
+                continue
+            num_new = req.num_prompt_tokens + req.num_output_tokens + placeholders - computed
             if 0 < threshold < num_new:
                 num_new = threshold
             if num_new > budget:
@@ -179,6 +237,9 @@ class Scheduler(SchedulerDecodeRuns):
         self.kv_cache_manager.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        # async scheduling: the output in flight is still delivered, but moves no counter
+        req.num_stale_output_tokens = req.num_in_flight_tokens
+        req.num_output_placeholders = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)

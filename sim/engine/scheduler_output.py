@@ -21,6 +21,10 @@ class SchedulerOutput:
         decode_context_tokens: context tokens read by one-token requests.
         preempted: requests preempted in this step, in preemption order.
         admitted: requests moved from waiting to running in this step.
+        samples: with async scheduling, parallel to ``requests``: whether the request samples
+            a token in this step (its chunk reaches the end of its known tokens plus
+            placeholders, vLLM's ``not request.is_prefill_chunk``); None when stepping
+            synchronously.
     """
 
     requests: list[Request] = field(default_factory=list)
@@ -30,6 +34,7 @@ class SchedulerOutput:
     decode_context_tokens: int = 0
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
+    samples: list[bool] | None = None
 
     @property
     def num_reqs(self) -> int:

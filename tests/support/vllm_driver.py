@@ -11,6 +11,11 @@ exactly what the real model runner returns. Sampled tokens come from
 
 Settings mirror ``vllm serve`` on the CPU backend: synchronous scheduling, chunked
 prefill on, prefix caching on, sha256 block hashes with vLLM's fixed NONE_HASH seed.
+``run_vllm_async`` drives vLLM's ``AsyncScheduler`` instead, in the loop of the engine core
+with async scheduling (``vllm/v1/engine/core.py: step_with_batch_queue``, batch queue of 2).
+
+Evictions per step are counted by wrapping ``BlockPool._maybe_evict_cached_block`` (a cached
+block whose hash is dropped because the block is reused).
 
 Prefix-cache counters are accumulated the way vLLM's Prometheus logger does
 (``vllm/v1/metrics/loggers.py``: ``counter_prefix_cache_queries.inc(
@@ -41,6 +46,10 @@ class DriverRequest:
     prompt_token_ids: list[int]
     max_tokens: int
     arrival_step: int  # added to the scheduler just before this step index is scheduled
+    # the API server aborts it while this step runs (its client went away): ``run_vllm`` calls
+    # ``finish_requests(id, FINISHED_ABORTED)`` after the step's model execution, before its
+    # output is processed (``EngineCore.step``: ``_process_aborts_queue``); None: never
+    abort_step: int | None = None
 
 
 @dataclass
@@ -50,8 +59,11 @@ class StepRecord:
     preempted: list[str] = field(default_factory=list)  # in vLLM's preemption order
     admitted: dict[str, int] = field(default_factory=dict)  # rid -> computed tokens at admission
     finished: list[str] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)  # finished by an abort in this step, in order
     waiting: list[str] = field(default_factory=list)  # queue order after scheduling
     running: list[str] = field(default_factory=list)  # order after scheduling
+    evictions: int = 0  # cached blocks evicted during the step (schedule and update)
+    free_blocks: int = -1  # free blocks (evictable cached ones included) after the step
 
 
 @dataclass
@@ -86,10 +98,13 @@ def _tiny_model_dir() -> str:
 
 
 def build_scheduler(*, block_size: int, num_gpu_blocks: int, max_num_batched_tokens: int,
-                    max_num_seqs: int, max_model_len: int, long_prefill_token_threshold: int = 0):
-    """A real ``vllm.v1.core.sched.scheduler.Scheduler`` with ``num_gpu_blocks`` blocks."""
+                    max_num_seqs: int, max_model_len: int, long_prefill_token_threshold: int = 0,
+                    async_scheduling: bool = False):
+    """A real ``vllm.v1.core.sched.scheduler.Scheduler`` (``AsyncScheduler`` with
+    ``async_scheduling``) with ``num_gpu_blocks`` blocks."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
@@ -110,7 +125,11 @@ def build_scheduler(*, block_size: int, num_gpu_blocks: int, max_num_batched_tok
         num_blocks=num_gpu_blocks, kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["layer.0"], FullAttentionSpec(
             block_size=block_size, num_kv_heads=1, head_size=32, dtype=torch.float32))])
-    return Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+    # NOTE: the class is what SchedulerConfig.async_scheduling selects
+    # (``config/scheduler.py: get_scheduler_cls``); the flag itself stays off here, as the CPU
+    # platform resolves it; the scheduler reads it only with pipeline parallelism.
+    cls = AsyncScheduler if async_scheduling else Scheduler
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                      structured_output_manager=StructuredOutputManager(vllm_config),
                      block_size=block_size, hash_block_size=block_size, log_stats=True)
 
@@ -155,6 +174,9 @@ def run_vllm(requests: list[DriverRequest], *, block_size: int, num_gpu_blocks: 
         return orig_preempt(request, *args, **kwargs)
 
     sched._preempt_request = _record_preempt
+    evictions = _count_evictions(sched)
+    pool = sched.kv_cache_manager.block_pool
+    aborts = _aborts_by_step(requests)
     pending = sorted(requests, key=lambda r: r.arrival_step)  # stable: ties keep list order
     steps: list[StepRecord] = []
     queries = hits = preemptions = 0
@@ -166,7 +188,9 @@ def run_vllm(requests: list[DriverRequest], *, block_size: int, num_gpu_blocks: 
         steps.append(rec)
         step += 1
         if not sched.has_requests():
+            rec.free_blocks = pool.get_num_free_blocks()
             continue  # idle step (EngineCore.step returns without scheduling)
+        evictions[0] = 0
         waiting_before = {r.request_id for r in _waiting(sched)}
         out = sched.schedule()
         rec.scheduled = dict(out.num_scheduled_tokens)
@@ -178,11 +202,12 @@ def run_vllm(requests: list[DriverRequest], *, block_size: int, num_gpu_blocks: 
         rec.waiting = [r.request_id for r in _waiting(sched)]
         rec.running = [r.request_id for r in sched.running]
 
+        _abort(sched, aborts.get(rec.step, []), rec)  # after the model ran, before its output
         req_ids = list(rec.scheduled)
         sampled = []
         for rid in req_ids:
-            r = sched.requests[rid]
-            done = r.num_computed_tokens >= r.num_tokens  # prompt (and replayed output) done
+            r = sched.requests.get(rid)  # None: aborted (update_from_output skips it)
+            done = r is not None and r.num_computed_tokens >= r.num_tokens  # prompt (and replayed output) done
             sampled.append([output_token(rid, r.num_output_tokens)] if done else [])
         mro = ModelRunnerOutput(req_ids=req_ids,
                                 req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
@@ -193,6 +218,146 @@ def run_vllm(requests: list[DriverRequest], *, block_size: int, num_gpu_blocks: 
             if stats is not None and stats.prefix_cache_stats is not None:
                 queries += stats.prefix_cache_stats.queries
                 hits += stats.prefix_cache_stats.hits
+        rec.evictions = evictions[0]
+        rec.free_blocks = pool.get_num_free_blocks()
+    return DriverResult(steps=steps, prefix_cache_queries=queries, prefix_cache_hits=hits,
+                        num_preemptions=preemptions, vllm_version=vllm.__version__)
+
+
+def _aborts_by_step(requests: list[DriverRequest]) -> dict[int, list[str]]:
+    by_step: dict[int, list[str]] = {}
+    for r in requests:
+        if r.abort_step is not None:
+            by_step.setdefault(r.abort_step, []).append(r.request_id)
+    return by_step
+
+
+def _abort(sched, request_ids: list[str], rec: StepRecord) -> None:
+    """``EngineCore.abort_requests``: ``finish_requests(ids, FINISHED_ABORTED)``, one id at a time
+    in the stream's order (vLLM puts a batch of ids in a set, whose order is not fixed, and frees
+    them in that order)."""
+    from vllm.v1.request import RequestStatus
+
+    for rid in request_ids:
+        rec.aborted += [r.request_id for r in sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)]
+
+
+def _count_evictions(sched) -> list[int]:
+    """Wrap the scheduler's block pool so that ``counter[0]`` counts evicted cached blocks."""
+    pool = sched.kv_cache_manager.block_pool
+    orig = pool._maybe_evict_cached_block
+    counter = [0]
+
+    def _evict(block, *args, **kwargs):
+        evicted = orig(block, *args, **kwargs)
+        counter[0] += bool(evicted)
+        return evicted
+
+    pool._maybe_evict_cached_block = _evict
+    return counter
+
+
+def run_vllm_async(requests: list[DriverRequest], *, block_size: int, num_gpu_blocks: int,
+                   max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
+                   long_prefill_token_threshold: int = 0, max_steps: int = 100_000,
+                   output_token: Callable[[str, int], int] = default_output_token) -> DriverResult:
+    """Drive vLLM's ``AsyncScheduler`` as ``EngineCore.step_with_batch_queue`` does.
+
+    One record per engine-core loop iteration (``step``): add the requests whose
+    ``arrival_step`` has come (``_process_input_queue``); if the scheduler has requests,
+    schedule a batch and push it on the queue; unless the queue is now full (2) -- or nothing was
+    executed and nothing is left to schedule -- the iteration ends there; otherwise the oldest
+    batch's output is built and processed (``update_from_output``). The fake model output of a
+    batch samples one token for every request that was not a prefill chunk when the batch was
+    scheduled (``not request.is_prefill_chunk``, what the model runner does), its value
+    ``output_token(rid, k)`` at the request's next output position when the output is processed.
+    """
+    import vllm
+    from collections import deque
+    from vllm.config import CacheConfig
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    for r in requests:
+        if not 0 < len(r.prompt_token_ids) < max_model_len:
+            raise ValueError(f"{r.request_id}: prompt length {len(r.prompt_token_ids)} "
+                             f"must be in [1, max_model_len={max_model_len})")
+    sched = build_scheduler(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                            max_num_batched_tokens=max_num_batched_tokens,
+                            max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                            long_prefill_token_threshold=long_prefill_token_threshold,
+                            async_scheduling=True)
+    hash_fn = get_hash_fn_by_name(CacheConfig().prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    block_hasher = get_request_block_hasher(block_size, hash_fn)
+    victims: list[str] = []
+    orig_preempt = sched._preempt_request
+
+    def _record_preempt(request, *args, **kwargs):
+        victims.append(request.request_id)
+        return orig_preempt(request, *args, **kwargs)
+
+    sched._preempt_request = _record_preempt
+    evictions = _count_evictions(sched)
+    pool = sched.kv_cache_manager.block_pool
+    aborts = _aborts_by_step(requests)
+    deferred: list[str] = []  # aborts that came in an iteration that processed no output
+    pending = sorted(requests, key=lambda r: r.arrival_step)
+    steps: list[StepRecord] = []
+    batch_queue: deque = deque()
+    queries = hits = preemptions = 0
+    step = 0
+    while step < max_steps and (pending or sched.has_requests() or batch_queue or deferred):
+        rec = StepRecord(step=step)
+        steps.append(rec)
+        evictions[0] = 0
+        _abort(sched, deferred, rec)  # _process_input_queue, before anything is scheduled
+        deferred = []
+        while pending and pending[0].arrival_step <= step:
+            sched.add_request(_make_request(pending.pop(0), block_hasher))
+        step += 1
+        if sched.has_requests():
+            waiting_before = {r.request_id for r in _waiting(sched)}
+            out = sched.schedule()
+            rec.scheduled = dict(out.num_scheduled_tokens)
+            for rid, n in rec.scheduled.items():
+                if rid in waiting_before:
+                    rec.admitted[rid] = sched.requests[rid].num_computed_tokens - n
+            rec.preempted, victims[:] = list(victims), []
+            preemptions += len(rec.preempted)
+            rec.waiting = [r.request_id for r in _waiting(sched)]
+            rec.running = [r.request_id for r in sched.running]
+            samples = {rid for rid in rec.scheduled if not sched.requests[rid].is_prefill_chunk}
+            batch_queue.appendleft((out, samples))
+            executed = out.total_num_scheduled_tokens > 0
+            if len(batch_queue) < 2 and (executed or sched.has_requests()):
+                deferred = aborts.get(rec.step, [])  # step_with_batch_queue returns before aborts
+                rec.evictions = evictions[0]
+                rec.free_blocks = pool.get_num_free_blocks()
+                continue  # do not block on the batch in flight while another can be scheduled
+        elif not batch_queue:
+            deferred = aborts.get(rec.step, [])
+            rec.free_blocks = pool.get_num_free_blocks()
+            continue  # idle
+        out, samples = batch_queue.pop()
+        _abort(sched, aborts.get(rec.step, []), rec)  # _process_aborts_queue, before the output
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            r = sched.requests.get(rid)
+            sampled.append([output_token(rid, r.num_output_tokens)] if r is not None and rid in samples else [])
+        mro = ModelRunnerOutput(req_ids=req_ids,
+                                req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+                                sampled_token_ids=sampled)
+        for eco in sched.update_from_output(out, mro).values():
+            rec.finished += [o.request_id for o in eco.outputs if o.finish_reason is not None]
+            stats = eco.scheduler_stats
+            if stats is not None and stats.prefix_cache_stats is not None:
+                queries += stats.prefix_cache_stats.queries
+                hits += stats.prefix_cache_stats.hits
+        rec.evictions = evictions[0]
+        rec.free_blocks = pool.get_num_free_blocks()
     return DriverResult(steps=steps, prefix_cache_queries=queries, prefix_cache_hits=hits,
                         num_preemptions=preemptions, vllm_version=vllm.__version__)
 

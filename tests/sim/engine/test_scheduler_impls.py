@@ -43,7 +43,9 @@ def _stream(rng: random.Random, n: int, block_size: int):
     return sorted(out, key=lambda r: r[0])
 
 
-def _run(scheduler_cls, request_cls, config, stream, decode_runs: bool):
+def _run(scheduler_cls, request_cls, config, stream, decode_runs: bool, aborts=None):
+    """Step ``stream``; ``aborts`` maps a step to the request ids aborted after it was scheduled,
+    before its output (``finish_requests``, as the engine core between model and output)."""
     sched = scheduler_cls(config)
     pending = list(enumerate(stream))
     requests, trail = [], []
@@ -62,6 +64,11 @@ def _run(scheduler_cls, request_cls, config, stream, decode_runs: bool):
         if not out.requests:
             raise AssertionError(f"{scheduler_cls.__module__}: nothing scheduled")
         run = sched.decode_run_length(out) if decode_runs and not pending else 0
+        if aborts and step in aborts:
+            gone = sched.finish_requests([r for r in requests if r.request_id in aborts[step]],
+                                         RequestStatus.FINISHED_ABORTED)
+            trail.append(("aborted", [r.request_id for r in gone], sched.pool.num_free_blocks))
+            run = 0 if gone else run
         result = sched.update(out)
         assert [getattr(result, f.name) is not None for f in dataclasses.fields(result)]
         trail.append(([r.request_id for r in result.emitted], [r.request_id for r in result.finished], run))
@@ -116,3 +123,25 @@ def test_compiled_core_is_chosen_when_built():
         assert compiled.Request.__module__ == "kvroute.sim.engine._request"
     else:
         assert compiled.Scheduler is pure_scheduler.Scheduler and compiled.Request is pure_request.Request
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_aborts_take_the_same_steps_as_the_python_scheduler(seed, pure_core, compiled_core):
+    """``finish_requests(..., FINISHED_ABORTED)`` on running, waiting and preempted requests at
+    random steps (vLLM's abort): the same queues, frees, evictions and steps after it."""
+    rng = random.Random(1000 + seed)
+    block_size = rng.choice([4, 16])
+    config = EngineConfig(block_size=block_size, num_gpu_blocks=rng.choice([40, 80]),
+                          max_num_batched_tokens=rng.choice([64, 256]), max_num_seqs=rng.choice([2, 8]),
+                          max_model_len=400, enable_prefix_caching=True)
+    stream = [s for s in _stream(rng, 30, block_size) if s[1] < config.max_model_len
+              and -(-min(s[1] + s[2], config.max_model_len) // block_size) <= config.num_gpu_blocks - 1]
+    aborts: dict[int, list[int]] = {}
+    for rid, (arrival, *_rest) in enumerate(stream):
+        if rng.random() < 0.4:
+            aborts.setdefault(arrival + 1 + rng.randint(0, 40), []).append(rid)
+    for decode_runs in (False, True):
+        want = _run(pure_core.Scheduler, pure_core.Request, config, stream, decode_runs, aborts)
+        got = _run(compiled_core.Scheduler, compiled_core.Request, config, stream, decode_runs, aborts)
+        assert got == want
+        assert sum(1 for t in want if t[0] == "aborted" and t[1]) > 0  # some aborts hit a live request

@@ -38,6 +38,9 @@ def assert_same(expected, actual):
         assert e.waiting == a.waiting, f"step {e.step}: waiting order"
         assert e.running == a.running, f"step {e.step}: running order"
         assert sorted(e.finished) == sorted(a.finished), f"step {e.step}: finished"
+        assert e.evictions == a.evictions, f"step {e.step}: evictions"
+        assert e.aborted == a.aborted, f"step {e.step}: aborted"
+        assert e.free_blocks == a.free_blocks, f"step {e.step}: free blocks"
     assert expected.prefix_cache_queries == actual.prefix_cache_queries
     assert expected.prefix_cache_hits == actual.prefix_cache_hits
     assert expected.num_preemptions == actual.num_preemptions
@@ -46,7 +49,9 @@ def assert_same(expected, actual):
 @st.composite
 def streams(draw):
     """A request stream: prompts built from a few shared segments, some resending an earlier
-    request's prompt plus its generated reply plus new tokens (a chat's next turn)."""
+    request's prompt plus its generated reply plus new tokens (a chat's next turn); some
+    aborted at a random step after they arrive (the client went away: vLLM's
+    ``finish_requests(..., FINISHED_ABORTED)``), while waiting, running, preempted or finished."""
     block_size = draw(st.sampled_from([4, 8, 16]))
     num_requests = draw(st.integers(2, 9))
     segments = [list(range(1000 * (i + 1), 1000 * (i + 1) + draw(st.integers(1, 70)))) for i in range(4)]
@@ -64,7 +69,8 @@ def streams(draw):
             parts = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
             prompt = [t for p in parts for t in segments[p]] + list(range(90_000 + 100 * i, 90_000 + 100 * i + draw(st.integers(0, 20))))
             arrival = draw(st.integers(0, 8))
-        reqs.append(DriverRequest(rid, prompt, max_tokens, arrival))
+        abort = arrival + draw(st.integers(0, 50)) if draw(st.integers(0, 3)) == 0 else None
+        reqs.append(DriverRequest(rid, prompt, max_tokens, arrival, abort))
     longest = max(len(r.prompt_token_ids) + r.max_tokens for r in reqs)
     min_blocks = -(-longest // block_size) + 1
     config = dict(
@@ -85,6 +91,7 @@ def test_randomized_streams_match_vllm(stream):
     expected = run_vllm(reqs, **config)
     event(f"preemptions: {'yes' if expected.num_preemptions else 'no'}")
     event(f"prefix hits: {'yes' if expected.prefix_cache_hits else 'no'}")
+    event(f"aborts: {'yes' if any(s.aborted for s in expected.steps) else 'no'}")
     assert_same(expected, run_sim(reqs, **config))
 
 
@@ -95,3 +102,17 @@ def test_preemption_cascade_matches_vllm():
     expected = run_vllm(reqs, **config)
     assert expected.num_preemptions > 0
     assert_same(expected, run_sim(reqs, **config))
+
+
+def test_aborts_match_vllm():
+    """Aborts of a running request (its step in flight), a waiting one and a finished one: the
+    blocks freed and the steps after them as vLLM's ``finish_requests``."""
+    reqs = [DriverRequest("a", list(range(1, 41)), 30, 0, abort_step=5),
+            DriverRequest("b", list(range(100, 140)), 30, 0, abort_step=3),
+            DriverRequest("c", list(range(1, 41)) + [7, 8], 4, 1, abort_step=40),
+            DriverRequest("d", list(range(200, 260)), 3, 2)]
+    config = dict(block_size=16, num_gpu_blocks=8, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=4096)
+    expected = run_vllm(reqs, **config)
+    assert [(s.step, s.aborted) for s in expected.steps if s.aborted] == [(3, ["b"]), (5, ["a"])]
+    assert_same(expected, run_sim(reqs, **config))
+    assert_same(expected, run_sim(reqs, **config, pure=True))
