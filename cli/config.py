@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from kvroute.cli.provenance import NOT_SCENARIO, PROVENANCE_KEY
+from kvroute.cli.values import InputFile
 from kvroute.traces.inputs import JSON_DECODER, DuplicateKeyError
 
 
@@ -74,9 +75,11 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None) ->
         raise click.BadParameter(f"{path}:{where}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
                                  f"{' '.join(str(getattr(exc, 'problem', None) or exc).split())}",
                                  param_hint="'--config'") from None
-    except ValueError as exc:  # an int of over 4300 digits
+    except ValueError as exc:  # an int of over 4300 digits; JSON nested too deep
         raise click.BadParameter(f"{path}: {' '.join(str(exc).split(';')[0].split())}",
                                  param_hint="'--config'") from None
+    except RecursionError:  # YAML nested deeper than Python's recursion limit
+        raise click.BadParameter(f"{path}: nested too deep to read", param_hint="'--config'") from None
     if doc is None:
         return {}
     if meta is not None and isinstance(doc, dict):
@@ -135,7 +138,7 @@ def changed_inputs(ctx: click.Context, trace_sha256: str | None, profile_sha256:
 def config_option(func):
     """Decorate a command with ``--config FILE`` (eager, so its values are defaults for the rest)."""
     return click.option(
-        "--config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+        "--config", type=InputFile(), default=None,
         is_eager=True, expose_value=False, callback=_apply,
         help="Scenario file (YAML or JSON: option names -> values), e.g. a run's saved scenario.yaml; "
              "flags given here override it.")(func)

@@ -100,8 +100,8 @@ def arrival_option(ctx: click.Context, param: click.Parameter, value: str):
 
     try:
         parse_arrival(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    except ValueError as exc:  # click names the flag already
+        raise click.BadParameter(str(exc).removeprefix("--arrival: "), ctx=ctx, param=param) from None
     return value
 
 

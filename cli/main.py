@@ -81,6 +81,24 @@ class LazyGroup(click.Group):
             gc.enable()
         return command
 
+    def invoke(self, ctx: click.Context):
+        """Run the command; an input error it did not turn into a click error itself (an
+        ``InputError`` from any layer names its file, line, field or flag: bad input or an
+        output that cannot be written) is the one-line ``Error:`` all bad input gets, and so
+        is running out of memory (not a bug: the input was too large for this machine)."""
+        try:
+            return super().invoke(ctx)
+        except ValueError as exc:
+            from kvroute.traces.inputs import InputError
+
+            if isinstance(exc, InputError):
+                raise click.ClickException(str(exc)) from exc
+            raise
+        except MemoryError as exc:
+            detail = f" ({' '.join(str(exc).split())})" if str(exc) else ""
+            raise click.ClickException(f"ran out of memory{detail}: the inputs together are too large for this "
+                                       "machine; use fewer requests, workers or rounds") from exc
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(map(len, names), default=0)  # as click.Group does

@@ -8,43 +8,29 @@ coroutine's cleanup runs) and ``asyncio.run`` then raises ``KeyboardInterrupt``.
 ignored (a background job of a shell without job control), SIGTERM still raises
 ``KeyboardInterrupt``. The previous SIGTERM handler is restored after. Each command then takes
 its Ctrl-C path: what finished is kept and the command exits with 130.
+
+The mechanism is the simulator's (``kvroute.sim.study.executors.interrupts_as_keyboard``, which
+also stops a sweep's pool), so SIGTERM has one handler in the whole program.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 
 import click
+
+from kvroute.sim.study.executors import interrupts_as_keyboard
 
 INTERRUPTED_EXIT = 130
 """Exit code of an interrupted command (128 + SIGINT), as the shell gives for Ctrl-C."""
 
 
-def _as_sigint(signum, frame) -> None:
-    handler = signal.getsignal(signal.SIGINT)
-    if callable(handler):
-        handler(signal.SIGINT, frame)
-    else:  # SIG_IGN or SIG_DFL: still stop
-        raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def sigterm_as_sigint() -> Iterator[None]:
-    """Within the block, SIGTERM is handled as SIGINT (see the module docstring). A no-op
-    outside the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _as_sigint)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def sigterm_as_sigint() -> contextlib.AbstractContextManager[None]:
+    """Within the block, SIGTERM is handled as SIGINT (see the module docstring); SIGINT itself
+    is left to Python or ``asyncio.run``. A no-op outside the main thread."""
+    return interrupts_as_keyboard(sigint=False)
 
 
 def stops_on_sigterm(func):

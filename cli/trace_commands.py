@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 from kvroute.cli.scenario import read_any_trace, scenario_from_options, scenario_options
-from kvroute.cli.values import check_values
+from kvroute.cli.signals import stops_on_sigterm
+from kvroute.cli.values import InputFile, Number, check_values
+from kvroute.traces.inputs import BLOCK_SIZE, SEED, Num
 
 
 @click.group()
@@ -30,10 +32,11 @@ def _check_out(out: Path) -> None:
 @click.argument("kind", type=click.Choice(["seed-chat", "agent"]))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
 @scenario_options(groups=("workload",), exclude=("workload",), include=("speedup",), slo=False)
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=Number(SEED), default=0, show_default=True,
               help="Seed of the length draws (the same as a simulation round with this seed draws).")
-@click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per hash_ids block.")
+@click.option("--block-size", type=Number(BLOCK_SIZE), default=16, show_default=True, help="Tokens per hash_ids block.")
 @check_values
+@stops_on_sigterm
 def generate(kind, out, seed, block_size, speedup, **options):
     """Write a generated workload as a kvroute trace, with every drawn length written out.
 
@@ -58,19 +61,20 @@ def generate(kind, out, seed, block_size, speedup, **options):
 
 
 @trace.command("import")
-@click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("source", type=InputFile())
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
 @click.option("--format", "fmt", type=click.Choice(["auto", "kvroute", "azure", "burstgpt", "sharegpt", "vllm-bench"]),
               default="auto", show_default=True,
               help="Source format; auto: .csv by header (Azure/BurstGPT), .json by content (ShareGPT list / "
                    "vllm bench serve result), else JSONL.")
-@click.option("--block-size", type=int, default=None,
+@click.option("--block-size", type=Number(BLOCK_SIZE), default=None,
               help="Block size of the source's hash_ids [512; ShareGPT 16].")
 @click.option("--tokenizer", default=None,
               help="ShareGPT: count tokens with this Hugging Face tokenizer (needs transformers).")
-@click.option("--chars-per-token", type=float, default=4.0, show_default=True,
+@click.option("--chars-per-token", type=Number(Num(minimum=0.1, maximum=1000.0)), default=4.0, show_default=True,
               help="ShareGPT without --tokenizer: tokens estimated as ceil(characters / this).")
 @check_values
+@stops_on_sigterm
 def import_(source, out, fmt, block_size, tokenizer, chars_per_token):
     """Convert a trace (Mooncake JSONL, Azure or BurstGPT CSV, ShareGPT conversations, vllm bench serve
     result) to kvroute's format, validating it."""
@@ -92,10 +96,11 @@ def import_(source, out, fmt, block_size, tokenizer, chars_per_token):
 
 
 @trace.command()
-@click.argument("source", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--block-size", type=int, default=None, help="Block size of the source's hash_ids [512].")
+@click.argument("source", type=InputFile())
+@click.option("--block-size", type=Number(BLOCK_SIZE), default=None, help="Block size of the source's hash_ids [512].")
 @click.option("--json", "json_out", is_flag=True, help="Print JSON.")
 @check_values
+@stops_on_sigterm
 def stats(source, block_size, json_out):
     """Print a trace's size, token and prefix-sharing figures."""
     from kvroute.traces.stats import format_stats, trace_stats

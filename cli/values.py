@@ -1,9 +1,14 @@
 """Command-line values checked once, by the same rules as every other input.
 
-A command's numeric options are described by a table (parameter name -> :class:`Num` rule from
-:mod:`kvroute.traces.inputs`); :func:`check_values` wraps the command so that every given value is
-checked before any work starts. A failure is a ``click.BadParameter`` naming the flag, e.g.
-``Invalid value for '--think-time': must be a finite number, got inf``.
+Every numeric option declares its rule (a :class:`Num` from :mod:`kvroute.traces.inputs`, so an
+upper bound that fits what the value feeds, and finite) in its type: ``type=Number(RULE)``
+converts and checks the value as click parses it (also a ``--config`` file's value), and
+``tests/cli/test_bounds.py`` fails for any ``int`` or ``float`` option of any command without
+one. :func:`check_values` checks a command's values against a table (parameter name -> rule)
+before any work starts (the scenario's fields and the shared flags of :data:`SCENARIO_VALUES`).
+A failure is a ``click.BadParameter`` naming the flag, e.g.
+``Invalid value for '--think-time': must be a finite number, got inf``. :class:`InputFile` is
+the type of a file option: it must be a regular file (no FIFO, no ``/dev/zero``).
 """
 
 from __future__ import annotations
@@ -12,24 +17,35 @@ import functools
 
 import click
 
-from kvroute.traces.inputs import (BLOCK_SIZE, COUNT, POSITIVE_INT, SECONDS, TOKENS, InputError, Num)
+from kvroute.traces.inputs import (BLOCK_SIZE, C_INT_MAX, MAX_RUNS, MAX_TASKS, POSITIVE_INT, RUNS, SECONDS, SEED,
+                                   TOKENS, InputError, Num, check_regular_file)
 
 POSITIVE_SECONDS = Num(minimum=0.0, above=True, maximum=SECONDS.maximum, unit="s")
+PROCESSES = Num(integer=True, minimum=1, maximum=1024)
+"""Processes of a local pool: each is a whole Python interpreter (about 100 MB)."""
+DRAWS = Num(integer=True, minimum=0, maximum=MAX_RUNS)
+"""Profiles drawn from a profile's priors (``--uncertainty``; 0: none): each is a set of runs."""
+RELATIVE = Num(minimum=0.0, maximum=1.0)
+"""A relative half-width (``--prior-range`` of compare and validate): 0 to 1 (100 %)."""
+OPEN_FRACTION = Num(minimum=0.0, above=True, maximum=1.0, below=True)
+"""A share strictly between 0 and 1 (sensitivity's ``--prior-range``, ``--coverage``, ``--kv-range``)."""
 
 SCENARIO_VALUES: dict[str, Num] = {
     "max_model_len": TOKENS,
-    "seed": COUNT,
+    "seed": SEED,
     "slo_ttft": POSITIVE_SECONDS,
     "slo_tpot": POSITIVE_SECONDS,
-    "rounds": POSITIVE_INT,
-    "live_rounds": POSITIVE_INT,
-    "max_workers": POSITIVE_INT,
+    "rounds": RUNS,
+    "live_rounds": RUNS,
+    "max_workers": PROCESSES,
     "block_size": BLOCK_SIZE,
     "timeout": POSITIVE_SECONDS,
     "max_in_flight": POSITIVE_INT,
-    "router_block_tokens": POSITIVE_INT,
+    "router_block_tokens": TOKENS,
     "client_lag": SECONDS,
     "max_len": TOKENS,
+    "uncertainty": DRAWS,
+    "prior_range": RELATIVE,
 }
 """Rules of the numeric options of every command, by parameter name, but the scenario's: those
 are its fields' (``kvroute.cli.scenario.FIELD_RULES``, which ``scenario_options`` adds). A
@@ -63,6 +79,119 @@ def check_values(func=None, *, rules: dict[str, Num] = SCENARIO_VALUES):
         return func(*args, **kwargs)
 
     return wrapper
+
+
+class Number(click.ParamType):
+    """A numeric option's type: the value converted (an int rule also takes ``1e6``) and checked
+    by its :class:`Num` rule (range, finite), so the option declares its bounds where it is made.
+
+    Raises (from ``convert``):
+        click.BadParameter: not a number, or the rule's message (``must be <= 10,000, got 100000``).
+    """
+
+    def __init__(self, rule: Num) -> None:
+        self.rule = rule
+        self.name = "integer" if rule.integer else "float"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            text = str(value).strip()
+            try:
+                value = int(text) if self.rule.integer else float(text)
+            except ValueError:
+                try:
+                    value = float(text)  # 1e6 for an int rule; 1.5 is refused by the rule
+                except ValueError:
+                    self.fail(f"{text!r} is not a valid {self.name}", param, ctx)
+        try:
+            return self.rule.check(value)
+        except InputError as exc:
+            self.fail(exc.reason, param, ctx)
+
+    def __repr__(self) -> str:
+        return f"Number({self.rule})"
+
+
+class Cores(click.ParamType):
+    """CPU core ids ``"1"``, ``"1,3"`` or ``"2-5"``: each must be one this process may run on
+    (``os.sched_getaffinity``). The value is a tuple of ints (None stays None)."""
+
+    name = "cores"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        import os
+
+        allowed = (sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                   else list(range(os.cpu_count() or 1)))
+        out: list[int] = []
+        for part in str(value).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            lo, _, hi = part.partition("-")
+            try:
+                first, last = int(lo), int(hi) if hi else int(lo)
+            except ValueError:
+                self.fail(f"{part!r} is not a core id or a LOW-HIGH range of them (e.g. 1, 1,3 or 2-5)", param, ctx)
+            bad = next((c for c in (first, last) if c not in allowed), None)
+            if bad is not None or first > last:
+                self.fail(f"{part!r}: cores must be among this process's {_ranges(allowed)} (LOW <= HIGH)",
+                          param, ctx)
+            out += [c for c in allowed if first <= c <= last]
+        if not out:
+            self.fail(f"no core named in {value!r}", param, ctx)
+        return tuple(dict.fromkeys(out))
+
+
+def _ranges(ids: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2,5"``."""
+    parts, start = [], None
+    for i, c in enumerate(ids):
+        if start is None:
+            start = c
+        if i + 1 == len(ids) or ids[i + 1] != c + 1:
+            parts.append(str(start) if start == c else f"{start}-{c}")
+            start = None
+    return ",".join(parts)
+
+
+def token_id_range(text: str | None, flag: str = "--token-range") -> tuple[int, int] | None:
+    """``LO:HI`` prompt token ids, 0 <= LO < HI <= 2**31 - 1 (None stays None).
+
+    Raises:
+        click.BadParameter: naming ``flag``.
+    """
+    if not text:
+        return None
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"must be LO:HI, got {text!r}", param_hint=f"'{flag}'") from None
+    if not 0 <= lo < hi <= C_INT_MAX:
+        raise click.BadParameter(f"must be LO:HI token ids with 0 <= LO < HI <= {C_INT_MAX:,}, got {text!r}",
+                                 param_hint=f"'{flag}'")
+    return lo, hi
+
+
+class InputFile(click.Path):
+    """The type of an input file option or argument: it must exist (unless ``exists=False``) and
+    be a regular file (:func:`~kvroute.traces.inputs.check_regular_file`: no directory, FIFO or
+    device). The value is a :class:`~pathlib.Path`."""
+
+    def __init__(self, exists: bool = True) -> None:
+        from pathlib import Path
+
+        super().__init__(exists=exists, dir_okay=False, path_type=Path)
+
+    def convert(self, value, param, ctx):
+        path = super().convert(value, param, ctx)
+        try:
+            check_regular_file(path)
+        except InputError as exc:
+            self.fail(exc.reason, param, ctx)
+        return path
 
 
 class Axis(click.ParamType):
@@ -155,6 +284,18 @@ def apply_options(func, options: list[Opt], axes: bool = False):
     for option in reversed(options):
         func = option.make(axes)(func)
     return func
+
+
+def check_runs(runs: int, flags: str) -> None:
+    """Refuse a command that would plan more than ``MAX_TASKS`` simulation runs (their tasks and
+    results are held at once), naming the flags whose product ``runs`` is.
+
+    Raises:
+        click.UsageError: ``"--rounds x --policies ... is N runs, more than 1,000,000"``.
+    """
+    if runs > MAX_TASKS:
+        raise click.UsageError(f"{flags} is {runs:,} simulation runs, more than the {MAX_TASKS:,} one command "
+                               "may plan")
 
 
 def check_urls(urls: tuple[str, ...] | list[str], flag: str = "--url") -> None:

@@ -26,11 +26,15 @@ from kvroute.traces.inputs import MILLISECONDS
 PROCESSES = ("poisson", "gamma:CV", "constant")
 
 
+MAX_CV = 100.0
+"""Largest gamma CV: the gaps' shape ``1 / CV**2`` stays a float numpy can draw with (1e-4)."""
+
+
 def parse_arrival(text: str) -> tuple[str, float]:
     """Read an arrival process: ``("poisson", 1.0)``, ``("gamma", cv)`` or ``("constant", 0.0)``.
 
     Raises:
-        ValueError: an unknown name or a CV that is not a finite number > 0.
+        ValueError: an unknown name or a CV that is not a finite number in (0, ``MAX_CV``].
     """
     name, _, rest = str(text).strip().lower().partition(":")
     if name == "poisson" and not rest:
@@ -42,8 +46,8 @@ def parse_arrival(text: str) -> tuple[str, float]:
             cv = float(rest)
         except ValueError:
             raise ValueError(f"--arrival: gamma needs a CV, as gamma:2, got {text!r}") from None
-        if not math.isfinite(cv) or cv <= 0:
-            raise ValueError(f"--arrival: gamma CV must be a finite number > 0, got {text!r}")
+        if not math.isfinite(cv) or cv <= 0 or cv > MAX_CV:
+            raise ValueError(f"--arrival: gamma CV must be a finite number > 0 and <= {MAX_CV:g}, got {text!r}")
         return "gamma", cv
     raise ValueError(f"--arrival: unknown arrival process {text!r}; valid: {', '.join(PROCESSES)}")
 

@@ -59,7 +59,7 @@ def read_azure_csv(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOC
 def _read(path: str | os.PathLike[str], source: str, block_size: int) -> Trace:
     records: list[TraceRecord] = []
     next_id = 0
-    with open(path, encoding="utf-8", newline="") as handle:
+    with open(path, encoding="utf-8-sig", newline="") as handle:  # utf-8-sig: a leading BOM (Excel's) is dropped
         reader = csv.reader(handle)
         header = next(reader, None)
         if header is None:

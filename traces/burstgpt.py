@@ -52,7 +52,7 @@ def read_burstgpt(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOCK
     records: list[TraceRecord] = []
     next_id = skipped = 0
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
+        with open(path, encoding="utf-8-sig", newline="") as handle:  # a leading BOM is dropped
             reader = csv.reader(handle)
             header = [h.strip() for h in next(reader, [])]
             for column in BURSTGPT_COLUMNS:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvroute.traces.format import Trace
+from kvroute.traces.inputs import InputError, check_regular_file
 from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError
 
 FORMATS = ("auto", "kvroute", "azure", "burstgpt", "sharegpt", "vllm-bench")
@@ -32,12 +33,12 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     if suffix == ".csv":
         from kvroute.traces.burstgpt import is_burstgpt_header
 
-        with open(path, encoding="utf-8", errors="replace", newline="") as handle:
+        with open(path, encoding="utf-8-sig", errors="replace", newline="") as handle:
             header = next(csv.reader(handle), [])
         return "burstgpt" if is_burstgpt_header(header) else "azure"
     if suffix == ".json":
         with open(path, "rb") as handle:
-            head = handle.read(4096).lstrip()
+            head = handle.read(4096).removeprefix(b"\xef\xbb\xbf").lstrip()  # a UTF-8 BOM, then blanks
         if head[:1] == b"[":
             return "sharegpt"
         if head[:1] == b"{":
@@ -65,6 +66,10 @@ def read_any(path: str | os.PathLike[str], block_size: int | None = None, fmt: s
     """
     if fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}", str(path))
+    try:
+        check_regular_file(path)  # a FIFO would block, /dev/zero never ends
+    except InputError as exc:
+        raise TraceError(exc.reason, None) from None
     if fmt == "auto":
         fmt = detect_format(path)
     if fmt == "kvroute":

@@ -7,8 +7,14 @@ boundary, so nothing past it sees a NaN, an infinity, a bool posing as a number,
 count or an absurd size. Every failure is one :class:`InputError` whose message names where the
 value came from (file and line, server, or flag) and the field, on one line.
 
-Limits shared by every input kind live here too: :data:`MAX_TOKENS` (the longest sequence any
-length field may state) and :data:`MAX_BLOCK_SIZE` (the largest block of tokens).
+Bounds are a rule, not a list (issue 35): every integer rule has an upper bound that fits the
+arithmetic it feeds (a :class:`Num` for ints that states none gets :data:`C_INT_MAX`, the
+compiled core's C ``int``; counts that size memory state smaller ones: :data:`MAX_WORKERS`,
+:data:`MAX_RECORDS`, :data:`MAX_RUNS`), every number is finite, and an input file must be a
+regular file (:func:`check_regular_file`: no FIFO, no device such as ``/dev/zero``). JSON nested
+deeper than Python can parse is a :class:`ValueError` (:data:`JSON_DECODER`), not a
+``RecursionError``. Limits shared by every input kind: :data:`MAX_TOKENS` (the longest sequence
+any length field may state) and :data:`MAX_BLOCK_SIZE` (the largest block of tokens).
 
 This module imports nothing from kvroute, so every package (``traces``, ``sim``, ``calibrate``,
 ``cli``) can use it.
@@ -18,6 +24,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass
 
 MAX_TOKENS = 1 << 27
@@ -27,6 +35,42 @@ and would be expanded into ``len / block_size`` hash ids before ``max_model_len`
 
 MAX_BLOCK_SIZE = 1 << 20
 """Largest KV or trace block, tokens (vLLM's blocks are 16-256 tokens, Mooncake's 512)."""
+
+C_INT_MAX = 2**31 - 1
+"""Largest value of a C ``int`` (int32): the compiled core's block ids and block counts
+(``sim/engine/_block_pool.pyx``). The bound of every integer :class:`Num` that states none."""
+
+EXACT_INT_MAX = 2**53
+"""Largest integer a float64 holds exactly: the bound of byte counts and counters that meet
+float arithmetic (a profile's ``memory`` section)."""
+
+MAX_WORKERS = 10_000
+"""Most workers (and GPUs, gateway replicas) of one cluster: each worker costs about 56 KB
+before it holds a request, so 10,000 take about 0.6 GB and a second to build."""
+
+MAX_RECORDS = 1_000_000
+"""Most requests of one generated workload (chats x turns) or kept of a trace file
+(``--max-requests``): a simulated request costs about 5 KB at its peak (100,000 requests
+of ``simulate`` took 0.6 GB), so a million take about 5 GB."""
+
+MAX_RUNS = 10_000
+"""Most rounds, trajectories, noise rounds or drawn profiles: each is a whole simulation, and
+their tasks and results are held at once."""
+
+MAX_TASKS = 1_000_000
+"""Most simulation runs one command plans (a sweep's grid x rounds, sensitivity's points x
+rounds x policies, compare's policies x rounds x drawn profiles): their tasks are built at once."""
+
+MAX_ID = 2**63 - 1
+"""Largest magnitude of an id read from a file (``request_id``, ``parent``, ``session_id``,
+``turn``): ids are kept in int64 columns."""
+
+MAX_SEED = 2**32 - 1
+"""Largest seed (numpy's legacy ``RandomState`` bound; ``seed + round`` stays exact)."""
+
+MAX_JSON_DEPTH = 1_000
+"""Nesting beyond which a JSON or YAML document is refused (none of kvroute's formats nests
+more than five levels); deeper documents exhaust Python's recursion limit."""
 
 
 class InputError(ValueError):
@@ -70,8 +114,10 @@ class Num:
         integer: the value must be an int (a float with an integral value, as some JSON writers
             produce, is accepted and returned as an int); otherwise int or float.
         minimum: smallest allowed value, or None.
-        maximum: largest allowed value, or None.
+        maximum: largest allowed value; None means :data:`C_INT_MAX` for an int rule and no
+            bound for a float rule (a float is still refused when not finite).
         above: the value must be strictly greater than ``minimum``.
+        below: the value must be strictly less than ``maximum``.
         unit: shown in messages ("tokens", "s", "ms").
 
     Bools are never numbers, and non-finite values are always rejected.
@@ -82,6 +128,11 @@ class Num:
     maximum: float | None = None
     above: bool = False
     unit: str = ""
+    below: bool = False
+
+    def __post_init__(self) -> None:
+        if self.integer and self.maximum is None:  # the rule: every int has an upper bound
+            object.__setattr__(self, "maximum", C_INT_MAX)
 
     def check(self, value: object, field: str | None = None, where: str | None = None,
               line: int | None = None) -> int | float:
@@ -96,19 +147,31 @@ class Num:
             if self.integer:
                 if not value.is_integer():
                     raise InputError(f"expected {kind}{unit}, got {value!r}", where, line, field)
+                if abs(value) > EXACT_INT_MAX:  # past 2**53 a float is no exact count: name it as given
+                    bound = (f"<= {_fmt(self.maximum)}" if value > 0 or self.minimum is None
+                             else f">= {_fmt(self.minimum)}")
+                    raise InputError(f"must be {bound}, got {value!r}", where, line, field)
                 value = int(value)
         else:
             raise InputError(f"expected {kind}{unit}, got {describe(value)}", where, line, field)
         if self.minimum is not None and (value <= self.minimum if self.above else value < self.minimum):
             relation = ">" if self.above else ">="
             raise InputError(f"must be {relation} {_fmt(self.minimum)}, got {value!r}", where, line, field)
-        if self.maximum is not None and value > self.maximum:
-            raise InputError(f"must be <= {_fmt(self.maximum)}, got {value!r}", where, line, field)
+        if self.maximum is not None and (value >= self.maximum if self.below else value > self.maximum):
+            relation = "<" if self.below else "<="
+            raise InputError(f"must be {relation} {_fmt(self.maximum)}, got {value!r}", where, line, field)
         return value
 
 
-COUNT = Num(integer=True, minimum=0)
-POSITIVE_INT = Num(integer=True, minimum=1)
+COUNT = Num(integer=True, minimum=0, maximum=C_INT_MAX)
+POSITIVE_INT = Num(integer=True, minimum=1, maximum=C_INT_MAX)
+BYTES = Num(integer=True, minimum=0, maximum=EXACT_INT_MAX, unit="bytes")
+KV_BLOCKS = Num(integer=True, minimum=2, maximum=C_INT_MAX, unit="blocks")  # block 0 is vLLM's null block
+WORKERS = Num(integer=True, minimum=1, maximum=MAX_WORKERS)
+RECORDS = Num(integer=True, minimum=1, maximum=MAX_RECORDS)
+RUNS = Num(integer=True, minimum=1, maximum=MAX_RUNS)
+SEED = Num(integer=True, minimum=0, maximum=MAX_SEED)
+ID = Num(integer=True, minimum=-MAX_ID, maximum=MAX_ID)
 TOKENS = Num(integer=True, minimum=1, maximum=MAX_TOKENS, unit="tokens")
 BLOCK_SIZE = Num(integer=True, minimum=1, maximum=MAX_BLOCK_SIZE, unit="tokens")
 SECONDS = Num(minimum=0.0, maximum=1e9, unit="s")  # up to ~31 years: later times lose all precision
@@ -175,9 +238,38 @@ def unique_keys(pairs: list[tuple[str, object]]) -> dict:
     return out
 
 
-JSON_DECODER = json.JSONDecoder(object_pairs_hook=unique_keys)
+class _Decoder(json.JSONDecoder):
+    def decode(self, s, *args, **kwargs):
+        try:
+            return super().decode(s, *args, **kwargs)
+        except RecursionError:
+            raise ValueError(f"nested more than {MAX_JSON_DEPTH:,} levels deep") from None
+
+
+JSON_DECODER = _Decoder(object_pairs_hook=unique_keys)
 """Decodes JSON refusing duplicate keys: ``JSON_DECODER.decode(text)`` (as fast as ``json.loads``);
-failures are ``json.JSONDecodeError`` or :class:`DuplicateKeyError` (no location: add it)."""
+failures are ``json.JSONDecodeError``, :class:`DuplicateKeyError` (no location: add it) or a
+plain ``ValueError`` (an int of over 4300 digits; a document nested too deep for Python)."""
+
+
+def check_regular_file(path: str | os.PathLike[str], flag: str | None = None) -> None:
+    """Refuse an input that is not a regular file: a directory, a FIFO (which would block until
+    a writer comes) or a device (``/dev/zero`` never ends). A path that does not exist passes
+    (opening it gives the usual error).
+
+    Raises:
+        InputError: naming ``flag`` (when given) or the path, and what the path is.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "not a file")
+    raise InputError(f"{path} is {kind}, not a regular file", flag)
 
 
 def describe(value: object) -> str:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kvroute.traces.inputs import InputError, check_regular_file
+
 KINDS = ("fixed", "uniform", "normal", "lognormal", "exponential", "empirical")
 
 
@@ -198,7 +200,10 @@ def _num(value: float) -> str:
 
 def _read_sample(path: Path, what: str) -> tuple[float, ...]:
     try:
+        check_regular_file(path)  # /dev/zero or a FIFO would never end
         lines = path.read_text().splitlines()
+    except InputError as exc:
+        raise ValueError(f"{what}: empirical sample {exc.reason}") from None
     except OSError as exc:
         raise ValueError(f"{what}: cannot read empirical sample {path}: {exc.strerror or exc}") from None
     values = []

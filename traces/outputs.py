@@ -5,7 +5,8 @@ the directory, proves it writable by creating and removing a file in it, and che
 space against the expected size. :func:`atomic_output` then gives every writer a temporary path
 beside the final one and renames it into place only when the writer finished, so a full disk,
 a crash or Ctrl-C never leaves a cut or empty file under the final name (``os.replace`` is
-atomic on POSIX within one file system).
+atomic on POSIX within one file system); a write that fails is an :class:`OutputError` naming
+the final file.
 """
 
 from __future__ import annotations
@@ -21,6 +22,22 @@ from kvroute.traces.inputs import InputError
 
 MARGIN_BYTES = 1 << 20
 """Free space required on top of a command's expected output size."""
+
+
+class OutputError(InputError, OSError):
+    """A result file could not be written (a full disk, a read-only or vanished directory): one
+    line naming the file, e.g. ``cannot write t.jsonl: No space left on device``. Both a
+    ValueError (an input error, as commands report them) and an OSError (as callers caught it
+    before); ``strerror`` is the system's reason."""
+
+    def __init__(self, path: Path, cause: OSError) -> None:
+        super().__init__(f"cannot write {path}: {cause.strerror or cause}")
+        self.message = f"cannot write {path}: {cause.strerror or cause}"
+        self.strerror = cause.strerror or str(cause)
+        self.errno = cause.errno
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def check_output(path: str | os.PathLike[str], expected_bytes: int = 0, flag: str = "--out",
@@ -73,7 +90,10 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
             frame.to_parquet(tmp)
     """
     path = Path(path)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}")
+    try:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}")
+    except OSError as exc:
+        raise OutputError(path, exc) from exc
     os.close(fd)
     tmp = Path(name)
     mask = os.umask(0)
@@ -82,9 +102,11 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(exc, OSError):  # the writer's (ENOSPC names no file) or the rename's
+            raise OutputError(path, exc) from exc
         raise
 
 

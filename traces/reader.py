@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Iterable
 
-from kvroute.traces.inputs import (BLOCK_SIZE, JSON_DECODER, MAX_BLOCK_SIZE, MAX_TOKENS, MILLISECONDS,
+from kvroute.traces.inputs import (BLOCK_SIZE, JSON_DECODER, MAX_BLOCK_SIZE, MAX_ID, MAX_TOKENS, MILLISECONDS,
                                    DuplicateKeyError, InputError, describe)
 from kvroute.traces.format import Trace, TraceRecord
 
@@ -79,7 +79,7 @@ def load_json_document(path: str | os.PathLike[str]):
         OSError: the file cannot be opened.
     """
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:  # a leading BOM is dropped
             return JSON_DECODER.decode(handle.read())
     except UnicodeDecodeError as exc:
         raise TraceError(f"not UTF-8 text ({exc.reason})", str(path)) from None
@@ -157,7 +157,7 @@ def read_trace(path: str | os.PathLike[str], block_size: int | None = None) -> T
     if data[:2] == b"\x1f\x8b":
         raise TraceError("is gzip-compressed; decompress it first (gunzip)", source, 1)
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a leading BOM is dropped
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise TraceError(f"not UTF-8 text (byte {data[exc.start]:#04x}); a trace is JSON Lines",
@@ -274,15 +274,17 @@ def parse_trace_lines(
         if len(obj) > 4 or hash_ids is None:
             rid = obj.get("request_id")
             if rid is not None:
-                if type(rid) is not int:
-                    raise TraceError(f"expected an int, got {describe(rid)}", source, lineno, "request_id")
+                if type(rid) is not int or not -MAX_ID <= rid <= MAX_ID:
+                    raise TraceError(f"expected an int within +-{MAX_ID:,} (int64), got {describe(rid)}", source,
+                                     lineno, "request_id")
                 request_id = rid
             session_id = obj.get("session_id")
-            if session_id is not None and type(session_id) not in (int, str):
-                raise TraceError(f"expected an int or a string, got {describe(session_id)}",
-                                 source, lineno, "session_id")
+            if session_id is not None and (type(session_id) not in (int, str)
+                                           or type(session_id) is int and not -MAX_ID <= session_id <= MAX_ID):
+                raise TraceError(f"expected a string or an int within +-{MAX_ID:,} (int64), got "
+                                 f"{describe(session_id)}", source, lineno, "session_id")
             turn = obj.get("turn")
-            if turn is not None and (type(turn) is not int or turn < 1):
+            if turn is not None and (type(turn) is not int or not 1 <= turn <= MAX_ID):
                 raise TraceError(f"expected an int >= 1, got {turn!r}", source, lineno, "turn")
             think = obj.get("think_time")
             if think is None:

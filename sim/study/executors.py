@@ -5,7 +5,8 @@ function over tasks and hands each result to a callback as it finishes (any orde
 keep their own bookkeeping (rows in grid order, runs per policy and round, progress bars).
 Stopping: Ctrl-C or SIGTERM raise ``KeyboardInterrupt`` (:class:`Stop` for SIGTERM) in the main
 thread while :func:`interrupts_as_keyboard` is active; a local pool's processes are then
-terminated at once and reaped, so no child outlives the command.
+terminated at once and reaped, so no child outlives the command. :func:`interrupts_as_keyboard`
+is kvroute's one SIGTERM mechanism (``kvroute.cli.signals`` uses it for every command).
 """
 
 from __future__ import annotations
@@ -32,27 +33,43 @@ class Stop(KeyboardInterrupt):
     """Raised in the main thread by the SIGTERM handler, so SIGTERM stops work like Ctrl-C."""
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _terminate(signum, frame) -> None:
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler) and handler not in (signal.default_int_handler, _interrupt):
+        handler(signal.SIGINT, frame)  # e.g. asyncio.run's: it cancels the main task, whose clean-up runs
+        return
+    raise Stop  # Python's own Ctrl-C (or SIGINT ignored): KeyboardInterrupt, telling SIGTERM apart
+
+
 @contextlib.contextmanager
-def interrupts_as_keyboard():
-    """While active, SIGTERM raises :class:`Stop` and SIGINT ``KeyboardInterrupt`` in the main
-    thread, also when a script started us in the background (where SIGINT arrives ignored);
-    the previous handlers are restored after. A no-op outside the main thread."""
+def interrupts_as_keyboard(sigint: bool = True):
+    """While active, SIGTERM (what ``kill``, ``timeout`` or a service manager sends) takes Ctrl-C's
+    path in the main thread: it runs the SIGINT handler of the moment when that is a program's
+    own (inside ``asyncio.run``: the main task is cancelled, its clean-up runs, and ``asyncio.run``
+    raises ``KeyboardInterrupt``), else it raises :class:`Stop` (a ``KeyboardInterrupt``).
+
+    Args:
+        sigint: also make SIGINT raise ``KeyboardInterrupt``, even when a script started us in
+            the background (where SIGINT arrives ignored). Leave it False around ``asyncio.run``,
+            which installs its own SIGINT handler only over Python's default one.
+
+    The previous handlers are restored after. A no-op outside the main thread.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def stop(signum, frame):
-        raise Stop
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop), signal.signal(signal.SIGINT, interrupt)
+    previous = [(signal.SIGTERM, signal.signal(signal.SIGTERM, _terminate))]
+    if sigint:
+        previous.append((signal.SIGINT, signal.signal(signal.SIGINT, _interrupt)))
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
+        for signum, handler in reversed(previous):
+            signal.signal(signum, handler)
 
 
 def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], done: Callable[[int, Any], None],

@@ -48,7 +48,7 @@ def test_router_options_reach_the_cluster():
     assert one.exit_code == local.exit_code == shared.exit_code == 0
     assert one.output != local.output and local.output != shared.output
     bad = CliRunner().invoke(cli, args + ["--gateways", "0"])
-    assert bad.exit_code == 2 and "gateways must be >= 1, got 0" in bad.output
+    assert bad.exit_code == 2 and "Invalid value for '--gateways': must be >= 1, got 0" in bad.output
 
 
 def test_a_user_policy_in_one_file_runs_by_name(tmp_path: Path):

@@ -126,4 +126,4 @@ def test_cli_writes_the_table_json_and_tornado(tmp_path):
                                                    "overheads.jitter_cv", "arrival_spread_s"]
     assert (out / "tornado.png").stat().st_size > 0
     bad = CliRunner().invoke(cli, ["sensitivity", "--spread-range", "0.1:0"])
-    assert bad.exit_code != 0 and "arrival_spread_s range" in bad.output
+    assert bad.exit_code != 0 and "Invalid value for '--spread-range': LOW must be below HIGH, got '0.1:0'" in bad.output
