@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import click
 
+from kvroute.cli.values import Number
+from kvroute.traces.inputs import TOKENS, Num
+
 
 def profile_fields(name: str) -> list[str]:
     """A shipped profile's fields for its line: name, source (measured/derived), hardware, model
@@ -81,16 +84,20 @@ def models_command():
 @click.option("--gpu", "gpu", required=True, help="GPU of the spec table (kvroute profiles gpus), e.g. H100-SXM.")
 @click.option("--model", "model", required=True,
               help="Shipped model (kvroute profiles models), e.g. Llama-3.1-70B, or the path of a Hugging Face config.json.")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size: GPUs per worker.")
+@click.option("--tp", type=Number(Num(integer=True, minimum=1, maximum=1024)), default=1, show_default=True, help="Tensor-parallel size: GPUs per worker.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
               help="Weights: bf16, or fp8 linear layers (embedding, LM head and norms stay bf16).")
 @click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
               help="KV cache: auto (bf16) or fp8.")
-@click.option("--max-model-len", type=int, default=None,
+@click.option("--max-model-len", type=Number(TOKENS), default=None,
               help="Longest sequence, tokens [default: the model's max_position_embeddings].")
+@click.option("--vllm-version", "vllm_version", default=None, metavar="VERSION",
+              help="The vLLM release whose defaults the prior takes: 0.11 (the seed study: block 16, memory 0.9, "
+                   "sync scheduling), 0.20-0.33 (block 16, 0.92, async), 0.34 (block 64, 1.0, async) "
+                   "[default: the newest release read, 0.34.0].")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Profile JSON to write [default: <name>.json in the current directory].")
-def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, out):
+def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, vllm_version, out):
     """Derive a profile for a GPU and a model from spec sheets, print its summary and write it.
 
     The profile is a roofline prior with stated efficiencies (docs/guide/derive-a-profile.md);
@@ -118,9 +125,17 @@ def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, out):
         raise click.BadParameter(str(exc), param_hint="'--tp'") from None
     if max_model_len is not None and max_model_len < 1:
         raise click.BadParameter(f"must be >= 1, got {max_model_len}", param_hint="'--max-model-len'")
+    from kvroute.sim.timing.vllm_versions import CURRENT, TESTED_RANGE, parse_version
+
+    version = CURRENT if vllm_version is None else vllm_version
+    if parse_version(version) is None:
+        raise click.BadParameter(f"a release such as 0.11 or 0.34.0, got {version!r}", param_hint="'--vllm-version'")
+    if not parse_version(TESTED_RANGE[0]) <= parse_version(version) <= parse_version(TESTED_RANGE[1]):
+        raise click.BadParameter(f"{version} is outside the releases read, {TESTED_RANGE[0]} to {TESTED_RANGE[1]}",
+                                 param_hint="'--vllm-version'")
     try:
         doc = priors.derive_profile(gpu_row, model_row, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                                    max_model_len=max_model_len)
+                                    max_model_len=max_model_len, vllm_version=version)
     except ValueError as exc:
         raise click.ClickException(f"{exc} (more GPUs with --tp, fp8 with --dtype/--kv-cache-dtype, or a "
                                    "shorter --max-model-len)") from None

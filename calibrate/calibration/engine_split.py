@@ -15,6 +15,14 @@ engine_first_token`); the client's TTFT less that time is the part after the eng
 2-core CPU reference it grows with the prompt (1.6 ms at 32 tokens, 8 ms at 16k), as the part
 before the engine does (and the whole front end grows alike in sweeps without the event feed, so
 the feed is not the cause), so it is fitted as a line in prompt length like ``api_server_s`` is.
+
+What the batch's stamp marks depends on the server's release
+(:func:`kvroute.sim.timing.vllm_versions.kv_event_stamp`, recorded by ``measure`` in
+``meta.json``'s ``kv_events.stamp``): the end of the step from vLLM 0.11.1 (with async
+scheduling, for a request alone, which all the rows used here are); the *start* of the step in
+0.11.0, which publishes the batch when it schedules the step. Read as the step's end, a 0.11.0
+stamp would move the whole prefill step into the part after the engine, so that step's fitted
+time (``step_s``) is added to each stamp first.
 """
 
 from __future__ import annotations
@@ -56,12 +64,19 @@ class PostEngine:
                 for k, v in ((f, getattr(self, f)) for f in self.__slots__)}
 
 
-def post_engine_time(requests) -> PostEngine | None:
+def post_engine_time(requests, stamp: str = "step_end", step_s=None) -> PostEngine | None:
     """The part of the unloaded TTFT after the engine's step, from a sweep's request rows.
 
     Args:
         requests: ``requests.csv`` as a DataFrame (columns ``role``, ``error``, ``prompt_len``,
-            ``ttft_s`` and ``engine_first_token_s``; sweeps without KV events lack the last).
+            ``ttft_s`` and ``engine_first_token_s``, and ``cached_tokens``; sweeps without KV
+            events lack ``engine_first_token_s``).
+        stamp: what the KV-event stamps mark (a key of ``vllm_versions.KV_EVENT_STAMPS``).
+        step_s: ``step_s(prompt_len, cached_tokens)``: seconds of the step that finishes such a
+            prefill alone; added to every stamp when ``stamp`` is ``"step_start"``.
+
+    Raises:
+        ValueError: ``stamp`` is ``"step_start"`` without ``step_s``.
 
     Returns:
         A :class:`PostEngine` over the successful ``ALONE_ROLES`` rows timed in the engine, or
@@ -77,13 +92,19 @@ def post_engine_time(requests) -> PostEngine | None:
     ok = np.isfinite(ttft) & np.isfinite(engine)
     if not ok.any():
         return None
+    if stamp == "step_start":
+        if step_s is None:
+            raise ValueError("KV-event stamps at the start of the step (vLLM 0.11.0) need the step's time")
+        cached = alone["cached_tokens"].to_numpy(float) if "cached_tokens" in alone else np.zeros(len(alone))
+        prompt = alone["prompt_len"].to_numpy(float)
+        engine = engine + np.array([step_s(int(p), int(c) if np.isfinite(c) else 0) for p, c in zip(prompt, cached)])
     post = ttft[ok] - engine[ok]
     a, b = robust_line(alone["prompt_len"].to_numpy(float)[ok], post, True)
     q25, median, q75 = np.percentile(post, [25, 50, 75])
     return PostEngine(a, b, float(median), float(q25), float(q75), int(ok.sum()), len(alone))
 
 
-def apply_post_engine(doc: dict, split: PostEngine) -> None:
+def apply_post_engine(doc: dict, split: PostEngine, stamp: str = "step_end") -> None:
     """Move ``split``'s line out of a profile document's ``overheads`` line (``api_server_s``,
     ``api_server_per_token_s``) into ``post_engine_s`` and ``post_engine_per_token_s``, so the
     unloaded TTFT predicted stays the same; with its provenance and source. Each part moves
@@ -99,12 +120,13 @@ def apply_post_engine(doc: dict, split: PostEngine) -> None:
         if part < value:
             moved[put] = "cut to what " + have + " held"
     fit = doc.setdefault("provenance", {}).setdefault("fit", {})
-    fit["post_engine"] = {**split.to_dict(), **({"cut": moved} if moved else {})}
+    fit["post_engine"] = {**split.to_dict(), "kv_event_stamp": stamp, **({"cut": moved} if moved else {})}
     doc.setdefault("sources", {})["overheads.post_engine_s"] = (
         f"robust line in prompt length (with overheads.post_engine_per_token_s) through {split.num_requests} "
         "requests alone on a server: the client's TTFT less the end of the engine step that finished the "
-        "prefill (the KV-event batch that stored the prompt's last full block, vLLM KVEventBatch.ts); taken out "
-        "of api_server_s and api_server_per_token_s")
+        "prefill (the KV-event batch that stored the prompt's last full block, vLLM KVEventBatch.ts"
+        + ("; vLLM 0.11.0 stamps it when it schedules the step, so the fitted time of that step was added"
+           if stamp == "step_start" else "") + "); taken out of api_server_s and api_server_per_token_s")
 
 
 def describe(split: PostEngine | None, overheads: dict) -> str:

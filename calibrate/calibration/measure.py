@@ -539,13 +539,23 @@ def engine_first_token(ctx: _Ctx, prompt: Sequence[int], res: StreamResult) -> f
     return t if 0.0 <= t <= res.ttft else math.nan
 
 
+def cached_tokens(info: ServerInfo, res: StreamResult) -> int | None:
+    """The request's cached prompt tokens: the usage block's, or 0 when the server is known to
+    report them (``info.reports_cached_tokens``) and left the field out, as vLLM through 0.23 does
+    for a zero hit (``if self.enable_prompt_tokens_details and num_cached_tokens``,
+    ``entrypoints/openai/serving_completion.py``); None when unknown or the request failed."""
+    if res.cached_tokens is not None or res.error is not None or res.prompt_tokens is None:
+        return res.cached_tokens
+    return 0 if getattr(info, "reports_cached_tokens", None) else None
+
+
 def _request_row(ctx: _Ctx, exp: dict, role: str, res: StreamResult, prompt: Sequence[int], prefix_len: int,
                  max_tokens: int, expected_cached: int, batch: int = 1) -> dict[str, Any]:
     return dict(
         url=ctx.info.url, exp_id=exp["exp_id"], kind=exp["kind"], role=role, rep=exp["rep"], batch=batch,
         prompt_len=len(prompt), prefix_len=prefix_len, max_tokens=max_tokens,
         t_send_s=round(res.t_send - ctx.t0, 6), ttft_s=res.ttft, t_done_s=res.t_done,
-        n_tokens=res.num_tokens, prompt_tokens=res.prompt_tokens, cached_tokens=res.cached_tokens,
+        n_tokens=res.num_tokens, prompt_tokens=res.prompt_tokens, cached_tokens=cached_tokens(ctx.info, res),
         expected_cached=expected_cached, error=res.error, warning=res.warning, token_times=_times(res),
         engine_first_token_s=engine_first_token(ctx, prompt, res),
     )
@@ -772,6 +782,9 @@ async def probe_server(client: VllmClient, factory: PromptFactory, plan: SweepPl
             raise CalibrationError(f"the server at {info.url} rejected a probe request: {r.error}")
     after = await client.metrics()
     hits = second.cached_tokens
+    # NOTE: through vLLM 0.23 a zero hit leaves the field out (``and num_cached_tokens``), so the
+    # first, cold request of a server that reports hits may lack it; the second must carry it.
+    info = replace(info, reports_cached_tokens=hits is not None)
     if hits is None:
         hits = after.delta(before, "vllm:prefix_cache_hits_total")
     if not hits or hits < info.block_size:
@@ -817,6 +830,8 @@ class MeasureSummary:
         status: ``"complete"``, ``"interrupted"`` or ``"failed: <message>"``.
         elapsed_s: wall time, s.
         events_problem: why the KV-event feeds timed nothing, or None (also when not asked for).
+        warnings: what went wrong without stopping the sweep (a prefix-cache reset refused or
+            not confirmed), each naming the server; also in ``meta.json`` as ``warnings``.
     """
 
     out_dir: Path
@@ -826,6 +841,7 @@ class MeasureSummary:
     status: str
     elapsed_s: float
     events_problem: str | None = None
+    warnings: tuple[str, ...] = ()
 
 
 async def run_sweep(
@@ -852,7 +868,7 @@ async def run_sweep(
         model: served model name; None: each server's only model.
         seed: seeds the prompts (``numpy.random.default_rng(seed)``).
         token_range: ``[lo, hi)`` of prompt token ids.
-        progress: show a tqdm progress bar.
+        progress: show progress (`kvroute.sim.study.progress`: a bar on a terminal or in a notebook).
         hardware: hardware description overriding what the servers report.
         timeout_s: limit on one request, s.
         kv_events: each server's KV-cache event endpoint, in the order of ``urls`` (``kvroute
@@ -880,13 +896,15 @@ async def run_sweep(
     status = "failed"
     done = 0
     subscriber = feed = None
+    ctxs: list[_Ctx] = []
     try:
         factories = [PromptFactory(np.random.default_rng(rng.integers(2**63)), *token_range) for _ in clients]
         for c, f in zip(clients, factories):
             infos.append(await probe_server(c, f, plan))
         if hardware:
             infos = [replace(i, hardware=hardware, sources={**i.sources, "hardware": "--hardware"}) for i in infos]
-        keys = ("model_root", "vllm_version", "block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len")
+        keys = ("model_root", "vllm_version", "async_scheduling", "block_size", "max_num_batched_tokens",
+                "max_num_seqs", "max_model_len")
         for i in infos[1:]:
             diff = [k for k in keys if getattr(i, k) != getattr(infos[0], k)]
             if diff:
@@ -907,7 +925,8 @@ async def run_sweep(
         ctxs = [_Ctx(c, i, f, req_w, exp_w, t0, worker=k) for k, (c, i, f) in enumerate(zip(clients, infos, factories))]
         for ctx in ctxs:
             if not await ctx.client.reset_prefix_cache():
-                ctx.errors.append("could not reset the prefix cache (start the server with VLLM_SERVER_DEV_MODE=1)")
+                ctx.errors.append(f"could not reset the prefix cache ({ctx.client.reset_note}; start the server "
+                                  "with VLLM_SERVER_DEV_MODE=1)")
         if kv_events:
             from kvroute.calibrate.live.kv_events import LiveKVEvents
 
@@ -921,9 +940,9 @@ async def run_sweep(
         shares = [exps[k::len(ctxs)] for k in range(len(ctxs))]
         bar = None
         if progress:
-            from tqdm import tqdm
+            from kvroute.sim.study.progress import progress_bar
 
-            bar = tqdm(total=len(exps) + len(bursts), desc="calibration sweep", unit="exp")
+            bar = progress_bar(len(exps) + len(bursts), "calibration sweep", "experiment")
         try:
             await asyncio.gather(*(warm_up(ctx, plan) for ctx in ctxs))
             for segments, chunk in sweep_schedule(shares, bursts, plan.burst_slots, seed):
@@ -950,7 +969,11 @@ async def run_sweep(
         if subscriber is not None:
             subscriber.cancel()
             (outcome,) = await asyncio.gather(subscriber, return_exceptions=True)
-            events_meta = {"endpoints": list(kv_events), "batches": feed.num_batches}
+            from kvroute.sim.timing.vllm_versions import KV_EVENT_STAMPS, kv_event_stamp
+
+            stamp = kv_event_stamp(infos[0].vllm_version, infos[0].async_scheduling)
+            events_meta = {"endpoints": list(kv_events), "batches": feed.num_batches, "stamp": stamp,
+                           "stamp_marks": KV_EVENT_STAMPS[stamp]}
             problem = feed.problem(outcome)
             if problem is not None:
                 events_meta["problem"] = problem
@@ -958,9 +981,12 @@ async def run_sweep(
             w.close()
         for c in clients:
             await c.__aexit__(None, None, None)
+        warnings = tuple(f"{c.info.url}: {e}" for c in ctxs for e in c.errors)
         if meta:
             if events_meta is not None:
                 meta["kv_events"] = events_meta
+            if warnings:
+                meta["warnings"] = list(warnings)
             meta["status"] = status
             meta["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             meta["elapsed_s"] = round(time.monotonic() - t_wall, 1)
@@ -969,4 +995,4 @@ async def run_sweep(
             _to_parquet(out / "requests.csv")
             _to_parquet(out / "experiments.csv")
     return MeasureSummary(out, infos, writers[0].rows if writers else 0, done, status,
-                          time.monotonic() - t_wall, (events_meta or {}).get("problem"))
+                          time.monotonic() - t_wall, (events_meta or {}).get("problem"), warnings)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvroute.traces.inputs import JSON_DECODER, DuplicateKeyError, InputError, describe
+from kvroute.traces.inputs import JSON_DECODER, SECONDS, DuplicateKeyError, InputError, describe
 from kvroute.calibrate.calibration.measure import EXPERIMENT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS
 from kvroute.calibrate.live.client import ServerInfo
 from kvroute.calibrate.calibration.steps import Step, decode_context, decode_step, mixed_steps, prefill_steps
@@ -117,6 +117,8 @@ def load_sweep(run_dir: str | Path) -> tuple[dict, list[ServerInfo], pd.DataFram
         raise InputError(exc.reason, where, None, exc.field) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read it: {exc}", where) from None
+    except ValueError as exc:  # an int of over 4300 digits; nested too deep
+        raise InputError(f"not valid JSON: {' '.join(str(exc).split(';')[0].split())}", where) from None
     if type(meta) is not dict:
         raise InputError(f"expected a JSON object, got {describe(meta)}", where)
     entries = meta.get("servers") or []
@@ -220,20 +222,33 @@ def _numeric(df: pd.DataFrame, numbers: tuple[str, ...], where: Path, first_line
                 raise InputError(str(exc), str(where), None if first_line is None else first_line + i,
                                  "token_times") from None
     for col in numbers:
-        if col not in df or pd.api.types.is_numeric_dtype(df[col]):
+        if col not in df:
             continue
-        values = pd.to_numeric(df[col], errors="coerce")
-        bad = np.flatnonzero((df[col].notna() & values.isna()).to_numpy())
-        if len(bad):
-            i = int(bad[0])
-            raise InputError(f"expected a number, got {df[col].iloc[i]!r}", str(where),
-                             None if first_line is None else first_line + i, col)
-        df[col] = values
+        if not pd.api.types.is_numeric_dtype(df[col]):
+            values = pd.to_numeric(df[col], errors="coerce")
+            bad = np.flatnonzero((df[col].notna() & values.isna()).to_numpy())
+            if len(bad):
+                i = int(bad[0])
+                raise InputError(f"expected a number, got {df[col].iloc[i]!r}", str(where),
+                                 None if first_line is None else first_line + i, col)
+            df[col] = values
+        if col.endswith("_s"):  # times: finite and within SECONDS' bound (NaN: not measured)
+            times = df[col].to_numpy(float)
+            bad = np.flatnonzero(np.isinf(times) | (np.abs(np.nan_to_num(times)) > SECONDS.maximum))
+            if len(bad):
+                i = int(bad[0])
+                raise InputError(f"must be a finite number of seconds within +-{SECONDS.maximum:g}, got "
+                                 f"{float(times[i])!r}", str(where),
+                                 None if first_line is None else first_line + i, col)
+    df.attrs["source"] = str(where)
     return df
 
 
 def engine_config(info: ServerInfo) -> EngineConfig:
-    """The simulator's engine settings for a measured server."""
+    """The simulator's engine settings for a measured server (async scheduling as the server
+    reported it, or its release's default; off when unknown)."""
+    flags = ({"async_scheduling": bool(getattr(info, "async_scheduling", None))}
+             if "async_scheduling" in EngineConfig.__dataclass_fields__ else {})
     return EngineConfig(
         block_size=info.block_size,
         num_gpu_blocks=max(info.num_gpu_blocks, 2),
@@ -241,6 +256,7 @@ def engine_config(info: ServerInfo) -> EngineConfig:
         max_num_seqs=info.max_num_seqs,
         max_model_len=info.max_model_len,
         long_prefill_token_threshold=info.long_prefill_token_threshold,
+        **flags,
     )
 
 
@@ -356,10 +372,11 @@ def build_observations(
     """
     if itl_source not in ("auto", "engine", "stream"):
         raise ValueError(f"itl_source must be 'auto', 'engine' or 'stream', got {itl_source!r}")
-    need = {"exp_id", "kind", "role", "prompt_len", "prefix_len", "ttft_s", "token_times", "t_send_s"}
+    need = {"exp_id", "kind", "role", "prompt_len", "prefix_len", "max_tokens", "ttft_s", "token_times", "t_send_s"}
     missing = need - set(requests.columns)
     if missing:
-        raise ValueError(f"requests table lacks columns {sorted(missing)}")
+        where = requests.attrs.get("source", "the requests table")
+        raise InputError(f"lacks the column(s) {', '.join(sorted(missing))} (calibrate measure writes them)", where)
     # a small scheduler replay per distinct experiment shape
     pf = lru_cache(maxsize=None)(lambda L, P: tuple(prefill_steps(engine, L, P)))
     mx = lru_cache(maxsize=None)(lambda B, L, P0, a, P: tuple(mixed_steps(engine, B, L, P0, a, P)))

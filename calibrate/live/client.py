@@ -150,6 +150,13 @@ class ServerInfo:
         device: ``"cuda"``, ``"cpu"`` or what the server reports.
         dev_mode: whether ``/server_info`` answered (``VLLM_SERVER_DEV_MODE=1``).
         sources: where each engine setting came from.
+        async_scheduling: whether the engine schedules asynchronously (``/server_info``'s
+            ``scheduler_config.async_scheduling``; without it the release's default on the device,
+            :func:`kvroute.sim.timing.vllm_versions.defaults`); None: not known.
+        reports_cached_tokens: whether the server reports cached prompt tokens in the usage block
+            (``--enable-prompt-tokens-details``), as a probe request found; None: not probed. A
+            server that reports them leaves the field out for a zero hit through vLLM 0.23, so a
+            missing field from it means 0.
     """
 
     url: str
@@ -169,6 +176,8 @@ class ServerInfo:
     device: str = "unknown"
     dev_mode: bool = False
     sources: dict[str, str] = field(default_factory=dict)
+    async_scheduling: bool | None = None
+    reports_cached_tokens: bool | None = None
 
     def __post_init__(self) -> None:
         """Check the engine settings once, where they enter (a server's answer or a meta.json).
@@ -197,6 +206,9 @@ class ServerInfo:
         if type(d) is not dict:
             raise InputError(f"a server entry is a JSON object, got {describe(d)}", where)
         d = dict(d)
+        for flag in ("async_scheduling", "reports_cached_tokens", "dev_mode", "enable_prefix_caching"):
+            if flag in d and d[flag] is not None and type(d[flag]) is not bool:
+                raise InputError(f"expected true, false or null, got {describe(d[flag])}", where, None, flag)
         d["served_models"] = tuple(d.get("served_models") or ())
         missing = [k for k, f in cls.__dataclass_fields__.items()
                    if k not in d and f.default is MISSING and f.default_factory is MISSING]
@@ -286,6 +298,7 @@ class VllmClient:
         self.model = model
         self.timeout_s = timeout_s
         self.num_scrapes = 0  # /metrics requests sent (each costs the API process CPU time)
+        self.reset_note = "not tried"  # how the last reset_prefix_cache call was decided
         self._session = None
 
     async def __aenter__(self) -> "VllmClient":
@@ -328,30 +341,61 @@ class VllmClient:
         return MetricsSnapshot.from_text(body.decode(errors="replace"), time.perf_counter())
 
     async def reset_prefix_cache(self, attempts: int = 60, wait_s: float = 0.5) -> bool | None:
-        """``POST /reset_prefix_cache`` until the engine reports success (needs dev mode).
+        """``POST /reset_prefix_cache`` until the engine has reset (needs dev mode).
 
-        vLLM answers 200 with ``{"success": false}`` while a request still holds blocks, so the
-        call is retried ``attempts`` times, ``wait_s`` apart.
+        The engine refuses while a request still holds blocks (``v1/core/block_pool.py:
+        reset_prefix_cache``), so the call is retried ``attempts`` times, ``wait_s`` apart. From
+        vLLM 0.26 the answer says whether it reset (``{"success": false}`` when refused); through
+        0.25 it is 200 with an empty body either way, so such an answer counts as a reset only
+        when ``/metrics`` shows the engine idle (no request running or waiting), the one state in
+        which the engine cannot refuse. :attr:`reset_note` says how the last call was decided.
 
         Returns:
             True if the cache was reset; False if the server refused (no
-            ``VLLM_SERVER_DEV_MODE=1``: 404) or never succeeded; None if it is unreachable.
+            ``VLLM_SERVER_DEV_MODE=1``: 404) or never succeeded (or, with an empty answer, never
+            was idle); None if it is unreachable.
         """
+        self.reset_note = "not tried"
         for _ in range(attempts):
+            busy_before = await self._held_requests()
             try:
                 status, body = await self._request("POST", "/reset_prefix_cache")
             except CalibrationError:
+                self.reset_note = "unreachable"
                 return None
             if status != 200:
+                self.reset_note = f"refused: HTTP {status} (no VLLM_SERVER_DEV_MODE=1?)"
                 return False
             try:
-                ok = bool(json.loads(body).get("success", True))
-            except (ValueError, AttributeError):  # older servers answer 200 with an empty body
-                ok = True
-            if ok:
+                doc = json.loads(body)
+                ok = doc.get("success") if isinstance(doc, dict) else None
+            except ValueError:
+                ok = None
+            if ok is None:  # vLLM <= 0.25: 200 with an empty body, reset or not
+                # idle before and after the call: no request could hold a block when it reset
+                after = await self._held_requests()
+                busy = math.nan if math.isnan(busy_before) or math.isnan(after) else max(busy_before, after)
+                if busy == 0:
+                    self.reset_note = "reset: empty answer (vLLM <= 0.25) while /metrics showed the engine idle"
+                    return True
+                self.reset_note = ("not confirmed: empty answer (vLLM <= 0.25) while /metrics showed "
+                                   + ("no load gauges" if math.isnan(busy) else f"{busy:g} request(s) held")
+                                   + "; the engine refuses a reset while blocks are held")
+            elif ok:
+                self.reset_note = "reset"
                 return True
+            else:
+                self.reset_note = "refused: {\"success\": false} (a request still holds blocks)"
             await asyncio.sleep(wait_s)
         return False
+
+    async def _held_requests(self) -> float:
+        """Requests running or waiting on the engine per ``/metrics`` (NaN when unknown)."""
+        try:
+            snap = await self.metrics()
+        except CalibrationError:
+            return math.nan
+        return snap.get("vllm:num_requests_running") + snap.get("vllm:num_requests_waiting")
 
     async def probe(self) -> ServerInfo:
         """Identify the server and read its engine settings.
@@ -414,21 +458,36 @@ class VllmClient:
             cfg = doc.get("vllm_config", {})
             if isinstance(cfg, dict):
                 sched = cfg.get("scheduler_config", {}) or {}
-                device = str((cfg.get("device_config") or {}).get("device_type") or device)
+                dev_cfg = cfg.get("device_config") or {}
+                # NOTE: device_type is init=False in 0.11's DeviceConfig; its device is torch.device(type)
+                named = dev_cfg.get("device_type") or (dev_cfg.get("device") if dev_cfg.get("device") != "auto" else None)
+                device = str(named or device).split(":")[0]
             hardware, dev2 = _hardware_from_system_env(doc.get("system_env", {}) or {})
             device = device if device != "unknown" else dev2
+        async_flag = None
         if sched:
             mnbt, mns = int(sched["max_num_batched_tokens"]), int(sched["max_num_seqs"])
             lptt = int(sched.get("long_prefill_token_threshold") or 0)
             for k in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold"):
                 sources[k] = f"{self.url}/server_info scheduler_config"
-            sources["hardware"] = f"{self.url}/server_info system_env"
+            if type(sched.get("async_scheduling")) is bool:
+                async_flag = sched["async_scheduling"]
+                sources["async_scheduling"] = f"{self.url}/server_info scheduler_config.async_scheduling"
+            sources["hardware"] = (f"{self.url}/server_info system_env" if hardware != "unknown" else
+                                   f"{self.url}/server_info has no system_env (vLLM before 0.16): hardware unknown, "
+                                   "give it with --hardware")
         else:
             mnbt, mns = CPU_BATCH_DEFAULTS if device == "cpu" else GPU_BATCH_DEFAULTS
             lptt = 0
             note = "vLLM 0.32 vllm-serve default (engine/arg_utils.py: get_batch_defaults); /server_info unavailable"
             for k in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold"):
                 sources[k] = note
+        if async_flag is None and version != "unknown" and device != "unknown":
+            from kvroute.sim.timing.vllm_versions import defaults
+
+            async_flag = defaults(version).async_scheduling(device)
+            sources["async_scheduling"] = (f"vLLM {version}'s default on {device} (kvroute.sim.timing.vllm_versions; "
+                                           "on CUDA from 0.14, never on the CPU backend); /server_info did not say")
         return ServerInfo(
             url=self.url,
             model=self.model,
@@ -447,6 +506,7 @@ class VllmClient:
             device=device,
             dev_mode=dev_mode,
             sources=sources,
+            async_scheduling=async_flag,
         )
 
     async def complete(

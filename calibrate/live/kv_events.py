@@ -14,13 +14,23 @@ Each batch also carries the engine core's wall clock when it was published (``KV
 ``time.time()`` in ``Scheduler.update_from_output``, after the step's model run and before its
 outputs go to the API process), so the batch that stores a request's last full prompt block
 times the end of the step that finished its prefill: the engine's first token, per request
-(:meth:`LiveKVEvents.stored_at`).
+(:meth:`LiveKVEvents.stored_at`). What that stamp marks depends on the release
+(``kvroute.sim.timing.vllm_versions.kv_event_stamp``): 0.11.0 stamps the batch when it schedules
+the step, before the step runs; with async scheduling the stamp is one step early under load.
+
+The payload is decoded by kvroute's own reading of vLLM's schema (:func:`decode_batch`), so the
+client needs no vLLM, and one client reads every release: the batch is an array ``[ts, events,
+data_parallel_rank?]`` in all of them, and each event an array ``[tag, fields...]`` through 0.23
+(``KVCacheEvent(array_like=True, tag=True)``) or a map ``{"type": tag, field: value}`` from 0.24
+(``vllm/distributed/kv_events.py`` of each wheel; docs/reference/vllm-versions.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from kvroute.calibrate.live.prompts import chained_block_hashes
 from kvroute.sim.routing import KVEventIndex
@@ -41,6 +51,75 @@ def check_endpoints(endpoints: Sequence[str], num_servers: int) -> None:
             raise ValueError(f"a ZeroMQ endpoint such as tcp://127.0.0.1:8200, got {endpoint!r}")
         if endpoint.startswith("tcp://") and not 0 < int(port) < 65536:
             raise ValueError(f"port {port} out of range 1-65535 in {endpoint!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class KVEvent:
+    """One decoded KV-cache event: the fields of vLLM's ``BlockStored``, ``BlockRemoved`` and
+    ``AllBlocksCleared`` the feed reads.
+
+    Attributes:
+        kind: ``"BlockStored"``, ``"BlockRemoved"``, ``"AllBlocksCleared"`` (or another tag,
+            which the feed ignores).
+        block_hashes: vLLM's block hashes (ints, or bytes where the server does not set
+            ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``).
+        parent_block_hash: the parent of the first stored block, or None (``BlockStored`` only).
+        token_ids: the stored blocks' token ids (``BlockStored`` only).
+    """
+
+    kind: str
+    block_hashes: tuple = ()
+    parent_block_hash: Any = None
+    token_ids: tuple = ()
+
+
+#: Positions of the fields read from an event sent as an array (through vLLM 0.23): the tag
+#: first, then the struct's fields in declaration order (``BlockStored``: block_hashes,
+#: parent_block_hash, token_ids, block_size, lora_id, medium, ...; ``BlockRemoved``:
+#: block_hashes, medium, ...), the same in 0.11-0.23.
+_ARRAY_FIELDS = {"BlockStored": (1, 2, 3), "BlockRemoved": (1, None, None)}
+
+
+class KVEventFormatError(ValueError):
+    """A payload that is not a KV-event batch of any vLLM release read."""
+
+
+def _event(raw: Any) -> KVEvent:
+    if isinstance(raw, dict):  # vLLM >= 0.24: {"type": tag, field: value, ...}
+        kind = raw.get("type")
+        hashes, parent, tokens = raw.get("block_hashes"), raw.get("parent_block_hash"), raw.get("token_ids")
+    elif isinstance(raw, (list, tuple)) and raw and isinstance(raw[0], str):  # <= 0.23: [tag, fields...]
+        kind = raw[0]
+        at = _ARRAY_FIELDS.get(kind, (None, None, None))
+        hashes, parent, tokens = (raw[i] if i is not None and i < len(raw) else None for i in at)
+    else:
+        raise KVEventFormatError(f"a KV-cache event is a tagged array or map, got {type(raw).__name__}")
+    if not isinstance(kind, str):
+        raise KVEventFormatError("a KV-cache event without its type tag")
+    return KVEvent(kind, tuple(hashes or ()), parent, tuple(tokens or ()))
+
+
+def decode_batch(payload: bytes) -> tuple[float, list[KVEvent]]:
+    """``(ts, events)`` of one ``KVEventBatch`` payload (the last frame of a ZeroMQ message).
+
+    Decodes msgpack with ``msgspec`` (no vLLM import) and reads either event form: arrays
+    (``array_like=True``, vLLM 0.11-0.23) or maps (0.24-0.34).
+
+    Raises:
+        KVEventFormatError (a ValueError): not msgpack, or not ``[ts, [events...], ...]``.
+    """
+    import msgspec
+
+    try:
+        doc = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError as exc:
+        raise KVEventFormatError(f"not a msgpack KV-event batch: {exc}") from None
+    if isinstance(doc, dict):  # a batch sent as a map (no release read does this)
+        doc = [doc.get("ts"), doc.get("events")]
+    if not (isinstance(doc, list) and len(doc) >= 2 and isinstance(doc[0], (int, float))
+            and isinstance(doc[1], list)):
+        raise KVEventFormatError("a KV-event batch is [ts, events, ...]")
+    return float(doc[0]), [_event(e) for e in doc[1]]
 
 
 JOIN_S = 0.5
@@ -107,12 +186,13 @@ class LiveKVEvents:
         return self._stored_ts[worker].get(block_hash)
 
     def apply(self, worker: int, events, ts: float | None = None) -> None:
-        """Apply one decoded batch's events of ``worker`` (vLLM ``KVEventBatch.events``),
+        """Apply one decoded batch's events of ``worker`` (:class:`KVEvent`, as
+        :func:`decode_batch` gives them, or objects with vLLM's event class names and fields),
         published at wall-clock time ``ts`` (s; None: not timed)."""
         tr = self.translators[worker]
         stamps = self._stored_ts[worker]
         for event in events:
-            kind = type(event).__name__
+            kind = event.kind if isinstance(event, KVEvent) else type(event).__name__
             if kind == "BlockStored":
                 named = tr.stored(event.block_hashes, event.parent_block_hash, event.token_ids)
                 if ts is not None:
@@ -145,13 +225,10 @@ class LiveKVEvents:
         return None
 
     async def run(self) -> None:
-        """Receive until cancelled (needs ``pyzmq`` and ``msgspec``, which vLLM brings)."""
-        import msgspec
+        """Receive until cancelled (needs ``pyzmq`` and ``msgspec``: the ``gpu`` extra; no vLLM)."""
         import zmq
         import zmq.asyncio
-        from vllm.distributed.kv_events import KVEventBatch
 
-        decoder = msgspec.msgpack.Decoder(KVEventBatch)
         ctx = zmq.asyncio.Context()
         sockets = []
         try:
@@ -164,8 +241,8 @@ class LiveKVEvents:
             async def receive(worker: int, sock) -> None:
                 while True:
                     parts = await sock.recv_multipart()
-                    batch = decoder.decode(parts[-1])
-                    self.apply(worker, batch.events, batch.ts)
+                    ts, events = decode_batch(parts[-1])
+                    self.apply(worker, events, ts)
 
             await asyncio.gather(*(receive(w, s) for w, s in enumerate(sockets)))
         finally:

@@ -1,13 +1,19 @@
 """Start, watch and stop vLLM OpenAI-compatible servers as subprocesses.
 
-One :class:`VllmServer` is one ``python -m vllm.entrypoints.openai.api_server`` process with its
-own log file. :func:`serve_many` starts one per GPU (``CUDA_VISIBLE_DEVICES``) or, on a machine
-without GPUs, one per CPU core (``VLLM_CPU_OMP_THREADS_BIND``; the vLLM CPU build), waits until
-every ``GET /health`` answers 200 and stops them all on exit: SIGINT, then SIGTERM, then SIGKILL.
+One :class:`VllmServer` is one ``vllm serve`` process (run with this Python through
+:mod:`kvroute.calibrate.live.vllm_serve`, which also starts vLLM's CPU build, whose ``vllm``
+command cannot find its own version) with its own log file: ``vllm serve`` is the
+entry point that honours ``--api-server-count`` (``entrypoints/cli/serve.py``; ``python -m
+vllm.entrypoints.openai.api_server`` runs one API process whatever it is told, and is deprecated
+from 0.34). :func:`serve_many` starts one per GPU (``CUDA_VISIBLE_DEVICES``), or several per GPU
+splitting its memory (``plan_servers(workers_per_gpu=N)``), or, on a machine without GPUs, one per
+CPU core (``VLLM_CPU_OMP_THREADS_BIND``; the vLLM CPU build), waits until every ``GET /health``
+answers 200 and stops them all on exit: SIGINT, then SIGTERM, then SIGKILL.
 
 ``VLLM_SERVER_DEV_MODE=1`` is set so that ``POST /reset_prefix_cache`` and ``GET /server_info``
 (the engine's full configuration) work; ``--enable-prompt-tokens-details`` makes the streamed
-usage report cached prompt tokens.
+usage report cached prompt tokens. ``HF_HUB_OFFLINE=1`` is set only when the model is a local
+directory (a fresh machine must download a Hugging Face id's weights).
 """
 
 from __future__ import annotations
@@ -113,10 +119,9 @@ class ServerSpec:
         return f"tcp://*:{self.kv_events_port}"
 
     def command(self) -> list[str]:
-        """The server's command line."""
+        """The server's command line (``vllm serve MODEL ...``)."""
         cmd = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.model,
+            sys.executable, "-m", "kvroute.calibrate.live.vllm_serve", "serve", self.model,
             "--served-model-name", self.served_model_name or self.model,
             "--host", self.host,
             "--port", str(self.port),
@@ -136,7 +141,8 @@ class ServerSpec:
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """The server's environment: ``base`` (default ``os.environ``) plus vLLM's settings."""
         env = dict(os.environ if base is None else base)
-        env.setdefault("HF_HUB_OFFLINE", "1")
+        if Path(self.model).expanduser().exists():  # a local model: no reason to reach the Hub
+            env.setdefault("HF_HUB_OFFLINE", "1")
         env["VLLM_SERVER_DEV_MODE"] = "1"
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("DO_NOT_TRACK", "1")
@@ -380,8 +386,10 @@ def plan_servers(
     device: str = "auto",
     api_cores: str = "spare",
     kv_events_port_base: int | None = None,
+    workers_per_gpu: int = 1,
+    vllm_version: str | None = None,
 ) -> list[ServerSpec]:
-    """Specs of one server per GPU, or one per CPU core without GPUs.
+    """Specs of one server per GPU (``workers_per_gpu`` per GPU), or one per CPU core without GPUs.
 
     On the CPU, server ``i``'s engine runs on core ``i``; where its API server runs is
     ``api_cores`` (``API_CORES``).
@@ -390,25 +398,49 @@ def plan_servers(
         model: model directory or id.
         num_servers: how many (default: every GPU, or every core).
         port_base: first port; server ``i`` listens on ``port_base + i``.
-        block_size: KV block size; default 16 on GPUs and 32 on the CPU backend.
+        block_size: KV block size; default: vLLM's own on GPUs (16 through 0.33, 64 from 0.34),
+            32 on the CPU backend.
+        gpu_memory_utilization: the share of each GPU all its servers take together; each of
+            ``workers_per_gpu`` servers gets ``gpu_memory_utilization / workers_per_gpu``
+            (``--gpu-memory-utilization``). None: vLLM's default for one server, and with several
+            per GPU its default share split (0.9 through 0.19, 0.92 from 0.20, 1.0 from 0.34,
+            whose unset default takes the whole GPU so that a second server finds no memory).
         device: ``"auto"``, ``"gpu"`` or ``"cpu"``.
         kv_events_port_base: server ``i`` publishes its KV-cache events on port
             ``kv_events_port_base + i``; None: no events.
+        workers_per_gpu: servers on each GPU (GPUs only); ``num_servers`` counts servers, so
+            ``num_servers / workers_per_gpu`` GPUs are used, filled in order.
+        vllm_version: the vLLM that will serve (for its default memory share); None: the
+            installed one (``importlib.metadata``), or the newest release read.
 
     Raises:
         ValueError: more servers than devices, ``device="gpu"`` without GPUs, an unknown
-            ``api_cores``, or ports outside 1..65535.
+            ``api_cores``, ports outside 1..65535, ``workers_per_gpu`` below 1 or above 1
+            without GPUs, or a memory share below 0.01 per server.
     """
+    if type(workers_per_gpu) is not int or workers_per_gpu < 1:
+        raise ValueError(f"workers per GPU must be an integer >= 1, got {workers_per_gpu!r}")
     if api_cores not in API_CORES:
         raise ValueError(f"api_cores must be one of {sorted(API_CORES)}, got {api_cores!r}")
     gpus = detect_gpus() if device in ("auto", "gpu") else []
     if device == "gpu" and not gpus:
         raise ValueError("no GPU found (nvidia-smi -L lists none and CUDA_VISIBLE_DEVICES is unset)")
-    devices = gpus if gpus else cpu_cores()
+    if workers_per_gpu > 1 and not gpus:
+        raise ValueError(f"{workers_per_gpu} workers per GPU, but no GPU is used (the CPU backend runs one server "
+                         "per core)")
+    devices = [g for g in gpus for _ in range(workers_per_gpu)] if gpus else cpu_cores()
     n = len(devices) if num_servers is None else num_servers
     if not 1 <= n <= len(devices):
-        kind = "GPUs" if gpus else "CPU cores"
-        raise ValueError(f"asked for {n} servers but this machine has {len(devices)} {kind}: {devices}")
+        kind = f"GPUs x {workers_per_gpu} workers" if workers_per_gpu > 1 else "GPUs" if gpus else "CPU cores"
+        raise ValueError(f"asked for {n} servers but this machine has {len(gpus) or len(devices)} {kind}: "
+                         f"{gpus or devices}")
+    share = gpu_memory_utilization
+    if gpus and workers_per_gpu > 1:
+        share = (gpu_memory_utilization if gpu_memory_utilization is not None
+                 else _default_memory_share(vllm_version)) / workers_per_gpu
+        if share < 0.01:
+            raise ValueError(f"{workers_per_gpu} workers per GPU leave each {share:.4f} of the GPU's memory")
+        share = float(f"{share:.6g}")
     for option, base in (("port base", port_base), ("KV-events port base", kv_events_port_base)):
         if base is not None and not (1 <= base and base + n - 1 <= 65535):
             raise ValueError(f"{option} {base}: {n} server(s) need ports {base}..{base + n - 1}, "
@@ -426,13 +458,32 @@ def plan_servers(
             log_path=Path(log_dir) / f"vllm-{port_base + i}.log",
         )
         if gpus:
-            specs.append(ServerSpec(**common, block_size=16 if block_size is None else block_size,
-                                    cuda_device=devices[i], gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=None))
+            specs.append(ServerSpec(**common, block_size=block_size, cuda_device=devices[i],
+                                    gpu_memory_utilization=share, kv_cache_gib=None))
         else:
             frontend = {"spare": spare or None, "own": (devices[i],), "any": None}[api_cores]
             specs.append(ServerSpec(**common, block_size=32 if block_size is None else block_size,
                                     cpu_core=devices[i], frontend_cores=frontend, kv_cache_gib=kv_cache_gib))
     return specs
+
+
+def installed_vllm_version() -> str | None:
+    """The version of the ``vllm`` distribution installed in this Python, or None."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _default_memory_share(vllm_version: str | None) -> float:
+    """vLLM's default ``gpu_memory_utilization`` for ``vllm_version`` (None: the installed one)."""
+    from kvroute.sim.timing.vllm_versions import defaults
+
+    return defaults(vllm_version or installed_vllm_version()).gpu_memory_utilization
 
 
 @contextlib.contextmanager

@@ -112,6 +112,26 @@ def _num(x: float) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
+def stamp_note(servers) -> tuple[str, str | None]:
+    """What the live engine first-token times mark for these servers (a key of
+    ``kvroute.sim.timing.vllm_versions.KV_EVENT_STAMPS``, from server 0's release and async flag)
+    and, where it is not the end of the prefill step for every request, how that biases the
+    measured convoy columns (the simulated ones are the step's end)."""
+    from kvroute.sim.timing.vllm_versions import kv_event_stamp
+
+    s = servers[0] if servers else None
+    stamp = kv_event_stamp(getattr(s, "vllm_version", None), getattr(s, "async_scheduling", None))
+    if stamp == "step_start":
+        return stamp, (f"vLLM {s.vllm_version} stamps its KV-cache events when it schedules a step, before the step "
+                       "runs: the measured 'engine' convoy column ends at the start of each request's prefill step "
+                       "(short by that step) and 'out' is long by it")
+    if stamp == "step_end_alone":
+        return stamp, ("the servers schedule asynchronously: a KV-event batch is published after step N with what "
+                       "step N+1 stored, so under load the measured 'engine' convoy column is about one step short "
+                       "and 'out' one step long")
+    return stamp, None
+
+
 #: Positions of a convoy the report shows (the first ones; later ones are rare).
 CONVOY_POSITIONS = 8
 

@@ -113,7 +113,9 @@ class LiveReplay:
             during :meth:`run`, all threads (``time.process_time``).
         client_cpu: ``(seconds since the start, client CPU seconds so far)`` every
             ``CPU_SAMPLE_S`` during :meth:`run`: the client's load over time.
-        usage_reported: every finished response reported its cached prompt tokens.
+        usage_reported: every server that answered reported its cached prompt tokens (one that
+            reported some and left the field out of others is vLLM <= 0.23 leaving out a zero
+            hit: those read 0).
 
     Raises:
         ValueError: unknown policy, no endpoint, or a block size that cannot map the trace's.
@@ -140,16 +142,20 @@ class LiveReplay:
         self.policy = make_policy(spec.policy, router_rng(spec.seed))
         self.metrics = LiveMetrics([ep.url for ep in endpoints], spec.scrape_interval_s)
         self.kv_events = None
-        if spec.cache_view == "events" or spec.kv_event_endpoints:
+        cache_view = self.policy.cache_view or spec.cache_view  # a policy may name its own (Policy.cache_view)
+        if cache_view == "events" or spec.kv_event_endpoints:
             if len(spec.kv_event_endpoints) != len(endpoints):
-                raise ValueError(f"{'cache view events' if spec.cache_view == 'events' else 'kv_event_endpoints'} "
+                raise ValueError(f"{'cache view events' if cache_view == 'events' else 'kv_event_endpoints'} "
                                  f"needs one KV-event endpoint per server: "
                                  f"{len(spec.kv_event_endpoints)} for {len(endpoints)} servers")
             self.kv_events = LiveKVEvents(spec.kv_event_endpoints, block_size)
+        if cache_view == "exact":
+            raise ValueError(f"policy {spec.policy!r} reads the exact cache view, which a live gateway cannot see")
         self.view = RouterView(len(endpoints), block_size, spec.router_block_tokens,
                                track_prefixes=self.policy.uses_prefixes, metrics=self.metrics.scrape,
-                               cache_view=spec.cache_view,
-                               events=self.kv_events.index if spec.cache_view == "events" else None)
+                               cache_view=cache_view,
+                               events=self.kv_events.index if cache_view == "events" else None)
+        self.policy.prepare(self.view)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []
         self.itl_gaps: list[float] = []
@@ -159,6 +165,8 @@ class LiveReplay:
         self.client_cpu_s = 0.0
         self.client_cpu: list[tuple[float, float]] = []
         self.usage_reported = True
+        self._reports_cached: set[int] = set()  # workers whose answers carried cached_tokens
+        self._missing_cached: set[int] = set()  # workers with an answer without it
         self.warnings: list[str] = []  # the stream reader's notes (usage vs counted tokens)
         self._no_ids: set[int] = set()  # replies streamed without token ids whose later turns were skipped
         self.events_problem: str | None = None  # why the KV-cache events timed nothing, if they did not
@@ -396,7 +404,10 @@ class LiveReplay:
         if res.usage_error is not None:  # the stream is whole: its children go on
             record.error = f"measurement error: {res.usage_error}"
         record.cached_tokens = res.cached_tokens or 0
-        self.usage_reported &= res.cached_tokens is not None
+        # NOTE: through vLLM 0.23 a server that reports cached tokens leaves the field out for a
+        # zero hit (``and num_cached_tokens``), so only a server that never reported lacks the flag
+        (self._reports_cached if res.cached_tokens is not None else self._missing_cached).add(worker)
+        self.usage_reported = not (self._missing_cached - self._reports_cached)
         if rec.request_id in self._pending:
             if self.closed_loop and record.output_tokens and min(res.token_ids, default=-1) < 0:  # -1: no id
                 # the later turns resend this reply: without its ids they would resend an invented

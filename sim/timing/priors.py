@@ -36,6 +36,7 @@ from kvroute.traces.outputs import write_text_atomic
 from kvroute.sim.timing.cost_model import prefill_pairs
 from kvroute.sim.timing.profile import MemoryModel, profile_from_dict
 from kvroute.sim.timing.specs import GpuSpec, ModelSpec, gpu_spec, model_spec
+from kvroute.sim.timing.vllm_versions import STUDY, defaults as vllm_defaults, family, parse_version
 
 MiB = 2**20
 GiB = 2**30
@@ -121,17 +122,17 @@ class Efficiency:
 # --------------------------------------------------------------------------------------------
 
 
-def get_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
-    """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm serve`` picks on this GPU.
+def get_batch_defaults(gpu: GpuSpec, vllm_version: str = STUDY) -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm serve`` of ``vllm_version`` picks on
+    this GPU.
 
-    Mirrors ``vllm/engine/arg_utils.py`` (``get_batch_defaults``, OpenAI API server context) as
-    in vLLM 0.11: devices with at least 70 GiB whose name does not contain ``"a100"`` (H100/H200
+    Mirrors ``vllm/engine/arg_utils.py`` (``get_batch_defaults``, OpenAI API server context): in
+    vLLM 0.11, devices with at least 70 GiB whose name does not contain ``"a100"`` (H100/H200
     class) get 8192 / 1024; all others (A6000, A100 40 GB and, by the A100 exception, A100 80 GB)
-    get 2048 / 256. These are the values the seed study's ``vllm serve`` runs used.
+    get 2048 / 256 (the values the seed study's ``vllm serve`` runs used). From 0.32, devices of
+    at least 160 GiB (B200) get 16384 / 1024 (:meth:`~kvroute.sim.timing.vllm_versions.VllmDefaults.batch_defaults`).
     """
-    if gpu.memory_bytes >= 70 * GiB and "a100" not in gpu.name.lower():
-        return 8192, 1024
-    return 2048, 256
+    return vllm_defaults(vllm_version).batch_defaults(gpu.memory_bytes, gpu.name)
 
 
 def activation_peak_bytes(model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1) -> int:
@@ -210,11 +211,11 @@ def derive_profile(
     gpu: GpuSpec | str,
     model: ModelSpec | str | Path = QWEN25_7B,
     eff: Efficiency = Efficiency(),
-    vllm_version: str = "0.11.0",
-    gpu_memory_utilization: float = 0.9,
+    vllm_version: str = STUDY,
+    gpu_memory_utilization: float | None = None,
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
-    block_size: int = 16,
+    block_size: int | None = None,
     max_model_len: int | None = None,
     tp: int = 1,
     dtype: str = "bf16",
@@ -228,11 +229,15 @@ def derive_profile(
         model: the model's shapes, a :class:`ModelSpec`, a shipped model's name
             (``"llama-3.1-70b"``) or the path of a Hugging Face ``config.json``.
         eff: stated efficiency factors and overheads.
-        vllm_version: engine version the prior stands for (0.11.0: utilisation 0.9).
-        gpu_memory_utilization: vLLM's share of each device for this instance.
+        vllm_version: the vLLM release the prior stands for; its defaults fill every setting
+            left None and the engine's ``async_scheduling`` (``kvroute.sim.timing.vllm_versions``:
+            0.11 block 16, utilisation 0.9, sync; 0.20-0.33 block 16, 0.92, async on CUDA; 0.34
+            block 64, 1.0, async).
+        gpu_memory_utilization: vLLM's share of each device for this instance; None: the
+            release's default.
         max_num_batched_tokens, max_num_seqs: scheduler limits; ``None`` takes
-            :func:`get_batch_defaults` for this GPU.
-        block_size: tokens per KV block (vLLM default 16).
+            :func:`get_batch_defaults` for this GPU and release.
+        block_size: tokens per KV block; None: the release's default (16; 64 from 0.34).
         max_model_len: longest sequence in tokens; ``None``: the model's
             ``max_position_embeddings`` (Qwen2.5-7B-Instruct's 32768).
         tp: tensor-parallel size: one worker spans ``tp`` GPUs.
@@ -253,6 +258,11 @@ def derive_profile(
     """
     gpu = gpu_spec(gpu) if isinstance(gpu, str) else gpu
     model = model if isinstance(model, ModelSpec) else model_spec(model)
+    if parse_version(vllm_version) is None:
+        raise ValueError(f"vLLM version must look like 0.11 or 0.34.0, got {vllm_version!r}")
+    release = vllm_defaults(vllm_version)
+    block_size = release.block_size if block_size is None else block_size
+    gpu_memory_utilization = release.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -262,7 +272,7 @@ def derive_profile(
     model.check_tp(tp)
     plain = tp == 1 and dtype == "bf16" and kv_cache_dtype == "auto"
     max_model_len = model.max_position_embeddings if max_model_len is None else max_model_len
-    default_tokens, default_seqs = get_batch_defaults(gpu)
+    default_tokens, default_seqs = get_batch_defaults(gpu, vllm_version)
     tokens = default_tokens if max_num_batched_tokens is None else max_num_batched_tokens
     seqs = default_seqs if max_num_seqs is None else max_num_seqs
     wbytes, kvbytes, bf16 = DTYPES[dtype], KV_CACHE_DTYPES[kv_cache_dtype], model.dtype_bytes
@@ -329,7 +339,9 @@ def derive_profile(
 
     suffix = (f"-tp{tp}" if tp > 1 else "") + ("-fp8" if dtype == "fp8" else "") + (
         "-kvfp8" if kv_cache_dtype == "fp8" else "")
-    name = f"{gpu.short_name}-{model.short_name}{suffix}"
+    # NOTE: a release other than the study's is in the name, so no note meant for the shipped prior matches it
+    name = f"{gpu.short_name}-{model.short_name}{suffix}" + (
+        "" if family(vllm_version) == family(STUDY) else f"-vllm{family(vllm_version)}")
     eff_text = (
         f"linear {eff.linear_flops:g} of peak FLOP/s, prefill attention {eff.attention_flops:g}, "
         f"weights {eff.weight_bandwidth:g} of bandwidth, KV reads {eff.kv_bandwidth:g}"
@@ -346,12 +358,23 @@ def derive_profile(
         "hardware.memory_bandwidth_bytes_per_s": gpu.bandwidth_source,
         "model": model.source,
         "model.non_embedding_params": "total_params - embedding (vocab x hidden) - untied LM head (vocab x hidden)",
-        "engine.vllm_version": "the seed study's engine (vLLM 0.11.0, default settings)",
-        "engine.block_size": "vLLM default 16 (vllm/config/cache.py)",
-        "engine.gpu_memory_utilization": "vLLM 0.11 default 0.9 (vllm/config/cache.py; 0.92 from 0.33)",
+        "engine.vllm_version": ("the seed study's engine (vLLM 0.11.0, default settings)" if vllm_version == STUDY
+                                else f"given: --vllm-version {vllm_version} (its default settings)"),
+        "engine.block_size": (f"vLLM {vllm_version} default {block_size} (vllm/config/cache.py: 16 through 0.33, "
+                              "DEFAULT_BLOCK_SIZE 64 from 0.34)" if block_size == release.block_size
+                              else f"given: {block_size}"),
+        "engine.gpu_memory_utilization": (
+            f"vLLM {vllm_version} default {gpu_memory_utilization:g} (vllm/config/cache.py: 0.9 through 0.19, 0.92 "
+            "from 0.20; from 0.34 unset resolves to 1.0 on CUDA with the extensible KV cache, "
+            "CacheConfig.resolved_gpu_memory_utilization)" if gpu_memory_utilization == release.gpu_memory_utilization
+            else f"given: {gpu_memory_utilization:g}"),
+        "engine.async_scheduling": (
+            f"vLLM {vllm_version} default on CUDA: {'on' if release.async_scheduling_cuda else 'off'} "
+            "(vllm/config/vllm.py: SchedulerConfig.async_scheduling None resolves to True from 0.14)"),
         "engine.max_num_batched_tokens": (
             f"vllm serve default on {gpu.name}: {default_tokens} (vllm/engine/arg_utils.py: "
-            "get_batch_defaults; >= 70 GiB and not A100: 8192, else 2048)"
+            "get_batch_defaults; >= 70 GiB and not A100: 8192, else 2048"
+            + ("; >= 160 GiB: 16384 from 0.32" if release.large_gpu_tier else "") + ")"
         ),
         "engine.max_num_seqs": (
             f"vllm serve default on {gpu.name}: {default_seqs} (vllm/engine/arg_utils.py: "
@@ -453,6 +476,7 @@ def derive_profile(
             "max_num_seqs": seqs,
             "max_model_len": max_model_len,
             "gpu_memory_utilization": gpu_memory_utilization,
+            "async_scheduling": release.async_scheduling("cuda"),
         },
         "memory": asdict(memory),
         "step_cost": {
@@ -581,6 +605,9 @@ def derive_summary(doc: dict, context_tokens: int = 1000, prompt_tokens: int = 1
         ("KV blocks per worker", f"{blocks:,} of {eng['block_size']} tokens ({blocks * eng['block_size']:,} tokens)"),
         ("batch limits", f"max_num_batched_tokens {eng['max_num_batched_tokens']}, max_num_seqs "
          f"{eng['max_num_seqs']}, max_model_len {eng['max_model_len']:,}"),
+        ("vLLM", f"{eng.get('vllm_version', '?')}: block size {eng['block_size']}, gpu_memory_utilization "
+         f"{eng['gpu_memory_utilization']:g}, async scheduling "
+         f"{ {True: 'on', False: 'off'}.get(eng.get('async_scheduling'), 'not stated')}"),
     ]
     for batch in (1, 16, 64):
         step = decode_step_s(doc, batch, context_tokens)

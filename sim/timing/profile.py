@@ -9,7 +9,7 @@ Layout of a profile file::
       "model": {"name": "Qwen/Qwen2.5-7B-Instruct", "num_layers": 28, ...},
       "engine": {"vllm_version": "0.11.0", "block_size": 16, "num_gpu_blocks": ...,
                  "max_num_batched_tokens": 2048, "max_num_seqs": 256, "max_model_len": 32768,
-                 "gpu_memory_utilization": 0.9},
+                 "gpu_memory_utilization": 0.9, "async_scheduling": false},
       "memory": {"gpu_memory_bytes": ..., "weight_bytes": ..., "activation_peak_bytes": ...,
                  "non_torch_bytes": ..., "kv_bytes_per_block": ...},
       "step_cost": {"step_overhead_s": ..., "weight_load_s": ..., "per_token_s": ...,
@@ -42,8 +42,9 @@ from pathlib import Path
 
 from kvroute.sim.engine.config import EngineConfig
 from kvroute.sim.timing.cost_model import StepCost
-from kvroute.traces.inputs import (BLOCK_SIZE, COST_SECONDS, COUNT, FRACTION, JSON_DECODER, POSITIVE_INT, TOKENS,
-                                DuplicateKeyError, InputError, Num, check_fields, describe)
+from kvroute.traces.inputs import (BLOCK_SIZE, BYTES, COST_SECONDS, COUNT, FRACTION, JSON_DECODER, KV_BLOCKS,
+                                POSITIVE_INT, TOKENS, DuplicateKeyError, InputError, Num, check_fields,
+                                check_regular_file, describe)
 from kvroute.sim.timing.frontend import FrontendModel, HostModel, frontend_from_dict, host_from_dict
 
 
@@ -135,6 +136,9 @@ class MemoryModel:
             - self.non_torch_bytes
         )
         blocks = int(free // self.kv_bytes_per_block)
+        if blocks > KV_BLOCKS.maximum:
+            raise ValueError(f"{blocks:,} KV blocks fit, more than the {KV_BLOCKS.maximum:,} a worker may hold "
+                             "(a 32-bit block id); check the memory section's byte counts")
         if blocks < 2:
             raise ValueError(
                 f"no KV cache fits: {self.gpu_memory_bytes * gpu_memory_utilization / 2**30:.1f} GiB "
@@ -254,6 +258,39 @@ class Profile:
     raw: dict = field(default_factory=dict, compare=False, repr=False)
     uncertainty: CoefficientUncertainty | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def vllm_version(self) -> str | None:
+        """The vLLM release the profile stands for (``engine.vllm_version``), or None."""
+        engine = self.raw.get("engine") if isinstance(self.raw, dict) else None
+        version = engine.get("vllm_version") if isinstance(engine, dict) else None
+        return version if isinstance(version, str) else None
+
+    @property
+    def async_scheduling(self) -> bool | None:
+        """Whether the profiled engine scheduled asynchronously (``engine.async_scheduling``),
+        or None when the profile does not say (profiles written before issue 33)."""
+        engine = self.raw.get("engine") if isinstance(self.raw, dict) else None
+        flag = engine.get("async_scheduling") if isinstance(engine, dict) else None
+        return flag if isinstance(flag, bool) else None
+
+    def version_note(self, version: str | None, async_scheduling: bool | None = None) -> str | None:
+        """A one-line note when this profile is used to predict servers of another vLLM release
+        (another ``major.minor``) or another async-scheduling setting; None when they match or
+        either side is unknown (``kvroute.sim.timing.vllm_versions``)."""
+        from kvroute.sim.timing.vllm_versions import family, parse_version
+
+        mine = self.vllm_version
+        parts = []
+        if parse_version(mine) and parse_version(version) and family(mine) != family(version):
+            parts.append(f"measured or derived for vLLM {mine}, used for vLLM {version}")
+        if self.async_scheduling is not None and async_scheduling is not None and self.async_scheduling != async_scheduling:
+            parts.append(f"async scheduling {'on' if self.async_scheduling else 'off'} in the profile, "
+                         f"{'on' if async_scheduling else 'off'} on the servers")
+        if not parts:
+            return None
+        return (f"profile {self.name}: " + "; ".join(parts) + " (defaults, step overlap and the live path differ "
+                "across releases: docs/reference/vllm-versions.md)")
+
     def speed_period_interval(self) -> tuple[float, float] | None:
         """The engine-speed periods the profile's sweep allows, ``(low, high)`` in s (``high``
         ``inf``: up to one speed per run), from ``provenance.fit.bursts.engine_speed_period_interval_s``
@@ -306,6 +343,14 @@ def with_overrides(profile: Profile, max_model_len: int | None = None, kv_blocks
     return replace(profile, memory=None) if kv_blocks is not None else profile
 
 
+def with_scheduling(profile: Profile, async_scheduling: bool | None) -> Profile:
+    """``profile`` with its engine's ``async_scheduling`` set (vLLM's
+    ``SchedulerConfig.async_scheduling``); None keeps the profile's setting."""
+    if async_scheduling is None or profile.engine.async_scheduling == async_scheduling:
+        return profile
+    return replace(profile, engine=replace(profile.engine, async_scheduling=async_scheduling))
+
+
 def shipped_profiles() -> list[str]:
     """Names of the profiles shipped in ``kvroute.sim.timing.profiles``."""
     root = resources.files("kvroute.sim.timing.profiles")
@@ -326,6 +371,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
             raise FileNotFoundError(f"profile file {path} does not exist")
         if path.is_dir():
             raise InputError("is a directory; give a profile JSON file or a shipped profile name", str(path))
+        check_regular_file(path)
         try:
             text, where = path.read_text(encoding="utf-8"), str(path)
         except (OSError, UnicodeDecodeError) as exc:
@@ -352,7 +398,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
 
 ENGINE_SCHEMA = {
     "block_size": BLOCK_SIZE,
-    "num_gpu_blocks": Num(integer=True, minimum=2),
+    "num_gpu_blocks": KV_BLOCKS,
     "max_num_batched_tokens": POSITIVE_INT,
     "max_num_seqs": POSITIVE_INT,
     "max_model_len": TOKENS,
@@ -374,7 +420,8 @@ OVERHEADS_SCHEMA = {
 }
 """Rules of the optional ``overheads`` section."""
 
-MEMORY_SCHEMA = {name: COUNT for name in MemoryModel.__dataclass_fields__} | {"kv_bytes_per_block": POSITIVE_INT}
+MEMORY_SCHEMA = ({name: BYTES for name in MemoryModel.__dataclass_fields__}
+                 | {"kv_bytes_per_block": Num(integer=True, minimum=1, maximum=BYTES.maximum, unit="bytes")})
 """Rules of the optional ``memory`` section (every field required when it is present)."""
 
 
@@ -402,7 +449,7 @@ def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
         return check_fields(value, schema, where, required=required, prefix=f"{key}.")
 
     engine_doc = section("engine", ENGINE_SCHEMA, ("block_size", "num_gpu_blocks"),
-                         also=("enable_prefix_caching", "vllm_version"))
+                         also=("enable_prefix_caching", "vllm_version", "async_scheduling"))
     cost_doc = section("step_cost", STEP_COST_SCHEMA, tuple(STEP_COST_SCHEMA))
     over_doc = section("overheads", OVERHEADS_SCHEMA, ()) if doc.get("overheads") is not None else {}
     memory = None
@@ -412,6 +459,13 @@ def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
     if type(enable) is not bool:
         raise InputError(f"expected true or false, got {describe(enable)}", where, None,
                          "engine.enable_prefix_caching")
+    engine_async = doc["engine"].get("async_scheduling", False)
+    if type(engine_async) is not bool:
+        raise InputError(f"expected true or false, got {describe(engine_async)}", where, None,
+                         "engine.async_scheduling")
+    version = doc["engine"].get("vllm_version")
+    if version is not None and type(version) is not str:
+        raise InputError(f"expected a string, got {describe(version)}", where, None, "engine.vllm_version")
     try:
         engine = EngineConfig(
             block_size=engine_doc["block_size"],
@@ -421,6 +475,7 @@ def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
             max_model_len=engine_doc.get("max_model_len", 32768),
             long_prefill_token_threshold=engine_doc.get("long_prefill_token_threshold", 0),
             enable_prefix_caching=enable,
+            async_scheduling=engine_async,
         )
     except ValueError as exc:
         raise InputError(str(exc), where, None, "engine") from None

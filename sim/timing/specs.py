@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvroute.traces.inputs import InputError
+from kvroute.traces.inputs import JSON_DECODER, DuplicateKeyError, InputError, check_regular_file
 
 MiB = 2**20
 
@@ -379,14 +379,19 @@ def read_config(path: str | Path, short_name: str | None = None) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
+    check_regular_file(path)  # /dev/zero or a FIFO would never end
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read the model config: {exc.strerror or exc}", str(path)) from None
     try:
-        cfg = json.loads(text)
+        cfg = JSON_DECODER.decode(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"not valid JSON: {exc.msg} (column {exc.colno})", str(path), exc.lineno) from None
+    except DuplicateKeyError as exc:
+        raise InputError(exc.reason, str(path), None, exc.field) from None
+    except ValueError as exc:  # an int of over 4300 digits; nested too deep
+        raise InputError(f"not valid JSON: {' '.join(str(exc).split(';')[0].split())}", str(path)) from None
     return model_from_config(cfg, str(path), short_name)
 
 

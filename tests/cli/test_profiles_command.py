@@ -39,14 +39,42 @@ def test_derive_writes_a_profile_compare_accepts(tmp_path):
 
     out = tmp_path / "p.json"
     result = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "Llama-3.1-70B",
-                                      "--tp", "4", "--out", str(out)])
+                                      "--tp", "4", "--vllm-version", "0.11", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert "KV blocks per worker         29,503 of 16 tokens" in result.output
+    assert "vLLM                         0.11: block size 16, gpu_memory_utilization 0.9, async scheduling off" in result.output
     for batch in (1, 16, 64):
         assert f"decode step, batch {batch}" in result.output
     assert "prefill per token" in result.output
     profile = load_profile(out)
     assert profile.name == "h100-80gb-llama-3.1-70b-tp4" and profile.engine.num_gpu_blocks == 29_503
+    assert (profile.vllm_version, profile.async_scheduling) == ("0.11", False)
+
+
+def test_derive_takes_the_newest_releases_defaults_unless_told(tmp_path):
+    """vLLM 0.34: block 64, memory 1.0 (the extensible KV cache), async on; issue 33, item 2."""
+    from kvroute.sim.timing.profile import load_profile
+
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "Llama-3.1-70B",
+                                      "--tp", "4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "KV blocks per worker         9,006 of 64 tokens (576,384 tokens)" in result.output
+    assert "vLLM                         0.34.0: block size 64, gpu_memory_utilization 1, async scheduling on" in result.output
+    profile = load_profile(out)
+    assert (profile.vllm_version, profile.async_scheduling, profile.gpu_memory_utilization) == ("0.34.0", True, 1.0)
+    assert profile.engine.block_size == 64 and profile.engine.async_scheduling is True
+    assert profile.name == "h100-80gb-llama-3.1-70b-tp4-vllm0.34"  # not the name of a 0.11 prior
+
+
+@pytest.mark.parametrize("version, message", [
+    ("0.9", "0.9 is outside the releases read, 0.11.0 to 0.34.0"),
+    ("latest", "a release such as 0.11 or 0.34.0, got 'latest'"),
+])
+def test_derive_refuses_a_release_not_read(version, message):
+    result = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "qwen3-32b",
+                                      "--vllm-version", version])
+    assert result.exit_code == 2 and message in result.output and "--vllm-version" in result.output
 
 
 @pytest.mark.parametrize("args, flag", [

@@ -65,7 +65,9 @@ def test_quick_sweep_completes_and_reads_engine_settings(sweep):
     assert info.block_size == 32 and info.num_gpu_blocks > 1000 and info.enable_prefix_caching
     assert info.max_num_batched_tokens == 2048 and info.max_num_seqs == 128  # vLLM 0.32 CPU defaults
     assert info.max_model_len == 32768 and info.device == "cpu"
+    assert info.async_scheduling is False and info.reports_cached_tokens is True  # the CPU backend: sync
     meta = json.loads((out / "meta.json").read_text())
+    assert meta["kv_events"]["stamp"] == "step_end"  # events as maps (0.24+), published after the step
     assert meta["status"] == "complete"
     import pandas as pd
 

