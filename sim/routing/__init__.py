@@ -35,6 +35,7 @@ from kvroute.sim.routing.view import RouterView
 # Importing the policy modules registers them, in this order.
 from kvroute.sim.routing import round_robin, least_loaded, kv_aware, prefix_balanced, random_choice  # noqa: E402,F401
 from kvroute.sim.routing import sglang, dynamo, llmd, session_affinity, power_of_two  # noqa: E402,F401
+from kvroute.sim.routing import epp  # noqa: E402,F401  (llmd-precise, llmd-estimated, llmd-load, epp)
 from kvroute.sim.routing.view import CACHE_VIEWS, LOAD_SIGNALS  # noqa: E402
 from kvroute.sim.routing.signals import KVEventIndex, MetricsScrape  # noqa: E402
 

@@ -7,6 +7,7 @@ parameters are what a spec string can set::
     kv_aware                      the policy with its defaults
     dynamo:overlap_weight=2       one parameter
     dynamo:overlap_weight=2,temperature=0.5
+    epp:path/to/config.yaml       a policy with a ``config`` parameter: a bare first item is it
 
 In a comma-separated list of policies (``--policies``), an item ``key=value`` without a colon
 belongs to the policy before it, so ``sglang,dynamo:overlap_weight=2,temperature=0.5`` names two
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+
+from kvroute.traces.inputs import C_INT_MAX, InputError, Num
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +55,18 @@ class Policy:
         uses_prefixes: whether the policy reads the router's cache view (``matched_blocks``).
         uses_metrics: whether the policy reads the workers' scraped ``/metrics`` (the live
             replay polls the servers only then).
+        cache_view: the cache view this policy reads (one of ``view.CACHE_VIEWS``), whatever the
+            run's ``cache_view``; None (the default) takes the run's. So policies that read
+            different sources (llm-d's precise and estimated scorers) compare in one table.
+        kv_event_delay_s: seconds before a KV-cache event reaches this policy's gateway; None
+            (the default) takes the run's ``kv_event_delay_s``.
     """
 
     name = ""
     uses_prefixes = False
     uses_metrics = False
+    cache_view: str | None = None
+    kv_event_delay_s: float | None = None
 
     def __init__(self, rng: np.random.Generator) -> None:
         self.rng = rng
@@ -67,6 +77,14 @@ class Policy:
         tenant of a hash map), Dynamo's ``DefaultWorkerSelector`` (random among equal logits)
         and llm-d's ``max-score-picker`` (shuffle, then stable sort) do."""
         return self.rng
+
+    def prepare(self, view) -> None:
+        """Called once with the view this policy routes through, before the first request (the
+        cluster calls it as it builds the gateway). The default does nothing.
+
+        Raises:
+            ValueError: the policy cannot run against the cluster behind ``view``.
+        """
 
     def choose(self, request, view) -> int:
         """The worker index for ``request``; raises RuntimeError if no worker is alive."""
@@ -151,12 +169,22 @@ def _convert(policy: str, key: str, text: str, default: object) -> object:
                 return False
             raise ValueError
         if isinstance(default, int):
-            return int(text)
-        if isinstance(default, float):
-            return float(text)
+            value = int(text)
+        elif isinstance(default, float):
+            value = float(text)
+        else:
+            return text
     except ValueError:
         raise ValueError(f"policy {policy!r}: {key}={text!r} is not a valid {type(default).__name__}") from None
-    return text
+    try:  # every number finite and bounded (kvroute.traces.inputs); the policy checks its own range
+        return PARAMETER_INT.check(value) if isinstance(default, int) else PARAMETER_FLOAT.check(value)
+    except InputError as exc:
+        raise ValueError(f"policy {policy!r}: {key} {exc.reason}") from None
+
+
+PARAMETER_INT = Num(integer=True, minimum=-C_INT_MAX, maximum=C_INT_MAX)
+PARAMETER_FLOAT = Num(minimum=-1e9, maximum=1e9)
+"""The bounds of any policy parameter before the policy's own checks: a finite number within +-1e9."""
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
@@ -176,9 +204,11 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
         raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}")
     defaults = policy_params(cls)
     params: dict[str, object] = {}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
+    for n, item in enumerate(filter(None, (s.strip() for s in rest.split(",")))):
         key, eq, value = item.partition("=")
         key = key.strip()
+        if not eq and n == 0 and "config" in defaults:  # ``epp:FILE`` is ``epp:config=FILE``
+            key, eq, value = "config", "=", item
         if not eq:
             raise ValueError(f"policy {name!r}: parameter {item!r} must be key=value")
         if key not in defaults:

@@ -50,6 +50,9 @@ class RouterView:
             Dynamo's ``ActiveSequences`` prefill tokens.
         active_blocks: per worker, prompt blocks of this gateway's requests in flight there
             (each request's own blocks; Dynamo also merges blocks shared by requests in flight).
+        num_gpu_blocks: per worker, its KV-cache blocks as its ``vllm:cache_config_info``
+            reports them, or None where unknown (the cluster sets it; llm-d's auto-tuned
+            approximate prefix index sizes its LRUs by it).
 
     Raises:
         ValueError: fewer than one worker, an unknown cache view, or a view without its source.
@@ -78,6 +81,7 @@ class RouterView:
         self.exact = exact
         self.outstanding_tokens = [0] * num_workers
         self.active_blocks = [0] * num_workers
+        self.num_gpu_blocks: list[int] | None = None
         self._active: dict[int, list[int]] = {}  # request id -> [worker, unprefilled tokens, blocks]
         self._last_match: tuple[int, list[int]] | None = None
         self.num_workers = num_workers

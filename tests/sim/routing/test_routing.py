@@ -115,7 +115,8 @@ def test_unknown_policy_lists_the_valid_ones():
     with pytest.raises(ValueError, match="valid policies: round_robin, least_loaded, kv_aware"):
         make_policy("fastest", np.random.default_rng(0))
     assert list(POLICIES) == ["round_robin", "least_loaded", "kv_aware", "prefix_balanced", "random",
-                              "sglang", "dynamo", "llmd", "session_affinity", "power_of_two"]
+                              "sglang", "dynamo", "llmd", "session_affinity", "power_of_two",
+                              "llmd-precise", "llmd-estimated", "llmd-load", "epp"]
 
 
 def test_no_live_worker_is_an_error():

@@ -1,0 +1,293 @@
+"""Read an llm-d ``EndpointPickerConfig`` YAML file into weighted scorers and a picker.
+
+The schema is llm-d's (``llm-d-inference-scheduler`` ``apix/config/v1alpha1/
+endpointpickerconfig_types.go``; before June 2026 in ``gateway-api-inference-extension``)::
+
+    apiVersion: inference.networking.x-k8s.io/v1alpha1     (or llm-d.ai/v1alpha1)
+    kind: EndpointPickerConfig
+    plugins:            [{type, name (default: the type), parameters}]
+    schedulingProfiles: [{name, plugins: [{pluginRef, weight}]}]
+
+with the loader's defaults (``pkg/epp/config/loader/defaults.go``, ``validation.go``): a scorer
+without a weight weighs 1; a profile without a picker gets ``max-score-picker``; no profile at
+all means one profile of every scorer and picker; a ``pluginRef`` must name a plugin. One
+profile only (the prefill/decode profiles of disaggregated serving are not simulated).
+
+Plugins (``epp_scorers`` for the scorers):
+
+- ``queue-scorer``, ``kv-cache-utilization-scorer`` (old name ``kv-cache-scorer``),
+  ``load-aware-scorer`` (``threshold``);
+- ``prefix-cache-scorer``: the estimated form, with the approximate index's parameters on it
+  (gateway-api-inference-extension v1.x) or on an ``approx-prefix-cache-producer`` plugin
+  (llm-d since 2026): ``autoTune`` (default true: block size and LRU capacity from the
+  servers), ``blockSizeTokens``, ``blockSize`` (characters, 4 per token), ``hashBlockSize``
+  (the same, v1.0), ``maxPrefixBlocksToMatch`` (256), ``maxPrefixTokensToMatch``,
+  ``lruCapacityPerServer`` (31250). With ``mode: cache_tracking`` (llm-d before v0.3,
+  ``pkg/plugins/scorer/prefix_cache.go``) it is the precise scorer;
+- ``precise-prefix-cache-scorer`` (``tokenProcessorConfig.blockSize``, also under
+  ``indexerConfig``; ``speculativeIndexing`` is not simulated and refused when true);
+- ``max-score-picker`` (``maxNumOfEndpoints`` 1), ``weighted-random-picker``, ``random-picker``;
+- no effect here: ``single-profile-handler``, ``decode-filter`` (every worker decodes),
+  ``tokenizer``, ``token-producer``, ``metrics-data-source``, ``core-metrics-extractor``,
+  ``endpoint-notification-source``.
+
+Anything else is an ``InputError``: one line naming the file, line and field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvroute.sim.routing.epp_scorers import (DEFAULT_LRU_CAPACITY, DEFAULT_MAX_PREFIX_BLOCKS, KVCacheUtilizationScorer,
+                                             LoadAwareScorer, PrecisePrefixCacheScorer, PrefixCacheScorer, QueueScorer,
+                                             Scorer)
+from kvroute.traces.inputs import DuplicateKeyError, InputError, check_regular_file
+
+API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
+PICKER_TYPES = {"max-score-picker": "max", "weighted-random-picker": "weighted", "random-picker": "random"}
+SCORER_TYPES = ("queue-scorer", "kv-cache-utilization-scorer", "kv-cache-scorer", "load-aware-scorer",
+                "prefix-cache-scorer", "precise-prefix-cache-scorer")
+PRODUCER_TYPES = ("approx-prefix-cache-producer",)
+NO_EFFECT_TYPES = ("single-profile-handler", "decode-filter", "tokenizer", "token-producer", "metrics-data-source",
+                   "core-metrics-extractor", "endpoint-notification-source")
+TOP_LEVEL = ("apiVersion", "kind", "plugins", "schedulingProfiles", "featureGates", "dataLayer",
+             "saturationDetector", "flowControl", "parser")
+CHARS_PER_TOKEN = 4
+"""llm-d's ``averageCharactersPerToken`` (``approximateprefix/types.go``)."""
+
+
+@dataclass(frozen=True)
+class EndpointPickerConfig:
+    """What a file configures: ``(scorer, weight)`` pairs in profile order and the picker."""
+
+    scorers: list[tuple[Scorer, float]]
+    picker: str
+
+
+class _Map(dict):
+    """A YAML mapping that remembers its line and each key's line."""
+
+    line: int = 0
+    key_lines: dict
+
+
+class _Seq(list):
+    """A YAML sequence that remembers each item's line."""
+
+    lines: list
+
+
+def _loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            self.flatten_mapping(node)  # ``<<`` merge keys, as SafeLoader does
+            out = _Map()
+            out.line = node.start_mark.line + 1
+            out.key_lines = {}
+            for key_node, value_node in node.value:
+                key = self.construct_object(key_node, deep=True)
+                if key in out:
+                    raise DuplicateKeyError(key, None, key_node.start_mark.line + 1)
+                out[key] = self.construct_object(value_node, deep=True)
+                out.key_lines[key] = key_node.start_mark.line + 1
+            return out
+
+    def construct_list(loader, node):
+        out = _Seq(loader.construct_object(child, deep=True) for child in node.value)
+        out.lines = [child.start_mark.line + 1 for child in node.value]
+        return out
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, Loader.construct_mapping)
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, construct_list)
+    return Loader
+
+
+class _Reader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, reason: str, node=None, field: str | None = None, key=None) -> InputError:
+        line = None
+        if isinstance(node, _Map):
+            line = node.key_lines.get(key, node.line) if key is not None else node.line
+        return InputError(reason, self.path, line, field)
+
+    def mapping(self, node, field: str, parent=None, key=None) -> _Map:
+        """``node`` if it is a mapping; else an error at ``parent[key]``'s line (a list index or a key)."""
+        if not isinstance(node, dict):
+            error = self.fail(f"expected a mapping, got {type(node).__name__}", parent, field, key)
+            if isinstance(parent, _Seq):
+                error = InputError(error.reason, self.path, parent.lines[key], field)
+            raise error
+        return node
+
+    def number(self, params: _Map, key: str, field: str, default, integer: bool = True, minimum: float = 0):
+        if key not in params or params[key] is None:
+            return default
+        value = params[key]
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if not integer:
+            ok = ok or isinstance(value, float) and value == value and abs(value) != float("inf")
+        if not ok or value < minimum:
+            kind = "an integer" if integer else "a number"
+            raise self.fail(f"must be {kind} >= {minimum}, got {value!r}", params, f"{field}.{key}", key)
+        return value
+
+
+def read_endpoint_picker_config(path: str | Path) -> EndpointPickerConfig:
+    """Parse an EndpointPickerConfig YAML file.
+
+    Raises:
+        InputError: the file cannot be read or parsed, or a field is missing, of the wrong type,
+            names an unknown plugin type or an undefined plugin, or asks for what is not
+            simulated; one line naming the file, line and field.
+    """
+    import yaml
+
+    where = str(path)
+    r = _Reader(where)
+    check_regular_file(path)  # a FIFO would block, /dev/zero never ends
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", where) from None
+    try:
+        doc = yaml.load(text, _loader())
+    except DuplicateKeyError as exc:
+        raise DuplicateKeyError(exc.key, where, exc.line) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise InputError(f"not valid YAML: {getattr(exc, 'problem', None) or exc}", where,
+                         mark.line + 1 if mark is not None else None) from None
+    except RecursionError:  # nested deeper than Python's recursion limit
+        raise InputError("nested too deep to read", where) from None
+    if not isinstance(doc, dict):
+        raise InputError("expected an EndpointPickerConfig mapping", where)
+    for key in doc:
+        if key not in TOP_LEVEL:
+            raise r.fail(f"unknown field; an EndpointPickerConfig has {', '.join(TOP_LEVEL)}", doc, str(key), key)
+    if doc.get("kind") != "EndpointPickerConfig":
+        raise r.fail(f"must be EndpointPickerConfig, got {doc.get('kind')!r}", doc, "kind", "kind")
+    if doc.get("apiVersion") not in API_VERSIONS:
+        raise r.fail(f"must be one of {', '.join(API_VERSIONS)}, got {doc.get('apiVersion')!r}", doc, "apiVersion",
+                     "apiVersion")
+    plugins = doc.get("plugins")
+    if not isinstance(plugins, list) or not plugins:
+        raise r.fail("must be a non-empty list of {type, name, parameters}", doc, "plugins", "plugins")
+    specs: dict[str, tuple[str, _Map, str]] = {}  # name -> (type, parameters, field)
+    for i, item in enumerate(plugins):
+        field = f"plugins[{i}]"
+        item = r.mapping(item, field, plugins, i)
+        kind = item.get("type")
+        if not isinstance(kind, str) or not kind:
+            raise r.fail("missing 'type'", item, f"{field}.type")
+        known = SCORER_TYPES + tuple(PICKER_TYPES) + PRODUCER_TYPES + NO_EFFECT_TYPES
+        if kind not in known:
+            raise r.fail(f"unknown plugin type {kind!r}; kvroute simulates {', '.join(known)}", item,
+                         f"{field}.type", "type")
+        name = item.get("name") or kind
+        if name in specs:
+            raise r.fail(f"plugin name {name!r} is defined twice", item, f"{field}.name", "name")
+        params = item.get("parameters")
+        params = _Map() if params is None else r.mapping(params, f"{field}.parameters", item, "parameters")
+        specs[name] = (kind, params, f"{field}.parameters")
+    producers = [(p, f) for k, p, f in specs.values() if k in PRODUCER_TYPES]
+    profiles = doc.get("schedulingProfiles")
+    if profiles is None:
+        refs = [(name, 1.0, None) for name, (kind, _, _) in specs.items()
+                if kind in SCORER_TYPES or kind in PICKER_TYPES]
+    else:
+        if not isinstance(profiles, list) or not profiles:
+            raise r.fail("must be a non-empty list of profiles", doc, "schedulingProfiles", "schedulingProfiles")
+        if len(profiles) > 1:
+            raise r.fail("more than one scheduling profile (disaggregated prefill/decode) is not simulated; give one",
+                         doc, "schedulingProfiles", "schedulingProfiles")
+        profile = r.mapping(profiles[0], "schedulingProfiles[0]", profiles, 0)
+        if not profile.get("name"):
+            raise r.fail("missing a name", profile, "schedulingProfiles[0].name")
+        entries = profile.get("plugins")
+        if not isinstance(entries, list):
+            raise r.fail("must be a list of {pluginRef, weight}", profile, "schedulingProfiles[0].plugins", "plugins")
+        refs = []
+        for j, entry in enumerate(entries):
+            field = f"schedulingProfiles[0].plugins[{j}]"
+            entry = r.mapping(entry, field, entries, j)
+            ref = entry.get("pluginRef")
+            if not isinstance(ref, str) or not ref:
+                raise r.fail("missing 'pluginRef'", entry, f"{field}.pluginRef")
+            if ref not in specs:
+                raise r.fail(f"names no plugin defined under plugins ({', '.join(specs)})", entry, f"{field}.pluginRef",
+                             "pluginRef")
+            weight = r.number(entry, "weight", field, 1.0, integer=False)
+            refs.append((ref, float(weight), field))
+    scorers: list[tuple[Scorer, float]] = []
+    picker = None
+    for ref, weight, _ in refs:
+        kind, params, field = specs[ref]
+        if kind in PICKER_TYPES:
+            if picker is not None:
+                raise r.fail("more than one picker in the profile", doc, "schedulingProfiles")
+            count = r.number(params, "maxNumOfEndpoints", field, 1, minimum=1)
+            if count != 1:
+                raise r.fail("only 1 endpoint per request is simulated", params, f"{field}.maxNumOfEndpoints",
+                             "maxNumOfEndpoints")
+            picker = PICKER_TYPES[kind]
+        elif kind in SCORER_TYPES:
+            scorers.append((_scorer(r, kind, params, field, producers), weight))
+    return EndpointPickerConfig(scorers, picker or "max")
+
+
+def _scorer(r: _Reader, kind: str, params: _Map, field: str, producers) -> Scorer:
+    if kind == "queue-scorer":
+        return QueueScorer()
+    if kind in ("kv-cache-utilization-scorer", "kv-cache-scorer"):
+        return KVCacheUtilizationScorer()
+    if kind == "load-aware-scorer":
+        return LoadAwareScorer(r.number(params, "threshold", field, 128, minimum=1))
+    mode = params.get("mode", "estimate") if kind == "prefix-cache-scorer" else "cache_tracking"
+    if mode not in ("estimate", "cache_tracking"):
+        raise r.fail(f"must be estimate or cache_tracking, got {mode!r}", params, f"{field}.mode", "mode")
+    if mode == "cache_tracking":
+        return _precise(r, params, field)
+    if producers:  # llm-d since 2026: the index's parameters are the producer's
+        params, field = producers[0]
+    auto = params.get("autoTune", True)
+    if not isinstance(auto, bool):
+        raise r.fail(f"must be true or false, got {auto!r}", params, f"{field}.autoTune", "autoTune")
+    tokens = r.number(params, "blockSizeTokens", field, 0)
+    chars = r.number(params, "blockSize", field, 0) or r.number(params, "hashBlockSize", field, 0)
+    if not tokens and chars:
+        if chars % CHARS_PER_TOKEN:
+            raise r.fail(f"{chars} characters is not a whole number of tokens at {CHARS_PER_TOKEN} characters per "
+                         "token; use blockSizeTokens", params, f"{field}.blockSize", "blockSize")
+        tokens = chars // CHARS_PER_TOKEN
+    # 0 or absent: llm-d's default (gateway-api-inference-extension v1.3.0 replaces values <= 0)
+    max_blocks = r.number(params, "maxPrefixBlocksToMatch", field, 0) or DEFAULT_MAX_PREFIX_BLOCKS
+    max_tokens = r.number(params, "maxPrefixTokensToMatch", field, 0)
+    capacity = r.number(params, "lruCapacityPerServer", field, 0)
+    if not auto and not tokens:
+        raise r.fail("must be > 0 when autoTune is false", params, f"{field}.blockSizeTokens", "blockSizeTokens")
+    # autoTune takes block size and capacity from the servers; a capacity given is the fallback
+    # (gateway-api-inference-extension v1.3.0 plugin.go, makeServer)
+    if auto:
+        return PrefixCacheScorer(0, 0, max_blocks, max_tokens, capacity or DEFAULT_LRU_CAPACITY)
+    return PrefixCacheScorer(tokens, capacity or DEFAULT_LRU_CAPACITY, max_blocks, max_tokens)
+
+
+def _precise(r: _Reader, params: _Map, field: str) -> Scorer:
+    if params.get("speculativeIndexing"):
+        raise r.fail("speculative indexing is not simulated; remove it or set it false", params,
+                     f"{field}.speculativeIndexing", "speculativeIndexing")
+    size, where = 0, field
+    for parent in (params, params.get("indexerConfig")):
+        if isinstance(parent, dict) and isinstance(parent.get("tokenProcessorConfig"), dict):
+            tpc = parent["tokenProcessorConfig"]
+            prefix = field + (".indexerConfig" if parent is not params else "") + ".tokenProcessorConfig"
+            size, where = r.number(tpc, "blockSize", prefix, 0, minimum=1), f"{prefix}.blockSize"
+    # llm-d-kv-cache-manager's default token processor block size is 16 (kvblock/token_processor.go)
+    scorer = PrecisePrefixCacheScorer(size or 16)
+    scorer.source = f"{r.path}: field '{where}'"
+    return scorer
