@@ -18,7 +18,8 @@ from pathlib import Path
 
 import click
 
-from kvroute.cli.values import SCENARIO_VALUES, AliasedOption, Opt, apply_options, check_values
+from kvroute.cli.values import (POSITIVE_SECONDS, PROCESSES, SCENARIO_VALUES, AliasedOption, Number, Opt,
+                                InputFile, apply_options, check_values)
 from kvroute.cli.lengths import (TOKEN_RANGE, arrival_option, dist_option, dist_value, history_value, length_value,
                                  positive_option)
 from kvroute.sim.cluster.cluster import ClusterSpec
@@ -57,12 +58,16 @@ def field_option(name: str) -> Opt:
     if "choices" in meta:
         attrs["type"] = click.Choice(list(meta["choices"]))
     elif meta.get("type") == "path":
-        attrs["type"] = click.Path(dir_okay=False, path_type=Path)
+        attrs["type"] = InputFile(exists=False)  # a regular file; scenario_trace says when it is missing
     elif "kind" in meta:
         attrs["type"], callback, item = _KINDS[meta["kind"]]
+        if "check" in meta and attrs["type"] is float:
+            attrs["type"] = Number(meta["check"])
         if callback is not None:
             attrs["callback"] = callback
         axis = item if axis else False
+    elif "check" in meta:
+        attrs["type"] = Number(meta["check"])  # the field's bounds, checked as click parses the flag
     else:
         attrs["type"] = meta.get("type", str)
     if meta.get("aliases"):
@@ -74,9 +79,9 @@ def slo_option_list() -> list[Opt]:
     """The goodput bounds (``ServiceClass``): how runs are judged, not what runs; one value each."""
     slo = ServiceClass()
     return [
-        Opt("--slo-ttft", type=float, default=slo.ttft_s, show_default=True, axis=False,
+        Opt("--slo-ttft", type=Number(POSITIVE_SECONDS), default=slo.ttft_s, show_default=True, axis=False,
             help="Goodput bound on TTFT, s."),
-        Opt("--slo-tpot", type=float, default=slo.tpot_s, show_default=True, axis=False,
+        Opt("--slo-tpot", type=Number(POSITIVE_SECONDS), default=slo.tpot_s, show_default=True, axis=False,
             help="Goodput bound on TPOT, s."),
     ]
 
@@ -126,6 +131,8 @@ def scenario_from_options(options: dict, **values) -> Scenario:
     fields.update(values)
     if isinstance(fields.get("trace_file"), Path):
         fields["trace_file"] = str(fields["trace_file"])
+    if isinstance(fields.get("workload_config"), Path):
+        fields["workload_config"] = str(fields["workload_config"])
     try:
         return Scenario(**fields)
     except ScenarioError as exc:
@@ -142,6 +149,8 @@ def scenario_trace(scenario: Scenario, round: int = 0) -> Trace:
     """
     if scenario.trace_file is not None and not Path(scenario.trace_file).exists():
         raise click.BadParameter(f"{scenario.trace_file} does not exist", param_hint="'--trace'")
+    if scenario.workload_config is not None and not Path(scenario.workload_config).exists():
+        raise click.BadParameter(f"{scenario.workload_config} does not exist", param_hint="'--workload-config'")
     try:
         return scenario.trace(round)
     except ValueError as exc:
@@ -222,7 +231,8 @@ def policies_option(func):
     """Decorate a command with ``--policies`` (``parse_policies`` reads its text)."""
     return click.option(
         "--policies", "policies_text", default=DEFAULT_POLICIES, show_default=True,
-        help="Comma-separated policies, each optionally with parameters (dynamo:overlap_weight=2,temperature=0.5); "
+        help="Comma-separated policies, each optionally with parameters (dynamo:overlap_weight=2,temperature=0.5), "
+             "or an llm-d EndpointPickerConfig file (epp:FILE); "
              "the first is the baseline of the change columns. `kvroute policies` lists them.")(func)
 
 
@@ -237,7 +247,7 @@ def executor_options(func):
         click.option("--address", default=None,
                      help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask) "
                           "[dask without it: a temporary local cluster]."),
-        click.option("--max-workers", type=int, default=None, help="Local processes [CPU count]."),
+        click.option("--max-workers", type=Number(PROCESSES), default=None, help="Local processes [CPU count]."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -252,7 +262,8 @@ def describe(trace: Trace, spec: ClusterSpec) -> str:
     on = f"{gpus} GPU" if gpus == 1 else f"{gpus} GPUs"
     return (f"trace {trace.source}: {len(trace.records)} requests | {spec.num_workers} workers on {on} | "
             f"profile {spec.profile.name} ({'/'.join(map(str, blocks))} KV blocks of "
-            f"{spec.profile.engine.block_size} tokens per worker)")
+            f"{spec.profile.engine.block_size} tokens per worker"
+            f"{', async scheduling' if spec.profile.engine.async_scheduling else ''})")
 
 
 def with_errors(func):

@@ -47,6 +47,8 @@ class TraceRecord:
         turn: 1-based turn within the session, or None.
         parent: request_id this prompt extends, or None.
         think_time_ms: delay after the parent's last token before this request is sent.
+        stage: index of the load stage the request is sent in (an inference-perf stage ladder,
+            ``kvroute.traces.inference_perf``), or None for a trace without stages.
     """
 
     request_id: int
@@ -58,6 +60,7 @@ class TraceRecord:
     turn: int | None = None
     parent: int | None = None
     think_time_ms: float = 0.0
+    stage: int | None = None
 
 
 @dataclass(slots=True)

@@ -21,7 +21,8 @@ import numpy as np
 import simpy
 
 from kvroute.sim.cluster.collector import paused_collector
-from kvroute.sim.engine.compiled import Request
+from kvroute.sim.engine.compiled import Request, engine_classes  # Request: the annotations' type
+from kvroute.sim.timing.async_overlap import AsyncOverlap
 from kvroute.sim.timing.host import Host
 from kvroute.sim.cluster.metrics import RequestRecord, RunResult
 from kvroute.sim.cluster.timeseries import series_frame
@@ -63,7 +64,8 @@ class ClusterSpec:
         scrape_interval_s: the gateway scrapes each worker's ``/metrics`` (running, waiting,
             KV usage) every this many seconds; 0 reads them live at each decision.
         cache_view: where cache-aware policies look up prefixes: ``routed`` (the gateway's
-            routed-prefix index), ``events`` (the workers' KV-cache events) or ``exact``.
+            routed-prefix index), ``events`` (the workers' KV-cache events) or ``exact``; a
+            policy that names its own (``Policy.cache_view``, e.g. ``llmd-precise``) reads that.
         kv_event_delay_s: KV-cache events reach the gateway this many seconds after the
             worker's block pool changed (``cache_view="events"``).
         gateways: gateway replicas behind a front load balancer.
@@ -79,6 +81,14 @@ class ClusterSpec:
             run's other draws do not move). Empty: none. Its spread matters in closed-loop
             bursts: chats whose replies end in one engine step stay in lock-step when their
             next turns all wait the same time.
+        request_timeout_s: the client abandons a request this many seconds after sending it
+            (aiohttp's total timeout, as ``vllm bench serve``, aiperf and inference-perf set it):
+            the request is recorded as failed (``timed out``), its concurrency slot and the
+            gateway's count of it are released, and the engine aborts it as vLLM's does
+            (the API server aborts a request whose client disconnected,
+            ``vllm/v1/engine/async_llm.py: generate``, with no latency of its own here; the
+            engine takes the abort in at its next step boundary and frees the request's
+            blocks: ``Worker.abort_request``). None: no limit.
     """
 
     profile: Profile
@@ -100,8 +110,11 @@ class ClusterSpec:
     gateway_state: str = "local"
     store_latency_s: float = 0.0
     client_lag_s: tuple[float, ...] = ()
+    request_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.request_timeout_s is not None and not 0 < self.request_timeout_s <= SECONDS.maximum:
+            raise ValueError(f"request_timeout_s must be a finite number > 0 (s), got {self.request_timeout_s}")
         if self.max_in_flight is not None and self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
         if self.num_workers < 1:
@@ -133,8 +146,9 @@ class ClusterSpec:
         return worker % (self.num_gpus or self.num_workers)
 
     def workers_on_gpu(self, gpu: int) -> int:
-        """How many workers share GPU ``gpu``."""
-        return sum(1 for w in range(self.num_workers) if self.gpu_of(w) == gpu)
+        """How many workers share GPU ``gpu`` (workers are dealt round-robin: ``gpu_of``)."""
+        gpus = self.num_gpus or self.num_workers
+        return self.num_workers // gpus + (1 if gpu < self.num_workers % gpus else 0)
 
 
 REPLAY_MODES: dict[str, bool | None] = {"auto": None, "closed": True, "open": False}
@@ -189,6 +203,8 @@ class Cluster:
             check_capacity(trace, profile)
         gpus = [simpy.Resource(self.env, capacity=1) for _ in range(num_gpus)]
         prof = spec.profile
+        # the engine's request class: compiled, or pure-Python with async scheduling
+        self._request_class = engine_classes(prof.engine)[0]
         # the API lanes, the host's load and one step timer per worker (kvroute.sim.timing.host)
         self.host = Host(prof.frontend, prof.host, spec.num_workers, lambda: self.env.now)
         self.frontends = self.host.frontends
@@ -197,6 +213,12 @@ class Cluster:
         # pays no test per token.
         on_token = self._on_token_timed if spec.record_series else self._on_token
         on_decode_run = self._on_decode_run_timed if spec.record_series else self._on_decode_run
+        on_finish = self._on_finish
+        # the engine's requests by id while in an engine, to abort them (a run with a timeout)
+        self._in_engine: dict[int, Request] | None = None
+        if spec.request_timeout_s is not None:
+            self._in_engine = {}
+            on_finish = _forgetting(on_finish, self._in_engine)
         self.workers = [
             Worker(
                 self.env,
@@ -205,11 +227,12 @@ class Cluster:
                 step_timers[w],
                 gpus[spec.gpu_of(w)] if spec.workers_on_gpu(spec.gpu_of(w)) > 1 else None,
                 on_token,
-                self._on_finish,
+                on_finish,
                 on_decode_run,
                 spec.record_steps,
                 spec.fast_forward,
                 spec.record_series,
+                async_cpu_s=AsyncOverlap().cpu_s(prof.step_cost),
             )
             for w in range(spec.num_workers)
         ]
@@ -218,6 +241,17 @@ class Cluster:
         self._build_gateways(seed)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []
+        # an open-loop trace with load stages (kvroute.traces.inference_perf): each stage is sent
+        # once every request of the one before it is done, the trace's stage gap later
+        self._stage_left: list[int] | None = None
+        stages = trace.metadata.get("stages") if not self.closed_loop else None
+        if stages and all(rec.stage is not None for rec in trace.records):
+            self._stage_records: list[list[TraceRecord]] = [[] for _ in stages]
+            for rec in trace.records:
+                self._stage_records[rec.stage].append(rec)
+            self._stage_left = [len(recs) for recs in self._stage_records]
+            self._stage_starts_ms = [stage["start_ms"] for stage in stages]
+            self._stage_gap_s = float(trace.metadata.get("stage_gap_s", 0.0))
         self.itl_gaps = array("d")  # every inter-token gap, s (an array: 3.8 M on Mooncake)
         self._slots = simpy.Resource(self.env, spec.max_in_flight) if spec.max_in_flight else None
         self._held: dict[int, simpy.resources.resource.Request] = {}
@@ -238,27 +272,35 @@ class Cluster:
             lambda: [(len(w.scheduler.running), len(w.scheduler.waiting), w.scheduler.pool.usage()) for w in workers],
             spec.scrape_interval_s,
         )
+        rng = router_rng(seed)
+        rngs = [rng] + (rng.spawn(spec.gateways - 1) if spec.gateways > 1 else [])
+        self.policies = [make_policy(spec.policy, r) for r in rngs]
+        # the cache view and event delay belong to the policy where it names them (Policy.cache_view)
+        cache_view = self.policies[0].cache_view or spec.cache_view
+        delay = self.policies[0].kv_event_delay_s
+        self._event_delay_s = spec.kv_event_delay_s if delay is None else delay
         self.events = None
-        if spec.cache_view == "events":
+        if cache_view == "events":
             self.events = KVEventIndex(n)
             self._pending_events: list | None = None
             self._pending_due = -1.0
             for w in workers:
                 w.scheduler.pool.kv_event_listener = self._event_listener(w.index)
         exact = None
-        if spec.cache_view == "exact":
+        if cache_view == "exact":
             pools = [w.scheduler.pool for w in workers]
             exact = lambda hashes: [len(p.longest_cache_hit(hashes, len(hashes))) for p in pools]  # noqa: E731
-        rng = router_rng(seed)
-        rngs = [rng] + (rng.spawn(spec.gateways - 1) if spec.gateways > 1 else [])
-        self.policies = [make_policy(spec.policy, r) for r in rngs]
         num_views = 1 if spec.gateway_state == "shared" else spec.gateways
         self.views = [
             RouterView(n, spec.profile.engine.block_size, spec.router_block_tokens,
-                       track_prefixes=self.policies[0].uses_prefixes, cache_view=spec.cache_view,
+                       track_prefixes=self.policies[0].uses_prefixes, cache_view=cache_view,
                        metrics=self.metrics, events=self.events, exact=exact)
             for _ in range(num_views)
         ]
+        for g, policy in enumerate(self.policies):
+            view = self.views[g if num_views > 1 else 0]
+            view.num_gpu_blocks = [p.engine.num_gpu_blocks for p in self.profiles]
+            policy.prepare(view)
         self.policy, self.view = self.policies[0], self.views[0]
         self._lb_rng = np.random.default_rng(seed).spawn(2)[1]
         self._lb_next = 0
@@ -266,7 +308,7 @@ class Cluster:
         self._num_done = 0
 
     def _event_listener(self, worker: int):
-        events, delay, env, n = self.events, self.spec.kv_event_delay_s, self.env, self.spec.num_workers
+        events, delay, env, n = self.events, self._event_delay_s, self.env, self.spec.num_workers
         if delay == 0:
             return lambda stored, hashes: events.apply(worker, stored, hashes)
 
@@ -314,13 +356,16 @@ class Cluster:
         with paused_collector():
             if self.spec.scrape_interval_s > 0:
                 self.env.process(self._scraper())
-            spread = self.spec.arrival_spread_s
-            sent = self.workload.roots if self.closed_loop else self.workload.trace.records
-            starts = []
-            for rec in sent:
-                jitter = self.rng.uniform(0.0, spread) if spread > 0 else 0.0
-                starts.append((rec, rec.timestamp_ms / 1000.0 + jitter))
-            self._start_at_once(self._start_clients, starts)
+            if self._stage_left is not None:
+                self._start_at_once(self._start_stage, 0)
+            else:
+                spread = self.spec.arrival_spread_s
+                sent = self.workload.roots if self.closed_loop else self.workload.trace.records
+                starts = []
+                for rec in sent:
+                    jitter = self.rng.uniform(0.0, spread) if spread > 0 else 0.0
+                    starts.append((rec, rec.timestamp_ms / 1000.0 + jitter))
+                self._start_at_once(self._start_clients, starts)
             if progress is None:
                 self.env.run()
             else:
@@ -398,6 +443,49 @@ class Cluster:
         for rec, send_at in starts:
             self._client(rec, send_at)
 
+    def _start_stage(self, index: int) -> None:
+        """Start load stage ``index`` now: its requests at their offsets from the stage's start
+        in the trace (plus the arrival jitter); a stage without requests ends at once."""
+        base = self.env.now - self._stage_starts_ms[index] / 1000.0
+        spread = self.spec.arrival_spread_s
+        starts = []
+        for rec in self._stage_records[index]:
+            jitter = self.rng.uniform(0.0, spread) if spread > 0 else 0.0
+            starts.append((rec, base + rec.timestamp_ms / 1000.0 + jitter))
+        self._start_clients(starts)
+        if not starts:
+            self._stage_ended(index)
+
+    def _client_done(self, rec: TraceRecord) -> None:
+        """``rec`` is done for its client (finished, failed or abandoned): the last of its stage
+        ends the stage (inference-perf's ``run_stage`` waits for every request it sent)."""
+        left = self._stage_left
+        left[rec.stage] -= 1
+        if left[rec.stage] == 0:
+            self._stage_ended(rec.stage)
+
+    def _stage_ended(self, index: int) -> None:
+        if index + 1 < len(self._stage_left):
+            self.env.timeout(self._stage_gap_s).callbacks.append(lambda _event: self._start_stage(index + 1))
+
+    def _time_out(self, rec: TraceRecord, record: RequestRecord) -> None:
+        """The client's timeout of ``rec`` fired: unless it is done, abandon it (failed)."""
+        if record.finish is not None:
+            return
+        record.error = f"timed out: no full reply {self.spec.request_timeout_s:g} s after it was sent"
+        record.finish = self.env.now
+        view = self._view_of.pop(rec.request_id, None)
+        if view is not None:
+            view.on_finished(record.worker, rec.request_id)
+        request = self._in_engine.pop(rec.request_id, None)
+        if request is not None:
+            self.workers[record.worker].abort_request(request)
+        self._num_done += 1
+        self._release_slot(rec.request_id)
+        self._release_children(rec)
+        if self._stage_left is not None:
+            self._client_done(rec)
+
     def _client(self, rec: TraceRecord, send_at: float) -> None:
         """Send ``rec`` at ``send_at`` (seconds): wait for it, then for a concurrency slot."""
         env = self.env
@@ -431,6 +519,9 @@ class Cluster:
         if self.spec.record_series:
             record.token_times = array("d")
         self.records.append(record)
+        if self.spec.request_timeout_s is not None:
+            self.env.timeout(self.spec.request_timeout_s).callbacks.append(
+                lambda _event: self._time_out(rec, record))
         if self.spec.gateway_state == "shared" and self.spec.store_latency_s > 0:
             env.timeout(self.spec.store_latency_s).callbacks.append(
                 lambda _event: self._front_end(rec, record, worker, hashes))
@@ -451,6 +542,8 @@ class Cluster:
     def _arrive(self, rec: TraceRecord, record: RequestRecord, worker: int, hashes) -> None:
         """``rec`` reaches worker ``worker``'s engine, or fails its admission check there."""
         env = self.env
+        if record.error is not None:  # abandoned by its client (timed out) before it got here
+            return
         engine = self.profiles[worker].engine
         error = admission_error(rec.input_length, engine.max_model_len)
         if error:
@@ -460,9 +553,13 @@ class Cluster:
             self._num_done += 1
             self._release_slot(rec.request_id)
             self._release_children(rec)
+            if self._stage_left is not None:
+                self._client_done(rec)
             return
         max_tokens = clamp_max_tokens(rec.input_length, rec.output_length, engine.max_model_len)
-        request = Request(rec.request_id, rec.input_length, max_tokens, hashes, client=record)
+        request = self._request_class(rec.request_id, rec.input_length, max_tokens, hashes, client=record)
+        if self._in_engine is not None:
+            self._in_engine[rec.request_id] = request
         self.workers[worker].add_request(request)
 
     def _on_token(self, request: Request, now: float) -> None:
@@ -524,6 +621,8 @@ class Cluster:
         self._view_of.pop(request.request_id).on_finished(record.worker, request.request_id)
         self._num_done += 1
         self._release_slot(record.trace.request_id)
+        if self._stage_left is not None:
+            self._client_done(record.trace)
         if self.closed_loop:
             lags = self.spec.client_lag_s
             for child in self.workload.children.get(record.trace.request_id, ()):
@@ -545,6 +644,18 @@ class Cluster:
                 record.error = f"not sent: its parent request {parent.request_id} failed"
                 self.records.append(record)
                 self._num_done += 1
+
+
+def _forgetting(on_finish, in_engine: dict):
+    """The finish callback of a run with a client timeout: a finished request leaves
+    ``in_engine`` (request id to engine request, what a timeout aborts). A request whose client
+    gave up is aborted in the engine (``Worker.abort_request``) and never finishes there."""
+
+    def finish(request: Request, now: float) -> None:
+        del in_engine[request.request_id]
+        on_finish(request, now)
+
+    return finish
 
 
 def _first_step(start: Callable[..., None], args: tuple):

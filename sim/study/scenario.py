@@ -14,7 +14,8 @@ Field metadata (:func:`option`), read by the command line and by the checks here
   parameter names a ``--config`` scenario file may still use;
 - ``type``: the value's type at the command line (``int``, ``float``, ``str``, ``"path"``);
   ``choices``: the valid values;
-- ``check``: a :class:`~kvroute.traces.inputs.Num` rule for a number;
+- ``check``: a :class:`~kvroute.traces.inputs.Num` rule for a number, with its upper bound: every
+  ``int`` or ``float`` field declares one (``tests/cli/test_bounds.py`` checks it);
 - ``kind``: how a value is read and checked: ``"dist"`` (a number or a
   :mod:`kvroute.traces.lengths` distribution), ``"length"`` (also a ``(low, high)`` range of
   tokens), ``"history"`` (``H`` or ``(low, high)`` tokens), ``"arrival"`` (an arrival process),
@@ -37,15 +38,33 @@ from typing import Any
 
 from kvroute.sim.cluster.cluster import REPLAY_MODES, ClusterSpec
 from kvroute.sim.routing import CACHE_VIEWS, DEFAULT_POLICIES, check_spec
-from kvroute.sim.timing.profile import Profile, load_profile, with_overrides
+from kvroute.sim.timing.profile import Profile, load_profile, with_overrides, with_scheduling
 from kvroute.traces import generators
 from kvroute.traces.arrivals import parse_arrival, rescale_conflict, rescaled
 from kvroute.traces.format import Trace, truncate
 from kvroute.traces.generators import BUILTIN_WORKLOADS, WORKLOAD_SIZES
-from kvroute.traces.inputs import BLOCK_SIZE, COUNT, MAX_TOKENS, POSITIVE_INT, SECONDS, TOKENS, InputError, Num
+from kvroute.traces.inputs import (BLOCK_SIZE, KV_BLOCKS, MAX_RECORDS, MAX_TOKENS, POSITIVE_INT, RECORDS, SECONDS,
+                                   SEED, TOKENS, WORKERS, InputError, Num)
 from kvroute.traces.lengths import parse_dist
 
 WORKLOADS = BUILTIN_WORKLOADS
+
+GATEWAYS = Num(integer=True, minimum=1, maximum=1024)
+"""Gateway replicas: each keeps state per worker (about 80 bytes), so 1,024 replicas of 10,000
+workers hold about 0.8 GB."""
+
+MIN_SCRAPE_INTERVAL_S = 1e-3
+"""Shortest scrape period but 0 (live): each scrape is an event, and a period far below the
+steps' (1e-300 s) would never let the clock move on."""
+
+RATE = Num(minimum=0.0, above=True, maximum=1e9)
+"""A rate or a speed-up factor: finite, > 0, at most 1e9 (a trace's span divided by it stays a time)."""
+
+REQUEST_TIMEOUT = Num(minimum=0.0, above=True, maximum=SECONDS.maximum, unit="s")
+"""A client's request timeout: finite seconds > 0."""
+
+SCHEDULING: dict[str, bool | None] = {"profile": None, "sync": False, "async": True}
+"""``Scenario.scheduling`` -> the engine's ``async_scheduling`` (None: the profile's)."""
 
 OPTION_GROUPS = ("workload", "trace", "cluster", "gateway")
 """The groups of scenario options, in the order a command's help lists them."""
@@ -132,15 +151,31 @@ class Scenario:
         replay: ``auto``, ``closed`` (later turns wait for their parent) or ``open`` (trace
             timestamps); see ``kvroute.sim.cluster.cluster.REPLAY_MODES``.
         gateway_lb: the front balancer over gateway replicas, ``round_robin`` or ``random``.
+        workload_config: an inference-perf YAML config (``data: shared_prefix``, ``load:
+            constant|poisson`` with ``stages``; or a Markdown report holding one) to simulate
+            instead of the generated workload (``kvroute.traces.inference_perf``): its prompts,
+            stage rates and durations, drawn for the round's seed; the client keeps its stage
+            barrier and its request timeout.
+        max_concurrency: the client keeps at most this many requests in flight, the others
+            waiting in it in send order (``vllm bench serve --max-concurrency``, aiperf's
+            ``--concurrency``); None: no limit, or with a ``workload_config`` that sets
+            ``load.num_workers``, its ``num_workers * worker_max_concurrency`` slots.
+        request_timeout_s: the client abandons a request this many seconds after sending it,
+            recording it as failed (timed out); None: none, or with a ``workload_config`` its
+            ``load.request_timeout`` (aiohttp's 300 s when unset).
+        scheduling: the engine's scheduling (:data:`SCHEDULING`): ``profile`` keeps the
+            profile's ``engine.async_scheduling`` (a derived prior follows its vLLM release: on
+            CUDA, async from vLLM 0.14), ``sync`` or ``async`` sets vLLM's
+            ``SchedulerConfig.async_scheduling`` off or on (``kvroute.sim.engine.async_scheduler``).
     """
 
     workload: str = field(default="seed-chat", metadata=option(
         "workload", "Built-in workload (ignored with --trace).", choices=WORKLOADS))
     chats: int | None = field(default=None, metadata=option(
-        "workload", f"Chats (seed-chat) or sessions (agent) [{_sizes_text(0)}].", type=int, check=POSITIVE_INT))
+        "workload", f"Chats (seed-chat) or sessions (agent) [{_sizes_text(0)}].", type=int, check=RECORDS))
     turns: int | None = field(default=None, metadata=option(
         "workload", "Turns per chat (seed-chat); most turns per session (agent: a session stops once its next "
-                    f"prompt would pass the top of --history) [{_sizes_text(1)}].", type=int, check=POSITIVE_INT))
+                    f"prompt would pass the top of --history) [{_sizes_text(1)}].", type=int, check=RECORDS))
     reply: int | tuple[int, int] | str | None = field(default=None, metadata=option(
         "workload", "Where replies stop, tokens: N, uniform:LO:HI, lognormal:MEDIAN:CV, empirical:FILE, ... "
                     "(capped at --max-tokens) [seed-chat: the fitted default, see docs/reference/seed-study-fit.md; "
@@ -163,35 +198,35 @@ class Scenario:
     request_rate: float | None = field(default=None, metadata=option(
         "workload", "Load: sessions started per second for a generated workload (later turns follow "
                     "closed-loop); for a --trace file, its timestamps rescaled to this mean request rate "
-                    "[generated: all at once].", type=float, kind="positive"))
+                    "[generated: all at once].", type=float, kind="positive", check=RATE))
     arrival: str = field(default="poisson", metadata=option(
         "workload", "Arrival process of --request-rate: poisson, gamma:CV (CV > 1 burstier), constant.",
         kind="arrival"))
     profile: str = field(default="a6000-qwen2.5-7b", metadata=option(
         "cluster", "Shipped profile name or profile JSON file.", aliases=("profile_name",)))
     workers: int = field(default=4, metadata=option(
-        "cluster", "vLLM workers behind the router.", type=int, check=POSITIVE_INT))
+        "cluster", "vLLM workers behind the router.", type=int, check=WORKERS))
     gpus: int | None = field(default=None, metadata=option(
-        "cluster", "GPUs; fewer than workers means sharing [one each].", type=int, check=POSITIVE_INT))
+        "cluster", "GPUs; fewer than workers means sharing [one each].", type=int, check=WORKERS))
     policy: str = field(default=DEFAULT_POLICIES[0], metadata=option(
         "cluster", "Routing policy, optionally with parameters (sglang:cache_threshold=0.5).", option=False))
     kv_blocks: int | None = field(default=None, metadata=option(
         "cluster", "Override the profile's num_gpu_blocks per worker (KV capacity).", type=int,
-        check=Num(integer=True, minimum=2)))
+        check=KV_BLOCKS))
     arrival_spread_s: float = field(default=0.005, metadata=option(
         "cluster", "Uniform start jitter of root requests, s.", flag="--arrival-spread", type=float, check=SECONDS))
     seed: int = field(default=0, metadata=option(
-        "cluster", "Seed of round 0 (round r uses seed + r).", type=int, check=COUNT, sweep_flags=("--seeds",)))
+        "cluster", "Seed of round 0 (round r uses seed + r).", type=int, check=SEED, sweep_flags=("--seeds",)))
     scrape_interval_s: float = field(default=0.0, metadata=option(
         "gateway", "Seconds between the gateway's scrapes of each worker's /metrics (0: live).",
         flag="--scrape-interval", type=float, check=SECONDS))
     cache_view: str = field(default="routed", metadata=option(
         "gateway", "Cache state cache-aware policies read: the routed-prefix index, the workers' KV-cache events, "
-                   "or the exact caches.", choices=CACHE_VIEWS))
+                   "or the exact caches (a policy that names its own, llmd-precise, reads that).", choices=CACHE_VIEWS))
     kv_event_delay_s: float = field(default=0.0, metadata=option(
         "gateway", "Seconds before a worker's KV-cache event reaches the gateway (--cache-view events).",
         flag="--kv-event-delay", type=float, check=SECONDS))
-    gateways: int = field(default=1, metadata=option("gateway", "Gateway replicas.", type=int))
+    gateways: int = field(default=1, metadata=option("gateway", "Gateway replicas.", type=int, check=GATEWAYS))
     gateway_state: str = field(default="local", metadata=option(
         "gateway", "Session/prefix state per replica, or in one shared store.", choices=("local", "shared")))
     store_latency_s: float = field(default=0.0, metadata=option(
@@ -204,10 +239,10 @@ class Scenario:
         "trace", "Tokens per hash_ids block when the trace file does not declare it [512].", type=int,
         check=BLOCK_SIZE, axis=False))
     max_requests: int | None = field(default=None, metadata=option(
-        "trace", "Use only the first N records of the trace.", type=int, check=POSITIVE_INT))
+        "trace", "Use only the first N records of the trace.", type=int, check=RECORDS))
     speedup: float | None = field(default=None, metadata=option(
         "trace", "Divide a --trace file's timestamps by this factor (2 = twice the load).", type=float,
-        kind="positive"))
+        kind="positive", check=RATE))
     max_model_len: int | None = field(default=None, metadata=option(
         "cluster", "Override the profile's max_model_len (tokens); longer prompts are rejected as vLLM does.",
         type=int, check=TOKENS))
@@ -215,6 +250,21 @@ class Scenario:
         "cluster", "closed: later turns wait for their parent; open: trace timestamps.", choices=tuple(REPLAY_MODES)))
     gateway_lb: str = field(default="round_robin", metadata=option(
         "gateway", "Front load balancer over the gateway replicas.", choices=("round_robin", "random")))
+    workload_config: str | None = field(default=None, metadata=option(
+        "trace", "inference-perf YAML config to simulate (data: shared_prefix; load: constant or poisson stages), or "
+                 "a Markdown report holding one.", type="path", axis=False))
+    max_concurrency: int | None = field(default=None, metadata=option(
+        "cluster", "Most requests the client keeps in flight; the others wait in it (vllm bench serve "
+                    "--max-concurrency, aiperf --concurrency) [no limit; a --workload-config with load.num_workers: "
+                   "num_workers x worker_max_concurrency].", type=int, check=POSITIVE_INT))
+    request_timeout_s: float | None = field(default=None, metadata=option(
+        "cluster", "Seconds after which the client abandons a request, recorded as failed (timed out) "
+                    "[none; with --workload-config its load.request_timeout, else aiohttp's 300].",
+        flag="--request-timeout", type=float, check=REQUEST_TIMEOUT))
+    scheduling: str = field(default="profile", metadata=option(
+        "cluster", "The engine's scheduling: the profile's setting, or vLLM's sync or async scheduling "
+                   "(SchedulerConfig.async_scheduling; on CUDA the default from vLLM 0.14).",
+        choices=("profile", "sync", "async")))
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -251,7 +301,12 @@ class Scenario:
         Raises:
             ValueError: the file cannot be read or parsed (naming it), or cannot be rescaled.
         """
-        if self.trace_file is not None:
+        if self.workload_config is not None:
+            from kvroute.traces.inference_perf import workload_trace
+
+            config = _workload_config(str(self.workload_config), _file_stamp(self.workload_config))
+            trace = workload_trace(config, self.seed + round)
+        elif self.trace_file is not None:
             trace = _file_trace(str(self.trace_file), self.trace_block_size, _file_stamp(self.trace_file))
             if self.speedup is not None or self.request_rate is not None:
                 trace = rescaled(trace, self.speedup, self.request_rate)
@@ -269,8 +324,9 @@ class Scenario:
             FileNotFoundError: an unknown profile (the message lists the shipped ones).
             ValueError: a profile file that cannot be read or is invalid.
         """
-        return with_overrides(_profile(self.profile, _file_stamp(self.profile)), self.max_model_len,
-                              self.kv_blocks)
+        profile = with_overrides(_profile(self.profile, _file_stamp(self.profile)), self.max_model_len,
+                                 self.kv_blocks)
+        return with_scheduling(profile, SCHEDULING[self.scheduling])
 
     def spec(self, profile: Profile | None = None, **changes: Any) -> ClusterSpec:
         """The scenario's cluster: the one place a scenario becomes a ``ClusterSpec``.
@@ -287,6 +343,17 @@ class Scenario:
                       scrape_interval_s=self.scrape_interval_s, cache_view=self.cache_view,
                       kv_event_delay_s=self.kv_event_delay_s, gateways=self.gateways, gateway_lb=self.gateway_lb,
                       gateway_state=self.gateway_state, store_latency_s=self.store_latency_s)
+        config = None if self.workload_config is None else \
+            _workload_config(str(self.workload_config), _file_stamp(self.workload_config))
+        if self.max_concurrency is not None:
+            values["max_in_flight"] = self.max_concurrency
+        elif config is not None and config.client_slots is not None:
+            values["max_in_flight"] = config.client_slots
+        timeout = self.request_timeout_s
+        if timeout is None and config is not None:
+            timeout = config.client_timeout_s
+        if timeout is not None:
+            values["request_timeout_s"] = timeout
         values.update(changes)
         return ClusterSpec(self.base_profile() if profile is None else profile, **values)
 
@@ -302,6 +369,8 @@ class Scenario:
                 row[name] = f"{row[name][0]}-{row[name][1]}"
         if self.trace_file is not None:
             row.update(dict.fromkeys(GENERATOR_FIELDS), workload="trace")
+        elif self.workload_config is not None:
+            row.update(dict.fromkeys(GENERATOR_FIELDS), workload="inference-perf")
         return row
 
 
@@ -355,6 +424,9 @@ def check_scenario(scenario: Scenario) -> None:
         check_spec(scenario.policy)
     except ValueError as exc:
         raise ScenarioError(str(exc), "policy") from None
+    if scenario.scheduling not in SCHEDULING:
+        raise ScenarioError(f"unknown scheduling {scenario.scheduling!r}; valid: {', '.join(SCHEDULING)}",
+                            "scheduling")
     if scenario.replay not in REPLAY_MODES:
         raise ScenarioError(f"unknown replay {scenario.replay!r}; valid: {', '.join(REPLAY_MODES)}", "replay")
     if scenario.history is not None and scenario.trace_file is not None:
@@ -363,9 +435,23 @@ def check_scenario(scenario: Scenario) -> None:
     if scenario.history is not None and scenario.workload != "agent":
         reason = "applies to the agent workload only (--workload agent only); seed-chat histories grow with turns"
         raise ScenarioError(f"history {reason}", "history", reason)
+    if 0 < scenario.scrape_interval_s < MIN_SCRAPE_INTERVAL_S:
+        reason = f"must be 0 (live) or >= {MIN_SCRAPE_INTERVAL_S:g} s, got {scenario.scrape_interval_s!r}"
+        raise ScenarioError(f"scrape_interval_s {reason}", "scrape_interval_s", reason)
+    chats, turns = scenario.sizes
+    if chats * turns > MAX_RECORDS:
+        raise ScenarioError(f"--chats {chats:,} x --turns {turns:,} is {chats * turns:,} requests, more than the "
+                            f"{MAX_RECORDS:,} one trace may hold")
     conflict = rescale_conflict(scenario.trace_file is not None, scenario.speedup, scenario.request_rate)
     if conflict:
         raise ScenarioError(conflict)
+    if scenario.workload_config is not None:
+        for name, given in (("trace_file", scenario.trace_file is not None),
+                            ("request_rate", scenario.request_rate is not None),
+                            ("speedup", scenario.speedup is not None), ("history", scenario.history is not None)):
+            if given:
+                reason = "cannot be combined with --workload-config (its stages set the load)"
+                raise ScenarioError(f"{name} {reason}", name, reason)
     if scenario.kv_blocks is not None and scenario.gpus is not None and scenario.gpus < scenario.workers:
         reason = ("cannot be overridden when workers share GPUs (vLLM's memory rule sets each shared worker's "
                   "blocks)")
@@ -394,6 +480,13 @@ def _file_trace(path: str, block_size: int | None, stamp: tuple[int, int, int] |
         return read_any(path, block_size)
     except OSError as exc:
         raise ValueError(f"cannot read trace file {path}: {exc.strerror or exc}") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _workload_config(path: str, stamp: tuple[int, int, int] | None):
+    from kvroute.traces.inference_perf import read_workload_config
+
+    return read_workload_config(path)
 
 
 @functools.lru_cache(maxsize=16)

@@ -245,7 +245,7 @@ def test_trace_file_options_are_checked():
     assert missing["status"].tolist() == ["failed"] and "cannot read trace file" in missing["error"].iloc[0]
 
 
-OUTPUT_ONLY = {"json_out", "out", "records_format", "quiet", "time_series"}
+OUTPUT_ONLY = {"json_out", "out", "records_format", "quiet", "time_series", "figure_formats"}
 """compare's options that say what is written or shown, not what runs."""
 COMPARE_ONLY = {"uncertainty", "prior_range"}
 """compare's model-uncertainty analysis, which sweeps do not run."""
@@ -256,7 +256,7 @@ def test_sweep_takes_every_scenario_option_of_compare_with_its_default():
 
     sweep_flags = {flag: param for param in sweep_command.params for flag in param.opts}
     scenario = [p for p in compare_command.params if p.name not in OUTPUT_ONLY | COMPARE_ONLY]
-    assert len(scenario) == 38  # --config, 32 trace/workload/cluster/gateway, --policies, --rounds, 3 executor
+    assert len(scenario) == 42  # --config, 36 trace/workload/cluster/gateway, --policies, --rounds, 3 executor
     for param in scenario:
         for flag in param.opts:
             assert flag in sweep_flags, f"sweep has no {flag}"

@@ -1,0 +1,62 @@
+"""``kvroute simulate|compare --workload-config``: the per-stage table printed, in ``--json`` and
+written with ``--out`` (``stages.csv``: one row per stage and policy)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+from click.testing import CliRunner
+
+from kvroute.cli.main import cli
+
+CONFIG = """\
+data:
+  type: shared_prefix
+  shared_prefix: {num_groups: 3, num_prompts_per_group: 2, system_prompt_len: 64, question_len: 16, output_len: 8}
+load:
+  type: poisson
+  stages:
+    - {rate: 4, duration: 3}
+    - {rate: 8, duration: 2}
+"""
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_compare_prints_and_writes_one_row_per_stage_and_policy(tmp_path):
+    config = tmp_path / "ip.yaml"
+    config.write_text(CONFIG)
+    out = tmp_path / "run"
+    result = _run("compare", "--workload-config", config, "--policies", "round_robin,kv_aware", "--rounds", 2,
+                  "--executor", "sequential", "--quiet", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "trace inference-perf:ip.yaml: 28 requests" in result.output  # 4 x 3 + 8 x 2
+    assert "per stage (inference-perf's counting" in result.output
+    table = pd.read_csv(out / "stages.csv")
+    assert table[["stage", "policy"]].values.tolist() == [[0, "round_robin"], [0, "kv_aware"], [1, "round_robin"],
+                                                         [1, "kv_aware"]]
+    assert table["requests"].tolist() == [12, 12, 16, 16] and table["rate"].tolist() == [4, 4, 8, 8]
+    assert (table["rounds"] == 2).all() and (table["failed"] == 0).all()
+    doc = json.loads((out / "stages.json").read_text())
+    assert len(doc["stages"]) == 4 and len(doc["stage_rounds"]) == 8
+    assert (out / "stages.png").stat().st_size > 0
+
+
+def test_simulate_json_has_the_stages_and_a_timeout_fails_requests(tmp_path):
+    config = tmp_path / "ip.yaml"
+    config.write_text(CONFIG)
+    result = _run("simulate", "--workload-config", config, "--json", "--request-timeout", "0.05",
+                  "--max-concurrency", 2)
+    assert result.exit_code == 0, result.output
+    stages = json.loads(result.output)["stages"]
+    assert [s["requests"] for s in stages] == [12, 16]
+    # every request times out: the profile's API server alone takes 100 ms
+    assert all(s["timed_out"] == s["failed"] == s["requests"] for s in stages)
+
+
+def test_a_trace_without_stages_has_no_stage_table():
+    result = _run("simulate", "--chats", 2, "--turns", 1, "--quiet")
+    assert result.exit_code == 0 and "per stage" not in result.output
