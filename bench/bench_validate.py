@@ -30,8 +30,13 @@ kv_aware vs round_robin of time to complete and of that TTFT within 8 percentage
 figure is printed with the number of live rounds behind it and the load average (1 min) at the
 start and end of the shape's live rounds: live timings on a shared machine move with its load.
 Before each shape a speed probe (three cold 2,048-token requests one at a time on each server)
-times the servers; its change against the first probe, taken right after ``--calibrate``, says
-how far the host's speed moved under the run, which no profile can predict. Around each shape's
+times the servers, and again after its live rounds; its change against the first probe, taken
+right after ``--calibrate``, says how far the host's speed moved under the run, which no profile
+can predict. The probes around each shape's rounds give the drift factor that scales and widens
+its prediction intervals (``kvroute.sim.timing.drift``), and the script ends with the coverage:
+how many measured values fall inside their ``--interval-level`` (90 %) interval, which also holds
+the seeds', the live rounds' and ``--uncertainty`` drawn profiles' spread
+(``kvroute.sim.study.intervals``; docs/reference/intervals.md). Around each shape's
 live rounds the host's CPU accounting (``/proc/stat``) gives its busy and hypervisor-stolen shares
 (a note per shape; ``host_cpu`` in ``summary.json``).
 """
@@ -186,11 +191,19 @@ def _servers(urls: list[str], log_dir: Path, port_base: int, api_cores: str = "s
         yield [s.url for s in servers], [s.kv_events_endpoint for s in servers if s.kv_events_endpoint]
 
 
-def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tuple[float, float]) -> tuple[list, int]:
+def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tuple[float, float],
+          level: float = 0.90) -> tuple[list, int]:
     """Predicted (``runs``, one per policy) against measured (the live rounds of ``validation``)
-    for one shape and profile; returns (rows, targets missed)."""
+    for one shape and profile; returns (rows, targets missed). Each row also says whether the
+    measured value falls inside its ``level`` prediction interval (``inside``, ``interval``:
+    ``kvroute.sim.study.intervals.combined_interval`` over the simulated runs, drawn profiles,
+    live rounds and the probes' drift, ``validation.drift``), for :func:`coverage_lines`."""
     from kvroute.calibrate.validation.rounds import change_pct, diff_interval, error_pct, spread
-    from kvroute.sim.cluster.metrics import summarize
+    from kvroute.sim.cluster.metrics import METRIC_BOUNDS, summarize
+    from kvroute.sim.study.intervals import combined_interval
+    from kvroute.sim.timing.drift import drift_exponent, metric_drift
+
+    drifts = getattr(validation, "drift", None) or {}
 
     live = validation.policy_rounds()
     chats = any(math.isfinite(r.measured.get("later_ttft_mean_s", math.nan)) for r in validation.runs)
@@ -210,10 +223,14 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
             target = TARGETS.get("ttft" if "ttft" in metric else metric)
             ok = None if target is None else abs(e) <= target
             missed += ok is False
+            power = drift_exponent(metric)
+            ci = combined_interval(run.run_values.get(metric, []), run.run_draws or None, ms,
+                                   metric_drift(metric, drifts), power, level, log_scale=power != 0,
+                                   bounds=METRIC_BOUNDS.get(metric, (-math.inf, math.inf)))
             rows.append(dict(shape=shape, profile=profile_name, policy=run.policy, metric=metric, predicted=p,
                              measured=m, measured_min=min(ms), measured_max=max(ms), live_rounds=len(ms),
                              sim_rounds=rounds, error_pct=e, target_pct=target, ok=ok, load_start=load[0],
-                             load_end=load[1]))
+                             load_end=load[1], interval=[ci.low, ci.high], inside=ci.contains(m), level=level))
     if len(runs) == 2 and all(len(measured(i, ttft_key)) for i in (0, 1)):
         base, kv = runs
         simulated = [[summarize(r) for r in run.sim_runs] for run in runs]
@@ -224,11 +241,39 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
             missed += not ok
             lo, hi = diff_interval([[x[metric] for x in sims] for sims in simulated],
                                    [measured(0, metric), measured(1, metric)])
+            sim_changes = [change_pct(k, b) for b, k in zip(base.run_values.get(metric, []), kv.run_values.get(metric, []))]
+            live_changes = [change_pct(k, b) for b, k in zip(measured(0, metric), measured(1, metric))]
+            ci = combined_interval(sim_changes, kv.run_draws or None, live_changes, level=level, log_scale=False)
             rows.append(dict(shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
                              metric=f"change {metric}", predicted=p, measured=m, live_rounds=len(measured(1, metric)),
                              sim_rounds=rounds, error_pp=p - m, interval_pp=[lo, hi], target_pp=CHANGE_TARGET_PP,
-                             ok=ok, load_start=load[0], load_end=load[1]))
+                             ok=ok, load_start=load[0], load_end=load[1], interval=[ci.low, ci.high],
+                             inside=ci.contains(m), level=level))
     return rows, missed
+
+
+def coverage_lines(rows: list[dict]) -> list[str]:
+    """Coverage of the rows' prediction intervals (``inside``), per profile over every shape,
+    policy and measure, and per profile and shape, each with the number of figures checked and
+    the live rounds behind them (``kvroute.sim.study.intervals.coverage``)."""
+    from kvroute.sim.study.intervals import coverage
+
+    lines = []
+    for profile in dict.fromkeys(r["profile"] for r in rows):
+        mine = [r for r in rows if r["profile"] == profile and "inside" in r]
+        if not mine:
+            continue
+        level = mine[0]["level"]
+        c = coverage(r["inside"] for r in mine)
+        share = "-" if c["share"] is None else f"{100 * c['share']:.0f} %"
+        parts = []
+        for shape in dict.fromkeys(r["shape"] for r in mine):
+            cs = coverage(r["inside"] for r in mine if r["shape"] == shape)
+            rounds = sorted({r["live_rounds"] for r in mine if r["shape"] == shape})
+            parts.append(f"{shape} {cs['inside']}/{cs['checked']} ({'/'.join(map(str, rounds))} live rounds)")
+        lines.append(f"coverage {profile}: {c['inside']} of {c['checked']} measured values inside the "
+                     f"{100 * level:g} % interval ({share}; target >= 85 %): " + ", ".join(parts))
+    return lines
 
 
 def print_rows(rows: list[dict]) -> None:
@@ -330,7 +375,8 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweep
     """Calibrate ``urls`` in place: ``kvroute calibrate measure`` (full preset, with the
     concurrency sweep, extended to ``longest`` tokens when given) into ``out``, ``sweeps`` times
     one after another (into ``out/sweep-1``, ``out/sweep-2``, ... when more than one), then one
-    ``kvroute calibrate fit`` of them all pooled (no bootstrap); returns the profile's path,
+    ``kvroute calibrate fit`` of them all pooled (30 bootstrap refits: the fit uncertainty the
+    prediction intervals draw from); returns the profile's path,
     ``out/profile.json``. The processor behind a shared machine can change from one start of it
     to the next, so a profile measured on another start carries another speed
     (docs/guide/calibrate-on-cpu.md). ``api_cores``: where the
@@ -354,7 +400,7 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweep
              + [a for u in urls for a in ("--url", u)]
              + [a for e in (kv_events or []) for a in ("--kv-events", e)] for d in dirs]
     shared = client_core(client_cores, len(urls)) if api_cores == "own" else -1
-    steps.append(kvroute + ["calibrate", "fit", *map(str, dirs), "--out", str(out / "profile.json"), "--bootstrap", "0",
+    steps.append(kvroute + ["calibrate", "fit", *map(str, dirs), "--out", str(out / "profile.json"), "--bootstrap", "30",
                             "--name", "calibrated-here", "--api-cores", api_cores]
                  + (["--client-core", str(shared)] if shared >= 0 else []))
     for cmd in steps:
@@ -365,49 +411,27 @@ def calibrate_here(urls: list[str], out: Path, longest: int | None = None, sweep
     return out / "profile.json"
 
 
-PROBE_PROMPT_TOKENS, PROBE_OUTPUT_TOKENS, PROBE_REPS = 2048, 32, 3
+from kvroute.calibrate.validation.probe import PROBE_OUTPUT_TOKENS, PROBE_PROMPT_TOKENS, PROBE_REPS  # noqa: E402
 
 
-def speed_probe(urls: list[str], seed: int) -> dict[str, float]:
-    """The servers' speed now: on each server in turn, from a reset prefix cache, ``PROBE_REPS``
-    cold requests one at a time (``PROBE_PROMPT_TOKENS`` random token ids, ``PROBE_OUTPUT_TOKENS``
-    outputs). Taken before each shape's live rounds and compared with the probe taken right after
-    calibrating, it tells a model error from the host changing speed under the run (these
-    machines share their processors).
+def speed_probe(urls: list[str], seed: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """The servers' speed now (``kvroute.calibrate.validation.probe.probe_samples``: on each server
+    in turn, from a reset prefix cache, ``PROBE_REPS`` cold ``PROBE_PROMPT_TOKENS``-token requests
+    one at a time). Taken before each shape's live rounds and after them, and compared with the
+    probe taken right after calibrating, it tells a model error from the host changing speed
+    under the run (these machines share their processors): the drift widens the intervals.
 
     Returns:
-        ``{"ttft_s", "itl_s"}``: medians over every server and repetition of the client's TTFT and
-        of each request's mean inter-token gap, s (NaN when no request succeeded).
+        ``({"ttft_s", "itl_s"}, samples)``: medians over every server and repetition of the
+        client's TTFT and of each request's mean inter-token gap, s (NaN when no request
+        succeeded), and the samples themselves.
     """
     import asyncio
-    import statistics
 
-    import numpy as np
+    from kvroute.calibrate.validation.probe import median, probe_samples
 
-    from kvroute.calibrate.calibration.measure import PromptFactory
-    from kvroute.calibrate.live.client import VllmClient
-
-    prompts = PromptFactory(np.random.default_rng(seed))  # the sweep's cold prompts and token ids
-
-    async def run() -> tuple[list[float], list[float]]:
-        ttfts, itls = [], []
-        for url in urls:
-            async with VllmClient(url) as client:
-                await client.probe()
-                await client.reset_prefix_cache()
-                for _ in range(PROBE_REPS):
-                    res = await client.complete(prompts.unique(PROBE_PROMPT_TOKENS), PROBE_OUTPUT_TOKENS)
-                    times = res.token_times
-                    if res.error or len(times) < 2:
-                        print(f"warning: speed probe on {url}: {res.error or 'no tokens'}", file=sys.stderr)
-                        continue
-                    ttfts.append(times[0])
-                    itls.append((times[-1] - times[0]) / (len(times) - 1))
-        return ttfts, itls
-
-    ttfts, itls = asyncio.run(run())
-    return {"ttft_s": statistics.median(ttfts) if ttfts else math.nan,
-            "itl_s": statistics.median(itls) if itls else math.nan}
+    samples = asyncio.run(probe_samples(urls, seed, warn=lambda msg: print(f"warning: {msg}", file=sys.stderr)))
+    return median(samples), samples
 
 
 def probe_note(label: str, probe: dict[str, float], first: dict[str, float] | None) -> str:
@@ -458,8 +482,14 @@ def _saved_rounds(saved):
     def current(spec) -> ValidationSpec:  # a spec pickled before a field was added gets its default
         return ValidationSpec(**{f.name: getattr(spec, f.name, f.default) for f in dataclasses.fields(ValidationSpec)})
 
-    if not isinstance(saved, list):
-        return dataclasses.replace(saved, spec=current(saved.spec))
+    def field_of(obj, f):  # a field pickled before it was added: its default
+        if hasattr(obj, f.name):
+            return getattr(obj, f.name)
+        return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+    if not isinstance(saved, list):  # a Validation pickled before a field was added gets its default too
+        return Validation(**{f.name: field_of(saved, f) for f in dataclasses.fields(Validation) if f.name != "spec"},
+                          spec=current(saved.spec))
     first = saved[0]
     spec = current(first.spec)
     merged = Validation(first.trace, dataclasses.replace(spec, live_rounds=len(saved)), first.servers, first.sim_spec,
@@ -489,6 +519,11 @@ def main() -> None:
                         help=f"Profile to score (repeatable; default: {', '.join(DEFAULT_PROFILES)}).")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma-separated shapes (default: all: {','.join(SHAPES)}).")
     parser.add_argument("--rounds", type=int, default=20, help="Simulation rounds (seeds) averaged per profile (default: 20).")
+    parser.add_argument("--uncertainty", type=int, default=4, metavar="N",
+                        help="Profiles drawn from each profile's fit uncertainty, x --rounds each, for the prediction "
+                             "intervals (default: 4; 0: seeds only).")
+    parser.add_argument("--interval-level", type=float, default=0.90, metavar="P",
+                        help="Level of the prediction intervals whose coverage is reported (default: 0.90).")
     parser.add_argument("--live-rounds", type=live_rounds_arg, default={}, metavar="N|SHAPE=N,...",
                         help="Live replays per policy: N for every shape, or per shape (e.g. short-replies=60); "
                              "default per shape: " + ", ".join(f"{k} {v}" for k, v in LIVE_ROUNDS.items()) + ".")
@@ -520,6 +555,10 @@ def main() -> None:
         args.api_cores = "spare" if args.url else "own"
     if args.sweeps < 1:
         parser.error(f"--sweeps: at least 1, got {args.sweeps}")
+    if not 0.0 < args.interval_level < 1.0:
+        parser.error(f"--interval-level: between 0 and 1, got {args.interval_level}")
+    if args.uncertainty < 0:
+        parser.error(f"--uncertainty: at least 0, got {args.uncertainty}")
     if args.kv_events and (args.url or args.rescore):
         parser.error("--kv-events configures the servers this script starts; it cannot be used with --url or "
                      "--rescore (live rounds saved with engine first-token times are split when rescored)")
@@ -536,6 +575,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     all_rows, missed, notes, splits, convoys, probes, host_cpu = [], 0, [], [], [], {}, {}
+    after = first = None  # speed-probe samples: the last one taken, and the first (after --calibrate)
+    from kvroute.calibrate.validation.probe import drifts, median
     from kvroute.cli.calibrate_commands import _cores
     from kvroute.calibrate.live.server import pinned
 
@@ -566,17 +607,33 @@ def main() -> None:
                     sys.exit(f"error: {saved}: no saved live rounds for shape {shape!r}")
                 validation, load = pickle.loads(saved.read_bytes())
                 validation = _saved_rounds(validation)
+                probe_file = args.rescore / shape / "probes.json"
+                saved_probes = json.loads(probe_file.read_text()) if probe_file.exists() else {}
             else:
-                probes[shape] = speed_probe(urls, seed=k)
+                if after is None:  # the probe after the previous shape's rounds is this one's before
+                    probes[shape], after = speed_probe(urls, seed=k)
+                    first = first or after
+                else:
+                    probes[shape] = median(after)
                 notes.append(probe_note(f"before {shape}", probes[shape], probes[shapes[0]] if k else None))
                 print(notes[-1], file=sys.stderr)
+                before = after
                 cpu_before = host_cpu_times()
                 validation, load = _live_rounds(shape, trace, urls, profiles[0], args, kv_endpoints)
+                after = speed_probe(urls, seed=100 + k)[1]
+                saved_probes = {"before": before, "after": after, "reference": first if args.calibrate else None}
+                (args.out / shape / "probes.json").write_text(json.dumps(saved_probes, indent=2))
                 host_cpu[shape] = host_cpu_shares(cpu_before, host_cpu_times())
                 if host_cpu[shape] is not None:
                     notes.append(f"{shape}: the host's CPU in the live rounds: busy {host_cpu[shape]['busy']:.0f} %, "
                                  f"stolen by the hypervisor {host_cpu[shape]['steal']:.2f} %")
             spec = validation.spec
+            validation.drift = drifts(saved_probes.get("before"), saved_probes.get("after"), saved_probes.get("reference"))
+            if validation.drift:
+                notes.append(f"{shape}: host speed drift over the live rounds (probes before and after"
+                             + (", against the probe after calibrating" if saved_probes.get("reference") else "")
+                             + "): " + ", ".join(f"{q} x{d.factor:.3f} (log sd {d.log_sd:.3f})"
+                                                 for q, d in validation.drift.items()))
             sim_trace, lags, lag, offsets = with_measured_client(trace, validation.runs)
             notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median of "
                          f"{len(lags)} later turns, each simulated turn draws one), root send offsets "
@@ -585,11 +642,11 @@ def main() -> None:
             for profile in profiles + checks:
                 cluster, _ = cluster_spec(profile, validation.servers, spec)
                 cluster = replace(cluster, client_lag_s=lags)
-                runs = predict(sim_trace, cluster, list(spec.policies), args.rounds, spec.seed)
+                runs = predict(sim_trace, cluster, list(spec.policies), args.rounds, spec.seed, args.uncertainty)
                 beyond = run_note(cluster.profile, [r.records for run in runs for r in run.sim_runs])
                 if beyond:
                     notes.append(f"{shape}: {beyond.removeprefix('Note: ')}")
-                rows, m = score(shape, profile.name, runs, validation, args.rounds, load)
+                rows, m = score(shape, profile.name, runs, validation, args.rounds, load, args.interval_level)
                 all_rows += rows
                 missed += m if profile not in checks else 0
                 splits += time_split(shape, profile.name, runs, validation)
@@ -597,6 +654,9 @@ def main() -> None:
     t2 = time.perf_counter()
     print()
     print_rows(all_rows)
+    print()
+    for line in coverage_lines(all_rows):
+        print(line)
     if splits:
         print("\nwhere a request's time goes, predicted/measured ms (engine times from vLLM's request histograms; "
               "front_end = TTFT - queue - prefill; api_front_end and client split it, measured only):")

@@ -13,7 +13,10 @@ import click
 
 from kvroute.cli.scenario import DEFAULT_POLICIES, scenario_from_options, scenario_options
 from kvroute.cli.signals import stops_on_sigterm
-from kvroute.cli.values import check_urls, check_values
+from kvroute.cli.sim_commands import figure_format_option
+from kvroute.cli.values import (DRAWS, OPEN_FRACTION, POSITIVE_SECONDS, RELATIVE, Cores, Number, check_runs,
+                                check_urls, check_values, token_id_range)
+from kvroute.traces.inputs import POSITIVE_INT, RUNS, SECONDS, SEED, TOKENS
 from kvroute.traces.outputs import check_output
 
 
@@ -25,17 +28,11 @@ def _policies(single: tuple[str, ...], joined: str | None) -> list[str]:
 
 
 def _token_range(text: str | None) -> tuple[int, int] | None:
-    if not text:
-        return None
-    try:
-        lo, hi = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise click.BadParameter(f"must be LO:HI, got {text!r}", param_hint="'--token-range'") from None
-    return lo, hi
+    return token_id_range(text)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@scenario_options(groups=("workload", "trace"), slo=False)
+@scenario_options(groups=("workload", "trace"), exclude=("workload_config",), slo=False)
 @click.option("--url", "urls", multiple=True, required=True, help="vLLM server base URL; repeat, one per worker.")
 @click.option("--policy", "policy", multiple=True, help="Routing policy; repeat to compare several.")
 @click.option("--policies", "policies_text", default=None,
@@ -43,34 +40,41 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @click.option("--profile", "profile_name", default="cpu-tiny-qwen2", show_default=True,
               help="Profile (shipped name or JSON file) for step costs and overheads; engine settings come from the servers.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Directory for report.json, report.md, records_*.parquet and ttft_*.png.")
-@click.option("--max-in-flight", type=int, default=None, help="Most requests outstanding at the client (1: one at a time).")
+              help="Directory for report.json, report.md, report.html (one self-contained page), "
+                   "records_*.parquet and ttft_*.png.")
+@click.option("--max-in-flight", type=Number(POSITIVE_INT), default=None, help="Most requests outstanding at the client (1: one at a time).")
 @click.option("--replay", type=click.Choice(["auto", "closed", "open"]), default="auto", show_default=True,
               help="closed: later turns wait for their parent; open: trace timestamps.")
-@click.option("--arrival-spread", "arrival_spread_s", type=float, default=0.0, show_default=True,
+@click.option("--arrival-spread", "arrival_spread_s", type=Number(SECONDS), default=0.0, show_default=True,
               help="The simulation's start jitter of root requests, s.")
-@click.option("--rounds", type=int, default=10, show_default=True,
+@click.option("--rounds", type=Number(RUNS), default=10, show_default=True,
               help="Seeded simulation rounds averaged (the report gives the mean's 95 % interval).")
-@click.option("--live-rounds", type=int, default=1, show_default=True,
+@click.option("--live-rounds", type=Number(RUNS), default=1, show_default=True,
               help="Live replays of every policy, interleaved (rr, kv, rr, kv, ...); the report gives their mean, "
                    "min-max and, from 3 rounds, the mean's 95 % interval. One round of a burst shorter than a minute can be off "
                    "by tens of percent on a shared machine: use 3 or more there. The prediction does not change.")
-@click.option("--timeout", type=float, default=600.0, show_default=True,
+@click.option("--timeout", type=Number(POSITIVE_SECONDS), default=600.0, show_default=True,
               help="Limit on one live request, s; a worker that passes it is treated as dead.")
-@click.option("--router-block-tokens", type=int, default=256, show_default=True, help="Router prefix-index granularity.")
+@click.option("--router-block-tokens", type=Number(TOKENS), default=256, show_default=True, help="Router prefix-index granularity.")
 @click.option("--model", default=None, help="Served model name (default: each server's only model).")
 @click.option("--token-range", default=None, help="LO:HI prompt token ids (default: from the model's tokenizer).")
-@click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engines'.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds simulation rounds and prompt tokens.")
+@click.option("--client-cores", type=Cores(), default=None, help="Run this client on these CPU cores (e.g. '1'), off the engines'.")
+@click.option("--seed", type=Number(SEED), default=0, show_default=True, help="Seeds simulation rounds and prompt tokens.")
 @click.option("--client-lag", default="measured", show_default=True,
               help="Seconds the simulation adds before every later turn, for the live client's own send delay; "
                    "'measured': run the live replays first, then give each simulated later turn a lag drawn from "
                    "their measured send lags (and each root its measured send offset).")
-@click.option("--uncertainty", type=int, default=0, show_default=True,
+@click.option("--uncertainty", type=Number(DRAWS), default=0, show_default=True,
               help="Also simulate N profiles drawn from the profile's coefficient uncertainty (x --rounds each), so "
                    "each measured value is checked against an interval that includes the model's share.")
-@click.option("--prior-range", type=float, default=0.2, show_default=True,
+@click.option("--prior-range", type=Number(RELATIVE), default=0.2, show_default=True,
               help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
+@click.option("--interval-level", type=Number(OPEN_FRACTION), default=0.90, show_default=True,
+              help="Level of the prediction interval each measured value is checked against (it combines the seeds', "
+                   "the drawn profiles' and the live rounds' spread and the probes' drift; docs/reference/intervals.md).")
+@click.option("--speed-probes", type=Number(DRAWS), default=0, show_default=True,
+              help="Time N cold 2,048-token requests per server before the first and after the last live round; the "
+                   "host's speed drift between them widens the intervals of time measures (0: no probes).")
 @click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
               help="Each server's KV-cache event endpoint (ipc://PATH or tcp://HOST:PORT, as kvroute serve "
                    "--kv-events-port-base prints it), "
@@ -79,11 +83,13 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @click.option("--tokens/--no-tokens", "record_tokens", default=False, show_default=True,
               help="Also keep every output token's arrival time, live and simulated (tokens_live.parquet, "
                    "tokens_sim.parquet).")
+@figure_format_option
 @check_values
 @stops_on_sigterm
 def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, replay, arrival_spread_s, rounds,
              live_rounds, timeout, router_block_tokens, model, token_range, client_cores, seed, client_lag,
-             uncertainty, prior_range, kv_events, record_tokens, **options):
+             uncertainty, prior_range, kv_events, record_tokens, figure_formats=("png",), interval_level=0.90,
+             speed_probes=0, **options):
     """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
     same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate,
     per-worker hit tokens). Ctrl-C or SIGTERM writes what was measured so far (exit code 130).
@@ -94,7 +100,6 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
           --policies round_robin,kv_aware --profile cpu-tiny-qwen2-x2 --live-rounds 3 --out runs/validate
     """
     from kvroute.calibrate.live.client import CalibrationError
-    from kvroute.cli.calibrate_commands import _cores
     from kvroute.calibrate.live.kv_events import check_endpoints
     from kvroute.calibrate.live.server import pinned
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
@@ -105,6 +110,7 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
 
     check_urls(urls)
     scenario = scenario_from_options(options, seed=seed)  # the workload: checked before any connection
+    check_runs(rounds * (uncertainty + 1), f"--rounds {rounds} x (--uncertainty {uncertainty} + 1) per policy")
     if kv_events:
         try:
             check_endpoints(kv_events, len(urls))
@@ -144,9 +150,10 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
     spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread_s, router_block_tokens,
                           timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
                           prior_range, live_rounds=live_rounds, record_tokens=record_tokens,
-                          kv_event_endpoints=tuple(kv_events))
+                          kv_event_endpoints=tuple(kv_events), interval_level=interval_level,
+                          speed_probes=speed_probes)
     try:
-        with pinned(_cores(client_cores)):
+        with pinned(client_cores):
             result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))
     except (CalibrationError, ValueError) as exc:
         _remove_if_empty(out_dir, created)
@@ -155,9 +162,10 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
         _remove_if_empty(out_dir, created)
         click.echo("interrupted before any live measurement; nothing written", err=True)
         sys.exit(130)
-    path = write_report(result, out_dir)
+    path = write_report(result, out_dir, figure_formats)
     click.echo(report_markdown(result))
-    click.echo(f"wrote {path}, report.md, records_live.parquet, records_sim.parquet, ttft_*.png in {out_dir}", err=True)
+    click.echo(f"wrote {path}, report.md, report.html, records_live.parquet, records_sim.parquet, "
+               f"ttft_*.{{{','.join(figure_formats)}}} in {out_dir}", err=True)
     if result.interrupted:
         sys.exit(130)
     measured = sum(int((run.live.records["status"] == "ok").sum()) for run in result.runs if run.live is not None)

@@ -203,8 +203,10 @@ def simulate_burst(burst: Burst, profile: Profile, seeds: tuple[int, ...] = (0,)
         rec = run.records.sort_values("request_id").iloc[num_warm(burst):]
         m = _metrics(np.array(burst.send_s), rec["ttft"].to_numpy(float), rec["e2e"].to_numpy(float),
                      rec["tpot"].to_numpy(float))
-        # as vLLM's histograms average them: per request (queue + prefill), per token gap (decode)
-        m["engine_ttft_s"] = float((rec["queue_time"] + rec["prefill_time"]).mean())
+        # as vLLM's histograms average them: per request (queue + prefill), per token gap (decode);
+        # plus the engine's admission time that the one-at-a-time fit put before the engine
+        m["engine_ttft_s"] = float((rec["queue_time"] + rec["prefill_time"]).mean()) + engine_admission_s(profile,
+                                                                                                        burst.prompt_len)
         gaps = float((rec["output_tokens"] - 1).clip(lower=0).sum())
         m["engine_itl_s"] = float(rec["decode_time"].sum()) / gaps if gaps > 0 else math.nan
         m["api_cpu_s"] = api_busy_s(profile, rec, run.workers["num_steps"].sum(), burst.num_servers)
@@ -212,6 +214,25 @@ def simulate_burst(burst: Burst, profile: Profile, seeds: tuple[int, ...] = (0,)
         for k in METRICS:
             acc[k].append(m[k])
     return {k: float(np.mean(v)) for k, v in acc.items()}
+
+
+def engine_admission_s(profile: Profile, prompt_len: int) -> float:
+    """The engine's own admission time of a request of ``prompt_len`` tokens that the profile's
+    one-at-a-time fit measured inside vLLM's queue + prefill time but placed in the API-server
+    time before the engine (``provenance.fit.overhead_parts``: ``engine_admission_s`` +
+    ``engine_admission_per_token_s`` x prompt tokens, written by a fit with ``overhead="metrics"``;
+    0 without them), s. The simulated engine TTFT of a burst adds it, so that it is compared with
+    vLLM's histograms like for like: without it a lone 256-token request's predicted engine TTFT
+    was half the measured one, and only host contention could stretch it
+    (docs/log/2026-12-05-fit-walls.md)."""
+    fit = (profile.raw.get("provenance") or {}).get("fit") if isinstance(profile.raw, dict) else None
+    parts = fit.get("overhead_parts") if isinstance(fit, dict) else None
+    if not isinstance(parts, dict):
+        return 0.0
+    a, b = parts.get("engine_admission_s"), parts.get("engine_admission_per_token_s")
+    a = float(a) if isinstance(a, (int, float)) and math.isfinite(a) else 0.0
+    b = float(b) if isinstance(b, (int, float)) and math.isfinite(b) else 0.0
+    return max(a, 0.0) + max(b, 0.0) * prompt_len
 
 
 def api_busy_s(profile: Profile, records: pd.DataFrame, num_steps: int, num_servers: int) -> float:
@@ -334,6 +355,8 @@ class FrontendFit:
     objective: float
     evaluations: int
     contention_interval: tuple[float, float] = (math.nan, math.nan)
+    walls: tuple = ()
+    scatter: tuple = ()
 
     def summary(self) -> str:
         """Lines: the terms, then median |error| per scope and metric before -> after."""
@@ -364,6 +387,9 @@ class FrontendFit:
             lines.append(f"  {scope:<12} " + ", ".join(parts)
                          + (" (not fitted: checks the step costs of several prefills on a cached prefix in one step)"
                             if kind.endswith("_cached") else ""))
+        from kvroute.calibrate.calibration.walls import summary_lines
+
+        lines += summary_lines(self.walls, self.scatter)  # terms at a bound; repeats that scatter (walls.py)
         return "\n".join(lines)
 
 
@@ -466,7 +492,7 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     grid = [np.array([a, o, st]) for a in (0.1, 0.25, 0.5, 1.0, 2.0, 4.0) for o in (0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
             for st in (0.0, 1.0, 3.0, 10.0, 30.0)]
     z0 = min(grid, key=lane)
-    res = minimize(lane, z0, method="Nelder-Mead", bounds=[(0, 40), (0, 300), (0, 300)],
+    res = minimize(lane, z0, method="Nelder-Mead", bounds=list(LANE_BOUNDS),
                    options={"maxfev": max_evals, "xatol": 1e-3, "fatol": 1e-5})
     x = np.maximum(res.x, 0.0) * scale
     # stage 2: the host's contention from bursts on all servers at once (and on one server when
@@ -481,17 +507,51 @@ def fit_frontend(bursts: list[Burst], profile: Profile, cores: int, baseline_bus
     if refine_evals > 0:
         s3 = np.array([*scale, 1.0])
         r3 = minimize(lambda z: loss(bursts, np.maximum(z, 0.0) * s3), x / s3, method="Nelder-Mead",
-                      bounds=[(0, 40), (0, 300), (0, 300), (0, CONTENTION_BOUND)],
+                      bounds=[*LANE_BOUNDS, (0, CONTENTION_BOUND)],
                       options={"maxfev": refine_evals, "xatol": 1e-3})
         x = np.maximum(r3.x, 0.0) * s3
     objective = loss(bursts, x)
     if group:  # at the final terms: the range holds the contention the profile carries
         interval = contention_interval(lambda c: loss(bursts, np.array([*x[:3], c])), float(x[3]), float(objective),
                                        terms)
+    walls = burst_walls(lambda z: loss(bursts, z), x, scale, float(objective) if group else None)
     fitted = with_terms(profile, x, api_server_count, host)
     before = burst_table(checked, profile)
     after = burst_table(checked, fitted)
-    return FrontendFit(fitted.frontend, fitted.host, before, after, float(objective), evals, interval)
+    from kvroute.calibrate.calibration.walls import burst_scatter
+
+    return FrontendFit(fitted.frontend, fitted.host, before, after, float(objective), evals, interval,
+                       tuple(walls), tuple(burst_scatter(bursts)))
+
+
+LANE_BOUNDS = ((0.0, 40.0), (0.0, 300.0), (0.0, 300.0))
+"""Bounds of the three API-lane terms in :func:`fit_frontend`'s Nelder-Mead search, in units of
+its scale (the unloaded API-server time, 100 us, 100 us)."""
+
+LANE_TERMS = ("frontend.per_request_s", "frontend.per_output_token_s", "frontend.per_step_s")
+
+
+def burst_walls(loss, x: np.ndarray, scale: np.ndarray, objective: float | None) -> list:
+    """The burst terms at a bound (:class:`~kvroute.calibrate.calibration.walls.Wall`): a lane
+    term on an end of :data:`LANE_BOUNDS` (not refitted), and the host contention on
+    :data:`CONTENTION_BOUND`, refitted up to ``walls.ASK_LIMIT`` times it with the lane terms
+    fixed (``loss(z)``: the fit's objective over every burst at terms ``z``) to give what the
+    bursts ask for. ``objective`` None: contention was not fitted."""
+    from kvroute.calibrate.calibration.walls import BOUND_TOL, Wall, asked_beyond, at_upper
+
+    walls = []
+    for k, (name, (low, high)) in enumerate(zip(LANE_TERMS, LANE_BOUNDS)):
+        value = float(x[k] / scale[k])
+        if at_upper(value, high):
+            walls.append(Wall(name, high * float(scale[k]), "upper", float(x[k]), note="the lane-time search's bound"))
+        elif value <= BOUND_TOL * high and low == 0.0 and x[k] == 0.0:
+            walls.append(Wall(name, 0.0, "lower", 0.0, note="the bursts ask for no such lane time, or less than none"))
+    if objective is not None and at_upper(float(x[3]), CONTENTION_BOUND):
+        asked, at_bound, at_asked = asked_beyond(lambda c: loss(np.array([*x[:3], c])), CONTENTION_BOUND)
+        walls.append(Wall("host.contention", CONTENTION_BOUND, "upper", float(x[3]), asked, at_bound, at_asked,
+                          "the bursts ask for more engine slowdown under load than the host model gives at its "
+                          "bound; see docs/log/2026-12-05-fit-walls.md for the causes found"))
+    return walls
 
 
 CONTENTION_GRID = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, CONTENTION_BOUND)
@@ -570,6 +630,7 @@ def profile_sections(ff: FrontendFit) -> dict:
             **({"contention_interval": [r(v) for v in ff.contention_interval]}
                if math.isfinite(ff.contention_interval[0]) else {}),
             "num_bursts": int(ff.after["exp_id"].nunique()) if len(ff.after) else 0,
+            "at_bound": [w.to_dict() for w in ff.walls],
             "median_abs_error_pct_without_terms": _rounded(error_summary(ff.before)),
             "median_abs_error_pct_with_terms": _rounded(error_summary(ff.after)),
         },

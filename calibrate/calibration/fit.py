@@ -22,6 +22,10 @@ single measurement. The profile's coefficients are the ones fitted without the h
 Uncertainty (``bootstrap=N``): the fit is repeated on N resamples of the fitted share's
 configurations (:func:`bootstrap_coefficients`) and the refitted coefficient vectors go into the
 profile's ``step_cost_uncertainty``.
+
+Walls (:mod:`kvroute.calibrate.calibration.walls`): a coefficient held on its bound is named in the
+summary and the profile's ``fit_notes`` with what a refit without that bound asks for, and so is
+every configuration whose repeated experiments differ by more than 2x.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 from kvroute.calibrate.calibration.observations import Observation, TTFT_KINDS
 from kvroute.calibrate.calibration.steps import COEFFICIENTS, Step, design_row, predict
 from kvroute.sim.timing.coverage import measured_range
+from kvroute.calibrate.calibration.walls import SCATTER_LIMIT, fit_notes_document
 from kvroute.sim.timing.cost_model import StepCost
 
 
@@ -102,6 +107,8 @@ class FitResult:
     parts: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     bootstrap_samples: np.ndarray | None = None
+    walls: list = field(default_factory=list)
+    scatter: list = field(default_factory=list)
 
     def summary(self) -> str:
         """A few lines: coefficients and held-out errors."""
@@ -129,6 +136,9 @@ class FitResult:
             for name, column in zip(UNCERTAIN_FIELDS, self.bootstrap_samples.T):
                 lo, hi = np.percentile(column, [2.5, 97.5])
                 lines.append(f"  {name} {lo:.4g} .. {hi:.4g}")
+        from kvroute.calibrate.calibration.walls import summary_lines
+
+        lines += summary_lines(self.walls, self.scatter)  # terms at a bound; repeats that scatter (walls.py)
         return "\n".join(lines)
 
 
@@ -234,8 +244,7 @@ def fit_cost(
     itl = [o for o in sel if o.kind not in TTFT_KINDS]
     if not ttft or not itl:
         raise ValueError(
-            f"need both TTFT and ITL observations to fit (have {len(ttft)} TTFT, {len(itl)} ITL); "
-            f"was the sweep interrupted before its decode part?"
+            f"need both TTFT and ITL observations to fit (have {len(ttft)} TTFT, {len(itl)} ITL)"
         )
     if overhead not in ("auto", "metrics", "fit"):
         raise ValueError(f"overhead must be 'auto', 'metrics' or 'fit', got {overhead!r}")
@@ -392,13 +401,17 @@ def bootstrap_coefficients(
     overhead: str = "auto",
     loss: str = "linear",
     per_token_overhead: bool = True,
+    scatter_limit: float | None = SCATTER_LIMIT,
 ) -> np.ndarray:
     """Coefficients refitted on ``num_samples`` bootstrap resamples of ``obs[mask]``.
 
     Each resample draws, for every kind of experiment (cold, cached, decode, mixed), as many
     configurations as that kind has, with replacement (``numpy.random.default_rng(seed)``), and
     keeps every repetition of a drawn configuration; :func:`fit_cost` is rerun on it with the same
-    options, API-server line and jitter CV included.
+    options, API-server line and jitter CV included. A configuration whose repeated experiments
+    scatter by more than ``scatter_limit`` (2x; ``walls.repeat_scatter``) has its experiments drawn
+    again too, whole experiments with replacement, so that scatter widens the refits' spread (None:
+    every repetition kept, as the shipped profiles' samples were drawn).
 
     Why configurations, not the fit's covariance: the errors that matter are the model's misfit
     from one configuration to the next (repetitions of a configuration are nearly identical, so
@@ -415,8 +428,11 @@ def bootstrap_coefficients(
     """
     if num_samples < 1:
         raise ValueError(f"bootstrap needs at least one resample, got {num_samples}")
+    from kvroute.calibrate.calibration.walls import scattered_configs
+
     rng = np.random.default_rng(seed + 2_000_003)
     kept = [o for o, m in zip(obs, mask) if m]
+    scattered = scattered_configs(kept, scatter_limit) if scatter_limit else set()
     by_config: dict[tuple, list[Observation]] = {}
     for o in kept:
         by_config.setdefault(o.config, []).append(o)
@@ -427,11 +443,25 @@ def bootstrap_coefficients(
         sample: list[Observation] = []
         for configs in kinds.values():
             for i in rng.integers(0, len(configs), size=len(configs)):
-                sample.extend(by_config[configs[i]])
+                sample.extend(_drawn_repeats(by_config[configs[i]], configs[i] in scattered, rng))
         cf = fit_cost(sample, None, overhead, loss, per_token_overhead)
         rows.append([getattr(cf.cost, k) for k in COEFFICIENTS] + [cf.api_server_s, cf.api_server_per_token_s,
                                                                      cf.jitter_cv])
     return np.array(rows, float)
+
+
+def _drawn_repeats(repeats: list[Observation], scattered: bool, rng: np.random.Generator) -> list[Observation]:
+    """A drawn configuration's observations in a bootstrap resample: all of them, or, for a
+    configuration whose repeated experiments scatter by more than ``walls.SCATTER_LIMIT``, its
+    experiments drawn again with replacement (whole experiments, every observation of a drawn
+    one kept), so that scatter widens the refits instead of being averaged away."""
+    if not scattered:
+        return repeats
+    by_exp: dict[int, list[Observation]] = {}
+    for o in repeats:
+        by_exp.setdefault(o.exp_id, []).append(o)
+    ids = sorted(by_exp)
+    return [o for i in rng.integers(0, len(ids), size=len(ids)) for o in by_exp[ids[i]]]
 
 
 def fit(
@@ -443,6 +473,7 @@ def fit(
     per_token_overhead: bool = True,
     folds: int = 4,
     bootstrap: int = 0,
+    scatter_limit: float | None = SCATTER_LIMIT,
 ) -> FitResult:
     """Split, fit on the kept share, predict everything, and measure the quality.
 
@@ -450,8 +481,11 @@ def fit(
     validation over configurations (every configuration predicted once by a fit that did not see
     it) gives a steadier estimate of the held-out error: quality keys ``"crossval"`` and
     ``"crossval_raw"``; ``folds < 2`` skips it. ``bootstrap > 0`` refits that many resamples of
-    the fitted share (:func:`bootstrap_coefficients`, seeded by ``seed``); the coefficients
-    themselves do not change.
+    the fitted share (:func:`bootstrap_coefficients`, seeded by ``seed``; configurations whose
+    repeats scatter by more than ``scatter_limit`` have their experiments resampled too); the
+    coefficients themselves do not change. The result names every coefficient held on its bound
+    with what the data asked for (``walls``) and the configurations whose repeated experiments
+    differ by more than 2x (``scatter``; :mod:`kvroute.calibrate.calibration.walls`).
 
     Raises:
         ValueError: see :func:`fit_cost` and :func:`split_holdout`.
@@ -473,11 +507,15 @@ def fit(
                                              fit_cost(obs, ~test, overhead, loss, per_token_overhead))
         ok = ~np.isnan(cv_pred)
         q["crossval"], q["crossval_raw"] = _qualities(obs, meas, np.where(ok, cv_pred, 0.0), ok)
-    samples = (bootstrap_coefficients(obs, ~held, bootstrap, seed, overhead, loss, per_token_overhead)
+    samples = (bootstrap_coefficients(obs, ~held, bootstrap, seed, overhead, loss, per_token_overhead, scatter_limit)
                if bootstrap > 0 else None)
+    from kvroute.calibrate.calibration.walls import cost_walls, repeat_scatter
+
     return FitResult(cf.cost, cf.api_server_s, cf.overhead_source, cf.jitter_cv, obs, held, pred, q, cf.method,
                      holdout, seed, api_server_per_token_s=cf.api_server_per_token_s, parts=cf.parts,
-                     bootstrap_samples=samples)
+                     bootstrap_samples=samples,
+                     walls=cost_walls(obs, ~held, cf.cost, cf.overhead_source, per_token_overhead),
+                     scatter=repeat_scatter([o for o, h in zip(obs, held) if not h]))
 
 
 def uncertainty_document(result: FitResult) -> dict | None:
@@ -526,6 +564,8 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
         "long_prefill_token_threshold": info.long_prefill_token_threshold,
         "enable_prefix_caching": info.enable_prefix_caching,
     }
+    if info.async_scheduling is not None:
+        engine["async_scheduling"] = info.async_scheduling
     if info.gpu_memory_utilization is not None:
         engine["gpu_memory_utilization"] = info.gpu_memory_utilization
     return {
@@ -547,6 +587,7 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
             "server_urls": urls,
             "model": info.model,
             "vllm_version": info.vllm_version,
+            "async_scheduling": info.async_scheduling,
             "hardware": info.hardware,
             "seed": meta.get("seed"),
             "fit": {
@@ -590,6 +631,7 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
             "hardware": info.sources.get("hardware", "server report"),
         },
         **({"step_cost_uncertainty": uncertainty_document(result)} if result.bootstrap_samples is not None else {}),
+        "fit_notes": fit_notes_document(result.walls, result.scatter),
     }
 
 
@@ -598,18 +640,34 @@ def _r(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(f"{float(x):.6g}")
 
 
-def plot_report(result: FitResult, path: str | Path, title: str = "") -> Path:
-    """Write a PNG: measured against predicted TTFT and ITL (log axes, fitted vs held-out), and
-    TTFT against prompt length and ITL against batch size with the model's curves."""
-    import matplotlib
+FIT_KIND_COLORS = {"cold": "#1f77b4", "cached": "#2ca02c", "decode": "#ff7f0e", "mixed": "#d62728"}
+"""Colours of the fit figure's observation kinds (matplotlib's ``tab10``; no policy is drawn)."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def fit_figure(result: FitResult, title: str = ""):
+    """The fit's figure: measured against predicted TTFT and ITL (log axes, fitted vs held-out),
+    and TTFT against the tokens computed and ITL against the decode batch with the model's curves.
+
+    Args:
+        result: :func:`fit`'s result.
+        title: what the profile is (name, model, hardware, vLLM version); the figure's title
+            names it (``kvroute.sim.study.figure_style.scenario_title``).
+
+    Returns:
+        A bare matplotlib ``Figure`` (no pyplot state: a notebook's backend is left alone). Times
+        are in ms on log axes (they span decades: a 16-token prefill to a 4k one), the batch
+        axis is base 2.
+    """
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    from kvroute.sim.study.figure_style import scenario_title
 
     obs, pred, held = result.observations, result.predicted_s, result.held_out
     meas = np.array([o.measured_s for o in obs])
-    fig, axes = plt.subplots(2, 2, figsize=(12, 10))
-    colors = {"cold": "tab:blue", "cached": "tab:green", "decode": "tab:orange", "mixed": "tab:red"}
+    fig = Figure(figsize=(12, 10.4))
+    axes = fig.subplots(2, 2)
+    colors = FIT_KIND_COLORS
     for ax, kinds, label in ((axes[0, 0], ("cold", "cached"), "TTFT"), (axes[0, 1], ("decode", "mixed"), "ITL / step")):
         lo, hi = math.inf, 0.0
         for kind in kinds:
@@ -641,7 +699,7 @@ def plot_report(result: FitResult, path: str | Path, title: str = "") -> Path:
             ax.scatter(x, pred[sel] * 1e3, facecolors="none", edgecolors="k", s=30, label=f"{kind} predicted")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("tokens computed (prompt minus cached prefix)")
+    ax.set_xlabel("tokens computed (prompt minus cached prefix, tokens)")
     ax.set_ylabel("TTFT (ms)")
     ax.set_title("Prefill")
     ax.legend(fontsize=8)
@@ -649,7 +707,7 @@ def plot_report(result: FitResult, path: str | Path, title: str = "") -> Path:
     ax = axes[1, 1]
     dec = [i for i, o in enumerate(obs) if o.kind == "decode"]
     ctxs = sorted({obs[i].desc.get("context_len") for i in dec})
-    cmap = plt.get_cmap("viridis")
+    cmap = colormaps["viridis"]
     for j, L in enumerate(ctxs):
         sel = [i for i in dec if obs[i].desc.get("context_len") == L]
         b = [obs[i].desc["batch"] for i in sel]
@@ -659,15 +717,35 @@ def plot_report(result: FitResult, path: str | Path, title: str = "") -> Path:
         ax.plot(np.array(b)[order], pred[sel][order] * 1e3, color=c, lw=1)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("decode batch size B")
+    ax.set_xlabel("decode batch size B (requests)")
     ax.set_ylabel("ITL (ms); lines: model")
     ax.set_title("Decode")
     ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
+    from matplotlib.ticker import FuncFormatter
+
+    for ax in axes.ravel():  # plain tick labels (0.5, 20, 1000; batch 1, 2, ... 64), not powers
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+    fig.suptitle(scenario_title(title, (), "Step-cost fit: measured against predicted, prefill and decode")
+                 if title else "Step-cost fit: measured against predicted, prefill and decode")
     fig.tight_layout()
+    return fig
+
+
+def plot_report(result: FitResult, path: str | Path, title: str = "", formats=()) -> list[Path]:
+    """Write :func:`fit_figure` to ``path`` (its suffix picks the format: .png, .pdf, .svg) and
+    beside it in each other format of ``formats`` (``--figure-format``).
+
+    Returns:
+        The paths written, ``path`` first.
+
+    Raises:
+        ValueError: ``path``'s suffix or a format is not one of ``figure_style.FIGURE_FORMATS``.
+    """
+    from kvroute.sim.study.figure_style import save_figure
+
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    suffix = out.suffix.lower().lstrip(".")
+    return save_figure(fit_figure(result, title), out.with_suffix(""), [suffix, *(f for f in formats if f != suffix)],
+                       dpi=90)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ import pandas as pd
 
 from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, ServerInfo, VllmClient
 from kvroute.calibrate.live.prompts import DEFAULT_TOKEN_RANGE, TokenSynth
+from kvroute.calibrate.validation.probe import drifts as probe_drifts
 from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
 from kvroute.sim.cluster.cluster import ClusterSpec
 from kvroute.sim.timing.coverage import run_note
@@ -81,6 +83,13 @@ class ValidationSpec:
             the same whatever their number.
         record_tokens: keep every output token's arrival time, live and simulated (the report
             then writes ``tokens_live.parquet`` and ``tokens_sim.parquet``).
+        interval_level: nominal coverage of the interval each measured value is checked
+            against (``kvroute.sim.study.intervals.combined_interval``; 0.9: 90 %).
+        speed_probes: requests per server of a speed probe before the first and after the last
+            live round (``kvroute.calibrate.validation.probe``); their drift widens and shifts
+            the intervals of time measures. 0: no probes.
+        probe_reference: the same probe's samples right after calibrating (``{"ttft_s": [...],
+            "itl_s": [...]}``), against which the drift is measured; None: no reference.
     """
 
     urls: tuple[str, ...]
@@ -101,6 +110,9 @@ class ValidationSpec:
     kv_event_endpoints: tuple[str, ...] = ()
     live_rounds: int = 1
     record_tokens: bool = False
+    interval_level: float = 0.90
+    speed_probes: int = 0
+    probe_reference: dict | None = None
 
 
 @dataclass(slots=True)
@@ -149,11 +161,13 @@ class PolicyRun:
     run_values: dict[str, list[float]] = field(default_factory=dict)
     interval_source: str = "seeds"
     live_round: int = 0
+    run_draws: list[int] = field(default_factory=list)
 
     def take_prediction(self, pred: PolicyRun) -> None:
         """Share ``pred``'s prediction (the fields :func:`predict` fills in)."""
         self.predicted, self.sim_runs, self.predicted_interval = pred.predicted, pred.sim_runs, pred.predicted_interval
         self.run_values, self.interval_source = pred.run_values, pred.interval_source
+        self.run_draws = getattr(pred, "run_draws", [])
 
     @property
     def warm(self) -> bool:
@@ -199,6 +213,8 @@ class Validation:
     interrupted: bool = False
     client_lag_s: float = 0.0
     root_offsets_s: dict[int, float] | None = None
+    probes: dict = field(default_factory=dict)
+    drift: dict = field(default_factory=dict)
 
     def policy_rounds(self) -> dict[str, list[PolicyRun]]:
         """Per policy (in the order first run), its runs in live-round order."""
@@ -278,6 +294,9 @@ def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSp
     if profile.engine.block_size != engines[0].block_size:
         notes.append(f"profile {profile.name!r} was measured at block size {profile.engine.block_size}; "
                      f"the servers use {engines[0].block_size}")
+    version_note = profile.version_note(servers[0].vllm_version, servers[0].async_scheduling)
+    if version_note is not None:
+        notes.append(version_note)
     live_profile = dataclasses.replace(profile, engine=engines[0], memory=None)
     cluster = ClusterSpec(
         live_profile, num_workers=len(servers), closed_loop=spec.closed_loop,
@@ -435,12 +454,15 @@ def predict(trace: Trace, cluster: ClusterSpec, policies: list[str], rounds: int
         rows = comparison.summaries[comparison.summaries["policy"] == p]
         if extra is not None:
             rows = pd.concat([rows, extra[extra["policy"] == p]], ignore_index=True)
+        draws = [-1] * int((comparison.summaries["policy"] == p).sum())
+        if extra is not None:
+            draws += [int(x) for x in extra.loc[extra["policy"] == p, "draw"]]
         runs.append(PolicyRun(policy=p, predicted={k: float(v) for k, v in iv["mean"].items()},
                               sim_runs=comparison.runs[p],
                               predicted_interval={k: (float(iv.at[k, "low"]), float(iv.at[k, "high"]))
                                                   for k in iv.index},
                               run_values={k: [float(v) for v in rows[k]] for k in iv.index},
-                              interval_source=source))
+                              interval_source=source, run_draws=draws))
     return runs
 
 
@@ -547,7 +569,10 @@ def run_validation(
         validation.client_lag_s = spec.client_lag_s
     lo, hi = token_range(servers, spec.token_range)
     endpoints = [Endpoint(s.url, s.model) for s in servers]
+    if spec.speed_probes > 0:
+        validation.probes["before"] = _probe(urls, spec, progress, "before the live rounds")
     engine = cluster.profile.engine
+    started = time.monotonic()  # for the time left, in the progress lines
     for live_round, k in ((r, k) for r in range(spec.live_rounds) for k in range(len(spec.policies))):
         run = PolicyRun(policy=spec.policies[k], predicted={}, sim_runs=[], live_round=live_round)
         if not measured_lag:
@@ -558,8 +583,11 @@ def run_validation(
         replay = LiveReplay(trace, endpoints, engine.block_size, replay_spec, TokenSynth(lo, hi, spec.seed),
                             engine.max_model_len)
         validation.runs.append(run)
+        runs_done, runs = live_round * len(spec.policies) + k, spec.live_rounds * len(spec.policies)
         progress(f"replaying {len(trace.records)} requests live with {run.policy}"
-                 + (f" (live round {live_round + 1} of {spec.live_rounds})" if spec.live_rounds > 1 else ""))
+                 + (f" (live round {live_round + 1} of {spec.live_rounds})" if spec.live_rounds > 1 else "")
+                 + f": live run {runs_done + 1} of {runs}"
+                 + (f", about {_left(time.monotonic() - started, runs_done, runs)} left" if runs_done else ""))
         try:
             asyncio.run(measure(run, replay, urls))
         except KeyboardInterrupt:
@@ -581,6 +609,10 @@ def run_validation(
                      f"{run.predicted['time_to_complete_s']:.2f} s predicted")
         if validation.interrupted:
             break
+    if spec.speed_probes > 0 and not validation.interrupted:
+        validation.probes["after"] = _probe(urls, spec, progress, "after the live rounds")
+        validation.drift = probe_drifts(validation.probes.get("before"), validation.probes.get("after"),
+                                        spec.probe_reference)
     if measured_lag:
         sim_trace, lags, lag, offsets = with_measured_client(trace, validation.runs,
                                                              keep_offsets=spec.max_in_flight is None)
@@ -599,6 +631,22 @@ def run_validation(
         if note:
             validation.notes.append(note.removeprefix("Note: "))
     return validation
+
+
+def _probe(urls: list[str], spec: ValidationSpec, progress: Callable[[str], None], when: str) -> dict:
+    """A speed probe of ``spec.speed_probes`` requests per server (``probe.probe_samples``)."""
+    from kvroute.calibrate.validation.probe import median, probe_samples
+
+    samples = asyncio.run(probe_samples(urls, spec.seed, spec.speed_probes, spec.model, progress))
+    mid = median(samples)
+    progress(f"speed probe {when}: TTFT {1000 * mid['ttft_s']:.1f} ms, ITL {1000 * mid['itl_s']:.2f} ms (medians)")
+    return samples
+
+
+def _left(elapsed_s: float, done: int, total: int) -> str:
+    """The time the ``total - done`` runs left take at the pace of the ``done`` so far, in words."""
+    left = elapsed_s / done * (total - done)
+    return f"{left:.0f} s" if left < 90 else f"{left / 60:.0f} min"
 
 
 def _scrape_quietly(urls: list[str]) -> list[MetricsSnapshot | None]:

@@ -4,8 +4,12 @@ Every compared quantity is a ``{"predicted": p, "measured": m, "error_pct": e}``
 ``e = 100 (p - m) / m`` (null when undefined), so a reader can find the pairs generically
 (``notebooks/05_validation.ipynb`` does).
 
-Each measured value (one live run) is also checked against the 95 % prediction interval of one
-simulated run (``run_interval`` and ``inside``), from the simulated runs' values
+Each measured value (one live run) is also checked against a prediction interval of one simulated
+run at ``ValidationSpec.interval_level`` (90 % by default; ``run_interval``, ``inside`` and its
+``interval_terms``), combining the seeds', the drawn profiles' and the live rounds' spread and the
+host's speed drift (``kvroute.sim.study.intervals.combined_interval``;
+``docs/reference/intervals.md``); ``coverage`` counts the values inside. Before that rule it was
+the 95 % normal-theory interval of the simulated runs' values
 (``kvroute.sim.study.experiment.prediction_interval``): the seeds' spread alone, or seeds and model
 when ``validate --uncertainty N`` drew N profiles from the profile's coefficient uncertainty.
 Changes between policies are checked the same way, pairing the simulated runs seed by seed.
@@ -34,10 +38,12 @@ import numpy as np
 import pandas as pd
 
 from kvroute.traces.outputs import atomic_output, write_text_atomic
-from kvroute.calibrate.validation.engine_times import convoy_rows, engine_rows
+from kvroute.calibrate.validation.engine_times import convoy_rows, engine_rows, stamp_note
 from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, mean_interval, spread
 from kvroute.calibrate.validation.validate import PolicyRun, Validation, send_lags
 from kvroute.sim.study.experiment import prediction_interval
+from kvroute.sim.study.intervals import combined_interval, coverage
+from kvroute.sim.timing.drift import NO_DRIFT, drift_exponent, metric_drift
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS
 from kvroute.traces.format import Trace
 
@@ -78,6 +84,34 @@ def _inside(values, measured, future: int = 1) -> dict:
     m = _num(measured)
     inside = None if m is None or _num(lo) is None else bool(lo <= m <= hi)
     return {"run_interval": [_num(lo), _num(hi)], "inside": inside}
+
+
+def _combined_inside(v: Validation, pred: PolicyRun, metric: str, values: list, measured, change: bool = False,
+                     draws: list | None = None) -> dict:
+    """``run_interval``: the ``spec.interval_level`` interval of the live rounds' mean (one run
+    with one live round) combining the simulated runs' spread, the drawn profiles' spread, the
+    live rounds' spread and, for time measures, the host's drift from the speed probes
+    (``kvroute.sim.study.intervals.combined_interval``); ``inside``: whether ``measured`` falls
+    in it; ``interval_terms``: its variance terms. ``values``: the live rounds' values (or
+    per-round changes); a change is combined in linear space without drift."""
+    from kvroute.sim.cluster.metrics import METRIC_BOUNDS
+
+    level = getattr(v.spec, "interval_level", 0.90)
+    power = 0 if change else drift_exponent(metric)
+    drift = NO_DRIFT if change else metric_drift(metric, getattr(v, "drift", {}) or {})
+    sim = pred.run_values.get(metric, []) if not change else values[0]
+    live = values if not change else values[1]
+    draws = draws if change else (getattr(pred, "run_draws", None) or None)
+    if draws is not None and len(draws) != len(sim):
+        draws = None
+    try:
+        ci = combined_interval(sim, draws, finite(live), drift, power, level, log_scale=power != 0,
+                               bounds=(-math.inf, math.inf) if change else METRIC_BOUNDS.get(metric, (-math.inf, math.inf)))
+    except ValueError:
+        return {"run_interval": [None, None], "inside": None}
+    terms = {k: (_num(x) if isinstance(x, float) else x) for k, x in ci.parts.items()}
+    return {"run_interval": [_num(ci.low), _num(ci.high)], "inside": ci.contains(_num(measured)),
+            "interval_terms": terms}
 
 
 def inside_count(doc: dict) -> tuple[int, int]:
@@ -138,14 +172,14 @@ def _multi(v: Validation) -> bool:
     return v.spec.live_rounds > 1
 
 
-def _metric_entry(runs: list[PolicyRun], metric: str, multi: bool) -> dict:
+def _metric_entry(v: Validation, runs: list[PolicyRun], metric: str, multi: bool) -> dict:
     """One metric of one policy: predicted against the mean measured over ``runs`` (its live rounds)."""
     pred = runs[0]
     values = [r.measured.get(metric, math.nan) for r in runs]
     live = spread(values, metric)
     entry = {"label": SUMMARY_METRICS[metric], **_pair(pred.predicted.get(metric, math.nan), live["mean"]),
              "predicted_interval": [_num(x) for x in pred.predicted_interval.get(metric, (None, None))],
-             **_inside(pred.run_values.get(metric, []), live["mean"], live["n"])}
+             **_combined_inside(v, pred, metric, values, live["mean"])}
     if multi:
         p, lo, hi = (_num(x) for x in (pred.predicted.get(metric), live["min"], live["max"]))
         entry.update(live_rounds=live["n"], measured_rounds=[_num(x) for x in values], measured_min=lo,
@@ -181,7 +215,7 @@ def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
         for w, why in r.dead.items():
             dead.setdefault(str(w), f"live round {r.live_round + 1}: {why}" if multi else why)
     entry = {
-        "metrics": {m: _metric_entry(runs, m, multi) for m in REPORT_METRICS},
+        "metrics": {m: _metric_entry(v, runs, m, multi) for m in REPORT_METRICS},
         "workers": {str(row["worker"]): row for row in
                     (_mean_workers([worker_rows(r) for r in runs]) if multi else worker_rows(runs[0]))},
         "cache_reset": [list(r.cache_reset) for r in runs] if multi else list(runs[0].cache_reset),
@@ -199,6 +233,9 @@ def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
     convoys = convoy_rows(runs)
     if convoys:  # live engine first-token times: only with the servers' KV-cache events
         entry["convoys"] = convoys
+        entry["convoys_kv_event_stamp"], stamp_bias = stamp_note(v.servers)
+        if stamp_bias is not None:
+            entry["convoys_note"] = stamp_bias
     if multi:
         entry["live_rounds"] = len(runs)
         entry["rounds"] = [{"live_round": r.live_round, "cache_reset": list(r.cache_reset), "warm_cache": r.warm,
@@ -230,7 +267,10 @@ def report_dict(v: Validation) -> dict:
         "interrupted": v.interrupted,
         "failed_requests": sum(len(failures(r)) for r in v.runs),
         "servers": [
-            {"url": s.url, "model": s.model, "vllm_version": s.vllm_version, "hardware": s.hardware,
+            {"url": s.url, "model": s.model, "vllm_version": s.vllm_version,
+             # NOTE: only when known, so reports of servers that do not say keep their old shape
+             **({"async_scheduling": s.async_scheduling} if getattr(s, "async_scheduling", None) is not None else {}),
+             "hardware": s.hardware,
              "block_size": s.block_size, "num_gpu_blocks": s.num_gpu_blocks,
              "max_num_batched_tokens": s.max_num_batched_tokens, "max_num_seqs": s.max_num_seqs,
              "max_model_len": s.max_model_len, "dev_mode": s.dev_mode}
@@ -246,7 +286,7 @@ def report_dict(v: Validation) -> dict:
     base, *others = groups.values() if groups else [None]
     for runs in others:
         doc["changes"][runs[0].policy] = {
-            m: {"label": SUMMARY_METRICS[m], "vs": base[0].policy, **change_pair(base, runs, m, multi)}
+            m: {"label": SUMMARY_METRICS[m], "vs": base[0].policy, **change_pair(base, runs, m, multi, v)}
             for m in CHANGE_METRICS
         }
     doc["failures"] = [f for r in v.runs for f in failures(r, multi)][:MAX_LISTED_FAILURES]
@@ -254,6 +294,12 @@ def report_dict(v: Validation) -> dict:
     doc["uncertainty_draws"] = spec.uncertainty
     k, n = inside_count(doc)
     doc["inside_interval"] = {"inside": k, "checked": n}
+    doc["interval_level"] = getattr(spec, "interval_level", 0.90)
+    doc["coverage"] = {**coverage([m["inside"] for p in doc["policies"].values() for m in p["metrics"].values()]
+                                  + [c["inside"] for ch in doc["changes"].values() for c in ch.values()]),
+                       "level": doc["interval_level"]}
+    if getattr(v, "drift", None):
+        doc["drift"] = {k: d.to_dict() for k, d in v.drift.items()}
     return doc
 
 
@@ -264,7 +310,8 @@ def _lag_summary(lags: np.ndarray) -> dict | None:
             "max": _num(lags.max())}
 
 
-def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi: bool = False) -> dict:
+def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi: bool = False,
+                v: Validation | None = None) -> dict:
     """Predicted and measured change of ``metric`` from policy ``base`` to policy ``runs`` (each
     its live rounds; the measured change is that of the round means, percent) and their
     difference (percentage points). With ``multi``, also each round's change against the base's
@@ -277,14 +324,31 @@ def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi
     paired = [change_pct(r, b) for b, r in zip(b0.run_values.get(metric, []), r0.run_values.get(metric, []))
               if b is not None and r is not None]
     per_round = [change_pct(r.measured.get(metric, math.nan), b.measured.get(metric, math.nan)) for b, r in pairs]
-    out = {"predicted": _num(p), "measured": _num(m), "difference_pp": _num(p - m),
-           **_inside(paired, m, len(finite(per_round)))}
+    checked = (_inside(paired, m, len(finite(per_round))) if v is None else
+               _combined_inside(v, r0, metric, (paired, per_round), m, change=True, draws=_paired_draws(b0, r0, metric)))
+    out = {"predicted": _num(p), "measured": _num(m), "difference_pp": _num(p - m), **checked}
     if multi:
         lo, hi = (_num(x) for x in mean_interval(per_round))
         out.update(live_rounds=len(finite(per_round)), measured_rounds=[_num(x) for x in per_round],
                    measured_interval=None if lo is None else [lo, hi],
                    predicted_inside_measured_interval=None if lo is None or _num(p) is None else bool(lo <= p <= hi))
     return out
+
+
+def _paired_draws(b0: PolicyRun, r0: PolicyRun, metric: str) -> list | None:
+    """The drawn profile of each paired simulated change (as ``change_pair`` pairs them, dropping
+    pairs with a missing value); None when the runs carry no draws."""
+    draws = getattr(r0, "run_draws", None)
+    base, other = b0.run_values.get(metric, []), r0.run_values.get(metric, [])
+    if not draws or len(draws) != len(other):
+        return None
+    return [d for d, b, r in zip(draws, base, other) if b is not None and r is not None]
+
+
+def _async_text(server: dict) -> str:
+    """`` (async scheduling on)`` or ``off`` for a server entry that says, else ''."""
+    flag = server.get("async_scheduling")
+    return "" if flag is None else f" (async scheduling {'on' if flag else 'off'})"
 
 
 def _run_name(run: PolicyRun, multi: bool) -> str:
@@ -309,7 +373,7 @@ def run_notes(v: Validation) -> list[str]:
             notes.append(f"{name}: {n_fail} of {len(v.trace.records)} requests failed or were not sent; "
                          "measured metrics cover the rest")
         if not run.usage_reported:
-            notes.append(f"{name}: some responses carried no cached-token usage (server without "
+            notes.append(f"{name}: a server never reported cached tokens in its usage (started without "
                          "--enable-prompt-tokens-details); per-request cached tokens read 0")
         if run.interrupted:
             notes.append(f"{name}: interrupted (Ctrl-C); the report holds what was measured until then")
@@ -364,6 +428,7 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
     """The human report: scenario, one table per policy, the change table, notes."""
     doc = doc or report_dict(v)
     n_live = doc.get("live_rounds")  # set with several live rounds per policy
+    level_text = f"{100 * doc.get('interval_level', 0.95):g} %"
     lines = [f"# Validation: {doc['trace']} ({doc['num_requests']} requests)", ""]
     loop = "closed loop" if doc["closed_loop"] else "open loop (trace timestamps)"
     lines.append(f"- replay: {loop}, max in flight {doc['max_in_flight'] or 'unlimited'}; "
@@ -373,7 +438,7 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
                      f"values are the rounds' means, checked against the interval of the mean of {n_live} "
                      "simulated runs")
     for s in doc["servers"]:
-        lines.append(f"- worker {s['url']}: {s['model']}, vLLM {s['vllm_version']}, {s['hardware']}, "
+        lines.append(f"- worker {s['url']}: {s['model']}, vLLM {s['vllm_version']}{_async_text(s)}, {s['hardware']}, "
                      f"block size {s['block_size']}, {s['num_gpu_blocks']} KV blocks")
     lines.append(f"- cache: {'WARM for some run (see notes)' if doc['warm_cache'] else 'reset before every run (cold)'}")
     if doc["interrupted"]:
@@ -386,13 +451,13 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
                   + (", **warm cache**" if p["warm_cache"] else "")
                   + _lag_text(p["client_send_lag_s"], doc["sim_client_lag_s"]), ""]
         if n_live:
-            lines += ["| metric | predicted | 95 % interval of the prediction | 95 % interval of the mean of "
+            lines += ["| metric | predicted | 95 % interval of the prediction | " + level_text + " interval of the mean of "
                       f"{n_live} runs | measured (mean) | live min - max | 95 % interval of the live mean "
                       "| prediction in live range | inside | error % |",
                       "|---|---:|---:|---:|---:|---:|---:|:---:|:---:|---:|"]
         else:
-            lines += ["| metric | predicted | 95 % interval of the prediction | 95 % interval of one run | measured "
-                      "| inside | error % |",
+            lines += ["| metric | predicted | 95 % interval of the prediction | " + level_text + " interval of one run "
+                      "| measured | inside | error % |",
                       "|---|---:|---:|---:|---:|:---:|---:|"]
         for m in p["metrics"].values():
             live = (f"{_range([m['measured_min'], m['measured_max']])} | {_range(m['measured_interval'] or [None, None])}"
@@ -419,15 +484,18 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
             lines += [f"| {c['position']} | {c['count']} | {_fmt(c['predicted_engine'], 4)} / "
                       f"{_fmt(c['measured_engine'], 4)} | {_fmt(c['predicted_out'], 4)} / {_fmt(c['measured_out'], 4)} "
                       f"| {_fmt(c['predicted_ttft'], 4)} / {_fmt(c['measured_ttft'], 4)} |" for c in p["convoys"]]
+            if p.get("convoys_note"):
+                lines += ["", f"Note: {p['convoys_note']}."]
     if doc["changes"]:
         base = next(iter(doc["policies"]))
         lines += ["", f"## Change vs {base}", ""]
         if n_live:
-            lines += [f"| metric | policy | predicted | 95 % interval of the mean of {n_live} runs | measured (change "
+            lines += [f"| metric | policy | predicted | {level_text} interval of the mean of {n_live} runs | measured (change "
                       "of the round means) | 95 % interval over paired rounds | inside | difference (pp) |",
                       "|---|---|---:|---:|---:|---:|:---:|---:|"]
         else:
-            lines += ["| metric | policy | predicted | 95 % interval of one run | measured | inside | difference (pp) |",
+            lines += [f"| metric | policy | predicted | {level_text} interval of one run | measured | inside "
+                      "| difference (pp) |",
                       "|---|---|---:|---:|---:|:---:|---:|"]
         for policy, ch in doc["changes"].items():
             for c in ch.values():
@@ -438,10 +506,15 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
                              f"{'-' if diff is None else f'{diff:+.1f}'} |")
     k, n = doc["inside_interval"]["inside"], doc["inside_interval"]["checked"]
     one_sim = f"the mean of {n_live} simulated runs" if n_live else "one simulated run"
-    lines += ["", f"{k} of {n} measured values fall inside the 95 % prediction interval of {one_sim} "
+    lines += ["", f"{k} of {n} measured values fall inside the {level_text} prediction interval of {one_sim} "
                   f"(from {doc['interval_source']}; {doc['sim_rounds']} round(s)"
                   + (f" on the central profile and on each of {doc['uncertainty_draws']} drawn profiles)."
-                     if doc["uncertainty_draws"] else ").")]
+                     if doc["uncertainty_draws"] else ").")
+                  + " The interval also holds the live rounds' own spread where it exceeds the seeds'"
+                  + ("; time measures are scaled by the host's speed drift from the probes ("
+                     + ", ".join(f"{q} x{d['factor']:.3f}, log sd {d['log_sd']:.3f}" for q, d in doc["drift"].items()) + ")"
+                     if doc.get("drift") else "")
+                  + f". Coverage: {k} of {n} inside the {level_text} interval (docs/reference/intervals.md)."]
     if doc["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"
@@ -452,17 +525,21 @@ def _pct_range(pair) -> str:
     return "-" if lo is None or hi is None else f"{lo:+.1f}% - {hi:+.1f}%"
 
 
-def write_report(v: Validation, out_dir: str | Path) -> Path:
+def write_report(v: Validation, out_dir: str | Path, figure_formats=("png",)) -> Path:
     """Write ``report.json``, ``report.md``, ``records_live.parquet`` (with a ``live_round``
-    column for several live rounds), ``records_sim.parquet`` and ``ttft_<policy>.png`` (every
-    live round's requests; plus ``ttft_all.png`` for several policies) into ``out_dir``; with
-    ``record_tokens``, also every output token's arrival time, ``tokens_live.parquet`` and
-    ``tokens_sim.parquet`` (``kvroute.sim.cluster.metrics.TOKEN_COLUMNS`` plus policy and round).
+    column for several live rounds), ``records_sim.parquet``, ``ttft_<policy>.<format>`` (every
+    live round's requests; plus ``ttft_all.<format>`` for several policies; prediction and
+    measurement in the policy's colour, solid and dashed) and ``report.html`` (one self-contained
+    page: :func:`report_page`) into ``out_dir``; with ``record_tokens``, also every output token's
+    arrival time, ``tokens_live.parquet`` and ``tokens_sim.parquet``
+    (``kvroute.sim.cluster.metrics.TOKEN_COLUMNS`` plus policy and round).
 
     Returns:
         The path of ``report.json``.
     """
-    from kvroute.sim.study.plots import plot_ttft
+    from kvroute.sim.study.figure_style import policy_colors, save_figure, scenario_title
+    from kvroute.sim.study.plots import ttft_figure
+    from kvroute.sim.study.report import write_report as write_page
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -486,19 +563,74 @@ def write_report(v: Validation, out_dir: str | Path) -> Path:
         _parquet(pd.concat(live_tokens, ignore_index=True), out / "tokens_live.parquet")
     if sim_tokens:
         _parquet(pd.concat(sim_tokens, ignore_index=True), out / "tokens_sim.parquet")
-    both = []
+    both, figures = [], []
+    colors = policy_colors(groups)
+    scenario = scenario_line(doc)
     for policy, runs in groups.items():
         frames = [run.records.assign(policy=f"{policy} predicted") for run in runs[0].sim_runs]
         frames += [r.live.records.assign(policy=f"{policy} measured") for r in runs
                    if r.live is not None and (r.live.records["status"] == "ok").any()]
         frame = pd.concat(frames, ignore_index=True)
         both.append(frame)
-        with atomic_output(out / f"ttft_{policy}.png") as tmp:
-            plot_ttft(frame, tmp, title=f"{policy}: predicted vs measured")
+        title = scenario_title(scenario, [policy], f"{policy}: predicted (solid) vs measured (dashed)")
+        fig = ttft_figure(frame, title, colors)
+        save_figure(fig, out / f"ttft_{policy}", figure_formats)
+        figures.append((f"TTFT of {policy}, predicted (solid) and measured (dashed)", fig))
     if len(both) > 1:
-        with atomic_output(out / "ttft_all.png") as tmp:
-            plot_ttft(pd.concat(both, ignore_index=True), tmp, title="predicted vs measured")
+        fig = ttft_figure(pd.concat(both, ignore_index=True),
+                          scenario_title(scenario, list(groups), "predicted (solid) vs measured (dashed)"), colors)
+        save_figure(fig, out / "ttft_all", figure_formats)
+        figures.insert(0, ("TTFT of every policy, predicted (solid) and measured (dashed)", fig))
+    write_page(report_page(doc, figures), out / "report.html")
     return out / "report.json"
+
+
+def scenario_line(doc: dict) -> str:
+    """The validation's scenario in one line: trace, requests, workers, profile, replay."""
+    loop = "closed loop" if doc["closed_loop"] else "open loop"
+    return (f"trace {doc['trace']}: {doc['num_requests']} requests | {doc['num_workers']} live worker(s) | "
+            f"profile {doc['profile']} | {loop} replay")
+
+
+def report_page(doc: dict, figures: list) -> "Report":
+    """``report.html``'s content from ``report.json``'s dict: the scenario, per policy a table of
+    predicted against measured (cells carry ``data-predicted``, ``data-measured``,
+    ``data-error_pct``), the changes between policies, the figures, the notes and the servers."""
+    from kvroute.sim.study.report import Cell, Report, Table
+
+    tables = []
+    for policy, p in doc["policies"].items():
+        rows = []
+        for m in p["metrics"].values():
+            rows.append([m["label"], Cell(_fmt(m["predicted"]), {"predicted": m["predicted"]}),
+                         Cell(_range(m["run_interval"]), {"low": m["run_interval"][0], "high": m["run_interval"][1]}),
+                         Cell(_fmt(m["measured"]), {"measured": m["measured"]}),
+                         Cell(_yes(m["inside"]).replace("*", ""), numeric=False),
+                         Cell(_pct(m["error_pct"]), {"error_pct": m["error_pct"]})])
+        tables.append(Table(f"{policy}: predicted against measured", ["metric", "predicted", "95 % interval of "
+                            + ("the mean of the live rounds' runs" if doc.get("live_rounds") else "one run"),
+                            "measured" + (" (mean of the live rounds)" if doc.get("live_rounds") else ""),
+                            "inside", "error"], rows, table_id=f"policy-{policy}"))
+    change_rows = [[c["label"], policy, Cell(_pct(c["predicted"]), {"predicted": c["predicted"]}),
+                    Cell(_pct(c["measured"]), {"measured": c["measured"]}),
+                    Cell(_yes(c["inside"]).replace("*", ""), numeric=False),
+                    Cell("-" if c["difference_pp"] is None else f"{c['difference_pp']:+.1f}",
+                         {"value": c["difference_pp"]})]
+                   for policy, ch in doc["changes"].items() for c in ch.values()]
+    if change_rows:
+        base = next(iter(doc["policies"]))
+        tables.append(Table(f"Change against {base}", ["metric", "policy", "predicted", "measured", "inside",
+                                                        "difference (pp)"], change_rows, table_id="changes"))
+    k, n = doc["inside_interval"]["inside"], doc["inside_interval"]["checked"]
+    servers = [f"worker {s['url']}: {s['model']}, vLLM {s['vllm_version']}{_async_text(s)}, {s['hardware']}, block size "
+               f"{s['block_size']}, {s['num_gpu_blocks']} KV blocks" for s in doc["servers"]]
+    scalars = {k: v for k, v in doc.items() if not isinstance(v, (dict, list))}
+    return Report(title=f"kvroute validate: {', '.join(doc['policies'])}",
+                  scenario=[*scenario_line(doc).split(" | "), f"policies {', '.join(doc['policies'])}",
+                            f"{k} of {n} measured values inside the 95 % prediction interval", *servers],
+                  tables=tables, figures=figures, notes=list(doc["notes"]),
+                  provenance=json.dumps(scalars, indent=2, default=str),
+                  files=["report.json", "report.md", "records_live.parquet", "records_sim.parquet"])
 
 
 def _parquet(frame: pd.DataFrame, path: Path) -> None:

@@ -334,6 +334,13 @@ def _tabulate(rows: list[list[str]]) -> str:
                     colalign=("left",) + ("right",) * (len(rows[0]) - 1))
 
 
+def format_interval(mean: float | None, low: float | None, high: float | None, rounds: int) -> str:
+    """A table cell as :func:`format_table` writes it (``-`` for a missing mean; None reads as NaN)."""
+    nan = math.nan
+    return _fmt_interval(nan if mean is None else mean, nan if low is None else low, nan if high is None else high,
+                         rounds)
+
+
 def _fmt_interval(mean: float, low: float, high: float, rounds: int) -> str:
     """``mean ± half`` for a symmetric interval; ``mean [low, high]`` for one clipped to the
     metric's possible values (``summarize_rounds``)."""

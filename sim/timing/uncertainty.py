@@ -5,7 +5,10 @@ written by ``kvroute calibrate fit``); a draw is one of those coefficient vector
 keep the coefficients' correlations (a higher ``per_token_s`` comes with a lower
 ``step_overhead_s`` when both explain the same steps) and never go negative. A derived prior has
 no fit to resample: each uncertain coefficient is drawn independently and uniformly in a stated
-relative range around its value (:data:`PRIOR_RANGE`, ±20 % by default).
+relative range around its value (:data:`PRIOR_RANGE`, ±20 % by default). A measured profile's
+fitted host contention, which the bootstrap does not refit, is drawn uniformly in the range its
+burst fit allows, up to what the data asked for when the fit left it on its bound
+(:func:`term_ranges`).
 """
 
 from __future__ import annotations
@@ -49,15 +52,19 @@ def with_coefficients(profile: Profile, values: dict[str, float]) -> Profile:
     Raises:
         ValueError: an unknown name, or a negative value (from ``StepCost``).
     """
-    cost, over = {}, {}
+    cost, over, host = {}, {}, {}
     for name, value in values.items():
         section, _, key = name.partition(".")
         target = {"step_cost": (cost, StepCost), "overheads": (over, type(profile.overheads))}.get(section)
+        if section == "host" and profile.host is not None:
+            target = (host, type(profile.host))
         if target is None or key not in target[1].__dataclass_fields__:
-            raise ValueError(f"unknown coefficient {name!r} (step_cost.<name> or overheads.<name>)")
+            raise ValueError(f"unknown coefficient {name!r} (step_cost.<name>, overheads.<name> or, with a host "
+                             "section, host.<name>)")
         target[0][key] = float(value)
     return replace(profile, step_cost=replace(profile.step_cost, **cost) if cost else profile.step_cost,
-                   overheads=replace(profile.overheads, **over) if over else profile.overheads)
+                   overheads=replace(profile.overheads, **over) if over else profile.overheads,
+                   host=replace(profile.host, **host) if host else profile.host)
 
 
 def draw_profiles(profile: Profile, n: int, rng: np.random.Generator,
@@ -82,8 +89,36 @@ def draw_profiles(profile: Profile, n: int, rng: np.random.Generator,
     unc = profile_uncertainty(profile, prior_range)
     if unc.samples:
         rows = rng.choice(len(unc.samples), size=n, replace=n > len(unc.samples))
-        return [with_coefficients(profile, dict(zip(unc.fields, unc.samples[i]))) for i in rows]
-    r = float(unc.relative_range)
-    base = np.array([coefficient(profile, f) for f in unc.fields])
-    factors = rng.uniform(1 - r, 1 + r, size=(n, len(unc.fields)))
-    return [with_coefficients(profile, dict(zip(unc.fields, base * row))) for row in factors]
+        drawn = [with_coefficients(profile, dict(zip(unc.fields, unc.samples[i]))) for i in rows]
+    else:
+        r = float(unc.relative_range)
+        base = np.array([coefficient(profile, f) for f in unc.fields])
+        factors = rng.uniform(1 - r, 1 + r, size=(n, len(unc.fields)))
+        drawn = [with_coefficients(profile, dict(zip(unc.fields, base * row))) for row in factors]
+    ranges = term_ranges(profile)
+    if not ranges:
+        return drawn
+    names = sorted(ranges)
+    values = rng.uniform([ranges[k][0] for k in names], [ranges[k][1] for k in names], size=(n, len(names)))
+    return [with_coefficients(p, dict(zip(names, row))) for p, row in zip(drawn, values)]
+
+
+def term_ranges(profile: Profile) -> dict[str, tuple[float, float]]:
+    """The ranges the profile's fitted host terms allow, drawn uniformly by :func:`draw_profiles`
+    (the bootstrap refits only the step costs and overheads): ``host.contention`` in the burst
+    fit's ``provenance.fit.bursts.contention_interval``, its upper end raised to what the data
+    asked for when the fit left it on its bound (``fit_notes.at_bound``, written by
+    ``kvroute.calibrate.calibration.walls``). Empty without a host section or such an interval."""
+    if profile.host is None or not isinstance(profile.raw, dict):
+        return {}
+    fit = (profile.raw.get("provenance") or {}).get("fit") or {}
+    interval = (fit.get("bursts") or {}).get("contention_interval") if isinstance(fit, dict) else None
+    if not (isinstance(interval, list) and len(interval) == 2
+            and all(isinstance(v, (int, float)) and np.isfinite(v) and v >= 0 for v in interval)):
+        return {}
+    low, high = float(min(interval)), float(max(interval))
+    for wall in ((profile.raw.get("fit_notes") or {}).get("at_bound") or []):
+        asked = wall.get("asked_for") if isinstance(wall, dict) else None
+        if wall.get("term") == "host.contention" and isinstance(asked, (int, float)) and np.isfinite(asked):
+            high = max(high, float(asked))
+    return {"host.contention": (low, high)} if high > low else {}

@@ -326,3 +326,17 @@ def test_fit_summary_prints_lane_times_in_a_readable_unit():
 
     assert [_time(x) for x in (0.0, 5.2569e-07, 0.000726343, 0.0009996, 0.00174, 0.99996, 2.5)] == [
         "0 us", "0.526 us", "726 us", "1 ms", "1.74 ms", "1 s", "2.5 s"]
+
+
+def test_a_bursts_engine_ttft_adds_the_engine_admission_the_one_at_a_time_fit_put_before_the_engine():
+    """A metrics-mode fit measured 2 ms + 1 us per prompt token of the engine's queue + prefill
+    time beyond the step costs and put it into the API-server time: the simulated engine TTFT of
+    a burst adds it back (12.26 ms + 2 ms + 256 us), as vLLM's histograms count it."""
+    import copy
+
+    prof = base_profile()
+    raw = copy.deepcopy(prof.raw)
+    raw.setdefault("provenance", {}).setdefault("fit", {})["overhead_parts"] = {
+        "engine_admission_s": 0.002, "engine_admission_per_token_s": 1e-6}
+    m = simulate_burst(Burst(0, "burst", 1, 2, 256, 4, (0.0, 0.0), {}), replace(prof, raw=raw))
+    assert m["engine_ttft_s"] == pytest.approx(0.01226 + 0.002 + 256e-6, abs=1e-12)

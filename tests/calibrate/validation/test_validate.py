@@ -665,7 +665,9 @@ def test_drawn_client_lags_delay_each_later_turn_by_one_of_the_sample():
 def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fakes, tmp_path):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import report_markdown, write_report
-    from kvroute.sim.study.experiment import prediction_interval
+    import math
+
+    from kvroute.sim.study.intervals import combined_interval
     from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
@@ -677,8 +679,14 @@ def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fa
     assert kv.interval_source.startswith("seeds and model (bootstrap")
     doc = json.loads(write_report(v, tmp_path).read_text())
     m = doc["policies"]["kv_aware"]["metrics"]["ttft_mean_s"]
-    lo, hi = prediction_interval(kv.run_values["ttft_mean_s"])
+    # the 90 % interval combining seeds, the drawn profiles and (no probes here) no drift, in log space
+    assert kv.run_draws == [-1, -1, 0, 0, 1, 1]
+    ci = combined_interval(kv.run_values["ttft_mean_s"], kv.run_draws, [m["measured"]], level=0.9, log_scale=True,
+                           bounds=(0.0, math.inf))
+    lo, hi = ci.low, ci.high
     assert m["run_interval"] == [lo, hi] and m["inside"] == (lo <= m["measured"] <= hi)
+    assert doc["interval_level"] == 0.9 and doc["coverage"]["level"] == 0.9
+    assert m["interval_terms"]["draws"] == 2 and m["interval_terms"]["central_runs"] == 2
     ch = doc["changes"]["kv_aware"]["time_to_complete_s"]
     assert ch["inside"] in (True, False) and ch["run_interval"][0] < ch["run_interval"][1]
     k, n = doc["inside_interval"]["inside"], doc["inside_interval"]["checked"]
@@ -827,8 +835,14 @@ def test_two_live_rounds_interleave_policies_each_from_a_reset_cache(fakes, tmp_
     v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec, progress=messages.append)
     assert [(r.policy, r.live_round) for r in v.runs] == [("round_robin", 0), ("kv_aware", 0),
                                                          ("round_robin", 1), ("kv_aware", 1)]
-    assert [m for m in messages if m.startswith("replaying")] == [
+    replays = [m for m in messages if m.startswith("replaying")]
+    assert [m.split(": live run")[0] for m in replays] == [
         f"replaying 15 requests live with {p} (live round {r} of 2)" for r in (1, 2) for p in ("round_robin", "kv_aware")]
+    # how much is left: the run's count, and from the second on the time left at the pace so far
+    import re
+
+    assert [re.search(r": live run (\d) of 4", m).group(1) for m in replays] == ["1", "2", "3", "4"]
+    assert "left" not in replays[0] and all(re.search(r", about \d+ (s|min) left$", m) for m in replays[1:])
     # every run starts from a reset cache: each server saw a reset before each of the four runs' requests
     for s in servers:
         assert [k for k, _ in itertools.groupby(s.log)] == ["reset", "completion"] * 4
@@ -879,8 +893,20 @@ def test_live_rounds_report_exact_values_for_a_constructed_case():
     assert m["measured_interval"] == [0.0, pytest.approx(2.0 + half)]  # 2.0 - 2.48 s clipped to 0
     assert m["live_rounds"] == 3 and m["predicted_inside_live_range"] is True
     assert m["error_pct"] == pytest.approx(5.0)
-    assert m["run_interval"] == list(prediction_interval([2.0, 2.1, 2.2], future=3))
+    # 90 % interval in log space: the live rounds spread more than the seeds, so their variance / 3
+    # (2 degrees of freedom) plus the prediction's own seeds' variance / 3 (2), Welch-Satterthwaite
+    import math
+    import statistics
+
+    live_var = statistics.variance([math.log(x) for x in rr_tc])
+    sim_var = statistics.variance([math.log(x) for x in (2.0, 2.1, 2.2)])
+    total = live_var / 3 + sim_var / 3
+    df = total ** 2 / ((live_var / 3) ** 2 / 2 + (sim_var / 3) ** 2 / 2)
+    half = t.ppf(0.95, df) * math.sqrt(total)
+    assert m["run_interval"] == pytest.approx([2.1 * math.exp(-half), 2.1 * math.exp(half)], rel=1e-12)
+    assert m["interval_terms"]["run_source"] == "live rounds"
     assert m["inside"] is True
+    assert prediction_interval([2.0, 2.1, 2.2], future=3)[0] > 1.7  # the seeds alone: far narrower
     assert rr["live_rounds"] == 3 and rr["live_wall_time_s"] == 2.5
     assert [r["live_wall_time_s"] for r in rr["rounds"]] == [1.5, 2.5, 3.5]
     assert rr["cache_reset"] == [[True, True]] * 3 and rr["failed_requests"] == 0
@@ -1136,3 +1162,24 @@ def test_validate_exits_non_zero_when_no_request_was_measured(fakes, tmp_path):
     assert result.output.splitlines()[-1] == ("Error: no live request was measured (each one failed or was not "
                                               "sent: report.md says why)")
     assert (out / "report.json").exists()
+
+
+def test_speed_probes_around_the_live_rounds_give_the_drift_the_intervals_use(fakes, tmp_path):
+    """--speed-probes 2: two probe requests per server before the first and after the last live
+    round; the drift of each probe quantity goes into the report and widens the time intervals."""
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_report import report_dict
+    from kvroute.sim.timing.profile import load_profile
+
+    servers = fakes(2)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin",), max_in_flight=1, sim_rounds=2,
+                          speed_probes=2, interval_level=0.8)
+    v = run_validation(small_chat(chats=2, turns=2), load_profile("cpu-tiny-qwen2"), spec)
+    assert set(v.probes) == {"before", "after"}
+    assert all(len(v.probes[w]["ttft_s"]) == 4 for w in ("before", "after"))  # 2 per server
+    assert set(v.drift) == {"ttft", "itl"} and all(d.factor > 0 for d in v.drift.values())
+    doc = report_dict(v)
+    assert doc["interval_level"] == 0.8 and set(doc["drift"]) == {"ttft", "itl"}
+    m = doc["policies"]["round_robin"]["metrics"]["ttft_mean_s"]
+    assert m["interval_terms"]["drift_factor"] == pytest.approx(v.drift["ttft"].factor)
+    assert doc["policies"]["round_robin"]["metrics"]["hit_rate"]["interval_terms"]["drift_factor"] == 1.0

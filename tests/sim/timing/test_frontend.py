@@ -514,3 +514,15 @@ def test_bench_validate_reads_the_hosts_cpu_shares(tmp_path):
     for bad in ("", "cpu  1 2 3\n", "cpu  1 2 x 4 5 6 7 8\n", "intr 1 2 3 4 5 6 7 8\n"):
         stat.write_text(bad)
         assert bench.host_cpu_times(stat) is None, bad
+
+
+def test_bench_validate_counts_coverage_per_profile_and_shape():
+    bench = _bench_validate()
+    row = dict(profile="p", level=0.9, live_rounds=3)
+    rows = [dict(row, shape="long-chats", inside=True), dict(row, shape="long-chats", inside=False),
+            dict(row, shape="open-loop", inside=True, live_rounds=6), dict(row, shape="open-loop", inside=None, live_rounds=6),
+            dict(profile="q", shape="open-loop", level=0.9, live_rounds=6, inside=True)]
+    assert bench.coverage_lines(rows) == [
+        "coverage p: 2 of 3 measured values inside the 90 % interval (67 %; target >= 85 %): "
+        "long-chats 1/2 (3 live rounds), open-loop 1/1 (6 live rounds)",
+        "coverage q: 1 of 1 measured values inside the 90 % interval (100 %; target >= 85 %): open-loop 1/1 (6 live rounds)"]

@@ -20,7 +20,7 @@ def test_refit_reproduces_the_shipped_coefficients_and_first_bootstrap_samples(n
     meta, servers, req, exp = load_sweep(ROOT / "calibrate" / "data" / f"calibrate-{name}")
     obs, _ = build_observations(req, exp, engine_config(servers[0]), "auto")
     res = fit(obs, fit_doc["holdout_share"], fit_doc["holdout_seed"], "auto", fit_doc["method"].split("/")[-1],
-              True, 4, bootstrap=2)
+              True, 4, bootstrap=2, scatter_limit=None)  # the shipped samples predate the 2x-scatter resampling
     # The least-squares solve goes through BLAS, whose last bits differ between numpy builds; a
     # coefficient the data leaves at zero (this tiny model's weight floor, ~1e-10 s) can move by
     # a few 1e-9 s. Ten nanoseconds per step is far below anything the fit resolves (steps take ms).
@@ -153,3 +153,23 @@ def test_model_intervals_stay_within_possible_values_and_notes_stay_under_the_ta
                                    "--policies", "round_robin"], catch_exceptions=False).output
     assert "Note: a6000-qwen2.5-7b is a derived prior" in out
     assert "The `with model unc.` intervals include their share" in out and "`--uncertainty 10`" not in out
+
+
+def test_draws_take_host_contention_in_the_range_the_burst_fit_allows_up_to_what_the_data_asked_for():
+    import copy
+
+    from kvroute.sim.timing.uncertainty import term_ranges
+
+    profile = load_profile("cpu-tiny-qwen2-x2-bursts")
+    assert term_ranges(profile) == {}  # no contention_interval in its burst fit: contention stays
+    raw = copy.deepcopy(profile.raw)
+    raw["provenance"]["fit"]["bursts"]["contention_interval"] = [3.86, 4.0]
+    raw["fit_notes"] = {"at_bound": [{"term": "host.contention", "bound": 4.0, "asked_for": 9.61}]}
+    walled = profile_from_dict(raw)
+    assert term_ranges(walled) == {"host.contention": (3.86, 9.61)}
+    draws = draw_profiles(walled, 40, np.random.default_rng(0))
+    c = np.array([p.host.contention for p in draws])
+    assert c.min() >= 3.86 and c.max() <= 9.61 and c.max() > 7.0  # reaches past the bound of 4
+    # the step costs are still the bootstrap samples
+    rows = {tuple(r) for r in walled.uncertainty.samples}
+    assert all(tuple(coefficient(p, f) for f in walled.uncertainty.fields) in rows for p in draws)
