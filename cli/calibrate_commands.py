@@ -15,8 +15,8 @@ from pathlib import Path
 import click
 
 from kvroute.cli.signals import stops_on_sigterm
-from kvroute.cli.values import check_urls, check_values
-from kvroute.traces.inputs import BLOCK_SIZE, FRACTION, POSITIVE_INT, SECONDS, TOKENS, Num
+from kvroute.cli.values import Cores, Number, check_urls, check_values, token_id_range
+from kvroute.traces.inputs import BLOCK_SIZE, FRACTION, MAX_RUNS, MAX_TOKENS, SECONDS, SEED, TOKENS, Num
 from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
 
 
@@ -33,6 +33,14 @@ SERVE_VALUES = {
     "timeout": Num(minimum=0.0, above=True, maximum=SECONDS.maximum, unit="s"),
 }
 """Rules of ``kvroute serve``'s numeric options (checked before vLLM is looked for)."""
+
+FIT_VALUES = {
+    "api_server_count": Num(integer=True, minimum=1, maximum=1024),
+    "client_busy": Num(minimum=0.0, maximum=1024.0),  # processes
+    "api_contention": Num(minimum=0.0, maximum=100.0),
+    "client_core": Num(integer=True, minimum=-1, maximum=65535),
+}
+"""Rules of ``kvroute calibrate fit``'s host-model options."""
 
 
 def _fail(message: str) -> None:
@@ -62,12 +70,16 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
 @click.option("--model", required=True,
               help="Model directory or Hugging Face id; 'tiny-qwen2' builds the tiny random-weight test model.")
 @click.option("--served-model-name", default=None, help="Name clients use (default: the model; 'tiny-qwen2' for the tiny model).")
-@click.option("-n", "--num-servers", type=int, default=None, help="Servers to start (default: one per GPU, or one per CPU core).")
-@click.option("--port-base", type=int, default=8100, show_default=True, help="Server i listens on port-base + i.")
-@click.option("--block-size", type=int, default=None, help="KV block size (default 16 on GPUs, 32 on the CPU backend).")
-@click.option("--gpu-memory-utilization", type=float, default=None, help="vLLM's share of each GPU (GPU only).")
-@click.option("--kv-cache-gib", type=float, default=1.0, show_default=True, help="KV cache per server on the CPU backend, whole GiB.")
-@click.option("--max-model-len", type=int, default=None, help="vLLM --max-model-len.")
+@click.option("-n", "--num-servers", type=Number(SERVE_VALUES["num_servers"]), default=None, help="Servers to start (default: one per GPU, or one per CPU core).")
+@click.option("--port-base", type=Number(PORT), default=8100, show_default=True, help="Server i listens on port-base + i.")
+@click.option("--block-size", type=Number(BLOCK_SIZE), default=None,
+              help="KV block size (default: vLLM's on GPUs, 16 through 0.33 and 64 from 0.34; 32 on the CPU backend).")
+@click.option("--gpu-memory-utilization", type=Number(FRACTION), default=None,
+              help="vLLM's share of each GPU, for all its workers together (GPU only; default: vLLM's).")
+@click.option("--workers-per-gpu", type=Number(Num(integer=True, minimum=1, maximum=64)), default=1, show_default=True,
+              help="vLLM servers on each GPU, each with 1/N of the GPU's memory share (GPU only).")
+@click.option("--kv-cache-gib", type=Number(SERVE_VALUES["kv_cache_gib"]), default=1.0, show_default=True, help="KV cache per server on the CPU backend, whole GiB.")
+@click.option("--max-model-len", type=Number(TOKENS), default=None, help="vLLM --max-model-len.")
 @click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True)
 @click.option("--api-cores", type=click.Choice(["spare", "own", "any"]), default="spare", show_default=True,
               help="CPU backend: where each server's API process runs. spare: the cores no engine uses (every core "
@@ -75,7 +87,7 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
                    "API process alone and decode speed does not flip with where the kernel puts the API processes; "
                    "any: every core. Fit a sweep of such servers with 'kvroute calibrate fit --api-cores own' after "
                    "own, '--api-cores spare' otherwise.")
-@click.option("--kv-events-port-base", type=int, default=None,
+@click.option("--kv-events-port-base", type=Number(PORT), default=None,
               help="Server i publishes its KV-cache events as number this + i (vLLM --kv-events-config, ZeroMQ): "
                    "on a Unix socket, ipc://<tmp>/kvroute-<uid>/kv-events-<this + i>.sock, when the API listens on "
                    "loopback (as it does by default), else on TCP port this + i of every interface. serve prints each "
@@ -83,11 +95,12 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
                    "server, in --url order, and time each request's engine first token.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=".", show_default=True, help="Where vllm-<port>.log files go.")
 @click.option("--vllm-args", default="", help="More vLLM arguments, as one shell-quoted string.")
-@click.option("--timeout", type=float, default=900.0, show_default=True, help="Seconds to wait for /health.")
+@click.option("--timeout", type=Number(SERVE_VALUES["timeout"]), default=900.0, show_default=True,
+              help="Seconds to wait for /health.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @check_values(rules=SERVE_VALUES)
-def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memory_utilization, kv_cache_gib,
-          max_model_len, device, api_cores, kv_events_port_base, log_dir, vllm_args, timeout, extra):
+def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memory_utilization, workers_per_gpu,
+          kv_cache_gib, max_model_len, device, api_cores, kv_events_port_base, log_dir, vllm_args, timeout, extra):
     """Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up
     until Ctrl-C. Arguments after ``--`` go to vLLM as they are.
 
@@ -95,6 +108,8 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     Examples:
       kvroute serve --model Qwen/Qwen2.5-7B-Instruct            # every GPU, ports 8100...
       kvroute serve --model tiny-qwen2 -n 1 -- --max-num-seqs 64  # CPU, engine on core 0
+      kvroute serve --model Qwen/Qwen2.5-7B-Instruct -n 2 --workers-per-gpu 2  # two on GPU 0
+      kvroute serve --model Qwen/Qwen2.5-7B-Instruct -- --api-server-count 2   # 2 API processes each
     """
     import importlib.util
     import signal
@@ -102,6 +117,14 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
 
     from kvroute.calibrate.live.server import ServerError, plan_servers, serve_many
 
+    try:
+        args = shlex.split(vllm_args) + list(extra)
+    except ValueError as exc:  # an unclosed quote
+        raise click.BadParameter(f"{exc} in {vllm_args!r}", param_hint="'--vllm-args'") from None
+    try:
+        check_output(log_dir, 0, "--log-dir", is_dir=True)
+    except ValueError as exc:
+        _fail(str(exc))
     if importlib.util.find_spec("vllm") is None:
         raise click.ClickException("vLLM is not installed in this Python, so no server can start: "
                                    "python -m pip install -e '.[gpu]' on GPU machines, '.[live]' for vLLM's CPU build")
@@ -125,15 +148,16 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
         served_model_name = served_model_name or TINY_MODEL_NAME
     else:
         model_path = model
-    args = shlex.split(vllm_args) + list(extra)
     try:
         specs = plan_servers(model_path, num_servers, port_base, served_model_name or model, block_size,
                              gpu_memory_utilization, kv_cache_gib, max_model_len, args, log_dir, device, api_cores,
-                             kv_events_port_base)
+                             kv_events_port_base, workers_per_gpu=workers_per_gpu)
     except ValueError as exc:
         _fail(str(exc))
     for s in specs:
-        where = f"GPU {s.cuda_device}" if s.cuda_device is not None else f"CPU core {s.cpu_core}"
+        where = (f"GPU {s.cuda_device}" + (f" ({s.gpu_memory_utilization:g} of its memory)"
+                                            if workers_per_gpu > 1 else "")
+                 if s.cuda_device is not None else f"CPU core {s.cpu_core}")
         events = f", KV-cache events on {s.kv_events_endpoint}" if s.kv_events_endpoint else ""
         click.echo(f"starting {s.url} on {where} (log {s.log_path}{events})", err=True)
     try:
@@ -168,20 +192,22 @@ def calibrate():
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory for the raw rows.")
 @click.option("--model", default=None, help="Served model name (default: the server's only model).")
 @click.option("--preset", type=click.Choice(["full", "quick"]), default="full", show_default=True, help="Sweep size.")
-@click.option("--max-len", type=int, default=None, help="Drop sweep lengths whose sequences exceed this many tokens.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the prompts' token ids.")
+@click.option("--max-len", type=Number(TOKENS), default=None, help="Drop sweep lengths whose sequences exceed this many tokens.")
+@click.option("--seed", type=Number(SEED), default=0, show_default=True, help="Seeds the prompts' token ids.")
 @click.option("--token-range", default="100:1700", show_default=True, help="LO:HI range of prompt token ids.")
 @click.option("--hardware", default=None, help="Hardware description for the profile (default: what the server reports).")
-@click.option("--client-cores", default=None, help="Run this client on these CPU cores (e.g. '1'), off the engine's core.")
+@click.option("--client-cores", type=Cores(), default=None,
+              help="Run this client on these CPU cores (e.g. '1'), off the engine's core.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Limit on one request, s.")
+@click.option("--timeout", type=Number(SERVE_VALUES["timeout"]), default=600.0, show_default=True,
+              help="Limit on one request, s.")
 @click.option("--bursts/--no-bursts", default=True, show_default=True,
               help="Run the concurrency sweep (bursts of N = 1..64 requests on one and on all servers).")
-@click.option("--burst-slots", type=click.IntRange(min=1, max=1000), default=12, show_default=True,
+@click.option("--burst-slots", type=Number(Num(integer=True, minimum=1, maximum=1000)), default=12, show_default=True,
               help="Spread the concurrency sweep over this many slots between the one-at-a-time experiments, so "
                    "both sample the same stretch of the host's time (1: every burst after them; nothing to spread with "
                    "--no-bursts).")
-@click.option("--longest", type=click.IntRange(min=2), default=None,
+@click.option("--longest", type=Number(Num(integer=True, minimum=2, maximum=MAX_TOKENS, unit="tokens")), default=None,
               help="Also time sequences up to this many tokens (prompt plus output): longer cold prompts, a "
                    "cached prefix and a decode context near it, for runs whose histories go beyond the preset "
                    "(16k tokens for 'full'); must fit the servers' max_model_len.")
@@ -213,10 +239,7 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     if not bursts:
         plan = plan.without_bursts()
     plan = replace(plan, burst_slots=burst_slots)
-    try:
-        lo, hi = (int(x) for x in token_range.split(":"))
-    except ValueError:
-        _fail(f"--token-range must be LO:HI, got {token_range!r}")
+    lo, hi = token_id_range(token_range)
     out = Path(out_dir)
     check_urls(urls)
     if kv_events:
@@ -233,7 +256,7 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     except ValueError as exc:
         _fail(str(exc))
     try:
-        with pinned(_cores(client_cores)):
+        with pinned(client_cores):
             summary = asyncio.run(run_sweep(list(urls), out, plan, model, seed, (lo, hi), progress, hardware,
                                             timeout, kv_events))
     except CalibrationError as exc:
@@ -247,10 +270,55 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     click.echo(
         f"measured {summary.num_requests} requests in {summary.num_experiments} experiments in "
         f"{summary.elapsed_s:.0f} s on {len(summary.servers)} server(s): {s.model} on {s.hardware}, vLLM "
-        f"{s.vllm_version}, block size {s.block_size}, {s.num_gpu_blocks} blocks -> {out}"
+        f"{s.vllm_version}{_async_text(s.async_scheduling)}, block size {s.block_size}, {s.num_gpu_blocks} blocks -> {out}"
     )
+    for warning in summary.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if s.hardware == "unknown":
+        click.echo("note: the servers did not say their hardware (vLLM before 0.16 has no system_env in /server_info); "
+                   "measure --hardware names it", err=True)
     if summary.events_problem:
         click.echo(f"warning: {summary.events_problem}; no request was timed in the engine", err=True)
+
+
+def _prefill_step_s(cost, info):
+    """``step_s(prompt_len, cached)``: the fitted time of the last step of one prefill alone (its
+    last chunk of at most ``max_num_batched_tokens`` new tokens), s."""
+    from kvroute.sim.timing.cost_model import prefill_pairs
+
+    budget = info.max_num_batched_tokens
+
+    def step_s(prompt_len: int, cached: int) -> float:
+        new = max(1, prompt_len - cached)
+        last = new - budget * ((new - 1) // budget)
+        return cost.step_time(last, 1, prefill_pairs(prompt_len - last, last), 0)
+
+    return step_s
+
+
+def _async_text(flag: bool | None) -> str:
+    return "" if flag is None else f" (async scheduling {'on' if flag else 'off'})"
+
+
+def left_out_summary(notes: list[str], meta: dict) -> str:
+    """What the fit left out, counted by reason (numbers in a reason count as one), and whether
+    the sweep says it was interrupted, e.g. ``"left out: 12 x request failed or sent no
+    token, 3 x a stream had fewer than N tokens; the sweep finished (meta.json status
+    complete)"``."""
+    import collections
+    import re
+
+    reasons = collections.Counter()
+    for note in notes:
+        head, sep, rest = note.partition("): ") if note.startswith("exp ") and "): " in note else note.partition(": ")
+        text = (rest if sep and note.startswith("exp ") else note).split("; left out")[0]
+        reasons[re.sub(r"\d+(\.\d+)?", "N", text).strip()] += 1
+    left = (", ".join(f"{n} x {reason}" for reason, n in reasons.most_common())
+            if reasons else "none")
+    status = meta.get("status")
+    said = (f"the sweep was interrupted (meta.json status {status!r})" if status == "interrupted"
+            else f"meta.json status {status!r}" if status else "meta.json gives no status")
+    return f"left out: {left}; {said}"
 
 
 def _rows(path: Path) -> int:
@@ -259,6 +327,21 @@ def _rows(path: Path) -> int:
             return max(0, sum(1 for _ in fh) - 1)
     except OSError:
         return 0
+
+
+FIGURE_FORMATS = ("png", "pdf", "svg")
+"""``kvroute.sim.study.figure_style.FIGURE_FORMATS`` (repeated so the calibrate commands' help
+imports no numpy; ``tests/sim/study/test_figures.py`` checks they agree)."""
+
+
+def _figure_formats(ctx, param, value):
+    """``--figure-format``: ``figure_style.parse_figure_formats`` (one line naming the flag)."""
+    from kvroute.sim.study.figure_style import parse_figure_formats
+
+    try:
+        return parse_figure_formats(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
 @calibrate.command("fit")
@@ -270,9 +353,12 @@ def _rows(path: Path) -> int:
                    "RUN_DIRs).")
 @click.option("--name", default=None, help="Profile name (default: the output file's stem).")
 @click.option("--report", default=None, type=click.Path(dir_okay=False),
-              help="PNG report (default: beside the profile, <stem>.fit.png).")
-@click.option("--holdout", type=float, default=0.25, show_default=True, help="Share of experiments held out.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the hold-out split.")
+              help="The fit's figure: .png, .pdf or .svg (default: beside the profile, <stem>.fit.png); "
+                   "--figure-format adds the other formats beside it.")
+@click.option("--figure-format", "figure_formats", default="png", show_default=True, callback=_figure_formats,
+              help="Formats of the fit's figure, comma list of png, pdf, svg (vector for papers).")
+@click.option("--holdout", type=Number(Num(minimum=0.0, maximum=1.0, below=True)), default=0.25, show_default=True, help="Share of experiments held out.")
+@click.option("--seed", type=Number(SEED), default=0, show_default=True, help="Seed of the hold-out split.")
 @click.option("--overhead", type=click.Choice(["auto", "metrics", "fit"]), default="auto", show_default=True,
               help="API-server time from the server's /metrics or fitted.")
 @click.option("--loss", type=click.Choice(["linear", "soft_l1", "huber", "cauchy"]), default="soft_l1",
@@ -281,17 +367,17 @@ def _rows(path: Path) -> int:
               help="Decode and mixed step times from the server's histograms or the client's streams.")
 @click.option("--per-token-overhead/--no-per-token-overhead", default=True, show_default=True,
               help="Fit the per-prompt-token part of the API-server time.")
-@click.option("--folds", type=int, default=4, show_default=True, help="Cross-validation folds (0: none).")
-@click.option("--bootstrap", type=int, default=100, show_default=True,
+@click.option("--folds", type=Number(Num(integer=True, minimum=0, maximum=1000)), default=4, show_default=True, help="Cross-validation folds (0: none).")
+@click.option("--bootstrap", type=Number(Num(integer=True, minimum=0, maximum=MAX_RUNS)), default=100, show_default=True,
               help="Refits on resampled configurations, kept in the profile as the coefficients' uncertainty (0: none).")
 @click.option("--bursts/--no-bursts", default=True, show_default=True,
               help="Fit the front-end queue and host-contention terms to the sweep's bursts, if it has any.")
-@click.option("--api-server-count", type=int, default=1, show_default=True,
+@click.option("--api-server-count", type=Number(FIT_VALUES["api_server_count"]), default=1, show_default=True,
               help="API processes per server during the sweep (vLLM --api-server-count).")
-@click.option("--client-busy", type=float, default=1.0, show_default=True,
+@click.option("--client-busy", type=Number(FIT_VALUES["client_busy"]), default=1.0, show_default=True,
               help="Processes of the measuring client on the servers' host, busy while responses stream "
                    "(1; 0 when it ran elsewhere).")
-@click.option("--engine-spin", type=float, default=1.0, show_default=True,
+@click.option("--engine-spin", type=Number(SECONDS), default=1.0, show_default=True,
               help="Seconds an engine's core stays busy after its last step (vLLM's shared-memory queue "
                    "busy-polls for 1 s; 0: busy only while it has work).")
 @click.option("--stream-baseline/--no-stream-baseline", default=True, show_default=True,
@@ -302,7 +388,7 @@ def _rows(path: Path) -> int:
                    "engine's core, so the host model counts load per core (host.api_on_engine_core) and the API "
                    "process's work beside a busy engine takes twice as long (host.api_contention 1); spare: the "
                    "whole host's load stretches every engine.")
-@click.option("--api-contention", type=float, default=1.0, show_default=True,
+@click.option("--api-contention", type=Number(FIT_VALUES["api_contention"]), default=1.0, show_default=True,
               help="With --api-cores own: how much longer the API process's work takes while its engine, on the "
                    "same core, has requests (host.api_contention; 1: fair sharing of the core, 0: not at all). "
                    "Stated, not fitted: closed-loop TTFT under kv-aware routing depends strongly on it "
@@ -314,15 +400,15 @@ def _rows(path: Path) -> int:
 @click.option("--base-profile", default=None,
               help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
                    "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
-@click.option("--client-core", "client_core", type=int, default=-1, show_default=True,
+@click.option("--client-core", "client_core", type=Number(FIT_VALUES["client_core"]), default=-1, show_default=True,
               help="With --api-cores own: the server (0, 1, ...: server i of kvroute serve runs on core i) whose "
                    "core the measuring client was pinned to (calibrate measure --client-cores): the client's load "
                    "then slows that server's steps alone (host.client_core). -1: the client floated.")
-@check_values(rules={"api_server_count": POSITIVE_INT, "client_busy": Num(minimum=0.0), "engine_spin": SECONDS,
-                     "api_contention": Num(minimum=0.0), "client_core": Num(minimum=-1)})
+@check_values(rules={**FIT_VALUES, "engine_spin": SECONDS})
+@stops_on_sigterm
 def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
             bootstrap, bursts, api_server_count, client_busy, engine_spin, stream_baseline, api_cores, api_contention,
-            client_core, front_end_split, base_profile):
+            client_core, front_end_split, base_profile, figure_formats=("png",)):
     """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report.
 
     Several RUN_DIRs (sweeps of the same servers, taken one after another) are pooled into one
@@ -331,8 +417,12 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
     from kvroute.calibrate.calibration.fit import fit, plot_report, profile_document
     from kvroute.calibrate.calibration.observations import (build_observations, engine_config, load_sweeps,
                                                             observations_frame)
-    from kvroute.sim.timing.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile, profile_from_dict
+    from kvroute.sim.timing.vllm_versions import kv_event_stamp
 
+    if report is not None and Path(report).suffix.lower().lstrip(".") not in FIGURE_FORMATS:
+        raise click.BadParameter(f"{report} must end in {', '.join('.' + f for f in FIGURE_FORMATS)}",
+                                 param_hint="'--report'")
     if len(run_dirs) > 1 and out_path is None:
         raise click.UsageError("several RUN_DIRs: give --out (the profile is not written into one of them)")
     if client_core >= 0 and api_cores != "own":
@@ -351,7 +441,10 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
         _fit_bursts_only(base_profile, run_dir, out, name or out.stem, meta, req, exp, api_server_count, client_busy,
                          engine_spin, stream_baseline, api_cores == "own", api_contention, client_core)
         return
-    obs, notes = build_observations(req, exp, engine_config(info), itl_source)
+    try:
+        obs, notes = build_observations(req, exp, engine_config(info), itl_source)
+    except KeyError as exc:  # a column build_observations reads but does not list as needed
+        _fail(f"{req.attrs.get('source', run_dir)}: lacks the column {exc} (calibrate measure writes it)")
     for n in notes[:8]:
         click.echo(f"note: {n}", err=True)
     if len(notes) > 8:
@@ -359,19 +452,25 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
     try:
         result = fit(obs, holdout, seed, overhead, loss, per_token_overhead, folds, bootstrap)
     except ValueError as exc:
-        _fail(str(exc))
+        _fail(f"{run_dir}: {exc}; {left_out_summary(notes, meta)}")
     name = name or out.stem
     doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
-    split = post_engine_time(req) if front_end_split else None
+    stamp = kv_event_stamp(info.vllm_version, info.async_scheduling)
+    split = post_engine_time(req, stamp, _prefill_step_s(result.cost, info)) if front_end_split else None
     if split is not None:
-        apply_post_engine(doc, split)
+        apply_post_engine(doc, split, stamp)
     burst_text = (_fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline,
                               api_cores == "own", api_contention, client_core) if bursts else None)
+    try:  # the simulator must accept what is written: checked before writing it
+        profile_from_dict(json.loads(json.dumps(doc)), str(out))
+    except ValueError as exc:
+        _fail(f"the fit of {run_dir} gives no valid profile, so nothing is written: {exc}")
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
-    load_profile(out)  # the simulator must accept what we wrote
-    png = Path(report) if report else out.with_name(out.stem + ".fit.png")
-    plot_report(result, png, f"{name}: {info.model} on {info.hardware}, vLLM {info.vllm_version}")
+    load_profile(out)
+    png = Path(report) if report else out.with_name(f"{out.stem}.fit.{figure_formats[0]}")
+    figures = plot_report(result, png, f"profile {name}: {info.model} on {info.hardware}, vLLM {info.vllm_version}",
+                          figure_formats)
     frame = observations_frame(obs)
     frame["predicted_s"] = result.predicted_s
     frame["held_out"] = result.held_out
@@ -384,7 +483,7 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
                   else "front end: all of it before the engine (--no-front-end-split)"))
     if burst_text:
         click.echo(burst_text)
-    click.echo(f"profile {out}\nreport  {png}\npoints  {points}")
+    click.echo(f"profile {out}\nreport  {', '.join(str(path) for path in figures)}\npoints  {points}")
 
 
 def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, exp, api_server_count: int,
@@ -451,6 +550,7 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
     sections = profile_sections(ff)
     doc["frontend"], doc["host"] = sections["frontend"], sections["host"]
     doc["provenance"]["fit"]["bursts"] = sections["burst_fit"]
+    _add_burst_notes(doc, ff)
     text = ff.summary()
     if speed is not None:
         lo, hi = speed.interval_s
@@ -467,6 +567,17 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
     if host.get("loadavg_start") is not None:
         doc["provenance"]["client_host_loadavg"] = {k: host.get(k) for k in ("loadavg_start", "loadavg_end")}
     return text
+
+
+def _add_burst_notes(doc: dict, ff) -> None:
+    """The burst fit's terms at a bound and its repeated bursts that scatter, added to the
+    profile's ``fit_notes`` (``kvroute.calibrate.calibration.walls``; a base profile's own burst
+    notes replaced)."""
+    notes = doc.setdefault("fit_notes", {})
+    kept = [w for w in notes.get("at_bound", []) if not str(w.get("term", "")).startswith(("host.", "frontend."))]
+    notes["at_bound"] = kept + [w.to_dict() for w in ff.walls]
+    notes["burst_scatter"] = [s.to_dict() for s in ff.scatter[:20]]
+    notes["num_burst_scattered"] = len(ff.scatter)
 
 
 def _model_doc(root: str) -> dict:

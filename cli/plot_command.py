@@ -6,6 +6,10 @@ from pathlib import Path
 
 import click
 
+from kvroute.cli.signals import stops_on_sigterm
+from kvroute.cli.values import InputFile, Number
+from kvroute.traces.inputs import MAX_RUNS, Num
+
 
 SERIES_RUN_ATTR = "kvroute_run"
 """Key of the run's description (trace and request count) in ``timeseries.parquet``'s pandas
@@ -21,18 +25,21 @@ def series_png_name(policy: str, round_: int = 0) -> str:
 
 
 @click.command("plot-series")
-@click.argument("series_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("series_file", type=InputFile())
 @click.option("--policy", default=None, help="Policy whose run to draw [the file's first].")
-@click.option("--round", "round_", type=click.IntRange(min=0), default=0, show_default=True, help="Round to draw.")
-@click.option("--bins", type=click.IntRange(min=1), default=200, show_default=True,
+@click.option("--round", "round_", type=Number(Num(integer=True, minimum=0, maximum=MAX_RUNS)), default=0, show_default=True, help="Round to draw.")
+@click.option("--bins", type=Number(Num(integer=True, minimum=1, maximum=100_000)), default=200, show_default=True,
               help="Intervals on the time axis.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="PNG to write [timeseries-<policy>.png beside SERIES_FILE, as compare writes it for round 0].")
+              help="Figure to write, .png, .pdf or .svg [timeseries-<policy>.png beside SERIES_FILE, as compare "
+                   "writes it for round 0].")
+@stops_on_sigterm
 def plot_series_command(series_file: Path, policy: str | None, round_: int, bins: int, out: Path | None) -> None:
     """Redraw one run's time-series plot from a timeseries.parquet (compare --time-series).
 
     Errors (one line each): SERIES_FILE is not a readable parquet file, lacks the time-series
-    columns, or has no such policy or round (the valid ones are listed); --out does not end in .png.
+    columns, or has no such policy or round (the valid ones are listed); --out does not end in .png,
+    .pdf or .svg.
     """
     import pandas as pd
 
@@ -40,8 +47,11 @@ def plot_series_command(series_file: Path, policy: str | None, round_: int, bins
     from kvroute.sim.study.plots import plot_series
     from kvroute.sim.cluster.timeseries import SERIES_COLUMNS
 
-    if out is not None and out.suffix.lower() != ".png":
-        raise click.BadParameter(f"{out} must end in .png", param_hint="'--out'")
+    from kvroute.sim.study.figure_style import FIGURE_FORMATS, scenario_title
+
+    if out is not None and out.suffix.lower().lstrip(".") not in FIGURE_FORMATS:
+        raise click.BadParameter(f"{out} must end in {', '.join('.' + f for f in FIGURE_FORMATS)}",
+                                 param_hint="'--out'")
     try:
         series = pd.read_parquet(series_file)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a file that is not parquet
@@ -71,5 +81,6 @@ def plot_series_command(series_file: Path, policy: str | None, round_: int, bins
     out = out or series_file.with_name(series_png_name(policy or "run", round_))
     run = series.attrs.get(SERIES_RUN_ATTR) or str(series_file)  # the header compare wrote, else the file
     with atomic_output(out) as tmp:
-        plot_series(series, tmp, title=f"{policy or 'run'}, round {round_} | {run}", bins=bins)
+        plot_series(series, tmp, bins=bins,
+                    title=scenario_title(run, (), f"{policy or 'run'}, round {round_}: every worker over time"))
     click.echo(f"wrote {out}")

@@ -11,49 +11,74 @@ import click
 
 from kvroute.cli.scenario import (parse_policies, policies_option, scenario_from_options, scenario_options,
                                  scenario_trace, with_errors)
+from kvroute.cli.signals import stops_on_sigterm
+from kvroute.cli.sim_commands import figure_format_option
+from kvroute.cli.values import OPEN_FRACTION, PROCESSES, Number, check_runs
+from kvroute.traces.inputs import MAX_RUNS, RUNS, SECONDS, SEED, InputError, Num
 
 
-def _pair(text: str, hint: str) -> tuple[float, float]:
+JITTER_CV = Num(minimum=0.0, maximum=10.0)
+"""Bounds of ``--jitter-cv-range``: a profile's ``overheads.jitter_cv`` rule."""
+
+
+def _pair(text: str, hint: str, rule: Num) -> tuple[float, float]:
+    """``LOW:HIGH`` with each end checked by ``rule`` and LOW < HIGH (errors name ``hint``)."""
     try:
         lo, hi = (float(x) for x in text.split(":"))
-    except ValueError:
-        raise click.BadParameter(f"must be LOW:HIGH, got {text!r}", param_hint=f"'{hint}'") from None
+        for value in (lo, hi):
+            rule.check(value)
+    except ValueError as exc:
+        reason = exc.reason if isinstance(exc, InputError) else f"must be LOW:HIGH, got {text!r}"
+        raise click.BadParameter(reason, param_hint=f"'{hint}'") from None
+    if not lo < hi:
+        raise click.BadParameter(f"LOW must be below HIGH, got {text!r}", param_hint=f"'{hint}'")
     return lo, hi
+
+
+def _even(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if value % 2:
+        raise click.BadParameter(f"must be even, got {value}", ctx=ctx, param=param)
+    return value
 
 
 @click.command("sensitivity")
 @scenario_options
 @policies_option
-@click.option("--trajectories", type=click.IntRange(min=2), default=12, show_default=True,
+@click.option("--trajectories", type=Number(Num(integer=True, minimum=2, maximum=MAX_RUNS)), default=12,
+              show_default=True,
               help="Morris trajectories; the design has trajectories x (factors + 1) points.")
-@click.option("--levels", type=int, default=4, show_default=True, help="Morris grid levels (even).")
-@click.option("--rounds", type=int, default=2, show_default=True,
+@click.option("--levels", type=Number(Num(integer=True, minimum=2, maximum=1000)), default=4, show_default=True,
+              callback=_even, help="Morris grid levels (even).")
+@click.option("--rounds", type=Number(RUNS), default=2, show_default=True,
               help="Seeds per point (the same seeds at every point: common random numbers).")
-@click.option("--noise-rounds", type=int, default=5, show_default=True,
+@click.option("--noise-rounds", type=Number(RUNS), default=5, show_default=True,
               help="Seeds of the unperturbed scenario (its value and seed-to-seed sd in the table).")
-@click.option("--design-seed", type=int, default=0, show_default=True,
+@click.option("--design-seed", type=Number(SEED), default=0, show_default=True,
               help="Seeds the Morris design and the bootstrap of mu* intervals.")
-@click.option("--prior-range", type=float, default=0.2, show_default=True,
+@click.option("--prior-range", type=Number(OPEN_FRACTION), default=0.2, show_default=True,
               help="Relative half-width of a coefficient or overhead mean without fitted uncertainty (derived priors).")
-@click.option("--coverage", type=float, default=0.95, show_default=True,
+@click.option("--coverage", type=Number(OPEN_FRACTION), default=0.95, show_default=True,
               help="Central share of a measured coefficient's bootstrap samples taken as its range.")
 @click.option("--jitter-cv-range", default="0:0.6", show_default=True,
               help="LOW:HIGH of the overhead jitter CV when the profile has no fitted one.")
-@click.option("--kv-range", type=float, default=0.1, show_default=True, help="Relative half-width of the KV capacity.")
+@click.option("--kv-range", type=Number(OPEN_FRACTION), default=0.1, show_default=True, help="Relative half-width of the KV capacity.")
 @click.option("--spread-range", default="0:0.02", show_default=True,
               help="LOW:HIGH of the start spread of root requests, s.")
 @click.option("--groups", default=None,
               help="Comma-separated factor groups to vary (default: all; see kvroute.sim.study.sensitivity.FACTOR_GROUPS).")
 @click.option("--executor", type=click.Choice(["local", "sequential"]), default="local", show_default=True,
               help="local: a process pool; sequential: this process.")
-@click.option("--max-workers", type=int, default=None, help="Processes of the local pool [CPU count].")
+@click.option("--max-workers", type=Number(PROCESSES), default=None, help="Processes of the local pool [CPU count].")
 @click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the tables.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write sensitivity.json, indices.csv, samples.csv and tornado.png here.")
+              help="Write sensitivity.json, indices.csv, samples.csv, tornado.png and report.html "
+                   "(one self-contained page: scenario, tables, tornado, notes) here.")
+@figure_format_option
 @with_errors
+@stops_on_sigterm
 def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, design_seed, prior_range, coverage,
                 jitter_cv_range, kv_range, spread_range, groups, executor, max_workers, json_out, out,
-                slo_ttft, slo_tpot, **options):
+                slo_ttft, slo_tpot, figure_formats=("png",), **options):
     """Rank the scenario's uncertain inputs by how much each moves the headline metrics.
 
     Morris's elementary effects (SALib) over the step-cost coefficients (their bootstrap range
@@ -66,8 +91,8 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
 
     policies = parse_policies(policies_text)
     try:
-        ranges = Ranges(prior_range, coverage, _pair(jitter_cv_range, "--jitter-cv-range"), kv_range,
-                        _pair(spread_range, "--spread-range"))
+        ranges = Ranges(prior_range, coverage, _pair(jitter_cv_range, "--jitter-cv-range", JITTER_CV), kv_range,
+                        _pair(spread_range, "--spread-range", SECONDS))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     scenario = scenario_from_options(options, policy=policies[0])
@@ -82,6 +107,9 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     if names is None and trace is not None:
         names = [g for g in FACTOR_GROUPS if g != "workload"]  # a trace file's lengths are given
     factors = default_factors(scenario, profile, ranges, names)
+    check_runs((trajectories * (len(factors) + 1) * rounds + noise_rounds) * len(policies),
+               f"(--trajectories {trajectories} x {len(factors) + 1} points x --rounds {rounds} + --noise-rounds "
+               f"{noise_rounds}) x {len(policies)} policies")
     start = time.perf_counter()
     result = run_sensitivity(scenario, policies, factors, ranges, trajectories, levels, rounds, design_seed,
                              noise_rounds, profile, trace, None, executor, max_workers,
@@ -90,21 +118,59 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     result.settings["wall_s"] = round(wall, 2)
     chats, turns = scenario.sizes
     source = trace.source if trace is not None else f"{scenario.workload}: {chats} chats x {turns} turns"
+    header = f"{source} | {scenario.workers} workers | profile {profile.name}"
+    note = (f"mu*: mean |change| of the metric when the factor crosses its range (Morris, SALib); "
+            f"+/- the sign of a monotone effect, ~ mixed signs. Seed sd: {noise_rounds} seeds of the "
+            f"unperturbed scenario.")
     if json_out:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
-        click.echo(f"{source} | {scenario.workers} workers | profile {profile.name} | {len(factors)} factors, "
+        click.echo(f"{header} | {len(factors)} factors, "
                    f"{trajectories} trajectories x {levels} levels = {result.settings['points']} points, "
                    f"{rounds} round(s) each, policies {', '.join(policies)}\n")
         click.echo(result.format_table())
-        click.echo(f"\nmu*: mean |change| of the metric when the factor crosses its range (Morris, SALib); "
-                   f"+/- the sign of a monotone effect, ~ mixed signs. Seed sd: {noise_rounds} seeds of the "
-                   f"unperturbed scenario.\nwall time {wall:.1f} s")
+        click.echo(f"\n{note}\nwall time {wall:.1f} s")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "sensitivity.json").write_text(json.dumps(result.to_dict(), indent=2))
         result.indices.to_csv(out / "indices.csv", index=False)
         result.samples.to_csv(out / "samples.csv", index=False)
-        result.plot(out / "tornado.png")
+        figure_names = _write_figure_and_report(result, out, header, note, figure_formats, scenario, profile)
         if not json_out:
-            click.echo(f"wrote {out / 'sensitivity.json'}, indices.csv, samples.csv, tornado.png")
+            click.echo(f"wrote {out / 'sensitivity.json'}, indices.csv, samples.csv, {', '.join(figure_names)}, "
+                       "report.html")
+
+
+def _write_figure_and_report(result, out: Path, header: str, note: str, figure_formats, scenario,
+                             profile) -> list[str]:
+    """``tornado.<format>`` for each of ``figure_formats`` and ``report.html`` (scenario, the mu*
+    tables, the tornado, the note, and as provenance the resolved options, the settings and the
+    profile and trace hashes) under ``out``; returns the figure files' names."""
+    from kvroute.cli.provenance import canonical_sha256, kvroute_version, resolved_options, trace_file_record
+    from kvroute.sim.study.figure_style import save_figure
+    from kvroute.sim.study.report import Report, write_report
+
+    fig = result.figure(scenario=header)
+    names = [path.name for path in save_figure(fig, out / "tornado", figure_formats, dpi=90)]
+    settings = result.settings
+    ctx = click.get_current_context()
+    trace = {"trace": trace_file_record(scenario.trace_file)} if scenario.trace_file is not None else {}
+    provenance = {"command": ctx.command_path, "version": kvroute_version(), "options": resolved_options(ctx),
+                  "profile": {"name": profile.name, "sha256": canonical_sha256(profile.raw)}, **trace,
+                  "settings": settings}
+    files = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith(".")
+                   and p.name != "report.html")
+    report = Report(
+        title=f"kvroute sensitivity: {', '.join(result.policies)}",
+        scenario=[*header.split(" | "), f"policies {', '.join(result.policies)} (changes against {result.policies[0]})",
+                  f"{len(result.factors)} factors, {settings['trajectories']} trajectories x {settings['levels']} "
+                  f"levels = {settings['points']} points, {settings['rounds']} round(s) each, "
+                  f"{settings['noise_rounds']} seeds of the base point, design seed {settings['seed']}"],
+        tables=result.report_tables(),
+        figures=[("Tornado: mu* per factor and output, largest on top; dashed: the seed noise (sd)", fig)],
+        notes=[note],
+        provenance=json.dumps(provenance, indent=2, default=str),
+        files=files,
+    )
+    write_report(report, out / "report.html")
+    return names

@@ -10,7 +10,9 @@ import click
 
 from kvroute.cli.config import config_option
 from kvroute.cli.signals import INTERRUPTED_EXIT, stops_on_sigterm
-from kvroute.cli.values import check_values
+from kvroute.cli.stage_output import stage_doc, stage_results, stage_text, write_stages
+from kvroute.cli.values import DRAWS, RELATIVE, Number, check_runs, check_values
+from kvroute.traces.inputs import RUNS
 from kvroute.sim.cluster.collector import paused_collector
 from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
 from kvroute.cli.scenario import (describe, executor_options, parse_policies, policies_option, scenario_from_options,
@@ -20,11 +22,14 @@ from kvroute.sim.cluster.metrics import ServiceClass
 
 
 class _RunProgress:
-    """A second bar for the run under way: requests sent of the trace, and its simulated time."""
+    """A second bar for the run under way (on a terminal only): requests sent of the trace, and
+    its simulated time."""
 
     def __init__(self, total: int, disable: bool) -> None:
-        self.disable = disable
-        self.bar = _progress_bar(disable, total=total, desc="run", unit="req", leave=False, position=1)
+        from kvroute.sim.study.progress import progress_bar, watched
+
+        self.disable = disable or watched() != "terminal"
+        self.bar = progress_bar(total, "run", "request", enabled=not self.disable, leave=False, position=1)
 
     def __call__(self, policy: str, round_: int, now_s: float, sent: int, total: int) -> None:
         if self.bar.total != total or self.bar.desc != f"{policy} r{round_}":
@@ -37,27 +42,8 @@ class _RunProgress:
         self.bar.close()
 
 
-class _NoBar:
-    """A disabled progress bar's stand-in (tqdm is imported only when a bar is shown)."""
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress_bar(disable: bool, **kwargs):
-    """A ``tqdm.auto`` bar on standard error, or ``_NoBar`` when ``disable``."""
-    if disable:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(file=sys.stderr, **kwargs)
-
-
 def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
-         quiet=False, time_series=False, executor=("sequential", None, None)):
+         quiet=False, time_series=False, executor=("sequential", None, None), figure_formats=("png",)):
     from kvroute.sim.study.experiment import CompareInterrupted, format_table
     from kvroute.sim.study.experiment import compare as run_compare
 
@@ -83,9 +69,11 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
     if not json_out:
         click.echo(f"{header} | {rounds} round(s) per policy"
                    + (f", plus {uncertainty} drawn profile(s) x {rounds} round(s)" if uncertainty else ""))
-    bar = _progress_bar(quiet or json_out or not sys.stderr.isatty(), total=len(policies) * rounds * (1 + uncertainty),
-                        desc="simulating", unit="run")
-    inside = _RunProgress(len(trace.records), disable=quiet or json_out or not sys.stderr.isatty())
+    from kvroute.sim.study.progress import progress_bar
+
+    # a bar on a terminal or in a notebook; in a pipe or a file only a plain line a minute, if it runs that long
+    bar = progress_bar(len(policies) * rounds * (1 + uncertainty), "simulating", "run", enabled=not (quiet or json_out))
+    inside = _RunProgress(len(trace.records), disable=quiet or json_out)
     interrupted = None  # Ctrl-C or SIGTERM: the finished runs are reported and written, marked incomplete
     try:
         if uncertainty:
@@ -111,11 +99,20 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
                    "finished" + ("" if comparison is not None else "; nothing written"), err=True)
         if comparison is None:
             sys.exit(INTERRUPTED_EXIT)
+    spread = ("one round per policy, seed {seed}: no interval (--rounds 2 or more gives one)".format(seed=seed)
+              if rounds == 1 else
+              f"{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}; ± is the 95% interval over rounds "
+              "([low, high] where clipped to possible values)")
+    spread_note = (f"{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo_ttft} s and "
+                   f"TPOT <= {slo_tpot} s.")
+    staged = stage_results(comparison, trace, spec)  # None unless the trace has load stages
     if json_out:
         doc = {"scenario": header, "rounds": rounds, "seed": seed,
                "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot},
                **({"incomplete": {"missing_runs": interrupted.missing}} if interrupted is not None else {}),
                **(uncertain.to_dict() if uncertainty else comparison.to_dict())}
+        if staged is not None:  # a trace with load stages: the per-stage table too
+            doc.update(stage_doc(staged))
         click.echo(json.dumps(doc, indent=2))
     elif uncertainty:
         click.echo(format_uncertain_table(uncertain))
@@ -124,43 +121,57 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
                    f"{uncertainty} profiles drawn from {uncertain.method}, each on its own seeds.")
     else:
         click.echo(format_table(comparison))
-        spread = ("one round per policy, seed {seed}: no interval (--rounds 2 or more gives one)".format(seed=seed)
-                  if rounds == 1 else
-                  f"{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}; ± is the 95% interval over rounds "
-                  "([low, high] where clipped to possible values)")
-        click.echo(f"\n{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo_ttft} s and "
-                   f"TPOT <= {slo_tpot} s.")
-    if not json_out:
+        if staged is not None:
+            click.echo(stage_text(staged))
+        click.echo(f"\n{spread_note}")
+    notes = []
+    if not json_out or out is not None:  # (--json alone keeps pandas unimported: records are a DataFrame)
         from kvroute.sim.timing.coverage import peak_in_flight, run_note
 
         records = comparison.records()
         peak = peak_in_flight(records)
-        for line in (_failure_note(comparison),
-                     _unmeasured_note(spec.profile, trace_path is None and scenario.workload == "seed-chat"
-                                      and scenario.reply is None,
-                                      uncertainty),
-                     _frontend_note(spec.profile, peak), run_note(spec.profile, records, peak),
-                     _speed_note(spec.profile, spec.num_workers)):
-            if line:
-                click.echo(line)
+        notes = [line for line in (_failure_note(comparison),
+                                   _unmeasured_note(spec.profile, trace_path is None and scenario.workload == "seed-chat"
+                                                    and scenario.reply is None,
+                                                    uncertainty),
+                                   _frontend_note(spec.profile, peak), run_note(spec.profile, records, peak),
+                                   _speed_note(spec.profile, spec.num_workers)) if line]
+    if not json_out:
+        for line in notes:
+            click.echo(line)
     if out is not None:
         # INCOMPLETE marks the set until its last file is written; an interrupted run's names the runs not finished
         marker = out / INCOMPLETE_MARKER
         write_text_atomic(marker, _incomplete_text(None))
-        _write_outputs(comparison, out, header, json_out, records_format,
-                       incomplete=None if interrupted is None else {"missing_runs": interrupted.missing})
+        doc, figures = _write_outputs(comparison, out, header, json_out, records_format,
+                                      incomplete=None if interrupted is None else {"missing_runs": interrupted.missing},
+                                      figure_formats=figure_formats)
         if time_series:
-            _write_series(comparison, out, header, json_out)
+            figures += _write_series(comparison, out, header, json_out, figure_formats)
         _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), scenario.request_rate,
                              scenario.arrival)
+        tables = []
+        if staged is not None:
+            from kvroute.sim.study.figure_style import policy_colors, scenario_title
+            from kvroute.sim.study.report_tables import frame_table
+
+            names, stage_fig = write_stages(
+                staged, out, scenario_title(header, comparison.policies, "Per stage: TTFT, output throughput and ITL"),
+                figure_formats, policy_colors(comparison.policies))
+            if not json_out:
+                click.echo(f"wrote {', '.join(str(out / name) for name in names)}")
+            tables.append(frame_table(staged[1], "Per stage (inference-perf's counting), means over rounds", "stages"))
+            figures.append(("Per stage: TTFT, output throughput and ITL, one line per policy", stage_fig))
         _write_provenance(out, trace_path, trace_for, spec, seed, rounds)
         if uncertainty:
             uncertain.summaries.to_csv(out / "uncertainty.csv", index=False)
-            (out / "compare.json").write_text(json.dumps({"scenario": header, **uncertain.to_dict()}, indent=2))
+            doc = {"scenario": header, **uncertain.to_dict()}
+            (out / "compare.json").write_text(json.dumps(doc, indent=2))
+        _write_report(out, doc, header, comparison.policies, figures, notes, rounds, seed, spread_note, tables)
         if not json_out:
             from kvroute.sim.study.bench_result import result_filename
 
-            more = ["scenario.yaml", *(result_filename(p) for p in comparison.policies)]
+            more = ["scenario.yaml", *(result_filename(p) for p in comparison.policies), "report.html"]
             if uncertainty:
                 more.append("uncertainty.csv")
             click.echo(f"wrote {', '.join(str(out / name) for name in more)}")
@@ -190,8 +201,14 @@ def _incomplete_text(missing: list[str] | None) -> str:
 
 
 def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_format: str,
-                   incomplete: dict | None = None) -> None:
-    from kvroute.sim.study.plots import plot_ttft
+                   incomplete: dict | None = None, figure_formats=("png",)) -> tuple[dict, list]:
+    """Records, ``summary.csv``, ``compare.json`` and the TTFT figure (``ttft.<format>``) under ``out``.
+
+    Returns:
+        ``compare.json``'s dict and ``[(caption, Figure)]`` for the report.
+    """
+    from kvroute.sim.study.figure_style import policy_colors, save_figure, scenario_title
+    from kvroute.sim.study.plots import ttft_figure
 
     out.mkdir(parents=True, exist_ok=True)
     records = comparison.records()
@@ -205,35 +222,67 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
         comparison.summaries.to_csv(tmp, index=False)
     doc = {"scenario": header, **comparison.to_dict(), **({"incomplete": incomplete} if incomplete else {})}
     write_text_atomic(out / "compare.json", json.dumps(doc, indent=2))
-    with atomic_output(out / "ttft.png") as tmp:
-        plot_ttft(records, tmp, title=header.split(" | ")[0])
+    fig = ttft_figure(records, scenario_title(header, comparison.policies, "TTFT per policy, all rounds"),
+                      policy_colors(comparison.policies))
+    written = save_figure(fig, out / "ttft", figure_formats)
     if not quiet:
-        click.echo(f"wrote {', '.join(str(out / name) for name in (records_file.name, 'summary.csv', 'compare.json', 'ttft.png'))}")
+        names = [str(out / name) for name in (records_file.name, "summary.csv", "compare.json")]
+        click.echo(f"wrote {', '.join(names + [str(path) for path in written])}")
+    return doc, [("TTFT per policy (all rounds pooled): distribution, and mean and p90 by turn", fig)]
 
 
-def _write_series(comparison, out: Path, header: str, quiet: bool) -> None:
+def _write_series(comparison, out: Path, header: str, quiet: bool, figure_formats=("png",)) -> list:
     """``timeseries.parquet`` and ``tokens.parquet`` (every policy and round) and one
-    ``timeseries-<policy>.png`` per policy (its round 0) under ``out``."""
+    ``timeseries-<policy>.<format>`` per policy (its round 0) under ``out``; returns
+    ``[(caption, Figure)]`` for the report."""
     from kvroute.cli.plot_command import SERIES_RUN_ATTR, series_png_name
-    from kvroute.sim.study.plots import plot_series
+    from kvroute.sim.study.figure_style import save_figure, scenario_title
+    from kvroute.sim.study.plots import series_figure
 
     series, tokens = comparison.series(), comparison.tokens()
-    series.attrs[SERIES_RUN_ATTR] = header.split(" | ")[0]  # plot-series titles a redrawn plot with it
+    series.attrs[SERIES_RUN_ATTR] = header  # plot-series titles a redrawn plot with it
     with atomic_output(out / "timeseries.parquet") as tmp:
         series.to_parquet(tmp, index=False)
     with atomic_output(out / "tokens.parquet") as tmp:
         tokens.to_parquet(tmp, index=False)
     names = ["timeseries.parquet", "tokens.parquet"]
+    figures = []
     for policy in comparison.policies:
         run = series[(series["policy"] == policy) & (series["round"] == 0)]
         if run.empty:  # every request failed before reaching an engine: no step to draw
             continue
-        name = series_png_name(policy)
-        with atomic_output(out / name) as tmp:
-            plot_series(run, tmp, title=f"{policy}, round 0 | {header.split(' | ')[0]}")
-        names.append(name)
+        fig = series_figure(run, title=scenario_title(header, (), f"{policy}, round 0: every worker over time"))
+        stem = series_png_name(policy).removesuffix(".png")
+        names += [path.name for path in save_figure(fig, out / stem, figure_formats, dpi=110)]
+        figures.append((f"{policy}, round 0: queues, KV blocks, batched tokens and hit rate per worker", fig))
     if not quiet:
         click.echo(f"wrote {', '.join(str(out / name) for name in names)}")
+    return figures
+
+
+def _write_report(out: Path, doc: dict, header: str, policies, figures: list, notes: list[str], rounds: int,
+                  seed: int, spread_note: str, tables: list = ()) -> None:
+    """``report.html`` under ``out``: the scenario, the table of ``doc`` (``compare.json``) and
+    ``tables`` (the per-stage table), the figures, the notes and ``scenario.yaml``
+    (``kvroute.sim.study.report``)."""
+    from kvroute.sim.study.report import Report, write_report
+    from kvroute.sim.study.report_tables import compare_table
+
+    scenario_file = out / "scenario.yaml"
+    files = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith(".")
+                   and p.name not in ("report.html", INCOMPLETE_MARKER))
+    report = Report(
+        title=f"kvroute {click.get_current_context().command.name}: {', '.join(policies)}",
+        scenario=[*header.split(" | "), f"policies {', '.join(policies)}",
+                  f"{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}"],
+        tables=[compare_table(doc, spread_note), *tables],
+        figures=figures,
+        notes=notes + ([f"incomplete: {len(doc['incomplete']['missing_runs'])} run(s) not finished"]
+                       if doc.get("incomplete") else []),
+        provenance=scenario_file.read_text() if scenario_file.exists() else "",
+        files=files,
+    )
+    write_report(report, out / "report.html")
 
 
 def _write_bench_results(comparison, out: Path, spec, slo: ServiceClass, request_rate, arrival: str) -> None:
@@ -271,17 +320,35 @@ def _write_provenance(out: Path, trace_path, trace_for, spec, seed: int, rounds:
     })
 
 
+def _figure_formats(ctx, param, value):
+    from kvroute.sim.study.figure_style import parse_figure_formats
+
+    try:
+        return parse_figure_formats(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+figure_format_option = click.option(
+    "--figure-format", "figure_formats", default="png", show_default=True, callback=_figure_formats,
+    help="Figure files to write with --out, comma list of png, pdf, svg (vector for papers); report.html "
+         "inlines PNG.")
+"""``--figure-format png,pdf,svg``: checked at parse time (one line naming the flag and the valid formats)."""
+
+
 def output_options(func):
     """Decorate a command with --json, --out and --records-format."""
     for option in reversed([
         click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the table."),
         click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
                      help="Write records.parquet, summary.csv, compare.json, ttft.png, scenario.yaml (the run's "
-                          "scenario, for --config) and a vllm bench serve-style vllm-bench-<policy>.json per policy "
-                          "(round 0) here."),
+                          "scenario, for --config), a vllm bench serve-style vllm-bench-<policy>.json per policy "
+                          "(round 0) and report.html (one self-contained page: scenario, table, figures, notes, "
+                          "provenance) here."),
         click.option("--records-format", type=click.Choice(["parquet", "csv"]), default="parquet",
                      show_default=True, help="Format of the per-request records written with --out."),
         click.option("--quiet", is_flag=True, help="No progress bars (they show on a terminal only)."),
+        figure_format_option,
         click.option("--time-series", is_flag=True,
                      help="Also sample every worker on each engine step (vllm:num_requests_running, ...) and keep "
                           "each token's time; writes timeseries.parquet, tokens.parquet and timeseries-<policy>.png "
@@ -295,12 +362,12 @@ def output_options(func):
 @config_option
 @scenario_options
 @policies_option
-@click.option("--rounds", type=int, default=3, show_default=True, help="Seeded rounds per policy.")
-@click.option("--uncertainty", type=int, default=0, show_default=True,
+@click.option("--rounds", type=Number(RUNS), default=3, show_default=True, help="Seeded rounds per policy.")
+@click.option("--uncertainty", type=Number(DRAWS), default=0, show_default=True,
               help="Also run N profiles drawn from the profile's coefficient uncertainty (bootstrap refits of a "
                    "measured profile, --prior-range for a derived prior), N x rounds runs per policy, and report "
                    "intervals that include it next to the seed-only ones.")
-@click.option("--prior-range", type=float, default=0.2, show_default=True,
+@click.option("--prior-range", type=Number(RELATIVE), default=0.2, show_default=True,
               help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
 @executor_options
 @output_options
@@ -308,14 +375,17 @@ def output_options(func):
 @with_errors
 @stops_on_sigterm
 def compare(policies_text, rounds, uncertainty, prior_range, executor, address, max_workers, json_out, out,
-            records_format, quiet, time_series, slo_ttft, slo_tpot, **options):
+            records_format, quiet, time_series, slo_ttft, slo_tpot, figure_formats=("png",), **options):
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
     if address is not None:
         executor = "dask"
+    policies = parse_policies(policies_text)
+    check_runs(len(policies) * rounds * (uncertainty + 1),
+               f"{len(policies)} policies x --rounds {rounds} x (--uncertainty {uncertainty} + 1)")
     with paused_collector():
-        _run(parse_policies(policies_text), rounds, json_out, out, records_format, scenario_from_options(options),
+        _run(policies, rounds, json_out, out, records_format, scenario_from_options(options),
              slo_ttft, slo_tpot, uncertainty=uncertainty, prior_range=prior_range, quiet=quiet, time_series=time_series,
-             executor=(executor, address, max_workers))
+             executor=(executor, address, max_workers), figure_formats=figure_formats)
 
 
 @click.command()
@@ -323,16 +393,17 @@ def compare(policies_text, rounds, uncertainty, prior_range, executor, address, 
 @scenario_options
 @click.option("--policy", default=DEFAULT_POLICIES[0], show_default=True,
               help="Routing policy, optionally with parameters (sglang:cache_threshold=0.5).")
-@click.option("--rounds", type=int, default=1, show_default=True, help="Seeded rounds.")
+@click.option("--rounds", type=Number(RUNS), default=1, show_default=True, help="Seeded rounds.")
 @output_options
 @check_values
 @with_errors
 @stops_on_sigterm
-def simulate(policy, rounds, json_out, out, records_format, quiet, time_series, slo_ttft, slo_tpot, **options):
+def simulate(policy, rounds, json_out, out, records_format, quiet, time_series, slo_ttft, slo_tpot,
+             figure_formats=("png",), **options):
     """Simulate one routing policy and print its summary."""
     with paused_collector():
         _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, scenario_from_options(options),
-             slo_ttft, slo_tpot, quiet=quiet, time_series=time_series)
+             slo_ttft, slo_tpot, quiet=quiet, time_series=time_series, figure_formats=figure_formats)
 
 
 def _failure_note(comparison) -> str:

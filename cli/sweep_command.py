@@ -10,8 +10,12 @@ import click
 import pandas as pd
 
 from kvroute.cli.config import config_option
+from kvroute.cli.sim_commands import figure_format_option
+from kvroute.sim.study.figure_style import FIGURE_FORMATS
 from kvroute.cli.scenario import (SCENARIO_FIELDS, click_error, executor_options, parse_policies, policies_option,
                                  scenario_options, scenario_trace, with_errors)
+from kvroute.cli.values import Number, check_runs
+from kvroute.traces.inputs import RUNS
 from kvroute.traces.outputs import atomic_output, check_output
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass
 from kvroute.sim.timing.profile import load_profile
@@ -78,19 +82,22 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
 @config_option
 @scenario_options(axes=True)
 @policies_option
-@click.option("--rounds", type=int, default=3, show_default=True, help="Seeded rounds per scenario.")
+@click.option("--rounds", type=Number(RUNS), default=3, show_default=True, help="Seeded rounds per scenario.")
 @executor_options
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write every row to FILE.parquet or FILE.csv.")
+              help="Write every row to FILE.parquet or FILE.csv, its scenario to FILE.scenario.yaml and a "
+                   "self-contained page (scenario, tables, figures, notes, provenance) to FILE.report.html.")
 @click.option("--time-series", is_flag=True,
               help="Not recorded by sweeps (an error): run `kvroute compare --time-series --out DIR` on a grid point.")
 @click.option("--plot-load", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="With --request-rate: write a PNG of goodput, TTFT p50/p90 and throughput against load per policy.")
+              help="With --request-rate: write a figure of goodput, TTFT p50/p90 and throughput against load per "
+                   "policy (FILE.png, .pdf or .svg; --figure-format adds the other formats beside it).")
+@figure_format_option
 @click.option("--show", default=DEFAULT_SHOW, show_default=True, help="Metrics to print, comma list.")
 @click.option("--no-progress", "--quiet", "no_progress", is_flag=True, help="Hide the progress bar.")
 @with_errors
 def sweep_command(policies_text, rounds, executor, address, max_workers, out, time_series, plot_load, show,
-                  no_progress, slo_ttft, slo_tpot, **options):
+                  no_progress, slo_ttft, slo_tpot, figure_formats=("png",), **options):
     """Run a grid of scenarios (every combination of the comma lists) and print pivot tables.
 
     Takes every scenario option of `kvroute compare` (same names and defaults); each but --trace,
@@ -104,6 +111,9 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
                                "with the grid point's options")
     if plot_load is not None and not options["request_rate"]:
         raise click.UsageError("--plot-load draws against --request-rate: give --request-rate 1,2,4,...")
+    if plot_load is not None and plot_load.suffix.lower().lstrip(".") not in FIGURE_FORMATS:
+        raise click.BadParameter(f"{plot_load} must end in {', '.join('.' + f for f in FIGURE_FORMATS)}",
+                                 param_hint="'--plot-load'")
     valid_metrics = [*SUMMARY_METRICS, *COUNTER_COLUMNS]
     shown = _choices(show, valid_metrics, "--show")
     if out is not None and out.suffix.lower() not in (".parquet", ".csv"):
@@ -116,8 +126,11 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
         scenario_trace(Scenario(trace_file=str(trace_path), trace_block_size=options["trace_block_size"]))
         options["trace_file"] = str(trace_path.resolve())
     fields = {name: value for name, value in options.items() if value is not None and name in SCENARIO_FIELDS}
+    policies = parse_policies(policies_text)
+    points = math.prod(len(v) for v in fields.values() if isinstance(v, list)) * len(policies)
+    check_runs(points * rounds, f"the grid's {points:,} points (with --policies) x --rounds {rounds}")
     try:
-        scenarios = grid(**fields, policy=parse_policies(policies_text))
+        scenarios = grid(**fields, policy=policies)
     except ScenarioError as exc:
         raise click_error(exc) from None
     except ValueError as exc:
@@ -150,18 +163,60 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
     if empty:
         click.echo(f"not shown, no run has a value: {', '.join(empty)}"
                    + (" (the trace has no later turns)" if any(m.startswith("later_") for m in empty) else ""))
-    click.echo(f"{rounds} round(s) per scenario; ± is the 95% interval over rounds; "
-               f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
+    spread_note = (f"{rounds} round(s) per scenario; ± is the 95% interval over rounds; "
+                   f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
+    click.echo(spread_note)
+    figures = []
+    if options["request_rate"] and (plot_load is not None or out is not None):
+        figures.append(_load_figure(frame, scenarios, rounds, plot_load, figure_formats))
     if out is not None:
         _write_rows(frame, out)
         _write_provenance(out, scenarios, rounds, trace_path)
-        click.echo(f"wrote {len(frame)} rows to {out} and its scenario to {out.stem}.scenario.yaml", err=True)
-    if plot_load is not None:
-        from kvroute.sim.study.plots import plot_load_curve
+        notes = ([f"{len(failed)} of {len(frame)} runs failed (infeasible; shown as -): {failed['error'].iloc[0]}"]
+                 if len(failed) else [])
+        _write_report(out, frame, scenarios, rounds, [m for m in shown if m not in empty], spread_note, figures, notes)
+        click.echo(f"wrote {len(frame)} rows to {out}, its scenario to {out.stem}.scenario.yaml and its report to "
+                   f"{out.stem}.report.html", err=True)
 
+
+def _load_figure(frame: pd.DataFrame, scenarios: list[Scenario], rounds: int, plot_load: Path | None,
+                 figure_formats) -> tuple[str, object]:
+    """The load curve (``plots.load_figure``), written to ``plot_load`` (and beside it in the other
+    ``figure_formats``) when given; returns ``(caption, Figure)`` for the report."""
+    from kvroute.sim.study.figure_style import policy_colors, save_figure, scenario_title
+    from kvroute.sim.study.plots import load_figure
+    from kvroute.sim.study.report_tables import grid_lines
+
+    policies = list(dict.fromkeys(s.policy for s in scenarios))
+    lines = [line for line in grid_lines(frame) if not line.startswith(("policy:", "request_rate:"))]
+    title = scenario_title(" | ".join(lines), policies,
+                           f"Load curves: {len(scenarios)} scenario(s) x {rounds} round(s), min-max over rounds")
+    fig = load_figure(frame, title, policy_colors(policies))
+    if plot_load is not None:
         plot_load.parent.mkdir(parents=True, exist_ok=True)
-        plot_load_curve(frame, plot_load, title=f"{len(scenarios)} scenario(s) x {rounds} round(s)")
-        click.echo(f"wrote {plot_load}", err=True)
+        suffix = plot_load.suffix.lower().lstrip(".")
+        paths = save_figure(fig, plot_load.with_suffix(""), [suffix, *(f for f in figure_formats if f != suffix)],
+                            dpi=110)
+        click.echo(f"wrote {', '.join(map(str, paths))}", err=True)
+    return "Goodput, TTFT p50 and p90 and output throughput against offered load (error bars: min-max over rounds)", fig
+
+
+def _write_report(out: Path, frame: pd.DataFrame, scenarios: list[Scenario], rounds: int, metrics: list[str],
+                  spread_note: str, figures: list, notes: list[str]) -> None:
+    """``<out stem>.report.html`` beside the rows: the grid, one table per shown metric (the numbers
+    of the rows in ``out``), the load figure, the notes and the scenario file."""
+    from kvroute.sim.study.report import Report, write_report
+    from kvroute.sim.study.report_tables import grid_lines, sweep_table
+
+    scenario_file = out.parent / f"{out.stem}.scenario.yaml"
+    tables = [sweep_table(frame, m, SUMMARY_METRICS.get(m) or COUNTER_COLUMNS.get(m, m)) for m in metrics]
+    if tables:
+        tables[-1].note = spread_note
+    report = Report(title=f"kvroute sweep: {len(scenarios)} scenario(s) x {rounds} round(s)",
+                    scenario=grid_lines(frame), tables=tables, figures=figures, notes=notes,
+                    provenance=scenario_file.read_text() if scenario_file.exists() else "",
+                    files=[out.name, scenario_file.name])
+    write_report(report, out.parent / f"{out.stem}.report.html")
 
 
 def _write_provenance(out: Path, scenarios: list[Scenario], rounds: int, trace_path: Path | None) -> None:

@@ -41,21 +41,71 @@ def load(name: str):
     return nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
 
 
+FIGURE_CHECKS = '''
+def lowest_interval(fig):
+    # The lowest end of any error bar of ``fig`` (matplotlib's errorbar line collections).
+    ends = [seg[:, 1].min() for ax in fig.axes for coll in ax.collections
+            if hasattr(coll, "get_segments") for seg in coll.get_segments() if len(seg)]
+    return float(min(ends)) if ends else None
+
+
+def overflowing_labels(fig):
+    # Axis labels and titles that leave the figure, or run past their panel's side.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # a shown figure is closed: draw it again off screen
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    box, bad = fig.bbox, []
+    for ax in fig.axes:
+        panel = ax.get_window_extent(renderer)
+        for text, along in ((ax.xaxis.label, "x"), (ax.yaxis.label, "y"), (ax.title, "x")):
+            if not text.get_text():
+                continue
+            e = text.get_window_extent(renderer)
+            outside = e.x0 < box.x0 - 1 or e.y0 < box.y0 - 1 or e.x1 > box.x1 + 1 or e.y1 > box.y1 + 1
+            longer = (e.width if along == "x" else e.height) > (panel.width if along == "x" else panel.height) + 1
+            if outside or longer:
+                bad.append(text.get_text())
+    return bad
+'''
+
+
 def run(name: str, workdir: Path, params: str = "", check: str = "") -> tuple[object, object]:
-    """Execute notebook ``name`` with ``params`` injected; return (notebook, parsed check output)."""
+    """Execute notebook ``name`` with ``params`` injected; return (notebook, parsed check output).
+    The check may call ``FIGURE_CHECKS``' functions."""
     book = load(name)
     index = next(i for i, c in enumerate(book.cells) if "parameters" in c.metadata.get("tags", []))
     book.cells.insert(index + 1, nbformat.v4.new_code_cell(params, metadata={"tags": ["injected-parameters"]}))
     if check:
+        book.cells.append(nbformat.v4.new_code_cell(FIGURE_CHECKS))
         book.cells.append(nbformat.v4.new_code_cell(f"import json\nprint({MARK!r} + json.dumps({check}))"))
     client = nbclient.NotebookClient(book, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(workdir)}})
     client.execute()
+    assert_clean_outputs(book)
     if not check:
         return book, None
     text = "".join(o.get("text", "") for o in book.cells[-1].outputs if o.output_type == "stream")
     line = next(line for line in text.splitlines() if line.startswith(MARK))
     return book, json.loads(line[len(MARK):])
+
+
+PROGRESS_MARKS = ("\r", "█", "%|", "it/s", "IProgress")
+
+
+def assert_clean_outputs(book) -> None:
+    """No progress-bar chunks in an executed notebook: no stream output carries a bar's characters,
+    and a progress display (``kvroute.sim.study.progress.NotebookBar``) is one output per phase,
+    updated in place, ending as one line."""
+    for cell in book.cells:
+        for output in cell.get("outputs", []):
+            text = output.get("text", "") + "".join(output.get("data", {}).get("text/plain", ""))
+            for mark in PROGRESS_MARKS:
+                assert mark not in text, (mark, cell.source[:80], text[:200])
+        shown = [o for o in cell.get("outputs", []) if o.output_type == "display_data"
+                 and "<progress" in "".join(o.get("data", {}).get("text/html", ""))]
+        assert not shown, "a progress display left unfinished"
 
 
 def printed(book) -> str:
@@ -136,6 +186,8 @@ def _check_01_sensitivity(book, out) -> None:
             got, exp = out["unc"]["policies"][policy][metric], want["policies"][policy][metric]
             assert (got["mean"], got["model_interval"]) == (exp["mean"], exp["model_interval"]), (policy, metric)
     assert "mu* per factor" in printed(book)
+    tornado_cell = next(c for c in book.cells if "sens.figure(" in c.source)
+    assert sum("image/png" in o.get("data", {}) for o in tornado_cell.outputs) == 1, "the tornado, shown once"
 
 
 def test_02_more_workers_numbers_are_the_sweep(tmp_path):
@@ -157,7 +209,14 @@ def test_02_more_workers_numbers_are_the_sweep(tmp_path):
 
 def test_03_long_histories_evictions_goodput_and_cost(tmp_path):
     book, out = run("03_long_histories", tmp_path, SMALL["03_long_histories"],
-                    "{'frame': frame.to_dict('records'), 'iv': iv.to_dict('records'), 'kv_blocks': kv_blocks}")
+                    "{'frame': frame.to_dict('records'), 'iv': iv.to_dict('records'), 'kv_blocks': kv_blocks, "
+                    "'lowest': [lowest_interval(fig_kv), lowest_interval(fig_cost)], "
+                    "'overflowing': overflowing_labels(fig_kv) + overflowing_labels(fig_cost)}")
+    assert min(out["lowest"]) >= 0, "an interval below zero"
+    assert out["overflowing"] == []
+    sweep_cell = next(c for c in book.cells if "frame = sweep(" in c.source)
+    assert [o["data"]["text/plain"].split(" in ")[0] for o in sweep_cell.outputs if o.output_type == "display_data"
+            ] == ["sweep: 12 runs"]  # its progress: one display, updated in place, one line when done
     assert not any(tmp_path.iterdir())
     full, small = out["kv_blocks"]
     assert small == round(0.02 * full)

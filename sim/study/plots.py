@@ -1,39 +1,53 @@
-"""Figures: TTFT distributions per policy and TTFT by turn (matplotlib, no pyplot state)."""
+"""Figures: TTFT distributions and TTFT by turn per policy, load curves and one run's time series
+(matplotlib, no pyplot state), in the style of ``kvroute.sim.study.figure_style``."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from kvroute.sim.study.figure_style import (interval_errors, log_axis_if_spread, policy_colors, series_style,
+                                              spans_decades, split_variant)
 
-def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "") -> Path:
-    """Write a PNG with two panels: TTFT CDF per policy, and mean and p90 TTFT by turn per
-    policy (by prompt-length decile for traces without turns).
+
+def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] | None = None) -> Figure:
+    """Two panels: TTFT CDF per policy, and mean and p90 TTFT by turn per policy (by prompt-length
+    decile for traces without turns).
 
     Args:
         records: per-request records with ``policy``, ``turn``, ``ttft`` (s) and ``status``
-            columns (``Comparison.records()``); all rounds are pooled.
-        path: output PNG path.
-        title: figure title.
+            columns (``Comparison.records()``); all rounds are pooled. A policy named
+            ``"<policy> predicted"`` or ``"<policy> measured"`` takes ``<policy>``'s colour and the
+            variant's line style (``figure_style.VARIANT_STYLES``).
+        title: figure title (``figure_style.scenario_title``: it names the scenario).
+        colors: ``{policy: colour}`` shared by every figure of the run (default:
+            ``figure_style.policy_colors`` over the records' policies).
 
     Returns:
-        The path written.
+        A bare matplotlib Figure (no pyplot state). The CDF's time axis is logarithmic when the
+        TTFTs span a decade or more.
     """
     ok = records[records["status"] == "ok"]
     # NOTE: a bare Figure (no pyplot) draws with whatever backend is active and leaves a
     # notebook's inline backend alone.
-    fig = Figure(figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.6))
     ax_cdf, ax_turn = fig.subplots(1, 2)
     has_turns = ok["turn"].notna().any()
-    # Later policies are drawn thinner with their own marker, so a policy whose results equal
-    # an earlier one's (least_loaded and kv_aware often do in closed-loop bursts) stays visible.
-    for i, (policy, group) in enumerate(ok.groupby("policy", sort=False)):
-        lw, marker = max(1.0, 3.2 - 0.8 * i), "osD^v<>"[i % 7]
+    colors = colors or policy_colors(ok["policy"].drop_duplicates())
+    # Later policies are drawn thinner, so a policy whose results equal an earlier one's
+    # (least_loaded and kv_aware often do in closed-loop bursts) stays visible.
+    order = list(colors)
+    for policy, group in ok.groupby("policy", sort=False):
+        base, _variant = split_variant(str(policy))
+        lw = max(1.0, 3.2 - 0.8 * (order.index(base) if base in order else len(order)))
+        style = series_style(str(policy), colors)
         ttft = np.sort(group["ttft"].to_numpy(float))
-        ax_cdf.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), lw=lw, label=policy)
+        ax_cdf.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), lw=lw, color=style["color"], ls=style["ls"],
+                    label=policy)
         if has_turns:
             by = group.groupby("turn")["ttft"]
         else:  # no turns: TTFT against prompt length, in ten equal-count bins
@@ -41,27 +55,49 @@ def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "") -> Path:
             by = group.groupby(bins, observed=True)["ttft"]
         mean, p90 = by.mean(), by.quantile(0.9)
         x = mean.index if has_turns else [interval.mid for interval in mean.index]
-        line = ax_turn.plot(x, mean.values, lw=lw, marker=marker, ms=3 + 2 * lw, label=f"{policy} mean")[0]
-        ax_turn.plot(x, p90.values, ls="--", lw=lw, color=line.get_color(), label=f"{policy} p90")
+        ax_turn.plot(x, mean.values, lw=lw, ms=3 + 2 * lw, label=f"{policy} mean", **style)
+        ax_turn.plot(x, p90.values, lw=max(0.8, lw - 1.2), ms=2 + lw, mfc="none", alpha=0.8, label=f"{policy} p90",
+                     **style)
+    if len(ok) and spans_decades([ok["ttft"].min(), ok["ttft"].max()]):
+        _plain_log_axis(ax_cdf)
     ax_cdf.set_xlabel("TTFT (s)")
-    ax_cdf.set_ylabel("share of requests")
-    ax_cdf.set_title("TTFT distribution")
+    ax_cdf.set_ylabel("share of requests (cumulative, 0-1)")
+    ax_cdf.set_ylim(0, 1.02)
+    ax_cdf.set_title("TTFT distribution", fontsize=10)
     ax_cdf.grid(alpha=0.3)
     if ax_cdf.get_legend_handles_labels()[0]:
-        ax_cdf.legend()
+        ax_cdf.legend(fontsize=8)
     if has_turns:
         integer_ticks(ax_turn)
-    ax_turn.set_xlabel("turn" if has_turns else "prompt length (tokens, decile midpoints)")
-    ax_turn.set_ylabel("TTFT (s)")
-    ax_turn.set_title("TTFT by turn" if has_turns else "TTFT by prompt length")
+    ax_turn.set_xlabel("turn (1 = a session's first request)" if has_turns
+                       else "prompt length (tokens, decile midpoints)")
+    ax_turn.set_ylabel("TTFT (s): mean (filled), p90 (hollow)")
+    ax_turn.set_ylim(bottom=0)
+    ax_turn.set_title("TTFT by turn" if has_turns else "TTFT by prompt length", fontsize=10)
     ax_turn.grid(alpha=0.3)
     if ax_turn.get_legend_handles_labels()[0]:
-        ax_turn.legend(fontsize=8)
+        ax_turn.legend(fontsize=7, ncol=2 if ok["policy"].nunique() > 3 else 1)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def _plain_log_axis(ax, axis: str = "x") -> None:
+    """A base-10 log scale on ``ax``'s ``axis`` labelled ``0.05``, ``1``, ``20`` (not ``10^-1``)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    getattr(ax, f"set_{axis}scale")("log")
+    target = getattr(ax, f"{axis}axis")
+    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    target.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+    target.set_minor_formatter(FuncFormatter(lambda value, _pos: ""))
+
+
+def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "", colors: dict[str, str] | None = None) -> Path:
+    """Write :func:`ttft_figure` of ``records`` to a PNG at ``path``; return the path."""
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    ttft_figure(records, title, colors).savefig(path, dpi=120, format="png")
     return path
 
 
@@ -93,26 +129,28 @@ def token_axis(ax, axis: str = "x", unit: float = 1.0) -> None:
 
 
 LOAD_PANELS = (
-    ("goodput_share", "goodput (share of requests in SLO)"),
-    ("ttft_p50_s", "TTFT p50 (s)"),
-    ("ttft_p90_s", "TTFT p90 (s)"),
-    ("output_throughput_tps", "output throughput (tok/s)"),
+    ("goodput_share", "goodput", "share of requests in SLO (0-1)", (0.0, 1.0)),
+    ("ttft_p50_s", "TTFT p50", "TTFT p50 (s)", (0.0, math.inf)),
+    ("ttft_p90_s", "TTFT p90", "TTFT p90 (s)", (0.0, math.inf)),
+    ("output_throughput_tps", "output throughput", "output tokens per second (tok/s)", (0.0, math.inf)),
 )
-"""The panels of :func:`plot_load_curve`: the curves ``vllm bench serve`` users draw by hand."""
+"""The panels of :func:`load_figure` (the curves ``vllm bench serve`` users draw by hand): the
+column each draws, its title, its y label with the unit, and its possible values."""
 
 
-def plot_load_curve(frame: pd.DataFrame, path: str | Path, title: str = "") -> Path:
-    """Write a PNG of goodput, TTFT p50/p90 and output throughput against offered load, per policy.
+def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | None = None) -> Figure:
+    """Goodput, TTFT p50/p90 and output throughput against offered load, one line per policy.
 
     Args:
         frame: sweep rows (``kvroute.sim.study.sweep.sweep``) with ``request_rate`` (sessions/s),
             ``policy`` and the ``LOAD_PANELS`` metrics; rounds are averaged, and the error bars
-            are the min and max over rounds.
-        path: output PNG path.
-        title: figure title.
+            are the min and max over rounds (clipped to the metric's possible values).
+        title: figure title (``figure_style.scenario_title``).
+        colors: ``{policy: colour}`` (default: ``figure_style.policy_colors`` over the rows).
 
     Returns:
-        The path written.
+        A bare matplotlib Figure. The load axis is logarithmic (base 2, ticks at the rates swept)
+        when the rates span a decade or more (0.5 to 16 sessions/s), linear otherwise.
 
     Raises:
         ValueError: no row has a ``request_rate``.
@@ -120,39 +158,66 @@ def plot_load_curve(frame: pd.DataFrame, path: str | Path, title: str = "") -> P
     rows = frame[frame["request_rate"].notna()] if "request_rate" in frame else frame.iloc[0:0]
     if rows.empty:
         raise ValueError("the load curve needs rows with a request_rate (kvroute sweep --request-rate 1,2,4,...)")
-    fig = Figure(figsize=(12, 3.6))
+    if "status" in rows:
+        rows = rows[rows["status"] != "failed"]
+    colors = colors or policy_colors(rows["policy"].drop_duplicates())
+    fig = Figure(figsize=(13, 4.0))
     axes = fig.subplots(1, len(LOAD_PANELS))
-    for i, (policy, group) in enumerate(rows.groupby("policy", sort=False)):
-        by_rate = group.groupby("request_rate")
-        for ax, (metric, label) in zip(axes, LOAD_PANELS):
+    rates = rows["request_rate"].astype(float)
+    for policy, group in rows.groupby("policy", sort=False):
+        by_rate = group.groupby(group["request_rate"].astype(float))
+        style = series_style(str(policy), colors)
+        for ax, (metric, _label, _unit, (lower, upper)) in zip(axes, LOAD_PANELS):
             stats = by_rate[metric].agg(["mean", "min", "max"])
-            ax.errorbar(stats.index, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
-                        marker="osD^v<>"[i % 7], ls=("-", "--", ":", "-.")[i % 4], capsize=2, label=policy)
-            ax.set_xlabel("sessions started per second")
-            ax.set_title(label, fontsize=9)
-            ax.grid(alpha=0.3)
+            ax.errorbar(stats.index, stats["mean"], yerr=interval_errors(stats["mean"], stats["min"], stats["max"],
+                                                                         lower, upper),
+                        capsize=2, label=policy, **style)
+    for ax, (metric, label, unit, _bounds) in zip(axes, LOAD_PANELS):
+        if not log_axis_if_spread(ax, rates.unique()):
+            ax.set_xticks(sorted(rates.unique()))
+        ax.set_xlabel("offered load (sessions started per s)")
+        ax.set_ylabel(unit)
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+        if metric != "goodput_share":
+            ax.set_ylim(bottom=0)
     axes[0].set_ylim(-0.02, 1.02)
     axes[0].legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return Path(path)
+    return fig
+
+
+def plot_load_curve(frame: pd.DataFrame, path: str | Path, title: str = "",
+                    colors: dict[str, str] | None = None) -> Path:
+    """Write :func:`load_figure` to ``path`` (its suffix picks the format: .png, .pdf, .svg);
+    return the path.
+
+    Raises:
+        ValueError: as :func:`load_figure`.
+    """
+    path = Path(path)
+    load_figure(frame, title, colors).savefig(path, dpi=110)
+    return path
 
 
 SERIES_PANELS = (
-    ("vllm:num_requests_running", "running requests", "gauge"),
-    ("vllm:num_requests_waiting", "waiting requests", "gauge"),
-    ("kv_blocks_used", "KV blocks used", "gauge"),
-    ("num_batched_tokens", "batched tokens per second", "rate"),
-    ("vllm:prefix_cache_hits", "prefix-cache hit rate (cumulative)", "hit_rate"),
-    ("vllm:num_preemptions", "preemptions (cumulative)", "count"),
+    ("vllm:num_requests_running", "running requests", "requests (stacked by worker)", "gauge"),
+    ("vllm:num_requests_waiting", "waiting requests", "requests (stacked by worker)", "gauge"),
+    ("kv_blocks_used", "KV blocks used", "KV blocks (stacked by worker)", "gauge"),
+    ("num_batched_tokens", "batched tokens per second", "tokens per s (stacked by worker)", "rate"),
+    ("vllm:prefix_cache_hits", "prefix-cache hit rate (cumulative)", "hit tokens / queried tokens (0-1)",
+     "hit_rate"),
+    ("vllm:num_preemptions", "preemptions (cumulative)", "preempted requests (stacked by worker)", "count"),
 )
-"""The panels of :func:`plot_series`: the column each draws, its title, and how."""
+"""The panels of :func:`series_figure`: the column each draws, its title, its y label with the
+unit, and how it is drawn. The preemption panel is left out of a run without preemptions."""
 
 
 def plot_series(series: pd.DataFrame, path: str | Path, title: str = "", bins: int = 200) -> Path:
-    """Write :func:`series_figure` of one run's time series to a PNG at ``path``; return the path.
+    """Write :func:`series_figure` of one run's time series to ``path`` (its suffix picks the
+    format: .png, .pdf, .svg); return the path.
 
     Raises:
         ValueError: as :func:`series_figure`.
@@ -162,21 +227,56 @@ def plot_series(series: pd.DataFrame, path: str | Path, title: str = "", bins: i
     return Path(path)
 
 
-def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200) -> Figure:
+def kv_capacity_blocks(series: pd.DataFrame) -> dict[int, int]:
+    """Each worker's usable KV blocks (``num_gpu_blocks - 1``, vLLM's null block left out), read
+    back from the samples' ``kv_blocks_used / vllm:kv_cache_usage_perc``; a worker that never held
+    a block is missing (its capacity cannot be read from its samples)."""
+    used = series[series["vllm:kv_cache_usage_perc"] > 0]
+    ratio = (used["kv_blocks_used"] / used["vllm:kv_cache_usage_perc"]).round()
+    return {int(w): int(v) for w, v in ratio.groupby(used["worker"]).median().items()}
+
+
+KV_CAPACITY_IN_VIEW = 0.25
+"""Peak use, as a share of the KV capacity, from which the KV panel's axis reaches the capacity;
+below it the axis follows the use (readable) and the capacity line lies above it, named in the
+legend, with a right axis in percent of the capacity."""
+
+
+def _kv_capacity_line(ax, capacity: int, peak: float) -> float:
+    """Draw the cluster's KV ``capacity`` (blocks) on the KV panel ``ax`` and a right axis in
+    percent of it; return the top the panel's axis should reach."""
+    share = peak / capacity
+    in_view = share >= KV_CAPACITY_IN_VIEW
+    label = (f"KV capacity ({capacity:,} blocks)" if in_view
+             else f"KV capacity ({capacity:,} blocks, above the axis: peak use {100 * share:.2g} %)")
+    line = ax.axhline(capacity, color="black", ls="--", lw=1.2, label=label)
+    ax.legend(handles=[line], fontsize=8, loc="best")
+    right = ax.secondary_yaxis("right", functions=(lambda b: 100.0 * b / capacity, lambda p: p * capacity / 100.0))
+    right.set_ylabel("% of KV capacity", fontsize=8)
+    return max(peak, capacity) if in_view else (peak if peak > 0 else capacity * 0.01)
+
+
+def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200,
+                  kv_capacity: int | None = None) -> Figure:
     """One run's per-worker time series as a figure: one panel per metric, stacked per worker.
 
     The run's span (first step's start to last step's end) is cut into ``bins`` equal intervals.
     Running and waiting requests and KV blocks used are stacked areas of each worker's time-weighted
     mean over each interval (the top is the cluster's; ``kvroute.sim.cluster.timeseries.gauge_mean``);
     batched tokens per second are stacked the same way from the tokens each interval ran;
-    preemptions are stacked cumulative counts; the prefix-cache hit rate is one line per worker
-    (cumulative hits / queries: a ratio does not stack) with the cluster's in black.
+    preemptions are stacked cumulative counts (the panel is left out when there were none); the
+    prefix-cache hit rate is one line per worker (cumulative hits / queries: a ratio does not
+    stack) with the cluster's in black. The KV panel draws the cluster's KV capacity (the sum of
+    the workers' usable blocks) as a dashed line and a right axis in percent of it (the axis
+    reaches the line from a peak use of ``KV_CAPACITY_IN_VIEW`` on; below, the legend names it).
 
     Args:
         series: ONE run's rows (``RunResult.series``, or ``Comparison.series()`` filtered to one
             ``policy`` and ``round``).
-        title: figure title.
+        title: figure title (``figure_style.scenario_title``: it names the scenario).
         bins: intervals on the time axis.
+        kv_capacity: the cluster's usable KV blocks (default: :func:`kv_capacity_blocks` summed,
+            when every worker's can be read).
 
     Returns:
         A bare matplotlib Figure (no pyplot state; a notebook shows it with ``display``).
@@ -192,11 +292,20 @@ def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200) -> Fig
         if key in series and series[key].nunique() > 1:
             raise ValueError(f"plot_series draws one run: filter the series to one {key} first")
     workers = workers_of(series)
+    if kv_capacity is None:
+        per_worker = kv_capacity_blocks(series)
+        kv_capacity = sum(per_worker.values()) if len(per_worker) == len(workers) else None
+    panels = [p for p in SERIES_PANELS if p[3] != "count" or series[p[0]].sum() > 0]
     edges = np.linspace(float(series["start"].min()), float(series["end"].max()), bins + 1)
-    fig = Figure(figsize=(12, 8.5))
-    axes = fig.subplots(3, 2, sharex=True).ravel()
+    rows = (len(panels) + 1) // 2
+    fig = Figure(figsize=(12, 2.9 * rows + 0.6))
+    grid = fig.subplots(rows, 2, sharex=True)
+    axes = list(grid.ravel())
+    if len(panels) % 2:  # an odd panel count: the empty slot goes, its neighbour above shows the time axis
+        fig.delaxes(axes.pop())
+        axes[-2].xaxis.set_tick_params(labelbottom=True)
     labels = [f"worker {w}" for w in workers]
-    for ax, (column, label, how) in zip(axes, SERIES_PANELS):
+    for ax, (column, label, unit, how) in zip(axes, panels):
         if how in ("gauge", "count", "rate"):
             if how == "gauge":
                 values = gauge_mean(series, column, edges)
@@ -207,6 +316,8 @@ def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200) -> Fig
             values = np.column_stack([values, values[:, -1]])  # step="post": the last interval's value to its end
             ax.stackplot(edges, values, labels=labels, step="post", alpha=0.85)
             top = float(values.sum(axis=0).max())
+            if column == "kv_blocks_used" and kv_capacity:
+                top = _kv_capacity_line(ax, kv_capacity, top)
             ax.set_ylim(0, 1.05 * top if top > 0 else 1)
             if how == "rate":
                 token_axis(ax, "y")
@@ -221,12 +332,14 @@ def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200) -> Fig
                 ax.plot(edges, hits.sum(0) / queries.sum(0), color="black", lw=2.0, label="cluster")
             ax.set_ylim(-0.02, 1.02)
         ax.set_title(label, fontsize=9)
+        ax.set_ylabel(unit, fontsize=8)
         ax.grid(alpha=0.3)
     for ax in axes[-2:]:
         ax.set_xlabel("simulated time (s)")
     legend = len(workers) <= 16
     if legend:
-        handles, names = axes[4].get_legend_handles_labels()
+        hit_panel = next(ax for ax, p in zip(axes, panels) if p[3] == "hit_rate")
+        handles, names = hit_panel.get_legend_handles_labels()
         fig.legend(handles, names, loc="lower center", ncol=min(len(names), 9), fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)

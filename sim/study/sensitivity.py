@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
@@ -393,6 +392,39 @@ class SensitivityResult:
             blocks.append("\n".join(lines))
         return "\n\n".join(blocks)
 
+    def report_tables(self) -> list:
+        """:meth:`format_table`'s tables for ``report.html`` (``kvroute.sim.study.report.Table``):
+        one per policy and per change, a row per factor with its range, then a cell per output
+        showing the signed ``mu_star`` and carrying ``data-mu-star``, ``data-mu``, ``data-sigma``
+        and ``data-conf`` (``indices.csv``'s values); the first row holds the base point and the
+        seed sd (``data-value``, ``data-sd``). Then the factors with their ranges and sources."""
+        from kvroute.sim.study.report import Cell, Table
+
+        tables = []
+        for g in dict.fromkeys(o.split(":")[0] for o in self.outputs):
+            cols = [o for o in self.outputs if o.split(":")[0] == g]
+            change = " vs " in g
+            rows = [["at the base point", "(seed sd)",
+                     *(Cell(f"{_fmt(self.base[o])} ({_fmt(self.noise[o])})",
+                            {"value": self.base[o], "sd": self.noise[o]}) for o in cols)]]
+            for f in self.factors:
+                cells: list = [f.name, f"{_fmt(f.low)}..{_fmt(f.high)} {f.unit}".rstrip()]
+                for o in cols:
+                    row = self.indices[(self.indices["output"] == o) & (self.indices["factor"] == f.name)].iloc[0]
+                    cells.append(Cell(_signed(row["mu"], row["mu_star"]),
+                                      {"mu-star": row["mu_star"], "mu": row["mu"], "sigma": row["sigma"],
+                                       "conf": row["mu_star_conf"]}))
+                rows.append(cells)
+            header = ["factor", "range", *(_label(o.split(":")[1], change) for o in cols)]
+            tables.append(Table(f"{g}{' (change, %)' if change else ''}: mu* per factor (effect of crossing its range; "
+                                "+ raises the output, - lowers it, ~ mixed signs)", header, rows,
+                                table_id=f"sensitivity-{g.replace(' ', '-')}"))
+        tables.append(Table("Factors: the range each input was varied over, and where the range comes from",
+                            ["factor", "low", "high", "unit", "source"],
+                            [[f.name, Cell(_fmt(f.low), {"value": f.low}), Cell(_fmt(f.high), {"value": f.high}),
+                              f.unit, f.source] for f in self.factors], table_id="sensitivity-factors"))
+        return tables
+
     def to_dict(self) -> dict:
         """A JSON-ready dict: settings, factors (with ranges and sources), base, noise, indices."""
         return {
@@ -406,51 +438,116 @@ class SensitivityResult:
                         for row in self.indices.to_dict("records")],
         }
 
-    def plot(self, path=None, outputs: list[str] | None = None, top: int | None = None):
+    def scenario_text(self) -> str:
+        """The scenario in one line, from :attr:`settings` (``"seed-chat: 64 chats x 6 turns |
+        4 workers | profile a6000-qwen2.5-7b"``; a trace file is named by its path)."""
+        label = self.settings.get("scenario") or {}
+        sizes = f"{label.get('chats', '?')} chats x {label.get('turns', '?')} turns"
+        source = str(label["trace_file"]) if label.get("trace_file") else f"{label.get('workload', '?')}: {sizes}"
+        return f"{source} | {label.get('workers', '?')} workers | profile {self.settings.get('profile', '?')}"
+
+    def figure(self, outputs: list[str] | None = None, top: int | None = None, scenario: str = ""):
         """Tornado plot: per output, a horizontal bar of ``mu_star`` per factor, largest on top,
-        red when the factor raises the output (``mu > 0``), blue when it lowers it, grey when the
-        signs disagree; the whisker is ``mu_star_conf``; the dashed line is the seed noise.
+        red when the factor raises the output (``mu > mu*/2``), blue when it lowers it
+        (``mu < -mu*/2``), grey when the signs disagree; the whisker is ``mu_star_conf`` (clipped
+        at 0); the dashed line is the seed noise (sd).
 
         Args:
-            path: PNG to write (None: only return the figure).
-            outputs: outputs to plot (default all), one panel each.
+            outputs: outputs to plot, one panel each, a row per policy and per change (default:
+                every output but those of a metric no factor moved for any policy, such as a hit
+                rate no input changes; the title counts those left out, whose panels would hold
+                no bar).
             top: show only the ``top`` factors of each panel.
+            scenario: the run in one line (default :meth:`scenario_text`); the title names it and
+                the policies (``figure_style.scenario_title``).
 
         Returns:
-            The matplotlib figure.
+            A bare matplotlib ``Figure`` (no pyplot state: a notebook shows it with ``display``
+            and its backend is left alone). The mu* axes are linear: a tornado ranks the factors,
+            and a factor a decade below the largest is one a measurement need not pin down.
         """
-        import matplotlib
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
 
-        if path is not None:
-            matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from kvroute.sim.study.figure_style import interval_errors, scenario_title
 
-        outputs = outputs or self.outputs
-        ncols = min(len(HEADLINE_METRICS), len(outputs))
+        left_out = 0
+        metrics = HEADLINE_METRICS
+        if not outputs:
+            moved = {o.split(":")[1] for o in self.indices.loc[self.indices["mu_star"].fillna(0.0) > 0, "output"]}
+            metrics = tuple(m for m in HEADLINE_METRICS if m in moved) or HEADLINE_METRICS
+            outputs = [o for o in self.outputs if o.split(":")[1] in metrics]
+            left_out = len(self.outputs) - len(outputs)
+        ncols = min(len(metrics), len(outputs))
         nrows = math.ceil(len(outputs) / ncols)
         n = len(self.factors) if top is None else min(top, len(self.factors))
-        fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 0.9 + 0.32 * n * nrows + 0.6 * nrows),
-                                 squeeze=False)
+        fig = Figure(figsize=(4.4 * ncols, 1.6 + 0.32 * n * nrows + 0.9 * nrows))
+        axes = np.atleast_2d(fig.subplots(nrows, ncols, squeeze=False))
         for ax, out in zip(axes.flat, outputs):
             sel = self.indices[self.indices["output"] == out].sort_values("mu_star").tail(n)
-            colors = ["tab:red" if m > 0.5 * s else "tab:blue" if m < -0.5 * s else "tab:grey"
-                      for m, s in zip(sel["mu"], sel["mu_star"])]
-            ax.barh(sel["factor"], sel["mu_star"], xerr=sel["mu_star_conf"], color=colors, capsize=2)
+            colors = [TORNADO_COLORS["raises"] if m > 0.5 * s else TORNADO_COLORS["lowers"] if m < -0.5 * s
+                      else TORNADO_COLORS["mixed"] for m, s in zip(sel["mu"], sel["mu_star"])]
+            mu_star = sel["mu_star"].to_numpy(float)
+            conf = sel["mu_star_conf"].to_numpy(float)
+            ax.barh(sel["factor"], mu_star, xerr=interval_errors(mu_star, mu_star - conf, mu_star + conf),
+                    color=colors, capsize=2)
             ax.axvline(self.noise.get(out, 0.0), color="k", ls="--", lw=0.8)
             group, metric = out.split(":")
             change = " vs " in group
             ax.set_title(f"{group}\n{_label(metric, change)}", fontsize=9)
+            ax.set_xlabel(f"mu* ({_mu_unit(metric, change)})", fontsize=8)
+            ax.set_xlim(left=0)
             ax.tick_params(axis="y", labelsize=7)
             ax.tick_params(axis="x", labelsize=7)
         for ax in list(axes.flat)[len(outputs):]:
-            ax.set_visible(False)
-        fig.suptitle(f"Morris mu* ({self.settings['trajectories']} trajectories, {self.settings['levels']} levels, "
-                     f"{self.settings['rounds']} round(s)); dashed: seed noise (sd)", fontsize=10)
-        fig.tight_layout()
+            fig.delaxes(ax)
+        handles = [Patch(color=TORNADO_COLORS["raises"], label="raises the output"),
+                   Patch(color=TORNADO_COLORS["lowers"], label="lowers it"),
+                   Patch(color=TORNADO_COLORS["mixed"], label="mixed signs"),
+                   _noise_legend_entry()]
+        fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8)
+        what = (f"Morris mu* per input ({self.settings['trajectories']} trajectories, {self.settings['levels']} "
+                f"levels, {self.settings['rounds']} round(s) per point): mean |change| of the output across the "
+                "input's range" + (f" ({left_out} output(s) no factor moved left out)" if left_out else ""))
+        fig.suptitle(scenario_title(scenario or self.scenario_text(), self.policies, what), fontsize=10)
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
+        return fig
+
+    def plot(self, path=None, outputs: list[str] | None = None, top: int | None = None, scenario: str = ""):
+        """:meth:`figure`, written to ``path`` when given (its suffix picks the format: .png,
+        .pdf, .svg).
+
+        Returns:
+            The matplotlib ``Figure``.
+        """
+        fig = self.figure(outputs, top, scenario)
         if path is not None:
             fig.savefig(path, dpi=90)
-            plt.close(fig)
         return fig
+
+
+TORNADO_COLORS = {"raises": "#b2182b", "lowers": "#2166ac", "mixed": "#999999"}
+"""Bar colours of the tornado by the sign of the effect (ColorBrewer's RdBu ends and a grey):
+darker than the policy palette (``figure_style.PALETTE``) so a bar is not read as a policy."""
+
+
+def _noise_legend_entry():
+    """The legend entry of the seed-noise line."""
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], color="k", ls="--", lw=0.8, label="seed noise (sd)")
+
+
+def _mu_unit(metric: str, change: bool) -> str:
+    """The unit of mu* for ``metric``: the output's own (s; share 0-1 for a hit rate), or
+    percentage points for a change between policies (the change is in percent)."""
+    if change:
+        return "percentage points of the change"
+    if metric.endswith("_s"):
+        return "s"
+    if metric == "hit_rate" or metric.endswith("_share"):
+        return "share, 0-1"
+    return "the output's unit"
 
 
 def _label(metric: str, change: bool) -> str:
@@ -530,7 +627,7 @@ def run_sensitivity(
     """
     from SALib.analyze import morris as morris_analyze
     from SALib.sample import morris as morris_sample
-    from tqdm import tqdm
+    from kvroute.sim.study.progress import progress_bar
 
     policies = list(policies)
     if not policies:
@@ -563,7 +660,7 @@ def run_sensitivity(
     noise_points = [_Point(replace(scenario, seed=scenario.seed + s), profile, tuple(policies), 1, slo, closed_loop,
                            trace) for s in range(noise_rounds)]
     points = [point(x) for x in X] + noise_points
-    bar = tqdm(total=len(points), desc="sensitivity", unit="point", file=sys.stderr, disable=not progress)
+    bar = progress_bar(len(points), "sensitivity", "point", enabled=progress)
     try:
         if executor == "sequential":
             results = []

@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 from dataclasses import replace
 from typing import Any, Iterable
 
 import pandas as pd
-from tqdm import tqdm
 
 from kvroute.sim.cluster.cluster import simulate
 from kvroute.sim.study.executors import EXECUTORS, Stop, interrupts_as_keyboard, run_tasks
+from kvroute.sim.study.progress import progress_bar
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass, summarize, summarize_rounds
 from kvroute.sim.study.scenario import (  # noqa: F401 - Scenario's names, also this module's
     GENERATOR_FIELDS, SCENARIO_FIELDS, WORKLOADS, Scenario, ScenarioError,
@@ -159,7 +158,7 @@ def sweep(
         address: Dask scheduler address (``tcp://host:8786``); only with ``executor="dask"``.
         max_workers: processes of the local pool or of a temporary Dask LocalCluster
             (default: the CPU count, at most the number of runs).
-        progress: show a progress bar on stderr.
+        progress: show progress (`kvroute.sim.study.progress`: a bar on a terminal or in a notebook).
         slo: the service class goodput is measured against.
 
     Returns:
@@ -192,7 +191,7 @@ def sweep(
             scenario.spec()
         except ValueError as exc:
             infeasible[scenario] = str(exc)
-    bar = tqdm(total=len(tasks), desc="sweep", unit="run", file=sys.stderr, disable=not progress)
+    bar = progress_bar(len(tasks), "sweep", "run", enabled=progress)
     rows: list[dict | None] = [None] * len(tasks)
     for i, (scenario, r, _) in enumerate(tasks):
         if scenario in infeasible:

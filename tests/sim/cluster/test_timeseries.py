@@ -288,17 +288,19 @@ def test_plot_series_titles_a_redrawn_plot_with_the_run_not_the_file(tmp_path, m
     out = tmp_path / "run"
     CliRunner().invoke(cli, ["compare", "--turns", "1", "--chats", "4", "--rounds", "1", "--policies", "round_robin",
                              "--out", str(out), "--time-series", "--quiet"], catch_exceptions=False)
-    assert pd.read_parquet(out / "timeseries.parquet").attrs == {"kvroute_run": "trace seed_chat: 4 requests"}
+    header = "trace seed_chat: 4 requests | 4 workers on 4 GPUs | profile a6000-qwen2.5-7b (32817 KV blocks of 16 tokens per worker)"
+    assert pd.read_parquet(out / "timeseries.parquet").attrs == {"kvroute_run": header}
     titles = []
     monkeypatch.setattr(kvroute.sim.study.plots, "plot_series", lambda series, path, title, bins: titles.append(title))
     CliRunner().invoke(cli, ["plot-series", str(out / "timeseries.parquet")], catch_exceptions=False)
-    assert titles == ["round_robin, round 0 | trace seed_chat: 4 requests"]
+    assert titles == ["round_robin, round 0: every worker over time\ntrace seed_chat: 4 requests | 4 workers on 4 GPUs | "
+                      "profile a6000-qwen2.5-7b (32817 KV blocks of 16 tokens per\nworker)"]
 
 
 @pytest.mark.parametrize("args, message", [
     (["--policy", "sticky"], "no policy 'sticky' in"),
     (["--round", "3"], "no round 3 in"),
-    (["--out", "x.svg"], "x.svg must end in .png"),
+    (["--out", "x.jpg"], "x.jpg must end in .png, .pdf, .svg"),
 ])
 def test_plot_series_command_errors_are_one_line(tmp_path, args, message):
     from click.testing import CliRunner

@@ -1,13 +1,17 @@
 """Ctrl-C and SIGTERM stop a local ``kvroute sweep``: no pool process left, finished rows kept.
 
-The sweep runs in a real process (signals cannot be tested in-process). The signal is sent
-once the progress bar shows a finished run, so the test does not depend on the machine's
+The sweep runs in a real process (signals cannot be tested in-process), its standard error on a
+pseudo-terminal as when a person presses Ctrl-C (a bar shows on a terminal only). The signal is
+sent once the progress bar shows a finished run, so the test does not depend on the machine's
 speed; the generous wait is only a guard against a hang, not a speed claim.
 """
 
 from __future__ import annotations
 
+import os
+import pty
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -41,30 +45,49 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _read(master: int, buffer: bytearray, timeout: float = 0.1) -> bool:
+    """Append what the terminal ``master`` has to ``buffer``; False once the other side closed."""
+    ready, _, _ = select.select([master], [], [], timeout)
+    if not ready:
+        return True
+    try:
+        chunk = os.read(master, 65536)
+    except OSError:  # EIO: every process holding the terminal exited
+        return False
+    buffer += chunk
+    return bool(chunk)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_local_sweep_and_keeps_finished_rows(tmp_path, signum):
     out = tmp_path / "rows.csv"
-    err = tmp_path / "stderr.txt"
     cmd = [sys.executable, "-c", "from kvroute.cli.main import main; main()", "sweep",
            "--workload", "agent", "--chats", "16", "--turns", "10", "--workers", "2,4,8", "--policies", "kv_aware",
            "--rounds", "20", "--max-workers", "2", "--out", str(out)]
-    with open(err, "w") as err_file:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
+    master, terminal = pty.openpty()
+    err = bytearray()
     try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=terminal, start_new_session=True)
+        os.close(terminal)
         deadline = time.monotonic() + HANG_GUARD_S
-        while not re.search(r"\| *[1-9]\d*/\d+ ", err.read_text()):
-            assert proc.poll() is None, err.read_text()
+        while not re.search(rb"\| *[1-9]\d*/\d+ ", err):
+            assert proc.poll() is None, err.decode(errors="replace")
             assert time.monotonic() < deadline, "the sweep finished no run"
-            time.sleep(0.1)
+            _read(master, err)
         children = _children(proc.pid)
         assert children, "the local executor runs a process pool"
         proc.send_signal(signum)
+        while proc.poll() is None and time.monotonic() < deadline + HANG_GUARD_S:
+            _read(master, err)  # keep reading: a full terminal would block the sweep's last lines
+        while _read(master, err, 0.5):
+            pass
         code = proc.wait(timeout=HANG_GUARD_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    text = err.read_text()
+        os.close(master)
+    text = err.decode(errors="replace")
     assert code == 130, text
     name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
     assert f"interrupted ({name}):" in text

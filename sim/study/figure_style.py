@@ -1,0 +1,187 @@
+"""The one figure style of kvroute's figures: a colour per policy, scenario titles, intervals clipped
+to possible values, axis scales and the output formats.
+
+Every figure a run writes (``compare``'s TTFT and time-series figures, ``sweep``'s load curve,
+``validate``'s predicted-against-measured figures) takes its policy colours from
+:func:`policy_colors` over the run's policies, so a policy has the same colour in each of them; a
+prediction and a measurement of one policy share the colour and differ by line style and marker
+(:data:`VARIANT_STYLES`). See docs/guide/figures-and-reports.md.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf")
+"""Policy colours in the order a run lists its policies (matplotlib's ``tab10``, which stays
+distinguishable in grey print and for the common colour-vision deficiencies better than most)."""
+
+VARIANT_STYLES = {
+    None: {"ls": "-", "marker": "o"},
+    "predicted": {"ls": "-", "marker": "o"},
+    "measured": {"ls": "--", "marker": "s"},
+}
+"""Line style and marker of a series by what it is: a plain run, a prediction, a measurement."""
+
+FIGURE_FORMATS = ("png", "pdf", "svg")
+"""Formats ``--figure-format`` accepts: PNG for screens and the HTML report, PDF and SVG (vector)
+for papers."""
+
+TITLE_WIDTH = 110
+"""Characters per title line before it wraps (fits a figure 11 inches wide at 10 pt)."""
+
+
+def split_variant(label: str) -> tuple[str, str | None]:
+    """``"kv_aware measured"`` -> ``("kv_aware", "measured")``; a plain policy -> ``(policy, None)``."""
+    for variant in ("predicted", "measured"):
+        if label.endswith(f" {variant}"):
+            return label[: -len(variant) - 1], variant
+    return label, None
+
+
+def policy_colors(policies: Iterable[str]) -> dict[str, str]:
+    """One colour per policy, by order of first appearance (variants such as ``"x measured"``
+    count as their policy ``x``); the palette repeats after ten policies.
+
+    Returns:
+        ``{policy: "#rrggbb"}`` for every distinct policy.
+    """
+    out: dict[str, str] = {}
+    for label in policies:
+        policy, _ = split_variant(str(label))
+        if policy not in out:
+            out[policy] = PALETTE[len(out) % len(PALETTE)]
+    return out
+
+
+def series_style(label: str, colors: dict[str, str]) -> dict:
+    """Matplotlib keyword arguments (``color``, ``ls``, ``marker``) for a series named ``label``
+    (a policy, or ``"<policy> predicted"`` / ``"<policy> measured"``) under ``colors``."""
+    policy, variant = split_variant(label)
+    color = colors.get(policy) or policy_colors([policy])[policy]
+    return {"color": color, **VARIANT_STYLES[variant]}
+
+
+def scenario_title(scenario: str, policies: Sequence[str] = (), what: str = "") -> str:
+    """A figure title naming the run: ``what`` on the first line, then the scenario (trace,
+    workers, profile: ``kvroute.cli.scenario.describe``'s header) and the policies, wrapped at
+    :data:`TITLE_WIDTH` characters so no line runs off the figure."""
+    parts = [what] if what else []
+    text = scenario + (f" | policies {', '.join(policies)}" if policies else "")
+    parts += textwrap.wrap(text, TITLE_WIDTH, break_on_hyphens=False) or [""]
+    return "\n".join(parts)
+
+
+def interval_errors(mean, low, high, lower: float = 0.0, upper: float = math.inf) -> np.ndarray:
+    """Error-bar lengths ``[[mean - low], [high - mean]]`` for ``errorbar(yerr=...)``, with the
+    interval first clipped to the possible values ``[lower, upper]`` (a count or a time cannot be
+    negative, a share not above 1) and missing bounds drawn as no bar.
+
+    Returns:
+        A ``2 x N`` array of non-negative floats.
+    """
+    mean, low, high = (np.atleast_1d(np.asarray(x, float)) for x in (mean, low, high))
+    low = np.clip(np.where(np.isnan(low), mean, low), lower, upper)
+    high = np.clip(np.where(np.isnan(high), mean, high), lower, upper)
+    below = np.nan_to_num(mean - low, nan=0.0)
+    above = np.nan_to_num(high - mean, nan=0.0)
+    return np.vstack([np.maximum(below, 0.0), np.maximum(above, 0.0)])
+
+
+def spans_decades(values, decades: float = 1.0) -> bool:
+    """Whether the positive ``values`` span at least ``decades`` powers of ten (max/min >= 10)."""
+    arr = np.asarray([v for v in np.asarray(values, float).ravel() if np.isfinite(v)])
+    return bool(len(arr)) and bool((arr > 0).all()) and arr.max() / arr.min() >= 10.0 ** decades
+
+
+def log_axis_if_spread(ax, values, axis: str = "x") -> bool:
+    """Put ``ax``'s ``axis`` on a log scale (base 2, ticks at the values, plain labels: ``0.5``,
+    ``16``) when ``values`` span a decade or more; return whether it did."""
+    if not spans_decades(values):
+        return False
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    getattr(ax, f"set_{axis}scale")("log", base=2)
+    target = getattr(ax, f"{axis}axis")
+    ticks = sorted({float(v) for v in np.asarray(values, float).ravel() if np.isfinite(v)})
+    target.set_major_locator(FixedLocator(ticks))
+    target.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+    target.set_minor_locator(NullLocator())
+    return True
+
+
+def plain_log_axis(ax, values, axis: str = "y") -> bool:
+    """Put ``ax``'s ``axis`` on a base-10 log scale labelled ``0.1``, ``2``, ``50`` (not ``10^-1``)
+    when the positive ``values`` span a decade or more (a stage ladder's TTFT past saturation:
+    0.1 to 100 s); return whether it did. Unlike :func:`log_axis_if_spread` the ticks are not the
+    values themselves (measurements, not the settings swept)."""
+    if not spans_decades(values):
+        return False
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    getattr(ax, f"set_{axis}scale")("log")
+    target = getattr(ax, f"{axis}axis")
+    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    target.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+    target.set_minor_formatter(FuncFormatter(lambda value, _pos: ""))
+    return True
+
+
+def parse_figure_formats(text: str) -> tuple[str, ...]:
+    """``"png,pdf"`` -> ``("png", "pdf")`` (case-insensitive, duplicates dropped, order kept).
+
+    Raises:
+        ValueError: an empty list or a format not in :data:`FIGURE_FORMATS` (the message names it
+            and the valid ones).
+    """
+    names = [name.strip().lower().lstrip(".") for name in str(text).split(",") if name.strip()]
+    if not names:
+        raise ValueError(f"give at least one figure format ({', '.join(FIGURE_FORMATS)})")
+    for name in names:
+        if name not in FIGURE_FORMATS:
+            raise ValueError(f"unknown figure format {name!r}; valid: {', '.join(FIGURE_FORMATS)}")
+    return tuple(dict.fromkeys(names))
+
+
+def save_figure(fig, stem: str | Path, formats: Sequence[str] = ("png",), dpi: int = 120) -> list[Path]:
+    """Write ``fig`` to ``stem.<format>`` for each of ``formats`` (atomically:
+    ``kvroute.traces.outputs.atomic_output``); return the paths written, in order.
+
+    Raises:
+        ValueError: a format not in :data:`FIGURE_FORMATS`.
+    """
+    from kvroute.traces.outputs import atomic_output
+
+    stem = Path(stem)
+    paths = []
+    for fmt in formats:
+        if fmt not in FIGURE_FORMATS:
+            raise ValueError(f"unknown figure format {fmt!r}; valid: {', '.join(FIGURE_FORMATS)}")
+        path = stem.with_name(f"{stem.name}.{fmt}")
+        with atomic_output(path) as tmp, reproducible():
+            fig.savefig(tmp, dpi=dpi, format=fmt, metadata=_metadata(fmt))
+        paths.append(path)
+    return paths
+
+
+def reproducible():
+    """A context in which matplotlib writes the same SVG for the same figure (its element ids
+    are otherwise salted at random: ``svg.hashsalt``)."""
+    import matplotlib
+
+    return matplotlib.rc_context({"svg.hashsalt": "kvroute"})
+
+
+def _metadata(fmt: str) -> dict:
+    # No creation dates: the same run writes the same PDF and SVG bytes.
+    if fmt == "pdf":
+        return {"CreationDate": None, "Creator": "kvroute"}
+    if fmt == "svg":
+        return {"Date": None, "Creator": "kvroute"}
+    return {"Software": "kvroute"}

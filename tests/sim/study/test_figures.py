@@ -1,0 +1,155 @@
+"""The figure style (issue 36, item 1): asserted on matplotlib's objects, never on pixels."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.colors import to_hex
+
+from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+from kvroute.sim.study.figure_style import (PALETTE, interval_errors, parse_figure_formats, policy_colors,
+                                            save_figure, scenario_title, series_style, spans_decades)
+from kvroute.sim.study.plots import kv_capacity_blocks, load_figure, series_figure, ttft_figure
+from kvroute.sim.study.sweep import Scenario, grid, sweep
+from kvroute.sim.timing.profile import load_profile
+from kvroute.traces.generators import builtin_workload
+
+HEADER = "trace seed_chat: 24 requests | 2 workers on 2 GPUs | profile a6000-qwen2.5-7b (200 KV blocks)"
+
+
+def _records(policies=("round_robin", "kv_aware")) -> pd.DataFrame:
+    spec = ClusterSpec(load_profile("a6000-qwen2.5-7b"), num_workers=2)
+    trace = builtin_workload("seed-chat", 8, 3, seed=0)
+    frames = []
+    for policy in policies:
+        name = policy.split(" ")[0]
+        run = simulate(trace, ClusterSpec(spec.profile, 2, policy=name), seed=0)
+        frames.append(run.records.assign(policy=policy))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _line_colors(ax) -> dict[str, str]:
+    return {line.get_label(): to_hex(line.get_color()) for line in ax.get_lines()}
+
+
+def test_policy_colors_are_stable_and_variants_share_them():
+    colors = policy_colors(["round_robin", "kv_aware", "round_robin measured", "sglang"])
+    assert colors == {"round_robin": PALETTE[0], "kv_aware": PALETTE[1], "sglang": PALETTE[2]}
+    predicted, measured = series_style("kv_aware predicted", colors), series_style("kv_aware measured", colors)
+    assert predicted["color"] == measured["color"] == PALETTE[1]
+    assert (predicted["ls"], predicted["marker"]) != (measured["ls"], measured["marker"])
+
+
+def test_ttft_figure_names_the_scenario_and_colours_each_policy_once():
+    records = _records(("round_robin predicted", "round_robin measured", "kv_aware predicted", "kv_aware measured"))
+    colors = policy_colors(["round_robin", "kv_aware"])
+    fig = ttft_figure(records, scenario_title(HEADER, ["round_robin", "kv_aware"], "TTFT"), colors)
+    title = fig._suptitle.get_text()
+    for part in ("seed_chat", "2 workers", "a6000-qwen2.5-7b", "round_robin", "kv_aware"):
+        assert part in title
+    ax_cdf, ax_turn = fig.axes
+    lines = _line_colors(ax_cdf)
+    assert lines["round_robin predicted"] == lines["round_robin measured"] == colors["round_robin"]
+    assert lines["kv_aware predicted"] == lines["kv_aware measured"] == colors["kv_aware"]
+    styles = {line.get_label(): line.get_linestyle() for line in ax_cdf.get_lines()}
+    assert styles["kv_aware predicted"] == "-" and styles["kv_aware measured"] == "--"
+    turn = _line_colors(ax_turn)
+    assert turn["kv_aware measured mean"] == turn["kv_aware predicted p90"] == colors["kv_aware"]
+    for ax in fig.axes:
+        assert "(" in ax.get_xlabel() and "(" in ax.get_ylabel(), (ax.get_xlabel(), ax.get_ylabel())
+    assert ax_cdf.get_xlabel() == "TTFT (s)" and ax_turn.get_ylabel().startswith("TTFT (s)")
+
+
+def test_ttft_cdf_goes_log_when_ttft_spans_decades():
+    records = _records(("round_robin",))
+    assert ttft_figure(records).axes[0].get_xscale() == ("log" if spans_decades(
+        [records["ttft"].min(), records["ttft"].max()]) else "linear")
+    wide = records.copy()
+    wide.loc[wide.index[0], "ttft"] = records["ttft"].max() * 100
+    assert ttft_figure(wide).axes[0].get_xscale() == "log"
+
+
+@pytest.fixture(scope="module")
+def load_rows():
+    base = Scenario(workload="agent", chats=3, turns=2, workers=2, history=(2000, 3000))
+    return sweep(grid(base, request_rate=[0.5, 2, 16], policy=["round_robin", "kv_aware"]), rounds=2,
+                 executor="sequential", progress=False)
+
+
+def test_load_curve_is_log_across_decades_with_units_and_no_negative_interval(load_rows):
+    colors = policy_colors(["round_robin", "kv_aware"])
+    fig = load_figure(load_rows, scenario_title("workload agent | workers 2", ["round_robin", "kv_aware"]), colors)
+    assert "round_robin, kv_aware" in fig._suptitle.get_text()
+    assert len(fig.axes) == 4
+    for ax in fig.axes:
+        assert ax.get_xscale() == "log"
+        assert [t for t in ax.get_xticks()] == [0.5, 2.0, 16.0]
+        assert ax.get_xlabel() == "offered load (sessions started per s)"
+        assert "(" in ax.get_ylabel()
+        for container in ax.containers:  # errorbar: (data line, caps, (bar lines,))
+            data, _caps, (bars,) = container.lines
+            policy = container.get_label()
+            assert to_hex(data.get_color()) == colors[policy]
+            for segment in bars.get_segments():
+                assert segment[:, 1].min() >= 0.0, (ax.get_title(), policy)
+    goodput = fig.axes[0]
+    assert max(seg[:, 1].max() for c in goodput.containers for seg in c.lines[2][0].get_segments()) <= 1.0
+    narrow = load_rows[load_rows["request_rate"] <= 2]
+    assert load_figure(narrow).axes[0].get_xscale() == "linear"
+
+
+def test_interval_errors_clip_to_possible_values():
+    err = interval_errors([0.5, 2.0, math.nan], [-0.3, 1.0, math.nan], [1.4, 2.5, math.nan], 0.0, 1.0)
+    assert err.tolist() == [[0.5, 1.0, 0.0], [0.5, 0.0, 0.0]]
+    assert (interval_errors([3.0], [-5.0], [4.0]) >= 0).all()
+
+
+def test_series_figure_leaves_out_empty_preemptions_and_draws_kv_capacity():
+    profile = load_profile("a6000-qwen2.5-7b")
+    trace = builtin_workload("seed-chat", 8, 3, seed=0)
+    calm = simulate(trace, ClusterSpec(profile, 2, record_series=True), seed=0).series
+    assert calm["vllm:num_preemptions"].sum() == 0
+    fig = series_figure(calm, title=scenario_title(HEADER, (), "round_robin, round 0"))
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert "preemptions (cumulative)" not in titles and "KV blocks used" in titles
+    kv = next(ax for ax in fig.axes if ax.get_title() == "KV blocks used")
+    capacity = 2 * (profile.engine.num_gpu_blocks - 1)
+    assert kv_capacity_blocks(calm) == {0: profile.engine.num_gpu_blocks - 1, 1: profile.engine.num_gpu_blocks - 1}
+    (line,) = [ln for ln in kv.get_lines() if ln.get_label().startswith("KV capacity")]
+    assert line.get_ydata()[0] == capacity
+    assert "above the axis" in line.get_label()  # a few hundred blocks used of 65k: the axis follows the use
+    for ax in fig.axes:
+        if ax.get_title():
+            assert ax.get_ylabel(), ax.get_title()
+    tight_spec = Scenario(chats=8, turns=3, workers=2, kv_blocks=200).spec(record_series=True)
+    tight = simulate(trace, tight_spec, seed=0).series
+    assert tight["vllm:num_preemptions"].sum() > 0
+    fig = series_figure(tight)
+    assert "preemptions (cumulative)" in [ax.get_title() for ax in fig.axes]
+    kv = next(ax for ax in fig.axes if ax.get_title() == "KV blocks used")
+    (line,) = [ln for ln in kv.get_lines() if ln.get_label().startswith("KV capacity")]
+    assert line.get_label() == "KV capacity (398 blocks)" and kv.get_ylim()[1] >= 398
+
+
+def test_figure_formats_are_checked_and_written(tmp_path):
+    assert parse_figure_formats("PNG, svg,png") == ("png", "svg")
+    with pytest.raises(ValueError, match=r"unknown figure format 'jpg'; valid: png, pdf, svg"):
+        parse_figure_formats("png,jpg")
+    with pytest.raises(ValueError, match="at least one"):
+        parse_figure_formats(" , ")
+    fig = ttft_figure(_records(("round_robin",)))
+    paths = save_figure(fig, tmp_path / "ttft", ("png", "pdf", "svg"))
+    assert [p.name for p in paths] == ["ttft.png", "ttft.pdf", "ttft.svg"]
+    heads = [p.read_bytes()[:5] for p in paths]
+    assert heads[0] == b"\x89PNG\r" and heads[1] == b"%PDF-" and b"<svg" in paths[2].read_bytes()[:2000]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ttft.pdf", "ttft.png", "ttft.svg"]  # no temporary left
+    again = save_figure(fig, tmp_path / "again", ("pdf", "svg"))
+    assert [p.read_bytes() for p in again] == [p.read_bytes() for p in paths[1:]]  # no dates: same bytes
+
+
+def test_scenario_title_wraps_long_scenarios():
+    title = scenario_title("x" * 50 + " | " + "y" * 80, ["round_robin"], "what")
+    assert title.splitlines()[0] == "what"
+    assert all(len(line) <= 110 for line in title.splitlines())
+    assert np.all([part in title for part in ("round_robin", "x" * 50)])
