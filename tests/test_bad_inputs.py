@@ -142,7 +142,7 @@ def test_profile_misspelt_coefficient_is_an_error_not_ignored(tmp_path):
     (("--think-time", "nan"), "Invalid value for '--think-time': value must be a finite number >= 0, got nan"),
     (("--think-time", "exponential:1e300"), "Invalid value for '--think-time': exponential mean must be <= 1e+09"),
     (("--reply-tokens", "lognormal:90"), "Invalid value for '--reply-tokens': lognormal takes 2 number(s)"),
-    (("--request-rate", "0"), "Invalid value for '--request-rate': must be a finite number > 0, got 0.0"),
+    (("--request-rate", "0"), "Invalid value for '--request-rate': must be > 0.0, got 0.0"),
     (("--kv-blocks", "0"), "Invalid value for '--kv-blocks': must be >= 2, got 0"),
     (("--max-model-len", "0"), "Invalid value for '--max-model-len': must be >= 1, got 0"),
     (("--max-requests", "-1"), "Invalid value for '--max-requests': must be >= 1, got -1"),
@@ -168,7 +168,7 @@ def test_a_policy_parameter_out_of_range_names_the_flag_before_any_run():
 
 
 def test_sensitivity_trajectories_name_the_flag():
-    assert_error(run("sensitivity", "--trajectories", 0), "Invalid value for '--trajectories': 0 is not in the range x>=2")
+    assert_error(run("sensitivity", "--trajectories", 0), "Invalid value for '--trajectories': must be >= 2, got 0")
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -280,7 +280,8 @@ def test_kv_event_endpoints_one_per_server(tmp_path, events, expected, command):
 def test_burst_slots_in_range(tmp_path, slots):
     assert_error(run("calibrate", "measure", "--url", "http://127.0.0.1:8100", "--burst-slots", slots,
                      "--out", tmp_path / "v"),
-                 f"Invalid value for '--burst-slots': {slots} is not in the range 1<=x<=1000.")
+                 "Invalid value for '--burst-slots': " + ("must be >= 1, got 0" if slots == "0"
+                                                            else "must be <= 1000, got 1000000000"))
     assert not (tmp_path / "v").exists()
 
 
@@ -372,7 +373,7 @@ def test_failed_write_leaves_no_file(tmp_path):
     from kvroute.traces.outputs import atomic_output
 
     target = tmp_path / "rows.csv"
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match=f"cannot write {target}: No space left on device"):
         with atomic_output(target) as tmp:
             tmp.write_text("half")
             raise OSError(28, "No space left on device")
@@ -457,7 +458,7 @@ def test_cluster_spec_refuses_nan_delays():
     (("--max-model-len", "-5"), "Invalid value for '--max-model-len': must be >= 1, got -5"),
     (("--gpu-memory-utilization", "1.5"), "Invalid value for '--gpu-memory-utilization': must be <= 1.0, got 1.5"),
     (("--port-base", "70000"), "Invalid value for '--port-base': must be <= 65,535, got 70000"),
-    (("-n", "0"), "Invalid value for '--num-servers': must be >= 1, got 0"),
+    (("-n", "0"), "Invalid value for '-n' / '--num-servers': must be >= 1, got 0"),
 ])
 def test_serve_flags_checked_before_vllm(args, expected):
     assert_error(run("serve", "--model", "tiny-qwen2", *args), expected)
@@ -544,3 +545,330 @@ def test_an_int_too_long_for_python_in_a_scenario_file(tmp_path, name):
     text = ("workers: " + "9" * 5000) if name.endswith(".yaml") else '{"workers": ' + "9" * 5000 + "}"
     assert_error(run("simulate", "--config", write(tmp_path / name, text)),
                  f"{name}: Exceeds the limit (4300 digits) for integer string conversion")
+
+
+EPP_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: precise-prefix-cache-scorer
+  parameters:
+    tokenProcessorConfig:
+      blockSize: 16
+- type: queue-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: precise-prefix-cache-scorer
+    weight: 2
+  - pluginRef: queue-scorer
+"""
+
+
+@pytest.mark.parametrize("text, expected", [
+    (EPP_CONFIG.replace("- type: queue-scorer", "- type: queue-scorr"),
+     "epp.yaml:8: field 'plugins[1].type': unknown plugin type 'queue-scorr'"),
+    (EPP_CONFIG.replace("  - pluginRef: queue-scorer", "  - weight: 1"),
+     "epp.yaml:14: field 'schedulingProfiles[0].plugins[1].pluginRef': missing 'pluginRef'"),
+    (EPP_CONFIG.replace("    weight: 2", "    weight: two"),
+     "epp.yaml:13: field 'schedulingProfiles[0].plugins[0].weight': must be a number >= 0, got 'two'"),
+    (EPP_CONFIG + "- name: prefill\n  plugins: []\n",
+     "field 'schedulingProfiles': more than one scheduling profile"),
+    ("kind: [", "epp.yaml:1: not valid YAML"),
+])
+def test_a_bad_endpoint_picker_config_names_file_line_and_field(tmp_path, text, expected):
+    path = write(tmp_path / "epp.yaml", text)
+    assert_error(run("compare", "--chats", 2, "--turns", 1, "--policies", f"round_robin,epp:{path}"),
+                 f"Invalid value for '--policies': {tmp_path}/{expected}" if expected.startswith("epp.yaml")
+                 else expected)
+
+
+@pytest.mark.parametrize("policies, expected", [
+    ("epp", "Invalid value for '--policies': epp: give the EndpointPickerConfig file, epp:FILE"),
+    ("epp:missing.yaml", "Invalid value for '--policies': missing.yaml: cannot read: No such file or directory"),
+    ("llmd-precise:normalize=max", "precise-prefix-cache-scorer: unknown normalize 'max'; valid: minmax, absolute"),
+    ("llmd-precise:kv_event_delay_s=-3", "llmd-precise: kv_event_delay_s must be -1 (the run's --kv-event-delay) "
+                                         "or 0 to 1e9 s, got -3.0"),
+    ("llmd-estimated:max_blocks=0", "prefix-cache-scorer: max blocks must be >= 1, got 0"),
+    ("llmd-load:picker=best", "llmd-load: unknown picker 'best'; valid: max, weighted, random"),
+])
+def test_llm_d_policy_parameters_are_checked_before_any_run(policies, expected):
+    assert_error(run("compare", "--chats", 2, "--turns", 1, "--policies", policies), expected)
+
+
+@pytest.mark.parametrize("policy, expected", [
+    ("llmd-estimated:block_tokens=24",
+     "policy llmd-estimated: prefix-cache-scorer: block size 24 tokens must be a multiple of the engine's block size 16"),
+    ("epp:{path}", "epp.yaml: field 'plugins[0].parameters.tokenProcessorConfig.blockSize': block size 64 must "
+                   "equal the engine's block size 16"),
+])
+def test_llm_d_block_sizes_the_engine_cannot_serve_are_one_line_errors(tmp_path, policy, expected):
+    path = write(tmp_path / "epp.yaml", EPP_CONFIG.replace("blockSize: 16", "blockSize: 64"))
+    assert_error(run("simulate", "--chats", 2, "--turns", 1, "--policy", policy.format(path=path)), expected)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("--max-concurrency", "0"), "Invalid value for '--max-concurrency': must be >= 1, got 0"),
+    (("--request-timeout", "0"), "Invalid value for '--request-timeout': must be > 0.0, got 0.0"),
+    (("--request-timeout", "nan"), "Invalid value for '--request-timeout': must be a finite number, got nan"),
+    (("--request-timeout", "1e12"), "Invalid value for '--request-timeout': must be <= 1e+09, got 1000000000000.0"),
+    (("--workload-config", "/no/such.yaml"), "Invalid value for '--workload-config': /no/such.yaml does not exist"),
+])
+def test_client_limit_and_workload_config_flags(args, expected):
+    assert_error(run("simulate", *args), expected)
+
+
+INFERENCE_PERF = ("data:\n  type: {data}\n  shared_prefix: {{num_groups: 2, num_prompts_per_group: 2}}\n"
+                  "load:\n  type: {load}\n  stages: [{{rate: {rate}, duration: 2}}]\n")
+
+
+@pytest.mark.parametrize("values, expected", [
+    (dict(data="random"), "c.yaml: field 'data.type': unsupported 'random'; kvroute reads shared_prefix"),
+    (dict(load="concurrent"), "c.yaml: field 'load.type': unsupported 'concurrent'; kvroute reads constant, poisson"),
+    (dict(rate="-1"), "c.yaml: field 'load.stages[0].rate': must be > 0.0, got -1"),
+    (dict(rate=".nan"), "c.yaml: field 'load.stages[0].rate': must be a finite number, got nan"),
+])
+def test_bad_workload_configs_name_file_and_field(tmp_path, values, expected):
+    text = INFERENCE_PERF.format(**{"data": "shared_prefix", "load": "poisson", "rate": 1, **values})
+    assert_error(run("simulate", "--workload-config", write(tmp_path / "c.yaml", text)), expected)
+
+
+def test_a_workload_config_with_a_trace_or_a_rate_names_the_flag(tmp_path):
+    config = write(tmp_path / "c.yaml", INFERENCE_PERF.format(data="shared_prefix", load="poisson", rate=1))
+    assert_error(run("simulate", "--workload-config", config, "--request-rate", "2"),
+                 "Invalid value for '--request-rate': cannot be combined with --workload-config")
+    assert_error(run("simulate", "--workload-config", config, "--trace", config),
+                 "Invalid value for '--trace': cannot be combined with --workload-config")
+
+
+# -- issue 35, items 6-8: bounds as a rule, no "internal error", every error names its input ---
+
+BIG = str(2**63)
+
+
+def run_main(capsys, *args: str) -> tuple[int, str]:
+    """Run the real entry point (``kvroute.cli.main.main``, whose last line of defence prints
+    "internal error"), in this process; returns its exit code and standard error."""
+    import sys
+
+    from kvroute.cli.main import main
+
+    argv = sys.argv
+    sys.argv = ["kvroute", *map(str, args)]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = argv
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """The files the corpus names (``{dir}`` in a case's arguments is this folder)."""
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    write(tmp_path / "deep.json", "[" * 100_000 + "]" * 100_000)
+    write(tmp_path / "deep-profile.json", '{"a": ' * 100_000 + "1" + "}" * 100_000)
+    write(tmp_path / "deep.yaml", "[" * 100_000 + "]" * 100_000)
+    write(tmp_path / "huge.yaml", "workers: 1.0e308\n")
+    doc = json.loads(json.dumps(PROFILE))
+    doc["engine"]["num_gpu_blocks"] = 10**12
+    write(tmp_path / "blocks.json", json.dumps(doc))
+    jsonl(tmp_path / "rid.jsonl", {"kvroute_trace": 1, "block_size": 16},
+          {"timestamp": 0, "input_length": 32, "output_length": 2, "hash_ids": [1, 2], "request_id": 2**70})
+    jsonl(tmp_path / "t.jsonl", {"kvroute_trace": 1, "block_size": 16},
+          {"timestamp": 0, "input_length": 32, "output_length": 2, "hash_ids": [1, 2]})
+    return tmp_path
+
+
+S = ("--chats", "2", "--turns", "1")
+URL = ("--url", "http://127.0.0.1:1")
+
+CORPUS_35 = [
+    # item 6: no upper bound (hangs, gigabytes, MemoryError)
+    (("simulate", *S, "--workers", "100000"), "Invalid value for '--workers': must be <= 10,000, got 100000"),
+    (("simulate", *S, "--rounds", BIG), f"Invalid value for '--rounds': must be <= 10,000, got {BIG}"),
+    (("compare", *S, "--rounds", BIG), "Invalid value for '--rounds': must be <= 10,000"),
+    (("sensitivity", "--trajectories", BIG), "Invalid value for '--trajectories': must be <= 10,000"),
+    (("sensitivity", "--noise-rounds", BIG), "Invalid value for '--noise-rounds': must be <= 10,000"),
+    (("sensitivity", "--trajectories", "10000", "--rounds", "10000"),
+     "(--trajectories 10000 x 15 points x --rounds 10000 + --noise-rounds 5) x 3 policies is 4,500,000,015 "
+     "simulation runs, more than the 1,000,000 one command may plan"),
+    (("simulate", "--chats", "1e7", "--turns", "1"), "Invalid value for '--chats': must be <= 1,000,000, got 10000000"),
+    (("simulate", "--chats", "1", "--turns", "1e9"), "Invalid value for '--turns': must be <= 1,000,000"),
+    (("simulate", "--chats", "100000", "--turns", "1000"),
+     "--chats 100,000 x --turns 1,000 is 100,000,000 requests, more than the 1,000,000 one trace may hold"),
+    (("trace", "generate", "seed-chat", "--chats", "1e9", "--out", "{dir}/g.jsonl"),
+     "Invalid value for '--chats': must be <= 1,000,000, got 1000000000"),
+    (("simulate", "--trace", "/dev/zero"), "Invalid value for '--trace': /dev/zero is a device, not a regular file"),
+    (("simulate", "--trace", "{dir}/fifo"), "fifo is a FIFO (named pipe), not a regular file"),
+    (("simulate", *S, "--reply-tokens", "empirical:/dev/zero"),
+     "Invalid value for '--reply-tokens': empirical sample /dev/zero is a device, not a regular file"),
+    (("trace", "import", "{dir}/fifo", "--out", "{dir}/o.jsonl"),
+     "Invalid value for 'SOURCE': {dir}/fifo is a FIFO (named pipe), not a regular file"),
+    (("simulate", "--config", "/dev/zero"), "Invalid value for '--config': /dev/zero is a device"),
+    (("simulate", *S, "--profile", "{dir}/fifo"), "Invalid value for '--profile': {dir}/fifo is a FIFO"),
+    (("plot-series", "{dir}/fifo"), "Invalid value for 'SERIES_FILE': {dir}/fifo is a FIFO"),
+    (("compare", *S, "--uncertainty", BIG), "Invalid value for '--uncertainty': must be <= 10,000"),
+    (("compare", *S, "--rounds", "10000", "--uncertainty", "10000"),
+     "3 policies x --rounds 10000 x (--uncertainty 10000 + 1) is 300,030,000 simulation runs"),
+    (("sweep", *S, "--workers", "1,2", "--kv-blocks", "5,99999999999"),
+     "Invalid value for '--kv-blocks': must be <= 2,147,483,647, got 99999999999"),
+    (("simulate", *S, "--gateways", "2000"), "Invalid value for '--gateways': must be <= 1024, got 2000"),
+    (("simulate", *S, "--scrape-interval", "1e-300"),
+     "Invalid value for '--scrape-interval': must be 0 (live) or >= 0.001 s, got 1e-300"),
+    (("simulate", *S, "--request-rate", "1", "--arrival", "gamma:1e308"),
+     "Invalid value for '--arrival': gamma CV must be a finite number > 0 and <= 100, got 'gamma:1e308'"),
+    (("compare", *S, "--policies", "dynamo:overlap_weight=1e308"),
+     "Invalid value for '--policies': policy 'dynamo': overlap_weight must be <= 1e+09, got 1e+308"),
+    (("simulate", "--config", "{dir}/huge.yaml"), "Invalid value for '--workers': must be <= 10,000, got 1e+308"),
+    (("simulate", *S, "--policy", "epp:{dir}/fifo"), "Invalid value for '--policy': {dir}/fifo is a FIFO"),
+    (("simulate", *S, "--policy", "epp:{dir}/deep.yaml"), "Invalid value for '--policy': {dir}/deep.yaml: nested too deep"),
+    (("simulate", "--workload-config", "/dev/zero"), "Invalid value for '--workload-config': /dev/zero is a device"),
+    (("simulate", "--workload-config", "{dir}/deep.yaml"), "{dir}/deep.yaml: nested too deep to read"),
+    # item 7: what was "internal error"
+    (("simulate", *S, "--max-tokens", BIG), "Invalid value for '--max-tokens': must be <= 134,217,728"),
+    (("simulate", *S, "--kv-blocks", BIG), "Invalid value for '--kv-blocks': must be <= 2,147,483,647"),
+    (("simulate", *S, "--kv-blocks", "3000000000"), "Invalid value for '--kv-blocks': must be <= 2,147,483,647"),
+    (("simulate", *S, "--gateways", BIG), "Invalid value for '--gateways': must be <= 1024"),
+    (("validate", *URL, "--out", "{dir}/v", "--seed", BIG), "Invalid value for '--seed': must be <= 4,294,967,295"),
+    (("simulate", *S, "--profile", "{dir}/blocks.json"),
+     "blocks.json: field 'engine.num_gpu_blocks': must be <= 2,147,483,647, got 1000000000000"),
+    (("simulate", *S, "--profile", "{dir}/deep-profile.json"),
+     "deep-profile.json: not valid JSON: nested more than 1,000 levels deep"),
+    (("simulate", "--trace", "{dir}/deep.json"), "deep.json: unreadable JSON: nested more than 1,000 levels deep"),
+    (("simulate", "--config", "{dir}/deep.yaml"), "Invalid value for '--config': {dir}/deep.yaml: nested too deep"),
+    (("profiles", "derive", "--gpu", "H100-SXM", "--model", "{dir}/deep-profile.json"),
+     "Invalid value for '--model': {dir}/deep-profile.json: not valid JSON: nested more than 1,000 levels deep"),
+    (("simulate", "--trace", "{dir}/rid.jsonl"), "rid.jsonl:2: field 'request_id': expected an int within "
+                                                 "+-9,223,372,036,854,775,807 (int64)"),
+    (("calibrate", "measure", *URL, "--out", "{dir}/m", "--client-cores", "x"),
+     "Invalid value for '--client-cores': 'x' is not a core id or a LOW-HIGH range of them"),
+    (("calibrate", "measure", *URL, "--out", "{dir}/m", "--client-cores", "0-99999999999"),
+     "Invalid value for '--client-cores': '0-99999999999': cores must be among this process's"),
+    (("validate", *URL, "--out", "{dir}/v", "--client-cores", "-1"), "Invalid value for '--client-cores'"),
+    (("calibrate", "measure", *URL, "--out", "{dir}/m", "--token-range", "0:99999999999"),
+     "Invalid value for '--token-range': must be LO:HI token ids with 0 <= LO < HI <= 2,147,483,647"),
+    (("serve", "--model", "tiny-qwen2", "--vllm-args", "'x"),
+     "Invalid value for '--vllm-args': No closing quotation in \"'x\""),
+    (("serve", "--model", "tiny-qwen2", "--log-dir", "/proc/kvroute-x"), "--log-dir /proc/kvroute-x: cannot write there"),
+    (("trace", "import", "{dir}/t.jsonl", "--out", "{dir}/o.jsonl", "--chars-per-token", "1e-300"),
+     "Invalid value for '--chars-per-token': must be >= 0.1, got 1e-300"),
+    # item 8: errors that named nothing
+    (("sensitivity", "--prior-range", "1"), "Invalid value for '--prior-range': must be < 1.0, got 1.0"),
+    (("sensitivity", "--coverage", "nan"), "Invalid value for '--coverage': must be a finite number, got nan"),
+    (("sensitivity", "--kv-range", "0"), "Invalid value for '--kv-range': must be > 0.0, got 0.0"),
+    (("sensitivity", "--levels", "3"), "Invalid value for '--levels': must be even, got 3"),
+    (("sensitivity", "--spread-range", "0:inf"), "Invalid value for '--spread-range': must be a finite number, got inf"),
+    (("sensitivity", "--jitter-cv-range", "0.5:0.1"),
+     "Invalid value for '--jitter-cv-range': LOW must be below HIGH, got '0.5:0.1'"),
+    (("validate", *URL, "--out", "{dir}/v", "--uncertainty", "1e9"),
+     "Invalid value for '--uncertainty': must be <= 10,000, got 1000000000"),
+]
+
+
+@pytest.mark.parametrize("args, expected", CORPUS_35, ids=lambda v: " ".join(v)[:60] if isinstance(v, tuple) else None)
+def test_issue_35_corpus_names_its_input_and_is_never_an_internal_error(corpus, capsys, args, expected):
+    args = [a.replace("{dir}", str(corpus)) for a in args]
+    code, err = run_main(capsys, *args)
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert code != 0 and len(errors) == 1, err
+    assert "internal error" not in err and "Traceback" not in err, err
+    assert expected.replace("{dir}", str(corpus)) in errors[0], err
+
+
+def sweep_copy(tmp_path: Path, name: str, change) -> Path:
+    """A copy of the shipped tiny sweep with ``change(requests)`` applied (written as CSV)."""
+    import shutil
+
+    import pandas as pd
+
+    src = CALIBRATE_DATA / "calibrate-cpu-tiny-qwen2"
+    out = tmp_path / name
+    out.mkdir()
+    shutil.copy(src / "meta.json", out)
+    shutil.copy(src / "experiments.parquet", out)
+    requests = pd.read_parquet(src / "requests.parquet")
+    requests["error"] = requests["error"].astype(object)
+    change(requests).to_csv(out / "requests.csv", index=False)
+    return out
+
+
+def _ttft(value):
+    def change(r):
+        r.loc[r["role"] != "decode", "ttft_s"] = value
+        return r
+    return change
+
+
+def _decode_failed(r):
+    r.loc[r["role"] == "decode", "error"] = "HTTP 500"
+    return r
+
+
+@pytest.mark.parametrize("name, change, expected", [
+    ("inf", _ttft(1e308), "inf/requests.csv:2: field 'ttft_s': must be a finite number of seconds within +-1e+09, "
+                          "got 1e+308"),
+    ("slow", _ttft(1e5), "the fit of {dir}/slow gives no valid profile, so nothing is written: {dir}/slow/profile.json: "
+                         "field 'overheads.api_server_s': must be <= 3600.0"),
+    ("nocol", lambda r: r.drop(columns=["max_tokens"]),
+     "nocol/requests.csv: lacks the column(s) max_tokens (calibrate measure writes them)"),
+    ("failed", _decode_failed, "{dir}/failed: need both TTFT and ITL observations to fit (have 105 TTFT, 0 ITL); "
+                               "left out: 96 x a request failed; meta.json status 'complete'"),
+    ("nodecode", lambda r: r[r["role"] != "decode"],
+     "need both TTFT and ITL observations to fit (have 105 TTFT, 0 ITL); left out: none; meta.json status 'complete'"),
+])
+def test_fit_names_the_rows_and_columns_at_fault(tmp_path, capsys, name, change, expected):
+    run_dir = sweep_copy(tmp_path, name, change)
+    code, err = run_main(capsys, "calibrate", "fit", run_dir, "--bootstrap", "2", "--folds", "0", "--no-bursts")
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert code == 1 and len(errors) == 1 and "internal error" not in err, err
+    assert expected.replace("{dir}", str(tmp_path)) in errors[0], err
+    assert not (run_dir / "profile.json").exists()
+
+
+def test_fit_refuses_a_server_with_more_blocks_than_a_c_int(tmp_path, capsys):
+    run_dir = sweep_copy(tmp_path, "blocks", lambda r: r)
+    meta = json.loads((run_dir / "meta.json").read_text())
+    meta["servers"][0]["num_gpu_blocks"] = 10**12
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+    code, err = run_main(capsys, "calibrate", "fit", run_dir)
+    assert code == 1 and "internal error" not in err, err
+    assert (f"Error: {run_dir}/meta.json: servers[0]: field 'num_gpu_blocks': must be <= 2,147,483,647, "
+            "got 1000000000000") in err
+
+
+def test_trace_generate_on_a_full_disk_names_the_file(tmp_path, capsys, monkeypatch):
+    import os
+
+    real_replace = os.replace
+
+    def full(src, dst):  # the write itself went through; the disk fills as it is closed and renamed
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    out = tmp_path / "g.jsonl"
+    code, err = run_main(capsys, "trace", "generate", "seed-chat", "--chats", 2, "--turns", 1, "--out", out)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert code == 1 and "internal error" not in err, err
+    assert f"Error: cannot write {out}: No space left on device" in err
+    assert list(tmp_path.iterdir()) == []  # no cut file, no temporary left behind
+
+
+@pytest.mark.parametrize("name, text", [
+    ("a.csv", "\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,10\n"),
+    ("b.csv", "\ufeffTimestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+              "0,ChatGPT,100,10,110,Conversation log\n"),
+    ("t.jsonl", '\ufeff{"timestamp": 0, "input_length": 100, "output_length": 10, "hash_ids": [1]}\n'),
+    ("v.json", '\ufeff{"input_lens": [100], "output_lens": [10], "start_times": [0.0]}'),
+])
+def test_a_utf8_bom_is_accepted(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    result = run("simulate", "--trace", path, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["policies"]["round_robin"]["failed"]["mean"] == 0
