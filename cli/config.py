@@ -18,36 +18,12 @@ import click
 
 from kvroute.cli.provenance import NOT_SCENARIO, PROVENANCE_KEY
 from kvroute.cli.values import InputFile
-from kvroute.traces.inputs import JSON_DECODER, DuplicateKeyError
+from kvroute.traces.inputs import JSON_DECODER, DuplicateKeyError, InputError
+from kvroute.traces.yaml_doc import parse_yaml
 
 
 PROVENANCE_META = "kvroute.config_provenance"
 """``ctx.meta`` key holding the ``kvroute`` block of the ``--config`` file (or None)."""
-
-
-def _unique_key_loader():
-    """A YAML ``SafeLoader`` whose mappings refuse a key given twice (:class:`DuplicateKeyError`
-    naming the key and its line; ``<<`` merge keys may still be overridden)."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            if isinstance(node, yaml.MappingNode):
-                seen = set()
-                for key_node, _ in node.value:
-                    if key_node.tag == "tag:yaml.org,2002:merge":
-                        continue
-                    key = self.construct_object(key_node, deep=deep)
-                    try:
-                        repeated = key in seen
-                    except TypeError:  # an unhashable key: SafeLoader's own error
-                        continue
-                    if repeated:
-                        raise DuplicateKeyError(key, None, key_node.start_mark.line + 1)
-                    seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-
-    return UniqueKeyLoader
 
 
 def read_config(path: Path, command: click.Command, meta: dict | None = None) -> dict:
@@ -59,26 +35,23 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None) ->
         click.BadParameter (``--config``): the file cannot be read, is not YAML/JSON, is not a
             mapping, or names an option ``command`` does not have (listing the valid names).
     """
-    import yaml
-
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="'--config'") from None
     try:
-        doc = JSON_DECODER.decode(text) if path.suffix.lower() == ".json" else yaml.load(text, _unique_key_loader())
-    except DuplicateKeyError as exc:  # both parsers would keep the last value silently
-        raise click.BadParameter(str(DuplicateKeyError(exc.key, str(path), exc.line)),
-                                 param_hint="'--config'") from None
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        where = getattr(exc, "lineno", None) or getattr(getattr(exc, "problem_mark", None), "line", -1) + 1
-        raise click.BadParameter(f"{path}:{where}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: "
-                                 f"{' '.join(str(getattr(exc, 'problem', None) or exc).split())}",
+        doc = JSON_DECODER.decode(text) if path.suffix.lower() == ".json" else parse_yaml(text, str(path))
+    except DuplicateKeyError as exc:  # JSON (YAML's come with their file from parse_yaml)
+        raise click.BadParameter(str(DuplicateKeyError(exc.key, str(path), exc.line)), param_hint="'--config'") from None
+    except InputError as exc:  # YAML: not valid, a key given twice, nested too deep (kvroute.traces.yaml_doc)
+        raise click.BadParameter(str(exc), param_hint="'--config'") from None
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"{path}:{exc.lineno}: not valid JSON: {' '.join(exc.msg.split())}",
                                  param_hint="'--config'") from None
     except ValueError as exc:  # an int of over 4300 digits; JSON nested too deep
         raise click.BadParameter(f"{path}: {' '.join(str(exc).split(';')[0].split())}",
                                  param_hint="'--config'") from None
-    except RecursionError:  # YAML nested deeper than Python's recursion limit
+    except RecursionError:  # JSON nested deeper than Python's recursion limit
         raise click.BadParameter(f"{path}: nested too deep to read", param_hint="'--config'") from None
     if doc is None:
         return {}

@@ -485,9 +485,9 @@ def test_duplicate_key_in_a_scenario_file(tmp_path, name, text, expected):
 def test_yaml_merge_key_may_still_be_overridden():
     import yaml
 
-    from kvroute.cli.config import _unique_key_loader
+    from kvroute.traces.yaml_doc import yaml_loader
 
-    doc = yaml.load("a: &a {x: 1, y: 2}\nb:\n  <<: *a\n  x: 3\n", _unique_key_loader())
+    doc = yaml.load("a: &a {x: 1, y: 2}\nb:\n  <<: *a\n  x: 3\n", yaml_loader())
     assert doc["b"] == {"x": 3, "y": 2}
 
 

@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from kvroute.traces.format import Trace, TraceRecord
-from kvroute.traces.inputs import DuplicateKeyError, InputError, Num, describe, MAX_TOKENS, check_regular_file
+from kvroute.traces.inputs import InputError, Num, describe, MAX_TOKENS
+from kvroute.traces.yaml_doc import parse_yaml, read_text
 
 DATA_TYPES = ("shared_prefix",)
 """``data.type`` values read (inference-perf has more: mock, shareGPT, random, ...)."""
@@ -147,27 +148,11 @@ def read_workload_config(path: str | Path) -> WorkloadConfig:
             file, not YAML, a key given twice, an unknown ``data.type`` or ``load.type``, a
             missing or out-of-range field.
     """
-    import yaml
-
     where = str(path)
-    check_regular_file(path)  # a FIFO would block, /dev/zero never ends
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", where) from None
-    offset = 0
+    text, offset = read_text(path), 0
     if where.lower().endswith((".md", ".markdown")):
         text, offset = _yaml_block(text, where)
-    try:
-        doc = yaml.load(text, _unique_key_loader())
-    except DuplicateKeyError as exc:
-        raise InputError(exc.reason, where, exc.line + offset, exc.field) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 + offset if mark is not None else None
-        raise InputError(f"not valid YAML: {getattr(exc, 'problem', None) or exc}", where, line) from None
-    except RecursionError:  # nested deeper than Python's recursion limit
-        raise InputError("nested too deep to read", where) from None
+    doc = parse_yaml(text, where, offset)
     return parse_workload_config(doc, where)
 
 
@@ -350,22 +335,3 @@ def _yaml_block(text: str, where: str) -> tuple[str, int]:
         if re.search(r"^load:", match.group(1), re.M):
             return match.group(1), text.count("\n", 0, match.start(1))
     raise InputError("no ```yaml block with a top-level 'load:' key", where)
-
-
-def _unique_key_loader():
-    """A YAML ``SafeLoader`` refusing a key given twice in one mapping (``DuplicateKeyError``)."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            seen: set[str] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                if not isinstance(key, str):
-                    continue  # SafeLoader's own rules for other keys
-                if key in seen:
-                    raise DuplicateKeyError(key, None, key_node.start_mark.line + 1)
-                seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-
-    return UniqueKeyLoader

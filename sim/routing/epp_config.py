@@ -42,7 +42,8 @@ from pathlib import Path
 from kvroute.sim.routing.epp_scorers import (DEFAULT_LRU_CAPACITY, DEFAULT_MAX_PREFIX_BLOCKS, KVCacheUtilizationScorer,
                                              LoadAwareScorer, PrecisePrefixCacheScorer, PrefixCacheScorer, QueueScorer,
                                              Scorer)
-from kvroute.traces.inputs import DuplicateKeyError, InputError, check_regular_file
+from kvroute.traces.inputs import InputError
+from kvroute.traces.yaml_doc import LineList, LineMap, read_yaml
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 PICKER_TYPES = {"max-score-picker": "max", "weighted-random-picker": "weighted", "random-picker": "random"}
@@ -65,66 +66,26 @@ class EndpointPickerConfig:
     picker: str
 
 
-class _Map(dict):
-    """A YAML mapping that remembers its line and each key's line."""
-
-    line: int = 0
-    key_lines: dict
-
-
-class _Seq(list):
-    """A YAML sequence that remembers each item's line."""
-
-    lines: list
-
-
-def _loader():
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            self.flatten_mapping(node)  # ``<<`` merge keys, as SafeLoader does
-            out = _Map()
-            out.line = node.start_mark.line + 1
-            out.key_lines = {}
-            for key_node, value_node in node.value:
-                key = self.construct_object(key_node, deep=True)
-                if key in out:
-                    raise DuplicateKeyError(key, None, key_node.start_mark.line + 1)
-                out[key] = self.construct_object(value_node, deep=True)
-                out.key_lines[key] = key_node.start_mark.line + 1
-            return out
-
-    def construct_list(loader, node):
-        out = _Seq(loader.construct_object(child, deep=True) for child in node.value)
-        out.lines = [child.start_mark.line + 1 for child in node.value]
-        return out
-
-    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, Loader.construct_mapping)
-    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, construct_list)
-    return Loader
-
-
 class _Reader:
     def __init__(self, path: str) -> None:
         self.path = path
 
     def fail(self, reason: str, node=None, field: str | None = None, key=None) -> InputError:
         line = None
-        if isinstance(node, _Map):
+        if isinstance(node, LineMap):
             line = node.key_lines.get(key, node.line) if key is not None else node.line
         return InputError(reason, self.path, line, field)
 
-    def mapping(self, node, field: str, parent=None, key=None) -> _Map:
+    def mapping(self, node, field: str, parent=None, key=None) -> LineMap:
         """``node`` if it is a mapping; else an error at ``parent[key]``'s line (a list index or a key)."""
         if not isinstance(node, dict):
             error = self.fail(f"expected a mapping, got {type(node).__name__}", parent, field, key)
-            if isinstance(parent, _Seq):
+            if isinstance(parent, LineList):
                 error = InputError(error.reason, self.path, parent.lines[key], field)
             raise error
         return node
 
-    def number(self, params: _Map, key: str, field: str, default, integer: bool = True, minimum: float = 0):
+    def number(self, params: LineMap, key: str, field: str, default, integer: bool = True, minimum: float = 0):
         if key not in params or params[key] is None:
             return default
         value = params[key]
@@ -145,25 +106,9 @@ def read_endpoint_picker_config(path: str | Path) -> EndpointPickerConfig:
             names an unknown plugin type or an undefined plugin, or asks for what is not
             simulated; one line naming the file, line and field.
     """
-    import yaml
-
     where = str(path)
     r = _Reader(where)
-    check_regular_file(path)  # a FIFO would block, /dev/zero never ends
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", where) from None
-    try:
-        doc = yaml.load(text, _loader())
-    except DuplicateKeyError as exc:
-        raise DuplicateKeyError(exc.key, where, exc.line) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise InputError(f"not valid YAML: {getattr(exc, 'problem', None) or exc}", where,
-                         mark.line + 1 if mark is not None else None) from None
-    except RecursionError:  # nested deeper than Python's recursion limit
-        raise InputError("nested too deep to read", where) from None
+    doc = read_yaml(path, track_lines=True)
     if not isinstance(doc, dict):
         raise InputError("expected an EndpointPickerConfig mapping", where)
     for key in doc:
@@ -177,7 +122,7 @@ def read_endpoint_picker_config(path: str | Path) -> EndpointPickerConfig:
     plugins = doc.get("plugins")
     if not isinstance(plugins, list) or not plugins:
         raise r.fail("must be a non-empty list of {type, name, parameters}", doc, "plugins", "plugins")
-    specs: dict[str, tuple[str, _Map, str]] = {}  # name -> (type, parameters, field)
+    specs: dict[str, tuple[str, LineMap, str]] = {}  # name -> (type, parameters, field)
     for i, item in enumerate(plugins):
         field = f"plugins[{i}]"
         item = r.mapping(item, field, plugins, i)
@@ -192,7 +137,7 @@ def read_endpoint_picker_config(path: str | Path) -> EndpointPickerConfig:
         if name in specs:
             raise r.fail(f"plugin name {name!r} is defined twice", item, f"{field}.name", "name")
         params = item.get("parameters")
-        params = _Map() if params is None else r.mapping(params, f"{field}.parameters", item, "parameters")
+        params = LineMap() if params is None else r.mapping(params, f"{field}.parameters", item, "parameters")
         specs[name] = (kind, params, f"{field}.parameters")
     producers = [(p, f) for k, p, f in specs.values() if k in PRODUCER_TYPES]
     profiles = doc.get("schedulingProfiles")
@@ -240,7 +185,7 @@ def read_endpoint_picker_config(path: str | Path) -> EndpointPickerConfig:
     return EndpointPickerConfig(scorers, picker or "max")
 
 
-def _scorer(r: _Reader, kind: str, params: _Map, field: str, producers) -> Scorer:
+def _scorer(r: _Reader, kind: str, params: LineMap, field: str, producers) -> Scorer:
     if kind == "queue-scorer":
         return QueueScorer()
     if kind in ("kv-cache-utilization-scorer", "kv-cache-scorer"):
@@ -277,7 +222,7 @@ def _scorer(r: _Reader, kind: str, params: _Map, field: str, producers) -> Score
     return PrefixCacheScorer(tokens, capacity or DEFAULT_LRU_CAPACITY, max_blocks, max_tokens)
 
 
-def _precise(r: _Reader, params: _Map, field: str) -> Scorer:
+def _precise(r: _Reader, params: LineMap, field: str) -> Scorer:
     if params.get("speculativeIndexing"):
         raise r.fail("speculative indexing is not simulated; remove it or set it false", params,
                      f"{field}.speculativeIndexing", "speculativeIndexing")

@@ -9,17 +9,7 @@ import pandas as pd
 from click.testing import CliRunner
 
 from kvroute.cli.main import cli
-
-CONFIG = """\
-data:
-  type: shared_prefix
-  shared_prefix: {num_groups: 3, num_prompts_per_group: 2, system_prompt_len: 64, question_len: 16, output_len: 8}
-load:
-  type: poisson
-  stages:
-    - {rate: 4, duration: 3}
-    - {rate: 8, duration: 2}
-"""
+from tests.support.workloads import SMALL_LADDER
 
 
 def _run(*args):
@@ -28,7 +18,7 @@ def _run(*args):
 
 def test_compare_prints_and_writes_one_row_per_stage_and_policy(tmp_path):
     config = tmp_path / "ip.yaml"
-    config.write_text(CONFIG)
+    config.write_text(SMALL_LADDER)
     out = tmp_path / "run"
     result = _run("compare", "--workload-config", config, "--policies", "round_robin,kv_aware", "--rounds", 2,
                   "--executor", "sequential", "--quiet", "--out", out)
@@ -47,7 +37,7 @@ def test_compare_prints_and_writes_one_row_per_stage_and_policy(tmp_path):
 
 def test_simulate_json_has_the_stages_and_a_timeout_fails_requests(tmp_path):
     config = tmp_path / "ip.yaml"
-    config.write_text(CONFIG)
+    config.write_text(SMALL_LADDER)
     result = _run("simulate", "--workload-config", config, "--json", "--request-timeout", "0.05",
                   "--max-concurrency", 2)
     assert result.exit_code == 0, result.output

@@ -20,6 +20,7 @@ from kvroute.sim.study.figure_style import FIGURE_FORMATS, policy_colors
 from kvroute.sim.study.sensitivity import TORNADO_COLORS, Factor, SensitivityResult
 from kvroute.sim.study.stages import plot_stages, stages_figure
 from tests.support.paths import CALIBRATE_DATA
+from tests.support.workloads import SMALL_LADDER
 
 ROOT = Path(__file__).resolve().parents[3]
 HEADER = "trace inference-perf:ladder.yaml: 1170 requests | 1 workers on 1 GPU | profile a6000-qwen2.5-7b"
@@ -197,21 +198,9 @@ def test_fit_figure_names_the_profile_with_units_and_log_axes(tmp_path):
     assert all(p.stat().st_size > 0 for p in paths)
 
 
-LADDER = """\
-data:
-  type: shared_prefix
-  shared_prefix: {num_groups: 3, num_prompts_per_group: 2, system_prompt_len: 64, question_len: 16, output_len: 8}
-load:
-  type: poisson
-  stages:
-    - {rate: 4, duration: 3}
-    - {rate: 8, duration: 2}
-"""
-
-
 def test_a_workload_config_compare_writes_the_stage_figure_per_format_and_in_the_report(tmp_path):
     config = tmp_path / "ip.yaml"
-    config.write_text(LADDER)
+    config.write_text(SMALL_LADDER)
     out = tmp_path / "run"
     result = CliRunner().invoke(cli, ["compare", "--workload-config", str(config), "--policies", "round_robin,kv_aware",
                                       "--executor", "sequential", "--quiet", "--figure-format", "png,svg",
