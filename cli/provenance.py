@@ -25,7 +25,7 @@ SCENARIO_FILE = "scenario.yaml"
 PROVENANCE_KEY = "kvroute"
 """Top-level key of the provenance block (read by people, ignored by ``--config``)."""
 
-NOT_SCENARIO = ("config", "out", "json_out", "quiet", "figure_formats")
+NOT_SCENARIO = ("config", "out", "json_out", "quiet", "figure_formats", "time_series")
 """Parameters that say where outputs go or what is shown, not what runs; left out of the scenario."""
 
 

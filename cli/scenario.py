@@ -260,6 +260,10 @@ def describe(trace: Trace, spec: ClusterSpec) -> str:
     blocks = sorted({spec.profile.shared(spec.workers_on_gpu(spec.gpu_of(w))).engine.num_gpu_blocks
                      for w in range(spec.num_workers)})
     on = f"{gpus} GPU" if gpus == 1 else f"{gpus} GPUs"
+    par = spec.profile.raw.get("parallel") if isinstance(spec.profile.raw, dict) else None
+    tp = par.get("tensor_parallel_size", 1) if isinstance(par, dict) else 1
+    if isinstance(tp, int) and tp > 1:  # a GPU of the scenario is one TP group of the profile
+        on = f"{gpus} TP{tp} group{'s' if gpus > 1 else ''} ({gpus * tp} GPUs)"
     return (f"trace {trace.source}: {len(trace.records)} requests | {spec.num_workers} workers on {on} | "
             f"profile {spec.profile.name} ({'/'.join(map(str, blocks))} KV blocks of "
             f"{spec.profile.engine.block_size} tokens per worker"

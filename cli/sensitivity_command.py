@@ -126,7 +126,8 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         click.echo(f"{header} | {len(factors)} factors, "
-                   f"{trajectories} trajectories x {levels} levels = {result.settings['points']} points, "
+                   f"{trajectories} trajectories x ({len(factors)} factors + 1) = {result.settings['points']} points "
+                   f"on {levels} levels, "
                    f"{rounds} round(s) each, policies {', '.join(policies)}\n")
         click.echo(result.format_table())
         click.echo(f"\n{note}\nwall time {wall:.1f} s")
@@ -163,8 +164,9 @@ def _write_figure_and_report(result, out: Path, header: str, note: str, figure_f
     report = Report(
         title=f"kvroute sensitivity: {', '.join(result.policies)}",
         scenario=[*header.split(" | "), f"policies {', '.join(result.policies)} (changes against {result.policies[0]})",
-                  f"{len(result.factors)} factors, {settings['trajectories']} trajectories x {settings['levels']} "
-                  f"levels = {settings['points']} points, {settings['rounds']} round(s) each, "
+                  f"{len(result.factors)} factors, {settings['trajectories']} trajectories x ({len(result.factors)} "
+                  f"factors + 1) = {settings['points']} points on {settings['levels']} levels, "
+                  f"{settings['rounds']} round(s) each, "
                   f"{settings['noise_rounds']} seeds of the base point, design seed {settings['seed']}"],
         tables=result.report_tables(),
         figures=[("Tornado: mu* per factor and output, largest on top; dashed: the seed noise (sd)", fig)],

@@ -49,6 +49,8 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
 
     if time_series and out is None:
         raise click.UsageError("--time-series writes its files under --out: give --out DIR")
+    if figure_formats != ("png",) and out is None:
+        raise click.UsageError("--figure-format sets the figures written under --out: give --out DIR")
 
     seed, trace_path = scenario.seed, scenario.trace_file
 

@@ -85,7 +85,7 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
 @click.option("--rounds", type=Number(RUNS), default=3, show_default=True, help="Seeded rounds per scenario.")
 @executor_options
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write every row to FILE.parquet or FILE.csv, its scenario to FILE.scenario.yaml and a "
+              help="Write every row to FILE.parquet or FILE.csv (the suffix is required), its scenario to FILE.scenario.yaml and a "
                    "self-contained page (scenario, tables, figures, notes, provenance) to FILE.report.html.")
 @click.option("--time-series", is_flag=True,
               help="Not recorded by sweeps (an error): run `kvroute compare --time-series --out DIR` on a grid point.")
@@ -118,6 +118,8 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
     shown = _choices(show, valid_metrics, "--show")
     if out is not None and out.suffix.lower() not in (".parquet", ".csv"):
         raise click.BadParameter(f"{out} must end in .parquet or .csv", param_hint="'--out'")
+    if figure_formats != ("png",) and out is None and plot_load is None:
+        raise click.UsageError("--figure-format sets the figures written with --out or --plot-load: give one")
     if address is not None:
         executor = "dask"
     _check_profiles(options["profile"])
@@ -175,8 +177,8 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
         notes = ([f"{len(failed)} of {len(frame)} runs failed (infeasible; shown as -): {failed['error'].iloc[0]}"]
                  if len(failed) else [])
         _write_report(out, frame, scenarios, rounds, [m for m in shown if m not in empty], spread_note, figures, notes)
-        click.echo(f"wrote {len(frame)} rows to {out}, its scenario to {out.stem}.scenario.yaml and its report to "
-                   f"{out.stem}.report.html", err=True)
+        click.echo(f"wrote {len(frame)} rows to {out}, its scenario to {out.with_name(out.stem + '.scenario.yaml')} "
+                   f"and its report to {out.with_name(out.stem + '.report.html')}", err=True)
 
 
 def _load_figure(frame: pd.DataFrame, scenarios: list[Scenario], rounds: int, plot_load: Path | None,

@@ -384,7 +384,7 @@ def order_lines(joined: pd.DataFrame) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-evidence", action="store_true", help="skip the runs that explain the misses")
-    parser.add_argument("--report", type=Path, default=HERE / "REPORT.md", help="Markdown report to write")
+    parser.add_argument("--report", type=Path, default=HERE / "REPORT.md", help="Markdown report to write (default: the tracked bench/published/REPORT.md, overwritten)")
     parser.add_argument("--save", type=Path, help="also keep the runs' results in this pickle file")
     parser.add_argument("--load", type=Path, help="write the report from a --save file, without running")
     args = parser.parse_args()

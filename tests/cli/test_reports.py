@@ -129,10 +129,10 @@ def test_compare_report_numbers_match_an_uncertainty_run(tmp_path):
 
 
 def test_compare_report_holds_the_stage_table_of_a_staged_workload(tmp_path):
-    from tests.cli.test_workload_config_cli import CONFIG
+    from tests.support.workloads import SMALL_LADDER
 
     config = tmp_path / "ip.yaml"
-    config.write_text(CONFIG)
+    config.write_text(SMALL_LADDER)
     out = tmp_path / "run"
     result = CliRunner().invoke(cli, ["compare", "--workload-config", str(config), "--policies", "round_robin,kv_aware",
                                       "--rounds", "2", "--executor", "sequential", "--quiet", "--out", str(out)])
