@@ -143,87 +143,6 @@ def _make_request(req: DriverRequest, block_hasher):
                    sampling_params=params, pooling_params=None, block_hasher=block_hasher)
 
 
-def run_vllm(requests: list[DriverRequest], *, block_size: int, num_gpu_blocks: int,
-             max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
-             long_prefill_token_threshold: int = 0, max_steps: int = 100_000,
-             output_token: Callable[[str, int], int] = default_output_token) -> DriverResult:
-    import vllm
-    from vllm.config import CacheConfig
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    for r in requests:  # the engine's input processor rejects these before the scheduler
-        if not 0 < len(r.prompt_token_ids) < max_model_len:
-            raise ValueError(f"{r.request_id}: prompt length {len(r.prompt_token_ids)} "
-                             f"must be in [1, max_model_len={max_model_len})")
-    sched = build_scheduler(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                            max_num_batched_tokens=max_num_batched_tokens,
-                            max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                            long_prefill_token_threshold=long_prefill_token_threshold)
-    # As EngineCore.__init__ does: default algo (sha256), fixed NONE_HASH seed.
-    hash_fn = get_hash_fn_by_name(CacheConfig().prefix_caching_hash_algo)
-    init_none_hash(hash_fn)
-    block_hasher = get_request_block_hasher(block_size, hash_fn)
-
-    victims: list[str] = []  # filled in vLLM's preemption order by the wrapper below
-    orig_preempt = sched._preempt_request
-
-    def _record_preempt(request, *args, **kwargs):
-        victims.append(request.request_id)
-        return orig_preempt(request, *args, **kwargs)
-
-    sched._preempt_request = _record_preempt
-    evictions = _count_evictions(sched)
-    pool = sched.kv_cache_manager.block_pool
-    aborts = _aborts_by_step(requests)
-    pending = sorted(requests, key=lambda r: r.arrival_step)  # stable: ties keep list order
-    steps: list[StepRecord] = []
-    queries = hits = preemptions = 0
-    step = 0
-    while step < max_steps and (pending or sched.has_requests()):
-        while pending and pending[0].arrival_step <= step:
-            sched.add_request(_make_request(pending.pop(0), block_hasher))
-        rec = StepRecord(step=step)
-        steps.append(rec)
-        step += 1
-        if not sched.has_requests():
-            rec.free_blocks = pool.get_num_free_blocks()
-            continue  # idle step (EngineCore.step returns without scheduling)
-        evictions[0] = 0
-        waiting_before = {r.request_id for r in _waiting(sched)}
-        out = sched.schedule()
-        rec.scheduled = dict(out.num_scheduled_tokens)
-        for rid, n in rec.scheduled.items():
-            if rid in waiting_before:
-                rec.admitted[rid] = sched.requests[rid].num_computed_tokens - n
-        rec.preempted, victims[:] = list(victims), []
-        preemptions += len(rec.preempted)
-        rec.waiting = [r.request_id for r in _waiting(sched)]
-        rec.running = [r.request_id for r in sched.running]
-
-        _abort(sched, aborts.get(rec.step, []), rec)  # after the model ran, before its output
-        req_ids = list(rec.scheduled)
-        sampled = []
-        for rid in req_ids:
-            r = sched.requests.get(rid)  # None: aborted (update_from_output skips it)
-            done = r is not None and r.num_computed_tokens >= r.num_tokens  # prompt (and replayed output) done
-            sampled.append([output_token(rid, r.num_output_tokens)] if done else [])
-        mro = ModelRunnerOutput(req_ids=req_ids,
-                                req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-                                sampled_token_ids=sampled)
-        for eco in sched.update_from_output(out, mro).values():
-            rec.finished += [o.request_id for o in eco.outputs if o.finish_reason is not None]
-            stats = eco.scheduler_stats
-            if stats is not None and stats.prefix_cache_stats is not None:
-                queries += stats.prefix_cache_stats.queries
-                hits += stats.prefix_cache_stats.hits
-        rec.evictions = evictions[0]
-        rec.free_blocks = pool.get_num_free_blocks()
-    return DriverResult(steps=steps, prefix_cache_queries=queries, prefix_cache_hits=hits,
-                        num_preemptions=preemptions, vllm_version=vllm.__version__)
-
-
 def _aborts_by_step(requests: list[DriverRequest]) -> dict[int, list[str]]:
     by_step: dict[int, list[str]] = {}
     for r in requests:
@@ -257,6 +176,129 @@ def _count_evictions(sched) -> list[int]:
     return counter
 
 
+class _Engine:
+    """One real vLLM scheduler and what the engine core does around it, for both loops below:
+    requests added as they arrive (``_process_input_queue``), a step scheduled and recorded,
+    aborts applied, a fake model output processed (``update_from_output``) and its prefix-cache
+    stats and finishes recorded."""
+
+    def __init__(self, requests: list[DriverRequest], *, block_size: int, num_gpu_blocks: int,
+                 max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
+                 long_prefill_token_threshold: int, async_scheduling: bool,
+                 output_token: Callable[[str, int], int]) -> None:
+        from vllm.config import CacheConfig
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        for r in requests:  # the engine's input processor rejects these before the scheduler
+            if not 0 < len(r.prompt_token_ids) < max_model_len:
+                raise ValueError(f"{r.request_id}: prompt length {len(r.prompt_token_ids)} "
+                                 f"must be in [1, max_model_len={max_model_len})")
+        self.sched = sched = build_scheduler(
+            block_size=block_size, num_gpu_blocks=num_gpu_blocks, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+            long_prefill_token_threshold=long_prefill_token_threshold, async_scheduling=async_scheduling)
+        # As EngineCore.__init__ does: default algo (sha256), fixed NONE_HASH seed.
+        hash_fn = get_hash_fn_by_name(CacheConfig().prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.block_hasher = get_request_block_hasher(block_size, hash_fn)
+        self.victims: list[str] = []  # filled in vLLM's preemption order by the wrapper below
+        orig_preempt = sched._preempt_request
+
+        def _record_preempt(request, *args, **kwargs):
+            self.victims.append(request.request_id)
+            return orig_preempt(request, *args, **kwargs)
+
+        sched._preempt_request = _record_preempt
+        self.evictions = _count_evictions(sched)
+        self.pool = sched.kv_cache_manager.block_pool
+        self.aborts = _aborts_by_step(requests)
+        self.pending = sorted(requests, key=lambda r: r.arrival_step)  # stable: ties keep list order
+        self.output_token = output_token
+        self.steps: list[StepRecord] = []
+        self.queries = self.hits = self.preemptions = 0
+
+    def new_step(self, step: int) -> StepRecord:
+        rec = StepRecord(step=step)
+        self.steps.append(rec)
+        return rec
+
+    def add_arrivals(self, step: int) -> None:
+        while self.pending and self.pending[0].arrival_step <= step:
+            self.sched.add_request(_make_request(self.pending.pop(0), self.block_hasher))
+
+    def schedule(self, rec: StepRecord):
+        """``schedule()``, recording what it scheduled, admitted and preempted and the queues after it."""
+        sched = self.sched
+        waiting_before = {r.request_id for r in _waiting(sched)}
+        out = sched.schedule()
+        rec.scheduled = dict(out.num_scheduled_tokens)
+        for rid, n in rec.scheduled.items():
+            if rid in waiting_before:
+                rec.admitted[rid] = sched.requests[rid].num_computed_tokens - n
+        rec.preempted, self.victims[:] = list(self.victims), []
+        self.preemptions += len(rec.preempted)
+        rec.waiting = [r.request_id for r in _waiting(sched)]
+        rec.running = [r.request_id for r in sched.running]
+        return out
+
+    def update(self, out, rec: StepRecord, samples) -> None:
+        """``update_from_output`` of a fake model output sampling one token for each scheduled
+        request that is still in the scheduler and for which ``samples(request_id, request)``."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        sched = self.sched
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            r = sched.requests.get(rid)  # None: aborted (update_from_output skips it)
+            sampled.append([self.output_token(rid, r.num_output_tokens)] if r is not None and samples(rid, r) else [])
+        mro = ModelRunnerOutput(req_ids=req_ids, req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+                                sampled_token_ids=sampled)
+        for eco in sched.update_from_output(out, mro).values():
+            rec.finished += [o.request_id for o in eco.outputs if o.finish_reason is not None]
+            stats = eco.scheduler_stats
+            if stats is not None and stats.prefix_cache_stats is not None:
+                self.queries += stats.prefix_cache_stats.queries
+                self.hits += stats.prefix_cache_stats.hits
+
+    def end_step(self, rec: StepRecord) -> None:
+        rec.evictions = self.evictions[0]
+        rec.free_blocks = self.pool.get_num_free_blocks()
+
+    def result(self) -> DriverResult:
+        import vllm
+
+        return DriverResult(steps=self.steps, prefix_cache_queries=self.queries, prefix_cache_hits=self.hits,
+                            num_preemptions=self.preemptions, vllm_version=vllm.__version__)
+
+
+def run_vllm(requests: list[DriverRequest], *, block_size: int, num_gpu_blocks: int,
+             max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
+             long_prefill_token_threshold: int = 0, max_steps: int = 100_000,
+             output_token: Callable[[str, int], int] = default_output_token) -> DriverResult:
+    engine = _Engine(requests, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                     max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                     max_model_len=max_model_len, long_prefill_token_threshold=long_prefill_token_threshold,
+                     async_scheduling=False, output_token=output_token)
+    sched = engine.sched
+    step = 0
+    while step < max_steps and (engine.pending or sched.has_requests()):
+        engine.add_arrivals(step)
+        rec = engine.new_step(step)
+        step += 1
+        if not sched.has_requests():
+            rec.free_blocks = engine.pool.get_num_free_blocks()
+            continue  # idle step (EngineCore.step returns without scheduling)
+        engine.evictions[0] = 0
+        out = engine.schedule(rec)
+        _abort(sched, engine.aborts.get(rec.step, []), rec)  # after the model ran, before its output
+        # prompt (and replayed output) done: the step samples
+        engine.update(out, rec, lambda rid, r: r.num_computed_tokens >= r.num_tokens)
+        engine.end_step(rec)
+    return engine.result()
+
+
 def run_vllm_async(requests: list[DriverRequest], *, block_size: int, num_gpu_blocks: int,
                    max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
                    long_prefill_token_threshold: int = 0, max_steps: int = 100_000,
@@ -272,94 +314,41 @@ def run_vllm_async(requests: list[DriverRequest], *, block_size: int, num_gpu_bl
     scheduled (``not request.is_prefill_chunk``, what the model runner does), its value
     ``output_token(rid, k)`` at the request's next output position when the output is processed.
     """
-    import vllm
     from collections import deque
-    from vllm.config import CacheConfig
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.outputs import ModelRunnerOutput
 
-    for r in requests:
-        if not 0 < len(r.prompt_token_ids) < max_model_len:
-            raise ValueError(f"{r.request_id}: prompt length {len(r.prompt_token_ids)} "
-                             f"must be in [1, max_model_len={max_model_len})")
-    sched = build_scheduler(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                            max_num_batched_tokens=max_num_batched_tokens,
-                            max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                            long_prefill_token_threshold=long_prefill_token_threshold,
-                            async_scheduling=True)
-    hash_fn = get_hash_fn_by_name(CacheConfig().prefix_caching_hash_algo)
-    init_none_hash(hash_fn)
-    block_hasher = get_request_block_hasher(block_size, hash_fn)
-    victims: list[str] = []
-    orig_preempt = sched._preempt_request
-
-    def _record_preempt(request, *args, **kwargs):
-        victims.append(request.request_id)
-        return orig_preempt(request, *args, **kwargs)
-
-    sched._preempt_request = _record_preempt
-    evictions = _count_evictions(sched)
-    pool = sched.kv_cache_manager.block_pool
-    aborts = _aborts_by_step(requests)
+    engine = _Engine(requests, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                     max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                     max_model_len=max_model_len, long_prefill_token_threshold=long_prefill_token_threshold,
+                     async_scheduling=True, output_token=output_token)
+    sched, aborts = engine.sched, engine.aborts
     deferred: list[str] = []  # aborts that came in an iteration that processed no output
-    pending = sorted(requests, key=lambda r: r.arrival_step)
-    steps: list[StepRecord] = []
     batch_queue: deque = deque()
-    queries = hits = preemptions = 0
     step = 0
-    while step < max_steps and (pending or sched.has_requests() or batch_queue or deferred):
-        rec = StepRecord(step=step)
-        steps.append(rec)
-        evictions[0] = 0
+    while step < max_steps and (engine.pending or sched.has_requests() or batch_queue or deferred):
+        rec = engine.new_step(step)
+        engine.evictions[0] = 0
         _abort(sched, deferred, rec)  # _process_input_queue, before anything is scheduled
         deferred = []
-        while pending and pending[0].arrival_step <= step:
-            sched.add_request(_make_request(pending.pop(0), block_hasher))
+        engine.add_arrivals(step)
         step += 1
         if sched.has_requests():
-            waiting_before = {r.request_id for r in _waiting(sched)}
-            out = sched.schedule()
-            rec.scheduled = dict(out.num_scheduled_tokens)
-            for rid, n in rec.scheduled.items():
-                if rid in waiting_before:
-                    rec.admitted[rid] = sched.requests[rid].num_computed_tokens - n
-            rec.preempted, victims[:] = list(victims), []
-            preemptions += len(rec.preempted)
-            rec.waiting = [r.request_id for r in _waiting(sched)]
-            rec.running = [r.request_id for r in sched.running]
+            out = engine.schedule(rec)
             samples = {rid for rid in rec.scheduled if not sched.requests[rid].is_prefill_chunk}
             batch_queue.appendleft((out, samples))
             executed = out.total_num_scheduled_tokens > 0
             if len(batch_queue) < 2 and (executed or sched.has_requests()):
                 deferred = aborts.get(rec.step, [])  # step_with_batch_queue returns before aborts
-                rec.evictions = evictions[0]
-                rec.free_blocks = pool.get_num_free_blocks()
+                engine.end_step(rec)
                 continue  # do not block on the batch in flight while another can be scheduled
         elif not batch_queue:
             deferred = aborts.get(rec.step, [])
-            rec.free_blocks = pool.get_num_free_blocks()
+            rec.free_blocks = engine.pool.get_num_free_blocks()
             continue  # idle
         out, samples = batch_queue.pop()
         _abort(sched, aborts.get(rec.step, []), rec)  # _process_aborts_queue, before the output
-        req_ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for rid in req_ids:
-            r = sched.requests.get(rid)
-            sampled.append([output_token(rid, r.num_output_tokens)] if r is not None and rid in samples else [])
-        mro = ModelRunnerOutput(req_ids=req_ids,
-                                req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-                                sampled_token_ids=sampled)
-        for eco in sched.update_from_output(out, mro).values():
-            rec.finished += [o.request_id for o in eco.outputs if o.finish_reason is not None]
-            stats = eco.scheduler_stats
-            if stats is not None and stats.prefix_cache_stats is not None:
-                queries += stats.prefix_cache_stats.queries
-                hits += stats.prefix_cache_stats.hits
-        rec.evictions = evictions[0]
-        rec.free_blocks = pool.get_num_free_blocks()
-    return DriverResult(steps=steps, prefix_cache_queries=queries, prefix_cache_hits=hits,
-                        num_preemptions=preemptions, vllm_version=vllm.__version__)
+        engine.update(out, rec, lambda rid, r, samples=samples: rid in samples)
+        engine.end_step(rec)
+    return engine.result()
 
 
 def _waiting(sched) -> list:
