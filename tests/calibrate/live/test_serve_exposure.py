@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.live_servers import free_port
 
 zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (the live extra brings it with vLLM)")
 
@@ -48,12 +48,6 @@ ThreadingHTTPServer((args.host, args.port), Health).serve_forever()
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _listeners() -> set[tuple[str, int]]:
     """(address in hex as /proc shows it, port) of every TCP socket in LISTEN state."""
     out = set()
@@ -81,7 +75,7 @@ def test_serve_listens_on_loopback_only(tmp_path):
     for folder in (stub.parents[1], stub.parent, stub):
         (folder / "__init__.py").write_text("")
     (stub / "main.py").write_text(STUB)
-    api, events = _free_port(), _free_port()
+    api, events = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'stub'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen([sys.executable, "-c", "from kvroute.cli.main import main; main()", "serve",
                              "--model", "stub-model", "-n", "1", "--port-base", str(api),

