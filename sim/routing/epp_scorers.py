@@ -71,6 +71,21 @@ class Scorer:
         """``request`` went to ``worker`` (llm-d's ``PreRequest``)."""
 
 
+def queue_scores(waiting: Sequence[float]) -> list[float]:
+    """llm-d's ``queue-scorer`` (``scorer/queuedepth``): ``(max - waiting) / (max - min)`` over the
+    candidates' waiting queues, 1.0 for all when they are equal."""
+    high, low = max(waiting), min(waiting)
+    if high == low:
+        return [1.0] * len(waiting)
+    return [(high - q) / (high - low) for q in waiting]
+
+
+def load_aware_score(waiting: float, threshold: int) -> float:
+    """llm-d's ``load-aware-scorer`` (``scorer/loadaware``): 0.5 with an empty queue, else
+    ``0.5 * (1 - min(waiting, threshold) / threshold)``."""
+    return 0.5 if waiting == 0 else 0.5 * (1.0 - min(waiting, threshold) / threshold)
+
+
 def _scraped(view, who: str):
     if view.metrics is None:
         raise ValueError(f"{who}: needs the workers' /metrics (none connected)")
@@ -85,11 +100,7 @@ class QueueScorer(Scorer):
 
     def score(self, request, view, workers):
         scraped = _scraped(view, self.type)
-        waiting = [scraped[w][1] for w in workers]
-        high, low = max(waiting), min(waiting)
-        if high == low:
-            return [1.0] * len(workers)
-        return [(high - q) / (high - low) for q in waiting]
+        return queue_scores([scraped[w][1] for w in workers])
 
 
 class KVCacheUtilizationScorer(Scorer):
@@ -119,8 +130,8 @@ class LoadAwareScorer(Scorer):
         self.threshold = threshold
 
     def score(self, request, view, workers):
-        scraped, thr = _scraped(view, self.type), self.threshold
-        return [0.5 if scraped[w][1] == 0 else 0.5 * (1.0 - min(scraped[w][1], thr) / thr) for w in workers]
+        scraped = _scraped(view, self.type)
+        return [load_aware_score(scraped[w][1], self.threshold) for w in workers]
 
 
 class PrefixCacheScorer(Scorer):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvroute.sim.routing.base import Policy, pick_max, register
+from kvroute.sim.routing.epp_scorers import load_aware_score, queue_scores
 
 PICKERS = ("max", "weighted", "random")
 
@@ -81,13 +82,11 @@ class LLMDScheduler(Policy):
             if scraped is None:
                 raise ValueError("llmd: the queue, KV and load scorers need the workers' /metrics")
             waiting = [scraped[w][1] for w in workers]
-            high, low = max(waiting), min(waiting)
-            thr = self.load_threshold
+            queue = queue_scores(waiting)
             for i, w in enumerate(workers):
-                queue = 1.0 if high == low else (high - waiting[i]) / (high - low)
                 kv = 1.0 - scraped[w][2]
-                load = 0.5 if waiting[i] == 0 else 0.5 * (1.0 - min(waiting[i], thr) / thr)
-                total[i] += self.queue_weight * queue + self.kv_weight * kv + self.load_weight * load
+                load = load_aware_score(waiting[i], self.load_threshold)
+                total[i] += self.queue_weight * queue[i] + self.kv_weight * kv + self.load_weight * load
         return total
 
     def choose(self, request, view) -> int:
