@@ -106,6 +106,9 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     names = [g.strip() for g in groups.split(",") if g.strip()] if groups else None
     if names is None and trace is not None:
         names = [g for g in FACTOR_GROUPS if g != "workload"]  # a trace file's lengths are given
+    elif trace is not None and "workload" in names:
+        raise click.BadParameter("the workload group varies the generated workload's lengths; a --trace file's "
+                                 "are given (leave it out)", param_hint="'--groups'")
     factors = default_factors(scenario, profile, ranges, names)
     check_runs((trajectories * (len(factors) + 1) * rounds + noise_rounds) * len(policies),
                f"(--trajectories {trajectories} x {len(factors) + 1} points x --rounds {rounds} + --noise-rounds "

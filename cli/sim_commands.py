@@ -132,7 +132,10 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
 
         records = comparison.records()
         peak = peak_in_flight(records)
-        notes = [line for line in (_failure_note(comparison),
+        served = bool((records["status"] == "ok").any())
+        # nothing served: the failure note is the whole story (a rejected request never finishes, so
+        # peak_in_flight would count it in flight to the end, and a note on timing would be about no run)
+        notes = [_failure_note(comparison)] if not served else [line for line in (_failure_note(comparison),
                                    _unmeasured_note(spec.profile, trace_path is None and scenario.workload == "seed-chat"
                                                     and scenario.reply is None,
                                                     uncertainty),
@@ -408,16 +411,39 @@ def simulate(policy, rounds, json_out, out, records_format, quiet, time_series, 
              slo_ttft, slo_tpot, quiet=quiet, time_series=time_series, figure_formats=figure_formats)
 
 
+NOT_SENT = "not sent:"
+TIMED_OUT = "timed out"
+"""How the errors of a request never sent (its parent failed) and of one its client abandoned
+begin (``kvroute.sim.cluster.cluster``); any other error is the engine's rejection."""
+
+
 def _failure_note(comparison) -> str:
-    """A warning under the table when requests failed: how many, and one reason."""
+    """A warning under the table when requests failed: how many, and one reason. When every
+    request was rejected by the engine (and the later turns of their sessions not sent), it says
+    so and why (vLLM's error, and for a prompt too long what to change)."""
     records = comparison.records()
     failed = records[records["status"] != "ok"]
     if failed.empty:
         return ""
     first = failed.iloc[0]
-    head = ("Warning: every request failed" if len(failed) == len(records)
-            else f"Note: {len(failed)} of {len(records)} requests failed")
-    return f"{head} (all policies and rounds); e.g. request {first['request_id']}: {first['error'] or 'no reason recorded'}"
+    if len(failed) < len(records):
+        return (f"Note: {len(failed)} of {len(records)} requests failed (all policies and rounds); e.g. request "
+                f"{first['request_id']}: {first['error'] or 'no reason recorded'}")
+    errors = failed["error"].fillna("")
+    not_sent, timed_out = errors.str.startswith(NOT_SENT), errors.str.startswith(TIMED_OUT)
+    rejected = ~(not_sent | timed_out)
+    if not rejected.any() or timed_out.any():
+        return (f"Warning: every request failed (all policies and rounds); e.g. request {first['request_id']}: "
+                f"{first['error'] or 'no reason recorded'}")
+    one = failed[rejected].iloc[0]
+    why = one["error"]
+    if why.startswith("This model's maximum context length"):
+        why += " (a prompt must be shorter than max_model_len: raise --max-model-len or shorten the prompts)"
+    text = (f"Warning: every request was rejected (all policies and rounds), so none was served and the table holds "
+            f"no latencies: {int(rejected.sum())} rejected by the engine, e.g. request {one['request_id']}: {why}")
+    if not_sent.any():
+        text += f"; the other {int(not_sent.sum())} were not sent, their parent request having been rejected"
+    return text
 
 
 def _unmeasured_note(profile, fitted_seed_workload: bool, uncertainty: int = 0) -> str:

@@ -254,6 +254,20 @@ def test_gzip_and_binary_traces(tmp_path):
     assert_error(run("simulate", "--trace", binary), "b.jsonl:2: not UTF-8 text (byte 0xff)")
 
 
+def test_a_file_in_no_trace_format_names_the_formats_kvroute_reads(tmp_path):
+    readme = write(tmp_path / "README.md", "# kvroute\n\nA discrete-event simulator of vLLM workers.\n")
+    result = run("compare", "--trace", readme, "--rounds", 1, "--policies", "round_robin")
+    assert_error(result, f"{readme}: not a trace format kvroute reads (its first line is not a JSON object); "
+                         "it reads kvroute or Mooncake JSON Lines (.jsonl), Azure or BurstGPT CSV (.csv), "
+                         "ShareGPT or vllm bench serve JSON (.json)")
+    assert "malformed JSON" not in result.output
+    # JSON Lines under another suffix still reads; a .jsonl file keeps the reader's own message
+    renamed = jsonl(tmp_path / "t.txt", {"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": [1]})
+    assert run("simulate", "--trace", renamed, "--trace-block-size", 32, "--json").exit_code == 0
+    assert_error(run("simulate", "--trace", write(tmp_path / "r.jsonl", "# notes\n")),
+                 "r.jsonl:1: malformed JSON: Expecting value at column 1")
+
+
 def test_url_port_out_of_range(tmp_path):
     assert_error(run("validate", "--url", "http://127.0.0.1:99999", "--out", tmp_path / "v"),
                  "Invalid value for '--url': 'http://127.0.0.1:99999': Port out of range 0-65535")

@@ -4,7 +4,9 @@ Formats (:data:`FORMATS`): ``kvroute`` (kvroute/Mooncake JSON Lines), ``azure`` 
 inference CSV), ``burstgpt`` (BurstGPT CSV), ``sharegpt`` (ShareGPT-style conversation JSON) and
 ``vllm-bench`` (``vllm bench serve`` result JSON). ``auto`` picks by suffix and content: a
 ``.csv`` by its header, a ``.json`` by its top level (a list: ShareGPT; an object with
-``input_lens``: a vLLM result), anything else JSON Lines.
+``input_lens``: a vLLM result), anything else JSON Lines, unless its first line is no JSON object
+(a README, a YAML file): that file is in no format kvroute reads, and is refused as such
+(:data:`FORMATS_READ`) rather than as malformed JSON.
 """
 
 from __future__ import annotations
@@ -20,12 +22,18 @@ from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError
 
 FORMATS = ("auto", "kvroute", "azure", "burstgpt", "sharegpt", "vllm-bench")
 
+FORMATS_READ = ("kvroute or Mooncake JSON Lines (.jsonl), Azure or BurstGPT CSV (.csv), "
+                "ShareGPT or vllm bench serve JSON (.json)")
+"""The trace formats ``auto`` recognises, with their suffixes, as an error message names them."""
+
 
 def detect_format(path: str | os.PathLike[str]) -> str:
     """The format of ``path`` (one of :data:`FORMATS` but ``auto``).
 
     Raises:
-        TraceError: a ``.json`` file that is neither a list nor a vLLM result.
+        TraceError: a ``.json`` file that is neither a list nor a vLLM result; a file of another
+            suffix than ``.jsonl`` whose first non-blank line is not a JSON object (nor gzip
+            data, which the JSON Lines reader names).
         OSError: the file cannot be opened.
     """
     path = Path(path)
@@ -44,7 +52,21 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         if head[:1] == b"{":
             return "vllm-bench"
         raise TraceError("a .json trace must be a ShareGPT list or a vllm bench serve result object", str(path), 1)
+    if suffix != ".jsonl" and not _starts_like_json_lines(path):
+        raise TraceError(f"not a trace format kvroute reads (its first line is not a JSON object); it reads "
+                         f"{FORMATS_READ}", str(path))
     return "kvroute"
+
+
+def _starts_like_json_lines(path: Path) -> bool:
+    """Whether ``path`` is empty, gzip data (the reader says to decompress it) or its first
+    non-blank line opens a JSON object, as every line of a JSON Lines trace does."""
+    with open(path, "rb") as handle:
+        head = handle.read(4096)
+    if head[:2] == b"\x1f\x8b":
+        return True
+    head = head.removeprefix(b"\xef\xbb\xbf").lstrip()  # a UTF-8 BOM, then blank lines
+    return not head or head[:1] == b"{"
 
 
 def read_any(path: str | os.PathLike[str], block_size: int | None = None, fmt: str = "auto",

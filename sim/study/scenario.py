@@ -170,7 +170,7 @@ class Scenario:
     """
 
     workload: str = field(default="seed-chat", metadata=option(
-        "workload", "Built-in workload (ignored with --trace).", choices=WORKLOADS))
+        "workload", "Built-in workload (not with --trace).", choices=WORKLOADS))
     chats: int | None = field(default=None, metadata=option(
         "workload", f"Chats (seed-chat) or sessions (agent) [{_sizes_text(0)}].", type=int, check=RECORDS))
     turns: int | None = field(default=None, metadata=option(
@@ -379,6 +379,33 @@ SCENARIO_FIELDS = tuple(f.name for f in fields(Scenario))
 GENERATOR_FIELDS = ("chats", "turns", "reply", "history", "think_time_s", "max_tokens", "user")
 """Fields only the generated workloads read; unused when a scenario replays a trace file."""
 
+TRACE_UNUSED_FIELDS = tuple(name for name in SCENARIO_FIELDS
+                            if name in ("workload", *GENERATOR_FIELDS, "start_s", "arrival"))
+"""Fields a trace file leaves unused (``GENERATOR_FIELDS``, the workload's name, its start and its
+arrival process), in option order: set to anything but their default with a ``trace_file``, they
+are an error (``request_rate`` rescales the file's timestamps, ``max_requests`` cuts it)."""
+
+
+def _flag(name: str) -> str:
+    """The long flag of field ``name`` (its ``flag`` metadata, or ``--`` and the name with dashes)."""
+    meta = Scenario.__dataclass_fields__[name].metadata
+    return meta.get("flag", "--" + name.replace("_", "-"))
+
+
+def _is_default(name: str, value: Any) -> bool:
+    """Whether field ``name`` holds its default (a distribution field's fixed value as its text,
+    ``"0.0"``, counts as the number it fixes)."""
+    f = Scenario.__dataclass_fields__[name]
+    if value == f.default:
+        return True
+    if f.metadata.get("kind") == "dist" and isinstance(value, str) and not isinstance(f.default, str):
+        try:
+            dist = parse_dist(value, name)
+        except ValueError:
+            return False
+        return dist.kind == "fixed" and dist.params[0] == f.default
+    return False
+
 
 def check_scenario(scenario: Scenario) -> None:
     """The checks of a scenario's fields (each by its metadata) and of their combinations.
@@ -429,9 +456,13 @@ def check_scenario(scenario: Scenario) -> None:
                             "scheduling")
     if scenario.replay not in REPLAY_MODES:
         raise ScenarioError(f"unknown replay {scenario.replay!r}; valid: {', '.join(REPLAY_MODES)}", "replay")
-    if scenario.history is not None and scenario.trace_file is not None:
-        reason = "applies to the generated agent workload, not to a trace file"
-        raise ScenarioError(f"history {reason}", "history", reason)
+    if scenario.trace_file is not None:
+        given = [name for name in TRACE_UNUSED_FIELDS if not _is_default(name, getattr(scenario, name))]
+        if given:
+            flags = ", ".join(_flag(name) for name in given)
+            verb, they = ("does", "it shapes") if len(given) == 1 else ("do", "they shape")
+            raise ScenarioError(f"{flags} {verb} not apply with --trace: {they} the generated workload, and a trace "
+                                "file's records are replayed as they are")
     if scenario.history is not None and scenario.workload != "agent":
         reason = "applies to the agent workload only (--workload agent only); seed-chat histories grow with turns"
         raise ScenarioError(f"history {reason}", "history", reason)

@@ -173,12 +173,26 @@ def test_peak_in_flight_counts_each_worker_and_round_apart():
 def test_failed_requests_are_counted_under_the_table_and_gpus_named():
     result = invoke("compare", "--chats", "2", "--turns", "2", "--rounds", "1", "--policies", "round_robin",
                     "--max-model-len", "10")
-    assert "Warning: every request failed (all policies and rounds); e.g. request 0: This model's maximum " \
-           "context length is 10 tokens" in result.output
+    assert "Warning: every request was rejected (all policies and rounds), so none was served and the table holds " \
+           "no latencies: 2 rejected by the engine, e.g. request 0: This model's maximum context length is 10 " \
+           "tokens" in result.output
     ok = invoke("compare", "--chats", "2", "--turns", "2", "--rounds", "1", "--policies", "round_robin")
     assert "requests failed" not in ok.output
     bad = CliRunner().invoke(cli, ["compare", "--gpus", "8"])
     assert bad.exit_code != 0 and "Invalid value for '--gpus': must be between 1 and --workers (4), got 8" in bad.output
+
+
+def test_every_request_rejected_says_so_and_why_without_the_in_flight_note():
+    result = invoke("compare", "--chats", "16", "--turns", "2", "--rounds", "1", "--policies", "round_robin",
+                    "--workers", "1", "--max-model-len", "100")
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if line.startswith(("Warning:", "Note:"))]
+    assert notes == ["Warning: every request was rejected (all policies and rounds), so none was served and the "
+                     "table holds no latencies: 16 rejected by the engine, e.g. request 0: This model's maximum "
+                     "context length is 100 tokens. However, your prompt contains 986 input tokens. (a prompt must "
+                     "be shorter than max_model_len: raise --max-model-len or shorten the prompts); the other 16 were "
+                     "not sent, their parent request having been rejected"], result.output
+    assert "in flight" not in result.output
 
 
 def test_one_round_says_it_has_no_interval():

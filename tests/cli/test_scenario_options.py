@@ -97,6 +97,35 @@ def test_history_runs_on_compare_and_is_checked_as_the_scenario_checks_it():
     assert "Invalid value for '--kv-blocks': must be >= 2, got 1" in bad.output
 
 
+def test_generator_options_with_a_trace_file_are_one_error_naming_them(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": 40, "output_length": 4,
+                                         "hash_ids": [i]}) + "\n" for i in range(4)))
+    bad = CliRunner().invoke(cli, ["compare", "--trace", str(trace), "--workload", "agent", "--chats", "3",
+                                   "--turns", "2", "--max-requests", "2"])
+    assert bad.exit_code == 2, bad.output
+    errors = [line for line in bad.output.splitlines() if line.startswith("Error:")]
+    assert errors == ["Error: --workload, --chats, --turns do not apply with --trace: they shape the generated "
+                      "workload, and a trace file's records are replayed as they are"], bad.output
+    # every generator option is named, in the order of --help
+    given = {"workload": "agent", "chats": 2, "turns": 2, "reply": 10, "think_time_s": 1.0, "max_tokens": 8,
+             "user": 5, "start_s": 1.0, "arrival": "constant"}
+    with pytest.raises(ScenarioError) as info:
+        Scenario(trace_file=str(trace), **given)
+    assert str(info.value).startswith("--workload, --chats, --turns, --reply-tokens, --think-time, --max-tokens, "
+                                      "--user-tokens, --start, --arrival do not apply with --trace")
+    # the options that do apply to a trace file still run
+    ok = CliRunner().invoke(cli, ["simulate", "--trace", str(trace), "--trace-block-size", "64", "--max-requests", "3",
+                                  "--request-rate", "2", "--workers", "2", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["policies"]["round_robin"]["failed"]["mean"] == 0
+    # sensitivity's workload factors vary the generated lengths: with a trace, named as its --groups
+    bad = CliRunner().invoke(cli, ["sensitivity", "--trace", str(trace), "--trace-block-size", "64",
+                                   "--groups", "workload,start_spread"])
+    assert bad.exit_code == 2 and "Invalid value for '--groups': the workload group varies the generated " \
+                                  "workload's lengths; a --trace file's are given (leave it out)" in bad.output
+
+
 def test_a_scenario_file_may_use_the_earlier_parameter_names(tmp_path):
     config = tmp_path / "s.yaml"
     config.write_text("profile_name: a6000-qwen2.5-7b\ntrace_path: null\nchats: 2\nturns: 1\n")
