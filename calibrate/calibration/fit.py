@@ -643,6 +643,10 @@ def _r(x: float) -> float | None:
 FIT_KIND_COLORS = {"cold": "#1f77b4", "cached": "#2ca02c", "decode": "#ff7f0e", "mixed": "#d62728"}
 """Colours of the fit figure's observation kinds (matplotlib's ``tab10``; no policy is drawn)."""
 
+FIT_KIND_MARKERS = {"cold": "o", "cached": "^", "decode": "s", "mixed": "D"}
+"""Marker of each observation kind in the fit figure, so kinds differ in shape as well as colour
+(in grey print too): filled where fitted or measured, hollow where held out or predicted."""
+
 
 def fit_figure(result: FitResult, title: str = ""):
     """The fit's figure: measured against predicted TTFT and ITL (log axes, fitted vs held-out),
@@ -661,7 +665,7 @@ def fit_figure(result: FitResult, title: str = ""):
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    from kvroute.sim.study.figure_style import scenario_title
+    from kvroute.sim.study.figure_style import figure_title, scenario_title
 
     obs, pred, held = result.observations, result.predicted_s, result.held_out
     meas = np.array([o.measured_s for o in obs])
@@ -671,11 +675,13 @@ def fit_figure(result: FitResult, title: str = ""):
     for ax, kinds, label in ((axes[0, 0], ("cold", "cached"), "TTFT"), (axes[0, 1], ("decode", "mixed"), "ITL / step")):
         lo, hi = math.inf, 0.0
         for kind in kinds:
-            for h, marker in ((False, "o"), (True, "x")):
+            for h in (False, True):
                 sel = np.array([o.kind == kind for o in obs]) & (held == h)
-                if sel.any():
-                    ax.scatter(meas[sel] * 1e3, pred[sel] * 1e3, c=colors[kind], marker=marker, s=22,
-                               label=f"{kind} ({'held out' if h else 'fitted'})", alpha=0.8)
+                if sel.any():  # fitted: filled; held out: hollow, the kind's colour on its edge
+                    ax.scatter(meas[sel] * 1e3, pred[sel] * 1e3, marker=FIT_KIND_MARKERS[kind], s=22,
+                               facecolors="none" if h else colors[kind], edgecolors=colors[kind],
+                               linewidths=1.2 if h else 0.5, label=f"{kind} ({'held out' if h else 'fitted'})",
+                               alpha=0.8)
                     lo, hi = min(lo, meas[sel].min(), pred[sel].min()), max(hi, meas[sel].max(), pred[sel].max())
         if hi > 0:
             xs = np.array([lo * 0.8, hi * 1.25]) * 1e3
@@ -695,8 +701,10 @@ def fit_figure(result: FitResult, title: str = ""):
         sel = [i for i, o in enumerate(obs) if o.kind == kind]
         if sel:
             x = [obs[i].desc.get("prompt_len", 0) - (obs[i].desc.get("prefix_len", 0) if kind == "cached" else 0) for i in sel]
-            ax.scatter(x, meas[sel] * 1e3, c=colors[kind], s=16, label=f"{kind} measured")
-            ax.scatter(x, pred[sel] * 1e3, facecolors="none", edgecolors="k", s=30, label=f"{kind} predicted")
+            ax.scatter(x, meas[sel] * 1e3, c=colors[kind], marker=FIT_KIND_MARKERS[kind], s=16,
+                       label=f"{kind} measured")
+            ax.scatter(x, pred[sel] * 1e3, facecolors="none", edgecolors="k", marker=FIT_KIND_MARKERS[kind], s=30,
+                       label=f"{kind} predicted")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("tokens computed (prompt minus cached prefix, tokens)")
@@ -726,8 +734,8 @@ def fit_figure(result: FitResult, title: str = ""):
     for ax in axes.ravel():  # plain tick labels (0.5, 20, 1000; batch 1, 2, ... 64), not powers
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
-    fig.suptitle(scenario_title(title, (), "Step-cost fit: measured against predicted, prefill and decode")
-                 if title else "Step-cost fit: measured against predicted, prefill and decode")
+    figure_title(fig, scenario_title(title, (), "Step-cost fit: measured against predicted, prefill and decode")
+                 if title else "Step-cost fit: measured against predicted, prefill and decode", fontsize=12)
     fig.tight_layout()
     return fig
 

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from kvroute.sim.study.figure_style import (interval_errors, log_axis_if_spread, policy_colors, series_style,
-                                              spans_decades, split_variant)
+from kvroute.sim.study.figure_style import (figure_title, interval_errors, log_axis_if_spread, policy_colors,
+                                              series_style, spans_decades, split_variant)
 
 
 def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] | None = None) -> Figure:
@@ -78,7 +78,7 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
     if ax_turn.get_legend_handles_labels()[0]:
         ax_turn.legend(fontsize=7, ncol=2 if ok["policy"].nunique() > 3 else 1)
     if title:
-        fig.suptitle(title, fontsize=10)
+        figure_title(fig, title)
     fig.tight_layout()
     return fig
 
@@ -184,7 +184,7 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
     axes[0].set_ylim(-0.02, 1.02)
     axes[0].legend(fontsize=8)
     if title:
-        fig.suptitle(title, fontsize=10)
+        figure_title(fig, title)
     fig.tight_layout()
     return fig
 
@@ -239,7 +239,7 @@ def kv_capacity_blocks(series: pd.DataFrame) -> dict[int, int]:
 KV_CAPACITY_IN_VIEW = 0.25
 """Peak use, as a share of the KV capacity, from which the KV panel's axis reaches the capacity;
 below it the axis follows the use (readable) and the capacity line lies above it, named in the
-legend, with a right axis in percent of the capacity."""
+legend (under the panel, where no stacked area lies), with a right axis in percent of the capacity."""
 
 
 def _kv_capacity_line(ax, capacity: int, peak: float) -> float:
@@ -250,7 +250,8 @@ def _kv_capacity_line(ax, capacity: int, peak: float) -> float:
     label = (f"KV capacity ({capacity:,} blocks)" if in_view
              else f"KV capacity ({capacity:,} blocks, above the axis: peak use {100 * share:.2g} %)")
     line = ax.axhline(capacity, color="black", ls="--", lw=1.2, label=label)
-    ax.legend(handles=[line], fontsize=8, loc="best")
+    # under the panel: the stacked areas fill it from below, so "best" still lands on them
+    ax.legend(handles=[line], fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.03), frameon=False)
     right = ax.secondary_yaxis("right", functions=(lambda b: 100.0 * b / capacity, lambda p: p * capacity / 100.0))
     right.set_ylabel("% of KV capacity", fontsize=8)
     return max(peak, capacity) if in_view else (peak if peak > 0 else capacity * 0.01)
@@ -268,7 +269,8 @@ def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200,
     prefix-cache hit rate is one line per worker (cumulative hits / queries: a ratio does not
     stack) with the cluster's in black. The KV panel draws the cluster's KV capacity (the sum of
     the workers' usable blocks) as a dashed line and a right axis in percent of it (the axis
-    reaches the line from a peak use of ``KV_CAPACITY_IN_VIEW`` on; below, the legend names it).
+    reaches the line from a peak use of ``KV_CAPACITY_IN_VIEW`` on; below, the legend names it),
+    with its legend under the panel.
 
     Args:
         series: ONE run's rows (``RunResult.series``, or ``Comparison.series()`` filtered to one
@@ -342,6 +344,6 @@ def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200,
         handles, names = hit_panel.get_legend_handles_labels()
         fig.legend(handles, names, loc="lower center", ncol=min(len(names), 9), fontsize=8)
     if title:
-        fig.suptitle(title, fontsize=10)
+        figure_title(fig, title)
     fig.tight_layout(rect=(0, 0.04 if legend else 0, 1, 1))
     return fig

@@ -468,8 +468,9 @@ class SensitivityResult:
         """
         from matplotlib.figure import Figure
         from matplotlib.patches import Patch
+        from matplotlib.ticker import MaxNLocator
 
-        from kvroute.sim.study.figure_style import interval_errors, scenario_title
+        from kvroute.sim.study.figure_style import TITLE_WIDTH, figure_title, interval_errors, scenario_title
 
         left_out = 0
         metrics = HEADLINE_METRICS
@@ -481,7 +482,8 @@ class SensitivityResult:
         ncols = min(len(metrics), len(outputs))
         nrows = math.ceil(len(outputs) / ncols)
         n = len(self.factors) if top is None else min(top, len(self.factors))
-        fig = Figure(figsize=(4.4 * ncols, 1.6 + 0.32 * n * nrows + 0.9 * nrows))
+        # two panels wide at least, so one column still holds the title and the legend's four entries
+        fig = Figure(figsize=(4.4 * max(ncols, 2), 1.6 + 0.32 * n * nrows + 0.9 * nrows))
         axes = np.atleast_2d(fig.subplots(nrows, ncols, squeeze=False))
         for ax, out in zip(axes.flat, outputs):
             sel = self.indices[self.indices["output"] == out].sort_values("mu_star").tail(n)
@@ -497,6 +499,8 @@ class SensitivityResult:
             ax.set_title(f"{group}\n{_label(metric, change)}", fontsize=9)
             ax.set_xlabel(f"mu* ({_mu_unit(metric, change)})", fontsize=8)
             ax.set_xlim(left=0)
+            # at most five ticks: a panel is 4.4 inches less its factor names, too narrow for 0.005 steps
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]))
             ax.tick_params(axis="y", labelsize=7)
             ax.tick_params(axis="x", labelsize=7)
         for ax in list(axes.flat)[len(outputs):]:
@@ -509,7 +513,8 @@ class SensitivityResult:
         what = (f"Morris mu* per input ({self.settings['trajectories']} trajectories, {self.settings['levels']} "
                 f"levels, {self.settings['rounds']} round(s) per point): mean |change| of the output across the "
                 "input's range" + (f" ({left_out} output(s) no factor moved left out)" if left_out else ""))
-        fig.suptitle(scenario_title(scenario or self.scenario_text(), self.policies, what), fontsize=10)
+        width = int(TITLE_WIDTH * fig.get_figwidth() / 11)  # TITLE_WIDTH fits 11 inches
+        figure_title(fig, scenario_title(scenario or self.scenario_text(), self.policies, what, width))
         fig.tight_layout(rect=(0, 0.05, 1, 1))
         return fig
 

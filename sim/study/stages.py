@@ -149,14 +149,16 @@ def stages_figure(table: pd.DataFrame, title: str = "", colors: dict[str, str] |
     Returns:
         A bare matplotlib ``Figure`` (no pyplot state, so a notebook's backend is left alone). A
         panel's y axis is logarithmic when its values span a decade or more (a ladder's TTFT past
-        saturation runs from 0.1 s to minutes), linear from 0 otherwise.
+        saturation runs from 0.1 s to minutes), linear from 0 otherwise. One legend below the
+        panels names the policies (and the TTFT panel's dashed p90), so none lies over a line.
 
     Raises:
         ValueError: ``table`` has no rows.
     """
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
-    from kvroute.sim.study.figure_style import plain_log_axis, policy_colors, series_style
+    from kvroute.sim.study.figure_style import figure_title, plain_log_axis, policy_colors, series_style
 
     if table.empty:
         raise ValueError("no stage rows to plot")
@@ -167,12 +169,14 @@ def stages_figure(table: pd.DataFrame, title: str = "", colors: dict[str, str] |
     stages = table.drop_duplicates("stage").sort_values("stage")
     ticks = stages["stage"].to_numpy(int)
     tick_labels = [f"{s}\n{r:g}/s" for s, r in zip(stages["stage"], stages["rate"])]
+    handles = []
     for k, (policy, part) in enumerate(table.groupby("policy", sort=False)):
         part = part.sort_values("stage")
         x = part["stage"].to_numpy(int)
         style = series_style(str(policy), colors)
         # later policies thinner, so one whose stages equal an earlier one's stays visible (as plots.ttft_figure)
         lw = max(1.0, 3.2 - 0.8 * k)
+        handles.append(Line2D([], [], lw=lw, ms=2 + 2 * lw, label=str(policy), **style))
         for ax, (columns, _name, _unit) in zip(axes, panels):
             if columns == ("ttft_mean", "ttft_p90"):
                 ax.plot(x, part["ttft_mean"], lw=lw, ms=2 + 2 * lw, label=f"{policy} mean", **style)
@@ -188,10 +192,13 @@ def stages_figure(table: pd.DataFrame, title: str = "", colors: dict[str, str] |
         ax.grid(alpha=0.3)
         if not plain_log_axis(ax, table[list(columns)].to_numpy(float), "y"):
             ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7)
+    if panels[0][0] == ("ttft_mean", "ttft_p90"):
+        handles.append(Line2D([], [], color="0.3", ls="--", marker="o", mfc="none", lw=1.0,
+                              label="TTFT p90 (dashed, hollow)"))
+    legend = fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8)
     if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+        figure_title(fig, title)
+    fig.tight_layout(rect=(0, legend.get_window_extent().height / fig.bbox.height + 0.01, 1, 1))  # above the legend
     return fig
 
 

@@ -153,3 +153,19 @@ def test_scenario_title_wraps_long_scenarios():
     assert title.splitlines()[0] == "what"
     assert all(len(line) <= 110 for line in title.splitlines())
     assert np.all([part in title for part in ("round_robin", "x" * 50)])
+
+
+def test_the_kv_capacity_legend_is_outside_the_kv_panel():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    series = simulate(builtin_workload("seed-chat", 8, 3, seed=0), ClusterSpec(load_profile("a6000-qwen2.5-7b"), 2,
+                                                                               record_series=True), seed=0).series
+    fig = series_figure(series, title=scenario_title(HEADER, (), "round_robin, round 0"))
+    FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    kv = next(ax for ax in fig.axes if ax.get_title() == "KV blocks used")
+    legend = kv.get_legend().get_window_extent(renderer)
+    assert legend.y1 <= kv.get_window_extent(renderer).y0  # below the panel: no stacked area under it
+    for ax in fig.axes:  # and over no other panel
+        assert not legend.overlaps(ax.get_window_extent(renderer)), ax.get_title()

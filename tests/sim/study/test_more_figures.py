@@ -223,3 +223,91 @@ def test_tornado_leaves_out_a_metric_no_factor_moved_and_keeps_a_row_per_policy(
     assert [ax.get_subplotspec().colspan.start for ax in fig.axes] == [0, 0]  # one column: a row per group
     assert "(1 output(s) no factor moved left out)" in fig._suptitle.get_text()
     assert len(result.figure(outputs=result.outputs).axes) == 3  # asked for: drawn
+
+
+# -- layout: nothing drawn over anything else (the fresh-user trial), measured on the drawn extents --
+
+def _renderer(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)  # a bare Figure has no renderer of its own
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    return renderer
+
+
+def _tall_tornado() -> SensitivityResult:
+    """The screening of a real run's shape: 14 factors, two policies, every headline metric (a
+    figure 16 inches tall), with mu* up to 0.035 (ticks every 0.005 by default)."""
+    from kvroute.sim.study.sensitivity import HEADLINE_METRICS, output_names
+
+    def keep(scenario, profile, value):
+        return scenario, profile
+
+    names = [f"step_cost.factor_{i}_s" for i in range(14)]
+    factors = [Factor(name, 0.0, 1.0, keep, "s", "stated") for name in names]
+    outputs = output_names(["round_robin", "kv_aware"], HEADLINE_METRICS)
+    rows = [{"output": o, "factor": f, "mu": 0.0025 * i, "mu_star": 0.0025 * i, "sigma": 0.001,
+             "mu_star_conf": 0.001, "rank": 0} for o in outputs for i, f in enumerate(names)]
+    settings = {"scenario": {"workload": "seed-chat", "chats": 8, "turns": 2, "workers": 2, "trace_file": None},
+                "profile": "a6000-qwen2.5-7b", "trajectories": 2, "levels": 4, "rounds": 1, "noise_rounds": 2,
+                "seed": 0, "points": 30}
+    return SensitivityResult(factors, ["round_robin", "kv_aware"], outputs, pd.DataFrame(), pd.DataFrame(rows),
+                             {o: 0.0 for o in outputs}, {o: 0.01 for o in outputs}, settings)
+
+
+def test_the_tornado_title_clears_the_panel_titles_and_its_ticks_keep_apart():
+    fig = _tall_tornado().figure()
+    assert fig.get_figheight() > 12
+    renderer = _renderer(fig)
+    title = fig._suptitle.get_window_extent(renderer)
+    assert min(title.y0 - ax.title.get_window_extent(renderer).y1 for ax in fig.axes) >= 0  # pixels
+    for ax in fig.axes:
+        boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+        gaps = [b.x0 - a.x1 for a, b in zip(boxes, boxes[1:])]
+        # at least a label's height between neighbours (0.000 and 0.005 used to touch)
+        assert len(boxes) >= 3 and min(gaps) >= boxes[0].height, (ax.get_title(), [t.get_text() for t in
+                                                                                  ax.get_xticklabels()])
+
+
+def test_a_one_column_tornado_keeps_its_title_and_legend_on_the_figure():
+    result = _result()
+    result.indices.loc[result.indices["output"] == "x:hit_rate", ["mu", "mu_star", "mu_star_conf"]] = 0.0
+    fig = result.figure()
+    assert [ax.get_subplotspec().colspan.start for ax in fig.axes] == [0, 0]
+    renderer = _renderer(fig)
+    for artist in (fig._suptitle, fig.legends[0]):
+        box = artist.get_window_extent(renderer)
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox.width)
+
+def test_stage_figure_legend_is_below_the_panels_not_over_their_lines():
+    fig = stages_figure(_stage_table(), f"Per stage\n{HEADER}", policy_colors(["round_robin", "kv_aware"]))
+    renderer = _renderer(fig)
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["round_robin", "kv_aware", "TTFT p90 (dashed, hollow)"]
+    box = legend.get_window_extent(renderer)
+    for ax in fig.axes:
+        assert box.y1 <= ax.get_tightbbox(renderer).y0, ax.get_title()  # below each panel and its tick labels
+
+
+def test_fit_figure_gives_every_series_of_a_panel_its_own_marker():
+    import zlib
+
+    from kvroute.calibrate.calibration.fit import fit, fit_figure
+    from kvroute.calibrate.calibration.observations import build_observations, engine_config, load_sweeps
+
+    _meta, servers, req, exp = load_sweeps([CALIBRATE_DATA / "calibrate-cpu-tiny-qwen2-x2"])
+    obs, _notes = build_observations(req, exp, engine_config(servers[0]), "auto")
+    fig = fit_figure(fit(obs, 0.25, 0, "auto", "soft_l1", True, 0, 0), "profile p")
+    for ax in fig.axes[:3]:  # the decode panel's series are contexts on one colour scale
+        looks = {}
+        for coll in ax.collections:
+            if not coll.get_label() or coll.get_label().startswith("_") or not len(coll.get_offsets()):
+                continue
+            face = coll.get_facecolor()
+            edge = coll.get_edgecolor()
+            looks[coll.get_label()] = (f"marker {zlib.crc32(coll.get_paths()[0].vertices.round(3).tobytes())}",
+                                       to_hex(face[0], keep_alpha=True) if len(face) else "none",
+                                       to_hex(edge[0], keep_alpha=True) if len(edge) else "none")
+        assert len(looks) >= 4 and len(set(looks.values())) == len(looks), (ax.get_title(), looks)
