@@ -653,6 +653,9 @@ def test_a_workload_config_with_a_trace_or_a_rate_names_the_flag(tmp_path):
                  "Invalid value for '--request-rate': cannot be combined with --workload-config")
     assert_error(run("simulate", "--workload-config", config, "--trace", config),
                  "Invalid value for '--trace': cannot be combined with --workload-config")
+    assert_error(run("simulate", "--workload-config", config, "--chats", "3"),
+                 "--chats does not apply with --workload-config: it shapes the generated workload, and the config's "
+                 "data and load sections set the workload")
 
 
 # -- issue 35, items 6-8: bounds as a rule, no "internal error", every error names its input ---

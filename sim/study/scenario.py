@@ -381,9 +381,10 @@ GENERATOR_FIELDS = ("chats", "turns", "reply", "history", "think_time_s", "max_t
 
 TRACE_UNUSED_FIELDS = tuple(name for name in SCENARIO_FIELDS
                             if name in ("workload", *GENERATOR_FIELDS, "start_s", "arrival"))
-"""Fields a trace file leaves unused (``GENERATOR_FIELDS``, the workload's name, its start and its
-arrival process), in option order: set to anything but their default with a ``trace_file``, they
-are an error (``request_rate`` rescales the file's timestamps, ``max_requests`` cuts it)."""
+"""Fields a trace file or a workload config leaves unused (``GENERATOR_FIELDS``, the workload's
+name, its start and its arrival process), in option order: set to anything but their default with
+a ``trace_file`` or a ``workload_config``, they are an error (``request_rate`` rescales a trace
+file's timestamps, ``max_requests`` cuts it)."""
 
 
 def _flag(name: str) -> str:
@@ -456,13 +457,15 @@ def check_scenario(scenario: Scenario) -> None:
                             "scheduling")
     if scenario.replay not in REPLAY_MODES:
         raise ScenarioError(f"unknown replay {scenario.replay!r}; valid: {', '.join(REPLAY_MODES)}", "replay")
-    if scenario.trace_file is not None:
+    if scenario.trace_file is not None or scenario.workload_config is not None:
         given = [name for name in TRACE_UNUSED_FIELDS if not _is_default(name, getattr(scenario, name))]
         if given:
             flags = ", ".join(_flag(name) for name in given)
             verb, they = ("does", "it shapes") if len(given) == 1 else ("do", "they shape")
-            raise ScenarioError(f"{flags} {verb} not apply with --trace: {they} the generated workload, and a trace "
-                                "file's records are replayed as they are")
+            source = ("--trace", "a trace file's records are replayed as they are") if scenario.trace_file is not None \
+                else ("--workload-config", "the config's data and load sections set the workload")
+            raise ScenarioError(f"{flags} {verb} not apply with {source[0]}: {they} the generated workload, and "
+                                f"{source[1]}")
     if scenario.history is not None and scenario.workload != "agent":
         reason = "applies to the agent workload only (--workload agent only); seed-chat histories grow with turns"
         raise ScenarioError(f"history {reason}", "history", reason)
