@@ -126,3 +126,63 @@ def test_pod_metrics_sample_the_last_step_value_on_a_grid(rp):
     got = rp.pod_metrics(series, every=0.1)  # instants 0, 0.1, 0.2, 0.3, 0.4
     assert (got["wait max"], got["kv max"]) == (4, 50.0)
     assert got["wait mean"] == pytest.approx(1.6) and got["kv mean"] == pytest.approx(26.0)
+
+
+def _two_stage_run():
+    # stage 0 (3 QPS): requests 0-2, sent 0-2 s, done by 5 s; stage 1 (6 QPS): requests 3-4, 10-14 s
+    stages = pd.DataFrame({"stage": [1, 0], "rate": [6.0, 3.0], "requests": [2, 3]})  # any row order
+    records = pd.DataFrame({"request_id": [0, 1, 2, 3, 4], "worker": [0, 1, 0, 0, 0],
+                            "arrival": [0.0, 1.0, 2.0, 10.0, 11.0], "finish": [4.0, 5.0, 3.0, 12.0, 14.0]})
+    return stages, records
+
+
+def test_stage_spans_run_from_first_send_to_last_finish(rp):
+    stages, records = _two_stage_run()
+    assert rp.stage_spans(records, stages) == {3.0: (0.0, 5.0), 6.0: (10.0, 14.0)}
+
+
+def test_stage_kv_peaks_give_the_lowest_and_highest_workers_peak_per_stage(rp):
+    stages, records = _two_stage_run()
+    series = pd.DataFrame({"worker": [0, 1, 0, 1, 0, 1], "start": [1.0, 1.0, 4.5, 6.0, 11.0, 13.0],
+                           "vllm:kv_cache_usage_perc": [0.25, 0.5, 0.75, 0.9, 0.6, 0.1]})
+    # stage 3 QPS: worker 0 peaks at 75 % (its step at 4.5 s), worker 1 at 50 % (the 6 s step is
+    # after the stage's last finish); stage 6 QPS: 60 % and 10 %
+    assert rp.stage_kv_peaks(series, rp.stage_spans(records, stages)) == {3.0: (50.0, 75.0), 6.0: (10.0, 60.0)}
+
+
+def test_worker_requests_count_a_stages_requests_per_worker_none_included(rp):
+    stages, records = _two_stage_run()
+    assert rp.worker_requests(records, stages, 3.0) == [2, 1]
+    assert rp.worker_requests(records, stages, 6.0) == [2, 0]
+
+
+def test_the_v051_variant_sets_the_index_parameters_on_the_prefix_scorer_only(rp, tmp_path):
+    text = rp.read_report(_published_file("llm-d-37-capacity-report.md").read_text()).epp_yaml["default-scheduling"]
+    path = tmp_path / "v051.yaml"
+    path.write_text(rp.v051_config(text))
+    config = read_endpoint_picker_config(path)
+    assert [(type(s).__name__, w) for s, w in config.scorers] == [
+        ("QueueScorer", 1.0), ("KVCacheUtilizationScorer", 1.0), ("PrefixCacheScorer", 2.0)]
+    prefix = config.scorers[2][0]
+    assert (prefix.block_tokens, prefix.lru_capacity, prefix.max_blocks) == (64, 31250, 64)
+    assert config.picker == "max"
+
+
+def test_a_report_written_without_evidence_says_so_and_prints_no_nan(rp):
+    stages = (3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 15.0, 20.0)
+    pub = [(n, q, 1000.0, q, 0.1 * (i + 1), 0.2 * (i + 1), 0.02) for i, n in enumerate(NAMES) for q in stages]
+    pred = [(n, q, 1100.0, q, 0.1 * (i + 1), 0.2 * (i + 1), 0.04) for i, n in enumerate(NAMES) for q in stages]
+    joined = rp.join_stages(_published(pub), _predicted(pred))
+    res = rp.Results(joined, rp.targets(joined), _predicted(pred), {n: 1.0 for n in NAMES}, 472_000, 7209,
+                     {"step_cost": {"decode_attn_s": 4e-8}, "parallel": {"kv_bytes_per_token_per_rank": 81920}},
+                     {}, {}, {}, {}, (0.5, 0.5))
+    text = rp.render(res)
+    assert "nan" not in text.lower()
+    assert "*Written with `--no-evidence`: the evidence runs were not gathered" in text
+    assert "`decode_attn_s = 0`) was not gathered (`--no-evidence`)" in text
+    assert "tokens; LRU 31,250; no auto-tuning): not gathered in this run (`--no-evidence`)." in text
+
+
+def test_the_v051_variant_leaves_a_cache_tracking_scorer_alone(rp):
+    text = rp.read_report(_published_file("llm-d-37-capacity-report.md").read_text()).epp_yaml["precise-scheduling"]
+    assert rp.yaml.safe_load(rp.v051_config(text)) == rp.yaml.safe_load(text)

@@ -73,6 +73,20 @@ METRICS = (
     ("itl_mean_s", "itl_mean", "ITL mean", "s"),
 )
 
+PUBLISHED_KV_PEAKS = {
+    "default-scheduling": {3.0: (39, 47), 4.0: (48, 51), 5.0: (59, 62), 6.0: (64, 67), 8.0: (79, 82),
+                           10.0: (92, 96), 12.0: (92, 95), 15.0: (99, 100), 20.0: (100, 100)},
+    "precise-scheduling": {5.0: (56, 59), 12.0: (69, 73), 15.0: (72, 77)},
+}
+"""Per experiment and stage (QPS), the lowest and highest of the four pods' peak KV-cache usage (%),
+read off the report's per-pod plots (``epp_pod_<experiment>_<pod>.png``, published with the report in
+``llm-d/llm-d-kv-cache-manager`` ``benchmarking/37-capacity/``, commit 2bb0a20, 2025-09-09; to about
+2 points). The precise run's EPP log has data only at 0-0.5, 7.5-11.5 and 18-21 minutes of its run,
+so only the stages it covers to their end are given (12 QPS: its last minute)."""
+
+PUBLISHED_LAST_STAGE_QUEUES = (50, 56, 74, 47)
+"""The default run's four pods' highest waiting queue in its 20 QPS stage, read off the same plots."""
+
 DYNAMO_PUBLISHED = {"round_robin": {"ttft_mean": 63.7, "e2e_mean": 92.9},
                     "dynamo": {"ttft_mean": 2.59, "e2e_mean": 19.1}}
 """Dynamo's published A/B: mean TTFT and mean E2E in seconds, round-robin vs the KV router."""
@@ -322,6 +336,45 @@ def pod_metrics(series: pd.DataFrame, every: float = 0.1) -> dict[str, float]:
             "kv mean": kv.mean(), "kv p90": np.percentile(kv, 90), "kv max": kv.max()}
 
 
+def stage_spans(records: pd.DataFrame, stages: pd.DataFrame) -> dict[float, tuple[float, float]]:
+    """Per stage (its QPS), from its first send to its last finish, s.
+
+    Args:
+        records: one run's ``records.parquet`` rows (``request_id``, ``arrival``, ``finish``).
+        stages: its ``stages.csv`` rows (``stage``, ``rate``, ``requests``); request ids run stage
+            after stage, ``requests`` of them each (``traces/inference_perf.py: workload_trace``).
+    """
+    spans, first = {}, 0
+    for row in stages.sort_values("stage").itertuples():
+        part = records[(records["request_id"] >= first) & (records["request_id"] < first + int(row.requests))]
+        spans[float(row.rate)] = (float(part["arrival"].min()), float(part["finish"].max()))
+        first += int(row.requests)
+    return spans
+
+
+def stage_kv_peaks(series: pd.DataFrame, spans: dict[float, tuple[float, float]]) -> dict[float, tuple[float, float]]:
+    """Per stage (QPS), the lowest and highest of the workers' peak KV-cache usage (%) over the
+    engine steps that start within the stage's span (``stage_spans``): what the report's per-pod
+    plots show (``PUBLISHED_KV_PEAKS``)."""
+    peaks = {}
+    for qps, (start, end) in spans.items():
+        part = series[(series["start"] >= start) & (series["start"] <= end)]
+        top = 100 * part.groupby("worker")["vllm:kv_cache_usage_perc"].max()
+        peaks[qps] = (float(top.min()), float(top.max()))
+    return peaks
+
+
+def worker_requests(records: pd.DataFrame, stages: pd.DataFrame, qps: float) -> list[int]:
+    """Requests each worker (every worker of ``records``, by index) was sent in the stage at ``qps``."""
+    ordered = stages.sort_values("stage")
+    counts = ordered["requests"].astype(int).tolist()
+    index = ordered["rate"].astype(float).tolist().index(float(qps))
+    first = sum(counts[:index])
+    part = records[(records["request_id"] >= first) & (records["request_id"] < first + counts[index])]
+    workers = sorted(records["worker"].unique())
+    return part.groupby("worker").size().reindex(workers, fill_value=0).astype(int).tolist()
+
+
 def run_dynamo(profile: Path, out: Path, speedup: float = 1.0, kv_blocks: int | None = None) -> tuple[dict, float]:
     """Round-robin and Dynamo's KV router on the Mooncake conversation trace, open loop (aiperf's
     fixed schedule: requests sent at their timestamps); per policy mean TTFT, mean E2E, hit rate,
@@ -415,12 +468,15 @@ def reproduce(work: Path, report: PublishedReport, published: pd.DataFrame, evid
     profile, derived_tokens = llmd_profile(work)
     kv_blocks = PUBLISHED_KV_TOKENS // ENGINE_BLOCK
     load_before = os.getloadavg()[0]
-    frames, walls, pods = [], {}, {}
+    frames, walls, pods, peaks, balance = [], {}, {}, {}, {}
     for name in EXPERIMENTS:
         out = work / name
         stages, walls[name] = run_llmd(name, epp_files[name], profile, out, kv_blocks, ("--time-series",))
         frames.append(stages)
-        pods[name] = pod_metrics(pd.read_parquet(out / "timeseries.parquet"))
+        series, records = pd.read_parquet(out / "timeseries.parquet"), pd.read_parquet(out / "records.parquet")
+        pods[name] = pod_metrics(series)
+        peaks[name] = stage_kv_peaks(series, stage_spans(records, stages))
+        balance[name] = worker_requests(records, stages, 20.0)
         print(f"{name:<20} {walls[name]:5.1f} s wall", flush=True)
     predicted = pd.concat(frames, ignore_index=True)
     joined = join_stages(published, predicted)
@@ -431,32 +487,66 @@ def reproduce(work: Path, report: PublishedReport, published: pd.DataFrame, evid
     print(f"      ITL against {ITL_FACTOR:g}x the published (see REPORT.md): {doubled.between(0.7, 1.3).sum()} of "
           f"{len(joined)} stage rows within 30%, ratio {doubled.min():.2f}-{doubled.max():.2f}")
     load_after = os.getloadavg()[0]
-    runs = evidence_runs(work, epp_files, kv_blocks) if evidence else {}
+    runs = evidence_runs(work, epp_files, kv_blocks, balance) if evidence else {}
     dynamo = dynamo_runs(work, evidence)
     print("wall per configuration: " + ", ".join(f"{_short(n)} {w:.1f} s" for n, w in walls.items())
           + f" (1-minute load average {load_before:.1f} before, {load_after:.1f} after)")
     return Results(joined, found, predicted, walls, derived_tokens, kv_blocks, json.loads(profile.read_text()),
-                   report.pod_metrics, pods, runs, dynamo, (load_before, load_after))
+                   report.pod_metrics, pods, runs, dynamo, (load_before, load_after), peaks, balance)
 
 
 EVIDENCE = (
     # (label, step-cost terms replaced, extra compare flags, experiments)
     ("no decode attention", {"decode_attn_s": 0.0}, (), ("precise-scheduling", "random-scheduling")),
     ("seed 1", None, ("--seed", "1"), ("load-scheduling", "random-scheduling")),
+    ("v0.5.1 index", None, (), ("default-scheduling",)),
+    ("EPP scrape 0.05 s", None, ("--scrape-interval", "0.05"), ("default-scheduling",)),
 )
-"""Evidence runs, each varying one input (what each shows is in the report's text)."""
+"""Evidence runs, each varying one input (what each shows is in the report's text). ``v0.5.1 index``
+runs the default configuration with the estimated index as the benchmark's scheduler had it
+(``V051_INDEX``); ``EPP scrape 0.05 s`` with the gateway reading the pods' metrics as the EPP's
+refresh loop does (``refreshMetricsInterval`` 50 ms) instead of live."""
+
+V051_INDEX = {"autoTune": False, "blockSizeTokens": 64, "maxPrefixBlocksToMatch": 64, "lruCapacityPerServer": 31250}
+"""The prefix-cache-scorer parameters that make kvroute's estimated index behave, on this workload, as
+gateway-api-inference-extension v0.5.1's ``prefix/plugin.go`` (the scorer llm-d-inference-scheduler
+v0.2.x runs in ``estimate`` mode) did with the published default configuration: that version has no
+auto-tuning; it cuts the prompt's first 256 blocks of 64 characters (16,384 characters, 4,096 tokens
+at the 4 characters a token both assume), all inside the 8,000-token system prompt, so a group's
+three prompts have one hash chain and the pod holding it scores 1.0; its LRU holds 31,250 entries a
+pod. kvroute's blocks are the engine's 64 tokens, so 64 of them cover the same 4,096 tokens."""
 
 
-def evidence_runs(work: Path, epp_files: dict[str, Path], kv_blocks: int) -> dict[str, tuple[pd.DataFrame, dict]]:
-    """The runs that explain the misses: per label, their stage rows and wall time per experiment."""
+def v051_config(text: str) -> str:
+    """The EndpointPickerConfig ``text`` with ``V051_INDEX`` set on its estimated prefix-cache-scorer
+    plugins (one in ``mode: cache_tracking`` is the precise scorer and is left as it is)."""
+    doc = yaml.safe_load(text)
+    for plugin in doc.get("plugins", []):
+        params = plugin.get("parameters") or {}
+        if plugin.get("type") == "prefix-cache-scorer" and params.get("mode", "estimate") == "estimate":
+            plugin["parameters"] = {**params, **V051_INDEX}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def evidence_runs(work: Path, epp_files: dict[str, Path], kv_blocks: int,
+                  balance: dict[str, list[int]] | None = None) -> dict[str, tuple[pd.DataFrame, dict]]:
+    """The runs that explain the misses: per label, their stage rows and wall time per experiment.
+    ``balance`` (if given) gets, per label of a run of the default configuration, the requests each
+    worker was sent at 20 QPS (``worker_requests``)."""
     runs = {}
     for label, change, extra, experiments in EVIDENCE:
         profile, _ = llmd_profile(work, change)
         frames, walls = [], {}
         for name in experiments:
             out = work / f"{label.replace(' ', '-')}-{name}"
-            stages, walls[name] = run_llmd(name, epp_files[name], profile, out, kv_blocks, extra)
+            epp = epp_files[name]
+            if label == "v0.5.1 index":
+                epp = work / f"{name}-v051.yaml"
+                epp.write_text(v051_config(epp_files[name].read_text()))
+            stages, walls[name] = run_llmd(name, epp, profile, out, kv_blocks, extra)
             frames.append(stages)
+            if balance is not None and name == "default-scheduling":
+                balance[label] = worker_requests(pd.read_parquet(out / "records.parquet"), stages, 20.0)
             print(f"evidence '{label}' {name}: {walls[name]:.1f} s wall", flush=True)
         runs[label] = (pd.concat(frames, ignore_index=True), walls)
     return runs
@@ -504,6 +594,11 @@ class Results:
     dynamo: dict
     load_average: tuple[float, float]
     """The machine's 1-minute load average before and after the four configurations' runs."""
+    kv_peaks: dict[str, dict[float, tuple[float, float]]] | None = None
+    """Per experiment, :func:`stage_kv_peaks` of its run (None in results saved before they were kept)."""
+    balance: dict[str, list[int]] | None = None
+    """Requests each worker was sent at 20 QPS: per experiment, and per evidence run of the default
+    configuration (its label)."""
 
 
 def swapped_pairs(joined: pd.DataFrame) -> list[tuple[float, str, str, float, float]]:
@@ -526,7 +621,8 @@ def render(res: Results) -> str:
     parts = [_setup_section(res), _itl_section(res), _order_section(res), _default_section(res),
              _knee_section(res), _wall_section(res), _dynamo_section(res.dynamo)]
     if not res.evidence:
-        parts.insert(1, "*Written with `--no-evidence`: the figures of the evidence runs read nan below.*\n")
+        parts.insert(1, "*Written with `--no-evidence`: the evidence runs were not gathered; the paragraphs that "
+                        "rest on them say so.*\n")
     return "\n".join(parts) + "\n"
 
 
@@ -639,6 +735,13 @@ def _itl_section(res: Results) -> str:
     p3, p20 = sim.loc[("precise-scheduling", 3.0)], sim.loc[("precise-scheduling", 20.0)]
     flat3, flat20 = (_evidence_value(no_attn, "precise-scheduling", q, "itl_mean") for q in (3.0, 20.0))
     rise_pub = ITL_FACTOR * (p20["ITL mean pub"] - p3["ITL mean pub"])
+    if no_attn:
+        attn_text = (f"Evidence run: the\n   same profile with `decode_attn_s = 0` (no cost for reading KV during "
+                     f"decode), one input\n   changed, gives {flat3 * 1e3:.1f}-{flat20 * 1e3:.1f} ms over the same "
+                     "ladder: the predicted rise is all the attention term,")
+    else:
+        attn_text = ("The evidence run that\n   isolates this term (the same profile with `decode_attn_s = 0`) was "
+                     "not gathered (`--no-evidence`);\n   the rise is put down to the attention term,")
     text = f"""**ITL, {itl.min():.2f}-{itl.max():.2f}x the published ({itl.between(0.7, 1.3).sum()} of {len(j)} stage rows within 30%).** Two causes:
 
 1. *How the published figure was measured (the load generator's behaviour, above).* Against
@@ -649,9 +752,7 @@ def _itl_section(res: Results) -> str:
 2. *What is left: the attention term grows too fast with shared-prefix batches (kvroute's
    input).* The rows still outside are the cache-aware configurations at high load. Twice the
    published precise ITL rises by {rise_pub * 1e3:.0f} ms from 3 to 20 QPS ({ITL_FACTOR * p3['ITL mean pub'] * 1e3:.0f} to
-   {ITL_FACTOR * p20['ITL mean pub'] * 1e3:.0f} ms); the prediction by {(p20['ITL mean sim'] - p3['ITL mean sim']) * 1e3:.0f} ms ({p3['ITL mean sim'] * 1e3:.0f} to {p20['ITL mean sim'] * 1e3:.0f} ms). Evidence run: the
-   same profile with `decode_attn_s = 0` (no cost for reading KV during decode), one input
-   changed, gives {flat3 * 1e3:.1f}-{flat20 * 1e3:.1f} ms over the same ladder: the predicted rise is all the attention term,
+   {ITL_FACTOR * p20['ITL mean pub'] * 1e3:.0f} ms); the prediction by {(p20['ITL mean sim'] - p3['ITL mean sim']) * 1e3:.0f} ms ({p3['ITL mean sim'] * 1e3:.0f} to {p20['ITL mean sim'] * 1e3:.0f} ms). {attn_text}
    which charges every request's every KV position at 0.6 of HBM bandwidth
    ({cost['decode_attn_s'] * 1e9:.1f} ns per position). Under precise routing a pod decodes, at 20 QPS, well over
    a hundred requests that share about twenty 8,000-token system prompts: most of a step's KV
@@ -702,7 +803,8 @@ side's mean TTFT; a negative predicted gap is the swap):
 """ + "\n".join(f"| {q:g} | {_short(a)} | {_short(b)} | {gp:+.1%} | {gs:+.1%} |" for q, a, b, gp, gs in pairs)
     seed1 = res.evidence.get("seed 1")
     if not seed1:
-        return text
+        return text + ("\n\nThe seed-1 evidence run, which sets these gaps against what one seed moves, was not "
+                       "gathered (`--no-evidence`).")
     rows = []
     for q in (4.0, 8.0, 10.0, 12.0, 15.0, 20.0):
         load, rand = sim.loc[("load-scheduling", q)], sim.loc[("random-scheduling", q)]
@@ -728,29 +830,101 @@ configurations far below load and random) is right at every stage."""
 
 def _default_section(res: Results) -> str:
     j, sim = res.joined, res.joined.set_index(["experiment", "qps"])
+    stages = sorted(j["qps"].unique())
     pub = sim["TTFT mean pub"]
-    ratio = [pub[("default-scheduling", q)] / pub[("precise-scheduling", q)] for q in sorted(j["qps"].unique())]
+    ratio = [pub[("default-scheduling", q)] / pub[("precise-scheduling", q)] for q in stages]
+    itl = [sim.loc[("default-scheduling", q), "ITL mean pub"] / sim.loc[("precise-scheduling", q), "ITL mean pub"]
+           for q in stages]
+    d3, p3 = sim.loc[("default-scheduling", 3.0)], sim.loc[("precise-scheduling", 3.0)]
     d20 = sim.loc[("default-scheduling", 20.0)]
     pp, ps = res.pods_pub, res.pods_sim
-    dflt, prec = pp.get("default-scheduling", {}), pp.get("precise-scheduling", {})
+    dflt = pp.get("default-scheduling", {})
+    spread = [hi - lo for lo, hi in PUBLISHED_KV_PEAKS["default-scheduling"].values()]
+    late = [hi - lo for q, (lo, hi) in PUBLISHED_KV_PEAKS["default-scheduling"].items() if q >= 4]
+    peaks = (res.kv_peaks or {}).get("default-scheduling", {})
+    mid = {name: {q: (lo + hi) / 2 for q, (lo, hi) in table.items()} for name, table in PUBLISHED_KV_PEAKS.items()}
+    over_sim = [mid["default-scheduling"][q] - sum(peaks[q]) / 2 for q in (8.0, 10.0, 12.0, 15.0) if q in peaks]
+    over_precise = [mid["default-scheduling"][q] - mid["precise-scheduling"][q] for q in (12.0, 15.0)]
+    versus_sim = f"{_range(over_sim)} points more than the\nprediction at 8-15 QPS, " if over_sim else ""
+    queues = "/".join(map(str, PUBLISHED_LAST_STAGE_QUEUES))
     text = f"""
 **`default-scheduling` (the estimated prefix-cache scorer): predicted equal to `precise`, published
 {min(ratio):.1f}-{max(ratio):.1f}x its mean TTFT and breaking down at 20 QPS ({d20['TTFT mean pub']:.1f} s mean, {d20['TTFT p90 pub']:.1f} s p90).** This
-is the knee miss (published 10 QPS, predicted none) and most of the TTFT-within-2x misses. In
-kvroute the two scorers differ only in what the estimated index cannot see: evictions (the
-index learns a prompt when it routes it and forgets it only by its own LRU) and the KV events'
-timing. At 63% under-fill nothing the index relies on is evicted in the simulation, so both
-send every prompt of a group to the pod that holds it (hit rate 0.98 in both runs) and their
-queues are the same. The published pod metrics (the report's "EPP Queue and KV Cache Metrics
-Summary") show that the real default run was not balanced like the precise one: a pod's waiting
-queue reached {dflt.get('wait max', math.nan):.0f} requests and its KV cache {dflt.get('kv max', math.nan):.0f}%, where precise peaked at
-{prec.get('wait max', math.nan):.0f} and {prec.get('kv max', math.nan):.1f}%. kvroute reproduces the precise, load and random rows of that
-table closely (below), so its memory and queue model is not what differs; the real estimated
-scorer sent more load to one pod than kvroute's does. Which behaviour of llm-d's approximate
-index does that (its character-based blocks, `maxPrefixBlocksToMatch`, its state after the
-warm-up, the interval of the pod scrapes the queue and KV scorers read) is not established: the
-report shows the per-pod time series only as images, and they are the evidence that would
-decide it.
+is the knee miss (published 10 QPS, predicted none) and most of the TTFT-within-2x misses. Its
+cause is not established. What was checked, and what it rules out:
+
+1. *Which scorer ran.* The precise configuration's `prefix-cache-scorer` with `mode:
+   cache_tracking` exists only in llm-d-inference-scheduler before v0.3
+   (`pkg/plugins/scorer/prefix_cache.go`, removed by commit aecee68d, 2025-08-31), and the report
+   was published in `llm-d/llm-d-kv-cache-manager` on 2025-09-09 (commit 2bb0a20,
+   `benchmarking/37-capacity/`). In that scheduler a `prefix-cache-scorer` without `mode`
+   (`estimate`) is gateway-api-inference-extension's own plugin (`go.mod`: v0.5.0 in release
+   v0.2.0, v0.5.1 from v0.2.1 to aecee68d^), `pkg/epp/scheduling/framework/plugins/multi/prefix/
+   plugin.go` and `indexer.go`, the same at both tags (the tags differ in the pickers only: v0.5.1's
+   max-score picker shuffles; before, equal scores came out in Go's randomised map order).
+2. *What that scorer did.* It hashes the prompt's bytes in blocks of 64 characters, the first 256
+   blocks only (16,384 characters; a trailing partial block is dropped), chained with xxhash, after
+   an entry holding the model name alone; it records a prompt for the chosen pod in `PostCycle`,
+   right after the pick; each pod's LRU holds 31,250 entries (no auto-tuning at that version); the
+   score is the entries matched, walking from the first and stopping at the first entry no pod
+   holds, over the prompt's entries; the max-score picker shuffles before a stable sort, so ties
+   go at random (`picker/max_score_picker.go`). On this workload 8,000 tokens drawn from Llama-3's
+   128k vocabulary decode to far more than 16,384 characters, so a group's three prompts have the
+   same 257 entries and the question never enters: the pod that served the group scores 1.0, every
+   other pod 1/257 (the model-name entry, which every pod that has served anything holds), times
+   weight 2, a lead of 1.99 that the queue (at most 1) and KV-utilisation scorers cannot overturn
+   while a pod has KV to spare. Each group therefore stays on the pod it first went to, as in
+   kvroute. The model-name entry (issue #1333, "with same Model Name, reqs to the same pod"; folded
+   into the first block by PR #1341, released in v1.0.0, after this run's version) adds 2/257 =
+   0.008 to a new group's score on every pod that has served a request, so it changes a pick only
+   where the load scores are closer than that (equal queues, KV usage within 0.8 points), as when
+   the pods are idle at the start. Its LRUs never
+   evict here (all 83 groups on one pod would be 21,249 entries). The `v0.5.1 index` evidence run gives
+   kvroute's index these parameters (blocks of 64 tokens, the first 64 of them: the same 4,096
+   tokens; LRU 31,250; no auto-tuning): {_v051_outcome(res)}.
+3. *One hot pod is not what the published plots show.* The per-pod plots published with the report
+   (`epp_pod_default-scheduling_*.png`) show the four pods of the default run alike: in each stage
+   their KV peaks lie within {max(spread)} points of each other (at most {max(late)} from 4 QPS on), and in the 20 QPS
+   stage the waiting queues of all four grow (peaks {queues}). The summary's "max {dflt.get('wait max', 74):.0f}" is the
+   highest of four similar pods. {_balance_text(res)} The precise row it was held against is not
+   like-for-like either: that run's EPP log, the summary's source (the debug lines that list every
+   pod's metrics as the EPP schedules a request), has data only at 0-0.5, 7.5-11.5 and 18-21 minutes of the
+   run, so its "max 11 / 76.9%" leaves out 3 QPS, 6-10 QPS and nearly all of 20 QPS.
+4. *What differs is the load every pod carried.* Per stage, the lowest and highest of the pods'
+   peak KV-cache usage (%; published: read off the plots, to about 2 points):
+
+| QPS | published default | predicted default | published precise | predicted precise |
+|---:|---:|---:|---:|---:|"""
+    precise_peaks = (res.kv_peaks or {}).get("precise-scheduling", {})
+    for q in stages:
+        d = PUBLISHED_KV_PEAKS["default-scheduling"].get(q)
+        p = PUBLISHED_KV_PEAKS["precise-scheduling"].get(q)
+        cell = (lambda v: f"{v[0]:.0f}-{v[1]:.0f}" if v else "-")
+        text += (f"\n| {q:g} | {cell(d)} | {cell(peaks.get(q))} | {cell(p)}{' (last minute)' if q == 12.0 and p else ''} | "
+                 f"{cell(precise_peaks.get(q))} |")
+    precise_fit = [abs(sum(precise_peaks[q]) / 2 - mid["precise-scheduling"][q])
+                   for q in mid["precise-scheduling"] if q in precise_peaks]
+    fit_text = (f"kvroute's precise run peaks within {max(precise_fit):.0f} points of the published precise run at the "
+                f"{len(precise_fit)} stages\nits log covers (middles of the ranges), so kvroute's KV accounting is not "
+                "what differs. " if precise_fit else "")
+    text += f"""
+
+{fit_text}From 8 QPS on, the real default run held more KV on every pod: {versus_sim}{_range(over_precise)} points more than the precise run at 12 and 15 QPS,
+where that run's log has them; it reached 99-100% on all four at 15 QPS and queued on all four at
+20 QPS. At 3-6 QPS it held about what precise did (5 QPS: {_range(PUBLISHED_KV_PEAKS['default-scheduling'][5.0])} against {_range(PUBLISHED_KV_PEAKS['precise-scheduling'][5.0])}). Its ITL
+was {min(itl):.2f}-{max(itl):.2f}x precise's at every stage and its TTFT p90 {d3['TTFT p90 pub'] / p3['TTFT p90 pub']:.1f}x at 3 QPS ({d3['TTFT p90 pub']:.2f} s
+against {p3['TTFT p90 pub']:.2f} s). That is more work on every pod at every rate: prompts computed on more
+than one pod (a lower prefix hit rate), longer decodes, or both; not load sent to one pod. The
+scorer as read pins each group to one pod as kvroute's does, and the report gives no hit rate,
+so which behaviour of the real run did it is open. Not checked (the report does not give them):
+the EPP's own latency per request, whether the gateway sent every request where the EPP said, and
+the order in which the four experiments ran on the same four pods (the plots name the same pod
+addresses in all four).
+
+The report's summary rows beside kvroute's (predicted: every worker's `vllm:num_requests_waiting`
+and `vllm:kv_cache_usage_perc` sampled every 0.1 s over the whole ladder, the last engine-step
+value as a scrape sees it, pooled over the four workers; published: the EPP log's pod metrics at
+its scheduling decisions, over the part of the run its log covers):
 
 | configuration | published wait queue mean / p90 / max | predicted | published KV % mean / p90 / max | predicted |
 |---|---:|---:|---:|---:|"""
@@ -761,11 +935,48 @@ decide it.
                      f"{b['wait mean']:.1f} / {b['wait p90']:.0f} / {b['wait max']:.0f} | "
                      f"{a['kv mean']:.1f} / {a['kv p90']:.1f} / {a['kv max']:.1f} | "
                      f"{b['kv mean']:.1f} / {b['kv p90']:.1f} / {b['kv max']:.1f} |")
-    return text + """
+    return text
 
-Predicted: every worker's `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc` sampled every
-0.1 s over the whole ladder (the last engine-step value, as a scrape sees it), pooled over the
-four workers; published: the EPP's scrapes over the whole experiment."""
+
+def _range(values) -> str:
+    """``lo-hi`` of ``values``, whole numbers."""
+    return f"{min(values):.0f}-{max(values):.0f}"
+
+
+def _v051_outcome(res: Results) -> str:
+    """What the ``v0.5.1 index`` evidence run changed, or that it was not gathered."""
+    run = res.evidence.get("v0.5.1 index")
+    if not run:
+        return "not gathered in this run (`--no-evidence`)"
+    mine = res.predicted[res.predicted["experiment"] == "default-scheduling"].set_index("rate")
+    theirs = run[0][run[0]["experiment"] == "default-scheduling"].set_index("rate")
+    columns = [m[1] for m in METRICS]
+    same = mine.index.equals(theirs.index) and np.allclose(mine[columns], theirs.loc[mine.index, columns])
+    if same:
+        exact = (mine[columns] == theirs.loc[mine.index, columns]).all().all()
+        return ("every stage's row (throughput, TTFT, ITL) is " + ("exactly" if exact else "within 1e-5 of")
+                + " what the auto-tuned index gives")
+    worst = (theirs.loc[mine.index, "ttft_mean"] / mine["ttft_mean"]).max()
+    return (f"mean TTFT at most {worst:.2f}x the auto-tuned index's, {theirs.loc[20.0, 'ttft_mean']:.3f} s at "
+            f"20 QPS (published {res.joined.set_index(['experiment', 'qps']).loc[('default-scheduling', 20.0), 'TTFT mean pub']:.1f} s)")
+
+
+def _balance_text(res: Results) -> str:
+    """Requests per worker at 20 QPS in kvroute's default runs, or that they were not kept."""
+    bal = res.balance or {}
+    main = bal.get("default-scheduling")
+    if not main:
+        return ""
+    text = f"kvroute's default run sends {'/'.join(map(str, main))} requests to its four workers at 20 QPS"
+    scrape = bal.get("EPP scrape 0.05 s")
+    run = res.evidence.get("EPP scrape 0.05 s")
+    if scrape and run:
+        frame = run[0].set_index("rate")
+        text += (f"; read through the EPP's 50 ms metrics refresh instead of live (`EPP scrape 0.05 s`"
+                 f" evidence run), {'/'.join(map(str, scrape))}, mean TTFT {frame.loc[20.0, 'ttft_mean']:.3f} s at 20 QPS")
+    elif not res.evidence:
+        text += " (the `EPP scrape 0.05 s` evidence run was not gathered: `--no-evidence`)"
+    return text + "."
 
 
 def _knee_section(res: Results) -> str:
@@ -776,14 +987,19 @@ def _knee_section(res: Results) -> str:
     past = [sim.loc[(n, q), "TTFT mean ratio"] for n in ("load-scheduling", "random-scheduling")
             for q in sorted(j["qps"].unique()) if q >= 5]
     itl4, itl4_hi = sorted(x["ITL mean ratio"] / ITL_FACTOR for x in (l4, r4))
+    seed0 = f"seed 0 {l4['TTFT mean sim']:.1f} s and {r4['TTFT mean sim']:.1f} s"
+    if seed1:
+        seeds = f"seed 1 gives {l1:.1f} s and {r1:.1f} s, {seed0}"
+        below = "both seeds stay below the published means, so it is more than the\nseed"
+    else:
+        seeds = f"{seed0}; the seed-1 evidence run was not gathered, `--no-evidence`"
+        below = "whether another seed reaches the published means was not checked in this run"
     return f"""
 **Mean TTFT of `load` and `random` at 4 QPS ({l4['TTFT mean ratio']:.2f}x and {r4['TTFT mean ratio']:.2f}x the published).** 4 QPS is the
 knee of both: a pod there is just able or just unable to keep up, and mean TTFT swings by
-seconds with which pod gets which prompts (seed 1 gives {l1:.1f} s and {r1:.1f} s, seed 0 {l4['TTFT mean sim']:.1f} s and
-{r4['TTFT mean sim']:.1f} s; published {l4['TTFT mean pub']:.1f} s and {r4['TTFT mean pub']:.1f} s). The decode step is not what differs
+seconds with which pod gets which prompts ({seeds}; published {l4['TTFT mean pub']:.1f} s and {r4['TTFT mean pub']:.1f} s). The decode step is not what differs
 there: kvroute's ITL for both at 4 QPS is {itl4:.2f}-{itl4_hi:.2f}x twice the published (above). The rest of the
-shortfall is not explained; both seeds stay below the published means, so it is more than the
-seed. Past the knee (5-20 QPS) both are within {min(past):.2f}-{max(past):.2f}x, because the client's stage
+shortfall is not explained; {below}. Past the knee (5-20 QPS) both are within {min(past):.2f}-{max(past):.2f}x, because the client's stage
 barrier and 300 s timeout bound the queues as in the real runs."""
 
 
