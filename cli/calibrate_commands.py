@@ -217,10 +217,17 @@ def calibrate():
                    "one per --url in the same order: every request is then also timed at the engine step that "
                    "finished its prefill, and the fit places the unloaded front end before and after the engine "
                    "(overheads.post_engine_s).")
+@click.option("--estimate-profile", default=None, metavar="NAME|PATH",
+              help="Profile whose step costs and front end estimate the sweep's time, printed before it starts "
+                   "(default: cpu-tiny-qwen2 when the servers run on CPUs, else the a6000-qwen2.5-7b prior; "
+                   "`kvroute profiles derive` makes one for your GPU and model).")
+@click.option("--dry-run", is_flag=True, default=False,
+              help="Print the plan and its estimated time on len(--url) servers, then exit; contacts no server and "
+                   "writes nothing.")
 @check_values
 @stops_on_sigterm
 def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress, timeout,
-            bursts, burst_slots, longest, kv_events):
+            bursts, burst_slots, longest, kv_events, estimate_profile, dry_run):
     """Drive live servers through their OpenAI API: prefill (cold and cached prefixes), decode
     (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive. Ctrl-C or SIGTERM
     stops the sweep with meta.json saying "interrupted" and the rows kept (exit code 130)."""
@@ -249,6 +256,11 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
             check_endpoints(kv_events, len(urls))
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--kv-events'") from exc
+    given = _load_estimate_profile(estimate_profile) if estimate_profile else None
+    if dry_run:
+        click.echo(_plan_text(plan, len(urls), seed, given))
+        click.echo(_estimate_text(plan, given, len(urls), seed, None, bool(kv_events)))
+        return
     # NOTE: the client, imported before --out is made: when it is missing, main() names the extras
     import aiohttp  # noqa: F401
     try:  # before any work; a full sweep writes a few MB of rows
@@ -257,8 +269,10 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         _fail(str(exc))
     try:
         with pinned(client_cores):
-            summary = asyncio.run(run_sweep(list(urls), out, plan, model, seed, (lo, hi), progress, hardware,
-                                            timeout, kv_events))
+            summary = asyncio.run(run_sweep(
+                list(urls), out, plan, model, seed, (lo, hi), progress, hardware, timeout, kv_events,
+                on_start=lambda infos: click.echo(
+                    _estimate_text(plan, given, len(urls), seed, infos, bool(kv_events)), err=True)))
     except CalibrationError as exc:
         kept = _rows(out / "requests.csv")
         _fail(f"{exc}" + (f"\n{kept} measured requests are kept in {out / 'requests.csv'}" if kept else ""))
@@ -279,6 +293,60 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
                    "measure --hardware names it", err=True)
     if summary.events_problem:
         click.echo(f"warning: {summary.events_problem}; no request was timed in the engine", err=True)
+
+
+def _plan_text(plan, num_servers: int, seed: int, profile) -> str:
+    """The sweep's experiments by kind, for ``measure --dry-run``, with the KV capacity of
+    ``profile`` (None: the default estimate profile's) standing in for the servers'."""
+    from collections import Counter
+
+    from kvroute.calibrate.calibration.sweep_time import EngineShape
+
+    profile = profile or _default_estimate_profile(None, num_servers)
+    eng = profile.engine
+    cap = EngineShape(eng.block_size, eng.num_gpu_blocks, eng.max_num_batched_tokens).capacity_tokens
+    exps = plan.experiments(cap, seed)
+    bursts = plan.bursts(num_servers, len(exps), cap)
+    kinds = Counter(e["kind"] for e in (*exps, *bursts))
+    prompt, total = plan.longest_sequence()
+    return (f"plan: {', '.join(f'{n} {k}' for k, n in kinds.items())} experiments, dealt round robin to "
+            f"{num_servers} server(s), bursts in {plan.burst_slots} slot(s) between them; longest sequence "
+            f"{total} tokens ({prompt}-token prompt); decode points and bursts that do not fit in 90 % of the KV "
+            f"cache left out ({cap:,} tokens per server as {profile.name} has it; the servers' own when measured)")
+
+
+def _default_estimate_profile(infos, num_servers: int):
+    """cpu-tiny-qwen2 (-x2 for several servers) when ``infos`` say the servers run on CPUs,
+    else the a6000-qwen2.5-7b prior."""
+    from kvroute.sim.timing.profile import load_profile
+
+    on_cpu = bool(infos) and infos[0].device == "cpu"
+    return load_profile(("cpu-tiny-qwen2-x2" if num_servers > 1 else "cpu-tiny-qwen2") if on_cpu
+                        else "a6000-qwen2.5-7b")
+
+
+def _load_estimate_profile(name: str):
+    """``--estimate-profile``'s profile; a bad name or file is a one-line error naming the flag."""
+    from kvroute.sim.timing.profile import load_profile
+
+    try:
+        return load_profile(name)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="'--estimate-profile'") from exc
+
+
+def _estimate_text(plan, profile, num_servers: int, seed: int, infos, kv_events: bool) -> str:
+    """The estimate line (``kvroute.calibrate.calibration.sweep_time``) with ``profile``'s step
+    costs (None: cpu-tiny-qwen2 when ``infos`` say CPU, else the a6000-qwen2.5-7b prior) on
+    ``infos``' engine settings (probed servers) or the profile's (``infos`` None)."""
+    from kvroute.calibrate.calibration.sweep_time import EngineShape, estimate_sweep
+
+    profile = profile or _default_estimate_profile(infos, num_servers)
+    shape = None
+    if infos:
+        shape = EngineShape(infos[0].block_size, min(i.num_gpu_blocks for i in infos),
+                            infos[0].max_num_batched_tokens)
+    return estimate_sweep(plan, profile, num_servers, seed, shape, kv_events=kv_events).line()
 
 
 def _prefill_step_s(cost, info):

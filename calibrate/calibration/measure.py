@@ -44,7 +44,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -855,6 +855,7 @@ async def run_sweep(
     hardware: str | None = None,
     timeout_s: float = 600.0,
     kv_events: Sequence[str] = (),
+    on_start: Callable[[list[ServerInfo]], None] | None = None,
 ) -> MeasureSummary:
     """Probe every server, check the plan fits, then run the sweep; experiments are dealt
     round-robin to the servers, which run concurrently (each runs its own share one at a time),
@@ -874,6 +875,9 @@ async def run_sweep(
         kv_events: each server's KV-cache event endpoint, in the order of ``urls`` (``kvroute
             serve --kv-events-port-base``), or none: each row's ``engine_first_token_s`` then
             times the engine step that finished the request's prefill (NaN without).
+        on_start: called with the servers' settings once they are probed and found alike, before
+            anything is measured (``kvroute calibrate measure`` prints its time estimate there:
+            :mod:`kvroute.calibrate.calibration.sweep_time`).
 
     Returns:
         A :class:`MeasureSummary`.
@@ -912,6 +916,8 @@ async def run_sweep(
                     f"servers differ in {', '.join(diff)} ({infos[0].url} vs {i.url}); calibrate identical "
                     f"workers together and different ones separately"
                 )
+        if on_start is not None:
+            on_start(infos)
         meta = dict(
             status="running", started=started.isoformat(timespec="seconds"), seed=seed, urls=list(urls),
             token_range=list(token_range), plan=asdict(plan), servers=[i.to_dict() for i in infos],

@@ -1,0 +1,179 @@
+"""The calibration sweep's time estimate (``kvroute.calibrate.calibration.sweep_time``): each
+experiment's arithmetic against hand-computed values on a toy profile whose coefficients are
+binary fractions (so the sums are exact), the slot schedule, and ``measure --dry-run``."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+from kvroute.calibrate.calibration.sweep_time import EngineShape, SweepTimer, estimate_sweep
+from kvroute.cli.main import cli
+from kvroute.sim.engine.config import EngineConfig
+from kvroute.sim.timing.cost_model import StepCost
+from kvroute.sim.timing.frontend import FrontendModel
+from kvroute.sim.timing.profile import Overheads, Profile
+from tests.calibrate.calibration.test_calibrate import TINY_PLAN, fake_server  # noqa: F401 (a fixture)
+
+# step = 1 + 0.25 * tokens + 0.5 * requests + 0.125 * decode context tokens (no attention in prefill)
+TOY = Profile(
+    name="toy",
+    engine=EngineConfig(block_size=4, num_gpu_blocks=1001, max_num_batched_tokens=8, max_num_seqs=64,
+                        max_model_len=4096),
+    step_cost=StepCost(step_overhead_s=1.0, weight_load_s=0.0, per_token_s=0.25, per_request_s=0.5,
+                       prefill_attn_s=0.0, decode_attn_s=0.125),
+    overheads=Overheads(api_server_s=2.0, gateway_s=0.0),
+)
+#: one cold prompt of 10 tokens and one decode of 2 x 8-token contexts, 3 tokens each; no bursts
+PLAN = SweepPlan(cold_lengths=(10,), cold_reps=1, cached_prefixes=(), decode_batches=(2,), decode_contexts=(8,),
+                 decode_tokens=3, decode_reps=1, mixed_batches=(), mixed_prefills=(), burst_slots=1)
+
+
+def timer(plan=PLAN, profile=TOY, servers=1):
+    return SweepTimer(plan, profile, servers, scrape_s=0.5)
+
+
+def test_a_cold_prompt_is_its_front_end_its_chunked_prefill_and_two_scrapes():
+    c = timer().experiment(dict(kind="cold", rep=0, prompt_len=10))
+    # chunks of 8 and 2 tokens: (1 + 2 + 0.5) + (1 + 0.5 + 0.5); front end 2; scrapes 2 x 0.5
+    assert (c.engine, c.front, c.fixed, c.total, c.requests) == (5.5, 2.0, 1.0, 8.5, 1)
+
+
+def test_a_cached_prompt_prefills_only_its_new_tokens_after_its_warm_request():
+    c = timer().experiment(dict(kind="cached", rep=0, prefix_len=8, new_len=3))
+    # warm: 8 tokens in one step 3.5; cached: 3 new tokens after 8 cached, 1 + 0.75 + 0.5
+    assert (c.engine, c.front, c.fixed, c.requests) == (5.75, 4.0, 2.0, 2)
+
+
+def test_a_decode_experiment_prefills_its_contexts_one_at_a_time_then_decodes_the_batch():
+    c = timer().experiment(dict(kind="decode", rep=0, batch=2, context_len=8))
+    # contexts: 2 x (front 2 + 4-token prefill 2.5), scrapes around the first only: 10
+    assert c.context == 10.0
+    # batch: 2 x 4 new tokens in one step, 1 + 2 + 1 = 4; then 2 decode steps reading 2 x 9 and
+    # 2 x 10 context tokens: (1 + 0.5 + 1 + 2.25) + (1 + 0.5 + 1 + 2.5) = 9.75
+    assert c.engine == 2 * 2.5 + 4.0 + 9.75
+    assert c.front == 3 * 2.0
+    assert c.fixed == 2 * 0.5 + 2 * 0.5
+    assert (c.total, c.requests) == (26.75, 4)
+
+
+def test_a_burst_on_all_servers_counts_each_servers_scrapes_and_requests_once_its_time_once():
+    t = timer(servers=2)
+    c = t.experiment(dict(kind="burst_all", rep=0, batch=2, prompt_len=8, prefix_len=0, max_tokens=2))
+    # two 8-token prefills in two steps (3.5 each), one decode step of 2 reading 2 x 9 tokens: 4.75
+    assert (c.engine, c.front, c.fixed, c.requests) == (11.75, 2.0, 2.0, 4)
+
+
+def test_a_burst_waits_for_its_api_lane_when_that_is_longer_than_the_engine():
+    fe = replace(TOY, frontend=FrontendModel(per_request_s=10.0))
+    c = timer(profile=fe).experiment(dict(kind="burst", rep=0, batch=2, prompt_len=8, prefix_len=0, max_tokens=2,
+                                          server=0))
+    # lane: 2 x 10 s of admission against 11.75 s of engine: 8.25 s more
+    assert (c.engine, c.front) == (11.75, 2.0 + 8.25)
+
+
+def test_a_burst_on_a_cached_prefix_caches_it_first_and_prefills_only_the_new_tokens():
+    c = timer().experiment(dict(kind="burst", rep=0, batch=2, prompt_len=12, prefix_len=8, max_tokens=2, server=0))
+    # warm 8 tokens alone: front 2 + 3.5; burst: 2 x 4 new tokens in one step 4; a decode step of 2
+    # reading 2 x 13: 1 + 0.5 + 1 + 3.25 = 5.75
+    assert (c.engine, c.front, c.fixed, c.requests) == (3.5 + 4.0 + 5.75, 4.0, 1.0, 3)
+
+
+def test_unknown_kinds_are_named_not_guessed():
+    assert timer().experiment(dict(kind="teleport", rep=0)) is None
+
+
+def test_the_sweep_is_the_start_plus_each_slots_slowest_server():
+    one = estimate_sweep(PLAN, TOY, 1, scrape_s=0.5)
+    two = estimate_sweep(PLAN, TOY, 2, scrape_s=0.5)
+    # probes: (front 2 + 9 tokens in 3.5 + 1.75 + 5 scrapes) + (front 2 + 1 new token 1.75) per server;
+    # warm-up per batch size B = 1, 2: B 8-token prompts decoding 23 tokens (103.25 s, 181.5 s)
+    # beside a 64-token prompt alone (30.005 s), plus the 5 ms sleep
+    probes = 9.75 + 3.75
+    warm = 103.25 + 181.5 + 2 * 0.005
+    assert one.phases["start"] == pytest.approx(probes + warm, rel=1e-12, abs=0)
+    assert two.phases["start"] == pytest.approx(2 * probes + warm, rel=1e-12, abs=0)
+    # one server runs both experiments; two run them side by side, the decode server the slowest
+    assert (one.phases["cold"], one.phases["decode"]) == (8.5, 26.75)
+    assert (two.phases["cold"], two.phases["decode"]) == (0.0, 26.75)
+    assert one.total_s == pytest.approx(one.phases["start"] + 8.5 + 26.75, rel=1e-12, abs=0)
+    assert two.total_s == pytest.approx(two.phases["start"] + 26.75, rel=1e-12, abs=0)
+    assert two.total_s == pytest.approx(two.engine_s + two.front_end_s + two.fixed_s, rel=1e-12, abs=0)
+    assert (one.num_experiments, one.num_bursts, one.num_requests, one.context_s) == (2, 0, 5, 10.0)
+
+
+def test_bursts_add_their_time_and_each_servers_first_scrape_timing():
+    plan = replace(PLAN, cold_lengths=(), decode_batches=(), burst_sizes=(2,), burst_shapes=((8, 2),), burst_reps=1,
+                   burst_cached_sizes=())
+    est = estimate_sweep(plan, TOY, 2, scrape_s=0.5)
+    # one burst on server 0 (engine 11.75 + front end 2 + one server's 2 scrapes) and one on both
+    # (11.75 + 2 + 4 scrapes), then 2 servers x 11 scrapes timed before their first burst
+    assert est.phases["bursts"] == 14.75 + 15.75 + 2 * 11 * 0.5
+    assert est.num_bursts == 2
+
+
+def test_the_engine_shape_of_probed_servers_replaces_the_profiles():
+    # a step budget of 4 cuts the 10-token prompt into 4 + 4 + 2 tokens: 2.5 + 2.5 + 2 s
+    c = SweepTimer(PLAN, TOY, shape=EngineShape(4, 1001, 4), scrape_s=0.5).experiment(
+        dict(kind="cold", rep=0, prompt_len=10))
+    assert c.engine == 7.0
+
+
+def test_the_line_says_it_is_an_estimate_and_names_the_profile():
+    text = estimate_sweep(PLAN, TOY, 2, scrape_s=0.5).line()
+    assert text.startswith("estimated sweep time: about ")
+    assert "An estimate from toy's step costs" in text and "on 2 server(s)" in text
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="num_servers"):
+        estimate_sweep(PLAN, TOY, 0)
+    with pytest.raises(ValueError, match="scrape_s"):
+        estimate_sweep(PLAN, TOY, 1, scrape_s=-1.0)
+
+
+def test_measure_dry_run_prints_plan_and_estimate_and_touches_nothing(tmp_path):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["calibrate", "measure", "--url", "http://127.0.0.1:9", "--url",
+                                      "http://127.0.0.1:10", "--out", str(out), "--dry-run",
+                                      "--estimate-profile", "cpu-tiny-qwen2-x2"])
+    assert result.exit_code == 0, result.output
+    plan_line, estimate_line = result.output.strip().splitlines()
+    assert plan_line.startswith("plan: 48 cold, 24 cached, 84 decode, 12 mixed, ")
+    assert "on 2 server(s)" in estimate_line and "cpu-tiny-qwen2-x2" in estimate_line
+    assert not out.exists()
+
+
+def test_measure_names_a_bad_estimate_profile(tmp_path):
+    result = CliRunner().invoke(cli, ["calibrate", "measure", "--url", "http://127.0.0.1:9", "--out",
+                                      str(tmp_path / "run"), "--dry-run", "--estimate-profile", "a7000"])
+    assert result.exit_code == 2
+    assert "--estimate-profile" in result.output and "unknown profile 'a7000'" in result.output
+
+
+def test_run_sweep_hands_the_probed_servers_to_on_start_before_measuring(fake_server, tmp_path):
+    s = fake_server()
+    seen = []
+
+    def on_start(infos):
+        seen.append(([i.block_size for i in infos], (tmp_path / "requests.csv").exists()))
+
+    summary = asyncio.run(run_sweep([s.url], tmp_path, TINY_PLAN, progress=False, on_start=on_start))
+    assert summary.status == "complete"
+    assert seen == [([32], False)]  # once, with the server's settings, before any row
+
+
+def test_measure_prints_the_estimate_before_the_sweep_with_the_requests_it_then_sends(fake_server, tmp_path):
+    s = fake_server()
+    result = CliRunner().invoke(cli, ["calibrate", "measure", "--url", s.url, "--out", str(tmp_path / "run"),
+                                      "--preset", "quick", "--no-bursts", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    estimate, measured = result.output.index("estimated sweep time"), result.output.index("measured ")
+    assert estimate < measured
+    planned = re.search(r"\((\d+) requests\) on 1 server", result.output).group(1)
+    assert re.search(r"measured (\d+) requests", result.output).group(1) == planned
