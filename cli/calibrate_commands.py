@@ -481,7 +481,9 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
 
     Several RUN_DIRs (sweeps of the same servers, taken one after another) are pooled into one
     fit: each sweep's scatter from the host's load of the moment then weighs less."""
-    from kvroute.calibrate.calibration.engine_split import apply_post_engine, describe, post_engine_time
+    from kvroute.calibrate.calibration.engine_split import (alone, apply_post_engine, correct_sweep_stamps, describe,
+                                                            post_engine_time)
+    from kvroute.calibrate.calibration.step_end import StampCorrection
     from kvroute.calibrate.calibration.fit import fit, plot_report, profile_document
     from kvroute.calibrate.calibration.observations import (build_observations, engine_config, load_sweeps,
                                                             observations_frame)
@@ -505,9 +507,10 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
         _fail(f"{run_dirs[0]}/meta.json names no server")
     info = servers[0]
     out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
+    stamp = kv_event_stamp(info.vllm_version, info.async_scheduling)
     if base_profile is not None:
         _fit_bursts_only(base_profile, run_dir, out, name or out.stem, meta, req, exp, api_server_count, client_busy,
-                         engine_spin, stream_baseline, api_cores == "own", api_contention, client_core)
+                         engine_spin, stream_baseline, api_cores == "own", api_contention, client_core, stamp)
         return
     try:
         obs, notes = build_observations(req, exp, engine_config(info), itl_source)
@@ -523,12 +526,16 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
         _fail(f"{run_dir}: {exc}; {left_out_summary(notes, meta)}")
     name = name or out.stem
     doc = profile_document(result, info, meta, name, _model_doc(info.model_root))
-    stamp = kv_event_stamp(info.vllm_version, info.async_scheduling)
-    split = post_engine_time(req, stamp, _prefill_step_s(result.cost, info)) if front_end_split else None
+    step_s = _prefill_step_s(result.cost, info)
+    split = correction = None
+    if front_end_split:  # KV-event stamps moved to each request's prefill step end first (step_end)
+        rows, how = correct_sweep_stamps(req, stamp, step_s)
+        split = post_engine_time(rows)
+        correction = StampCorrection.of(stamp, how[alone(rows)]) if how is not None else None
     if split is not None:
-        apply_post_engine(doc, split, stamp)
+        apply_post_engine(doc, split, stamp, correction)
     burst_text = (_fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline,
-                              api_cores == "own", api_contention, client_core) if bursts else None)
+                              api_cores == "own", api_contention, client_core, stamp, step_s) if bursts else None)
     try:  # the simulator must accept what is written: checked before writing it
         profile_from_dict(json.loads(json.dumps(doc)), str(out))
     except ValueError as exc:
@@ -547,7 +554,7 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
     with atomic_output(points) as tmp:
         frame.to_csv(tmp, index=False)
     click.echo("one request at a time:\n" + result.summary() + "\n"
-               + (describe(split, doc["overheads"]) if front_end_split
+               + (describe(split, doc["overheads"], correction) if front_end_split
                   else "front end: all of it before the engine (--no-front-end-split)"))
     if burst_text:
         click.echo(burst_text)
@@ -556,7 +563,8 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
 
 def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, exp, api_server_count: int,
                      client_busy: float, engine_spin: float, stream_baseline: bool = True,
-                     own_cores: bool = False, api_contention: float = 1.0, client_core: int = -1) -> None:
+                     own_cores: bool = False, api_contention: float = 1.0, client_core: int = -1,
+                     stamp: str = "step_end") -> None:
     """Write ``base`` (its step costs and overheads) with burst terms fitted to RUN_DIR as ``name``."""
     import copy
 
@@ -573,7 +581,7 @@ def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, 
                                          f"front-end and host terms fitted to the bursts in {run_dir} "
                                          f"({meta.get('started')} - {meta.get('finished')})")
     text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline, own_cores,
-                       api_contention, client_core)
+                       api_contention, client_core, stamp)
     if text is None:
         _fail(f"{run_dir} holds no bursts to fit")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -584,20 +592,28 @@ def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, 
 
 def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_busy: float = 1.0,
                 engine_spin: float = 1.0, stream_baseline: bool = True, own_cores: bool = False,
-                api_contention: float = 1.0, client_core: int = -1) -> str | None:
+                api_contention: float = 1.0, client_core: int = -1, stamp: str = "step_end",
+                step_s=None) -> str | None:
     """Add the front-end and host sections fitted to the sweep's bursts to ``doc``; returns the
     report text, or None when the sweep has no bursts. ``own_cores``: the servers ran their API
     processes on their engines' cores (``HostModel.api_on_engine_core``), whose work then takes
     ``1 + api_contention`` times as long beside a busy engine (``HostModel.api_contention``), and
-    ``client_core`` names the server whose core the client shared (``HostModel.client_core``)."""
+    ``client_core`` names the server whose core the client shared (``HostModel.client_core``).
+    ``stamp``: what the servers' KV-event stamps mark, moved to each request's prefill step end
+    (``engine_split.correct_sweep_stamps``, with ``step_s`` for requests alone) before the
+    bursts' ``engine_first_s`` is read; the counts go into ``provenance.fit.bursts``."""
     import math
     import os
     from dataclasses import replace
 
-    from kvroute.calibrate.calibration.bursts import fit_frontend, load_bursts, profile_sections
+    from kvroute.calibrate.calibration.bursts import BURST_KINDS, fit_frontend, load_bursts, profile_sections
+    from kvroute.calibrate.calibration.engine_split import correct_sweep_stamps
     from kvroute.calibrate.calibration.speed import fit_speed
+    from kvroute.calibrate.calibration.step_end import StampCorrection
     from kvroute.sim.timing.profile import profile_from_dict
 
+    # the bursts' engine_first_s reads each request's prefill step end: early KV-event stamps moved first
+    req, how = correct_sweep_stamps(req, stamp, step_s)
     found, notes = load_bursts(req, exp)
     for n in notes[:4]:
         click.echo(f"note: {n}", err=True)
@@ -618,6 +634,10 @@ def _fit_bursts(doc: dict, meta: dict, req, exp, api_server_count: int, client_b
     sections = profile_sections(ff)
     doc["frontend"], doc["host"] = sections["frontend"], sections["host"]
     doc["provenance"]["fit"]["bursts"] = sections["burst_fit"]
+    if how is not None:
+        in_bursts = (req["kind"].isin(BURST_KINDS) & (req["role"] == "burst")).to_numpy(bool)
+        doc["provenance"]["fit"]["bursts"]["kv_event_stamp_correction"] = StampCorrection.of(
+            stamp, how[in_bursts]).to_dict()
     _add_burst_notes(doc, ff)
     text = ff.summary()
     if speed is not None:

@@ -27,7 +27,9 @@ Sequential requests are bracketed by ``/metrics`` scrapes, so the server's own h
 servers' KV-cache event feeds (``kv_events``), every request is also timed at the end of the
 engine step that finished its prefill (``engine_first_token_s``, from the batch that stored its
 last full prompt block: :class:`kvroute.calibrate.live.kv_events.LiveKVEvents`), which splits
-that overhead into the part before the engine and the part after it.
+that overhead into the part before the engine and the part after it; ``engine_next_batch_s`` is
+the server's next batch, which dates the following step where a release stamps early
+(``calibrate fit`` corrects that: ``kvroute.calibrate.calibration.step_end``).
 
 Files in the output directory: ``meta.json`` (plan, servers' settings, status), ``requests.csv``
 (one row per request, appended and flushed as each finishes, token arrival times included) and
@@ -58,7 +60,7 @@ REQUEST_COLUMNS = [
     "url", "exp_id", "kind", "role", "rep", "batch", "prompt_len", "prefix_len", "max_tokens",
     "t_send_s", "ttft_s", "t_done_s", "n_tokens", "prompt_tokens", "cached_tokens",
     "expected_cached", "engine_queue_s", "engine_prefill_s", "engine_ttft_s", "overhead_s",
-    "error", "warning", "token_times", "engine_first_token_s",
+    "error", "warning", "token_times", "engine_first_token_s", "engine_next_batch_s",
 ]
 EXPERIMENT_COLUMNS = [
     "url", "exp_id", "kind", "rep", "batch", "context_len", "prefix_len", "new_len", "prefill_len",
@@ -523,20 +525,35 @@ def engine_first_token(ctx: _Ctx, prompt: Sequence[int], res: StreamResult) -> f
     sent: the publish time of the KV-event batch of this server that stored the prompt's last
     full block, less the send time (``time.perf_counter()``, brought onto the wall clock now).
 
+    What the stamp marks depends on the server's release (``meta.json``'s ``kv_events.stamp``):
+    ``calibrate fit`` moves an early one to the step's end (``kvroute.calibrate.calibration.
+    step_end``), with the next batch's time (:func:`engine_stamps`) among its estimates.
+
     Returns:
         Seconds in ``[0, ttft]``; NaN without KV events, for a failed request or a prompt shorter
         than one block, or when no batch stored that block between the send and the first token
         (its blocks were all cache hits, or the event was missed).
     """
+    return engine_stamps(ctx, prompt, res)[0]
+
+
+def engine_stamps(ctx: _Ctx, prompt: Sequence[int], res: StreamResult) -> tuple[float, float]:
+    """``(engine_first_token_s, engine_next_batch_s)``: :func:`engine_first_token` and the stamp of
+    this server's next KV-event batch after it (seen by now), both s after the send; NaN where
+    unknown (the next one also when the first is)."""
     bs = ctx.info.block_size
     full = len(prompt) // bs
     if ctx.events is None or res.error is not None or full == 0 or not math.isfinite(res.ttft):
-        return math.nan
+        return math.nan, math.nan
     ts = ctx.events.stored_at(ctx.worker, chained_block_hashes(prompt[: full * bs], bs)[-1])
     if ts is None:
-        return math.nan
-    t = ts - (res.t_send + time.time() - time.perf_counter())
-    return t if 0.0 <= t <= res.ttft else math.nan
+        return math.nan, math.nan
+    sent = res.t_send + time.time() - time.perf_counter()
+    t = ts - sent
+    if not 0.0 <= t <= res.ttft:
+        return math.nan, math.nan
+    following = ctx.events.next_batch(ctx.worker, ts) if hasattr(ctx.events, "next_batch") else None
+    return t, (following - sent if following is not None else math.nan)
 
 
 def cached_tokens(info: ServerInfo, res: StreamResult) -> int | None:
@@ -557,7 +574,7 @@ def _request_row(ctx: _Ctx, exp: dict, role: str, res: StreamResult, prompt: Seq
         t_send_s=round(res.t_send - ctx.t0, 6), ttft_s=res.ttft, t_done_s=res.t_done,
         n_tokens=res.num_tokens, prompt_tokens=res.prompt_tokens, cached_tokens=cached_tokens(ctx.info, res),
         expected_cached=expected_cached, error=res.error, warning=res.warning, token_times=_times(res),
-        engine_first_token_s=engine_first_token(ctx, prompt, res),
+        **dict(zip(("engine_first_token_s", "engine_next_batch_s"), engine_stamps(ctx, prompt, res))),
     )
 
 

@@ -16,7 +16,9 @@ outputs go to the API process), so the batch that stores a request's last full p
 times the end of the step that finished its prefill: the engine's first token, per request
 (:meth:`LiveKVEvents.stored_at`). What that stamp marks depends on the release
 (``kvroute.sim.timing.vllm_versions.kv_event_stamp``): 0.11.0 stamps the batch when it schedules
-the step, before the step runs; with async scheduling the stamp is one step early under load.
+the step, before the step runs; with async scheduling the stamp is one step early under load
+(the fit and validation move such stamps per request: ``kvroute.calibrate.calibration.step_end``,
+which also reads each server's next batch, :meth:`LiveKVEvents.next_batch`).
 
 The payload is decoded by kvroute's own reading of vLLM's schema (:func:`decode_batch`), so the
 client needs no vLLM, and one client reads every release: the batch is an array ``[ts, events,
@@ -179,11 +181,26 @@ class LiveKVEvents:
         self.translators = [KVEventTranslator(block_size) for _ in self.endpoints]
         self.num_batches = 0
         self._stored_ts: list[dict[int, float]] = [{} for _ in self.endpoints]
+        self._batch_ts: list[list[float]] = [[] for _ in self.endpoints]
 
     def stored_at(self, worker: int, block_hash: int) -> float | None:
         """Wall-clock time (``time.time()``, s) of the last batch of ``worker`` that stored the
         block with router hash ``block_hash``; None if none was seen."""
         return self._stored_ts[worker].get(block_hash)
+
+    def batch_stamps(self, worker: int) -> list[float]:
+        """Wall-clock times (``time.time()``, s) of every timed batch of ``worker`` seen, ascending
+        (one server publishes them in step order). The next one after a request's stamp dates the
+        step after its prefill step (``kvroute.calibrate.calibration.step_end``)."""
+        return list(self._batch_ts[worker])
+
+    def next_batch(self, worker: int, ts: float) -> float | None:
+        """The stamp of ``worker``'s first batch seen later than ``ts`` (s), or None."""
+        from bisect import bisect_right
+
+        stamps = self._batch_ts[worker]
+        i = bisect_right(stamps, ts)
+        return stamps[i] if i < len(stamps) else None
 
     def apply(self, worker: int, events, ts: float | None = None) -> None:
         """Apply one decoded batch's events of ``worker`` (:class:`KVEvent`, as
@@ -191,6 +208,14 @@ class LiveKVEvents:
         published at wall-clock time ``ts`` (s; None: not timed)."""
         tr = self.translators[worker]
         stamps = self._stored_ts[worker]
+        if ts is not None:
+            seen = self._batch_ts[worker]
+            if seen and ts < seen[-1]:  # out of order (not from one publisher): kept sorted
+                from bisect import insort
+
+                insort(seen, ts)
+            else:
+                seen.append(ts)
         for event in events:
             kind = event.kind if isinstance(event, KVEvent) else type(event).__name__
             if kind == "BlockStored":

@@ -16,6 +16,12 @@ server's share and the client's (HTTP and SSE on both ends); the simulator has o
 those two rows are measured only. Splitting a TTFT error this way says whether the engine's steps or the
 processes around them are mispredicted. All figures are means over every request of a run (all
 turns), in seconds.
+
+The convoy table splits later turns at the engine's first token, which the live side takes from
+the servers' KV-cache events. Where a release stamps those one step early (vLLM 0.11.0; async
+scheduling under load: ``vllm_versions.kv_event_stamp``), ``live_stamps.correct_live_stamps``
+first moves each record's time to the end of its prefill step (``kvroute.calibrate.calibration.
+step_end``), and the report counts what was moved and what was left as stamped.
 """
 
 from __future__ import annotations
@@ -112,15 +118,24 @@ def _num(x: float) -> float | None:
     return float(x) if x is not None and math.isfinite(x) else None
 
 
-def stamp_note(servers) -> tuple[str, str | None]:
+def stamp_note(servers, correction=None) -> tuple[str, str | None]:
     """What the live engine first-token times mark for these servers (a key of
     ``kvroute.sim.timing.vllm_versions.KV_EVENT_STAMPS``, from server 0's release and async flag)
-    and, where it is not the end of the prefill step for every request, how that biases the
-    measured convoy columns (the simulated ones are the step's end)."""
+    and, where some are not the end of the prefill step, how that biases the measured convoy
+    columns (the simulated ones are the step's end). With ``correction`` (the runs'
+    :class:`~kvroute.calibrate.calibration.step_end.StampCorrection`, ``live_stamps.correct_live_stamps``)
+    the stamps were moved to the step's end: a note only for those left as stamped."""
     from kvroute.sim.timing.vllm_versions import kv_event_stamp
 
     s = servers[0] if servers else None
     stamp = kv_event_stamp(getattr(s, "vllm_version", None), getattr(s, "async_scheduling", None))
+    if correction is not None:
+        if not correction.uncorrected:
+            return stamp, None
+        return stamp, (f"{correction.uncorrected} of the {correction.timed} live engine first-token times are "
+                       "about one step early (their servers' KV-event stamps mark the step before, and neither the "
+                       "server's next batch nor the request's own first inter-token gap dated that step): for "
+                       "them the measured 'engine' convoy column is short by about one step and 'out' long")
     if stamp == "step_start":
         return stamp, (f"vLLM {s.vllm_version} stamps its KV-cache events when it schedules a step, before the step "
                        "runs: the measured 'engine' convoy column ends at the start of each request's prefill step "

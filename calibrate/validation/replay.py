@@ -282,12 +282,20 @@ class LiveReplay:
                          policy=self.spec.policy, seed=self.spec.seed,
                          tokens=tokens_frame(records) if self.spec.record_tokens else None)
 
+    def kv_batch_times(self, worker: int) -> np.ndarray:
+        """The stamps of every KV-event batch of ``worker`` seen, s since the run's start (the
+        clock of the records' ``engine_first_token``), ascending; empty without the event feed."""
+        if self.kv_events is None:
+            return np.zeros(0)
+        return np.asarray(self.kv_events.batch_stamps(worker), dtype=float) - self._wall0
+
     def _engine_first_tokens(self, records: list[RequestRecord]) -> None:
         """Set each finished record's ``engine_first_token`` (s since the run's start) from the
         KV-event batch that stored its last full prompt block: the end of the engine step that
-        finished its prefill. Left None when that block was not stored during the request (a
-        prompt whose full blocks were all cache hits, or shorter than one block) or its event
-        was not seen."""
+        finished its prefill, as stamped (a release that stamps early is corrected afterwards:
+        ``live_stamps.correct_live_stamps``). Left None when that block was not stored during the
+        request (a prompt whose full blocks were all cache hits, or shorter than one block) or its
+        event was not seen."""
         for record in records:
             last = self._last_block.get(record.trace.request_id)
             if last is None or record.first_token is None:

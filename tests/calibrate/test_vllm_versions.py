@@ -209,6 +209,10 @@ def test_measure_quick_and_fit_against_0_11(stub, tmp_path):
     assert doc["provenance"]["async_scheduling"] is False
     assert doc["provenance"]["fit"]["post_engine"]["kv_event_stamp"] == "step_start"  # row 5
     assert "the fitted time of that step was added" in doc["sources"]["overheads.post_engine_s"]
+    fix = doc["provenance"]["fit"]["post_engine"]["kv_event_stamp_correction"]  # every stamp early: none as stamped
+    assert (fix["stamp"], fix["as_stamped"]) == ("step_start", 0) and fix["corrected"]["fitted_step"] > 0
+    assert fix["num_corrected"] + fix["uncorrected"] == fix["timed"] == doc["provenance"]["fit"]["post_engine"][
+        "num_requests"]
     p = load_profile(profile)
     assert (p.vllm_version, p.async_scheduling) == ("0.11.0", False)
 

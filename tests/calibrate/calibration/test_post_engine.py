@@ -207,7 +207,7 @@ def test_rows_are_not_appended_under_another_header(tmp_path):
     path = tmp_path / "requests.csv"
     path.write_text(",".join(REQUEST_COLUMNS[:-1]) + "\n")
     with pytest.raises(CalibrationError, match=r"requests.csv:1: its columns differ from this version's "
-                                               r"\(23 against 24: engine_first_token_s\)"):
+                                               r"\(24 against 25: engine_next_batch_s\)"):
         RowWriter(path, REQUEST_COLUMNS)
     RowWriter(tmp_path / "new.csv", REQUEST_COLUMNS).close()
     RowWriter(tmp_path / "new.csv", REQUEST_COLUMNS).close()
