@@ -15,7 +15,10 @@ says what the data ask for, under these variants:
 - ``no-admission``: the simulated engine TTFT without the engine admission the one-at-a-time
   fit put before the engine (as before 2026-12-05);
 - ``speed-1.25``: every step cost 1.25x (the host 25 % slower than when the step costs were
-  measured, two days earlier).
+  measured, two days earlier);
+- ``admission-in-step``: the engine admission the one-at-a-time fit measured
+  (``provenance.fit.overhead_parts``) paid inside the step that first schedules each request
+  (``overheads.engine_admission_s``), not before the engine (docs/log/2026-12-05-policy-change-sign.md).
 
 Per variant it prints the fitted contention, its approximate 95 % profile-likelihood range
 (explored up to the old bound of 4 only, so an upper end equal to the value is open), the fit's
@@ -32,7 +35,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-VARIANTS = ("default", "no-stream-baseline", "no-client", "no-admission", "speed-1.25")
+VARIANTS = ("default", "no-stream-baseline", "no-client", "no-admission", "speed-1.25", "admission-in-step")
 SWEEP = Path(__file__).resolve().parent.parent / "calibrate" / "data" / "calibrate-cpu-tiny-qwen2-x2-bursts"
 
 
@@ -54,6 +57,10 @@ def refit(variant: str, bound: float) -> dict:
         kw.update(client_busy=0.0, baseline_stream_busy=2.0)
     elif variant == "no-admission":
         prof = replace(prof, raw={k: v for k, v in prof.raw.items() if k != "provenance"})
+    elif variant == "admission-in-step":
+        parts = prof.raw["provenance"]["fit"]["overhead_parts"]
+        prof = replace(prof, overheads=replace(prof.overheads, engine_admission_s=parts["engine_admission_s"],
+                                               engine_admission_per_token_s=parts["engine_admission_per_token_s"]))
     elif variant.startswith("speed-"):
         factor = float(variant.split("-", 1)[1])
         prof = replace(prof, step_cost=replace(prof.step_cost, **{k: getattr(prof.step_cost, k) * factor

@@ -224,7 +224,11 @@ def engine_admission_s(profile: Profile, prompt_len: int) -> float:
     0 without them), s. The simulated engine TTFT of a burst adds it, so that it is compared with
     vLLM's histograms like for like: without it a lone 256-token request's predicted engine TTFT
     was half the measured one, and only host contention could stretch it
-    (docs/log/2026-12-05-fit-walls.md)."""
+    (docs/log/2026-12-05-fit-walls.md). 0 for a profile that already charges it inside the step
+    that first schedules the request (``Overheads.has_engine_admission``): its simulated prefill
+    time holds it, as vLLM's does."""
+    if profile.overheads.has_engine_admission:
+        return 0.0
     fit = (profile.raw.get("provenance") or {}).get("fit") if isinstance(profile.raw, dict) else None
     parts = fit.get("overhead_parts") if isinstance(fit, dict) else None
     if not isinstance(parts, dict):

@@ -306,6 +306,18 @@ def fit_cost(
     return CostFit(_as_cost(best_x), a, b, mode, jitter, method, parts)
 
 
+def _admission(parts: dict) -> dict:
+    """The overheads' engine admission (``Overheads.engine_admission_s`` and
+    ``engine_admission_per_token_s``: the part of the API-server time vLLM spends inside the step
+    that first schedules a request, paid there by the simulator) from a fit with
+    ``overhead="metrics"``, which measures it as the queue and prefill time the engine's own
+    histograms hold beyond the step cost; {} from a fit that did not split the overhead."""
+    a, b = parts.get("engine_admission_s"), parts.get("engine_admission_per_token_s")
+    if a is None or b is None:
+        return {}
+    return {"engine_admission_s": _r(a), "engine_admission_per_token_s": _r(b)}
+
+
 def _config_medians(obs: list[Observation], meas: np.ndarray, pred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Median measured and predicted time per configuration (repetitions pooled)."""
     by: dict[tuple, list[int]] = {}
@@ -575,7 +587,7 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
         "engine": engine,
         "step_cost": {k: getattr(result.cost, k) for k in COEFFICIENTS},
         "overheads": {"api_server_s": result.api_server_s, "api_server_per_token_s": result.api_server_per_token_s,
-                      "gateway_s": 0.0, "jitter_cv": _r(result.jitter_cv)},
+                      "gateway_s": 0.0, "jitter_cv": _r(result.jitter_cv), **_admission(result.parts)},
         "provenance": {
             "kind": "measured",
             "source": "kvroute calibrate measure + fit",

@@ -233,6 +233,8 @@ class Cluster:
                 spec.fast_forward,
                 spec.record_series,
                 async_cpu_s=AsyncOverlap().cpu_s(prof.step_cost),
+                admission=((lambda request, o=prof.overheads: o.engine_admission(request.num_prompt_tokens))
+                           if prof.overheads.has_engine_admission else None),
             )
             for w in range(spec.num_workers)
         ]
@@ -534,7 +536,7 @@ class Cluster:
             factor = self.rng.lognormal(-0.5 * self._sigma**2, self._sigma)
         else:
             factor = 1.0
-        delay = self._overheads.mean_s(rec.input_length) * factor
+        delay = self._overheads.pre_engine_mean_s(rec.input_length) * factor  # the engine admission in its step
         if self.frontends is not None:
             delay += self.frontends.admit(worker, rec.request_id, env.now, rec.input_length)
         env.timeout(delay).callbacks.append(lambda _event: self._arrive(rec, record, worker, hashes))

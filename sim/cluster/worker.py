@@ -68,6 +68,11 @@ class Worker:
             (``kvroute.sim.cluster.timeseries``; a fast-forwarded decode run is one sample).
         async_cpu_s: with ``config.async_scheduling``, the CPU part of every step, s
             (``kvroute.sim.timing.async_overlap.AsyncOverlap.cpu_s``); ignored otherwise.
+        admission: ``admission(request)``: seconds the step that first schedules ``request``
+            spends on it beyond the step timer's time (``kvroute.sim.timing.profile.Overheads.
+            engine_admission``: vLLM sends a newly scheduled request's prompt to the model's
+            worker process inside that step); the step takes the sum over its newly scheduled
+            requests more. None: nothing added.
 
     Attributes:
         scheduler: the engine's scheduler (queues, block pool, prefix-cache counters).
@@ -94,10 +99,12 @@ class Worker:
         fast_forward: bool = True,
         record_series: bool = False,
         async_cpu_s: float = 0.0,
+        admission=None,
     ) -> None:
         self.env = env
         self.index = index
         self.async_cpu_s = async_cpu_s
+        self.admission = admission
         self.scheduler = engine_classes(config)[1](config)
         self.step_cost = step_cost
         self.gpu = gpu
@@ -173,7 +180,9 @@ class Worker:
             if self._arrived:
                 self._mark_queued(self._arrived, env.now)
             out = scheduler.schedule()
+            extra = 0.0
             if out.admitted:
+                extra = self._admission_s(out.admitted)
                 self._mark_scheduled(out.admitted, env.now)
             if not out.requests:
                 # Nothing fits even alone: the cluster checks capacity before the run, so this
@@ -185,6 +194,8 @@ class Worker:
                 )
             tokens, reqs = out.num_batched_tokens, len(out.requests)
             dt = cost.step_time(tokens, reqs, out.prefill_token_pairs, out.decode_context_tokens)
+            if extra:
+                dt += extra
             if self.fast_forward:
                 run = scheduler.decode_run_length(out)
                 if run > 0:
@@ -236,12 +247,14 @@ class Worker:
             cpu_done = env.now
             if scheduler.has_unfinished_requests():
                 out = scheduler.schedule()
+                extra = 0.0
                 if out.admitted:
+                    extra = self._admission_s(out.admitted)
                     self._mark_scheduled(out.admitted, env.now)
                 dt = 0.0
                 if out.requests:
                     dt = cost.step_time(out.num_batched_tokens, len(out.requests),
-                                        out.prefill_token_pairs, out.decode_context_tokens)
+                                        out.prefill_token_pairs, out.decode_context_tokens) + extra
                     # NOTE: the CPU part cannot exceed the step (a step timer may give less)
                     cpu_done += cpu_s if cpu_s < dt else dt
                 elif not any(q[0].requests for q in queue):
@@ -292,6 +305,15 @@ class Worker:
         for req in arrived:
             req.queued_ts = now
         arrived.clear()
+
+    def _admission_s(self, admitted: list[Request]) -> float:
+        """Seconds a step spends admitting the requests it schedules for the first time (not
+        re-admissions after a preemption: call before :meth:`_mark_scheduled`); 0 without
+        ``admission``."""
+        admission = self.admission
+        if admission is None:
+            return 0.0
+        return sum(admission(req) for req in admitted if req.scheduled_ts is None)
 
     @staticmethod
     def _mark_scheduled(admitted: list[Request], now: float) -> None:

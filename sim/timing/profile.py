@@ -76,14 +76,34 @@ class Overheads:
             from 3.3 ms alone to 7-10 ms (2-core reference, ``api_contention`` 1), as lane work
             does. Without a ``frontend`` section it is a pure delay of every token (inter-token
             latencies unchanged).
+        engine_admission_s: the part of ``api_server_s`` that vLLM spends inside the engine step
+            that first schedules the request, serial with that step's forward, rather than before
+            the engine (0: none, all of ``api_server_s`` before the engine). On a server whose engine
+            core runs its model in a worker process (vLLM's CPU build always does:
+            ``vllm/platforms/cpu.py`` turns the ``uni`` executor into ``mp``), every newly scheduled
+            request goes to the worker inside that step's ``SchedulerOutput`` with its whole
+            prompt (``NewRequestData.from_request``, ``vllm/v1/core/sched/output.py``), and the
+            worker copies the prompt into its input batch before the forward
+            (``InputBatch.add_request``, ``vllm/v1/worker/gpu_input_batch.py``); vLLM's request
+            histograms count that time in the request's prefill time (first scheduled to first
+            token), not in its queue time. A measured profile's one-at-a-time fit gives it as
+            ``provenance.fit.overhead_parts.engine_admission_s`` (queue + prefill time beyond the
+            step costs). The simulator adds it, unstretched, to the step that first schedules the
+            request, so several new requests in one step lengthen it by the sum of theirs and a
+            request alone is predicted as without it.
+        engine_admission_per_token_s: its growth per prompt token (the whole prompt, cached tokens
+            included: the prompt is sent and copied whole), s/token; part of
+            ``api_server_per_token_s`` in the same way.
 
-    Apart from ``post_engine_s``, all of it passes before the engine sees the request, and none of
-    it delays running requests. That holds for the engine core's share too (measured profiles fold the engine's admission of
-    a request, its block hashing included, into ``api_server_s``): vLLM v1 builds the
-    ``Request`` in the engine core's input thread "in parallel with Model forward"
-    (``vllm/v1/engine/core.py: preprocess_add_request``, called from ``process_input_sockets``).
-    Charging it inside the next step instead predicts the CPU validation bench worse (the
-    measurements behind this: docs/log/from-code-comments.md).
+    Apart from ``post_engine_s`` and the engine admission, all of it passes before the engine sees
+    the request, and none of it delays running requests. That holds for the engine core's own
+    preprocessing (building the ``Request`` and its block hashes): vLLM v1 does it in the engine
+    core's input thread "in parallel with Model forward" (``vllm/v1/engine/core.py:
+    preprocess_add_request``, called from ``process_input_sockets``), before the request's queue
+    time starts. Measured profiles fold all of the engine's share into ``api_server_s`` and leave
+    the engine admission fields 0 unless set; which of the two placements predicts better was
+    measured both ways (docs/log/from-code-comments.md, an earlier model without API lanes;
+    docs/log/2026-12-05-policy-change-sign.md, closed-loop chats under two routers).
     """
 
     api_server_s: float = 0.1
@@ -92,10 +112,32 @@ class Overheads:
     api_server_per_token_s: float = 0.0
     post_engine_s: float = 0.0
     post_engine_per_token_s: float = 0.0
+    engine_admission_s: float = 0.0
+    engine_admission_per_token_s: float = 0.0
 
     def mean_s(self, num_prompt_tokens: int) -> float:
-        """Mean overhead before the engine of a request with ``num_prompt_tokens`` prompt tokens, s."""
+        """Mean overhead of a request with ``num_prompt_tokens`` prompt tokens up to its first
+        step's forward, s: everything but ``post_engine_s``, the engine admission included."""
         return self.api_server_s + self.gateway_s + self.api_server_per_token_s * num_prompt_tokens
+
+    @property
+    def has_engine_admission(self) -> bool:
+        """Whether part of the overhead is paid inside the step that first schedules a request."""
+        return self.engine_admission_s > 0.0 or self.engine_admission_per_token_s > 0.0
+
+    def engine_admission(self, num_prompt_tokens: int) -> float:
+        """Seconds the step that first schedules a request of ``num_prompt_tokens`` prompt tokens
+        spends on it beyond the step cost: ``engine_admission_s + engine_admission_per_token_s *
+        num_prompt_tokens``."""
+        return self.engine_admission_s + self.engine_admission_per_token_s * num_prompt_tokens
+
+    def pre_engine_mean_s(self, num_prompt_tokens: int) -> float:
+        """Mean overhead before the engine sees the request, s: :meth:`mean_s` less
+        :meth:`engine_admission`, never below 0 (a profile file must keep the admission within
+        the API-server time, ``profile_from_dict`` checks it; a profile drawn from a fit's
+        uncertainty may not)."""
+        rest = self.mean_s(num_prompt_tokens) - self.engine_admission(num_prompt_tokens)
+        return rest if rest > 0.0 else 0.0
 
     @property
     def has_post_engine(self) -> bool:
@@ -417,6 +459,8 @@ OVERHEADS_SCHEMA = {
     "api_server_per_token_s": COST_SECONDS,
     "post_engine_s": COST_SECONDS,
     "post_engine_per_token_s": COST_SECONDS,
+    "engine_admission_s": COST_SECONDS,
+    "engine_admission_per_token_s": COST_SECONDS,
 }
 """Rules of the optional ``overheads`` section."""
 
@@ -482,11 +526,16 @@ def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
     name = doc.get("name", where)
     if type(name) is not str:
         raise InputError(f"expected a string, got {describe(name)}", where, None, "name")
+    overheads = Overheads(**over_doc)
+    for part, whole in (("engine_admission_s", "api_server_s"), ("engine_admission_per_token_s", "api_server_per_token_s")):
+        if getattr(overheads, part) > getattr(overheads, whole):
+            raise InputError(f"{getattr(overheads, part)!r} is part of overheads.{whole} "
+                             f"({getattr(overheads, whole)!r}) and cannot exceed it", where, None, f"overheads.{part}")
     return Profile(
         name=name,
         engine=engine,
         step_cost=StepCost(**cost_doc),
-        overheads=Overheads(**over_doc),
+        overheads=overheads,
         gpu_memory_utilization=engine_doc.get("gpu_memory_utilization", 0.9),
         memory=memory,
         frontend=frontend_from_dict(doc.get("frontend"), where),

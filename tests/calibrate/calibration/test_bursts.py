@@ -340,3 +340,26 @@ def test_a_bursts_engine_ttft_adds_the_engine_admission_the_one_at_a_time_fit_pu
         "engine_admission_s": 0.002, "engine_admission_per_token_s": 1e-6}
     m = simulate_burst(Burst(0, "burst", 1, 2, 256, 4, (0.0, 0.0), {}), replace(prof, raw=raw))
     assert m["engine_ttft_s"] == pytest.approx(0.01226 + 0.002 + 256e-6, abs=1e-12)
+
+
+def test_a_profile_that_pays_the_engine_admission_in_the_step_has_it_counted_once():
+    """With ``overheads.engine_admission_s`` the simulated step that first schedules a request
+    holds the admission (its prefill time, as vLLM's histograms count it), so the burst's engine
+    TTFT does not add the provenance's figure again. The burst's two requests share their first
+    step, so each now waits for both admissions: 12.26 ms + 2 x (2 ms + 256 us), where the
+    admission before the engine gave one each (the test above)."""
+    import copy
+
+    prof = base_profile()
+    raw = copy.deepcopy(prof.raw)
+    raw.setdefault("provenance", {}).setdefault("fit", {})["overhead_parts"] = {
+        "engine_admission_s": 0.002, "engine_admission_per_token_s": 1e-6}
+    overheads = replace(prof.overheads, api_server_s=max(prof.overheads.api_server_s, 0.002),
+                        api_server_per_token_s=max(prof.overheads.api_server_per_token_s, 1e-6),
+                        engine_admission_s=0.002, engine_admission_per_token_s=1e-6)
+    in_step = replace(prof, raw=raw, overheads=overheads)
+    from kvroute.calibrate.calibration.bursts import engine_admission_s
+
+    assert engine_admission_s(in_step, 256) == 0.0
+    m = simulate_burst(Burst(0, "burst", 1, 2, 256, 4, (0.0, 0.0), {}), in_step)
+    assert m["engine_ttft_s"] == pytest.approx(0.01226 + 2 * (0.002 + 256e-6), abs=1e-12)

@@ -161,8 +161,11 @@ def test_draws_take_host_contention_in_the_range_the_burst_fit_allows_up_to_what
     from kvroute.sim.timing.uncertainty import term_ranges
 
     profile = load_profile("cpu-tiny-qwen2-x2-bursts")
-    assert term_ranges(profile) == {}  # no contention_interval in its burst fit: contention stays
+    # its burst fit left contention inside its bounds, so draws take the fit's likelihood interval
+    assert term_ranges(profile) == {"host.contention": (0.89541, 1.16525)}
     raw = copy.deepcopy(profile.raw)
+    raw["provenance"]["fit"]["bursts"].pop("contention_interval")
+    assert term_ranges(profile_from_dict(raw)) == {}  # no interval: contention stays
     raw["provenance"]["fit"]["bursts"]["contention_interval"] = [3.86, 4.0]
     raw["fit_notes"] = {"at_bound": [{"term": "host.contention", "bound": 4.0, "asked_for": 9.61}]}
     walled = profile_from_dict(raw)
