@@ -48,6 +48,7 @@ import contextlib
 import json
 import math
 import os
+import gzip
 import pickle
 import sys
 import time
@@ -192,16 +193,18 @@ def _servers(urls: list[str], log_dir: Path, port_base: int, api_cores: str = "s
 
 
 def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tuple[float, float],
-          level: float = 0.90) -> tuple[list, int]:
+          level: float = 0.90, profile_raw: dict | None = None) -> tuple[list, int]:
     """Predicted (``runs``, one per policy) against measured (the live rounds of ``validation``)
     for one shape and profile; returns (rows, targets missed). Each row also says whether the
     measured value falls inside its ``level`` prediction interval (``inside``, ``interval``:
     ``kvroute.sim.study.intervals.combined_interval`` over the simulated runs, drawn profiles,
-    live rounds and the probes' drift, ``validation.drift``), for :func:`coverage_lines`."""
+    live rounds, the probes' drift, ``validation.drift``, and the fit's held-out error from the
+    profile document ``profile_raw``, ``kvroute.sim.timing.heldout``), for :func:`coverage_lines`."""
     from kvroute.calibrate.validation.rounds import change_pct, diff_interval, error_pct, spread
     from kvroute.sim.cluster.metrics import METRIC_BOUNDS, summarize
     from kvroute.sim.study.intervals import combined_interval
     from kvroute.sim.timing.drift import drift_exponent, metric_drift
+    from kvroute.sim.timing.heldout import heldout_log_sd
 
     drifts = getattr(validation, "drift", None) or {}
 
@@ -226,7 +229,8 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
             power = drift_exponent(metric)
             ci = combined_interval(run.run_values.get(metric, []), run.run_draws or None, ms,
                                    metric_drift(metric, drifts), power, level, log_scale=power != 0,
-                                   bounds=METRIC_BOUNDS.get(metric, (-math.inf, math.inf)))
+                                   bounds=METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
+                                   heldout_log_sd=heldout_log_sd(profile_raw, metric))
             rows.append(dict(shape=shape, profile=profile_name, policy=run.policy, metric=metric, predicted=p,
                              measured=m, measured_min=min(ms), measured_max=max(ms), live_rounds=len(ms),
                              sim_rounds=rounds, error_pct=e, target_pct=target, ok=ok, load_start=load[0],
@@ -434,6 +438,37 @@ def speed_probe(urls: list[str], seed: int) -> tuple[dict[str, float], dict[str,
     return median(samples), samples
 
 
+def probe_scaled(shape: str, cluster, saved_probes: dict, notes: list[str]):
+    """``cluster`` with its profile rescaled to the host's speed the probes around the shape's
+    live rounds measured (``probe.speed_scale``, ``kvroute.sim.timing.speed_scale``); appends a
+    note with the factors."""
+    from dataclasses import replace
+
+    from kvroute.calibrate.validation.probe import speed_scale
+    from kvroute.sim.timing.speed_scale import scaled_profile
+
+    scale = speed_scale(cluster, saved_probes.get("before"), saved_probes.get("after"))
+    notes.append(f"{shape}: {cluster.profile.name} rescaled to the probes' speed: {scale.describe()}")
+    return replace(cluster, profile=scaled_profile(cluster.profile, scale))
+
+
+def probe_drift_of(shape: str, profile_name: str, saved_probes: dict, cluster, notes: list[str]) -> dict:
+    """The host's drift over a shape's live rounds for one profile (``probe.drifts``): the probes
+    before and after the rounds against the probe taken right after ``--calibrate`` when there is
+    one, else against the probe as ``cluster``'s profile predicts it (``probe.predicted_probe``);
+    appends a note saying which and what came out."""
+    from kvroute.calibrate.validation.probe import drifts, predicted_probe
+
+    reference, against = saved_probes.get("reference"), "the probe after calibrating"
+    if not reference and saved_probes.get("before"):
+        reference, against = predicted_probe(cluster), f"{profile_name}'s prediction of the probe"
+    found = drifts(saved_probes.get("before"), saved_probes.get("after"), reference)
+    if found:
+        notes.append(f"{shape}: host speed drift over the live rounds (probes before and after, against {against}): "
+                     + ", ".join(f"{q} x{d.factor:.3f} (log sd {d.log_sd:.3f})" for q, d in found.items()))
+    return found
+
+
 def probe_note(label: str, probe: dict[str, float], first: dict[str, float] | None) -> str:
     """One line: the probe's TTFT and ITL (ms) and, against ``first``, their change (%)."""
     parts = []
@@ -519,6 +554,10 @@ def main() -> None:
                         help=f"Profile to score (repeatable; default: {', '.join(DEFAULT_PROFILES)}).")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"Comma-separated shapes (default: all: {','.join(SHAPES)}).")
     parser.add_argument("--rounds", type=int, default=20, help="Simulation rounds (seeds) averaged per profile (default: 20).")
+    parser.add_argument("--no-speed-scale", dest="speed_scale", action="store_false",
+                        help="Score each profile as it is, not rescaled to the host's speed the probes around the live "
+                             "rounds measure (kvroute.sim.timing.speed_scale; without --calibrate the default rescales "
+                             "every profile and scores it as '<name> x probe').")
     parser.add_argument("--uncertainty", type=int, default=4, metavar="N",
                         help="Profiles drawn from each profile's fit uncertainty, x --rounds each, for the prediction "
                              "intervals (default: 4; 0: seeds only).")
@@ -549,7 +588,7 @@ def main() -> None:
                              "engine's step (overheads.post_engine_s).")
     parser.add_argument("--rescore", type=Path, default=None, metavar="DIR",
                         help="Score the profiles against the live rounds saved in DIR by an earlier run "
-                             "(DIR/<shape>/live.pickle), without servers.")
+                             "(DIR/<shape>/live.pickle or live.pickle.gz), without servers.")
     args = parser.parse_args()
     if args.api_cores is None:
         args.api_cores = "spare" if args.url else "own"
@@ -576,7 +615,7 @@ def main() -> None:
     t0 = time.perf_counter()
     all_rows, missed, notes, splits, convoys, probes, host_cpu = [], 0, [], [], [], {}, {}
     after = first = None  # speed-probe samples: the last one taken, and the first (after --calibrate)
-    from kvroute.calibrate.validation.probe import drifts, median
+    from kvroute.calibrate.validation.probe import median
     from kvroute.cli.calibrate_commands import _cores
     from kvroute.calibrate.live.server import pinned
 
@@ -603,9 +642,11 @@ def main() -> None:
             trace = traces[shape]
             if args.rescore:
                 saved = args.rescore / shape / "live.pickle"
-                if not saved.exists():
+                packed = saved.with_name("live.pickle.gz")  # as bench_coverage.py --keep archives it
+                if not saved.exists() and not packed.exists():
                     sys.exit(f"error: {saved}: no saved live rounds for shape {shape!r}")
-                validation, load = pickle.loads(saved.read_bytes())
+                data = saved.read_bytes() if saved.exists() else gzip.decompress(packed.read_bytes())
+                validation, load = pickle.loads(data)
                 validation = _saved_rounds(validation)
                 probe_file = args.rescore / shape / "probes.json"
                 saved_probes = json.loads(probe_file.read_text()) if probe_file.exists() else {}
@@ -628,12 +669,6 @@ def main() -> None:
                     notes.append(f"{shape}: the host's CPU in the live rounds: busy {host_cpu[shape]['busy']:.0f} %, "
                                  f"stolen by the hypervisor {host_cpu[shape]['steal']:.2f} %")
             spec = validation.spec
-            validation.drift = drifts(saved_probes.get("before"), saved_probes.get("after"), saved_probes.get("reference"))
-            if validation.drift:
-                notes.append(f"{shape}: host speed drift over the live rounds (probes before and after"
-                             + (", against the probe after calibrating" if saved_probes.get("reference") else "")
-                             + "): " + ", ".join(f"{q} x{d.factor:.3f} (log sd {d.log_sd:.3f})"
-                                                 for q, d in validation.drift.items()))
             sim_trace, lags, lag, offsets = with_measured_client(trace, validation.runs)
             notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median of "
                          f"{len(lags)} later turns, each simulated turn draws one), root send offsets "
@@ -641,12 +676,17 @@ def main() -> None:
             notes.append(client_cpu_note(shape, validation))
             for profile in profiles + checks:
                 cluster, _ = cluster_spec(profile, validation.servers, spec)
+                if args.speed_scale and saved_probes.get("before") and not saved_probes.get("reference"):
+                    cluster = probe_scaled(shape, cluster, saved_probes, notes)
+                    profile = cluster.profile
+                validation.drift = probe_drift_of(shape, profile.name, saved_probes, cluster, notes)
                 cluster = replace(cluster, client_lag_s=lags)
                 runs = predict(sim_trace, cluster, list(spec.policies), args.rounds, spec.seed, args.uncertainty)
                 beyond = run_note(cluster.profile, [r.records for run in runs for r in run.sim_runs])
                 if beyond:
                     notes.append(f"{shape}: {beyond.removeprefix('Note: ')}")
-                rows, m = score(shape, profile.name, runs, validation, args.rounds, load, args.interval_level)
+                rows, m = score(shape, profile.name, runs, validation, args.rounds, load, args.interval_level,
+                                profile.raw)
                 all_rows += rows
                 missed += m if profile not in checks else 0
                 splits += time_split(shape, profile.name, runs, validation)

@@ -73,8 +73,14 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
               help="Level of the prediction interval each measured value is checked against (it combines the seeds', "
                    "the drawn profiles' and the live rounds' spread and the probes' drift; docs/reference/intervals.md).")
 @click.option("--speed-probes", type=Number(DRAWS), default=0, show_default=True,
-              help="Time N cold 2,048-token requests per server before the first and after the last live round; the "
-                   "host's speed drift between them widens the intervals of time measures (0: no probes).")
+              help="Time N cold 2,048-token requests per server, one 8,192-token request and a burst of 4 before the "
+                   "first and after the last live round: the profile is rescaled to the host's speed they measure "
+                   "(see --speed-scale) and their drift shifts and widens the intervals of time measures "
+                   "(0: no probes).")
+@click.option("--speed-scale/--no-speed-scale", "speed_scale", default=True, show_default=True,
+              help="With --speed-probes, predict with the profile's step costs rescaled to the probes' speed "
+                   "(kvroute.sim.timing.speed_scale: one factor per step, per-token and attention cost); "
+                   "--no-speed-scale predicts with the profile as it is.")
 @click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
               help="Each server's KV-cache event endpoint (ipc://PATH or tcp://HOST:PORT, as kvroute serve "
                    "--kv-events-port-base prints it), "
@@ -89,7 +95,7 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, replay, arrival_spread_s, rounds,
              live_rounds, timeout, router_block_tokens, model, token_range, client_cores, seed, client_lag,
              uncertainty, prior_range, kv_events, record_tokens, figure_formats=("png",), interval_level=0.90,
-             speed_probes=0, **options):
+             speed_probes=0, speed_scale=True, **options):
     """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
     same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate,
     per-worker hit tokens). Ctrl-C or SIGTERM writes what was measured so far (exit code 130).
@@ -151,7 +157,7 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
                           timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
                           prior_range, live_rounds=live_rounds, record_tokens=record_tokens,
                           kv_event_endpoints=tuple(kv_events), interval_level=interval_level,
-                          speed_probes=speed_probes)
+                          speed_probes=speed_probes, speed_scale=speed_scale)
     try:
         with pinned(client_cores):
             result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))

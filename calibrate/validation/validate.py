@@ -28,12 +28,15 @@ import pandas as pd
 from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, ServerInfo, VllmClient
 from kvroute.calibrate.live.prompts import DEFAULT_TOKEN_RANGE, TokenSynth
 from kvroute.calibrate.validation.probe import drifts as probe_drifts
+from kvroute.calibrate.validation.probe import predicted_probe, speed_scale
+from kvroute.sim.timing.speed_scale import SpeedScale, scaled_profile
 from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
 from kvroute.sim.cluster.cluster import ClusterSpec
 from kvroute.sim.timing.coverage import run_note
 from kvroute.sim.study.experiment import compare, compare_uncertain
 from kvroute.sim.cluster.metrics import RunResult, summarize
 from kvroute.sim.timing.profile import Profile
+from kvroute.sim.timing.vllm_versions import kv_event_stamp
 from kvroute.traces.format import Trace
 
 HITS = "vllm:prefix_cache_hits_total"
@@ -89,7 +92,12 @@ class ValidationSpec:
             live round (``kvroute.calibrate.validation.probe``); their drift widens and shifts
             the intervals of time measures. 0: no probes.
         probe_reference: the same probe's samples right after calibrating (``{"ttft_s": [...],
-            "itl_s": [...]}``), against which the drift is measured; None: no reference.
+            "itl_s": [...], ...}``), against which the drift is measured; None: against the probe
+            as the profile predicts it (``probe.predicted_probe``, kept in ``probes["predicted"]``).
+        speed_scale: with speed probes and no ``probe_reference``, predict with the profile
+            rescaled to the host's speed the probes measured (``probe.speed_scale``,
+            ``kvroute.sim.timing.speed_scale``; ``Validation.speed_scale``), then take the drift
+            against that profile's prediction of the probe; False: the profile as it is.
     """
 
     urls: tuple[str, ...]
@@ -113,6 +121,7 @@ class ValidationSpec:
     interval_level: float = 0.90
     speed_probes: int = 0
     probe_reference: dict | None = None
+    speed_scale: bool = True
 
 
 @dataclass(slots=True)
@@ -141,6 +150,9 @@ class PolicyRun:
             can be paired run by run; a live run is checked against their prediction interval.
         interval_source: ``"seeds"`` or ``"seeds and model (<how the profiles were drawn>)"``.
         live_round: the live round, from 0.
+        stamp_correction: what was done to the live records' KV-event engine first-token times
+            (``calibration.step_end.StampCorrection``, ``live_stamps.correct_live_stamps``); None
+            without them.
     """
 
     policy: str
@@ -162,6 +174,7 @@ class PolicyRun:
     interval_source: str = "seeds"
     live_round: int = 0
     run_draws: list[int] = field(default_factory=list)
+    stamp_correction: object = None
 
     def take_prediction(self, pred: PolicyRun) -> None:
         """Share ``pred``'s prediction (the fields :func:`predict` fills in)."""
@@ -202,6 +215,10 @@ class Validation:
         runs: per policy and live round, in run order (round-major).
         notes: remarks for the report (engine settings that differ between servers, ...).
         interrupted: Ctrl-C stopped the validation.
+        probes: the speed probes' samples (``"before"``, ``"after"``, and ``"predicted"``: the
+            reference the profile predicts).
+        drift: per probe quantity, the host's drift (``kvroute.sim.timing.drift.Drift``).
+        speed_scale: the factors the profile was rescaled by to the probes' speed, or None.
     """
 
     trace: Trace
@@ -215,6 +232,7 @@ class Validation:
     root_offsets_s: dict[int, float] | None = None
     probes: dict = field(default_factory=dict)
     drift: dict = field(default_factory=dict)
+    speed_scale: SpeedScale | None = None
 
     def policy_rounds(self) -> dict[str, list[PolicyRun]]:
         """Per policy (in the order first run), its runs in live-round order."""
@@ -508,9 +526,16 @@ async def settled_scrape(urls: list[str], before: list[MetricsSnapshot | None], 
         await asyncio.sleep(0.01)
 
 
-def finish_run(run: PolicyRun, replay: LiveReplay) -> None:
-    """Collect the replay's records into ``run`` and summarise them."""
+def finish_run(run: PolicyRun, replay: LiveReplay, stamps: list[str] | None = None) -> None:
+    """Collect the replay's records into ``run`` and summarise them. ``stamps``: per server, what
+    its KV-event stamps mark (``vllm_versions.kv_event_stamp``): early ones are moved to the end of
+    the prefill step (``live_stamps.correct_live_stamps``)."""
     run.live = replay.result()
+    if replay.kv_events is not None and stamps:
+        from kvroute.calibrate.validation.live_stamps import correct_live_stamps
+
+        run.stamp_correction = correct_live_stamps(
+            run, [replay.kv_batch_times(w) for w in range(len(replay.endpoints))], stamps)
     n = len(replay.endpoints)
     hits, queries, pre = (run.measured_counter(name, n) for name in (HITS, QUERIES, PREEMPTIONS))
     run.live.workers["prefix_cache_hits"] = hits
@@ -562,20 +587,23 @@ def run_validation(
         validation.notes.append("some server runs without VLLM_SERVER_DEV_MODE=1; its prefix cache "
                                 "cannot be reset, so its runs may start warm")
     measured_lag = spec.client_lag_s is None
-    if not measured_lag:
+    rescale = spec.speed_probes > 0 and spec.speed_scale and not spec.probe_reference
+    if not measured_lag and not rescale:
         progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds")
         predictions = predict(with_client_lag(trace, spec.client_lag_s), cluster, list(spec.policies),
                               spec.sim_rounds, spec.seed, spec.uncertainty, spec.prior_range)
         validation.client_lag_s = spec.client_lag_s
     lo, hi = token_range(servers, spec.token_range)
     endpoints = [Endpoint(s.url, s.model) for s in servers]
+    stamps = [kv_event_stamp(getattr(s, "vllm_version", None), getattr(s, "async_scheduling", None))
+              for s in servers]  # what each server's KV-event ts marks (live_stamps.correct_live_stamps)
     if spec.speed_probes > 0:
         validation.probes["before"] = _probe(urls, spec, progress, "before the live rounds")
     engine = cluster.profile.engine
     started = time.monotonic()  # for the time left, in the progress lines
     for live_round, k in ((r, k) for r in range(spec.live_rounds) for k in range(len(spec.policies))):
         run = PolicyRun(policy=spec.policies[k], predicted={}, sim_runs=[], live_round=live_round)
-        if not measured_lag:
+        if not measured_lag and not rescale:
             run.take_prediction(predictions[k])
         replay_spec = ReplaySpec(run.policy, spec.closed_loop, spec.max_in_flight, spec.router_block_tokens,
                                  spec.timeout_s, spec.seed, cache_view=spec.cache_view,
@@ -594,7 +622,7 @@ def run_validation(
             validation.interrupted = run.interrupted = True
             run.after = _scrape_quietly(urls)
         finally:
-            finish_run(run, replay)
+            finish_run(run, replay, stamps)
             if replay.events_problem:
                 validation.notes.append(f"{run.policy}: {replay.events_problem}; its live records have no engine "
                                         "first-token times")
@@ -611,8 +639,24 @@ def run_validation(
             break
     if spec.speed_probes > 0 and not validation.interrupted:
         validation.probes["after"] = _probe(urls, spec, progress, "after the live rounds")
-        validation.drift = probe_drifts(validation.probes.get("before"), validation.probes.get("after"),
-                                        spec.probe_reference)
+        reference = spec.probe_reference
+        if rescale:
+            validation.speed_scale = speed_scale(cluster, validation.probes.get("before"), validation.probes["after"])
+            cluster = dataclasses.replace(cluster, profile=scaled_profile(cluster.profile, validation.speed_scale))
+            validation.sim_spec = cluster
+            validation.notes.append(f"predicted with the profile rescaled to the host's speed the probes measured: "
+                                    f"{validation.speed_scale.describe()}")
+            progress(validation.notes[-1])
+        if not reference:
+            reference = validation.probes["predicted"] = predicted_probe(cluster, spec.speed_probes, seed=spec.seed)
+        validation.drift = probe_drifts(validation.probes.get("before"), validation.probes.get("after"), reference)
+    if rescale and not measured_lag and not validation.interrupted:
+        progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds")
+        predictions = predict(with_client_lag(trace, spec.client_lag_s), cluster, list(spec.policies),
+                              spec.sim_rounds, spec.seed, spec.uncertainty, spec.prior_range)
+        validation.client_lag_s = spec.client_lag_s
+        for run in validation.runs:
+            run.take_prediction(predictions[spec.policies.index(run.policy)])
     if measured_lag:
         sim_trace, lags, lag, offsets = with_measured_client(trace, validation.runs,
                                                              keep_offsets=spec.max_in_flight is None)
@@ -639,7 +683,8 @@ def _probe(urls: list[str], spec: ValidationSpec, progress: Callable[[str], None
 
     samples = asyncio.run(probe_samples(urls, spec.seed, spec.speed_probes, spec.model, progress))
     mid = median(samples)
-    progress(f"speed probe {when}: TTFT {1000 * mid['ttft_s']:.1f} ms, ITL {1000 * mid['itl_s']:.2f} ms (medians)")
+    progress(f"speed probe {when}: TTFT {1000 * mid['ttft_s']:.1f} ms, ITL {1000 * mid['itl_s']:.2f} ms one at a "
+             f"time; TTFT {1000 * mid['burst_ttft_s']:.1f} ms, ITL {1000 * mid['burst_itl_s']:.2f} ms in the burst (medians)")
     return samples
 
 

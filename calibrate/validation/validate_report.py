@@ -38,9 +38,11 @@ import numpy as np
 import pandas as pd
 
 from kvroute.traces.outputs import atomic_output, write_text_atomic
+from kvroute.calibrate.calibration.step_end import merge
 from kvroute.calibrate.validation.engine_times import convoy_rows, engine_rows, stamp_note
 from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, mean_interval, spread
 from kvroute.calibrate.validation.validate import PolicyRun, Validation, send_lags
+from kvroute.sim.timing.heldout import heldout_log_sd
 from kvroute.sim.study.experiment import prediction_interval
 from kvroute.sim.study.intervals import combined_interval, coverage
 from kvroute.sim.timing.drift import NO_DRIFT, drift_exponent, metric_drift
@@ -106,7 +108,8 @@ def _combined_inside(v: Validation, pred: PolicyRun, metric: str, values: list, 
         draws = None
     try:
         ci = combined_interval(sim, draws, finite(live), drift, power, level, log_scale=power != 0,
-                               bounds=(-math.inf, math.inf) if change else METRIC_BOUNDS.get(metric, (-math.inf, math.inf)))
+                               bounds=(-math.inf, math.inf) if change else METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
+                               heldout_log_sd=0.0 if change else heldout_log_sd(v.sim_spec.profile.raw, metric))
     except ValueError:
         return {"run_interval": [None, None], "inside": None}
     terms = {k: (_num(x) if isinstance(x, float) else x) for k, x in ci.parts.items()}
@@ -233,7 +236,10 @@ def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
     convoys = convoy_rows(runs)
     if convoys:  # live engine first-token times: only with the servers' KV-cache events
         entry["convoys"] = convoys
-        entry["convoys_kv_event_stamp"], stamp_bias = stamp_note(v.servers)
+        correction = merge(getattr(r, "stamp_correction", None) for r in runs)
+        entry["convoys_kv_event_stamp"], stamp_bias = stamp_note(v.servers, correction)
+        if correction is not None:  # early stamps moved to the prefill step's end (correct_live_stamps)
+            entry["convoys_stamp_correction"] = correction.to_dict()
         if stamp_bias is not None:
             entry["convoys_note"] = stamp_bias
     if multi:
@@ -300,6 +306,9 @@ def report_dict(v: Validation) -> dict:
                        "level": doc["interval_level"]}
     if getattr(v, "drift", None):
         doc["drift"] = {k: d.to_dict() for k, d in v.drift.items()}
+        doc["probe_reference"] = "calibration" if getattr(spec, "probe_reference", None) else "predicted"
+    if getattr(v, "speed_scale", None) is not None:
+        doc["speed_scale"] = v.speed_scale.to_dict()
     return doc
 
 
@@ -484,6 +493,12 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
             lines += [f"| {c['position']} | {c['count']} | {_fmt(c['predicted_engine'], 4)} / "
                       f"{_fmt(c['measured_engine'], 4)} | {_fmt(c['predicted_out'], 4)} / {_fmt(c['measured_out'], 4)} "
                       f"| {_fmt(c['predicted_ttft'], 4)} / {_fmt(c['measured_ttft'], 4)} |" for c in p["convoys"]]
+            fix = p.get("convoys_stamp_correction")
+            if fix and (fix["num_corrected"] or fix["uncorrected"]):
+                by = ", ".join(f"{k} by {e.replace('_', ' ')}" for e, k in fix["corrected"].items()) or "none"
+                lines += ["", f"Engine first tokens: of the {fix['timed']} KV-event stamps ({fix['stamp']}), "
+                          f"{fix['as_stamped']} marked the end of the prefill step, {fix['num_corrected']} were early "
+                          f"and moved to it ({by}) and {fix['uncorrected']} were left as stamped (no estimate)."]
             if p.get("convoys_note"):
                 lines += ["", f"Note: {p['convoys_note']}."]
     if doc["changes"]:
@@ -511,7 +526,9 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
                   + (f" on the central profile and on each of {doc['uncertainty_draws']} drawn profiles)."
                      if doc["uncertainty_draws"] else ").")
                   + " The interval also holds the live rounds' own spread where it exceeds the seeds'"
-                  + ("; time measures are scaled by the host's speed drift from the probes ("
+                  + ("; time measures are scaled by the host's speed drift from the probes, against "
+                     + ("the probe after calibrating" if doc.get("probe_reference") == "calibration"
+                        else "the profile's prediction of the probe") + " ("
                      + ", ".join(f"{q} x{d['factor']:.3f}, log sd {d['log_sd']:.3f}" for q, d in doc["drift"].items()) + ")"
                      if doc.get("drift") else "")
                   + f". Coverage: {k} of {n} inside the {level_text} interval (docs/reference/intervals.md)."]

@@ -53,14 +53,17 @@ class CombinedInterval:
     parts: dict = field(default_factory=dict)
 
     def contains(self, value) -> bool | None:
-        """Whether ``value`` lies in ``[low, high]``; None when either is undefined."""
+        """Whether ``value`` lies in ``[low, high]``, widened by 1e-12 of the value's size (an
+        interval of identical runs, e.g. a deterministic hit rate, is its mean computed two ways,
+        which can differ in the last bit); None when either is undefined."""
         try:
             v = float(value)
         except (TypeError, ValueError):
             return None
         if not math.isfinite(v) or math.isnan(self.low) or math.isnan(self.high):
             return None
-        return bool(self.low <= v <= self.high)
+        slack = 1e-12 * max(1.0, abs(v))
+        return bool(self.low - slack <= v <= self.high + slack)
 
 
 def _nan(level: float, log_scale: bool, why: str) -> CombinedInterval:
@@ -69,7 +72,8 @@ def _nan(level: float, log_scale: bool, why: str) -> CombinedInterval:
 
 def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift = NO_DRIFT, drift_power: int = 1,
                       level: float = DEFAULT_LEVEL, log_scale: bool = True,
-                      bounds: tuple[float, float] = (-math.inf, math.inf)) -> CombinedInterval:
+                      bounds: tuple[float, float] = (-math.inf, math.inf), heldout_log_sd: float = 0.0
+                      ) -> CombinedInterval:
     """The ``level`` prediction interval of the mean of the live rounds (module doc).
 
     Args:
@@ -83,6 +87,8 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
         level: nominal coverage in (0, 1).
         log_scale: combine in log space (positive values; non-positive ones are dropped).
         bounds: the metric's possible values; the interval is clipped to them.
+        heldout_log_sd: the fit's error on held-out experiments for this metric, log space
+            (``kvroute.sim.timing.heldout``); used on the log scale only, a known variance.
 
     Returns:
         The interval; NaN ends when the runs give no spread to work from (fewer than two
@@ -135,8 +141,9 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
     if not terms:
         return _nan(level, log_scale, "fewer than two runs: no spread")
     drift_var = (drift_power * drift.log_sd) ** 2 if log_scale else 0.0
+    heldout_var = heldout_log_sd ** 2 if log_scale else 0.0
     shift = drift_power * drift.log_factor if log_scale else 0.0
-    total = sum(v for _, v, _ in terms) + drift_var
+    total = sum(v for _, v, _ in terms) + drift_var + heldout_var
     denom = sum(v * v / df for _, v, df in terms if v > 0 and df > 0)
     df = total * total / denom if denom > 0 else math.inf
     q = float(t.ppf(0.5 + level / 2, df)) if math.isfinite(df) else float(_z(level))
@@ -145,7 +152,7 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
     low, high = max(low, bounds[0]), min(high, bounds[1])
     parts = {name: v for name, v, _ in terms}
     parts.update(run_source=run_source, drift_factor=drift.factor if log_scale else 1.0,
-                 drift_var=drift_var, df=df, quantile=q, central_runs=r0, live_rounds=len(live),
+                 drift_var=drift_var, heldout_var=heldout_var, df=df, quantile=q, central_runs=r0, live_rounds=len(live),
                  draws=len(draw_ids))
     return CombinedInterval(low, high, level, log_scale, parts)
 

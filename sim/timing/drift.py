@@ -17,6 +17,18 @@ log space, ``docs/reference/intervals.md``):
   to be as large as the change within the rounds: uniform on ``[-|m_a - m_b|, |m_a - m_b|]``,
   variance ``(m_a - m_b)**2 / 3``.
 
+The reference is the probe taken right after calibrating when there is one, else the profile's own
+prediction of the probe (``kvroute.calibrate.validation.probe.predicted_probe``), so that a host
+uniformly slower than on the calibration day shows as drift.
+
+A probe has two parts: requests one at a time (quantities ``ttft``, ``itl``) and a burst of
+requests at once on every server (``burst_ttft``, ``burst_itl``), which also sees how the host
+handles several busy engines, API processes and the client together. A metric takes the drifts of
+its probe quantities (TTFT measures: ``ttft`` and ``burst_ttft``; ITL and TPOT: ``itl`` and
+``burst_itl``; E2E, time to complete and rates: all), combined as: log factor the mean of theirs,
+variance the largest of theirs plus ``(max - min)**2 / 12`` of their log factors (the speed that
+applies lies somewhere between what the probes say).
+
 Time measures (TTFT, ITL, TPOT, E2E, time to complete) are multiplied by the factor; a rate
 (throughput, goodput per second) is divided by it; shares and counts are left alone.
 """
@@ -32,10 +44,13 @@ RATE_METRICS = ("output_throughput_tps", "goodput_rps")
 """Summary metrics that scale with ``1 / factor`` (a slower host gives fewer tokens per second)."""
 
 ITL_PREFIXES = ("itl_", "tpot_")
-"""Metrics paced by decode steps: they take the ITL probe's drift when there is one."""
+"""Metrics paced by decode steps: they take the ITL probes' drift when there is one."""
 
 TTFT_PREFIXES = ("ttft_", "later_ttft_")
-"""Metrics paced by prefills and admission: they take the TTFT probe's drift when there is one."""
+"""Metrics paced by prefills and admission: they take the TTFT probes' drift when there is one."""
+
+PROBE_KEYS = {ITL_PREFIXES: ("itl", "burst_itl"), TTFT_PREFIXES: ("ttft", "burst_ttft")}
+"""Which probe quantities' drifts a metric with these prefixes takes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,17 +138,30 @@ def drift_exponent(metric: str) -> int:
     return 1 if metric.endswith("_s") else 0
 
 
+def combine(drifts: list[Drift]) -> Drift:
+    """One drift from several probe quantities' (rule in the module doc): log factor their mean,
+    variance the largest of theirs plus ``(max - min)**2 / 12`` of their log factors.
+
+    Raises:
+        ValueError: ``drifts`` is empty.
+    """
+    if not drifts:
+        raise ValueError("combine needs at least one drift")
+    if len(drifts) == 1:
+        return drifts[0]
+    logs = [d.log_factor for d in drifts]
+    var = max(d.log_sd for d in drifts) ** 2 + (max(logs) - min(logs)) ** 2 / 12
+    return Drift(math.exp(sum(logs) / len(logs)), math.sqrt(var), "combined: " + "; ".join(d.source for d in drifts))
+
+
 def metric_drift(metric: str, drifts: dict[str, Drift]) -> Drift:
     """The drift that applies to ``metric`` from per-probe-quantity drifts (keys ``"ttft"``,
-    ``"itl"``): the TTFT probe's for TTFT metrics, the ITL probe's for ITL and TPOT, and for
-    the rest (E2E, time to complete, rates) the mean of their log factors with the larger
-    sd (either may dominate). Shares and counts get :data:`NO_DRIFT`."""
+    ``"itl"``, ``"burst_ttft"``, ``"burst_itl"``): TTFT metrics take the TTFT quantities', ITL
+    and TPOT the ITL quantities', the rest (E2E, time to complete, rates) all of them, combined
+    by :func:`combine`. Shares and counts get :data:`NO_DRIFT`."""
     if not drifts or drift_exponent(metric) == 0:
         return NO_DRIFT
-    if metric.startswith(ITL_PREFIXES) and "itl" in drifts:
-        return drifts["itl"]
-    if metric.startswith(TTFT_PREFIXES) and "ttft" in drifts:
-        return drifts["ttft"]
-    ds = list(drifts.values())
-    log_factor = sum(d.log_factor for d in ds) / len(ds)
-    return Drift(math.exp(log_factor), max(d.log_sd for d in ds), "mean of " + ", ".join(sorted(drifts)))
+    for prefixes, keys in PROBE_KEYS.items():
+        if metric.startswith(prefixes) and any(k in drifts for k in keys):
+            return combine([drifts[k] for k in keys if k in drifts])
+    return combine([drifts[k] for k in sorted(drifts)])

@@ -237,6 +237,25 @@ def test_validate_against_0_11_writes_the_servers_release(stub, tmp_path):
     assert "vLLM 0.11.0 (async scheduling off)" in (out / "report.md").read_text()
 
 
+def test_validate_with_0_11_events_moves_every_stamp_or_counts_it(stub, tmp_path):
+    from kvroute.cli.validate_command import validate
+
+    pytest.importorskip("zmq", reason="pyzmq is not installed (the test extra brings it)")
+    events = f"ipc://{tmp_path}/events.sock"
+    s = stub(kv_events=events, token_delay_s=0.002)
+    out = tmp_path / "v"
+    result = CliRunner().invoke(validate, ["--url", s.url, "--workload", "seed-chat", "--chats", "4", "--turns", "3",
+                                           "--policies", "round_robin", "--profile", "cpu-tiny-qwen2", "--out",
+                                           str(out), "--rounds", "1", "--kv-events", events, "--tokens"])
+    assert result.exit_code == 0, result.output
+    entry = json.loads((out / "report.json").read_text())["policies"]["round_robin"]
+    fix = entry["convoys_stamp_correction"]  # row 5: stamped when scheduled, so none marks the step's end
+    assert (entry["convoys_kv_event_stamp"], fix["stamp"], fix["as_stamped"]) == ("step_start", "step_start", 0)
+    assert fix["timed"] > 0 and fix["num_corrected"] + fix["uncorrected"] == fix["timed"]
+    assert ("convoys_note" in entry) == (fix["uncorrected"] > 0)
+    assert f"{fix['num_corrected']} were early and moved to it" in (out / "report.md").read_text()
+
+
 def test_a_profile_names_another_release_in_a_note():
     from kvroute.sim.timing.profile import load_profile
 

@@ -668,6 +668,7 @@ def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fa
     import math
 
     from kvroute.sim.study.intervals import combined_interval
+    from kvroute.sim.timing.heldout import heldout_spreads
     from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
@@ -679,12 +680,15 @@ def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fa
     assert kv.interval_source.startswith("seeds and model (bootstrap")
     doc = json.loads(write_report(v, tmp_path).read_text())
     m = doc["policies"]["kv_aware"]["metrics"]["ttft_mean_s"]
-    # the 90 % interval combining seeds, the drawn profiles and (no probes here) no drift, in log space
+    # the 90 % interval combining seeds, the drawn profiles, the fit's held-out TTFT error and (no
+    # probes here) no drift, in log space
     assert kv.run_draws == [-1, -1, 0, 0, 1, 1]
+    heldout = heldout_spreads(load_profile("cpu-tiny-qwen2").raw)["ttft"]
     ci = combined_interval(kv.run_values["ttft_mean_s"], kv.run_draws, [m["measured"]], level=0.9, log_scale=True,
-                           bounds=(0.0, math.inf))
+                           bounds=(0.0, math.inf), heldout_log_sd=heldout)
     lo, hi = ci.low, ci.high
     assert m["run_interval"] == [lo, hi] and m["inside"] == (lo <= m["measured"] <= hi)
+    assert m["interval_terms"]["heldout_var"] == pytest.approx(heldout ** 2, rel=1e-12)
     assert doc["interval_level"] == 0.9 and doc["coverage"]["level"] == 0.9
     assert m["interval_terms"]["draws"] == 2 and m["interval_terms"]["central_runs"] == 2
     ch = doc["changes"]["kv_aware"]["time_to_complete_s"]
@@ -878,6 +882,8 @@ def test_live_rounds_report_exact_values_for_a_constructed_case():
     from scipy.stats import t
 
     from kvroute.calibrate.validation.validate_report import ONE_ROUND_NOTE, report_dict, report_markdown
+    from kvroute.sim.timing.heldout import heldout_spreads
+    from kvroute.sim.timing.profile import load_profile
     from kvroute.sim.study.experiment import prediction_interval
 
     rr_tc, kv_tc = [1.0, 2.0, 3.0], [0.9, 1.5, 2.7]
@@ -900,7 +906,10 @@ def test_live_rounds_report_exact_values_for_a_constructed_case():
 
     live_var = statistics.variance([math.log(x) for x in rr_tc])
     sim_var = statistics.variance([math.log(x) for x in (2.0, 2.1, 2.2)])
-    total = live_var / 3 + sim_var / 3
+    # plus the fit's held-out error (cpu-tiny-qwen2-x2's, time to complete: the RMS of TTFT's and
+    # ITL's log spreads), a known variance: it adds to the total, not to the degrees of freedom
+    heldout = sum(x * x for x in heldout_spreads(load_profile("cpu-tiny-qwen2-x2").raw).values()) / 2
+    total = live_var / 3 + sim_var / 3 + heldout
     df = total ** 2 / ((live_var / 3) ** 2 / 2 + (sim_var / 3) ** 2 / 2)
     half = t.ppf(0.95, df) * math.sqrt(total)
     assert m["run_interval"] == pytest.approx([2.1 * math.exp(-half), 2.1 * math.exp(half)], rel=1e-12)
@@ -1165,21 +1174,34 @@ def test_validate_exits_non_zero_when_no_request_was_measured(fakes, tmp_path):
 
 
 def test_speed_probes_around_the_live_rounds_give_the_drift_the_intervals_use(fakes, tmp_path):
-    """--speed-probes 2: two probe requests per server before the first and after the last live
-    round; the drift of each probe quantity goes into the report and widens the time intervals."""
+    """--speed-probes 2: two probe requests per server one at a time and a burst of four per server
+    before the first and after the last live round, against the profile's prediction of the same
+    probe (no probe after calibrating); the drift of each probe quantity goes into the report and
+    shifts and widens the time intervals."""
+    from kvroute.calibrate.validation.probe import PREDICTED_ROUNDS, PROBE_BURST, fits_long
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_report import report_dict
+    from kvroute.sim.timing.drift import metric_drift
     from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
     spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin",), max_in_flight=1, sim_rounds=2,
                           speed_probes=2, interval_level=0.8)
     v = run_validation(small_chat(chats=2, turns=2), load_profile("cpu-tiny-qwen2"), spec)
-    assert set(v.probes) == {"before", "after"}
-    assert all(len(v.probes[w]["ttft_s"]) == 4 for w in ("before", "after"))  # 2 per server
-    assert set(v.drift) == {"ttft", "itl"} and all(d.factor > 0 for d in v.drift.values())
+    assert set(v.probes) == {"before", "after", "predicted"}
+    for when in ("before", "after"):
+        assert len(v.probes[when]["ttft_s"]) == 4 and len(v.probes[when]["burst_ttft_s"]) == 2 * PROBE_BURST
+    assert len(v.probes["predicted"]["ttft_s"]) == 4 * PREDICTED_ROUNDS
+    assert len(v.probes["predicted"]["burst_itl_s"]) == 2 * PROBE_BURST * PREDICTED_ROUNDS
+    long = {"long_ttft", "long_itl"} if fits_long(v.servers[0].max_model_len) else set()
+    assert not long  # the fake servers' context is shorter than the long part's 8,224 tokens: it is left out
+    assert set(v.drift) == {"ttft", "itl", "burst_ttft", "burst_itl"} | long
+    assert all(d.factor > 0 for d in v.drift.values())
     doc = report_dict(v)
-    assert doc["interval_level"] == 0.8 and set(doc["drift"]) == {"ttft", "itl"}
+    assert doc["interval_level"] == 0.8 and set(doc["drift"]) == set(v.drift)
+    assert doc["probe_reference"] == "predicted"
+    assert v.sim_spec.profile.name == "cpu-tiny-qwen2 x probe"  # predicted with the probes' speed
+    assert doc["speed_scale"] == v.speed_scale.to_dict() and v.speed_scale.source.startswith("speed probes")
     m = doc["policies"]["round_robin"]["metrics"]["ttft_mean_s"]
-    assert m["interval_terms"]["drift_factor"] == pytest.approx(v.drift["ttft"].factor)
+    assert m["interval_terms"]["drift_factor"] == pytest.approx(metric_drift("ttft_mean_s", v.drift).factor)
     assert doc["policies"]["round_robin"]["metrics"]["hit_rate"]["interval_terms"]["drift_factor"] == 1.0

@@ -108,3 +108,13 @@ def test_live_rounds_wider_than_the_seeds_set_the_run_to_run_term():
 def test_coverage_counts_only_checked_values():
     assert coverage([True, False, None, True]) == {"inside": 2, "checked": 3, "share": 2 / 3}
     assert coverage([None]) == {"inside": 0, "checked": 0, "share": None}
+
+
+def test_identical_runs_contain_their_own_value_despite_the_last_bit():
+    """A deterministic hit rate: every run and live round the same share; the interval's ends are
+    that share computed as a mean, which can land one ulp away, and the share still counts inside."""
+    share = 0.8572990705303445
+    ci = combined_interval([share] * 20, live_values=[share] * 20, level=0.9, log_scale=False,
+                           bounds=(0.0, 1.0))
+    assert ci.contains(share) is True
+    assert ci.contains(share + 1e-9) is False

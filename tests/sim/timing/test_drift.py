@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from kvroute.sim.timing.drift import NO_DRIFT, Drift, drift_exponent, metric_drift, probe_drift
+from kvroute.sim.timing.drift import NO_DRIFT, Drift, combine, drift_exponent, metric_drift, probe_drift
 
 
 def test_drift_against_a_reference_is_the_mean_of_the_probes_over_the_reference():
@@ -44,6 +44,22 @@ def test_metrics_take_the_drift_of_their_probe_and_shares_none():
     drifts = {"ttft": ttft, "itl": itl}
     assert metric_drift("later_ttft_mean_s", drifts) is ttft and metric_drift("tpot_mean_s", drifts) is itl
     both = metric_drift("time_to_complete_s", drifts)
-    assert both.factor == pytest.approx(math.sqrt(1.2 * 1.1)) and both.log_sd == 0.05
+    assert both.factor == pytest.approx(math.sqrt(1.2 * 1.1))
+    assert both.log_sd == pytest.approx(math.sqrt(0.05 ** 2 + math.log(1.2 / 1.1) ** 2 / 12), rel=1e-12)
     assert metric_drift("hit_rate", drifts) is NO_DRIFT and metric_drift("ttft_mean_s", {}) is NO_DRIFT
     assert [drift_exponent(m) for m in ("e2e_mean_s", "output_throughput_tps", "failed", "hit_rate")] == [1, -1, 0, 0]
+
+
+def test_a_metric_combines_the_single_and_burst_probes_of_its_kind():
+    e = math.exp
+    ttft, burst = Drift(e(0.2), 0.03), Drift(e(0.6), 0.04)
+    drifts = {"ttft": ttft, "burst_ttft": burst, "itl": Drift(e(0.1), 0.01)}
+    d = metric_drift("later_ttft_mean_s", drifts)
+    assert d.factor == pytest.approx(e(0.4), rel=1e-12)  # mean of the log factors
+    assert d.log_sd == pytest.approx(math.sqrt(0.04 ** 2 + 0.4 ** 2 / 12), rel=1e-12)  # largest sd, plus the range
+    assert metric_drift("tpot_mean_s", drifts) is drifts["itl"]  # no burst ITL probe: the single one alone
+    every = metric_drift("e2e_mean_s", drifts)
+    assert every.factor == pytest.approx(e(0.3), rel=1e-12)
+    assert every.log_sd == pytest.approx(math.sqrt(0.04 ** 2 + 0.5 ** 2 / 12), rel=1e-12)
+    with pytest.raises(ValueError, match="at least one"):
+        combine([])

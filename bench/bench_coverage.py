@@ -1,0 +1,164 @@
+"""Coverage of the validation intervals over every saved bench_validate run: how many measured
+values fall inside their prediction interval, per profile, pooled over runs, and per run, shape
+and measure, each with the runs and live rounds behind it (issue 37).
+
+    python bench/bench_coverage.py                        # every run in bench/data/live-rounds/, ~1 min each
+    python bench/bench_coverage.py --keep /tmp/bv5 --label 2026-12-05c   # archive a run, then score all
+    python bench/bench_coverage.py --no-speed-scale      # the profiles as they are
+
+A run is what ``python bench/bench_validate.py --out DIR`` saved: per shape its live rounds
+(``live.pickle``) and speed probes (``probes.json``). ``--keep DIR`` copies them, compressed,
+into ``bench/data/live-rounds/<label>/`` with a ``run.json`` (date, host, load), so runs made on
+other days and machines add up. Each archived run is rescored by ``bench_validate.py --rescore``
+with today's code and profiles (the live rounds are not re-run), and the coverage lines are
+printed with the number of runs, figures and live rounds behind each. The target of issue 37: at
+least 85 % of the measured values inside their 90 % interval over at least three runs on
+different days or machines.
+
+Archived runs are pickles of ``kvroute.calibrate.validation.validate.Validation``: a field added
+later takes its default when read back (``bench_validate._saved_rounds``); a field renamed or
+removed breaks the old runs, which then need a converter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ARCHIVE = HERE / "data" / "live-rounds"
+SHAPES = ("long-chats", "short-replies", "open-loop")
+
+
+def keep(run: Path, label: str, archive: Path = ARCHIVE) -> Path:
+    """Copy a bench_validate run's live rounds (gzip) and probes into ``archive/label/``, with a
+    ``run.json`` of where and when it was measured; returns the folder.
+
+    Raises:
+        SystemExit: no shape of ``run`` has saved live rounds, or ``archive/label`` exists.
+    """
+    dest = archive / label
+    if dest.exists():
+        sys.exit(f"error: {dest} exists: pick another --label")
+    shapes = [s for s in SHAPES if (run / s / "live.pickle").exists()]
+    if not shapes:
+        sys.exit(f"error: {run}: no <shape>/live.pickle (is it a bench_validate --out folder?)")
+    for shape in shapes:
+        (dest / shape).mkdir(parents=True)
+        (dest / shape / "live.pickle.gz").write_bytes(gzip.compress((run / shape / "live.pickle").read_bytes(), 9))
+        if (run / shape / "probes.json").exists():
+            shutil.copy(run / shape / "probes.json", dest / shape / "probes.json")
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    stamp = datetime.fromtimestamp((run / shapes[0] / "live.pickle").stat().st_mtime, timezone.utc)
+    (dest / "run.json").write_text(json.dumps({
+        "label": label, "measured": stamp.isoformat(timespec="minutes"), "shapes": shapes,
+        "host": {"machine": platform.machine(), "cpu": _cpu_name(), "cores": os.cpu_count()},
+        "speed_probes": summary.get("speed_probes"), "host_cpu": summary.get("host_cpu"),
+        "wall_s": summary.get("wall_s")}, indent=2) + "\n")
+    return dest
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def rescore(run: Path, extra: list[str]) -> list[dict]:
+    """``bench_validate.py --rescore run`` (today's code and profiles); the rows of its
+    ``summary.json``, each tagged with the run's label."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, str(HERE / "bench_validate.py"), "--rescore", str(run), "--out", tmp,
+               "--shapes", ",".join(s for s in SHAPES if (run / s).is_dir()), *extra]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"error: rescoring {run} failed:\n{done.stderr[-2000:]}")
+        rows = json.loads((Path(tmp) / "summary.json").read_text())["rows"]
+    for r in rows:
+        r["run"] = run.name
+    return rows
+
+
+def coverage_report(rows: list[dict]) -> list[str]:
+    """Lines: per profile, the pooled coverage with runs, figures and live rounds behind it, then
+    per run, per shape and per measure."""
+    lines = []
+    for profile in dict.fromkeys(r["profile"] for r in rows):
+        mine = [r for r in rows if r["profile"] == profile and r.get("inside") is not None]
+        if not mine:
+            continue
+        runs = sorted({r["run"] for r in mine})
+        rounds = sum({(r["run"], r["shape"]): r["live_rounds"] for r in mine}.values())
+        k, n = sum(bool(r["inside"]) for r in mine), len(mine)
+        level = mine[0]["level"]
+        lines.append(f"{profile}: {k} of {n} inside the {100 * level:g} % interval ({100 * k / n:.0f} %; target "
+                     f">= 85 % over >= 3 runs on different days or machines), {len(runs)} runs, {rounds} live rounds "
+                     "per policy")
+
+        def part(key: str, name: str, width: bool = False) -> str:
+            sub = [r for r in mine if r[key] == name]
+            text = f"{name} {sum(bool(r['inside']) for r in sub)}/{len(sub)}"
+            return text + (f" ({_width(sub)})" if width else "")
+
+        lines.append("  by run:     " + ", ".join(part("run", v) for v in runs))
+        lines.append("  by shape:   " + ", ".join(part("shape", v) for v in dict.fromkeys(r["shape"] for r in mine)))
+        lines.append("  by measure (median interval width): "
+                     + ", ".join(part("metric", v, True) for v in dict.fromkeys(r["metric"] for r in mine)))
+    return lines
+
+
+def _width(rows: list[dict]) -> str:
+    """The rows' median interval width: as high / low for times and rates (log-space intervals),
+    in percentage points for changes, absolute for shares."""
+    import statistics
+
+    ivs = [r["interval"] for r in rows if r.get("interval") and None not in r["interval"]]
+    if not ivs:
+        return "-"
+    if rows[0]["metric"].startswith("change "):
+        return f"{statistics.median(hi - lo for lo, hi in ivs):.1f} pp"
+    if rows[0]["metric"].endswith("_s"):
+        return f"x{statistics.median(hi / lo for lo, hi in ivs if lo > 0):.2f}"
+    return f"{statistics.median(hi - lo for lo, hi in ivs):.3f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("runs", nargs="*", type=Path,
+                        help=f"Archived runs (default: every folder of {ARCHIVE.relative_to(HERE.parent)}).")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="Archive this bench_validate --out folder first.")
+    parser.add_argument("--label", help="The archived run's folder name (default: its date and time).")
+    parser.add_argument("--no-speed-scale", action="store_true", help="Passed to bench_validate.py.")
+    parser.add_argument("--profile", action="append", help="Passed to bench_validate.py (repeatable).")
+    args = parser.parse_args(argv)
+    if args.keep:
+        label = args.label or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H%M")
+        print(f"archived {args.keep} as {keep(args.keep, label)}")
+    runs = args.runs or sorted(p for p in ARCHIVE.glob("*") if p.is_dir())
+    if not runs:
+        sys.exit(f"error: no archived run in {ARCHIVE} (archive one with --keep DIR)")
+    extra = (["--no-speed-scale"] if args.no_speed_scale else []) + [a for p in args.profile or [] for a in ("--profile", p)]
+    rows = []
+    for run in runs:
+        print(f"rescoring {run.name} ...", file=sys.stderr)
+        rows += rescore(run, extra)
+    for line in coverage_report(rows):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

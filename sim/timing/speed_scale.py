@@ -1,0 +1,103 @@
+"""A profile rescaled to the host's speed of the day, from speed probes.
+
+A CPU host (and a shared cloud GPU) can run the same model at another speed from one day or
+machine to the next, and not uniformly: on this project's 2-core VM a profile calibrated on
+2026-12-01 predicted single cold prompts of 2,048 / 8,192 / 16,384 tokens 1.5x / 2.0x / 2.1x too
+fast on 2026-12-05, because the attention part of a step had slowed by 2.1x and the rest by far
+less (docs/log/2026-12-05-speed-scale.md). One factor on every predicted time cannot follow that;
+a factor per group of the step-cost coefficients can:
+
+- ``step``: what every step pays whatever it holds (``step_overhead_s``, ``weight_load_s``,
+  ``per_request_s``);
+- ``token``: the linear layers' time per batched token (``per_token_s``);
+- ``attention``: prefill and decode attention (``prefill_attn_s``, ``decode_attn_s``).
+
+The factors are fitted to speed probes by ``kvroute.calibrate.validation.probe.speed_scale``
+(which simulates the probe); :func:`scaled_profile` applies them to a profile and to its fit's
+bootstrap samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from kvroute.sim.timing.profile import CoefficientUncertainty, Profile
+
+SPEED_GROUPS: dict[str, tuple[str, ...]] = {
+    "step": ("step_overhead_s", "weight_load_s", "per_request_s"),
+    "token": ("per_token_s",),
+    "attention": ("prefill_attn_s", "decode_attn_s"),
+}
+"""The step-cost coefficients (``kvroute.sim.timing.cost_model.StepCost`` fields) each factor scales."""
+
+FACTOR_BOUNDS = (0.1, 10.0)
+"""The factors a fit may give: a host 10x faster or slower than its profile is not a drift but
+another machine, and the probe's answer is clipped to say so."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedScale:
+    """Factors on a profile's step-cost groups (module doc): 2.0 means twice as slow.
+
+    Attributes:
+        step, token, attention: the factors (> 0).
+        source: how they were obtained, for reports.
+        residual: the fit's root-mean-square relative error over the probe times it used (0.05:
+            5 %); NaN when given by hand.
+        clipped: names of the factors left on a bound of :data:`FACTOR_BOUNDS`.
+
+    Raises:
+        ValueError: a factor not finite and > 0.
+    """
+
+    step: float = 1.0
+    token: float = 1.0
+    attention: float = 1.0
+    source: str = "none"
+    residual: float = math.nan
+    clipped: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in SPEED_GROUPS:
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"speed factor {name} must be finite and > 0, got {value!r}")
+
+    def factors(self) -> dict[str, float]:
+        """``{"step": ..., "token": ..., "attention": ...}``."""
+        return {name: getattr(self, name) for name in SPEED_GROUPS}
+
+    def describe(self) -> str:
+        """One line: the factors, the fit's residual and any bound hit."""
+        text = ", ".join(f"{name} x{value:.3f}" for name, value in self.factors().items())
+        if math.isfinite(self.residual):
+            text += f" (probe fit residual {100 * self.residual:.1f} %)"
+        if self.clipped:
+            text += f"; on a bound of {FACTOR_BOUNDS}: {', '.join(self.clipped)}"
+        return text
+
+    def to_dict(self) -> dict:
+        """The factors, ``source``, ``residual`` (None when NaN) and ``clipped``."""
+        return {**self.factors(), "source": self.source,
+                "residual": None if math.isnan(self.residual) else self.residual, "clipped": list(self.clipped)}
+
+
+def scaled_profile(profile: Profile, scale: SpeedScale) -> Profile:
+    """``profile`` with each step-cost group multiplied by its factor, the same factors applied to
+    the matching fields of its bootstrap samples (so that drawn profiles keep the day's speed),
+    named ``"<name> x probe"`` and with ``raw["speed_scale"]`` saying how."""
+    factor_of = {field: getattr(scale, group) for group, fields in SPEED_GROUPS.items() for field in fields}
+    step_cost = dataclasses.replace(profile.step_cost, **{f: getattr(profile.step_cost, f) * k
+                                                          for f, k in factor_of.items()})
+    uncertainty = profile.uncertainty
+    if uncertainty is not None and uncertainty.samples:
+        ks = [factor_of.get(name.removeprefix("step_cost."), 1.0) if name.startswith("step_cost.") else 1.0
+              for name in uncertainty.fields]
+        uncertainty = CoefficientUncertainty(uncertainty.fields,
+                                             tuple(tuple(v * k for v, k in zip(row, ks)) for row in uncertainty.samples),
+                                             uncertainty.relative_range, uncertainty.method)
+    raw = {**profile.raw, "speed_scale": scale.to_dict()}
+    return dataclasses.replace(profile, name=f"{profile.name} x probe", step_cost=step_cost, uncertainty=uncertainty,
+                               raw=raw)
