@@ -306,16 +306,29 @@ def fit_cost(
     return CostFit(_as_cost(best_x), a, b, mode, jitter, method, parts)
 
 
-def _admission(parts: dict) -> dict:
+def _admission(parts: dict, api_server_s: float, api_server_per_token_s: float) -> dict:
     """The overheads' engine admission (``Overheads.engine_admission_s`` and
     ``engine_admission_per_token_s``: the part of the API-server time vLLM spends inside the step
     that first schedules a request, paid there by the simulator) from a fit with
     ``overhead="metrics"``, which measures it as the queue and prefill time the engine's own
-    histograms hold beyond the step cost; {} from a fit that did not split the overhead."""
+    histograms hold beyond the step cost; each capped at the API-server term it is part of
+    (``api_server_s``, ``api_server_per_token_s``: a profile's admission cannot exceed them, and a
+    fit whose API-server line came out at 0 keeps no admission beyond it); {} from a fit that did
+    not split the overhead, or when both come out 0."""
     a, b = parts.get("engine_admission_s"), parts.get("engine_admission_per_token_s")
     if a is None or b is None:
         return {}
-    return {"engine_admission_s": _r(a), "engine_admission_per_token_s": _r(b)}
+    a, b = min(max(a, 0.0), max(api_server_s, 0.0)), min(max(b, 0.0), max(api_server_per_token_s, 0.0))
+    if a <= 0.0 and b <= 0.0:
+        return {}
+    return {"engine_admission_s": _r_down(a), "engine_admission_per_token_s": _r_down(b)}
+
+
+def _r_down(x: float) -> float:
+    """``x`` to six significant digits unless that rounds it up (an admission rounded up could
+    exceed the API-server term it is part of): then ``x`` itself."""
+    r = _r(x)
+    return r if r <= x else x
 
 
 def _config_medians(obs: list[Observation], meas: np.ndarray, pred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -587,7 +600,8 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
         "engine": engine,
         "step_cost": {k: getattr(result.cost, k) for k in COEFFICIENTS},
         "overheads": {"api_server_s": result.api_server_s, "api_server_per_token_s": result.api_server_per_token_s,
-                      "gateway_s": 0.0, "jitter_cv": _r(result.jitter_cv), **_admission(result.parts)},
+                      "gateway_s": 0.0, "jitter_cv": _r(result.jitter_cv),
+                      **_admission(result.parts, result.api_server_s, result.api_server_per_token_s)},
         "provenance": {
             "kind": "measured",
             "source": "kvroute calibrate measure + fit",

@@ -212,3 +212,18 @@ def test_rows_are_not_appended_under_another_header(tmp_path):
     RowWriter(tmp_path / "new.csv", REQUEST_COLUMNS).close()
     RowWriter(tmp_path / "new.csv", REQUEST_COLUMNS).close()
     assert (tmp_path / "new.csv").read_text().count("\n") == 1
+
+
+def test_the_fit_writes_the_engine_admission_capped_at_the_api_server_term():
+    """calibrate fit writes overheads.engine_admission_s / _per_token_s from its overhead split,
+    each at most the API-server term it is part of (a fit whose API-server line came out at 0 on
+    the 0.11 stub wrote an admission the profile loader refuses)."""
+    from kvroute.calibrate.calibration.fit import _admission
+
+    parts = {"engine_admission_s": 0.00210839, "engine_admission_per_token_s": 3.96076e-07}
+    assert _admission(parts, 0.0058688, 1.2468e-06) == parts
+    assert _admission(parts, 0.0, 1.2468e-06) == {"engine_admission_s": 0.0, "engine_admission_per_token_s": 3.96076e-07}
+    assert _admission({"engine_admission_s": 0.000164075, "engine_admission_per_token_s": 0.0}, 0.0, 0.0) == {}
+    assert _admission({"fitted_intercept_s": 0.004}, 0.004, 0.0) == {}  # a fit that did not split the overhead
+    capped = _admission({"engine_admission_s": 0.0012345678, "engine_admission_per_token_s": 0.0}, 0.0012345678, 0.0)
+    assert capped["engine_admission_s"] <= 0.0012345678  # six digits would round it up past the cap: kept as is
