@@ -2,7 +2,7 @@
 values fall inside their prediction interval, per profile, pooled over runs, and per run, shape
 and measure, each with the runs and live rounds behind it (issue 37).
 
-    python bench/bench_coverage.py                        # every run in bench/data/live-rounds/, ~1 min each
+    python bench/bench_coverage.py                        # every run in bench/data/live-rounds/, ~30 s each
     python bench/bench_coverage.py --keep /tmp/bv5 --label 2026-12-05c   # archive a run, then score all
     python bench/bench_coverage.py --no-speed-scale      # the profiles as they are
 
@@ -104,9 +104,12 @@ def coverage_report(rows: list[dict]) -> list[str]:
         rounds = sum({(r["run"], r["shape"]): r["live_rounds"] for r in mine}.values())
         k, n = sum(bool(r["inside"]) for r in mine), len(mine)
         level = mine[0]["level"]
-        lines.append(f"{profile}: {k} of {n} inside the {100 * level:g} % interval ({100 * k / n:.0f} %; target "
-                     f">= 85 % over >= 3 runs on different days or machines), {len(runs)} runs, {rounds} live rounds "
-                     "per policy")
+        # bench_validate's <name>@<period> rows score the first profile at the ends of its engine-speed
+        # period's interval: a check, not counted as a target there or here
+        target = ("a check at one end of the engine-speed period's interval, not a target" if "@" in profile
+                  else "target >= 85 % over >= 3 runs on different days or machines")
+        lines.append(f"{profile}: {k} of {n} inside the {100 * level:g} % interval ({100 * k / n:.0f} %; {target}), "
+                     f"{len(runs)} runs, {rounds} live rounds per policy")
 
         def part(key: str, name: str, width: bool = False) -> str:
             sub = [r for r in mine if r[key] == name]

@@ -29,11 +29,14 @@ Targets on this 2-core machine, per shape and policy: time to complete within 15
 kv_aware vs round_robin of time to complete and of that TTFT within 8 percentage points. Each
 figure is printed with the number of live rounds behind it and the load average (1 min) at the
 start and end of the shape's live rounds: live timings on a shared machine move with its load.
-Before each shape a speed probe (three cold 2,048-token requests one at a time on each server)
-times the servers, and again after its live rounds; its change against the first probe, taken
-right after ``--calibrate``, says how far the host's speed moved under the run, which no profile
-can predict. The probes around each shape's rounds give the drift factor that scales and widens
-its prediction intervals (``kvroute.sim.timing.drift``), and the script ends with the coverage:
+Before each shape a speed probe (three cold 2,048-token requests and one 8,192-token request one
+at a time on each server, then four per server on every server at once:
+``kvroute.calibrate.validation.probe``) times the servers, and again after its live rounds; its
+change against the first probe, taken right after ``--calibrate``, says how far the host's speed
+moved under the run. Without ``--calibrate`` each profile is scored rescaled to the probes' speed
+(``kvroute.sim.timing.speed_scale``, rows ``<name> x probe``; ``--no-speed-scale``: as it is).
+The probes around each shape's rounds give the drift factor that scales and widens its
+prediction intervals (``kvroute.sim.timing.drift``), and the script ends with the coverage:
 how many measured values fall inside their ``--interval-level`` (90 %) interval, which also holds
 the seeds', the live rounds' and ``--uncertainty`` drawn profiles' spread
 (``kvroute.sim.study.intervals``; docs/reference/intervals.md). Around each shape's
@@ -459,10 +462,11 @@ def probe_drift_of(shape: str, profile_name: str, saved_probes: dict, cluster, n
     appends a note saying which and what came out."""
     from kvroute.calibrate.validation.probe import drifts, predicted_probe
 
-    reference, against = saved_probes.get("reference"), "the probe after calibrating"
+    reference, against, label = saved_probes.get("reference"), "the probe after calibrating", "after calibrating"
     if not reference and saved_probes.get("before"):
         reference, against = predicted_probe(cluster), f"{profile_name}'s prediction of the probe"
-    found = drifts(saved_probes.get("before"), saved_probes.get("after"), reference)
+        label = f"as {profile_name} predicts them"
+    found = drifts(saved_probes.get("before"), saved_probes.get("after"), reference, label)
     if found:
         notes.append(f"{shape}: host speed drift over the live rounds (probes before and after, against {against}): "
                      + ", ".join(f"{q} x{d.factor:.3f} (log sd {d.log_sd:.3f})" for q, d in found.items()))

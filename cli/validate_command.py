@@ -122,6 +122,9 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
             check_endpoints(kv_events, len(urls))
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--kv-events'") from exc
+    if not speed_scale and not speed_probes:
+        raise click.BadParameter("applies with --speed-probes N (N >= 1): without probes the profile is used as it "
+                                 "is", param_hint="'--no-speed-scale'")
     # NOTE: the live client, imported before anything is written: when it is missing, main()
     # names the extras that bring it (cli.main.OPTIONAL_MODULES)
     import aiohttp  # noqa: F401

@@ -889,3 +889,10 @@ def test_a_utf8_bom_is_accepted(tmp_path, name, text):
     result = run("simulate", "--trace", path, "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["policies"]["round_robin"]["failed"]["mean"] == 0
+
+
+def test_no_speed_scale_without_speed_probes_names_the_flag(tmp_path):
+    """--no-speed-scale only changes a run with --speed-probes; alone it is refused, not ignored
+    (checked before any server is contacted)."""
+    assert_error(run("validate", "--url", "http://127.0.0.1:9", "--out", tmp_path / "v", "--no-speed-scale"),
+                 "Invalid value for '--no-speed-scale': applies with --speed-probes N (N >= 1)")

@@ -245,11 +245,13 @@ def median(samples: dict[str, list[float]]) -> dict[str, float]:
 
 
 def drifts(before: dict[str, list[float]] | None, after: dict[str, list[float]] | None,
-           reference: dict[str, list[float]] | None = None) -> dict[str, Drift]:
+           reference: dict[str, list[float]] | None = None,
+           reference_label: str = "after calibrating") -> dict[str, Drift]:
     """Per probe quantity (``"ttft"``, ``"itl"``, ``"burst_ttft"``, ``"burst_itl"``), the drift over
     the live rounds between the probes ``before`` and ``after`` them, against ``reference`` (the
     probe right after calibrating, or :func:`predicted_probe`) when given
-    (``kvroute.sim.timing.drift.probe_drift``); {} without both probes. A quantity missing from
+    (``kvroute.sim.timing.drift.probe_drift``; ``reference_label`` names it in each drift's
+    ``source``); {} without both probes. A quantity missing from
     either probe (probes saved before the burst part existed) is left out."""
     if not before or not after:
         return {}
@@ -257,7 +259,7 @@ def drifts(before: dict[str, list[float]] | None, after: dict[str, list[float]] 
     for q in PROBE_QUANTITIES:
         if not before.get(q) or not after.get(q):
             continue
-        d = probe_drift(before.get(q), after.get(q), (reference or {}).get(q))
+        d = probe_drift(before.get(q), after.get(q), (reference or {}).get(q), reference_label)
         if d is not NO_DRIFT and "no usable probe" not in d.source:
             out[q.removesuffix("_s")] = d
     return out

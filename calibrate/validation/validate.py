@@ -647,9 +647,12 @@ def run_validation(
             validation.notes.append(f"predicted with the profile rescaled to the host's speed the probes measured: "
                                     f"{validation.speed_scale.describe()}")
             progress(validation.notes[-1])
+        label = "after calibrating"
         if not reference:
             reference = validation.probes["predicted"] = predicted_probe(cluster, spec.speed_probes, seed=spec.seed)
-        validation.drift = probe_drifts(validation.probes.get("before"), validation.probes.get("after"), reference)
+            label = f"as {cluster.profile.name} predicts them"
+        validation.drift = probe_drifts(validation.probes.get("before"), validation.probes.get("after"), reference,
+                                        label)
     if rescale and not measured_lag and not validation.interrupted:
         progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds")
         predictions = predict(with_client_lag(trace, spec.client_lag_s), cluster, list(spec.policies),

@@ -21,11 +21,12 @@ The reference is the probe taken right after calibrating when there is one, else
 prediction of the probe (``kvroute.calibrate.validation.probe.predicted_probe``), so that a host
 uniformly slower than on the calibration day shows as drift.
 
-A probe has two parts: requests one at a time (quantities ``ttft``, ``itl``) and a burst of
-requests at once on every server (``burst_ttft``, ``burst_itl``), which also sees how the host
-handles several busy engines, API processes and the client together. A metric takes the drifts of
-its probe quantities (TTFT measures: ``ttft`` and ``burst_ttft``; ITL and TPOT: ``itl`` and
-``burst_itl``; E2E, time to complete and rates: all), combined as: log factor the mean of theirs,
+A probe has three parts: short requests one at a time (quantities ``ttft``, ``itl``), long ones
+one at a time (``long_ttft``, ``long_itl``) and a burst of short requests at once on every server
+(``burst_ttft``, ``burst_itl``), which also sees how the host handles several busy engines, API
+processes and the client together. A metric takes the drifts of its probe quantities (TTFT
+measures: the three TTFT ones; ITL and TPOT: the three ITL ones; E2E, time to complete and rates:
+all), combined as: log factor the mean of theirs,
 variance the largest of theirs plus ``(max - min)**2 / 12`` of their log factors (the speed that
 applies lies somewhere between what the probes say).
 
@@ -49,7 +50,7 @@ ITL_PREFIXES = ("itl_", "tpot_")
 TTFT_PREFIXES = ("ttft_", "later_ttft_")
 """Metrics paced by prefills and admission: they take the TTFT probes' drift when there is one."""
 
-PROBE_KEYS = {ITL_PREFIXES: ("itl", "burst_itl"), TTFT_PREFIXES: ("ttft", "burst_ttft")}
+PROBE_KEYS = {ITL_PREFIXES: ("itl", "long_itl", "burst_itl"), TTFT_PREFIXES: ("ttft", "long_ttft", "burst_ttft")}
 """Which probe quantities' drifts a metric with these prefixes takes."""
 
 
@@ -96,15 +97,16 @@ def _logs(values) -> np.ndarray:
     return np.log(x)
 
 
-def probe_drift(before, after, reference=None) -> Drift:
+def probe_drift(before, after, reference=None, reference_label: str = "after calibrating") -> Drift:
     """The drift of one probe quantity (e.g. the probe's TTFT) over live rounds bracketed by two
     probes (rule in the module doc).
 
     Args:
         before, after: the probe's times right before the first and after the last live round, s
             (one per repetition and server; non-positive and non-finite values dropped).
-        reference: the same probe's times right after the profile's calibration, s; None or
-            empty: no reference.
+        reference: the same probe's times right after the profile's calibration (or as the
+            profile predicts them), s; None or empty: no reference.
+        reference_label: what the reference is, for ``source``.
 
     Returns:
         The drift; :data:`NO_DRIFT` (with its source saying why) when ``before`` or ``after``
@@ -122,7 +124,7 @@ def probe_drift(before, after, reference=None) -> Drift:
     if len(lr):
         log_factor = (mb + ma) / 2 - float(lr.mean())
         var = within / 12 + sampling + s2 / len(lr)
-        source = (f"probes: {len(lb)} before, {len(la)} after the live rounds against {len(lr)} after calibrating")
+        source = (f"probes: {len(lb)} before, {len(la)} after the live rounds against {len(lr)} {reference_label}")
     else:
         log_factor = 0.0
         var = within / 3 + sampling
@@ -156,7 +158,8 @@ def combine(drifts: list[Drift]) -> Drift:
 
 def metric_drift(metric: str, drifts: dict[str, Drift]) -> Drift:
     """The drift that applies to ``metric`` from per-probe-quantity drifts (keys ``"ttft"``,
-    ``"itl"``, ``"burst_ttft"``, ``"burst_itl"``): TTFT metrics take the TTFT quantities', ITL
+    ``"itl"``, ``"long_ttft"``, ``"long_itl"``, ``"burst_ttft"``, ``"burst_itl"``): TTFT metrics
+    take the TTFT quantities', ITL
     and TPOT the ITL quantities', the rest (E2E, time to complete, rates) all of them, combined
     by :func:`combine`. Shares and counts get :data:`NO_DRIFT`."""
     if not drifts or drift_exponent(metric) == 0:
