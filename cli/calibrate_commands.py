@@ -484,7 +484,7 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
     from kvroute.calibrate.calibration.engine_split import (alone, apply_post_engine, correct_sweep_stamps, describe,
                                                             post_engine_time)
     from kvroute.calibrate.calibration.step_end import StampCorrection
-    from kvroute.calibrate.calibration.fit import fit, plot_report, profile_document
+    from kvroute.calibrate.calibration.fit import cap_admission, fit, plot_report, profile_document
     from kvroute.calibrate.calibration.observations import (build_observations, engine_config, load_sweeps,
                                                             observations_frame)
     from kvroute.sim.timing.profile import load_profile, profile_from_dict
@@ -536,6 +536,7 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
         apply_post_engine(doc, split, stamp, correction)
     burst_text = (_fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline,
                               api_cores == "own", api_contention, client_core, stamp, step_s) if bursts else None)
+    cap_admission(doc["overheads"])  # after the front-end split took the part after the engine out
     try:  # the simulator must accept what is written: checked before writing it
         profile_from_dict(json.loads(json.dumps(doc)), str(out))
     except ValueError as exc:

@@ -324,6 +324,20 @@ def _admission(parts: dict, api_server_s: float, api_server_per_token_s: float) 
     return {"engine_admission_s": _r_down(a), "engine_admission_per_token_s": _r_down(b)}
 
 
+def cap_admission(overheads: dict) -> None:
+    """Cap a profile document's engine admission at the API-server terms it is part of, in place,
+    once every step that moves time out of them has run (the front-end split moves the part after
+    the engine to ``post_engine_s``: ``engine_split.apply_post_engine``); both fields are dropped
+    when both end at 0. The profile loader refuses an admission above its API-server term."""
+    for part, whole in (("engine_admission_s", "api_server_s"),
+                        ("engine_admission_per_token_s", "api_server_per_token_s")):
+        if part in overheads:
+            overheads[part] = min(overheads[part], max(float(overheads.get(whole, 0.0)), 0.0))
+    if not overheads.get("engine_admission_s") and not overheads.get("engine_admission_per_token_s"):
+        overheads.pop("engine_admission_s", None)
+        overheads.pop("engine_admission_per_token_s", None)
+
+
 def _r_down(x: float) -> float:
     """``x`` to six significant digits unless that rounds it up (an admission rounded up could
     exceed the API-server term it is part of): then ``x`` itself."""

@@ -227,3 +227,19 @@ def test_the_fit_writes_the_engine_admission_capped_at_the_api_server_term():
     assert _admission({"fitted_intercept_s": 0.004}, 0.004, 0.0) == {}  # a fit that did not split the overhead
     capped = _admission({"engine_admission_s": 0.0012345678, "engine_admission_per_token_s": 0.0}, 0.0012345678, 0.0)
     assert capped["engine_admission_s"] <= 0.0012345678  # six digits would round it up past the cap: kept as is
+
+
+def test_the_admission_is_capped_again_after_the_front_end_split():
+    """The front-end split moves the part after the engine out of the API-server terms; the
+    admission written before it is capped at what is left (the 0.11 stub's fit wrote 0.78 us per
+    token against 0.30 us left), and dropped when nothing is left of either."""
+    from kvroute.calibrate.calibration.fit import cap_admission
+
+    o = {"api_server_s": 0.004, "api_server_per_token_s": 3.03906e-07,
+         "engine_admission_s": 0.002, "engine_admission_per_token_s": 7.79775e-07}
+    cap_admission(o)
+    assert (o["engine_admission_s"], o["engine_admission_per_token_s"]) == (0.002, 3.03906e-07)
+    o = {"api_server_s": 0.0, "api_server_per_token_s": 0.0, "engine_admission_s": 0.001,
+         "engine_admission_per_token_s": 1e-07}
+    cap_admission(o)
+    assert o == {"api_server_s": 0.0, "api_server_per_token_s": 0.0}
