@@ -131,6 +131,25 @@ def test_report_files(concurrent, tmp_path):
         assert (tmp_path / name).exists(), name
 
 
+def test_the_speed_probe_on_live_servers_and_the_profile_rescaled_to_it(servers):
+    """One short and one long request per server one at a time, then two per server at once;
+    the profile's step costs fitted to what they measured (kvroute.sim.timing.speed_scale)."""
+    import asyncio
+
+    from kvroute.calibrate.validation.probe import speed_scale, probe_samples
+    from kvroute.sim.cluster.cluster import ClusterSpec
+    from kvroute.sim.timing.profile import load_profile
+    from kvroute.sim.timing.speed_scale import FACTOR_BOUNDS
+
+    samples = asyncio.run(probe_samples([s.url for s in servers], seed=3, reps=1, burst=2, long=1))
+    assert {q: len(v) for q, v in samples.items()} == {"ttft_s": 2, "itl_s": 2, "long_ttft_s": 2, "long_itl_s": 2,
+                                                       "burst_ttft_s": 4, "burst_itl_s": 4}
+    assert min(samples["long_ttft_s"]) > max(samples["ttft_s"])  # 8,192 tokens take longer than 2,048
+    scale = speed_scale(ClusterSpec(profile=load_profile(PROFILE), num_workers=2), samples)
+    assert all(FACTOR_BOUNDS[0] <= f <= FACTOR_BOUNDS[1] for f in scale.factors().values())
+    assert 0 <= scale.residual < 0.5 and "ttft 2" in scale.source
+
+
 def _successes(url: str) -> float:
     """``vllm:request_success_total`` of the server at ``url``, summed over its labels."""
     import urllib.request
@@ -216,21 +235,3 @@ def test_killing_a_server_mid_run_is_survived(servers, tmp_path):
     assert doc["policies"]["kv_aware"]["workers"]["1"]["alive"] is False
     assert any("died or timed out" in n for n in doc["notes"])
 
-
-def test_the_speed_probe_on_live_servers_and_the_profile_rescaled_to_it(servers):
-    """One short and one long request per server one at a time, then two per server at once;
-    the profile's step costs fitted to what they measured (kvroute.sim.timing.speed_scale)."""
-    import asyncio
-
-    from kvroute.calibrate.validation.probe import speed_scale, probe_samples
-    from kvroute.sim.cluster.cluster import ClusterSpec
-    from kvroute.sim.timing.profile import load_profile
-    from kvroute.sim.timing.speed_scale import FACTOR_BOUNDS
-
-    samples = asyncio.run(probe_samples([s.url for s in servers], seed=3, reps=1, burst=2, long=1))
-    assert {q: len(v) for q, v in samples.items()} == {"ttft_s": 2, "itl_s": 2, "long_ttft_s": 2, "long_itl_s": 2,
-                                                       "burst_ttft_s": 4, "burst_itl_s": 4}
-    assert min(samples["long_ttft_s"]) > max(samples["ttft_s"])  # 8,192 tokens take longer than 2,048
-    scale = speed_scale(ClusterSpec(profile=load_profile(PROFILE), num_workers=2), samples)
-    assert all(FACTOR_BOUNDS[0] <= f <= FACTOR_BOUNDS[1] for f in scale.factors().values())
-    assert 0 <= scale.residual < 0.5 and "ttft 2" in scale.source
