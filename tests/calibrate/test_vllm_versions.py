@@ -242,7 +242,9 @@ def test_validate_with_0_11_events_moves_every_stamp_or_counts_it(stub, tmp_path
 
     pytest.importorskip("zmq", reason="pyzmq is not installed (the test extra brings it)")
     events = f"ipc://{tmp_path}/events.sock"
-    s = stub(kv_events=events, token_delay_s=0.002)
+    # tokens 20 ms apart: the run lasts seconds, not the tens of milliseconds in which, on a loaded
+    # host, the event subscription (ZeroMQ's late joiner) could miss every batch
+    s = stub(kv_events=events, token_delay_s=0.02)
     out = tmp_path / "v"
     result = CliRunner().invoke(validate, ["--url", s.url, "--workload", "seed-chat", "--chats", "4", "--turns", "3",
                                            "--policies", "round_robin", "--profile", "cpu-tiny-qwen2", "--out",
