@@ -78,7 +78,7 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
               help="vLLM's share of each GPU, for all its workers together (GPU only; default: vLLM's).")
 @click.option("--workers-per-gpu", type=Number(Num(integer=True, minimum=1, maximum=64)), default=1, show_default=True,
               help="vLLM servers on each GPU, each with 1/N of the GPU's memory share (GPU only).")
-@click.option("--kv-cache-gib", type=Number(SERVE_VALUES["kv_cache_gib"]), default=1.0, show_default=True, help="KV cache per server on the CPU backend, whole GiB.")
+@click.option("--kv-cache-gib", type=Number(SERVE_VALUES["kv_cache_gib"]), default=1, show_default=True, help="KV cache per server on the CPU backend, whole GiB.")
 @click.option("--max-model-len", type=Number(TOKENS), default=None, help="vLLM --max-model-len.")
 @click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True)
 @click.option("--api-cores", type=click.Choice(["spare", "own", "any"]), default="spare", show_default=True,

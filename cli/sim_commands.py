@@ -137,7 +137,7 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
         # peak_in_flight would count it in flight to the end, and a note on timing would be about no run)
         notes = [_failure_note(comparison)] if not served else [line for line in (_failure_note(comparison),
                                    _unmeasured_note(spec.profile, trace_path is None and scenario.workload == "seed-chat"
-                                                    and scenario.reply is None,
+                                                    and scenario.reply is None and scenario.workload_config is None,
                                                     uncertainty),
                                    _frontend_note(spec.profile, peak), run_note(spec.profile, records, peak),
                                    _speed_note(spec.profile, spec.num_workers)) if line]

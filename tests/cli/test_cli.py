@@ -230,3 +230,15 @@ def test_serve_without_vllm_says_so_before_starting(monkeypatch):
     assert result.exit_code == 1
     assert result.output.strip() == ("Error: vLLM is not installed in this Python, so no server can start: "
                                      "python -m pip install -e '.[gpu]' on GPU machines, '.[live]' for vLLM's CPU build")
+
+
+def test_the_seed_study_note_is_not_printed_under_a_workload_config_run(tmp_path):
+    """The a6000 prior's note on the lab's 6-turn run belongs to the seed-chat workload; a
+    workload config (inference-perf) is another workload, as the agent workload is."""
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  type: shared_prefix\n  shared_prefix: {num_groups: 2, num_prompts_per_group: 2}\n"
+                      "load:\n  type: poisson\n  stages: [{rate: 1, duration: 2}]\n")
+    seed_note = "On the lab's 6-turn run this prior predicts"
+    assert seed_note in invoke("compare", "--chats", "4", "--turns", "2", "--rounds", "1").output
+    out = invoke("compare", "--workload-config", str(config), "--rounds", "1").output
+    assert "derived prior" in out and seed_note not in out
