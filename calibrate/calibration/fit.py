@@ -311,17 +311,18 @@ def _admission(parts: dict, api_server_s: float, api_server_per_token_s: float) 
     ``engine_admission_per_token_s``: the part of the API-server time vLLM spends inside the step
     that first schedules a request, paid there by the simulator) from a fit with
     ``overhead="metrics"``, which measures it as the queue and prefill time the engine's own
-    histograms hold beyond the step cost; each capped at the API-server term it is part of
-    (``api_server_s``, ``api_server_per_token_s``: a profile's admission cannot exceed them, and a
-    fit whose API-server line came out at 0 keeps no admission beyond it); {} from a fit that did
-    not split the overhead, or when both come out 0."""
+    histograms hold beyond the step cost; to six significant digits, then capped by
+    :func:`cap_admission` at the API-server terms it is part of (``api_server_s``,
+    ``api_server_per_token_s``); {} from a fit that did not split the overhead, or when both end
+    at 0."""
     a, b = parts.get("engine_admission_s"), parts.get("engine_admission_per_token_s")
     if a is None or b is None:
         return {}
-    a, b = min(max(a, 0.0), max(api_server_s, 0.0)), min(max(b, 0.0), max(api_server_per_token_s, 0.0))
-    if a <= 0.0 and b <= 0.0:
-        return {}
-    return {"engine_admission_s": _r_down(a), "engine_admission_per_token_s": _r_down(b)}
+    keys = ("engine_admission_s", "engine_admission_per_token_s")
+    overheads = {"api_server_s": api_server_s, "api_server_per_token_s": api_server_per_token_s,
+                 keys[0]: _r(max(a, 0.0)), keys[1]: _r(max(b, 0.0))}
+    cap_admission(overheads)
+    return {k: overheads[k] for k in keys if k in overheads}
 
 
 def cap_admission(overheads: dict) -> None:
@@ -336,13 +337,6 @@ def cap_admission(overheads: dict) -> None:
     if not overheads.get("engine_admission_s") and not overheads.get("engine_admission_per_token_s"):
         overheads.pop("engine_admission_s", None)
         overheads.pop("engine_admission_per_token_s", None)
-
-
-def _r_down(x: float) -> float:
-    """``x`` to six significant digits unless that rounds it up (an admission rounded up could
-    exceed the API-server term it is part of): then ``x`` itself."""
-    r = _r(x)
-    return r if r <= x else x
 
 
 def _config_medians(obs: list[Observation], meas: np.ndarray, pred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -115,12 +115,15 @@ def _probe_trace(num_workers: int, block: int, reps: int, long: int, burst: int)
 
     records, parts = [], []
     gap_ms = 5000.0
+    next_block = 0  # every prompt gets blocks of its own: all cold
 
     def add(tokens: int, at_ms: float, part: str) -> None:
-        first = sum(-(-r.input_length // block) for r in records)
+        nonlocal next_block
+        blocks = -(-tokens // block)
         records.append(TraceRecord(request_id=len(records), timestamp_ms=at_ms, input_length=tokens,
                                    output_length=PROBE_OUTPUT_TOKENS,
-                                   hash_ids=range(first, first + -(-tokens // block))))
+                                   hash_ids=range(next_block, next_block + blocks)))
+        next_block += blocks
         parts.append(part)
 
     for _ in range(reps * num_workers):
@@ -247,12 +250,13 @@ def median(samples: dict[str, list[float]]) -> dict[str, float]:
 def drifts(before: dict[str, list[float]] | None, after: dict[str, list[float]] | None,
            reference: dict[str, list[float]] | None = None,
            reference_label: str = "after calibrating") -> dict[str, Drift]:
-    """Per probe quantity (``"ttft"``, ``"itl"``, ``"burst_ttft"``, ``"burst_itl"``), the drift over
+    """Per probe quantity (``"ttft"``, ``"itl"``, ``"long_ttft"``, ``"long_itl"``, ``"burst_ttft"``,
+    ``"burst_itl"``), the drift over
     the live rounds between the probes ``before`` and ``after`` them, against ``reference`` (the
     probe right after calibrating, or :func:`predicted_probe`) when given
     (``kvroute.sim.timing.drift.probe_drift``; ``reference_label`` names it in each drift's
     ``source``); {} without both probes. A quantity missing from
-    either probe (probes saved before the burst part existed) is left out."""
+    either probe (probes saved before the long and burst parts existed) is left out."""
     if not before or not after:
         return {}
     out = {}

@@ -50,8 +50,18 @@ ITL_PREFIXES = ("itl_", "tpot_")
 TTFT_PREFIXES = ("ttft_", "later_ttft_")
 """Metrics paced by prefills and admission: they take the TTFT probes' drift when there is one."""
 
-PROBE_KEYS = {ITL_PREFIXES: ("itl", "long_itl", "burst_itl"), TTFT_PREFIXES: ("ttft", "long_ttft", "burst_ttft")}
-"""Which probe quantities' drifts a metric with these prefixes takes."""
+PROBE_KEYS = {"itl": ("itl", "long_itl", "burst_itl"), "ttft": ("ttft", "long_ttft", "burst_ttft")}
+"""Which probe quantities' drifts a metric paced by ITL or by TTFT (:func:`paced_by`) takes."""
+
+
+def paced_by(metric: str) -> str | None:
+    """``"itl"`` for a metric paced by decode steps (ITL, TPOT), ``"ttft"`` for one paced by
+    prefills and admission (TTFT), None for the rest."""
+    if metric.startswith(ITL_PREFIXES):
+        return "itl"
+    if metric.startswith(TTFT_PREFIXES):
+        return "ttft"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +174,5 @@ def metric_drift(metric: str, drifts: dict[str, Drift]) -> Drift:
     by :func:`combine`. Shares and counts get :data:`NO_DRIFT`."""
     if not drifts or drift_exponent(metric) == 0:
         return NO_DRIFT
-    for prefixes, keys in PROBE_KEYS.items():
-        if metric.startswith(prefixes) and any(k in drifts for k in keys):
-            return combine([drifts[k] for k in keys if k in drifts])
-    return combine([drifts[k] for k in sorted(drifts)])
+    keys = [k for k in PROBE_KEYS.get(paced_by(metric), ()) if k in drifts]
+    return combine([drifts[k] for k in keys or sorted(drifts)])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from kvroute.sim.timing.drift import ITL_PREFIXES, TTFT_PREFIXES, drift_exponent
+from kvroute.sim.timing.drift import drift_exponent, paced_by
 
 Z_MEDIAN, Z_90 = 0.6744897501960817, 1.6448536269514722
 """Standard normal quantiles: of |Z|, the median and the 90th percentile."""
@@ -50,8 +50,7 @@ def heldout_log_sd(raw: dict, metric: str) -> float:
     spreads = heldout_spreads(raw)
     if not spreads or drift_exponent(metric) == 0:
         return 0.0
-    if metric.startswith(TTFT_PREFIXES) and "ttft" in spreads:
-        return spreads["ttft"]
-    if metric.startswith(ITL_PREFIXES) and "itl" in spreads:
-        return spreads["itl"]
+    kind = paced_by(metric)
+    if kind in spreads:
+        return spreads[kind]
     return math.sqrt(sum(s * s for s in spreads.values()) / len(spreads))

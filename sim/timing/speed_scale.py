@@ -1,11 +1,10 @@
 """A profile rescaled to the host's speed of the day, from speed probes.
 
-A CPU host (and a shared cloud GPU) can run the same model at another speed from one day or
-machine to the next, and not uniformly: on this project's 2-core VM a profile calibrated on
-2026-12-01 predicted single cold prompts of 2,048 / 8,192 / 16,384 tokens 1.5x / 2.0x / 2.1x too
-fast on 2026-12-05, because the attention part of a step had slowed by 2.1x and the rest by far
-less (docs/log/2026-12-05-speed-scale.md). One factor on every predicted time cannot follow that;
-a factor per group of the step-cost coefficients can:
+A host (a shared CPU machine, a cloud GPU) can run the same model at another speed from one day
+or machine to the next, and not uniformly: the attention part of a step can slow far more than
+the rest, so a profile's prediction is off by a factor that grows with the prompt (measured:
+docs/log/2026-12-05-speed-scale.md). One factor on every predicted time cannot follow that; a
+factor per group of the step-cost coefficients can:
 
 - ``step``: what every step pays whatever it holds (``step_overhead_s``, ``weight_load_s``,
   ``per_request_s``);
