@@ -124,8 +124,14 @@ def decode_batch(payload: bytes) -> tuple[float, list[KVEvent]]:
     return float(doc[0]), [_event(e) for e in doc[1]]
 
 
-JOIN_S = 0.5
-"""Seconds :meth:`LiveKVEvents.start` gives the subscriptions to join before the first request."""
+JOIN_TIMEOUT_S = 5.0
+"""Seconds :meth:`LiveKVEvents.start` waits at most for every subscription to connect before the
+first request (a server that publishes nothing is then reported by :meth:`LiveKVEvents.problem`)."""
+
+JOIN_GRACE_S = 0.1
+"""Seconds :meth:`LiveKVEvents.start` waits after the last subscriber's handshake: the
+subscription is sent once the handshake succeeds, and the publisher's I/O thread applies it
+shortly after (a ZeroMQ subscriber misses what is published before its subscription is in)."""
 
 
 class KVEventTranslator:
@@ -182,6 +188,8 @@ class LiveKVEvents:
         self.num_batches = 0
         self._stored_ts: list[dict[int, float]] = [{} for _ in self.endpoints]
         self._batch_ts: list[list[float]] = [[] for _ in self.endpoints]
+        self._joined: list[asyncio.Event] = []  # one per endpoint, set by run() on its handshake
+        self.num_joined = 0
 
     def stored_at(self, worker: int, block_hash: int) -> float | None:
         """Wall-clock time (``time.time()``, s) of the last batch of ``worker`` that stored the
@@ -232,10 +240,19 @@ class LiveKVEvents:
         self.num_batches += 1
 
     async def start(self) -> asyncio.Task:
-        """:meth:`run` as a task of the running loop, returned once the subscriptions have had
-        ``JOIN_S`` to join (a ZeroMQ subscriber misses what is published before it joins)."""
+        """:meth:`run` as a task of the running loop, returned once every subscription has
+        connected (its ZeroMQ handshake succeeded, ``num_joined`` counts them) and
+        :data:`JOIN_GRACE_S` has passed, or after :data:`JOIN_TIMEOUT_S` (a ZeroMQ subscriber
+        misses what is published before its subscription reaches the publisher; a fixed wait is
+        too short on a loaded host)."""
+        self._joined = [asyncio.Event() for _ in self.endpoints]
         task = asyncio.get_running_loop().create_task(self.run())
-        await asyncio.sleep(JOIN_S)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in self._joined)), JOIN_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            pass
+        if not task.done():
+            await asyncio.sleep(JOIN_GRACE_S)
         return task
 
     def problem(self, outcome) -> str | None:
@@ -245,8 +262,9 @@ class LiveKVEvents:
         if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
             return f"reading the KV-cache events of {endpoints} failed: {type(outcome).__name__}: {outcome}"
         if self.num_batches == 0:
+            joined = "" if self.num_joined else "; no subscription connected"
             return (f"no KV-cache event arrived from {endpoints} (servers started without --kv-events-config, "
-                    "or another port?)")
+                    f"or another port?{joined})")
         return None
 
     async def run(self) -> None:
@@ -255,13 +273,20 @@ class LiveKVEvents:
         import zmq.asyncio
 
         ctx = zmq.asyncio.Context()
-        sockets = []
+        sockets, monitors = [], []
+        joined = self._joined or [asyncio.Event() for _ in self.endpoints]
         try:
             for endpoint in self.endpoints:
                 sock = ctx.socket(zmq.SUB)
-                sock.setsockopt(zmq.SUBSCRIBE, b"")
-                sock.connect(endpoint)
                 sockets.append(sock)
+                sock.setsockopt(zmq.SUBSCRIBE, b"")
+                monitors.append(sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED))
+                sock.connect(endpoint)
+
+            async def watch(worker: int, monitor) -> None:
+                await monitor.recv_multipart()  # the only event it was asked for: the handshake
+                self.num_joined += 1
+                joined[worker].set()
 
             async def receive(worker: int, sock) -> None:
                 while True:
@@ -269,8 +294,11 @@ class LiveKVEvents:
                     ts, events = decode_batch(parts[-1])
                     self.apply(worker, events, ts)
 
-            await asyncio.gather(*(receive(w, s) for w, s in enumerate(sockets)))
+            await asyncio.gather(*(watch(w, m) for w, m in enumerate(monitors)),
+                                 *(receive(w, s) for w, s in enumerate(sockets)))
         finally:
+            for monitor in monitors:
+                monitor.close(linger=0)
             for sock in sockets:
                 sock.close(linger=0)
             ctx.term()

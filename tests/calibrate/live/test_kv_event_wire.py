@@ -191,3 +191,41 @@ def test_bytes_hashes_and_unknown_tags_decode():
 def test_bad_payloads_are_one_clear_error(payload, message):
     with pytest.raises(KVEventFormatError, match=message):
         decode_batch(payload)
+
+
+def test_the_feed_waits_for_a_late_publisher_and_sees_its_first_batch(tmp_path):
+    """start() returns once the subscription has connected, not after a fixed wait: a publisher
+    that binds 1 s late (longer than the old fixed 0.5 s join) still has its first batch, sent
+    the moment start() returns, received."""
+    import asyncio
+
+    zmq = pytest.importorskip("zmq")
+    import zmq.asyncio
+
+    endpoint = f"ipc://{tmp_path}/kv-events"
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        pub = ctx.socket(zmq.PUB)
+        feed = LiveKVEvents([endpoint], block_size=4)
+
+        async def bind_late():
+            await asyncio.sleep(1.0)
+            pub.bind(endpoint)
+
+        binder = asyncio.create_task(bind_late())
+        task = await feed.start()
+        joined = feed.num_joined
+        await pub.send_multipart([b"kv", (0).to_bytes(8, "big"), WIRE["0.34.0"]])
+        for _ in range(100):
+            if feed.num_batches:
+                break
+            await asyncio.sleep(0.02)
+        task.cancel()
+        await asyncio.gather(task, binder, return_exceptions=True)
+        pub.close(linger=0)
+        ctx.term()
+        return joined, feed.num_batches, feed.stored_at(0, next(iter(feed._stored_ts[0])))
+
+    joined, batches, ts = asyncio.run(main())
+    assert (joined, batches, ts) == (1, 1, TS)
