@@ -203,11 +203,12 @@ def speed_scale(cluster, *samples: dict[str, list[float]] | None):
 
     from kvroute.sim.timing.speed_scale import FACTOR_BOUNDS, SPEED_GROUPS, SpeedScale, scaled_profile
 
-    measured = {}
+    measured, rel_se = {}, {}
     for q in SCALE_QUANTITIES:
         values = [v for s in samples if s for v in s.get(q, []) if math.isfinite(v) and v > 0]
         if values:
             measured[q] = statistics.fmean(values)
+            rel_se[q] = statistics.stdev(values) / measured[q] / math.sqrt(len(values)) if len(values) > 1 else math.nan
     if not measured:
         raise ValueError("no probe time to fit a speed scale to")
     profile = dataclasses.replace(cluster.profile, overheads=dataclasses.replace(cluster.profile.overheads, jitter_cv=0.0))
@@ -236,8 +237,30 @@ def speed_scale(cluster, *samples: dict[str, list[float]] | None):
     scale = scale_of(fit.x)
     clipped = tuple(n for n, v in zip(names, fit.x) if not lo + 1e-3 < v < hi - 1e-3)
     counts = ", ".join(f"{q.removesuffix('_s')} {sum(len(s.get(q, [])) for s in samples if s)}" for q in measured)
+    sd = _log_sd(fit.jac, [rel_se[q] for q in measured])
+    log_sd = dict(zip(names, sd)) if long else {"step": sd[0], "token": sd[1], "attention": sd[1]}
     return dataclasses.replace(scale, source=f"speed probes ({counts} requests) against {cluster.profile.name}",
-                               residual=float(np.sqrt(np.mean(fit.fun ** 2))), clipped=clipped)
+                               residual=float(np.sqrt(np.mean(fit.fun ** 2))), clipped=clipped, log_sd=log_sd)
+
+
+def _log_sd(jacobian, rel_se: list[float]) -> list[float]:
+    """Standard errors of the fitted log factors: ``sqrt(diag((J^T W J)^-1))`` with ``J`` the
+    relative residuals' Jacobian in the log factors (rows: probe quantities) and ``W`` the inverse
+    squared relative standard errors of the measured means (a quantity with one request takes the
+    largest of the others', or 10 % without any); inf where ``J^T W J`` is singular."""
+    import numpy as np
+
+    se = np.asarray(rel_se, float)
+    known = se[np.isfinite(se) & (se > 0)]
+    se = np.where(np.isfinite(se) & (se > 0), se, known.max() if len(known) else 0.10)
+    j = np.asarray(jacobian, float) / se[:, None]
+    info = j.T @ j
+    try:
+        if np.linalg.cond(info) > 1e12:
+            raise np.linalg.LinAlgError
+        return [float(math.sqrt(max(v, 0.0))) for v in np.diag(np.linalg.inv(info))]
+    except np.linalg.LinAlgError:
+        return [math.inf] * info.shape[0]
 
 
 def median(samples: dict[str, list[float]]) -> dict[str, float]:

@@ -31,6 +31,11 @@ SPEED_GROUPS: dict[str, tuple[str, ...]] = {
 }
 """The step-cost coefficients (``kvroute.sim.timing.cost_model.StepCost`` fields) each factor scales."""
 
+POORLY_DETERMINED_LOG_SD = 0.2
+"""A factor whose log standard error (the probes' own scatter carried through the fit) exceeds
+this (about +-22 % at one sd) is named as poorly determined by the probes: with one long request
+per server the per-step and per-token costs trade against each other."""
+
 FACTOR_BOUNDS = (0.1, 10.0)
 """The factors a fit may give: a host 10x faster or slower than its profile is not a drift but
 another machine, and the probe's answer is clipped to say so."""
@@ -46,6 +51,9 @@ class SpeedScale:
         residual: the fit's root-mean-square relative error over the probe times it used (0.05:
             5 %); NaN when given by hand.
         clipped: names of the factors left on a bound of :data:`FACTOR_BOUNDS`.
+        log_sd: per factor, the standard error of its log (the probe means' sampling error
+            carried through the fit's Jacobian); {} when given by hand; inf when the probes do
+            not determine it.
 
     Raises:
         ValueError: a factor not finite and > 0.
@@ -57,6 +65,7 @@ class SpeedScale:
     source: str = "none"
     residual: float = math.nan
     clipped: tuple[str, ...] = ()
+    log_sd: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in SPEED_GROUPS:
@@ -68,19 +77,33 @@ class SpeedScale:
         """``{"step": ..., "token": ..., "attention": ...}``."""
         return {name: getattr(self, name) for name in SPEED_GROUPS}
 
+    def poorly_determined(self) -> tuple[str, ...]:
+        """The factors whose log standard error exceeds :data:`POORLY_DETERMINED_LOG_SD`."""
+        return tuple(name for name in SPEED_GROUPS if self.log_sd.get(name, 0.0) > POORLY_DETERMINED_LOG_SD)
+
     def describe(self) -> str:
-        """One line: the factors, the fit's residual and any bound hit."""
-        text = ", ".join(f"{name} x{value:.3f}" for name, value in self.factors().items())
+        """One line: the factors (with their log standard errors when known), the fit's
+        residual, any bound hit and any factor the probes leave poorly determined."""
+        def one(name: str, value: float) -> str:
+            sd = self.log_sd.get(name)
+            return f"{name} x{value:.3f}" + ("" if sd is None else f" (log sd {sd:.2f})")
+
+        text = ", ".join(one(name, value) for name, value in self.factors().items())
         if math.isfinite(self.residual):
-            text += f" (probe fit residual {100 * self.residual:.1f} %)"
+            text += f"; probe fit residual {100 * self.residual:.1f} %"
         if self.clipped:
             text += f"; on a bound of {FACTOR_BOUNDS}: {', '.join(self.clipped)}"
+        if self.poorly_determined():
+            text += (f"; poorly determined by the probes (log sd above {POORLY_DETERMINED_LOG_SD:g}): "
+                     f"{', '.join(self.poorly_determined())} (more probe requests, --speed-probes, narrow them)")
         return text
 
     def to_dict(self) -> dict:
-        """The factors, ``source``, ``residual`` (None when NaN) and ``clipped``."""
+        """The factors, ``source``, ``residual`` (None when NaN), ``clipped`` and ``log_sd``
+        (None for an undetermined factor)."""
         return {**self.factors(), "source": self.source,
-                "residual": None if math.isnan(self.residual) else self.residual, "clipped": list(self.clipped)}
+                "residual": None if math.isnan(self.residual) else self.residual, "clipped": list(self.clipped),
+                "log_sd": {k: (v if math.isfinite(v) else None) for k, v in self.log_sd.items()}}
 
 
 def scaled_profile(profile: Profile, scale: SpeedScale) -> Profile:

@@ -76,6 +76,7 @@ def test_the_speed_scale_recovers_known_factors_from_a_probe_simulated_with_them
     got = speed_scale(cluster, measured)
     assert got.factors() == pytest.approx(truth.factors(), rel=0.02)
     assert got.residual < 0.01 and got.clipped == ()
+    assert set(got.log_sd) == {"step", "token", "attention"}  # one probe sample per quantity: the 10 % default scatter
     one = speed_scale(cluster, {"ttft_s": measured["ttft_s"], "itl_s": measured["itl_s"]})
     assert one.token == one.attention  # no long part: one factor for the prefill's two groups
 
@@ -94,3 +95,26 @@ def test_a_scaled_profile_multiplies_each_group_and_its_bootstrap_samples():
     assert scaled.uncertainty.samples[0][i] == 3 * profile.uncertainty.samples[0][i]
     with pytest.raises(ValueError, match="attention"):
         SpeedScale(attention=0.0)
+
+
+def test_the_speed_factors_standard_errors_follow_the_probes_scatter_through_the_fit():
+    """Closed forms of the propagated standard error: one quantity per factor (identity Jacobian)
+    gives each quantity's own relative error; a quantity twice as sensitive halves it; two
+    factors that move the probe times alike (equal columns) are not determined."""
+    from kvroute.calibrate.validation.probe import _log_sd
+
+    assert _log_sd([[1.0, 0.0], [0.0, 1.0]], [0.1, 0.2]) == pytest.approx([0.1, 0.2])
+    assert _log_sd([[2.0, 0.0], [0.0, 1.0]], [0.1, 0.2]) == pytest.approx([0.05, 0.2])
+    # a quantity from one request (no scatter) takes the largest known relative error
+    assert _log_sd([[1.0, 0.0], [0.0, 1.0]], [0.1, float("nan")]) == pytest.approx([0.1, 0.1])
+    assert _log_sd([[1.0, 1.0], [1.0, 1.0]], [0.1, 0.1]) == [float("inf")] * 2
+
+
+def test_a_speed_scale_names_the_factors_its_probes_leave_poorly_determined():
+    scale = SpeedScale(step=0.8, token=2.4, attention=2.1, log_sd={"step": 0.35, "token": 0.25, "attention": 0.03})
+    assert scale.poorly_determined() == ("step", "token")
+    text = scale.describe()
+    assert "step x0.800 (log sd 0.35)" in text
+    assert "poorly determined by the probes (log sd above 0.2): step, token" in text
+    assert scale.to_dict()["log_sd"] == {"step": 0.35, "token": 0.25, "attention": 0.03}
+    assert SpeedScale().poorly_determined() == () and "poorly" not in SpeedScale().describe()
