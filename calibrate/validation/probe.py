@@ -237,17 +237,19 @@ def speed_scale(cluster, *samples: dict[str, list[float]] | None):
     scale = scale_of(fit.x)
     clipped = tuple(n for n, v in zip(names, fit.x) if not lo + 1e-3 < v < hi - 1e-3)
     counts = ", ".join(f"{q.removesuffix('_s')} {sum(len(s.get(q, [])) for s in samples if s)}" for q in measured)
-    sd = _log_sd(fit.jac, [rel_se[q] for q in measured])
+    sd = _log_sd(fit.jac, [rel_se[q] for q in measured], fit.fun)
     log_sd = dict(zip(names, sd)) if long else {"step": sd[0], "token": sd[1], "attention": sd[1]}
     return dataclasses.replace(scale, source=f"speed probes ({counts} requests) against {cluster.profile.name}",
                                residual=float(np.sqrt(np.mean(fit.fun ** 2))), clipped=clipped, log_sd=log_sd)
 
 
-def _log_sd(jacobian, rel_se: list[float]) -> list[float]:
+def _log_sd(jacobian, rel_se: list[float], residuals=None) -> list[float]:
     """Standard errors of the fitted log factors: ``sqrt(diag((J^T W J)^-1))`` with ``J`` the
     relative residuals' Jacobian in the log factors (rows: probe quantities) and ``W`` the inverse
     squared relative standard errors of the measured means (a quantity with one request takes the
-    largest of the others', or 10 % without any); inf where ``J^T W J`` is singular."""
+    largest of the others', or 10 % without any), times the Birge ratio ``sqrt(chi^2 / dof)``
+    when the fit's ``residuals`` miss by more than those errors allow (a misfit the scatter alone
+    does not show; ``dof`` = quantities - factors, at least 1); inf where ``J^T W J`` is singular."""
     import numpy as np
 
     se = np.asarray(rel_se, float)
@@ -255,10 +257,14 @@ def _log_sd(jacobian, rel_se: list[float]) -> list[float]:
     se = np.where(np.isfinite(se) & (se > 0), se, known.max() if len(known) else 0.10)
     j = np.asarray(jacobian, float) / se[:, None]
     info = j.T @ j
+    inflate = 1.0
+    if residuals is not None:
+        chi2 = float(np.sum((np.asarray(residuals, float) / se) ** 2))
+        inflate = max(1.0, chi2 / max(1, len(se) - j.shape[1]))
     try:
         if np.linalg.cond(info) > 1e12:
             raise np.linalg.LinAlgError
-        return [float(math.sqrt(max(v, 0.0))) for v in np.diag(np.linalg.inv(info))]
+        return [float(math.sqrt(max(v, 0.0) * inflate)) for v in np.diag(np.linalg.inv(info))]
     except np.linalg.LinAlgError:
         return [math.inf] * info.shape[0]
 

@@ -52,8 +52,8 @@ class SpeedScale:
             5 %); NaN when given by hand.
         clipped: names of the factors left on a bound of :data:`FACTOR_BOUNDS`.
         log_sd: per factor, the standard error of its log (the probe means' sampling error
-            carried through the fit's Jacobian); {} when given by hand; inf when the probes do
-            not determine it.
+            carried through the fit's Jacobian, grown by the fit's misfit beyond it); {} when
+            given by hand; inf when the probes do not determine it.
 
     Raises:
         ValueError: a factor not finite and > 0.
@@ -94,8 +94,8 @@ class SpeedScale:
         if self.clipped:
             text += f"; on a bound of {FACTOR_BOUNDS}: {', '.join(self.clipped)}"
         if self.poorly_determined():
-            text += (f"; poorly determined by the probes (log sd above {POORLY_DETERMINED_LOG_SD:g}): "
-                     f"{', '.join(self.poorly_determined())} (more probe requests, --speed-probes, narrow them)")
+            text += (f"; poorly determined by the probes (log sd above {POORLY_DETERMINED_LOG_SD:g}, from their "
+                     f"scatter and the fit's misfit): {', '.join(self.poorly_determined())}")
         return text
 
     def to_dict(self) -> dict:

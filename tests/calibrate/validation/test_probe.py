@@ -108,6 +108,13 @@ def test_the_speed_factors_standard_errors_follow_the_probes_scatter_through_the
     # a quantity from one request (no scatter) takes the largest known relative error
     assert _log_sd([[1.0, 0.0], [0.0, 1.0]], [0.1, float("nan")]) == pytest.approx([0.1, 0.1])
     assert _log_sd([[1.0, 1.0], [1.0, 1.0]], [0.1, 0.1]) == [float("inf")] * 2
+    # a misfit the scatter does not allow: three quantities, one factor (dof 2), each 3 errors off
+    # (chi^2 = 27): the error grows by sqrt(27 / 2); a fit within its errors keeps it
+    flat = [[1.0], [1.0], [1.0]]
+    base = _log_sd(flat, [0.1] * 3)[0]
+    assert base == pytest.approx(0.1 / math.sqrt(3))
+    assert _log_sd(flat, [0.1] * 3, [0.3, -0.3, 0.3])[0] == pytest.approx(base * math.sqrt(27 / 2))
+    assert _log_sd(flat, [0.1] * 3, [0.01, -0.01, 0.0])[0] == pytest.approx(base)
 
 
 def test_a_speed_scale_names_the_factors_its_probes_leave_poorly_determined():
@@ -115,6 +122,6 @@ def test_a_speed_scale_names_the_factors_its_probes_leave_poorly_determined():
     assert scale.poorly_determined() == ("step", "token")
     text = scale.describe()
     assert "step x0.800 (log sd 0.35)" in text
-    assert "poorly determined by the probes (log sd above 0.2): step, token" in text
+    assert "poorly determined by the probes (log sd above 0.2, from their scatter and the fit's misfit): step, token" in text
     assert scale.to_dict()["log_sd"] == {"step": 0.35, "token": 0.25, "attention": 0.03}
     assert SpeedScale().poorly_determined() == () and "poorly" not in SpeedScale().describe()
