@@ -5,6 +5,7 @@ and measure, each with the runs and live rounds behind it (issue 37).
     python bench/bench_coverage.py                        # every run in bench/data/live-rounds/, ~30 s each
     python bench/bench_coverage.py --keep /tmp/bv5 --label 2026-12-05c   # archive a run, then score all
     python bench/bench_coverage.py --no-speed-scale      # the profiles as they are
+    python bench/bench_coverage.py --one-round           # also each live round on its own
 
 A run is what ``python bench/bench_validate.py --out DIR`` saved: per shape its live rounds
 (``live.pickle``) and speed probes (``probes.json``). ``--keep DIR`` copies them, compressed,
@@ -92,23 +93,29 @@ def rescore(run: Path, extra: list[str]) -> list[dict]:
     return rows
 
 
-def coverage_report(rows: list[dict]) -> list[str]:
+def coverage_report(rows: list[dict], one_round: bool = False) -> list[str]:
     """Lines: per profile, the pooled coverage with runs, figures and live rounds behind it, then
-    per run, per shape and per measure."""
+    per run, per shape and per measure. ``one_round``: of the rows that score each live round on
+    its own (``bench_validate --one-round``), else of the rows that score the rounds' means."""
     lines = []
     for profile in dict.fromkeys(r["profile"] for r in rows):
-        mine = [r for r in rows if r["profile"] == profile and r.get("inside") is not None]
+        mine = [r for r in rows if r["profile"] == profile and r.get("inside") is not None
+                and bool(r.get("one_round")) == one_round]
         if not mine:
             continue
         runs = sorted({r["run"] for r in mine})
-        rounds = sum({(r["run"], r["shape"]): r["live_rounds"] for r in mine}.values())
+        if one_round:
+            rounds = len({(r["run"], r["shape"], r["round"]) for r in mine})
+        else:
+            rounds = sum({(r["run"], r["shape"]): r["live_rounds"] for r in mine}.values())
         k, n = sum(bool(r["inside"]) for r in mine), len(mine)
         level = mine[0]["level"]
         # bench_validate's <name>@<period> rows score the first profile at the ends of its engine-speed
         # period's interval: a check, not counted as a target there or here
         target = ("a check at one end of the engine-speed period's interval, not a target" if "@" in profile
                   else "target >= 85 % over >= 3 runs on different days or machines")
-        lines.append(f"{profile}: {k} of {n} inside the {100 * level:g} % interval ({100 * k / n:.0f} %; {target}), "
+        what = "single live rounds inside their one-round" if one_round else "inside the"
+        lines.append(f"{profile}: {k} of {n} {what} {100 * level:g} % interval ({100 * k / n:.0f} %; {target}), "
                      f"{len(runs)} runs, {rounds} live rounds per policy")
 
         def part(key: str, name: str, width: bool = False) -> str:
@@ -147,6 +154,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label", help="The archived run's folder name (default: its date and time).")
     parser.add_argument("--no-speed-scale", action="store_true", help="Passed to bench_validate.py.")
     parser.add_argument("--profile", action="append", help="Passed to bench_validate.py (repeatable).")
+    parser.add_argument("--run-to-run-prior", metavar="LOG_SD", help="Passed to bench_validate.py (with --one-round).")
+    parser.add_argument("--one-round", action="store_true",
+                        help="Also score every live round on its own against its one-round interval (kvroute "
+                             "validate's default of one live round); printed after the rounds' means.")
     args = parser.parse_args(argv)
     if args.keep:
         label = args.label or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H%M")
@@ -154,13 +165,19 @@ def main(argv: list[str] | None = None) -> None:
     runs = args.runs or sorted(p for p in ARCHIVE.glob("*") if p.is_dir())
     if not runs:
         sys.exit(f"error: no archived run in {ARCHIVE} (archive one with --keep DIR)")
-    extra = (["--no-speed-scale"] if args.no_speed_scale else []) + [a for p in args.profile or [] for a in ("--profile", p)]
+    extra = ((["--no-speed-scale"] if args.no_speed_scale else []) + (["--one-round"] if args.one_round else [])
+             + (["--run-to-run-prior", args.run_to_run_prior] if args.run_to_run_prior else [])
+             + [a for p in args.profile or [] for a in ("--profile", p)])
     rows = []
     for run in runs:
         print(f"rescoring {run.name} ...", file=sys.stderr)
         rows += rescore(run, extra)
     for line in coverage_report(rows):
         print(line)
+    if args.one_round:
+        print("each live round on its own, as kvroute validate checks its default single live round:")
+        for line in coverage_report(rows, one_round=True):
+            print(line)
 
 
 if __name__ == "__main__":

@@ -196,16 +196,24 @@ def _servers(urls: list[str], log_dir: Path, port_base: int, api_cores: str = "s
 
 
 def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tuple[float, float],
-          level: float = 0.90, profile_raw: dict | None = None) -> tuple[list, int]:
+          level: float = 0.90, profile_raw: dict | None = None, one_round: bool = False,
+          run_to_run_prior: float = 0.0) -> tuple[list, int]:
     """Predicted (``runs``, one per policy) against measured (the live rounds of ``validation``)
     for one shape and profile; returns (rows, targets missed). Each row also says whether the
     measured value falls inside its ``level`` prediction interval (``inside``, ``interval``:
     ``kvroute.sim.study.intervals.combined_interval`` over the simulated runs, drawn profiles,
     live rounds, the probes' drift, ``validation.drift``, and the fit's held-out error from the
-    profile document ``profile_raw``, ``kvroute.sim.timing.heldout``), for :func:`coverage_lines`."""
+    profile document ``profile_raw``, ``kvroute.sim.timing.heldout``), for :func:`coverage_lines`.
+
+    ``one_round``: also score every live round on its own, as ``kvroute validate`` does with its
+    default single live round: each round's value against the interval made from that round
+    alone (rows with ``one_round`` True and the round's index in ``round``; not counted in the
+    targets missed, and kept apart from the rounds' means in the coverage), with the host prior
+    ``run_to_run_prior`` standing for the spread one round cannot show, as ``validate`` does
+    (``ValidationSpec.run_to_run_prior``)."""
     from kvroute.calibrate.validation.rounds import change_pct, diff_interval, error_pct, spread
     from kvroute.sim.cluster.metrics import METRIC_BOUNDS, summarize
-    from kvroute.sim.study.intervals import combined_interval
+    from kvroute.sim.study.intervals import change_prior_sd, combined_interval
     from kvroute.sim.timing.drift import drift_exponent, metric_drift
     from kvroute.sim.timing.heldout import heldout_log_sd
 
@@ -238,6 +246,15 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
                              measured=m, measured_min=min(ms), measured_max=max(ms), live_rounds=len(ms),
                              sim_rounds=rounds, error_pct=e, target_pct=target, ok=ok, load_start=load[0],
                              load_end=load[1], interval=[ci.low, ci.high], inside=ci.contains(m), level=level))
+            for j, x in enumerate(ms if one_round else ()):
+                ci = combined_interval(run.run_values.get(metric, []), run.run_draws or None, [x],
+                                       metric_drift(metric, drifts), power, level, log_scale=power != 0,
+                                       bounds=METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
+                                       heldout_log_sd=heldout_log_sd(profile_raw, metric),
+                                       prior_sd=run_to_run_prior if power else 0.0)
+                rows.append(dict(shape=shape, profile=profile_name, policy=run.policy, metric=metric, predicted=p,
+                                 measured=x, live_rounds=1, round=j, one_round=True, sim_rounds=rounds,
+                                 interval=[ci.low, ci.high], inside=ci.contains(x), level=level))
     if len(runs) == 2 and all(len(measured(i, ttft_key)) for i in (0, 1)):
         base, kv = runs
         simulated = [[summarize(r) for r in run.sim_runs] for run in runs]
@@ -256,6 +273,13 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
                              sim_rounds=rounds, error_pp=p - m, interval_pp=[lo, hi], target_pp=CHANGE_TARGET_PP,
                              ok=ok, load_start=load[0], load_end=load[1], interval=[ci.low, ci.high],
                              inside=ci.contains(m), level=level))
+            for j, x in enumerate(live_changes if one_round else ()):
+                ci = combined_interval(sim_changes, kv.run_draws or None, [x], level=level, log_scale=False,
+                                       prior_sd=change_prior_sd(run_to_run_prior, p))
+                rows.append(dict(shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
+                                 metric=f"change {metric}", predicted=p, measured=x, live_rounds=1, round=j,
+                                 one_round=True, sim_rounds=rounds, interval=[ci.low, ci.high],
+                                 inside=ci.contains(x), level=level))
     return rows, missed
 
 
@@ -266,25 +290,29 @@ def coverage_lines(rows: list[dict]) -> list[str]:
     from kvroute.sim.study.intervals import coverage
 
     lines = []
-    for profile in dict.fromkeys(r["profile"] for r in rows):
-        mine = [r for r in rows if r["profile"] == profile and "inside" in r]
-        if not mine:
-            continue
-        level = mine[0]["level"]
-        c = coverage(r["inside"] for r in mine)
-        share = "-" if c["share"] is None else f"{100 * c['share']:.0f} %"
-        parts = []
-        for shape in dict.fromkeys(r["shape"] for r in mine):
-            cs = coverage(r["inside"] for r in mine if r["shape"] == shape)
-            rounds = sorted({r["live_rounds"] for r in mine if r["shape"] == shape})
-            parts.append(f"{shape} {cs['inside']}/{cs['checked']} ({'/'.join(map(str, rounds))} live rounds)")
-        lines.append(f"coverage {profile}: {c['inside']} of {c['checked']} measured values inside the "
-                     f"{100 * level:g} % interval ({share}; target >= 85 %): " + ", ".join(parts))
+    for one in (False, True):
+        for profile in dict.fromkeys(r["profile"] for r in rows):
+            mine = [r for r in rows if r["profile"] == profile and "inside" in r and bool(r.get("one_round")) == one]
+            if not mine:
+                continue
+            level = mine[0]["level"]
+            c = coverage(r["inside"] for r in mine)
+            share = "-" if c["share"] is None else f"{100 * c['share']:.0f} %"
+            parts = []
+            for shape in dict.fromkeys(r["shape"] for r in mine):
+                cs = coverage(r["inside"] for r in mine if r["shape"] == shape)
+                rounds = sorted({r["live_rounds"] for r in mine if r["shape"] == shape})
+                parts.append(f"{shape} {cs['inside']}/{cs['checked']} "
+                             + ("(single rounds)" if one else f"({'/'.join(map(str, rounds))} live rounds)"))
+            what = ("single live rounds inside their one-round" if one else "measured values inside the")
+            lines.append(f"coverage {profile}: {c['inside']} of {c['checked']} {what} "
+                         f"{100 * level:g} % interval ({share}; target >= 85 %): " + ", ".join(parts))
     return lines
 
 
 def print_rows(rows: list[dict]) -> None:
-    """One line per figure."""
+    """One line per figure (the rounds' means; single-round rows are counted in the coverage only)."""
+    rows = [r for r in rows if not r.get("one_round")]
     print(f"{'shape':<14} {'profile':<26} {'policy':<24} {'metric':<28} {'predicted':>10} {'measured':>10} "
           f"{'error':>9} {'target':>7} {'live':>4} {'load':>10}  ok")
     for r in rows:
@@ -590,6 +618,12 @@ def main() -> None:
                              "turn's TTFT by position in its convoy, split at that time. With --calibrate the sweep "
                              "reads them too, and the fit places the unloaded front end before and after the "
                              "engine's step (overheads.post_engine_s).")
+    parser.add_argument("--one-round", action="store_true",
+                        help="Also score every live round on its own against its one-round interval, as kvroute "
+                             "validate's default single live round is checked (a coverage line of its own).")
+    parser.add_argument("--run-to-run-prior", type=float, default=None, metavar="LOG_SD",
+                        help="With --one-round: the host prior for one round's spread (kvroute validate "
+                             "--run-to-run-prior; default: its default).")
     parser.add_argument("--rescore", type=Path, default=None, metavar="DIR",
                         help="Score the profiles against the live rounds saved in DIR by an earlier run "
                              "(DIR/<shape>/live.pickle or live.pickle.gz), without servers.")
@@ -600,6 +634,12 @@ def main() -> None:
         parser.error(f"--sweeps: at least 1, got {args.sweeps}")
     if not 0.0 < args.interval_level < 1.0:
         parser.error(f"--interval-level: between 0 and 1, got {args.interval_level}")
+    if args.run_to_run_prior is None:
+        from kvroute.sim.study.intervals import HOST_RUN_TO_RUN_LOG_SD
+
+        args.run_to_run_prior = HOST_RUN_TO_RUN_LOG_SD
+    if args.run_to_run_prior < 0:
+        parser.error(f"--run-to-run-prior: at least 0, got {args.run_to_run_prior}")
     if args.uncertainty < 0:
         parser.error(f"--uncertainty: at least 0, got {args.uncertainty}")
     if args.kv_events and (args.url or args.rescore):
@@ -690,7 +730,7 @@ def main() -> None:
                 if beyond:
                     notes.append(f"{shape}: {beyond.removeprefix('Note: ')}")
                 rows, m = score(shape, profile.name, runs, validation, args.rounds, load, args.interval_level,
-                                profile.raw)
+                                profile.raw, args.one_round, args.run_to_run_prior)
                 all_rows += rows
                 missed += m if profile not in checks else 0
                 splits += time_split(shape, profile.name, runs, validation)

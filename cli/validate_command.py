@@ -16,6 +16,7 @@ from kvroute.cli.signals import stops_on_sigterm
 from kvroute.cli.sim_commands import figure_format_option
 from kvroute.cli.values import (DRAWS, OPEN_FRACTION, POSITIVE_SECONDS, RELATIVE, Cores, Number, check_runs,
                                 check_urls, check_values, token_id_range)
+from kvroute.sim.study.intervals import HOST_RUN_TO_RUN_LOG_SD
 from kvroute.traces.inputs import POSITIVE_INT, RUNS, SECONDS, SEED, TOKENS
 from kvroute.traces.outputs import check_output
 
@@ -81,6 +82,11 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
               help="With --speed-probes, predict with the profile's step costs rescaled to the probes' speed "
                    "(kvroute.sim.timing.speed_scale: one factor per step, per-token and attention cost); "
                    "--no-speed-scale predicts with the profile as it is.")
+@click.option("--run-to-run-prior", "run_to_run_prior", type=Number(RELATIVE), default=HOST_RUN_TO_RUN_LOG_SD,
+              show_default=True,
+              help="With one live round, how far one live run of a time measure is taken to move from the next (log "
+                   "standard deviation; measured on a shared 2-core CPU host, docs/reference/intervals.md): one round "
+                   "cannot show its own spread. From --live-rounds 2 on, their spread is used. 0: none.")
 @click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
               help="Each server's KV-cache event endpoint (ipc://PATH or tcp://HOST:PORT, as kvroute serve "
                    "--kv-events-port-base prints it), "
@@ -95,7 +101,7 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, replay, arrival_spread_s, rounds,
              live_rounds, timeout, router_block_tokens, model, token_range, client_cores, seed, client_lag,
              uncertainty, prior_range, kv_events, record_tokens, figure_formats=("png",), interval_level=0.90,
-             speed_probes=0, speed_scale=True, **options):
+             speed_probes=0, speed_scale=True, run_to_run_prior=HOST_RUN_TO_RUN_LOG_SD, **options):
     """Replay a trace live against vLLM servers with the simulator's routing policies, simulate the
     same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate,
     per-worker hit tokens). Ctrl-C or SIGTERM writes what was measured so far (exit code 130).
@@ -160,7 +166,7 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
                           timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
                           prior_range, live_rounds=live_rounds, record_tokens=record_tokens,
                           kv_event_endpoints=tuple(kv_events), interval_level=interval_level,
-                          speed_probes=speed_probes, speed_scale=speed_scale)
+                          speed_probes=speed_probes, speed_scale=speed_scale, run_to_run_prior=run_to_run_prior)
     try:
         with pinned(client_cores):
             result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))

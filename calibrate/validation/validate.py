@@ -29,6 +29,7 @@ from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, Ser
 from kvroute.calibrate.live.prompts import DEFAULT_TOKEN_RANGE, TokenSynth
 from kvroute.calibrate.validation.probe import drifts as probe_drifts
 from kvroute.calibrate.validation.probe import predicted_probe, speed_scale
+from kvroute.sim.study.intervals import HOST_RUN_TO_RUN_LOG_SD
 from kvroute.sim.timing.speed_scale import SpeedScale, scaled_profile
 from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
 from kvroute.sim.cluster.cluster import ClusterSpec
@@ -98,6 +99,10 @@ class ValidationSpec:
             rescaled to the host's speed the probes measured (``probe.speed_scale``,
             ``kvroute.sim.timing.speed_scale``; ``Validation.speed_scale``), then take the drift
             against that profile's prediction of the probe; False: the profile as it is.
+        run_to_run_prior: with one live round, how far one live run of a time measure is taken
+            to move from the next (log standard deviation; a change between policies takes
+            ``kvroute.sim.study.intervals.change_prior_sd`` of it), where it exceeds the seeds'
+            spread; from two live rounds on their own spread is used. 0: none.
     """
 
     urls: tuple[str, ...]
@@ -122,6 +127,7 @@ class ValidationSpec:
     speed_probes: int = 0
     probe_reference: dict | None = None
     speed_scale: bool = True
+    run_to_run_prior: float = HOST_RUN_TO_RUN_LOG_SD
 
 
 @dataclass(slots=True)

@@ -44,7 +44,7 @@ from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, m
 from kvroute.calibrate.validation.validate import PolicyRun, Validation, send_lags
 from kvroute.sim.timing.heldout import heldout_log_sd
 from kvroute.sim.study.experiment import prediction_interval
-from kvroute.sim.study.intervals import combined_interval, coverage
+from kvroute.sim.study.intervals import change_prior_sd, combined_interval, coverage
 from kvroute.sim.timing.drift import NO_DRIFT, drift_exponent, metric_drift
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS
 from kvroute.traces.format import Trace
@@ -106,15 +106,28 @@ def _combined_inside(v: Validation, pred: PolicyRun, metric: str, values: list, 
     draws = draws if change else (getattr(pred, "run_draws", None) or None)
     if draws is not None and len(draws) != len(sim):
         draws = None
+    prior = getattr(v.spec, "run_to_run_prior", 0.0)  # a time's log sd; changes of times in pp; none for shares
+    if change:
+        predicted_change = float(np.mean(finite(sim))) if finite(sim) else math.nan
+        prior = change_prior_sd(prior, predicted_change) if drift_exponent(metric) else 0.0
+    elif not power:
+        prior = 0.0
     try:
         ci = combined_interval(sim, draws, finite(live), drift, power, level, log_scale=power != 0,
                                bounds=(-math.inf, math.inf) if change else METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
-                               heldout_log_sd=0.0 if change else heldout_log_sd(v.sim_spec.profile.raw, metric))
+                               heldout_log_sd=0.0 if change else heldout_log_sd(v.sim_spec.profile.raw, metric),
+                               prior_sd=prior)
     except ValueError:
         return {"run_interval": [None, None], "inside": None}
     terms = {k: (_num(x) if isinstance(x, float) else x) for k, x in ci.parts.items()}
-    return {"run_interval": [_num(ci.low), _num(ci.high)], "inside": ci.contains(_num(measured)),
-            "interval_terms": terms}
+    out = {"run_interval": [_num(ci.low), _num(ci.high)], "inside": ci.contains(_num(measured)),
+           "interval_terms": terms}
+    factor = ci.parts.get("drift_factor", 1.0)
+    if power and factor != 1.0 and _num(pred.predicted.get(metric)) is not None:
+        # the interval is centred on the prediction at the host's drifted speed: say so beside it
+        out["drift_factor"] = _num(factor ** power)
+        out["predicted_with_drift"] = _num(pred.predicted[metric] * factor ** power)
+    return out
 
 
 def inside_count(doc: dict) -> tuple[int, int]:
@@ -301,6 +314,8 @@ def report_dict(v: Validation) -> dict:
     k, n = inside_count(doc)
     doc["inside_interval"] = {"inside": k, "checked": n}
     doc["interval_level"] = getattr(spec, "interval_level", 0.90)
+    if not _multi(v):
+        doc["run_to_run_prior"] = getattr(spec, "run_to_run_prior", 0.0)
     doc["coverage"] = {**coverage([m["inside"] for p in doc["policies"].values() for m in p["metrics"].values()]
                                   + [c["inside"] for ch in doc["changes"].values() for c in ch.values()]),
                        "level": doc["interval_level"]}
@@ -352,6 +367,14 @@ def _paired_draws(b0: PolicyRun, r0: PolicyRun, metric: str) -> list | None:
     if not draws or len(draws) != len(other):
         return None
     return [d for d, b, r in zip(draws, base, other) if b is not None and r is not None]
+
+
+def _with_drift(metric: dict) -> str:
+    """`` (x1.08 drift: 1.333)`` for a metric whose interval is centred on the prediction times the
+    host's speed drift, else ''."""
+    if metric.get("predicted_with_drift") is None:
+        return ""
+    return f" (x{metric['drift_factor']:.2f} drift: {_fmt(metric['predicted_with_drift'])})"
 
 
 def _async_text(server: dict) -> str:
@@ -471,7 +494,7 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
         for m in p["metrics"].values():
             live = (f"{_range([m['measured_min'], m['measured_max']])} | {_range(m['measured_interval'] or [None, None])}"
                     f" | {_yes(m['predicted_inside_live_range'])} | " if n_live else "")
-            lines.append(f"| {m['label']} | {_fmt(m['predicted'])} | {_range(m['predicted_interval'])} | "
+            lines.append(f"| {m['label']} | {_fmt(m['predicted'])}{_with_drift(m)} | {_range(m['predicted_interval'])} | "
                          f"{_range(m['run_interval'])} | {_fmt(m['measured'])} | {live}{_yes(m['inside'])} | "
                          f"{_pct(m['error_pct'])} |")
         for w, row in p["workers"].items():
@@ -526,10 +549,15 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
                   + (f" on the central profile and on each of {doc['uncertainty_draws']} drawn profiles)."
                      if doc["uncertainty_draws"] else ").")
                   + " The interval also holds the live rounds' own spread where it exceeds the seeds'"
+                  + (f" (with one live round, the host's run-to-run prior instead: log sd {doc['run_to_run_prior']:g} "
+                     "for times, its change between two policies for changes, --run-to-run-prior)"
+                     if doc.get("run_to_run_prior") else "")
                   + ("; time measures are scaled by the host's speed drift from the probes, against "
                      + ("the probe after calibrating" if doc.get("probe_reference") == "calibration"
                         else "the profile's prediction of the probe") + " ("
-                     + ", ".join(f"{q} x{d['factor']:.3f}, log sd {d['log_sd']:.3f}" for q, d in doc["drift"].items()) + ")"
+                     + ", ".join(f"{q} x{d['factor']:.3f}, log sd {d['log_sd']:.3f}" for q, d in doc["drift"].items())
+                     + "); such an interval is centred on the prediction times the drift, given beside the "
+                       "prediction as (xF drift: value)"
                      if doc.get("drift") else "")
                   + f". Coverage: {k} of {n} inside the {level_text} interval (docs/reference/intervals.md)."]
     if doc["notes"]:

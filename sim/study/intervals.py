@@ -5,6 +5,8 @@ A measured value (the mean of N live rounds) is checked against an interval that
 
 - the run-to-run spread: the larger of the simulated seeds' spread within a profile and the live
   rounds' own spread (a simulator's seeds can vary less than a shared host does), divided by N;
+  with fewer than two live rounds, the larger of the seeds' spread and a prior for the host
+  (``prior_sd``: what one live run is expected to move by, since one round cannot show it);
 - the prediction's own noise: the seeds' variance over the central profile's R runs;
 - the fit's uncertainty: the variance between the means of the profiles drawn from it
   (``kvroute.sim.timing.uncertainty.draw_profiles``: bootstrap refits over the sweep's
@@ -32,6 +34,14 @@ from kvroute.sim.timing.drift import NO_DRIFT, Drift
 DEFAULT_LEVEL = 0.90
 """The interval level ``validate`` checks measured values against (the issue's target: at least
 85 % of measured values inside the 90 % interval)."""
+
+
+HOST_RUN_TO_RUN_LOG_SD = 0.08
+"""The default prior for how far one live run of a time measure moves from the next (log standard
+deviation), used when a validation has fewer than two live rounds to show it: the root mean square
+of the per-round spread of 72 time measures (3 workload shapes, 2 policies, 3 measures, 4 runs of
+``bench/bench_validate.py``) on the shared 2-core CPU host (docs/log/2026-12-05-one-round-intervals.md;
+median 0.05, 90th percentile 0.13). A quieter host, such as a dedicated GPU server, moves less."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +82,8 @@ def _nan(level: float, log_scale: bool, why: str) -> CombinedInterval:
 
 def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift = NO_DRIFT, drift_power: int = 1,
                       level: float = DEFAULT_LEVEL, log_scale: bool = True,
-                      bounds: tuple[float, float] = (-math.inf, math.inf), heldout_log_sd: float = 0.0
-                      ) -> CombinedInterval:
+                      bounds: tuple[float, float] = (-math.inf, math.inf), heldout_log_sd: float = 0.0,
+                      prior_sd: float = 0.0) -> CombinedInterval:
     """The ``level`` prediction interval of the mean of the live rounds (module doc).
 
     Args:
@@ -89,6 +99,10 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
         bounds: the metric's possible values; the interval is clipped to them.
         heldout_log_sd: the fit's error on held-out experiments for this metric, log space
             (``kvroute.sim.timing.heldout``); used on the log scale only, a known variance.
+        prior_sd: with fewer than two live rounds, the run-to-run standard deviation of one live
+            run on this host, in the combining scale (log for times, the metric's units for
+            changes: :func:`change_prior_sd`); where it exceeds the seeds' spread it stands for
+            the run-to-run term as a known variance (``parts["run_to_run_prior"]``). 0: none.
 
     Returns:
         The interval; NaN ends when the runs give no spread to work from (fewer than two
@@ -121,11 +135,17 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
     n_live = max(len(live), 1)
     r0 = len(central)
     terms: list[tuple[str, float, float]] = []  # (name, variance, degrees of freedom)
+    known_var = 0.0  # the host prior's, when it stands for the run-to-run term
     live_var = float(np.var(fwd(live), ddof=1)) if len(live) >= 2 else math.nan
     run_source = "seeds"
     if math.isfinite(live_var) and not (live_var <= sim_var):
         run_source = "live rounds"
         terms.append(("run_to_run", live_var / n_live, len(live) - 1))
+        if math.isfinite(sim_var):
+            terms.append(("prediction_seeds", sim_var / r0, sim_df))
+    elif len(live) < 2 and prior_sd > 0 and not (prior_sd ** 2 <= sim_var):
+        run_source = "host prior"
+        known_var += prior_sd ** 2 / n_live
         if math.isfinite(sim_var):
             terms.append(("prediction_seeds", sim_var / r0, sim_df))
     elif math.isfinite(sim_var):
@@ -138,12 +158,12 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
         seeds_share = (sim_var if math.isfinite(sim_var) else 0.0) * float(np.mean(1.0 / sizes))
         model_var = max(0.0, float(np.var(means, ddof=1)) - seeds_share)
         terms.append(("model", model_var, len(draw_ids) - 1))
-    if not terms:
+    if not terms and not known_var:
         return _nan(level, log_scale, "fewer than two runs: no spread")
     drift_var = (drift_power * drift.log_sd) ** 2 if log_scale else 0.0
     heldout_var = heldout_log_sd ** 2 if log_scale else 0.0
     shift = drift_power * drift.log_factor if log_scale else 0.0
-    total = sum(v for _, v, _ in terms) + drift_var + heldout_var
+    total = sum(v for _, v, _ in terms) + drift_var + heldout_var + known_var
     denom = sum(v * v / df for _, v, df in terms if v > 0 and df > 0)
     df = total * total / denom if denom > 0 else math.inf
     q = float(t.ppf(0.5 + level / 2, df)) if math.isfinite(df) else float(_z(level))
@@ -151,10 +171,22 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
     low, high = float(inv(center + shift - half)), float(inv(center + shift + half))
     low, high = max(low, bounds[0]), min(high, bounds[1])
     parts = {name: v for name, v, _ in terms}
+    if known_var:
+        parts["run_to_run_prior"] = known_var
     parts.update(run_source=run_source, drift_factor=drift.factor if log_scale else 1.0,
                  drift_var=drift_var, heldout_var=heldout_var, df=df, quantile=q, central_runs=r0, live_rounds=len(live),
                  draws=len(draw_ids))
     return CombinedInterval(low, high, level, log_scale, parts)
+
+
+def change_prior_sd(run_log_sd: float, predicted_change_pct: float) -> float:
+    """The run-to-run standard deviation (percentage points) of one live round's change between
+    two policies, ``100 (k / b - 1)``, when each policy's value moves by a log standard deviation
+    ``run_log_sd`` independently: ``100 (1 + c / 100) sqrt(2) run_log_sd`` at the predicted change
+    ``c`` (first order); 0 for a non-finite change."""
+    if not math.isfinite(predicted_change_pct):
+        return 0.0
+    return 100.0 * max(0.0, 1.0 + predicted_change_pct / 100.0) * math.sqrt(2.0) * run_log_sd
 
 
 def _z(level: float) -> float:

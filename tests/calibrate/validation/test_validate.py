@@ -685,9 +685,12 @@ def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fa
     assert kv.run_draws == [-1, -1, 0, 0, 1, 1]
     heldout = heldout_spreads(load_profile("cpu-tiny-qwen2").raw)["ttft"]
     ci = combined_interval(kv.run_values["ttft_mean_s"], kv.run_draws, [m["measured"]], level=0.9, log_scale=True,
-                           bounds=(0.0, math.inf), heldout_log_sd=heldout)
+                           bounds=(0.0, math.inf), heldout_log_sd=heldout, prior_sd=spec.run_to_run_prior)
     lo, hi = ci.low, ci.high
     assert m["run_interval"] == [lo, hi] and m["inside"] == (lo <= m["measured"] <= hi)
+    # one live round: the host prior stands for the run-to-run spread the seeds understate
+    assert m["interval_terms"]["run_source"] == "host prior"
+    assert m["interval_terms"]["run_to_run_prior"] == pytest.approx(spec.run_to_run_prior ** 2, rel=1e-12)
     assert m["interval_terms"]["heldout_var"] == pytest.approx(heldout ** 2, rel=1e-12)
     assert doc["interval_level"] == 0.9 and doc["coverage"]["level"] == 0.9
     assert m["interval_terms"]["draws"] == 2 and m["interval_terms"]["central_runs"] == 2

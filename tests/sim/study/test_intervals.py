@@ -118,3 +118,37 @@ def test_identical_runs_contain_their_own_value_despite_the_last_bit():
                            bounds=(0.0, 1.0))
     assert ci.contains(share) is True
     assert ci.contains(share + 1e-9) is False
+
+
+def test_one_live_round_takes_the_host_prior_where_the_seeds_vary_less():
+    """Closed form: identical simulated runs (no seed spread) and one live round give
+    ``mean * exp(-/+ z(0.95) * prior)`` with the prior a known variance; from two live rounds on
+    their own spread is used and the prior is not; a seed spread larger than the prior wins."""
+    from scipy.stats import norm
+
+    z = norm.ppf(0.95)
+    ci = combined_interval([2.0] * 5, live_values=[2.3], level=0.9, prior_sd=0.1)
+    assert (ci.low, ci.high) == pytest.approx((2.0 * math.exp(-z * 0.1), 2.0 * math.exp(z * 0.1)), rel=1e-12)
+    assert ci.parts["run_source"] == "host prior" and ci.parts["run_to_run_prior"] == pytest.approx(0.01)
+    two = combined_interval([2.0] * 5, live_values=[2.3, 2.1], level=0.9, prior_sd=0.1)
+    assert two.parts["run_source"] == "live rounds" and "run_to_run_prior" not in two.parts
+    wide = [1.0, 2.0, 3.0, 4.0]
+    seeds = combined_interval(wide, live_values=[2.3], level=0.9, prior_sd=0.1)
+    assert seeds.parts["run_source"] == "seeds" and (seeds.low, seeds.high) == (
+        combined_interval(wide, live_values=[2.3], level=0.9).low, combined_interval(wide, live_values=[2.3], level=0.9).high)
+
+
+def test_a_changes_prior_is_both_policies_moving_independently():
+    """``100 (1 + c/100) sqrt(2) s``: a change of -50 % with log sd 0.1 on each side moves by
+    7.07 pp; a change of 0 by 14.1 pp; an undefined change has none."""
+    from kvroute.sim.study.intervals import change_prior_sd
+
+    assert change_prior_sd(0.1, -50.0) == pytest.approx(50 * math.sqrt(2) * 0.1)
+    assert change_prior_sd(0.1, 0.0) == pytest.approx(100 * math.sqrt(2) * 0.1)
+    assert change_prior_sd(0.1, math.nan) == 0.0 and change_prior_sd(0.1, -150.0) == 0.0
+    ci = combined_interval([-50.0] * 4, live_values=[-40.0], level=0.9, log_scale=False,
+                           prior_sd=change_prior_sd(0.1, -50.0))
+    half = (ci.high - ci.low) / 2
+    from scipy.stats import norm
+
+    assert half == pytest.approx(norm.ppf(0.95) * 50 * math.sqrt(2) * 0.1, rel=1e-12)

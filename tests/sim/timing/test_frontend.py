@@ -526,3 +526,15 @@ def test_bench_validate_counts_coverage_per_profile_and_shape():
         "coverage p: 2 of 3 measured values inside the 90 % interval (67 %; target >= 85 %): "
         "long-chats 1/2 (3 live rounds), open-loop 1/1 (6 live rounds)",
         "coverage q: 1 of 1 measured values inside the 90 % interval (100 %; target >= 85 %): open-loop 1/1 (6 live rounds)"]
+
+
+def test_bench_validate_keeps_single_round_coverage_apart_from_the_means():
+    bench = _bench_validate()
+    mean = dict(profile="p", level=0.9, live_rounds=3, shape="long-chats", inside=True)
+    single = dict(mean, live_rounds=1, one_round=True)
+    rows = [mean, dict(single, round=0, inside=False), dict(single, round=1), dict(single, round=2)]
+    assert bench.coverage_lines(rows) == [
+        "coverage p: 1 of 1 measured values inside the 90 % interval (100 %; target >= 85 %): "
+        "long-chats 1/1 (3 live rounds)",
+        "coverage p: 2 of 3 single live rounds inside their one-round 90 % interval (67 %; target >= 85 %): "
+        "long-chats 2/3 (single rounds)"]
