@@ -1208,3 +1208,12 @@ def test_speed_probes_around_the_live_rounds_give_the_drift_the_intervals_use(fa
     m = doc["policies"]["round_robin"]["metrics"]["ttft_mean_s"]
     assert m["interval_terms"]["drift_factor"] == pytest.approx(metric_drift("ttft_mean_s", v.drift).factor)
     assert doc["policies"]["round_robin"]["metrics"]["hit_rate"]["interval_terms"]["drift_factor"] == 1.0
+    # the interval is centred on the prediction times the drift, which the report gives beside it
+    factor = metric_drift("ttft_mean_s", v.drift).factor
+    assert m["drift_factor"] == pytest.approx(factor) and m["predicted_with_drift"] == pytest.approx(m["predicted"] * factor)
+    lo, hi = m["run_interval"]
+    assert lo < m["predicted_with_drift"] < hi
+    assert "predicted_with_drift" not in doc["policies"]["round_robin"]["metrics"]["hit_rate"]
+    from kvroute.calibrate.validation.validate_report import report_markdown
+
+    assert f"(x{factor:.2f} drift: " in report_markdown(v, doc)
