@@ -64,7 +64,7 @@ def keep(run: Path, label: str, archive: Path = ARCHIVE) -> Path:
         "label": label, "measured": stamp.isoformat(timespec="minutes"), "shapes": shapes,
         "host": {"machine": platform.machine(), "cpu": _cpu_name(), "cores": os.cpu_count()},
         "speed_probes": summary.get("speed_probes"), "host_cpu": summary.get("host_cpu"),
-        "wall_s": summary.get("wall_s")}, indent=2) + "\n")
+        "wall_s": summary.get("wall_s"), "api_cores": summary.get("api_cores")}, indent=2) + "\n")
     return dest
 
 

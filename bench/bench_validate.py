@@ -756,7 +756,8 @@ def main() -> None:
     print(f"\nwall time: {t2 - t0:.0f} s ({t1 - t0:.0f} s server start-up); reports in {args.out}/<shape>/")
     (args.out / "summary.json").write_text(json.dumps({"rows": all_rows, "notes": notes, "missed": missed,
                                                         "wall_s": t2 - t0, "speed_probes": probes,
-                                                        "host_cpu": host_cpu}, indent=2, default=str))
+                                                        "host_cpu": host_cpu, "api_cores": args.api_cores},
+                                                       indent=2, default=str))
     print(f"targets missed: {missed} (counted over every profile)")
 
 
