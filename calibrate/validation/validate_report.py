@@ -549,8 +549,9 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
                   + (f" on the central profile and on each of {doc['uncertainty_draws']} drawn profiles)."
                      if doc["uncertainty_draws"] else ").")
                   + " The interval also holds the live rounds' own spread where it exceeds the seeds'"
-                  + (f" (with one live round, the host's run-to-run prior instead: log sd {doc['run_to_run_prior']:g} "
-                     "for times, its change between two policies for changes, --run-to-run-prior)"
+                  + (f"; with one live round, the host's run-to-run prior where it exceeds the seeds' (log sd "
+                     f"{doc['run_to_run_prior']:g} for times and, for changes, both policies moving by it; "
+                     "--run-to-run-prior)"
                      if doc.get("run_to_run_prior") else "")
                   + ("; time measures are scaled by the host's speed drift from the probes, against "
                      + ("the probe after calibrating" if doc.get("probe_reference") == "calibration"
