@@ -188,8 +188,9 @@ def calibrate():
 
 
 @calibrate.command()
-@click.option("--url", "urls", multiple=True, required=True, help="Server base URL; repeat for identical servers.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory for the raw rows.")
+@click.option("--url", "urls", multiple=True, help="Server base URL; repeat for identical servers (required but with --dry-run).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="Directory for the raw rows (required but with --dry-run).")
 @click.option("--model", default=None, help="Served model name (default: the server's only model).")
 @click.option("--preset", type=click.Choice(["full", "quick"]), default="full", show_default=True, help="Sweep size.")
 @click.option("--max-len", type=Number(TOKENS), default=None, help="Drop sweep lengths whose sequences exceed this many tokens.")
@@ -222,12 +223,14 @@ def calibrate():
                    "(default: cpu-tiny-qwen2 when the servers run on CPUs, else the a6000-qwen2.5-7b prior; "
                    "`kvroute profiles derive` makes one for your GPU and model).")
 @click.option("--dry-run", is_flag=True, default=False,
-              help="Print the plan and its estimated time on len(--url) servers, then exit; contacts no server and "
-                   "writes nothing.")
+              help="Print the plan and its estimated time, then exit; contacts no server and writes nothing "
+                   "(--url and --out are not needed).")
+@click.option("--servers", "num_servers", type=Number(SERVE_VALUES["num_servers"]), default=None,
+              help="With --dry-run: the number of servers to estimate for (default: the --url count, else 1).")
 @check_values
 @stops_on_sigterm
 def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, client_cores, progress, timeout,
-            bursts, burst_slots, longest, kv_events, estimate_profile, dry_run):
+            bursts, burst_slots, longest, kv_events, estimate_profile, dry_run, num_servers=None):
     """Drive live servers through their OpenAI API: prefill (cold and cached prefixes), decode
     (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive. Ctrl-C or SIGTERM
     stops the sweep with meta.json saying "interrupted" and the rows kept (exit code 130)."""
@@ -247,8 +250,15 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         plan = plan.without_bursts()
     plan = replace(plan, burst_slots=burst_slots)
     lo, hi = token_id_range(token_range)
-    out = Path(out_dir)
-    check_urls(urls)
+    if num_servers is not None and not dry_run:
+        raise click.BadParameter("applies with --dry-run only (a sweep runs on its --url servers)",
+                                 param_hint="'--servers'")
+    if not dry_run:
+        for value, flag in ((urls, "--url"), (out_dir, "--out")):
+            if not value:
+                raise click.UsageError(f"Missing option '{flag}' (only --dry-run runs without it).")
+        check_urls(urls)
+    out = Path(out_dir) if out_dir else None
     if kv_events:
         from kvroute.calibrate.live.kv_events import check_endpoints
 
@@ -258,8 +268,9 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
             raise click.BadParameter(str(exc), param_hint="'--kv-events'") from exc
     given = _load_estimate_profile(estimate_profile) if estimate_profile else None
     if dry_run:
-        click.echo(_plan_text(plan, len(urls), seed, given))
-        click.echo(_estimate_text(plan, given, len(urls), seed, None, bool(kv_events)))
+        n = num_servers or len(urls) or 1
+        click.echo(_plan_text(plan, n, seed, given))
+        click.echo(_estimate_text(plan, given, n, seed, None, bool(kv_events)))
         return
     # NOTE: the client, imported before --out is made: when it is missing, main() names the extras
     import aiohttp  # noqa: F401

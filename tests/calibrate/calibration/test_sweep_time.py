@@ -177,3 +177,20 @@ def test_measure_prints_the_estimate_before_the_sweep_with_the_requests_it_then_
     assert estimate < measured
     planned = re.search(r"\((\d+) requests\) on 1 server", result.output).group(1)
     assert re.search(r"measured (\d+) requests", result.output).group(1) == planned
+
+
+def test_measure_dry_run_needs_no_server_and_no_out_folder():
+    """--dry-run plans without --url and --out: for --servers N (or one server); without
+    --dry-run both are still required, and --servers is refused."""
+    run = CliRunner().invoke
+    result = run(cli, ["calibrate", "measure", "--dry-run", "--servers", "2", "--estimate-profile", "cpu-tiny-qwen2-x2"])
+    assert result.exit_code == 0, result.output
+    assert "on 2 server(s)" in result.output.strip().splitlines()[1]
+    one = run(cli, ["calibrate", "measure", "--dry-run", "--estimate-profile", "cpu-tiny-qwen2-x2"])
+    assert one.exit_code == 0 and "on 1 server(s)" in one.output
+    missing = run(cli, ["calibrate", "measure", "--out", "x"])
+    assert missing.exit_code == 2 and "Missing option '--url' (only --dry-run runs without it)." in missing.output
+    missing = run(cli, ["calibrate", "measure", "--url", "http://127.0.0.1:9"])
+    assert missing.exit_code == 2 and "Missing option '--out'" in missing.output
+    refused = run(cli, ["calibrate", "measure", "--url", "http://127.0.0.1:9", "--out", "x", "--servers", "2"])
+    assert refused.exit_code == 2 and "--servers" in refused.output and "--dry-run only" in refused.output
