@@ -187,10 +187,16 @@ def speed_scale(cluster, *samples: dict[str, list[float]] | None):
     ``speed_scale.FACTOR_BOUNDS``) of the relative errors, with the probe simulated once per
     evaluation without the profile's jitter (``HostModel.engine_speed_sigma``, a mean-one factor on
     step times, and ``Overheads.jitter_cv``, mean-one on per-request overheads: so the jitter-free
-    times are the jittered runs' means).
-    Four quantities (probes with their long part) fit the three factors; two (probes saved
-    before the long part existed) fit one factor for ``token`` and ``attention`` and one for
-    ``step``.
+    times are the jittered runs' means). Each factor's standard error is :func:`_log_sd`'s.
+
+    Four quantities (probes with their long part) fit the three factors. When that leaves the
+    per-token factor on a bound or poorly determined
+    (``speed_scale.POORLY_DETERMINED_LOG_SD``: its time is a small part of every probe quantity,
+    and it trades against the per-step one), the fit is redone with one factor for ``step`` and
+    ``token`` together and one for ``attention`` (the two-factor form that reproduces cold
+    prefills of 2,048-16,384 tokens within 4 %: docs/log/2026-12-05-speed-scale.md), and
+    ``SpeedScale.tied`` says so. Two quantities (probes saved before the long part existed) fit
+    one factor for ``token`` and ``attention`` and one for ``step``.
 
     Raises:
         ValueError: no probe time in ``samples``.
@@ -201,7 +207,8 @@ def speed_scale(cluster, *samples: dict[str, list[float]] | None):
     import numpy as np
     from scipy.optimize import least_squares
 
-    from kvroute.sim.timing.speed_scale import FACTOR_BOUNDS, SPEED_GROUPS, SpeedScale, scaled_profile
+    from kvroute.sim.timing.speed_scale import (FACTOR_BOUNDS, POORLY_DETERMINED_LOG_SD, SPEED_GROUPS, SpeedScale,
+                                                scaled_profile)
 
     measured, rel_se = {}, {}
     for q in SCALE_QUANTITIES:
@@ -218,29 +225,36 @@ def speed_scale(cluster, *samples: dict[str, list[float]] | None):
         measured = {q: m for q, m in measured.items() if not q.startswith("long_")}
     long = 1 if any(q.startswith("long_") for q in measured) else 0
     trace, parts = _probe_trace(cluster.num_workers, profile.engine.block_size, PROBE_REPS, PROBE_LONG_REPS * long, 0)
-    # Without the long part, token and attention cannot be told apart: one factor for both.
-    names = ("step", "token", "attention") if long else ("step", "compute")
-
-    def scale_of(x) -> SpeedScale:
-        f = dict(zip(names, np.exp(x)))
-        if not long:
-            f["token"] = f["attention"] = f.pop("compute")
-        return SpeedScale(**{g: float(f[g]) for g in SPEED_GROUPS})
-
-    def residuals(x) -> np.ndarray:
-        spec = dataclasses.replace(cluster, profile=scaled_profile(profile, scale_of(x)))
-        got = _simulated_probe(spec, trace, parts, 0, 1)
-        return np.array([statistics.fmean(got[q]) / m - 1 for q, m in measured.items()])
-
-    lo, hi = np.log(FACTOR_BOUNDS)
-    fit = least_squares(residuals, np.zeros(len(names)), bounds=(lo, hi), diff_step=0.02)
-    scale = scale_of(fit.x)
-    clipped = tuple(n for n, v in zip(names, fit.x) if not lo + 1e-3 < v < hi - 1e-3)
     counts = ", ".join(f"{q.removesuffix('_s')} {sum(len(s.get(q, [])) for s in samples if s)}" for q in measured)
-    sd = _log_sd(fit.jac, [rel_se[q] for q in measured], fit.fun)
-    log_sd = dict(zip(names, sd)) if long else {"step": sd[0], "token": sd[1], "attention": sd[1]}
-    return dataclasses.replace(scale, source=f"speed probes ({counts} requests) against {cluster.profile.name}",
-                               residual=float(np.sqrt(np.mean(fit.fun ** 2))), clipped=clipped, log_sd=log_sd)
+    lo, hi = np.log(FACTOR_BOUNDS)
+
+    def fit(factors: dict[str, tuple[str, ...]]) -> SpeedScale:
+        """Fit one log factor per key of ``factors``, each scaling the SPEED_GROUPS it names."""
+        names = list(factors)
+
+        def scale_of(x) -> SpeedScale:
+            return SpeedScale(**{g: float(np.exp(v)) for name, v in zip(names, x) for g in factors[name]})
+
+        def residuals(x) -> np.ndarray:
+            spec = dataclasses.replace(cluster, profile=scaled_profile(profile, scale_of(x)))
+            got = _simulated_probe(spec, trace, parts, 0, 1)
+            return np.array([statistics.fmean(got[q]) / m - 1 for q, m in measured.items()])
+
+        result = least_squares(residuals, np.zeros(len(names)), bounds=(lo, hi), diff_step=0.02)
+        sd = _log_sd(result.jac, [rel_se[q] for q in measured], result.fun)
+        clipped = tuple(g for name, v in zip(names, result.x) if not lo + 1e-3 < v < hi - 1e-3 for g in factors[name])
+        tied = tuple(factors[name] for name in names if len(factors[name]) > 1)
+        return dataclasses.replace(scale_of(result.x), source=f"speed probes ({counts} requests) against "
+                                   f"{cluster.profile.name}", residual=float(np.sqrt(np.mean(result.fun ** 2))),
+                                   clipped=clipped, log_sd={g: s for name, s in zip(names, sd) for g in factors[name]},
+                                   tied=tied)
+
+    if not long:  # token and attention cannot be told apart without the long part
+        return fit({"step": ("step",), "compute": ("token", "attention")})
+    scale = fit({group: (group,) for group in SPEED_GROUPS})
+    if "token" in scale.clipped or scale.log_sd["token"] > POORLY_DETERMINED_LOG_SD:
+        scale = fit({"rest": ("step", "token"), "attention": ("attention",)})
+    return scale
 
 
 def _log_sd(jacobian, rel_se: list[float], residuals=None) -> list[float]:

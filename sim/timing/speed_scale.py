@@ -54,6 +54,8 @@ class SpeedScale:
         log_sd: per factor, the standard error of its log (the probe means' sampling error
             carried through the fit's Jacobian, grown by the fit's misfit beyond it); {} when
             given by hand; inf when the probes do not determine it.
+        tied: groups of factors fitted as one (e.g. ``(("step", "token"),)`` when the probes
+            could not tell the per-step from the per-token cost); () when each was its own.
 
     Raises:
         ValueError: a factor not finite and > 0.
@@ -66,6 +68,7 @@ class SpeedScale:
     residual: float = math.nan
     clipped: tuple[str, ...] = ()
     log_sd: dict = dataclasses.field(default_factory=dict)
+    tied: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         for name in SPEED_GROUPS:
@@ -91,6 +94,8 @@ class SpeedScale:
         text = ", ".join(one(name, value) for name, value in self.factors().items())
         if math.isfinite(self.residual):
             text += f"; probe fit residual {100 * self.residual:.1f} %"
+        if self.tied:
+            text += "; fitted as one factor: " + ", ".join(" and ".join(group) for group in self.tied)
         if self.clipped:
             text += f"; on a bound of {FACTOR_BOUNDS}: {', '.join(self.clipped)}"
         if self.poorly_determined():
@@ -99,11 +104,12 @@ class SpeedScale:
         return text
 
     def to_dict(self) -> dict:
-        """The factors, ``source``, ``residual`` (None when NaN), ``clipped`` and ``log_sd``
-        (None for an undetermined factor)."""
+        """The factors, ``source``, ``residual`` (None when NaN), ``clipped``, ``log_sd`` (None
+        for an undetermined factor) and ``tied``."""
         return {**self.factors(), "source": self.source,
                 "residual": None if math.isnan(self.residual) else self.residual, "clipped": list(self.clipped),
-                "log_sd": {k: (v if math.isfinite(v) else None) for k, v in self.log_sd.items()}}
+                "log_sd": {k: (v if math.isfinite(v) else None) for k, v in self.log_sd.items()},
+                "tied": [list(group) for group in self.tied]}
 
 
 def scaled_profile(profile: Profile, scale: SpeedScale) -> Profile:

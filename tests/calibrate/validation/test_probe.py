@@ -125,3 +125,27 @@ def test_a_speed_scale_names_the_factors_its_probes_leave_poorly_determined():
     assert "poorly determined by the probes (log sd above 0.2, from their scatter and the fit's misfit): step, token" in text
     assert scale.to_dict()["log_sd"] == {"step": 0.35, "token": 0.25, "attention": 0.03}
     assert SpeedScale().poorly_determined() == () and "poorly" not in SpeedScale().describe()
+
+
+def test_a_per_token_factor_the_probes_leave_undetermined_is_tied_to_the_per_step_one(monkeypatch):
+    """When the three-factor fit leaves ``token`` poorly determined, the fit is redone with one
+    factor for the per-step and per-token costs together (``tied``), and attention its own."""
+    import dataclasses
+
+    from kvroute.calibrate.validation import probe
+
+    profile = load_profile("cpu-tiny-qwen2-x2-bursts")
+    profile = dataclasses.replace(profile, overheads=dataclasses.replace(profile.overheads, jitter_cv=0.0),
+                                  host=dataclasses.replace(profile.host, engine_speed_sigma=0.0))
+    cluster = ClusterSpec(profile=profile, num_workers=2)
+    measured = predicted_probe(dataclasses.replace(cluster, profile=scaled_profile(
+        profile, SpeedScale(step=1.5, token=1.5, attention=2.0))), rounds=1)
+    real = probe._log_sd
+    # the three-factor fit's errors as the 2026-12-05 07:19 run's long chats gave them
+    monkeypatch.setattr(probe, "_log_sd", lambda jac, se, fun=None: [0.13, 0.64, 0.07] if len(jac[0]) == 3
+                        else real(jac, se, fun))
+    got = speed_scale(cluster, measured)
+    assert got.tied == (("step", "token"),) and got.step == got.token
+    assert (got.step, got.attention) == pytest.approx((1.5, 2.0), rel=0.02)
+    assert "fitted as one factor: step and token" in got.describe()
+    assert got.to_dict()["tied"] == [["step", "token"]]
