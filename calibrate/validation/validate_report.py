@@ -542,28 +542,36 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
                 lines.append(f"| {c['label']} | {policy} | {_pct(c['predicted'])} | {_pct_range(c['run_interval'])} | "
                              f"{_pct(c['measured'])} | {paired}{_yes(c['inside'])} | "
                              f"{'-' if diff is None else f'{diff:+.1f}'} |")
-    k, n = doc["inside_interval"]["inside"], doc["inside_interval"]["checked"]
-    one_sim = f"the mean of {n_live} simulated runs" if n_live else "one simulated run"
-    lines += ["", f"{k} of {n} measured values fall inside the {level_text} prediction interval of {one_sim} "
-                  f"(from {doc['interval_source']}; {doc['sim_rounds']} round(s)"
-                  + (f" on the central profile and on each of {doc['uncertainty_draws']} drawn profiles)."
-                     if doc["uncertainty_draws"] else ").")
-                  + " The interval also holds the live rounds' own spread where it exceeds the seeds'"
-                  + (f"; with one live round, the host's run-to-run prior where it exceeds the seeds' (log sd "
-                     f"{doc['run_to_run_prior']:g} for times and, for changes, both policies moving by it; "
-                     "--run-to-run-prior)"
-                     if doc.get("run_to_run_prior") else "")
-                  + ("; time measures are scaled by the host's speed drift from the probes, against "
-                     + ("the probe after calibrating" if doc.get("probe_reference") == "calibration"
-                        else "the profile's prediction of the probe") + " ("
-                     + ", ".join(f"{q} x{d['factor']:.3f}, log sd {d['log_sd']:.3f}" for q, d in doc["drift"].items())
-                     + "); such an interval is centred on the prediction times the drift, given beside the "
-                       "prediction as (xF drift: value)"
-                     if doc.get("drift") else "")
-                  + f". Coverage: {k} of {n} inside the {level_text} interval (docs/reference/intervals.md)."]
+    lines += ["", coverage_text(doc)]
     if doc["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def coverage_text(doc: dict) -> str:
+    """The report's closing paragraph: how many measured values fall inside their prediction
+    interval, and what each interval is of and made of (``docs/reference/intervals.md``)."""
+    k, n = doc["inside_interval"]["inside"], doc["inside_interval"]["checked"]
+    level = f"{100 * doc.get('interval_level', 0.95):g} %"
+    n_live = doc.get("live_rounds")
+    parts = [f"the spread of {doc['sim_rounds']} seeded simulation round(s)"
+             + (f" on the central profile and on each of {doc['uncertainty_draws']} profiles drawn from the fit's "
+                "uncertainty" if doc["uncertainty_draws"] else "")]
+    if doc.get("run_to_run_prior"):
+        parts.append(f"where larger, the host's run-to-run prior for one live round (log sd {doc['run_to_run_prior']:g} "
+                     "for times; for changes, both policies moving by it; --run-to-run-prior)")
+    else:
+        parts.append("where larger, the live rounds' own spread")
+    if doc.get("drift"):
+        reference = ("the probe after calibrating" if doc.get("probe_reference") == "calibration"
+                     else "the profile's prediction of the probe")
+        drifts = ", ".join(f"{q} x{d['factor']:.3f}, log sd {d['log_sd']:.3f}" for q, d in doc["drift"].items())
+        parts.append(f"for times, the host's speed drift from the probes against {reference} ({drifts}), which "
+                     "also moves the interval's centre to the prediction times the drift, given beside the prediction "
+                     "as (xF drift: value)")
+    of = f"the mean of {n_live} live rounds" if n_live else "one live run"
+    return (f"{k} of {n} measured values fall inside their {level} prediction interval. Each interval is of {of} "
+            "and combines " + "; ".join(parts) + " (docs/reference/intervals.md).")
 
 
 def _pct_range(pair) -> str:
@@ -645,19 +653,21 @@ def report_page(doc: dict, figures: list) -> "Report":
     from kvroute.sim.study.report import Cell, Report, Table
 
     tables = []
+    level = f"{100 * doc.get('interval_level', 0.95):g} %"
     for policy, p in doc["policies"].items():
         rows = []
         for m in p["metrics"].values():
-            rows.append([m["label"], Cell(_fmt(m["predicted"]), {"predicted": m["predicted"]}),
+            rows.append([m["label"], Cell(_fmt(m["predicted"]) + _with_drift(m), {"predicted": m["predicted"]}),
                          Cell(_range(m["run_interval"]), {"low": m["run_interval"][0], "high": m["run_interval"][1]}),
                          Cell(_fmt(m["measured"]), {"measured": m["measured"]}),
                          Cell(_yes(m["inside"]).replace("*", ""), numeric=False),
                          Cell(_pct(m["error_pct"]), {"error_pct": m["error_pct"]})])
-        tables.append(Table(f"{policy}: predicted against measured", ["metric", "predicted", "95 % interval of "
-                            + ("the mean of the live rounds' runs" if doc.get("live_rounds") else "one run"),
+        tables.append(Table(f"{policy}: predicted against measured", ["metric", "predicted", f"{level} interval of "
+                            + ("the mean of the live rounds" if doc.get("live_rounds") else "one run"),
                             "measured" + (" (mean of the live rounds)" if doc.get("live_rounds") else ""),
                             "inside", "error"], rows, table_id=f"policy-{policy}"))
     change_rows = [[c["label"], policy, Cell(_pct(c["predicted"]), {"predicted": c["predicted"]}),
+                    Cell(_pct_range(c["run_interval"]), {"low": c["run_interval"][0], "high": c["run_interval"][1]}),
                     Cell(_pct(c["measured"]), {"measured": c["measured"]}),
                     Cell(_yes(c["inside"]).replace("*", ""), numeric=False),
                     Cell("-" if c["difference_pp"] is None else f"{c['difference_pp']:+.1f}",
@@ -665,16 +675,15 @@ def report_page(doc: dict, figures: list) -> "Report":
                    for policy, ch in doc["changes"].items() for c in ch.values()]
     if change_rows:
         base = next(iter(doc["policies"]))
-        tables.append(Table(f"Change against {base}", ["metric", "policy", "predicted", "measured", "inside",
-                                                        "difference (pp)"], change_rows, table_id="changes"))
-    k, n = doc["inside_interval"]["inside"], doc["inside_interval"]["checked"]
+        tables.append(Table(f"Change against {base}", ["metric", "policy", "predicted", f"{level} interval", "measured",
+                                                        "inside", "difference (pp)"], change_rows, table_id="changes"))
     servers = [f"worker {s['url']}: {s['model']}, vLLM {s['vllm_version']}{_async_text(s)}, {s['hardware']}, block size "
                f"{s['block_size']}, {s['num_gpu_blocks']} KV blocks" for s in doc["servers"]]
     scalars = {k: v for k, v in doc.items() if not isinstance(v, (dict, list))}
     return Report(title=f"kvroute validate: {', '.join(doc['policies'])}",
                   scenario=[*scenario_line(doc).split(" | "), f"policies {', '.join(doc['policies'])}",
-                            f"{k} of {n} measured values inside the 95 % prediction interval", *servers],
-                  tables=tables, figures=figures, notes=list(doc["notes"]),
+                            *servers],
+                  tables=tables, figures=figures, notes=[coverage_text(doc), *doc["notes"]],
                   provenance=json.dumps(scalars, indent=2, default=str),
                   files=["report.json", "report.md", "records_live.parquet", "records_sim.parquet"])
 

@@ -699,7 +699,7 @@ def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fa
     k, n = doc["inside_interval"]["inside"], doc["inside_interval"]["checked"]
     assert 0 <= k <= n and n >= 2 * 9 + 6  # every defined metric and change of both policies
     md = report_markdown(v)
-    assert "| inside |" in md and f"{k} of {n} measured values fall inside" in md and "2 drawn profiles" in md
+    assert "| inside |" in md and f"{k} of {n} measured values fall inside" in md and "each of 2 profiles drawn" in md
 
 
 def test_measured_client_lag_runs_live_first_and_simulates_with_lags_drawn_from_the_measured(fakes, tmp_path):
@@ -1217,3 +1217,22 @@ def test_speed_probes_around_the_live_rounds_give_the_drift_the_intervals_use(fa
     from kvroute.calibrate.validation.validate_report import report_markdown
 
     assert f"(x{factor:.2f} drift: " in report_markdown(v, doc)
+
+
+def test_the_html_page_states_the_reports_own_level_and_what_the_intervals_hold():
+    """report.html carries report.md's interval level (not a fixed 95 %), the change intervals and
+    the closing coverage paragraph."""
+    from kvroute.calibrate.validation.validate_report import coverage_text, report_dict, report_page
+    from kvroute.sim.study.report import render
+
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": 1.8}], "kv_aware": [{"time_to_complete_s": 1.5}]})
+    doc = json.loads(json.dumps(report_dict(v), default=str))
+    page = report_page(doc, [])
+    policy = page.tables[0]
+    assert policy.header[2] == "90 % interval of one run"
+    changes = page.tables[-1]
+    assert changes.header[3] == "90 % interval"
+    assert page.notes[0] == coverage_text(doc)
+    assert coverage_text(doc).startswith(f"{doc['inside_interval']['inside']} of 26 measured values fall inside their "
+                                         "90 % prediction interval. Each interval is of one live run")
+    assert "95 %" not in render(page).split("<table")[1].split("</tr>")[0]
