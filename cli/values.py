@@ -299,13 +299,15 @@ def check_runs(runs: int, flags: str) -> None:
 
 
 def check_urls(urls: tuple[str, ...] | list[str], flag: str = "--url") -> None:
-    """Each server URL must be ``http(s)://host[:port]`` with a port in 1-65535.
+    """Each server URL must be ``http(s)://host[:port]`` with a port in 1-65535, and name another
+    server than the others (the same server twice would be taken for two workers).
 
     Raises:
         click.BadParameter: naming the flag and the URL.
     """
     from urllib.parse import urlsplit
 
+    seen: dict[tuple, str] = {}
     for url in urls:
         try:
             parts = urlsplit(url)
@@ -316,6 +318,12 @@ def check_urls(urls: tuple[str, ...] | list[str], flag: str = "--url") -> None:
             raise click.BadParameter(f"{url!r} is not an http(s)://host[:port] URL", param_hint=f"'{flag}'")
         if port == 0:
             raise click.BadParameter(f"{url!r}: port must be 1-65535", param_hint=f"'{flag}'")
+        default_port = 443 if parts.scheme == "https" else 80
+        key = (parts.scheme, parts.hostname.lower(), port or default_port, parts.path.rstrip("/"))
+        if key in seen:
+            raise click.BadParameter(f"{url!r} names the same server as {seen[key]!r}: each {flag} is one worker",
+                                     param_hint=f"'{flag}'")
+        seen[key] = url
 
 
 def _flag(name: str) -> str:

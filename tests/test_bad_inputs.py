@@ -273,6 +273,15 @@ def test_url_port_out_of_range(tmp_path):
                  "Invalid value for '--url': 'http://127.0.0.1:99999': Port out of range 0-65535")
 
 
+@pytest.mark.parametrize("second", ["http://127.0.0.1:9", "http://127.0.0.1:9/"])
+@pytest.mark.parametrize("command", [["validate"], ["calibrate", "measure"]])
+def test_the_same_server_twice_is_refused(tmp_path, second, command):
+    assert_error(run(*command, "--url", "http://127.0.0.1:9", "--url", second, "--out", tmp_path / "v"),
+                 f"Invalid value for '--url': {second!r} names the same server as 'http://127.0.0.1:9': each --url "
+                 "is one worker")
+    assert not (tmp_path / "v").exists()
+
+
 @pytest.mark.parametrize("events, expected", [
     (["tcp://127.0.0.1:8200"], "Invalid value for '--kv-events': one endpoint per server: 1 for 2 server(s)"),
     (["tcp://127.0.0.1:8200", "tcp://127.0.0.1:70000"],
