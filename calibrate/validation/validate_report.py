@@ -324,7 +324,41 @@ def report_dict(v: Validation) -> dict:
         doc["probe_reference"] = "calibration" if getattr(spec, "probe_reference", None) else "predicted"
     if getattr(v, "speed_scale", None) is not None:
         doc["speed_scale"] = v.speed_scale.to_dict()
+    if not getattr(spec, "speed_probes", 0):
+        note = speed_hint(doc)
+        if note:
+            doc["notes"].append(note)
+    if v.probes:
+        doc["probes"] = v.probes  # the probe samples, s, so that the speed scale and drift can be refitted
     return doc
+
+
+SPEED_HINT_RATIO = 1.5
+"""How far the measured times may sit from the predicted ones, all alike (geometric mean ratio),
+before a report without speed probes suggests them (:func:`speed_hint`)."""
+
+_HINT_METRICS = ("time_to_complete_s", "ttft_mean_s", "itl_mean_s", "e2e_mean_s")
+
+
+def speed_hint(doc: dict) -> str | None:
+    """A note for a report without speed probes whose measured times are all off the predicted
+    ones by the same factor, at least :data:`SPEED_HINT_RATIO` either way (the geometric mean of
+    measured / predicted over every policy's time to complete, TTFT, ITL and E2E): the mark of a
+    host running at another speed than on the profile's calibration day, which the probes
+    measure and the profile can be rescaled to. None when it is not so."""
+    ratios = [m["measured"] / m["predicted"] for p in doc["policies"].values()
+              for key, m in p["metrics"].items() if key in _HINT_METRICS
+              and (m.get("measured") or 0) > 0 and (m.get("predicted") or 0) > 0]
+    if len(ratios) < 2:
+        return None
+    logs = [math.log(r) for r in ratios]
+    ratio = math.exp(sum(logs) / len(logs))
+    alike = all(x * logs[0] > 0 for x in logs)  # every time off the same way
+    if not alike or 1 / SPEED_HINT_RATIO < ratio < SPEED_HINT_RATIO:
+        return None
+    return (f"the measured times are x{ratio:.2f} the predicted ones on average, all off the same way: the host "
+            "runs at another speed than on the profile's calibration day (or is busy with other work). "
+            "--speed-probes 3 measures that speed and rescales the profile to it (docs/guide/validate-live.md)")
 
 
 def _lag_summary(lags: np.ndarray) -> dict | None:

@@ -1236,3 +1236,20 @@ def test_the_html_page_states_the_reports_own_level_and_what_the_intervals_hold(
     assert coverage_text(doc).startswith(f"{doc['inside_interval']['inside']} of 26 measured values fall inside their "
                                          "90 % prediction interval. Each interval is of one live run")
     assert "95 %" not in render(page).split("<table")[1].split("</tr>")[0]
+
+
+def test_a_report_without_probes_says_when_every_time_is_off_by_one_factor():
+    """speed_hint: the geometric mean of measured / predicted over time to complete, TTFT, ITL
+    and E2E of every policy; a note from x1.5 either way when every time is off the same way."""
+    from kvroute.calibrate.validation.validate_report import speed_hint
+
+    def doc(*pairs):
+        keys = ("time_to_complete_s", "ttft_mean_s", "itl_mean_s", "e2e_mean_s", "hit_rate")
+        return {"policies": {"rr": {"metrics": {k: {"predicted": p, "measured": m} for k, (p, m) in zip(keys, pairs)}}}}
+
+    slow = speed_hint(doc((1.0, 4.0), (0.1, 0.4), (0.01, 0.04), (1.0, 4.0), (0.5, 0.1)))  # hit rate is not a time
+    assert slow.startswith("the measured times are x4.00 the predicted ones on average") and "--speed-probes 3" in slow
+    assert speed_hint(doc((4.0, 1.0), (0.4, 0.1))).startswith("the measured times are x0.25")
+    assert speed_hint(doc((1.0, 1.4), (0.1, 0.14))) is None  # within x1.5
+    assert speed_hint(doc((1.0, 4.0), (0.1, 0.05))) is None  # not all off the same way
+    assert speed_hint(doc((1.0, 4.0))) is None  # one time is not a pattern
