@@ -125,7 +125,7 @@ def coverage_report(rows: list[dict], one_round: bool = False) -> list[str]:
 
         lines.append("  by run:     " + ", ".join(part("run", v) for v in runs))
         lines.append("  by shape:   " + ", ".join(part("shape", v) for v in dict.fromkeys(r["shape"] for r in mine)))
-        lines.append("  by measure (median interval width): "
+        lines.append("  by measure (median interval width: high / low for times, percentage points for changes, absolute for shares): "
                      + ", ".join(part("metric", v, True) for v in dict.fromkeys(r["metric"] for r in mine)))
     return lines
 
@@ -146,19 +146,33 @@ def _width(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    first, _, rest = __doc__.partition("\n\n")
+    parser = argparse.ArgumentParser(description=first, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=rest)
     parser.add_argument("runs", nargs="*", type=Path,
                         help=f"Archived runs (default: every folder of {ARCHIVE.relative_to(HERE.parent)}).")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="Archive this bench_validate --out folder first.")
     parser.add_argument("--label", help="The archived run's folder name (default: its date and time).")
     parser.add_argument("--no-speed-scale", action="store_true", help="Passed to bench_validate.py.")
     parser.add_argument("--profile", action="append", help="Passed to bench_validate.py (repeatable).")
-    parser.add_argument("--run-to-run-prior", metavar="LOG_SD", help="Passed to bench_validate.py (with --one-round).")
+    parser.add_argument("--run-to-run-prior", type=float, metavar="LOG_SD",
+                        help="Passed to bench_validate.py (with --one-round).")
     parser.add_argument("--one-round", action="store_true",
                         help="Also score every live round on its own against its one-round interval (kvroute "
                              "validate's default of one live round); printed after the rounds' means.")
     args = parser.parse_args(argv)
+    if args.run_to_run_prior is not None and not args.run_to_run_prior >= 0:
+        parser.error(f"--run-to-run-prior: at least 0, got {args.run_to_run_prior}")
+    for name in args.profile or []:
+        from kvroute.sim.timing.profile import load_profile
+
+        try:
+            load_profile(name)
+        except (FileNotFoundError, ValueError) as exc:
+            parser.error(f"--profile: {exc}")
+    for run in args.runs:
+        if not any((run / shape).is_dir() for shape in SHAPES):
+            parser.error(f"{run}: not an archived run (no {', '.join(SHAPES)} folder in it)")
     if args.keep:
         label = args.label or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H%M")
         print(f"archived {args.keep} as {keep(args.keep, label)}")
@@ -166,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     if not runs:
         sys.exit(f"error: no archived run in {ARCHIVE} (archive one with --keep DIR)")
     extra = ((["--no-speed-scale"] if args.no_speed_scale else []) + (["--one-round"] if args.one_round else [])
-             + (["--run-to-run-prior", args.run_to_run_prior] if args.run_to_run_prior else [])
+             + (["--run-to-run-prior", str(args.run_to_run_prior)] if args.run_to_run_prior is not None else [])
              + [a for p in args.profile or [] for a in ("--profile", p)])
     rows = []
     for run in runs:
