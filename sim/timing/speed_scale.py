@@ -87,20 +87,24 @@ class SpeedScale:
     def describe(self) -> str:
         """One line: the factors (with their log standard errors when known), the fit's
         residual, any bound hit and any factor the probes leave poorly determined."""
-        def one(name: str, value: float) -> str:
-            sd = self.log_sd.get(name)
-            return f"{name} x{value:.3f}" + ("" if sd is None else f" (log sd {sd:.2f})")
+        def one(names: tuple[str, ...]) -> str:
+            sd = self.log_sd.get(names[0])
+            notes = (["one factor: the probes cannot tell them apart"] if len(names) > 1 else []) \
+                + ([] if sd is None else [f"log sd {sd:.2f}"])
+            return f"{' and '.join(names)} x{getattr(self, names[0]):.3f}" + (f" ({'; '.join(notes)})" if notes else "")
 
-        text = ", ".join(one(name, value) for name, value in self.factors().items())
+        grouped = [g for g in self.tied]
+        grouped += [(name,) for name in SPEED_GROUPS if not any(name in g for g in self.tied)]
+        grouped.sort(key=lambda g: list(SPEED_GROUPS).index(g[0]))
+        text = ", ".join(one(g) for g in grouped)
         if math.isfinite(self.residual):
-            text += f"; probe fit residual {100 * self.residual:.1f} %"
-        if self.tied:
-            text += "; fitted as one factor: " + ", ".join(" and ".join(group) for group in self.tied)
+            text += f"; the probe times fitted within {100 * self.residual:.1f} % (rms)"
         if self.clipped:
             text += f"; on a bound of {FACTOR_BOUNDS}: {', '.join(self.clipped)}"
         if self.poorly_determined():
             text += (f"; poorly determined by the probes (log sd above {POORLY_DETERMINED_LOG_SD:g}, from their "
-                     f"scatter and the fit's misfit): {', '.join(self.poorly_determined())}")
+                     f"scatter and the fit's misfit): {', '.join(self.poorly_determined())}; more probe requests "
+                     "(--speed-probes 3) narrow the scatter, and a quieter host the misfit")
         return text
 
     def to_dict(self) -> dict:
