@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
         except (FileNotFoundError, ValueError) as exc:
             parser.error(f"--profile: {exc}")
     for run in args.runs:
+        if not run.exists():
+            parser.error(f"{run}: does not exist")
         if not any((run / shape).is_dir() for shape in SHAPES):
             parser.error(f"{run}: not an archived run (no {', '.join(SHAPES)} folder in it)")
     if args.keep:

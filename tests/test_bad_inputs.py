@@ -273,7 +273,7 @@ def test_url_port_out_of_range(tmp_path):
                  "Invalid value for '--url': 'http://127.0.0.1:99999': Port out of range 0-65535")
 
 
-@pytest.mark.parametrize("second", ["http://127.0.0.1:9", "http://127.0.0.1:9/"])
+@pytest.mark.parametrize("second", ["http://127.0.0.1:9", "http://127.0.0.1:9/", "http://localhost:9"])
 @pytest.mark.parametrize("command", [["validate"], ["calibrate", "measure"]])
 def test_the_same_server_twice_is_refused(tmp_path, second, command):
     assert_error(run(*command, "--url", "http://127.0.0.1:9", "--url", second, "--out", tmp_path / "v"),

@@ -598,7 +598,7 @@ def coverage_text(doc: dict) -> str:
         parts.append("where larger, the live rounds' own spread")
     if doc.get("drift"):
         reference = ("the probe after calibrating" if doc.get("probe_reference") == "calibration"
-                     else "the profile's prediction of the probe")
+                     else f"{doc['profile']}'s prediction of the probe")
         drifts = ", ".join(f"{q} x{d['factor']:.3f}, log sd {d['log_sd']:.3f}" for q, d in doc["drift"].items())
         parts.append(f"for times, the host's speed drift from the probes against {reference} ({drifts}), which "
                      "also moves the interval's centre to the prediction times the drift, given beside the prediction "
