@@ -645,6 +645,8 @@ def run_validation(
             break
     if spec.speed_probes > 0 and not validation.interrupted:
         validation.probes["after"] = _probe(urls, spec, progress, "after the live rounds")
+        validation.notes.append(f"speed probe before the live rounds: {probe_text(validation.probes['before'])}; "
+                                f"after them: {probe_text(validation.probes['after'])}")
         reference = spec.probe_reference
         if rescale:
             validation.speed_scale = speed_scale(cluster, validation.probes.get("before"), validation.probes["after"])
@@ -691,10 +693,17 @@ def _probe(urls: list[str], spec: ValidationSpec, progress: Callable[[str], None
     from kvroute.calibrate.validation.probe import median, probe_samples
 
     samples = asyncio.run(probe_samples(urls, spec.seed, spec.speed_probes, spec.model, progress))
-    mid = median(samples)
-    progress(f"speed probe {when}: TTFT {1000 * mid['ttft_s']:.1f} ms, ITL {1000 * mid['itl_s']:.2f} ms one at a "
-             f"time; TTFT {1000 * mid['burst_ttft_s']:.1f} ms, ITL {1000 * mid['burst_itl_s']:.2f} ms in the burst (medians)")
+    progress(f"speed probe {when}: {probe_text(samples)}")
     return samples
+
+
+def probe_text(samples: dict[str, list[float]]) -> str:
+    """A probe's median TTFT and ITL one at a time and in the burst, in words (ms)."""
+    from kvroute.calibrate.validation.probe import median
+
+    mid = median(samples)
+    return (f"TTFT {1000 * mid['ttft_s']:.1f} ms, ITL {1000 * mid['itl_s']:.2f} ms one at a time; TTFT "
+            f"{1000 * mid['burst_ttft_s']:.1f} ms, ITL {1000 * mid['burst_itl_s']:.2f} ms in the burst (medians)")
 
 
 def _left(elapsed_s: float, done: int, total: int) -> str:

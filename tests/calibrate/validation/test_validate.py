@@ -1217,6 +1217,12 @@ def test_speed_probes_around_the_live_rounds_give_the_drift_the_intervals_use(fa
     from kvroute.calibrate.validation.validate_report import report_markdown
 
     assert f"(x{factor:.2f} drift: " in report_markdown(v, doc)
+    # the probes before and after the rounds, in words, among the notes; their samples in report.json
+    from kvroute.calibrate.validation.validate import probe_text
+
+    assert (f"speed probe before the live rounds: {probe_text(v.probes['before'])}; after them: "
+            f"{probe_text(v.probes['after'])}") in doc["notes"]
+    assert doc["probes"]["before"]["ttft_s"] == v.probes["before"]["ttft_s"]
 
 
 def test_the_html_page_states_the_reports_own_level_and_what_the_intervals_hold():
