@@ -44,7 +44,7 @@ from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, m
 from kvroute.calibrate.validation.validate import PolicyRun, Validation, send_lags
 from kvroute.sim.timing.heldout import heldout_log_sd
 from kvroute.sim.study.experiment import prediction_interval
-from kvroute.sim.study.intervals import change_prior_sd, combined_interval, coverage
+from kvroute.sim.study.intervals import combined_interval, coverage, prior_sd_for
 from kvroute.sim.timing.drift import NO_DRIFT, drift_exponent, metric_drift
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS
 from kvroute.traces.format import Trace
@@ -106,12 +106,8 @@ def _combined_inside(v: Validation, pred: PolicyRun, metric: str, values: list, 
     draws = draws if change else (getattr(pred, "run_draws", None) or None)
     if draws is not None and len(draws) != len(sim):
         draws = None
-    prior = getattr(v.spec, "run_to_run_prior", 0.0)  # a time's log sd; changes of times in pp; none for shares
-    if change:
-        predicted_change = float(np.mean(finite(sim))) if finite(sim) else math.nan
-        prior = change_prior_sd(prior, predicted_change) if drift_exponent(metric) else 0.0
-    elif not power:
-        prior = 0.0
+    predicted_change = (float(np.mean(finite(sim))) if finite(sim) else math.nan) if change else None
+    prior = prior_sd_for(metric, getattr(v.spec, "run_to_run_prior", 0.0), predicted_change)
     try:
         ci = combined_interval(sim, draws, finite(live), drift, power, level, log_scale=power != 0,
                                bounds=(-math.inf, math.inf) if change else METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvroute.sim.timing.drift import NO_DRIFT, Drift
+from kvroute.sim.timing.drift import NO_DRIFT, Drift, drift_exponent
 
 DEFAULT_LEVEL = 0.90
 """The interval level ``validate`` checks measured values against (the issue's target: at least
@@ -177,6 +177,16 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
                  drift_var=drift_var, heldout_var=heldout_var, df=df, quantile=q, central_runs=r0, live_rounds=len(live),
                  draws=len(draw_ids))
     return CombinedInterval(low, high, level, log_scale, parts)
+
+
+def prior_sd_for(metric: str, run_log_sd: float, change_pct: float | None = None) -> float:
+    """The host's run-to-run prior for ``metric`` in the scale :func:`combined_interval` combines
+    it in (its ``prior_sd``): ``run_log_sd`` for a time or a rate (log space); for the change
+    between two policies of one (``change_pct`` given, the predicted change in percent),
+    :func:`change_prior_sd`; 0 for shares and counts, which take no host prior."""
+    if not drift_exponent(metric):
+        return 0.0
+    return run_log_sd if change_pct is None else change_prior_sd(run_log_sd, change_pct)
 
 
 def change_prior_sd(run_log_sd: float, predicted_change_pct: float) -> float:

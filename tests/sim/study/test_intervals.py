@@ -146,6 +146,12 @@ def test_a_changes_prior_is_both_policies_moving_independently():
     assert change_prior_sd(0.1, -50.0) == pytest.approx(50 * math.sqrt(2) * 0.1)
     assert change_prior_sd(0.1, 0.0) == pytest.approx(100 * math.sqrt(2) * 0.1)
     assert change_prior_sd(0.1, math.nan) == 0.0 and change_prior_sd(0.1, -150.0) == 0.0
+    # per metric: a time or rate takes the log sd, its change the change's prior, a share none
+    from kvroute.sim.study.intervals import prior_sd_for
+
+    assert prior_sd_for("ttft_mean_s", 0.1) == 0.1 and prior_sd_for("output_throughput_tps", 0.1) == 0.1
+    assert prior_sd_for("time_to_complete_s", 0.1, -50.0) == change_prior_sd(0.1, -50.0)
+    assert prior_sd_for("hit_rate", 0.1) == 0.0 and prior_sd_for("hit_rate", 0.1, 10.0) == 0.0
     ci = combined_interval([-50.0] * 4, live_values=[-40.0], level=0.9, log_scale=False,
                            prior_sd=change_prior_sd(0.1, -50.0))
     half = (ci.high - ci.low) / 2
