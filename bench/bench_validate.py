@@ -213,7 +213,7 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
     (``ValidationSpec.run_to_run_prior``)."""
     from kvroute.calibrate.validation.rounds import change_pct, diff_interval, error_pct, spread
     from kvroute.sim.cluster.metrics import METRIC_BOUNDS, summarize
-    from kvroute.sim.study.intervals import change_prior_sd, combined_interval
+    from kvroute.sim.study.intervals import combined_interval, prior_sd_for
     from kvroute.sim.timing.drift import drift_exponent, metric_drift
     from kvroute.sim.timing.heldout import heldout_log_sd
 
@@ -226,6 +226,21 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
     def measured(i: int, metric: str) -> list[float]:
         return [r.measured[metric] for r in live.get(runs[i].policy, [])]
 
+    def metric_interval(run, metric: str, values: list[float], prior_sd: float = 0.0):
+        power = drift_exponent(metric)
+        return combined_interval(run.run_values.get(metric, []), run.run_draws or None, values,
+                                 metric_drift(metric, drifts), power, level, log_scale=power != 0,
+                                 bounds=METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
+                                 heldout_log_sd=heldout_log_sd(profile_raw, metric), prior_sd=prior_sd)
+
+    def single_rounds(values: list[float], interval_of, **row) -> list[dict]:
+        """With ``one_round``, each live round's value scored against ``interval_of([value])``."""
+        if not one_round:
+            return []
+        return [dict(row, measured=x, live_rounds=1, round=j, one_round=True, sim_rounds=rounds, level=level,
+                     interval=[ci.low, ci.high], inside=ci.contains(x))
+                for j, x in enumerate(values) for ci in [interval_of([x])]]
+
     rows, missed = [], 0
     for i, run in enumerate(runs):
         for metric in ("time_to_complete_s", ttft_key, "tpot_mean_s", "hit_rate"):
@@ -237,24 +252,14 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
             target = TARGETS.get("ttft" if "ttft" in metric else metric)
             ok = None if target is None else abs(e) <= target
             missed += ok is False
-            power = drift_exponent(metric)
-            ci = combined_interval(run.run_values.get(metric, []), run.run_draws or None, ms,
-                                   metric_drift(metric, drifts), power, level, log_scale=power != 0,
-                                   bounds=METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
-                                   heldout_log_sd=heldout_log_sd(profile_raw, metric))
+            ci = metric_interval(run, metric, ms)
             rows.append(dict(shape=shape, profile=profile_name, policy=run.policy, metric=metric, predicted=p,
                              measured=m, measured_min=min(ms), measured_max=max(ms), live_rounds=len(ms),
                              sim_rounds=rounds, error_pct=e, target_pct=target, ok=ok, load_start=load[0],
                              load_end=load[1], interval=[ci.low, ci.high], inside=ci.contains(m), level=level))
-            for j, x in enumerate(ms if one_round else ()):
-                ci = combined_interval(run.run_values.get(metric, []), run.run_draws or None, [x],
-                                       metric_drift(metric, drifts), power, level, log_scale=power != 0,
-                                       bounds=METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
-                                       heldout_log_sd=heldout_log_sd(profile_raw, metric),
-                                       prior_sd=run_to_run_prior if power else 0.0)
-                rows.append(dict(shape=shape, profile=profile_name, policy=run.policy, metric=metric, predicted=p,
-                                 measured=x, live_rounds=1, round=j, one_round=True, sim_rounds=rounds,
-                                 interval=[ci.low, ci.high], inside=ci.contains(x), level=level))
+            prior = prior_sd_for(metric, run_to_run_prior)
+            rows += single_rounds(ms, lambda x: metric_interval(run, metric, x, prior), shape=shape,
+                                  profile=profile_name, policy=run.policy, metric=metric, predicted=p)
     if len(runs) == 2 and all(len(measured(i, ttft_key)) for i in (0, 1)):
         base, kv = runs
         simulated = [[summarize(r) for r in run.sim_runs] for run in runs]
@@ -273,13 +278,11 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
                              sim_rounds=rounds, error_pp=p - m, interval_pp=[lo, hi], target_pp=CHANGE_TARGET_PP,
                              ok=ok, load_start=load[0], load_end=load[1], interval=[ci.low, ci.high],
                              inside=ci.contains(m), level=level))
-            for j, x in enumerate(live_changes if one_round else ()):
-                ci = combined_interval(sim_changes, kv.run_draws or None, [x], level=level, log_scale=False,
-                                       prior_sd=change_prior_sd(run_to_run_prior, p))
-                rows.append(dict(shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
-                                 metric=f"change {metric}", predicted=p, measured=x, live_rounds=1, round=j,
-                                 one_round=True, sim_rounds=rounds, interval=[ci.low, ci.high],
-                                 inside=ci.contains(x), level=level))
+            prior = prior_sd_for(metric, run_to_run_prior, p)
+            rows += single_rounds(live_changes, lambda x: combined_interval(sim_changes, kv.run_draws or None, x,
+                                                                            level=level, log_scale=False, prior_sd=prior),
+                                  shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
+                                  metric=f"change {metric}", predicted=p)
     return rows, missed
 
 
