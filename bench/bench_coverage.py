@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import os
 import platform
 import shutil
@@ -161,8 +162,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="Also score every live round on its own against its one-round interval (kvroute "
                              "validate's default of one live round); printed after the rounds' means.")
     args = parser.parse_args(argv)
-    if args.run_to_run_prior is not None and not args.run_to_run_prior >= 0:
-        parser.error(f"--run-to-run-prior: at least 0, got {args.run_to_run_prior}")
+    if args.run_to_run_prior is not None and not 0 <= args.run_to_run_prior < math.inf:
+        parser.error(f"--run-to-run-prior: a finite number >= 0, got {args.run_to_run_prior}")
     for name in args.profile or []:
         from kvroute.sim.timing.profile import load_profile
 

@@ -641,8 +641,8 @@ def main() -> None:
         from kvroute.sim.study.intervals import HOST_RUN_TO_RUN_LOG_SD
 
         args.run_to_run_prior = HOST_RUN_TO_RUN_LOG_SD
-    if args.run_to_run_prior < 0:
-        parser.error(f"--run-to-run-prior: at least 0, got {args.run_to_run_prior}")
+    if not 0 <= args.run_to_run_prior < math.inf:
+        parser.error(f"--run-to-run-prior: a finite number >= 0, got {args.run_to_run_prior}")
     if args.uncertainty < 0:
         parser.error(f"--uncertainty: at least 0, got {args.uncertainty}")
     if args.kv_events and (args.url or args.rescore):
