@@ -39,6 +39,10 @@ HISTOGRAMS = {
 }
 SERVER_TTFT = "vllm:time_to_first_token_seconds"
 
+#: Below this on both sides a row gives no relative error, s: an engine queue time of 15 us
+#: measured against 0 predicted is agreement, not "-100 %".
+TIME_RESOLUTION_S = 1e-3
+
 #: Rows of the decomposition, in order, with their labels.
 ROWS = {
     "ttft": "TTFT, all requests (client)",
@@ -102,7 +106,8 @@ def engine_rows(runs: list[PolicyRun]) -> dict[str, dict]:
 
     Returns:
         ``{row: {"label", "predicted", "measured", "error_pct"}}``, values in seconds (None for
-        NaN, so the mapping is valid JSON).
+        NaN, so the mapping is valid JSON; ``error_pct`` None also where both sides are under
+        :data:`TIME_RESOLUTION_S`).
     """
     predicted = predicted_times(runs[0])
     per_round = [measured_times(r) for r in runs]
@@ -110,7 +115,9 @@ def engine_rows(runs: list[PolicyRun]) -> dict[str, dict]:
     for key, label in ROWS.items():
         p = predicted[key]
         m = spread([r[key] for r in per_round])["mean"]
-        out[key] = {"label": label, "predicted": _num(p), "measured": _num(m), "error_pct": _num(error_pct(p, m))}
+        tiny = abs(p) < TIME_RESOLUTION_S and abs(m) < TIME_RESOLUTION_S  # NaN compares False: not tiny
+        out[key] = {"label": label, "predicted": _num(p), "measured": _num(m),
+                    "error_pct": None if tiny else _num(error_pct(p, m))}
     return out
 
 

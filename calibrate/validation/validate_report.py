@@ -8,7 +8,10 @@ Each measured value (one live run) is also checked against a prediction interval
 run at ``ValidationSpec.interval_level`` (90 % by default; ``run_interval``, ``inside`` and its
 ``interval_terms``), combining the seeds', the drawn profiles' and the live rounds' spread and the
 host's speed drift (``kvroute.sim.study.intervals.combined_interval``;
-``docs/reference/intervals.md``); ``coverage`` counts the values inside. Before that rule it was
+``docs/reference/intervals.md``); ``coverage`` counts the values inside. Where the drift moves the
+interval's centre, a time also gives ``drift_factor``, ``predicted_with_drift`` and
+``error_pct_with_drift`` (the error against that centre). The failed-request count is compared
+but not checked (``UNCHECKED_METRICS``). Before that rule it was
 the 95 % normal-theory interval of the simulated runs' values
 (``kvroute.sim.study.experiment.prediction_interval``): the seeds' spread alone, or seeds and model
 when ``validate --uncertainty N`` drew N profiles from the profile's coefficient uncertainty.
@@ -54,9 +57,18 @@ REPORT_METRICS = (
     "time_to_complete_s", "ttft_mean_s", "ttft_p90_s", "later_ttft_mean_s", "later_ttft_p90_s",
     "itl_mean_s", "tpot_mean_s", "e2e_mean_s", "hit_rate", "failed",
 )
+#: Metrics compared but given no prediction interval, so not counted in the coverage: a live
+#: request fails for the server's or the network's reasons (a dead server, a timeout), which the
+#: simulation does not model; its "0 failed = 0 predicted" is no evidence for the prediction.
+UNCHECKED_METRICS = ("failed",)
 #: Metrics of the change-between-policies table.
 CHANGE_METRICS = ("time_to_complete_s", "ttft_mean_s", "ttft_p90_s", "later_ttft_mean_s", "itl_mean_s", "hit_rate")
 MAX_LISTED_FAILURES = 200
+#: The report's note with two live rounds per policy and a host prior set (it applies to one).
+TWO_ROUNDS_NOTE = (
+    "two live rounds per policy: each interval's run-to-run term is the two rounds' own spread, one degree of "
+    "freedom per metric, so the intervals are wide and their width is itself uncertain; --run-to-run-prior "
+    "applies to one live round only; 3 or more rounds give a steadier spread")
 #: The report's note when each policy ran live once.
 ONE_ROUND_NOTE = (
     "one live round per policy: a short burst's live timings vary a lot from round to round on a shared "
@@ -123,6 +135,7 @@ def _combined_inside(v: Validation, pred: PolicyRun, metric: str, values: list, 
         # the interval is centred on the prediction at the host's drifted speed: say so beside it
         out["drift_factor"] = _num(factor ** power)
         out["predicted_with_drift"] = _num(pred.predicted[metric] * factor ** power)
+        out["error_pct_with_drift"] = _num(error_pct(pred.predicted[metric] * factor ** power, _num(measured)))
     return out
 
 
@@ -189,9 +202,10 @@ def _metric_entry(v: Validation, runs: list[PolicyRun], metric: str, multi: bool
     pred = runs[0]
     values = [r.measured.get(metric, math.nan) for r in runs]
     live = spread(values, metric)
+    checked = (_combined_inside(v, pred, metric, values, live["mean"]) if metric not in UNCHECKED_METRICS
+               else {"run_interval": [None, None], "inside": None})
     entry = {"label": SUMMARY_METRICS[metric], **_pair(pred.predicted.get(metric, math.nan), live["mean"]),
-             "predicted_interval": [_num(x) for x in pred.predicted_interval.get(metric, (None, None))],
-             **_combined_inside(v, pred, metric, values, live["mean"])}
+             "predicted_interval": [_num(x) for x in pred.predicted_interval.get(metric, (None, None))], **checked}
     if multi:
         p, lo, hi = (_num(x) for x in (pred.predicted.get(metric), live["min"], live["max"]))
         entry.update(live_rounds=live["n"], measured_rounds=[_num(x) for x in values], measured_min=lo,
@@ -291,7 +305,9 @@ def report_dict(v: Validation) -> dict:
              "max_model_len": s.max_model_len, "dev_mode": s.dev_mode}
             for s in v.servers
         ],
-        "notes": ([ONE_ROUND_NOTE] if v.runs and not multi else []) + list(v.notes) + run_notes(v),
+        "notes": ([ONE_ROUND_NOTE] if v.runs and not multi else [])
+                 + ([TWO_ROUNDS_NOTE] if spec.live_rounds == 2 and getattr(spec, "run_to_run_prior", 0.0) else [])
+                 + list(v.notes) + run_notes(v),
         "policies": {},
         "changes": {},
     }
@@ -407,6 +423,13 @@ def _with_drift(metric: dict) -> str:
     return f" (x{metric['drift_factor']:.2f} drift: {_fmt(metric['predicted_with_drift'])})"
 
 
+def _error_text(metric: dict) -> str:
+    """The error column: against the prediction, and where the interval is centred on the
+    prediction times the host's drift, also against that (``-20.0% (drift: -3.2%)``)."""
+    drifted = metric.get("error_pct_with_drift")
+    return _pct(metric["error_pct"]) + ("" if drifted is None else f" (drift: {_pct(drifted)})")
+
+
 def _async_text(server: dict) -> str:
     """`` (async scheduling on)`` or ``off`` for a server entry that says, else ''."""
     flag = server.get("async_scheduling")
@@ -477,13 +500,30 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x:+.1f}%"
 
 
-def _lag_text(lag: dict | None, simulated_s: float) -> str:
+def _lag_text(lag: dict | None, simulated_s: float, measured: bool = False) -> str:
+    """The client's send lag of later turns, live, and what the simulation does with it: draws
+    each turn's lag from the measured ones (``--client-lag measured``), adds one fixed lag, or
+    none."""
     if not lag:
         return ""
-    sim = (f"the simulation adds {1000 * simulated_s:.1f} ms (--client-lag)" if simulated_s
-           else "which the simulation does not add (--client-lag 0)")
+    if measured:
+        sim = "the simulation draws each later turn's lag from these measured ones (--client-lag measured)"
+    elif simulated_s:
+        sim = f"the simulation adds {1000 * simulated_s:.1f} ms to each (--client-lag)"
+    else:
+        sim = "which the simulation does not add (--client-lag 0)"
     return (f"; the client sent later turns {1000 * lag['median']:.1f} ms (median, p90 "
             f"{1000 * lag['p90']:.1f} ms) after their parent's last token, {sim}")
+
+
+def policy_line(doc: dict, p: dict) -> str:
+    """One policy's live run in a sentence: wall time, the client's CPU share, failed requests,
+    a warm cache, and the client's send lag against what the simulation does with it."""
+    rounds = f" (mean of {p['live_rounds']} rounds)" if doc.get("live_rounds") else ""
+    return (f"live wall time {_fmt(p['live_wall_time_s'], 1)} s{rounds}, client CPU "
+            f"{_share(p.get('client_cpu_share'))} of it, failed requests {p['failed_requests']}"
+            + (", warm cache" if p["warm_cache"] else "")
+            + _lag_text(p["client_send_lag_s"], doc["sim_client_lag_s"], doc.get("sim_client_lag_measured", False)))
 
 
 def report_markdown(v: Validation, doc: dict | None = None) -> str:
@@ -506,12 +546,7 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
     if doc["interrupted"]:
         lines.append("- **interrupted**: partial measurement")
     for policy, p in doc["policies"].items():
-        rounds = f" (mean of {p['live_rounds']} rounds)" if n_live else ""
-        lines += ["", f"## {policy}", "",
-                  f"live wall time {_fmt(p['live_wall_time_s'], 1)} s{rounds}, client CPU "
-                  f"{_share(p.get('client_cpu_share'))} of it, failed requests {p['failed_requests']}"
-                  + (", **warm cache**" if p["warm_cache"] else "")
-                  + _lag_text(p["client_send_lag_s"], doc["sim_client_lag_s"]), ""]
+        lines += ["", f"## {policy}", "", policy_line(doc, p).replace("warm cache", "**warm cache**"), ""]
         if n_live:
             lines += ["| metric | predicted | 95 % interval of the prediction | " + level_text + " interval of the mean of "
                       f"{n_live} runs | measured (mean) | live min - max | 95 % interval of the live mean "
@@ -526,7 +561,7 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
                     f" | {_yes(m['predicted_inside_live_range'])} | " if n_live else "")
             lines.append(f"| {m['label']} | {_fmt(m['predicted'])}{_with_drift(m)} | {_range(m['predicted_interval'])} | "
                          f"{_range(m['run_interval'])} | {_fmt(m['measured'])} | {live}{_yes(m['inside'])} | "
-                         f"{_pct(m['error_pct'])} |")
+                         f"{_error_text(m)} |")
         for w, row in p["workers"].items():
             h = row["hit_tokens"]
             tag = "" if row["alive"] else " (died)"
@@ -677,9 +712,11 @@ def scenario_line(doc: dict) -> str:
 
 
 def report_page(doc: dict, figures: list) -> "Report":
-    """``report.html``'s content from ``report.json``'s dict: the scenario, per policy a table of
-    predicted against measured (cells carry ``data-predicted``, ``data-measured``,
-    ``data-error_pct``), the changes between policies, the figures, the notes and the servers."""
+    """``report.html``'s content from ``report.json``'s dict: the scenario; per policy a table of
+    predicted against measured, metrics then each worker's hit tokens (cells carry
+    ``data-predicted``, ``data-measured``, ``data-error_pct``; under it :func:`policy_line`), and
+    a table of where the time goes (``engine_times``); the changes between policies, the figures,
+    the notes and the servers."""
     from kvroute.sim.study.report import Cell, Report, Table
 
     tables = []
@@ -691,11 +728,23 @@ def report_page(doc: dict, figures: list) -> "Report":
                          Cell(_range(m["run_interval"]), {"low": m["run_interval"][0], "high": m["run_interval"][1]}),
                          Cell(_fmt(m["measured"]), {"measured": m["measured"]}),
                          Cell(_yes(m["inside"]).replace("*", ""), numeric=False),
-                         Cell(_pct(m["error_pct"]), {"error_pct": m["error_pct"]})])
+                         Cell(_error_text(m), {"error_pct": m["error_pct"]})])
+        for w, row in p["workers"].items():
+            h = row["hit_tokens"]
+            rows.append([f"hit tokens, worker {w}" + ("" if row["alive"] else " (died)"),
+                         Cell(_fmt(h["predicted"], 0), {"predicted": h["predicted"]}), "-",
+                         Cell(_fmt(h["measured"], 0), {"measured": h["measured"]}), Cell("-", numeric=False),
+                         Cell(_pct(h["error_pct"]), {"error_pct": h["error_pct"]})])
         tables.append(Table(f"{policy}: predicted against measured", ["metric", "predicted", f"{level} interval of "
                             + ("the mean of the live rounds" if doc.get("live_rounds") else "one run"),
                             "measured" + (" (mean of the live rounds)" if doc.get("live_rounds") else ""),
-                            "inside", "error"], rows, table_id=f"policy-{policy}"))
+                            "inside", "error"], rows, table_id=f"policy-{policy}", note=policy_line(doc, p)))
+        times = [[row["label"], Cell(_fmt(row["predicted"], 4), {"predicted": row["predicted"]}),
+                  Cell(_fmt(row["measured"], 4), {"measured": row["measured"]}),
+                  Cell(_pct(row["error_pct"]), {"error_pct": row["error_pct"]})] for row in p["engine_times"].values()]
+        tables.append(Table(f"{policy}: where the time goes, per request (s; measured engine times from vLLM's "
+                            "request histograms" + (", mean of the rounds" if doc.get("live_rounds") else "") + ")",
+                            ["", "predicted", "measured", "error"], times, table_id=f"times-{policy}"))
     change_rows = [[c["label"], policy, Cell(_pct(c["predicted"]), {"predicted": c["predicted"]}),
                     Cell(_pct_range(c["run_interval"]), {"low": c["run_interval"][0], "high": c["run_interval"][1]}),
                     Cell(_pct(c["measured"]), {"measured": c["measured"]}),

@@ -9,6 +9,7 @@ one-at-a-time replays must match the simulator's hit tokens exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import asyncio
 import json
 import math
@@ -1065,9 +1066,46 @@ def test_engine_times_split_ttft_into_queue_prefill_and_front_end_exactly():
     assert rows["client"]["predicted"] is None and rows["client"]["measured"] == pytest.approx(0.05)
     assert rows["ttft"] == {"label": "TTFT, all requests (client)", "predicted": 0.25, "measured": 0.3,
                             "error_pct": pytest.approx(100 * (0.25 - 0.3) / 0.3)}
+    # both sides under a millisecond: agreement, not a relative error (15 us measured, 0 predicted
+    # was "-100 %")
+    from kvroute.calibrate.validation.engine_times import TIME_RESOLUTION_S
+
+    assert TIME_RESOLUTION_S == 1e-3
+    quiet = dataclasses.replace(run, before=[snap(0.0, 2.0, 3.0, 10)], after=[snap(0.000015, 2.3, 4.2, 11)])
+    quiet.sim_runs = [RunResult(pd.DataFrame([row(0, 0.2, 0.0, 0.05, 0.4)], columns=RECORD_COLUMNS), np.array([]),
+                                pd.DataFrame(), "kv_aware", 0)]
+    rows = engine_rows([quiet])
+    assert rows["queue_time"] == {"label": "engine queue time", "predicted": 0.0, "measured": pytest.approx(1.5e-5),
+                                  "error_pct": None}
+    assert rows["prefill_time"]["error_pct"] == pytest.approx(100 * (0.05 - 0.3) / 0.3)
     # a server without these histograms (another vLLM) gives None, not a wrong number
     bare = PolicyRun("kv_aware", {}, [], measured={}, before=[MetricsSnapshot({}, {})], after=[MetricsSnapshot({}, {})])
     assert math.isnan(measured_times(bare)["queue_time"])
+
+
+def test_the_client_lag_line_says_what_the_simulation_does_with_the_measured_lags():
+    """Measured lags are drawn from, a fixed lag is added to each later turn, 0 adds none."""
+    from kvroute.calibrate.validation.validate_report import _lag_text
+
+    lag = {"n": 4, "median": 0.0015, "p90": 0.004, "max": 0.005}
+    head = "; the client sent later turns 1.5 ms (median, p90 4.0 ms) after their parent's last token, "
+    assert _lag_text(lag, 0.0015, measured=True) == (
+        head + "the simulation draws each later turn's lag from these measured ones (--client-lag measured)")
+    assert _lag_text(lag, 0.002) == head + "the simulation adds 2.0 ms to each (--client-lag)"
+    assert _lag_text(lag, 0.0) == head + "which the simulation does not add (--client-lag 0)"
+    assert _lag_text(None, 0.0) == ""
+
+
+def test_two_live_rounds_say_that_their_own_spread_replaces_the_host_prior():
+    from kvroute.calibrate.validation.validate_report import TWO_ROUNDS_NOTE, report_dict
+
+    two = {"round_robin": [{}, {}], "kv_aware": [{}, {}]}
+    assert TWO_ROUNDS_NOTE in report_dict(constructed_validation(two, live_rounds=2))["notes"]
+    three = {p: [{}, {}, {}] for p in two}
+    assert TWO_ROUNDS_NOTE not in report_dict(constructed_validation(three, live_rounds=3))["notes"]
+    v = constructed_validation(two, live_rounds=2)
+    v.spec = dataclasses.replace(v.spec, run_to_run_prior=0.0)  # no prior set: nothing is ignored
+    assert TWO_ROUNDS_NOTE not in report_dict(v)["notes"]
 
 
 def test_convoy_rows_split_later_turns_at_the_engines_first_token():
@@ -1214,9 +1252,13 @@ def test_speed_probes_around_the_live_rounds_give_the_drift_the_intervals_use(fa
     lo, hi = m["run_interval"]
     assert lo < m["predicted_with_drift"] < hi
     assert "predicted_with_drift" not in doc["policies"]["round_robin"]["metrics"]["hit_rate"]
+    # and the error against that centre beside the error against the prediction
+    assert m["error_pct_with_drift"] == pytest.approx(100 * (m["predicted"] * factor - m["measured"]) / m["measured"])
     from kvroute.calibrate.validation.validate_report import report_markdown
 
-    assert f"(x{factor:.2f} drift: " in report_markdown(v, doc)
+    md = report_markdown(v, doc)
+    assert f"(x{factor:.2f} drift: " in md
+    assert f"| {m['error_pct']:+.1f}% (drift: {m['error_pct_with_drift']:+.1f}%) |" in md
     # the probes before and after the rounds, in words, among the notes; their samples in report.json
     from kvroute.calibrate.validation.validate import probe_text
 
@@ -1228,7 +1270,7 @@ def test_speed_probes_around_the_live_rounds_give_the_drift_the_intervals_use(fa
 def test_the_html_page_states_the_reports_own_level_and_what_the_intervals_hold():
     """report.html carries report.md's interval level (not a fixed 95 %), the change intervals and
     the closing coverage paragraph."""
-    from kvroute.calibrate.validation.validate_report import coverage_text, report_dict, report_page
+    from kvroute.calibrate.validation.validate_report import coverage_text, policy_line, report_dict, report_page
     from kvroute.sim.study.report import render
 
     v = constructed_validation({"round_robin": [{"time_to_complete_s": 1.8}], "kv_aware": [{"time_to_complete_s": 1.5}]})
@@ -1239,9 +1281,21 @@ def test_the_html_page_states_the_reports_own_level_and_what_the_intervals_hold(
     changes = page.tables[-1]
     assert changes.header[3] == "90 % interval"
     assert page.notes[0] == coverage_text(doc)
-    assert coverage_text(doc).startswith(f"{doc['inside_interval']['inside']} of 26 measured values fall inside their "
+    # 2 policies x 9 checked metrics + 6 changes: the failed-request count is compared, not checked
+    assert coverage_text(doc).startswith(f"{doc['inside_interval']['inside']} of 24 measured values fall inside their "
                                          "90 % prediction interval. Each interval is of one live run")
     assert "95 %" not in render(page).split("<table")[1].split("</tr>")[0]
+    # what report.md gives per policy is on the page too: the live run's line, each worker's hit
+    # tokens and where the time goes
+    assert policy.note == policy_line(doc, doc["policies"]["round_robin"])
+    assert policy.note.startswith("live wall time 1.5 s, client CPU 20 % of it, failed requests 0")
+    assert [row[0] for row in policy.rows[-2:]] == ["hit tokens, worker 0", "hit tokens, worker 1"]
+    assert [c.text for c in policy.rows[-2][1:4:2]] == ["110.0", "100.0"]
+    times = page.tables[1]
+    assert times.table_id == "times-round_robin" and times.caption.startswith("round_robin: where the time goes")
+    assert [row[0] for row in times.rows] == [r["label"] for r in doc["policies"]["round_robin"]["engine_times"].values()]
+    assert [t.table_id for t in page.tables] == ["policy-round_robin", "times-round_robin", "policy-kv_aware",
+                                                  "times-kv_aware", "changes"]
 
 
 def test_a_report_without_probes_says_when_every_time_is_off_by_one_factor():
