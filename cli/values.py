@@ -298,9 +298,6 @@ def check_runs(runs: int, flags: str) -> None:
                                "may plan")
 
 
-_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
-
-
 def check_urls(urls: tuple[str, ...] | list[str], flag: str = "--url") -> None:
     """Each server URL must be ``http(s)://host[:port]`` with a port in 1-65535, and name another
     server than the others (the same server twice would be taken for two workers).
@@ -309,6 +306,8 @@ def check_urls(urls: tuple[str, ...] | list[str], flag: str = "--url") -> None:
         click.BadParameter: naming the flag and the URL.
     """
     from urllib.parse import urlsplit
+
+    from kvroute.calibrate.live.server import machine_key  # localhost and 127.0.0.1 are one machine
 
     seen: dict[tuple, str] = {}
     for url in urls:
@@ -322,9 +321,7 @@ def check_urls(urls: tuple[str, ...] | list[str], flag: str = "--url") -> None:
         if port == 0:
             raise click.BadParameter(f"{url!r}: port must be 1-65535", param_hint=f"'{flag}'")
         default_port = 443 if parts.scheme == "https" else 80
-        host = parts.hostname.lower()
-        host = "loopback" if host in _LOOPBACK else host  # localhost and 127.0.0.1 are one machine
-        key = (parts.scheme, host, port or default_port, parts.path.rstrip("/"))
+        key = (parts.scheme, machine_key(parts.hostname), port or default_port, parts.path.rstrip("/"))
         if key in seen:
             raise click.BadParameter(f"{url!r} names the same server as {seen[key]!r}: each {flag} is one worker",
                                      param_hint=f"'{flag}'")

@@ -167,6 +167,14 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def machine_key(host: str) -> str:
+    """The machine a URL's ``host`` names, as a key: ``"loopback"`` for every name of this
+    machine (``localhost``, loopback addresses, ``0.0.0.0``, which a client connects to here),
+    else the name lower-cased. Two URLs with the same key and port name the same server."""
+    host = host.lower()
+    return "loopback" if host == "0.0.0.0" or _loopback(host) else host
+
+
 def kv_events_dir() -> Path:
     """The folder of the servers' KV-cache event sockets: ``<tmp>/kvroute-<uid>``
     (``tempfile.gettempdir()``), created by :meth:`VllmServer.start` with mode 0700."""

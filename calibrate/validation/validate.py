@@ -290,6 +290,29 @@ async def scrape(urls: list[str]) -> list[MetricsSnapshot | None]:
 # --------------------------------------------------------------------------------------------
 
 
+def shared_host_note(profile: Profile, servers: list[ServerInfo]) -> str | None:
+    """A note when two or more servers run on one machine (their URLs name the same host; every
+    loopback name counts as one) and ``profile`` has no host model (``Profile.host``, fitted from
+    ``calibrate measure --bursts``): the simulation then prices each server's steps as if it had
+    the machine to itself, and a change between policies on a closed-loop burst can come out with
+    the wrong sign (docs/log/2026-12-05-policy-change-sign.md). None otherwise."""
+    from collections import Counter
+    from urllib.parse import urlsplit
+
+    from kvroute.calibrate.live.server import machine_key
+
+    machines = Counter(machine_key(urlsplit(s.url).hostname or "") for s in servers)
+    shared = sum(n for n in machines.values() if n > 1)
+    if profile.host is not None or not shared:
+        return None
+    return (f"{shared} of the {len(servers)} servers share a machine, but "
+            f"profile {profile.name!r} has no host model (fitted without bursts): it prices each server's steps as "
+            "if that server had the machine to itself, so contention for the cores is not predicted and a change "
+            "between policies on a closed-loop burst can come out with the wrong sign (the x2 profile gave -27 % "
+            "for a measured +33 to +37 % later-turn TTFT change; docs/log/2026-12-05-policy-change-sign.md). "
+            "`kvroute calibrate measure` on these servers fits one (its bursts are on by default)")
+
+
 def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSpec) -> tuple[ClusterSpec, list[str]]:
     """The simulated cluster matching the live one, and notes on what differs between servers.
 
@@ -321,6 +344,9 @@ def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSp
     version_note = profile.version_note(servers[0].vllm_version, servers[0].async_scheduling)
     if version_note is not None:
         notes.append(version_note)
+    host_note = shared_host_note(profile, servers)
+    if host_note is not None:
+        notes.append(host_note)
     live_profile = dataclasses.replace(profile, engine=engines[0], memory=None)
     cluster = ClusterSpec(
         live_profile, num_workers=len(servers), closed_loop=spec.closed_loop,

@@ -227,7 +227,9 @@ def test_validate_writes_report_html_with_shared_policy_colours(tmp_path):
                for fmt in ("png", "svg"))
     for policy, entry in doc["policies"].items():
         rows = page.tables[f"policy-{policy}"]
-        assert len(rows) == len(entry["metrics"])
+        assert len(rows) == len(entry["metrics"]) + len(entry["workers"])  # then each worker's hit tokens
+        assert [row[0][0] for row in rows[len(entry["metrics"]):]] == [f"hit tokens, worker {w}" for w in entry["workers"]]
+        assert len(page.tables[f"times-{policy}"]) == len(entry["engine_times"])
         for row, m in zip(rows, entry["metrics"].values()):
             assert row[0][0] == m["label"]
             assert row[1][1]["predicted"] == exact(m["predicted"]) and row[3][1]["measured"] == exact(m["measured"])

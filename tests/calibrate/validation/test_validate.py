@@ -760,7 +760,7 @@ def constructed_validation(measured: dict[str, list[dict[str, float]]], live_rou
     from kvroute.calibrate.validation.validate_report import REPORT_METRICS
 
     trace = small_chat(chats=2, turns=2)
-    servers = [ServerInfo(url=f"http://x:{port}", model="tiny-qwen2", model_root="/cache/kvroute/tiny-qwen2",
+    servers = [ServerInfo(url=f"http://x{port}:{port}", model="tiny-qwen2", model_root="/cache/kvroute/tiny-qwen2",
                           served_models=("tiny-qwen2",), vllm_version="0.32.0", max_model_len=32768, block_size=32,
                           num_gpu_blocks=4096, enable_prefix_caching=True, max_num_batched_tokens=2048,
                           max_num_seqs=128, hardware="CPU", device="cpu") for port in (1, 2)]
@@ -1313,3 +1313,30 @@ def test_a_report_without_probes_says_when_every_time_is_off_by_one_factor():
     assert speed_hint(doc((1.0, 1.4), (0.1, 0.14))) is None  # within x1.5
     assert speed_hint(doc((1.0, 4.0), (0.1, 0.05))) is None  # not all off the same way
     assert speed_hint(doc((1.0, 4.0))) is None  # one time is not a pattern
+
+
+def test_servers_sharing_a_machine_under_a_profile_without_a_host_model_get_a_note():
+    """Two URLs on one machine (every loopback name is one) and no host model: the note; a host
+    model, or servers on separate machines: none."""
+    from kvroute.calibrate.live.client import ServerInfo
+    from kvroute.calibrate.live.server import machine_key
+    from kvroute.calibrate.validation.validate import shared_host_note
+    from kvroute.sim.timing.profile import load_profile
+
+    assert [machine_key(h) for h in ("localhost", "127.0.0.1", "::1", "0.0.0.0", "127.0.0.2", "GPU-1")] == \
+        ["loopback"] * 5 + ["gpu-1"]
+
+    def servers(*urls):
+        return [ServerInfo(url=u, model="tiny-qwen2", model_root="/m", served_models=("tiny-qwen2",),
+                           vllm_version="0.32.0", max_model_len=32768, block_size=32, num_gpu_blocks=4096,
+                           enable_prefix_caching=True, max_num_batched_tokens=2048, max_num_seqs=128,
+                           hardware="CPU", device="cpu") for u in urls]
+
+    plain, with_host = load_profile("cpu-tiny-qwen2-x2"), load_profile("cpu-tiny-qwen2-x2-bursts")
+    assert plain.host is None and with_host.host is not None
+    note = shared_host_note(plain, servers("http://127.0.0.1:8100", "http://localhost:8101", "http://gpu-2:8000"))
+    assert note.startswith("2 of the 3 servers share a machine, but profile 'cpu-tiny-qwen2-x2' has no host model")
+    assert "docs/log/2026-12-05-policy-change-sign.md" in note
+    assert shared_host_note(with_host, servers("http://127.0.0.1:8100", "http://127.0.0.1:8101")) is None
+    assert shared_host_note(plain, servers("http://gpu-1:8000", "http://GPU-2:8000")) is None
+    assert shared_host_note(plain, servers("http://gpu-1:8000")) is None
