@@ -489,15 +489,13 @@ def probe_scaled(shape: str, cluster, saved_probes: dict, notes: list[str]):
 def probe_drift_of(shape: str, profile_name: str, saved_probes: dict, cluster, notes: list[str]) -> dict:
     """The host's drift over a shape's live rounds for one profile (``probe.drifts``): the probes
     before and after the rounds against the probe taken right after ``--calibrate`` when there is
-    one, else against the probe as ``cluster``'s profile predicts it (``probe.predicted_probe``);
+    one, else against the probe as ``cluster``'s profile predicts it (``probe.drifts_against``);
     appends a note saying which and what came out."""
-    from kvroute.calibrate.validation.probe import drifts, predicted_probe
+    from kvroute.calibrate.validation.probe import drifts_against
 
-    reference, against, label = saved_probes.get("reference"), "the probe after calibrating", "after calibrating"
-    if not reference and saved_probes.get("before"):
-        reference, against = predicted_probe(cluster), f"{profile_name}'s prediction of the probe"
-        label = f"as {profile_name} predicts them"
-    found = drifts(saved_probes.get("before"), saved_probes.get("after"), reference, label)
+    found, _, _ = drifts_against(saved_probes.get("before"), saved_probes.get("after"), cluster,
+                                 saved_probes.get("reference"))
+    against = "the probe after calibrating" if saved_probes.get("reference") else f"{profile_name}'s prediction of the probe"
     if found:
         notes.append(f"{shape}: host speed drift over the live rounds (probes before and after, against {against}): "
                      + ", ".join(f"{q} x{d.factor:.3f} (log sd {d.log_sd:.3f})" for q, d in found.items()))

@@ -310,3 +310,24 @@ def drifts(before: dict[str, list[float]] | None, after: dict[str, list[float]] 
         if d is not NO_DRIFT and "no usable probe" not in d.source:
             out[q.removesuffix("_s")] = d
     return out
+
+
+def drifts_against(before: dict[str, list[float]] | None, after: dict[str, list[float]] | None, cluster,
+                   calibrated: dict[str, list[float]] | None = None, reps: int = PROBE_REPS,
+                   seed: int = 0) -> tuple[dict[str, Drift], dict[str, list[float]] | None, str]:
+    """:func:`drifts` against the probe taken right after calibrating (``calibrated``) when there
+    is one, else against the probe as ``cluster``'s profile predicts it (:func:`predicted_probe`
+    with ``reps`` and ``seed``, simulated only when both probes exist).
+
+    Returns:
+        ``(drifts, reference, label)``: the drifts; the reference samples used (None when
+        neither exists); and its label, ``"after calibrating"`` or ``"as <profile> predicts
+        them"``, which each drift's ``source`` carries.
+    """
+    if calibrated:
+        return drifts(before, after, calibrated, "after calibrating"), calibrated, "after calibrating"
+    label = f"as {cluster.profile.name} predicts them"
+    if not before or not after:
+        return {}, None, label
+    reference = predicted_probe(cluster, reps, seed=seed)
+    return drifts(before, after, reference, label), reference, label

@@ -27,8 +27,7 @@ import pandas as pd
 
 from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, ServerInfo, VllmClient
 from kvroute.calibrate.live.prompts import DEFAULT_TOKEN_RANGE, TokenSynth
-from kvroute.calibrate.validation.probe import drifts as probe_drifts
-from kvroute.calibrate.validation.probe import predicted_probe, speed_scale
+from kvroute.calibrate.validation.probe import drifts_against, speed_scale
 from kvroute.sim.study.intervals import HOST_RUN_TO_RUN_LOG_SD
 from kvroute.sim.timing.speed_scale import SpeedScale, scaled_profile
 from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
@@ -673,7 +672,6 @@ def run_validation(
         validation.probes["after"] = _probe(urls, spec, progress, "after the live rounds")
         validation.notes.append(f"speed probe before the live rounds: {probe_text(validation.probes['before'])}; "
                                 f"after them: {probe_text(validation.probes['after'])}")
-        reference = spec.probe_reference
         if rescale:
             validation.speed_scale = speed_scale(cluster, validation.probes.get("before"), validation.probes["after"])
             cluster = dataclasses.replace(cluster, profile=scaled_profile(cluster.profile, validation.speed_scale))
@@ -681,12 +679,10 @@ def run_validation(
             validation.notes.append(f"predicted with the profile rescaled to the host's speed the probes measured: "
                                     f"{validation.speed_scale.describe()}")
             progress(validation.notes[-1])
-        label = "after calibrating"
-        if not reference:
-            reference = validation.probes["predicted"] = predicted_probe(cluster, spec.speed_probes, seed=spec.seed)
-            label = f"as {cluster.profile.name} predicts them"
-        validation.drift = probe_drifts(validation.probes.get("before"), validation.probes.get("after"), reference,
-                                        label)
+        validation.drift, reference, _ = drifts_against(validation.probes.get("before"), validation.probes["after"],
+                                                        cluster, spec.probe_reference, spec.speed_probes, spec.seed)
+        if not spec.probe_reference and reference is not None:
+            validation.probes["predicted"] = reference
     if rescale and not measured_lag and not validation.interrupted:
         progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds")
         predictions = predict(with_client_lag(trace, spec.client_lag_s), cluster, list(spec.policies),

@@ -149,3 +149,25 @@ def test_a_per_token_factor_the_probes_leave_undetermined_is_tied_to_the_per_ste
     assert (got.step, got.attention) == pytest.approx((1.5, 2.0), rel=0.02)
     assert got.describe().startswith("step and token x1.500 (one factor: the probes cannot tell them apart; log sd ")
     assert got.to_dict()["tied"] == [["step", "token"]]
+
+
+def test_drifts_against_the_calibration_probe_else_the_profiles_prediction():
+    """One rule for the drift's reference (validate and bench_validate): the probe right after
+    calibrating when there is one, else the probe simulated with the profile; no drift without
+    both probes."""
+    from kvroute.calibrate.validation.probe import drifts, drifts_against, predicted_probe
+    from kvroute.sim.cluster.cluster import ClusterSpec
+    from kvroute.sim.timing.profile import load_profile
+
+    cluster = ClusterSpec(load_profile("cpu-tiny-qwen2"), num_workers=2)
+    before = {"ttft_s": [0.050, 0.052, 0.051], "itl_s": [0.002, 0.0021, 0.002]}
+    after = {"ttft_s": [0.060, 0.061, 0.059], "itl_s": [0.0022, 0.0023, 0.0022]}
+    calibrated = {"ttft_s": [0.040, 0.041, 0.040], "itl_s": [0.0019, 0.0019, 0.002]}
+    found, reference, label = drifts_against(before, after, cluster, calibrated)
+    assert reference is calibrated and label == "after calibrating"
+    assert found == drifts(before, after, calibrated, "after calibrating") and set(found) == {"ttft", "itl"}
+    found, reference, label = drifts_against(before, after, cluster, None, reps=2, seed=3)
+    assert label == "as cpu-tiny-qwen2 predicts them"
+    assert reference == predicted_probe(cluster, 2, seed=3)
+    assert found == drifts(before, after, reference, label)
+    assert drifts_against(before, None, cluster) == ({}, None, "as cpu-tiny-qwen2 predicts them")
