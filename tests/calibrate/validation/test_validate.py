@@ -474,9 +474,10 @@ def test_a_worker_dying_mid_replay_is_survived(fakes, tmp_path):
 def test_a_hanging_worker_times_out_and_is_marked_dead(fakes):
     servers = fakes(2, s1={"hang": True})
     trace = small_chat(chats=4, turns=2)
-    replay = _replay(trace, servers, policy="round_robin", timeout_s=0.5)
+    # NOTE: 2 s, not less: on a loaded 2-core host the healthy fake itself took over 0.5 s once
+    replay = _replay(trace, servers, policy="round_robin", timeout_s=2.0)
     df = replay.result().records
-    assert list(replay.dead) == [1] and "within 0.5 s" in replay.dead[1]
+    assert list(replay.dead) == [1] and "within 2 s" in replay.dead[1]
     assert (df.loc[df["status"] != "ok", "worker"] != 0).all()
     assert (df["status"] == "ok").sum() >= 2 and (df.loc[df["status"] == "ok", "worker"] == 0).all()
 
