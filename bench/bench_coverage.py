@@ -63,10 +63,45 @@ def keep(run: Path, label: str, archive: Path = ARCHIVE) -> Path:
     stamp = datetime.fromtimestamp((run / shapes[0] / "live.pickle").stat().st_mtime, timezone.utc)
     (dest / "run.json").write_text(json.dumps({
         "label": label, "measured": stamp.isoformat(timespec="minutes"), "shapes": shapes,
-        "host": {"machine": platform.machine(), "cpu": _cpu_name(), "cores": os.cpu_count()},
+        "host": this_host(),
         "speed_probes": summary.get("speed_probes"), "host_cpu": summary.get("host_cpu"),
         "wall_s": summary.get("wall_s"), "api_cores": summary.get("api_cores")}, indent=2) + "\n")
     return dest
+
+
+def this_host() -> dict:
+    """Where a run is measured: architecture, CPU name, cores, host name and ``/etc/machine-id``
+    (None where the system has none), the last two telling machines apart (:func:`machine_of`)."""
+    try:
+        machine_id = Path("/etc/machine-id").read_text().strip() or None
+    except OSError:
+        machine_id = None
+    return {"machine": platform.machine(), "cpu": _cpu_name(), "cores": os.cpu_count(),
+            "hostname": platform.node() or None, "machine_id": machine_id}
+
+
+def machine_of(meta: dict) -> str:
+    """An archived run's machine, from its ``run.json``: its machine id (a VM cloned from one image
+    may share it, so the host name goes with it), else its host name, else what its CPU says
+    (architecture, name, cores), which cannot tell two like machines apart."""
+    host = meta.get("host") or {}
+    if host.get("machine_id") or host.get("hostname"):
+        return f"{host.get('hostname')}/{host.get('machine_id')}"
+    return f"{host.get('machine')} {host.get('cpu')} x{host.get('cores')}"
+
+
+def runs_behind(runs: list[Path]) -> str:
+    """One line: the days (UTC, from each ``run.json``'s ``measured``) and machines
+    (:func:`machine_of`) the archived ``runs`` come from, and how many distinct (day, machine)
+    pairs, against issue 37's three runs on different days or machines."""
+    metas = [json.loads((r / "run.json").read_text()) if (r / "run.json").exists() else {} for r in runs]
+    places = {(m["measured"][:10], machine_of(m)) for m in metas if m.get("measured")}
+    days = sorted({day for day, _ in places})
+    machines = {machine for _, machine in places}
+    met = "met" if len(places) >= 3 else "not met"
+    return (f"{len(runs)} runs on {len(days)} day(s) ({', '.join(days) or 'unknown'}) and {len(machines)} machine(s), "
+            f"{len(places)} distinct day-and-machine pair(s); issue 37 asks for runs on >= 3 different days or "
+            f"machines: {met}")
 
 
 def _cpu_name() -> str:
@@ -189,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     for run in runs:
         print(f"rescoring {run.name} ...", file=sys.stderr)
         rows += rescore(run, extra)
+    print(runs_behind(runs))
     for line in coverage_report(rows):
         print(line)
     if args.one_round:

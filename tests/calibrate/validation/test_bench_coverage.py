@@ -1,0 +1,43 @@
+"""``bench/bench_coverage.py``: what it says about the runs behind its figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+from tests.support.paths import ROOT
+
+
+def _bench_coverage():
+    """``bench/bench_coverage.py`` as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("bench_coverage", ROOT / "bench" / "bench_coverage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(tmp_path, name: str, measured: str, **host) -> object:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({"label": name, "measured": measured, "host": host}))
+    return folder
+
+
+def test_the_runs_behind_the_coverage_count_distinct_days_and_machines(tmp_path):
+    """Issue 37 asks for runs on >= 3 different days or machines: distinct (UTC day, machine)
+    pairs; a machine is its host name and machine id, else only what its CPU says."""
+    bench = _bench_coverage()
+    vm = {"machine": "x86_64", "cpu": "AMD EPYC", "cores": 2, "hostname": "vm", "machine_id": "abc"}
+    same_day = [_run(tmp_path, f"r{k}", f"2026-12-05T0{k}:00+00:00", **vm) for k in range(3)]
+    assert bench.runs_behind(same_day) == (
+        "3 runs on 1 day(s) (2026-12-05) and 1 machine(s), 1 distinct day-and-machine pair(s); issue 37 asks for "
+        "runs on >= 3 different days or machines: not met")
+    other_day = _run(tmp_path, "r3", "2026-12-06T01:00+00:00", **vm)
+    other_vm = _run(tmp_path, "r4", "2026-12-05T09:00+00:00", **{**vm, "machine_id": "def"})
+    assert bench.runs_behind(same_day + [other_day, other_vm]).endswith(
+        "2 day(s) (2026-12-05, 2026-12-06) and 2 machine(s), 3 distinct day-and-machine pair(s); issue 37 asks for "
+        "runs on >= 3 different days or machines: met")
+    assert bench.machine_of({"host": {"machine": "x86_64", "cpu": "AMD EPYC", "cores": 2}}) == "x86_64 AMD EPYC x2"
+    assert bench.machine_of({"host": vm}) == "vm/abc"
+    host = bench.this_host()
+    assert set(host) == {"machine", "cpu", "cores", "hostname", "machine_id"} and host["cores"] >= 1
