@@ -212,7 +212,7 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
     ``run_to_run_prior`` standing for the spread one round cannot show, as ``validate`` does
     (``ValidationSpec.run_to_run_prior``)."""
     from kvroute.calibrate.validation.rounds import change_pct, diff_interval, error_pct, spread
-    from kvroute.sim.cluster.metrics import METRIC_BOUNDS, summarize
+    from kvroute.sim.cluster.metrics import CHANGE_BOUNDS, METRIC_BOUNDS, summarize
     from kvroute.sim.study.intervals import combined_interval, prior_sd_for
     from kvroute.sim.timing.drift import drift_exponent, metric_drift
     from kvroute.sim.timing.heldout import heldout_log_sd
@@ -272,7 +272,8 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
                                    [measured(0, metric), measured(1, metric)])
             sim_changes = [change_pct(k, b) for b, k in zip(base.run_values.get(metric, []), kv.run_values.get(metric, []))]
             live_changes = [change_pct(k, b) for b, k in zip(measured(0, metric), measured(1, metric))]
-            ci = combined_interval(sim_changes, kv.run_draws or None, live_changes, level=level, log_scale=False)
+            ci = combined_interval(sim_changes, kv.run_draws or None, live_changes, level=level, log_scale=False,
+                                   bounds=CHANGE_BOUNDS)
             rows.append(dict(shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
                              metric=f"change {metric}", predicted=p, measured=m, live_rounds=len(measured(1, metric)),
                              sim_rounds=rounds, error_pp=p - m, interval_pp=[lo, hi], target_pp=CHANGE_TARGET_PP,
@@ -280,7 +281,8 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
                              inside=ci.contains(m), level=level))
             prior = prior_sd_for(metric, run_to_run_prior, p)
             rows += single_rounds(live_changes, lambda x: combined_interval(sim_changes, kv.run_draws or None, x,
-                                                                            level=level, log_scale=False, prior_sd=prior),
+                                                                            level=level, log_scale=False, prior_sd=prior,
+                                                                            bounds=CHANGE_BOUNDS),
                                   shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
                                   metric=f"change {metric}", predicted=p)
     return rows, missed

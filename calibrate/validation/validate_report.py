@@ -45,11 +45,11 @@ from kvroute.calibrate.calibration.step_end import merge
 from kvroute.calibrate.validation.engine_times import convoy_rows, engine_rows, stamp_note
 from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, mean_interval, spread
 from kvroute.calibrate.validation.validate import PolicyRun, Validation, send_lags
-from kvroute.sim.timing.heldout import heldout_log_sd
+from kvroute.sim.timing.heldout import heldout_log_sd, heldout_spreads
 from kvroute.sim.study.experiment import prediction_interval
 from kvroute.sim.study.intervals import combined_interval, coverage, prior_sd_for
 from kvroute.sim.timing.drift import NO_DRIFT, drift_exponent, metric_drift
-from kvroute.sim.cluster.metrics import SUMMARY_METRICS
+from kvroute.sim.cluster.metrics import CHANGE_BOUNDS, SUMMARY_METRICS
 from kvroute.traces.format import Trace
 
 #: Metrics of the per-policy table, in order.
@@ -122,7 +122,7 @@ def _combined_inside(v: Validation, pred: PolicyRun, metric: str, values: list, 
     prior = prior_sd_for(metric, getattr(v.spec, "run_to_run_prior", 0.0), predicted_change)
     try:
         ci = combined_interval(sim, draws, finite(live), drift, power, level, log_scale=power != 0,
-                               bounds=(-math.inf, math.inf) if change else METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
+                               bounds=CHANGE_BOUNDS if change else METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
                                heldout_log_sd=0.0 if change else heldout_log_sd(v.sim_spec.profile.raw, metric),
                                prior_sd=prior)
     except ValueError:
@@ -321,11 +321,13 @@ def report_dict(v: Validation) -> dict:
             for m in CHANGE_METRICS
         }
     doc["failures"] = [f for r in v.runs for f in failures(r, multi)][:MAX_LISTED_FAILURES]
-    doc["interval_source"] = v.runs[0].interval_source if v.runs else "seeds"
+    # what the "95 % interval of the prediction" column spans (the checked interval: interval_terms)
+    doc["predicted_interval_source"] = v.runs[0].interval_source if v.runs else "seeds"
     doc["uncertainty_draws"] = spec.uncertainty
     k, n = inside_count(doc)
     doc["inside_interval"] = {"inside": k, "checked": n}
     doc["interval_level"] = getattr(spec, "interval_level", 0.90)
+    doc["heldout_log_sd"] = heldout_spreads(v.sim_spec.profile.raw)  # the fit's, per kind (TTFT, ITL)
     if not _multi(v):
         doc["run_to_run_prior"] = getattr(spec, "run_to_run_prior", 0.0)
     doc["coverage"] = {**coverage([m["inside"] for p in doc["policies"].values() for m in p["metrics"].values()]
@@ -398,7 +400,7 @@ def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi
                _combined_inside(v, r0, metric, (paired, per_round), m, change=True, draws=_paired_draws(b0, r0, metric)))
     out = {"predicted": _num(p), "measured": _num(m), "difference_pp": _num(p - m), **checked}
     if multi:
-        lo, hi = (_num(x) for x in mean_interval(per_round))
+        lo, hi = (_num(x) for x in mean_interval(per_round, bounds=CHANGE_BOUNDS))
         out.update(live_rounds=len(finite(per_round)), measured_rounds=[_num(x) for x in per_round],
                    measured_interval=None if lo is None else [lo, hi],
                    predicted_inside_measured_interval=None if lo is None or _num(p) is None else bool(lo <= p <= hi))
@@ -634,9 +636,77 @@ def coverage_text(doc: dict) -> str:
         parts.append(f"for times, the host's speed drift from the probes against {reference} ({drifts}), which "
                      "also moves the interval's centre to the prediction times the drift, given beside the prediction "
                      "as (xF drift: value)")
+    heldout = doc.get("heldout_log_sd") or {}
+    if heldout and any(_term(m["interval_terms"], "heldout_var") for m in _time_metrics(doc)):
+        rms = math.sqrt(sum(x * x for x in heldout.values()) / len(heldout))
+        parts.append("for times, the fit's error on the experiments it held out (log sd "
+                     + ", ".join(f"{sd:.2f} {kind.upper()}" for kind, sd in heldout.items())
+                     + (f"; their rms, {rms:.2f}, for the other times" if len(heldout) > 1 else "") + ")")
     of = f"the mean of {n_live} live rounds" if n_live else "one live run"
-    return (f"{k} of {n} measured values fall inside their {level} prediction interval. Each interval is of {of} "
+    text = (f"{k} of {n} measured values fall inside their {level} prediction interval. Each interval is of {of} "
             "and combines " + "; ".join(parts) + " (docs/reference/intervals.md).")
+    return " ".join([text, *_width_text(doc), *_live_range_text(doc)])
+
+
+#: What each variance term of ``interval_terms`` is, in words (``combined_interval``'s parts).
+TERM_NAMES = {
+    "run_to_run": "the live rounds' spread",
+    "run_to_run_prior": "the host's run-to-run prior",
+    "prediction_seeds": "the seeds' spread",
+    "run_to_run_and_prediction_seeds": "the seeds' spread",
+    "model": "the drawn profiles' spread",
+    "drift_var": "the host's speed drift",
+    "heldout_var": "the fit's held-out error",
+}
+#: Median high / low of the time intervals above which the report calls them wide.
+WIDE_TIME_RATIO = 3.0
+
+
+def _time_metrics(doc: dict) -> list[dict]:
+    """Every policy's checked time and rate metrics (log-space intervals with both ends > 0)."""
+    return [m for p in doc["policies"].values() for m in p["metrics"].values()
+            if (m.get("interval_terms") or {}).get("drift_factor") is not None and m.get("inside") is not None
+            and None not in m["run_interval"] and m["run_interval"][0] > 0 and m["label"] != SUMMARY_METRICS["hit_rate"]]
+
+
+def _width_text(doc: dict) -> list[str]:
+    """How wide the intervals are (median high / low of the times, median width of the changes, pp)
+    and, past :data:`WIDE_TIME_RATIO`, which term makes most of the times' width."""
+    import statistics
+
+    times = _time_metrics(doc)
+    changes = [c for ch in doc["changes"].values() for c in ch.values()
+               if c.get("inside") is not None and None not in c["run_interval"]]
+    if not times:
+        return []
+    ratio = statistics.median(m["run_interval"][1] / m["run_interval"][0] for m in times)
+    text = f"Median width: x{ratio:.2f} (high / low) for times"
+    if changes:
+        text += f", {statistics.median(c['run_interval'][1] - c['run_interval'][0] for c in changes):.0f} pp for changes"
+    text += "."
+    if ratio > WIDE_TIME_RATIO:
+        largest = Counter(max(TERM_NAMES, key=lambda t: _term(m["interval_terms"], t)) for m in times).most_common(1)
+        text += (f" These intervals are wide, mostly from {TERM_NAMES[largest[0][0]]}: a value inside one says little "
+                 "(the prediction's own distance from the measurement is the error column)")
+        text += "." if largest[0][0] != "heldout_var" else (
+            "; a profile fitted on the full sweep (kvroute calibrate measure, then fit) misses its held-out "
+            "experiments less.")
+    return [text]
+
+
+def _term(terms: dict, name: str) -> float:
+    value = terms.get(name)
+    return value if isinstance(value, float) and math.isfinite(value) else 0.0
+
+
+def _live_range_text(doc: dict) -> list[str]:
+    """With several live rounds: how many predictions lie within the live rounds' min-max."""
+    flags = [m.get("predicted_inside_live_range") for p in doc["policies"].values() for m in p["metrics"].values()
+             if m.get("inside") is not None]
+    flags = [f for f in flags if f is not None]
+    if not doc.get("live_rounds") or not flags:
+        return []
+    return [f"The prediction itself lies within the live rounds' min - max for {sum(flags)} of {len(flags)} values."]
 
 
 def _pct_range(pair) -> str:

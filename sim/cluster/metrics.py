@@ -358,6 +358,10 @@ METRIC_BOUNDS: dict[str, tuple[float, float]] = {
 }
 """Possible values of each summary metric: shares lie in [0, 1]; times, rates and counts are >= 0."""
 
+CHANGE_BOUNDS: tuple[float, float] = (-100.0, math.inf)
+"""Possible values of a relative change between two policies of a metric >= 0, percent: it cannot
+fall by more than 100 %."""
+
 
 def summarize_rounds(summaries: list[dict[str, float]], confidence: float = 0.95,
                      bounds: dict[str, tuple[float, float]] = METRIC_BOUNDS) -> pd.DataFrame:

@@ -1341,3 +1341,47 @@ def test_servers_sharing_a_machine_under_a_profile_without_a_host_model_get_a_no
     assert shared_host_note(with_host, servers("http://127.0.0.1:8100", "http://127.0.0.1:8101")) is None
     assert shared_host_note(plain, servers("http://gpu-1:8000", "http://GPU-2:8000")) is None
     assert shared_host_note(plain, servers("http://gpu-1:8000")) is None
+
+
+def test_the_coverage_paragraph_gives_the_widths_the_largest_term_and_the_live_range():
+    """Median width of the time intervals (high / low) and of the changes (pp); past x3, the term
+    that makes most of the times' width; with several live rounds, how many predictions lie in
+    the rounds' min-max."""
+    from kvroute.calibrate.validation.validate_report import _live_range_text, _width_text
+
+    def metric(label, lo, hi, in_range, **terms):
+        return {"label": label, "run_interval": [lo, hi], "inside": True, "predicted_inside_live_range": in_range,
+                "interval_terms": {"drift_factor": 1.0, "prediction_seeds": 0.001, "heldout_var": 0.0,
+                                   "drift_var": 0.0, **terms}}
+
+    doc = {"live_rounds": 3, "policies": {"round_robin": {"metrics": {
+        "time_to_complete_s": metric("time to complete (s)", 1.0, 8.0, False, heldout_var=0.4),
+        "ttft_mean_s": metric("TTFT mean (s)", 0.1, 0.5, True, heldout_var=0.2),
+        "itl_mean_s": metric("ITL mean (s)", 0.002, 0.004, False, run_to_run=0.05),
+        "hit_rate": metric("hit rate (cached/prompt tokens)", 0.5, 0.6, True),
+        "failed": {"label": "failed requests", "run_interval": [None, None], "inside": None}}}},
+        "changes": {"kv_aware": {"time_to_complete_s": {"run_interval": [-40.0, 10.0], "inside": True},
+                                 "ttft_mean_s": {"run_interval": [-100.0, 50.0], "inside": False}}}}
+    text, = _width_text(doc)
+    # times x8, x5, x2 (the hit rate is a share): median x5; changes 50 and 150 pp: median 100
+    assert text.startswith("Median width: x5.00 (high / low) for times, 100 pp for changes. These intervals are wide, "
+                           "mostly from the fit's held-out error")
+    assert text.endswith("misses its held-out experiments less.")
+    doc["policies"]["round_robin"]["metrics"]["time_to_complete_s"]["run_interval"] = [1.0, 2.0]
+    assert _width_text(doc) == ["Median width: x2.00 (high / low) for times, 100 pp for changes."]
+    assert _live_range_text(doc) == ["The prediction itself lies within the live rounds' min - max for 2 of 4 values."]
+    assert _live_range_text({**doc, "live_rounds": None}) == []
+
+
+def test_change_intervals_stop_at_minus_100_percent():
+    """A change of a time or share cannot fall by more than 100 %: its checked interval and the
+    paired rounds' interval are clipped there."""
+    from kvroute.calibrate.validation.validate_report import report_dict
+
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": 1.0}, {"time_to_complete_s": 1.0}],
+                                "kv_aware": [{"time_to_complete_s": 0.05}, {"time_to_complete_s": 3.0}]},
+                               live_rounds=2)
+    ch = report_dict(v)["changes"]["kv_aware"]["time_to_complete_s"]
+    assert ch["measured_rounds"] == [pytest.approx(-95.0), pytest.approx(200.0)]
+    assert ch["run_interval"][0] == -100.0 and ch["measured_interval"][0] == -100.0
+    assert ch["run_interval"][1] > 200.0 and ch["measured_interval"][1] > 200.0
