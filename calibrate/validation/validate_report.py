@@ -32,6 +32,7 @@ written, and a note says that one round of a short burst can be off by tens of p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
@@ -50,6 +51,7 @@ from kvroute.sim.study.experiment import prediction_interval
 from kvroute.sim.study.intervals import combined_interval, coverage, prior_sd_for
 from kvroute.sim.timing.drift import NO_DRIFT, drift_exponent, metric_drift
 from kvroute.sim.cluster.metrics import CHANGE_BOUNDS, SUMMARY_METRICS
+from kvroute.sim.study.report import Cell, Report, Table
 from kvroute.traces.format import Trace
 
 #: Metrics of the per-policy table, in order.
@@ -480,11 +482,15 @@ def _share(x) -> str:
 
 
 def _fmt(x, digits: int = 3) -> str:
+    """``x`` with ``digits`` decimals, and at least two significant ones below 1 (an ITL of
+    0.0021 s, not 0.002); thousands with separators; '-' for None or NaN."""
     x = _num(x)
     if x is None:
         return "-"
     if abs(x) >= 1000:
         return f"{x:,.0f}"
+    if 0 < abs(x) < 1 and digits:
+        digits = max(digits, 1 - math.floor(math.log10(abs(x))))
     return f"{x:.{digits}f}" if abs(x) < 100 else f"{x:.1f}"
 
 
@@ -529,90 +535,154 @@ def policy_line(doc: dict, p: dict) -> str:
 
 
 def report_markdown(v: Validation, doc: dict | None = None) -> str:
-    """The human report: scenario, one table per policy, the change table, notes."""
+    """The human report: scenario, per policy its tables (:func:`policy_tables`), the change table
+    (:func:`changes_table`), the coverage paragraph, notes. ``report.html`` shows the same tables."""
     doc = doc or report_dict(v)
-    n_live = doc.get("live_rounds")  # set with several live rounds per policy
-    level_text = f"{100 * doc.get('interval_level', 0.95):g} %"
     lines = [f"# Validation: {doc['trace']} ({doc['num_requests']} requests)", ""]
-    loop = "closed loop" if doc["closed_loop"] else "open loop (trace timestamps)"
-    lines.append(f"- replay: {loop}, max in flight {doc['max_in_flight'] or 'unlimited'}; "
-                 f"prediction: profile `{doc['profile']}`, mean of {doc['sim_rounds']} seeded round(s)")
-    if n_live:
-        lines.append(f"- live: {n_live} rounds per policy, interleaved (every policy once per round); measured "
-                     f"values are the rounds' means, checked against the interval of the mean of {n_live} "
-                     "simulated runs")
-    for s in doc["servers"]:
-        lines.append(f"- worker {s['url']}: {s['model']}, vLLM {s['vllm_version']}{_async_text(s)}, {s['hardware']}, "
-                     f"block size {s['block_size']}, {s['num_gpu_blocks']} KV blocks")
-    lines.append(f"- cache: {'WARM for some run (see notes)' if doc['warm_cache'] else 'reset before every run (cold)'}")
-    if doc["interrupted"]:
-        lines.append("- **interrupted**: partial measurement")
+    lines += [f"- {line}" for line in scenario_lines(doc)]
     for policy, p in doc["policies"].items():
-        lines += ["", f"## {policy}", "", policy_line(doc, p).replace("warm cache", "**warm cache**"), ""]
-        if n_live:
-            lines += ["| metric | predicted | 95 % interval of the prediction | " + level_text + " interval of the mean of "
-                      f"{n_live} runs | measured (mean) | live min - max | 95 % interval of the live mean "
-                      "| prediction in live range | inside | error % |",
-                      "|---|---:|---:|---:|---:|---:|---:|:---:|:---:|---:|"]
-        else:
-            lines += ["| metric | predicted | 95 % interval of the prediction | " + level_text + " interval of one run "
-                      "| measured | inside | error % |",
-                      "|---|---:|---:|---:|---:|:---:|---:|"]
-        for m in p["metrics"].values():
-            live = (f"{_range([m['measured_min'], m['measured_max']])} | {_range(m['measured_interval'] or [None, None])}"
-                    f" | {_yes(m['predicted_inside_live_range'])} | " if n_live else "")
-            lines.append(f"| {m['label']} | {_fmt(m['predicted'])}{_with_drift(m)} | {_range(m['predicted_interval'])} | "
-                         f"{_range(m['run_interval'])} | {_fmt(m['measured'])} | {live}{_yes(m['inside'])} | "
-                         f"{_error_text(m)} |")
-        for w, row in p["workers"].items():
-            h = row["hit_tokens"]
-            tag = "" if row["alive"] else " (died)"
-            lines.append(f"| hit tokens, worker {w}{tag} | {_fmt(h['predicted'], 0)} | - | - | "
-                         f"{_fmt(h['measured'], 0)} | {'- | - | - | ' if n_live else ''}- | {_pct(h['error_pct'])} |")
-        lines += ["", "Where the time goes, per request (s; measured engine times from vLLM's request "
-                  "histograms" + (", mean of the rounds" if n_live else "") + "):", "",
-                  "| | predicted | measured | error % |", "|---|---:|---:|---:|"]
-        lines += [f"| {row['label']} | {_fmt(row['predicted'], 4)} | {_fmt(row['measured'], 4)} | "
-                  f"{_pct(row['error_pct'])} |" for row in p["engine_times"].values()]
-        if p.get("convoys"):
-            lines += ["", "Later turns by position in their convoy (the requests of one turn that one worker got in "
-                      "one round, in send order), split at the engine's first token (measured from the servers' "
-                      "KV-cache events); s, predicted / measured:", "",
-                      "| position | live requests | send to engine first token | engine to client first token "
-                      "| TTFT |", "|---:|---:|---:|---:|---:|"]
-            lines += [f"| {c['position']} | {c['count']} | {_fmt(c['predicted_engine'], 4)} / "
-                      f"{_fmt(c['measured_engine'], 4)} | {_fmt(c['predicted_out'], 4)} / {_fmt(c['measured_out'], 4)} "
-                      f"| {_fmt(c['predicted_ttft'], 4)} / {_fmt(c['measured_ttft'], 4)} |" for c in p["convoys"]]
-            fix = p.get("convoys_stamp_correction")
-            if fix and (fix["num_corrected"] or fix["uncorrected"]):
-                by = ", ".join(f"{k} by {e.replace('_', ' ')}" for e, k in fix["corrected"].items()) or "none"
-                lines += ["", f"Engine first tokens: of the {fix['timed']} KV-event stamps ({fix['stamp']}), "
-                          f"{fix['as_stamped']} marked the end of the prefill step, {fix['num_corrected']} were early "
-                          f"and moved to it ({by}) and {fix['uncorrected']} were left as stamped (no estimate)."]
-            if p.get("convoys_note"):
-                lines += ["", f"Note: {p['convoys_note']}."]
-    if doc["changes"]:
-        base = next(iter(doc["policies"]))
-        lines += ["", f"## Change vs {base}", ""]
-        if n_live:
-            lines += [f"| metric | policy | predicted | {level_text} interval of the mean of {n_live} runs | measured (change "
-                      "of the round means) | 95 % interval over paired rounds | inside | difference (pp) |",
-                      "|---|---|---:|---:|---:|---:|:---:|---:|"]
-        else:
-            lines += [f"| metric | policy | predicted | {level_text} interval of one run | measured | inside "
-                      "| difference (pp) |",
-                      "|---|---|---:|---:|---:|:---:|---:|"]
-        for policy, ch in doc["changes"].items():
-            for c in ch.values():
-                diff = _num(c["difference_pp"])
-                paired = f"{_pct_range(c['measured_interval'])} | " if n_live else ""
-                lines.append(f"| {c['label']} | {policy} | {_pct(c['predicted'])} | {_pct_range(c['run_interval'])} | "
-                             f"{_pct(c['measured'])} | {paired}{_yes(c['inside'])} | "
-                             f"{'-' if diff is None else f'{diff:+.1f}'} |")
+        lines += ["", f"## {policy}", "", policy_line(doc, p).replace("warm cache", "**warm cache**")]
+        first, *more = policy_tables(doc, policy, p)  # the first's note is the line above it
+        lines += [""] + markdown_table(first)
+        for table in more:
+            lines += ["", f"{table.caption}:", ""] + markdown_table(table) + (["", table.note] if table.note else [])
+    changes = changes_table(doc)
+    if changes is not None:
+        lines += ["", f"## {changes.caption}", ""] + markdown_table(changes)
     lines += ["", coverage_text(doc)]
     if doc["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def scenario_lines(doc: dict) -> list[str]:
+    """The report's scenario, one item per line: replay and prediction, live rounds, each
+    worker, the cache, an interruption."""
+    n_live = doc.get("live_rounds")
+    loop = "closed loop" if doc["closed_loop"] else "open loop (trace timestamps)"
+    lines = [f"replay: {loop}, max in flight {doc['max_in_flight'] or 'unlimited'}; "
+             f"prediction: profile `{doc['profile']}`, mean of {doc['sim_rounds']} seeded round(s)"]
+    if n_live:
+        lines.append(f"live: {n_live} rounds per policy, interleaved (every policy once per round); measured values "
+                     f"are the rounds' means, checked against the prediction interval of the mean of {n_live} live "
+                     "rounds")
+    lines += [f"worker {s['url']}: {s['model']}, vLLM {s['vllm_version']}{_async_text(s)}, {s['hardware']}, "
+              f"block size {s['block_size']}, {s['num_gpu_blocks']} KV blocks" for s in doc["servers"]]
+    lines.append(f"cache: {'WARM for some run (see notes)' if doc['warm_cache'] else 'reset before every run (cold)'}")
+    if doc["interrupted"]:
+        lines.append("**interrupted**: partial measurement")
+    return lines
+
+
+def _interval_header(doc: dict) -> str:
+    level = f"{100 * doc.get('interval_level', 0.95):g} %"
+    n_live = doc.get("live_rounds")
+    return f"{level} interval of " + (f"the mean of {n_live} live rounds" if n_live else "one live run")
+
+
+def _yes_cell(flag) -> Cell:
+    return Cell(_yes(flag).replace("*", ""), numeric=False)
+
+
+def policy_tables(doc: dict, policy: str, p: dict) -> list[Table]:
+    """One policy's tables: predicted against measured (each metric, then each worker's hit
+    tokens; with several live rounds also the rounds' min-max, the 95 % interval of their mean
+    and whether the prediction lies in their range), where the time goes, and, with the servers'
+    KV-cache events, the later turns by convoy position (its stamp correction as the note)."""
+    n_live = doc.get("live_rounds")
+    header = ["metric", "predicted", "95 % interval of the prediction", _interval_header(doc),
+              "measured (mean)" if n_live else "measured"]
+    header += ["live min - max", "95 % interval of the live mean", "prediction in live range"] if n_live else []
+    header += ["inside", "error %"]
+    rows = []
+    for m in p["metrics"].values():
+        live = [Cell(_range([m["measured_min"], m["measured_max"]]), {"low": m["measured_min"], "high": m["measured_max"]}),
+                Cell(_range(m["measured_interval"] or [None, None])),
+                _yes_cell(m["predicted_inside_live_range"])] if n_live else []
+        rows.append([m["label"], Cell(_fmt(m["predicted"]) + _with_drift(m), {"predicted": m["predicted"]}),
+                     Cell(_range(m["predicted_interval"])),
+                     Cell(_range(m["run_interval"]), {"low": m["run_interval"][0], "high": m["run_interval"][1]}),
+                     Cell(_fmt(m["measured"]), {"measured": m["measured"]}), *live, _yes_cell(m["inside"]),
+                     Cell(_error_text(m), {"error_pct": m["error_pct"]})])
+    for w, row in p["workers"].items():
+        h = row["hit_tokens"]
+        rows.append([f"hit tokens, worker {w}" + ("" if row["alive"] else " (died)"),
+                     Cell(_fmt(h["predicted"], 0), {"predicted": h["predicted"]}), Cell("-"), Cell("-"),
+                     Cell(_fmt(h["measured"], 0), {"measured": h["measured"]}), *[Cell("-")] * (3 if n_live else 0),
+                     Cell("-", numeric=False), Cell(_pct(h["error_pct"]), {"error_pct": h["error_pct"]})])
+    tables = [Table(f"{policy}: predicted against measured", header, rows, table_id=f"policy-{policy}",
+                    note=policy_line(doc, p))]
+    times = [[row["label"], Cell(_fmt(row["predicted"], 4), {"predicted": row["predicted"]}),
+              Cell(_fmt(row["measured"], 4), {"measured": row["measured"]}),
+              Cell(_pct(row["error_pct"]), {"error_pct": row["error_pct"]})] for row in p["engine_times"].values()]
+    tables.append(Table("Where the time goes, per request (s; measured engine times from vLLM's request histograms"
+                        + (", mean of the rounds" if n_live else "") + ")", ["", "predicted", "measured", "error %"],
+                        times, table_id=f"times-{policy}"))
+    if p.get("convoys"):
+        rows = [[Cell(str(c["position"])), Cell(str(c["count"])),
+                 *(Cell(f"{_fmt(c['predicted_' + k], 4)} / {_fmt(c['measured_' + k], 4)}",
+                        {"predicted": c["predicted_" + k], "measured": c["measured_" + k]})
+                   for k in ("engine", "out", "ttft"))] for c in p["convoys"]]
+        tables.append(Table("Later turns by position in their convoy (the requests of one turn that one worker got in "
+                            "one round, in send order), split at the engine's first token (measured from the servers' "
+                            "KV-cache events); s, predicted / measured",
+                            ["position", "live requests", "send to engine first token", "engine to client first token",
+                             "TTFT"], rows, table_id=f"convoys-{policy}", note=_convoy_note(p)))
+    return tables
+
+
+def _convoy_note(p: dict) -> str:
+    """The convoy table's stamp correction and stamp note, in words ('' without either)."""
+    out = []
+    fix = p.get("convoys_stamp_correction")
+    if fix and (fix["num_corrected"] or fix["uncorrected"]):
+        by = ", ".join(f"{k} by {e.replace('_', ' ')}" for e, k in fix["corrected"].items()) or "none"
+        out.append(f"Engine first tokens: of the {fix['timed']} KV-event stamps ({fix['stamp']}), "
+                   f"{fix['as_stamped']} marked the end of the prefill step, {fix['num_corrected']} were early "
+                   f"and moved to it ({by}) and {fix['uncorrected']} were left as stamped (no estimate).")
+    if p.get("convoys_note"):
+        out.append(f"Note: {p['convoys_note']}.")
+    return "\n\n".join(out)
+
+
+def changes_table(doc: dict) -> Table | None:
+    """The change of each metric from the first policy to each other one: predicted, its
+    interval, measured (with several live rounds, the change of the round means and the 95 %
+    interval over paired rounds), inside, and the difference in percentage points; None with
+    one policy."""
+    if not doc["changes"]:
+        return None
+    n_live = doc.get("live_rounds")
+    header = ["metric", "policy", "predicted", _interval_header(doc),
+              "measured (change of the round means)" if n_live else "measured"]
+    header += ["95 % interval over paired rounds"] if n_live else []
+    header += ["inside", "difference (pp)"]
+    rows = []
+    for policy, ch in doc["changes"].items():
+        for c in ch.values():
+            diff = _num(c["difference_pp"])
+            paired = [Cell(_pct_range(c["measured_interval"]))] if n_live else []
+            rows.append([c["label"], policy, Cell(_pct(c["predicted"]), {"predicted": c["predicted"]}),
+                         Cell(_pct_range(c["run_interval"]), {"low": c["run_interval"][0], "high": c["run_interval"][1]}),
+                         Cell(_pct(c["measured"]), {"measured": c["measured"]}), *paired, _yes_cell(c["inside"]),
+                         Cell("-" if diff is None else f"{diff:+.1f}", {"value": diff})])
+    return Table(f"Change vs {next(iter(doc['policies']))}", header, rows, table_id="changes")
+
+
+def markdown_table(table: Table) -> list[str]:
+    """``table`` as Markdown lines: header, alignment (text left, numbers right, yes/no centred,
+    as the first row's cells are) and rows; a "no" in a yes/no cell is bold."""
+    def text(cell) -> str:
+        if isinstance(cell, str):
+            return cell
+        return f"**{cell.text}**" if not cell.numeric and cell.text == "no" else cell.text
+
+    def align(cell) -> str:
+        return "---" if isinstance(cell, str) else ("---:" if cell.numeric else ":---:")
+
+    first = table.rows[0] if table.rows else [""] * len(table.header)
+    lines = ["| " + " | ".join(table.header) + " |", "|" + "|".join(align(c) for c in first) + "|"]
+    return lines + ["| " + " | ".join(text(c) for c in row) + " |" for row in table.rows]
 
 
 def coverage_text(doc: dict) -> str:
@@ -782,56 +852,22 @@ def scenario_line(doc: dict) -> str:
 
 
 def report_page(doc: dict, figures: list) -> "Report":
-    """``report.html``'s content from ``report.json``'s dict: the scenario; per policy a table of
-    predicted against measured, metrics then each worker's hit tokens (cells carry
-    ``data-predicted``, ``data-measured``, ``data-error_pct``; under it :func:`policy_line`), and
-    a table of where the time goes (``engine_times``); the changes between policies, the figures,
-    the notes and the servers."""
-    from kvroute.sim.study.report import Cell, Report, Table
-
+    """``report.html``'s content from ``report.json``'s dict: report.md's scenario and tables
+    (:func:`scenario_lines`, :func:`policy_tables` with :func:`policy_line` under each policy's
+    first table, :func:`changes_table`; cells carry ``data-predicted``, ``data-measured``,
+    ``data-error_pct``), the figures, the coverage paragraph and the notes."""
     tables = []
-    level = f"{100 * doc.get('interval_level', 0.95):g} %"
     for policy, p in doc["policies"].items():
-        rows = []
-        for m in p["metrics"].values():
-            rows.append([m["label"], Cell(_fmt(m["predicted"]) + _with_drift(m), {"predicted": m["predicted"]}),
-                         Cell(_range(m["run_interval"]), {"low": m["run_interval"][0], "high": m["run_interval"][1]}),
-                         Cell(_fmt(m["measured"]), {"measured": m["measured"]}),
-                         Cell(_yes(m["inside"]).replace("*", ""), numeric=False),
-                         Cell(_error_text(m), {"error_pct": m["error_pct"]})])
-        for w, row in p["workers"].items():
-            h = row["hit_tokens"]
-            rows.append([f"hit tokens, worker {w}" + ("" if row["alive"] else " (died)"),
-                         Cell(_fmt(h["predicted"], 0), {"predicted": h["predicted"]}), "-",
-                         Cell(_fmt(h["measured"], 0), {"measured": h["measured"]}), Cell("-", numeric=False),
-                         Cell(_pct(h["error_pct"]), {"error_pct": h["error_pct"]})])
-        tables.append(Table(f"{policy}: predicted against measured", ["metric", "predicted", f"{level} interval of "
-                            + ("the mean of the live rounds" if doc.get("live_rounds") else "one run"),
-                            "measured" + (" (mean of the live rounds)" if doc.get("live_rounds") else ""),
-                            "inside", "error"], rows, table_id=f"policy-{policy}", note=policy_line(doc, p)))
-        times = [[row["label"], Cell(_fmt(row["predicted"], 4), {"predicted": row["predicted"]}),
-                  Cell(_fmt(row["measured"], 4), {"measured": row["measured"]}),
-                  Cell(_pct(row["error_pct"]), {"error_pct": row["error_pct"]})] for row in p["engine_times"].values()]
-        tables.append(Table(f"{policy}: where the time goes, per request (s; measured engine times from vLLM's "
-                            "request histograms" + (", mean of the rounds" if doc.get("live_rounds") else "") + ")",
-                            ["", "predicted", "measured", "error"], times, table_id=f"times-{policy}"))
-    change_rows = [[c["label"], policy, Cell(_pct(c["predicted"]), {"predicted": c["predicted"]}),
-                    Cell(_pct_range(c["run_interval"]), {"low": c["run_interval"][0], "high": c["run_interval"][1]}),
-                    Cell(_pct(c["measured"]), {"measured": c["measured"]}),
-                    Cell(_yes(c["inside"]).replace("*", ""), numeric=False),
-                    Cell("-" if c["difference_pp"] is None else f"{c['difference_pp']:+.1f}",
-                         {"value": c["difference_pp"]})]
-                   for policy, ch in doc["changes"].items() for c in ch.values()]
-    if change_rows:
-        base = next(iter(doc["policies"]))
-        tables.append(Table(f"Change against {base}", ["metric", "policy", "predicted", f"{level} interval", "measured",
-                                                        "inside", "difference (pp)"], change_rows, table_id="changes"))
-    servers = [f"worker {s['url']}: {s['model']}, vLLM {s['vllm_version']}{_async_text(s)}, {s['hardware']}, block size "
-               f"{s['block_size']}, {s['num_gpu_blocks']} KV blocks" for s in doc["servers"]]
+        first, *more = policy_tables(doc, policy, p)
+        tables += [first] + [dataclasses.replace(t, caption=f"{policy}: {t.caption}") for t in more]
+    changes = changes_table(doc)
+    if changes is not None:
+        tables.append(changes)
     scalars = {k: v for k, v in doc.items() if not isinstance(v, (dict, list))}
     return Report(title=f"kvroute validate: {', '.join(doc['policies'])}",
-                  scenario=[*scenario_line(doc).split(" | "), f"policies {', '.join(doc['policies'])}",
-                            *servers],
+                  scenario=[f"trace {doc['trace']}: {doc['num_requests']} requests",
+                            f"policies {', '.join(doc['policies'])}",
+                            *(line.replace("`", "").replace("**", "") for line in scenario_lines(doc))],
                   tables=tables, figures=figures, notes=[coverage_text(doc), *doc["notes"]],
                   provenance=json.dumps(scalars, indent=2, default=str),
                   files=["report.json", "report.md", "records_live.parquet", "records_sim.parquet"])

@@ -232,7 +232,7 @@ def test_validate_writes_report_html_with_shared_policy_colours(tmp_path):
         assert len(page.tables[f"times-{policy}"]) == len(entry["engine_times"])
         for row, m in zip(rows, entry["metrics"].values()):
             assert row[0][0] == m["label"]
-            assert row[1][1]["predicted"] == exact(m["predicted"]) and row[3][1]["measured"] == exact(m["measured"])
+            assert row[1][1]["predicted"] == exact(m["predicted"]) and row[4][1]["measured"] == exact(m["measured"])
 
 
 # -- progress -------------------------------------------------------------------------------------

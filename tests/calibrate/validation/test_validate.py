@@ -936,7 +936,7 @@ def test_live_rounds_report_exact_values_for_a_constructed_case():
     md = report_markdown(v, doc)
     assert "- live: 3 rounds per policy, interleaved" in md
     assert "| time to complete (s) | 2.100 | 2.000 - 2.200 |" in md and "| 2.000 | 1.000 - 3.000 | 0.000 - " in md
-    assert "95 % interval over paired rounds" in md and "of the mean of 3 simulated runs" in md
+    assert "95 % interval over paired rounds" in md and "prediction interval of the mean of 3 live rounds" in md
     # two rounds: no interval of a metric's mean (t(1) is 12.7), but one over the paired changes
     v = constructed_validation({"round_robin": [{"time_to_complete_s": x} for x in rr_tc[:2]],
                                 "kv_aware": [{"time_to_complete_s": x} for x in kv_tc[:2]]}, live_rounds=2)
@@ -1278,22 +1278,25 @@ def test_the_html_page_states_the_reports_own_level_and_what_the_intervals_hold(
     doc = json.loads(json.dumps(report_dict(v), default=str))
     page = report_page(doc, [])
     policy = page.tables[0]
-    assert policy.header[2] == "90 % interval of one run"
+    assert policy.header[3] == "90 % interval of one live run"
     changes = page.tables[-1]
-    assert changes.header[3] == "90 % interval"
+    assert changes.header[3] == "90 % interval of one live run"
     assert page.notes[0] == coverage_text(doc)
     # 2 policies x 9 checked metrics + 6 changes: the failed-request count is compared, not checked
     assert coverage_text(doc).startswith(f"{doc['inside_interval']['inside']} of 24 measured values fall inside their "
                                          "90 % prediction interval. Each interval is of one live run")
-    assert "95 %" not in render(page).split("<table")[1].split("</tr>")[0]
+    head = render(page).split("<table")[1].split("</tr>")[0]
+    # the checked interval at the report's level; 95 % only for the spread of the prediction's seeds
+    assert "<th>90 % interval of one live run</th>" in head and head.count("95 %") == 1
+    assert "<th>95 % interval of the prediction</th>" in head
     # what report.md gives per policy is on the page too: the live run's line, each worker's hit
     # tokens and where the time goes
     assert policy.note == policy_line(doc, doc["policies"]["round_robin"])
     assert policy.note.startswith("live wall time 1.5 s, client CPU 20 % of it, failed requests 0")
     assert [row[0] for row in policy.rows[-2:]] == ["hit tokens, worker 0", "hit tokens, worker 1"]
-    assert [c.text for c in policy.rows[-2][1:4:2]] == ["110.0", "100.0"]
+    assert [c.text for c in policy.rows[-2][1:]] == ["110.0", "-", "-", "100.0", "-", "+10.0%"]
     times = page.tables[1]
-    assert times.table_id == "times-round_robin" and times.caption.startswith("round_robin: where the time goes")
+    assert times.table_id == "times-round_robin" and times.caption.startswith("round_robin: Where the time goes")
     assert [row[0] for row in times.rows] == [r["label"] for r in doc["policies"]["round_robin"]["engine_times"].values()]
     assert [t.table_id for t in page.tables] == ["policy-round_robin", "times-round_robin", "policy-kv_aware",
                                                   "times-kv_aware", "changes"]
@@ -1385,3 +1388,23 @@ def test_change_intervals_stop_at_minus_100_percent():
     assert ch["measured_rounds"] == [pytest.approx(-95.0), pytest.approx(200.0)]
     assert ch["run_interval"][0] == -100.0 and ch["measured_interval"][0] == -100.0
     assert ch["run_interval"][1] > 200.0 and ch["measured_interval"][1] > 200.0
+
+
+def test_report_html_holds_every_table_and_scenario_line_of_report_md():
+    """report.md and report.html are rendered from the same tables: with three live rounds each
+    md table (header and rows) is on the page, and so is every scenario line."""
+    from kvroute.calibrate.validation.validate_report import (markdown_table, report_dict, report_markdown,
+                                                              report_page, scenario_lines)
+
+    v = constructed_validation({p: [{"time_to_complete_s": x} for x in (1.8, 2.0, 1.6)]
+                                for p in ("round_robin", "kv_aware")}, live_rounds=3)
+    doc = json.loads(json.dumps(report_dict(v), default=str))
+    md, page = report_markdown(v, doc), report_page(doc, [])
+    assert [t.table_id for t in page.tables] == ["policy-round_robin", "times-round_robin", "policy-kv_aware",
+                                                  "times-kv_aware", "changes"]
+    for table in page.tables:
+        assert "\n".join(markdown_table(table)) in md
+    assert page.tables[0].header[5:8] == ["live min - max", "95 % interval of the live mean", "prediction in live range"]
+    assert page.tables[-1].header[5] == "95 % interval over paired rounds"
+    assert scenario_lines(doc)[1].startswith("live: 3 rounds per policy")
+    assert all(line.replace("`", "") in page.scenario for line in scenario_lines(doc))
