@@ -53,7 +53,8 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @click.option("--live-rounds", type=Number(RUNS), default=1, show_default=True,
               help="Live replays of every policy, interleaved (rr, kv, rr, kv, ...); the report gives their mean, "
                    "min-max and, from 3 rounds, the mean's 95 % interval. One round of a burst shorter than a minute can be off "
-                   "by tens of percent on a shared machine: use 3 or more there. The prediction does not change.")
+                   "by tens of percent on a shared machine: use 3 or more there. The simulation is the same for any number "
+                   "of live rounds (with --client-lag measured it draws from every round's measured lags).")
 @click.option("--timeout", type=Number(POSITIVE_SECONDS), default=600.0, show_default=True,
               help="Limit on one live request, s; a worker that passes it is treated as dead.")
 @click.option("--router-block-tokens", type=Number(TOKENS), default=256, show_default=True, help="Router prefix-index granularity.")

@@ -321,12 +321,12 @@ class LiveReplay:
         if self._slots is not None:
             await self._slots.acquire()
         try:
-            await self._send(rec, ready)
+            await self._send(rec, self.now() - ready)
         finally:
             if self._slots is not None:
                 self._slots.release()
 
-    async def _send(self, rec: TraceRecord, ready: float) -> None:
+    async def _send(self, rec: TraceRecord, slot_wait: float) -> None:
         prompt = self._prompt_ids(rec)
         hashes = chained_block_hashes(prompt, self.block_size)
         route = RouteRequest(rec.request_id, rec.session_id, hashes, len(prompt))
@@ -349,7 +349,8 @@ class LiveReplay:
         finally:
             if record.error is None and record.finish is None:
                 record.error = "interrupted"
-            record.client_wait = max(0.0, record.arrival - ready)  # ready to send -> sent
+            # ready to send -> a client slot (max_in_flight), as the simulator's client_wait
+            record.client_wait = max(0.0, slot_wait)
             self.view.on_finished(worker, rec.request_id)
         if not ok:
             self._skip_children(rec)

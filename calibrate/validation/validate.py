@@ -393,9 +393,11 @@ def with_client_lag(trace: Trace, lag_s: float) -> Trace:
 
 def send_lags(run: PolicyRun, trace: Trace) -> np.ndarray:
     """Closed loop: per later turn sent live, seconds between its parent's last token and its
-    send, beyond the trace's think time (the client's own work: building the prompt, encoding
-    it, connecting). The simulation sends a turn exactly at its parent's last token plus think
-    time, so this is what the live workload adds; empty when there is none."""
+    send, beyond the trace's think time and its wait for a client slot (``client_wait``, with
+    ``max_in_flight``, which the simulation models itself): the client's own work, building the
+    prompt, encoding it, connecting. The simulation sends a turn exactly at its parent's last
+    token plus think time (and a free slot), so this is what the live workload adds; empty when
+    there is none."""
     if run.live is None:
         return np.array([])
     df = run.live.records.set_index("request_id")
@@ -404,7 +406,9 @@ def send_lags(run: PolicyRun, trace: Trace) -> np.ndarray:
     for rec in trace.records:
         if rec.parent is None or rec.request_id not in ok.index or rec.parent not in ok.index:
             continue
-        lags.append(ok.at[rec.request_id, "arrival"] - ok.at[rec.parent, "finish"] - rec.think_time_ms / 1000.0)
+        wait = ok.at[rec.request_id, "client_wait"] if "client_wait" in ok.columns else 0.0
+        lags.append(ok.at[rec.request_id, "arrival"] - ok.at[rec.parent, "finish"] - rec.think_time_ms / 1000.0
+                    - (0.0 if pd.isna(wait) else float(wait)))
     return np.array(lags, float)
 
 

@@ -360,7 +360,7 @@ def speed_hint(doc: dict) -> str | None:
     """A note for a report without speed probes whose measured times are all off the predicted
     ones by the same factor, at least :data:`SPEED_HINT_RATIO` either way (the geometric mean of
     measured / predicted over every policy's time to complete, TTFT, ITL and E2E): the mark of a
-    host running at another speed than on the profile's calibration day, which the probes
+    host running at another speed than the profile describes, which the probes
     measure and the profile can be rescaled to. None when it is not so."""
     ratios = [m["measured"] / m["predicted"] for p in doc["policies"].values()
               for key, m in p["metrics"].items() if key in _HINT_METRICS
@@ -373,7 +373,8 @@ def speed_hint(doc: dict) -> str | None:
     if not alike or 1 / SPEED_HINT_RATIO < ratio < SPEED_HINT_RATIO:
         return None
     return (f"the measured times are x{ratio:.2f} the predicted ones on average, all off the same way: the host "
-            "runs at another speed than on the profile's calibration day (or is busy with other work). "
+            "runs at another speed than the profile describes (another day's speed, other work on the machine, or a "
+            "profile that misprices this workload). "
             "--speed-probes 3 measures that speed and rescales the profile to it (docs/guide/validate-live.md)")
 
 

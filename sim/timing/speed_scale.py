@@ -104,7 +104,7 @@ class SpeedScale:
         if self.poorly_determined():
             text += (f"; poorly determined by the probes (log sd above {POORLY_DETERMINED_LOG_SD:g}, from their "
                      f"scatter and the fit's misfit): {', '.join(self.poorly_determined())}; more probe requests "
-                     "(--speed-probes 3) narrow the scatter, and a quieter host the misfit")
+                     "per server (a larger --speed-probes N) narrow the scatter, and a quieter host the misfit")
         return text
 
     def to_dict(self) -> dict:

@@ -738,6 +738,40 @@ def test_measured_client_lag_runs_live_first_and_simulates_with_lags_drawn_from_
     assert dataclasses.replace(shifted, records=trace.records) == trace
 
 
+def test_a_later_turns_send_lag_leaves_out_its_wait_for_a_client_slot():
+    """send_lags: send - parent's last token - think time - client_wait (the wait for a
+    max_in_flight slot, which the simulation models itself); with one request in flight live,
+    the lags are the client's own work, not the previous request's duration."""
+    import pandas as pd
+
+    from kvroute.calibrate.validation.validate import PolicyRun, send_lags
+    from kvroute.sim.cluster.metrics import RunResult
+
+    trace = small_chat(chats=1, turns=3)
+    think = [r.think_time_ms / 1000.0 for r in trace.records]
+    rows = pd.DataFrame({"request_id": [0, 1, 2], "arrival": [0.0, 1.0 + think[1] + 0.003, 2.5 + think[2] + 0.7],
+                         "finish": [1.0, 2.5, 3.0], "status": ["ok"] * 3, "client_wait": [0.0, 0.0, 0.698]})
+    run = PolicyRun("round_robin", {}, [], live=RunResult(rows, np.array([]), pd.DataFrame(), "round_robin", 0))
+    assert [r.parent for r in trace.records] == [None, 0, 1]
+    assert send_lags(run, trace) == pytest.approx([0.003, 0.002])
+
+
+def test_the_live_client_wait_is_the_wait_for_a_slot_only(fakes):
+    """One request in flight, two chats: a turn that found the slot free records client_wait 0
+    (its prompt building is its send lag, not a client wait); one that queued records its wait."""
+    trace = small_chat(chats=2, turns=2)
+    replay = _replay(trace, fakes(1), policy="round_robin", max_in_flight=1)
+    df = replay.result().records.set_index("request_id")
+    assert (df["status"] == "ok").all()
+    roots = [r for r in trace.records if r.parent is None]
+    assert {r.timestamp_ms for r in roots} == {0.0}  # both ready at once
+    first, second = sorted((r.request_id for r in roots), key=lambda i: df.at[i, "arrival"])
+    assert df.at[first, "client_wait"] < 0.01  # the slot was free
+    # the second root was ready at the start and got the slot when the first request ended
+    assert df.at[second, "client_wait"] >= df.at[first, "finish"] - df.at[first, "arrival"] - 0.01
+    assert df.at[second, "arrival"] - df.at[second, "client_wait"] <= df.at[first, "arrival"] + 0.05
+
+
 # --------------------------------------------------------------------------------------------
 # Live rounds: a constructed validation (no server, no simulator) with fixed numbers
 # --------------------------------------------------------------------------------------------
