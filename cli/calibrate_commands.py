@@ -220,7 +220,8 @@ def calibrate():
                    "(overheads.post_engine_s).")
 @click.option("--estimate-profile", default=None, metavar="NAME|PATH",
               help="Profile whose step costs and front end estimate the sweep's time, printed before it starts "
-                   "(default: cpu-tiny-qwen2 when the servers run on CPUs, else the a6000-qwen2.5-7b prior; "
+                   "(default: cpu-tiny-qwen2 when the servers run on CPUs, or, with --dry-run, when they are on "
+                   "this machine and it has no GPU; else the a6000-qwen2.5-7b prior; "
                    "`kvroute profiles derive` makes one for your GPU and model).")
 @click.option("--dry-run", is_flag=True, default=False,
               help="Print the plan and its estimated time, then exit; contacts no server and writes nothing "
@@ -269,6 +270,7 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     given = _load_estimate_profile(estimate_profile) if estimate_profile else None
     if dry_run:
         n = num_servers or len(urls) or 1
+        given = given or _default_estimate_profile(None, n, urls)
         click.echo(_plan_text(plan, n, seed, given))
         click.echo(_estimate_text(plan, given, n, seed, None, bool(kv_events)))
         return
@@ -326,14 +328,29 @@ def _plan_text(plan, num_servers: int, seed: int, profile) -> str:
             f"cache left out ({cap:,} tokens per server as {profile.name} has it; the servers' own when measured)")
 
 
-def _default_estimate_profile(infos, num_servers: int):
-    """cpu-tiny-qwen2 (-x2 for several servers) when ``infos`` say the servers run on CPUs,
-    else the a6000-qwen2.5-7b prior."""
+def _default_estimate_profile(infos, num_servers: int, urls=()):
+    """cpu-tiny-qwen2 (-x2 for several servers) when ``infos`` say the servers run on CPUs, or,
+    without ``infos`` (``--dry-run``), when every server of ``urls`` (or none given) is on this
+    machine and it has no NVIDIA GPU (:func:`_no_local_gpu`); else the a6000-qwen2.5-7b prior."""
+    from urllib.parse import urlsplit
+
+    from kvroute.calibrate.live.server import machine_key
     from kvroute.sim.timing.profile import load_profile
 
-    on_cpu = bool(infos) and infos[0].device == "cpu"
+    if infos:
+        on_cpu = infos[0].device == "cpu"
+    else:
+        local = all(machine_key(urlsplit(u).hostname or "") == "loopback" for u in urls)
+        on_cpu = local and _no_local_gpu()
     return load_profile(("cpu-tiny-qwen2-x2" if num_servers > 1 else "cpu-tiny-qwen2") if on_cpu
                         else "a6000-qwen2.5-7b")
+
+
+def _no_local_gpu() -> bool:
+    """Whether this machine shows no NVIDIA GPU (no ``/dev/nvidia0``, no ``nvidia-smi``)."""
+    import shutil
+
+    return not Path("/dev/nvidia0").exists() and shutil.which("nvidia-smi") is None
 
 
 def _load_estimate_profile(name: str):

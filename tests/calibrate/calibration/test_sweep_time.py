@@ -194,3 +194,22 @@ def test_measure_dry_run_needs_no_server_and_no_out_folder():
     assert missing.exit_code == 2 and "Missing option '--out'" in missing.output
     refused = run(cli, ["calibrate", "measure", "--url", "http://127.0.0.1:9", "--out", "x", "--servers", "2"])
     assert refused.exit_code == 2 and "--servers" in refused.output and "--dry-run only" in refused.output
+
+
+def test_measure_dry_run_estimates_local_servers_on_a_machine_without_a_gpu_with_the_cpu_profile(monkeypatch):
+    """--dry-run contacts no server: servers on this machine (or none named) of a machine without
+    an NVIDIA GPU are taken for CPU servers (cpu-tiny-qwen2, -x2 for several); a remote server
+    or a local GPU keeps the a6000 prior."""
+    from kvroute.cli import calibrate_commands
+
+    run = CliRunner().invoke
+    monkeypatch.setattr(calibrate_commands, "_no_local_gpu", lambda: True)
+    two = run(cli, ["calibrate", "measure", "--dry-run", "--servers", "2"])
+    assert two.exit_code == 0 and "from cpu-tiny-qwen2-x2's step costs" in two.output, two.output
+    local = run(cli, ["calibrate", "measure", "--dry-run", "--url", "http://localhost:8100"])
+    assert "from cpu-tiny-qwen2's step costs" in local.output, local.output
+    remote = run(cli, ["calibrate", "measure", "--dry-run", "--url", "http://gpu-1:8100"])
+    assert "from a6000-qwen2.5-7b's step costs" in remote.output, remote.output
+    monkeypatch.setattr(calibrate_commands, "_no_local_gpu", lambda: False)
+    gpu = run(cli, ["calibrate", "measure", "--dry-run", "--servers", "2"])
+    assert "from a6000-qwen2.5-7b's step costs" in gpu.output, gpu.output
