@@ -136,10 +136,11 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     # background (where SIGINT arrives ignored)
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
+    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model, tiny_model_built
 
     if model == TINY_MODEL_NAME and not Path(model).exists():
-        click.echo("building the tiny random-weight Qwen2 model ...", err=True)
+        if not tiny_model_built():
+            click.echo("building the tiny random-weight Qwen2 model ...", err=True)
         try:
             model_path = str(build_tiny_model())
         except ImportError as exc:

@@ -68,6 +68,16 @@ def _training_text(seed: int, num_lines: int = 4000) -> list[str]:
     return lines
 
 
+def tiny_model_built(out_dir: str | Path | None = None, spec: TinySpec = TinySpec()) -> bool:
+    """Whether ``out_dir`` (default :func:`default_tiny_dir`) already holds the tiny model built
+    with ``spec``, so that :func:`build_tiny_model` returns it without building."""
+    marker = (Path(out_dir) if out_dir is not None else default_tiny_dir()) / _MARKER
+    try:
+        return marker.is_file() and json.loads(marker.read_text()) == asdict(spec)
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
 def build_tiny_model(out_dir: str | Path | None = None, spec: TinySpec = TinySpec()) -> Path:
     """Build (or reuse) the tiny Qwen2 model and tokenizer in ``out_dir``.
 
@@ -84,12 +94,8 @@ def build_tiny_model(out_dir: str | Path | None = None, spec: TinySpec = TinySpe
     out = Path(out_dir) if out_dir is not None else default_tiny_dir()
     marker = out / _MARKER
     want = asdict(spec)
-    if marker.is_file():
-        try:
-            if json.loads(marker.read_text()) == want:
-                return out
-        except json.JSONDecodeError:
-            pass
+    if tiny_model_built(out, spec):
+        return out
     os.environ.setdefault("RAYON_NUM_THREADS", "1")  # deterministic BPE training
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
