@@ -15,7 +15,8 @@ but not checked (``UNCHECKED_METRICS``). Before that rule it was
 the 95 % normal-theory interval of the simulated runs' values
 (``kvroute.sim.study.experiment.prediction_interval``): the seeds' spread alone, or seeds and model
 when ``validate --uncertainty N`` drew N profiles from the profile's coefficient uncertainty.
-Changes between policies are checked the same way, pairing the simulated runs seed by seed.
+Changes between policies are checked the same way, pairing the simulated runs seed by seed; a
+change is in percent, a share's (the hit rate) in percentage points (``unit``; :func:`change_of`).
 
 With ``validate --live-rounds N`` (N >= 2) every measured value is the mean over the live rounds
 (``kvroute.calibrate.validation.rounds``), checked against the prediction interval of the mean of
@@ -47,7 +48,7 @@ from kvroute.calibrate.validation.engine_times import convoy_rows, engine_rows, 
 from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, mean_interval, spread
 from kvroute.calibrate.validation.validate import PolicyRun, Validation, send_lags
 from kvroute.sim.timing.heldout import heldout_log_sd, heldout_spreads
-from kvroute.sim.study.experiment import prediction_interval
+from kvroute.sim.study.experiment import SHARE_METRICS, prediction_interval
 from kvroute.sim.study.intervals import combined_interval, coverage, prior_sd_for
 from kvroute.sim.timing.drift import NO_DRIFT, drift_exponent, metric_drift
 from kvroute.sim.cluster.metrics import CHANGE_BOUNDS, SUMMARY_METRICS
@@ -124,7 +125,7 @@ def _combined_inside(v: Validation, pred: PolicyRun, metric: str, values: list, 
     prior = prior_sd_for(metric, getattr(v.spec, "run_to_run_prior", 0.0), predicted_change)
     try:
         ci = combined_interval(sim, draws, finite(live), drift, power, level, log_scale=power != 0,
-                               bounds=CHANGE_BOUNDS if change else METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
+                               bounds=change_bounds(metric) if change else METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
                                heldout_log_sd=0.0 if change else heldout_log_sd(v.sim_spec.profile.raw, metric),
                                prior_sd=prior)
     except ValueError:
@@ -385,6 +386,21 @@ def _lag_summary(lags: np.ndarray) -> dict | None:
             "max": _num(lags.max())}
 
 
+def change_of(metric: str):
+    """How a change of ``metric`` between two policies is measured, ``f(value, base)``: in
+    percentage points for a share (``SHARE_METRICS``: ``100 (value - base)``, as ``kvroute
+    compare`` gives it), else in percent (:func:`change_pct`)."""
+    if metric in SHARE_METRICS:
+        return lambda value, base: 100.0 * (value - base)
+    return change_pct
+
+
+def change_bounds(metric: str) -> tuple[float, float]:
+    """The possible values of :func:`change_of` ``metric``: a share's change in [-100, 100] pp,
+    else ``CHANGE_BOUNDS`` (no fall beyond -100 %)."""
+    return (-100.0, 100.0) if metric in SHARE_METRICS else CHANGE_BOUNDS
+
+
 def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi: bool = False,
                 v: Validation | None = None) -> dict:
     """Predicted and measured change of ``metric`` from policy ``base`` to policy ``runs`` (each
@@ -392,18 +408,20 @@ def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi
     difference (percentage points). With ``multi``, also each round's change against the base's
     round of the same index and the 95 % Student-t interval of their mean (from two pairs on)."""
     b0, r0 = base[0], runs[0]
-    p = change_pct(r0.predicted.get(metric, math.nan), b0.predicted.get(metric, math.nan))
+    change = change_of(metric)
+    p = change(r0.predicted.get(metric, math.nan), b0.predicted.get(metric, math.nan))
     pairs = list(zip(base, runs))
     means = (spread([r.measured.get(metric, math.nan) for r in side])["mean"] for side in (runs, base))
-    m = change_pct(*means)
-    paired = [change_pct(r, b) for b, r in zip(b0.run_values.get(metric, []), r0.run_values.get(metric, []))
+    m = change(*means)
+    paired = [change(r, b) for b, r in zip(b0.run_values.get(metric, []), r0.run_values.get(metric, []))
               if b is not None and r is not None]
-    per_round = [change_pct(r.measured.get(metric, math.nan), b.measured.get(metric, math.nan)) for b, r in pairs]
+    per_round = [change(r.measured.get(metric, math.nan), b.measured.get(metric, math.nan)) for b, r in pairs]
     checked = (_inside(paired, m, len(finite(per_round))) if v is None else
                _combined_inside(v, r0, metric, (paired, per_round), m, change=True, draws=_paired_draws(b0, r0, metric)))
-    out = {"predicted": _num(p), "measured": _num(m), "difference_pp": _num(p - m), **checked}
+    out = {"predicted": _num(p), "measured": _num(m), "unit": "pp" if metric in SHARE_METRICS else "%",
+           "difference_pp": _num(p - m), **checked}
     if multi:
-        lo, hi = (_num(x) for x in mean_interval(per_round, bounds=CHANGE_BOUNDS))
+        lo, hi = (_num(x) for x in mean_interval(per_round, bounds=change_bounds(metric)))
         out.update(live_rounds=len(finite(per_round)), measured_rounds=[_num(x) for x in per_round],
                    measured_interval=None if lo is None else [lo, hi],
                    predicted_inside_measured_interval=None if lo is None or _num(p) is None else bool(lo <= p <= hi))
@@ -504,9 +522,10 @@ def _yes(flag) -> str:
     return "-" if flag is None else ("yes" if flag else "**no**")
 
 
-def _pct(x) -> str:
+def _pct(x, unit: str = "%") -> str:
+    """``+12.3%``, or ``+12.3 pp`` with ``unit`` "pp"; '-' for None or NaN."""
     x = _num(x)
-    return "-" if x is None else f"{x:+.1f}%"
+    return "-" if x is None else f"{x:+.1f}" + (" pp" if unit == "pp" else "%")
 
 
 def _lag_text(lag: dict | None, simulated_s: float, measured: bool = False) -> str:
@@ -662,10 +681,12 @@ def changes_table(doc: dict) -> Table | None:
     for policy, ch in doc["changes"].items():
         for c in ch.values():
             diff = _num(c["difference_pp"])
-            paired = [Cell(_pct_range(c["measured_interval"]))] if n_live else []
-            rows.append([c["label"], policy, Cell(_pct(c["predicted"]), {"predicted": c["predicted"]}),
-                         Cell(_pct_range(c["run_interval"]), {"low": c["run_interval"][0], "high": c["run_interval"][1]}),
-                         Cell(_pct(c["measured"]), {"measured": c["measured"]}), *paired, _yes_cell(c["inside"]),
+            paired = [Cell(_pct_range(c["measured_interval"], c.get("unit", "%")))] if n_live else []
+            unit = c.get("unit", "%")
+            rows.append([c["label"], policy, Cell(_pct(c["predicted"], unit), {"predicted": c["predicted"]}),
+                         Cell(_pct_range(c["run_interval"], unit), {"low": c["run_interval"][0],
+                                                                    "high": c["run_interval"][1]}),
+                         Cell(_pct(c["measured"], unit), {"measured": c["measured"]}), *paired, _yes_cell(c["inside"]),
                          Cell("-" if diff is None else f"{diff:+.1f}", {"value": diff})])
     return Table(f"Change vs {next(iter(doc['policies']))}", header, rows, table_id="changes")
 
@@ -780,9 +801,9 @@ def _live_range_text(doc: dict) -> list[str]:
     return [f"The prediction itself lies within the live rounds' min - max for {sum(flags)} of {len(flags)} values."]
 
 
-def _pct_range(pair) -> str:
+def _pct_range(pair, unit: str = "%") -> str:
     lo, hi = (_num(x) for x in pair or (None, None))
-    return "-" if lo is None or hi is None else f"{lo:+.1f}% - {hi:+.1f}%"
+    return "-" if lo is None or hi is None else f"{_pct(lo, unit)} - {_pct(hi, unit)}"
 
 
 def write_report(v: Validation, out_dir: str | Path, figure_formats=("png",)) -> Path:
