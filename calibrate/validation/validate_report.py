@@ -331,6 +331,9 @@ def report_dict(v: Validation) -> dict:
     doc["inside_interval"] = {"inside": k, "checked": n}
     doc["interval_level"] = getattr(spec, "interval_level", 0.90)
     doc["heldout_log_sd"] = heldout_spreads(v.sim_spec.profile.raw)  # the fit's, per kind (TTFT, ITL)
+    note = rough_fit_note(doc["profile"], doc["heldout_log_sd"])
+    if note:
+        doc["notes"].append(note)
     if not _multi(v):
         doc["run_to_run_prior"] = getattr(spec, "run_to_run_prior", 0.0)
     doc["coverage"] = {**coverage([m["inside"] for p in doc["policies"].values() for m in p["metrics"].values()]
@@ -348,6 +351,25 @@ def report_dict(v: Validation) -> dict:
     if v.probes:
         doc["probes"] = v.probes  # the probe samples, s, so that the speed scale and drift can be refitted
     return doc
+
+
+ROUGH_FIT_LOG_SD = 0.5
+"""A profile whose fit misses its held-out experiments by more than this log sd (TTFT or ITL;
+about x1.65 either way at one sd) gets :func:`rough_fit_note`."""
+
+
+def rough_fit_note(profile: str, heldout: dict[str, float]) -> str | None:
+    """A note for a profile whose fit misses the experiments it held out by more than
+    :data:`ROUGH_FIT_LOG_SD` (``heldout``: ``kvroute.sim.timing.heldout.heldout_spreads``): its
+    predictions are rough and its intervals wide, so a value inside one says little. None
+    otherwise."""
+    rough = {kind: sd for kind, sd in heldout.items() if sd > ROUGH_FIT_LOG_SD}
+    if not rough:
+        return None
+    return (f"profile {profile!r} misses the experiments its fit held out by a log sd of "
+            + ", ".join(f"{sd:.2f} for {kind.upper()} (one sd is x{math.exp(sd):.1f})" for kind, sd in rough.items())
+            + ": its predictions are rough and the intervals carry that width, so a value inside one says little; a "
+            "full calibration sweep (kvroute calibrate measure without --preset quick, then fit) fits closer")
 
 
 SPEED_HINT_RATIO = 1.5

@@ -1442,3 +1442,14 @@ def test_report_html_holds_every_table_and_scenario_line_of_report_md():
     assert page.tables[-1].header[5] == "95 % interval over paired rounds"
     assert scenario_lines(doc)[1].startswith("live: 3 rounds per policy")
     assert all(line.replace("`", "") in page.scenario for line in scenario_lines(doc))
+
+
+def test_a_profile_that_misses_its_held_out_experiments_by_far_gets_a_note():
+    from kvroute.calibrate.validation.validate_report import ROUGH_FIT_LOG_SD, rough_fit_note
+
+    assert ROUGH_FIT_LOG_SD == 0.5
+    assert rough_fit_note("cpu2", {"ttft": 0.13, "itl": 0.26}) is None
+    assert rough_fit_note("cpu2", {}) is None
+    note = rough_fit_note("cpu2q", {"ttft": 0.3, "itl": 1.2})
+    assert note.startswith("profile 'cpu2q' misses the experiments its fit held out by a log sd of 1.20 for ITL "
+                           "(one sd is x3.3): its predictions are rough")
