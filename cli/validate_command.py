@@ -178,7 +178,7 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
         _remove_if_empty(out_dir, created)
         click.echo("interrupted before any live measurement; nothing written", err=True)
         sys.exit(130)
-    path = write_report(result, out_dir, figure_formats)
+    path = write_report(result, out_dir, figure_formats, provenance=_provenance(scenario, trace, profile))
     click.echo(report_markdown(result))
     click.echo(f"wrote {path}, report.md, report.html, records_live.parquet, records_sim.parquet, "
                f"ttft_*.{{{','.join(figure_formats)}}} in {out_dir}", err=True)
@@ -189,6 +189,19 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
         click.echo("Error: no live request was measured (each one failed or was not sent: report.md says why)",
                    err=True)
         sys.exit(1)
+
+
+def _provenance(scenario, trace, profile) -> dict:
+    """What produced a validation: the command and its resolved options, kvroute's version, the
+    profile's name and content hash and the trace's (its file's hash, or the generated records')."""
+    from kvroute.cli.provenance import (canonical_sha256, kvroute_version, records_sha256, resolved_options,
+                                        trace_file_record)
+
+    ctx = click.get_current_context()
+    trace_file = getattr(scenario, "trace_file", None)
+    return {"command": ctx.command_path, "version": kvroute_version(), "options": resolved_options(ctx),
+            "profile": {"name": profile.name, "sha256": canonical_sha256(profile.raw)},
+            "trace": trace_file_record(trace_file) if trace_file else {"generated_records_sha256": records_sha256(trace)}}
 
 
 def _remove_if_empty(out_dir, created: bool) -> None:

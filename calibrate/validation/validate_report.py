@@ -828,7 +828,7 @@ def _pct_range(pair, unit: str = "%") -> str:
     return "-" if lo is None or hi is None else f"{_pct(lo, unit)} - {_pct(hi, unit)}"
 
 
-def write_report(v: Validation, out_dir: str | Path, figure_formats=("png",)) -> Path:
+def write_report(v: Validation, out_dir: str | Path, figure_formats=("png",), provenance: dict | None = None) -> Path:
     """Write ``report.json``, ``report.md``, ``records_live.parquet`` (with a ``live_round``
     column for several live rounds), ``records_sim.parquet``, ``ttft_<policy>.<format>`` (every
     live round's requests; plus ``ttft_all.<format>`` for several policies; prediction and
@@ -836,6 +836,8 @@ def write_report(v: Validation, out_dir: str | Path, figure_formats=("png",)) ->
     page: :func:`report_page`) into ``out_dir``; with ``record_tokens``, also every output token's
     arrival time, ``tokens_live.parquet`` and ``tokens_sim.parquet``
     (``kvroute.sim.cluster.metrics.TOKEN_COLUMNS`` plus policy and round).
+    ``provenance`` (the command's resolved options, kvroute's version, the profile's and trace's
+    hashes: ``kvroute.cli.validate_command``) is kept in ``report.json`` and shown on the page.
 
     Returns:
         The path of ``report.json``.
@@ -847,6 +849,8 @@ def write_report(v: Validation, out_dir: str | Path, figure_formats=("png",)) ->
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = report_dict(v)
+    if provenance:  # what produced it: the command's options, kvroute's version, the inputs' hashes
+        doc["provenance"] = provenance
     write_text_atomic(out / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
     write_text_atomic(out / "report.md", report_markdown(v, doc))
     live = [r.live.records.assign(policy=r.policy, url=r.live.records["worker"].map(
@@ -908,6 +912,8 @@ def report_page(doc: dict, figures: list) -> "Report":
     if changes is not None:
         tables.append(changes)
     scalars = {k: v for k, v in doc.items() if not isinstance(v, (dict, list))}
+    if doc.get("provenance"):
+        scalars["provenance"] = doc["provenance"]
     return Report(title=f"kvroute validate: {', '.join(doc['policies'])}",
                   scenario=[f"trace {doc['trace']}: {doc['num_requests']} requests",
                             f"policies {', '.join(doc['policies'])}",

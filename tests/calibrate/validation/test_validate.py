@@ -561,6 +561,17 @@ def test_validate_command(fakes, tmp_path):
     out = tmp_path / "out"
     assert "| time to complete (s) |" in res.output
     assert set(doc["policies"]) == {"round_robin", "kv_aware"} and doc["max_in_flight"] == 1
+    # what produced it: the options, kvroute's version, the profile's and the trace file's hashes
+    from kvroute.cli.provenance import canonical_sha256, file_sha256, kvroute_version
+    from kvroute.sim.timing.profile import load_profile
+
+    prov = doc["provenance"]
+    assert prov["command"] == "validate" and prov["version"] == kvroute_version()
+    assert prov["options"]["max-in-flight"] == 1 and prov["options"]["rounds"] == 1
+    assert prov["options"]["url"] == [servers[0].url, servers[1].url]
+    assert prov["profile"] == {"name": "a6000-qwen2.5-7b", "sha256": canonical_sha256(load_profile("a6000-qwen2.5-7b").raw)}
+    assert prov["trace"]["sha256"] == file_sha256(tmp_path / "chat.jsonl")
+    assert prov["profile"]["sha256"] in (out / "report.html").read_text()
     bad = CliRunner().invoke(validate, ["--url", servers[0].url, "--policy", "nope", "--out", str(out)])
     assert bad.exit_code != 0 and "valid policies" in bad.output
     assert not (out / "tokens_live.parquet").exists()
