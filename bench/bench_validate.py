@@ -522,7 +522,7 @@ def _live_rounds(shape: str, trace, urls: list[str], profile, args, kv_event_end
     validation); its report goes to ``args.out/<shape>/`` and the validation (with the load
     average at the start and end) to ``args.out/<shape>/live.pickle`` for ``--rescore``."""
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validation.validate_report import write_report
+    from kvroute.calibrate.validation.validate_render import write_report
 
     spec = ValidationSpec(tuple(urls), ("round_robin", "kv_aware"), sim_rounds=1, client_lag_s=0.0,
                           live_rounds=args.live_rounds.get(shape, LIVE_ROUNDS[shape]), record_tokens=True,

@@ -116,7 +116,7 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
     from kvroute.calibrate.live.kv_events import check_endpoints
     from kvroute.calibrate.live.server import pinned
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
+    from kvroute.calibrate.validation.validate_render import report_markdown, write_report
     from kvroute.cli.scenario import scenario_trace
     from kvroute.sim.cluster.cluster import REPLAY_MODES
     from kvroute.sim.timing.profile import load_profile

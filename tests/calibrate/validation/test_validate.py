@@ -359,7 +359,7 @@ def test_replay_keeps_every_token_time_when_asked(fakes):
 @pytest.mark.parametrize("policy", ["round_robin", "kv_aware"])
 def test_one_at_a_time_hits_equal_the_simulation_exactly(fakes, tmp_path, policy):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validation.validate_report import write_report
+    from kvroute.calibrate.validation.validate_render import write_report
     from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
@@ -387,7 +387,7 @@ def test_one_at_a_time_hits_equal_the_simulation_exactly(fakes, tmp_path, policy
 
 def test_two_policies_give_a_change_table_and_kv_aware_hits_more(fakes, tmp_path):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
+    from kvroute.calibrate.validation.validate_render import report_markdown, write_report
     from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
@@ -444,7 +444,7 @@ def test_send_lag_is_arrival_minus_parent_finish_minus_think_time():
 
 def test_a_worker_dying_mid_replay_is_survived(fakes, tmp_path):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validation.validate_report import write_report
+    from kvroute.calibrate.validation.validate_render import write_report
     from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2, s1={"die_after": 3, "token_delay_s": 0.002})
@@ -677,7 +677,7 @@ def test_drawn_client_lags_delay_each_later_turn_by_one_of_the_sample():
 
 def test_measured_values_are_checked_against_intervals_with_model_uncertainty(fakes, tmp_path):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
+    from kvroute.calibrate.validation.validate_render import report_markdown, write_report
     import math
 
     from kvroute.sim.study.intervals import combined_interval
@@ -721,7 +721,8 @@ def test_measured_client_lag_runs_live_first_and_simulates_with_lags_drawn_from_
     import numpy as np
 
     from kvroute.calibrate.validation.validate import ValidationSpec, measured_lags, run_validation, with_root_offsets
-    from kvroute.calibrate.validation.validate_report import send_lags, write_report
+    from kvroute.calibrate.validation.validate_report import send_lags
+    from kvroute.calibrate.validation.validate_render import write_report
     from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
@@ -846,7 +847,9 @@ def test_one_live_round_reports_as_before(tmp_path):
     """The default (one live round) writes today's report.json and report.md, plus one note."""
     import os
 
-    from kvroute.calibrate.validation.validate_report import ONE_ROUND_NOTE, report_dict, report_markdown
+    from kvroute.calibrate.validation.validate_report import ONE_ROUND_NOTE, report_dict
+
+    from kvroute.calibrate.validation.validate_render import report_markdown
 
     v = constructed_validation({"round_robin": [{"time_to_complete_s": 1.8}], "kv_aware": [{"time_to_complete_s": 1.5}]})
     doc = json.loads(json.dumps(report_dict(v), default=str))
@@ -878,7 +881,7 @@ def test_two_live_rounds_interleave_policies_each_from_a_reset_cache(fakes, tmp_
     import statistics
 
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validation.validate_report import write_report
+    from kvroute.calibrate.validation.validate_render import write_report
     from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2)
@@ -931,7 +934,9 @@ def test_two_live_rounds_interleave_policies_each_from_a_reset_cache(fakes, tmp_
 def test_live_rounds_report_exact_values_for_a_constructed_case():
     from scipy.stats import t
 
-    from kvroute.calibrate.validation.validate_report import ONE_ROUND_NOTE, report_dict, report_markdown
+    from kvroute.calibrate.validation.validate_report import ONE_ROUND_NOTE, report_dict
+
+    from kvroute.calibrate.validation.validate_render import report_markdown
     from kvroute.sim.timing.heldout import heldout_spreads
     from kvroute.sim.timing.profile import load_profile
     from kvroute.sim.study.experiment import prediction_interval
@@ -992,7 +997,7 @@ def test_live_rounds_report_exact_values_for_a_constructed_case():
 
 def test_a_server_dying_in_one_live_round_leaves_the_next_round_running_on_the_others(fakes, tmp_path):
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validation.validate_report import report_markdown, write_report
+    from kvroute.calibrate.validation.validate_render import report_markdown, write_report
     from kvroute.sim.timing.profile import load_profile
 
     servers = fakes(2, s1={"die_after": 3, "token_delay_s": 0.002})
@@ -1131,7 +1136,7 @@ def test_engine_times_split_ttft_into_queue_prefill_and_front_end_exactly():
 
 def test_the_client_lag_line_says_what_the_simulation_does_with_the_measured_lags():
     """Measured lags are drawn from, a fixed lag is added to each later turn, 0 adds none."""
-    from kvroute.calibrate.validation.validate_report import _lag_text
+    from kvroute.calibrate.validation.validate_render import _lag_text
 
     lag = {"n": 4, "median": 0.0015, "p90": 0.004, "max": 0.005}
     head = "; the client sent later turns 1.5 ms (median, p90 4.0 ms) after their parent's last token, "
@@ -1300,7 +1305,7 @@ def test_speed_probes_around_the_live_rounds_give_the_drift_the_intervals_use(fa
     assert "predicted_with_drift" not in doc["policies"]["round_robin"]["metrics"]["hit_rate"]
     # and the error against that centre beside the error against the prediction
     assert m["error_pct_with_drift"] == pytest.approx(100 * (m["predicted"] * factor - m["measured"]) / m["measured"])
-    from kvroute.calibrate.validation.validate_report import report_markdown
+    from kvroute.calibrate.validation.validate_render import report_markdown
 
     md = report_markdown(v, doc)
     assert f"(x{factor:.2f} drift: " in md
@@ -1316,7 +1321,8 @@ def test_speed_probes_around_the_live_rounds_give_the_drift_the_intervals_use(fa
 def test_the_html_page_states_the_reports_own_level_and_what_the_intervals_hold():
     """report.html carries report.md's interval level (not a fixed 95 %), the change intervals and
     the closing coverage paragraph."""
-    from kvroute.calibrate.validation.validate_report import coverage_text, policy_line, report_dict, report_page
+    from kvroute.calibrate.validation.validate_report import report_dict
+    from kvroute.calibrate.validation.validate_render import coverage_text, policy_line, report_page
     from kvroute.sim.study.report import render
 
     v = constructed_validation({"round_robin": [{"time_to_complete_s": 1.8}], "kv_aware": [{"time_to_complete_s": 1.5}]})
@@ -1395,7 +1401,7 @@ def test_the_coverage_paragraph_gives_the_widths_the_largest_term_and_the_live_r
     """Median width of the time intervals (high / low) and of the changes (pp); past x3, the term
     that makes most of the times' width; with several live rounds, how many predictions lie in
     the rounds' min-max."""
-    from kvroute.calibrate.validation.validate_report import _live_range_text, _width_text
+    from kvroute.calibrate.validation.validate_render import _live_range_text, _width_text
 
     def metric(label, lo, hi, in_range, **terms):
         return {"label": label, "run_interval": [lo, hi], "inside": True, "predicted_inside_live_range": in_range,
@@ -1438,8 +1444,9 @@ def test_change_intervals_stop_at_minus_100_percent():
 def test_report_html_holds_every_table_and_scenario_line_of_report_md():
     """report.md and report.html are rendered from the same tables: with three live rounds each
     md table (header and rows) is on the page, and so is every scenario line."""
-    from kvroute.calibrate.validation.validate_report import (markdown_table, report_dict, report_markdown,
-                                                              report_page, scenario_lines)
+    from kvroute.calibrate.validation.validate_report import report_dict
+    from kvroute.calibrate.validation.validate_render import (markdown_table, report_markdown, report_page,
+                                                              scenario_lines)
 
     v = constructed_validation({p: [{"time_to_complete_s": x} for x in (1.8, 2.0, 1.6)]
                                 for p in ("round_robin", "kv_aware")}, live_rounds=3)

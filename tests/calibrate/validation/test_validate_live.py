@@ -118,7 +118,7 @@ def test_kv_aware_measures_a_higher_hit_rate_than_round_robin(sequential, concur
 
 
 def test_report_files(concurrent, tmp_path):
-    from kvroute.calibrate.validation.validate_report import write_report
+    from kvroute.calibrate.validation.validate_render import write_report
 
     doc = json.loads(write_report(concurrent, tmp_path).read_text())
     assert doc["warm_cache"] is False and doc["failed_requests"] == 0 and not doc["interrupted"]
@@ -189,7 +189,7 @@ def test_killing_a_server_mid_run_is_survived(servers, tmp_path):
     from kvroute.calibrate.validation.replay import Endpoint, LiveReplay, ReplaySpec
     from kvroute.calibrate.validation.validate import (PolicyRun, Validation, ValidationSpec, cluster_spec,
                                                        finish_run, measure, predict, probe_servers)
-    from kvroute.calibrate.validation.validate_report import write_report
+    from kvroute.calibrate.validation.validate_render import write_report
     from kvroute.sim.timing.profile import load_profile
 
     urls = [s.url for s in servers]
