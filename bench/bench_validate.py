@@ -716,7 +716,8 @@ def main() -> None:
                     notes.append(f"{shape}: the host's CPU in the live rounds: busy {host_cpu[shape]['busy']:.0f} %, "
                                  f"stolen by the hypervisor {host_cpu[shape]['steal']:.2f} %")
             spec = validation.spec
-            sim_trace, lags, lag, offsets = with_measured_client(trace, validation.runs)
+            sim_trace, lags, lag, offsets = with_measured_client(
+                trace, validation.runs, slot_limited=validation.spec.max_in_flight is not None)
             notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median of "
                          f"{len(lags)} later turns, each simulated turn draws one), root send offsets "
                          f"up to {1000 * max(offsets.values(), default=0):.1f} ms")

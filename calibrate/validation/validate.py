@@ -391,13 +391,15 @@ def with_client_lag(trace: Trace, lag_s: float) -> Trace:
     return dataclasses.replace(trace, records=records)
 
 
-def send_lags(run: PolicyRun, trace: Trace) -> np.ndarray:
+def send_lags(run: PolicyRun, trace: Trace, slot_limited: bool = False) -> np.ndarray:
     """Closed loop: per later turn sent live, seconds between its parent's last token and its
-    send, beyond the trace's think time and its wait for a client slot (``client_wait``, with
-    ``max_in_flight``, which the simulation models itself): the client's own work, building the
-    prompt, encoding it, connecting. The simulation sends a turn exactly at its parent's last
-    token plus think time (and a free slot), so this is what the live workload adds; empty when
-    there is none."""
+    send, beyond the trace's think time and, with ``slot_limited`` (the replay had a
+    ``max_in_flight``), its wait for a client slot (``client_wait``, which the simulation models
+    itself): the client's own work, building the prompt, encoding it, connecting. The simulation
+    sends a turn exactly at its parent's last token plus think time (and a free slot), so this is
+    what the live workload adds; empty when there is none. (Replays recorded before 2026-12-05
+    10:00 UTC kept the prompt's building in ``client_wait`` too, so without a slot limit it is
+    not subtracted.)"""
     if run.live is None:
         return np.array([])
     df = run.live.records.set_index("request_id")
@@ -406,23 +408,25 @@ def send_lags(run: PolicyRun, trace: Trace) -> np.ndarray:
     for rec in trace.records:
         if rec.parent is None or rec.request_id not in ok.index or rec.parent not in ok.index:
             continue
-        wait = ok.at[rec.request_id, "client_wait"] if "client_wait" in ok.columns else 0.0
+        wait = ok.at[rec.request_id, "client_wait"] if slot_limited and "client_wait" in ok.columns else 0.0
         lags.append(ok.at[rec.request_id, "arrival"] - ok.at[rec.parent, "finish"] - rec.think_time_ms / 1000.0
                     - (0.0 if pd.isna(wait) else float(wait)))
     return np.array(lags, float)
 
 
-def _send_lags(trace: Trace, runs: list[PolicyRun]) -> np.ndarray:
+def _send_lags(trace: Trace, runs: list[PolicyRun], slot_limited: bool = False) -> np.ndarray:
     """Every later turn's live send lag over ``runs``, s (:func:`send_lags`)."""
-    return np.concatenate([send_lags(r, trace) for r in runs] or [np.zeros(0)])
+    return np.concatenate([send_lags(r, trace, slot_limited) for r in runs] or [np.zeros(0)])
 
 
-def measured_client(trace: Trace, runs: list[PolicyRun]) -> tuple[float, dict[int, float]]:
+def measured_client(trace: Trace, runs: list[PolicyRun],
+                    slot_limited: bool = False) -> tuple[float, dict[int, float]]:
     """The live client's own timing over ``runs``: the median send lag of later turns (seconds
     from the parent's last token to the send, beyond think time; 0 when there are none) and
     each root request's median send delay beyond its trace timestamp, relative to the least
-    delayed root of its run, s (how long the client took to put a burst's roots on the wire)."""
-    return _median_lag(_send_lags(trace, runs)), _root_offsets(trace, runs)
+    delayed root of its run, s (how long the client took to put a burst's roots on the wire).
+    ``slot_limited``: as :func:`send_lags`."""
+    return _median_lag(_send_lags(trace, runs, slot_limited)), _root_offsets(trace, runs)
 
 
 def _median_lag(lags: np.ndarray) -> float:
@@ -446,31 +450,33 @@ def _root_offsets(trace: Trace, runs: list[PolicyRun]) -> dict[int, float]:
     return {rid: float(np.median(v)) for rid, v in offsets.items()}
 
 
-def measured_lags(trace: Trace, runs: list[PolicyRun]) -> tuple[float, ...]:
+def measured_lags(trace: Trace, runs: list[PolicyRun], slot_limited: bool = False) -> tuple[float, ...]:
     """Every later turn's live send lag over ``runs`` (seconds from the parent's last token to
     the send, beyond think time; negative values, a clock's rounding, as 0), ascending: the
     empirical sample ``ClusterSpec.client_lag_s`` draws from. Its spread, not only its median,
     decides whether chats whose replies end in one engine step send their next turns together
-    (on the CPU reference its quartiles lie milliseconds apart: docs/log/from-code-comments.md)."""
-    return _lag_sample(_send_lags(trace, runs))
+    (on the CPU reference its quartiles lie milliseconds apart: docs/log/from-code-comments.md).
+    ``slot_limited``: as :func:`send_lags`."""
+    return _lag_sample(_send_lags(trace, runs, slot_limited))
 
 
 def _lag_sample(lags: np.ndarray) -> tuple[float, ...]:
     return tuple(sorted(max(float(x), 0.0) for x in lags))
 
 
-def with_measured_client(trace: Trace, runs: list[PolicyRun],
-                         keep_offsets: bool = True) -> tuple[Trace, tuple[float, ...], float, dict[int, float]]:
+def with_measured_client(trace: Trace, runs: list[PolicyRun], keep_offsets: bool = True,
+                         slot_limited: bool = False) -> tuple[Trace, tuple[float, ...], float, dict[int, float]]:
     """The simulation's twin of the live client of ``runs``: each later turn waits a send lag
     drawn from the measured ones (:func:`measured_lags`; set it as ``ClusterSpec.client_lag_s``)
     and each root request is sent at its measured offset (:func:`measured_client`; none without
-    ``keep_offsets``, e.g. when the client limited requests in flight).
+    ``keep_offsets``, e.g. when the client limited requests in flight). ``slot_limited``: as
+    :func:`send_lags`.
 
     Returns:
         ``(trace, lag sample s, median lag s, root offsets s)``: the trace to simulate, the
         sample for ``ClusterSpec.client_lag_s``, and the figures to report.
     """
-    lags = _send_lags(trace, runs)
+    lags = _send_lags(trace, runs, slot_limited)
     offsets = _root_offsets(trace, runs) if keep_offsets else {}
     return with_root_offsets(trace, offsets), _lag_sample(lags), _median_lag(lags), offsets
 
@@ -696,7 +702,8 @@ def run_validation(
             run.take_prediction(predictions[spec.policies.index(run.policy)])
     if measured_lag:
         sim_trace, lags, lag, offsets = with_measured_client(trace, validation.runs,
-                                                             keep_offsets=spec.max_in_flight is None)
+                                                             keep_offsets=spec.max_in_flight is None,
+                                                             slot_limited=spec.max_in_flight is not None)
         lagged = dataclasses.replace(cluster, client_lag_s=lags)
         validation.client_lag_s, validation.root_offsets_s = lag, offsets
         progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds with the measured client "

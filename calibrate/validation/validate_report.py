@@ -251,7 +251,8 @@ def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
         "live_wall_time_s": _num(spread([r.elapsed_s for r in runs])["mean"]),
         "client_cpu_share": _num(spread([client_cpu_share(r) for r in runs])["mean"]),
         "usage_reported_cached_tokens": all(r.usage_reported for r in runs),
-        "client_send_lag_s": _lag_summary(np.concatenate([send_lags(r, v.trace) for r in runs])),
+        "client_send_lag_s": _lag_summary(np.concatenate([send_lags(r, v.trace, v.spec.max_in_flight is not None)
+                                                          for r in runs])),
         "engine_times": engine_rows(runs),
     }
     convoys = convoy_rows(runs)

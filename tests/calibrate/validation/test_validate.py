@@ -751,9 +751,9 @@ def test_measured_client_lag_runs_live_first_and_simulates_with_lags_drawn_from_
 
 
 def test_a_later_turns_send_lag_leaves_out_its_wait_for_a_client_slot():
-    """send_lags: send - parent's last token - think time - client_wait (the wait for a
-    max_in_flight slot, which the simulation models itself); with one request in flight live,
-    the lags are the client's own work, not the previous request's duration."""
+    """send_lags: send - parent's last token - think time - client_wait (with a max_in_flight
+    limit, the wait for a slot, which the simulation models itself); with one request in flight
+    live, the lags are the client's own work, not the previous request's duration."""
     import pandas as pd
 
     from kvroute.calibrate.validation.validate import PolicyRun, send_lags
@@ -765,7 +765,10 @@ def test_a_later_turns_send_lag_leaves_out_its_wait_for_a_client_slot():
                          "finish": [1.0, 2.5, 3.0], "status": ["ok"] * 3, "client_wait": [0.0, 0.0, 0.698]})
     run = PolicyRun("round_robin", {}, [], live=RunResult(rows, np.array([]), pd.DataFrame(), "round_robin", 0))
     assert [r.parent for r in trace.records] == [None, 0, 1]
-    assert send_lags(run, trace) == pytest.approx([0.003, 0.002])
+    assert send_lags(run, trace, slot_limited=True) == pytest.approx([0.003, 0.002])
+    # a replay without a slot limit subtracts nothing (one recorded before the slot wait was
+    # client_wait alone kept the prompt's building in it, part of the client's own lag)
+    assert send_lags(run, trace) == pytest.approx([0.003, 0.7])
 
 
 def test_the_live_client_wait_is_the_wait_for_a_slot_only(fakes):
