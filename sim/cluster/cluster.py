@@ -622,7 +622,12 @@ class Cluster:
         record.scheduled = request.scheduled_ts
         self._view_of.pop(request.request_id).on_finished(record.worker, request.request_id)
         self._num_done += 1
-        self._release_slot(record.trace.request_id)
+        if self._slots is not None and now > self.env.now:
+            # the client holds its slot until it has the reply's last token, as a live client does
+            request_id = record.trace.request_id
+            self.env.timeout(now - self.env.now).callbacks.append(lambda _event: self._release_slot(request_id))
+        else:
+            self._release_slot(record.trace.request_id)
         if self._stage_left is not None:
             self._client_done(record.trace)
         if self.closed_loop:

@@ -131,3 +131,23 @@ def test_the_engine_caches_each_groups_system_prompt():
     for rec in trace.records:
         first_of_group.setdefault(rec.hash_ids[:4], rec.request_id)
     assert (frame.set_index("request_id").loc[list(first_of_group.values()), "cached_tokens"] == 0).all()
+
+
+@pytest.mark.parametrize("cap", [1, 3])
+def test_the_client_holds_its_slot_until_the_replys_last_token_reaches_it(cap):
+    """With API lanes (or a post-engine delay) a reply reaches the client after its engine's
+    last step: the slot is freed then, as a live client's semaphore is, so the cap holds on the
+    client's own clock (arrival to finish). One at a time, each request is sent after the
+    previous one's finish."""
+    from kvroute.sim.timing.profile import load_profile
+
+    profile = load_profile("cpu-tiny-qwen2-x2-bursts")
+    assert profile.frontend is not None
+    spec = ClusterSpec(profile, num_workers=2, arrival_spread_s=0.0, closed_loop=False, max_in_flight=cap)
+    result = simulate(burst(n=12), spec, seed=0)
+    records = result.records
+    assert (records["status"] == "ok").all()
+    assert peak_in_flight(records.assign(end=records["finish"])) == cap
+    if cap == 1:
+        ordered = records.sort_values("arrival")
+        assert (ordered["arrival"].to_numpy()[1:] >= ordered["finish"].to_numpy()[:-1] - 1e-12).all()
