@@ -221,7 +221,8 @@ def calibrate():
                    "(overheads.post_engine_s).")
 @click.option("--estimate-profile", default=None, metavar="NAME|PATH",
               help="Profile whose step costs and front end estimate the sweep's time, printed before it starts "
-                   "(default: cpu-tiny-qwen2 when the servers run on CPUs, or, with --dry-run, when they are on "
+                   "(default: cpu-tiny-qwen2, -x2 for several servers, when the servers run on CPUs, or, with "
+                   "--dry-run, when they are on "
                    "this machine and it has no GPU; else the a6000-qwen2.5-7b prior; "
                    "`kvroute profiles derive` makes one for your GPU and model).")
 @click.option("--dry-run", is_flag=True, default=False,

@@ -123,6 +123,11 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
     lines += ["", coverage_text(doc)]
     if doc["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
+    prov = doc.get("provenance")
+    if prov:
+        lines += ["", f"Made by kvroute {prov['version']} (`{prov['command']}`), profile `{prov['profile']['name']}` "
+                  f"(sha256 {prov['profile']['sha256'][:12]}); every option and the trace's hash are in report.json "
+                  "(provenance)."]
     return "\n".join(lines) + "\n"
 
 
@@ -288,7 +293,19 @@ def coverage_text(doc: dict) -> str:
     of = f"the mean of {n_live} live rounds" if n_live else "one live run"
     text = (f"{k} of {n} measured values fall inside their {level} prediction interval. Each interval is of {of} "
             "and combines " + "; ".join(parts) + " (docs/reference/intervals.md).")
-    return " ".join([text, *_width_text(doc), *_live_range_text(doc)])
+    return " ".join([text, *_unchecked_text(doc), *_width_text(doc), *_live_range_text(doc)])
+
+
+def _unchecked_text(doc: dict) -> list[str]:
+    """How many values have no interval (none of its terms gave a spread, e.g. a hit rate with
+    one simulated round), the failed-request counts aside, which are never checked."""
+    missing = [m for p in doc["policies"].values() for key, m in p["metrics"].items()
+               if m.get("inside") is None and key != "failed"]
+    missing += [c for ch in doc["changes"].values() for c in ch.values() if c.get("inside") is None]
+    if not missing:
+        return []
+    return [f"{len(missing)} more value(s) have no interval, as no term gives them a spread (with --rounds 1, a share "
+            "the seeds do not move); they are not counted."]
 
 
 #: What each variance term of ``interval_terms`` is, in words (``combined_interval``'s parts).
@@ -318,8 +335,8 @@ def _width_text(doc: dict) -> list[str]:
     import statistics
 
     times = _time_metrics(doc)
-    changes = [c for ch in doc["changes"].values() for c in ch.values()
-               if c.get("inside") is not None and None not in c["run_interval"]]
+    changes = [c for ch in doc["changes"].values() for c in ch.values()  # in percent: a share's is in pp
+               if c.get("inside") is not None and None not in c["run_interval"] and c.get("unit", "%") == "%"]
     if not times:
         return []
     ratio = statistics.median(m["run_interval"][1] / m["run_interval"][0] for m in times)

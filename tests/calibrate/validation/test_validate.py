@@ -1474,3 +1474,22 @@ def test_a_profile_that_misses_its_held_out_experiments_by_far_gets_a_note():
     note = rough_fit_note("cpu2q", {"ttft": 0.3, "itl": 1.2})
     assert note.startswith("profile 'cpu2q' misses the experiments its fit held out by a log sd of 1.20 for ITL "
                            "(one sd is x3.3): its predictions are rough")
+
+
+def test_the_coverage_paragraph_counts_the_values_without_an_interval_and_md_names_its_provenance():
+    from kvroute.calibrate.validation.validate_render import _unchecked_text, report_markdown
+
+    doc = {"policies": {"rr": {"metrics": {"hit_rate": {"inside": None}, "failed": {"inside": None},
+                                           "ttft_mean_s": {"inside": True}}}},
+           "changes": {"kv": {"hit_rate": {"inside": None}, "ttft_mean_s": {"inside": False}}}}
+    assert _unchecked_text(doc) == ["2 more value(s) have no interval, as no term gives them a spread (with --rounds 1, "
+                                    "a share the seeds do not move); they are not counted."]
+    doc["policies"]["rr"]["metrics"]["hit_rate"]["inside"] = doc["changes"]["kv"]["hit_rate"]["inside"] = True
+    assert _unchecked_text(doc) == []  # the failed-request count is never checked, so not named
+    v = constructed_validation({"round_robin": [{}], "kv_aware": [{}]})
+    from kvroute.calibrate.validation.validate_report import report_dict
+
+    doc = report_dict(v)
+    doc["provenance"] = {"version": "0.1.0", "command": "validate", "profile": {"name": "p", "sha256": "ab" * 32}}
+    assert report_markdown(v, doc).endswith("\n\nMade by kvroute 0.1.0 (`validate`), profile `p` (sha256 abababababab); "
+                                            "every option and the trace's hash are in report.json (provenance).\n")
