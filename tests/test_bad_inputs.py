@@ -234,8 +234,14 @@ def test_profile_not_an_object(tmp_path, text, expected):
     assert_error(run("simulate", "--chats", 2, "--turns", 1, "--profile", path), expected)
 
 
-def test_profile_directory(tmp_path):
+def test_profile_directory(tmp_path, monkeypatch):
     assert_error(run("simulate", "--chats", 2, "--turns", 1, "--profile", tmp_path), "is a directory")
+    # a folder bearing a shipped profile's name (a run's --out) does not hide the shipped profile
+    from kvroute.sim.timing.profile import load_profile
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cpu-tiny-qwen2-x2").mkdir()
+    assert load_profile("cpu-tiny-qwen2-x2").name == "cpu-tiny-qwen2-x2"
 
 
 def test_azure_mixed_time_zones(tmp_path):

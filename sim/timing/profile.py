@@ -400,7 +400,8 @@ def shipped_profiles() -> list[str]:
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
-    """Load a shipped profile by name or a profile JSON file by path.
+    """Load a shipped profile by name or a profile JSON file by path (a folder named like a
+    shipped profile, e.g. a run's output, is passed over for the shipped one).
 
     Raises:
         FileNotFoundError: the name is neither a file nor a shipped profile (lists the valid names).
@@ -408,7 +409,9 @@ def load_profile(name_or_path: str | Path) -> Profile:
             or invalid; the one-line message names the file (and line or field).
     """
     path = Path(name_or_path)
-    if path.suffix == ".json" or path.exists():
+    shipped = resources.files("kvroute.sim.timing.profiles") / f"{name_or_path}.json"
+    # a folder that happens to bear a shipped profile's name (a run's --out) does not hide it
+    if path.suffix == ".json" or (path.exists() and not (path.is_dir() and shipped.is_file())):
         if not path.exists():
             raise FileNotFoundError(f"profile file {path} does not exist")
         if path.is_dir():
@@ -419,8 +422,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"cannot read the profile: {exc}", str(path)) from None
     else:
-        root = resources.files("kvroute.sim.timing.profiles")
-        entry = root / f"{name_or_path}.json"
+        entry = shipped
         if not entry.is_file():
             raise FileNotFoundError(
                 f"unknown profile {str(name_or_path)!r}; shipped profiles: "
