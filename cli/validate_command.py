@@ -116,7 +116,7 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
     from kvroute.calibrate.live.kv_events import check_endpoints
     from kvroute.calibrate.live.server import pinned
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validation.validate_render import report_markdown, write_report
+    from kvroute.calibrate.validation.validate_render import write_report
     from kvroute.cli.scenario import scenario_trace
     from kvroute.sim.cluster.cluster import REPLAY_MODES
     from kvroute.sim.timing.profile import load_profile
@@ -179,7 +179,7 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
         click.echo("interrupted before any live measurement; nothing written", err=True)
         sys.exit(130)
     path = write_report(result, out_dir, figure_formats, provenance=_provenance(scenario, trace, profile))
-    click.echo(report_markdown(result))
+    click.echo((Path(out_dir) / "report.md").read_text(encoding="utf-8"), nl=False)  # as written, not rebuilt
     click.echo(f"wrote {path}, report.md, report.html, records_live.parquet, records_sim.parquet, "
                f"ttft_*.{{{','.join(figure_formats)}}} in {out_dir}", err=True)
     if result.interrupted:

@@ -560,6 +560,7 @@ def test_validate_command(fakes, tmp_path):
     res, doc, _ = _invoke_validate(servers, tmp_path)
     out = tmp_path / "out"
     assert "| time to complete (s) |" in res.output
+    assert (out / "report.md").read_text() in res.output  # what it prints is report.md, provenance line included
     assert set(doc["policies"]) == {"round_robin", "kv_aware"} and doc["max_in_flight"] == 1
     # what produced it: the options, kvroute's version, the profile's and the trace file's hashes
     from kvroute.cli.provenance import canonical_sha256, file_sha256, kvroute_version
