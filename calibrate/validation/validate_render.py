@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 
 from kvroute.calibrate.validation.validate import Validation
-from kvroute.calibrate.validation.validate_report import _multi, _num, report_dict
-from kvroute.sim.cluster.metrics import SUMMARY_METRICS
+from kvroute.calibrate.validation.validate_report import UNCHECKED_METRICS, _multi, _num, report_dict
+from kvroute.sim.timing.drift import drift_exponent
 from kvroute.sim.study.report import Cell, Report, Table
 from kvroute.traces.outputs import atomic_output, write_text_atomic
 
@@ -67,10 +67,6 @@ def _fmt(x, digits: int = 3) -> str:
 def _range(pair) -> str:
     lo, hi = (_num(x) for x in pair)
     return "-" if lo is None or hi is None else f"{_fmt(lo)} - {_fmt(hi)}"
-
-
-def _yes(flag) -> str:
-    return "-" if flag is None else ("yes" if flag else "**no**")
 
 
 def _pct(x, unit: str = "%") -> str:
@@ -157,7 +153,8 @@ def _interval_header(doc: dict) -> str:
 
 
 def _yes_cell(flag) -> Cell:
-    return Cell(_yes(flag).replace("*", ""), numeric=False)
+    """A yes/no cell (``-`` when undefined); :func:`markdown_table` bolds a "no"."""
+    return Cell("-" if flag is None else ("yes" if flag else "no"), numeric=False)
 
 
 def policy_tables(doc: dict, policy: str, p: dict) -> list[Table]:
@@ -237,8 +234,8 @@ def changes_table(doc: dict) -> Table | None:
     for policy, ch in doc["changes"].items():
         for c in ch.values():
             diff = _num(c["difference_pp"])
-            paired = [Cell(_pct_range(c["measured_interval"], c.get("unit", "%")))] if n_live else []
             unit = c.get("unit", "%")
+            paired = [Cell(_pct_range(c["measured_interval"], unit))] if n_live else []
             rows.append([c["label"], policy, Cell(_pct(c["predicted"], unit), {"predicted": c["predicted"]}),
                          Cell(_pct_range(c["run_interval"], unit), {"low": c["run_interval"][0],
                                                                     "high": c["run_interval"][1]}),
@@ -300,7 +297,7 @@ def _unchecked_text(doc: dict) -> list[str]:
     """How many values have no interval (none of its terms gave a spread, e.g. a hit rate with
     one simulated round), the failed-request counts aside, which are never checked."""
     missing = [m for p in doc["policies"].values() for key, m in p["metrics"].items()
-               if m.get("inside") is None and key != "failed"]
+               if m.get("inside") is None and key not in UNCHECKED_METRICS]
     missing += [c for ch in doc["changes"].values() for c in ch.values() if c.get("inside") is None]
     if not missing:
         return []
@@ -323,10 +320,11 @@ WIDE_TIME_RATIO = 3.0
 
 
 def _time_metrics(doc: dict) -> list[dict]:
-    """Every policy's checked time and rate metrics (log-space intervals with both ends > 0)."""
-    return [m for p in doc["policies"].values() for m in p["metrics"].values()
-            if (m.get("interval_terms") or {}).get("drift_factor") is not None and m.get("inside") is not None
-            and None not in m["run_interval"] and m["run_interval"][0] > 0 and m["label"] != SUMMARY_METRICS["hit_rate"]]
+    """Every policy's checked time and rate metrics (``drift_exponent`` not 0: log-space
+    intervals), with both ends of the interval > 0."""
+    return [m for p in doc["policies"].values() for key, m in p["metrics"].items()
+            if drift_exponent(key) and m.get("inside") is not None and None not in m["run_interval"]
+            and m["run_interval"][0] > 0]
 
 
 def _width_text(doc: dict) -> list[str]:

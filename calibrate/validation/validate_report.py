@@ -131,9 +131,10 @@ def _combined_inside(v: Validation, pred: PolicyRun, metric: str, values: list, 
     factor = ci.parts.get("drift_factor", 1.0)
     if power and factor != 1.0 and _num(pred.predicted.get(metric)) is not None:
         # the interval is centred on the prediction at the host's drifted speed: say so beside it
+        drifted = pred.predicted[metric] * factor ** power
         out["drift_factor"] = _num(factor ** power)
-        out["predicted_with_drift"] = _num(pred.predicted[metric] * factor ** power)
-        out["error_pct_with_drift"] = _num(error_pct(pred.predicted[metric] * factor ** power, _num(measured)))
+        out["predicted_with_drift"] = _num(drifted)
+        out["error_pct_with_drift"] = _num(error_pct(drifted, _num(measured)))
     return out
 
 

@@ -93,7 +93,7 @@ class SpeedScale:
                 + ([] if sd is None else [f"log sd {sd:.2f}"])
             return f"{' and '.join(names)} x{getattr(self, names[0]):.3f}" + (f" ({'; '.join(notes)})" if notes else "")
 
-        grouped = [g for g in self.tied]
+        grouped = list(self.tied)
         grouped += [(name,) for name in SPEED_GROUPS if not any(name in g for g in self.tied)]
         grouped.sort(key=lambda g: list(SPEED_GROUPS).index(g[0]))
         text = ", ".join(one(g) for g in grouped)
