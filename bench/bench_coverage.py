@@ -93,8 +93,12 @@ def machine_of(meta: dict) -> str:
 def runs_behind(runs: list[Path]) -> str:
     """One line: the days (UTC, from each ``run.json``'s ``measured``) and machines
     (:func:`machine_of`) the archived ``runs`` come from, and how many distinct (day, machine)
-    pairs, against issue 37's three runs on different days or machines."""
-    metas = [json.loads((r / "run.json").read_text()) if (r / "run.json").exists() else {} for r in runs]
+    pairs, against issue 37's three runs on different days or machines.
+
+    Raises:
+        SystemExit: a run's ``run.json`` is not a JSON object (:func:`_run_meta`).
+    """
+    metas = [_run_meta(r) for r in runs]
     places = {(m["measured"][:10], machine_of(m)) for m in metas if m.get("measured")}
     days = sorted({day for day, _ in places})
     machines = {machine for _, machine in places}
@@ -102,6 +106,24 @@ def runs_behind(runs: list[Path]) -> str:
     return (f"{len(runs)} runs on {len(days)} day(s) ({', '.join(days) or 'unknown'}) and {len(machines)} machine(s), "
             f"{len(places)} distinct day-and-machine pair(s); issue 37 asks for runs on >= 3 different days or "
             f"machines: {met}")
+
+
+def _run_meta(run: Path) -> dict:
+    """An archived run's ``run.json`` ({} without one).
+
+    Raises:
+        SystemExit: a one-line error naming the file, line and column when it is not valid JSON.
+    """
+    path = run / "run.json"
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        sys.exit(f"error: {path}:{exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno})")
+    if not isinstance(meta, dict):
+        sys.exit(f"error: {path}: a run.json is a JSON object, got {type(meta).__name__}")
+    return meta
 
 
 def _cpu_name() -> str:
@@ -220,11 +242,12 @@ def main(argv: list[str] | None = None) -> None:
     extra = ((["--no-speed-scale"] if args.no_speed_scale else []) + (["--one-round"] if args.one_round else [])
              + (["--run-to-run-prior", str(args.run_to_run_prior)] if args.run_to_run_prior is not None else [])
              + [a for p in args.profile or [] for a in ("--profile", p)])
+    behind = runs_behind(runs)  # before the rescoring: a bad run.json stops it at once
     rows = []
     for run in runs:
         print(f"rescoring {run.name} ...", file=sys.stderr)
         rows += rescore(run, extra)
-    print(runs_behind(runs))
+    print(behind)
     for line in coverage_report(rows):
         print(line)
     if args.one_round:

@@ -41,3 +41,19 @@ def test_the_runs_behind_the_coverage_count_distinct_days_and_machines(tmp_path)
     assert bench.machine_of({"host": vm}) == "vm/abc"
     host = bench.this_host()
     assert set(host) == {"machine", "cpu", "cores", "hostname", "machine_id"} and host["cores"] >= 1
+
+
+def test_a_bad_run_json_is_a_one_line_error_before_any_rescoring(tmp_path):
+    import pytest
+
+    bench = _bench_coverage()
+    bad = tmp_path / "r0"
+    bad.mkdir()
+    (bad / "run.json").write_text('{"label": "r0",\n "measured": }')
+    with pytest.raises(SystemExit, match=r"r0/run\.json:2: not valid JSON \(Expecting value, column 14\)"):
+        bench.runs_behind([bad])
+    (bad / "run.json").write_text("[1]")
+    with pytest.raises(SystemExit, match="a run.json is a JSON object, got list"):
+        bench.runs_behind([bad])
+    (bad / "run.json").unlink()
+    assert bench.runs_behind([bad]).startswith("1 runs on 0 day(s) (unknown) and 0 machine(s)")
