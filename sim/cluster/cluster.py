@@ -622,20 +622,24 @@ class Cluster:
         record.scheduled = request.scheduled_ts
         self._view_of.pop(request.request_id).on_finished(record.worker, request.request_id)
         self._num_done += 1
-        if self._slots is not None and now > self.env.now:
-            # the client holds its slot until it has the reply's last token, as a live client does
-            request_id = record.trace.request_id
-            self.env.timeout(now - self.env.now).callbacks.append(lambda _event: self._release_slot(request_id))
+        if (self._slots is not None or self._stage_left is not None) and now > self.env.now:
+            # the client holds its slot, and its stage waits, until it has the reply's last token
+            self.env.timeout(now - self.env.now).callbacks.append(lambda _event: self._replied(record.trace))
         else:
-            self._release_slot(record.trace.request_id)
-        if self._stage_left is not None:
-            self._client_done(record.trace)
+            self._replied(record.trace)
         if self.closed_loop:
             lags = self.spec.client_lag_s
             for child in self.workload.children.get(record.trace.request_id, ()):
                 lag = lags[int(self._lag_rng.integers(len(lags)))] if lags else 0.0
                 send_at = now + child.think_time_ms / 1000.0 + lag
                 self._start_at_once(self._client, child, send_at)
+
+    def _replied(self, rec: TraceRecord) -> None:
+        """The client has ``rec``'s whole reply: it frees its concurrency slot, and the last
+        reply of a load stage ends the stage."""
+        self._release_slot(rec.request_id)
+        if self._stage_left is not None:
+            self._client_done(rec)
 
     def _release_slot(self, request_id: int) -> None:
         if self._slots is not None:

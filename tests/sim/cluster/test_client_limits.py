@@ -151,3 +151,21 @@ def test_the_client_holds_its_slot_until_the_replys_last_token_reaches_it(cap):
     if cap == 1:
         ordered = records.sort_values("arrival")
         assert (ordered["arrival"].to_numpy()[1:] >= ordered["finish"].to_numpy()[:-1] - 1e-12).all()
+
+
+def test_a_stage_waits_for_the_replys_last_token_to_reach_the_client():
+    """With API lanes a reply reaches the client after its engine's last step; inference-perf's
+    run_stage waits for the client's replies, so the next stage starts the stage gap after the
+    last reply reached the client, not after the engine's last step."""
+    from kvroute.sim.timing.profile import load_profile
+
+    profile = load_profile("cpu-tiny-qwen2-x2-bursts")
+    assert profile.frontend is not None
+    trace = _staged([{"rate": 20, "duration": 1}, {"rate": 5, "duration": 1}], interval=3)
+    frame = simulate(trace, ClusterSpec(profile, num_workers=2, arrival_spread_s=0.0), seed=0).records
+    stage = frame["request_id"].map({r.request_id: r.stage for r in trace.records})
+    first, second = frame[stage == 0], frame[stage == 1]
+    offset = trace.records[len(first)].timestamp_ms - trace.metadata["stages"][1]["start_ms"]
+    assert second["arrival"].min() == pytest.approx(first["finish"].max() + 4.0 + offset / 1000.0, abs=1e-9)
+    engine_last = first["engine_first_token"] + first["decode_time"]
+    assert first["finish"].max() > engine_last.max()  # the API's delay is there to wait for
