@@ -212,26 +212,16 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
     ``run_to_run_prior`` standing for the spread one round cannot show, as ``validate`` does
     (``ValidationSpec.run_to_run_prior``)."""
     from kvroute.calibrate.validation.rounds import change_pct, diff_interval, error_pct, spread
-    from kvroute.sim.cluster.metrics import CHANGE_BOUNDS, METRIC_BOUNDS, summarize
-    from kvroute.sim.study.intervals import combined_interval, prior_sd_for
-    from kvroute.sim.timing.drift import drift_exponent, metric_drift
-    from kvroute.sim.timing.heldout import heldout_log_sd
-
-    drifts = getattr(validation, "drift", None) or {}
+    from kvroute.calibrate.validation.validate_report import change_interval, metric_interval
+    from kvroute.sim.cluster.metrics import summarize
 
     live = validation.policy_rounds()
     chats = any(math.isfinite(r.measured.get("later_ttft_mean_s", math.nan)) for r in validation.runs)
     ttft_key = "later_ttft_mean_s" if chats else "ttft_mean_s"
+    drifts = getattr(validation, "drift", None) or {}
 
     def measured(i: int, metric: str) -> list[float]:
         return [r.measured[metric] for r in live.get(runs[i].policy, [])]
-
-    def metric_interval(run, metric: str, values: list[float], prior_sd: float = 0.0):
-        power = drift_exponent(metric)
-        return combined_interval(run.run_values.get(metric, []), run.run_draws or None, values,
-                                 metric_drift(metric, drifts), power, level, log_scale=power != 0,
-                                 bounds=METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
-                                 heldout_log_sd=heldout_log_sd(profile_raw, metric), prior_sd=prior_sd)
 
     def single_rounds(values: list[float], interval_of, **row) -> list[dict]:
         """With ``one_round``, each live round's value scored against ``interval_of([value])``."""
@@ -252,14 +242,14 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
             target = TARGETS.get("ttft" if "ttft" in metric else metric)
             ok = None if target is None else abs(e) <= target
             missed += ok is False
-            ci = metric_interval(run, metric, ms)
+            ci = metric_interval(run, metric, ms, level=level, drifts=drifts, profile_raw=profile_raw)
             rows.append(dict(shape=shape, profile=profile_name, policy=run.policy, metric=metric, predicted=p,
                              measured=m, measured_min=min(ms), measured_max=max(ms), live_rounds=len(ms),
                              sim_rounds=rounds, error_pct=e, target_pct=target, ok=ok, load_start=load[0],
                              load_end=load[1], interval=[ci.low, ci.high], inside=ci.contains(m), level=level))
-            prior = prior_sd_for(metric, run_to_run_prior)
-            rows += single_rounds(ms, lambda x: metric_interval(run, metric, x, prior), shape=shape,
-                                  profile=profile_name, policy=run.policy, metric=metric, predicted=p)
+            rows += single_rounds(ms, lambda x: metric_interval(run, metric, x, level=level, drifts=drifts,
+                                                                profile_raw=profile_raw, run_log_sd=run_to_run_prior),
+                                  shape=shape, profile=profile_name, policy=run.policy, metric=metric, predicted=p)
     if len(runs) == 2 and all(len(measured(i, ttft_key)) for i in (0, 1)):
         base, kv = runs
         simulated = [[summarize(r) for r in run.sim_runs] for run in runs]
@@ -270,19 +260,15 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
             missed += not ok
             lo, hi = diff_interval([[x[metric] for x in sims] for sims in simulated],
                                    [measured(0, metric), measured(1, metric)])
-            sim_changes = [change_pct(k, b) for b, k in zip(base.run_values.get(metric, []), kv.run_values.get(metric, []))]
             live_changes = [change_pct(k, b) for b, k in zip(measured(0, metric), measured(1, metric))]
-            ci = combined_interval(sim_changes, kv.run_draws or None, live_changes, level=level, log_scale=False,
-                                   bounds=CHANGE_BOUNDS)
+            ci = change_interval(base, kv, metric, live_changes, level=level)
             rows.append(dict(shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
                              metric=f"change {metric}", predicted=p, measured=m, live_rounds=len(measured(1, metric)),
                              sim_rounds=rounds, error_pp=p - m, interval_pp=[lo, hi], target_pp=CHANGE_TARGET_PP,
                              ok=ok, load_start=load[0], load_end=load[1], interval=[ci.low, ci.high],
                              inside=ci.contains(m), level=level))
-            prior = prior_sd_for(metric, run_to_run_prior, p)
-            rows += single_rounds(live_changes, lambda x: combined_interval(sim_changes, kv.run_draws or None, x,
-                                                                            level=level, log_scale=False, prior_sd=prior,
-                                                                            bounds=CHANGE_BOUNDS),
+            rows += single_rounds(live_changes, lambda x: change_interval(base, kv, metric, x, level=level,
+                                                                          run_log_sd=run_to_run_prior),
                                   shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
                                   metric=f"change {metric}", predicted=p)
     return rows, missed

@@ -47,7 +47,7 @@ from kvroute.calibrate.validation.validate import PolicyRun, Validation, send_la
 from kvroute.sim.timing.heldout import heldout_log_sd, heldout_spreads
 from kvroute.sim.study.experiment import SHARE_METRICS, prediction_interval
 from kvroute.sim.study.intervals import combined_interval, coverage, prior_sd_for
-from kvroute.sim.timing.drift import NO_DRIFT, drift_exponent, metric_drift
+from kvroute.sim.timing.drift import drift_exponent, metric_drift
 from kvroute.sim.cluster.metrics import CHANGE_BOUNDS, SUMMARY_METRICS
 
 #: Metrics of the per-policy table, in order.
@@ -98,36 +98,82 @@ def _inside(values, measured, future: int = 1) -> dict:
     return {"run_interval": [_num(lo), _num(hi)], "inside": inside}
 
 
-def _combined_inside(v: Validation, pred: PolicyRun, metric: str, values: list, measured, change: bool = False,
-                     draws: list | None = None) -> dict:
-    """``run_interval``: the ``spec.interval_level`` interval of the live rounds' mean (one run
-    with one live round) combining the simulated runs' spread, the drawn profiles' spread, the
-    live rounds' spread and, for time measures, the host's drift from the speed probes
-    (``kvroute.sim.study.intervals.combined_interval``); ``inside``: whether ``measured`` falls
-    in it; ``interval_terms``: its variance terms. ``values``: the live rounds' values (or
-    per-round changes); a change is combined in linear space without drift."""
+def metric_interval(pred: PolicyRun, metric: str, live_values, *, level: float, drifts: dict | None = None,
+                    profile_raw: dict | None = None, run_log_sd: float = 0.0):
+    """The ``level`` prediction interval of the mean of the live rounds ``live_values`` of
+    ``metric`` under ``pred``'s policy (``kvroute.sim.study.intervals.combined_interval``): the
+    simulated runs' spread (``pred.run_values``, grouped by ``pred.run_draws``), the live rounds'
+    spread, for time measures the host's drift ``drifts`` from the speed probes (``{}``: none)
+    and the fit's held-out error from the profile document ``profile_raw``
+    (``kvroute.sim.timing.heldout``), and with one live round the host prior ``run_log_sd`` (log
+    sd of one live run; ``prior_sd_for``). Clipped to the metric's possible values.
+
+    Raises:
+        ValueError: as ``combined_interval`` (``level`` outside (0, 1)).
+    """
     from kvroute.sim.cluster.metrics import METRIC_BOUNDS
 
-    level = getattr(v.spec, "interval_level", 0.90)
-    power = 0 if change else drift_exponent(metric)
-    drift = NO_DRIFT if change else metric_drift(metric, getattr(v, "drift", {}) or {})
-    sim = pred.run_values.get(metric, []) if not change else values[0]
-    live = values if not change else values[1]
-    draws = draws if change else (getattr(pred, "run_draws", None) or None)
+    sim = pred.run_values.get(metric, [])
+    draws = getattr(pred, "run_draws", None) or None
     if draws is not None and len(draws) != len(sim):
         draws = None
-    predicted_change = (float(np.mean(finite(sim))) if finite(sim) else math.nan) if change else None
-    prior = prior_sd_for(metric, getattr(v.spec, "run_to_run_prior", 0.0), predicted_change)
+    power = drift_exponent(metric)
+    return combined_interval(sim, draws, finite(live_values), metric_drift(metric, drifts or {}), power, level,
+                             log_scale=power != 0, bounds=METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
+                             heldout_log_sd=heldout_log_sd(profile_raw or {}, metric),
+                             prior_sd=prior_sd_for(metric, run_log_sd))
+
+
+def simulated_changes(base: PolicyRun, other: PolicyRun, metric: str) -> tuple[list[float], list[int] | None]:
+    """The simulated change of ``metric`` from ``base``'s policy to ``other``'s, run by run
+    (:func:`change_of`; the runs paired seed by seed, dropping pairs with a missing value), and
+    the drawn profile of each (``other.run_draws``; None when the runs carry none)."""
+    change = change_of(metric)
+    b, o = base.run_values.get(metric, []), other.run_values.get(metric, [])
+    keep = [i for i, (x, y) in enumerate(zip(b, o)) if x is not None and y is not None]
+    changes = [change(o[i], b[i]) for i in keep]
+    draws = getattr(other, "run_draws", None)
+    return changes, ([draws[i] for i in keep] if draws and len(draws) == len(o) else None)
+
+
+def change_interval(base: PolicyRun, other: PolicyRun, metric: str, live_changes, *, level: float,
+                    run_log_sd: float = 0.0):
+    """The ``level`` prediction interval of the mean of the live rounds' changes
+    ``live_changes`` of ``metric`` from ``base``'s policy to ``other``'s (percent, a share's in
+    pp): the paired simulated changes' spread (:func:`simulated_changes`) and the live rounds'
+    spread, in linear space without drift, with one live round the host prior ``run_log_sd`` at
+    the simulated mean change (``change_prior_sd``), clipped to :func:`change_bounds`.
+
+    Raises:
+        ValueError: as ``combined_interval``.
+    """
+    sim, draws = simulated_changes(base, other, metric)
+    predicted = float(np.mean(finite(sim))) if finite(sim) else math.nan
+    return combined_interval(sim, draws, finite(live_changes), level=level, log_scale=False,
+                             bounds=change_bounds(metric), prior_sd=prior_sd_for(metric, run_log_sd, predicted))
+
+
+def _combined_inside(v: Validation, pred: PolicyRun, metric: str, live_values: list, measured,
+                     base: PolicyRun | None = None) -> dict:
+    """``run_interval``: the ``spec.interval_level`` interval of the live rounds' mean
+    (:func:`metric_interval`; with ``base``, of the change from ``base``'s policy,
+    :func:`change_interval`, ``live_values`` then the live rounds' changes); ``inside``:
+    whether ``measured`` falls in it; ``interval_terms``: its variance terms; for a time whose
+    interval the drift moved, the drifted centre and the error against it."""
+    level = getattr(v.spec, "interval_level", 0.90)
+    prior = getattr(v.spec, "run_to_run_prior", 0.0)
     try:
-        ci = combined_interval(sim, draws, finite(live), drift, power, level, log_scale=power != 0,
-                               bounds=change_bounds(metric) if change else METRIC_BOUNDS.get(metric, (-math.inf, math.inf)),
-                               heldout_log_sd=0.0 if change else heldout_log_sd(v.sim_spec.profile.raw, metric),
-                               prior_sd=prior)
+        if base is not None:
+            ci = change_interval(base, pred, metric, live_values, level=level, run_log_sd=prior)
+        else:
+            ci = metric_interval(pred, metric, live_values, level=level, drifts=getattr(v, "drift", None),
+                                 profile_raw=v.sim_spec.profile.raw, run_log_sd=prior)
     except ValueError:
         return {"run_interval": [None, None], "inside": None}
     terms = {k: (_num(x) if isinstance(x, float) else x) for k, x in ci.parts.items()}
     out = {"run_interval": [_num(ci.low), _num(ci.high)], "inside": ci.contains(_num(measured)),
            "interval_terms": terms}
+    power = 0 if base is not None else drift_exponent(metric)
     factor = ci.parts.get("drift_factor", 1.0)
     if power and factor != 1.0 and _num(pred.predicted.get(metric)) is not None:
         # the interval is centred on the prediction at the host's drifted speed: say so beside it
@@ -432,11 +478,9 @@ def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi
     pairs = list(zip(base, runs))
     means = (spread([r.measured.get(metric, math.nan) for r in side])["mean"] for side in (runs, base))
     m = change(*means)
-    paired = [change(r, b) for b, r in zip(b0.run_values.get(metric, []), r0.run_values.get(metric, []))
-              if b is not None and r is not None]
     per_round = [change(r.measured.get(metric, math.nan), b.measured.get(metric, math.nan)) for b, r in pairs]
-    checked = (_inside(paired, m, len(finite(per_round))) if v is None else
-               _combined_inside(v, r0, metric, (paired, per_round), m, change=True, draws=_paired_draws(b0, r0, metric)))
+    checked = (_inside(simulated_changes(b0, r0, metric)[0], m, len(finite(per_round))) if v is None else
+               _combined_inside(v, r0, metric, per_round, m, base=b0))
     out = {"predicted": _num(p), "measured": _num(m), "unit": "pp" if metric in SHARE_METRICS else "%",
            "difference_pp": _num(p - m), **checked}
     if multi:
@@ -445,16 +489,6 @@ def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi
                    measured_interval=None if lo is None else [lo, hi],
                    predicted_inside_measured_interval=None if lo is None or _num(p) is None else bool(lo <= p <= hi))
     return out
-
-
-def _paired_draws(b0: PolicyRun, r0: PolicyRun, metric: str) -> list | None:
-    """The drawn profile of each paired simulated change (as ``change_pair`` pairs them, dropping
-    pairs with a missing value); None when the runs carry no draws."""
-    draws = getattr(r0, "run_draws", None)
-    base, other = b0.run_values.get(metric, []), r0.run_values.get(metric, [])
-    if not draws or len(draws) != len(other):
-        return None
-    return [d for d, b, r in zip(draws, base, other) if b is not None and r is not None]
 
 
 def _run_name(run: PolicyRun, multi: bool) -> str:

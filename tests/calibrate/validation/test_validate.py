@@ -1494,3 +1494,52 @@ def test_the_coverage_paragraph_counts_the_values_without_an_interval_and_md_nam
     doc["provenance"] = {"version": "0.1.0", "command": "validate", "profile": {"name": "p", "sha256": "ab" * 32}}
     assert report_markdown(v, doc).endswith("\n\nMade by kvroute 0.1.0 (`validate`), profile `p` (sha256 abababababab); "
                                             "every option and the trace's hash are in report.json (provenance).\n")
+
+
+def test_simulated_changes_pair_runs_seed_by_seed_and_keep_their_draws():
+    """A pair with a missing value is dropped, and the drawn profile of each kept pair stays beside it."""
+    from kvroute.calibrate.validation.validate import PolicyRun
+    from kvroute.calibrate.validation.validate_report import simulated_changes
+
+    base = PolicyRun("round_robin", {}, [], run_values={"time_to_complete_s": [2.0, None, 4.0, 5.0],
+                                                        "hit_rate": [0.5, 0.6, 0.7, 0.8]})
+    other = PolicyRun("kv_aware", {}, [], run_values={"time_to_complete_s": [1.0, 3.0, 5.0, None],
+                                                      "hit_rate": [0.75, 0.6, 0.7, 0.9]}, run_draws=[-1, -1, 0, 1])
+    assert simulated_changes(base, other, "time_to_complete_s") == ([-50.0, 25.0], [-1, 0])
+    changes, draws = simulated_changes(base, other, "hit_rate")  # a share's change in percentage points
+    assert changes == pytest.approx([25.0, 0.0, 0.0, 10.0]) and draws == [-1, -1, 0, 1]
+
+
+def test_the_bench_and_the_report_check_against_the_same_intervals(monkeypatch):
+    """``bench/bench_validate.py``'s coverage rows and ``kvroute validate``'s report take their
+    intervals from the same functions: the same live rounds give the same interval ends."""
+    import importlib.util
+
+    import kvroute.sim.cluster.metrics
+
+    from kvroute.calibrate.validation.validate_report import report_dict
+    from tests.support.paths import ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_validate", ROOT / "bench" / "bench_validate.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rounds = {"round_robin": [{"time_to_complete_s": t, "later_ttft_mean_s": f} for t, f in
+                              [(2.0, 0.40), (2.3, 0.45), (1.9, 0.38)]],
+              "kv_aware": [{"time_to_complete_s": t, "later_ttft_mean_s": f} for t, f in
+                           [(1.7, 0.30), (1.9, 0.36), (1.8, 0.31)]]}
+    v = constructed_validation(rounds, live_rounds=3)
+    # the bench's older 95 % difference interval (interval_pp) re-summarizes the simulated runs,
+    # whose hand-built records here have only a few columns; it is not what this test compares
+    monkeypatch.setattr(kvroute.sim.cluster.metrics, "summarize", lambda run: {"time_to_complete_s": 1.0,
+                                                                             "later_ttft_mean_s": 1.0})
+    doc = json.loads(json.dumps(report_dict(v), default=str))
+    rows, _ = bench.score("s", "p", v.runs[:2], v, rounds=3, load=(0.0, 0.0), level=v.spec.interval_level,
+                          profile_raw=v.sim_spec.profile.raw)
+    by = {(r["policy"], r["metric"]): r["interval"] for r in rows}
+    for policy in ("round_robin", "kv_aware"):
+        for metric in ("time_to_complete_s", "later_ttft_mean_s", "tpot_mean_s"):
+            assert by[policy, metric] == pytest.approx(doc["policies"][policy]["metrics"][metric]["run_interval"])
+    for metric in ("time_to_complete_s", "later_ttft_mean_s"):
+        checked = doc["changes"]["kv_aware"][metric]["run_interval"]
+        assert by["kv_aware vs round_robin", f"change {metric}"] == pytest.approx(checked)
+        assert checked[0] < checked[1]
