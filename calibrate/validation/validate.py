@@ -419,16 +419,6 @@ def _send_lags(trace: Trace, runs: list[PolicyRun], slot_limited: bool = False) 
     return np.concatenate([send_lags(r, trace, slot_limited) for r in runs] or [np.zeros(0)])
 
 
-def measured_client(trace: Trace, runs: list[PolicyRun],
-                    slot_limited: bool = False) -> tuple[float, dict[int, float]]:
-    """The live client's own timing over ``runs``: the median send lag of later turns (seconds
-    from the parent's last token to the send, beyond think time; 0 when there are none) and
-    each root request's median send delay beyond its trace timestamp, relative to the least
-    delayed root of its run, s (how long the client took to put a burst's roots on the wire).
-    ``slot_limited``: as :func:`send_lags`."""
-    return _median_lag(_send_lags(trace, runs, slot_limited)), _root_offsets(trace, runs)
-
-
 def _median_lag(lags: np.ndarray) -> float:
     return max(float(np.median(lags)), 0.0) if len(lags) else 0.0
 
@@ -468,8 +458,10 @@ def with_measured_client(trace: Trace, runs: list[PolicyRun], keep_offsets: bool
                          slot_limited: bool = False) -> tuple[Trace, tuple[float, ...], float, dict[int, float]]:
     """The simulation's twin of the live client of ``runs``: each later turn waits a send lag
     drawn from the measured ones (:func:`measured_lags`; set it as ``ClusterSpec.client_lag_s``)
-    and each root request is sent at its measured offset (:func:`measured_client`; none without
-    ``keep_offsets``, e.g. when the client limited requests in flight). ``slot_limited``: as
+    and each root request is sent at its measured offset (its median delay beyond its trace
+    timestamp over the runs, relative to the least delayed root of its run: how long the client
+    took to put a burst's roots on the wire; none without ``keep_offsets``, e.g. when the client
+    limited requests in flight). ``slot_limited``: as
     :func:`send_lags`.
 
     Returns:
@@ -723,7 +715,7 @@ def run_validation(
 
 def _probe(urls: list[str], spec: ValidationSpec, progress: Callable[[str], None], when: str) -> dict:
     """A speed probe of ``spec.speed_probes`` requests per server (``probe.probe_samples``)."""
-    from kvroute.calibrate.validation.probe import median, probe_samples
+    from kvroute.calibrate.validation.probe import probe_samples
 
     samples = asyncio.run(probe_samples(urls, spec.seed, spec.speed_probes, spec.model, progress))
     progress(f"speed probe {when}: {probe_text(samples)}")
