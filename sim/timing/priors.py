@@ -229,7 +229,9 @@ def derive_profile(
         model: the model's shapes, a :class:`ModelSpec`, a shipped model's name
             (``"llama-3.1-70b"``) or the path of a Hugging Face ``config.json``.
         eff: stated efficiency factors and overheads.
-        vllm_version: the vLLM release the prior stands for; its defaults fill every setting
+        vllm_version: the vLLM release the prior stands for (default: the seed study's,
+            ``vllm_versions.STUDY``, 0.11.0, as the shipped GPU priors are; ``kvroute profiles
+            derive`` defaults to ``vllm_versions.CURRENT``); its defaults fill every setting
             left None and the engine's ``async_scheduling`` (``kvroute.sim.timing.vllm_versions``:
             0.11 block 16, utilisation 0.9, sync; 0.20-0.33 block 16, 0.92, async on CUDA; 0.34
             block 64, 1.0, async).
