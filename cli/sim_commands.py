@@ -105,6 +105,10 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
               if rounds == 1 else
               f"{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}; ± is the 95% interval over rounds "
               "([low, high] where clipped to possible values)")
+    if interrupted is not None and comparison is not None and rounds > 1:
+        done = ", ".join(f"{p} {len(comparison.runs.get(p, []))}" for p in policies)
+        spread = (f"interrupted: rounds finished of {rounds} per policy: {done}; ± is the 95% interval over the "
+                  "finished rounds ([low, high] where clipped to possible values)")
     spread_note = (f"{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo_ttft} s and "
                    f"TPOT <= {slo_tpot} s.")
     staged = stage_results(comparison, trace, spec)  # None unless the trace has load stages

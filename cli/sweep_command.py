@@ -165,7 +165,8 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
     if empty:
         click.echo(f"not shown, no run has a value: {', '.join(empty)}"
                    + (" (the trace has no later turns)" if any(m.startswith("later_") for m in empty) else ""))
-    spread_note = (f"{rounds} round(s) per scenario; ± is the 95% interval over rounds; "
+    spread_note = (f"{rounds} round(s) per scenario; ± is the 95% interval over rounds ([low, high] where clipped to "
+                   "possible values); "
                    f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     click.echo(spread_note)
     figures = []

@@ -75,6 +75,8 @@ def test_sweep_writes_its_scenario_beside_the_rows(tmp_path):
     assert set(doc["kvroute"]["profile_sha256"]) == {"a6000-qwen2.5-7b"}
     result = _invoke("sweep", "--config", tmp_path / "grid.scenario.yaml", "--out", tmp_path / "again.csv")
     pd.testing.assert_frame_equal(pd.read_csv(out), pd.read_csv(tmp_path / "again.csv"))
+    # the footer says what a clipped interval looks like, as compare's does
+    assert "± is the 95% interval over rounds ([low, high] where clipped to possible values)" in result.output
 
 
 def test_rerun_warns_when_the_trace_file_changed(tmp_path):

@@ -28,12 +28,13 @@ HANG_GUARD_S = 120
 ROUNDS = 40
 
 
-def _run_until_runs_finished(cmd: list[str], signum: int, finished: int) -> tuple[int, str]:
-    """Start ``cmd`` with standard error on a pseudo-terminal, send ``signum`` once its bar shows
-    ``finished`` runs done; returns the exit code and what it wrote to standard error."""
+def _run_until_runs_finished(cmd: list[str], signum: int, finished: int, stdout=subprocess.DEVNULL) -> tuple[int, str]:
+    """Start ``cmd`` with standard error on a pseudo-terminal (standard output to ``stdout``),
+    send ``signum`` once its bar shows ``finished`` runs done; returns the exit code and what it
+    wrote to standard error."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 160, 0, 0))  # tqdm draws nothing 0 wide
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=slave, start_new_session=True,
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=slave, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(slave)
     seen = b""
@@ -72,7 +73,9 @@ def test_signal_keeps_finished_rounds_and_marks_the_set_incomplete(tmp_path, sig
            "--workload", "agent", "--chats", "16", "--turns", "10", "--workers", "4",
            "--policies", "round_robin,kv_aware", "--rounds", str(ROUNDS), "--executor", executor,
            "--max-workers", "2", "--out", str(out)]
-    code, err = _run_until_runs_finished(cmd, signum, finished=2)
+    with open(tmp_path / "stdout.txt", "w") as stdout:
+        code, err = _run_until_runs_finished(cmd, signum, finished=2, stdout=stdout)
+    table = (tmp_path / "stdout.txt").read_text()
     assert code == 130, err
     assert re.search(r"interrupted: \d+ of 80 runs finished", err) and "Traceback" not in err, err
     summary = pd.read_csv(out / "summary.csv")
@@ -80,6 +83,11 @@ def test_signal_keeps_finished_rounds_and_marks_the_set_incomplete(tmp_path, sig
     missing = doc["incomplete"]["missing_runs"]
     assert len(summary) >= 2 and len(summary) + len(missing) == 2 * ROUNDS
     assert set(summary["policy"]) == set(doc["policies"])
+    # the footer counts the rounds each policy finished, not the rounds asked for
+    footer = re.search(rf"interrupted: rounds finished of {ROUNDS} per policy: round_robin (\d+), kv_aware (\d+)", table)
+    assert footer, table
+    counts = summary["policy"].value_counts()
+    assert [int(footer[1]), int(footer[2])] == [counts.get("round_robin", 0), counts.get("kv_aware", 0)]
     assert set(pd.read_parquet(out / "records.parquet")["round"]) == set(summary["round"])
     marker = (out / "INCOMPLETE").read_text()
     assert f"before {len(missing)} run(s) finished" in marker and all(name in marker for name in missing)
