@@ -39,7 +39,7 @@ import numpy as np
 
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.inputs import InputError, Num, describe, MAX_TOKENS
-from kvroute.traces.yaml_doc import parse_yaml, read_text
+from kvroute.traces.yaml_doc import LineList, LineMap, parse_yaml, read_text
 
 DATA_TYPES = ("shared_prefix",)
 """``data.type`` values read (inference-perf has more: mock, shareGPT, random, ...)."""
@@ -144,83 +144,93 @@ def read_workload_config(path: str | Path) -> WorkloadConfig:
     Markdown report (``.md``), as its publishers print it.
 
     Raises:
-        InputError: one line naming the file, the line where known and the field: unreadable
-            file, not YAML, a key given twice, an unknown ``data.type`` or ``load.type``, a
-            missing or out-of-range field.
+        InputError: one line naming the file, the line (in the ``.md`` file for a report) and
+            the field: unreadable file, not YAML, a key given twice, an unknown ``data.type`` or
+            ``load.type``, a missing or out-of-range field.
     """
     where = str(path)
     text, offset = read_text(path), 0
     if where.lower().endswith((".md", ".markdown")):
         text, offset = _yaml_block(text, where)
-    doc = parse_yaml(text, where, offset)
-    return parse_workload_config(doc, where)
+    doc = parse_yaml(text, where, offset, track_lines=True)
+    return parse_workload_config(doc, where, offset)
 
 
-def parse_workload_config(doc: object, where: str = "<config>") -> WorkloadConfig:
+def parse_workload_config(doc: object, where: str = "<config>", line_offset: int = 0) -> WorkloadConfig:
     """A parsed config (a dict) as a :class:`WorkloadConfig`; ``where`` names it in errors.
 
+    Args:
+        doc: the parsed document; parsed with line tracking (``parse_yaml(..., track_lines=True)``:
+            :class:`~kvroute.traces.yaml_doc.LineMap`) its errors also name the line.
+        where: the file, in errors.
+        line_offset: lines before the document in that file (a Markdown report's YAML block).
+
     Raises:
-        InputError: naming the field (``data.type``, ``load.stages[2].rate``, ...) and why.
+        InputError: naming the field (``data.type``, ``load.stages[2].rate``, ...), its line when
+            known, and why.
     """
-    if type(doc) is not dict:
+    at = _Source(where, line_offset)
+    if not isinstance(doc, dict):
         raise InputError(f"expected a mapping, got {describe(doc)}", where)
-    data = _section(doc, "data", where, required=True)
+    data = _section(doc, "data", at, required=True)
     data_type = data.get("type", "mock")
     if data_type not in DATA_TYPES:
-        raise InputError(f"unsupported {data_type!r}; kvroute reads {', '.join(DATA_TYPES)}", where,
-                         field="data.type")
-    sp = _section(data, "shared_prefix", where, "data.", required=True)
+        raise at.error(f"unsupported {data_type!r}; kvroute reads {', '.join(DATA_TYPES)}", data, "type", "data.type")
+    sp = _section(data, "shared_prefix", at, "data.", required=True)
+    p = "data.shared_prefix."
     shared = SharedPrefix(
-        num_groups=_field(sp, ("num_groups", "num_unique_system_prompts"), 10, _COUNT, where, "data.shared_prefix."),
-        num_prompts_per_group=_field(sp, ("num_prompts_per_group", "num_users_per_system_prompt"), 10, _COUNT, where,
-                                     "data.shared_prefix."),
-        system_prompt_len=_field(sp, ("system_prompt_len",), 100, _LENGTH, where, "data.shared_prefix."),
-        question_len=_field(sp, ("question_len",), 50, _LENGTH, where, "data.shared_prefix."),
-        output_len=_field(sp, ("output_len",), 50, _OUTPUT, where, "data.shared_prefix."),
+        num_groups=_field(sp, ("num_groups", "num_unique_system_prompts"), 10, _COUNT, at, p),
+        num_prompts_per_group=_field(sp, ("num_prompts_per_group", "num_users_per_system_prompt"), 10, _COUNT, at, p),
+        system_prompt_len=_field(sp, ("system_prompt_len",), 100, _LENGTH, at, p),
+        question_len=_field(sp, ("question_len",), 50, _LENGTH, at, p),
+        output_len=_field(sp, ("output_len",), 50, _OUTPUT, at, p),
     )
     for name in ("question_distribution", "output_distribution", "multimodal"):
         if sp.get(name) is not None:
-            raise InputError("not supported by kvroute (fixed lengths only)", where, field=f"data.shared_prefix.{name}")
+            raise at.error("not supported by kvroute (fixed lengths only)", sp, name, p + name)
     if sp.get("enable_multi_turn_chat"):
-        raise InputError("multi-turn shared-prefix chats are not supported by kvroute", where,
-                         field="data.shared_prefix.enable_multi_turn_chat")
+        raise at.error("multi-turn shared-prefix chats are not supported by kvroute", sp, "enable_multi_turn_chat",
+                       p + "enable_multi_turn_chat")
     if shared.system_prompt_len + shared.question_len < 1:
-        raise InputError("a prompt needs at least one token (system_prompt_len + question_len)", where,
-                         field="data.shared_prefix")
-    load = _section(doc, "load", where, required=True)
+        raise at.error("a prompt needs at least one token (system_prompt_len + question_len)", data, "shared_prefix",
+                       "data.shared_prefix")
+    load = _section(doc, "load", at, required=True)
     load_type = load.get("type", "constant")
     if load_type not in LOAD_TYPES:
-        raise InputError(f"unsupported {load_type!r}; kvroute reads {', '.join(LOAD_TYPES)}", where, field="load.type")
+        raise at.error(f"unsupported {load_type!r}; kvroute reads {', '.join(LOAD_TYPES)}", load, "type", "load.type")
     if load.get("sweep") is not None:
-        raise InputError("sweeps (stages found from a saturation probe) are not supported; list the stages", where,
-                         field="load.sweep")
+        raise at.error("sweeps (stages found from a saturation probe) are not supported; list the stages", load,
+                       "sweep", "load.sweep")
     raw_stages = load.get("stages")
-    if type(raw_stages) is not list or not raw_stages:
-        raise InputError(f"expected a list of stages ({{rate, duration}}), got {describe(raw_stages)}", where,
-                         field="load.stages")
+    if not isinstance(raw_stages, list) or not raw_stages:
+        got = "an empty list" if isinstance(raw_stages, list) else describe(raw_stages)
+        raise at.error(f"expected a list of stages ({{rate, duration}}), got {got}", load, "stages", "load.stages")
     stages = []
     for i, raw in enumerate(raw_stages):
         prefix = f"load.stages[{i}]."
-        if type(raw) is not dict:
-            raise InputError(f"expected a mapping, got {describe(raw)}", where, field=prefix.rstrip("."))
+        if not isinstance(raw, dict):
+            raise at.error(f"expected a mapping, got {describe(raw)}", raw_stages, i, prefix.rstrip("."))
         for name in ("num_requests", "concurrency_level"):
             if raw.get(name) is not None:
-                raise InputError(f"should not be set for {load_type} load (inference-perf's rule)", where,
-                                 field=prefix + name)
-        stages.append(Stage(_field(raw, ("rate",), None, _RATE, where, prefix),
-                            _field(raw, ("duration",), None, _DURATION, where, prefix)))
-    server = doc.get("server") if type(doc.get("server")) is dict else {}
+                raise at.error(f"should not be set for {load_type} load (inference-perf's rule)", raw, name,
+                               prefix + name)
+        stages.append(Stage(_field(raw, ("rate",), None, _RATE, at, prefix),
+                            _field(raw, ("duration",), None, _DURATION, at, prefix)))
+    server = doc.get("server") if isinstance(doc.get("server"), dict) else {}
     ignore_eos = server.get("ignore_eos", True)
     if type(ignore_eos) is not bool:
-        raise InputError(f"expected true or false, got {describe(ignore_eos)}", where, field="server.ignore_eos")
+        raise at.error(f"expected true or false, got {describe(ignore_eos)}", server, "ignore_eos",
+                       "server.ignore_eos")
     timeout = load.get("request_timeout")
     workers = load.get("num_workers")
     return WorkloadConfig(
         source=where, data=shared, load_type=load_type, stages=tuple(stages),
-        interval_s=float(_field(load, ("interval",), 1.0, _INTERVAL, where, "load.")),
-        request_timeout_s=None if timeout is None else float(_TIMEOUT.check(timeout, "load.request_timeout", where)),
-        num_workers=None if workers is None else _COUNT.check(workers, "load.num_workers", where),
-        worker_max_concurrency=_field(load, ("worker_max_concurrency",), 100, _COUNT, where, "load."),
+        interval_s=float(_field(load, ("interval",), 1.0, _INTERVAL, at, "load.")),
+        request_timeout_s=None if timeout is None else float(
+            _TIMEOUT.check(timeout, "load.request_timeout", where, at.line(load, "request_timeout"))),
+        num_workers=None if workers is None else _COUNT.check(workers, "load.num_workers", where,
+                                                              at.line(load, "num_workers")),
+        worker_max_concurrency=_field(load, ("worker_max_concurrency",), 100, _COUNT, at, "load."),
         ignore_eos=ignore_eos,
     )
 
@@ -298,31 +308,54 @@ def _poisson_times(rng: np.random.Generator, n: int, rate: float) -> np.ndarray:
     return np.asarray(times[:n])
 
 
-def _section(doc: dict, name: str, where: str, prefix: str = "", required: bool = False) -> dict:
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """Where a config came from: its file and the lines before its YAML (a Markdown report's)."""
+
+    where: str
+    offset: int = 0
+
+    def line(self, node: object, key: object = None) -> int | None:
+        """The file line of ``node[key]`` (of ``node`` itself when ``key`` is None or absent), or
+        None when ``node`` was not parsed with line tracking."""
+        if isinstance(node, LineMap):
+            line = node.key_lines.get(key, node.line) if key is not None else node.line
+        elif isinstance(node, LineList) and type(key) is int and 0 <= key < len(node.lines):
+            line = node.lines[key]
+        else:
+            return None
+        return line + self.offset
+
+    def error(self, reason: str, node: object = None, key: object = None, field: str | None = None) -> InputError:
+        return InputError(reason, self.where, self.line(node, key), field)
+
+
+def _section(doc: dict, name: str, at: _Source, prefix: str = "", required: bool = False) -> dict:
     value = doc.get(name)
     if value is None and not required:
         return {}
-    if type(value) is not dict:
+    if not isinstance(value, dict):
         reason = "required section missing" if value is None else f"expected a mapping, got {describe(value)}"
-        raise InputError(reason, where, field=prefix + name)
+        # a section missing from the top level has no line; one missing inside a section, that section's
+        raise at.error(reason, doc if name in doc or prefix else None, name, prefix + name)
     return value
 
 
-def _field(doc: dict, names: tuple[str, ...], default, rule: Num, where: str, prefix: str):
+def _field(doc: dict, names: tuple[str, ...], default, rule: Num, at: _Source, prefix: str):
     """The first of ``names`` present in ``doc`` (inference-perf's aliases), checked by ``rule``;
     ``default`` when none is (None: required)."""
     given = [name for name in names if doc.get(name) is not None]
     if len(given) > 1:
-        raise InputError(f"given twice, as {' and '.join(given)}", where, field=prefix + given[1])
+        raise at.error(f"given twice, as {' and '.join(given)}", doc, given[1], prefix + given[1])
     if not given:
         if default is None:
-            raise InputError("required field missing", where, field=prefix + names[0])
+            raise at.error("required field missing", doc, None, prefix + names[0])
         return default
     value = doc[given[0]]
-    if type(value) is dict and "mean" in value:
-        raise InputError("length distributions are not supported by kvroute; give a fixed int", where,
-                         field=prefix + given[0])
-    return rule.check(value, prefix + given[0], where)
+    if isinstance(value, dict) and "mean" in value:
+        raise at.error("length distributions are not supported by kvroute; give a fixed int", doc, given[0],
+                       prefix + given[0])
+    return rule.check(value, prefix + given[0], at.where, at.line(doc, given[0]))
 
 
 _YAML_BLOCK = re.compile(r"^```ya?ml[^\n]*\n(.*?)^```", re.M | re.S)

@@ -164,6 +164,48 @@ def test_bad_configs_name_the_field(change, field, reason):
     assert message.startswith(f"x.yaml: field '{field}': ") and reason in message and "\n" not in message
 
 
+@pytest.mark.parametrize("old, new, expected", [
+    ("num_groups: 83", "num_groups: -3", "ip1.yaml:42: field 'data.shared_prefix.num_groups': must be >= 1, got -3"),
+    ("    - rate: 4\n", "    - rate: 0\n", "ip1.yaml:10: field 'load.stages[2].rate': must be > 0.0, got 0"),
+    ("      duration: 180\n", "", "ip1.yaml:10: field 'load.stages[2].duration': required field missing"),
+    ("  stages:\n", "  request_timeout: -1\n  stages:\n",
+     "ip1.yaml:5: field 'load.request_timeout': must be > 0.0, got -1"),
+    ("  ignore_eos: true", "  ignore_eos: 1",
+     "ip1.yaml:34: field 'server.ignore_eos': expected true or false, got int (1)"),
+    ("type: shared_prefix", "type: random", "ip1.yaml:40: field 'data.type': unsupported 'random'; kvroute reads "
+                                            "shared_prefix"),
+    ("  shared_prefix:\n", "  shared_prefix: [83]\n  x:\n",
+     "ip1.yaml:41: field 'data.shared_prefix': expected a mapping, got a list"),
+])
+def test_a_bad_value_names_its_line(tmp_path, old, new, expected):
+    path = tmp_path / "ip1.yaml"
+    path.write_text(X37.read_text().replace(old, new, 1))
+    with pytest.raises(InputError) as info:
+        read_workload_config(path)
+    assert str(info.value) == f"{tmp_path}/{expected}"
+
+
+def test_a_markdown_report_names_the_line_in_the_md_file(tmp_path):
+    path = tmp_path / "r.md"
+    path.write_text("# Run 7\n\nThe config:\n\n```yaml\n" + X37.read_text().replace("num_groups: 83", "num_groups: -3")
+                    + "```\n")
+    with pytest.raises(InputError) as info:
+        read_workload_config(path)
+    # line 42 of the YAML, after the 5 lines before it in the .md file
+    assert str(info.value) == f"{path}:47: field 'data.shared_prefix.num_groups': must be >= 1, got -3"
+
+
+def test_the_published_report_names_the_line_in_the_md_file(tmp_path):
+    report = PUBLISHED / "llm-d-37-capacity-report.md"
+    if not report.exists():
+        pytest.skip(f"{report} absent")
+    path = tmp_path / "report.md"
+    path.write_text(report.read_text().replace("num_groups: 83", "num_groups: -3", 1))
+    with pytest.raises(InputError) as info:
+        read_workload_config(path)
+    assert str(info.value) == f"{path}:79: field 'data.shared_prefix.num_groups': must be >= 1, got -3"
+
+
 def test_a_key_twice_names_file_line_and_key(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("load:\n  type: constant\n  type: poisson\n")
