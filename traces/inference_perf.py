@@ -26,7 +26,12 @@ The package itself is not imported: inference-perf requires Python >= 3.12, pins
 and imports PyAV with its config classes, and kvroute runs on 3.11. The YAML is read with PyYAML
 and the fields used here are checked by the rules of inference-perf's pydantic classes
 (``config/datagen/config.py: SharedPrefix``, ``config/loadgen/config.py: StandardLoadStage,
-LoadConfig``), field aliases included.
+LoadConfig``), field aliases included. As those classes do in 0.7.0 (``StrictBaseModel``,
+``extra="forbid"``, inference-perf PR #667; 0.6.x and earlier dropped unknown keys), a key they
+do not know is refused in the sections read here (the top level, ``data``,
+``data.shared_prefix``, ``load``, each stage, ``server``), with the closest known key as a
+suggestion; keys they know that kvroute does not model (``seed``, ``base_seed``,
+``request_retries``, ...) are left unread, as before.
 """
 
 from __future__ import annotations
@@ -46,6 +51,30 @@ DATA_TYPES = ("shared_prefix",)
 
 LOAD_TYPES = ("constant", "poisson")
 """``load.type`` values read (inference-perf also has concurrent, trace_replay, trace_session_replay)."""
+
+CONFIG_KEYS = ("api", "data", "load", "metrics", "report", "storage", "server", "tokenizer", "circuit_breakers")
+"""Keys of inference-perf 0.7.0's ``Config`` (the top level)."""
+
+DATA_KEYS = ("type", "path", "corpus_file_path", "input_distribution", "output_distribution", "shared_prefix",
+             "multimodal", "trace", "otel_trace_replay", "weka_trace_replay", "conversation_replay", "visionarena",
+             "synthetic_agentic", "use_chat_template")
+"""Keys of inference-perf 0.7.0's ``DataConfig`` (``data``)."""
+
+SHARED_PREFIX_KEYS = ("num_groups", "num_unique_system_prompts", "num_prompts_per_group", "num_users_per_system_prompt",
+                      "system_prompt_len", "question_len", "output_len", "seed", "question_distribution",
+                      "output_distribution", "enable_multi_turn_chat", "multimodal")
+"""Keys of inference-perf 0.7.0's ``SharedPrefix`` (``data.shared_prefix``), aliases included."""
+
+LOAD_KEYS = ("type", "interval", "stages", "sweep", "num_workers", "worker_max_concurrency",
+             "worker_max_tcp_connections", "trace", "circuit_breakers", "request_timeout", "request_retries",
+             "request_retry_backoff_sec", "stage_teardown_grace_seconds", "lora_traffic_split", "base_seed")
+"""Keys of inference-perf 0.7.0's ``LoadConfig`` (``load``)."""
+
+STAGE_KEYS = ("rate", "duration", "num_requests", "concurrency_level")
+"""Keys of inference-perf 0.7.0's ``StandardLoadStage`` (an item of ``load.stages``)."""
+
+SERVER_KEYS = ("type", "model_name", "base_url", "ignore_eos", "api_key", "cert_path", "key_path")
+"""Keys of inference-perf 0.7.0's ``ModelServerClientConfig`` (``server``)."""
 
 AIOHTTP_DEFAULT_TIMEOUT_S = 300.0
 """aiohttp's ``DEFAULT_TIMEOUT.total``, what inference-perf's session uses without ``load.request_timeout``."""
@@ -145,8 +174,9 @@ def read_workload_config(path: str | Path) -> WorkloadConfig:
 
     Raises:
         InputError: one line naming the file, the line (in the ``.md`` file for a report) and
-            the field: unreadable file, not YAML, a key given twice, an unknown ``data.type`` or
-            ``load.type``, a missing or out-of-range field.
+            the field: unreadable file, not YAML, a key given twice, a key inference-perf does
+            not know (with the closest known one), an unknown ``data.type`` or ``load.type``, a
+            missing or out-of-range field.
     """
     where = str(path)
     text, offset = read_text(path), 0
@@ -167,16 +197,20 @@ def parse_workload_config(doc: object, where: str = "<config>", line_offset: int
 
     Raises:
         InputError: naming the field (``data.type``, ``load.stages[2].rate``, ...), its line when
-            known, and why.
+            known, and why; a key inference-perf 0.7.0 does not know (``system_promt_len``), with
+            the closest one it knows (:func:`_known_keys`).
     """
     at = _Source(where, line_offset)
     if not isinstance(doc, dict):
         raise InputError(f"expected a mapping, got {describe(doc)}", where)
+    _known_keys(doc, CONFIG_KEYS, at, "")
     data = _section(doc, "data", at, required=True)
+    _known_keys(data, DATA_KEYS, at, "data")
     data_type = data.get("type", "mock")
     if data_type not in DATA_TYPES:
         raise at.error(f"unsupported {data_type!r}; kvroute reads {', '.join(DATA_TYPES)}", data, "type", "data.type")
     sp = _section(data, "shared_prefix", at, "data.", required=True)
+    _known_keys(sp, SHARED_PREFIX_KEYS, at, "data.shared_prefix")
     p = "data.shared_prefix."
     shared = SharedPrefix(
         num_groups=_field(sp, ("num_groups", "num_unique_system_prompts"), 10, _COUNT, at, p),
@@ -195,6 +229,7 @@ def parse_workload_config(doc: object, where: str = "<config>", line_offset: int
         raise at.error("a prompt needs at least one token (system_prompt_len + question_len)", data, "shared_prefix",
                        "data.shared_prefix")
     load = _section(doc, "load", at, required=True)
+    _known_keys(load, LOAD_KEYS, at, "load")
     load_type = load.get("type", "constant")
     if load_type not in LOAD_TYPES:
         raise at.error(f"unsupported {load_type!r}; kvroute reads {', '.join(LOAD_TYPES)}", load, "type", "load.type")
@@ -210,13 +245,15 @@ def parse_workload_config(doc: object, where: str = "<config>", line_offset: int
         prefix = f"load.stages[{i}]."
         if not isinstance(raw, dict):
             raise at.error(f"expected a mapping, got {describe(raw)}", raw_stages, i, prefix.rstrip("."))
+        _known_keys(raw, STAGE_KEYS, at, prefix.rstrip("."))
         for name in ("num_requests", "concurrency_level"):
             if raw.get(name) is not None:
                 raise at.error(f"should not be set for {load_type} load (inference-perf's rule)", raw, name,
                                prefix + name)
         stages.append(Stage(_field(raw, ("rate",), None, _RATE, at, prefix),
                             _field(raw, ("duration",), None, _DURATION, at, prefix)))
-    server = doc.get("server") if isinstance(doc.get("server"), dict) else {}
+    server = _section(doc, "server", at)
+    _known_keys(server, SERVER_KEYS, at, "server")
     ignore_eos = server.get("ignore_eos", True)
     if type(ignore_eos) is not bool:
         raise at.error(f"expected true or false, got {describe(ignore_eos)}", server, "ignore_eos",
@@ -339,6 +376,25 @@ def _section(doc: dict, name: str, at: _Source, prefix: str = "", required: bool
         # a section missing from the top level has no line; one missing inside a section, that section's
         raise at.error(reason, doc if name in doc or prefix else None, name, prefix + name)
     return value
+
+
+def _known_keys(node: dict, keys: tuple[str, ...], at: _Source, section: str) -> None:
+    """Refuse a key of ``node`` that is not one of ``keys`` (inference-perf's fields of that
+    section: its config models forbid any other), naming its line and the closest known key.
+
+    A misspelt key would otherwise leave its field at the default, silently (``system_promt_len``
+    gave every prompt 100 system-prompt tokens instead of 8,000).
+    """
+    import difflib
+
+    for key in node:
+        if key in keys:
+            continue
+        close = difflib.get_close_matches(key, keys, n=1) if isinstance(key, str) else []
+        hint = f"did you mean {close[0]!r}?" if close else \
+            f"the keys of {section or 'the top level'} are {', '.join(keys)}"
+        raise at.error(f"unknown key (inference-perf 0.7.0 refuses it too); {hint}", node, key,
+                       f"{section}.{key}" if section else str(key))
 
 
 def _field(doc: dict, names: tuple[str, ...], default, rule: Num, at: _Source, prefix: str):
