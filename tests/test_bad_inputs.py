@@ -652,12 +652,12 @@ INFERENCE_PERF = ("data:\n  type: {data}\n  shared_prefix: {{num_groups: 2, num_
 
 
 @pytest.mark.parametrize("values, expected", [
-    (dict(data="random"), "c.yaml: field 'data.type': unsupported 'random'; kvroute reads shared_prefix"),
-    (dict(load="concurrent"), "c.yaml: field 'load.type': unsupported 'concurrent'; kvroute reads constant, poisson"),
-    (dict(rate="-1"), "c.yaml: field 'load.stages[0].rate': must be > 0.0, got -1"),
-    (dict(rate=".nan"), "c.yaml: field 'load.stages[0].rate': must be a finite number, got nan"),
+    (dict(data="random"), "c.yaml:2: field 'data.type': unsupported 'random'; kvroute reads shared_prefix"),
+    (dict(load="concurrent"), "c.yaml:5: field 'load.type': unsupported 'concurrent'; kvroute reads constant, poisson"),
+    (dict(rate="-1"), "c.yaml:6: field 'load.stages[0].rate': must be > 0.0, got -1"),
+    (dict(rate=".nan"), "c.yaml:6: field 'load.stages[0].rate': must be a finite number, got nan"),
 ])
-def test_bad_workload_configs_name_file_and_field(tmp_path, values, expected):
+def test_bad_workload_configs_name_file_line_and_field(tmp_path, values, expected):
     text = INFERENCE_PERF.format(**{"data": "shared_prefix", "load": "poisson", "rate": 1, **values})
     assert_error(run("simulate", "--workload-config", write(tmp_path / "c.yaml", text)), expected)
 

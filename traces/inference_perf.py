@@ -26,7 +26,12 @@ The package itself is not imported: inference-perf requires Python >= 3.12, pins
 and imports PyAV with its config classes, and kvroute runs on 3.11. The YAML is read with PyYAML
 and the fields used here are checked by the rules of inference-perf's pydantic classes
 (``config/datagen/config.py: SharedPrefix``, ``config/loadgen/config.py: StandardLoadStage,
-LoadConfig``), field aliases included.
+LoadConfig``), field aliases included. As those classes do in 0.7.0 (``StrictBaseModel``,
+``extra="forbid"``, inference-perf PR #667; 0.6.x and earlier dropped unknown keys), a key they
+do not know is refused in the sections read here (the top level, ``data``,
+``data.shared_prefix``, ``load``, each stage, ``server``), with the closest known key as a
+suggestion; keys they know that kvroute does not model (``seed``, ``base_seed``,
+``request_retries``, ...) are left unread, as before.
 """
 
 from __future__ import annotations
@@ -39,13 +44,37 @@ import numpy as np
 
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.inputs import InputError, Num, describe, MAX_TOKENS
-from kvroute.traces.yaml_doc import parse_yaml, read_text
+from kvroute.traces.yaml_doc import LineList, LineMap, parse_yaml, read_text
 
 DATA_TYPES = ("shared_prefix",)
 """``data.type`` values read (inference-perf has more: mock, shareGPT, random, ...)."""
 
 LOAD_TYPES = ("constant", "poisson")
 """``load.type`` values read (inference-perf also has concurrent, trace_replay, trace_session_replay)."""
+
+CONFIG_KEYS = ("api", "data", "load", "metrics", "report", "storage", "server", "tokenizer", "circuit_breakers")
+"""Keys of inference-perf 0.7.0's ``Config`` (the top level)."""
+
+DATA_KEYS = ("type", "path", "corpus_file_path", "input_distribution", "output_distribution", "shared_prefix",
+             "multimodal", "trace", "otel_trace_replay", "weka_trace_replay", "conversation_replay", "visionarena",
+             "synthetic_agentic", "use_chat_template")
+"""Keys of inference-perf 0.7.0's ``DataConfig`` (``data``)."""
+
+SHARED_PREFIX_KEYS = ("num_groups", "num_unique_system_prompts", "num_prompts_per_group", "num_users_per_system_prompt",
+                      "system_prompt_len", "question_len", "output_len", "seed", "question_distribution",
+                      "output_distribution", "enable_multi_turn_chat", "multimodal")
+"""Keys of inference-perf 0.7.0's ``SharedPrefix`` (``data.shared_prefix``), aliases included."""
+
+LOAD_KEYS = ("type", "interval", "stages", "sweep", "num_workers", "worker_max_concurrency",
+             "worker_max_tcp_connections", "trace", "circuit_breakers", "request_timeout", "request_retries",
+             "request_retry_backoff_sec", "stage_teardown_grace_seconds", "lora_traffic_split", "base_seed")
+"""Keys of inference-perf 0.7.0's ``LoadConfig`` (``load``)."""
+
+STAGE_KEYS = ("rate", "duration", "num_requests", "concurrency_level")
+"""Keys of inference-perf 0.7.0's ``StandardLoadStage`` (an item of ``load.stages``)."""
+
+SERVER_KEYS = ("type", "model_name", "base_url", "ignore_eos", "api_key", "cert_path", "key_path")
+"""Keys of inference-perf 0.7.0's ``ModelServerClientConfig`` (``server``)."""
 
 AIOHTTP_DEFAULT_TIMEOUT_S = 300.0
 """aiohttp's ``DEFAULT_TIMEOUT.total``, what inference-perf's session uses without ``load.request_timeout``."""
@@ -144,83 +173,101 @@ def read_workload_config(path: str | Path) -> WorkloadConfig:
     Markdown report (``.md``), as its publishers print it.
 
     Raises:
-        InputError: one line naming the file, the line where known and the field: unreadable
-            file, not YAML, a key given twice, an unknown ``data.type`` or ``load.type``, a
+        InputError: one line naming the file, the line (in the ``.md`` file for a report) and
+            the field: unreadable file, not YAML, a key given twice, a key inference-perf does
+            not know (with the closest known one), an unknown ``data.type`` or ``load.type``, a
             missing or out-of-range field.
     """
     where = str(path)
     text, offset = read_text(path), 0
     if where.lower().endswith((".md", ".markdown")):
         text, offset = _yaml_block(text, where)
-    doc = parse_yaml(text, where, offset)
-    return parse_workload_config(doc, where)
+    doc = parse_yaml(text, where, offset, track_lines=True)
+    return parse_workload_config(doc, where, offset)
 
 
-def parse_workload_config(doc: object, where: str = "<config>") -> WorkloadConfig:
+def parse_workload_config(doc: object, where: str = "<config>", line_offset: int = 0) -> WorkloadConfig:
     """A parsed config (a dict) as a :class:`WorkloadConfig`; ``where`` names it in errors.
 
+    Args:
+        doc: the parsed document; parsed with line tracking (``parse_yaml(..., track_lines=True)``:
+            :class:`~kvroute.traces.yaml_doc.LineMap`) its errors also name the line.
+        where: the file, in errors.
+        line_offset: lines before the document in that file (a Markdown report's YAML block).
+
     Raises:
-        InputError: naming the field (``data.type``, ``load.stages[2].rate``, ...) and why.
+        InputError: naming the field (``data.type``, ``load.stages[2].rate``, ...), its line when
+            known, and why; a key inference-perf 0.7.0 does not know (``system_promt_len``), with
+            the closest one it knows (:func:`_known_keys`).
     """
-    if type(doc) is not dict:
+    at = _Source(where, line_offset)
+    if not isinstance(doc, dict):
         raise InputError(f"expected a mapping, got {describe(doc)}", where)
-    data = _section(doc, "data", where, required=True)
+    _known_keys(doc, CONFIG_KEYS, at, "")
+    data = _section(doc, "data", at, required=True)
+    _known_keys(data, DATA_KEYS, at, "data")
     data_type = data.get("type", "mock")
     if data_type not in DATA_TYPES:
-        raise InputError(f"unsupported {data_type!r}; kvroute reads {', '.join(DATA_TYPES)}", where,
-                         field="data.type")
-    sp = _section(data, "shared_prefix", where, "data.", required=True)
+        raise at.error(f"unsupported {data_type!r}; kvroute reads {', '.join(DATA_TYPES)}", data, "type", "data.type")
+    sp = _section(data, "shared_prefix", at, "data.", required=True)
+    _known_keys(sp, SHARED_PREFIX_KEYS, at, "data.shared_prefix")
+    p = "data.shared_prefix."
     shared = SharedPrefix(
-        num_groups=_field(sp, ("num_groups", "num_unique_system_prompts"), 10, _COUNT, where, "data.shared_prefix."),
-        num_prompts_per_group=_field(sp, ("num_prompts_per_group", "num_users_per_system_prompt"), 10, _COUNT, where,
-                                     "data.shared_prefix."),
-        system_prompt_len=_field(sp, ("system_prompt_len",), 100, _LENGTH, where, "data.shared_prefix."),
-        question_len=_field(sp, ("question_len",), 50, _LENGTH, where, "data.shared_prefix."),
-        output_len=_field(sp, ("output_len",), 50, _OUTPUT, where, "data.shared_prefix."),
+        num_groups=_field(sp, ("num_groups", "num_unique_system_prompts"), 10, _COUNT, at, p),
+        num_prompts_per_group=_field(sp, ("num_prompts_per_group", "num_users_per_system_prompt"), 10, _COUNT, at, p),
+        system_prompt_len=_field(sp, ("system_prompt_len",), 100, _LENGTH, at, p),
+        question_len=_field(sp, ("question_len",), 50, _LENGTH, at, p),
+        output_len=_field(sp, ("output_len",), 50, _OUTPUT, at, p),
     )
     for name in ("question_distribution", "output_distribution", "multimodal"):
         if sp.get(name) is not None:
-            raise InputError("not supported by kvroute (fixed lengths only)", where, field=f"data.shared_prefix.{name}")
+            raise at.error("not supported by kvroute (fixed lengths only)", sp, name, p + name)
     if sp.get("enable_multi_turn_chat"):
-        raise InputError("multi-turn shared-prefix chats are not supported by kvroute", where,
-                         field="data.shared_prefix.enable_multi_turn_chat")
+        raise at.error("multi-turn shared-prefix chats are not supported by kvroute", sp, "enable_multi_turn_chat",
+                       p + "enable_multi_turn_chat")
     if shared.system_prompt_len + shared.question_len < 1:
-        raise InputError("a prompt needs at least one token (system_prompt_len + question_len)", where,
-                         field="data.shared_prefix")
-    load = _section(doc, "load", where, required=True)
+        raise at.error("a prompt needs at least one token (system_prompt_len + question_len)", data, "shared_prefix",
+                       "data.shared_prefix")
+    load = _section(doc, "load", at, required=True)
+    _known_keys(load, LOAD_KEYS, at, "load")
     load_type = load.get("type", "constant")
     if load_type not in LOAD_TYPES:
-        raise InputError(f"unsupported {load_type!r}; kvroute reads {', '.join(LOAD_TYPES)}", where, field="load.type")
+        raise at.error(f"unsupported {load_type!r}; kvroute reads {', '.join(LOAD_TYPES)}", load, "type", "load.type")
     if load.get("sweep") is not None:
-        raise InputError("sweeps (stages found from a saturation probe) are not supported; list the stages", where,
-                         field="load.sweep")
+        raise at.error("sweeps (stages found from a saturation probe) are not supported; list the stages", load,
+                       "sweep", "load.sweep")
     raw_stages = load.get("stages")
-    if type(raw_stages) is not list or not raw_stages:
-        raise InputError(f"expected a list of stages ({{rate, duration}}), got {describe(raw_stages)}", where,
-                         field="load.stages")
+    if not isinstance(raw_stages, list) or not raw_stages:
+        got = "an empty list" if isinstance(raw_stages, list) else describe(raw_stages)
+        raise at.error(f"expected a list of stages ({{rate, duration}}), got {got}", load, "stages", "load.stages")
     stages = []
     for i, raw in enumerate(raw_stages):
         prefix = f"load.stages[{i}]."
-        if type(raw) is not dict:
-            raise InputError(f"expected a mapping, got {describe(raw)}", where, field=prefix.rstrip("."))
+        if not isinstance(raw, dict):
+            raise at.error(f"expected a mapping, got {describe(raw)}", raw_stages, i, prefix.rstrip("."))
+        _known_keys(raw, STAGE_KEYS, at, prefix.rstrip("."))
         for name in ("num_requests", "concurrency_level"):
             if raw.get(name) is not None:
-                raise InputError(f"should not be set for {load_type} load (inference-perf's rule)", where,
-                                 field=prefix + name)
-        stages.append(Stage(_field(raw, ("rate",), None, _RATE, where, prefix),
-                            _field(raw, ("duration",), None, _DURATION, where, prefix)))
-    server = doc.get("server") if type(doc.get("server")) is dict else {}
+                raise at.error(f"should not be set for {load_type} load (inference-perf's rule)", raw, name,
+                               prefix + name)
+        stages.append(Stage(_field(raw, ("rate",), None, _RATE, at, prefix),
+                            _field(raw, ("duration",), None, _DURATION, at, prefix)))
+    server = _section(doc, "server", at)
+    _known_keys(server, SERVER_KEYS, at, "server")
     ignore_eos = server.get("ignore_eos", True)
     if type(ignore_eos) is not bool:
-        raise InputError(f"expected true or false, got {describe(ignore_eos)}", where, field="server.ignore_eos")
+        raise at.error(f"expected true or false, got {describe(ignore_eos)}", server, "ignore_eos",
+                       "server.ignore_eos")
     timeout = load.get("request_timeout")
     workers = load.get("num_workers")
     return WorkloadConfig(
         source=where, data=shared, load_type=load_type, stages=tuple(stages),
-        interval_s=float(_field(load, ("interval",), 1.0, _INTERVAL, where, "load.")),
-        request_timeout_s=None if timeout is None else float(_TIMEOUT.check(timeout, "load.request_timeout", where)),
-        num_workers=None if workers is None else _COUNT.check(workers, "load.num_workers", where),
-        worker_max_concurrency=_field(load, ("worker_max_concurrency",), 100, _COUNT, where, "load."),
+        interval_s=float(_field(load, ("interval",), 1.0, _INTERVAL, at, "load.")),
+        request_timeout_s=None if timeout is None else float(
+            _TIMEOUT.check(timeout, "load.request_timeout", where, at.line(load, "request_timeout"))),
+        num_workers=None if workers is None else _COUNT.check(workers, "load.num_workers", where,
+                                                              at.line(load, "num_workers")),
+        worker_max_concurrency=_field(load, ("worker_max_concurrency",), 100, _COUNT, at, "load."),
         ignore_eos=ignore_eos,
     )
 
@@ -298,31 +345,73 @@ def _poisson_times(rng: np.random.Generator, n: int, rate: float) -> np.ndarray:
     return np.asarray(times[:n])
 
 
-def _section(doc: dict, name: str, where: str, prefix: str = "", required: bool = False) -> dict:
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """Where a config came from: its file and the lines before its YAML (a Markdown report's)."""
+
+    where: str
+    offset: int = 0
+
+    def line(self, node: object, key: object = None) -> int | None:
+        """The file line of ``node[key]`` (of ``node`` itself when ``key`` is None or absent), or
+        None when ``node`` was not parsed with line tracking."""
+        if isinstance(node, LineMap):
+            line = node.key_lines.get(key, node.line) if key is not None else node.line
+        elif isinstance(node, LineList) and type(key) is int and 0 <= key < len(node.lines):
+            line = node.lines[key]
+        else:
+            return None
+        return line + self.offset
+
+    def error(self, reason: str, node: object = None, key: object = None, field: str | None = None) -> InputError:
+        return InputError(reason, self.where, self.line(node, key), field)
+
+
+def _section(doc: dict, name: str, at: _Source, prefix: str = "", required: bool = False) -> dict:
     value = doc.get(name)
     if value is None and not required:
         return {}
-    if type(value) is not dict:
+    if not isinstance(value, dict):
         reason = "required section missing" if value is None else f"expected a mapping, got {describe(value)}"
-        raise InputError(reason, where, field=prefix + name)
+        # a section missing from the top level has no line; one missing inside a section, that section's
+        raise at.error(reason, doc if name in doc or prefix else None, name, prefix + name)
     return value
 
 
-def _field(doc: dict, names: tuple[str, ...], default, rule: Num, where: str, prefix: str):
+def _known_keys(node: dict, keys: tuple[str, ...], at: _Source, section: str) -> None:
+    """Refuse a key of ``node`` that is not one of ``keys`` (inference-perf's fields of that
+    section: its config models forbid any other), naming its line and the closest known key.
+
+    A misspelt key would otherwise leave its field at the default, silently (``system_promt_len``
+    gave every prompt 100 system-prompt tokens instead of 8,000).
+    """
+    import difflib
+
+    for key in node:
+        if key in keys:
+            continue
+        close = difflib.get_close_matches(key, keys, n=1) if isinstance(key, str) else []
+        hint = f"did you mean {close[0]!r}?" if close else \
+            f"the keys of {section or 'the top level'} are {', '.join(keys)}"
+        raise at.error(f"unknown key (inference-perf 0.7.0 refuses it too); {hint}", node, key,
+                       f"{section}.{key}" if section else str(key))
+
+
+def _field(doc: dict, names: tuple[str, ...], default, rule: Num, at: _Source, prefix: str):
     """The first of ``names`` present in ``doc`` (inference-perf's aliases), checked by ``rule``;
     ``default`` when none is (None: required)."""
     given = [name for name in names if doc.get(name) is not None]
     if len(given) > 1:
-        raise InputError(f"given twice, as {' and '.join(given)}", where, field=prefix + given[1])
+        raise at.error(f"given twice, as {' and '.join(given)}", doc, given[1], prefix + given[1])
     if not given:
         if default is None:
-            raise InputError("required field missing", where, field=prefix + names[0])
+            raise at.error("required field missing", doc, None, prefix + names[0])
         return default
     value = doc[given[0]]
-    if type(value) is dict and "mean" in value:
-        raise InputError("length distributions are not supported by kvroute; give a fixed int", where,
-                         field=prefix + given[0])
-    return rule.check(value, prefix + given[0], where)
+    if isinstance(value, dict) and "mean" in value:
+        raise at.error("length distributions are not supported by kvroute; give a fixed int", doc, given[0],
+                       prefix + given[0])
+    return rule.check(value, prefix + given[0], at.where, at.line(doc, given[0]))
 
 
 _YAML_BLOCK = re.compile(r"^```ya?ml[^\n]*\n(.*?)^```", re.M | re.S)

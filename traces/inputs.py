@@ -283,9 +283,9 @@ def describe(value: object) -> str:
         return f"a string ({text!r})"
     if type(value) is float:
         return f"a float ({value!r})"
-    if type(value) is list:
+    if isinstance(value, list):  # LineList, LineMap (kvroute.traces.yaml_doc) included
         return "a list"
-    if type(value) is dict:
+    if isinstance(value, dict):
         return "an object"
     return f"{type(value).__name__} ({value!r})"
 

@@ -50,3 +50,18 @@ def test_simulate_json_has_the_stages_and_a_timeout_fails_requests(tmp_path):
 def test_a_trace_without_stages_has_no_stage_table():
     result = _run("simulate", "--chats", 2, "--turns", 1, "--quiet")
     assert result.exit_code == 0 and "per stage" not in result.output
+
+
+def test_a_misspelt_key_is_an_error_naming_file_line_and_the_key_meant(tmp_path):
+    """The reported typo: ``system_promt_len`` left system_prompt_len at its default (100 tokens)
+    and the run went on; inference-perf 0.7.0 refuses such a file, and so does kvroute."""
+    from tests.support.paths import INFERENCE_PERF_CONFIGS
+
+    config = tmp_path / "ip2.yaml"
+    config.write_text((INFERENCE_PERF_CONFIGS / "llm-d-37-capacity.yaml").read_text()
+                      .replace("system_prompt_len", "system_promt_len"))
+    result = _run("compare", "--workload-config", config, "--rounds", 1, "--quiet")
+    assert result.exit_code != 0
+    assert result.output.strip().splitlines()[-1] == (
+        f"Error: {config}:44: field 'data.shared_prefix.system_promt_len': unknown key (inference-perf 0.7.0 "
+        "refuses it too); did you mean 'system_prompt_len'?")

@@ -164,6 +164,114 @@ def test_bad_configs_name_the_field(change, field, reason):
     assert message.startswith(f"x.yaml: field '{field}': ") and reason in message and "\n" not in message
 
 
+@pytest.mark.parametrize("old, new, expected", [
+    ("num_groups: 83", "num_groups: -3", "ip1.yaml:42: field 'data.shared_prefix.num_groups': must be >= 1, got -3"),
+    ("    - rate: 4\n", "    - rate: 0\n", "ip1.yaml:10: field 'load.stages[2].rate': must be > 0.0, got 0"),
+    ("      duration: 180\n", "", "ip1.yaml:10: field 'load.stages[2].duration': required field missing"),
+    ("  stages:\n", "  request_timeout: -1\n  stages:\n",
+     "ip1.yaml:5: field 'load.request_timeout': must be > 0.0, got -1"),
+    ("  ignore_eos: true", "  ignore_eos: 1",
+     "ip1.yaml:34: field 'server.ignore_eos': expected true or false, got int (1)"),
+    ("type: shared_prefix", "type: random", "ip1.yaml:40: field 'data.type': unsupported 'random'; kvroute reads "
+                                            "shared_prefix"),
+    ("  shared_prefix:\n", "  shared_prefix: [83]\n  trace:\n",
+     "ip1.yaml:41: field 'data.shared_prefix': expected a mapping, got a list"),
+])
+def test_a_bad_value_names_its_line(tmp_path, old, new, expected):
+    path = tmp_path / "ip1.yaml"
+    path.write_text(X37.read_text().replace(old, new, 1))
+    with pytest.raises(InputError) as info:
+        read_workload_config(path)
+    assert str(info.value) == f"{tmp_path}/{expected}"
+
+
+def test_a_markdown_report_names_the_line_in_the_md_file(tmp_path):
+    path = tmp_path / "r.md"
+    path.write_text("# Run 7\n\nThe config:\n\n```yaml\n" + X37.read_text().replace("num_groups: 83", "num_groups: -3")
+                    + "```\n")
+    with pytest.raises(InputError) as info:
+        read_workload_config(path)
+    # line 42 of the YAML, after the 5 lines before it in the .md file
+    assert str(info.value) == f"{path}:47: field 'data.shared_prefix.num_groups': must be >= 1, got -3"
+
+
+def test_the_published_report_names_the_line_in_the_md_file(tmp_path):
+    report = PUBLISHED / "llm-d-37-capacity-report.md"
+    if not report.exists():
+        pytest.skip(f"{report} absent")
+    path = tmp_path / "report.md"
+    path.write_text(report.read_text().replace("num_groups: 83", "num_groups: -3", 1))
+    with pytest.raises(InputError) as info:
+        read_workload_config(path)
+    assert str(info.value) == f"{path}:79: field 'data.shared_prefix.num_groups': must be >= 1, got -3"
+
+
+UNKNOWN = "unknown key (inference-perf 0.7.0 refuses it too); "
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("system_prompt_len", "system_promt_len",  # the reported typo: every prompt was 1,100 tokens, not 9,000
+     "ip2.yaml:44: field 'data.shared_prefix.system_promt_len': " + UNKNOWN + "did you mean 'system_prompt_len'?"),
+    ("  type: constant\n", "  type: constant\n  intervall: 3\n",
+     "ip2.yaml:5: field 'load.intervall': " + UNKNOWN + "did you mean 'interval'?"),
+    ("      duration: 180", "      durration: 180",
+     "ip2.yaml:11: field 'load.stages[2].durration': " + UNKNOWN + "did you mean 'duration'?"),
+    ("    - rate: 3\n", "    - qps: 3\n", "ip2.yaml:8: field 'load.stages[1].qps': " + UNKNOWN
+     + "the keys of load.stages[1] are rate, duration, num_requests, concurrency_level"),
+    ("  type: shared_prefix\n", "  type: shared_prefix\n  shared_prefixes: {}\n",
+     "ip2.yaml:41: field 'data.shared_prefixes': " + UNKNOWN + "did you mean 'shared_prefix'?"),
+    ("  ignore_eos: true", "  ignore_eos: true\n  ignore_eoss: false",
+     "ip2.yaml:35: field 'server.ignore_eoss': " + UNKNOWN + "did you mean 'ignore_eos'?"),
+    ("report:", "reprot:", "ip2.yaml:48: field 'reprot': " + UNKNOWN + "did you mean 'report'?"),
+])
+def test_an_unknown_key_names_its_line_and_the_closest_known_key(tmp_path, old, new, expected):
+    path = tmp_path / "ip2.yaml"
+    path.write_text(X37.read_text().replace(old, new, 1))
+    with pytest.raises(InputError) as info:
+        read_workload_config(path)
+    assert str(info.value) == f"{tmp_path}/{expected}"
+
+
+def test_an_unknown_key_in_a_markdown_report_names_the_line_in_the_md_file(tmp_path):
+    path = tmp_path / "r.md"
+    path.write_text("# Run 7\n\nThe config:\n\n```yaml\n"
+                    + X37.read_text().replace("system_prompt_len", "system_promt_len") + "```\n")
+    with pytest.raises(InputError) as info:
+        read_workload_config(path)
+    assert str(info.value) == (f"{path}:49: field 'data.shared_prefix.system_promt_len': " + UNKNOWN
+                               + "did you mean 'system_prompt_len'?")  # line 44 of the YAML, 5 lines before it
+    report = PUBLISHED / "llm-d-37-capacity-report.md"
+    if report.exists():
+        path.write_text(report.read_text().replace("system_prompt_len", "system_promt_len", 1))
+        with pytest.raises(InputError, match=r"r\.md:81: field 'data\.shared_prefix\.system_promt_len': unknown"):
+            read_workload_config(path)
+
+
+def test_an_unknown_key_of_a_parsed_dict_has_no_line():
+    doc = _doc()
+    doc["load"]["stages"][0]["durration"] = 3
+    with pytest.raises(InputError) as info:
+        parse_workload_config(doc, "x.yaml")
+    assert str(info.value) == "x.yaml: field 'load.stages[0].durration': " + UNKNOWN + "did you mean 'duration'?"
+
+
+def test_keys_inference_perf_knows_but_kvroute_does_not_model_are_left_unread():
+    doc = _doc(seed=7, num_unique_system_prompts=None)
+    doc["load"].update(base_seed=3, request_retries=2, worker_max_tcp_connections=10, stage_teardown_grace_seconds=0)
+    doc["data"].update(use_chat_template=False, path=None)
+    doc.update(server={"type": "vllm", "model_name": "m", "base_url": "http://x", "ignore_eos": True},
+               api={"type": "completion", "streaming": True}, tokenizer={"anything": 1}, report={"x": 1})
+    assert parse_workload_config(doc) == parse_workload_config(_doc())
+
+
+@pytest.mark.parametrize("path", [*sorted(INFERENCE_PERF_CONFIGS.glob("*.yaml")),
+                                  PUBLISHED / "llm-d-37-capacity-report.md"], ids=lambda p: p.name)
+def test_the_shipped_and_published_configs_have_no_unknown_key(path):
+    if not path.exists():
+        pytest.skip(f"{path} absent")
+    assert read_workload_config(path).stages
+
+
 def test_a_key_twice_names_file_line_and_key(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("load:\n  type: constant\n  type: poisson\n")
