@@ -109,8 +109,8 @@ class PolicyError(ValueError):
     one of the policy's methods raised. The run stops with it; the CLI prints it as a one-line
     ``Error:`` (a ValueError, like every bad input).
 
-    The message is one line naming the policy, where it came from (a user's file as listed in
-    ``KVROUTE_POLICY_FILES``, an entry point's module file, or ``built in: kvroute/...`` for
+    The message is one line naming the policy, where it came from (the path of a user's file from
+    ``KVROUTE_POLICY_FILES`` or of an entry point's module, or ``built in: kvroute/...`` for
     kvroute's own policies, whose errors are kvroute bugs) and what went wrong::
 
         policy 'minus_one' (negpol.py) returned -1 from choose(): a worker must be an int in range(4)
@@ -120,12 +120,14 @@ class PolicyError(ValueError):
 
     Attributes:
         policy: the policy's registered name.
-        where: the file the policy's class (or the frame that raised) is in, as shown, or None.
-        line: the line in ``where`` that raised, or None.
+        where: the file of the policy's class as the message shows it, or None.
+        line: the line that raised, in ``where`` (in another file when the method that raised
+            is inherited from a class there: the message names that file), or None.
     """
 
     def __init__(self, message: str, policy: str = "", where: str | None = None, line: int | None = None) -> None:
-        super().__init__(message)  # NOTE: args is (message,): unpickling calls PolicyError(message), then restores __dict__
+        # NOTE: args is (message,): unpickling calls PolicyError(message), then restores __dict__
+        super().__init__(message)
         self.policy = policy
         self.where = where
         self.line = line
@@ -405,8 +407,8 @@ _PACKAGE = Path(__file__).resolve().parents[2]
 
 
 def _class_file(cls: type) -> str:
-    """Where ``cls`` comes from, for an error message: ``built in: kvroute/sim/routing/x.py``, a
-    user's file as listed in ``KVROUTE_POLICY_FILES``, or another module's file (an entry point)."""
+    """Where ``cls`` comes from, for an error message: ``built in: kvroute/sim/routing/x.py``, or
+    its module's path (a user's file from ``KVROUTE_POLICY_FILES``, an entry point's module)."""
     path = getattr(sys.modules.get(cls.__module__), "__file__", None)
     if path is None:
         return f"module {cls.__module__}"
