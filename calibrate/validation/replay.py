@@ -39,6 +39,7 @@ from kvroute.calibrate.live.metrics_scrape import LiveMetrics
 from kvroute.calibrate.live.stream import new_session
 from kvroute.sim.cluster.metrics import RequestRecord, RunResult, records_frame, tokens_frame
 from kvroute.sim.routing import RouteRequest, RouterView, make_policy, router_rng
+from kvroute.sim.routing.base import checked_worker, prepare_policy, raise_policy_error
 from kvroute.sim.engine.scheduler import clamp_max_tokens
 from kvroute.sim.cluster.workload import Workload
 from kvroute.traces.format import Trace, TraceRecord
@@ -119,6 +120,8 @@ class LiveReplay:
 
     Raises:
         ValueError: unknown policy, no endpoint, or a block size that cannot map the trace's.
+        PolicyError (a ValueError): the policy's ``__init__`` or ``prepare`` raised (see
+            :meth:`run` for ``choose``).
     """
 
     def __init__(
@@ -155,7 +158,7 @@ class LiveReplay:
                                track_prefixes=self.policy.uses_prefixes, metrics=self.metrics.scrape,
                                cache_view=cache_view,
                                events=self.kv_events.index if cache_view == "events" else None)
-        self.policy.prepare(self.view)
+        prepare_policy(self.policy, self.view)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []
         self.itl_gaps: list[float] = []
@@ -200,6 +203,10 @@ class LiveReplay:
         Raises:
             asyncio.CancelledError: when cancelled (Ctrl-C); requests in flight are first
                 recorded as failed with ``"interrupted"`` and :attr:`interrupted` is set.
+            PolicyError (``kvroute.sim.routing``): the policy's ``choose`` returned something other
+                than a worker index in ``range(len(endpoints))``, or raised (a RuntimeError
+                while every worker is dead is the policy's "no live worker": that request is
+                recorded as not sent); it stops the replay as a client's error does (below).
             Exception: the first error a request's client raised (not a failed request, which is
                 recorded), after the other clients were cancelled.
         """
@@ -332,12 +339,17 @@ class LiveReplay:
         route = RouteRequest(rec.request_id, rec.session_id, hashes, len(prompt))
         try:
             worker = self.policy.choose(route, self.view)
-        except RuntimeError as exc:  # every worker is dead
-            record = RequestRecord(rec, -1, self.now())
+        except Exception as exc:  # noqa: BLE001 - the policy's code (maybe a user's): named in the error
+            if not (isinstance(exc, RuntimeError) and not self.view.alive_workers()):
+                raise_policy_error(self.policy, exc, "choose")
+            record = RequestRecord(rec, -1, self.now())  # every worker is dead
             record.error = f"not sent: {exc}"
             self.records.append(record)
             self._skip_children(rec)
             return
+        n = len(self.endpoints)
+        if worker.__class__ is not int or not 0 <= worker < n:  # the simulator's check (Cluster._route)
+            worker = checked_worker(self.policy, worker, n)
         self.view.on_routed(worker, route)
         if hashes and self.kv_events is not None:
             self._last_block[rec.request_id] = hashes[-1]

@@ -29,6 +29,7 @@ from kvroute.sim.cluster.timeseries import series_frame
 from kvroute.sim.timing.profile import Profile
 from kvroute.sim.routing import (CACHE_VIEWS, DEFAULT_POLICIES, KVEventIndex, MetricsScrape, RouteRequest, RouterView,
                                  make_policy, router_rng)
+from kvroute.sim.routing.base import checked_worker, prepare_policy, raise_policy_error
 from kvroute.sim.engine.scheduler import admission_error, clamp_max_tokens
 from kvroute.sim.cluster.worker import Worker
 from kvroute.sim.cluster.workload import Workload
@@ -190,6 +191,9 @@ class Cluster:
         spec: what to simulate.
         seed: seeds the run's random generator (jitter, overheads) and, through a spawned
             child, the router's (ties, random choices).
+
+    Raises:
+        ValueError, PolicyError: as :func:`simulate` (building the cluster, or :meth:`run`).
     """
 
     def __init__(self, trace: Trace, spec: ClusterSpec, seed: int) -> None:
@@ -302,7 +306,7 @@ class Cluster:
         for g, policy in enumerate(self.policies):
             view = self.views[g if num_views > 1 else 0]
             view.num_gpu_blocks = [p.engine.num_gpu_blocks for p in self.profiles]
-            policy.prepare(view)
+            prepare_policy(policy, view)
         self.policy, self.view = self.policies[0], self.views[0]
         self._lb_rng = np.random.default_rng(seed).spawn(2)[1]
         self._lb_next = 0
@@ -352,7 +356,12 @@ class Cluster:
 
         ``progress(now_s, sent, total)`` (optional) is called every ``PROGRESS_EVERY`` events
         and at the end with the simulated time, the requests sent so far and the trace's size;
-        the events and their order are the same with or without it."""
+        the events and their order are the same with or without it.
+
+        Raises:
+            PolicyError: the policy returned something other than a worker index, or raised
+                (:func:`simulate`).
+        """
         # NOTE: without the cyclic collector (kvroute.sim.cluster.collector): its passes over what the
         # run keeps were 4-5 % of the whole Mooncake trace's time.
         with paused_collector():
@@ -513,7 +522,13 @@ class Cluster:
         route = RouteRequest(rec.request_id, rec.session_id, hashes[: rec.input_length // bs], rec.input_length)
         g = self._gateway()
         view = self.views[g if len(self.views) > 1 else 0]
-        worker = self.policies[g].choose(route, view)
+        policy, n = self.policies[g], self.spec.num_workers
+        try:
+            worker = policy.choose(route, view)
+        except Exception as exc:  # noqa: BLE001 - the policy's code (maybe a user's): named in the error
+            raise_policy_error(policy, exc, "choose")
+        if worker.__class__ is not int or not 0 <= worker < n:  # NOTE: once per request: the cheap check first
+            worker = checked_worker(policy, worker, n)
         view.on_routed(worker, route)
         self._view_of[rec.request_id] = view
         record = RequestRecord(rec, worker, env.now)
@@ -696,5 +711,9 @@ def simulate(trace: Trace, spec: ClusterSpec, seed: int = 0,
     Raises:
         ValueError: a request can never fit in a worker's KV cache, the engine block size
             cannot map the trace's, or the policy name is unknown.
+        PolicyError (a ValueError, ``kvroute.sim.routing``): the policy's ``choose`` returned
+            something other than a worker index in ``range(spec.num_workers)``, or one of its
+            methods (``__init__``, ``prepare``, ``choose``) raised; the message names the policy,
+            its file and the line.
     """
     return Cluster(trace, spec, seed).run(progress)

@@ -18,6 +18,7 @@ a run of built-in policies does not pay.
 from kvroute.sim.routing.base import (
     POLICIES,
     Policy,
+    PolicyError,
     RouteRequest,
     check_spec,
     make_policy,
@@ -46,6 +47,6 @@ unset (``ClusterSpec.policy``, ``Scenario.policy``, ``simulate --policy``) is th
 round_robin, what a vLLM deployment without a cache-aware router does."""
 
 __all__ = [
-    "CACHE_VIEWS", "DEFAULT_POLICIES", "KVEventIndex", "LOAD_SIGNALS", "MetricsScrape", "POLICIES", "Policy", "RouteRequest", "RouterView", "check_spec", "load_user_policies", "make_policy", "parse_spec",
+    "CACHE_VIEWS", "DEFAULT_POLICIES", "KVEventIndex", "LOAD_SIGNALS", "MetricsScrape", "POLICIES", "Policy", "PolicyError", "RouteRequest", "RouterView", "check_spec", "load_user_policies", "make_policy", "parse_spec",
     "pick_max", "pick_min", "policy_params", "register", "router_rng", "split_specs",
 ]

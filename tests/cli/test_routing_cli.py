@@ -82,3 +82,39 @@ def test_a_missing_or_broken_user_policy_file_is_a_one_line_error(tmp_path: Path
     run = CliRunner().invoke(cli, ["simulate", "--chats", "2", "--turns", "1", "--policy", "round_robin", "--quiet"],
                              env={"KVROUTE_POLICY_FILES": str(missing)})
     assert run.exit_code == 0, run.output
+
+
+BROKEN_POLICIES = '''
+from kvroute.sim.routing import Policy, register
+
+
+@register("minus_one")
+class MinusOne(Policy):
+    def choose(self, request, view):
+        return -1
+
+
+@register("boom")
+class Boom(Policy):
+    def choose(self, request, view):
+        return self.missing
+'''
+
+
+def test_a_user_policy_that_returns_no_worker_or_raises_is_a_one_line_error(tmp_path: Path):
+    """Through the default executor (compare's runs in a process pool): the error names the
+    policy, the user's file and the line that raised, not "internal error (a bug in kvroute)"."""
+    path = tmp_path / "negpol.py"
+    path.write_text(BROKEN_POLICIES)
+    env = {**os.environ, "KVROUTE_POLICY_FILES": str(path)}
+    kvroute = str(Path(sys.executable).with_name("kvroute"))
+    small = ["--chats", "4", "--turns", "2", "--quiet"]
+    raised = subprocess.run([kvroute, "compare", *small, "--rounds", "2", "--policies", "round_robin,boom"],
+                            env=env, capture_output=True, text=True)
+    assert (raised.returncode, raised.stderr) == (
+        1, f"Error: policy 'boom' ({path} line 14) raised AttributeError in choose(): "
+           "'Boom' object has no attribute 'missing'\n")
+    negative = subprocess.run([kvroute, "simulate", *small, "--policy", "minus_one"], env=env, capture_output=True,
+                              text=True)
+    assert (negative.returncode, negative.stderr) == (
+        1, f"Error: policy 'minus_one' ({path}) returned -1 from choose(): a worker must be an int in range(4)\n")
