@@ -33,6 +33,7 @@ from kvroute.sim.cluster.cluster import simulate
 from kvroute.sim.study.executors import EXECUTORS, Stop, interrupts_as_keyboard, run_tasks
 from kvroute.sim.study.progress import progress_bar
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass, summarize, summarize_rounds
+from kvroute.sim.routing.base import PolicyError
 from kvroute.sim.study.scenario import (  # noqa: F401 - Scenario's names, also this module's
     GENERATOR_FIELDS, SCENARIO_FIELDS, WORKLOADS, Scenario, ScenarioError,
 )
@@ -87,6 +88,8 @@ def _run_task(task: tuple[Scenario, int, ServiceClass]) -> dict[str, Any]:
     (any ValueError: a request larger than the KV cache, a cluster that cannot be built)."""
     try:
         return {**run_scenario(*task), "status": "ok", "error": None}
+    except PolicyError:
+        raise  # a bug in a policy's code, not an infeasible scenario: the sweep stops on it
     except ValueError as exc:
         return failed_row(*task, reason=str(exc))
 
@@ -171,6 +174,8 @@ def sweep(
     Raises:
         ValueError: an unknown executor, rounds < 1, an address without Dask, an unreachable
             Dask scheduler. Any other error of a run (a bug) is raised as soon as it is seen.
+        PolicyError (``kvroute.sim.routing``): a policy's code raised or chose no valid worker
+            (a bug in the policy, not an infeasible grid point).
         SweepInterrupted (a KeyboardInterrupt): Ctrl-C or SIGTERM; carries the rows finished.
     """
     if isinstance(scenarios, Scenario):
