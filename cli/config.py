@@ -26,21 +26,27 @@ PROVENANCE_META = "kvroute.config_provenance"
 """``ctx.meta`` key holding the ``kvroute`` block of the ``--config`` file (or None)."""
 
 
-def read_config(path: Path, command: click.Command, meta: dict | None = None) -> dict:
+def read_config(path: Path, command: click.Command, meta: dict | None = None,
+                ctx: click.Context | None = None) -> dict:
     """The ``default_map`` (parameter name -> value) of a scenario file for ``command``.
 
     ``meta[PROVENANCE_META]`` (when ``meta`` is given) receives the file's ``kvroute`` block.
+    With ``ctx``, every value is also converted by its option's type first, so that a bad one
+    is an error naming the file, the line (YAML) and the option, not only the option as a value
+    given on the command line would be.
 
     Raises:
         click.BadParameter (``--config``): the file cannot be read, is not YAML/JSON, is not a
-            mapping, or names an option ``command`` does not have (listing the valid names).
+            mapping, names an option ``command`` does not have (listing the valid names), or
+            (with ``ctx``) holds a value its option's type refuses.
     """
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise click.BadParameter(f"cannot read {path}: {exc}", param_hint="'--config'") from None
     try:
-        doc = JSON_DECODER.decode(text) if path.suffix.lower() == ".json" else parse_yaml(text, str(path))
+        doc = JSON_DECODER.decode(text) if path.suffix.lower() == ".json" else parse_yaml(text, str(path),
+                                                                                            track_lines=True)
     except DuplicateKeyError as exc:  # JSON (YAML's come with their file from parse_yaml)
         raise click.BadParameter(str(DuplicateKeyError(exc.key, str(path), exc.line)), param_hint="'--config'") from None
     except InputError as exc:  # YAML: not valid, a key given twice, nested too deep (kvroute.traces.yaml_doc)
@@ -69,21 +75,40 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None) ->
             for opt in param.opts:
                 if opt.startswith("--"):
                     names[opt[2:]] = names[opt[2:].replace("-", "_")] = param.name
+    lines = getattr(doc, "key_lines", {})  # YAML: each key's line
+    params = {p.name: p for p in command.params}
     values = {}
     for key, value in doc.items():
+        where = f"{path}:{lines[key]}" if key in lines else str(path)
         if key == PROVENANCE_KEY:
             continue
         if key not in names:
             valid = sorted(k for k in names if "_" not in k)
-            raise click.BadParameter(f"{path}: unknown option {key!r} for {command.name}; valid: {', '.join(valid)}",
+            raise click.BadParameter(f"{where}: unknown option {key!r} for {command.name}; valid: {', '.join(valid)}",
                                      param_hint="'--config'")
+        value = _plain(value)
+        if ctx is not None and value is not None:
+            try:
+                params[names[key]].type_cast_value(ctx, value)
+            except click.BadParameter as exc:
+                raise click.BadParameter(f"{where}: option {key!r}: {exc.message}",
+                                         param_hint="'--config'") from None
         values[names[key]] = value
     return values
 
 
+def _plain(value: object) -> object:
+    """``value`` with the line-tracking YAML containers as plain dicts and lists."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 def _apply(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
     if value is not None:
-        ctx.default_map = {**(ctx.default_map or {}), **read_config(value, ctx.command, ctx.meta)}
+        ctx.default_map = {**(ctx.default_map or {}), **read_config(value, ctx.command, ctx.meta, ctx)}
     return value
 
 

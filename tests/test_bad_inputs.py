@@ -757,7 +757,7 @@ CORPUS_35 = [
      "Invalid value for '--arrival': gamma CV must be a finite number > 0 and <= 100, got 'gamma:1e308'"),
     (("compare", *S, "--policies", "dynamo:overlap_weight=1e308"),
      "Invalid value for '--policies': policy 'dynamo': overlap_weight must be <= 1e+09, got 1e+308"),
-    (("simulate", "--config", "{dir}/huge.yaml"), "Invalid value for '--workers': must be <= 10,000, got 1e+308"),
+    (("simulate", "--config", "{dir}/huge.yaml"), "huge.yaml:1: option 'workers': must be <= 10,000, got 1e+308"),
     (("simulate", *S, "--policy", "epp:{dir}/fifo"), "Invalid value for '--policy': {dir}/fifo is a FIFO"),
     (("simulate", *S, "--policy", "epp:{dir}/deep.yaml"), "Invalid value for '--policy': {dir}/deep.yaml: nested too deep"),
     (("simulate", "--workload-config", "/dev/zero"), "Invalid value for '--workload-config': /dev/zero is a device"),

@@ -58,9 +58,16 @@ def test_config_errors_name_the_file_and_option(tmp_path):
     bad.write_text("workerz: 2\n")
     result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
     assert result.exit_code == 2 and "unknown option 'workerz' for compare" in result.output
-    bad.write_text("workers: 0\n")   # checked like the flag
+    bad.write_text("chats: 4\nworkers: 0\n")   # checked like the flag, and named with its file and line
     result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
-    assert result.exit_code == 2 and "'--workers'" in result.output
+    assert result.exit_code == 2 and f"{bad}:2: option 'workers': must be >= 1, got 0" in result.output
+    bad.write_text("chats: 4\nworkload: agnet\n")
+    result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
+    assert result.exit_code == 2 and f"{bad}:2: option 'workload': 'agnet' is not one of" in result.output
+    bad.with_suffix(".json").write_text('{"workers": "eight"}')
+    result = CliRunner().invoke(cli, ["compare", "--config", str(bad.with_suffix(".json"))])
+    assert result.exit_code == 2 and f"{bad.with_suffix('.json')}: option 'workers': 'eight' is not a valid integer" \
+        in result.output
     bad.write_text("workers: [1\n")
     result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
     assert result.exit_code == 2 and "not valid YAML" in result.output and str(bad) in result.output
