@@ -144,7 +144,8 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
                                                     and scenario.reply is None and scenario.workload_config is None,
                                                     uncertainty),
                                    _frontend_note(spec.profile, peak), run_note(spec.profile, records, peak),
-                                   _speed_note(spec.profile, spec.num_workers)) if line]
+                                   _speed_note(spec.profile, spec.num_workers), _model_note(trace, spec.profile))
+                                   if line]
     if not json_out:
         for line in notes:
             click.echo(line)
@@ -464,6 +465,23 @@ def _unmeasured_note(profile, fitted_seed_workload: bool, uncertainty: int = 0) 
         note += (" On the lab's 6-turn run this prior predicts later-turn TTFT about 1.5x the measured value "
                  "(docs/reference/seed-study-fit.md).")
     return note
+
+
+def _model_note(trace, profile) -> str:
+    """A note when the workload's own run served another model than the profile's (an
+    inference-perf config's ``server.model_name``): the times are the profile's model's."""
+    theirs = trace.metadata.get("model_name") if isinstance(trace.metadata, dict) else None
+    ours = (profile.raw.get("model") or {}).get("name")
+    if not theirs or not ours or _model_key(theirs) == _model_key(ours):
+        return ""
+    return (f"Note: the workload config's run served {theirs}; the times here are those of the profile's model, "
+            f"{ours} ({profile.name}). To simulate {theirs}: `kvroute profiles derive --model {theirs} --gpu GPU "
+            "--tp N`, then --profile FILE.")
+
+
+def _model_key(name: str) -> str:
+    """A model name compared without its organisation and case (``meta-llama/Llama-3.1-70B-Instruct``)."""
+    return name.rsplit("/", 1)[-1].lower()
 
 
 def _speed_note(profile, num_workers: int) -> str:

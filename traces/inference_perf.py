@@ -138,6 +138,8 @@ class WorkloadConfig:
         num_workers: ``load.num_workers`` when given (inference-perf's default is the CPU count).
         worker_max_concurrency: ``load.worker_max_concurrency`` (default 100 per worker).
         ignore_eos: ``server.ignore_eos`` (default true).
+        model_name: ``server.model_name``, the model the config's run served (None when not
+            given; kvroute simulates the profile's model, and the commands say when they differ).
     """
 
     source: str
@@ -149,6 +151,7 @@ class WorkloadConfig:
     num_workers: int | None = None
     worker_max_concurrency: int = 100
     ignore_eos: bool = True
+    model_name: str | None = None
 
     @property
     def client_timeout_s(self) -> float:
@@ -269,6 +272,7 @@ def parse_workload_config(doc: object, where: str = "<config>", line_offset: int
                                                               at.line(load, "num_workers")),
         worker_max_concurrency=_field(load, ("worker_max_concurrency",), 100, _COUNT, at, "load."),
         ignore_eos=ignore_eos,
+        model_name=server.get("model_name") if isinstance(server.get("model_name"), str) else None,
     )
 
 
@@ -279,7 +283,8 @@ def workload_trace(config: WorkloadConfig, seed: int, block_size: int = TRACE_BL
         A trace of ``sum(stage.num_requests)`` records, each with its ``stage``; ``timestamp_ms``
         lays the stages end to end, ``stage_gap_s`` apart. ``metadata``: ``stages`` (one dict
         per stage: ``stage``, ``rate``, ``duration_s``, ``requests``, ``start_ms``),
-        ``stage_gap_s``, ``request_timeout_s`` (the client's), ``load_type``, ``num_prompts``.
+        ``stage_gap_s``, ``request_timeout_s`` (the client's), ``load_type``, ``num_prompts``, ``model_name``
+        (``server.model_name`` or None).
     """
     rng = np.random.default_rng(seed)
     prompts = _prompt_blocks(config.data, block_size)
@@ -302,7 +307,7 @@ def workload_trace(config: WorkloadConfig, seed: int, block_size: int = TRACE_BL
         start_s += max(float(stage.duration_s), last) + config.stage_gap_s
     metadata = {"stages": meta_stages, "stage_gap_s": config.stage_gap_s,
                 "request_timeout_s": config.client_timeout_s, "load_type": config.load_type,
-                "num_prompts": sp.num_prompts}
+                "num_prompts": sp.num_prompts, "model_name": config.model_name}
     return Trace(records, block_size, f"inference-perf:{Path(config.source).name}", metadata)
 
 

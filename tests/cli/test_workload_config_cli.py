@@ -65,3 +65,21 @@ def test_a_misspelt_key_is_an_error_naming_file_line_and_the_key_meant(tmp_path)
     assert result.output.strip().splitlines()[-1] == (
         f"Error: {config}:44: field 'data.shared_prefix.system_promt_len': unknown key (inference-perf 0.7.0 "
         "refuses it too); did you mean 'system_prompt_len'?")
+
+
+def test_a_note_says_when_the_configs_run_served_another_model(tmp_path):
+    """``server.model_name`` names the model the config's run served; the times are the profile's
+    model's, so a note says so when the two differ (by name, without organisation or case)."""
+    config = tmp_path / "ip.yaml"
+    args = ("simulate", "--workload-config", config, "--quiet")
+    config.write_text(SMALL_LADDER + "server:\n  model_name: meta-llama/Llama-3.1-70B-Instruct\n")
+    other = _run(*args)
+    assert other.exit_code == 0, other.output
+    assert ("Note: the workload config's run served meta-llama/Llama-3.1-70B-Instruct; the times here are those of "
+            "the profile's model, Qwen/Qwen2.5-7B-Instruct (a6000-qwen2.5-7b). To simulate "
+            "meta-llama/Llama-3.1-70B-Instruct: `kvroute profiles derive --model meta-llama/Llama-3.1-70B-Instruct "
+            "--gpu GPU --tp N`, then --profile FILE.") in other.output
+    config.write_text(SMALL_LADDER + "server:\n  model_name: qwen2.5-7b-instruct\n")
+    assert "workload config's run served" not in _run(*args).output
+    config.write_text(SMALL_LADDER)
+    assert "workload config's run served" not in _run(*args).output
