@@ -180,11 +180,15 @@ def test_bad_configs_name_the_field(change, field, reason):
      "ip1.yaml:41: field 'data.shared_prefix': expected a mapping, got a list"),
 ])
 def test_a_bad_value_names_its_line(tmp_path, old, new, expected):
-    path = tmp_path / "ip1.yaml"
+    assert _error_of_edited(tmp_path / "ip1.yaml", old, new) == f"{tmp_path}/{expected}"
+
+
+def _error_of_edited(path, old: str, new: str) -> str:
+    """The error of reading the shipped llm-d config written to ``path`` with ``old`` replaced by ``new``."""
     path.write_text(X37.read_text().replace(old, new, 1))
     with pytest.raises(InputError) as info:
         read_workload_config(path)
-    assert str(info.value) == f"{tmp_path}/{expected}"
+    return str(info.value)
 
 
 def test_a_markdown_report_names_the_line_in_the_md_file(tmp_path):
@@ -227,11 +231,7 @@ UNKNOWN = "unknown key (inference-perf 0.7.0 refuses it too); "
     ("report:", "reprot:", "ip2.yaml:48: field 'reprot': " + UNKNOWN + "did you mean 'report'?"),
 ])
 def test_an_unknown_key_names_its_line_and_the_closest_known_key(tmp_path, old, new, expected):
-    path = tmp_path / "ip2.yaml"
-    path.write_text(X37.read_text().replace(old, new, 1))
-    with pytest.raises(InputError) as info:
-        read_workload_config(path)
-    assert str(info.value) == f"{tmp_path}/{expected}"
+    assert _error_of_edited(tmp_path / "ip2.yaml", old, new) == f"{tmp_path}/{expected}"
 
 
 def test_an_unknown_key_in_a_markdown_report_names_the_line_in_the_md_file(tmp_path):
