@@ -111,6 +111,26 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
                   "finished rounds ([low, high] where clipped to possible values)")
     spread_note = (f"{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo_ttft} s and "
                    f"TPOT <= {slo_tpot} s.")
+    fitted_seed = (trace_path is None and scenario.workload == "seed-chat" and scenario.reply is None
+                   and scenario.workload_config is None)
+    if not json_out or out is not None:  # (--json alone keeps pandas unimported: records are a DataFrame)
+        from kvroute.sim.timing.coverage import peak_in_flight, run_note
+
+        records = comparison.records()
+        peak = peak_in_flight(records)
+        served = bool((records["status"] == "ok").any())
+        # nothing served: the failure note is the whole story (a rejected request never finishes, so
+        # peak_in_flight would count it in flight to the end, and a note on timing would be about no run)
+        notes = [_failure_note(comparison)] if not served else [line for line in (_failure_note(comparison),
+                                   _unmeasured_note(spec.profile, fitted_seed, uncertainty),
+                                   _frontend_note(spec.profile, peak), run_note(spec.profile, records, peak),
+                                   _speed_note(spec.profile, spec.num_workers), _model_note(trace, spec.profile))
+                                   if line]
+    else:  # the notes that need no per-request table; failures counted from the runs' summaries
+        notes = [line for line in (_failed_count_note(comparison),
+                                   _unmeasured_note(spec.profile, fitted_seed, uncertainty),
+                                   _speed_note(spec.profile, spec.num_workers), _model_note(trace, spec.profile))
+                 if line]
     staged = stage_results(comparison, trace, spec)  # None unless the trace has load stages
     if json_out:
         doc = {"scenario": header, "rounds": rounds, "seed": seed,
@@ -119,6 +139,7 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
                **(uncertain.to_dict() if uncertainty else comparison.to_dict())}
         if staged is not None:  # a trace with load stages: the per-stage table too
             doc.update(stage_doc(staged))
+        doc["notes"] = notes
         click.echo(json.dumps(doc, indent=2))
     elif uncertainty:
         click.echo(format_uncertain_table(uncertain))
@@ -130,22 +151,6 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
         if staged is not None:
             click.echo(stage_text(staged))
         click.echo(f"\n{spread_note}")
-    notes = []
-    if not json_out or out is not None:  # (--json alone keeps pandas unimported: records are a DataFrame)
-        from kvroute.sim.timing.coverage import peak_in_flight, run_note
-
-        records = comparison.records()
-        peak = peak_in_flight(records)
-        served = bool((records["status"] == "ok").any())
-        # nothing served: the failure note is the whole story (a rejected request never finishes, so
-        # peak_in_flight would count it in flight to the end, and a note on timing would be about no run)
-        notes = [_failure_note(comparison)] if not served else [line for line in (_failure_note(comparison),
-                                   _unmeasured_note(spec.profile, trace_path is None and scenario.workload == "seed-chat"
-                                                    and scenario.reply is None and scenario.workload_config is None,
-                                                    uncertainty),
-                                   _frontend_note(spec.profile, peak), run_note(spec.profile, records, peak),
-                                   _speed_note(spec.profile, spec.num_workers), _model_note(trace, spec.profile))
-                                   if line]
     if not json_out:
         for line in notes:
             click.echo(line)
@@ -449,6 +454,16 @@ def _failure_note(comparison) -> str:
     if not_sent.any():
         text += f"; the other {int(not_sent.sum())} were not sent, their parent request having been rejected"
     return text
+
+
+def _failed_count_note(comparison) -> str:
+    """``--json``'s failure note, from the runs' summaries (no per-request table): how many
+    requests failed over all policies and rounds (``_failure_note`` gives one reason)."""
+    failed = sum(int(row.get("failed") or 0) for row in comparison.rows)
+    if not failed:
+        return ""
+    return (f"Note: {failed} requests failed (all policies and rounds); the notes without --json, or --out's "
+            "records, give the reasons")
 
 
 def _unmeasured_note(profile, fitted_seed_workload: bool, uncertainty: int = 0) -> str:

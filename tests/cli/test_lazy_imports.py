@@ -43,3 +43,17 @@ def test_simulate_json_imports_neither_pandas_nor_scipy():
     args = ["simulate", "--turns", "2", "--policy", "round_robin,kv_aware", "--json"]
     out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "HEAVY", out[-300:]
+
+
+def test_simulate_json_carries_its_notes_and_stays_light():
+    """``--json`` gives the notes the table would print that need no per-request table (a derived
+    prior, failures counted), still without pandas."""
+    import json
+
+    args = ["simulate", "--workload", "agent", "--chats", "2", "--max-model-len", "8192", "--json"]
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "HEAVY", out[-300:]
+    notes = json.loads(out.rsplit("HEAVY", 1)[0])["notes"]
+    assert notes[0] == ("Note: 20 requests failed (all policies and rounds); the notes without --json, or --out's "
+                        "records, give the reasons")
+    assert notes[1].startswith("Note: a6000-qwen2.5-7b is a derived prior, not a measurement")
