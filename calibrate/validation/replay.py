@@ -39,7 +39,7 @@ from kvroute.calibrate.live.metrics_scrape import LiveMetrics
 from kvroute.calibrate.live.stream import new_session
 from kvroute.sim.cluster.metrics import RequestRecord, RunResult, records_frame, tokens_frame
 from kvroute.sim.routing import RouteRequest, RouterView, make_policy, router_rng
-from kvroute.sim.routing.base import checked_worker, prepare_policy, raise_policy_error
+from kvroute.sim.routing.policy_errors import checked_worker, prepare_policy, raise_policy_error
 from kvroute.sim.engine.scheduler import clamp_max_tokens
 from kvroute.sim.cluster.workload import Workload
 from kvroute.traces.format import Trace, TraceRecord

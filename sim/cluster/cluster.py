@@ -29,7 +29,7 @@ from kvroute.sim.cluster.timeseries import series_frame
 from kvroute.sim.timing.profile import Profile
 from kvroute.sim.routing import (CACHE_VIEWS, DEFAULT_POLICIES, KVEventIndex, MetricsScrape, RouteRequest, RouterView,
                                  make_policy, router_rng)
-from kvroute.sim.routing.base import checked_worker, prepare_policy, raise_policy_error
+from kvroute.sim.routing.policy_errors import checked_worker, prepare_policy, raise_policy_error
 from kvroute.sim.engine.scheduler import admission_error, clamp_max_tokens
 from kvroute.sim.cluster.worker import Worker
 from kvroute.sim.cluster.workload import Workload

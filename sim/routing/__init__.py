@@ -15,10 +15,10 @@ They are imported when a spec names a policy that is not built in, and by ``kvro
 a run of built-in policies does not pay.
 """
 
+from kvroute.sim.routing.policy_errors import PolicyError
 from kvroute.sim.routing.base import (
     POLICIES,
     Policy,
-    PolicyError,
     RouteRequest,
     check_spec,
     make_policy,

@@ -33,7 +33,7 @@ from kvroute.sim.cluster.cluster import simulate
 from kvroute.sim.study.executors import EXECUTORS, Stop, interrupts_as_keyboard, run_tasks
 from kvroute.sim.study.progress import progress_bar
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass, summarize, summarize_rounds
-from kvroute.sim.routing.base import PolicyError
+from kvroute.sim.routing.policy_errors import PolicyError
 from kvroute.sim.study.scenario import (  # noqa: F401 - Scenario's names, also this module's
     GENERATOR_FIELDS, SCENARIO_FIELDS, WORKLOADS, Scenario, ScenarioError,
 )

@@ -9,7 +9,7 @@ import pytest
 
 from kvroute.sim.cluster.cluster import ClusterSpec, simulate
 from kvroute.sim.routing import POLICIES, Policy, PolicyError, RouterView, make_policy
-from kvroute.sim.routing.base import checked_worker, prepare_policy, raise_policy_error
+from kvroute.sim.routing.policy_errors import checked_worker, prepare_policy, raise_policy_error
 from kvroute.sim.timing.profile import load_profile
 from kvroute.traces.generators import seed_chat
 
