@@ -180,8 +180,9 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
         sys.exit(130)
     path = write_report(result, out_dir, figure_formats, provenance=_provenance(scenario, trace, profile))
     click.echo((Path(out_dir) / "report.md").read_text(encoding="utf-8"), nl=False)  # as written, not rebuilt
+    figures = figure_formats[0] if len(figure_formats) == 1 else "{" + ",".join(figure_formats) + "}"
     click.echo(f"wrote {path}, report.md, report.html, records_live.parquet, records_sim.parquet, "
-               f"ttft_*.{{{','.join(figure_formats)}}} in {out_dir}", err=True)
+               f"ttft_*.{figures} in {out_dir}", err=True)
     if result.interrupted:
         sys.exit(130)
     measured = sum(int((run.live.records["status"] == "ok").sum()) for run in result.runs if run.live is not None)
