@@ -54,7 +54,8 @@ class ServerSpec:
             off the engine's core is what makes step times reproducible on a small machine: the
             engine core busy-waits for its worker, and sharing a core with the API server made
             decode steps up to three times slower, at random.
-        cuda_device: expose only this GPU index (``CUDA_VISIBLE_DEVICES``); None: no change.
+        cuda_device: expose only this GPU (``CUDA_VISIBLE_DEVICES``): an index, or a UUID or MIG id
+            as ``CUDA_VISIBLE_DEVICES`` may name it; None: no change.
         kv_cache_gib: KV cache size on the CPU backend (``VLLM_CPU_KVCACHE_SPACE``), GiB.
         max_model_len: ``--max-model-len``; None: the model's own limit.
         extra_args: more vLLM command-line arguments, passed as they are.
@@ -74,7 +75,7 @@ class ServerSpec:
     gpu_memory_utilization: float | None = None
     cpu_core: int | None = None
     frontend_cores: tuple[int, ...] | None = None
-    cuda_device: int | None = None
+    cuda_device: int | str | None = None
     kv_cache_gib: float | None = 1.0
     max_model_len: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -350,14 +351,24 @@ def pinned(cores) -> Iterator[None]:
         set_affinity(os.getpid(), old)
 
 
-def detect_gpus() -> list[int]:
-    """Indices of visible NVIDIA GPUs: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi -L``.
+def detect_gpus() -> list[int | str]:
+    """Visible NVIDIA GPUs: the entries of ``CUDA_VISIBLE_DEVICES`` if set (indices as ints, UUIDs
+    such as ``GPU-8f3a...`` and MIG ids such as ``MIG-...`` as they are written, blanks around
+    them dropped; as CUDA does, none from a negative index on), else the indices ``nvidia-smi -L``
+    lists. Each is what a server's ``CUDA_VISIBLE_DEVICES`` is set to, to pin it to that GPU.
 
-    Returns an empty list on a machine without GPUs.
+    Returns an empty list on a machine without GPUs (or with ``CUDA_VISIBLE_DEVICES`` empty).
     """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return [int(x) for x in visible.split(",") if x.strip().isdigit()]
+        devices: list[int | str] = []
+        for entry in (x.strip() for x in visible.split(",")):
+            if not entry:
+                continue
+            if entry.startswith("-") and entry[1:].isdigit():
+                break  # CUDA hides a negative index and every device after it
+            devices.append(int(entry) if entry.isdigit() else entry)
+        return devices
     if shutil.which("nvidia-smi") is None:
         return []
     try:
@@ -438,7 +449,9 @@ def plan_servers(
         raise ValueError(f"api_cores must be one of {sorted(API_CORES)}, got {api_cores!r}")
     gpus = detect_gpus() if device in ("auto", "gpu") else []
     if device == "gpu" and not gpus:
-        raise ValueError("no GPU found (nvidia-smi -L lists none and CUDA_VISIBLE_DEVICES is unset)")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ValueError("no GPU found (nvidia-smi -L lists none and CUDA_VISIBLE_DEVICES is unset)" if visible is None
+                         else f"no GPU found (CUDA_VISIBLE_DEVICES={visible!r} names none)")
     if workers_per_gpu > 1 and not gpus:
         raise ValueError(f"{workers_per_gpu} workers per GPU, but no GPU is used (the CPU backend runs one server "
                          "per core)")
