@@ -257,8 +257,7 @@ class VllmServer:
             sock.parent.chmod(0o700)
             sock.unlink(missing_ok=True)  # left by a server that was killed
         log = open(self.log_path, "ab")
-        core = self.spec.cpu_core
-        preexec = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
+        preexec = _child_setup(self.spec.cpu_core)
         try:
             self.process = subprocess.Popen(
                 self.spec.command(),
@@ -322,6 +321,38 @@ class VllmServer:
             with contextlib.suppress(OSError):
                 Path(events.removeprefix("ipc://")).unlink(missing_ok=True)
         return code
+
+
+def _child_setup(core: int | None):
+    """The ``preexec_fn`` of a server's process: pin it to ``core`` (None: no pinning) and, on
+    Linux, have the kernel send it SIGTERM when this process dies (``PR_SET_PDEATHSIG``), so that a
+    ``kill -9`` of ``kvroute serve`` leaves no server running: vLLM's API process stops its engine
+    on SIGTERM. The signal follows the thread that started the server: start servers from a thread that
+    outlives them (``kvroute serve`` and the live tests start them from the main thread)."""
+    parent = os.getpid()
+    libc = None
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import ctypes.util
+
+        try:  # loaded before the fork: the child may only make simple calls
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        except OSError:
+            libc = None
+
+    def setup() -> None:
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+        if libc is not None:
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            if os.getppid() != parent:  # died before prctl took effect
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return setup if core is not None or libc is not None else None
+
+
+PR_SET_PDEATHSIG = 1
+"""``<linux/prctl.h>``: the signal a process receives when its parent thread exits."""
 
 
 def set_affinity(pid: int, cores) -> None:
