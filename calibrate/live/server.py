@@ -323,6 +323,28 @@ class VllmServer:
         return code
 
 
+ENGINE_DEATH_MARKERS = (
+    "engine core exited unexpectedly",  # vllm/v1/engine/core_client.py, start_engine_core_monitor
+    "died unexpectedly",                # vllm/v1/utils.py, multiproc_executor.py
+    "EngineDeadError",
+    "EngineCore encountered an issue",  # vllm/v1/engine/exceptions.py
+)
+"""Lines vLLM (0.11-0.34) logs when a server's engine-core or worker process dies under its API
+process: after one of them, an API process's own exit code (often 0) says nothing of the cause."""
+
+
+def exit_text(server: "VllmServer") -> tuple[str, str]:
+    """How ``server``'s exited process ended, for a message: ``("exited with code N", the log's
+    last lines)``, or, when its log's last lines say its engine died, ``("exited (code N) after
+    its engine died", that line of the log)``: the API process may well exit 0 then."""
+    code = server.process.returncode if server.process is not None else None
+    tail = _tail(server.log_path, 200).splitlines()
+    for line in tail:
+        if any(marker in line for marker in ENGINE_DEATH_MARKERS):
+            return f"exited (code {code}) after its engine died", line.strip()
+    return f"exited with code {code}", "\n".join(tail[-10:])
+
+
 def _child_setup(core: int | None):
     """The ``preexec_fn`` of a server's process: pin it to ``core`` (None: no pinning) and, on
     Linux, have the kernel send it SIGTERM when this process dies (``PR_SET_PDEATHSIG``), so that a
