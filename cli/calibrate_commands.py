@@ -167,15 +167,31 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
                 click.echo(s.url)
             sys.stdout.flush()
             click.echo("ready; Ctrl-C stops the servers", err=True)
-            while True:
-                for s in servers:
-                    if s.process is not None and s.process.poll() is not None:
-                        _fail(f"server {s.url} exited with code {s.process.returncode}; see {s.log_path}")
-                time.sleep(1.0)
+            _watch(servers, time.sleep)
     except ServerError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
+
+
+def _watch(servers, sleep, interval: float = 1.0) -> None:
+    """Keep ``servers`` up until every one has exited: a server that exits while others still run
+    is reported in one line (then its log's line saying its engine died, else its last lines) and
+    the others keep serving (a validate run finishes on the servers it has left); once none runs,
+    fail. Ctrl-C and SIGTERM raise
+    ``KeyboardInterrupt`` through ``sleep``, and the caller stops them all."""
+    from kvroute.calibrate.live.server import exit_text
+
+    running = [s for s in servers if s.process is not None]
+    while True:
+        for s in [s for s in running if s.process.poll() is not None]:
+            running.remove(s)
+            left = (f"; {len(running)} of {len(servers)} still serving" if running else "")
+            how, log = exit_text(s)
+            click.echo(f"server {s.url} {how}{left}; log {s.log_path}:\n{log}", err=True)
+        if not running:
+            _fail(f"every server has exited ({len(servers)}); see the lines above")
+        sleep(interval)
 
 
 # --------------------------------------------------------------------------------------------

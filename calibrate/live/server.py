@@ -54,7 +54,8 @@ class ServerSpec:
             off the engine's core is what makes step times reproducible on a small machine: the
             engine core busy-waits for its worker, and sharing a core with the API server made
             decode steps up to three times slower, at random.
-        cuda_device: expose only this GPU index (``CUDA_VISIBLE_DEVICES``); None: no change.
+        cuda_device: expose only this GPU (``CUDA_VISIBLE_DEVICES``): an index, or a UUID or MIG id
+            as ``CUDA_VISIBLE_DEVICES`` may name it; None: no change.
         kv_cache_gib: KV cache size on the CPU backend (``VLLM_CPU_KVCACHE_SPACE``), GiB.
         max_model_len: ``--max-model-len``; None: the model's own limit.
         extra_args: more vLLM command-line arguments, passed as they are.
@@ -74,7 +75,7 @@ class ServerSpec:
     gpu_memory_utilization: float | None = None
     cpu_core: int | None = None
     frontend_cores: tuple[int, ...] | None = None
-    cuda_device: int | None = None
+    cuda_device: int | str | None = None
     kv_cache_gib: float | None = 1.0
     max_model_len: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -256,8 +257,7 @@ class VllmServer:
             sock.parent.chmod(0o700)
             sock.unlink(missing_ok=True)  # left by a server that was killed
         log = open(self.log_path, "ab")
-        core = self.spec.cpu_core
-        preexec = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
+        preexec = _child_setup(self.spec.cpu_core)
         try:
             self.process = subprocess.Popen(
                 self.spec.command(),
@@ -323,6 +323,60 @@ class VllmServer:
         return code
 
 
+ENGINE_DEATH_MARKERS = (
+    "engine core exited unexpectedly",  # vllm/v1/engine/core_client.py, start_engine_core_monitor
+    "died unexpectedly",                # vllm/v1/utils.py, multiproc_executor.py
+    "EngineDeadError",
+    "EngineCore encountered an issue",  # vllm/v1/engine/exceptions.py
+)
+"""Lines vLLM (0.11-0.34) logs when a server's engine-core or worker process dies under its API
+process: after one of them, an API process's own exit code (often 0) says nothing of the cause."""
+
+
+def exit_text(server: "VllmServer") -> tuple[str, str]:
+    """How ``server``'s exited process ended, for a message: ``("exited with code N", the log's
+    last lines)``, or, when its log's last lines say its engine died, ``("exited (code N) after
+    its engine died", that line of the log)``: the API process may well exit 0 then."""
+    code = server.process.returncode if server.process is not None else None
+    tail = _tail(server.log_path, 200).splitlines()
+    for line in tail:
+        if any(marker in line for marker in ENGINE_DEATH_MARKERS):
+            return f"exited (code {code}) after its engine died", line.strip()
+    return f"exited with code {code}", "\n".join(tail[-10:])
+
+
+def _child_setup(core: int | None):
+    """The ``preexec_fn`` of a server's process: pin it to ``core`` (None: no pinning) and, on
+    Linux, have the kernel send it SIGTERM when this process dies (``PR_SET_PDEATHSIG``), so that a
+    ``kill -9`` of ``kvroute serve`` leaves no server running: vLLM's API process stops its engine
+    on SIGTERM. The signal follows the thread that started the server: start servers from a thread that
+    outlives them (``kvroute serve`` and the live tests start them from the main thread)."""
+    parent = os.getpid()
+    libc = None
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import ctypes.util
+
+        try:  # loaded before the fork: the child may only make simple calls
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        except OSError:
+            libc = None
+
+    def setup() -> None:
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+        if libc is not None:
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            if os.getppid() != parent:  # died before prctl took effect
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return setup if core is not None or libc is not None else None
+
+
+PR_SET_PDEATHSIG = 1
+"""``<linux/prctl.h>``: the signal a process receives when its parent thread exits."""
+
+
 def set_affinity(pid: int, cores) -> None:
     """Pin every thread of process ``pid`` to ``cores`` (Linux; silently skipped elsewhere)."""
     cores = set(cores)
@@ -350,14 +404,24 @@ def pinned(cores) -> Iterator[None]:
         set_affinity(os.getpid(), old)
 
 
-def detect_gpus() -> list[int]:
-    """Indices of visible NVIDIA GPUs: ``CUDA_VISIBLE_DEVICES`` if set, else ``nvidia-smi -L``.
+def detect_gpus() -> list[int | str]:
+    """Visible NVIDIA GPUs: the entries of ``CUDA_VISIBLE_DEVICES`` if set (indices as ints, UUIDs
+    such as ``GPU-8f3a...`` and MIG ids such as ``MIG-...`` as they are written, blanks around
+    them dropped; as CUDA does, none from a negative index on), else the indices ``nvidia-smi -L``
+    lists. Each is what a server's ``CUDA_VISIBLE_DEVICES`` is set to, to pin it to that GPU.
 
-    Returns an empty list on a machine without GPUs.
+    Returns an empty list on a machine without GPUs (or with ``CUDA_VISIBLE_DEVICES`` empty).
     """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return [int(x) for x in visible.split(",") if x.strip().isdigit()]
+        devices: list[int | str] = []
+        for entry in (x.strip() for x in visible.split(",")):
+            if not entry:
+                continue
+            if entry.startswith("-") and entry[1:].isdigit():
+                break  # CUDA hides a negative index and every device after it
+            devices.append(int(entry) if entry.isdigit() else entry)
+        return devices
     if shutil.which("nvidia-smi") is None:
         return []
     try:
@@ -438,7 +502,9 @@ def plan_servers(
         raise ValueError(f"api_cores must be one of {sorted(API_CORES)}, got {api_cores!r}")
     gpus = detect_gpus() if device in ("auto", "gpu") else []
     if device == "gpu" and not gpus:
-        raise ValueError("no GPU found (nvidia-smi -L lists none and CUDA_VISIBLE_DEVICES is unset)")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ValueError("no GPU found (nvidia-smi -L lists none and CUDA_VISIBLE_DEVICES is unset)" if visible is None
+                         else f"no GPU found (CUDA_VISIBLE_DEVICES={visible!r} names none)")
     if workers_per_gpu > 1 and not gpus:
         raise ValueError(f"{workers_per_gpu} workers per GPU, but no GPU is used (the CPU backend runs one server "
                          "per core)")
