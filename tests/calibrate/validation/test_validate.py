@@ -45,11 +45,20 @@ class FakeVllm:
         hang: never answer completions.
         token_delay_s: time between streamed tokens.
         token_ids: stream each token's id (vLLM's ``return_token_ids``); False streams text only.
+        fail_after: once this many completions have started, answer every later one HTTP 500 with
+            ``fail_body`` (vLLM's API process after its engine died).
+        cut_after_tokens: break every stream's connection after this many tokens.
     """
 
+    ENGINE_DEAD = (b'{"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root '
+                   b'cause.", "type": "InternalServerError", "param": null, "code": 500}}')
+
     def __init__(self, die_after: int | None = None, hang: bool = False, token_delay_s: float = 0.0005,
-                 block_size: int = BLOCK, token_ids: bool = True) -> None:
+                 block_size: int = BLOCK, token_ids: bool = True, fail_after: int | None = None,
+                 fail_body: bytes = ENGINE_DEAD, cut_after_tokens: int | None = None) -> None:
         self.die_after, self.hang, self.delay, self.block_size = die_after, hang, token_delay_s, block_size
+        self.fail_after, self.fail_body, self.cut_after_tokens = fail_after, fail_body, cut_after_tokens
+        self.failed = 0
         self.token_ids = token_ids
         self.cache: set[int] = set()
         self.hits = self.queries = 0
@@ -144,6 +153,10 @@ class FakeVllm:
             return  # closes the connection at once
         if self.hang:
             await asyncio.sleep(3600)
+        if self.fail_after is not None and self.started >= self.fail_after:
+            self.failed += 1
+            self._send(writer, 500, self.fail_body, "application/json")
+            return
         self.started += 1
         self.log.append("completion")
         prompt = [int(t) for t in req["prompt"]]
@@ -164,6 +177,9 @@ class FakeVllm:
             if self.die_after is not None and self.started > self.die_after:
                 self.dead = True
                 self._server.close()
+                writer.transport.abort()
+                return
+            if self.cut_after_tokens is not None and i >= self.cut_after_tokens:
                 writer.transport.abort()
                 return
             tok = 100 + (prompt[-1] * 31 + i * 7 + n) % 900
