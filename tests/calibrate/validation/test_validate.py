@@ -649,6 +649,29 @@ def test_cluster_spec_notes_a_profile_of_another_model():
     assert any("describes model 'qwen2.5-7b-instruct'" in n and "['tiny-qwen2']" in n for n in notes)
 
 
+def test_cluster_spec_notes_every_server_of_another_model():
+    """Mixed models: one server serving the profile's model does not hide the others."""
+    import dataclasses
+
+    from kvroute.calibrate.live.client import ServerInfo
+    from kvroute.calibrate.validation.validate import ValidationSpec, cluster_spec
+    from kvroute.sim.timing.profile import load_profile
+
+    tiny = ServerInfo(url="http://x:1", model="tiny-qwen2", model_root="/cache/kvroute/tiny-qwen2",
+                      served_models=("tiny-qwen2",), vllm_version="0.32.0", max_model_len=32768, block_size=32,
+                      num_gpu_blocks=4096, enable_prefix_caching=True, max_num_batched_tokens=2048,
+                      max_num_seqs=128, hardware="CPU", device="cpu")
+    servers = [tiny, dataclasses.replace(tiny, url="http://x:2", model="opt-125m", model_root="/m/opt-125m"),
+               dataclasses.replace(tiny, url="http://x:3", model="gpt2", model_root="/m/gpt2")]
+    spec = ValidationSpec(tuple(s.url for s in servers))
+    _, notes = cluster_spec(load_profile("cpu-tiny-qwen2-x2"), servers, spec)
+    assert notes[0] == ("profile 'cpu-tiny-qwen2-x2' describes model 'tiny-qwen2', but server 1 (http://x:2) serves "
+                          "'opt-125m', server 2 (http://x:3) serves 'gpt2': the simulation prices every worker with "
+                          "'tiny-qwen2''s step costs, so those servers' times are another model's")
+    _, notes = cluster_spec(load_profile("cpu-tiny-qwen2-x2"), servers[:1], ValidationSpec(("http://x:1",)))
+    assert notes == []
+
+
 def test_client_lag_delays_every_later_turn_of_the_simulation_exactly():
     from kvroute.calibrate.validation.validate import with_client_lag
     from kvroute.sim.cluster.cluster import ClusterSpec, simulate
