@@ -1582,3 +1582,25 @@ def test_the_bench_and_the_report_check_against_the_same_intervals(monkeypatch):
         checked = doc["changes"]["kv_aware"][metric]["run_interval"]
         assert by["kv_aware vs round_robin", f"change {metric}"] == pytest.approx(checked)
         assert checked[0] < checked[1]
+
+
+def test_an_engine_dead_500_marks_its_worker_dead(fakes):
+    """vLLM's API process answers HTTP 500 "EngineCore encountered an issue" once its engine died:
+    the worker is dead at the first such answer, as with a refused connection."""
+    servers = fakes(2, s1={"fail_after": 1})
+    replay = _replay(small_chat(chats=4, turns=2), servers, policy="round_robin", max_in_flight=1)
+    assert replay.dead == {1: "its engine died (HTTP 500: EngineCore encountered an issue. See stack trace "
+                              "(above) for the root cause.)"}
+    assert servers[1].failed == 1 and servers[1].started == 1
+    df = replay.result().records
+    assert (df.loc[df["status"] == "ok", "worker"] != 1).sum() >= 1
+
+
+def test_three_5xx_in_a_row_mark_a_worker_dead(fakes, tmp_path):
+    servers = fakes(2, s1={"fail_after": 0, "fail_body": b'{"error": {"message": "Internal Server Error"}}'})
+    replay = _replay(small_chat(chats=8, turns=1), servers, policy="round_robin", max_in_flight=1)
+    assert replay.dead == {1: "3 requests in a row failed with HTTP 5xx (HTTP 500: Internal Server Error)"}
+    assert servers[1].failed == 3
+    df = replay.result().records
+    # round robin: 0, 1, 0, 1, 0, 1 (the third 500: dead), then 0, 0
+    assert df["worker"].tolist() == [0, 1, 0, 1, 0, 1, 0, 0] and (df["status"] == "ok").sum() == 5
