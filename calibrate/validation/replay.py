@@ -113,7 +113,7 @@ class LiveReplay:
 
     Attributes:
         records: one per request sent or skipped so far (in send order).
-        itl_gaps: every inter-token gap seen, s.
+        itl_gaps: every inter-token gap of the requests served whole, s.
         dead: worker -> why it was marked dead.
         interrupted: the run was cancelled before it finished.
         elapsed_s: wall time of :meth:`run`, s.
@@ -387,7 +387,9 @@ class LiveReplay:
             "ignore_eos": True, "temperature": 0.0, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True,
         }
-        t0, gaps = self._t0, self.itl_gaps
+        # this request's gaps join the run's ITL only if it is served whole: a failed request's partial
+        # stream is no served request's timing (summarize takes the other timings from ok requests only)
+        t0, gaps = self._t0, array("d")
         times = record.token_times = array("d") if self.spec.record_tokens else None
 
         def on_tokens(k: int, t: float) -> None:
@@ -434,6 +436,8 @@ class LiveReplay:
             self.warnings.append(res.warning)
         if res.usage_error is not None:  # the stream is whole: its children go on
             record.error = f"measurement error: {res.usage_error}"
+        else:
+            self.itl_gaps.extend(gaps)
         record.cached_tokens = res.cached_tokens or 0
         # NOTE: through vLLM 0.23 a server that reports cached tokens leaves the field out for a
         # zero hit (``and num_cached_tokens``), so only a server that never reported lacks the flag

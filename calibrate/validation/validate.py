@@ -581,6 +581,8 @@ def finish_run(run: PolicyRun, replay: LiveReplay, stamps: list[str] | None = No
     run.live.workers["prefix_cache_queries"] = queries
     run.live.workers["num_preemptions"] = pre
     run.measured = summarize(run.live)
+    if not (run.live.records["status"] == "ok").any():  # nothing served: no value measured, none compared
+        run.measured = {k: (x if k == "failed" else math.nan) for k, x in run.measured.items()}
     run.dead = dict(replay.dead)
     run.interrupted = run.interrupted or replay.interrupted
     run.elapsed_s = replay.elapsed_s

@@ -299,10 +299,16 @@ def _unchecked_text(doc: dict) -> list[str]:
     missing = [m for p in doc["policies"].values() for key, m in p["metrics"].items()
                if m.get("inside") is None and key not in UNCHECKED_METRICS]
     missing += [c for ch in doc["changes"].values() for c in ch.values() if c.get("inside") is None]
-    if not missing:
-        return []
-    return [f"{len(missing)} more value(s) have no interval, as no term gives them a spread (with --rounds 1, a share "
-            "the seeds do not move); they are not counted."]
+    unmeasured = [m for m in missing if "measured" in m and m["measured"] is None]
+    missing = [m for m in missing if not ("measured" in m and m["measured"] is None)]
+    out = []
+    if unmeasured:
+        out.append(f"{len(unmeasured)} value(s) were not measured (no request of that run was served, see the "
+                   "notes); they are not counted.")
+    if missing:
+        out.append(f"{len(missing)} more value(s) have no interval, as no term gives them a spread (with --rounds 1, "
+                   "a share the seeds do not move); they are not counted.")
+    return out
 
 
 #: What each variance term of ``interval_terms`` is, in words (``combined_interval``'s parts).

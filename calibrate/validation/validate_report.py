@@ -12,7 +12,8 @@ host's speed drift (``kvroute.sim.study.intervals.combined_interval``;
 ``docs/reference/intervals.md``); ``coverage`` counts the values inside. Where the drift moves the
 interval's centre, a time also gives ``drift_factor``, ``predicted_with_drift`` and
 ``error_pct_with_drift`` (the error against that centre). The failed-request count is compared
-but not checked (``UNCHECKED_METRICS``). Before that rule it was
+but not checked (``UNCHECKED_METRICS``). A run with no request served measures nothing
+(its values are null). Before that rule it was
 the 95 % normal-theory interval of the simulated runs' values
 (``kvroute.sim.study.experiment.prediction_interval``): the seeds' spread alone, or seeds and model
 when ``validate --uncertainty N`` drew N profiles from the profile's coefficient uncertainty.
@@ -509,7 +510,11 @@ def run_notes(v: Validation) -> list[str]:
             notes.append(f"{name}: worker {w} ({v.servers[w].url}) died or timed out mid-replay and "
                          f"the policy stopped sending to it; the replay finished on the others ({why})")
         n_fail = len(failures(run))
-        if n_fail:
+        if n_fail and n_fail >= len(run.live.records):
+            notes.append(f"{name}: none of the {len(run.live.records)} requests was served (all failed or were not "
+                         "sent), so it has no measured metrics: its values and the changes involving it are not "
+                         "compared")
+        elif n_fail:
             notes.append(f"{name}: {n_fail} of {len(v.trace.records)} requests failed or were not sent; "
                          "measured metrics cover the rest")
         if not run.usage_reported:

@@ -1584,6 +1584,41 @@ def test_the_bench_and_the_report_check_against_the_same_intervals(monkeypatch):
         assert checked[0] < checked[1]
 
 
+def test_a_failed_request_s_partial_stream_is_not_timed(fakes):
+    """ITL pools the gaps of requests served whole only, as the other timings take ok requests only."""
+    servers = fakes(1, s0={"cut_after_tokens": 5})
+    replay = _replay(small_chat(chats=2, turns=1), servers, policy="round_robin", max_in_flight=1)
+    res = replay.result()
+    assert (res.records["status"] != "ok").all() and list(replay.dead) == [0]
+    assert len(res.itl) == 0  # the first request's 4 gaps before the cut were counted before
+    s = summarize(res)
+    assert math.isnan(s["itl_mean_s"]) and math.isnan(s["itl_p90_s"])
+
+
+def test_a_run_with_no_request_served_has_no_measured_metrics(fakes, tmp_path):
+    """Every request failed: nothing is measured, compared or counted, and the note says none was served."""
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_render import write_report
+    from kvroute.sim.timing.profile import load_profile
+
+    servers = fakes(1, s0={"cut_after_tokens": 5})
+    trace = small_chat(chats=2, turns=2)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin",), max_in_flight=1, sim_rounds=1)
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    run = v.runs[0]
+    assert run.measured["failed"] == 4.0
+    assert all(math.isnan(x) for k, x in run.measured.items() if k != "failed")
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    metrics = doc["policies"]["round_robin"]["metrics"]
+    assert all(m["measured"] is None and m["inside"] is None for k, m in metrics.items() if k != "failed")
+    assert doc["inside_interval"]["checked"] == 0
+    assert "round_robin: none of the 4 requests was served (all failed or were not sent), so it has no measured " \
+           "metrics: its values and the changes involving it are not compared" in doc["notes"]
+    assert not any("cover the rest" in n for n in doc["notes"])
+    md = (tmp_path / "report.md").read_text()
+    assert "were not measured (no request of that run was served, see the notes); they are not counted." in md
+
+
 def test_an_engine_dead_500_marks_its_worker_dead(fakes):
     """vLLM's API process answers HTTP 500 "EngineCore encountered an issue" once its engine died:
     the worker is dead at the first such answer, as with a refused connection."""
