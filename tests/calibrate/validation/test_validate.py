@@ -1639,3 +1639,35 @@ def test_three_5xx_in_a_row_mark_a_worker_dead(fakes, tmp_path):
     df = replay.result().records
     # round robin: 0, 1, 0, 1, 0, 1 (the third 500: dead), then 0, 0
     assert df["worker"].tolist() == [0, 1, 0, 1, 0, 1, 0, 0] and (df["status"] == "ok").sum() == 5
+
+
+def test_a_run_cut_short_is_not_checked_against_the_whole_trace():
+    """An interrupted run, or one that lost a worker, keeps its values but is not checked or counted:
+    its prediction is of the whole trace on every worker."""
+    from kvroute.calibrate.validation.validate_report import report_dict
+    from kvroute.calibrate.validation.validate_render import report_markdown
+
+    def report(**cut):
+        v = constructed_validation({"round_robin": [{"time_to_complete_s": 1.8}],
+                                    "kv_aware": [{"time_to_complete_s": 1.5}]})
+        for k, x in cut.items():
+            setattr(v.runs[1], k, x)
+        return v, json.loads(json.dumps(report_dict(v), default=str))
+
+    _, whole = report()
+    for cut, why in (({"interrupted": True}, "interrupted"), ({"dead": {1: "gone"}}, "worker 1 died"),
+                     ({"interrupted": True, "dead": {0: "a", 1: "b"}}, "interrupted, workers 0, 1 died")):
+        v, doc = report(**cut)
+        assert doc["policies"]["round_robin"] == whole["policies"]["round_robin"]
+        kv, kv_whole = doc["policies"]["kv_aware"]["metrics"], whole["policies"]["kv_aware"]["metrics"]
+        was = [k for k, m in kv_whole.items() if m["inside"] is not None]
+        assert was and all(kv[k]["inside"] is None and kv[k]["not_checked"] == why
+                           and kv[k]["measured"] == kv_whole[k]["measured"] for k in was)
+        changes = [c for ch in doc["changes"].values() for c in ch.values()]
+        n_changes = sum(c["inside"] is not None for ch in whole["changes"].values() for c in ch.values())
+        assert n_changes and sum(c.get("not_checked") == why for c in changes) == n_changes
+        assert doc["inside_interval"]["checked"] == whole["inside_interval"]["checked"] - len(was) - n_changes
+        md = report_markdown(v, doc)
+        assert f"not checked: {why}" in md
+        assert (f"{len(was) + n_changes} value(s) were not checked, as their live run was cut short ({why}) while "
+                "the prediction is of the whole trace on every worker; they are not counted.") in md
