@@ -16,7 +16,8 @@ Prompts are token ids (``kvroute.calibrate.live.prompts``); outputs are forced t
 simulator's columns (``kvroute.sim.cluster.metrics.RECORD_COLUMNS``); times are seconds since the replay
 started; with the servers' KV-cache events (``ReplaySpec.kv_event_endpoints``) a record also
 carries when the engine's step produced its first token. A worker whose connection breaks or
-whose request times out is marked dead: its in-flight requests fail with the error, the policy
+whose request times out, or that answers HTTP 5xx saying its engine died (or ``DEAD_AFTER_5XX`` 5xx in a
+row), is marked dead: its in-flight requests fail with the error, the policy
 stops choosing it, and the replay goes on.
 Cancelling :meth:`LiveReplay.run` (Ctrl-C) records the requests in flight as interrupted.
 """
@@ -46,6 +47,12 @@ from kvroute.traces.format import Trace, TraceRecord
 
 CPU_SAMPLE_S = 0.05
 """Seconds between samples of the client's CPU time (:attr:`LiveReplay.client_cpu`)."""
+DEAD_AFTER_5XX = 3
+"""HTTP 5xx replies in a row after which a worker is marked dead (an API process whose engine died)."""
+ENGINE_DEAD_SIGNS = ("enginecore encountered an issue", "enginedeaderror", "engine is dead", "engine core is dead")
+"""Lower-case words of a 5xx reply that mark its worker dead at once: vLLM's EngineDeadError
+answers HTTP 500 "EngineCore encountered an issue. See stack trace (above) for the root cause."
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +113,7 @@ class LiveReplay:
 
     Attributes:
         records: one per request sent or skipped so far (in send order).
-        itl_gaps: every inter-token gap seen, s.
+        itl_gaps: every inter-token gap of the requests served whole, s.
         dead: worker -> why it was marked dead.
         interrupted: the run was cancelled before it finished.
         elapsed_s: wall time of :meth:`run`, s.
@@ -163,6 +170,7 @@ class LiveReplay:
         self.records: list[RequestRecord] = []
         self.itl_gaps: list[float] = []
         self.dead: dict[int, str] = {}
+        self._errors_5xx = [0] * len(endpoints)  # per worker, HTTP 5xx replies since its last success
         self.interrupted = False
         self.elapsed_s = 0.0
         self.client_cpu_s = 0.0
@@ -379,7 +387,9 @@ class LiveReplay:
             "ignore_eos": True, "temperature": 0.0, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True,
         }
-        t0, gaps = self._t0, self.itl_gaps
+        # this request's gaps join the run's ITL only if it is served whole: a failed request's partial
+        # stream is no served request's timing (summarize takes the other timings from ok requests only)
+        t0, gaps = self._t0, array("d")
         times = record.token_times = array("d") if self.spec.record_tokens else None
 
         def on_tokens(k: int, t: float) -> None:
@@ -416,7 +426,9 @@ class LiveReplay:
         record.arrival = res.t_send - t0
         if res.error is not None:
             record.error = res.error
+            self._server_error(worker, res.status, res.error)
             return False
+        self._errors_5xx[worker] = 0
         record.finish = record.last_token if record.last_token is not None else res.t_send - t0
         if res.completion_tokens is not None:  # usage over counted chunks, as vllm bench serve
             record.output_tokens = res.completion_tokens
@@ -424,6 +436,8 @@ class LiveReplay:
             self.warnings.append(res.warning)
         if res.usage_error is not None:  # the stream is whole: its children go on
             record.error = f"measurement error: {res.usage_error}"
+        else:
+            self.itl_gaps.extend(gaps)
         record.cached_tokens = res.cached_tokens or 0
         # NOTE: through vLLM 0.23 a server that reports cached tokens leaves the field out for a
         # zero hit (``and num_cached_tokens``), so only a server that never reported lacks the flag
@@ -468,6 +482,19 @@ class LiveReplay:
         return (f"{len(self._no_ids)} replies came without token ids (the servers did not honour vLLM's "
                 f"return_token_ids), so their later turns were not sent: resending an invented reply would "
                 f"measure another conversation's hits and TTFT")
+
+    def _server_error(self, worker: int, status: int, error: str) -> None:
+        """Mark ``worker`` dead on a reply that says its engine died (vLLM's EngineDeadError:
+        HTTP 500 "EngineCore encountered an issue", every request after the engine process is
+        killed while the API process still answers), or on ``DEAD_AFTER_5XX`` HTTP 5xx in a row."""
+        if status < 500:
+            return
+        self._errors_5xx[worker] += 1
+        text = error.lower()
+        if any(sign in text for sign in ENGINE_DEAD_SIGNS):
+            self.mark_dead(worker, f"its engine died ({error})")
+        elif self._errors_5xx[worker] >= DEAD_AFTER_5XX:
+            self.mark_dead(worker, f"{self._errors_5xx[worker]} requests in a row failed with HTTP 5xx ({error})")
 
     def mark_dead(self, worker: int, reason: str) -> None:
         """Stop routing to ``worker`` and fail its requests in flight with ``reason``."""

@@ -333,7 +333,13 @@ def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSp
             notes.append(f"server {i} ({servers[i].url}) has engine settings {e} unlike server 0's "
                          f"{engines[0]}; the simulation uses server 0's for every worker")
     measured_on = _profile_model(profile)
-    if measured_on and not any(measured_on in f"{s.model} {s.model_root}".lower() for s in servers):
+    others = [(i, s) for i, s in enumerate(servers) if measured_on and measured_on not in f"{s.model} {s.model_root}".lower()]
+    if others and len(others) < len(servers):  # mixed models: the servers differ from each other too
+        notes.append(f"profile {profile.name!r} describes model {measured_on!r}, but "
+                     + ", ".join(f"server {i} ({s.url}) serves {s.model!r}" for i, s in others)
+                     + f": the simulation prices every worker with {measured_on!r}'s step costs, so those servers' "
+                       "times are another model's")
+    elif others:
         notes.append(f"profile {profile.name!r} describes model {measured_on!r}, but the servers serve "
                      f"{sorted({s.model for s in servers})}: its step costs are another model's "
                      f"(calibrate these servers with `kvroute calibrate` and pass --profile)")
@@ -575,6 +581,8 @@ def finish_run(run: PolicyRun, replay: LiveReplay, stamps: list[str] | None = No
     run.live.workers["prefix_cache_queries"] = queries
     run.live.workers["num_preemptions"] = pre
     run.measured = summarize(run.live)
+    if not (run.live.records["status"] == "ok").any():  # nothing served: no value measured, none compared
+        run.measured = {k: (x if k == "failed" else math.nan) for k, x in run.measured.items()}
     run.dead = dict(replay.dead)
     run.interrupted = run.interrupted or replay.interrupted
     run.elapsed_s = replay.elapsed_s

@@ -152,8 +152,11 @@ def _interval_header(doc: dict) -> str:
     return f"{level} interval of " + (f"the mean of {n_live} live rounds" if n_live else "one live run")
 
 
-def _yes_cell(flag) -> Cell:
-    """A yes/no cell (``-`` when undefined); :func:`markdown_table` bolds a "no"."""
+def _yes_cell(flag, not_checked: str | None = None) -> Cell:
+    """A yes/no cell (``-`` when undefined, ``not checked: <why>`` for a run cut short);
+    :func:`markdown_table` bolds a "no"."""
+    if not_checked is not None:
+        return Cell(f"not checked: {not_checked}", numeric=False)
     return Cell("-" if flag is None else ("yes" if flag else "no"), numeric=False)
 
 
@@ -175,7 +178,7 @@ def policy_tables(doc: dict, policy: str, p: dict) -> list[Table]:
         rows.append([m["label"], Cell(_fmt(m["predicted"]) + _with_drift(m), {"predicted": m["predicted"]}),
                      Cell(_range(m["predicted_interval"])),
                      Cell(_range(m["run_interval"]), {"low": m["run_interval"][0], "high": m["run_interval"][1]}),
-                     Cell(_fmt(m["measured"]), {"measured": m["measured"]}), *live, _yes_cell(m["inside"]),
+                     Cell(_fmt(m["measured"]), {"measured": m["measured"]}), *live, _yes_cell(m["inside"], m.get("not_checked")),
                      Cell(_error_text(m), {"error_pct": m["error_pct"]})])
     for w, row in p["workers"].items():
         h = row["hit_tokens"]
@@ -239,7 +242,7 @@ def changes_table(doc: dict) -> Table | None:
             rows.append([c["label"], policy, Cell(_pct(c["predicted"], unit), {"predicted": c["predicted"]}),
                          Cell(_pct_range(c["run_interval"], unit), {"low": c["run_interval"][0],
                                                                     "high": c["run_interval"][1]}),
-                         Cell(_pct(c["measured"], unit), {"measured": c["measured"]}), *paired, _yes_cell(c["inside"]),
+                         Cell(_pct(c["measured"], unit), {"measured": c["measured"]}), *paired, _yes_cell(c["inside"], c.get("not_checked")),
                          Cell("-" if diff is None else f"{diff:+.1f}", {"value": diff})])
     return Table(f"Change vs {next(iter(doc['policies']))}", header, rows, table_id="changes")
 
@@ -299,10 +302,21 @@ def _unchecked_text(doc: dict) -> list[str]:
     missing = [m for p in doc["policies"].values() for key, m in p["metrics"].items()
                if m.get("inside") is None and key not in UNCHECKED_METRICS]
     missing += [c for ch in doc["changes"].values() for c in ch.values() if c.get("inside") is None]
-    if not missing:
-        return []
-    return [f"{len(missing)} more value(s) have no interval, as no term gives them a spread (with --rounds 1, a share "
-            "the seeds do not move); they are not counted."]
+    cut = [m for m in missing if m.get("not_checked")]
+    unmeasured = [m for m in missing if not m.get("not_checked") and "measured" in m and m["measured"] is None]
+    missing = [m for m in missing if not m.get("not_checked") and not ("measured" in m and m["measured"] is None)]
+    out = []
+    if cut:
+        why = sorted({m["not_checked"] for m in cut})
+        out.append(f"{len(cut)} value(s) were not checked, as their live run was cut short ({'; '.join(why)}) while "
+                   "the prediction is of the whole trace on every worker; they are not counted.")
+    if unmeasured:
+        out.append(f"{len(unmeasured)} value(s) were not measured (no request of that run was served, see the "
+                   "notes); they are not counted.")
+    if missing:
+        out.append(f"{len(missing)} more value(s) have no interval, as no term gives them a spread (with --rounds 1, "
+                   "a share the seeds do not move); they are not counted.")
+    return out
 
 
 #: What each variance term of ``interval_terms`` is, in words (``combined_interval``'s parts).

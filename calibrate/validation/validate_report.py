@@ -12,7 +12,10 @@ host's speed drift (``kvroute.sim.study.intervals.combined_interval``;
 ``docs/reference/intervals.md``); ``coverage`` counts the values inside. Where the drift moves the
 interval's centre, a time also gives ``drift_factor``, ``predicted_with_drift`` and
 ``error_pct_with_drift`` (the error against that centre). The failed-request count is compared
-but not checked (``UNCHECKED_METRICS``). Before that rule it was
+but not checked (``UNCHECKED_METRICS``). A value of a live run cut short (interrupted, or a worker
+died during it; :func:`cut_short`), or a change involving one, keeps its interval but is not checked:
+``inside`` is null and ``not_checked`` says why. A run with no request served measures nothing
+(its values are null). Before that rule it was
 the 95 % normal-theory interval of the simulated runs' values
 (``kvroute.sim.study.experiment.prediction_interval``): the seeds' spread alone, or seeds and model
 when ``validate --uncertainty N`` drew N profiles from the profile's coefficient uncertainty.
@@ -242,6 +245,23 @@ def _multi(v: Validation) -> bool:
     return v.spec.live_rounds > 1
 
 
+def cut_short(runs: list[PolicyRun]) -> str | None:
+    """Why the live runs ``runs`` are not the whole trace on every worker the prediction is of
+    (interrupted, or a worker died during one), or None: their values are then not checked."""
+    why = ["interrupted"] if any(r.interrupted for r in runs) else []
+    dead = sorted({w for r in runs for w in r.dead})
+    if dead:
+        why.append(f"worker{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} died")
+    return ", ".join(why) or None
+
+
+def _not_checked(checked: dict, reason: str | None) -> dict:
+    """``checked`` with ``inside`` None and ``not_checked`` = ``reason`` when the run was cut short."""
+    if reason is None or checked["inside"] is None:
+        return checked
+    return {**checked, "inside": None, "not_checked": reason}
+
+
 def _metric_entry(v: Validation, runs: list[PolicyRun], metric: str, multi: bool) -> dict:
     """One metric of one policy: predicted against the mean measured over ``runs`` (its live rounds)."""
     pred = runs[0]
@@ -249,6 +269,7 @@ def _metric_entry(v: Validation, runs: list[PolicyRun], metric: str, multi: bool
     live = spread(values, metric)
     checked = (_combined_inside(v, pred, metric, values, live["mean"]) if metric not in UNCHECKED_METRICS
                else {"run_interval": [None, None], "inside": None})
+    checked = _not_checked(checked, cut_short(runs))
     entry = {"label": SUMMARY_METRICS[metric], **_pair(pred.predicted.get(metric, math.nan), live["mean"]),
              "predicted_interval": [_num(x) for x in pred.predicted_interval.get(metric, (None, None))], **checked}
     if multi:
@@ -481,6 +502,7 @@ def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi
     per_round = [change(r.measured.get(metric, math.nan), b.measured.get(metric, math.nan)) for b, r in pairs]
     checked = (_inside(simulated_changes(b0, r0, metric)[0], m, len(finite(per_round))) if v is None else
                _combined_inside(v, r0, metric, per_round, m, base=b0))
+    checked = _not_checked(checked, cut_short([*base, *runs]))
     out = {"predicted": _num(p), "measured": _num(m), "unit": "pp" if metric in SHARE_METRICS else "%",
            "difference_pp": _num(p - m), **checked}
     if multi:
@@ -509,7 +531,11 @@ def run_notes(v: Validation) -> list[str]:
             notes.append(f"{name}: worker {w} ({v.servers[w].url}) died or timed out mid-replay and "
                          f"the policy stopped sending to it; the replay finished on the others ({why})")
         n_fail = len(failures(run))
-        if n_fail:
+        if n_fail and n_fail >= len(run.live.records):
+            notes.append(f"{name}: none of the {len(run.live.records)} requests was served (all failed or were not "
+                         "sent), so it has no measured metrics: its values and the changes involving it are not "
+                         "compared")
+        elif n_fail:
             notes.append(f"{name}: {n_fail} of {len(v.trace.records)} requests failed or were not sent; "
                          "measured metrics cover the rest")
         if not run.usage_reported:

@@ -45,11 +45,20 @@ class FakeVllm:
         hang: never answer completions.
         token_delay_s: time between streamed tokens.
         token_ids: stream each token's id (vLLM's ``return_token_ids``); False streams text only.
+        fail_after: once this many completions have started, answer every later one HTTP 500 with
+            ``fail_body`` (vLLM's API process after its engine died).
+        cut_after_tokens: break every stream's connection after this many tokens.
     """
 
+    ENGINE_DEAD = (b'{"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root '
+                   b'cause.", "type": "InternalServerError", "param": null, "code": 500}}')
+
     def __init__(self, die_after: int | None = None, hang: bool = False, token_delay_s: float = 0.0005,
-                 block_size: int = BLOCK, token_ids: bool = True) -> None:
+                 block_size: int = BLOCK, token_ids: bool = True, fail_after: int | None = None,
+                 fail_body: bytes = ENGINE_DEAD, cut_after_tokens: int | None = None) -> None:
         self.die_after, self.hang, self.delay, self.block_size = die_after, hang, token_delay_s, block_size
+        self.fail_after, self.fail_body, self.cut_after_tokens = fail_after, fail_body, cut_after_tokens
+        self.failed = 0
         self.token_ids = token_ids
         self.cache: set[int] = set()
         self.hits = self.queries = 0
@@ -144,6 +153,10 @@ class FakeVllm:
             return  # closes the connection at once
         if self.hang:
             await asyncio.sleep(3600)
+        if self.fail_after is not None and self.started >= self.fail_after:
+            self.failed += 1
+            self._send(writer, 500, self.fail_body, "application/json")
+            return
         self.started += 1
         self.log.append("completion")
         prompt = [int(t) for t in req["prompt"]]
@@ -164,6 +177,9 @@ class FakeVllm:
             if self.die_after is not None and self.started > self.die_after:
                 self.dead = True
                 self._server.close()
+                writer.transport.abort()
+                return
+            if self.cut_after_tokens is not None and i >= self.cut_after_tokens:
                 writer.transport.abort()
                 return
             tok = 100 + (prompt[-1] * 31 + i * 7 + n) % 900
@@ -631,6 +647,29 @@ def test_cluster_spec_notes_a_profile_of_another_model():
     assert notes == [] and cluster.profile.engine.num_gpu_blocks == 4096
     _, notes = cluster_spec(load_profile("a6000-qwen2.5-7b"), [server], spec)
     assert any("describes model 'qwen2.5-7b-instruct'" in n and "['tiny-qwen2']" in n for n in notes)
+
+
+def test_cluster_spec_notes_every_server_of_another_model():
+    """Mixed models: one server serving the profile's model does not hide the others."""
+    import dataclasses
+
+    from kvroute.calibrate.live.client import ServerInfo
+    from kvroute.calibrate.validation.validate import ValidationSpec, cluster_spec
+    from kvroute.sim.timing.profile import load_profile
+
+    tiny = ServerInfo(url="http://x:1", model="tiny-qwen2", model_root="/cache/kvroute/tiny-qwen2",
+                      served_models=("tiny-qwen2",), vllm_version="0.32.0", max_model_len=32768, block_size=32,
+                      num_gpu_blocks=4096, enable_prefix_caching=True, max_num_batched_tokens=2048,
+                      max_num_seqs=128, hardware="CPU", device="cpu")
+    servers = [tiny, dataclasses.replace(tiny, url="http://x:2", model="opt-125m", model_root="/m/opt-125m"),
+               dataclasses.replace(tiny, url="http://x:3", model="gpt2", model_root="/m/gpt2")]
+    spec = ValidationSpec(tuple(s.url for s in servers))
+    _, notes = cluster_spec(load_profile("cpu-tiny-qwen2-x2"), servers, spec)
+    assert notes[0] == ("profile 'cpu-tiny-qwen2-x2' describes model 'tiny-qwen2', but server 1 (http://x:2) serves "
+                          "'opt-125m', server 2 (http://x:3) serves 'gpt2': the simulation prices every worker with "
+                          "'tiny-qwen2''s step costs, so those servers' times are another model's")
+    _, notes = cluster_spec(load_profile("cpu-tiny-qwen2-x2"), servers[:1], ValidationSpec(("http://x:1",)))
+    assert notes == []
 
 
 def test_client_lag_delays_every_later_turn_of_the_simulation_exactly():
@@ -1543,3 +1582,92 @@ def test_the_bench_and_the_report_check_against_the_same_intervals(monkeypatch):
         checked = doc["changes"]["kv_aware"][metric]["run_interval"]
         assert by["kv_aware vs round_robin", f"change {metric}"] == pytest.approx(checked)
         assert checked[0] < checked[1]
+
+
+def test_a_failed_request_s_partial_stream_is_not_timed(fakes):
+    """ITL pools the gaps of requests served whole only, as the other timings take ok requests only."""
+    servers = fakes(1, s0={"cut_after_tokens": 5})
+    replay = _replay(small_chat(chats=2, turns=1), servers, policy="round_robin", max_in_flight=1)
+    res = replay.result()
+    assert (res.records["status"] != "ok").all() and list(replay.dead) == [0]
+    assert len(res.itl) == 0  # the first request's 4 gaps before the cut were counted before
+    s = summarize(res)
+    assert math.isnan(s["itl_mean_s"]) and math.isnan(s["itl_p90_s"])
+
+
+def test_a_run_with_no_request_served_has_no_measured_metrics(fakes, tmp_path):
+    """Every request failed: nothing is measured, compared or counted, and the note says none was served."""
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_render import write_report
+    from kvroute.sim.timing.profile import load_profile
+
+    servers = fakes(1, s0={"cut_after_tokens": 5})
+    trace = small_chat(chats=2, turns=2)
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin",), max_in_flight=1, sim_rounds=1)
+    v = run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    run = v.runs[0]
+    assert run.measured["failed"] == 4.0
+    assert all(math.isnan(x) for k, x in run.measured.items() if k != "failed")
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    metrics = doc["policies"]["round_robin"]["metrics"]
+    assert all(m["measured"] is None and m["inside"] is None for k, m in metrics.items() if k != "failed")
+    assert doc["inside_interval"]["checked"] == 0
+    assert "round_robin: none of the 4 requests was served (all failed or were not sent), so it has no measured " \
+           "metrics: its values and the changes involving it are not compared" in doc["notes"]
+    assert not any("cover the rest" in n for n in doc["notes"])
+    md = (tmp_path / "report.md").read_text()
+    assert "were not measured (no request of that run was served, see the notes); they are not counted." in md
+
+
+def test_an_engine_dead_500_marks_its_worker_dead(fakes):
+    """vLLM's API process answers HTTP 500 "EngineCore encountered an issue" once its engine died:
+    the worker is dead at the first such answer, as with a refused connection."""
+    servers = fakes(2, s1={"fail_after": 1})
+    replay = _replay(small_chat(chats=4, turns=2), servers, policy="round_robin", max_in_flight=1)
+    assert replay.dead == {1: "its engine died (HTTP 500: EngineCore encountered an issue. See stack trace "
+                              "(above) for the root cause.)"}
+    assert servers[1].failed == 1 and servers[1].started == 1
+    df = replay.result().records
+    assert (df.loc[df["status"] == "ok", "worker"] != 1).sum() >= 1
+
+
+def test_three_5xx_in_a_row_mark_a_worker_dead(fakes, tmp_path):
+    servers = fakes(2, s1={"fail_after": 0, "fail_body": b'{"error": {"message": "Internal Server Error"}}'})
+    replay = _replay(small_chat(chats=8, turns=1), servers, policy="round_robin", max_in_flight=1)
+    assert replay.dead == {1: "3 requests in a row failed with HTTP 5xx (HTTP 500: Internal Server Error)"}
+    assert servers[1].failed == 3
+    df = replay.result().records
+    # round robin: 0, 1, 0, 1, 0, 1 (the third 500: dead), then 0, 0
+    assert df["worker"].tolist() == [0, 1, 0, 1, 0, 1, 0, 0] and (df["status"] == "ok").sum() == 5
+
+
+def test_a_run_cut_short_is_not_checked_against_the_whole_trace():
+    """An interrupted run, or one that lost a worker, keeps its values but is not checked or counted:
+    its prediction is of the whole trace on every worker."""
+    from kvroute.calibrate.validation.validate_report import report_dict
+    from kvroute.calibrate.validation.validate_render import report_markdown
+
+    def report(**cut):
+        v = constructed_validation({"round_robin": [{"time_to_complete_s": 1.8}],
+                                    "kv_aware": [{"time_to_complete_s": 1.5}]})
+        for k, x in cut.items():
+            setattr(v.runs[1], k, x)
+        return v, json.loads(json.dumps(report_dict(v), default=str))
+
+    _, whole = report()
+    for cut, why in (({"interrupted": True}, "interrupted"), ({"dead": {1: "gone"}}, "worker 1 died"),
+                     ({"interrupted": True, "dead": {0: "a", 1: "b"}}, "interrupted, workers 0, 1 died")):
+        v, doc = report(**cut)
+        assert doc["policies"]["round_robin"] == whole["policies"]["round_robin"]
+        kv, kv_whole = doc["policies"]["kv_aware"]["metrics"], whole["policies"]["kv_aware"]["metrics"]
+        was = [k for k, m in kv_whole.items() if m["inside"] is not None]
+        assert was and all(kv[k]["inside"] is None and kv[k]["not_checked"] == why
+                           and kv[k]["measured"] == kv_whole[k]["measured"] for k in was)
+        changes = [c for ch in doc["changes"].values() for c in ch.values()]
+        n_changes = sum(c["inside"] is not None for ch in whole["changes"].values() for c in ch.values())
+        assert n_changes and sum(c.get("not_checked") == why for c in changes) == n_changes
+        assert doc["inside_interval"]["checked"] == whole["inside_interval"]["checked"] - len(was) - n_changes
+        md = report_markdown(v, doc)
+        assert f"not checked: {why}" in md
+        assert (f"{len(was) + n_changes} value(s) were not checked, as their live run was cut short ({why}) while "
+                "the prediction is of the whole trace on every worker; they are not counted.") in md
