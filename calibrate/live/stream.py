@@ -43,7 +43,7 @@ def error_message(body: bytes | str) -> str:
     ``{"detail": ...}``), else the body's first 500 characters."""
     try:
         doc = json.loads(body)
-        err = doc.get("error", doc)
+        err = doc.get("error", doc.get("detail", doc))
         return str(err.get("message", err) if isinstance(err, dict) else err)
     except (ValueError, AttributeError):
         return (body.decode(errors="replace") if isinstance(body, bytes) else body)[:500]

@@ -203,3 +203,13 @@ def test_metrics_error_status_names_the_server():
 
     with pytest.raises(CalibrationError, match=r"^http://127.0.0.1:\d+/metrics answered 404: 404: Not Found$"):
         asyncio.run(main())
+
+
+def test_error_message_reads_openai_fastapi_and_plain_bodies():
+    from kvroute.calibrate.live.stream import error_message
+
+    assert error_message(b'{"error": {"message": "too long", "type": "BadRequestError"}}') == "too long"
+    assert error_message(b'{"detail": "Not Found"}') == "Not Found"  # FastAPI's, unwrapped as documented
+    assert error_message(b'{"detail": {"message": "engine dead"}}') == "engine dead"
+    assert error_message(b"Internal Server Error") == "Internal Server Error"
+    assert error_message("x" * 600) == "x" * 500
