@@ -312,6 +312,14 @@ def shared_host_note(profile: Profile, servers: list[ServerInfo]) -> str | None:
             "`kvroute calibrate measure` on these servers fits one (its bursts are on by default)")
 
 
+def servers_of_another_model(profile, servers) -> list[tuple[int, ServerInfo]]:
+    """``(index, server)`` of every server whose model (served name or weights' path) is not the
+    one ``profile`` was measured on; empty when the profile names no model."""
+    measured_on = _profile_model(profile)
+    return [(i, s) for i, s in enumerate(servers)
+            if measured_on and measured_on not in f"{s.model} {s.model_root}".lower()]
+
+
 def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSpec) -> tuple[ClusterSpec, list[str]]:
     """The simulated cluster matching the live one, and notes on what differs between servers.
 
@@ -333,7 +341,7 @@ def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSp
             notes.append(f"server {i} ({servers[i].url}) has engine settings {e} unlike server 0's "
                          f"{engines[0]}; the simulation uses server 0's for every worker")
     measured_on = _profile_model(profile)
-    others = [(i, s) for i, s in enumerate(servers) if measured_on and measured_on not in f"{s.model} {s.model_root}".lower()]
+    others = servers_of_another_model(profile, servers)
     if others and len(others) < len(servers):  # mixed models: the servers differ from each other too
         notes.append(f"profile {profile.name!r} describes model {measured_on!r}, but "
                      + ", ".join(f"server {i} ({s.url}) serves {s.model!r}" for i, s in others)

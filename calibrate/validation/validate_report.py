@@ -46,7 +46,7 @@ import pandas as pd
 from kvroute.calibrate.calibration.step_end import merge
 from kvroute.calibrate.validation.engine_times import convoy_rows, engine_rows, stamp_note
 from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, mean_interval, spread
-from kvroute.calibrate.validation.validate import PolicyRun, Validation, send_lags
+from kvroute.calibrate.validation.validate import PolicyRun, Validation, send_lags, servers_of_another_model
 from kvroute.sim.timing.heldout import heldout_log_sd, heldout_spreads
 from kvroute.sim.study.experiment import SHARE_METRICS, prediction_interval
 from kvroute.sim.study.intervals import combined_interval, coverage, prior_sd_for
@@ -408,7 +408,8 @@ def report_dict(v: Validation) -> dict:
         doc["probe_reference"] = "calibration" if getattr(spec, "probe_reference", None) else "predicted"
     if getattr(v, "speed_scale", None) is not None:
         doc["speed_scale"] = v.speed_scale.to_dict()
-    if not getattr(spec, "speed_probes", 0):
+    # a profile of another model than every server's: the times differ by the model, not the host's speed
+    if not getattr(spec, "speed_probes", 0) and len(servers_of_another_model(v.sim_spec.profile, v.servers)) < len(v.servers):
         note = speed_hint(doc)
         if note:
             doc["notes"].append(note)

@@ -1671,3 +1671,17 @@ def test_a_run_cut_short_is_not_checked_against_the_whole_trace():
         assert f"not checked: {why}" in md
         assert (f"{len(was) + n_changes} value(s) were not checked, as their live run was cut short ({why}) while "
                 "the prediction is of the whole trace on every worker; they are not counted.") in md
+
+
+def test_no_speed_hint_when_the_profile_is_another_models():
+    """Times all x4 the predicted ones suggest --speed-probes, unless every server serves another
+    model than the profile's: then the model, not the host's speed, is what differs."""
+    import dataclasses
+
+    from kvroute.calibrate.validation.validate_report import report_dict
+
+    slow = {"time_to_complete_s": 8.0, "ttft_mean_s": 2.4, "itl_mean_s": 2.4, "e2e_mean_s": 2.4}
+    v = constructed_validation({"round_robin": [slow], "kv_aware": [slow]})
+    assert any(n.startswith("the measured times are x") for n in report_dict(v)["notes"])
+    v.servers[:] = [dataclasses.replace(s, model="opt-125m", model_root="/cache/opt-125m") for s in v.servers]
+    assert not any(n.startswith("the measured times are x") for n in report_dict(v)["notes"])
