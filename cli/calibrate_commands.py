@@ -580,9 +580,11 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
         correction = StampCorrection.of(stamp, how[alone(rows)]) if how is not None else None
     if split is not None:
         apply_post_engine(doc, split, stamp, correction)
+    # after the front-end split took the part after the engine out, before the bursts' fit loads the
+    # document as a profile (which refuses an admission above its API-server term)
+    cap_admission(doc["overheads"])
     burst_text = (_fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline,
                               api_cores == "own", api_contention, client_core, stamp, step_s) if bursts else None)
-    cap_admission(doc["overheads"])  # after the front-end split took the part after the engine out
     try:  # the simulator must accept what is written: checked before writing it
         profile_from_dict(json.loads(json.dumps(doc)), str(out))
     except ValueError as exc:
