@@ -44,7 +44,7 @@ import numpy as np
 
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.inputs import InputError, Num, describe, MAX_TOKENS
-from kvroute.traces.yaml_doc import LineList, LineMap, parse_yaml, read_text
+from kvroute.traces.yaml_doc import line_of, parse_yaml, read_text
 
 DATA_TYPES = ("shared_prefix",)
 """``data.type`` values read (inference-perf has more: mock, shareGPT, random, ...)."""
@@ -360,13 +360,8 @@ class _Source:
     def line(self, node: object, key: object = None) -> int | None:
         """The file line of ``node[key]`` (of ``node`` itself when ``key`` is None or absent), or
         None when ``node`` was not parsed with line tracking."""
-        if isinstance(node, LineMap):
-            line = node.key_lines.get(key, node.line) if key is not None else node.line
-        elif isinstance(node, LineList) and type(key) is int and 0 <= key < len(node.lines):
-            line = node.lines[key]
-        else:
-            return None
-        return line + self.offset
+        line = line_of(node, key)
+        return None if line is None else line + self.offset
 
     def error(self, reason: str, node: object = None, key: object = None, field: str | None = None) -> InputError:
         return InputError(reason, self.where, self.line(node, key), field)

@@ -29,6 +29,17 @@ class LineList(list):
     lines: list
 
 
+def line_of(node: object, key: object = None) -> int | None:
+    """The line (1-based) of ``node[key]`` in its file: a :class:`LineMap`'s key's line (the
+    mapping's own when ``key`` is None or absent), a :class:`LineList`'s item's; None for a node
+    read without line tracking."""
+    if isinstance(node, LineMap):
+        return node.key_lines.get(key, node.line) if key is not None else node.line
+    if isinstance(node, LineList) and type(key) is int and 0 <= key < len(node.lines):
+        return node.lines[key]
+    return None
+
+
 def yaml_loader(track_lines: bool = False):
     """A ``yaml.SafeLoader`` subclass whose mappings refuse a key given twice.
 

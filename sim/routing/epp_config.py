@@ -43,7 +43,7 @@ from kvroute.sim.routing.epp_scorers import (DEFAULT_LRU_CAPACITY, DEFAULT_MAX_P
                                              LoadAwareScorer, PrecisePrefixCacheScorer, PrefixCacheScorer, QueueScorer,
                                              Scorer)
 from kvroute.traces.inputs import InputError
-from kvroute.traces.yaml_doc import LineList, LineMap, read_yaml
+from kvroute.traces.yaml_doc import LineMap, line_of, read_yaml
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 PICKER_TYPES = {"max-score-picker": "max", "weighted-random-picker": "weighted", "random-picker": "random"}
@@ -71,18 +71,12 @@ class _Reader:
         self.path = path
 
     def fail(self, reason: str, node=None, field: str | None = None, key=None) -> InputError:
-        line = None
-        if isinstance(node, LineMap):
-            line = node.key_lines.get(key, node.line) if key is not None else node.line
-        return InputError(reason, self.path, line, field)
+        return InputError(reason, self.path, line_of(node, key), field)
 
     def mapping(self, node, field: str, parent=None, key=None) -> LineMap:
         """``node`` if it is a mapping; else an error at ``parent[key]``'s line (a list index or a key)."""
         if not isinstance(node, dict):
-            error = self.fail(f"expected a mapping, got {type(node).__name__}", parent, field, key)
-            if isinstance(parent, LineList):
-                error = InputError(error.reason, self.path, parent.lines[key], field)
-            raise error
+            raise self.fail(f"expected a mapping, got {type(node).__name__}", parent, field, key)
         return node
 
     def number(self, params: LineMap, key: str, field: str, default, integer: bool = True, minimum: float = 0):
