@@ -349,26 +349,20 @@ def _plan_text(plan, num_servers: int, seed: int, profile) -> str:
 def _default_estimate_profile(infos, num_servers: int, urls=()):
     """cpu-tiny-qwen2 (-x2 for several servers) when ``infos`` say the servers run on CPUs, or,
     without ``infos`` (``--dry-run``), when every server of ``urls`` (or none given) is on this
-    machine and it has no NVIDIA GPU (:func:`_no_local_gpu`); else the a6000-qwen2.5-7b prior."""
+    machine and it shows no NVIDIA GPU (``kvroute.calibrate.live.server.detect_gpus``, which plans
+    the servers `serve` starts); else the a6000-qwen2.5-7b prior."""
     from urllib.parse import urlsplit
 
-    from kvroute.calibrate.live.server import machine_key
+    from kvroute.calibrate.live.server import detect_gpus, machine_key
     from kvroute.sim.timing.profile import load_profile
 
     if infos:
         on_cpu = infos[0].device == "cpu"
     else:
         local = all(machine_key(urlsplit(u).hostname or "") == "loopback" for u in urls)
-        on_cpu = local and _no_local_gpu()
+        on_cpu = local and not detect_gpus()
     return load_profile(("cpu-tiny-qwen2-x2" if num_servers > 1 else "cpu-tiny-qwen2") if on_cpu
                         else "a6000-qwen2.5-7b")
-
-
-def _no_local_gpu() -> bool:
-    """Whether this machine shows no NVIDIA GPU (no ``/dev/nvidia0``, no ``nvidia-smi``)."""
-    import shutil
-
-    return not Path("/dev/nvidia0").exists() and shutil.which("nvidia-smi") is None
 
 
 def _load_estimate_profile(name: str):

@@ -200,16 +200,16 @@ def test_measure_dry_run_estimates_local_servers_on_a_machine_without_a_gpu_with
     """--dry-run contacts no server: servers on this machine (or none named) of a machine without
     an NVIDIA GPU are taken for CPU servers (cpu-tiny-qwen2, -x2 for several); a remote server
     or a local GPU keeps the a6000 prior."""
-    from kvroute.cli import calibrate_commands
+    from kvroute.calibrate.live import server
 
     run = CliRunner().invoke
-    monkeypatch.setattr(calibrate_commands, "_no_local_gpu", lambda: True)
+    monkeypatch.setattr(server, "detect_gpus", lambda: [])
     two = run(cli, ["calibrate", "measure", "--dry-run", "--servers", "2"])
     assert two.exit_code == 0 and "from cpu-tiny-qwen2-x2's step costs" in two.output, two.output
     local = run(cli, ["calibrate", "measure", "--dry-run", "--url", "http://localhost:8100"])
     assert "from cpu-tiny-qwen2's step costs" in local.output, local.output
     remote = run(cli, ["calibrate", "measure", "--dry-run", "--url", "http://gpu-1:8100"])
     assert "from a6000-qwen2.5-7b's step costs" in remote.output, remote.output
-    monkeypatch.setattr(calibrate_commands, "_no_local_gpu", lambda: False)
+    monkeypatch.setattr(server, "detect_gpus", lambda: [0])
     gpu = run(cli, ["calibrate", "measure", "--dry-run", "--servers", "2"])
     assert "from a6000-qwen2.5-7b's step costs" in gpu.output, gpu.output
