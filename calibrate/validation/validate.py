@@ -468,22 +468,22 @@ def _lag_sample(lags: np.ndarray) -> tuple[float, ...]:
     return tuple(sorted(max(float(x), 0.0) for x in lags))
 
 
-def with_measured_client(trace: Trace, runs: list[PolicyRun], keep_offsets: bool = True,
+def with_measured_client(trace: Trace, runs: list[PolicyRun],
                          slot_limited: bool = False) -> tuple[Trace, tuple[float, ...], float, dict[int, float]]:
     """The simulation's twin of the live client of ``runs``: each later turn waits a send lag
     drawn from the measured ones (:func:`measured_lags`; set it as ``ClusterSpec.client_lag_s``)
     and each root request is sent at its measured offset (its median delay beyond its trace
     timestamp over the runs, relative to the least delayed root of its run: how long the client
-    took to put a burst's roots on the wire; none without ``keep_offsets``, e.g. when the client
-    limited requests in flight). ``slot_limited``: as
-    :func:`send_lags`.
+    took to put a burst's roots on the wire). ``slot_limited`` (the replay had a ``max_in_flight``):
+    the lags leave out the slot waits (:func:`send_lags`) and the roots keep their trace times, as
+    the client's slots, not its speed, spaced them.
 
     Returns:
         ``(trace, lag sample s, median lag s, root offsets s)``: the trace to simulate, the
         sample for ``ClusterSpec.client_lag_s``, and the figures to report.
     """
     lags = _send_lags(trace, runs, slot_limited)
-    offsets = _root_offsets(trace, runs) if keep_offsets else {}
+    offsets = {} if slot_limited else _root_offsets(trace, runs)
     return with_root_offsets(trace, offsets), _lag_sample(lags), _median_lag(lags), offsets
 
 
@@ -710,7 +710,6 @@ def run_validation(
             run.take_prediction(predictions[spec.policies.index(run.policy)])
     if measured_lag:
         sim_trace, lags, lag, offsets = with_measured_client(trace, validation.runs,
-                                                             keep_offsets=spec.max_in_flight is None,
                                                              slot_limited=spec.max_in_flight is not None)
         lagged = dataclasses.replace(cluster, client_lag_s=lags)
         validation.client_lag_s, validation.root_offsets_s = lag, offsets
