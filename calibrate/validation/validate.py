@@ -35,7 +35,7 @@ from kvroute.sim.cluster.cluster import ClusterSpec
 from kvroute.sim.timing.coverage import run_note
 from kvroute.sim.study.experiment import compare, compare_uncertain
 from kvroute.sim.cluster.metrics import RunResult, summarize
-from kvroute.sim.timing.profile import Profile
+from kvroute.sim.timing.profile import Profile, profile_model_key
 from kvroute.sim.timing.vllm_versions import kv_event_stamp
 from kvroute.traces.format import Trace
 
@@ -315,7 +315,7 @@ def shared_host_note(profile: Profile, servers: list[ServerInfo]) -> str | None:
 def servers_of_another_model(profile, servers) -> list[tuple[int, ServerInfo]]:
     """``(index, server)`` of every server whose model (served name or weights' path) is not the
     one ``profile`` was measured on; empty when the profile names no model."""
-    measured_on = _profile_model(profile)
+    measured_on = profile_model_key(profile)
     return [(i, s) for i, s in enumerate(servers)
             if measured_on and measured_on not in f"{s.model} {s.model_root}".lower()]
 
@@ -340,7 +340,7 @@ def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSp
         if e != engines[0]:
             notes.append(f"server {i} ({servers[i].url}) has engine settings {e} unlike server 0's "
                          f"{engines[0]}; the simulation uses server 0's for every worker")
-    measured_on = _profile_model(profile)
+    measured_on = profile_model_key(profile)
     others = servers_of_another_model(profile, servers)
     if others and len(others) < len(servers):  # mixed models: the servers differ from each other too
         notes.append(f"profile {profile.name!r} describes model {measured_on!r}, but "
@@ -367,13 +367,6 @@ def cluster_spec(profile: Profile, servers: list[ServerInfo], spec: ValidationSp
         max_in_flight=spec.max_in_flight, cache_view=spec.cache_view, record_series=spec.record_tokens,
     )
     return cluster, notes
-
-
-def _profile_model(profile: Profile) -> str:
-    """The last path component of the model a profile describes, lower case ('' if unknown)."""
-    model = profile.raw.get("model") or {}
-    name = str(model.get("name") or model.get("path_or_id") or "")
-    return name.rstrip("/").rsplit("/", 1)[-1].lower()
 
 
 def token_range(servers: list[ServerInfo], override: tuple[int, int] | None) -> tuple[int, int]:

@@ -371,6 +371,20 @@ class Profile:
         )
 
 
+def model_key(name: str) -> str:
+    """A model's name as kvroute compares names from different sources (a profile, a server, a
+    workload config): its last path component, lower case (``meta-llama/Llama-3.1-70B-Instruct``
+    and ``/cache/llama-3.1-70b-instruct/`` alike give ``llama-3.1-70b-instruct``)."""
+    return str(name).rstrip("/").rsplit("/", 1)[-1].lower()
+
+
+def profile_model_key(profile: Profile) -> str:
+    """:func:`model_key` of the model ``profile`` describes (its name, else its path or id);
+    '' when the profile names none."""
+    model = profile.raw.get("model") or {}
+    return model_key(model.get("name") or model.get("path_or_id") or "")
+
+
 def with_overrides(profile: Profile, max_model_len: int | None = None, kv_blocks: int | None = None) -> Profile:
     """``profile`` with its engine's ``max_model_len`` (tokens) and ``num_gpu_blocks`` (per
     worker) replaced where given; None keeps the profile's value.
