@@ -113,24 +113,22 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
                    f"TPOT <= {slo_tpot} s.")
     fitted_seed = (trace_path is None and scenario.workload == "seed-chat" and scenario.reply is None
                    and scenario.workload_config is None)
-    if not json_out or out is not None:  # (--json alone keeps pandas unimported: records are a DataFrame)
+    table = not json_out or out is not None  # (--json alone keeps pandas unimported: records are a DataFrame)
+    if table:
         from kvroute.sim.timing.coverage import peak_in_flight, run_note
 
         records = comparison.records()
         peak = peak_in_flight(records)
         served = bool((records["status"] == "ok").any())
-        # nothing served: the failure note is the whole story (a rejected request never finishes, so
-        # peak_in_flight would count it in flight to the end, and a note on timing would be about no run)
-        notes = [_failure_note(comparison)] if not served else [line for line in (_failure_note(comparison),
-                                   _unmeasured_note(spec.profile, fitted_seed, uncertainty),
-                                   _frontend_note(spec.profile, peak), run_note(spec.profile, records, peak),
-                                   _speed_note(spec.profile, spec.num_workers), _model_note(trace, spec.profile))
-                                   if line]
+        failures = _failure_note(comparison)
     else:  # the notes that need no per-request table; failures counted from the runs' summaries
-        notes = [line for line in (_failed_count_note(comparison),
-                                   _unmeasured_note(spec.profile, fitted_seed, uncertainty),
-                                   _speed_note(spec.profile, spec.num_workers), _model_note(trace, spec.profile))
-                 if line]
+        served, failures = True, _failed_count_note(comparison)
+    # nothing served: the failure note is the whole story (a rejected request never finishes, so
+    # peak_in_flight would count it in flight to the end, and a note on timing would be about no run)
+    notes = [failures] if not served else [line for line in (
+        failures, _unmeasured_note(spec.profile, fitted_seed, uncertainty),
+        _frontend_note(spec.profile, peak) if table else "", run_note(spec.profile, records, peak) if table else "",
+        _speed_note(spec.profile, spec.num_workers), _model_note(trace, spec.profile)) if line]
     staged = stage_results(comparison, trace, spec)  # None unless the trace has load stages
     if json_out:
         doc = {"scenario": header, "rounds": rounds, "seed": seed,
@@ -485,18 +483,15 @@ def _unmeasured_note(profile, fitted_seed_workload: bool, uncertainty: int = 0) 
 def _model_note(trace, profile) -> str:
     """A note when the workload's own run served another model than the profile's (an
     inference-perf config's ``server.model_name``): the times are the profile's model's."""
+    from kvroute.sim.timing.profile import model_key, profile_model_key
+
     theirs = trace.metadata.get("model_name") if isinstance(trace.metadata, dict) else None
     ours = (profile.raw.get("model") or {}).get("name")
-    if not theirs or not ours or _model_key(theirs) == _model_key(ours):
+    if not theirs or not ours or model_key(theirs) == profile_model_key(profile):
         return ""
     return (f"Note: the workload config's run served {theirs}; the times here are those of the profile's model, "
             f"{ours} ({profile.name}). To simulate {theirs}: `kvroute profiles derive --model {theirs} --gpu GPU "
             "--tp N`, then --profile FILE.")
-
-
-def _model_key(name: str) -> str:
-    """A model name compared without its organisation and case (``meta-llama/Llama-3.1-70B-Instruct``)."""
-    return name.rsplit("/", 1)[-1].lower()
 
 
 def _speed_note(profile, num_workers: int) -> str:
