@@ -754,15 +754,18 @@ def fit_figure(result: FitResult, title: str = ""):
         sel = [i for i in dec if obs[i].desc.get("context_len") == L]
         b = [obs[i].desc["batch"] for i in sel]
         c = cmap(j / max(1, len(ctxs) - 1))
-        ax.scatter(b, meas[sel] * 1e3, color=c, s=18, label=f"context {L}")
+        ax.scatter(b, meas[sel] * 1e3, color=c, s=18)
         order = np.argsort(b)
-        ax.plot(np.array(b)[order], pred[sel][order] * 1e3, color=c, lw=1)
+        ax.plot(np.array(b)[order], pred[sel][order] * 1e3, color=c, lw=1,
+                label=f"{L:,}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("decode batch size B (requests)")
-    ax.set_ylabel("ITL (ms); lines: model")
+    ax.set_ylabel("ITL (ms); dots: measured, lines: model")
     ax.set_title("Decode")
-    ax.legend(fontsize=8)
+    # outside the axes: inside, it can cover a context's line (one whose batch-1 ITL is high)
+    ax.legend(fontsize=8, title="context (tokens)", title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              borderaxespad=0.0)
     from matplotlib.ticker import FuncFormatter
 
     for ax in axes.ravel():  # plain tick labels (0.5, 20, 1000; batch 1, 2, ... 64), not powers

@@ -311,3 +311,19 @@ def test_fit_figure_gives_every_series_of_a_panel_its_own_marker():
                                        to_hex(face[0], keep_alpha=True) if len(face) else "none",
                                        to_hex(edge[0], keep_alpha=True) if len(edge) else "none")
         assert len(looks) >= 4 and len(set(looks.values())) == len(looks), (ax.get_title(), looks)
+
+
+def test_fit_figure_decode_legend_sits_beside_the_panel_one_entry_per_context_line():
+    from kvroute.calibrate.calibration.fit import fit, fit_figure
+    from kvroute.calibrate.calibration.observations import build_observations, engine_config, load_sweeps
+
+    _meta, servers, req, exp = load_sweeps([CALIBRATE_DATA / "calibrate-cpu-tiny-qwen2-x2"])
+    obs, _notes = build_observations(req, exp, engine_config(servers[0]), "auto")
+    fig = fit_figure(fit(obs, 0.25, 0, "auto", "soft_l1", True, 0, 0), "profile p")
+    ax = fig.axes[3]
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["128", "1,024", "4,096", "16,384"]
+    assert [line.get_label() for line in ax.get_lines()] == ["128", "1,024", "4,096", "16,384"]
+    renderer = _renderer(fig)
+    # outside the plotting area, so that no context's line is ever under it
+    assert legend.get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
