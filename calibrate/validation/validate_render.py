@@ -98,7 +98,28 @@ def policy_line(doc: dict, p: dict) -> str:
     return (f"live wall time {_fmt(p['live_wall_time_s'], 1)} s{rounds}, client CPU "
             f"{_share(p.get('client_cpu_share'))} of it, failed requests {p['failed_requests']}"
             + (", warm cache" if p["warm_cache"] else "")
-            + _lag_text(p["client_send_lag_s"], doc["sim_client_lag_s"], doc.get("sim_client_lag_measured", False)))
+            + _lag_text(p["client_send_lag_s"], doc["sim_client_lag_s"], doc.get("sim_client_lag_measured", False))
+            + _cut_rounds_text(p))
+
+
+def _rounds_text(left_out: list[dict]) -> str:
+    """``live round 2 (interrupted), live round 3 (worker 1 died)``: the rounds of ``left_out``
+    (report.json's ``{"live_round", "why"}``, rounds from 0), numbered from 1."""
+    return ", ".join(f"live round {x['live_round'] + 1} ({x['why']})" for x in left_out)
+
+
+def _cut_rounds_text(p: dict) -> str:
+    """With several live rounds, the policy's rounds cut short and what was done with them: left
+    out of the checked means (and of their min - max and interval), or, when every round was,
+    the means are of them all and not checked; '' when every round ran whole."""
+    rounds = p.get("rounds") or []
+    cut = [{"live_round": r["live_round"], "why": r["cut_short"]} for r in rounds if r.get("cut_short")]
+    if not cut:
+        return ""
+    if len(cut) == len(rounds):
+        return f"; every live round was cut short ({_rounds_text(cut)}): the means are of them all, not checked"
+    return (f"; left out of the measured means, their min - max and intervals, as cut short: {_rounds_text(cut)}; "
+            f"each value is checked against the interval of the mean of the {len(rounds) - len(cut)} whole round(s)")
 
 
 def report_markdown(v: Validation, doc: dict | None = None) -> str:
@@ -116,6 +137,7 @@ def report_markdown(v: Validation, doc: dict | None = None) -> str:
     changes = changes_table(doc)
     if changes is not None:
         lines += ["", f"## {changes.caption}", ""] + markdown_table(changes)
+        lines += ["", changes.note] if changes.note else []
     lines += ["", coverage_text(doc)]
     if doc["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
@@ -137,7 +159,8 @@ def scenario_lines(doc: dict) -> list[str]:
     if n_live:
         lines.append(f"live: {n_live} rounds per policy, interleaved (every policy once per round); measured values "
                      f"are the rounds' means, checked against the prediction interval of the mean of {n_live} live "
-                     "rounds")
+                     "rounds" + ("; rounds cut short (named under each policy) are left out, and the interval is "
+                                 "of the mean of the rounds left" if _any_cut(doc) else ""))
     lines += [f"worker {s['url']}: {s['model']}, vLLM {s['vllm_version']}{_async_text(s)}, {s['hardware']}, "
               f"block size {s['block_size']}, {s['num_gpu_blocks']} KV blocks" for s in doc["servers"]]
     lines.append(f"cache: {'WARM for some run (see notes)' if doc['warm_cache'] else 'reset before every run (cold)'}")
@@ -146,9 +169,16 @@ def scenario_lines(doc: dict) -> list[str]:
     return lines
 
 
+def _any_cut(doc: dict) -> bool:
+    """Whether some policy has a live round cut short (report.json's ``rounds[].cut_short``)."""
+    return any(r.get("cut_short") for p in doc["policies"].values() for r in p.get("rounds") or [])
+
+
 def _interval_header(doc: dict) -> str:
     level = f"{100 * doc.get('interval_level', 0.95):g} %"
     n_live = doc.get("live_rounds")
+    if n_live and _any_cut(doc):
+        return f"{level} interval of the mean of the live rounds that ran whole"
     return f"{level} interval of " + (f"the mean of {n_live} live rounds" if n_live else "one live run")
 
 
@@ -244,7 +274,25 @@ def changes_table(doc: dict) -> Table | None:
                                                                     "high": c["run_interval"][1]}),
                          Cell(_pct(c["measured"], unit), {"measured": c["measured"]}), *paired, _yes_cell(c["inside"], c.get("not_checked")),
                          Cell("-" if diff is None else f"{diff:+.1f}", {"value": diff})])
-    return Table(f"Change vs {next(iter(doc['policies']))}", header, rows, table_id="changes")
+    return Table(f"Change vs {next(iter(doc['policies']))}", header, rows, table_id="changes",
+                 note=_cut_pairs_text(doc))
+
+
+def _cut_pairs_text(doc: dict) -> str:
+    """The pairs of live rounds the changes leave out, as a side was cut short, per policy
+    ('' when none was)."""
+    out = []
+    base = next(iter(doc["policies"]))
+    for policy, ch in doc["changes"].items():
+        first = next(iter(ch.values()))
+        left = first.get("left_out") or []
+        if left:
+            whole = len(first["measured_rounds"]) - len(left)
+            out.append(f"{policy} left out {_rounds_text(left)}, "
+                       + (f"{whole} pair(s) counted" if whole else
+                          "no pair whole, so its changes are over every pair and not checked"))
+    return (f"Each change pairs live round i of a policy with live round i of {base} and counts the pairs whole on "
+            "both sides: " + "; ".join(out) + ".") if out else ""
 
 
 def markdown_table(table: Table) -> list[str]:
@@ -308,8 +356,16 @@ def _unchecked_text(doc: dict) -> list[str]:
     out = []
     if cut:
         why = sorted({m["not_checked"] for m in cut})
-        out.append(f"{len(cut)} value(s) were not checked, as their live run was cut short ({'; '.join(why)}) while "
+        run = ("every live round (for a change, every pair of rounds) behind them was cut short"
+               if doc.get("live_rounds") else "their live run was cut short")
+        out.append(f"{len(cut)} value(s) were not checked, as {run} ({'; '.join(why)}) while "
                    "the prediction is of the whole trace on every worker; they are not counted.")
+    fewer = [m for p in doc["policies"].values() for m in p["metrics"].values() if m.get("left_out")]
+    fewer += [c for ch in doc["changes"].values() for c in ch.values() if c.get("left_out")]
+    fewer = [m for m in fewer if m.get("inside") is not None]
+    if fewer:
+        out.append(f"{len(fewer)} value(s) are checked over the live rounds that ran whole only, the rounds cut short "
+                   "(named under each table) left out, each against the interval of the mean of the rounds left.")
     if unmeasured:
         out.append(f"{len(unmeasured)} value(s) were not measured (no request of that run was served, see the "
                    "notes); they are not counted.")

@@ -12,33 +12,41 @@ host's speed drift (``kvroute.sim.study.intervals.combined_interval``;
 ``docs/reference/intervals.md``); ``coverage`` counts the values inside. Where the drift moves the
 interval's centre, a time also gives ``drift_factor``, ``predicted_with_drift`` and
 ``error_pct_with_drift`` (the error against that centre). The failed-request count is compared
-but not checked (``UNCHECKED_METRICS``). A value of a live run cut short (interrupted, or a worker
-died during it; :func:`cut_short`), or a change involving one, keeps its interval but is not checked:
-``inside`` is null and ``not_checked`` says why. A run with no request served measures nothing
-(its values are null). Before that rule it was
+but not checked (``UNCHECKED_METRICS``). A live round cut short (interrupted, or a worker died
+during it; :func:`cut_short`) is not the whole trace on every worker the prediction is of, so it
+is left out of the checked means (:func:`round_values`, :func:`round_changes`; below); when no
+round (or, for a change, no pair of rounds) ran whole, the value is the mean of every round and
+keeps its interval but is not checked: ``inside`` is null and ``not_checked`` says why. A run
+with no request served measures nothing (its values are null). Before that rule it was
 the 95 % normal-theory interval of the simulated runs' values
 (``kvroute.sim.study.experiment.prediction_interval``): the seeds' spread alone, or seeds and model
 when ``validate --uncertainty N`` drew N profiles from the profile's coefficient uncertainty.
 Changes between policies are checked the same way, pairing the simulated runs seed by seed; a
 change is in percent, a share's (the hit rate) in percentage points (``unit``; :func:`change_of`).
 
-With ``validate --live-rounds N`` (N >= 2) every measured value is the mean over the live rounds
-(``kvroute.calibrate.validation.rounds``), checked against the prediction interval of the mean of
-N simulated runs, and each metric also gives ``live_rounds``, ``measured_rounds`` (per round),
+With ``validate --live-rounds N`` (N >= 2) every measured value is the mean over the K live rounds
+that ran whole (``kvroute.calibrate.validation.rounds``), checked against the prediction interval
+of the mean of K runs (the live rounds' spread from two whole rounds on, the host prior with one),
+and each metric also gives ``live_rounds`` (K, the rounds in the mean), ``measured_rounds`` (every
+round's value, those cut short too), ``left_out`` (per round cut short, ``{"live_round", "why"}``),
 ``measured_min``, ``measured_max``, ``measured_interval`` (95 % Student-t interval of the mean
-from 3 rounds on, else null) and ``predicted_inside_live_range`` (min <= predicted <= max). A
-change is that of the round means; ``measured_rounds`` holds the change of round ``i`` of the
-policy against round ``i`` of the base, and ``measured_interval`` the 95 % Student-t interval of
-their mean. Per-policy counts (failures, errors) add up the rounds, ``workers`` holds per-round
-means, and ``rounds`` lists each round's cache reset, dead workers and wall time. With one live
-round (the default) every measured value is that round's, none of these per-round fields is
-written, and a note says that one round of a short burst can be off by tens of percent.
+from 3 rounds on, else null) and ``predicted_inside_live_range`` (min <= predicted <= max); min,
+max and that interval are of the rounds in the mean, so a round cut short moves none of them. A
+change is that of the round means over the pairs of rounds (round ``i`` of the policy, round ``i``
+of the base) whole on both sides; ``measured_rounds`` holds every pair's change, ``left_out`` the
+pairs with a side cut short, and ``measured_interval`` the 95 % Student-t interval of the counted
+pairs' mean. Per-policy counts (failures, errors) add up every round, ``workers`` holds the
+per-round means of every round, and ``rounds`` lists each round's cache reset, dead workers, wall
+time and ``cut_short`` (why, or null). With one live round (the default) every measured value is
+that round's, none of these per-round fields is written, and a note says that one round of a
+short burst can be off by tens of percent.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -255,27 +263,101 @@ def cut_short(runs: list[PolicyRun]) -> str | None:
     return ", ".join(why) or None
 
 
+@dataclass(frozen=True, slots=True)
+class CheckedRounds:
+    """The live rounds a measured value is the mean of and is checked over (:func:`round_values`,
+    :func:`round_changes`): the rounds that ran whole, the ones cut short (:func:`cut_short`) left
+    out; every round when none ran whole, and then the value is not checked.
+
+    Attributes:
+        values: per round counted, the metric's value (s, a share, a count; a change between
+            policies: per pair of rounds, percent or for a share pp); non-finite when not measured.
+        measured: the checked value: the mean of the finite ``values`` (a change: the change of
+            the counted pairs' round means); NaN without one.
+        left_out: per round left out, ``{"live_round": r, "why": reason}`` (``r`` from 0, as
+            ``rounds`` in report.json; a change's reason names the policy cut short).
+        not_checked: why nothing is checked (no round, or no pair of rounds, ran whole; the
+            reasons of every round), else None.
+        runs: the rounds counted, parallel to ``values`` (a change's: ``(base round, round)``
+            pairs).
+    """
+
+    values: list[float]
+    measured: float
+    left_out: list[dict]
+    not_checked: str | None
+    runs: list
+
+
+def whole_rounds(runs: list[PolicyRun]) -> tuple[list[PolicyRun], list[dict]]:
+    """Of one policy's live rounds ``runs``, those that ran whole, and per round cut short
+    ``{"live_round": r, "why": reason}`` (:func:`cut_short`)."""
+    cut = [(r, cut_short([r])) for r in runs]
+    return [r for r, why in cut if why is None], [{"live_round": r.live_round, "why": why} for r, why in cut if why]
+
+
+def whole_pairs(base: list[PolicyRun], runs: list[PolicyRun]) -> tuple[list[tuple[PolicyRun, PolicyRun]], list[dict]]:
+    """The pairs (round ``i`` of ``base``'s policy, round ``i`` of ``runs``') in which both
+    rounds ran whole, and per pair left out ``{"live_round": r, "why": "<policy>: <reason>"}``
+    (every side cut short, ``; ``-separated). A round without a partner (its policy's round
+    ``i`` never ran, after an interruption) is in no pair."""
+    whole, left = [], []
+    for b, r in zip(base, runs):
+        why = [f"{x.policy}: {cut_short([x])}" for x in (b, r) if cut_short([x])]
+        if why:
+            left.append({"live_round": r.live_round, "why": "; ".join(why)})
+        else:
+            whole.append((b, r))
+    return whole, left
+
+
+def round_values(runs: list[PolicyRun], metric: str) -> CheckedRounds:
+    """``metric`` over one policy's live rounds ``runs``, as checked: the whole rounds' values
+    and their mean, the rounds cut short left out; with no round whole, every round's, not
+    checked (``not_checked``: :func:`cut_short` of them all)."""
+    whole, left = whole_rounds(runs)
+    counted = whole or list(runs)
+    values = [r.measured.get(metric, math.nan) for r in counted]
+    return CheckedRounds(values, spread(values)["mean"], left, None if whole else cut_short(runs), counted)
+
+
+def round_changes(base: list[PolicyRun], runs: list[PolicyRun], metric: str) -> CheckedRounds:
+    """The change of ``metric`` from ``base``'s policy to ``runs``' (:func:`change_of`) over
+    their live rounds paired round ``i`` with round ``i``, as checked: per pair whole on both
+    sides (:func:`whole_pairs`) the round's change, and the change of those pairs' round means;
+    with no pair whole, every pair's, not checked."""
+    whole, left = whole_pairs(base, runs)
+    pairs = whole or list(zip(base, runs))
+    change = change_of(metric)
+    values = [change(r.measured.get(metric, math.nan), b.measured.get(metric, math.nan)) for b, r in pairs]
+    means = (spread([side.measured.get(metric, math.nan) for side in sides])["mean"] for sides in zip(*pairs))
+    b_mean, r_mean = means if pairs else (math.nan, math.nan)
+    return CheckedRounds(values, change(r_mean, b_mean), left, None if whole else cut_short([*base, *runs]), pairs)
+
+
 def _not_checked(checked: dict, reason: str | None) -> dict:
-    """``checked`` with ``inside`` None and ``not_checked`` = ``reason`` when the run was cut short."""
+    """``checked`` with ``inside`` None and ``not_checked`` = ``reason`` when no round counted ran whole."""
     if reason is None or checked["inside"] is None:
         return checked
     return {**checked, "inside": None, "not_checked": reason}
 
 
 def _metric_entry(v: Validation, runs: list[PolicyRun], metric: str, multi: bool) -> dict:
-    """One metric of one policy: predicted against the mean measured over ``runs`` (its live rounds)."""
+    """One metric of one policy: predicted against the mean measured over ``runs`` (its live
+    rounds; those cut short left out: :func:`round_values`)."""
     pred = runs[0]
-    values = [r.measured.get(metric, math.nan) for r in runs]
-    live = spread(values, metric)
-    checked = (_combined_inside(v, pred, metric, values, live["mean"]) if metric not in UNCHECKED_METRICS
+    rounds = round_values(runs, metric)
+    live = spread(rounds.values, metric)
+    checked = (_combined_inside(v, pred, metric, rounds.values, rounds.measured) if metric not in UNCHECKED_METRICS
                else {"run_interval": [None, None], "inside": None})
-    checked = _not_checked(checked, cut_short(runs))
-    entry = {"label": SUMMARY_METRICS[metric], **_pair(pred.predicted.get(metric, math.nan), live["mean"]),
+    checked = _not_checked(checked, rounds.not_checked)
+    entry = {"label": SUMMARY_METRICS[metric], **_pair(pred.predicted.get(metric, math.nan), rounds.measured),
              "predicted_interval": [_num(x) for x in pred.predicted_interval.get(metric, (None, None))], **checked}
     if multi:
         p, lo, hi = (_num(x) for x in (pred.predicted.get(metric), live["min"], live["max"]))
-        entry.update(live_rounds=live["n"], measured_rounds=[_num(x) for x in values], measured_min=lo,
-                     measured_max=hi, measured_interval=live["interval"] and [_num(x) for x in live["interval"]],
+        entry.update(live_rounds=live["n"], measured_rounds=[_num(r.measured.get(metric, math.nan)) for r in runs],
+                     left_out=rounds.left_out, measured_min=lo, measured_max=hi,
+                     measured_interval=live["interval"] and [_num(x) for x in live["interval"]],
                      predicted_inside_live_range=None if None in (p, lo, hi) else bool(lo <= p <= hi))
     return entry
 
@@ -337,6 +419,7 @@ def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
         entry["rounds"] = [{"live_round": r.live_round, "cache_reset": list(r.cache_reset), "warm_cache": r.warm,
                             "dead_workers": {str(w): why for w, why in r.dead.items()},
                             "failed_requests": len(failures(r)), "interrupted": r.interrupted,
+                            "cut_short": cut_short([r]),
                             "live_wall_time_s": _num(r.elapsed_s),
                             "client_cpu_share": _num(client_cpu_share(r))} for r in runs]
     return entry
@@ -491,25 +574,26 @@ def change_bounds(metric: str) -> tuple[float, float]:
 def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi: bool = False,
                 v: Validation | None = None) -> dict:
     """Predicted and measured change of ``metric`` from policy ``base`` to policy ``runs`` (each
-    its live rounds; the measured change is that of the round means, percent) and their
-    difference (percentage points). With ``multi``, also each round's change against the base's
-    round of the same index and the 95 % Student-t interval of their mean (from two pairs on)."""
+    its live rounds; the measured change is that of the round means over the pairs of rounds
+    whole on both sides, :func:`round_changes`, percent) and their difference (percentage
+    points). With ``multi``, also each round's change against the base's round of the same index
+    (every pair, ``left_out`` naming those cut short) and the 95 % Student-t interval of the
+    counted pairs' mean (from two pairs on)."""
     b0, r0 = base[0], runs[0]
     change = change_of(metric)
     p = change(r0.predicted.get(metric, math.nan), b0.predicted.get(metric, math.nan))
-    pairs = list(zip(base, runs))
-    means = (spread([r.measured.get(metric, math.nan) for r in side])["mean"] for side in (runs, base))
-    m = change(*means)
-    per_round = [change(r.measured.get(metric, math.nan), b.measured.get(metric, math.nan)) for b, r in pairs]
-    checked = (_inside(simulated_changes(b0, r0, metric)[0], m, len(finite(per_round))) if v is None else
-               _combined_inside(v, r0, metric, per_round, m, base=b0))
-    checked = _not_checked(checked, cut_short([*base, *runs]))
+    rounds = round_changes(base, runs, metric)
+    m = rounds.measured
+    checked = (_inside(simulated_changes(b0, r0, metric)[0], m, len(finite(rounds.values))) if v is None else
+               _combined_inside(v, r0, metric, rounds.values, m, base=b0))
+    checked = _not_checked(checked, rounds.not_checked)
     out = {"predicted": _num(p), "measured": _num(m), "unit": "pp" if metric in SHARE_METRICS else "%",
            "difference_pp": _num(p - m), **checked}
     if multi:
-        lo, hi = (_num(x) for x in mean_interval(per_round, bounds=change_bounds(metric)))
-        out.update(live_rounds=len(finite(per_round)), measured_rounds=[_num(x) for x in per_round],
-                   measured_interval=None if lo is None else [lo, hi],
+        every = [change(r.measured.get(metric, math.nan), b.measured.get(metric, math.nan)) for b, r in zip(base, runs)]
+        lo, hi = (_num(x) for x in mean_interval(rounds.values, bounds=change_bounds(metric)))
+        out.update(live_rounds=len(finite(rounds.values)), measured_rounds=[_num(x) for x in every],
+                   left_out=rounds.left_out, measured_interval=None if lo is None else [lo, hi],
                    predicted_inside_measured_interval=None if lo is None or _num(p) is None else bool(lo <= p <= hi))
     return out
 

@@ -1673,6 +1673,161 @@ def test_a_run_cut_short_is_not_checked_against_the_whole_trace():
                 "the prediction is of the whole trace on every worker; they are not counted.") in md
 
 
+def _cut_rounds(rr_tc, kv_tc, cut: dict):
+    """:func:`constructed_validation` with three live rounds of the times to complete ``rr_tc``,
+    ``kv_tc``, and ``cut[(policy, round)]`` (rounds from 0) set on that run (``dead``,
+    ``interrupted``); its report.json dict, read back from JSON."""
+    from kvroute.calibrate.validation.validate_report import report_dict
+
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": x} for x in rr_tc],
+                                "kv_aware": [{"time_to_complete_s": x} for x in kv_tc]}, live_rounds=3)
+    for run in v.runs:
+        for k, x in cut.get((run.policy, run.live_round), {}).items():
+            setattr(run, k, x)
+    return v, json.loads(json.dumps(report_dict(v), default=str))
+
+
+def _log_interval(center: float, live: list[float], seeds: list[float], heldout_var: float) -> list[float]:
+    """The 90 % interval of the mean of the live rounds ``live`` (s) when their spread is above the
+    seeds' ``seeds``: log space, Welch-Satterthwaite (intervals.md), centred on ``center``."""
+    import statistics
+
+    from scipy.stats import t
+
+    live_var = statistics.variance([math.log(x) for x in live]) / len(live)
+    sim_var = statistics.variance([math.log(x) for x in seeds]) / len(seeds)
+    total = live_var + sim_var + heldout_var
+    df = total ** 2 / (live_var ** 2 / (len(live) - 1) + sim_var ** 2 / (len(seeds) - 1))
+    half = float(t.ppf(0.95, df)) * math.sqrt(total)
+    return [center * math.exp(-half), center * math.exp(half)]
+
+
+def _heldout_var() -> float:
+    """cpu-tiny-qwen2-x2's held-out error of the time to complete (log variance: the mean of TTFT's and ITL's)."""
+    from kvroute.sim.timing.heldout import heldout_spreads
+    from kvroute.sim.timing.profile import load_profile
+
+    return sum(x * x for x in heldout_spreads(load_profile("cpu-tiny-qwen2-x2").raw).values()) / 2
+
+
+def test_a_live_round_cut_short_is_left_out_of_the_mean_the_others_are_checked_over():
+    """Three live rounds, round_robin's second lost a worker: its values are the mean of rounds 1
+    and 3, checked against the interval of the mean of two rounds; the changes pair rounds 1 and 3."""
+    import statistics
+
+    from scipy.stats import t
+
+    from kvroute.calibrate.validation.validate_render import report_markdown
+
+    _, whole = _cut_rounds([1.0, 5.0, 3.0], [0.9, 1.5, 2.7], {})
+    v, doc = _cut_rounds([1.0, 5.0, 3.0], [0.9, 1.5, 2.7], {("round_robin", 1): {"dead": {1: "gone"}}})
+    rr = doc["policies"]["round_robin"]
+    m = rr["metrics"]["time_to_complete_s"]
+    assert m["measured"] == 2.0 and whole["policies"]["round_robin"]["metrics"]["time_to_complete_s"]["measured"] == 3.0
+    assert m["measured_rounds"] == [1.0, 5.0, 3.0] and m["left_out"] == [{"live_round": 1, "why": "worker 1 died"}]
+    assert m["live_rounds"] == 2 and (m["measured_min"], m["measured_max"]) == (1.0, 3.0)
+    assert m["measured_interval"] is None and m["predicted_inside_live_range"] is True
+    expected = _log_interval(2.1, [1.0, 3.0], [2.0, 2.1, 2.2], _heldout_var())
+    assert m["run_interval"] == pytest.approx(expected, rel=1e-12)
+    assert m["interval_terms"]["live_rounds"] == 2 and m["interval_terms"]["run_source"] == "live rounds"
+    assert m["inside"] is True and "not_checked" not in m
+    assert {k: x["inside"] for k, x in rr["metrics"].items()} == {k: k != "failed" or None for k in rr["metrics"]}
+    assert [r["cut_short"] for r in rr["rounds"]] == [None, "worker 1 died", None]
+    assert doc["policies"]["kv_aware"] == whole["policies"]["kv_aware"]  # none of its rounds was cut short
+    ch = doc["changes"]["kv_aware"]["time_to_complete_s"]
+    assert ch["measured"] == pytest.approx(-10.0) and ch["measured_rounds"] == pytest.approx([-10.0, -70.0, -10.0])
+    assert ch["left_out"] == [{"live_round": 1, "why": "round_robin: worker 1 died"}] and ch["live_rounds"] == 2
+    # the two pairs' changes agree (-10 %), so the seeds' paired changes (-10, -9.52, -9.09 %) make the spread
+    sim = [100 * (k / b - 1) for b, k in ((2.0, 1.8), (2.1, 1.9), (2.2, 2.0))]
+    half = float(t.ppf(0.95, 2)) * math.sqrt(statistics.variance(sim) * (1 / 2 + 1 / 3))
+    assert ch["run_interval"] == pytest.approx([statistics.fmean(sim) - half, statistics.fmean(sim) + half], rel=1e-12)
+    assert ch["inside"] is True
+    md = report_markdown(v, doc)
+    assert ("; left out of the measured means, their min - max and intervals, as cut short: live round 2 (worker 1 "
+            "died); each value is checked against the interval of the mean of the 2 whole round(s)\n") in md
+    assert ("Each change pairs live round i of a policy with live round i of round_robin and counts the pairs whole "
+            "on both sides: kv_aware left out live round 2 (round_robin: worker 1 died), 2 pair(s) counted.") in md
+    assert ("15 value(s) are checked over the live rounds that ran whole only, the rounds cut short (named under each "
+            "table) left out, each against the interval of the mean of the rounds left.") in md
+    assert "| 90 % interval of the mean of the live rounds that ran whole |" in md
+    assert doc["inside_interval"]["checked"] == whole["inside_interval"]["checked"]
+
+
+def test_with_every_live_round_cut_short_nothing_is_checked():
+    """round_robin lost worker 1 in every round: its values are the mean of all three, keep their
+    interval (of three rounds) and are not checked, nor is any change; kv_aware's are. With whole
+    rounds on each side but no pair of them whole, the changes alone are not checked."""
+    from kvroute.calibrate.validation.validate_render import report_markdown
+
+    dead = {"dead": {1: "gone"}}
+    _, whole = _cut_rounds([1.0, 5.0, 3.0], [0.9, 1.5, 2.7], {})
+    v, doc = _cut_rounds([1.0, 5.0, 3.0], [0.9, 1.5, 2.7], {("round_robin", r): dead for r in range(3)})
+    m = doc["policies"]["round_robin"]["metrics"]["time_to_complete_s"]
+    assert m["measured"] == 3.0 and m["inside"] is None and m["not_checked"] == "worker 1 died"
+    assert m["live_rounds"] == 3 and (m["measured_min"], m["measured_max"]) == (1.0, 5.0)
+    assert m["left_out"] == [{"live_round": r, "why": "worker 1 died"} for r in range(3)]
+    assert m["run_interval"] == pytest.approx(_log_interval(2.1, [1.0, 5.0, 3.0], [2.0, 2.1, 2.2], _heldout_var()),
+                                              rel=1e-12)
+    assert all(x["inside"] is None for x in doc["policies"]["round_robin"]["metrics"].values())
+    assert doc["policies"]["kv_aware"] == whole["policies"]["kv_aware"]
+    changes = doc["changes"]["kv_aware"]
+    assert all(c["inside"] is None and c["not_checked"] == "worker 1 died" for c in changes.values())
+    assert changes["time_to_complete_s"]["measured"] == pytest.approx(100 * (1.7 / 3.0 - 1))
+    assert doc["inside_interval"]["checked"] == whole["inside_interval"]["checked"] - 9 - 6
+    md = report_markdown(v, doc)
+    assert ("; every live round was cut short (live round 1 (worker 1 died), live round 2 (worker 1 died), live round "
+            "3 (worker 1 died)): the means are of them all, not checked\n") in md
+    assert ("15 value(s) were not checked, as every live round (for a change, every pair of rounds) behind them was "
+            "cut short (worker 1 died) while the prediction is of the whole trace on every worker") in md
+    assert "kv_aware left out live round 1 (round_robin: worker 1 died), live round 2 (round_robin: worker 1 died), " \
+           "live round 3 (round_robin: worker 1 died), no pair whole, so its changes are over every pair and not " \
+           "checked." in md
+    # round_robin whole in round 1 only, kv_aware in rounds 2 and 3: each policy checked, no change
+    _, doc = _cut_rounds([1.0, 5.0, 3.0], [0.9, 1.5, 2.7], {("round_robin", 1): dead, ("round_robin", 2): dead,
+                                                            ("kv_aware", 0): dead})
+    rr, kv = (doc["policies"][p]["metrics"]["time_to_complete_s"] for p in ("round_robin", "kv_aware"))
+    assert (rr["measured"], rr["live_rounds"], rr["interval_terms"]["run_source"]) == (1.0, 1, "host prior")
+    assert (kv["measured"], kv["live_rounds"]) == (pytest.approx(2.1), 2)
+    assert rr["inside"] is False and kv["inside"] is True
+    assert all(c["inside"] is None and c["not_checked"] == "worker 1 died" for c in doc["changes"]["kv_aware"].values())
+
+
+def test_a_change_pairs_only_the_rounds_whole_on_both_sides():
+    """round_robin's round 1 lost a worker and kv_aware's round 3 was interrupted: each policy's
+    values are over its two whole rounds, and the change over the one pair whole on both sides
+    (round 2), checked as one live round is: the seeds' paired changes and the host prior."""
+    import statistics
+
+    from scipy.stats import t
+
+    from kvroute.calibrate.validation.validate_render import report_markdown
+    from kvroute.sim.study.intervals import HOST_RUN_TO_RUN_LOG_SD
+
+    v, doc = _cut_rounds([1.0, 2.0, 3.0], [0.9, 1.5, 2.7], {("round_robin", 0): {"dead": {1: "gone"}},
+                                                           ("kv_aware", 2): {"interrupted": True}})
+    rr, kv = (doc["policies"][p]["metrics"]["time_to_complete_s"] for p in ("round_robin", "kv_aware"))
+    assert rr["measured"] == 2.5 and rr["left_out"] == [{"live_round": 0, "why": "worker 1 died"}]
+    assert kv["measured"] == pytest.approx(1.2) and kv["left_out"] == [{"live_round": 2, "why": "interrupted"}]
+    assert rr["inside"] is True and kv["inside"] is True
+    ch = doc["changes"]["kv_aware"]["time_to_complete_s"]
+    assert ch["measured"] == pytest.approx(-25.0) and ch["live_rounds"] == 1
+    assert ch["measured_rounds"] == pytest.approx([-10.0, -25.0, -10.0]) and ch["measured_interval"] is None
+    assert ch["left_out"] == [{"live_round": 0, "why": "round_robin: worker 1 died"},
+                              {"live_round": 2, "why": "kv_aware: interrupted"}]
+    sim = [100 * (k / b - 1) for b, k in ((2.0, 1.8), (2.1, 1.9), (2.2, 2.0))]
+    c = statistics.fmean(sim)
+    prior = 100 * (1 + c / 100) * math.sqrt(2) * HOST_RUN_TO_RUN_LOG_SD  # change_prior_sd: one pair of rounds
+    seeds = statistics.variance(sim) / 3
+    total = prior ** 2 + seeds
+    half = float(t.ppf(0.95, total ** 2 / (seeds ** 2 / 2))) * math.sqrt(total)
+    assert ch["run_interval"] == pytest.approx([c - half, c + half], rel=1e-12)
+    assert ch["interval_terms"]["run_source"] == "host prior" and ch["interval_terms"]["live_rounds"] == 1
+    assert ch["inside"] is True  # -25 % against -27.5 % - +8.4 %
+    md = report_markdown(v, doc)
+    assert ("kv_aware left out live round 1 (round_robin: worker 1 died), live round 3 (kv_aware: interrupted), "
+            "1 pair(s) counted.") in md
+
+
 def test_no_speed_hint_when_the_profile_is_another_models():
     """Times all x4 the predicted ones suggest --speed-probes, unless every server serves another
     model than the profile's: then the model, not the host's speed, is what differs."""
