@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-speed-scale", action="store_true", help="Passed to bench_validate.py.")
     parser.add_argument("--profile", action="append", help="Passed to bench_validate.py (repeatable).")
     parser.add_argument("--run-to-run-prior", type=float, metavar="LOG_SD",
-                        help="Passed to bench_validate.py (with --one-round).")
+                        help="Passed to bench_validate.py (used with --one-round, and by a figure left with one "
+                             "whole live round when the others were cut short).")
     parser.add_argument("--one-round", action="store_true",
                         help="Also score every live round on its own against its one-round interval (kvroute "
                              "validate's default of one live round); printed after the rounds' means.")

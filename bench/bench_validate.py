@@ -204,15 +204,21 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
     ``kvroute.sim.study.intervals.combined_interval`` over the simulated runs, drawn profiles,
     live rounds, the probes' drift, ``validation.drift``, and the fit's held-out error from the
     profile document ``profile_raw``, ``kvroute.sim.timing.heldout``), for :func:`coverage_lines`.
+    As ``kvroute validate`` does (``validate_report.round_values``, ``round_changes``), a live
+    round cut short (interrupted, or a worker died) is left out of the measured mean and of the
+    pairs a change is taken over (``left_out``), and with none whole the row is not checked
+    (``inside`` None, ``not_checked`` why); with a single whole round (or pair) its interval
+    takes the host prior ``run_to_run_prior``, as ``validate`` does with one live round.
 
     ``one_round``: also score every live round on its own, as ``kvroute validate`` does with its
     default single live round: each round's value against the interval made from that round
     alone (rows with ``one_round`` True and the round's index in ``round``; not counted in the
     targets missed, and kept apart from the rounds' means in the coverage), with the host prior
     ``run_to_run_prior`` standing for the spread one round cannot show, as ``validate`` does
-    (``ValidationSpec.run_to_run_prior``)."""
-    from kvroute.calibrate.validation.rounds import change_pct, diff_interval, error_pct, spread
-    from kvroute.calibrate.validation.validate_report import change_interval, metric_interval
+    (``ValidationSpec.run_to_run_prior``); a round cut short is not checked."""
+    from kvroute.calibrate.validation.rounds import change_pct, diff_interval, error_pct, finite
+    from kvroute.calibrate.validation.validate_report import (change_interval, cut_short, metric_interval,
+                                                              round_changes, round_values)
     from kvroute.sim.cluster.metrics import summarize
 
     live = validation.policy_rounds()
@@ -220,55 +226,71 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
     ttft_key = "later_ttft_mean_s" if chats else "ttft_mean_s"
     drifts = getattr(validation, "drift", None) or {}
 
-    def measured(i: int, metric: str) -> list[float]:
-        return [r.measured[metric] for r in live.get(runs[i].policy, [])]
+    def rounds_of(i: int) -> list:
+        return live.get(runs[i].policy, [])
 
-    def single_rounds(values: list[float], interval_of, **row) -> list[dict]:
-        """With ``one_round``, each live round's value scored against ``interval_of([value])``."""
+    def checked(rows: dict, ci, measured: float, why: str | None) -> dict:
+        """The row's interval and ``inside`` (None, and ``not_checked``, when ``why`` is given)."""
+        return dict(rows, interval=[ci.low, ci.high], inside=None if why else ci.contains(measured), level=level,
+                    **({"not_checked": why} if why else {}))
+
+    def single_rounds(values: list[float], whys: list[str | None], numbers: list[int], interval_of,
+                      **row) -> list[dict]:
+        """With ``one_round``, each live round's value scored against ``interval_of([value])``
+        (not checked when ``whys`` says the round, or a side of its pair, was cut short)."""
         if not one_round:
             return []
-        return [dict(row, measured=x, live_rounds=1, round=j, one_round=True, sim_rounds=rounds, level=level,
-                     interval=[ci.low, ci.high], inside=ci.contains(x))
-                for j, x in enumerate(values) for ci in [interval_of([x])]]
+        return [checked(dict(row, measured=x, live_rounds=1, round=j, one_round=True, sim_rounds=rounds),
+                        interval_of([x]), x, why)
+                for x, why, j in zip(values, whys, numbers)]
 
     rows, missed = [], 0
     for i, run in enumerate(runs):
         for metric in ("time_to_complete_s", ttft_key, "tpot_mean_s", "hit_rate"):
-            ms = measured(i, metric)
-            if not ms:
+            if not rounds_of(i):
                 continue
-            p, m = run.predicted[metric], spread(ms)["mean"]
+            counted = round_values(rounds_of(i), metric)
+            ms = finite(counted.values)
+            p, m = run.predicted[metric], counted.measured
             e = error_pct(p, m)
             target = TARGETS.get("ttft" if "ttft" in metric else metric)
             ok = None if target is None else abs(e) <= target
             missed += ok is False
-            ci = metric_interval(run, metric, ms, level=level, drifts=drifts, profile_raw=profile_raw)
-            rows.append(dict(shape=shape, profile=profile_name, policy=run.policy, metric=metric, predicted=p,
-                             measured=m, measured_min=min(ms), measured_max=max(ms), live_rounds=len(ms),
-                             sim_rounds=rounds, error_pct=e, target_pct=target, ok=ok, load_start=load[0],
-                             load_end=load[1], interval=[ci.low, ci.high], inside=ci.contains(m), level=level))
-            rows += single_rounds(ms, lambda x: metric_interval(run, metric, x, level=level, drifts=drifts,
-                                                                profile_raw=profile_raw, run_log_sd=run_to_run_prior),
+            ci = metric_interval(run, metric, counted.values, level=level, drifts=drifts, profile_raw=profile_raw,
+                                 run_log_sd=run_to_run_prior)
+            rows.append(checked(dict(shape=shape, profile=profile_name, policy=run.policy, metric=metric, predicted=p,
+                                     measured=m, measured_min=min(ms, default=math.nan),
+                                     measured_max=max(ms, default=math.nan), live_rounds=len(ms),
+                                     left_out=counted.left_out, sim_rounds=rounds, error_pct=e, target_pct=target,
+                                     ok=ok, load_start=load[0], load_end=load[1]), ci, m, counted.not_checked))
+            every = rounds_of(i)
+            rows += single_rounds([r.measured[metric] for r in every], [cut_short([r]) for r in every],
+                                  [r.live_round for r in every],
+                                  lambda x: metric_interval(run, metric, x, level=level, drifts=drifts,
+                                                            profile_raw=profile_raw, run_log_sd=run_to_run_prior),
                                   shape=shape, profile=profile_name, policy=run.policy, metric=metric, predicted=p)
-    if len(runs) == 2 and all(len(measured(i, ttft_key)) for i in (0, 1)):
+    if len(runs) == 2 and all(rounds_of(i) for i in (0, 1)):
         base, kv = runs
         simulated = [[summarize(r) for r in run.sim_runs] for run in runs]
         for metric in ("time_to_complete_s", ttft_key):
-            p = change_pct(kv.predicted[metric], base.predicted[metric])
-            m = change_pct(spread(measured(1, metric))["mean"], spread(measured(0, metric))["mean"])
+            counted = round_changes(rounds_of(0), rounds_of(1), metric)
+            p, m = change_pct(kv.predicted[metric], base.predicted[metric]), counted.measured
             ok = abs(p - m) <= CHANGE_TARGET_PP
             missed += not ok
             lo, hi = diff_interval([[x[metric] for x in sims] for sims in simulated],
-                                   [measured(0, metric), measured(1, metric)])
-            live_changes = [change_pct(k, b) for b, k in zip(measured(0, metric), measured(1, metric))]
-            ci = change_interval(base, kv, metric, live_changes, level=level)
-            rows.append(dict(shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
-                             metric=f"change {metric}", predicted=p, measured=m, live_rounds=len(measured(1, metric)),
-                             sim_rounds=rounds, error_pp=p - m, interval_pp=[lo, hi], target_pp=CHANGE_TARGET_PP,
-                             ok=ok, load_start=load[0], load_end=load[1], interval=[ci.low, ci.high],
-                             inside=ci.contains(m), level=level))
-            rows += single_rounds(live_changes, lambda x: change_interval(base, kv, metric, x, level=level,
-                                                                          run_log_sd=run_to_run_prior),
+                                   [[side.measured[metric] for side in sides] for sides in zip(*counted.runs)])
+            ci = change_interval(base, kv, metric, counted.values, level=level, run_log_sd=run_to_run_prior)
+            rows.append(checked(dict(shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
+                                     metric=f"change {metric}", predicted=p, measured=m,
+                                     live_rounds=len(finite(counted.values)), left_out=counted.left_out,
+                                     sim_rounds=rounds, error_pp=p - m, interval_pp=[lo, hi],
+                                     target_pp=CHANGE_TARGET_PP, ok=ok, load_start=load[0], load_end=load[1]),
+                                ci, m, counted.not_checked))
+            every = list(zip(rounds_of(0), rounds_of(1)))
+            rows += single_rounds([change_pct(k.measured[metric], b.measured[metric]) for b, k in every],
+                                  [cut_short([b, k]) for b, k in every], [k.live_round for _, k in every],
+                                  lambda x: change_interval(base, kv, metric, x, level=level,
+                                                            run_log_sd=run_to_run_prior),
                                   shape=shape, profile=profile_name, policy=f"{kv.policy} vs {base.policy}",
                                   metric=f"change {metric}", predicted=p)
     return rows, missed
@@ -302,8 +324,10 @@ def coverage_lines(rows: list[dict]) -> list[str]:
 
 
 def print_rows(rows: list[dict]) -> None:
-    """One line per figure (the rounds' means; single-round rows are counted in the coverage only)."""
+    """One line per figure (the rounds' means; single-round rows are counted in the coverage only),
+    then a line per figure whose live rounds cut short were left out or that was not checked."""
     rows = [r for r in rows if not r.get("one_round")]
+    cut = [r for r in rows if r.get("left_out") or r.get("not_checked")]
     print(f"{'shape':<14} {'profile':<26} {'policy':<24} {'metric':<28} {'predicted':>10} {'measured':>10} "
           f"{'error':>9} {'target':>7} {'live':>4} {'load':>10}  ok")
     for r in rows:
@@ -319,6 +343,11 @@ def print_rows(rows: list[dict]) -> None:
             ok = "" if r["ok"] is None else "yes" if r["ok"] else "NO"
             print(f"{r['shape']:<14} {r['profile']:<26} {r['policy']:<24} {r['metric']:<28} {r['predicted']:>10.4f} "
                   f"{r['measured']:>10.4f} {r['error_pct']:>+8.1f}% {tgt:>7} {r['live_rounds']:>4} {load:>10}  {ok}")
+    for r in cut:
+        left = ", ".join(f"{x['live_round'] + 1} ({x['why']})" for x in r.get("left_out") or [])
+        print(f"{r['shape']} {r['profile']} {r['policy']} {r['metric']}: "
+              + (f"not checked (every live round cut short: {r['not_checked']})" if r.get("not_checked")
+                 else f"live rounds cut short, left out of the mean and its interval: {left}"))
 
 
 def _rounds_with_prediction(runs, validation):
@@ -611,8 +640,9 @@ def main() -> None:
                         help="Also score every live round on its own against its one-round interval, as kvroute "
                              "validate's default single live round is checked (a coverage line of its own).")
     parser.add_argument("--run-to-run-prior", type=float, default=None, metavar="LOG_SD",
-                        help="With --one-round: the host prior for one round's spread (kvroute validate "
-                             "--run-to-run-prior; default: its default).")
+                        help="The host prior for one round's spread (kvroute validate --run-to-run-prior; default: "
+                             "its default), used by --one-round and by a figure left with one whole live round when "
+                             "the others were cut short.")
     parser.add_argument("--rescore", type=Path, default=None, metavar="DIR",
                         help="Score the profiles against the live rounds saved in DIR by an earlier run "
                              "(DIR/<shape>/live.pickle or live.pickle.gz), without servers.")

@@ -1828,6 +1828,43 @@ def test_a_change_pairs_only_the_rounds_whole_on_both_sides():
             "1 pair(s) counted.") in md
 
 
+def test_the_bench_leaves_out_the_rounds_cut_short_as_the_report_does(monkeypatch):
+    """bench_validate scores each measured value over the same whole rounds, against the same
+    interval, as validate's report; scored one round at a time, a round cut short is not checked."""
+    import importlib.util
+
+    import kvroute.sim.cluster.metrics
+    from tests.support.paths import ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_validate", ROOT / "bench" / "bench_validate.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # the bench's older difference interval (interval_pp) re-summarizes the simulated runs' few columns
+    monkeypatch.setattr(kvroute.sim.cluster.metrics, "summarize", lambda run: {"time_to_complete_s": 1.0,
+                                                                             "later_ttft_mean_s": 1.0})
+    v, doc = _cut_rounds([1.0, 2.0, 3.0], [0.9, 1.5, 2.7], {("round_robin", 0): {"dead": {1: "gone"}},
+                                                           ("kv_aware", 2): {"interrupted": True}})
+    rows, _ = bench.score("s", "p", v.runs[:2], v, rounds=3, load=(0.0, 0.0), level=v.spec.interval_level,
+                          profile_raw=v.sim_spec.profile.raw, one_round=True, run_to_run_prior=0.08)
+    means = {(r["policy"], r["metric"]): r for r in rows if not r.get("one_round")}
+    for policy in ("round_robin", "kv_aware"):
+        report = doc["policies"][policy]["metrics"]["time_to_complete_s"]
+        row = means[policy, "time_to_complete_s"]
+        assert (row["measured"], row["left_out"], row["inside"]) == (report["measured"], report["left_out"], True)
+        assert row["interval"] == pytest.approx(report["run_interval"], rel=1e-12)
+    row = means["kv_aware vs round_robin", "change time_to_complete_s"]
+    report = doc["changes"]["kv_aware"]["time_to_complete_s"]
+    assert row["measured"] == pytest.approx(-25.0) and row["left_out"] == report["left_out"] and row["live_rounds"] == 1
+    assert row["interval"] == pytest.approx(report["run_interval"], rel=1e-12) and row["inside"] is True
+    single = {(r["policy"], r["round"]): r["inside"] for r in rows
+              if r.get("one_round") and r["metric"] == "time_to_complete_s"}
+    assert [single["round_robin", j] is None for j in range(3)] == [True, False, False]
+    assert [single["kv_aware", j] is None for j in range(3)] == [False, False, True]
+    changes = [r for r in rows if r.get("one_round") and r["metric"] == "change time_to_complete_s"]
+    assert [r["inside"] is None for r in changes] == [True, False, True]
+    assert [r.get("not_checked") for r in changes] == ["worker 1 died", None, "interrupted"]
+
+
 def test_no_speed_hint_when_the_profile_is_another_models():
     """Times all x4 the predicted ones suggest --speed-probes, unless every server serves another
     model than the profile's: then the model, not the host's speed, is what differs."""
