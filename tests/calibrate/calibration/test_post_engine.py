@@ -243,3 +243,69 @@ def test_the_admission_is_capped_again_after_the_front_end_split():
          "engine_admission_per_token_s": 1e-07}
     cap_admission(o)
     assert o == {"api_server_s": 0.0, "api_server_per_token_s": 0.0}
+
+
+def _sweep_whose_split_empties_the_api_per_token_term(run):
+    """test_calibrate's synthetic sweep (API server 5 ms + 1 us per prompt token) written to
+    ``run``, with what ``calibrate fit`` needs to split the front end and fit bursts: the engine's
+    admission (0.1 ms + 4.05e-14 s per prompt token, the CI run's figure) in its prefill times,
+    KV-event first-token times 2 ms + 2 us per prompt token before the client's first token (more
+    per token than the API line holds), and test_bursts' bursts of 2 requests on one and on both
+    servers (one 256-token shape)."""
+    import json
+
+    from kvroute.calibrate.calibration.bursts import simulate_burst
+    from tests.calibrate.calibration.test_bursts import _bursts, base_profile
+    from tests.calibrate.calibration.test_calibrate import _info, _write_synthetic_run
+
+    _write_synthetic_run(run)
+    req = pd.read_csv(run / "requests.csv")
+    alone = req["role"].isin(["cold", "cached"])
+    length = req.loc[alone, "prompt_len"].astype(float)
+    req.loc[alone, "engine_prefill_s"] += 1e-4 + 4.05e-14 * length
+    req.loc[alone, "engine_first_token_s"] = req.loc[alone, "ttft_s"] - (2e-3 + 2e-6 * length)
+    req["url"], req["error"] = "http://s:1", None
+    bursts, first = [], int(req["exp_id"].max()) + 1
+    for k, b in enumerate(_bursts(base_profile(), sizes=(2,), shapes=((256, 4),))):
+        res = simulate_burst(b, base_profile())  # every request alike: the burst's mean figures
+        ttft, tpot = res["ttft_mean_s"], res["tpot_mean_s"]
+        bursts += [dict(url=f"http://s{i % b.num_servers}", exp_id=first + k, kind=b.kind, role="burst", batch=b.batch,
+                        prompt_len=b.prompt_len, prefix_len=0, max_tokens=b.max_tokens, t_send_s=t, ttft_s=ttft,
+                        t_done_s=ttft + 3 * tpot, n_tokens=b.max_tokens, error=None,
+                        token_times=" ".join(f"{ttft + j * tpot:.6f}" for j in range(b.max_tokens)))
+                   for i, t in enumerate(b.send_s)]
+    pd.concat([req, pd.DataFrame(bursts)], ignore_index=True).to_csv(run / "requests.csv", index=False)
+    meta = json.loads((run / "meta.json").read_text())
+    meta.update(servers=[_info(async_scheduling=False).to_dict()], urls=["http://s:1", "http://s:2"],
+                client_host={"cores": 2})  # async scheduling off: the KV-event stamps mark the step's end
+    (run / "meta.json").write_text(json.dumps(meta))
+
+
+def test_the_fit_caps_the_admission_after_the_front_end_split_and_before_the_bursts_fit(tmp_path):
+    """calibrate fit on a sweep whose front-end split empties the API server's per-token term
+    (2 us per token after the engine, 1 us in the API line) while the admission's per-token term
+    comes out at 4.05e-14 s: the admission is capped at the 0.0 left before the bursts' fit loads
+    the document as a profile, which refuses an admission above its API term (a live CI run failed
+    so when the cap ran after the bursts' fit)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from kvroute.cli.calibrate_commands import calibrate
+    from kvroute.sim.timing.profile import load_profile
+
+    _sweep_whose_split_empties_the_api_per_token_term(tmp_path / "run")
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(calibrate, ["fit", str(tmp_path / "run"), "--out", str(out), "--loss", "linear",
+                                            "--bootstrap", "0", "--folds", "0", "--client-busy", "0"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["provenance"]["fit"]["overhead_parts"]["engine_admission_per_token_s"] == 4.05e-14  # as fitted
+    assert doc["provenance"]["fit"]["post_engine"]["cut"] == {
+        "post_engine_per_token_s": "cut to what api_server_per_token_s held"}
+    prof = load_profile(out)
+    assert prof.frontend is not None and "bursts" in doc["provenance"]["fit"]  # the bursts' fit ran
+    o = prof.overheads
+    assert (o.api_server_s, o.api_server_per_token_s, o.post_engine_s, o.post_engine_per_token_s) == (
+        0.003, 0.0, 0.002, 1e-06)
+    assert (o.engine_admission_s, o.engine_admission_per_token_s) == (0.0001, 0.0)  # capped at the API term
