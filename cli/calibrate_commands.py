@@ -290,7 +290,7 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         n = num_servers or len(urls) or 1
         given = given or _default_estimate_profile(None, n, urls)
         click.echo(_plan_text(plan, n, seed, given))
-        click.echo(_estimate_text(plan, given, n, seed, None, bool(kv_events)))
+        click.echo(_estimate(plan, given, n, seed, None, bool(kv_events)).line())
         return
     # NOTE: the client, imported before --out is made: when it is missing, main() names the extras
     import aiohttp  # noqa: F401
@@ -298,12 +298,17 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         check_output(out, 16 << 20, is_dir=True)
     except ValueError as exc:
         _fail(str(exc))
+    def started(infos):
+        """Print the estimate; it paces the progress's time left."""
+        estimate = _estimate(plan, given, len(urls), seed, infos, bool(kv_events))
+        click.echo(estimate.line(), err=True)
+        return estimate
+
     try:
         with pinned(client_cores):
             summary = asyncio.run(run_sweep(
                 list(urls), out, plan, model, seed, (lo, hi), progress, hardware, timeout, kv_events,
-                on_start=lambda infos: click.echo(
-                    _estimate_text(plan, given, len(urls), seed, infos, bool(kv_events)), err=True)))
+                on_start=started))
     except CalibrationError as exc:
         kept = _rows(out / "requests.csv")
         _fail(f"{exc}" + (f"\n{kept} measured requests are kept in {out / 'requests.csv'}" if kept else ""))
@@ -375,10 +380,11 @@ def _load_estimate_profile(name: str):
         raise click.BadParameter(str(exc), param_hint="'--estimate-profile'") from exc
 
 
-def _estimate_text(plan, profile, num_servers: int, seed: int, infos, kv_events: bool) -> str:
-    """The estimate line (``kvroute.calibrate.calibration.sweep_time``) with ``profile``'s step
-    costs (None: cpu-tiny-qwen2 when ``infos`` say CPU, else the a6000-qwen2.5-7b prior) on
-    ``infos``' engine settings (probed servers) or the profile's (``infos`` None)."""
+def _estimate(plan, profile, num_servers: int, seed: int, infos, kv_events: bool):
+    """The sweep's ``SweepEstimate`` (``kvroute.calibrate.calibration.sweep_time``) with
+    ``profile``'s step costs (None: cpu-tiny-qwen2 when ``infos`` say CPU, else the
+    a6000-qwen2.5-7b prior) on ``infos``' engine settings (probed servers) or the profile's
+    (``infos`` None)."""
     from kvroute.calibrate.calibration.sweep_time import EngineShape, estimate_sweep
 
     profile = profile or _default_estimate_profile(infos, num_servers)
@@ -386,7 +392,7 @@ def _estimate_text(plan, profile, num_servers: int, seed: int, infos, kv_events:
     if infos:
         shape = EngineShape(infos[0].block_size, min(i.num_gpu_blocks for i in infos),
                             infos[0].max_num_batched_tokens)
-    return estimate_sweep(plan, profile, num_servers, seed, shape, kv_events=kv_events).line()
+    return estimate_sweep(plan, profile, num_servers, seed, shape, kv_events=kv_events)
 
 
 def _prefill_step_s(cost, info):

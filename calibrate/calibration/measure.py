@@ -826,13 +826,12 @@ async def warm_up(ctx: _Ctx, plan: SweepPlan) -> None:
             _check(ctx, r, 2 * bs)
 
 
-async def _sweep_one(ctx: _Ctx, exps: list[dict], plan: SweepPlan, bar) -> None:
+async def _sweep_one(ctx: _Ctx, exps: list[dict], plan: SweepPlan, tick: Callable[[dict], None]) -> None:
     runners = {"cold": lambda e: _cold(ctx, e), "cached": lambda e: _cached(ctx, e),
                "decode": lambda e: _decode(ctx, e, plan), "mixed": lambda e: _mixed(ctx, e, plan)}
     for exp in exps:
         await runners[exp["kind"]](exp)
-        if bar is not None:
-            bar.update(1)
+        tick(exp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -894,7 +893,10 @@ async def run_sweep(
             times the engine step that finished the request's prefill (NaN without).
         on_start: called with the servers' settings once they are probed and found alike, before
             anything is measured (``kvroute calibrate measure`` prints its time estimate there:
-            :mod:`kvroute.calibrate.calibration.sweep_time`).
+            :mod:`kvroute.calibrate.calibration.sweep_time`). What it returns, if a
+            ``SweepEstimate`` of this sweep, gives the progress its time left
+            (:class:`kvroute.calibrate.calibration.sweep_time.TimeLeft`: the estimate of the
+            experiments not done, at the pace measured so far); else the time left is by count.
 
     Returns:
         A :class:`MeasureSummary`.
@@ -933,8 +935,7 @@ async def run_sweep(
                     f"servers differ in {', '.join(diff)} ({infos[0].url} vs {i.url}); calibrate identical "
                     f"workers together and different ones separately"
                 )
-        if on_start is not None:
-            on_start(infos)
+        estimate = on_start(infos) if on_start is not None else None
         meta = dict(
             status="running", started=started.isoformat(timespec="seconds"), seed=seed, urls=list(urls),
             token_range=list(token_range), plan=asdict(plan), servers=[i.to_dict() for i in infos],
@@ -961,19 +962,30 @@ async def run_sweep(
         exps = plan.experiments(capacity, seed)
         bursts = plan.bursts(len(ctxs), len(exps), capacity)
         shares = [exps[k::len(ctxs)] for k in range(len(ctxs))]
-        bar = None
+        bar = left = None
         if progress:
+            from kvroute.calibrate.calibration.sweep_time import SweepEstimate, TimeLeft
             from kvroute.sim.study.progress import progress_bar
 
-            bar = progress_bar(len(exps) + len(bursts), "calibration sweep", "experiment")
+            left = TimeLeft(estimate) if isinstance(estimate, SweepEstimate) else None
+            bar = progress_bar(len(exps) + len(bursts), "calibration sweep", "experiment",
+                               time_left=None if left is None else left.left_s)
+
+        def tick(key: int | str) -> None:
+            if left is not None:
+                left.done(key)
+            if bar is not None and key != "start":
+                bar.update(1)
+
         try:
             await asyncio.gather(*(warm_up(ctx, plan) for ctx in ctxs))
+            tick("start")
             for segments, chunk in sweep_schedule(shares, bursts, plan.burst_slots, seed):
-                await asyncio.gather(*(_sweep_one(ctx, seg, plan, bar) for ctx, seg in zip(ctxs, segments)))
+                await asyncio.gather(*(_sweep_one(ctx, seg, plan, lambda e: tick(e["exp_id"]))
+                                       for ctx, seg in zip(ctxs, segments)))
                 for exp in chunk:
                     await _burst(ctxs, exp)
-                    if bar is not None:
-                        bar.update(1)
+                    tick(exp["exp_id"])
             status = "complete"
         finally:
             if bar is not None:

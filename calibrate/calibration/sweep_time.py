@@ -1,5 +1,7 @@
 """How long a calibration sweep will take, estimated before it runs (``kvroute calibrate measure``
-prints it; ``--dry-run`` prints it and stops).
+prints it; ``--dry-run`` prints it and stops), and while it runs how long it has left
+(:class:`TimeLeft`: the estimate of what is not yet done at the pace measured so far; the
+progress line's ``about N min left``).
 
 The sweep's wall time is the sum, in the order :func:`kvroute.calibrate.calibration.measure.run_sweep`
 runs them, of every experiment's engine time, its requests' front end and the fixed waits of the
@@ -36,7 +38,7 @@ checked against are in docs/log/2026-12-05-calibration-time.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,6 +98,10 @@ class SweepEstimate:
         num_servers: servers measured together.
         profile: the name of the profile whose step costs were used.
         not_estimated: experiment kinds the estimate does not know (counted as 0 s).
+        experiment_s: each experiment's share of ``total_s`` by ``exp_id``, s: in each step the
+            experiments of its slowest server (the others run beside them, 0 s) and each burst
+            (a server's first burst with the scrapes timed before it); with ``phases["start"]``
+            they add up to ``total_s``. :class:`TimeLeft` paces a running sweep by them.
     """
 
     total_s: float
@@ -110,6 +116,7 @@ class SweepEstimate:
     num_servers: int
     profile: str
     not_estimated: tuple[str, ...] = ()
+    experiment_s: dict[int, float] = field(default_factory=dict)
 
     def line(self) -> str:
         """One line for a person: the total and the phases, said to be an estimate."""
@@ -311,6 +318,8 @@ class SweepTimer:
         wall.add(start)
         wall.requests = 0
         context = 0.0
+        shares_s: dict[int, float] = {}
+        first_scrapes = set(range(num_servers)) if bursts else set()
         for segments, chunk in sweep_schedule(shares, bursts, self.plan.burst_slots, seed):
             timed = []
             for seg in segments:
@@ -321,11 +330,12 @@ class SweepTimer:
                         unknown.add(exp["kind"])
                         clock = _Clock()
                     wall.requests += clock.requests
-                    clocks.append((exp["kind"], clock))
+                    clocks.append((exp, clock))
                 timed.append(clocks)
             slowest = max(timed, key=lambda cl: sum(x.total for _, x in cl), default=[])
-            for kind, clock in slowest:
-                phases[kind] += clock.total
+            for exp, clock in slowest:
+                phases[exp["kind"]] += clock.total
+                shares_s[exp["exp_id"]] = clock.total
                 context += clock.context
                 wall.engine += clock.engine
                 wall.front += clock.front
@@ -335,17 +345,18 @@ class SweepTimer:
                 if clock is None:
                     unknown.add(exp["kind"])
                     continue
+                # each server's first burst times SCRAPES_TIMED + 1 scrapes first
+                touched = first_scrapes & ({exp["server"]} if exp["kind"] == "burst" else set(range(num_servers)))
+                first_scrapes -= touched
+                clock.fixed += len(touched) * (SCRAPES_TIMED + 1) * self.scrape_s
                 phases["bursts"] += clock.total
+                shares_s[exp["exp_id"]] = clock.total
                 wall.add(clock)
-        if bursts:  # each server's first burst times SCRAPES_TIMED + 1 scrapes first
-            extra = num_servers * (SCRAPES_TIMED + 1) * self.scrape_s
-            phases["bursts"] += extra
-            wall.fixed += extra
         return SweepEstimate(
             total_s=math.fsum(phases.values()), phases=phases, context_s=context, engine_s=wall.engine,
             front_end_s=wall.front, fixed_s=wall.fixed, num_experiments=len(exps), num_bursts=len(bursts),
             num_requests=wall.requests, num_servers=num_servers, profile=self.profile.name,
-            not_estimated=tuple(sorted(unknown)))
+            not_estimated=tuple(sorted(unknown)), experiment_s=shares_s)
 
 
 def estimate_sweep(plan: SweepPlan, profile: Profile, num_servers: int, seed: int = 0,
@@ -371,3 +382,58 @@ def estimate_sweep(plan: SweepPlan, profile: Profile, num_servers: int, seed: in
         ValueError: ``num_servers < 1`` or a negative ``scrape_s``.
     """
     return SweepTimer(plan, profile, num_servers, shape, scrape_s, kv_events).estimate(seed)
+
+
+PRIOR_SHARE = 0.05
+"""How much the estimate's own pace weighs in :class:`TimeLeft`: as much as this share of the
+sweep's estimated seconds measured (once 5 % of the sweep is done the two weigh the same). Small,
+because the host's speed of the day moves every step cost alike: on the CPU reference the cold
+and cached prompts (the first 13 s of the 519 s estimate) ran at the decode experiments' pace, within
+a few per cent (docs/log/2026-12-05-calibration-time.md)."""
+
+
+class TimeLeft:
+    """The wall time a running sweep has left, from its estimate and the pace measured so far.
+
+    The experiments differ by orders of magnitude (a cold 16-token prompt against 64 decodes of
+    16k-token contexts) and the sweep runs the short ones first, so a count of experiments done
+    says little of the time left; and the host's speed of the day moves every step cost alike
+    (2.1-2.4x on the CPU reference: docs/log/2026-12-05-calibration-time.md). So the time left is
+    the estimate of what is not yet done, ``P - D`` (``P`` the estimated total, ``D`` the
+    estimated seconds of what is done: the warm-up, then each experiment's
+    :attr:`SweepEstimate.experiment_s`), times the pace, real seconds per estimated second,
+    ``(E + K) / (D + K)``: the measured ``E / D`` (``E`` the real seconds since the warm-up
+    began) blended with the estimate's own pace 1 as if it were ``K = prior_share * P``
+    estimated seconds measured at that pace. An experiment counts when it ends, so while a long
+    one runs the pace rises and the time left with it, and falls back when it ends.
+
+    Args:
+        estimate: the sweep's estimate (same plan, seed, servers and engine settings as the run).
+        prior_share: ``K / P``, >= 0 (:data:`PRIOR_SHARE`).
+
+    Raises:
+        ValueError: a negative ``prior_share``.
+    """
+
+    def __init__(self, estimate: SweepEstimate, prior_share: float = PRIOR_SHARE) -> None:
+        if not prior_share >= 0.0:
+            raise ValueError(f"prior_share must be >= 0, got {prior_share!r}")
+        self.pending: dict[int | str, float] = {"start": estimate.phases.get("start", 0.0), **estimate.experiment_s}
+        self.planned_s = math.fsum(self.pending.values())
+        self.prior_s = prior_share * self.planned_s
+        self.done_s = 0.0
+
+    def done(self, key: int | str) -> None:
+        """Count an experiment (its ``exp_id``) or the warm-up (``"start"``) as done; a key
+        not estimated, or done before, counts 0 s."""
+        self.done_s += self.pending.pop(key, 0.0)
+
+    def left_s(self, elapsed_s: float) -> float | None:
+        """Seconds left, ``(P - D) * (E + K) / (D + K)``, after ``elapsed_s`` seconds since the
+        warm-up began; None when nothing was estimated (``P`` = 0)."""
+        if self.planned_s <= 0.0:
+            return None
+        left = max(0.0, self.planned_s - self.done_s)
+        if self.done_s + self.prior_s <= 0.0:  # prior_share 0 and nothing done: no pace yet
+            return left
+        return left * (elapsed_s + self.prior_s) / (self.done_s + self.prior_s)

@@ -14,13 +14,21 @@
 
 Every kind has tqdm's small interface the callers use: ``update``, ``close``, ``n``, ``total``,
 ``desc``, ``reset``, ``set_description`` and ``set_postfix_str``.
+
+The time left is the count's: the time so far per item done, times the items left (tqdm's bar:
+its smoothed rate). Where the items take very different times, the caller gives its own
+(``time_left``; ``kvroute calibrate measure``: :class:`kvroute.calibrate.calibration.sweep_time.TimeLeft`).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
+
+TimeLeftFn = Callable[[float], "float | None"]
+"""Seconds left after the given seconds since the bar was made, or None when it cannot say."""
 
 LINE_INTERVAL_S = 60.0
 """Seconds between two plain progress lines when nobody watches a bar (pipes, files)."""
@@ -61,18 +69,24 @@ def _duration(seconds: float) -> str:
 class _Progress:
     """The shared state of the bars that are not tqdm's: a count, a total, a phase name."""
 
-    def __init__(self, total: int | None, desc: str, unit: str) -> None:
+    def __init__(self, total: int | None, desc: str, unit: str, time_left: TimeLeftFn | None = None) -> None:
         self.total, self.desc, self.unit = total, desc, unit
+        self.time_left = time_left
         self.n = 0
         self.postfix = ""
         self.started = time.monotonic()
 
     def left_text(self) -> str:
-        """``"12 of 48 runs done, about 2 min left"`` (no estimate before the first is done)."""
+        """``"12 of 48 runs done, about 2 min left"``: the time left from ``time_left``, else by
+        count (none before the first is done)."""
         done = f"{self.n} of {self.total} {self.unit}s done" if self.total else f"{self.n} {self.unit}s done"
-        if self.total and 0 < self.n < self.total:
+        if self.total and self.n < self.total:
             elapsed = time.monotonic() - self.started
-            done += f", about {_duration(elapsed / self.n * (self.total - self.n))} left"
+            left = self.time_left(elapsed) if self.time_left is not None else None
+            if left is None and self.n > 0:
+                left = elapsed / self.n * (self.total - self.n)
+            if left is not None:
+                done += f", about {_duration(left)} left"
         return done + (f" ({self.postfix})" if self.postfix else "")
 
     def update(self, n: int = 1) -> None:
@@ -103,8 +117,8 @@ class LineProgress(_Progress):
     """A plain line on ``stream`` at most every ``interval`` seconds, none for a short phase."""
 
     def __init__(self, total: int | None, desc: str, unit: str, stream: TextIO,
-                 interval: float = LINE_INTERVAL_S) -> None:
-        super().__init__(total, desc, unit)
+                 interval: float = LINE_INTERVAL_S, time_left: TimeLeftFn | None = None) -> None:
+        super().__init__(total, desc, unit, time_left)
         self.stream, self.interval = stream, interval
         self.last = self.started
 
@@ -119,8 +133,9 @@ class NotebookBar(_Progress):
     """One notebook display updated in place (``IPython.display`` with a ``display_id``), at most
     every ``min_interval`` seconds; closing it leaves one line: the phase, its count, its time."""
 
-    def __init__(self, total: int | None, desc: str, unit: str, min_interval: float = 0.2) -> None:
-        super().__init__(total, desc, unit)
+    def __init__(self, total: int | None, desc: str, unit: str, min_interval: float = 0.2,
+                 time_left: TimeLeftFn | None = None) -> None:
+        super().__init__(total, desc, unit, time_left)
         from IPython.display import display
 
         self.min_interval, self.last = min_interval, 0.0
@@ -169,8 +184,24 @@ def _columns(stream: TextIO) -> int:
         return 0
 
 
+def _timed_tqdm(time_left: TimeLeftFn, **options):
+    """A tqdm bar whose time left is ``time_left``'s (``about 3 min left``) instead of its rate's."""
+    from tqdm import tqdm
+
+    class TimedBar(tqdm):
+        @property
+        def format_dict(self):
+            d = super().format_dict
+            left = self.time_left(d["elapsed"]) if self.total is None or self.n < self.total else None
+            d["left"] = "" if left is None else f", about {_duration(left)} left"
+            return d
+
+    TimedBar.time_left = staticmethod(time_left)
+    return TimedBar(bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{left}{postfix}]", **options)
+
+
 def progress_bar(total: int | None, desc: str, unit: str, enabled: bool = True, stream: TextIO | None = None,
-                 **tqdm_options):
+                 time_left: TimeLeftFn | None = None, **tqdm_options):
     """A progress bar for a phase of ``total`` ``unit``s named ``desc``, of the kind that fits
     where the output goes (:func:`watched`; the module's docstring lists them).
 
@@ -180,6 +211,8 @@ def progress_bar(total: int | None, desc: str, unit: str, enabled: bool = True, 
         unit: the item's name, singular (``"run"``, ``"exp"``).
         enabled: False gives :class:`NoBar` (quiet).
         stream: where a terminal bar or plain lines go (default: standard error).
+        time_left: gives the seconds left after the seconds since the bar was made (None from
+            it: the count's); None: the count's (the module's docstring).
         tqdm_options: more ``tqdm`` options for the terminal bar (``leave``, ``position``).
 
     Returns:
@@ -197,7 +230,8 @@ def progress_bar(total: int | None, desc: str, unit: str, enabled: bool = True, 
         # hide every bar below its 0 rows
         sized = _columns(stream) > 0
         size = {} if sized else {"ncols": 100, "nrows": 24}
-        return tqdm(total=total, desc=desc, unit=unit, file=stream, dynamic_ncols=sized, **size, **tqdm_options)
+        options = dict(total=total, desc=desc, unit=unit, file=stream, dynamic_ncols=sized, **size, **tqdm_options)
+        return tqdm(**options) if time_left is None else _timed_tqdm(time_left, **options)
     if where == "notebook":
-        return NotebookBar(total, desc, unit)
-    return LineProgress(total, desc, unit, stream)
+        return NotebookBar(total, desc, unit, time_left=time_left)
+    return LineProgress(total, desc, unit, stream, time_left=time_left)

@@ -301,3 +301,34 @@ def test_progress_kind_follows_where_output_goes(monkeypatch):
     assert len(shown) == 6  # one display, updated in place: four updates and the final line
     assert '<progress value="2" max="4">' in shown[2]._repr_html_()
     assert re.fullmatch(r"sweep: 4 runs in \d+ s", repr(shown[-1]))
+
+
+def test_progress_takes_its_time_left_from_the_caller_where_given():
+    """A caller whose items take very different times (the calibration sweep) gives the time
+    left; without an answer from it, the count's is shown."""
+    import io
+
+    from kvroute.sim.study import progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    piped = io.StringIO()
+    bar = progress.progress_bar(3, "calibration sweep", "experiment", stream=piped, time_left=lambda elapsed: 300.0)
+    bar.interval = 0.0
+    bar.refresh()  # before the first is done: the caller's estimate
+    bar.update()
+    bar.time_left = lambda elapsed: None
+    bar.update()
+    lines = piped.getvalue().splitlines()
+    assert lines[:2] == ["calibration sweep: 0 of 3 experiments done, about 5 min left",
+                         "calibration sweep: 1 of 3 experiments done, about 5 min left"]
+    assert re.fullmatch(r"calibration sweep: 2 of 3 experiments done, about \d+ s left", lines[2])
+    terminal = Tty()
+    bar = progress.progress_bar(3, "calibration sweep", "experiment", stream=terminal, time_left=lambda elapsed: 300.0)
+    bar.update(3)
+    bar.close()
+    first, last = terminal.getvalue().strip("\r\n").split("\r")
+    assert re.search(r"\| 0/3 \[[0-9:]+, about 5 min left\]$", first)  # tqdm's bar, the caller's time left
+    assert re.search(r"\| 3/3 \[[0-9:]+\]$", last)  # none once all are done

@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
-from kvroute.calibrate.calibration.sweep_time import EngineShape, SweepTimer, estimate_sweep
+from kvroute.calibrate.calibration.sweep_time import (PRIOR_SHARE, EngineShape, SweepEstimate, SweepTimer,
+                                                      TimeLeft, estimate_sweep)
 from kvroute.cli.main import cli
 from kvroute.sim.engine.config import EngineConfig
 from kvroute.sim.timing.cost_model import StepCost
@@ -105,6 +106,9 @@ def test_the_sweep_is_the_start_plus_each_slots_slowest_server():
     assert two.total_s == pytest.approx(two.phases["start"] + 26.75, rel=1e-12, abs=0)
     assert two.total_s == pytest.approx(two.engine_s + two.front_end_s + two.fixed_s, rel=1e-12, abs=0)
     assert (one.num_experiments, one.num_bursts, one.num_requests, one.context_s) == (2, 0, 5, 10.0)
+    # each experiment's share of the wall time: beside the slowest server's, the others take none
+    assert one.experiment_s == {0: 8.5, 1: 26.75}
+    assert two.experiment_s == {1: 26.75}
 
 
 def test_bursts_add_their_time_and_each_servers_first_scrape_timing():
@@ -115,6 +119,8 @@ def test_bursts_add_their_time_and_each_servers_first_scrape_timing():
     # (11.75 + 2 + 4 scrapes), then 2 servers x 11 scrapes timed before their first burst
     assert est.phases["bursts"] == 14.75 + 15.75 + 2 * 11 * 0.5
     assert est.num_bursts == 2
+    # the first burst carries server 0's timed scrapes, the second (on both) server 1's
+    assert est.experiment_s == {0: 14.75 + 5.5, 1: 15.75 + 5.5}
 
 
 def test_the_engine_shape_of_probed_servers_replaces_the_profiles():
@@ -213,3 +219,80 @@ def test_measure_dry_run_estimates_local_servers_on_a_machine_without_a_gpu_with
     monkeypatch.setattr(server, "detect_gpus", lambda: [0])
     gpu = run(cli, ["calibrate", "measure", "--dry-run", "--servers", "2"])
     assert "from a6000-qwen2.5-7b's step costs" in gpu.output, gpu.output
+
+
+def _toy_estimate(start_s=4.0, experiment_s=None):
+    return SweepEstimate(total_s=64.0, phases={"start": start_s}, context_s=0.0, engine_s=0.0, front_end_s=0.0,
+                         fixed_s=0.0, num_experiments=2, num_bursts=0, num_requests=2, num_servers=1, profile="toy",
+                         experiment_s={0: 12.0, 1: 48.0} if experiment_s is None else experiment_s)
+
+
+def test_time_left_is_the_estimate_not_done_at_the_pace_measured_so_far_blended_with_the_estimates():
+    """P = 4 + 12 + 48 = 64 estimated s, K = 0.25 x 64 = 16: left = (P - D) (E + K) / (D + K)."""
+    left = TimeLeft(_toy_estimate(), prior_share=0.25)
+    assert (left.planned_s, left.prior_s) == (64.0, 16.0)
+    assert left.left_s(0.0) == 64.0  # nothing measured: the estimate
+    assert left.left_s(8.0) == 96.0  # 8 s and nothing done yet: 64 x 24 / 16
+    left.done("start")
+    assert left.left_s(8.0) == 72.0  # 60 x (8 + 16) / (4 + 16)
+    left.done(0)
+    # 16 estimated s took 40 real ones: 48 x (40 + 16) / (16 + 16); by count (1 of 2 done) 40 s
+    assert left.left_s(40.0) == 84.0
+    left.done(0)  # counted once
+    left.done(7)  # not estimated
+    assert left.left_s(40.0) == 84.0
+    left.done(1)
+    assert left.left_s(200.0) == 0.0
+
+
+def test_time_left_follows_the_measured_pace_alone_without_a_prior_and_says_nothing_without_an_estimate():
+    left = TimeLeft(_toy_estimate(), prior_share=0.0)
+    assert left.left_s(10.0) == 64.0  # no pace yet
+    left.done("start")
+    left.done(0)
+    assert left.left_s(32.0) == 96.0  # 2 real s per estimated s: 2 x 48
+    assert TimeLeft(_toy_estimate()).prior_s == PRIOR_SHARE * 64.0
+    assert TimeLeft(_toy_estimate(start_s=0.0, experiment_s={})).left_s(5.0) is None
+    with pytest.raises(ValueError, match="prior_share"):
+        TimeLeft(_toy_estimate(), prior_share=-1.0)
+
+
+def test_run_sweep_paces_its_progress_by_the_estimate_on_start_returns(fake_server, tmp_path, monkeypatch):
+    """The estimate ``on_start`` returns gives the progress its time left: the warm-up, then each
+    experiment as it ends."""
+    from kvroute.sim.study import progress
+
+    seen = []
+
+    class Bar:
+        n = 0
+
+        def update(self, n=1):
+            self.n += n
+            seen.append(self.time_left(0.0))
+
+        def close(self):
+            pass
+
+    def fake_bar(total, desc, unit, time_left=None):
+        bar = Bar()
+        bar.total, bar.time_left = total, time_left
+        return bar
+
+    monkeypatch.setattr(progress, "progress_bar", fake_bar)
+    estimates = []
+
+    def on_start(infos):
+        estimates.append(estimate_sweep(TINY_PLAN, TOY, 1, shape=EngineShape(infos[0].block_size,
+                                        infos[0].num_gpu_blocks, infos[0].max_num_batched_tokens)))
+        return estimates[0]
+
+    summary = asyncio.run(run_sweep([fake_server().url], tmp_path, TINY_PLAN, progress=True, on_start=on_start))
+    assert summary.status == "complete" and summary.num_experiments == 6
+    replay = TimeLeft(estimates[0])
+    replay.done("start")
+    expected = []
+    for exp_id in range(6):  # one server: the plan's order
+        replay.done(exp_id)
+        expected.append(replay.left_s(0.0))
+    assert seen == expected and seen[-1] == 0.0
