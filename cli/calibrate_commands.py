@@ -70,7 +70,9 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
 @click.option("--model", required=True,
               help="Model directory or Hugging Face id; 'tiny-qwen2' builds the tiny random-weight test model.")
 @click.option("--served-model-name", default=None, help="Name clients use (default: the model; 'tiny-qwen2' for the tiny model).")
-@click.option("-n", "--num-servers", type=Number(SERVE_VALUES["num_servers"]), default=None, help="Servers to start (default: one per GPU, or one per CPU core).")
+@click.option("-n", "--num-servers", type=Number(SERVE_VALUES["num_servers"]), default=None,
+              help="Servers to start (default: one per GPU, or one per CPU core that no running vLLM server's engine "
+                   "is pinned to).")
 @click.option("--port-base", type=Number(PORT), default=8100, show_default=True, help="Server i listens on port-base + i.")
 @click.option("--block-size", type=Number(BLOCK_SIZE), default=None,
               help="KV block size (default: vLLM's on GPUs, 16 through 0.33 and 64 from 0.34; 32 on the CPU backend).")
@@ -102,7 +104,9 @@ def _cores(text: str | None) -> tuple[int, ...] | None:
 def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memory_utilization, workers_per_gpu,
           kv_cache_gib, max_model_len, device, api_cores, kv_events_port_base, log_dir, vllm_args, timeout, extra):
     """Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up
-    until Ctrl-C. Arguments after ``--`` go to vLLM as they are.
+    until Ctrl-C. Arguments after ``--`` go to vLLM as they are. On the CPU each engine gets a core
+    that no running vLLM server's engine is pinned to (another serve's); when none is left, it
+    shares one, with a warning naming the other server.
 
     \b
     Examples:
@@ -115,7 +119,8 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     import signal
     import time
 
-    from kvroute.calibrate.live.server import ServerError, plan_servers, serve_many
+    from kvroute.calibrate.live.server import (ServerError, core_notes, engine_cores_in_use, pinned_servers,
+                                               plan_servers, serve_many)
 
     try:
         args = shlex.split(vllm_args) + list(extra)
@@ -149,12 +154,15 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
         served_model_name = served_model_name or TINY_MODEL_NAME
     else:
         model_path = model
+    taken = engine_cores_in_use(pinned_servers()) if device != "gpu" else {}
     try:
         specs = plan_servers(model_path, num_servers, port_base, served_model_name or model, block_size,
                              gpu_memory_utilization, kv_cache_gib, max_model_len, args, log_dir, device, api_cores,
-                             kv_events_port_base, workers_per_gpu=workers_per_gpu)
+                             kv_events_port_base, workers_per_gpu=workers_per_gpu, taken=taken)
     except ValueError as exc:
         _fail(str(exc))
+    for line in core_notes(specs, taken):
+        click.echo(line, err=True)
     for s in specs:
         where = (f"GPU {s.cuda_device}" + (f" ({s.gpu_memory_utilization:g} of its memory)"
                                             if workers_per_gpu > 1 else "")
@@ -515,7 +523,8 @@ def _figure_formats(ctx, param, value):
               help="Keep this profile's step costs and overheads (shipped name or JSON file) and fit only the "
                    "burst terms to RUN_DIR (e.g. a sweep of bursts alone).")
 @click.option("--client-core", "client_core", type=Number(FIT_VALUES["client_core"]), default=-1, show_default=True,
-              help="With --api-cores own: the server (0, 1, ...: server i of kvroute serve runs on core i) whose "
+              help="With --api-cores own: the server (0, 1, ...: server i of kvroute serve runs on core i, unless "
+                   "another serve's engines held cores then: serve prints each server's core) whose "
                    "core the measuring client was pinned to (calibrate measure --client-cores): the client's load "
                    "then slows that server's steps alone (host.client_core). -1: the client floated.")
 @check_values(rules={**FIT_VALUES, "engine_spin": SECONDS})

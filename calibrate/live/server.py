@@ -7,7 +7,8 @@ entry point that honours ``--api-server-count`` (``entrypoints/cli/serve.py``; `
 vllm.entrypoints.openai.api_server`` runs one API process whatever it is told, and is deprecated
 from 0.34). :func:`serve_many` starts one per GPU (``CUDA_VISIBLE_DEVICES``), or several per GPU
 splitting its memory (``plan_servers(workers_per_gpu=N)``), or, on a machine without GPUs, one per
-CPU core (``VLLM_CPU_OMP_THREADS_BIND``; the vLLM CPU build), waits until every ``GET /health``
+CPU core (``VLLM_CPU_OMP_THREADS_BIND``; the vLLM CPU build; cores that running servers' engines
+are pinned to, :func:`pinned_servers`, come last), waits until every ``GET /health``
 answers 200 and stops them all on exit: SIGINT, then SIGTERM, then SIGKILL.
 
 ``VLLM_SERVER_DEV_MODE=1`` is set so that ``POST /reset_prefix_cache`` and ``GET /server_info``
@@ -28,7 +29,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -439,6 +440,131 @@ def cpu_cores() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
+@dataclass(frozen=True, slots=True)
+class PinnedServer:
+    """A running vLLM server whose engine is pinned to CPU cores (:func:`pinned_servers`).
+
+    Attributes:
+        pid: its top vLLM process: the API server's, or an engine's without one.
+        cores: the cores its engine is pinned to.
+        what: who it is, for a message, e.g. ``"the vLLM server on port 8500 (PID 24659, of
+            kvroute serve PID 24617)"``.
+    """
+
+    pid: int
+    cores: tuple[int, ...]
+    what: str
+
+
+VLLM_MARKS = ("VLLM::", "vllm.entrypoints", "kvroute.calibrate.live.vllm_serve")
+"""A process whose command line holds one of these is a vLLM server's: its API process started as a
+module (``python -m vllm.entrypoints.openai.api_server``, kvroute's launcher) or a process vLLM
+retitled (``VLLM::EngineCore``, ``VLLM::Worker``: ``setproctitle``, which also hides their
+environment); besides, ``vllm serve``."""
+
+
+def _core_set(text: str) -> set[int] | None:
+    """``"0"``, ``"0-3,6"`` or vLLM's per-rank ``"0-1|2-3"`` to core ids; None for anything else
+    (``auto``, ``all``, ``nobind``, empty)."""
+    cores: set[int] = set()
+    try:
+        for part in text.replace("|", ",").split(","):
+            a, _, b = part.strip().partition("-")
+            cores.update(range(int(a), int(b or a) + 1))
+    except ValueError:
+        return None
+    return cores or None
+
+
+def _is_vllm(argv: Sequence[str]) -> bool:
+    joined = " ".join(argv)
+    return (any(mark in joined for mark in VLLM_MARKS)
+            or any(Path(a).name == "vllm" and argv[i + 1:i + 2] == ["serve"] for i, a in enumerate(argv[:3])))
+
+
+def _read_process(entry: Path) -> tuple[list[str], int, set[int] | None, str | None] | None:
+    """A process's command line, parent, allowed cores and ``VLLM_CPU_OMP_THREADS_BIND`` (None when
+    unset or unreadable), or None once it is gone."""
+    try:
+        argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+        status = (entry / "status").read_text()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    bind = None
+    try:
+        for var in (entry / "environ").read_bytes().split(b"\0"):
+            if var.startswith(b"VLLM_CPU_OMP_THREADS_BIND="):
+                bind = var.split(b"=", 1)[1].decode(errors="replace")
+    except OSError:  # another user's process
+        pass
+    try:
+        ppid = int(fields.get("PPid", "0"))
+    except ValueError:
+        ppid = 0
+    return argv, ppid, _core_set(fields.get("Cpus_allowed_list", "")), bind
+
+
+def pinned_servers(proc: str | Path = "/proc", own_cores: Sequence[int] | None = None) -> list[PinnedServer]:
+    """The vLLM servers running on this machine whose engines are pinned to CPU cores (another
+    ``kvroute serve``'s, the live tests', or one started by hand), read from ``proc`` (Linux).
+
+    A vLLM process's cores are its ``VLLM_CPU_OMP_THREADS_BIND`` (the cores vLLM's CPU backend
+    binds the engine to; ``kvroute serve`` sets it in each server's environment), else, where that
+    cannot be read, its allowed cores when they are fewer than ``own_cores`` (default: this
+    process's, :func:`cpu_cores`). A server's processes (API server, engine core, worker) are
+    counted once, under the top one.
+
+    Returns:
+        One :class:`PinnedServer` per server, by PID; an empty list where ``proc`` cannot be read.
+    """
+    own = set(cpu_cores() if own_cores is None else own_cores)
+    root = Path(proc)
+    try:
+        entries = [e for e in root.iterdir() if e.name.isdigit()]
+    except OSError:
+        return []
+    procs = {int(e.name): info for e in entries if (info := _read_process(e)) is not None}
+    vllm = {pid for pid, (argv, *_) in procs.items() if _is_vllm(argv)}
+
+    def top(pid: int) -> int:
+        seen = {pid}
+        while (parent := procs[pid][1]) in vllm and parent not in seen:
+            pid = parent
+            seen.add(pid)
+        return pid
+
+    cores: dict[int, set[int]] = {}
+    for pid in vllm:
+        argv, _, allowed, bind = procs[pid]
+        pinned = _core_set(bind) if bind else None
+        if pinned is None and allowed is not None and allowed < own:
+            pinned = allowed
+        if pinned:
+            cores.setdefault(top(pid), set()).update(pinned)
+    servers = []
+    for pid in sorted(cores):
+        argv, ppid = procs[pid][0], procs[pid][1]
+        port = next((a.split("=", 1)[1] for a in argv if a.startswith("--port=")), None)
+        if port is None and "--port" in argv[:-1]:
+            port = argv[argv.index("--port") + 1]
+        what = f"the vLLM server on port {port}" if port else f"the vLLM process {' '.join(argv)[:60]!r}"
+        parent = " ".join(procs[ppid][0]) if ppid in procs else ""
+        by = f", of kvroute serve PID {ppid}" if "kvroute" in parent and " serve" in parent else ""
+        servers.append(PinnedServer(pid, tuple(sorted(cores[pid])), f"{what} (PID {pid}{by})"))
+    return servers
+
+
+def engine_cores_in_use(servers: Sequence[PinnedServer]) -> dict[int, str]:
+    """Each core the engines of ``servers`` (:func:`pinned_servers`) are pinned to, and whose they
+    are (``" and "`` between several), by core."""
+    users: dict[int, list[str]] = {}
+    for server in servers:
+        for core in server.cores:
+            users.setdefault(core, []).append(server.what)
+    return {core: " and ".join(users[core]) for core in sorted(users)}
+
+
 API_CORES = ("spare", "own", "any")
 """Where a CPU server's API process runs (``plan_servers(api_cores=...)``): ``spare``, the cores
 no engine uses, or every core when each core has an engine (the API processes then float, and
@@ -466,11 +592,13 @@ def plan_servers(
     kv_events_port_base: int | None = None,
     workers_per_gpu: int = 1,
     vllm_version: str | None = None,
+    taken: Mapping[int, str] | None = None,
 ) -> list[ServerSpec]:
     """Specs of one server per GPU (``workers_per_gpu`` per GPU), or one per CPU core without GPUs.
 
-    On the CPU, server ``i``'s engine runs on core ``i``; where its API server runs is
-    ``api_cores`` (``API_CORES``).
+    On the CPU, server ``i``'s engine runs on the ``i``-th core no other server's engine is pinned
+    to (``taken``), and once those run out on the taken ones, in order (core ``i`` when none is
+    taken); where its API server runs is ``api_cores`` (``API_CORES``).
 
     Args:
         model: model directory or id.
@@ -490,6 +618,11 @@ def plan_servers(
             ``num_servers / workers_per_gpu`` GPUs are used, filled in order.
         vllm_version: the vLLM that will serve (for its default memory share); None: the
             installed one (``importlib.metadata``), or the newest release read.
+        taken: CPU cores that running servers' engines are pinned to, with whose they are
+            (:func:`engine_cores_in_use` of :func:`pinned_servers`; ``kvroute serve`` reads them):
+            engines go to the other cores first, ``spare`` API processes to none of them, and
+            ``num_servers`` None counts the other cores (every core when all are taken).
+            :func:`core_notes` says what was avoided and what is shared. None: none taken.
 
     Raises:
         ValueError: more servers than devices, ``device="gpu"`` without GPUs, an unknown
@@ -508,12 +641,18 @@ def plan_servers(
     if workers_per_gpu > 1 and not gpus:
         raise ValueError(f"{workers_per_gpu} workers per GPU, but no GPU is used (the CPU backend runs one server "
                          "per core)")
-    devices = [g for g in gpus for _ in range(workers_per_gpu)] if gpus else cpu_cores()
-    n = len(devices) if num_servers is None else num_servers
+    taken = {} if gpus or taken is None else taken
+    if gpus:
+        devices = [g for g in gpus for _ in range(workers_per_gpu)]
+    else:
+        cores = cpu_cores()
+        devices = [c for c in cores if c not in taken] + [c for c in cores if c in taken]
+    free = sum(1 for c in devices if c not in taken)
+    n = (free or len(devices)) if num_servers is None else num_servers
     if not 1 <= n <= len(devices):
         kind = f"GPUs x {workers_per_gpu} workers" if workers_per_gpu > 1 else "GPUs" if gpus else "CPU cores"
         raise ValueError(f"asked for {n} servers but this machine has {len(gpus) or len(devices)} {kind}: "
-                         f"{gpus or devices}")
+                         f"{gpus or sorted(devices)}")
     share = gpu_memory_utilization
     if gpus and workers_per_gpu > 1:
         share = (gpu_memory_utilization if gpu_memory_utilization is not None
@@ -526,7 +665,7 @@ def plan_servers(
             raise ValueError(f"{option} {base}: {n} server(s) need ports {base}..{base + n - 1}, "
                              f"which must lie in 1..65535")
     specs = []
-    spare = tuple(c for c in devices if c not in devices[:n]) if not gpus else ()
+    spare = tuple(sorted(c for c in devices if c not in devices[:n] and c not in taken)) if not gpus else ()
     for i in range(n):
         common = dict(
             model=model,
@@ -545,6 +684,35 @@ def plan_servers(
             specs.append(ServerSpec(**common, block_size=32 if block_size is None else block_size,
                                     cpu_core=devices[i], frontend_cores=frontend, kv_cache_gib=kv_cache_gib))
     return specs
+
+
+def core_notes(specs: Sequence[ServerSpec], taken: Mapping[int, str]) -> list[str]:
+    """What ``kvroute serve`` says of the cores other servers' engines are pinned to (``taken``,
+    as given to :func:`plan_servers`): a warning for each of ``specs``' engines put on one of them
+    (the two engines then fight for the core: each step waits for the other's busy-polling, and
+    both servers' step times are slowed at random), else a note that they were left alone.
+
+    Returns:
+        Lines, ``"warning: ..."`` or ``"note: ..."``; none when no spec runs on a CPU core or no
+        core is taken.
+    """
+    ours = [s.cpu_core for s in specs if s.cpu_core is not None]
+    if not ours or not taken:
+        return []
+    shared = [c for c in ours if c in taken]
+    lines = [f"warning: CPU core {c} already runs the engine of {taken[c]}; the server on port "
+             f"{next(s.port for s in specs if s.cpu_core == c)} will share it, and both will run slower, at random "
+             f"(stop the other server, or start fewer here)" for c in shared]
+    if not shared:
+        by_who: dict[str, list[int]] = {}
+        for c, who in taken.items():
+            by_who.setdefault(who, []).append(c)
+        others = "; ".join(f"CPU core {cs[0]} runs the engine of {who}" if len(cs) == 1 else
+                           f"CPU cores {', '.join(map(str, cs))} run the engine of {who}" for who, cs in by_who.items())
+        mine = ", ".join(str(c) for c in ours)
+        lines.append(f"note: {others}; so this serve's engine{'s run on cores' if len(ours) > 1 else ' runs on core'} "
+                     f"{mine}")
+    return lines
 
 
 def installed_vllm_version() -> str | None:

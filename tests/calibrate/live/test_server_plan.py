@@ -165,3 +165,130 @@ def test_stopping_a_server_removes_its_kv_event_socket_file(tmp_path, monkeypatc
     srv.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     assert srv.stop(grace_s=5.0) is not None
     assert not sock.exists()
+
+
+def _fake_proc(root, pid, argv, ppid=1, allowed="0-1", bind=None, environ=True):
+    """A /proc/PID entry: NUL-separated cmdline, status with PPid and Cpus_allowed_list, environ
+    (left out: another user's process, or one retitled by setproctitle)."""
+    d = root / str(pid)
+    d.mkdir()
+    (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (d / "status").write_text(f"Name:\tpython\nPPid:\t{ppid}\nCpus_allowed_list:\t{allowed}\n")
+    if environ:
+        env = [b"HOME=/root"] + ([f"VLLM_CPU_OMP_THREADS_BIND={bind}".encode()] if bind is not None else [])
+        (d / "environ").write_bytes(b"\0".join(env) + b"\0")
+
+
+@pytest.fixture
+def running(tmp_path):
+    """Another kvroute serve's server on port 8500 (engine on core 0, its API process moved to
+    core 0 too, as --api-cores own), a vLLM started by hand on core 2 with taskset, and processes
+    that are not pinned vLLM engines."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "self").mkdir()  # not a process
+    py = "/usr/bin/python"
+    _fake_proc(proc, 100, [py, "-c", "from kvroute.cli.main import main; main()", "serve", "--model", "tiny-qwen2",
+                           "--port-base", "8500"], allowed="0-3")
+    _fake_proc(proc, 101, [py, "-m", "kvroute.calibrate.live.vllm_serve", "serve", "/m", "--port", "8500"], ppid=100,
+               allowed="0", bind="0")
+    _fake_proc(proc, 102, ["VLLM::EngineCore"], ppid=101, allowed="0", environ=False)
+    _fake_proc(proc, 103, ["VLLM::Worker"], ppid=102, allowed="0", environ=False)
+    _fake_proc(proc, 104, [py, "-B", "-c", "from multiprocessing.resource_tracker import main;main(31)"], ppid=101,
+               allowed="0", bind="0")
+    _fake_proc(proc, 200, [py, "-m", "vllm.entrypoints.openai.api_server", "--model", "/m", "--port=9000"],
+               allowed="0-3")
+    _fake_proc(proc, 201, ["VLLM::EngineCore"], ppid=200, allowed="2", environ=False)
+    _fake_proc(proc, 300, ["/usr/bin/vllm", "serve", "/m", "--port", "9100"], allowed="0-3", bind="auto")  # floats
+    _fake_proc(proc, 400, [py, "train.py"], allowed="3", bind="3")  # pinned, not vLLM
+    return proc
+
+
+def test_running_vllm_servers_are_found_with_their_engines_cores_once_each(running):
+    found = server.pinned_servers(running, own_cores=[0, 1, 2, 3])
+    assert found == [
+        server.PinnedServer(101, (0,), "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100)"),
+        server.PinnedServer(200, (2,), "the vLLM server on port 9000 (PID 200)"),
+    ]
+    assert server.engine_cores_in_use(found) == {0: "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100)",
+                                                 2: "the vLLM server on port 9000 (PID 200)"}
+    assert server.pinned_servers(running / "missing") == []
+
+
+@pytest.fixture
+def four_cores(monkeypatch):
+    monkeypatch.setattr(server, "detect_gpus", lambda: [])
+    monkeypatch.setattr(server, "cpu_cores", lambda: [0, 1, 2, 3])
+
+
+def test_engines_go_to_cores_no_running_engine_is_pinned_to(four_cores):
+    taken = {0: "A", 2: "B"}
+    specs = plan_servers("m", None, 8510, taken=taken)  # every free core: 1 and 3
+    assert [(s.port, s.cpu_core, s.frontend_cores) for s in specs] == [(8510, 1, None), (8511, 3, None)]
+    one = plan_servers("m", 1, 8510, taken=taken)[0]
+    assert (one.cpu_core, one.frontend_cores) == (1, (3,))  # the spare API core is neither taken nor ours
+    own = plan_servers("m", 1, 8510, api_cores="own", taken=taken)[0]
+    assert (own.cpu_core, own.frontend_cores) == (1, (1,))
+    assert server.core_notes([one], taken) == [
+        "note: CPU core 0 runs the engine of A; CPU core 2 runs the engine of B; so this serve's engine runs on core 1"]
+    # more servers than free cores: the taken ones follow, in order, each with a warning
+    three = plan_servers("m", 3, 8510, taken=taken)
+    assert [s.cpu_core for s in three] == [1, 3, 0]
+    assert server.core_notes(three, taken) == [
+        "warning: CPU core 0 already runs the engine of A; the server on port 8512 will share it, and both will run "
+        "slower, at random (stop the other server, or start fewer here)"]
+    every = plan_servers("m", None, taken={0: "A", 1: "B", 2: "C", 3: "D"})
+    assert [s.cpu_core for s in every] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"asked for 5 servers but this machine has 4 CPU cores: \[0, 1, 2, 3\]"):
+        plan_servers("m", 5, taken=taken)
+
+
+def test_nothing_taken_keeps_server_i_on_core_i_and_says_nothing(four_cores):
+    specs = plan_servers("m", 2, taken={})
+    assert [(s.cpu_core, s.frontend_cores) for s in specs] == [(0, (2, 3)), (1, (2, 3))]
+    assert server.core_notes(specs, {}) == []
+
+
+def test_gpu_servers_ignore_taken_cores(monkeypatch):
+    monkeypatch.setattr(server, "detect_gpus", lambda: [0])
+    spec = plan_servers("m", 1, taken={0: "A"})[0]
+    assert (spec.cuda_device, spec.cpu_core) == (0, None)
+    assert server.core_notes([spec], {0: "A"}) == []
+
+
+def test_serve_names_the_running_server_whose_core_it_leaves_or_shares(four_cores, monkeypatch, tmp_path):
+    """``kvroute serve`` reads the running servers before it plans its own and says which cores
+    it left alone, or warns of the one it shares (no server is started here)."""
+    import contextlib
+    import importlib.util
+    import signal
+
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    other = server.PinnedServer(101, (0, 1, 2), "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100)")
+    monkeypatch.setattr(server, "pinned_servers", lambda: [other])
+
+    @contextlib.contextmanager
+    def not_started(specs, timeout_s):
+        raise server.ServerError("not started in this test")
+        yield
+
+    monkeypatch.setattr(server, "serve_many", not_started)
+    run = lambda n: CliRunner().invoke(cli, ["serve", "--model", str(tmp_path), "-n", n, "--port-base", "8510",  # noqa: E731
+                                             "--log-dir", str(tmp_path)])
+    one = run("1")
+    assert one.exit_code == 1 and "not started in this test" in one.output
+    assert one.output.splitlines()[:2] == [
+        "note: CPU cores 0, 1, 2 run the engine of the vLLM server on port 8500 (PID 101, of kvroute serve PID 100); "
+        "so this serve's engine runs on core 3",
+        f"starting http://127.0.0.1:8510 on CPU core 3 (log {tmp_path / 'vllm-8510.log'})"]
+    two = run("2")
+    assert two.output.splitlines()[0] == (
+        "warning: CPU core 0 already runs the engine of the vLLM server on port 8500 (PID 101, of kvroute serve PID "
+        "100); the server on port 8511 will share it, and both will run slower, at random (stop the other server, or "
+        "start fewer here)")
