@@ -296,9 +296,9 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     given = _load_estimate_profile(estimate_profile) if estimate_profile else None
     if dry_run:
         n = num_servers or len(urls) or 1
-        given = given or _default_estimate_profile(None, n, urls)
-        click.echo(_plan_text(plan, n, seed, given))
-        click.echo(_estimate(plan, given, n, seed, None, bool(kv_events)).line())
+        profile, note = _estimate_profile(given, None, n, urls)
+        click.echo(_plan_text(plan, n, seed, profile))
+        click.echo(_estimate(plan, profile, n, seed, None, bool(kv_events)).line() + note)
         return
     # NOTE: the client, imported before --out is made: when it is missing, main() names the extras
     import aiohttp  # noqa: F401
@@ -308,8 +308,9 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         _fail(str(exc))
     def started(infos):
         """Print the estimate; it paces the progress's time left."""
-        estimate = _estimate(plan, given, len(urls), seed, infos, bool(kv_events))
-        click.echo(estimate.line(), err=True)
+        profile, note = _estimate_profile(given, infos, len(urls), urls)
+        estimate = _estimate(plan, profile, len(urls), seed, infos, bool(kv_events))
+        click.echo(estimate.line() + note, err=True)
         return estimate
 
     try:
@@ -341,12 +342,11 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
 
 def _plan_text(plan, num_servers: int, seed: int, profile) -> str:
     """The sweep's experiments by kind, for ``measure --dry-run``, with the KV capacity of
-    ``profile`` (None: the default estimate profile's) standing in for the servers'."""
+    ``profile`` standing in for the servers'."""
     from collections import Counter
 
     from kvroute.calibrate.calibration.sweep_time import EngineShape
 
-    profile = profile or _default_estimate_profile(None, num_servers)
     eng = profile.engine
     cap = EngineShape(eng.block_size, eng.num_gpu_blocks, eng.max_num_batched_tokens).capacity_tokens
     exps = plan.experiments(cap, seed)
@@ -378,6 +378,66 @@ def _default_estimate_profile(infos, num_servers: int, urls=()):
                         else "a6000-qwen2.5-7b")
 
 
+def _estimate_profile(given, infos, num_servers: int, urls=()):
+    """``(profile, note)``: the profile the time estimate uses, ``given`` (``--estimate-profile``)
+    or the default (``_default_estimate_profile``), and, for a default, the words that go after the
+    estimate's line: which profile it is, what it was measured or derived on, and how to give
+    another; where the GPUs are known (``infos``' hardware, or, without ``infos``, this machine's
+    when the servers are on it: ``kvroute.calibrate.live.server.gpu_models``) and the default's
+    is not among them, that it is not theirs, and the shipped profile that is, if one is."""
+    if given is not None:
+        return given, ""
+    profile = _default_estimate_profile(infos, num_servers, urls)
+    hardware = (profile.raw or {}).get("hardware") or {}
+    model = ((profile.raw or {}).get("model") or {}).get("name", "?")
+    other = "; --estimate-profile NAME|PATH estimates with another"
+    if hardware.get("device") == "cpu":
+        return profile, (f". {profile.name} is the default for CPU servers, measured with {model} on "
+                         f"{hardware.get('description', 'the CPU reference host')}{other}")
+    gpu = hardware.get("gpu", "?")
+    text = f". {profile.name} is the default: a prior for {model} on {gpu}"
+    models = _gpu_models(infos, urls)
+    key = lambda name: "".join(c for c in name.lower() if c.isalnum())  # noqa: E731
+    theirs = [m for m in dict.fromkeys(models) if key(m) != key(gpu)]
+    if not theirs:
+        return profile, f"{text}{other} (`kvroute profiles derive --gpu GPU --model MODEL` makes one for yours)"
+    whose = "the servers'" if infos else "this machine's"
+    text += f", not {whose} {' and '.join(theirs)}"
+    from kvroute.sim.timing.profile import load_profile, shipped_profiles
+
+    matches = [name for name in shipped_profiles()
+               if key(((load_profile(name).raw or {}).get("hardware") or {}).get("gpu", "")) == key(theirs[0])]
+    if matches:
+        shipped = ((load_profile(matches[0]).raw or {}).get("model") or {}).get("name", "?")
+        return profile, (f"{text}; --estimate-profile {matches[0]} estimates with the shipped prior for {shipped} "
+                         f"on {theirs[0]}, NAME|PATH with another")
+    from kvroute.sim.timing.specs import gpu_spec
+
+    try:
+        derive = f"`kvroute profiles derive --gpu {gpu_spec(theirs[0]).table_name} --model MODEL` makes a prior for it"
+    except ValueError:
+        derive = ("`kvroute profiles derive --gpu GPU --model MODEL` makes a prior for a GPU of "
+                  "`kvroute profiles gpus`, which has no " + theirs[0])
+    return profile, f"{text}{other} ({derive})"
+
+
+def _gpu_models(infos, urls) -> list[str]:
+    """The GPU models of the servers as ``infos``' hardware names them (``"2 x NVIDIA A100-SXM4-80GB"``),
+    or, without ``infos``, this machine's when every server of ``urls`` (or none given) is on it."""
+    import re
+    from urllib.parse import urlsplit
+
+    if infos:
+        if infos[0].device != "cuda" or infos[0].hardware == "unknown":
+            return []
+        return [re.sub(r"^\d+ x ", "", part.strip()) for part in infos[0].hardware.split(", ")]
+    from kvroute.calibrate.live.server import gpu_models, machine_key
+
+    if all(machine_key(urlsplit(u).hostname or "") == "loopback" for u in urls):
+        return gpu_models()
+    return []
+
+
 def _load_estimate_profile(name: str):
     """``--estimate-profile``'s profile; a bad name or file is a one-line error naming the flag."""
     from kvroute.sim.timing.profile import load_profile
@@ -390,12 +450,10 @@ def _load_estimate_profile(name: str):
 
 def _estimate(plan, profile, num_servers: int, seed: int, infos, kv_events: bool):
     """The sweep's ``SweepEstimate`` (``kvroute.calibrate.calibration.sweep_time``) with
-    ``profile``'s step costs (None: cpu-tiny-qwen2 when ``infos`` say CPU, else the
-    a6000-qwen2.5-7b prior) on ``infos``' engine settings (probed servers) or the profile's
+    ``profile``'s step costs on ``infos``' engine settings (probed servers) or the profile's
     (``infos`` None)."""
     from kvroute.calibrate.calibration.sweep_time import EngineShape, estimate_sweep
 
-    profile = profile or _default_estimate_profile(infos, num_servers)
     shape = None
     if infos:
         shape = EngineShape(infos[0].block_size, min(i.num_gpu_blocks for i in infos),

@@ -432,6 +432,20 @@ def detect_gpus() -> list[int | str]:
     return [i for i, line in enumerate(l for l in out.stdout.splitlines() if l.startswith("GPU "))]
 
 
+def gpu_models() -> list[str]:
+    """The model name of each NVIDIA GPU ``nvidia-smi`` lists (e.g. ``"NVIDIA A100-SXM4-80GB"``), in
+    its order (``CUDA_VISIBLE_DEVICES`` does not hide any); an empty list without ``nvidia-smi`` or
+    when it fails."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
 def cpu_cores() -> list[int]:
     """CPU cores this process may run on (``sched_getaffinity``), sorted."""
     try:

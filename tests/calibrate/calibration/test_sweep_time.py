@@ -296,3 +296,48 @@ def test_run_sweep_paces_its_progress_by_the_estimate_on_start_returns(fake_serv
         replay.done(exp_id)
         expected.append(replay.left_s(0.0))
     assert seen == expected and seen[-1] == 0.0
+
+
+def test_measure_dry_run_says_which_default_profile_estimates_and_how_to_give_another(monkeypatch):
+    """A defaulted estimate profile is named with what it was measured or derived on and the flag
+    that gives another; a local GPU other than the A6000 prior's is named, with the shipped prior
+    for it where there is one, else the derive command for it."""
+    from kvroute.calibrate.live import server
+
+    run = lambda *args: CliRunner().invoke(cli, ["calibrate", "measure", "--dry-run", *args])  # noqa: E731
+    tail = lambda result: result.output.strip().splitlines()[-1].split("a slower or busier host takes longer")[1]  # noqa: E731
+    monkeypatch.setattr(server, "detect_gpus", lambda: [])
+    assert tail(run()) == (". cpu-tiny-qwen2 is the default for CPU servers, measured with tiny-qwen2 on CPU AMD "
+                           "EPYC (2 cores); --estimate-profile NAME|PATH estimates with another")
+    monkeypatch.setattr(server, "detect_gpus", lambda: [0, 1])
+    monkeypatch.setattr(server, "gpu_models", lambda: ["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"])
+    assert tail(run("--servers", "2")) == (
+        ". a6000-qwen2.5-7b is the default: a prior for Qwen/Qwen2.5-7B-Instruct on NVIDIA RTX A6000, not this "
+        "machine's NVIDIA A100-SXM4-80GB; --estimate-profile a100-80gb-qwen2.5-7b estimates with the shipped prior "
+        "for Qwen/Qwen2.5-7B-Instruct on NVIDIA A100-SXM4-80GB, NAME|PATH with another")
+    monkeypatch.setattr(server, "gpu_models", lambda: ["NVIDIA L40S"])
+    assert tail(run()).endswith(", not this machine's NVIDIA L40S; --estimate-profile NAME|PATH estimates with "
+                                "another (`kvroute profiles derive --gpu L40S --model MODEL` makes a prior for it)")
+    monkeypatch.setattr(server, "gpu_models", lambda: ["NVIDIA RTX A6000"])
+    assert tail(run()) == (". a6000-qwen2.5-7b is the default: a prior for Qwen/Qwen2.5-7B-Instruct on NVIDIA RTX "
+                           "A6000; --estimate-profile NAME|PATH estimates with another (`kvroute profiles derive "
+                           "--gpu GPU --model MODEL` makes one for yours)")
+    # servers elsewhere: this machine's GPU says nothing of theirs; a profile given: no note
+    monkeypatch.setattr(server, "gpu_models", lambda: ["NVIDIA L40S"])
+    assert "not this machine's" not in tail(run("--url", "http://gpu-1:8100"))
+    assert tail(run("--estimate-profile", "h100-80gb-qwen2.5-7b")) == ""
+
+
+def test_a_live_sweeps_estimate_names_the_servers_gpus_against_the_default_prior():
+    from types import SimpleNamespace
+
+    from kvroute.cli.calibrate_commands import _estimate_profile
+
+    infos = [SimpleNamespace(device="cuda", hardware="4 x NVIDIA H100 80GB HBM3")]
+    profile, note = _estimate_profile(None, infos, 4)
+    assert profile.name == "a6000-qwen2.5-7b"
+    assert note.endswith(", not the servers' NVIDIA H100 80GB HBM3; --estimate-profile h100-80gb-qwen2.5-7b estimates "
+                         "with the shipped prior for Qwen/Qwen2.5-7B-Instruct on NVIDIA H100 80GB HBM3, NAME|PATH "
+                         "with another")
+    unknown = [SimpleNamespace(device="cuda", hardware="unknown")]
+    assert "not the servers'" not in _estimate_profile(None, unknown, 1)[1]
