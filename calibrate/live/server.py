@@ -213,6 +213,19 @@ def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text[-lines:])
 
 
+def download_hint(model: str) -> str | None:
+    """What to do when a server of ``model`` is slow to start because it downloads the weights:
+    None for a local directory, else the advice to download them first (``hf download``, the
+    Hugging Face CLI from huggingface_hub 0.34; ``huggingface-cli download`` before it) into the
+    cache vLLM reads, or to wait longer."""
+    if Path(model).expanduser().exists():
+        return None
+    return (f"unless its weights are in the Hugging Face cache, a server of {model} downloads them within this wait "
+            f"(about 15 GB for a 7B model in bf16): download them first, `hf download {model}` "
+            f"(`huggingface-cli download {model}` before huggingface_hub 0.34), then start again, or wait longer "
+            f"(kvroute serve --timeout)")
+
+
 @dataclass
 class VllmServer:
     """One vLLM server process.
@@ -276,7 +289,9 @@ class VllmServer:
         """Block until ``GET /health`` answers 200.
 
         Raises:
-            ServerError: the process exited, or ``timeout_s`` passed; with the log's last lines.
+            ServerError: the process exited, or ``timeout_s`` passed; with the log's last lines
+                and, for a model that is not a local directory, the advice to download its
+                weights first (:func:`download_hint`).
         """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -292,9 +307,10 @@ class VllmServer:
                     set_affinity(self.process.pid, self.spec.frontend_cores or cpu_cores())
                 return
             time.sleep(0.5)
+        hint = download_hint(self.spec.model)
         raise ServerError(
-            f"vLLM server on port {self.spec.port} not healthy after {timeout_s:.0f} s; "
-            f"log {self.log_path}:\n{_tail(self.log_path)}"
+            f"vLLM server on port {self.spec.port} not healthy after {timeout_s:.0f} s"
+            f"{f'; {hint}' if hint else ''}; log {self.log_path}:\n{_tail(self.log_path)}"
         )
 
     def stop(self, grace_s: float = 20.0) -> int | None:

@@ -107,3 +107,27 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_a_server_not_healthy_in_time_says_to_download_a_hub_models_weights_first(tmp_path):
+    """A Hugging Face model's first start downloads its weights within serve's wait for /health
+    (about 15 GB for a 7B model): the timeout's message says to download them first; a local
+    model directory has nothing to download."""
+    from kvroute.calibrate.live.server import ServerError, ServerSpec, VllmServer
+
+    log = tmp_path / "vllm-8600.log"
+    log.write_text("INFO Starting to load model Qwen/Qwen2.5-7B-Instruct...\n")
+    hub = VllmServer(ServerSpec(model="Qwen/Qwen2.5-7B-Instruct", port=8600, log_path=log))
+    hub.process = FakeProcess()
+    with pytest.raises(ServerError) as failed:
+        hub.wait_ready(timeout_s=0.0)
+    assert str(failed.value) == (
+        "vLLM server on port 8600 not healthy after 0 s; unless its weights are in the Hugging Face cache, a server "
+        "of Qwen/Qwen2.5-7B-Instruct downloads them within this wait (about 15 GB for a 7B model in bf16): download "
+        "them first, `hf download Qwen/Qwen2.5-7B-Instruct` (`huggingface-cli download Qwen/Qwen2.5-7B-Instruct` "
+        "before huggingface_hub 0.34), then start again, or wait longer (kvroute serve --timeout); "
+        f"log {log}:\nINFO Starting to load model Qwen/Qwen2.5-7B-Instruct...")
+    local = VllmServer(ServerSpec(model=str(tmp_path), port=8600, log_path=log))
+    local.process = FakeProcess()
+    with pytest.raises(ServerError, match=r"^vLLM server on port 8600 not healthy after 0 s; log "):
+        local.wait_ready(timeout_s=0.0)
