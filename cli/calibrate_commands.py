@@ -306,6 +306,7 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         check_output(out, 16 << 20, is_dir=True)
     except ValueError as exc:
         _fail(str(exc))
+
     def started(infos):
         """Print the estimate; it paces the progress's time left."""
         profile, note = _estimate_profile(given, infos, len(urls), urls)
