@@ -308,11 +308,13 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         _fail(str(exc))
 
     def started(infos):
-        """Print the estimate; it paces the progress's time left."""
+        """Print the estimate; it paces the progress's time left (``sweep_time.TimeLeft``)."""
+        from kvroute.calibrate.calibration.sweep_time import TimeLeft
+
         profile, note = _estimate_profile(given, infos, len(urls), urls)
         estimate = _estimate(plan, profile, len(urls), seed, infos, bool(kv_events))
         click.echo(estimate.line() + note, err=True)
-        return estimate
+        return TimeLeft(estimate)
 
     try:
         with pinned(client_cores):

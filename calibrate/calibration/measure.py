@@ -871,7 +871,7 @@ async def run_sweep(
     hardware: str | None = None,
     timeout_s: float = 600.0,
     kv_events: Sequence[str] = (),
-    on_start: Callable[[list[ServerInfo]], None] | None = None,
+    on_start: Callable[[list[ServerInfo]], Any] | None = None,
 ) -> MeasureSummary:
     """Probe every server, check the plan fits, then run the sweep; experiments are dealt
     round-robin to the servers, which run concurrently (each runs its own share one at a time),
@@ -893,10 +893,12 @@ async def run_sweep(
             times the engine step that finished the request's prefill (NaN without).
         on_start: called with the servers' settings once they are probed and found alike, before
             anything is measured (``kvroute calibrate measure`` prints its time estimate there:
-            :mod:`kvroute.calibrate.calibration.sweep_time`). What it returns, if a
-            ``SweepEstimate`` of this sweep, gives the progress its time left
-            (:class:`kvroute.calibrate.calibration.sweep_time.TimeLeft`: the estimate of the
-            experiments not done, at the pace measured so far); else the time left is by count.
+            :mod:`kvroute.calibrate.calibration.sweep_time`). What it returns, if it has
+            ``done(key)`` and ``left_s(elapsed_s)`` (such as
+            :class:`kvroute.calibrate.calibration.sweep_time.TimeLeft` of this sweep's estimate:
+            the estimate of the experiments not done, at the pace measured so far), gives the
+            progress its time left: ``done`` is called with ``"start"`` after the warm-up and with
+            each experiment's ``exp_id`` as it ends; else the time left is by count.
 
     Returns:
         A :class:`MeasureSummary`.
@@ -935,7 +937,7 @@ async def run_sweep(
                     f"servers differ in {', '.join(diff)} ({infos[0].url} vs {i.url}); calibrate identical "
                     f"workers together and different ones separately"
                 )
-        estimate = on_start(infos) if on_start is not None else None
+        pace = on_start(infos) if on_start is not None else None
         meta = dict(
             status="running", started=started.isoformat(timespec="seconds"), seed=seed, urls=list(urls),
             token_range=list(token_range), plan=asdict(plan), servers=[i.to_dict() for i in infos],
@@ -964,10 +966,9 @@ async def run_sweep(
         shares = [exps[k::len(ctxs)] for k in range(len(ctxs))]
         bar = left = None
         if progress:
-            from kvroute.calibrate.calibration.sweep_time import SweepEstimate, TimeLeft
             from kvroute.sim.study.progress import progress_bar
 
-            left = TimeLeft(estimate) if isinstance(estimate, SweepEstimate) else None
+            left = pace if hasattr(pace, "done") and hasattr(pace, "left_s") else None
             bar = progress_bar(len(exps) + len(bursts), "calibration sweep", "experiment",
                                time_left=None if left is None else left.left_s)
 

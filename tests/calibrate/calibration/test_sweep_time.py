@@ -258,8 +258,8 @@ def test_time_left_follows_the_measured_pace_alone_without_a_prior_and_says_noth
 
 
 def test_run_sweep_paces_its_progress_by_the_estimate_on_start_returns(fake_server, tmp_path, monkeypatch):
-    """The estimate ``on_start`` returns gives the progress its time left: the warm-up, then each
-    experiment as it ends."""
+    """The ``TimeLeft`` ``on_start`` returns gives the progress its time left: the warm-up, then
+    each experiment as it ends."""
     from kvroute.sim.study import progress
 
     seen = []
@@ -285,7 +285,7 @@ def test_run_sweep_paces_its_progress_by_the_estimate_on_start_returns(fake_serv
     def on_start(infos):
         estimates.append(estimate_sweep(TINY_PLAN, TOY, 1, shape=EngineShape(infos[0].block_size,
                                         infos[0].num_gpu_blocks, infos[0].max_num_batched_tokens)))
-        return estimates[0]
+        return TimeLeft(estimates[0])
 
     summary = asyncio.run(run_sweep([fake_server().url], tmp_path, TINY_PLAN, progress=True, on_start=on_start))
     assert summary.status == "complete" and summary.num_experiments == 6
