@@ -372,8 +372,9 @@ class FrontendFit:
             f"host: {h.cores} cores, contention {h.contention:.3g}"
             + (f" (the bursts allow {_span(*self.contention_interval)}: an approximate 95 % profile-likelihood "
                "range)" if math.isfinite(self.contention_interval[0]) else "")
-            + (f" (at its bound {CONTENTION_BOUND:g}: the bursts ask for more than the host model gives; "
-               "were the API processes on their engines' cores, fit --api-cores own?)"
+            + (f" (at its bound {CONTENTION_BOUND:g}: the bursts ask for more than the host model gives"
+               + ("" if h.api_on_engine_core else
+                  "; were the API processes on their engines' cores, fit --api-cores own?") + ")"
                if h.contention >= 0.99 * CONTENTION_BOUND else "")
             + f" (baseline {h.baseline_busy:g} busy"
             + (f" + {h.baseline_stream_busy:g} streaming in decode steps" if h.baseline_stream_busy else "")

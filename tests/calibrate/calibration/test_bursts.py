@@ -363,3 +363,16 @@ def test_a_profile_that_pays_the_engine_admission_in_the_step_has_it_counted_onc
     assert engine_admission_s(in_step, 256) == 0.0
     m = simulate_burst(Burst(0, "burst", 1, 2, 256, 4, (0.0, 0.0), {}), in_step)
     assert m["engine_ttft_s"] == pytest.approx(0.01226 + 2 * (0.002 + 256e-6), abs=1e-12)
+
+
+@pytest.mark.parametrize("api_own", [False, True])
+def test_contention_at_its_bound_suggests_api_cores_own_only_when_the_fit_was_not_given_it(api_own):
+    import pandas as pd
+
+    from kvroute.calibrate.calibration.bursts import CONTENTION_BOUND, FrontendFit
+
+    host = HostModel(cores=2, contention=CONTENTION_BOUND, api_on_engine_core=api_own)
+    empty = pd.DataFrame(columns=["kind", "metric", "error_pct"])
+    line = FrontendFit(FrontendModel(), host, empty, empty, 0.0, 0).summary().splitlines()[1]
+    hint = "; were the API processes on their engines' cores, fit --api-cores own?"
+    assert f"contention 4 (at its bound 4: the bursts ask for more than the host model gives{'' if api_own else hint})" in line
