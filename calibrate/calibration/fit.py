@@ -753,7 +753,7 @@ def fit_figure(result: FitResult, title: str = ""):
     for j, L in enumerate(ctxs):
         sel = [i for i in dec if obs[i].desc.get("context_len") == L]
         b = [obs[i].desc["batch"] for i in sel]
-        c = cmap(j / max(1, len(ctxs) - 1))
+        c = cmap(0.85 * j / max(1, len(ctxs) - 1))  # viridis' top (pale yellow) is hard to see on white
         ax.scatter(b, meas[sel] * 1e3, color=c, s=18)
         order = np.argsort(b)
         ax.plot(np.array(b)[order], pred[sel][order] * 1e3, color=c, lw=1,
@@ -766,11 +766,13 @@ def fit_figure(result: FitResult, title: str = ""):
     # outside the axes: inside, it can cover a context's line (one whose batch-1 ITL is high)
     ax.legend(fontsize=8, title="context (tokens)", title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
               borderaxespad=0.0)
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogFormatter
 
     for ax in axes.ravel():  # plain tick labels (0.5, 20, 1000; batch 1, 2, ... 64), not powers
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+            # an axis spanning less than a decade labels its minor ticks too: plain (2, 3, 4), not 2x10^0
+            axis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
     figure_title(fig, scenario_title(title, (), "Step-cost fit: measured against predicted, prefill and decode")
                  if title else "Step-cost fit: measured against predicted, prefill and decode", fontsize=12)
     fig.tight_layout()

@@ -327,3 +327,20 @@ def test_fit_figure_decode_legend_sits_beside_the_panel_one_entry_per_context_li
     renderer = _renderer(fig)
     # outside the plotting area, so that no context's line is ever under it
     assert legend.get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+
+
+def test_fit_figure_labels_a_narrow_log_axis_in_plain_numbers():
+    """An axis spanning less than a decade (a quick sweep's ITL) labels its minor ticks 2, 3, 4, 6,
+    not 2x10^0 in mathtext."""
+    from kvroute.calibrate.calibration.fit import fit, fit_figure
+    from kvroute.calibrate.calibration.observations import build_observations, engine_config, load_sweeps
+
+    _meta, servers, req, exp = load_sweeps([CALIBRATE_DATA / "calibrate-cpu-tiny-qwen2"])
+    obs, _notes = build_observations(req, exp, engine_config(servers[0]), "auto")
+    fig = fit_figure(fit(obs, 0.25, 0, "auto", "soft_l1", True, 0, 0), "profile p")
+    ax = fig.axes[1]
+    ax.set_ylim(1.5, 9.0)
+    _renderer(fig)  # draws: the formatters label the ticks
+    labels = [t.get_text() for t in ax.yaxis.get_minorticklabels() if t.get_text()]
+    assert labels and all(re.fullmatch(r"\d+(\.\d+)?", text) for text in labels), labels
+    assert "2" in labels and "3" in labels
