@@ -84,7 +84,8 @@ class ClusterSpec:
             next turns all wait the same time.
         request_timeout_s: the client abandons a request this many seconds after sending it
             (aiohttp's total timeout, as ``vllm bench serve``, aiperf and inference-perf set it):
-            the request is recorded as failed (``timed out``), its concurrency slot and the
+            the request is recorded as failed (``timed out``; the gaps between the tokens it
+            streamed are left out of the run's ITL, ``RunResult.itl``), its concurrency slot and the
             gateway's count of it are released, and the engine aborts it as vLLM's does
             (the API server aborts a request whose client disconnected,
             ``vllm/v1/engine/async_llm.py: generate``, with no latency of its own here; the
@@ -213,10 +214,18 @@ class Cluster:
         self.host = Host(prof.frontend, prof.host, spec.num_workers, lambda: self.env.now)
         self.frontends = self.host.frontends
         step_timers = self.host.step_timers(prof.step_cost, seed)
-        # NOTE: token times are kept by other callbacks, chosen once here, so a run without them
-        # pays no test per token.
-        on_token = self._on_token_timed if spec.record_series else self._on_token
-        on_decode_run = self._on_decode_run_timed if spec.record_series else self._on_decode_run
+        # NOTE: token times and the owners of the ITL gaps are kept by other callbacks, chosen
+        # once here, so a run without them (no time series, no timeout) pays no test per token.
+        # The owned ones wrap the plain ones; the timed ones wrap either (``_token``, ``_decode_run``).
+        self._gap_owners: array | None = None
+        self._token, self._decode_run = self._on_token, self._on_decode_run
+        if spec.request_timeout_s is not None:
+            self._gap_owners = array("q")  # per gap in itl_gaps, its request's index in self.records
+            self._record_index: dict[int, int] = {}  # request id -> index in self.records
+            self._token, self._decode_run = self._on_token_owned, self._on_decode_run_owned
+        on_token, on_decode_run = self._token, self._decode_run
+        if spec.record_series:
+            on_token, on_decode_run = self._on_token_timed, self._on_decode_run_timed
         on_finish = self._on_finish
         # the engine's requests by id while in an engine, to abort them (a run with a timeout)
         self._in_engine: dict[int, Request] | None = None
@@ -258,7 +267,9 @@ class Cluster:
             self._stage_left = [len(recs) for recs in self._stage_records]
             self._stage_starts_ms = [stage["start_ms"] for stage in stages]
             self._stage_gap_s = float(trace.metadata.get("stage_gap_s", 0.0))
-        self.itl_gaps = array("d")  # every inter-token gap, s (an array: 3.8 M on Mooncake)
+        # every inter-token gap, s, in the order the client got them (an array: 3.8 M on Mooncake);
+        # the result keeps those of the requests served (``_served_gaps``)
+        self.itl_gaps = array("d")
         self._slots = simpy.Resource(self.env, spec.max_in_flight) if spec.max_in_flight else None
         self._held: dict[int, simpy.resources.resource.Request] = {}
         self._overheads = spec.profile.overheads
@@ -409,7 +420,19 @@ class Cluster:
         series = None
         if self.spec.record_series:
             series = series_frame([w.series for w in self.workers])
-        return RunResult.from_rows(self.spec.policy, self.seed, self.records, rows, self.itl_gaps, logs, series)
+        itl = self.itl_gaps if self._gap_owners is None else self._served_gaps()
+        return RunResult.from_rows(self.spec.policy, self.seed, self.records, rows, itl, logs, series)
+
+    def _served_gaps(self) -> array | np.ndarray:
+        """The ITL gaps of the requests served (status ok), in the order they came: a request
+        that ended failed (its client timed out, perhaps mid-reply) adds none, as the live
+        client counts ITL (``kvroute.calibrate.validation.replay``). Only a run with a timeout
+        keeps the owners; without one no request that streamed tokens can fail."""
+        failed = np.array([r.error is not None or r.finish is None for r in self.records], dtype=bool)
+        if not failed.any():
+            return self.itl_gaps
+        owners = np.frombuffer(self._gap_owners, dtype=np.int64)
+        return np.frombuffer(self.itl_gaps, dtype=float)[~failed[owners]]
 
     def _run_reporting(self, progress: Callable[[float, int, int], None]) -> None:
         """``env.run()`` as SimPy runs it (one ``step`` per event until none is left), reporting."""
@@ -537,6 +560,7 @@ class Cluster:
             record.token_times = array("d")
         self.records.append(record)
         if self.spec.request_timeout_s is not None:
+            self._record_index[rec.request_id] = len(self.records) - 1
             self.env.timeout(self.spec.request_timeout_s).callbacks.append(
                 lambda _event: self._time_out(rec, record))
         if self.spec.gateway_state == "shared" and self.spec.store_latency_s > 0:
@@ -606,13 +630,28 @@ class Cluster:
             request.client.last_token = last if post is None else last + post(request)
             extend(gaps)
 
-    def _on_token_timed(self, request: Request, now: float) -> None:
+    def _on_token_owned(self, request: Request, now: float) -> None:
+        """``_on_token`` in a run with a client timeout: also notes the owner of a gap it adds."""
+        gaps = self.itl_gaps
+        before = len(gaps)
         self._on_token(request, now)
+        if len(gaps) != before:
+            self._gap_owners.append(self._record_index[request.request_id])
+
+    def _on_decode_run_owned(self, requests: list[Request], step_ends, gaps: array) -> None:
+        """``_on_decode_run`` in a run with a client timeout: also notes the owners of its gaps."""
+        self._on_decode_run(requests, step_ends, gaps)
+        extend, index, n = self._gap_owners.extend, self._record_index, len(gaps)
+        for request in requests:
+            extend(array("q", (index[request.request_id],)) * n)
+
+    def _on_token_timed(self, request: Request, now: float) -> None:
+        self._token(request, now)
         record: RequestRecord = request.client
         record.token_times.append(record.last_token)
 
     def _on_decode_run_timed(self, requests: list[Request], step_ends, gaps: array) -> None:
-        self._on_decode_run(requests, step_ends, gaps)
+        self._decode_run(requests, step_ends, gaps)
         later = step_ends[1:]  # the run's first step came through on_token
         post = self._post
         for request in requests:

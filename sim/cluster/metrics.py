@@ -2,8 +2,9 @@
 
 Definitions (times in seconds, from the client's side):
 - TTFT: first token received - request sent. ITL: gap between consecutive tokens of one
-  request (every gap of the run pooled). TPOT: (last token - first token) / (output tokens - 1)
-  per request. E2E: last token - request sent.
+  request (every gap of the run's served requests pooled: a request that failed, e.g. whose
+  client timed out mid-reply, adds none, as the live client counts ITL). TPOT: (last token -
+  first token) / (output tokens - 1) per request. E2E: last token - request sent.
 - Time to complete: last token of the run - first request sent (the burst's makespan).
 - Hit rate: cached prompt tokens / prompt tokens over first admissions, vLLM's
   ``prefix_cache_hits_total / prefix_cache_queries_total``.
@@ -145,7 +146,8 @@ def tokens_frame(records: list[RequestRecord]) -> pd.DataFrame:
     sorted by request id then token number. Records without ``token_times`` add no rows.
 
     Per request, ``time`` at token 1 is its ``first_token`` and the differences of consecutive
-    times are its inter-token latencies (the run's ``itl`` pools them over requests).
+    times are its inter-token latencies (the run's ``itl`` pools them over the requests served;
+    a failed request's tokens are here too).
     """
     import pandas as pd
 
@@ -167,7 +169,8 @@ class RunResult:
 
     Attributes:
         records: per-request DataFrame (``RECORD_COLUMNS``), sorted by request id.
-        itl: every inter-token gap of the run, s.
+        itl: every inter-token gap of the run's served requests (status ``ok``), s; a failed
+            request's gaps (a client timeout mid-reply) are left out.
         workers: per-worker counters (steps, busy time, prefix-cache tokens, preemptions,
             evictions, KV blocks).
         policy: routing policy name.
@@ -240,7 +243,7 @@ class RunResult:
             seed: the run's seed.
             records: one :class:`RequestRecord` per request.
             worker_rows: one dict per worker, with the columns of ``workers``.
-            itl_gaps: every inter-token gap of the run, s.
+            itl_gaps: every inter-token gap of the run's served requests, s.
             step_logs: per worker, an ``(n, 4)`` array of its steps, or None when not recorded.
             series: the per-step time series, or None when not recorded (the per-token frame
                 is then left out too).

@@ -8,8 +8,9 @@ definitions follow vLLM 0.32's ``vllm/benchmarks/serve.py``: the setup keys of `
 ``result`` dict (``duration`` ... ``rtfx``) and ``process_one_metric``'s
 ``mean_/median_/std_/p<P>_<metric>_ms`` keys; ``calculate_metrics`` gives the rules: TPOT per
 request ``(latency - ttft) / (output_len - 1)`` when ``output_len > 1`` (0 for goodput
-otherwise); ITL pooled over every gap; a failed request has output length 0 and is left out of
-the latency statistics; ``max_concurrent_requests`` counts requests active in each whole second.
+otherwise); ITL pooled over every gap of the successful requests; a failed request has output
+length 0 and is left out of the latency statistics; ``max_concurrent_requests`` counts requests
+active in each whole second.
 
 Differences, stated: times are simulated seconds (``start_times`` on the simulation clock);
 ``itls`` per request are its inter-token gaps when the run kept per-token times

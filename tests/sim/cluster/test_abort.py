@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from kvroute.sim.cluster.cluster import Cluster, ClusterSpec, simulate
+from kvroute.sim.cluster.metrics import summarize
 from kvroute.traces.format import Trace
 from tests.sim.cluster.test_cluster import one, simple_profile
 
@@ -64,8 +66,8 @@ def test_an_abort_cuts_a_decode_run_as_stepping_one_at_a_time_does():
                                         request_timeout_s=1.0, fast_forward=ff), seed=0) for ff in (False, True)]
     stepped, fast = runs
     assert stepped.records.equals(fast.records)
-    assert sorted(stepped.itl) == sorted(fast.itl)  # request 0's gaps before its timeout count in both
-    assert len(stepped.itl) == 117
+    assert sorted(stepped.itl) == sorted(fast.itl)
+    assert len(stepped.itl) == 29 + 19  # requests 1 and 2, served; request 0's gaps (failed) are left out
     assert stepped.records["status"].tolist() == ["failed", "ok", "ok"]
     assert stepped.workers["num_steps"].tolist() == fast.workers["num_steps"].tolist() == [91]
 
@@ -78,3 +80,38 @@ def test_an_abort_with_async_scheduling_frees_the_blocks_too():
     assert cluster.workers[0].num_aborted == 1
     assert frame["status"].tolist() == ["failed", "ok"]
     assert cluster.workers[0].scheduler.pool.num_free_blocks == 39
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+@pytest.mark.parametrize("record_series", [False, True])
+def test_the_itl_pools_the_gaps_of_the_served_requests_only(fast_forward, record_series):
+    """As the live client counts ITL (``calibrate/validation/replay.py``, ``vllm bench serve``'s
+    ``calculate_metrics``): a request that ends failed adds no gaps, even those it streamed
+    before its client gave up. Requests 0 (16 prompt tokens, 200 to generate) and 1 (16 + 10)
+    are sent at 0 and prefilled in one step (0.042 s); they decode together in steps of 12 ms
+    until request 1 has its 10 tokens (9 gaps, at 0.150 s); request 0 decodes alone in steps of
+    11 ms until its 1 s timeout (77 more gaps, 86 in all, interleaved with request 1's at first)."""
+    trace = Trace([one(0, 16, 200), one(1, 16, 10)], block_size=16)
+    spec = ClusterSpec(simple_profile(api=0.0), num_workers=1, arrival_spread_s=0.0, request_timeout_s=1.0,
+                       fast_forward=fast_forward, record_series=record_series)
+    run = simulate(trace, spec, seed=0)
+    assert run.records["status"].tolist() == ["failed", "ok"]
+    assert run.itl.tolist() == pytest.approx([0.012] * 9, abs=1e-12)  # request 1's only, not 9 + 86
+    summary = summarize(run)
+    assert summary["itl_mean_s"] == pytest.approx(0.012, abs=1e-12)
+    assert summary["itl_p90_s"] == pytest.approx(0.012, abs=1e-12)
+    if record_series:  # the per-token times keep every request's tokens; the ITL is request 1's
+        tokens = run.tokens
+        assert tokens.groupby("request_id").size().tolist() == [87, 10]
+        assert np.diff(tokens.loc[tokens["request_id"] == 1, "time"].to_numpy()).tolist() == run.itl.tolist()
+
+
+def test_a_timeout_that_never_fires_leaves_the_itl_as_it_was():
+    """The gaps keep the order they came in, so the ITL of a run whose requests are all served
+    is the run's without a timeout, bit for bit (its mean too)."""
+    trace = Trace([one(i, 100 + 16 * i, 20 + 5 * i, ts=3.0 * i) for i in range(12)], block_size=16)
+    runs = [simulate(trace, ClusterSpec(simple_profile(api=0.0), num_workers=2, arrival_spread_s=0.0,
+                                        request_timeout_s=timeout), seed=0) for timeout in (None, 1e6)]
+    assert (runs[1].records["status"] == "ok").all()
+    assert runs[0].itl.tobytes() == runs[1].itl.tobytes()
+    assert len(runs[0].itl) == sum(19 + 5 * i for i in range(12))
