@@ -4,8 +4,14 @@
 defaults, ``--config`` file and command line were merged (keyed by the options' long names, as
 ``kvroute compare --config`` reads them back), and a ``kvroute`` block that ``--config`` ignores:
 the command, kvroute's version, the seeds and rounds, the profile's content hash (sha256 of its
-canonical JSON: keys sorted, no spaces) and the trace's hash (sha256 of the file's bytes, or of
-the canonical JSON of each generated round's records).
+canonical JSON: keys sorted, no spaces), the trace's hash (sha256 of the file's bytes, or of
+the canonical JSON of each generated round's records) and the output options that chose the
+files (``outputs``: ``--time-series``, ``--figure-format``).
+
+Output options are not scenario values (``NOT_SCENARIO``): ``--config`` neither sets them nor
+takes them as keys, so a saved scenario re-runs as its header prints it, with or without
+``--out`` (``--time-series`` without ``--out`` is an error), and each re-run chooses its own
+outputs. The header names the output flags the run was given, to write the same files again.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ PROVENANCE_KEY = "kvroute"
 
 NOT_SCENARIO = ("config", "out", "json_out", "quiet", "figure_formats", "time_series")
 """Parameters that say where outputs go or what is shown, not what runs; left out of the scenario."""
+
+OUTPUT_FILE_OPTIONS = ("time_series", "figure_formats")
+"""The parameters of ``NOT_SCENARIO`` that choose which files a run writes under ``--out``:
+recorded in the provenance block (``outputs``) and, when given, named in the file's header."""
 
 
 def canonical_sha256(doc: object) -> str:
@@ -79,6 +89,40 @@ def resolved_options(ctx: click.Context) -> dict:
     return out
 
 
+def output_options(ctx: click.Context) -> dict:
+    """The ``OUTPUT_FILE_OPTIONS`` of ``ctx``'s command (those it has) with their values, keyed
+    by long option name (``--time-series`` -> ``time-series``), tuples as lists."""
+    return {_long_name(param): list(value) if isinstance(value, tuple) else value
+            for param in ctx.command.params
+            if param.name in OUTPUT_FILE_OPTIONS and (value := ctx.params.get(param.name)) is not None}
+
+
+def output_flags(ctx: click.Context) -> list[str]:
+    """The ``OUTPUT_FILE_OPTIONS`` given to ``ctx``'s command (not left at their defaults), as
+    command-line arguments: ``["--time-series", "--figure-format", "png,svg"]``."""
+    from click.core import ParameterSource
+
+    args = []
+    for param in ctx.command.params:
+        if param.name not in OUTPUT_FILE_OPTIONS or param.name not in ctx.params:
+            continue
+        if ctx.get_parameter_source(param.name) in (None, ParameterSource.DEFAULT):
+            continue
+        value = ctx.params[param.name]
+        flag = "--" + _long_name(param)
+        if getattr(param, "is_flag", False):
+            args += [flag] if value else []
+        else:
+            args += [flag, ",".join(value) if isinstance(value, (tuple, list)) else str(value)]
+    return args
+
+
+def _out_metavar(ctx: click.Context) -> str:
+    """``DIR`` when the command's ``--out`` is a directory (``compare``, ``simulate``), else ``FILE``."""
+    out = next((p for p in ctx.command.params if p.name == "out"), None)
+    return "DIR" if out is not None and getattr(out.type, "file_okay", True) is False else "FILE"
+
+
 def _long_name(param: click.Option) -> str:
     longs = [o for o in param.opts if o.startswith("--")]
     return (longs[0] if longs else param.opts[0]).lstrip("-")
@@ -92,21 +136,32 @@ def write_scenario(out_dir: Path, ctx: click.Context, provenance: dict, name: st
         out_dir: the run's output directory (exists).
         name: the file's name.
         ctx: the running command's click context.
-        provenance: seeds, rounds, hashes, ... (JSON-ready); ``command`` and ``version`` are added.
+        provenance: seeds, rounds, hashes, ... (JSON-ready); ``command``, ``version`` and
+            ``outputs`` (:func:`output_options`) are added.
 
     Returns:
         The file's path.
     """
+    import shlex
+
     import yaml
 
     from kvroute.traces.outputs import write_text_atomic
 
     doc = resolved_options(ctx)
-    doc[PROVENANCE_KEY] = {"command": ctx.command_path, "version": kvroute_version(), **provenance}
+    outputs = output_options(ctx)
+    doc[PROVENANCE_KEY] = {"command": ctx.command_path, "version": kvroute_version(), **provenance,
+                           **({"outputs": outputs} if outputs else {})}
     path = out_dir / name
     header = (f"# {ctx.command_path} --config {path} re-runs this scenario; command-line flags override "
-              f"these values.\n# The '{PROVENANCE_KEY}' block records what produced the outputs; "
-              f"--config ignores it.\n")
+              f"these values.\n")
+    flags = output_flags(ctx)
+    if flags:
+        given = shlex.join(flags)
+        header += (f"# Output options are not scenario values and --config does not set them: this run also had "
+                   f"{given};\n# to write the same files again: {ctx.command_path} --config {path} "
+                   f"--out {_out_metavar(ctx)} {given}\n")
+    header += f"# The '{PROVENANCE_KEY}' block records what produced the outputs; --config ignores it.\n"
     write_text_atomic(path, header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
     return path
 

@@ -365,7 +365,8 @@ def output_options(func):
         click.option("--time-series", is_flag=True,
                      help="Also sample every worker on each engine step (vllm:num_requests_running, ...) and keep "
                           "each token's time; writes timeseries.parquet, tokens.parquet and timeseries-<policy>.png "
-                          "(round 0) under --out."),
+                          "(round 0) under --out. An output option, not a scenario value: --config does not set it; "
+                          "the saved scenario.yaml's header names it for a re-run."),
     ]):
         func = option(func)
     return func

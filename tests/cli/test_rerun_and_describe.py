@@ -1,5 +1,10 @@
-"""A saved scenario re-runs as printed; output-only flags need --out; the scenario line counts TP GPUs."""
+"""A saved scenario re-runs as printed; output-only flags need --out, and a saved scenario names
+those its run was given; the scenario line counts TP GPUs."""
 
+import shlex
+
+import pandas as pd
+import yaml
 from click.testing import CliRunner
 
 from kvroute.cli.main import cli
@@ -19,9 +24,49 @@ def test_the_rerun_command_of_a_time_series_run_works_as_written(tmp_path):
     assert first.exit_code == 0, first.output
     saved = (out / "scenario.yaml").read_text()
     assert f"compare --config {out / 'scenario.yaml'} re-runs this scenario" in saved
-    assert "time" + "_series" not in saved.split("kvroute:")[0] and "time-series" not in saved.split("kvroute:")[0]
+    assert not {"time_series", "time-series"} & set(yaml.safe_load(saved))  # not a value (the header names it)
     again = _run("compare", "--config", str(out / "scenario.yaml"))
     assert again.exit_code == 0, again.output
+
+
+def test_a_saved_scenario_names_the_output_flags_of_its_run_and_that_command_writes_the_same_files(tmp_path):
+    """Output options stay out of the scenario's values (the test above), so the header names them
+    and the ``kvroute`` block records them: the printed command writes the same files again."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    small = ("compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin")
+    first = _run(*small, "--out", str(a), "--time-series", "--figure-format", "png,svg")
+    assert first.exit_code == 0, first.output
+    saved = (a / "scenario.yaml").read_text()
+    scenario = a / "scenario.yaml"
+    lines = saved.splitlines()
+    assert lines[1] == ("# Output options are not scenario values and --config does not set them: this run also had "
+                        "--figure-format png,svg --time-series;")
+    assert lines[2] == (f"# to write the same files again: cli compare --config {scenario} --out DIR "
+                        "--figure-format png,svg --time-series")
+    doc = yaml.safe_load(saved)
+    assert doc["kvroute"]["outputs"] == {"figure-format": ["png", "svg"], "time-series": True}
+    assert not {"time-series", "figure-format"} & set(doc)
+    args = shlex.split(lines[2].split(": ", 1)[1])[2:]  # after "cli compare"
+    again = _run("compare", *[str(b) if arg == "DIR" else arg for arg in args])
+    assert again.exit_code == 0, again.output
+    names = sorted(p.name for p in a.iterdir())
+    assert sorted(p.name for p in b.iterdir()) == names
+    assert {"timeseries.parquet", "tokens.parquet", "timeseries-round_robin.png", "timeseries-round_robin.svg",
+            "ttft.svg"} <= set(names)
+    for name in ("records.parquet", "timeseries.parquet", "tokens.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(a / name), pd.read_parquet(b / name))
+
+
+def test_a_run_without_output_flags_has_no_rerun_line_for_them(tmp_path):
+    out = tmp_path / "run"
+    assert _run("simulate", "--chats", "2", "--turns", "1", "--out", str(out)).exit_code == 0
+    saved = (out / "scenario.yaml").read_text()
+    assert [line for line in saved.splitlines() if line.startswith("#")] == [
+        f"# cli simulate --config {out / 'scenario.yaml'} re-runs this scenario; command-line flags override these "
+        "values.",
+        "# The 'kvroute' block records what produced the outputs; --config ignores it.",
+    ]
+    assert yaml.safe_load(saved)["kvroute"]["outputs"] == {"figure-format": ["png"], "time-series": False}
 
 
 def test_figure_format_without_out_is_an_error_naming_out():
