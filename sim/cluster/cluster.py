@@ -214,15 +214,21 @@ class Cluster:
         self.host = Host(prof.frontend, prof.host, spec.num_workers, lambda: self.env.now)
         self.frontends = self.host.frontends
         step_timers = self.host.step_timers(prof.step_cost, seed)
+        # every inter-token gap, s, in the order the client got them (an array: 3.8 M on Mooncake);
+        # the result keeps those of the requests served (``_served_gaps``)
+        self.itl_gaps = array("d")
         # NOTE: token times and the owners of the ITL gaps are kept by other callbacks, chosen
         # once here, so a run without them (no time series, no timeout) pays no test per token.
-        # The owned ones wrap the plain ones; the timed ones wrap either (``_token``, ``_decode_run``).
-        self._gap_owners: array | None = None
+        # The owning ones wrap the plain ones; the timed ones wrap either (``_token``, ``_decode_run``).
+        self._gap_owners: list[int] | None = None
         self._token, self._decode_run = self._on_token, self._on_decode_run
         if spec.request_timeout_s is not None:
-            self._gap_owners = array("q")  # per gap in itl_gaps, its request's index in self.records
+            # itl_gaps in runs of one request's gaps: its index in self.records, and the run's length
+            # (lists: array("q").append parses its argument, 3x the time of list.append)
+            self._gap_owners, self._gap_counts = [], []
             self._record_index: dict[int, int] = {}  # request id -> index in self.records
-            self._token, self._decode_run = self._on_token_owned, self._on_decode_run_owned
+            self._token, self._decode_run = _owning(self._on_token, self._on_decode_run, self.itl_gaps,
+                                                    self._gap_owners, self._gap_counts, self._record_index)
         on_token, on_decode_run = self._token, self._decode_run
         if spec.record_series:
             on_token, on_decode_run = self._on_token_timed, self._on_decode_run_timed
@@ -267,9 +273,6 @@ class Cluster:
             self._stage_left = [len(recs) for recs in self._stage_records]
             self._stage_starts_ms = [stage["start_ms"] for stage in stages]
             self._stage_gap_s = float(trace.metadata.get("stage_gap_s", 0.0))
-        # every inter-token gap, s, in the order the client got them (an array: 3.8 M on Mooncake);
-        # the result keeps those of the requests served (``_served_gaps``)
-        self.itl_gaps = array("d")
         self._slots = simpy.Resource(self.env, spec.max_in_flight) if spec.max_in_flight else None
         self._held: dict[int, simpy.resources.resource.Request] = {}
         self._overheads = spec.profile.overheads
@@ -431,8 +434,9 @@ class Cluster:
         failed = np.array([r.error is not None or r.finish is None for r in self.records], dtype=bool)
         if not failed.any():
             return self.itl_gaps
-        owners = np.frombuffer(self._gap_owners, dtype=np.int64)
-        return np.frombuffer(self.itl_gaps, dtype=float)[~failed[owners]]
+        owners = np.array(self._gap_owners, dtype=np.int64)
+        served = np.repeat(~failed[owners], np.array(self._gap_counts, dtype=np.int64))
+        return np.frombuffer(self.itl_gaps, dtype=float)[served]
 
     def _run_reporting(self, progress: Callable[[float, int, int], None]) -> None:
         """``env.run()`` as SimPy runs it (one ``step`` per event until none is left), reporting."""
@@ -630,21 +634,6 @@ class Cluster:
             request.client.last_token = last if post is None else last + post(request)
             extend(gaps)
 
-    def _on_token_owned(self, request: Request, now: float) -> None:
-        """``_on_token`` in a run with a client timeout: also notes the owner of a gap it adds."""
-        gaps = self.itl_gaps
-        before = len(gaps)
-        self._on_token(request, now)
-        if len(gaps) != before:
-            self._gap_owners.append(self._record_index[request.request_id])
-
-    def _on_decode_run_owned(self, requests: list[Request], step_ends, gaps: array) -> None:
-        """``_on_decode_run`` in a run with a client timeout: also notes the owners of its gaps."""
-        self._on_decode_run(requests, step_ends, gaps)
-        extend, index, n = self._gap_owners.extend, self._record_index, len(gaps)
-        for request in requests:
-            extend(array("q", (index[request.request_id],)) * n)
-
     def _on_token_timed(self, request: Request, now: float) -> None:
         self._token(request, now)
         record: RequestRecord = request.client
@@ -721,6 +710,31 @@ def _forgetting(on_finish, in_engine: dict):
         on_finish(request, now)
 
     return finish
+
+
+def _owning(on_token, on_decode_run, itl_gaps: array, owners: list[int], counts: list[int], index: dict[int, int]):
+    """The token callbacks of a run with a client timeout: ``on_token`` and ``on_decode_run``,
+    which add gaps to ``itl_gaps``, each also noting whose gaps it added, as runs: ``owners``
+    gets the request's index in the records (``index``: by request id) and ``counts`` how many
+    gaps in a row are its (``Cluster._served_gaps`` leaves out the failed requests' ones)."""
+    add_owner, add_count = owners.append, counts.append
+
+    def token(request: Request, now: float) -> None:
+        before = len(itl_gaps)
+        on_token(request, now)
+        if len(itl_gaps) != before:
+            add_owner(index[request.request_id])
+            add_count(1)
+
+    def decode_run(requests: list[Request], step_ends, gaps: array) -> None:
+        on_decode_run(requests, step_ends, gaps)
+        n = len(gaps)
+        if n:  # each request's gaps, one request after the other (Cluster._on_decode_run)
+            for request in requests:
+                add_owner(index[request.request_id])
+                add_count(n)
+
+    return token, decode_run
 
 
 def _first_step(start: Callable[..., None], args: tuple):
