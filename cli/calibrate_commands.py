@@ -17,7 +17,7 @@ import click
 from kvroute.cli.signals import stops_on_sigterm
 from kvroute.cli.values import Cores, Number, check_urls, check_values, token_id_range
 from kvroute.traces.inputs import BLOCK_SIZE, FRACTION, MAX_RUNS, MAX_TOKENS, SECONDS, SEED, TOKENS, Num
-from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
+from kvroute.traces.outputs import atomic_output, check_output, new_dirs_removed_on_failure, write_text_atomic
 
 
 PORT = Num(integer=True, minimum=1, maximum=65535)
@@ -302,10 +302,6 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         return
     # NOTE: the client, imported before --out is made: when it is missing, main() names the extras
     import aiohttp  # noqa: F401
-    try:  # before any work; a full sweep writes a few MB of rows
-        check_output(out, 16 << 20, is_dir=True)
-    except ValueError as exc:
-        _fail(str(exc))
 
     def started(infos):
         """Print the estimate; it paces the progress's time left (``sweep_time.TimeLeft``)."""
@@ -316,18 +312,25 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         click.echo(estimate.line() + note, err=True)
         return TimeLeft(estimate)
 
-    try:
-        with pinned(client_cores):
-            summary = asyncio.run(run_sweep(
-                list(urls), out, plan, model, seed, (lo, hi), progress, hardware, timeout, kv_events,
-                on_start=started))
-    except CalibrationError as exc:
-        kept = _rows(out / "requests.csv")
-        _fail(f"{exc}" + (f"\n{kept} measured requests are kept in {out / 'requests.csv'}" if kept else ""))
-    except KeyboardInterrupt:
-        kept = _rows(out / "requests.csv")
-        click.echo(f"\ninterrupted: {kept} measured requests are kept in {out / 'requests.csv'}", err=True)
-        sys.exit(130)
+    # a failure before anything is written (no server, a wrong --model) leaves no --out it made
+    with new_dirs_removed_on_failure(out):
+        try:  # before any work; a full sweep writes a few MB of rows
+            check_output(out, 16 << 20, is_dir=True)
+        except ValueError as exc:
+            _fail(str(exc))
+        try:
+            with pinned(client_cores):
+                summary = asyncio.run(run_sweep(
+                    list(urls), out, plan, model, seed, (lo, hi), progress, hardware, timeout, kv_events,
+                    on_start=started))
+        except CalibrationError as exc:
+            kept = _rows(out / "requests.csv")
+            _fail(f"{exc}" + (f"\n{kept} measured requests are kept in {out / 'requests.csv'}" if kept else ""))
+        except KeyboardInterrupt:
+            kept = _rows(out / "requests.csv")
+            click.echo(f"\ninterrupted: {kept} measured requests are kept in {out / 'requests.csv'}" if kept
+                       else "\ninterrupted before any request was measured", err=True)
+            sys.exit(130)
     s = summary.servers[0]
     click.echo(
         f"measured {summary.num_requests} requests in {summary.num_experiments} experiments in "

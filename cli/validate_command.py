@@ -5,7 +5,6 @@ Register with ``cli.add_command(validate)``. Heavy imports stay inside the comma
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from kvroute.cli.values import (DRAWS, OPEN_FRACTION, POSITIVE_SECONDS, RELATIVE
                                 check_urls, check_values, token_id_range)
 from kvroute.sim.study.intervals import HOST_RUN_TO_RUN_LOG_SD
 from kvroute.traces.inputs import POSITIVE_INT, RUNS, SECONDS, SEED, TOKENS
-from kvroute.traces.outputs import check_output
+from kvroute.traces.outputs import check_output, new_dirs_removed_on_failure
 
 
 def _policies(single: tuple[str, ...], joined: str | None) -> list[str]:
@@ -136,49 +135,48 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
     # names the extras that bring it (cli.main.OPTIONAL_MODULES)
     import aiohttp  # noqa: F401
     names = _policies(policy, policies_text)
-    created = not Path(out_dir).exists()  # removed again if the run fails before writing anything
-    try:  # before any work: ~1 KB per record per policy and round, simulated or live
-        check_output(out_dir, 1024 * len(names) * (rounds + live_rounds) * (scenario.max_requests or 10**4),
-                     is_dir=True)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    trace = scenario_trace(scenario)
-    try:
-        profile = load_profile(profile_name)
-    except (FileNotFoundError, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
-    closed = REPLAY_MODES[replay]
-    if uncertainty < 0:
-        raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="'--uncertainty'")
-    if not 0.0 <= prior_range < 1.0:
-        raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="'--prior-range'")
-    if client_lag == "measured":
-        client_lag = None
-    else:
+    # a failure before anything is written (no server, a bad option checked below) leaves no --out it made
+    with new_dirs_removed_on_failure(out_dir):
+        try:  # before any work: ~1 KB per record per policy and round, simulated or live
+            check_output(out_dir, 1024 * len(names) * (rounds + live_rounds) * (scenario.max_requests or 10**4),
+                         is_dir=True)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        trace = scenario_trace(scenario)
         try:
-            client_lag = float(client_lag)
-        except ValueError:
-            raise click.BadParameter(f"expected seconds or 'measured', got {client_lag!r}",
-                                     param_hint="'--client-lag'") from None
-        if not 0.0 <= client_lag <= 1e9:
-            raise click.BadParameter(f"must be a finite number >= 0 (seconds) or 'measured', got {client_lag!r}",
-                                     param_hint="'--client-lag'")
-    spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread_s, router_block_tokens,
-                          timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
-                          prior_range, live_rounds=live_rounds, record_tokens=record_tokens,
-                          kv_event_endpoints=tuple(kv_events), interval_level=interval_level,
-                          speed_probes=speed_probes, speed_scale=speed_scale, run_to_run_prior=run_to_run_prior)
-    try:
-        with pinned(client_cores):
-            result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))
-    except (CalibrationError, ValueError) as exc:
-        _remove_if_empty(out_dir, created)
-        raise click.ClickException(str(exc)) from exc
-    except KeyboardInterrupt:
-        _remove_if_empty(out_dir, created)
-        click.echo("interrupted before any live measurement; nothing written", err=True)
-        sys.exit(130)
-    path = write_report(result, out_dir, figure_formats, provenance=_provenance(scenario, trace, profile))
+            profile = load_profile(profile_name)
+        except (FileNotFoundError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
+        closed = REPLAY_MODES[replay]
+        if uncertainty < 0:
+            raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="'--uncertainty'")
+        if not 0.0 <= prior_range < 1.0:
+            raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="'--prior-range'")
+        if client_lag == "measured":
+            client_lag = None
+        else:
+            try:
+                client_lag = float(client_lag)
+            except ValueError:
+                raise click.BadParameter(f"expected seconds or 'measured', got {client_lag!r}",
+                                         param_hint="'--client-lag'") from None
+            if not 0.0 <= client_lag <= 1e9:
+                raise click.BadParameter(f"must be a finite number >= 0 (seconds) or 'measured', got {client_lag!r}",
+                                         param_hint="'--client-lag'")
+        spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread_s, router_block_tokens,
+                              timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
+                              prior_range, live_rounds=live_rounds, record_tokens=record_tokens,
+                              kv_event_endpoints=tuple(kv_events), interval_level=interval_level,
+                              speed_probes=speed_probes, speed_scale=speed_scale, run_to_run_prior=run_to_run_prior)
+        try:
+            with pinned(client_cores):
+                result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))
+        except (CalibrationError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        except KeyboardInterrupt:
+            click.echo("interrupted before any live measurement; nothing written", err=True)
+            sys.exit(130)
+        path = write_report(result, out_dir, figure_formats, provenance=_provenance(scenario, trace, profile))
     click.echo((Path(out_dir) / "report.md").read_text(encoding="utf-8"), nl=False)  # as written, not rebuilt
     figures = figure_formats[0] if len(figure_formats) == 1 else "{" + ",".join(figure_formats) + "}"
     click.echo(f"wrote {path}, report.md, report.html, records_live.parquet, records_sim.parquet, "
@@ -203,10 +201,3 @@ def _provenance(scenario, trace, profile) -> dict:
     return {"command": ctx.command_path, "version": kvroute_version(), "options": resolved_options(ctx),
             "profile": {"name": profile.name, "sha256": canonical_sha256(profile.raw)},
             "trace": trace_file_record(trace_file) if trace_file else {"generated_records_sha256": records_sha256(trace)}}
-
-
-def _remove_if_empty(out_dir, created: bool) -> None:
-    """Remove ``out_dir`` if this run created it and wrote nothing there."""
-    if created:
-        with contextlib.suppress(OSError):
-            Path(out_dir).rmdir()

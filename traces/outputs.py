@@ -2,7 +2,8 @@
 
 :func:`check_output` runs before a command spends minutes simulating or measuring: it creates
 the directory, proves it writable by creating and removing a file in it, and checks the free
-space against the expected size. :func:`atomic_output` then gives every writer a temporary path
+space against the expected size; :func:`new_dirs_removed_on_failure` removes that directory again
+when the command fails before writing anything there. :func:`atomic_output` then gives every writer a temporary path
 beside the final one and renames it into place only when the writer finished, so a full disk,
 a crash or Ctrl-C never leaves a cut or empty file under the final name (``os.replace`` is
 atomic on POSIX within one file system); a write that fails is an :class:`OutputError` naming
@@ -74,6 +75,31 @@ def check_output(path: str | os.PathLike[str], expected_bytes: int = 0, flag: st
     if free < need:
         raise InputError(f"only {free / 2**20:.1f} MiB free, the output needs about {need / 2**20:.1f} MiB",
                          where)
+
+
+@contextlib.contextmanager
+def new_dirs_removed_on_failure(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Inside the block, remove on failure the directories of ``path`` that did not exist when it
+    began (``path`` itself and missing parents, as :func:`check_output` makes them) and are empty.
+
+    A command that fails before it writes anything (an unreachable server, a wrong model name, a
+    bad option checked after :func:`check_output`) then leaves nothing it created behind, while a
+    directory that existed before, or that holds any file (the rows of a run that failed midway),
+    stays. Any exception counts as a failure, Ctrl-C and ``sys.exit`` too; it is raised again.
+    """
+    path = Path(path)
+    new = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+    try:
+        yield
+    except BaseException:
+        for directory in new:
+            try:
+                directory.rmdir()  # only an empty directory; a file in it keeps it and its parents
+            except FileNotFoundError:
+                continue
+            except OSError:
+                break
+        raise
 
 
 @contextlib.contextmanager

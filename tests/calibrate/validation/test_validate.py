@@ -1107,7 +1107,10 @@ def test_validate_against_an_unreachable_server_leaves_no_empty_output_directory
                                         "--out", str(out)])
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert "127.0.0.1" in res.output
-    assert not out.exists()
+    assert not out.exists() and not out.parent.exists()  # runs/ was made by the run too
+    bad = CliRunner().invoke(validate, ["--url", f"http://127.0.0.1:{port}", "--profile", "nope", "--out", str(out)])
+    assert bad.exit_code == 2 and "'--profile'" in bad.output  # refused after --out was checked (and made)
+    assert list(tmp_path.iterdir()) == []
     kept = tmp_path / "kept"
     kept.mkdir()
     CliRunner().invoke(validate, ["--url", f"http://127.0.0.1:{port}", "--out", str(kept)])
