@@ -119,8 +119,8 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     import signal
     import time
 
-    from kvroute.calibrate.live.server import (ServerError, core_notes, engine_cores_in_use, pinned_servers,
-                                               plan_servers, serve_many)
+    from kvroute.calibrate.live.server import (ServerError, check_ports, core_notes, engine_cores_in_use,
+                                               pinned_servers, plan_servers, serve_many)
 
     try:
         args = shlex.split(vllm_args) + list(extra)
@@ -141,26 +141,27 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     # background (where SIGINT arrives ignored)
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-    from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model, tiny_model_built
+    from kvroute.calibrate.calibration.tiny_model import (TINY_MODEL_NAME, build_tiny_model, default_tiny_dir,
+                                                          tiny_model_built)
 
-    if model == TINY_MODEL_NAME and not Path(model).exists():
-        if not tiny_model_built():
-            click.echo("building the tiny random-weight Qwen2 model ...", err=True)
-        try:
-            model_path = str(build_tiny_model())
-        except ImportError as exc:
-            _fail(f"building {TINY_MODEL_NAME} needs torch, transformers and tokenizers "
-                  f"(pip install 'kvroute[live]'): {exc}")
-        served_model_name = served_model_name or TINY_MODEL_NAME
-    else:
-        model_path = model
+    tiny = model == TINY_MODEL_NAME and not Path(model).exists()
+    model_path = str(default_tiny_dir()) if tiny else model
     taken = engine_cores_in_use(pinned_servers()) if device != "gpu" else {}
     try:
         specs = plan_servers(model_path, num_servers, port_base, served_model_name or model, block_size,
                              gpu_memory_utilization, kv_cache_gib, max_model_len, args, log_dir, device, api_cores,
                              kv_events_port_base, workers_per_gpu=workers_per_gpu, taken=taken)
-    except ValueError as exc:
+        check_ports(specs)  # a taken port fails now, before any line says what starts where
+    except (ValueError, ServerError) as exc:
         _fail(str(exc))
+    if tiny:
+        if not tiny_model_built():
+            click.echo("building the tiny random-weight Qwen2 model ...", err=True)
+        try:
+            build_tiny_model(model_path)
+        except ImportError as exc:
+            _fail(f"building {TINY_MODEL_NAME} needs torch, transformers and tokenizers "
+                  f"(pip install 'kvroute[live]'): {exc}")
     for line in core_notes(specs, taken):
         click.echo(line, err=True)
     for s in specs:

@@ -205,6 +205,33 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def check_ports(specs: Sequence[ServerSpec]) -> None:
+    """Fail before anything starts if a port ``specs`` would listen on is taken: each server's API
+    port on its ``host``, and its KV-event port where that is TCP (not on loopback, where the
+    events go through a Unix socket: :attr:`ServerSpec.kv_events_endpoint`).
+
+    Raises:
+        ServerError: one line naming every taken port and its interface, e.g. ``port 8700 on
+            127.0.0.1 is already in use (another server there? --port-base picks other ports)``.
+    """
+    busy: dict[str, list[int]] = {}
+    options: dict[str, None] = {}  # the options that choose the taken ports, in order
+    for spec in specs:
+        wanted = [(spec.port, "--port-base")]
+        if spec.kv_events_port is not None and not _loopback(spec.host):
+            wanted.append((spec.kv_events_port, "--kv-events-port-base"))
+        for port, option in wanted:
+            if not _port_free(spec.host, port):
+                busy.setdefault(spec.host, []).append(port)
+                options[option] = None
+    if busy:
+        where = "; ".join(f"{'port' if len(ports) == 1 else 'ports'} {', '.join(map(str, ports))} on {host}"
+                          for host, ports in busy.items())
+        verb = "are" if sum(map(len, busy.values())) > 1 else "is"
+        raise ServerError(f"{where} {verb} already in use (another server there? {' and '.join(options)} "
+                          f"{'pick' if len(options) > 1 else 'picks'} other ports)")
+
+
 def _tail(path: Path, lines: int = 25) -> str:
     try:
         text = path.read_text(errors="replace").splitlines()
@@ -769,8 +796,10 @@ def serve_many(specs: Sequence[ServerSpec], timeout_s: float = 600.0) -> Iterato
     """Start every server, wait until all are healthy, yield them, stop them all on exit.
 
     Raises:
-        ServerError: a server failed to start (the others are stopped first).
+        ServerError: a port is taken (:func:`check_ports`; nothing started), or a server failed to
+            start (the others are stopped first).
     """
+    check_ports(specs)
     servers = [VllmServer(s) for s in specs]
     try:
         for s in servers:
