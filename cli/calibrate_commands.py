@@ -225,7 +225,9 @@ def calibrate():
 @click.option("--hardware", default=None, help="Hardware description for the profile (default: what the server reports).")
 @click.option("--client-cores", type=Cores(), default=None,
               help="Run this client on these CPU cores (e.g. '1'), off the engine's core.")
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="A bar on a terminal; in a log (a pipe, a file, nohup) a plain line each tenth of the sweep "
+                   "and at least every 30 s, from 30 s on.")
 @click.option("--timeout", type=Number(SERVE_VALUES["timeout"]), default=600.0, show_default=True,
               help="Limit on one request, s.")
 @click.option("--bursts/--no-bursts", default=True, show_default=True,

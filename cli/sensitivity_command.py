@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -116,7 +115,7 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     start = time.perf_counter()
     result = run_sensitivity(scenario, policies, factors, ranges, trajectories, levels, rounds, design_seed,
                              noise_rounds, profile, trace, None, executor, max_workers,
-                             progress=not json_out and sys.stderr.isatty(), slo=ServiceClass(slo_ttft, slo_tpot))
+                             progress=not json_out, slo=ServiceClass(slo_ttft, slo_tpot))
     wall = time.perf_counter() - start
     result.settings["wall_s"] = round(wall, 2)
     chats, turns = scenario.sizes

@@ -885,7 +885,8 @@ async def run_sweep(
         model: served model name; None: each server's only model.
         seed: seeds the prompts (``numpy.random.default_rng(seed)``).
         token_range: ``[lo, hi)`` of prompt token ids.
-        progress: show progress (`kvroute.sim.study.progress`: a bar on a terminal or in a notebook).
+        progress: show progress (`kvroute.sim.study.progress`: a bar on a terminal or in a notebook,
+            plain lines in a log once the sweep has run 30 s).
         hardware: hardware description overriding what the servers report.
         timeout_s: limit on one request, s.
         kv_events: each server's KV-cache event endpoint, in the order of ``urls`` (``kvroute

@@ -1,4 +1,4 @@
-"""Progress where a person watches: a bar on a terminal or in a notebook, none in a pipe or a file.
+"""Progress where it is seen: a bar on a terminal or in a notebook, plain lines in a log (long phases).
 
 :func:`progress_bar` picks by where the output goes:
 
@@ -8,9 +8,12 @@
   ``<progress>`` element and the same words), so an executed notebook holds one line per phase,
   not a chunk of bar characters per update (``tqdm``'s text bar writes a ``\\r`` chunk per
   refresh; its widget needs ``ipywidgets``);
-- anything else (a pipe, a file, a test runner): no bar; a phase that runs long writes one plain
-  line every :data:`LINE_INTERVAL_S` seconds (``sweep: 12 of 48 runs done, about 2 min left``),
-  so a log of a long calibration still says where it is.
+- anything else (a pipe, a file, ``nohup``, a test runner): no bar; a phase that runs longer than
+  :data:`LINE_INTERVAL_S` seconds writes plain lines from then on (``sweep: 12 of 48 runs done,
+  about 2 min left``), one each time another tenth of it is done and one at least every
+  :data:`LINE_INTERVAL_S` seconds while items finish, and a last one when it ends (``sweep: 48 of
+  48 runs done in 12 min``), so a log of a long calibration says where it is; a short phase writes
+  nothing.
 
 Every kind has tqdm's small interface the callers use: ``update``, ``close``, ``n``, ``total``,
 ``desc``, ``reset``, ``set_description`` and ``set_postfix_str``.
@@ -30,8 +33,12 @@ from typing import TextIO
 TimeLeftFn = Callable[[float], "float | None"]
 """Seconds left after the given seconds since the bar was made, or None when it cannot say."""
 
-LINE_INTERVAL_S = 60.0
-"""Seconds between two plain progress lines when nobody watches a bar (pipes, files)."""
+LINE_INTERVAL_S = 30.0
+"""When nobody watches a bar (pipes, files): seconds a phase runs before its first plain progress
+line, and the longest gap between two while items finish."""
+
+Clock = Callable[[], float]
+"""Seconds on a monotonic clock (``time.monotonic``; a test's fake)."""
 
 
 def in_notebook() -> bool:
@@ -69,19 +76,20 @@ def _duration(seconds: float) -> str:
 class _Progress:
     """The shared state of the bars that are not tqdm's: a count, a total, a phase name."""
 
-    def __init__(self, total: int | None, desc: str, unit: str, time_left: TimeLeftFn | None = None) -> None:
+    def __init__(self, total: int | None, desc: str, unit: str, time_left: TimeLeftFn | None = None,
+                 clock: Clock = time.monotonic) -> None:
         self.total, self.desc, self.unit = total, desc, unit
-        self.time_left = time_left
+        self.time_left, self.clock = time_left, clock
         self.n = 0
         self.postfix = ""
-        self.started = time.monotonic()
+        self.started = clock()
 
     def left_text(self) -> str:
         """``"12 of 48 runs done, about 2 min left"``: the time left from ``time_left``, else by
         count (none before the first is done)."""
         done = f"{self.n} of {self.total} {self.unit}s done" if self.total else f"{self.n} {self.unit}s done"
         if self.total and self.n < self.total:
-            elapsed = time.monotonic() - self.started
+            elapsed = self.clock() - self.started
             left = self.time_left(elapsed) if self.time_left is not None else None
             if left is None and self.n > 0:
                 left = elapsed / self.n * (self.total - self.n)
@@ -97,7 +105,7 @@ class _Progress:
         pass
 
     def reset(self, total: int | None = None) -> None:
-        self.n, self.total, self.started = 0, total, time.monotonic()
+        self.n, self.total, self.started = 0, total, self.clock()
 
     def set_description(self, desc: str, refresh: bool = True) -> None:
         self.desc = desc
@@ -114,19 +122,41 @@ class NoBar(_Progress):
 
 
 class LineProgress(_Progress):
-    """A plain line on ``stream`` at most every ``interval`` seconds, none for a short phase."""
+    """Plain lines on ``stream`` for a phase that runs long (the module's docstring): none in its
+    first ``interval`` seconds; after that one each time another tenth of ``total`` is done and one
+    whenever an item finishes ``interval`` seconds or more after the last line; on ``close``, when
+    it wrote any, a last line with the count done and the time taken."""
 
     def __init__(self, total: int | None, desc: str, unit: str, stream: TextIO,
-                 interval: float = LINE_INTERVAL_S, time_left: TimeLeftFn | None = None) -> None:
-        super().__init__(total, desc, unit, time_left)
+                 interval: float = LINE_INTERVAL_S, time_left: TimeLeftFn | None = None,
+                 clock: Clock = time.monotonic) -> None:
+        super().__init__(total, desc, unit, time_left, clock)
         self.stream, self.interval = stream, interval
         self.last = self.started
+        self.tenths = 0  # tenths of the total done at the last line
+        self.lines = 0
 
     def refresh(self) -> None:
-        now = time.monotonic()
-        if now - self.last >= self.interval and (self.total is None or self.n < self.total):
-            self.last = now
-            print(f"{self.desc}: {self.left_text()}", file=self.stream, flush=True)
+        now = self.clock()
+        if now - self.started < self.interval or (self.total and self.n >= self.total):
+            return  # a short phase says nothing; the end is close's line
+        tenths = 10 * self.n // self.total if self.total else 0
+        if tenths > self.tenths or now - self.last >= self.interval:
+            self.last, self.tenths = now, tenths
+            self._line(self.left_text())
+
+    def reset(self, total: int | None = None) -> None:
+        super().reset(total)
+        self.last, self.tenths = self.started, 0
+
+    def close(self) -> None:
+        if self.lines:
+            done = f"{self.n} of {self.total}" if self.total else f"{self.n}"
+            self._line(f"{done} {self.unit}s done in {_duration(self.clock() - self.started)}")
+
+    def _line(self, text: str) -> None:
+        self.lines += 1
+        print(f"{self.desc}: {text}", file=self.stream, flush=True)
 
 
 class NotebookBar(_Progress):
@@ -142,12 +172,12 @@ class NotebookBar(_Progress):
         self.handle = display(self._view(), display_id=True)
 
     def _view(self, final: bool = False):
-        text = (f"{self.desc}: {self.n} {self.unit}s in {_duration(time.monotonic() - self.started)}" if final
+        text = (f"{self.desc}: {self.n} {self.unit}s in {_duration(self.clock() - self.started)}" if final
                 else f"{self.desc}: {self.left_text()}")
         return _Html(text, None if final else (self.n, self.total))
 
     def refresh(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if now - self.last >= self.min_interval:
             self.last = now
             self.handle.update(self._view())

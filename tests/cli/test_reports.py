@@ -258,6 +258,30 @@ def test_a_run_piped_to_a_file_has_no_progress_bar(tmp_path, command):
         assert mark not in text, mark
 
 
+@pytest.mark.parametrize("command, phase", [
+    (["sweep", *SMALL, "--policies", "round_robin", "--rounds", "1", "--executor", "sequential"], "sweep"),
+    (["compare", *SMALL, "--rounds", "1"], "simulating"),
+    (["sensitivity", *SMALL, "--trajectories", "2", "--rounds", "1", "--noise-rounds", "1", "--groups", "overheads",
+      "--executor", "sequential"], "sensitivity"),
+])
+def test_every_long_command_keeps_its_plain_lines_in_a_pipe(monkeypatch, command, phase):
+    """Piped (CliRunner's output is not a terminal), each command's phase gets the plain lines of a
+    long phase, not no progress at all (sensitivity turned it off when standard error was no TTY)."""
+    from kvroute.sim.study import progress
+
+    made = []
+
+    class Recorded(progress.LineProgress):
+        def __init__(self, total, desc, *args, **kw):
+            made.append(desc)
+            super().__init__(total, desc, *args, **kw)
+
+    monkeypatch.setattr(progress, "LineProgress", Recorded)
+    result = CliRunner().invoke(cli, command)
+    assert result.exit_code == 0, result.output
+    assert made == [phase]
+
+
 def test_progress_kind_follows_where_output_goes(monkeypatch):
     import io
 
@@ -280,7 +304,8 @@ def test_progress_kind_follows_where_output_goes(monkeypatch):
     bar.update()
     bar.close()
     lines = piped.getvalue().splitlines()
-    assert len(lines) == 2 and re.fullmatch(r"calibration sweep: 1 of 3 experiments done, about \d+ s left", lines[0])
+    assert len(lines) == 3 and re.fullmatch(r"calibration sweep: 1 of 3 experiments done, about \d+ s left", lines[0])
+    assert lines[2] == "calibration sweep: 3 of 3 experiments done in 0 s"  # tests/sim/study/test_progress_lines.py
     assert not any(mark in piped.getvalue() for mark in BAR_MARKS)
     monkeypatch.setattr(progress, "in_notebook", lambda: True)
     shown = []
