@@ -105,8 +105,8 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
           kv_cache_gib, max_model_len, device, api_cores, kv_events_port_base, log_dir, vllm_args, timeout, extra):
     """Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up
     until Ctrl-C. Arguments after ``--`` go to vLLM as they are. On the CPU each engine gets a core
-    that no running vLLM server's engine is pinned to (another serve's); when none is left, it
-    shares one, with a warning naming the other server.
+    that no running vLLM server's engine or API process is pinned to (another serve's); when none
+    is left, it shares one, with a warning naming the other server.
 
     \b
     Examples:
@@ -119,8 +119,8 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     import signal
     import time
 
-    from kvroute.calibrate.live.server import (ServerError, check_ports, core_notes, engine_cores_in_use,
-                                               pinned_servers, plan_servers, serve_many)
+    from kvroute.calibrate.live.server import (ServerError, api_cores_in_use, check_ports, core_notes,
+                                               engine_cores_in_use, pinned_servers, plan_servers, serve_many)
 
     try:
         args = shlex.split(vllm_args) + list(extra)
@@ -146,11 +146,12 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
 
     tiny = model == TINY_MODEL_NAME and not Path(model).exists()
     model_path = str(default_tiny_dir()) if tiny else model
-    taken = engine_cores_in_use(pinned_servers()) if device != "gpu" else {}
+    running = pinned_servers() if device != "gpu" else []
+    taken, api_taken = engine_cores_in_use(running), api_cores_in_use(running)
     try:
         specs = plan_servers(model_path, num_servers, port_base, served_model_name or model, block_size,
                              gpu_memory_utilization, kv_cache_gib, max_model_len, args, log_dir, device, api_cores,
-                             kv_events_port_base, workers_per_gpu=workers_per_gpu, taken=taken)
+                             kv_events_port_base, workers_per_gpu=workers_per_gpu, taken=taken, api_taken=api_taken)
         check_ports(specs)  # a taken port fails now, before any line says what starts where
     except (ValueError, ServerError) as exc:
         _fail(str(exc))
@@ -162,7 +163,7 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
         except ImportError as exc:
             _fail(f"building {TINY_MODEL_NAME} needs torch, transformers and tokenizers "
                   f"(pip install 'kvroute[live]'): {exc}")
-    for line in core_notes(specs, taken):
+    for line in core_notes(specs, taken, api_taken):
         click.echo(line, err=True)
     for s in specs:
         where = (f"GPU {s.cuda_device}" + (f" ({s.gpu_memory_utilization:g} of its memory)"

@@ -499,18 +499,22 @@ def cpu_cores() -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class PinnedServer:
-    """A running vLLM server whose engine is pinned to CPU cores (:func:`pinned_servers`).
+    """A running vLLM server whose engine or API processes are pinned to CPU cores
+    (:func:`pinned_servers`).
 
     Attributes:
         pid: its top vLLM process: the API server's, or an engine's without one.
         cores: the cores its engine is pinned to.
         what: who it is, for a message, e.g. ``"the vLLM server on port 8500 (PID 24659, of
             kvroute serve PID 24617)"``.
+        api_cores: the cores its API processes are pinned to (``kvroute serve`` moves them to
+            ``--api-cores``' cores once the server is up); empty when they may run on every core.
     """
 
     pid: int
     cores: tuple[int, ...]
     what: str
+    api_cores: tuple[int, ...] = ()
 
 
 VLLM_MARKS = ("VLLM::", "vllm.entrypoints", "kvroute.calibrate.live.vllm_serve")
@@ -531,6 +535,14 @@ def _core_set(text: str) -> set[int] | None:
     except ValueError:
         return None
     return cores or None
+
+
+def _is_api(argv: Sequence[str]) -> bool:
+    """Whether a vLLM process (:func:`_is_vllm`) is an API process: one vLLM did not retitle (the
+    server's top process, which serves the API unless ``--api-server-count`` N > 1 spawns N), or
+    one titled ``VLLM::APIServer_<i>``; the engine's are ``VLLM::EngineCore``, ``VLLM::Worker``."""
+    joined = " ".join(argv)
+    return "VLLM::APIServer" in joined or not joined.startswith("VLLM::")
 
 
 def _is_vllm(argv: Sequence[str]) -> bool:
@@ -563,14 +575,18 @@ def _read_process(entry: Path) -> tuple[list[str], int, set[int] | None, str | N
 
 
 def pinned_servers(proc: str | Path = "/proc", own_cores: Sequence[int] | None = None) -> list[PinnedServer]:
-    """The vLLM servers running on this machine whose engines are pinned to CPU cores (another
-    ``kvroute serve``'s, the live tests', or one started by hand), read from ``proc`` (Linux).
+    """The vLLM servers running on this machine whose engines or API processes are pinned to CPU
+    cores (another ``kvroute serve``'s, the live tests', or one started by hand), read from
+    ``proc`` (Linux).
 
-    A vLLM process's cores are its ``VLLM_CPU_OMP_THREADS_BIND`` (the cores vLLM's CPU backend
-    binds the engine to; ``kvroute serve`` sets it in each server's environment), else, where that
-    cannot be read, its allowed cores when they are fewer than ``own_cores`` (default: this
-    process's, :func:`cpu_cores`). A server's processes (API server, engine core, worker) are
-    counted once, under the top one.
+    A server's engine cores are its processes' ``VLLM_CPU_OMP_THREADS_BIND`` (the cores vLLM's CPU
+    backend binds the engine to; ``kvroute serve`` sets it in each server's environment), else,
+    where that cannot be read, its engine processes' allowed cores (``sched_setaffinity``: the
+    cores :func:`_child_setup` pins the server to) when they are fewer than ``own_cores`` (default:
+    this process's, :func:`cpu_cores`). Its API cores are its API processes' (:func:`_is_api`)
+    allowed cores when fewer than ``own_cores`` (``kvroute serve`` moves the API process to its
+    ``--api-cores`` once the server is up). A server's processes (API server, engine core, worker)
+    are counted once, under the top one.
 
     Returns:
         One :class:`PinnedServer` per server, by PID; an empty list where ``proc`` cannot be read.
@@ -592,15 +608,20 @@ def pinned_servers(proc: str | Path = "/proc", own_cores: Sequence[int] | None =
         return pid
 
     cores: dict[int, set[int]] = {}
+    api: dict[int, set[int]] = {}
     for pid in vllm:
         argv, _, allowed, bind = procs[pid]
-        pinned = _core_set(bind) if bind else None
-        if pinned is None and allowed is not None and allowed < own:
-            pinned = allowed
-        if pinned:
-            cores.setdefault(top(pid), set()).update(pinned)
+        narrowed = allowed if allowed is not None and allowed < own else None
+        engine = _core_set(bind) if bind else None
+        if _is_api(argv):
+            if narrowed:
+                api.setdefault(top(pid), set()).update(narrowed)
+        elif engine is None:
+            engine = narrowed
+        if engine:
+            cores.setdefault(top(pid), set()).update(engine)
     servers = []
-    for pid in sorted(cores):
+    for pid in sorted(cores.keys() | api.keys()):
         argv, ppid = procs[pid][0], procs[pid][1]
         port = next((a.split("=", 1)[1] for a in argv if a.startswith("--port=")), None)
         if port is None and "--port" in argv[:-1]:
@@ -608,7 +629,8 @@ def pinned_servers(proc: str | Path = "/proc", own_cores: Sequence[int] | None =
         what = f"the vLLM server on port {port}" if port else f"the vLLM process {' '.join(argv)[:60]!r}"
         parent = " ".join(procs[ppid][0]) if ppid in procs else ""
         by = f", of kvroute serve PID {ppid}" if "kvroute" in parent and " serve" in parent else ""
-        servers.append(PinnedServer(pid, tuple(sorted(cores[pid])), f"{what} (PID {pid}{by})"))
+        servers.append(PinnedServer(pid, tuple(sorted(cores.get(pid, ()))), f"{what} (PID {pid}{by})",
+                                    tuple(sorted(api.get(pid, ())))))
     return servers
 
 
@@ -620,6 +642,16 @@ def engine_cores_in_use(servers: Sequence[PinnedServer]) -> dict[int, str]:
         for core in server.cores:
             users.setdefault(core, []).append(server.what)
     return {core: " and ".join(users[core]) for core in sorted(users)}
+
+
+def api_cores_in_use(servers: Sequence[PinnedServer]) -> dict[tuple[int, ...], str]:
+    """The core sets the API processes of ``servers`` (:func:`pinned_servers`) are pinned to, and
+    whose they are (``" and "`` between several), by core set."""
+    users: dict[tuple[int, ...], list[str]] = {}
+    for server in servers:
+        if server.api_cores:
+            users.setdefault(server.api_cores, []).append(server.what)
+    return {cores: " and ".join(users[cores]) for cores in sorted(users)}
 
 
 API_CORES = ("spare", "own", "any")
@@ -650,11 +682,13 @@ def plan_servers(
     workers_per_gpu: int = 1,
     vllm_version: str | None = None,
     taken: Mapping[int, str] | None = None,
+    api_taken: Mapping[tuple[int, ...], str] | None = None,
 ) -> list[ServerSpec]:
     """Specs of one server per GPU (``workers_per_gpu`` per GPU), or one per CPU core without GPUs.
 
-    On the CPU, server ``i``'s engine runs on the ``i``-th core no other server's engine is pinned
-    to (``taken``), and once those run out on the taken ones, in order (core ``i`` when none is
+    On the CPU, server ``i``'s engine runs on the ``i``-th core no other server's engine or API
+    process is pinned to (``taken``, ``api_taken``), once those run out on the cores of other
+    servers' API processes, then on those of their engines, in order (core ``i`` when none is
     taken); where its API server runs is ``api_cores`` (``API_CORES``).
 
     Args:
@@ -680,6 +714,9 @@ def plan_servers(
             engines go to the other cores first, ``spare`` API processes to none of them, and
             ``num_servers`` None counts the other cores (every core when all are taken).
             :func:`core_notes` says what was avoided and what is shared. None: none taken.
+        api_taken: the core sets running servers' API processes are pinned to, with whose they
+            are (:func:`api_cores_in_use`): engines go to their cores after the cores of neither
+            (an engine slows down on an API process's core). None: none.
 
     Raises:
         ValueError: more servers than devices, ``device="gpu"`` without GPUs, an unknown
@@ -702,8 +739,8 @@ def plan_servers(
     if gpus:
         devices = [g for g in gpus for _ in range(workers_per_gpu)]
     else:
-        cores = cpu_cores()
-        devices = [c for c in cores if c not in taken] + [c for c in cores if c in taken]
+        fronts = {c for cores in (api_taken or {}) for c in cores}
+        devices = sorted(cpu_cores(), key=lambda c: (c in taken, c in fronts))  # stable: in order within each
     free = sum(1 for c in devices if c not in taken)
     n = (free or len(devices)) if num_servers is None else num_servers
     if not 1 <= n <= len(devices):
@@ -743,24 +780,27 @@ def plan_servers(
     return specs
 
 
-def core_notes(specs: Sequence[ServerSpec], taken: Mapping[int, str]) -> list[str]:
-    """What ``kvroute serve`` says of the cores other servers' engines are pinned to (``taken``,
-    as given to :func:`plan_servers`): a warning for each of ``specs``' engines put on one of them
-    (the two engines then fight for the core: each step waits for the other's busy-polling, and
-    both servers' step times are slowed at random), else a note that they were left alone.
+def core_notes(specs: Sequence[ServerSpec], taken: Mapping[int, str],
+               api_taken: Mapping[tuple[int, ...], str] | None = None) -> list[str]:
+    """What ``kvroute serve`` says of the cores other servers' engines and API processes are
+    pinned to (``taken``, ``api_taken``, as given to :func:`plan_servers`): a warning for each of
+    ``specs``' engines put on an engine's core (the two engines then fight for the core: each step
+    waits for the other's busy-polling, and both servers' step times are slowed at random), else a
+    note that they were left alone; and a warning for each API process whose every core will then
+    run an engine, one of them ``specs``' (the engine there runs slower while that server serves).
 
     Returns:
         Lines, ``"warning: ..."`` or ``"note: ..."``; none when no spec runs on a CPU core or no
         core is taken.
     """
     ours = [s.cpu_core for s in specs if s.cpu_core is not None]
-    if not ours or not taken:
+    if not ours or not (taken or api_taken):
         return []
+    port = {s.cpu_core: s.port for s in reversed(specs)}  # a core's first server
     shared = [c for c in ours if c in taken]
-    lines = [f"warning: CPU core {c} already runs the engine of {taken[c]}; the server on port "
-             f"{next(s.port for s in specs if s.cpu_core == c)} will share it, and both will run slower, at random "
-             f"(stop the other server, or start fewer here)" for c in shared]
-    if not shared:
+    lines = [f"warning: CPU core {c} already runs the engine of {taken[c]}; the server on port {port[c]} will share "
+             f"it, and both will run slower, at random (stop the other server, or start fewer here)" for c in shared]
+    if taken and not shared:
         by_who: dict[str, list[int]] = {}
         for c, who in taken.items():
             by_who.setdefault(who, []).append(c)
@@ -769,6 +809,16 @@ def core_notes(specs: Sequence[ServerSpec], taken: Mapping[int, str]) -> list[st
         mine = ", ".join(str(c) for c in ours)
         lines.append(f"note: {others}; so this serve's engine{'s run on cores' if len(ours) > 1 else ' runs on core'} "
                      f"{mine}")
+    engines = set(taken) | set(ours)
+    for cores, who in (api_taken or {}).items():
+        mine = [c for c in cores if c in ours and c not in taken]
+        if mine and set(cores) <= engines:  # nowhere left for it but an engine's core
+            where = f"CPU core {cores[0]} runs" if len(cores) == 1 else f"CPU cores {', '.join(map(str, cores))} run"
+            servers = ("the server on port " if len(mine) == 1 else "the servers on ports ") + ", ".join(
+                str(port[c]) for c in mine)
+            lines.append(f"warning: {where} the API process of {who}; the engine of {servers} will share "
+                         f"{'it' if len(cores) == 1 else 'them'} and run slower while that server serves (start it "
+                         f"with --api-cores own, or start fewer servers)")
     return lines
 
 

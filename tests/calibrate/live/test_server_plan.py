@@ -207,8 +207,8 @@ def running(tmp_path):
 def test_running_vllm_servers_are_found_with_their_engines_cores_once_each(running):
     found = server.pinned_servers(running, own_cores=[0, 1, 2, 3])
     assert found == [
-        server.PinnedServer(101, (0,), "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100)"),
-        server.PinnedServer(200, (2,), "the vLLM server on port 9000 (PID 200)"),
+        server.PinnedServer(101, (0,), "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100)", (0,)),
+        server.PinnedServer(200, (2,), "the vLLM server on port 9000 (PID 200)"),  # its API process floats
     ]
     assert server.engine_cores_in_use(found) == {0: "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100)",
                                                  2: "the vLLM server on port 9000 (PID 200)"}
