@@ -330,8 +330,9 @@ class VllmServer:
             if _health(self.url):
                 if self.spec.cpu_core is not None and self.process is not None:
                     # the engine-core and worker processes were forked pinned to the engine's
-                    # core; only the API server itself moves
-                    set_affinity(self.process.pid, self.spec.frontend_cores or cpu_cores())
+                    # core; only the API processes move
+                    for pid in api_processes(self.process.pid):
+                        set_affinity(pid, self.spec.frontend_cores or cpu_cores())
                 return
             time.sleep(0.5)
         hint = download_hint(self.spec.model)
@@ -543,6 +544,30 @@ def _is_api(argv: Sequence[str]) -> bool:
     one titled ``VLLM::APIServer_<i>``; the engine's are ``VLLM::EngineCore``, ``VLLM::Worker``."""
     joined = " ".join(argv)
     return "VLLM::APIServer" in joined or not joined.startswith("VLLM::")
+
+
+def api_processes(pid: int, proc: str | Path = "/proc") -> list[int]:
+    """The API processes of the vLLM server whose top process is ``pid``: ``pid`` itself and, with
+    ``--api-server-count`` N > 1, the ``VLLM::APIServer_<i>`` processes below it (read from
+    ``proc``, Linux; just ``[pid]`` where it cannot be read)."""
+    root = Path(proc)
+    try:
+        entries = [e for e in root.iterdir() if e.name.isdigit()]
+    except OSError:
+        return [pid]
+    procs = {int(e.name): info for e in entries if (info := _read_process(e)) is not None}
+
+    def below(p: int) -> bool:
+        seen = set()
+        while p in procs and p not in seen:
+            seen.add(p)
+            p = procs[p][1]
+            if p == pid:
+                return True
+        return False
+
+    return [pid] + sorted(p for p, (argv, *_) in procs.items()
+                          if p != pid and "VLLM::APIServer" in " ".join(argv) and below(p))
 
 
 def _is_vllm(argv: Sequence[str]) -> bool:

@@ -292,3 +292,22 @@ def test_serve_names_the_running_server_whose_core_it_leaves_or_shares(four_core
         "warning: CPU core 0 already runs the engine of the vLLM server on port 8500 (PID 101, of kvroute serve PID "
         "100); the server on port 8511 will share it, and both will run slower, at random (stop the other server, or "
         "start fewer here)")
+
+
+def test_the_api_processes_of_a_server_are_its_top_process_and_the_api_servers_below_it(tmp_path):
+    """With --api-server-count 2 the top process spawns VLLM::APIServer_0 and _1 beside the
+    engine: all three move off the engine's core once the server is up, the engine's stay."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    py = "/usr/bin/python"
+    _fake_proc(proc, 500, [py, "-m", "kvroute.calibrate.live.vllm_serve", "serve", "/m", "--port", "8600",
+                           "--api-server-count", "2"], allowed="0", bind="0")
+    _fake_proc(proc, 501, ["VLLM::EngineCore"], ppid=500, allowed="0", environ=False)
+    _fake_proc(proc, 502, ["VLLM::Worker"], ppid=501, allowed="0", environ=False)
+    _fake_proc(proc, 503, ["VLLM::APIServer_0"], ppid=500, allowed="0", environ=False)
+    _fake_proc(proc, 504, ["VLLM::APIServer_1"], ppid=500, allowed="0", environ=False)
+    _fake_proc(proc, 600, [py, "-m", "kvroute.calibrate.live.vllm_serve", "serve", "/m", "--port", "8601"])
+    _fake_proc(proc, 601, ["VLLM::APIServer_0"], ppid=600, allowed="1", environ=False)  # another server's
+    assert server.api_processes(500, proc) == [500, 503, 504]
+    assert server.api_processes(600, proc) == [600, 601]
+    assert server.api_processes(500, tmp_path / "missing") == [500]
