@@ -83,6 +83,11 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None,
         if key == PROVENANCE_KEY:
             continue
         if key not in names:
+            output = next((o[2:] for q in command.params if isinstance(q, click.Option) and q.name in NOT_SCENARIO
+                           for o in q.opts if o[2:] == key or q.name == key), None)
+            if output is not None:
+                raise click.BadParameter(f"{where}: {output!r} says where {command.name} writes or what it shows, not "
+                                         f"what it runs: give --{output} on the command line", param_hint="'--config'")
             valid = sorted(k for k in names if "_" not in k)
             raise click.BadParameter(f"{where}: unknown option {key!r} for {command.name}; valid: {', '.join(valid)}",
                                      param_hint="'--config'")

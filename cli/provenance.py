@@ -6,7 +6,7 @@ defaults, ``--config`` file and command line were merged (keyed by the options' 
 the command, kvroute's version, the seeds and rounds, the profile's content hash (sha256 of its
 canonical JSON: keys sorted, no spaces), the trace's hash (sha256 of the file's bytes, or of
 the canonical JSON of each generated round's records) and the output options that chose the
-files (``outputs``: ``--time-series``, ``--figure-format``).
+files (``outputs``: ``--time-series``, ``--figure-format``, ``sweep --plot-load``).
 
 Output options are not scenario values (``NOT_SCENARIO``): ``--config`` neither sets them nor
 takes them as keys, so a saved scenario re-runs as its header prints it, with or without
@@ -31,10 +31,12 @@ SCENARIO_FILE = "scenario.yaml"
 PROVENANCE_KEY = "kvroute"
 """Top-level key of the provenance block (read by people, ignored by ``--config``)."""
 
-NOT_SCENARIO = ("config", "out", "json_out", "quiet", "figure_formats", "time_series")
-"""Parameters that say where outputs go or what is shown, not what runs; left out of the scenario."""
+NOT_SCENARIO = ("config", "out", "json_out", "quiet", "figure_formats", "time_series", "plot_load")
+"""Parameters that say where outputs go or what is shown, not what runs; left out of the scenario
+(``sweep --plot-load``'s path too: kept, a re-run with ``--config`` would draw over the first
+run's figure)."""
 
-OUTPUT_FILE_OPTIONS = ("time_series", "figure_formats")
+OUTPUT_FILE_OPTIONS = ("time_series", "figure_formats", "plot_load")
 """The parameters of ``NOT_SCENARIO`` that choose which files a run writes under ``--out``:
 recorded in the provenance block (``outputs``) and, when given, named in the file's header."""
 
@@ -92,14 +94,16 @@ def resolved_options(ctx: click.Context) -> dict:
 def output_options(ctx: click.Context) -> dict:
     """The ``OUTPUT_FILE_OPTIONS`` of ``ctx``'s command (those it has) with their values, keyed
     by long option name (``--time-series`` -> ``time-series``), tuples as lists."""
-    return {_long_name(param): list(value) if isinstance(value, tuple) else value
+    return {_long_name(param): list(value) if isinstance(value, tuple) else
+            str(value.resolve()) if isinstance(value, Path) else value
             for param in ctx.command.params
             if param.name in OUTPUT_FILE_OPTIONS and (value := ctx.params.get(param.name)) is not None}
 
 
 def output_flags(ctx: click.Context) -> list[str]:
     """The ``OUTPUT_FILE_OPTIONS`` given to ``ctx``'s command (not left at their defaults), as
-    command-line arguments: ``["--time-series", "--figure-format", "png,svg"]``."""
+    command-line arguments: ``["--time-series", "--figure-format", "png,svg"]``; a path as
+    ``FILE`` with its suffix (``--plot-load FILE.svg``: the run's own would be drawn over)."""
     from click.core import ParameterSource
 
     args = []
@@ -112,6 +116,8 @@ def output_flags(ctx: click.Context) -> list[str]:
         flag = "--" + _long_name(param)
         if getattr(param, "is_flag", False):
             args += [flag] if value else []
+        elif isinstance(value, Path):
+            args += [flag, f"FILE{value.suffix}"]
         else:
             args += [flag, ",".join(value) if isinstance(value, (tuple, list)) else str(value)]
     return args

@@ -82,3 +82,32 @@ def test_the_scenario_line_counts_the_gpus_of_tensor_parallel_workers():
     line = describe(scenario.trace(), scenario.spec(profile))
     assert "4 workers on 4 TP4 groups (16 GPUs)" in line
     assert "4 workers on 4 GPUs" in describe(scenario.trace(), scenario.spec())
+
+
+def test_a_sweep_rerun_from_its_scenario_leaves_the_first_runs_load_curve_alone(tmp_path):
+    """``--plot-load``'s path is an output, not a scenario value: kept, ``--config`` would draw the
+    re-run over the first run's figure. The header prints it as FILE.svg; a file that still has
+    the key is refused with the reason."""
+    first_out, load = tmp_path / "a.csv", tmp_path / "load.svg"
+    small = ("sweep", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin",
+             "--request-rate", "1,2", "--executor", "sequential")
+    first = _run(*small, "--out", str(first_out), "--plot-load", str(load))
+    assert first.exit_code == 0, first.output
+    scenario = tmp_path / "a.scenario.yaml"
+    saved = scenario.read_text()
+    doc = yaml.safe_load(saved)
+    assert "plot-load" not in doc and doc["kvroute"]["outputs"]["plot-load"] == str(load.resolve())
+    assert saved.splitlines()[2] == (f"# to write the same files again: cli sweep --config {scenario} --out FILE "
+                                     "--plot-load FILE.svg")
+    before = load.read_bytes()
+    load.write_bytes(b"the first run's figure")
+    again = _run("sweep", "--config", str(scenario), "--out", str(tmp_path / "b.csv"))
+    assert again.exit_code == 0, again.output
+    assert load.read_bytes() == b"the first run's figure" and before.startswith(b"<?xml")
+    old = tmp_path / "old.yaml"
+    old.write_text(saved.split("# The 'kvroute' block", 1)[0] + f"plot-load: {load}\n")
+    refused = CliRunner().invoke(cli, ["sweep", "--config", str(old)])
+    assert refused.exit_code == 2
+    assert refused.output.strip().splitlines()[-1] == (
+        f"Error: Invalid value for '--config': {old}:4: 'plot-load' says where sweep writes or what it shows, not "
+        "what it runs: give --plot-load on the command line")
