@@ -205,16 +205,40 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def _socket_in_use(path: Path) -> bool:
+    """Whether a process listens on the Unix socket ``path`` (a running server's KV-event
+    publisher); a file left by a killed server refuses the connection, and no file is free."""
+    import socket
+
+    if not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _ipc_path(endpoint: str | None) -> Path | None:
+    """The socket file of an ``ipc://`` endpoint, else None."""
+    return Path(endpoint.removeprefix("ipc://")) if endpoint and endpoint.startswith("ipc://") else None
+
+
 def check_ports(specs: Sequence[ServerSpec]) -> None:
     """Fail before anything starts if a port ``specs`` would listen on is taken: each server's API
-    port on its ``host``, and its KV-event port where that is TCP (not on loopback, where the
-    events go through a Unix socket: :attr:`ServerSpec.kv_events_endpoint`).
+    port on its ``host``, and its KV-event port where that is TCP, or, on loopback, where the
+    events go through a Unix socket (:attr:`ServerSpec.kv_events_endpoint`), that socket when a
+    running server publishes on it (a file a killed server left is not in use).
 
     Raises:
         ServerError: one line naming every taken port and its interface, e.g. ``port 8700 on
-            127.0.0.1 is already in use (another server there? --port-base picks other ports)``.
+            127.0.0.1 is already in use (another server there? --port-base picks other ports)``,
+            and every KV-event socket in use.
     """
     busy: dict[str, list[int]] = {}
+    sockets: list[str] = []
     options: dict[str, None] = {}  # the options that choose the taken ports, in order
     for spec in specs:
         wanted = [(spec.port, "--port-base")]
@@ -224,11 +248,17 @@ def check_ports(specs: Sequence[ServerSpec]) -> None:
             if not _port_free(spec.host, port):
                 busy.setdefault(spec.host, []).append(port)
                 options[option] = None
-    if busy:
-        where = "; ".join(f"{'port' if len(ports) == 1 else 'ports'} {', '.join(map(str, ports))} on {host}"
-                          for host, ports in busy.items())
-        verb = "are" if sum(map(len, busy.values())) > 1 else "is"
-        raise ServerError(f"{where} {verb} already in use (another server there? {' and '.join(options)} "
+        sock = _ipc_path(spec.kv_events_publish)
+        if sock is not None and _socket_in_use(sock):
+            sockets.append(str(sock))
+            options["--kv-events-port-base"] = None
+    if busy or sockets:
+        where = [f"{'port' if len(ports) == 1 else 'ports'} {', '.join(map(str, ports))} on {host}"
+                 for host, ports in busy.items()]
+        if sockets:
+            where.append(f"KV-event socket{'s' if len(sockets) > 1 else ''} {', '.join(sockets)}")
+        verb = "are" if sum(map(len, busy.values())) + len(sockets) > 1 else "is"
+        raise ServerError(f"{'; '.join(where)} {verb} already in use (another server there? {' and '.join(options)} "
                           f"{'pick' if len(options) > 1 else 'picks'} other ports)")
 
 
@@ -286,14 +316,16 @@ class VllmServer:
         """Launch the process (returns at once; see :meth:`wait_ready`).
 
         Raises:
-            ServerError: if the port is already taken.
+            ServerError: if the port, or the KV-event socket (a running server's), is already taken.
         """
         if not _port_free(self.spec.host, self.spec.port):
             raise ServerError(f"port {self.spec.port} on {self.spec.host} is already in use")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        events = self.spec.kv_events_endpoint
-        if events is not None and events.startswith("ipc://"):
-            sock = Path(events.removeprefix("ipc://"))
+        sock = _ipc_path(self.spec.kv_events_endpoint)
+        if sock is not None:
+            if _socket_in_use(sock):
+                raise ServerError(f"KV-event socket {sock} is already in use (another server publishes there; "
+                                  "--kv-events-port-base picks another)")
             sock.parent.mkdir(mode=0o700, exist_ok=True)
             sock.parent.chmod(0o700)
             sock.unlink(missing_ok=True)  # left by a server that was killed

@@ -74,3 +74,24 @@ def test_serve_on_a_taken_port_fails_first_and_starts_nothing(monkeypatch, tmp_p
     assert result.exit_code == 1 and started == []
     assert result.output == (f"Error: port {port} on 127.0.0.1 is already in use (another server there? "
                              "--port-base picks other ports)\n")
+
+
+def test_a_kv_event_socket_a_running_server_publishes_on_is_taken_and_a_leftover_file_is_not(monkeypatch, tmp_path):
+    """On loopback the KV events go through ``<dir>/kv-events-<port>.sock``: a second serve with the
+    same --kv-events-port-base had removed a running server's socket as if a killed one had left it."""
+    monkeypatch.setattr(server, "kv_events_dir", lambda: tmp_path)
+    api = _free_port()
+    spec = ServerSpec("m", port=api, kv_events_port=5557)
+    sock = tmp_path / "kv-events-5557.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as publisher:
+        publisher.bind(str(sock))
+        publisher.listen()
+        with pytest.raises(ServerError) as err:
+            check_ports([spec])
+        assert str(err.value) == (f"KV-event socket {sock} is already in use (another server there? "
+                                  "--kv-events-port-base picks other ports)")
+        with pytest.raises(ServerError, match="KV-event socket .* is already in use"):
+            server.VllmServer(spec).start()
+        assert sock.exists()  # the running server's socket is left alone
+    assert sock.exists()  # closed: a file left behind, refusing connections
+    check_ports([spec])
