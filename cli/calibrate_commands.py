@@ -406,9 +406,10 @@ def _estimate_profile(given, infos, num_servers: int, urls=()):
                          f"{hardware.get('description', 'the CPU reference host')}{other}")
     gpu = hardware.get("gpu", "?")
     text = f". {profile.name} is the default: a prior for {model} on {gpu}"
+    from kvroute.sim.timing.specs import gpu_key, gpu_spec
+
     models = _gpu_models(infos, urls)
-    key = lambda name: "".join(c for c in name.lower() if c.isalnum())  # noqa: E731
-    theirs = [m for m in dict.fromkeys(models) if key(m) != key(gpu)]
+    theirs = [m for m in dict.fromkeys(models) if gpu_key(m) != gpu_key(gpu)]
     if not theirs:
         return profile, f"{text}{other} (`kvroute profiles derive --gpu GPU --model MODEL` makes one for yours)"
     whose = "the servers'" if infos else "this machine's"
@@ -416,13 +417,11 @@ def _estimate_profile(given, infos, num_servers: int, urls=()):
     from kvroute.sim.timing.profile import load_profile, shipped_profiles
 
     matches = [name for name in shipped_profiles()
-               if key(((load_profile(name).raw or {}).get("hardware") or {}).get("gpu", "")) == key(theirs[0])]
+               if gpu_key(((load_profile(name).raw or {}).get("hardware") or {}).get("gpu", "")) == gpu_key(theirs[0])]
     if matches:
         shipped = ((load_profile(matches[0]).raw or {}).get("model") or {}).get("name", "?")
         return profile, (f"{text}; --estimate-profile {matches[0]} estimates with the shipped prior for {shipped} "
                          f"on {theirs[0]}, NAME|PATH with another")
-    from kvroute.sim.timing.specs import gpu_spec
-
     try:
         derive = f"`kvroute profiles derive --gpu {gpu_spec(theirs[0]).table_name} --model MODEL` makes a prior for it"
     except ValueError:

@@ -582,12 +582,9 @@ def api_processes(pid: int, proc: str | Path = "/proc") -> list[int]:
     """The API processes of the vLLM server whose top process is ``pid``: ``pid`` itself and, with
     ``--api-server-count`` N > 1, the ``VLLM::APIServer_<i>`` processes below it (read from
     ``proc``, Linux; just ``[pid]`` where it cannot be read)."""
-    root = Path(proc)
-    try:
-        entries = [e for e in root.iterdir() if e.name.isdigit()]
-    except OSError:
+    procs = _processes(proc)
+    if procs is None:
         return [pid]
-    procs = {int(e.name): info for e in entries if (info := _read_process(e)) is not None}
 
     def below(p: int) -> bool:
         seen = set()
@@ -606,6 +603,16 @@ def _is_vllm(argv: Sequence[str]) -> bool:
     joined = " ".join(argv)
     return (any(mark in joined for mark in VLLM_MARKS)
             or any(Path(a).name == "vllm" and argv[i + 1:i + 2] == ["serve"] for i, a in enumerate(argv[:3])))
+
+
+def _processes(proc: str | Path) -> dict[int, tuple[list[str], int, set[int] | None, str | None]] | None:
+    """Every process under ``proc`` (Linux's ``/proc``) by PID, as :func:`_read_process` reads it
+    (one gone meanwhile left out); None where ``proc`` cannot be read."""
+    try:
+        entries = [e for e in Path(proc).iterdir() if e.name.isdigit()]
+    except OSError:
+        return None
+    return {int(e.name): info for e in entries if (info := _read_process(e)) is not None}
 
 
 def _read_process(entry: Path) -> tuple[list[str], int, set[int] | None, str | None] | None:
@@ -649,12 +656,9 @@ def pinned_servers(proc: str | Path = "/proc", own_cores: Sequence[int] | None =
         One :class:`PinnedServer` per server, by PID; an empty list where ``proc`` cannot be read.
     """
     own = set(cpu_cores() if own_cores is None else own_cores)
-    root = Path(proc)
-    try:
-        entries = [e for e in root.iterdir() if e.name.isdigit()]
-    except OSError:
+    procs = _processes(proc)
+    if procs is None:
         return []
-    procs = {int(e.name): info for e in entries if (info := _read_process(e)) is not None}
     vllm = {pid for pid, (argv, *_) in procs.items() if _is_vllm(argv)}
 
     def top(pid: int) -> int:

@@ -303,7 +303,7 @@ def whole_pairs(base: list[PolicyRun], runs: list[PolicyRun]) -> tuple[list[tupl
     ``i`` never ran, after an interruption) is in no pair."""
     whole, left = [], []
     for b, r in zip(base, runs):
-        why = [f"{x.policy}: {cut_short([x])}" for x in (b, r) if cut_short([x])]
+        why = [f"{x.policy}: {reason}" for x in (b, r) if (reason := cut_short([x]))]
         if why:
             left.append({"live_round": r.live_round, "why": "; ".join(why)})
         else:

@@ -122,6 +122,12 @@ def gpu_names() -> list[str]:
     return list(load_gpu_table())
 
 
+def gpu_key(name: str) -> str:
+    """A GPU name as :func:`gpu_spec` compares names: lower case, letters and digits only
+    (``"NVIDIA A100-SXM4-80GB"`` -> ``"nvidiaa100sxm480gb"``)."""
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
 def gpu_spec(name: str) -> GpuSpec:
     """The GPU called ``name``: its table name (``H100-SXM``), short name (``h100-80gb``) or CUDA
     name (``NVIDIA H100 80GB HBM3``), case and ``-``/``_``/space insensitive.
@@ -129,13 +135,10 @@ def gpu_spec(name: str) -> GpuSpec:
     Raises:
         InputError: no such GPU (the message lists the known ones).
     """
-    def key(text: str) -> str:
-        return "".join(c for c in text.lower() if c.isalnum())
-
     table = load_gpu_table()
-    wanted = key(name)
+    wanted = gpu_key(name)
     for spec in table.values():
-        if wanted in (key(spec.table_name), key(spec.short_name), key(spec.name)):
+        if wanted in (gpu_key(spec.table_name), gpu_key(spec.short_name), gpu_key(spec.name)):
             return spec
     raise InputError(f"unknown GPU {name!r}; known: {', '.join(table)}")
 
