@@ -94,7 +94,9 @@ def _lag_text(lag: dict | None, simulated_s: float, measured: bool = False) -> s
 def policy_line(doc: dict, p: dict) -> str:
     """One policy's live run in a sentence: wall time, the client's CPU share, failed requests,
     a warm cache, and the client's send lag against what the simulation does with it."""
-    rounds = f" (mean of {p['live_rounds']} rounds)" if doc.get("live_rounds") else ""
+    whole = sum(r["cut_short"] is None for r in p.get("rounds", [])) or p.get("live_rounds")
+    rounds = (f" (mean of {whole} rounds{' that ran whole' if whole < p['live_rounds'] else ''})"
+              if doc.get("live_rounds") else "")
     return (f"live wall time {_fmt(p['live_wall_time_s'], 1)} s{rounds}, client CPU "
             f"{_share(p.get('client_cpu_share'))} of it, failed requests {p['failed_requests']}"
             + (", warm cache" if p["warm_cache"] else "")

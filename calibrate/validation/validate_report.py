@@ -35,9 +35,10 @@ max and that interval are of the rounds in the mean, so a round cut short moves 
 change is that of the round means over the pairs of rounds (round ``i`` of the policy, round ``i``
 of the base) whole on both sides; ``measured_rounds`` holds every pair's change, ``left_out`` the
 pairs with a side cut short, and ``measured_interval`` the 95 % Student-t interval of the counted
-pairs' mean. Per-policy counts (failures, errors) add up every round, ``workers`` holds the
-per-round means of every round, and ``rounds`` lists each round's cache reset, dead workers, wall
-time and ``cut_short`` (why, or null). With one live round (the default) every measured value is
+pairs' mean. Per-policy counts (failures, errors, dead workers) add up every round; ``workers``
+(hit and query tokens, requests, preemptions), ``live_wall_time_s`` and ``client_cpu_share`` are
+means over the rounds in the metrics' means (the whole trace, as predicted); ``rounds`` lists each
+round's cache reset, dead workers, wall time and ``cut_short`` (why, or null). With one live round (the default) every measured value is
 that round's, none of these per-round fields is written, and a note says that one round of a
 short burst can be off by tens of percent.
 """
@@ -382,8 +383,12 @@ def _mean_workers(per_round: list[list[dict]]) -> list[dict]:
 
 
 def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
-    """The report of one policy over its live rounds ``runs``."""
+    """The report of one policy over its live rounds ``runs``: failures, errors and dead workers
+    of every round; the workers' means, the wall time and the client's CPU share (of the whole
+    trace, like the prediction) of the rounds that ran whole (:func:`whole_rounds`; every round
+    when none did)."""
     fails = [f for r in runs for f in failures(r)]
+    whole = (whole_rounds(runs)[0] if multi else None) or runs
     dead: dict[str, str] = {}  # each worker's first death, in the order they died
     for r in runs:
         for w, why in r.dead.items():
@@ -391,15 +396,15 @@ def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
     entry = {
         "metrics": {m: _metric_entry(v, runs, m, multi) for m in REPORT_METRICS},
         "workers": {str(row["worker"]): row for row in
-                    (_mean_workers([worker_rows(r) for r in runs]) if multi else worker_rows(runs[0]))},
+                    (_mean_workers([worker_rows(r) for r in whole]) if multi else worker_rows(runs[0]))},
         "cache_reset": [list(r.cache_reset) for r in runs] if multi else list(runs[0].cache_reset),
         "warm_cache": any(r.warm for r in runs),
         "dead_workers": dead,
         "failed_requests": len(fails),
         "errors": dict(Counter(f["error"] for f in fails).most_common(20)),
         "interrupted": any(r.interrupted for r in runs),
-        "live_wall_time_s": _num(spread([r.elapsed_s for r in runs])["mean"]),
-        "client_cpu_share": _num(spread([client_cpu_share(r) for r in runs])["mean"]),
+        "live_wall_time_s": _num(spread([r.elapsed_s for r in whole])["mean"]),
+        "client_cpu_share": _num(spread([client_cpu_share(r) for r in whole])["mean"]),
         "usage_reported_cached_tokens": all(r.usage_reported for r in runs),
         "client_send_lag_s": _lag_summary(np.concatenate([send_lags(r, v.trace, v.spec.max_in_flight is not None)
                                                           for r in runs])),

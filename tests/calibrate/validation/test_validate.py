@@ -1756,6 +1756,32 @@ def test_a_live_round_cut_short_is_left_out_of_the_mean_the_others_are_checked_o
     assert doc["inside_interval"]["checked"] == whole["inside_interval"]["checked"]
 
 
+def test_a_policys_whole_trace_totals_are_of_the_rounds_that_ran_whole():
+    """round_robin's second round lost a worker after 0.4 s with 10 hit tokens on worker 0: the
+    wall time, the client's CPU share and the workers' means are of rounds 1 and 3, as the metrics'
+    are; its failures, dead workers and its entry under ``rounds`` still count it."""
+    from kvroute.calibrate.validation.validate_render import report_markdown
+    from kvroute.sim.cluster.metrics import RunResult
+
+    v, _ = _cut_rounds([1.0, 5.0, 3.0], [0.9, 1.5, 2.7], {})
+    live = next(r for r in v.runs if (r.policy, r.live_round) == ("round_robin", 1)).live
+    workers = live.workers.copy()
+    workers.loc[0, "prefix_cache_hits"], workers.loc[0, "requests"] = 10.0, 1
+    cut = {"dead": {1: "gone"}, "elapsed_s": 0.4, "client_cpu_s": 0.1,
+           "live": RunResult(live.records, live.itl, workers, live.policy, live.seed)}
+    v, doc = _cut_rounds([1.0, 5.0, 3.0], [0.9, 1.5, 2.7], {("round_robin", 1): cut})
+    rr = doc["policies"]["round_robin"]
+    assert rr["live_wall_time_s"] == 2.5  # rounds 1 and 3: 1.5 s and 3.5 s (all three: 1.8 s)
+    assert rr["client_cpu_share"] == pytest.approx((0.3 / 1.5 + 0.3 / 3.5) / 2, rel=1e-12)
+    w0 = rr["workers"]["0"]
+    assert (w0["hit_tokens"]["measured"], w0["requests"]) == (110.0, 2.0)  # all three: 76.67 and 1.67
+    assert rr["dead_workers"] == {"1": "live round 2: gone"}
+    assert [r["live_wall_time_s"] for r in rr["rounds"]] == [1.5, 0.4, 3.5]
+    md = report_markdown(v, doc)
+    assert "live wall time 2.5 s (mean of 2 rounds that ran whole), client CPU 14 % of it, failed requests 0" in md
+    assert "live wall time 2.5 s (mean of 3 rounds), client CPU" in md  # kv_aware: 1.5, 2.5 and 3.5 s
+
+
 def test_with_every_live_round_cut_short_nothing_is_checked():
     """round_robin lost worker 1 in every round: its values are the mean of all three, keep their
     interval (of three rounds) and are not checked, nor is any change; kv_aware's are. With whole
