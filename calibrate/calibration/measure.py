@@ -826,10 +826,14 @@ async def warm_up(ctx: _Ctx, plan: SweepPlan) -> None:
             _check(ctx, r, 2 * bs)
 
 
-async def _sweep_one(ctx: _Ctx, exps: list[dict], plan: SweepPlan, tick: Callable[[dict], None]) -> None:
+async def _sweep_one(ctx: _Ctx, exps: list[dict], plan: SweepPlan, begin: Callable[[dict], None],
+                     tick: Callable[[dict], None]) -> None:
+    """Run ``exps`` on ``ctx``'s server one at a time, calling ``begin`` before and ``tick``
+    after each."""
     runners = {"cold": lambda e: _cold(ctx, e), "cached": lambda e: _cached(ctx, e),
                "decode": lambda e: _decode(ctx, e, plan), "mixed": lambda e: _mixed(ctx, e, plan)}
     for exp in exps:
+        begin(exp)
         await runners[exp["kind"]](exp)
         tick(exp)
 
@@ -886,7 +890,9 @@ async def run_sweep(
         seed: seeds the prompts (``numpy.random.default_rng(seed)``).
         token_range: ``[lo, hi)`` of prompt token ids.
         progress: show progress (`kvroute.sim.study.progress`: a bar on a terminal or in a notebook,
-            plain lines in a log once the sweep has run 30 s).
+            plain lines in a log once the sweep has run 30 s), refreshed every
+            :data:`~kvroute.sim.study.progress.REFRESH_S` seconds while it runs (a log gets its
+            lines during a long experiment too).
         hardware: hardware description overriding what the servers report.
         timeout_s: limit on one request, s.
         kv_events: each server's KV-cache event endpoint, in the order of ``urls`` (``kvroute
@@ -895,11 +901,12 @@ async def run_sweep(
         on_start: called with the servers' settings once they are probed and found alike, before
             anything is measured (``kvroute calibrate measure`` prints its time estimate there:
             :mod:`kvroute.calibrate.calibration.sweep_time`). What it returns, if it has
-            ``done(key)`` and ``left_s(elapsed_s)`` (such as
+            ``begin(key, at_s)``, ``done(key, at_s)`` and ``left_s(elapsed_s)`` (such as
             :class:`kvroute.calibrate.calibration.sweep_time.TimeLeft` of this sweep's estimate:
-            the estimate of the experiments not done, at the pace measured so far), gives the
-            progress its time left: ``done`` is called with ``"start"`` after the warm-up and with
-            each experiment's ``exp_id`` as it ends; else the time left is by count.
+            the estimate of the experiments not done, at the pace of those done), gives the
+            progress its time left: ``begin`` and ``done`` are called with ``"start"`` around the
+            warm-up and with each experiment's ``exp_id`` around it, ``at_s`` the seconds since
+            the warm-up began; else the time left is by count.
 
     Returns:
         A :class:`MeasureSummary`.
@@ -965,31 +972,43 @@ async def run_sweep(
         exps = plan.experiments(capacity, seed)
         bursts = plan.bursts(len(ctxs), len(exps), capacity)
         shares = [exps[k::len(ctxs)] for k in range(len(ctxs))]
-        bar = left = None
+        bar = left = refresher = None
+        t_sweep = time.monotonic()  # the bar's elapsed time and ``left``'s times count from here
         if progress:
-            from kvroute.sim.study.progress import progress_bar
+            from kvroute.sim.study.progress import REFRESH_S, keep_refreshed, progress_bar
 
-            left = pace if hasattr(pace, "done") and hasattr(pace, "left_s") else None
+            left = pace if all(hasattr(pace, m) for m in ("begin", "done", "left_s")) else None
             bar = progress_bar(len(exps) + len(bursts), "calibration sweep", "experiment",
                                time_left=None if left is None else left.left_s)
+            refresher = asyncio.create_task(keep_refreshed(bar, REFRESH_S))
+
+        def begin(key: int | str) -> None:
+            if left is not None:
+                left.begin(key, time.monotonic() - t_sweep)
 
         def tick(key: int | str) -> None:
             if left is not None:
-                left.done(key)
+                left.done(key, time.monotonic() - t_sweep)
             if bar is not None and key != "start":
                 bar.update(1)
 
         try:
+            begin("start")
             await asyncio.gather(*(warm_up(ctx, plan) for ctx in ctxs))
             tick("start")
             for segments, chunk in sweep_schedule(shares, bursts, plan.burst_slots, seed):
-                await asyncio.gather(*(_sweep_one(ctx, seg, plan, lambda e: tick(e["exp_id"]))
+                await asyncio.gather(*(_sweep_one(ctx, seg, plan, lambda e: begin(e["exp_id"]),
+                                                  lambda e: tick(e["exp_id"]))
                                        for ctx, seg in zip(ctxs, segments)))
                 for exp in chunk:
+                    begin(exp["exp_id"])
                     await _burst(ctxs, exp)
                     tick(exp["exp_id"])
             status = "complete"
         finally:
+            if refresher is not None:
+                refresher.cancel()
+                await asyncio.gather(refresher, return_exceptions=True)
             if bar is not None:
                 done = bar.n
                 bar.close()

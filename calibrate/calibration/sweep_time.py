@@ -1,7 +1,7 @@
 """How long a calibration sweep will take, estimated before it runs (``kvroute calibrate measure``
 prints it; ``--dry-run`` prints it and stops), and while it runs how long it has left
-(:class:`TimeLeft`: the estimate of what is not yet done at the pace measured so far; the
-progress line's ``about N min left``).
+(:class:`TimeLeft`: the estimate of what is not yet done at the pace of what is done, counting
+down while an experiment runs; the progress line's ``about N min left``).
 
 The sweep's wall time is the sum, in the order :func:`kvroute.calibrate.calibration.measure.run_sweep`
 runs them, of every experiment's engine time, its requests' front end and the fixed waits of the
@@ -393,19 +393,24 @@ a few per cent (docs/log/2026-12-05-calibration-time.md)."""
 
 
 class TimeLeft:
-    """The wall time a running sweep has left, from its estimate and the pace measured so far.
+    """The wall time a running sweep has left, from its estimate and the pace of the work finished.
 
     The experiments differ by orders of magnitude (a cold 16-token prompt against 64 decodes of
     16k-token contexts) and the sweep runs the short ones first, so a count of experiments done
     says little of the time left; and the host's speed of the day moves every step cost alike
     (2.1-2.4x on the CPU reference: docs/log/2026-12-05-calibration-time.md). So the time left is
-    the estimate of what is not yet done, ``P - D`` (``P`` the estimated total, ``D`` the
-    estimated seconds of what is done: the warm-up, then each experiment's
-    :attr:`SweepEstimate.experiment_s`), times the pace, real seconds per estimated second,
-    ``(E + K) / (D + K)``: the measured ``E / D`` (``E`` the real seconds since the warm-up
-    began) blended with the estimate's own pace 1 as if it were ``K = prior_share * P``
-    estimated seconds measured at that pace. An experiment counts when it ends, so while a long
-    one runs the pace rises and the time left with it, and falls back when it ends.
+    the estimate of what is not yet done at the pace, real seconds per estimated second,
+    ``(E + K) / (D + K)``: ``D`` the estimated seconds of what is done (the warm-up, then each
+    experiment's :attr:`SweepEstimate.experiment_s`) and ``E`` the seconds from the warm-up's
+    start to the last of them ending, blended with the estimate's own pace 1 as if it were
+    ``K = prior_share * P`` estimated seconds (``P`` the estimated total) measured at that pace.
+    What has not begun counts its estimate times the pace; what runs counts its estimate times
+    the pace less the seconds since it began, down to 0 (one that overruns its estimate adds
+    nothing until it ends; of a step's servers only the slowest has estimated seconds, so one
+    such runs at a time). So while an experiment runs the time left falls with the wall time
+    and then holds; when it ends the pace takes in its real time.
+
+    All times are seconds since the warm-up began (the progress bar's elapsed time).
 
     Args:
         estimate: the sweep's estimate (same plan, seed, servers and engine settings as the run).
@@ -422,18 +427,39 @@ class TimeLeft:
         self.planned_s = math.fsum(self.pending.values())
         self.prior_s = prior_share * self.planned_s
         self.done_s = 0.0
+        self.done_at_s = 0.0  # when the last estimated seconds were done
+        self.began_at_s: dict[int | str, float] = {}  # of the keys pending that began
 
-    def done(self, key: int | str) -> None:
-        """Count an experiment (its ``exp_id``) or the warm-up (``"start"``) as done; a key
-        not estimated, or done before, counts 0 s."""
-        self.done_s += self.pending.pop(key, 0.0)
+    def begin(self, key: int | str, at_s: float) -> None:
+        """Count an experiment (its ``exp_id``) or the warm-up (``"start"``) as running from
+        ``at_s``; a key not estimated, done, or begun before is left as it is."""
+        if key in self.pending:
+            self.began_at_s.setdefault(key, at_s)
+
+    def done(self, key: int | str, at_s: float) -> None:
+        """Count an experiment or the warm-up as done at ``at_s``; a key not estimated, or done
+        before, counts 0 s and leaves the pace as it is."""
+        self.began_at_s.pop(key, None)
+        share = self.pending.pop(key, 0.0)
+        if share > 0.0:
+            self.done_s += share
+            self.done_at_s = at_s
+
+    def pace(self) -> float:
+        """Real seconds per estimated second of the work done, ``(E + K) / (D + K)``; 1 before
+        any (with ``prior_share`` 0)."""
+        if self.done_s + self.prior_s <= 0.0:
+            return 1.0
+        return (self.done_at_s + self.prior_s) / (self.done_s + self.prior_s)
 
     def left_s(self, elapsed_s: float) -> float | None:
-        """Seconds left, ``(P - D) * (E + K) / (D + K)``, after ``elapsed_s`` seconds since the
-        warm-up began; None when nothing was estimated (``P`` = 0)."""
+        """Seconds left after ``elapsed_s``: the pace times the estimate of what has not begun,
+        plus, for what runs, the pace times its estimate less the seconds since it began (each
+        at least 0); None when nothing was estimated (``P`` = 0)."""
         if self.planned_s <= 0.0:
             return None
-        left = max(0.0, self.planned_s - self.done_s)
-        if self.done_s + self.prior_s <= 0.0:  # prior_share 0 and nothing done: no pace yet
-            return left
-        return left * (elapsed_s + self.prior_s) / (self.done_s + self.prior_s)
+        pace = self.pace()
+        waiting = math.fsum(s for key, s in self.pending.items() if key not in self.began_at_s)
+        running = math.fsum(max(0.0, pace * self.pending[key] - max(0.0, elapsed_s - began))
+                            for key, began in self.began_at_s.items())
+        return pace * waiting + running

@@ -10,13 +10,15 @@
   refresh; its widget needs ``ipywidgets``);
 - anything else (a pipe, a file, ``nohup``, a test runner): no bar; a phase that runs longer than
   :data:`LINE_INTERVAL_S` seconds writes plain lines from then on (``sweep: 12 of 48 runs done,
-  about 2 min left``), one each time another tenth of it is done and one at least every
-  :data:`LINE_INTERVAL_S` seconds while items finish, and a last one when it ends (``sweep: 48 of
-  48 runs done in 12 min``), so a log of a long calibration says where it is; a short phase writes
-  nothing.
+  about 2 min left``), one each time another tenth of it is done and one at the first update or
+  refresh :data:`LINE_INTERVAL_S` seconds or more after the last line, and a last one when it ends
+  (``sweep: 48 of 48 runs done in 12 min``), so a log of a long calibration says where it is; a
+  short phase writes nothing. A caller whose single items run long keeps the lines coming with
+  :func:`keep_refreshed` (``kvroute calibrate measure``: a line every 30 to 35 s while one
+  experiment runs).
 
-Every kind has tqdm's small interface the callers use: ``update``, ``close``, ``n``, ``total``,
-``desc``, ``reset``, ``set_description`` and ``set_postfix_str``.
+Every kind has tqdm's small interface the callers use: ``update``, ``refresh``, ``close``, ``n``,
+``total``, ``desc``, ``reset``, ``set_description`` and ``set_postfix_str``.
 
 The time left is the count's: the time so far per item done, times the items left (tqdm's bar:
 its smoothed rate). Where the items take very different times, the caller gives its own
@@ -25,6 +27,7 @@ its smoothed rate). Where the items take very different times, the caller gives 
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Callable
@@ -35,7 +38,11 @@ TimeLeftFn = Callable[[float], "float | None"]
 
 LINE_INTERVAL_S = 30.0
 """When nobody watches a bar (pipes, files): seconds a phase runs before its first plain progress
-line, and the longest gap between two while items finish."""
+line, and the least gap after which an update or a refresh writes one."""
+
+REFRESH_S = 5.0
+"""Seconds between two refreshes of :func:`keep_refreshed`: plain lines come at most this late
+after :data:`LINE_INTERVAL_S`, and a bar's elapsed and left times move this often."""
 
 Clock = Callable[[], float]
 """Seconds on a monotonic clock (``time.monotonic``; a test's fake)."""
@@ -124,8 +131,10 @@ class NoBar(_Progress):
 class LineProgress(_Progress):
     """Plain lines on ``stream`` for a phase that runs long (the module's docstring): none in its
     first ``interval`` seconds; after that one each time another tenth of ``total`` is done and one
-    whenever an item finishes ``interval`` seconds or more after the last line; on ``close``, when
-    it wrote any, a last line with the count done and the time taken."""
+    whenever it is updated or refreshed ``interval`` seconds or more after the last line (so a
+    caller that refreshes it every few seconds gets a line every ``interval`` seconds or a little
+    more while nothing finishes); none for the last item itself; on ``close``, when it wrote any,
+    a last line with the count done and the time taken."""
 
     def __init__(self, total: int | None, desc: str, unit: str, stream: TextIO,
                  interval: float = LINE_INTERVAL_S, time_left: TimeLeftFn | None = None,
@@ -230,6 +239,26 @@ def _timed_tqdm(time_left: TimeLeftFn, **options):
     return TimedBar(bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{left}{postfix}]", **options)
 
 
+async def keep_refreshed(bar, every_s: float = REFRESH_S, sleep=asyncio.sleep) -> None:
+    """Refresh ``bar`` every ``every_s`` seconds until cancelled, so its time shown moves while a
+    single item runs long (a plain line at least every :data:`LINE_INTERVAL_S` seconds or a
+    little more; a terminal bar's elapsed and left times).
+
+    Args:
+        bar: what :func:`progress_bar` returned.
+        every_s: seconds between two refreshes, > 0.
+        sleep: awaits the given seconds (``asyncio.sleep``; a test's fake).
+
+    Raises:
+        ValueError: ``every_s`` <= 0.
+    """
+    if not every_s > 0.0:
+        raise ValueError(f"every_s must be > 0, got {every_s!r}")
+    while True:
+        await sleep(every_s)
+        bar.refresh()
+
+
 def progress_bar(total: int | None, desc: str, unit: str, enabled: bool = True, stream: TextIO | None = None,
                  time_left: TimeLeftFn | None = None, **tqdm_options):
     """A progress bar for a phase of ``total`` ``unit``s named ``desc``, of the kind that fits
@@ -246,8 +275,9 @@ def progress_bar(total: int | None, desc: str, unit: str, enabled: bool = True, 
         tqdm_options: more ``tqdm`` options for the terminal bar (``leave``, ``position``).
 
     Returns:
-        An object with ``update``, ``close``, ``n``, ``total``, ``desc``, ``reset``,
-        ``set_description`` and ``set_postfix_str``.
+        An object with ``update``, ``refresh``, ``close``, ``n``, ``total``, ``desc``, ``reset``,
+        ``set_description`` and ``set_postfix_str``; ``refresh`` shows the elapsed time and the
+        time left anew (:func:`keep_refreshed`).
     """
     if not enabled:
         return NoBar(total, desc, unit)

@@ -351,9 +351,13 @@ def test_progress_takes_its_time_left_from_the_caller_where_given():
                          "calibration sweep: 1 of 3 experiments done, about 5 min left"]
     assert re.fullmatch(r"calibration sweep: 2 of 3 experiments done, about \d+ s left", lines[2])
     terminal = Tty()
-    bar = progress.progress_bar(3, "calibration sweep", "experiment", stream=terminal, time_left=lambda elapsed: 300.0)
+    left = [300.0]
+    bar = progress.progress_bar(3, "calibration sweep", "experiment", stream=terminal, time_left=lambda elapsed: left[0])
+    left[0] = 120.0
+    bar.refresh()  # the refresher's (keep_refreshed): the caller's time left anew, nothing done
     bar.update(3)
     bar.close()
-    first, last = terminal.getvalue().strip("\r\n").split("\r")
+    first, refreshed, last = terminal.getvalue().strip("\r\n").split("\r")
     assert re.search(r"\| 0/3 \[[0-9:]+, about 5 min left\]$", first)  # tqdm's bar, the caller's time left
+    assert re.search(r"\| 0/3 \[[0-9:]+, about 2 min left\]$", refreshed)
     assert re.search(r"\| 3/3 \[[0-9:]+\]$", last)  # none once all are done

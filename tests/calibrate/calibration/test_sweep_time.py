@@ -227,49 +227,113 @@ def _toy_estimate(start_s=4.0, experiment_s=None):
                          experiment_s={0: 12.0, 1: 48.0} if experiment_s is None else experiment_s)
 
 
-def test_time_left_is_the_estimate_not_done_at_the_pace_measured_so_far_blended_with_the_estimates():
-    """P = 4 + 12 + 48 = 64 estimated s, K = 0.25 x 64 = 16: left = (P - D) (E + K) / (D + K)."""
+def test_time_left_counts_down_second_by_second_while_an_experiment_runs():
+    """P = 4 + 12 + 48 = 64 estimated s, K = 0.25 x 64 = 16; what has not begun at the pace
+    (E + K) / (D + K), what runs at the pace less its seconds so far."""
     left = TimeLeft(_toy_estimate(), prior_share=0.25)
-    assert (left.planned_s, left.prior_s) == (64.0, 16.0)
+    assert (left.planned_s, left.prior_s, left.pace()) == (64.0, 16.0, 1.0)
     assert left.left_s(0.0) == 64.0  # nothing measured: the estimate
-    assert left.left_s(8.0) == 96.0  # 8 s and nothing done yet: 64 x 24 / 16
-    left.done("start")
-    assert left.left_s(8.0) == 72.0  # 60 x (8 + 16) / (4 + 16)
-    left.done(0)
-    # 16 estimated s took 40 real ones: 48 x (40 + 16) / (16 + 16); by count (1 of 2 done) 40 s
-    assert left.left_s(40.0) == 84.0
-    left.done(0)  # counted once
-    left.done(7)  # not estimated
-    assert left.left_s(40.0) == 84.0
-    left.done(1)
-    assert left.left_s(200.0) == 0.0
+    left.begin("start", 0.0)
+    assert [left.left_s(t) for t in (0.0, 1.0, 2.0, 3.0)] == [64.0, 63.0, 62.0, 61.0]  # 60 + (4 - t)
+    left.done("start", 14.0)  # 4 estimated s took 14: (14 + 16) / (4 + 16)
+    assert left.pace() == 1.5
+    left.begin(0, 14.0)
+    # 1.5 x 48 not begun + 1.5 x 12 running, less the seconds since it began
+    assert [left.left_s(t) for t in (14.0, 15.0, 16.0, 17.0)] == [90.0, 89.0, 88.0, 87.0]
+    left.done(0, 32.0)  # as paced: (32 + 16) / (16 + 16), the same pace, so no jump
+    assert (left.pace(), left.left_s(32.0)) == (1.5, 72.0)
 
 
-def test_time_left_follows_the_measured_pace_alone_without_a_prior_and_says_nothing_without_an_estimate():
+def test_time_left_holds_at_the_rest_not_begun_when_an_experiment_overruns_and_never_goes_negative():
+    left = TimeLeft(_toy_estimate(), prior_share=0.25)
+    left.begin("start", 0.0)
+    left.done("start", 14.0)
+    left.begin(0, 14.0)
+    assert [left.left_s(t) for t in (32.0, 40.0, 45.0)] == [72.0, 72.0, 72.0]  # its 18 s are gone: 1.5 x 48
+    left.done(0, 46.0)  # 16 estimated s in 46: (46 + 16) / (16 + 16)
+    assert (left.pace(), left.left_s(46.0)) == (1.9375, 93.0)
+    left.begin(1, 46.0)
+    assert left.left_s(100.0) == 39.0  # 93 - 54
+    assert left.left_s(200.0) == 0.0  # the last one overran: 0, not negative
+    left.done(1, 210.0)
+    assert left.left_s(210.0) == 0.0
+
+
+def test_time_left_takes_its_pace_from_finished_work_so_it_holds_while_nothing_runs():
+    """The old rule, (P - D) (E + K) / (D + K) with E now, rose with E between two ends."""
+    left = TimeLeft(_toy_estimate(), prior_share=0.25)
+    assert left.left_s(8.0) == 64.0  # 8 s, nothing begun or done: still the estimate
+    left.done("start", 14.0)
+    assert [left.left_s(t) for t in (14.0, 50.0, 100.0)] == [90.0, 90.0, 90.0]  # 1.5 x 60
     left = TimeLeft(_toy_estimate(), prior_share=0.0)
-    assert left.left_s(10.0) == 64.0  # no pace yet
-    left.done("start")
-    left.done(0)
-    assert left.left_s(32.0) == 96.0  # 2 real s per estimated s: 2 x 48
+    assert left.left_s(10.0) == 64.0  # no pace yet: 1
+    left.done("start", 8.0)
+    left.done(0, 40.0)
+    assert (left.pace(), left.left_s(60.0)) == (2.5, 120.0)  # 40 real s for 16 estimated ones
     assert TimeLeft(_toy_estimate()).prior_s == PRIOR_SHARE * 64.0
+
+
+def test_time_left_counts_keys_not_estimated_or_repeated_as_nothing():
+    left = TimeLeft(_toy_estimate(), prior_share=0.25)
+    left.done("start", 14.0)
+    left.begin(7, 14.0)  # not estimated: neither runs nor moves the pace
+    assert left.left_s(20.0) == 90.0
+    left.done(7, 30.0)
+    assert (left.pace(), left.left_s(30.0)) == (1.5, 90.0)
+    left.begin(0, 14.0)
+    left.begin(0, 20.0)  # begun once: from 14 s
+    assert left.left_s(20.0) == 84.0
+    left.done(0, 32.0)
+    left.done(0, 60.0)  # done once: the pace stays (32 + 16) / (16 + 16)
+    left.begin(0, 60.0)  # done: not running again
+    assert (left.done_s, left.pace(), left.left_s(60.0)) == (16.0, 1.5, 72.0)
     assert TimeLeft(_toy_estimate(start_s=0.0, experiment_s={})).left_s(5.0) is None
     with pytest.raises(ValueError, match="prior_share"):
         TimeLeft(_toy_estimate(), prior_share=-1.0)
 
 
+def test_a_log_of_one_long_experiment_gets_a_line_every_30_s_counting_down():
+    """LineProgress refreshed every 5 s (run_sweep's keep_refreshed) with TimeLeft's time left: a
+    48-estimated-s experiment paced at 1.5 counts down 72 s, then holds at the 1.5 x 12 s after it."""
+    import io
+
+    from kvroute.sim.study.progress import LineProgress
+
+    now = [1000.0]
+    left = TimeLeft(_toy_estimate(experiment_s={0: 48.0, 1: 12.0}), prior_share=0.25)
+    out = io.StringIO()
+    bar = LineProgress(2, "calibration sweep", "experiment", out, time_left=left.left_s, clock=lambda: now[0])
+    left.begin("start", 0.0)
+    left.done("start", 14.0)
+    left.begin(0, 14.0)
+    for t in range(5, 125, 5):
+        now[0] = 1000.0 + t
+        bar.refresh()
+    assert out.getvalue().splitlines() == [
+        "calibration sweep: 0 of 2 experiments done, about 74 s left",  # 30 s: 18 + 72 - 16
+        "calibration sweep: 0 of 2 experiments done, about 44 s left",  # 60 s
+        "calibration sweep: 0 of 2 experiments done, about 18 s left",  # 90 s: 76 s into its 72
+        "calibration sweep: 0 of 2 experiments done, about 18 s left",  # 120 s
+    ]
+
+
 def test_run_sweep_paces_its_progress_by_the_estimate_on_start_returns(fake_server, tmp_path, monkeypatch):
     """The ``TimeLeft`` ``on_start`` returns gives the progress its time left: the warm-up, then
-    each experiment as it ends."""
+    each experiment and burst, begun before it runs and done when it ends, at the seconds since
+    the warm-up began; the bar's refresher is cancelled when the sweep ends."""
     from kvroute.sim.study import progress
 
-    seen = []
+    seen, events = [], []
 
     class Bar:
         n = 0
 
         def update(self, n=1):
             self.n += n
-            seen.append(self.time_left(0.0))
+            seen.append(self.time_left(1e9))
+
+        def refresh(self):
+            pass
 
         def close(self):
             pass
@@ -279,23 +343,45 @@ def test_run_sweep_paces_its_progress_by_the_estimate_on_start_returns(fake_serv
         bar.total, bar.time_left = total, time_left
         return bar
 
+    class Recorded(TimeLeft):
+        def begin(self, key, at_s):
+            events.append(("begin", key, at_s))
+            super().begin(key, at_s)
+
+        def done(self, key, at_s):
+            events.append(("done", key, at_s))
+            super().done(key, at_s)
+
+    refreshers = []
+    keep_refreshed = progress.keep_refreshed
+
+    def recorded_refresher(bar, every_s):
+        refreshers.append(every_s)
+        return keep_refreshed(bar, every_s)
+
     monkeypatch.setattr(progress, "progress_bar", fake_bar)
-    estimates = []
+    monkeypatch.setattr(progress, "keep_refreshed", recorded_refresher)
+    plan = replace(TINY_PLAN, burst_sizes=(1,), burst_shapes=((64, 4),), burst_reps=1, burst_cached_sizes=())
 
     def on_start(infos):
-        estimates.append(estimate_sweep(TINY_PLAN, TOY, 1, shape=EngineShape(infos[0].block_size,
-                                        infos[0].num_gpu_blocks, infos[0].max_num_batched_tokens)))
-        return TimeLeft(estimates[0])
+        return Recorded(estimate_sweep(plan, TOY, 1, shape=EngineShape(infos[0].block_size,
+                                       infos[0].num_gpu_blocks, infos[0].max_num_batched_tokens)))
 
-    summary = asyncio.run(run_sweep([fake_server().url], tmp_path, TINY_PLAN, progress=True, on_start=on_start))
-    assert summary.status == "complete" and summary.num_experiments == 6
-    replay = TimeLeft(estimates[0])
-    replay.done("start")
-    expected = []
-    for exp_id in range(6):  # one server: the plan's order
-        replay.done(exp_id)
-        expected.append(replay.left_s(0.0))
-    assert seen == expected and seen[-1] == 0.0
+    async def sweep():
+        summary = await run_sweep([fake_server().url], tmp_path, plan, progress=True, on_start=on_start)
+        return summary, asyncio.all_tasks() - {asyncio.current_task()}
+
+    summary, tasks_left = asyncio.run(sweep())
+    assert summary.status == "complete" and summary.num_experiments == 7 and tasks_left == set()
+    assert refreshers == [progress.REFRESH_S]
+    # one server: each begins, then ends, before the next begins
+    assert [(e[0], e[1]) for e in events[:2]] == [("begin", "start"), ("done", "start")]
+    assert [e[0] for e in events] == ["begin", "done"] * 8
+    assert [e[1] for e in events[0::2]] == [e[1] for e in events[1::2]]
+    assert sorted(e[1] for e in events[2::2]) == list(range(7))  # 6 one at a time, a burst
+    times = [e[2] for e in events]
+    assert times == sorted(times) and times[0] >= 0.0
+    assert seen[-1] == 0.0 and len(seen) == 7
 
 
 def test_measure_dry_run_says_which_default_profile_estimates_and_how_to_give_another(monkeypatch):

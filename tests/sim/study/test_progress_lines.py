@@ -1,10 +1,13 @@
 """Plain progress lines where nobody watches a bar (``kvroute calibrate measure ... > log 2>&1``,
 nohup, CI): sim/study/progress.LineProgress on a fake clock, exact lines."""
 
+import asyncio
 import io
 
+import pytest
+
 from kvroute.sim.study import progress
-from kvroute.sim.study.progress import LineProgress
+from kvroute.sim.study.progress import LineProgress, keep_refreshed
 
 
 class Clock:
@@ -72,6 +75,57 @@ def test_the_callers_time_left_is_the_lines_and_a_short_phase_says_nothing():
         bar.update()
     bar.close()
     assert out.getvalue() == ""
+
+
+def test_refreshes_while_nothing_finishes_write_a_line_each_interval_after_the_last():
+    """One long item: the caller's refresh every 5 s (keep_refreshed) writes a line at the first
+    refresh 30 s or more after the last line, an update's line included."""
+    clock = Clock()
+    bar, out = _bar(4, clock, time_left=lambda elapsed: 600.0 - elapsed)
+    for _ in range(7):  # 5 .. 35 s
+        clock.now += 5.0
+        bar.refresh()
+    clock.now += 2.0  # 37 s: the first item ends, a tenth more
+    bar.update()
+    for _ in range(14):  # 42 .. 107 s
+        clock.now += 5.0
+        bar.refresh()
+    bar.close()
+    assert out.getvalue().splitlines() == [
+        "calibration sweep: 0 of 4 experiments done, about 10 min left",  # 30 s: 570 s (9.5 min)
+        "calibration sweep: 1 of 4 experiments done, about 9 min left",  # 37 s: the update's
+        "calibration sweep: 1 of 4 experiments done, about 9 min left",  # 67 s: 533 s
+        "calibration sweep: 1 of 4 experiments done, about 8 min left",  # 97 s: 503 s
+        "calibration sweep: 1 of 4 experiments done in 2 min",  # 107 s
+    ]
+
+
+def test_keep_refreshed_refreshes_every_interval_until_cancelled():
+    slept, refreshed = [], []
+
+    class Bar:
+        def refresh(self):
+            refreshed.append(len(slept))
+
+    async def main():
+        forever = asyncio.get_running_loop().create_future()
+
+        async def sleep(seconds):  # returns at once twice, then never
+            slept.append(seconds)
+            if len(slept) == 3:
+                await forever
+
+        task = asyncio.create_task(keep_refreshed(Bar(), 5.0, sleep=sleep))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return task
+
+    task = asyncio.run(main())
+    assert task.cancelled() and slept == [5.0, 5.0, 5.0] and refreshed == [1, 2]
+    with pytest.raises(ValueError, match="every_s"):
+        asyncio.run(keep_refreshed(Bar(), 0.0))
 
 
 def test_a_pipe_gets_line_progress_not_a_bar():
