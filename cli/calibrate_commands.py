@@ -106,7 +106,8 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     """Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up
     until Ctrl-C. Arguments after ``--`` go to vLLM as they are. On the CPU each engine gets a core
     that no running vLLM server's engine or API process is pinned to (another serve's); when none
-    is left, it shares one, with a warning naming the other server.
+    is left, it shares one, with a warning naming the other server, and an API process that may
+    run on another server's engine core is warned of too.
 
     \b
     Examples:

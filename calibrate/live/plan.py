@@ -149,8 +149,10 @@ def core_notes(specs: Sequence[ServerSpec], taken: Mapping[int, str],
     pinned to (``taken``, ``api_taken``, as given to :func:`plan_servers`): a warning for each of
     ``specs``' engines put on an engine's core (the two engines then fight for the core: each step
     waits for the other's busy-polling, and both servers' step times are slowed at random), else a
-    note that they were left alone; and a warning for each API process whose every core will then
-    run an engine, one of them ``specs``' (the engine there runs slower while that server serves).
+    note that they were left alone; a warning for each API process whose every core will then
+    run an engine, one of them ``specs``' (the engine there runs slower while that server serves);
+    and a warning for each other server whose engine's core ``specs``' API processes may run on
+    (:func:`_api_on_engines`).
 
     Returns:
         Lines, ``"warning: ..."`` or ``"note: ..."``; none when no spec runs on a CPU core or no
@@ -182,6 +184,42 @@ def core_notes(specs: Sequence[ServerSpec], taken: Mapping[int, str],
             lines.append(f"warning: {where} the API process of {who}; the engine of {servers} will share "
                          f"{'it' if len(front) == 1 else 'them'} and run slower while that server serves (start it "
                          f"with --api-cores own, or start fewer servers)")
+    return lines + _api_on_engines(specs, taken)
+
+
+def _api_on_engines(specs: Sequence[ServerSpec], taken: Mapping[int, str]) -> list[str]:
+    """A warning for each other server (``taken``: its engine's cores, by core) whose engine's core
+    the API processes of ``specs`` may run on: their ``frontend_cores``, or every core when None
+    (``--api-cores spare`` with no spare core left, or ``any``: the API process floats, and lands
+    on that engine's core at random, slowing it). A spec's own engine's core is left out: its
+    sharing is warned of already.
+
+    Returns:
+        Lines ``"warning: the API process of the server on port P may run on CPU core C, which runs
+        the engine of WHO, ..."``, in the order of ``taken``; none when no API process reaches one.
+    """
+    by_who: dict[str, list[int]] = {}
+    for c, who in taken.items():
+        by_who.setdefault(who, []).append(c)
+    lines = []
+    for who, theirs in by_who.items():
+        ports, hit = [], set()
+        for s in specs:
+            if s.cpu_core is None:
+                continue
+            reach = {c for c in theirs if c != s.cpu_core and (s.frontend_cores is None or c in s.frontend_cores)}
+            if reach:
+                ports.append(s.port)
+                hit |= reach
+        if not ports:
+            continue
+        one = len(ports) == 1
+        whose = (f"the API process of the server on port {ports[0]}" if one else
+                 f"the API processes of the servers on ports {', '.join(map(str, ports))}")
+        where = (f"CPU core {min(hit)}, which runs" if len(hit) == 1 else
+                 f"CPU cores {', '.join(map(str, sorted(hit)))}, which run")
+        lines.append(f"warning: {whose} may run on {where} the engine of {who}, and slow that engine at random "
+                     f"(with --api-cores own {'it stays' if one else 'each stays'} on its own engine's core)")
     return lines
 
 

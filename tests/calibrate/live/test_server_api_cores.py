@@ -71,7 +71,9 @@ def test_engines_go_to_cores_of_neither_first_and_a_trapped_api_process_is_warne
     assert plan.core_notes(three, taken, api) == [
         "note: CPU core 0 runs the engine of A; so this serve's engines run on cores 2, 3, 1",
         "warning: CPU core 1 runs the API process of A; the engine of the server on port 8812 will share it and "
-        "run slower while that server serves (start it with --api-cores own, or start fewer servers)"]
+        "run slower while that server serves (start it with --api-cores own, or start fewer servers)",
+        "warning: the API processes of the servers on ports 8810, 8811, 8812 may run on CPU core 0, which runs the "
+        "engine of A, and slow that engine at random (with --api-cores own each stays on its own engine's core)"]
 
 
 def test_an_api_process_with_a_core_left_to_it_is_no_warning(four_cores):
@@ -85,6 +87,30 @@ def test_an_api_process_with_a_core_left_to_it_is_no_warning(four_cores):
         "warning: CPU cores 1, 2, 3 run the API process of A; the engine of the servers on ports 8810, 8811, 8812 "
         "will share them and run slower while that server serves (start it with --api-cores own, or start fewer "
         "servers)")
+
+
+def test_a_second_serves_floating_api_process_is_warned_of_on_the_first_ones_engine_core(first_serve, monkeypatch):
+    """``serve -n 1`` then ``serve -n 1 --port-base 8810`` on 2 cores: the second's engine takes
+    core 1 and no core is spare for its API process, which floats over core 0, the first server's
+    engine's; with --api-cores own it stays on core 1 and only the shared API core is warned of."""
+    monkeypatch.setattr(cores, "detect_gpus", lambda: [])
+    monkeypatch.setattr(cores, "cpu_cores", lambda: [0, 1])
+    found = cores.pinned_servers(first_serve, own_cores=[0, 1])
+    taken, api = cores.engine_cores_in_use(found), cores.api_cores_in_use(found)
+    spare = plan_servers("m", 1, 8810, taken=taken, api_taken=api)
+    assert [(s.cpu_core, s.frontend_cores) for s in spare] == [(1, None)]
+    shared_api_core = (f"warning: CPU core 1 runs the API process of {FIRST}; the engine of the server on port 8810 "
+                       "will share it and run slower while that server serves (start it with --api-cores own, or "
+                       "start fewer servers)")
+    assert plan.core_notes(spare, taken, api) == [
+        f"note: CPU core 0 runs the engine of {FIRST}; so this serve's engine runs on core 1",
+        shared_api_core,
+        f"warning: the API process of the server on port 8810 may run on CPU core 0, which runs the engine of "
+        f"{FIRST}, and slow that engine at random (with --api-cores own it stays on its own engine's core)"]
+    own = plan_servers("m", 1, 8810, api_cores="own", taken=taken, api_taken=api)
+    assert [(s.cpu_core, s.frontend_cores) for s in own] == [(1, (1,))]
+    assert plan.core_notes(own, taken, api) == [
+        f"note: CPU core 0 runs the engine of {FIRST}; so this serve's engine runs on core 1", shared_api_core]
 
 
 def test_a_second_serve_warns_that_its_engine_shares_the_first_ones_api_core(first_serve, monkeypatch, tmp_path):
@@ -110,8 +136,10 @@ def test_a_second_serve_warns_that_its_engine_shares_the_first_ones_api_core(fir
         port = s.getsockname()[1]
     result = CliRunner().invoke(cli, ["serve", "--model", str(tmp_path), "-n", "1", "--port-base", str(port),
                                       "--log-dir", str(tmp_path)])
-    assert result.output.splitlines()[:3] == [
+    assert result.output.splitlines()[:4] == [
         f"note: CPU core 0 runs the engine of {FIRST}; so this serve's engine runs on core 1",
         f"warning: CPU core 1 runs the API process of {FIRST}; the engine of the server on port {port} will share it "
         "and run slower while that server serves (start it with --api-cores own, or start fewer servers)",
+        f"warning: the API process of the server on port {port} may run on CPU core 0, which runs the engine of "
+        f"{FIRST}, and slow that engine at random (with --api-cores own it stays on its own engine's core)",
         f"starting http://127.0.0.1:{port} on CPU core 1 (log {tmp_path / f'vllm-{port}.log'})"]

@@ -237,7 +237,12 @@ def test_engines_go_to_cores_no_running_engine_is_pinned_to(four_cores):
     assert [s.cpu_core for s in three] == [1, 3, 0]
     assert plan.core_notes(three, taken) == [
         "warning: CPU core 0 already runs the engine of A; the server on port 8512 will share it, and both will run "
-        "slower, at random (stop the other server, or start fewer here)"]
+        "slower, at random (stop the other server, or start fewer here)",
+        # no spare core: the API processes float, over the other engines' cores too (8512's own is warned of above)
+        "warning: the API processes of the servers on ports 8510, 8511 may run on CPU core 0, which runs the engine "
+        "of A, and slow that engine at random (with --api-cores own each stays on its own engine's core)",
+        "warning: the API processes of the servers on ports 8510, 8511, 8512 may run on CPU core 2, which runs the "
+        "engine of B, and slow that engine at random (with --api-cores own each stays on its own engine's core)"]
     every = plan_servers("m", None, taken={0: "A", 1: "B", 2: "C", 3: "D"})
     assert [s.cpu_core for s in every] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match=r"asked for 5 servers but this machine has 4 CPU cores: \[0, 1, 2, 3\]"):
@@ -284,9 +289,12 @@ def test_serve_names_the_running_server_whose_core_it_leaves_or_shares(four_core
                                              "--log-dir", str(tmp_path)])
     one = run("1")
     assert one.exit_code == 1 and "not started in this test" in one.output
-    assert one.output.splitlines()[:2] == [
+    assert one.output.splitlines()[:3] == [
         "note: CPU cores 0, 1, 2 run the engine of the vLLM server on port 8500 (PID 101, of kvroute serve PID 100); "
         "so this serve's engine runs on core 3",
+        "warning: the API process of the server on port 8510 may run on CPU cores 0, 1, 2, which run the engine of "
+        "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100), and slow that engine at random (with "
+        "--api-cores own it stays on its own engine's core)",
         f"starting http://127.0.0.1:8510 on CPU core 3 (log {tmp_path / 'vllm-8510.log'})"]
     two = run("2")
     assert two.output.splitlines()[0] == (
