@@ -183,7 +183,8 @@ def _servers(urls: list[str], log_dir: Path, port_base: int, api_cores: str = "s
     if urls:
         yield urls, []
         return
-    from kvroute.calibrate.live.server import plan_servers, serve_many
+    from kvroute.calibrate.live.plan import plan_servers
+    from kvroute.calibrate.live.server import serve_many
     from kvroute.calibrate.calibration.tiny_model import TINY_MODEL_NAME, build_tiny_model
 
     model = str(build_tiny_model())
@@ -680,7 +681,7 @@ def main() -> None:
     after = first = None  # speed-probe samples: the last one taken, and the first (after --calibrate)
     from kvroute.calibrate.validation.probe import median
     from kvroute.cli.calibrate_commands import _cores
-    from kvroute.calibrate.live.server import pinned
+    from kvroute.calibrate.live.cores import pinned
 
     try:
         cores = _cores(args.client_cores)  # as calibrate measure reads it

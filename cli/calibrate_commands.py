@@ -106,7 +106,8 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     """Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up
     until Ctrl-C. Arguments after ``--`` go to vLLM as they are. On the CPU each engine gets a core
     that no running vLLM server's engine or API process is pinned to (another serve's); when none
-    is left, it shares one, with a warning naming the other server.
+    is left, it shares one, with a warning naming the other server, and an API process that may
+    run on another server's engine core is warned of too.
 
     \b
     Examples:
@@ -119,8 +120,9 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     import signal
     import time
 
-    from kvroute.calibrate.live.server import (ServerError, api_cores_in_use, check_ports, core_notes,
-                                               engine_cores_in_use, pinned_servers, plan_servers, serve_many)
+    from kvroute.calibrate.live.cores import api_cores_in_use, engine_cores_in_use, pinned_servers
+    from kvroute.calibrate.live.plan import core_notes, plan_servers
+    from kvroute.calibrate.live.server import ServerError, check_ports, serve_many
 
     try:
         args = shlex.split(vllm_args) + list(extra)
@@ -270,7 +272,7 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
 
     from kvroute.calibrate.live.client import CalibrationError
     from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
-    from kvroute.calibrate.live.server import pinned
+    from kvroute.calibrate.live.cores import pinned
 
     plan = SweepPlan.preset(preset)
     if longest is not None:
@@ -372,11 +374,12 @@ def _plan_text(plan, num_servers: int, seed: int, profile) -> str:
 def _default_estimate_profile(infos, num_servers: int, urls=()):
     """cpu-tiny-qwen2 (-x2 for several servers) when ``infos`` say the servers run on CPUs, or,
     without ``infos`` (``--dry-run``), when every server of ``urls`` (or none given) is on this
-    machine and it shows no NVIDIA GPU (``kvroute.calibrate.live.server.detect_gpus``, which plans
+    machine and it shows no NVIDIA GPU (``kvroute.calibrate.live.cores.detect_gpus``, which plans
     the servers `serve` starts); else the a6000-qwen2.5-7b prior."""
     from urllib.parse import urlsplit
 
-    from kvroute.calibrate.live.server import detect_gpus, machine_key
+    from kvroute.calibrate.live.cores import detect_gpus
+    from kvroute.calibrate.live.server import machine_key
     from kvroute.sim.timing.profile import load_profile
 
     if infos:
@@ -393,7 +396,7 @@ def _estimate_profile(given, infos, num_servers: int, urls=()):
     or the default (``_default_estimate_profile``), and, for a default, the words that go after the
     estimate's line: which profile it is, what it was measured or derived on, and how to give
     another; where the GPUs are known (``infos``' hardware, or, without ``infos``, this machine's
-    when the servers are on it: ``kvroute.calibrate.live.server.gpu_models``) and the default's
+    when the servers are on it: ``kvroute.calibrate.live.cores.gpu_models``) and the default's
     is not among them, that it is not theirs, and the shipped profile that is, if one is."""
     if given is not None:
         return given, ""
@@ -440,7 +443,8 @@ def _gpu_models(infos, urls) -> list[str]:
         if infos[0].device != "cuda" or infos[0].hardware == "unknown":
             return []
         return [re.sub(r"^\d+ x ", "", part.strip()) for part in infos[0].hardware.split(", ")]
-    from kvroute.calibrate.live.server import gpu_models, machine_key
+    from kvroute.calibrate.live.cores import gpu_models
+    from kvroute.calibrate.live.server import machine_key
 
     if all(machine_key(urlsplit(u).hostname or "") == "loopback" for u in urls):
         return gpu_models()

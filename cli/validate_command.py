@@ -113,7 +113,7 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
     """
     from kvroute.calibrate.live.client import CalibrationError
     from kvroute.calibrate.live.kv_events import check_endpoints
-    from kvroute.calibrate.live.server import pinned
+    from kvroute.calibrate.live.cores import pinned
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
     from kvroute.calibrate.validation.validate_render import write_report
     from kvroute.cli.scenario import scenario_trace

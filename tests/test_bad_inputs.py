@@ -496,7 +496,7 @@ def test_serve_flags_checked_before_vllm(args, expected):
 def test_serve_planner_keeps_a_given_block_size():
     """A given block size is passed on as given (0 was replaced by the default: ``or``); the
     command refuses 0 before planning."""
-    from kvroute.calibrate.live.server import plan_servers
+    from kvroute.calibrate.live.plan import plan_servers
 
     assert plan_servers("m", 1, block_size=0, device="cpu")[0].block_size == 0
     assert plan_servers("m", 1, device="cpu")[0].block_size == 32

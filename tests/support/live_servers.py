@@ -30,7 +30,8 @@ def two_server_specs(tmp_path_factory, kv_events: bool = False) -> list:
     """Specs of two tiny-model servers, engine ``i`` on core ``i`` (block 32, 1 GiB of KV cache,
     logs in a temporary folder; with ``kv_events`` each publishes its KV-cache events); skips the
     test without vLLM or without two cores."""
-    from kvroute.calibrate.live.server import ServerSpec, cpu_cores
+    from kvroute.calibrate.live.cores import cpu_cores
+    from kvroute.calibrate.live.server import ServerSpec
 
     model_dir, name = tiny_model(tmp_path_factory)
     cores = cpu_cores()

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.live
 def server(tmp_path_factory):
     """One vLLM CPU server: engine on the first core, API server (and this test process, while
     it measures) on the others, as the reference setup."""
-    from kvroute.calibrate.live.server import ServerSpec, cpu_cores, serve_one
+    from kvroute.calibrate.live.cores import cpu_cores
+    from kvroute.calibrate.live.server import ServerSpec, serve_one
 
     model_dir, name = tiny_model(tmp_path_factory)
     cores = cpu_cores()
@@ -38,7 +39,7 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sweep(server, tmp_path_factory):
     from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
-    from kvroute.calibrate.live.server import pinned
+    from kvroute.calibrate.live.cores import pinned
 
     out = tmp_path_factory.mktemp("sweep")
     with pinned(server.client_cores):
@@ -127,7 +128,7 @@ def test_burst_of_16_last_request_schedule_delay_within_30_percent(server, sweep
     from kvroute.cli.calibrate_commands import calibrate
     from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
     from kvroute.calibrate.calibration.observations import load_sweep
-    from kvroute.calibrate.live.server import pinned
+    from kvroute.calibrate.live.cores import pinned
     from kvroute.sim.timing.profile import load_profile
 
     out, _ = sweep
@@ -174,7 +175,7 @@ def test_full_sweep_meets_the_accuracy_target(server, tmp_path):
     from kvroute.calibrate.calibration.fit import fit
     from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
     from kvroute.calibrate.calibration.observations import build_observations, engine_config, load_sweep
-    from kvroute.calibrate.live.server import pinned
+    from kvroute.calibrate.live.cores import pinned
 
     with pinned(server.client_cores):
         asyncio.run(run_sweep([server.url], tmp_path, SweepPlan.preset("full"), seed=5, progress=False))

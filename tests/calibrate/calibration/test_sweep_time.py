@@ -206,17 +206,17 @@ def test_measure_dry_run_estimates_local_servers_on_a_machine_without_a_gpu_with
     """--dry-run contacts no server: servers on this machine (or none named) of a machine without
     an NVIDIA GPU are taken for CPU servers (cpu-tiny-qwen2, -x2 for several); a remote server
     or a local GPU keeps the a6000 prior."""
-    from kvroute.calibrate.live import server
+    from kvroute.calibrate.live import cores
 
     run = CliRunner().invoke
-    monkeypatch.setattr(server, "detect_gpus", lambda: [])
+    monkeypatch.setattr(cores, "detect_gpus", lambda: [])
     two = run(cli, ["calibrate", "measure", "--dry-run", "--servers", "2"])
     assert two.exit_code == 0 and "from cpu-tiny-qwen2-x2's step costs" in two.output, two.output
     local = run(cli, ["calibrate", "measure", "--dry-run", "--url", "http://localhost:8100"])
     assert "from cpu-tiny-qwen2's step costs" in local.output, local.output
     remote = run(cli, ["calibrate", "measure", "--dry-run", "--url", "http://gpu-1:8100"])
     assert "from a6000-qwen2.5-7b's step costs" in remote.output, remote.output
-    monkeypatch.setattr(server, "detect_gpus", lambda: [0])
+    monkeypatch.setattr(cores, "detect_gpus", lambda: [0])
     gpu = run(cli, ["calibrate", "measure", "--dry-run", "--servers", "2"])
     assert "from a6000-qwen2.5-7b's step costs" in gpu.output, gpu.output
 
@@ -388,28 +388,28 @@ def test_measure_dry_run_says_which_default_profile_estimates_and_how_to_give_an
     """A defaulted estimate profile is named with what it was measured or derived on and the flag
     that gives another; a local GPU other than the A6000 prior's is named, with the shipped prior
     for it where there is one, else the derive command for it."""
-    from kvroute.calibrate.live import server
+    from kvroute.calibrate.live import cores
 
     run = lambda *args: CliRunner().invoke(cli, ["calibrate", "measure", "--dry-run", *args])  # noqa: E731
     tail = lambda result: result.output.strip().splitlines()[-1].split("a slower or busier host takes longer")[1]  # noqa: E731
-    monkeypatch.setattr(server, "detect_gpus", lambda: [])
+    monkeypatch.setattr(cores, "detect_gpus", lambda: [])
     assert tail(run()) == (". cpu-tiny-qwen2 is the default for CPU servers, measured with tiny-qwen2 on CPU AMD "
                            "EPYC (2 cores); --estimate-profile NAME|PATH estimates with another")
-    monkeypatch.setattr(server, "detect_gpus", lambda: [0, 1])
-    monkeypatch.setattr(server, "gpu_models", lambda: ["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"])
+    monkeypatch.setattr(cores, "detect_gpus", lambda: [0, 1])
+    monkeypatch.setattr(cores, "gpu_models", lambda: ["NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB"])
     assert tail(run("--servers", "2")) == (
         ". a6000-qwen2.5-7b is the default: a prior for Qwen/Qwen2.5-7B-Instruct on NVIDIA RTX A6000, not this "
         "machine's NVIDIA A100-SXM4-80GB; --estimate-profile a100-80gb-qwen2.5-7b estimates with the shipped prior "
         "for Qwen/Qwen2.5-7B-Instruct on NVIDIA A100-SXM4-80GB, NAME|PATH with another")
-    monkeypatch.setattr(server, "gpu_models", lambda: ["NVIDIA L40S"])
+    monkeypatch.setattr(cores, "gpu_models", lambda: ["NVIDIA L40S"])
     assert tail(run()).endswith(", not this machine's NVIDIA L40S; --estimate-profile NAME|PATH estimates with "
                                 "another (`kvroute profiles derive --gpu L40S --model MODEL` makes a prior for it)")
-    monkeypatch.setattr(server, "gpu_models", lambda: ["NVIDIA RTX A6000"])
+    monkeypatch.setattr(cores, "gpu_models", lambda: ["NVIDIA RTX A6000"])
     assert tail(run()) == (". a6000-qwen2.5-7b is the default: a prior for Qwen/Qwen2.5-7B-Instruct on NVIDIA RTX "
                            "A6000; --estimate-profile NAME|PATH estimates with another (`kvroute profiles derive "
                            "--gpu GPU --model MODEL` makes one for yours)")
     # servers elsewhere: this machine's GPU says nothing of theirs; a profile given: no note
-    monkeypatch.setattr(server, "gpu_models", lambda: ["NVIDIA L40S"])
+    monkeypatch.setattr(cores, "gpu_models", lambda: ["NVIDIA L40S"])
     assert "not this machine's" not in tail(run("--url", "http://gpu-1:8100"))
     assert tail(run("--estimate-profile", "h100-80gb-qwen2.5-7b")) == ""
 

