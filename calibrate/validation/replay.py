@@ -162,7 +162,8 @@ class LiveReplay:
         if cache_view == "exact":
             raise ValueError(f"policy {spec.policy!r} reads the exact cache view, which a live gateway cannot see")
         self.view = RouterView(len(endpoints), block_size, spec.router_block_tokens,
-                               track_prefixes=self.policy.uses_prefixes, metrics=self.metrics.scrape,
+                               track_prefixes=self.policy.uses_prefixes,
+                               metrics=self.metrics.scrape if self.policy.uses_metrics else None,
                                cache_view=cache_view,
                                events=self.kv_events.index if cache_view == "events" else None)
         prepare_policy(self.policy, self.view)

@@ -314,7 +314,8 @@ class Cluster:
         self.views = [
             RouterView(n, spec.profile.engine.block_size, spec.router_block_tokens,
                        track_prefixes=self.policies[0].uses_prefixes, cache_view=cache_view,
-                       metrics=self.metrics, events=self.events, exact=exact)
+                       metrics=self.metrics if self.policies[0].uses_metrics else None, events=self.events,
+                       exact=exact)
             for _ in range(num_views)
         ]
         for g, policy in enumerate(self.policies):

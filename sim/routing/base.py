@@ -53,9 +53,11 @@ class Policy:
 
     Attributes:
         name: the CLI name (set by ``register``).
-        uses_prefixes: whether the policy reads the router's cache view (``matched_blocks``).
+        uses_prefixes: whether the policy reads the router's cache view (``matched_blocks``);
+            the routed-prefix index is kept only then, and ``matched_blocks`` raises without it.
         uses_metrics: whether the policy reads the workers' scraped ``/metrics`` (the live
-            replay polls the servers only then).
+            replay polls the servers only then; ``RouterView.load`` of a scraped signal raises
+            without it).
         cache_view: the cache view this policy reads (one of ``view.CACHE_VIEWS``), whatever the
             run's ``cache_view``; None (the default) takes the run's. So policies that read
             different sources (llm-d's precise and estimated scorers) compare in one table.

@@ -37,9 +37,12 @@ class RouterView:
         block_size: engine tokens per block of ``RouteRequest.block_hashes``.
         router_block_tokens: granularity of the routed-prefix index, tokens (a multiple of
             ``block_size``); coarser is cheaper and matches prefixes to that precision.
-        track_prefixes: keep the routed-prefix index (only cache-aware policies need it).
+        track_prefixes: keep the routed-prefix index (only cache-aware policies need it; without
+            it the ``routed`` view's ``matched_blocks`` raises, so a policy that forgot
+            ``Policy.uses_prefixes`` fails rather than reading an empty cache).
         cache_view: where ``matched_blocks`` looks (``CACHE_VIEWS``).
-        metrics: the workers' scraped ``/metrics``; needed for the scraped load signals.
+        metrics: the workers' scraped ``/metrics``; needed for the scraped load signals (given
+            for a policy that sets ``Policy.uses_metrics``, the signals the live replay polls).
         events: the KV-event index; needed for ``cache_view="events"``.
         exact: per-worker longest cached prefix of a hash list, read from the workers
             themselves; needed for ``cache_view="exact"``.
@@ -120,7 +123,8 @@ class RouterView:
         if signal not in LOAD_SIGNALS:
             raise ValueError(f"unknown load signal {signal!r}; valid: {', '.join(LOAD_SIGNALS)}")
         if self.metrics is None:
-            raise ValueError(f"load signal {signal!r} needs the workers' /metrics (none connected)")
+            raise ValueError(f"load signal {signal!r} needs the workers' /metrics, which the router reads for a "
+                             "policy that sets uses_metrics = True (Policy)")
         scraped = self.metrics.current()
         if signal == "running":
             return [m[0] for m in scraped]
@@ -149,9 +153,10 @@ class RouterView:
         return matched
 
     def _routed_match(self, block_hashes: list[int]) -> list[int]:
-        matched = [0] * self.num_workers
         if not self.track_prefixes:
-            return matched
+            raise RuntimeError("matched_blocks: the router keeps no prefix index for this policy; a policy that "
+                               "reads the cache view sets uses_prefixes = True (Policy)")
+        matched = [0] * self.num_workers
         get, stride = self._index.get, self.stride
         live = (1 << self.num_workers) - 1
         length = 0  # engine blocks matched by every worker still in ``live``

@@ -45,7 +45,25 @@ class InitRaises(Returns):
         self.first = self.table[size]
 
 
+class ReadsCache(Policy):
+    """The most cached blocks, as a user's first cache-aware policy might read them."""
+
+    def choose(self, request, view):
+        matched = view.matched_blocks(request.block_hashes)
+        return max(view.alive_workers(), key=matched.__getitem__)
+
+
+class ReadsQueue(Policy):
+    """The shortest scraped queue."""
+
+    def choose(self, request, view):
+        queue = view.load("queue")
+        return min(view.alive_workers(), key=queue.__getitem__)
+
+
 RAISE_LINE = inspect.getsourcelines(Raises.choose)[1] + 1
+CACHE_LINE = inspect.getsourcelines(ReadsCache.choose)[1] + 1
+QUEUE_LINE = inspect.getsourcelines(ReadsQueue.choose)[1] + 1
 INIT_LINE = inspect.getsourcelines(InitRaises.__init__)[1] + 3
 PREPARE_LINE = inspect.getsourcelines(PrepareRaises.prepare)[1] + 1
 
@@ -114,6 +132,30 @@ def test_an_exception_in_choose_names_the_policy_file_and_line(registered):
     back = pickle.loads(pickle.dumps(error))
     assert type(back) is PolicyError and str(back) == str(error)
     assert (back.policy, back.where, back.line) == (error.policy, error.where, error.line)
+
+
+def test_a_policy_that_reads_what_it_did_not_declare_stops_and_says_which_flag(registered):
+    """A policy reading the cache view without ``uses_prefixes`` used to get zeros from every
+    worker (no prefix index is kept for it) and ran as a cache-blind policy; one reading the
+    scraped queue without ``uses_metrics`` read the simulator's values but zeros live (the live
+    replay polls /metrics only for the policies that declare it). Both now stop the run."""
+    registered("reads_cache", ReadsCache)
+    registered("reads_queue", ReadsQueue)
+    with pytest.raises(PolicyError) as caught:
+        run("reads_cache")
+    assert str(caught.value) == (f"policy 'reads_cache' ({__file__} line {CACHE_LINE}) raised RuntimeError in "
+                                 "choose(): matched_blocks: the router keeps no prefix index for this policy; a "
+                                 "policy that reads the cache view sets uses_prefixes = True (Policy)")
+    with pytest.raises(PolicyError) as caught:
+        run("reads_queue")
+    assert str(caught.value) == (f"policy 'reads_queue' ({__file__} line {QUEUE_LINE}) raised ValueError in "
+                                 "choose(): load signal 'queue' needs the workers' /metrics, which the router reads "
+                                 "for a policy that sets uses_metrics = True (Policy)")
+    registered("declares_cache", ReadsCache, uses_prefixes=True)
+    registered("declares_queue", ReadsQueue, uses_metrics=True)
+    cached = run("declares_cache").records  # the shared system prompt draws every chat to worker 0
+    assert cached["worker"].eq(0).all() and cached["cached_tokens"].sum() > 0
+    assert run("declares_queue").records["status"].eq("ok").all()
 
 
 def test_prepare_and_init_errors_name_the_policy_too(registered):
