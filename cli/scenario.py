@@ -227,10 +227,26 @@ DEFAULT_POLICIES = ",".join(POLICY_SET)
 """``--policies``' default: ``kvroute.sim.routing.DEFAULT_POLICIES``, the same on every command."""
 
 
+class PolicySpecs(click.ParamType):
+    """``--policies``' value: the comma text of policy specs, checked as :func:`parse_policies`
+    checks it; a list (a ``--config`` file's YAML list) is joined with commas first. The value
+    stays the text (``parse_policies`` splits it), so a scenario file saves it as given."""
+
+    name = "policies"
+
+    def convert(self, value, param, ctx) -> str:
+        text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        try:
+            parse_policies(text)
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+        return text
+
+
 def policies_option(func):
     """Decorate a command with ``--policies`` (``parse_policies`` reads its text)."""
     return click.option(
-        "--policies", "policies_text", default=DEFAULT_POLICIES, show_default=True,
+        "--policies", "policies_text", type=PolicySpecs(), default=DEFAULT_POLICIES, show_default=True,
         help="Comma-separated policies, each optionally with parameters (dynamo:overlap_weight=2,temperature=0.5), "
              "or an llm-d EndpointPickerConfig file (epp:FILE); "
              "the first is the baseline of the change columns. `kvroute policies` lists them.")(func)

@@ -16,6 +16,7 @@ policies. Values are converted to the type of the parameter's default.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -213,7 +214,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
         load_user_policies()
         cls = POLICIES.get(name)
     if cls is None:
-        raise ValueError(f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}")
+        close = difflib.get_close_matches(name, POLICIES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown policy {name!r}{hint}; valid policies: {', '.join(POLICIES)}")
     defaults = policy_params(cls)
     params: dict[str, object] = {}
     for n, item in enumerate(filter(None, (s.strip() for s in rest.split(",")))):

@@ -51,6 +51,8 @@ def test_unknown_names_list_the_valid_ones():
     result = CliRunner().invoke(cli, ["compare", "--policies", "round_robin,fastest"])
     assert result.exit_code == 2
     assert "unknown policy 'fastest'; valid policies: round_robin, least_loaded, kv_aware" in result.output
+    result = CliRunner().invoke(cli, ["compare", "--policies", "round_robin,kv_awre"])
+    assert "unknown policy 'kv_awre' (did you mean 'kv_aware'?); valid policies: round_robin," in result.output
     result = CliRunner().invoke(cli, ["simulate", "--profile", "a7000"])
     assert result.exit_code == 2 and "a6000-qwen2.5-7b" in result.output
 

@@ -71,6 +71,25 @@ def test_config_errors_name_the_file_and_option(tmp_path):
     bad.write_text("workers: [1\n")
     result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
     assert result.exit_code == 2 and "not valid YAML" in result.output and str(bad) in result.output
+    bad.write_text("chats: 4\npolicies: [round_robin, kv_awre]\n")  # checked at the file's line, not later
+    result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
+    assert result.exit_code == 2 and f"{bad}:2: option 'policies': unknown policy 'kv_awre' (did you mean " \
+        "'kv_aware'?)" in result.output
+
+
+def test_a_yaml_list_of_policies_runs_as_the_comma_list(tmp_path):
+    """``policies: [a, b]`` used to reach the command as the text "['a', 'b']"."""
+    listed, text = tmp_path / "list.yaml", tmp_path / "text.yaml"
+    listed.write_text("chats: 4\nturns: 2\nworkers: 2\nrounds: 1\npolicies:\n  - round_robin\n"
+                      "  - dynamo:overlap_weight=2,temperature=0.5\n")
+    text.write_text("chats: 4\nturns: 2\nworkers: 2\nrounds: 1\npolicies: round_robin,dynamo:overlap_weight=2,"
+                    "temperature=0.5\n")
+    a = _invoke("compare", "--config", listed, "--out", tmp_path / "a")
+    b = _invoke("compare", "--config", text, "--out", tmp_path / "b")
+    assert a.output.replace(str(tmp_path / "a"), "OUT") == b.output.replace(str(tmp_path / "b"), "OUT")
+    assert "dynamo:overlap_weight=2,temperature=0.5" in a.output
+    saved = yaml.safe_load((tmp_path / "a" / "scenario.yaml").read_text())
+    assert saved["policies"] == "round_robin,dynamo:overlap_weight=2,temperature=0.5"
 
 
 def test_sweep_writes_its_scenario_beside_the_rows(tmp_path):
