@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from kvroute.cli.help_text import HelpfulGroup
 from kvroute.cli.signals import stops_on_sigterm
 from kvroute.cli.values import Cores, Number, check_urls, check_values, token_id_range
 from kvroute.traces.inputs import BLOCK_SIZE, FRACTION, MAX_RUNS, MAX_TOKENS, SECONDS, SEED, TOKENS, Num
@@ -211,7 +212,7 @@ def _watch(servers, sleep, interval: float = 1.0) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=HelpfulGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def calibrate():
     """Measure real vLLM servers and fit a profile for the simulator."""
 
@@ -824,7 +825,7 @@ def tiny_model(out_dir):
 COMMANDS = [serve, calibrate]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=HelpfulGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def _main() -> None:
     """kvroute calibration commands (standalone entry point)."""
 

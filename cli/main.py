@@ -11,6 +11,8 @@ from collections.abc import Iterator
 
 import click
 
+from kvroute.cli.help_text import SHORT_HELP_LIMIT, HelpfulGroup
+
 # Subcommands are loaded only when invoked, so that ``kvroute --help`` and ``kvroute simulate
 # --help`` stay fast and a simulation imports no calibration code (name -> module, attribute,
 # first paragraph of the command's help; tests/cli/test_lazy_imports.py checks it against the command's).
@@ -52,7 +54,7 @@ def single_threaded_blas() -> Iterator[None]:
         os.environ.pop(name, None)
 
 
-class LazyGroup(click.Group):
+class LazyGroup(HelpfulGroup):
     """A click group that imports the modules of ``LAZY_COMMANDS`` on first use.
 
     Attributes:
@@ -100,16 +102,14 @@ class LazyGroup(click.Group):
                                        "machine; use fewer requests, workers or rounds") from exc
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        names = self.list_commands(ctx)
-        limit = formatter.width - 6 - max(map(len, names), default=0)  # as click.Group does
         rows = []
-        for name in names:
+        for name in self.list_commands(ctx):
             if name in LAZY_COMMANDS and name not in self.commands:
-                rows.append((name, click.Command(name, help=LAZY_COMMANDS[name][2]).get_short_help_str(limit)))
+                rows.append((name, click.Command(name, help=LAZY_COMMANDS[name][2]).get_short_help_str(SHORT_HELP_LIMIT)))
             else:
                 command = self.get_command(ctx, name)
                 if command is not None and not command.hidden:
-                    rows.append((name, command.get_short_help_str(limit)))
+                    rows.append((name, command.get_short_help_str(SHORT_HELP_LIMIT)))
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)

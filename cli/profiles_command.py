@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from kvroute.cli.help_text import HelpfulGroup
 from kvroute.cli.values import Number
 from kvroute.traces.inputs import TOKENS, Num
 
@@ -38,7 +39,7 @@ def list_profiles() -> None:
     click.echo(tabulate(rows, tablefmt="plain", disable_numparse=True))
 
 
-@click.group("profiles", invoke_without_command=True)
+@click.group("profiles", cls=HelpfulGroup, invoke_without_command=True)
 @click.pass_context
 def profiles_command(ctx: click.Context):
     """List the shipped profiles, one line each: name, source (measured/derived), hardware, model,

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import click
 
+from kvroute.cli.help_text import HelpfulGroup
 from kvroute.cli.scenario import read_any_trace, scenario_from_options, scenario_options
 from kvroute.cli.signals import stops_on_sigterm
 from kvroute.cli.values import InputFile, Number, check_values
 from kvroute.traces.inputs import BLOCK_SIZE, SEED, Num
 
 
-@click.group()
+@click.group(cls=HelpfulGroup)
 def trace() -> None:
     """Generate, import and describe traces."""
 

@@ -244,3 +244,14 @@ def test_the_seed_study_note_is_not_printed_under_a_workload_config_run(tmp_path
     assert seed_note in invoke("compare", "--chats", "4", "--turns", "2", "--rounds", "1").output
     out = invoke("compare", "--workload-config", str(config), "--rounds", "1").output
     assert "derived prior" in out and seed_note not in out
+
+
+def test_group_help_lists_each_commands_first_sentence_whole():
+    """click cut the summaries at the terminal's width with '...' (HelpfulGroup wraps them)."""
+    for args in ([], ["trace"], ["calibrate"], ["profiles"]):
+        result = CliRunner().invoke(cli, [*args, "--help"], terminal_width=80)
+        commands = result.output.split("Commands:")[1]
+        assert result.exit_code == 0 and "..." not in commands, result.output
+    text = " ".join(CliRunner().invoke(cli, ["trace", "--help"], terminal_width=80).output.split())
+    assert ("import Convert a trace (Mooncake JSONL, Azure or BurstGPT CSV, ShareGPT conversations, vllm bench "
+            "serve result) to kvroute's format, validating it.") in text
