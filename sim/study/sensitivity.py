@@ -40,6 +40,7 @@ from kvroute.sim.timing.cost_model import StepCost
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass, summarize
 from kvroute.sim.routing import DEFAULT_POLICIES
 from kvroute.sim.timing.profile import Profile
+from kvroute.sim.study.experiment import SHARE_METRICS
 from kvroute.sim.study.scenario import Scenario
 from kvroute.sim.timing.uncertainty import PRIOR_RANGE, coefficient, with_coefficients
 from kvroute.traces.format import Trace
@@ -291,7 +292,8 @@ def default_factors(scenario: Scenario, profile: Profile | None = None, ranges: 
 
 def output_names(policies: list[str], metrics: tuple[str, ...] = HEADLINE_METRICS) -> list[str]:
     """Output columns: ``"<policy>:<metric>"`` per policy, then ``"<policy> vs <first>:<metric>"``
-    (relative change, percent) per later policy."""
+    (relative change, percent; for a share, ``SHARE_METRICS``, percentage points, as ``kvroute
+    compare`` gives it) per later policy."""
     names = [f"{p}:{m}" for p in policies for m in metrics]
     names += [f"{p} vs {policies[0]}:{m}" for p in policies[1:] for m in metrics]
     return names
@@ -310,7 +312,7 @@ class _Point:
 
 def evaluate(point: _Point) -> dict[str, float]:
     """Outputs of one point: each policy's headline metrics averaged over the rounds, and the
-    relative changes (percent) of the averages against the first policy."""
+    changes of the averages against the first policy (percent; percentage points for a share)."""
     s = point.scenario
     # A generated workload draws its lengths per round (the same draws for every policy).
     traces = [point.trace if point.trace is not None else s.trace(r) for r in range(point.rounds)]
@@ -324,7 +326,10 @@ def evaluate(point: _Point) -> dict[str, float]:
     for p in point.policies[1:]:
         for m in HEADLINE_METRICS:
             base = means[first][m]
-            out[f"{p} vs {first}:{m}"] = 100.0 * (means[p][m] - base) / base if base else math.nan
+            if m in SHARE_METRICS:
+                out[f"{p} vs {first}:{m}"] = 100.0 * (means[p][m] - base)
+            else:
+                out[f"{p} vs {first}:{m}"] = 100.0 * (means[p][m] - base) / base if base else math.nan
     return out
 
 
@@ -383,7 +388,7 @@ class SensitivityResult:
                     cells.append(_signed(row["mu"], row["mu_star"]))
                 rows.append(cells)
             widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
-            lines = [f"{g}{' (change, %)' if change else ''}: mu* per factor (effect of crossing its range)"]
+            lines = [f"{g}{' (change: %, pp for a share)' if change else ''}: mu* per factor (effect of crossing its range)"]
             for k, r in enumerate(rows):
                 lines.append("  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1])]
                                        + [r[c].rjust(widths[c]) for c in range(2, len(r))]))
@@ -416,7 +421,7 @@ class SensitivityResult:
                                        "conf": row["mu_star_conf"]}))
                 rows.append(cells)
             header = ["factor", "range", *(_label(o.split(":")[1], change) for o in cols)]
-            tables.append(Table(f"{g}{' (change, %)' if change else ''}: mu* per factor (effect of crossing its range; "
+            tables.append(Table(f"{g}{' (change: %, pp for a share)' if change else ''}: mu* per factor (effect of crossing its range; "
                                 "+ raises the output, - lowers it, ~ mixed signs)", header, rows,
                                 table_id=f"sensitivity-{g.replace(' ', '-')}"))
         tables.append(Table("Factors: the range each input was varied over, and where the range comes from",
@@ -544,10 +549,10 @@ def _noise_legend_entry():
 
 
 def _mu_unit(metric: str, change: bool) -> str:
-    """The unit of mu* for ``metric``: the output's own (s; share 0-1 for a hit rate), or
-    percentage points for a change between policies (the change is in percent)."""
+    """The unit of mu* for ``metric``: the output's own (s; share 0-1 for a hit rate), or for a
+    change between policies percentage points (of a change in percent, or of a share)."""
     if change:
-        return "percentage points of the change"
+        return "pp" if metric in SHARE_METRICS else "percentage points of the change"
     if metric.endswith("_s"):
         return "s"
     if metric == "hit_rate" or metric.endswith("_share"):
@@ -557,7 +562,9 @@ def _mu_unit(metric: str, change: bool) -> str:
 
 def _label(metric: str, change: bool) -> str:
     text = SHORT_LABELS.get(metric, SUMMARY_METRICS.get(metric, metric))
-    return f"{text.replace(' (s)', '')} change %" if change else text
+    if not change:
+        return text
+    return f"{text.replace(' (s)', '')} change {'pp' if metric in SHARE_METRICS else '%'}"
 
 
 def _fmt(x: float) -> str:

@@ -89,6 +89,10 @@ def test_a_dominant_input_is_ranked_first():
     assert result.indices.groupby("output")["rank"].apply(sorted).map(list).tolist() == [[1, 2, 3, 4]] * 12
     assert result.outputs == output_names(["round_robin", "kv_aware"])
     assert len(result.samples) == 4 * (len(factors) + 1)
+    # a share's change is in percentage points, as compare gives it (it was a relative change, %)
+    base = result.base
+    assert base["kv_aware vs round_robin:hit_rate"] == pytest.approx(
+        100 * (base["kv_aware:hit_rate"] - base["round_robin:hit_rate"]), rel=1e-9)
 
 
 def test_same_seed_same_indices_on_every_executor():
@@ -120,7 +124,8 @@ def test_cli_writes_the_table_json_and_tornado(tmp_path):
                                       "--groups", "overheads,start_spread", "--executor", "sequential",
                                       "--out", str(out)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert "overheads.api_server_s" in result.output and "kv_aware vs round_robin (change, %)" in result.output
+    assert "overheads.api_server_s" in result.output and "kv_aware vs round_robin (change: %, pp for a share)" in result.output
+    assert "hit rate change pp" in result.output
     doc = json.loads((out / "sensitivity.json").read_text())
     assert [f["name"] for f in doc["factors"]] == ["overheads.api_server_s", "overheads.gateway_s",
                                                    "overheads.jitter_cv", "arrival_spread_s"]
