@@ -67,6 +67,7 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None,
         raise click.BadParameter(f"{path}: expected a mapping of option names to values, got "
                                  f"{type(doc).__name__}", param_hint="'--config'")
     names = {}
+    shown = set()  # the keys an error lists: the options' long names (not the old names still read)
     for param in command.params:
         if isinstance(param, click.Option) and param.name not in NOT_SCENARIO:
             names[param.name] = param.name
@@ -75,6 +76,7 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None,
             for opt in param.opts:
                 if opt.startswith("--"):
                     names[opt[2:]] = names[opt[2:].replace("-", "_")] = param.name
+                    shown.add(opt[2:])
     lines = getattr(doc, "key_lines", {})  # YAML: each key's line
     params = {p.name: p for p in command.params}
     values = {}
@@ -88,7 +90,7 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None,
             if output is not None:
                 raise click.BadParameter(f"{where}: {output!r} says where {command.name} writes or what it shows, not "
                                          f"what it runs: give --{output} on the command line", param_hint="'--config'")
-            valid = sorted(k for k in names if "_" not in k)
+            valid = sorted(shown)
             raise click.BadParameter(f"{where}: unknown option {key!r} for {command.name}; valid: {', '.join(valid)}",
                                      param_hint="'--config'")
         value = _plain(value)

@@ -58,6 +58,8 @@ def test_config_errors_name_the_file_and_option(tmp_path):
     bad.write_text("workerz: 2\n")
     result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
     assert result.exit_code == 2 and "unknown option 'workerz' for compare" in result.output
+    valid = result.output.split("valid: ")[1].replace("\n", " ").split(", ")
+    assert "reply-tokens" in valid and "reply" not in valid and "user" not in valid  # long names only
     bad.write_text("chats: 4\nworkers: 0\n")   # checked like the flag, and named with its file and line
     result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
     assert result.exit_code == 2 and f"{bad}:2: option 'workers': must be >= 1, got 0" in result.output
