@@ -426,6 +426,11 @@ TIMED_OUT = "timed out"
 begin (``kvroute.sim.cluster.cluster``); any other error is the engine's rejection."""
 
 
+FAILED_SHARE_WARNING = 0.1
+"""The share of failed requests from which ``_failure_note`` warns that the table's latencies are
+of the served requests only (below it, a note)."""
+
+
 def _failure_note(comparison) -> str:
     """A warning under the table when requests failed: how many, and one reason. When every
     request was rejected by the engine (and the later turns of their sessions not sent), it says
@@ -436,8 +441,16 @@ def _failure_note(comparison) -> str:
         return ""
     first = failed.iloc[0]
     if len(failed) < len(records):
-        return (f"Note: {len(failed)} of {len(records)} requests failed (all policies and rounds); e.g. request "
-                f"{first['request_id']}: {first['error'] or 'no reason recorded'}")
+        why = first["error"] or "no reason recorded"
+        if why.startswith("This model's maximum context length"):
+            why += " (raise --max-model-len or shorten the prompts)"
+        share = len(failed) / len(records)
+        if share < FAILED_SHARE_WARNING:
+            return (f"Note: {len(failed)} of {len(records)} requests failed (all policies and rounds); e.g. request "
+                    f"{first['request_id']}: {why}")
+        return (f"Warning: {len(failed)} of {len(records)} requests ({100 * share:.0f} %) failed (all policies and "
+                f"rounds), so the table's latencies are of the {len(records) - len(failed)} served only; e.g. request "
+                f"{first['request_id']}: {why}")
     errors = failed["error"].fillna("")
     not_sent, timed_out = errors.str.startswith(NOT_SENT), errors.str.startswith(TIMED_OUT)
     rejected = ~(not_sent | timed_out)
