@@ -15,12 +15,16 @@ SHORT_HELP_LIMIT = 400
 class HelpfulGroup(click.Group):
     """A click group whose ``--help`` lists each subcommand with its first sentence, wrapped."""
 
+    def command_summary(self, ctx: click.Context, name: str) -> str | None:
+        """The first sentence of subcommand ``name``'s help, or None to leave it out (hidden)."""
+        command = self.get_command(ctx, name)
+        if command is None or command.hidden:
+            return None
+        return command.get_short_help_str(SHORT_HELP_LIMIT)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = []
-        for name in self.list_commands(ctx):
-            command = self.get_command(ctx, name)
-            if command is not None and not command.hidden:
-                rows.append((name, command.get_short_help_str(SHORT_HELP_LIMIT)))
+        rows = [(name, text) for name in self.list_commands(ctx)
+                if (text := self.command_summary(ctx, name)) is not None]
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)

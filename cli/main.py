@@ -101,18 +101,11 @@ class LazyGroup(HelpfulGroup):
             raise click.ClickException(f"ran out of memory{detail}: the inputs together are too large for this "
                                        "machine; use fewer requests, workers or rounds") from exc
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = []
-        for name in self.list_commands(ctx):
-            if name in LAZY_COMMANDS and name not in self.commands:
-                rows.append((name, click.Command(name, help=LAZY_COMMANDS[name][2]).get_short_help_str(SHORT_HELP_LIMIT)))
-            else:
-                command = self.get_command(ctx, name)
-                if command is not None and not command.hidden:
-                    rows.append((name, command.get_short_help_str(SHORT_HELP_LIMIT)))
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
+    def command_summary(self, ctx: click.Context, name: str) -> str | None:
+        """A command not yet imported is summed up from ``LAZY_COMMANDS`` (``--help`` imports none)."""
+        if name in LAZY_COMMANDS and name not in self.commands:
+            return click.Command(name, help=LAZY_COMMANDS[name][2]).get_short_help_str(SHORT_HELP_LIMIT)
+        return super().command_summary(ctx, name)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
