@@ -6,7 +6,9 @@ defaults, ``--config`` file and command line were merged (keyed by the options' 
 the command, kvroute's version, the seeds and rounds, the profile's content hash (sha256 of its
 canonical JSON: keys sorted, no spaces), the trace's hash (sha256 of the file's bytes, or of
 the canonical JSON of each generated round's records) and the output options that chose the
-files (``outputs``: ``--time-series``, ``--figure-format``, ``sweep --plot-load``).
+files (``outputs``: ``--time-series``, ``--figure-format``, ``sweep --plot-load``); for a routing
+policy of one's own, its file and the file's hash (``policy_files``; the header's command imports
+it again with ``KVROUTE_POLICY_FILES``).
 
 Output options are not scenario values (``NOT_SCENARIO``): ``--config`` neither sets them nor
 takes them as keys, so a saved scenario re-runs as its header prints it, with or without
@@ -134,6 +136,30 @@ def _long_name(param: click.Option) -> str:
     return (longs[0] if longs else param.opts[0]).lstrip("-")
 
 
+POLICY_PARAMS = ("policies_text", "policy")
+"""The parameters that name a command's routing policies (``--policies``, ``simulate --policy``)."""
+
+
+def policy_files(ctx: click.Context) -> dict[str, dict]:
+    """Per policy of ``ctx``'s command not built into kvroute, the file it was imported from and
+    that file's sha256: ``{name: {"path": ..., "sha256": ...}}`` (empty when every one is built in).
+    A re-run needs the file again (``KVROUTE_POLICY_FILES``), and the hash says whether it changed."""
+    from kvroute.sim.routing import POLICIES, parse_spec, split_specs
+    from kvroute.sim.routing.policy_errors import user_policy_file
+
+    out = {}
+    for key in POLICY_PARAMS:
+        text = ctx.params.get(key)
+        if not isinstance(text, str):
+            continue
+        for spec in split_specs(text):
+            name = parse_spec(spec)[0]
+            path = user_policy_file(POLICIES[name])
+            if path is not None and Path(path).is_file():
+                out[name] = {"path": path, "sha256": file_sha256(path)}
+    return out
+
+
 def write_scenario(out_dir: Path, ctx: click.Context, provenance: dict, name: str = SCENARIO_FILE) -> Path:
     """Write ``out_dir/name`` (default ``scenario.yaml``): the resolved options, then
     ``kvroute: provenance``.
@@ -156,10 +182,16 @@ def write_scenario(out_dir: Path, ctx: click.Context, provenance: dict, name: st
 
     doc = resolved_options(ctx)
     outputs = output_options(ctx)
+    own = policy_files(ctx)
     doc[PROVENANCE_KEY] = {"command": ctx.command_path, "version": kvroute_version(), **provenance,
-                           **({"outputs": outputs} if outputs else {})}
+                           **({"policy_files": own} if own else {}), **({"outputs": outputs} if outputs else {})}
     path = out_dir / name
-    header = (f"# {ctx.command_path} --config {path} re-runs this scenario; command-line flags override "
+    env = ""
+    if own:  # the policies of one's own are imported from their files again
+        import os
+
+        env = f"KVROUTE_POLICY_FILES={shlex.quote(os.pathsep.join(dict.fromkeys(f['path'] for f in own.values())))} "
+    header = (f"# {env}{ctx.command_path} --config {path} re-runs this scenario; command-line flags override "
               f"these values.\n")
     flags = output_flags(ctx)
     if flags:

@@ -216,7 +216,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
     if cls is None:
         close = difflib.get_close_matches(name, POLICIES, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown policy {name!r}{hint}; valid policies: {', '.join(POLICIES)}")
+        raise ValueError(f"unknown policy {name!r}{hint}; valid policies: {', '.join(POLICIES)} (a policy of your "
+                         "own is imported from its file: KVROUTE_POLICY_FILES=FILE.py)")
     defaults = policy_params(cls)
     params: dict[str, object] = {}
     for n, item in enumerate(filter(None, (s.strip() for s in rest.split(",")))):

@@ -141,6 +141,15 @@ _PACKAGE = Path(__file__).resolve().parents[2]
 """The ``kvroute`` package's folder (a built-in policy's file is shown relative to its parent)."""
 
 
+def user_policy_file(cls: type) -> str | None:
+    """The file a policy class not built into kvroute was imported from (``KVROUTE_POLICY_FILES``,
+    an entry point's module), resolved; None for a built-in one or a module without a file."""
+    where = _class_file(cls)
+    if where.startswith(("built in: ", "module ")):
+        return None
+    return str(Path(where).resolve())
+
+
 def _class_file(cls: type) -> str:
     """Where ``cls`` comes from, for an error message: ``built in: kvroute/sim/routing/x.py``, or
     its module's path (a user's file from ``KVROUTE_POLICY_FILES``, an entry point's module)."""

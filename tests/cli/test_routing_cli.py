@@ -123,3 +123,37 @@ def test_a_user_policy_that_returns_no_worker_or_raises_is_a_one_line_error(tmp_
                             "--no-progress", "--policies", "minus_one"], env=env, capture_output=True, text=True)
     assert (swept.returncode, swept.stderr.splitlines()[-1]) == (
         1, f"Error: policy 'minus_one' ({path}) returned -1 from choose(): a worker must be an int in range(2)")
+
+
+def test_a_scenario_of_ones_own_policy_records_its_file_and_says_how_to_rerun(tmp_path: Path):
+    """Its scenario.yaml could not be re-run in a new shell (the policy is imported from its file)
+    and nothing recorded which file: now the header's command sets KVROUTE_POLICY_FILES, the
+    provenance holds the file's path and sha256, and a re-run warns when the file changed."""
+    import hashlib
+
+    import yaml
+
+    path = tmp_path / "fewest_tokens.py"
+    path.write_text(USER_POLICY)
+    kvroute = str(Path(sys.executable).with_name("kvroute"))
+    env = {**os.environ, "KVROUTE_POLICY_FILES": str(path)}
+    out, again = tmp_path / "a", tmp_path / "b"
+    run = subprocess.run([kvroute, "compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies",
+                          "round_robin,fewest_tokens", "--out", str(out)], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    text = (out / "scenario.yaml").read_text()
+    assert text.splitlines()[0] == (f"# KVROUTE_POLICY_FILES={path} kvroute compare --config {out / 'scenario.yaml'} "
+                                    "re-runs this scenario; command-line flags override these values.")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert yaml.safe_load(text)["kvroute"]["policy_files"] == {"fewest_tokens": {"path": str(path), "sha256": digest}}
+    bare = {k: v for k, v in os.environ.items() if k != "KVROUTE_POLICY_FILES"}
+    lost = subprocess.run([kvroute, "compare", "--config", str(out / "scenario.yaml")], env=bare, capture_output=True,
+                          text=True)
+    assert lost.returncode == 2 and "unknown policy 'fewest_tokens'" in lost.stderr
+    assert "(a policy of your own is imported from its file: KVROUTE_POLICY_FILES=FILE.py)" in lost.stderr
+    path.write_text(USER_POLICY + "# edited\n")
+    rerun = subprocess.run([kvroute, "compare", "--config", str(out / "scenario.yaml"), "--out", str(again)], env=env,
+                           capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert (f"warning: policy fewest_tokens's file {path} (sha256 {digest[:12]}... then, "
+            f"{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}... now) differs from the --config run's") in rerun.stderr
