@@ -37,7 +37,9 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None,
 
     Raises:
         click.BadParameter (``--config``): the file cannot be read, is not YAML/JSON, is not a
-            mapping, names an option ``command`` does not have (listing the valid names), or
+            mapping, names an option ``command`` does not have (listing the valid names; an
+            option of another scenario command, ``compare``'s ``uncertainty`` given to ``sweep``,
+            is left out with a warning), or
             (with ``ctx``) holds a value its option's type refuses.
     """
     try:
@@ -90,6 +92,11 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None,
             if output is not None:
                 raise click.BadParameter(f"{where}: {output!r} says where {command.name} writes or what it shows, not "
                                          f"what it runs: give --{output} on the command line", param_hint="'--config'")
+            elsewhere = _sibling_with(ctx, command, key)
+            if elsewhere is not None:  # a scenario saved by compare, run by sweep: the rest still applies
+                click.echo(f"warning: {where}: {key!r} is an option of {elsewhere}, not of {command.name}; "
+                           f"{command.name} runs the scenario without it", err=True)
+                continue
             valid = sorted(shown)
             raise click.BadParameter(f"{where}: unknown option {key!r} for {command.name}; valid: {', '.join(valid)}",
                                      param_hint="'--config'")
@@ -102,6 +109,27 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None,
                                          param_hint="'--config'") from None
         values[names[key]] = value
     return values
+
+
+SCENARIO_COMMANDS = ("compare", "simulate", "sweep")
+"""The commands whose ``--out`` writes a scenario file the others may be given."""
+
+
+def _sibling_with(ctx: click.Context | None, command: click.Command, key: str) -> str | None:
+    """The first other scenario command (``SCENARIO_COMMANDS``) with a scenario option named
+    ``key`` (long name), or None."""
+    if ctx is None or command.name not in SCENARIO_COMMANDS:
+        return None
+    root = ctx.find_root()
+    group = root.command
+    if not isinstance(group, click.Group):
+        return None
+    for name in SCENARIO_COMMANDS:
+        other = group.get_command(root, name) if name != command.name else None
+        if other is not None and any(isinstance(q, click.Option) and q.name not in NOT_SCENARIO
+                                     and f"--{key}" in q.opts for q in other.params):
+            return name
+    return None
 
 
 def _plain(value: object) -> object:

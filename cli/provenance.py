@@ -87,6 +87,9 @@ def resolved_options(ctx: click.Context) -> dict:
             value = str(value.resolve())
         elif name in ("profile", "profile_name") and isinstance(value, str) and Path(value).is_file():
             value = str(Path(value).resolve())  # a profile file, not a shipped name
+        elif isinstance(value, tuple) and not param.multiple and len(value) == 2 and \
+                all(isinstance(v, (int, float)) for v in value):
+            value = Axis.text([value])  # a (low, high) range as "low-high": a list would be a sweep's two values
         elif isinstance(value, tuple):
             value = list(value)
         out[_long_name(param)] = value

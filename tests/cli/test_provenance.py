@@ -6,6 +6,7 @@ import hashlib
 import json
 
 import pandas as pd
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -116,3 +117,29 @@ def test_rerun_warns_when_the_trace_file_changed(tmp_path):
     _invoke("trace", "generate", "seed-chat", "--chats", "2", "--turns", "2", "--out", trace)
     changed = _invoke("simulate", "--config", tmp_path / "a" / "scenario.yaml", "--out", tmp_path / "c")
     assert "warning: the trace file (sha256" in changed.output and "numbers may differ" in changed.output
+
+
+def test_a_compare_scenario_runs_under_sweep_as_one_grid_point(tmp_path):
+    """compare saved a (low, high) range as a YAML list, which sweep reads as two grid values, and
+    sweep refused compare's own options: now the range is "low-high" and those are left out with a
+    warning naming the file and line."""
+    _invoke("compare", "--workload", "agent", "--history", "16000-32000", "--chats", "2", "--turns", "2",
+            "--workers", "2", "--rounds", "1", "--policies", "round_robin", "--out", tmp_path / "c")
+    doc = yaml.safe_load((tmp_path / "c" / "scenario.yaml").read_text())
+    assert doc["history"] == "16000-32000"
+    again = _invoke("compare", "--config", tmp_path / "c" / "scenario.yaml", "--out", tmp_path / "d")
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "c" / "records.parquet"),
+                                  pd.read_parquet(tmp_path / "d" / "records.parquet"))
+    assert "warning" not in again.output
+    swept = _invoke("sweep", "--config", tmp_path / "c" / "scenario.yaml", "--executor", "sequential",
+                    "--out", tmp_path / "s.csv")
+    lines = (tmp_path / "c" / "scenario.yaml").read_text().splitlines()
+    at = {key: 1 + next(i for i, line in enumerate(lines) if line.startswith(f"{key}:"))
+          for key in ("uncertainty", "prior-range", "records-format")}
+    for key, line in at.items():
+        assert (f"warning: {tmp_path / 'c' / 'scenario.yaml'}:{line}: '{key}' is an option of compare, not of sweep; "
+                "sweep runs the scenario without it") in swept.output
+    rows = pd.read_csv(tmp_path / "s.csv")
+    assert rows["history"].tolist() == ["16000-32000"]
+    assert rows["time_to_complete_s"].iloc[0] == pytest.approx(
+        json.loads((tmp_path / "c" / "compare.json").read_text())["policies"]["round_robin"]["time_to_complete_s"]["mean"])
