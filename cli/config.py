@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from kvroute.cli.provenance import NOT_SCENARIO, PROVENANCE_KEY
+from kvroute.cli.provenance import NOT_SCENARIO, ONCE_SAVED, PROVENANCE_KEY
 from kvroute.cli.values import InputFile
 from kvroute.traces.inputs import JSON_DECODER, DuplicateKeyError, InputError
 from kvroute.traces.yaml_doc import parse_yaml
@@ -87,8 +87,14 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None,
         if key == PROVENANCE_KEY:
             continue
         if key not in names:
-            output = next((o[2:] for q in command.params if isinstance(q, click.Option) and q.name in NOT_SCENARIO
-                           for o in q.opts if o[2:] == key or q.name == key), None)
+            param, output = next(((q, o[2:]) for q in command.params if isinstance(q, click.Option)
+                                  and q.name in NOT_SCENARIO for o in q.opts if o[2:] == key or q.name == key),
+                                 (None, None))
+            if param is not None and param.name in ONCE_SAVED:  # a file of an earlier version
+                if _plain(value) != param.default:
+                    click.echo(f"warning: {where}: {key!r} is no longer a scenario value and --config leaves it "
+                               f"out: give --{output} on the command line", err=True)
+                continue
             if output is not None:
                 raise click.BadParameter(f"{where}: {output!r} says where {command.name} writes or what it shows, not "
                                          f"what it runs: give --{output} on the command line", param_hint="'--config'")
@@ -126,7 +132,7 @@ def _sibling_with(ctx: click.Context | None, command: click.Command, key: str) -
         return None
     for name in SCENARIO_COMMANDS:
         other = group.get_command(root, name) if name != command.name else None
-        if other is not None and any(isinstance(q, click.Option) and q.name not in NOT_SCENARIO
+        if other is not None and any(isinstance(q, click.Option) and (q.name not in NOT_SCENARIO or q.name in ONCE_SAVED)
                                      and f"--{key}" in q.opts for q in other.params):
             return name
     return None

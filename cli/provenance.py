@@ -33,12 +33,18 @@ SCENARIO_FILE = "scenario.yaml"
 PROVENANCE_KEY = "kvroute"
 """Top-level key of the provenance block (read by people, ignored by ``--config``)."""
 
-NOT_SCENARIO = ("config", "out", "json_out", "quiet", "figure_formats", "time_series", "plot_load")
+NOT_SCENARIO = ("config", "out", "json_out", "quiet", "figure_formats", "time_series", "plot_load", "records_format",
+                "show", "no_progress")
 """Parameters that say where outputs go or what is shown, not what runs; left out of the scenario
 (``sweep --plot-load``'s path too: kept, a re-run with ``--config`` would draw over the first
 run's figure)."""
 
-OUTPUT_FILE_OPTIONS = ("time_series", "figure_formats", "plot_load")
+ONCE_SAVED = ("records_format", "show", "no_progress")
+"""Parameters of ``NOT_SCENARIO`` that scenario files written before 2026-12-05 saved as values:
+``--config`` leaves them out (with a warning when one differs from its default), so those files
+still run."""
+
+OUTPUT_FILE_OPTIONS = ("time_series", "figure_formats", "plot_load", "records_format")
 """The parameters of ``NOT_SCENARIO`` that choose which files a run writes under ``--out``:
 recorded in the provenance block (``outputs``) and, when given, named in the file's header."""
 

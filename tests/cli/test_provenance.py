@@ -126,7 +126,7 @@ def test_a_compare_scenario_runs_under_sweep_as_one_grid_point(tmp_path):
     _invoke("compare", "--workload", "agent", "--history", "16000-32000", "--chats", "2", "--turns", "2",
             "--workers", "2", "--rounds", "1", "--policies", "round_robin", "--out", tmp_path / "c")
     doc = yaml.safe_load((tmp_path / "c" / "scenario.yaml").read_text())
-    assert doc["history"] == "16000-32000"
+    assert doc["history"] == "16000-32000" and "records-format" not in doc  # an output option, not saved
     again = _invoke("compare", "--config", tmp_path / "c" / "scenario.yaml", "--out", tmp_path / "d")
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "c" / "records.parquet"),
                                   pd.read_parquet(tmp_path / "d" / "records.parquet"))
@@ -135,7 +135,7 @@ def test_a_compare_scenario_runs_under_sweep_as_one_grid_point(tmp_path):
                     "--out", tmp_path / "s.csv")
     lines = (tmp_path / "c" / "scenario.yaml").read_text().splitlines()
     at = {key: 1 + next(i for i, line in enumerate(lines) if line.startswith(f"{key}:"))
-          for key in ("uncertainty", "prior-range", "records-format")}
+          for key in ("uncertainty", "prior-range")}
     for key, line in at.items():
         assert (f"warning: {tmp_path / 'c' / 'scenario.yaml'}:{line}: '{key}' is an option of compare, not of sweep; "
                 "sweep runs the scenario without it") in swept.output
@@ -143,3 +143,26 @@ def test_a_compare_scenario_runs_under_sweep_as_one_grid_point(tmp_path):
     assert rows["history"].tolist() == ["16000-32000"]
     assert rows["time_to_complete_s"].iloc[0] == pytest.approx(
         json.loads((tmp_path / "c" / "compare.json").read_text())["policies"]["round_robin"]["time_to_complete_s"]["mean"])
+
+
+def test_display_options_are_not_saved_but_an_earlier_files_copy_still_runs(tmp_path):
+    """sweep saved --show and --no-progress, compare --records-format, as scenario values: they
+    are no longer saved, and a file that has them still runs (a warning when one is not the
+    default: --config no longer sets it)."""
+    out = tmp_path / "grid.csv"
+    _invoke("sweep", "--chats", "2", "--turns", "2", "--workers", "1,2", "--policies", "round_robin", "--rounds", "1",
+            "--executor", "sequential", "--no-progress", "--show", "hit_rate", "--out", out)
+    doc = yaml.safe_load((tmp_path / "grid.scenario.yaml").read_text())
+    assert not {"show", "no-progress", "quiet"} & set(doc)
+    old = tmp_path / "old.yaml"
+    old.write_text("chats: 2\nturns: 2\nworkers: 1,2\npolicies: round_robin\nrounds: 1\nexecutor: sequential\n"
+                   "show: time_to_complete_s,later_ttft_mean_s,later_ttft_p90_s,hit_rate\nno-progress: true\n")
+    result = _invoke("sweep", "--config", old, "--out", tmp_path / "again.csv")
+    assert f"warning: {old}:8: 'no-progress' is no longer a scenario value and --config leaves it out: give " \
+           "--no-progress on the command line" in result.output
+    assert "'show'" not in result.output  # the default: nothing to say
+    pd.testing.assert_frame_equal(pd.read_csv(out), pd.read_csv(tmp_path / "again.csv"))
+    compare = tmp_path / "compare.yaml"
+    compare.write_text("chats: 2\nturns: 2\nrounds: 1\npolicies: round_robin\nrecords-format: csv\n")
+    result = _invoke("compare", "--config", compare)
+    assert f"warning: {compare}:5: 'records-format' is no longer a scenario value" in result.output

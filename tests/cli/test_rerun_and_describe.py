@@ -44,8 +44,9 @@ def test_a_saved_scenario_names_the_output_flags_of_its_run_and_that_command_wri
     assert lines[2] == (f"# to write the same files again: cli compare --config {scenario} --out DIR "
                         "--figure-format png,svg --time-series")
     doc = yaml.safe_load(saved)
-    assert doc["kvroute"]["outputs"] == {"figure-format": ["png", "svg"], "time-series": True}
-    assert not {"time-series", "figure-format"} & set(doc)
+    assert doc["kvroute"]["outputs"] == {"figure-format": ["png", "svg"], "time-series": True,
+                                         "records-format": "parquet"}
+    assert not {"time-series", "figure-format", "records-format"} & set(doc)
     args = shlex.split(lines[2].split(": ", 1)[1])[2:]  # after "cli compare"
     again = _run("compare", *[str(b) if arg == "DIR" else arg for arg in args])
     assert again.exit_code == 0, again.output
@@ -66,7 +67,8 @@ def test_a_run_without_output_flags_has_no_rerun_line_for_them(tmp_path):
         "values.",
         "# The 'kvroute' block records what produced the outputs; --config ignores it.",
     ]
-    assert yaml.safe_load(saved)["kvroute"]["outputs"] == {"figure-format": ["png"], "time-series": False}
+    assert yaml.safe_load(saved)["kvroute"]["outputs"] == {"figure-format": ["png"], "time-series": False,
+                                                           "records-format": "parquet"}
 
 
 def test_figure_format_without_out_is_an_error_naming_out():
