@@ -169,6 +169,9 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
                    "possible values); "
                    f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     click.echo(spread_note)
+    profile_notes = _profile_notes(scenarios)
+    for note in profile_notes:
+        click.echo(note)
     figures = []
     if options["request_rate"] and (plot_load is not None or out is not None):
         figures.append(_load_figure(frame, scenarios, rounds, plot_load, figure_formats))
@@ -176,10 +179,22 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
         _write_rows(frame, out)
         _write_provenance(out, scenarios, rounds, trace_path)
         notes = ([f"{len(failed)} of {len(frame)} runs failed (infeasible; shown as -): {failed['error'].iloc[0]}"]
-                 if len(failed) else [])
+                 if len(failed) else []) + profile_notes
         _write_report(out, frame, scenarios, rounds, [m for m in shown if m not in empty], spread_note, figures, notes)
         click.echo(f"wrote {len(frame)} rows to {out}, its scenario to {out.with_name(out.stem + '.scenario.yaml')} "
                    f"and its report to {out.with_name(out.stem + '.report.html')}", err=True)
+
+
+def _profile_notes(scenarios: list[Scenario]) -> list[str]:
+    """The notes ``compare`` prints about a profile (a derived prior; no front-end terms), once per
+    profile of the grid."""
+    from kvroute.cli.profile_notes import frontend_note, unmeasured_note
+
+    notes = []
+    for name in dict.fromkeys(s.profile for s in scenarios):
+        profile = load_profile(name)
+        notes += [n for n in (unmeasured_note(profile, command="sweep"), frontend_note(profile, None)) if n]
+    return notes
 
 
 def _load_figure(frame: pd.DataFrame, scenarios: list[Scenario], rounds: int, plot_load: Path | None,

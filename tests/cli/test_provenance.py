@@ -166,3 +166,17 @@ def test_display_options_are_not_saved_but_an_earlier_files_copy_still_runs(tmp_
     compare.write_text("chats: 2\nturns: 2\nrounds: 1\npolicies: round_robin\nrecords-format: csv\n")
     result = _invoke("compare", "--config", compare)
     assert f"warning: {compare}:5: 'records-format' is no longer a scenario value" in result.output
+
+
+def test_a_sweep_prints_and_reports_the_notes_compare_gives_about_its_profile(tmp_path):
+    """A sweep showed no caveat at all where compare, on the same settings, said the profile is a
+    derived prior without front-end terms."""
+    result = _invoke("sweep", "--chats", "2", "--turns", "2", "--workers", "1,2", "--policies", "round_robin",
+                     "--rounds", "1", "--executor", "sequential", "--out", tmp_path / "g.csv")
+    derived = ("Note: a6000-qwen2.5-7b is a derived prior, not a measurement: absolute times rest on its stated step "
+               "costs and API-server time (100 ms). `kvroute compare --uncertainty 10` on one point adds their share "
+               "to its intervals; `kvroute sensitivity` ranks them.")
+    assert derived in result.output
+    assert "Note: a6000-qwen2.5-7b has no front-end terms: vLLM's API process and the host's CPU are taken as " \
+           "unlimited" in result.output
+    assert "a6000-qwen2.5-7b is a derived prior, not a measurement" in (tmp_path / "g.report.html").read_text()
