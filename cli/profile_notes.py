@@ -27,13 +27,14 @@ FRONTEND_NOTE_IN_FLIGHT = 8
 """Requests in flight on one worker from which a profile without front-end terms gets a note."""
 
 
-def frontend_note(profile, peak: int | None) -> str:
+def frontend_note(profile, peak: int | None, policy: str | None = None) -> str:
     """A note under the table when many requests (``peak``) were in flight on a worker: without a
     ``frontend`` section vLLM's API process is taken as unlimited, which bursts disprove; with
     one, its serial admission work per prompt token and the host contention that work feeds (or,
     with the API process on its engine's core, the stated ``host.api_contention``) are the terms
     closed-loop TTFT hangs on (docs/design/timing-and-host-model.md). ``peak`` None (a sweep, whose
-    rows do not count it): said of the terms alone, for a profile without them."""
+    rows do not count it): said of the terms alone, for a profile without them. ``policy``: the
+    policies that reached ``peak`` (when not every one did), named when given."""
     if peak is None:
         if profile.frontend is not None:
             return ""
@@ -44,12 +45,13 @@ def frontend_note(profile, peak: int | None) -> str:
                 "(docs/design/timing-and-host-model.md).")
     if peak < FRONTEND_NOTE_IN_FLIGHT:
         return ""
+    under = f" (under {policy})" if policy else ""
     if profile.frontend is not None:
         per_token = profile.frontend.per_prompt_token_s
         if per_token <= 0:
             return ""
         host = profile.host
-        admits = (f"Note: up to {peak} requests were in flight on one worker, and each server's API process admits "
+        admits = (f"Note: up to {peak} requests were in flight on one worker{under}, and each server's API process admits "
                   f"them one after another, {1e6 * per_token:.2f} us per prompt token ({profile.name}'s "
                   "frontend.per_prompt_token_s), ")
         if host is not None and host.api_on_engine_core:
@@ -64,7 +66,7 @@ def frontend_note(profile, peak: int | None) -> str:
                 "CPU reference one profile's kv_aware-vs-round_robin TTFT change was -31, +5 and +41 points off the "
                 "measured one with contention 0, 2 and 4, and a fitted contention often sits at the fit's bound "
                 "(docs/design/timing-and-host-model.md).")
-    return (f"Note: up to {peak} requests were in flight on one worker, and {profile.name} has no front-end terms: "
+    return (f"Note: up to {peak} requests were in flight on one worker{under}, and {profile.name} has no front-end terms: "
             "vLLM's API process and the host's CPU are taken as unlimited, where under bursts they queue work "
             "(on the CPU reference, bursts of short replies took about twice the time such a profile predicts). "
             "Calibrate with the concurrency sweep (`kvroute calibrate measure`) to model them (docs/design/timing-and-host-model.md).")

@@ -119,7 +119,11 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
         from kvroute.sim.timing.coverage import peak_in_flight, run_note
 
         records = comparison.records()
-        peak = peak_in_flight(records)
+        peaks = ({policy: peak_in_flight(rows) for policy, rows in records.groupby("policy", sort=False)}
+                 if "policy" in records.columns else {None: peak_in_flight(records)})
+        peak = max(peaks.values())
+        at_peak = [p for p, n in peaks.items() if n == peak]  # the policies that piled the most on one worker
+        busiest = ", ".join(at_peak) if len(at_peak) < len(peaks) else None
         served = bool((records["status"] == "ok").any())
         failures = _failure_note(comparison)
     else:  # the notes that need no per-request table; failures counted from the runs' summaries
@@ -128,7 +132,7 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
     # peak_in_flight would count it in flight to the end, and a note on timing would be about no run)
     notes = [failures] if not served else [line for line in (
         failures, unmeasured_note(spec.profile, fitted_seed, uncertainty),
-        frontend_note(spec.profile, peak) if table else "", run_note(spec.profile, records, peak) if table else "",
+        frontend_note(spec.profile, peak, busiest) if table else "", run_note(spec.profile, records, peak) if table else "",
         _speed_note(spec.profile, spec.num_workers), _model_note(trace, spec.profile)) if line]
     staged = stage_results(comparison, trace, spec)  # None unless the trace has load stages
     if json_out:

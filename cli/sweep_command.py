@@ -93,7 +93,8 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
               help="With --request-rate: write a figure of goodput, TTFT p50/p90 and throughput against load per "
                    "policy (FILE.png, .pdf or .svg; --figure-format adds the other formats beside it).")
 @figure_format_option
-@click.option("--show", default=DEFAULT_SHOW, show_default=True, help="Metrics to print, comma list.")
+@click.option("--show", default=DEFAULT_SHOW, show_default=True,
+              help=f"Metrics to print, comma list, of: {', '.join([*SUMMARY_METRICS, *COUNTER_COLUMNS])}.")
 @click.option("--no-progress", "--quiet", "no_progress", is_flag=True, help="Hide the progress bar.")
 @with_errors
 def sweep_command(policies_text, rounds, executor, address, max_workers, out, time_series, plot_load, show,

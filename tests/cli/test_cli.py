@@ -139,6 +139,11 @@ def test_many_requests_in_flight_without_front_end_terms_are_flagged():
     assert ("Note: up to 16 requests were in flight on one worker, and each server's API process admits them one "
             "after another, 1.25 us per prompt token (cpu-tiny-qwen2-x2-bursts's frontend.per_prompt_token_s), "
             "counting as a busy process on the host while it works (host.contention 1.1)" in modelled.output)
+    # of several policies, the note names those that piled up the most (not when every one did)
+    both = invoke("compare", "--chats", "32", "--turns", "1", "--rounds", "1", "--policies", "round_robin,llmd",
+                  "--workers", "2")  # llmd's prefix score follows the shared system prompt: all 32 on one worker
+    assert f"Note: up to 32 requests were in flight on one worker (under llmd), and a6000-qwen2.5-7b {note}" \
+        in both.output
     # that profile's workers step at drawn speeds, which the output says
     assert "Note: each worker steps at its own speed, drawn anew every 0.16 s (log-spread 0.30" in modelled.output
     assert "its own speed" not in many.output
