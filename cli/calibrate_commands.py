@@ -306,6 +306,10 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         profile, note = _estimate_profile(given, None, n, urls)
         click.echo(_plan_text(plan, n, seed, profile))
         click.echo(_estimate(plan, profile, n, seed, None, bool(kv_events)).line() + note)
+        if not urls:  # what to run next (README: Calibrate on your GPUs)
+            click.echo(f"next: start the servers (kvroute serve --model MODEL{'' if n > 1 else ' -n 1'}), then this "
+                       f"command with {'one --url per server' if n > 1 else '--url URL'} and --out DIR instead of "
+                       "--dry-run, then kvroute calibrate fit DIR --out PROFILE.json")
         return
     # NOTE: the client, imported before --out is made: when it is missing, main() names the extras
     import aiohttp  # noqa: F401

@@ -192,8 +192,12 @@ def test_measure_dry_run_needs_no_server_and_no_out_folder():
     result = run(cli, ["calibrate", "measure", "--dry-run", "--servers", "2", "--estimate-profile", "cpu-tiny-qwen2-x2"])
     assert result.exit_code == 0, result.output
     assert "on 2 server(s)" in result.output.strip().splitlines()[1]
+    assert result.output.strip().splitlines()[2] == (
+        "next: start the servers (kvroute serve --model MODEL), then this command with one --url per server and "
+        "--out DIR instead of --dry-run, then kvroute calibrate fit DIR --out PROFILE.json")
     one = run(cli, ["calibrate", "measure", "--dry-run", "--estimate-profile", "cpu-tiny-qwen2-x2"])
     assert one.exit_code == 0 and "on 1 server(s)" in one.output
+    assert "next: start the servers (kvroute serve --model MODEL -n 1), then this command with --url URL" in one.output
     missing = run(cli, ["calibrate", "measure", "--out", "x"])
     assert missing.exit_code == 2 and "Missing option '--url' (only --dry-run runs without it)." in missing.output
     missing = run(cli, ["calibrate", "measure", "--url", "http://127.0.0.1:9"])
@@ -391,7 +395,8 @@ def test_measure_dry_run_says_which_default_profile_estimates_and_how_to_give_an
     from kvroute.calibrate.live import cores
 
     run = lambda *args: CliRunner().invoke(cli, ["calibrate", "measure", "--dry-run", *args])  # noqa: E731
-    tail = lambda result: result.output.strip().splitlines()[-1].split("a slower or busier host takes longer")[1]  # noqa: E731
+    tail = lambda result: next(line for line in result.output.splitlines()  # noqa: E731
+                               if "a slower or busier host" in line).split("a slower or busier host takes longer")[1]
     monkeypatch.setattr(cores, "detect_gpus", lambda: [])
     assert tail(run()) == (". cpu-tiny-qwen2 is the default for CPU servers, measured with tiny-qwen2 on CPU AMD "
                            "EPYC (2 cores); --estimate-profile NAME|PATH estimates with another")
