@@ -168,14 +168,16 @@ def changed_inputs(ctx: click.Context, trace_sha256: str | None, profile_sha256:
     old_trace = (saved.get("trace") or {}).get("sha256") if isinstance(saved.get("trace"), dict) else None
     if trace_sha256 is not None and old_trace is not None and old_trace != trace_sha256:
         changed.append(f"the trace file (sha256 {old_trace[:12]}... then, {trace_sha256[:12]}... now)")
-    from kvroute.cli.provenance import policy_files
+    from kvroute.cli.provenance import policy_configs, policy_files
 
-    old_files = saved.get("policy_files") if isinstance(saved.get("policy_files"), dict) else {}
-    for name, now in policy_files(ctx).items():
-        then = old_files.get(name)
-        if isinstance(then, dict) and then.get("sha256") not in (None, now["sha256"]):
-            changed.append(f"policy {name}'s file {now['path']} (sha256 {then['sha256'][:12]}... then, "
-                           f"{now['sha256'][:12]}... now)")
+    for block, files, what in (("policy_files", policy_files(ctx), "file"),
+                               ("policy_configs", policy_configs(ctx), "config file")):
+        old_files = saved.get(block) if isinstance(saved.get(block), dict) else {}
+        for name, now in files.items():
+            then = old_files.get(name)
+            if isinstance(then, dict) and then.get("sha256") not in (None, now["sha256"]):
+                changed.append(f"policy {name}'s {what} {now['path']} (sha256 {then['sha256'][:12]}... then, "
+                               f"{now['sha256'][:12]}... now)")
     old_profile = (saved.get("profile") or {}).get("sha256") if isinstance(saved.get("profile"), dict) else None
     if old_profile is not None and old_profile != profile_sha256:
         changed.append(f"the profile (sha256 {old_profile[:12]}... then, {profile_sha256[:12]}... now)")

@@ -8,7 +8,8 @@ canonical JSON: keys sorted, no spaces), the trace's hash (sha256 of the file's 
 the canonical JSON of each generated round's records) and the output options that chose the
 files (``outputs``: ``--time-series``, ``--figure-format``, ``sweep --plot-load``); for a routing
 policy of one's own, its file and the file's hash (``policy_files``; the header's command imports
-it again with ``KVROUTE_POLICY_FILES``).
+it again with ``KVROUTE_POLICY_FILES``); for a policy that reads a config file (``epp:FILE``),
+that file's path and hash (``policy_configs``).
 
 Output options are not scenario values (``NOT_SCENARIO``): ``--config`` neither sets them nor
 takes them as keys, so a saved scenario re-runs as its header prints it, with or without
@@ -153,20 +154,36 @@ def policy_files(ctx: click.Context) -> dict[str, dict]:
     """Per policy of ``ctx``'s command not built into kvroute, the file it was imported from and
     that file's sha256: ``{name: {"path": ..., "sha256": ...}}`` (empty when every one is built in).
     A re-run needs the file again (``KVROUTE_POLICY_FILES``), and the hash says whether it changed."""
-    from kvroute.sim.routing import POLICIES, parse_spec, split_specs
+    from kvroute.sim.routing import POLICIES, parse_spec
     from kvroute.sim.routing.policy_errors import user_policy_file
 
     out = {}
-    for key in POLICY_PARAMS:
-        text = ctx.params.get(key)
-        if not isinstance(text, str):
-            continue
-        for spec in split_specs(text):
-            name = parse_spec(spec)[0]
-            path = user_policy_file(POLICIES[name])
-            if path is not None and Path(path).is_file():
-                out[name] = {"path": path, "sha256": file_sha256(path)}
+    for spec in _policy_specs(ctx):
+        name = parse_spec(spec)[0]
+        path = user_policy_file(POLICIES[name])
+        if path is not None and Path(path).is_file():
+            out[name] = {"path": path, "sha256": file_sha256(path)}
     return out
+
+
+def policy_configs(ctx: click.Context) -> dict[str, dict]:
+    """Per policy spec of ``ctx``'s command that reads a config file (``epp:FILE``, an llm-d
+    EndpointPickerConfig), the file's absolute path and sha256: ``{spec: {"path", "sha256"}}``."""
+    from kvroute.sim.routing import parse_spec
+
+    out = {}
+    for spec in _policy_specs(ctx):
+        config = parse_spec(spec)[1].get("config")
+        if isinstance(config, str) and Path(config).is_file():
+            out[spec] = {"path": str(Path(config).resolve()), "sha256": file_sha256(config)}
+    return out
+
+
+def _policy_specs(ctx: click.Context) -> list[str]:
+    """The policy specs ``ctx``'s command was given (``POLICY_PARAMS``)."""
+    from kvroute.sim.routing import split_specs
+
+    return [spec for key in POLICY_PARAMS if isinstance(text := ctx.params.get(key), str) for spec in split_specs(text)]
 
 
 def write_scenario(out_dir: Path, ctx: click.Context, provenance: dict, name: str = SCENARIO_FILE) -> Path:
@@ -191,9 +208,10 @@ def write_scenario(out_dir: Path, ctx: click.Context, provenance: dict, name: st
 
     doc = resolved_options(ctx)
     outputs = output_options(ctx)
-    own = policy_files(ctx)
+    own, configs = policy_files(ctx), policy_configs(ctx)
     doc[PROVENANCE_KEY] = {"command": ctx.command_path, "version": kvroute_version(), **provenance,
-                           **({"policy_files": own} if own else {}), **({"outputs": outputs} if outputs else {})}
+                           **({"policy_files": own} if own else {}), **({"policy_configs": configs} if configs else {}),
+                           **({"outputs": outputs} if outputs else {})}
     path = out_dir / name
     env = ""
     if own:  # the policies of one's own are imported from their files again

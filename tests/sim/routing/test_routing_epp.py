@@ -383,3 +383,28 @@ def test_a_precise_block_size_other_than_the_engines_fails_at_build(tmp_path):
     with pytest.raises(ValueError, match=r"field 'plugins\[3\].parameters.tokenProcessorConfig.blockSize'"
                                          r": block size 64 must equal the engine's block size 16"):
         Cluster(generators.seed_chat(2, 1), ClusterSpec(small_profile(), num_workers=2, policy=f"epp:{path}"), 0)
+
+
+def test_a_scenario_of_an_epp_file_records_the_files_hash_and_warns_when_it_changed(tmp_path):
+    """An EndpointPickerConfig is an input like the trace: its path and sha256 go in the
+    scenario's provenance (policy_configs), and a re-run with another file's content says so."""
+    import hashlib
+
+    import yaml
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import cli
+
+    path = write(tmp_path, PRECISE_GUIDE)
+    spec = f"epp:{path}"
+    first = CliRunner().invoke(cli, ["compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--workers", "2",
+                                     "--policies", f"round_robin,{spec}", "--out", str(tmp_path / "a")])
+    assert first.exit_code == 0, first.output
+    saved = yaml.safe_load((tmp_path / "a" / "scenario.yaml").read_text())
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert saved["kvroute"]["policy_configs"] == {spec: {"path": str(path.resolve()), "sha256": digest}}
+    path.write_text(PRECISE_GUIDE.replace("weight: 2", "weight: 3", 1))
+    again = CliRunner().invoke(cli, ["compare", "--config", str(tmp_path / "a" / "scenario.yaml"), "--out",
+                                     str(tmp_path / "b")])
+    assert again.exit_code == 0, again.output
+    assert f"warning: policy {spec}'s config file {path.resolve()} (sha256 {digest[:12]}... then, " in again.output
