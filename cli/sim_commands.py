@@ -62,6 +62,7 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
     # A generated workload draws its lengths per round; a trace file is the same in every round.
     rounds_trace = trace if trace_path is not None else trace_for
     spec = scenario_spec(scenario, record_series=time_series)
+    _warn_changed_inputs(trace_path, spec)
     if out is not None:  # before the work: ~300 bytes per record row, plus a plot
         check_output(out, 300 * len(trace.records) * len(policies) * rounds + (1 << 20), is_dir=True)
     header = describe(trace, spec)
@@ -316,11 +317,23 @@ def _write_bench_results(comparison, out: Path, spec, slo: ServiceClass, request
         write_text_atomic(out / result_filename(policy), json.dumps(doc))
 
 
+def _warn_changed_inputs(trace_path, spec) -> None:
+    """Before the runs of a ``--config`` scenario that recorded its inputs: a warning for each that
+    differs now (the trace file, the profile, a policy's file or config; ``changed_inputs``)."""
+    from kvroute.cli.config import PROVENANCE_META, changed_inputs
+    from kvroute.cli.provenance import canonical_sha256, file_sha256
+
+    ctx = click.get_current_context()
+    if not isinstance(ctx.meta.get(PROVENANCE_META), dict):
+        return
+    trace_sha256 = file_sha256(trace_path) if trace_path is not None else None
+    for change in changed_inputs(ctx, trace_sha256, canonical_sha256(spec.profile.raw)):
+        click.echo(f"warning: {change} differs from the --config run's, so its numbers may differ", err=True)
+
+
 def _write_provenance(out: Path, trace_path, trace_for, spec, seed: int, rounds: int) -> None:
     """``scenario.yaml`` beside the outputs: resolved options, seeds, version, profile and trace hashes."""
     from kvroute.cli.provenance import canonical_sha256, records_sha256, trace_file_record, write_scenario
-
-    from kvroute.cli.config import changed_inputs
 
     seeds = list(range(seed, seed + rounds))
     if trace_path is not None:
@@ -329,8 +342,6 @@ def _write_provenance(out: Path, trace_path, trace_for, spec, seed: int, rounds:
         trace_hash = {"generated_records_sha256": {s: records_sha256(trace_for(s)) for s in seeds}}
     ctx = click.get_current_context()
     profile_hash = canonical_sha256(spec.profile.raw)
-    for change in changed_inputs(ctx, trace_hash.get("sha256"), profile_hash):
-        click.echo(f"warning: {change} differs from the --config run's, so its numbers may differ", err=True)
     write_scenario(out, ctx, {
         "seeds": seeds, "rounds": rounds,
         "profile": {"name": spec.profile.name, "sha256": profile_hash},
