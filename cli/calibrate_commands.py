@@ -370,9 +370,10 @@ def _plan_text(plan, num_servers: int, seed: int, profile) -> str:
     bursts = plan.bursts(num_servers, len(exps), cap)
     kinds = Counter(e["kind"] for e in (*exps, *bursts))
     prompt, total = plan.longest_sequence()
+    longer = "; --longest N times longer histories, such as 32k-token agent sessions, too" if total < 32768 else ""
     return (f"plan: {', '.join(f'{n} {k}' for k, n in kinds.items())} experiments, dealt round robin to "
             f"{num_servers} server(s), bursts in {plan.burst_slots} slot(s) between them; longest sequence "
-            f"{total} tokens ({prompt}-token prompt); decode points and bursts that do not fit in 90 % of the KV "
+            f"{total} tokens ({prompt}-token prompt{longer}); decode points and bursts that do not fit in 90 % of the KV "
             f"cache left out ({cap:,} tokens per server as {profile.name} has it; the servers' own when measured)")
 
 

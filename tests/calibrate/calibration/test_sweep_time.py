@@ -192,6 +192,11 @@ def test_measure_dry_run_needs_no_server_and_no_out_folder():
     result = run(cli, ["calibrate", "measure", "--dry-run", "--servers", "2", "--estimate-profile", "cpu-tiny-qwen2-x2"])
     assert result.exit_code == 0, result.output
     assert "on 2 server(s)" in result.output.strip().splitlines()[1]
+    assert ("longest sequence 16448 tokens (16384-token prompt; --longest N times longer histories, such as "
+            "32k-token agent sessions, too)") in result.output
+    longer = run(cli, ["calibrate", "measure", "--dry-run", "--longest", "32768", "--estimate-profile",
+                       "a6000-qwen2.5-7b"])
+    assert "longest sequence 32768 tokens" in longer.output and "--longest N times" not in longer.output, longer.output
     assert result.output.strip().splitlines()[2] == (
         "next: start the servers (kvroute serve --model MODEL), then this command with one --url per server and "
         "--out DIR instead of --dry-run, then kvroute calibrate fit DIR --out PROFILE.json")
