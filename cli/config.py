@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from kvroute.cli.provenance import NOT_SCENARIO, ONCE_SAVED, PROVENANCE_KEY
+from kvroute.cli.provenance import NOT_SCENARIO, ONCE_SAVED, PROVENANCE_KEY, policy_configs, policy_files
 from kvroute.cli.values import InputFile
 from kvroute.traces.inputs import JSON_DECODER, DuplicateKeyError, InputError
 from kvroute.traces.yaml_doc import parse_yaml
@@ -168,8 +168,6 @@ def changed_inputs(ctx: click.Context, trace_sha256: str | None, profile_sha256:
     old_trace = (saved.get("trace") or {}).get("sha256") if isinstance(saved.get("trace"), dict) else None
     if trace_sha256 is not None and old_trace is not None and old_trace != trace_sha256:
         changed.append(f"the trace file (sha256 {old_trace[:12]}... then, {trace_sha256[:12]}... now)")
-    from kvroute.cli.provenance import policy_configs, policy_files
-
     for block, files, what in (("policy_files", policy_files(ctx), "file"),
                                ("policy_configs", policy_configs(ctx), "config file")):
         old_files = saved.get(block) if isinstance(saved.get(block), dict) else {}

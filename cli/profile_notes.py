@@ -38,11 +38,7 @@ def frontend_note(profile, peak: int | None, policy: str | None = None) -> str:
     if peak is None:
         if profile.frontend is not None:
             return ""
-        return (f"Note: {profile.name} has no front-end terms: vLLM's API process and the host's CPU are taken as "
-                "unlimited, where under bursts (many requests in flight on one worker) they queue work (on the CPU "
-                "reference, bursts of short replies took about twice the time such a profile predicts). Calibrate "
-                "with the concurrency sweep (`kvroute calibrate measure`) to model them "
-                "(docs/design/timing-and-host-model.md).")
+        return f"Note: {_no_frontend_terms(profile, ' (many requests in flight on one worker)')}"
     if peak < FRONTEND_NOTE_IN_FLIGHT:
         return ""
     under = f" (under {policy})" if policy else ""
@@ -66,7 +62,13 @@ def frontend_note(profile, peak: int | None, policy: str | None = None) -> str:
                 "CPU reference one profile's kv_aware-vs-round_robin TTFT change was -31, +5 and +41 points off the "
                 "measured one with contention 0, 2 and 4, and a fitted contention often sits at the fit's bound "
                 "(docs/design/timing-and-host-model.md).")
-    return (f"Note: up to {peak} requests were in flight on one worker{under}, and {profile.name} has no front-end terms: "
-            "vLLM's API process and the host's CPU are taken as unlimited, where under bursts they queue work "
-            "(on the CPU reference, bursts of short replies took about twice the time such a profile predicts). "
-            "Calibrate with the concurrency sweep (`kvroute calibrate measure`) to model them (docs/design/timing-and-host-model.md).")
+    return f"Note: up to {peak} requests were in flight on one worker{under}, and {_no_frontend_terms(profile)}"
+
+
+def _no_frontend_terms(profile, bursts: str = "") -> str:
+    """What a profile without front-end terms leaves out, and how to measure it; ``bursts`` says
+    what a burst is where no peak in flight is given."""
+    return (f"{profile.name} has no front-end terms: vLLM's API process and the host's CPU are taken as unlimited, "
+            f"where under bursts{bursts} they queue work (on the CPU reference, bursts of short replies took about "
+            "twice the time such a profile predicts). Calibrate with the concurrency sweep (`kvroute calibrate "
+            "measure`) to model them (docs/design/timing-and-host-model.md).")

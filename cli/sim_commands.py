@@ -457,9 +457,7 @@ def _failure_note(comparison) -> str:
         return ""
     first = failed.iloc[0]
     if len(failed) < len(records):
-        why = first["error"] or "no reason recorded"
-        if why.startswith("This model's maximum context length"):
-            why += " (raise --max-model-len or shorten the prompts)"
+        why = _advised(first["error"] or "no reason recorded")
         share = len(failed) / len(records)
         if share < FAILED_SHARE_WARNING:
             return (f"Note: {len(failed)} of {len(records)} requests failed (all policies and rounds); e.g. request "
@@ -474,14 +472,19 @@ def _failure_note(comparison) -> str:
         return (f"Warning: every request failed (all policies and rounds); e.g. request {first['request_id']}: "
                 f"{first['error'] or 'no reason recorded'}")
     one = failed[rejected].iloc[0]
-    why = one["error"]
-    if why.startswith("This model's maximum context length"):
-        why += " (a prompt must be shorter than max_model_len: raise --max-model-len or shorten the prompts)"
+    why = _advised(one["error"])
     text = (f"Warning: every request was rejected (all policies and rounds), so none was served and the table holds "
             f"no latencies: {int(rejected.sum())} rejected by the engine, e.g. request {one['request_id']}: {why}")
     if not_sent.any():
         text += f"; the other {int(not_sent.sum())} were not sent, their parent request having been rejected"
     return text
+
+
+def _advised(error: str) -> str:
+    """An engine's error with what to change, for a prompt longer than the model's context."""
+    if error.startswith("This model's maximum context length"):
+        return error + " (a prompt must be shorter than max_model_len: raise --max-model-len or shorten the prompts)"
+    return error
 
 
 def _failed_count_note(comparison) -> str:

@@ -10,6 +10,7 @@ import click
 import pandas as pd
 
 from kvroute.cli.config import config_option
+from kvroute.cli.profile_notes import frontend_note, unmeasured_note
 from kvroute.cli.sim_commands import figure_format_option
 from kvroute.sim.study.figure_style import FIGURE_FORMATS
 from kvroute.cli.scenario import (SCENARIO_FIELDS, click_error, executor_options, parse_policies, policies_option,
@@ -189,8 +190,6 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
 def _profile_notes(scenarios: list[Scenario]) -> list[str]:
     """The notes ``compare`` prints about a profile (a derived prior; no front-end terms), once per
     profile of the grid."""
-    from kvroute.cli.profile_notes import frontend_note, unmeasured_note
-
     notes = []
     for name in dict.fromkeys(s.profile for s in scenarios):
         profile = load_profile(name)

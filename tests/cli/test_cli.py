@@ -187,7 +187,8 @@ def test_failed_requests_are_counted_under_the_table_and_gpus_named():
                   "--max-model-len", "1000")  # the first turns fit, the second turns do not
     assert "Warning: 2 of 4 requests (50 %) failed (all policies and rounds), so the table's latencies are of the 2 " \
            "served only; e.g. request 2: This model's maximum context length is 1000 tokens. However, your prompt " \
-           "contains 1286 input tokens. (raise --max-model-len or shorten the prompts)" in half.output
+           "contains 1286 input tokens. (a prompt must be shorter than max_model_len: raise --max-model-len or " \
+           "shorten the prompts)" in half.output
     ok = invoke("compare", "--chats", "2", "--turns", "2", "--rounds", "1", "--policies", "round_robin")
     assert "requests failed" not in ok.output
     bad = CliRunner().invoke(cli, ["compare", "--gpus", "8"])
