@@ -166,11 +166,7 @@ def core_notes(specs: Sequence[ServerSpec], taken: Mapping[int, str],
     lines = [f"warning: CPU core {c} already runs the engine of {taken[c]}; the server on port {port[c]} will share "
              f"it, and both will run slower, at random (stop the other server, or start fewer here)" for c in shared]
     if taken and not shared:
-        by_who: dict[str, list[int]] = {}
-        for c, who in taken.items():
-            by_who.setdefault(who, []).append(c)
-        others = "; ".join(f"CPU core {cs[0]} runs the engine of {who}" if len(cs) == 1 else
-                           f"CPU cores {', '.join(map(str, cs))} run the engine of {who}" for who, cs in by_who.items())
+        others = "; ".join(f"{_cores_run(cs)} the engine of {who}" for who, cs in _by_server(taken).items())
         mine = ", ".join(str(c) for c in ours)
         lines.append(f"note: {others}; so this serve's engine{'s run on cores' if len(ours) > 1 else ' runs on core'} "
                      f"{mine}")
@@ -178,7 +174,7 @@ def core_notes(specs: Sequence[ServerSpec], taken: Mapping[int, str],
     for front, who in (api_taken or {}).items():
         mine = [c for c in front if c in ours and c not in taken]
         if mine and set(front) <= engines:  # nowhere left for it but an engine's core
-            where = f"CPU core {front[0]} runs" if len(front) == 1 else f"CPU cores {', '.join(map(str, front))} run"
+            where = _cores_run(front)
             servers = ("the server on port " if len(mine) == 1 else "the servers on ports ") + ", ".join(
                 str(port[c]) for c in mine)
             lines.append(f"warning: {where} the API process of {who}; the engine of {servers} will share "
@@ -198,11 +194,8 @@ def _api_on_engines(specs: Sequence[ServerSpec], taken: Mapping[int, str]) -> li
         Lines ``"warning: the API process of the server on port P may run on CPU core C, which runs
         the engine of WHO, ..."``, in the order of ``taken``; none when no API process reaches one.
     """
-    by_who: dict[str, list[int]] = {}
-    for c, who in taken.items():
-        by_who.setdefault(who, []).append(c)
     lines = []
-    for who, theirs in by_who.items():
+    for who, theirs in _by_server(taken).items():
         ports, hit = [], set()
         for s in specs:
             if s.cpu_core is None:
@@ -216,11 +209,25 @@ def _api_on_engines(specs: Sequence[ServerSpec], taken: Mapping[int, str]) -> li
         one = len(ports) == 1
         whose = (f"the API process of the server on port {ports[0]}" if one else
                  f"the API processes of the servers on ports {', '.join(map(str, ports))}")
-        where = (f"CPU core {min(hit)}, which runs" if len(hit) == 1 else
-                 f"CPU cores {', '.join(map(str, sorted(hit)))}, which run")
-        lines.append(f"warning: {whose} may run on {where} the engine of {who}, and slow that engine at random "
+        lines.append(f"warning: {whose} may run on {_cores_run(sorted(hit), ', which')} the engine of {who}, and "
+                     f"slow that engine at random "
                      f"(with --api-cores own {'it stays' if one else 'each stays'} on its own engine's core)")
     return lines
+
+
+def _by_server(taken: Mapping[int, str]) -> dict[str, list[int]]:
+    """``taken`` (server by core) as each server's cores, in the order first seen."""
+    by_who: dict[str, list[int]] = {}
+    for c, who in taken.items():
+        by_who.setdefault(who, []).append(c)
+    return by_who
+
+
+def _cores_run(cores: Sequence[int], which: str = "") -> str:
+    """``"CPU core 0 runs"`` or ``"CPU cores 0, 1 run"`` (``which``, e.g. ``", which"``, before the verb)."""
+    if len(cores) == 1:
+        return f"CPU core {cores[0]}{which} runs"
+    return f"CPU cores {', '.join(map(str, cores))}{which} run"
 
 
 def installed_vllm_version() -> str | None:
