@@ -235,7 +235,11 @@ class PolicySpecs(click.ParamType):
     name = "policies"
 
     def convert(self, value, param, ctx) -> str:
-        text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+        items = value if isinstance(value, (list, tuple)) else [value]
+        wrong = [item for item in items if not isinstance(item, str)]
+        if wrong:  # a number, a null, a mapping: a --config file's value
+            self.fail(f"expected policy names (a comma list, or a list of names), got {wrong[0]!r}", param, ctx)
+        text = ",".join(items)
         try:
             parse_policies(text)
         except click.BadParameter as exc:

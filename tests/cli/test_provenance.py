@@ -78,6 +78,11 @@ def test_config_errors_name_the_file_and_option(tmp_path):
     result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
     assert result.exit_code == 2 and f"{bad}:2: option 'policies': unknown policy 'kv_awre' (did you mean " \
         "'kv_aware'?)" in result.output
+    for value, shown in (("5", "5"), ("[round_robin, null]", "None"), ("{a: 1}", "{'a': 1}")):
+        bad.write_text(f"chats: 4\npolicies: {value}\n")
+        result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
+        assert result.exit_code == 2 and f"{bad}:2: option 'policies': expected policy names (a comma list, or a " \
+            f"list of names), got {shown}" in result.output, result.output
 
 
 def test_a_yaml_list_of_policies_runs_as_the_comma_list(tmp_path):
