@@ -272,7 +272,8 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     from dataclasses import replace
 
     from kvroute.calibrate.live.client import CalibrationError
-    from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.calibration.measure import run_sweep
+    from kvroute.calibrate.calibration.sweep_plan import SweepPlan
     from kvroute.calibrate.live.cores import pinned
 
     plan = SweepPlan.preset(preset)

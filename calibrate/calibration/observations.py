@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from kvroute.traces.inputs import JSON_DECODER, SECONDS, DuplicateKeyError, InputError, describe
-from kvroute.calibrate.calibration.measure import EXPERIMENT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS
+from kvroute.calibrate.calibration.sweep_files import EXPERIMENT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS
 from kvroute.calibrate.live.client import ServerInfo
 from kvroute.calibrate.calibration.steps import Step, decode_context, decode_step, mixed_steps, prefill_steps
 from kvroute.sim.engine.config import EngineConfig
@@ -202,8 +202,8 @@ def _next_exp_id(req: pd.DataFrame, exp: pd.DataFrame) -> int:
 
 REQUEST_NUMBERS = tuple(c for c in REQUEST_COLUMNS if c not in TEXT_COLUMNS)
 EXPERIMENT_NUMBERS = tuple(c for c in EXPERIMENT_COLUMNS if c not in TEXT_COLUMNS)
-"""Numeric columns of a sweep's tables (the columns ``kvroute.calibrate.calibration.measure``
-writes, less its ``TEXT_COLUMNS``); an empty cell is a missing value."""
+"""Numeric columns of a sweep's tables (the columns ``kvroute.calibrate.calibration.sweep_files``
+lists, less its ``TEXT_COLUMNS``); an empty cell is a missing value."""
 
 
 def _numeric(df: pd.DataFrame, numbers: tuple[str, ...], where: Path, first_line: int | None = None) -> pd.DataFrame:

@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any
 
-from kvroute.calibrate.calibration.measure import EVENT_WAIT_S, SCRAPES_TIMED, SweepPlan, sweep_schedule
+from kvroute.calibrate.calibration.measure import EVENT_WAIT_S, SCRAPES_TIMED
+from kvroute.calibrate.calibration.sweep_plan import SweepPlan, sweep_schedule
 from kvroute.sim.timing.cost_model import prefill_pairs
 from kvroute.sim.timing.profile import Profile
 

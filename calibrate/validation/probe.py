@@ -67,7 +67,7 @@ async def probe_samples(urls: list[str], seed: int, reps: int = PROBE_REPS, mode
 
     import numpy as np
 
-    from kvroute.calibrate.calibration.measure import PromptFactory
+    from kvroute.calibrate.calibration.prompt_factory import PromptFactory
     from kvroute.calibrate.live.client import VllmClient
 
     prompts = PromptFactory(np.random.default_rng(seed))

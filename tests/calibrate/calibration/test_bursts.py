@@ -7,7 +7,7 @@ import pytest
 
 from kvroute.calibrate.calibration.bursts import (Burst, burst_table, fit_frontend, profile_sections, schedule_delay,
                                                   simulate_burst)
-from kvroute.calibrate.calibration.measure import SweepPlan
+from kvroute.calibrate.calibration.sweep_plan import SweepPlan
 from kvroute.sim.timing.frontend import FrontendModel, HostModel
 from kvroute.sim.timing.profile import profile_from_dict
 
@@ -307,7 +307,7 @@ def test_a_narrow_contention_range_prints_two_numbers():
 
 
 def test_sweep_schedule_spreads_the_bursts_through_the_one_at_a_time_experiments():
-    from kvroute.calibrate.calibration.measure import sweep_schedule
+    from kvroute.calibrate.calibration.sweep_plan import sweep_schedule
 
     shares = [[{"exp_id": i} for i in range(0, 10, 2)], [{"exp_id": i} for i in range(1, 10, 2)]]
     bursts = [{"exp_id": 100 + i} for i in range(7)]

@@ -18,7 +18,9 @@ import pytest
 
 from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, ServerInfo, parse_prometheus
 from kvroute.calibrate.calibration.fit import fit, lognormal_cv, profile_document, split_holdout
-from kvroute.calibrate.calibration.measure import PromptFactory, SweepPlan, run_sweep
+from kvroute.calibrate.calibration.measure import run_sweep
+from kvroute.calibrate.calibration.prompt_factory import PromptFactory
+from kvroute.calibrate.calibration.sweep_plan import SweepPlan
 from kvroute.calibrate.calibration.observations import Observation, build_observations, engine_config, load_sweep
 from kvroute.calibrate.calibration.steps import (COEFFICIENTS, decode_context, decode_step, expected_cached_tokens,
                                                  mixed_steps, predict, prefill_steps)

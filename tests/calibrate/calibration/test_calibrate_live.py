@@ -38,7 +38,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sweep(server, tmp_path_factory):
-    from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.calibration.measure import run_sweep
+    from kvroute.calibrate.calibration.sweep_plan import SweepPlan
     from kvroute.calibrate.live.cores import pinned
 
     out = tmp_path_factory.mktemp("sweep")
@@ -126,7 +127,8 @@ def test_burst_of_16_last_request_schedule_delay_within_30_percent(server, sweep
 
     from kvroute.calibrate.calibration.bursts import load_bursts, measured_delay, schedule_delay
     from kvroute.cli.calibrate_commands import calibrate
-    from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.calibration.measure import run_sweep
+    from kvroute.calibrate.calibration.sweep_plan import SweepPlan
     from kvroute.calibrate.calibration.observations import load_sweep
     from kvroute.calibrate.live.cores import pinned
     from kvroute.sim.timing.profile import load_profile
@@ -156,7 +158,8 @@ def test_burst_of_16_last_request_schedule_delay_within_30_percent(server, sweep
 
 def test_bad_inputs_on_the_live_server(server, tmp_path):
     from kvroute.calibrate.live.client import CalibrationError
-    from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.calibration.measure import run_sweep
+    from kvroute.calibrate.calibration.sweep_plan import SweepPlan
 
     plan = SweepPlan.preset("quick")
     with pytest.raises(CalibrationError, match="it serves: tiny-qwen2"):
@@ -173,7 +176,8 @@ def test_bad_inputs_on_the_live_server(server, tmp_path):
                     reason="the full sweep takes minutes; set KVROUTE_LIVE_ACCURACY=1")
 def test_full_sweep_meets_the_accuracy_target(server, tmp_path):
     from kvroute.calibrate.calibration.fit import fit
-    from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+    from kvroute.calibrate.calibration.measure import run_sweep
+    from kvroute.calibrate.calibration.sweep_plan import SweepPlan
     from kvroute.calibrate.calibration.observations import build_observations, engine_config, load_sweep
     from kvroute.calibrate.live.cores import pinned
 

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from kvroute.calibrate.calibration.engine_split import apply_post_engine, post_engine_time
-from kvroute.calibrate.calibration.measure import REQUEST_COLUMNS, RowWriter, engine_first_token
+from kvroute.calibrate.calibration.measure import engine_first_token
+from kvroute.calibrate.calibration.sweep_files import REQUEST_COLUMNS, RowWriter
 from kvroute.calibrate.live.prompts import chained_block_hashes
 from kvroute.calibrate.live.client import CalibrationError, StreamResult
 from kvroute.calibrate.live.kv_events import LiveKVEvents

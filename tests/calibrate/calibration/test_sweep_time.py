@@ -11,7 +11,8 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 
-from kvroute.calibrate.calibration.measure import SweepPlan, run_sweep
+from kvroute.calibrate.calibration.measure import run_sweep
+from kvroute.calibrate.calibration.sweep_plan import SweepPlan
 from kvroute.calibrate.calibration.sweep_time import (PRIOR_SHARE, EngineShape, SweepEstimate, SweepTimer,
                                                       TimeLeft, estimate_sweep)
 from kvroute.cli.main import cli

@@ -6,7 +6,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from kvroute.calibrate.calibration.measure import SweepPlan
+from kvroute.calibrate.calibration.sweep_plan import SweepPlan
 from kvroute.cli.main import cli
 from kvroute.sim.timing.coverage import MeasuredRange, measured_range, outside_note
 from kvroute.sim.timing.profile import load_profile
