@@ -419,9 +419,9 @@ def period_variants(profile) -> list:
 def client_core(client_cores: str | None, num_servers: int) -> int:
     """The server whose engine core the client is pinned to (server ``i`` on core ``i``), or -1
     when the client floats, spans several cores or sits on a core with no server."""
-    from kvroute.cli.calibrate_commands import _cores
+    from kvroute.calibrate.live.cores import core_set
 
-    cores = _cores(client_cores) if client_cores else None
+    cores = sorted(core_set(client_cores) or ()) if client_cores else None
     return cores[0] if cores and len(cores) == 1 and cores[0] < num_servers else -1
 
 
@@ -680,13 +680,15 @@ def main() -> None:
     all_rows, missed, notes, splits, convoys, probes, host_cpu = [], 0, [], [], [], {}, {}
     after = first = None  # speed-probe samples: the last one taken, and the first (after --calibrate)
     from kvroute.calibrate.validation.probe import median
-    from kvroute.cli.calibrate_commands import _cores
-    from kvroute.calibrate.live.cores import pinned
+    import click
 
-    try:
-        cores = _cores(args.client_cores)  # as calibrate measure reads it
-    except ValueError:
-        parser.error(f"--client-cores: core numbers and ranges such as '1' or '0,2-3', got {args.client_cores!r}")
+    from kvroute.calibrate.live.cores import pinned
+    from kvroute.cli.values import Cores
+
+    try:  # as calibrate measure reads it: cores this process may run on
+        cores = Cores().convert(args.client_cores, None, None) if args.client_cores else None
+    except click.BadParameter as exc:
+        parser.error(f"--client-cores: {exc.message}")
     servers = contextlib.nullcontext(([], [])) if args.rescore else _servers(args.url, args.out, args.port_base,
                                                                               args.api_cores, args.kv_events)
     with servers as (urls, kv_endpoints), pinned(cores):

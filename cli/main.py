@@ -25,7 +25,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     "policies": ("kvroute.cli.sim_commands", "policies_command", "List the routing policies, one line each: name, parameters with defaults, summary."),
     "sensitivity": ("kvroute.cli.sensitivity_command", "sensitivity", "Rank the scenario's uncertain inputs by how much each moves the headline metrics."),
     "profiles": ("kvroute.cli.profiles_command", "profiles_command", "List the shipped profiles, one line each: name, source (measured/derived), hardware, model, KV blocks per worker."),
-    "serve": ("kvroute.cli.calibrate_commands", "serve", "Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up until Ctrl-C. Arguments after ``--`` go to vLLM as they are."),
+    "serve": ("kvroute.cli.serve_command", "serve", "Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up until Ctrl-C. Arguments after ``--`` go to vLLM as they are."),
     "calibrate": ("kvroute.cli.calibrate_commands", "calibrate", "Measure real vLLM servers and fit a profile for the simulator."),
     "validate": ("kvroute.cli.validate_command", "validate", "Replay a trace live against vLLM servers with the simulator's routing policies, simulate the same trace, and report predicted against measured (time to complete, TTFT, ITL, hit rate, per-worker hit tokens). Ctrl-C or SIGTERM writes what was measured so far (exit code 130)."),
 }

@@ -124,7 +124,7 @@ retitled (``VLLM::EngineCore``, ``VLLM::Worker``: ``setproctitle``, which also h
 environment); besides, ``vllm serve``."""
 
 
-def _core_set(text: str) -> set[int] | None:
+def core_set(text: str) -> set[int] | None:
     """``"0"``, ``"0-3,6"`` or vLLM's per-rank ``"0-1|2-3"`` to core ids; None for anything else
     (``auto``, ``all``, ``nobind``, empty)."""
     cores: set[int] = set()
@@ -202,7 +202,7 @@ def _read_process(entry: Path) -> tuple[list[str], int, set[int] | None, str | N
         ppid = int(fields.get("PPid", "0"))
     except ValueError:
         ppid = 0
-    return argv, ppid, _core_set(fields.get("Cpus_allowed_list", "")), bind
+    return argv, ppid, core_set(fields.get("Cpus_allowed_list", "")), bind
 
 
 def pinned_servers(proc: str | Path = "/proc", own_cores: Sequence[int] | None = None) -> list[PinnedServer]:
@@ -240,7 +240,7 @@ def pinned_servers(proc: str | Path = "/proc", own_cores: Sequence[int] | None =
     for pid in vllm:
         argv, _, allowed, bind = procs[pid]
         narrowed = allowed if allowed is not None and allowed < own else None
-        engine = _core_set(bind) if bind else None
+        engine = core_set(bind) if bind else None
         if _is_api(argv):
             if narrowed:
                 api.setdefault(top(pid), set()).update(narrowed)

@@ -1,5 +1,5 @@
 """How long ``kvroute serve``'s servers live: a server that exits leaves the others serving
-(cli/calibrate_commands.py ``_watch``), and ``kill -9`` of serve sends each server's process
+(cli/serve_command.py ``_watch``), and ``kill -9`` of serve sends each server's process
 SIGTERM (calibrate/live/server.py ``_child_setup``, ``PR_SET_PDEATHSIG``). No vLLM: fake server
 objects, and plain child processes."""
 
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import click
 import pytest
 
-from kvroute.cli.calibrate_commands import _watch
+from kvroute.cli.serve_command import _watch
 
 
 class FakeProcess:

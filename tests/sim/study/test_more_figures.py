@@ -174,10 +174,10 @@ def test_an_unknown_figure_format_is_one_line_naming_the_flag(args, flag):
     assert len(lines) == 1 and f"Invalid value for '{flag}'" in lines[0], result.output
 
 
-def test_calibrate_commands_list_the_same_formats():
-    from kvroute.cli import calibrate_commands
+def test_calibrate_fit_lists_the_same_formats():
+    from kvroute.cli import fit_command
 
-    assert calibrate_commands.FIGURE_FORMATS == FIGURE_FORMATS
+    assert fit_command.FIGURE_FORMATS == FIGURE_FORMATS
 
 
 def test_fit_figure_names_the_profile_with_units_and_log_axes(tmp_path):
