@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from pathlib import Path
 
 import click
+import numpy as np
 import pandas as pd
 
 from kvroute.cli.config import config_option
@@ -256,12 +258,17 @@ def _write_provenance(out: Path, scenarios: list[Scenario], rounds: int, trace_p
     }, name=f"{out.stem}.scenario.yaml")
 
 
+def _plain(value) -> bool:
+    """A value a Parquet column of numbers takes as it is: None, a bool or a real number (numpy's too)."""
+    return value is None or isinstance(value, (numbers.Real, np.bool_))
+
+
 def _write_rows(frame: pd.DataFrame, out: Path) -> None:
     """Write sweep rows to ``out`` (.parquet or .csv) atomically."""
     table = frame.copy()
-    for column in ("reply", "history", "think_time_s", "user", "start_s"):
-        # numbers mixed with ranges or distributions: store as text
-        if table[column].map(lambda v: isinstance(v, (str, tuple, list))).any():
+    for column in table.columns[table.dtypes == object]:
+        # numbers mixed with ranges or distributions ("16000-32000", a tuple), a file's path: as text
+        if not table[column].map(_plain).all():
             table[column] = table[column].map(lambda v: None if v is None else str(v))
     with atomic_output(out) as tmp:
         if out.suffix.lower() == ".parquet":

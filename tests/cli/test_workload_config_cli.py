@@ -83,3 +83,16 @@ def test_a_note_says_when_the_configs_run_served_another_model(tmp_path):
     assert "workload config's run served" not in _run(*args).output
     config.write_text(SMALL_LADDER)
     assert "workload config's run served" not in _run(*args).output
+
+
+def test_a_sweep_of_a_workload_config_writes_parquet_with_its_path_as_text(tmp_path):
+    config = tmp_path / "ip.yaml"
+    config.write_text(SMALL_LADDER)
+    out = tmp_path / "grid.parquet"
+    result = _run("sweep", "--workload-config", config, "--policies", "round_robin", "--workers", "2,3",
+                  "--rounds", 1, "--executor", "sequential", "--no-progress", "--out", out)
+    assert result.exit_code == 0, result.output
+    table = pd.read_parquet(out)
+    assert table["workers"].tolist() == [2, 3]
+    assert table["workload_config"].tolist() == [str(config)] * 2
+    assert table["num_requests"].tolist() == [28, 28] and table["failed"].tolist() == [0, 0]
