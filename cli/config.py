@@ -171,8 +171,9 @@ def changed_inputs(ctx: click.Context, trace_sha256: str | None, profile_sha256:
     for block, files, what in (("policy_files", policy_files(ctx), "file"),
                                ("policy_configs", policy_configs(ctx), "config file")):
         old_files = saved.get(block) if isinstance(saved.get(block), dict) else {}
-        for name, now in files.items():
-            then = old_files.get(name)
+        by_path = {then.get("path"): then for then in old_files.values() if isinstance(then, dict)}
+        for name, now in files.items():  # a spec saved as given is re-read with its path absolute
+            then = old_files.get(name, by_path.get(now["path"]))
             if isinstance(then, dict) and then.get("sha256") not in (None, now["sha256"]):
                 changed.append(f"policy {name}'s {what} {now['path']} (sha256 {then['sha256'][:12]}... then, "
                                f"{now['sha256'][:12]}... now)")

@@ -88,7 +88,9 @@ def resolved_options(ctx: click.Context) -> dict:
         if name in NOT_SCENARIO or name not in ctx.params or not isinstance(param, click.Option):
             continue
         value = ctx.params[name]
-        if isinstance(param.type, Axis) and value is not None:
+        if name in POLICY_PARAMS and isinstance(value, str):
+            value = absolute_configs(value)  # epp:FILE -> epp:config=/abs/FILE
+        elif isinstance(param.type, Axis) and value is not None:
             value = Axis.text(value)  # a sweep's comma list, as --config reads it back
         elif isinstance(value, Path):
             value = str(value.resolve())
@@ -177,6 +179,30 @@ def policy_configs(ctx: click.Context) -> dict[str, dict]:
         if isinstance(config, str) and Path(config).is_file():
             out[spec] = {"path": str(Path(config).resolve()), "sha256": file_sha256(config)}
     return out
+
+
+def absolute_configs(text: str) -> str:
+    """A ``--policies`` text with each config file a spec reads (``epp:FILE``, ``epp:config=FILE``)
+    made absolute; other specs, and a config that is no file here, as given.
+    ``"epp:a.yaml,kv_aware"`` -> ``"epp:/run/dir/a.yaml,kv_aware"``.
+
+    Raises:
+        ValueError: a spec that does not parse (``parse_spec``).
+    """
+    from kvroute.sim.routing import parse_spec, split_specs
+
+    out = []
+    for spec in split_specs(text):
+        name, params = parse_spec(spec)
+        config = params.get("config")
+        if isinstance(config, str) and Path(config).is_file():
+            absolute = str(Path(config).resolve())
+            items = [item.strip() for item in spec.partition(":")[2].split(",") if item.strip()]
+            spec = f"{name}:" + ",".join(absolute if "=" not in item  # epp:FILE (the first, bare)
+                                         else f"config={absolute}" if item.partition("=")[0].strip() == "config"
+                                         else item for item in items)
+        out.append(spec)
+    return ",".join(out)
 
 
 def _policy_specs(ctx: click.Context) -> list[str]:

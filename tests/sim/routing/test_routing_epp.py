@@ -1,6 +1,9 @@
 """llm-d's scorers as the field configures them: exact scores on hand-built states, the cache view
 owned by the policy, and EndpointPickerConfig files."""
 
+import os
+from pathlib import Path
+
 import pytest
 
 from kvroute.sim.cluster.cluster import Cluster, ClusterSpec, simulate
@@ -407,3 +410,36 @@ def test_a_scenario_of_an_epp_file_records_the_files_hash_and_warns_when_it_chan
     again = CliRunner().invoke(cli, ["compare", "--config", str(tmp_path / "a" / "scenario.yaml")])  # no --out
     assert again.exit_code == 0, again.output
     assert f"warning: policy {spec}'s config file {path.resolve()} (sha256 {digest[:12]}... then, " in again.output
+
+
+def test_a_scenario_saves_an_epp_file_absolute_so_it_reruns_from_another_directory(tmp_path, monkeypatch):
+    import yaml
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import cli
+
+    path = write(tmp_path, PRECISE_GUIDE)
+    monkeypatch.chdir(tmp_path)
+    first = CliRunner().invoke(cli, ["compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--workers", "2",
+                                     "--policies", f"round_robin,epp:{path.name},kv_aware", "--out", "a"])
+    assert first.exit_code == 0, first.output
+    saved = yaml.safe_load((tmp_path / "a" / "scenario.yaml").read_text())
+    assert saved["policies"] == f"round_robin,epp:{path.resolve()},kv_aware"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    path.write_text(PRECISE_GUIDE.replace("weight: 2", "weight: 3", 1))
+    again = CliRunner().invoke(cli, ["compare", "--config", str(tmp_path / "a" / "scenario.yaml"), "--out", "b"])
+    assert again.exit_code == 0, again.output
+    assert f"warning: policy epp:{path.resolve()}'s config file {path.resolve()} (sha256 " in again.output
+
+
+def test_absolute_configs_keeps_the_specs_other_parameters():
+    from kvroute.cli.provenance import absolute_configs
+
+    here = Path(__file__).resolve()
+    relative = os.path.relpath(here)
+    assert absolute_configs(f"kv_aware,epp:config={relative},kv_event_delay_s=0.05") == \
+        f"kv_aware,epp:config={here},kv_event_delay_s=0.05"
+    assert absolute_configs("epp:no-such-file.yaml,round_robin") == "epp:no-such-file.yaml,round_robin"
+    assert absolute_configs(f"epp:{relative},kv_event_delay_s=0.05") == f"epp:{here},kv_event_delay_s=0.05"
