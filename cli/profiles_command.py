@@ -7,7 +7,7 @@ import click
 
 from kvroute.cli.help_text import HelpfulGroup
 from kvroute.cli.values import Number
-from kvroute.traces.inputs import TOKENS, Num
+from kvroute.traces.inputs import BLOCK_SIZE, FRACTION, TOKENS, Num
 
 
 def profile_fields(name: str) -> list[str]:
@@ -96,9 +96,16 @@ def models_command():
               help="The vLLM release whose defaults the prior takes: 0.11 (the seed study: block 16, memory 0.9, "
                    "sync scheduling), 0.20-0.33 (block 16, 0.92, async), 0.34 (block 64, 1.0, async) "
                    "[default: the newest release read, 0.34.0].")
+@click.option("--block-size", type=Number(BLOCK_SIZE), default=None,
+              help="Tokens per KV block, as vLLM's --block-size [default: the release's, 16; 64 from 0.34]. "
+                   "llm-d's precise scorer (blockSize) needs the engine's.")
+@click.option("--gpu-memory-utilization", type=Number(FRACTION), default=None,
+              help="vLLM's share of each GPU, as its --gpu-memory-utilization [default: the release's, 0.9; "
+                   "0.92 from 0.20; 1.0 from 0.34].")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Profile JSON to write [default: <name>.json in the current directory].")
-def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, vllm_version, out):
+def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, vllm_version, block_size,
+                   gpu_memory_utilization, out):
     """Derive a profile for a GPU and a model from spec sheets, print its summary and write it.
 
     The profile is a roofline prior with stated efficiencies (docs/guide/derive-a-profile.md);
@@ -136,7 +143,8 @@ def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, vllm_ve
                                  param_hint="'--vllm-version'")
     try:
         doc = priors.derive_profile(gpu_row, model_row, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                                    max_model_len=max_model_len, vllm_version=version)
+                                    max_model_len=max_model_len, vllm_version=version, block_size=block_size,
+                                    gpu_memory_utilization=gpu_memory_utilization)
     except ValueError as exc:
         raise click.ClickException(f"{exc} (more GPUs with --tp, fp8 with --dtype/--kv-cache-dtype, or a "
                                    "shorter --max-model-len)") from None

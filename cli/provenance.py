@@ -175,15 +175,24 @@ def policy_configs(ctx: click.Context) -> dict[str, dict]:
 
     out = {}
     for spec in _policy_specs(ctx):
-        config = parse_spec(spec)[1].get("config")
-        if isinstance(config, str) and Path(config).is_file():
-            out[spec] = {"path": str(Path(config).resolve()), "sha256": file_sha256(config)}
+        file = _config_file(parse_spec(spec)[1])
+        if file is not None:
+            out[spec] = {"path": str(Path(file).resolve()), "sha256": file_sha256(file)}
     return out
 
 
+def _config_file(params: dict) -> str | None:
+    """The file a policy's ``config`` parameter reads (a Markdown report's for ``REPORT.md#NAME``),
+    or None when it has none or it is no file here."""
+    from kvroute.sim.routing.epp_config import config_file
+
+    config = params.get("config")
+    return config_file(config) if isinstance(config, str) and Path(config_file(config)).is_file() else None
+
+
 def absolute_configs(text: str) -> str:
-    """A ``--policies`` text with each config file a spec reads (``epp:FILE``, ``epp:config=FILE``)
-    made absolute; other specs, and a config that is no file here, as given.
+    """A ``--policies`` text with each config file a spec reads (``epp:FILE``, ``epp:config=FILE``,
+    ``epp:REPORT.md#NAME``) made absolute; other specs, and a config that is no file here, as given.
     ``"epp:a.yaml,kv_aware"`` -> ``"epp:/run/dir/a.yaml,kv_aware"``.
 
     Raises:
@@ -194,9 +203,9 @@ def absolute_configs(text: str) -> str:
     out = []
     for spec in split_specs(text):
         name, params = parse_spec(spec)
-        config = params.get("config")
-        if isinstance(config, str) and Path(config).is_file():
-            absolute = str(Path(config).resolve())
+        file = _config_file(params)
+        if file is not None:
+            absolute = str(Path(file).resolve()) + params["config"][len(file):]  # a report's #NAME kept
             items = [item.strip() for item in spec.partition(":")[2].split(",") if item.strip()]
             spec = f"{name}:" + ",".join(absolute if "=" not in item  # epp:FILE (the first, bare)
                                          else f"config={absolute}" if item.partition("=")[0].strip() == "config"

@@ -44,7 +44,7 @@ import numpy as np
 
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.inputs import InputError, Num, describe, MAX_TOKENS
-from kvroute.traces.yaml_doc import line_of, parse_yaml, read_text
+from kvroute.traces.yaml_doc import FENCED_YAML, MARKDOWN_SUFFIXES, line_of, parse_yaml, read_text
 
 DATA_TYPES = ("shared_prefix",)
 """``data.type`` values read (inference-perf has more: mock, shareGPT, random, ...)."""
@@ -183,7 +183,7 @@ def read_workload_config(path: str | Path) -> WorkloadConfig:
     """
     where = str(path)
     text, offset = read_text(path), 0
-    if where.lower().endswith((".md", ".markdown")):
+    if where.lower().endswith(MARKDOWN_SUFFIXES):
         text, offset = _yaml_block(text, where)
     doc = parse_yaml(text, where, offset, track_lines=True)
     return parse_workload_config(doc, where, offset)
@@ -414,13 +414,10 @@ def _field(doc: dict, names: tuple[str, ...], default, rule: Num, at: _Source, p
     return rule.check(value, prefix + given[0], at.where, at.line(doc, given[0]))
 
 
-_YAML_BLOCK = re.compile(r"^```ya?ml[^\n]*\n(.*?)^```", re.M | re.S)
-
-
 def _yaml_block(text: str, where: str) -> tuple[str, int]:
     """The first fenced YAML block of a Markdown file with a top-level ``load:`` key, and the
     number of lines before it (for error lines)."""
-    for match in _YAML_BLOCK.finditer(text):
+    for match in FENCED_YAML.finditer(text):
         if re.search(r"^load:", match.group(1), re.M):
             return match.group(1), text.count("\n", 0, match.start(1))
     raise InputError("no ```yaml block with a top-level 'load:' key", where)

@@ -9,11 +9,18 @@ still be overridden, as YAML allows), and, on request, remember their lines (:cl
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from kvroute.traces.inputs import DuplicateKeyError, InputError, check_regular_file
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
+
+FENCED_YAML = re.compile(r"^```ya?ml[^\n]*\n(.*?)^```", re.M | re.S)
+"""A fenced YAML block of a Markdown file (```` ```yaml ```` or ```` ```yml ````); group 1 is its text."""
+
+MARKDOWN_SUFFIXES = (".md", ".markdown")
+"""Files read as Markdown reports (their fenced YAML blocks), compared in lower case."""
 
 
 class LineMap(dict):

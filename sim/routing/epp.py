@@ -21,7 +21,8 @@ guides, ``llm-d/llm-d`` ``guides/``):
   (``guides/inference-scheduling/scheduler/inference-scheduling.values.yaml``, and the EPP's
   built-in default, ``pkg/epp/config/loader/defaults.go``);
 - ``llmd-load``: queue 1, KV utilisation 1, no prefix scorer;
-- ``epp``: an ``EndpointPickerConfig`` YAML file (``epp_config``): ``epp:FILE`` or ``epp:config=FILE``.
+- ``epp``: an ``EndpointPickerConfig`` YAML file (``epp_config``): ``epp:FILE`` or ``epp:config=FILE``; or
+  one of a Markdown report's blocks, ``epp:REPORT.md#NAME``.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ class EPPConfigPolicy(EndpointPicker):
     """An llm-d EndpointPickerConfig YAML file as the policy: epp:FILE.
 
     Args:
-        config: the file's path (``epp:FILE`` is short for ``epp:config=FILE``).
+        config: the file's path (``epp:FILE`` is short for ``epp:config=FILE``), or
+            ``REPORT.md#NAME`` for a Markdown report's block (``epp_config.read_endpoint_picker_config``).
         kv_event_delay_s: seconds before a KV-cache event reaches the gateway; -1: the run's.
 
     Raises:

@@ -36,6 +36,7 @@ Anything else is an ``InputError``: one line naming the file, line and field.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from kvroute.sim.routing.epp_scorers import (DEFAULT_LRU_CAPACITY, DEFAULT_MAX_P
                                              LoadAwareScorer, PrecisePrefixCacheScorer, PrefixCacheScorer, QueueScorer,
                                              Scorer)
 from kvroute.traces.inputs import InputError
-from kvroute.traces.yaml_doc import LineMap, line_of, read_yaml
+from kvroute.traces.yaml_doc import FENCED_YAML, MARKDOWN_SUFFIXES, LineMap, line_of, parse_yaml, read_text
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 PICKER_TYPES = {"max-score-picker": "max", "weighted-random-picker": "weighted", "random-picker": "random"}
@@ -67,11 +68,17 @@ class EndpointPickerConfig:
 
 
 class _Reader:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, offset: int = 0) -> None:
         self.path = path
+        self.offset = offset  # lines before the YAML in its file (a Markdown report's block)
+
+    def line(self, node, key=None) -> int | None:
+        """The file's line of ``node[key]`` (``line_of``), or None."""
+        line = line_of(node, key)
+        return None if line is None else line + self.offset
 
     def fail(self, reason: str, node=None, field: str | None = None, key=None) -> InputError:
-        return InputError(reason, self.path, line_of(node, key), field)
+        return InputError(reason, self.path, self.line(node, key), field)
 
     def mapping(self, node, field: str, parent=None, key=None) -> LineMap:
         """``node`` if it is a mapping; else an error at ``parent[key]``'s line (a list index or a key)."""
@@ -92,19 +99,58 @@ class _Reader:
         return value
 
 
+def config_file(config: str | Path) -> str:
+    """The file a config reference reads: ``REPORT.md#NAME`` -> ``REPORT.md``; any other as given."""
+    head, sep, _ = str(config).rpartition("#")
+    return head if sep and head.lower().endswith(MARKDOWN_SUFFIXES) else str(config)
+
+
+def _markdown_config(text: str, where: str, name: str) -> tuple[str, int]:
+    """The EndpointPickerConfig block of a Markdown report (a fenced YAML block with ``kind:
+    EndpointPickerConfig``) named ``name``, or the only one when ``name`` is empty, and the lines
+    before it. A block's name is the text of the line above it (``**precise-scheduling**``, ``###
+    precise-scheduling``), without its Markdown marks.
+
+    Raises:
+        InputError: no such block; several and no name (listing their names).
+    """
+    blocks = []
+    for match in FENCED_YAML.finditer(text):
+        if re.search(r"^kind:\s*EndpointPickerConfig\s*$", match.group(1), re.M):
+            above = text[:match.start()].rstrip().rpartition("\n")[2]
+            blocks.append((above.strip().strip("#*_` ").strip(), match.group(1), text.count("\n", 0, match.start(1))))
+    names = ", ".join(label or "(unnamed)" for label, _, _ in blocks)
+    if not blocks:
+        raise InputError("no ```yaml block with 'kind: EndpointPickerConfig'", where)
+    if name:
+        found = next((block for block in blocks if block[0] == name), None)
+        if found is None:
+            raise InputError(f"no EndpointPickerConfig block named {name!r}; the file's: {names}", where)
+        return found[1], found[2]
+    if len(blocks) > 1:
+        raise InputError(f"{len(blocks)} EndpointPickerConfig blocks ({names}): name one, as epp:{where}#NAME", where)
+    return blocks[0][1], blocks[0][2]
+
+
 def read_endpoint_picker_config(path: str | Path) -> EndpointPickerConfig:
-    """Parse an EndpointPickerConfig YAML file.
+    """Parse an EndpointPickerConfig YAML file, or one of a Markdown report's (``.md``): the
+    only one it holds (``REPORT.md``) or the one named ``NAME`` (``REPORT.md#NAME``, the line
+    above its block: :func:`_markdown_config`), as llm-d's benchmark reports print them.
 
     Raises:
         InputError: the file cannot be read or parsed, or a field is missing, of the wrong type,
             names an unknown plugin type or an undefined plugin, or asks for what is not
-            simulated; one line naming the file, line and field.
+            simulated; one line naming the file, line (in the ``.md`` file for a report) and
+            field.
     """
-    where = str(path)
-    r = _Reader(where)
-    doc = read_yaml(path, track_lines=True)
+    where, file = str(path), config_file(path)
+    text, offset = read_text(file), 0
+    if file.lower().endswith(MARKDOWN_SUFFIXES):
+        text, offset = _markdown_config(text, file, where[len(file) + 1:])
+    r = _Reader(file, offset)
+    doc = parse_yaml(text, file, offset, track_lines=True)
     if not isinstance(doc, dict):
-        raise InputError("expected an EndpointPickerConfig mapping", where)
+        raise InputError("expected an EndpointPickerConfig mapping", file)
     for key in doc:
         if key not in TOP_LEVEL:
             raise r.fail(f"unknown field; an EndpointPickerConfig has {', '.join(TOP_LEVEL)}", doc, str(key), key)
@@ -220,13 +266,14 @@ def _precise(r: _Reader, params: LineMap, field: str) -> Scorer:
     if params.get("speculativeIndexing"):
         raise r.fail("speculative indexing is not simulated; remove it or set it false", params,
                      f"{field}.speculativeIndexing", "speculativeIndexing")
-    size, where = 0, field
+    size, where, line = 0, field, r.line(params)
     for parent in (params, params.get("indexerConfig")):
         if isinstance(parent, dict) and isinstance(parent.get("tokenProcessorConfig"), dict):
             tpc = parent["tokenProcessorConfig"]
             prefix = field + (".indexerConfig" if parent is not params else "") + ".tokenProcessorConfig"
             size, where = r.number(tpc, "blockSize", prefix, 0, minimum=1), f"{prefix}.blockSize"
+            line = r.line(tpc, "blockSize")
     # llm-d-kv-cache-manager's default token processor block size is 16 (kvblock/token_processor.go)
     scorer = PrecisePrefixCacheScorer(size or 16)
-    scorer.source = f"{r.path}: field '{where}'"
+    scorer.source = f"{r.path}:{line}: field '{where}'" if line is not None else f"{r.path}: field '{where}'"
     return scorer

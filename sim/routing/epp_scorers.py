@@ -253,9 +253,10 @@ class PrecisePrefixCacheScorer(Scorer):
     def prepare(self, view) -> None:
         if self.block_size and self.block_size != view.block_size:
             raise ValueError(f"{self.source or 'precise-prefix-cache-scorer'}: block size {self.block_size} must "
-                             f"equal the engine's "
-                             f"block size {view.block_size} (llm-d recomputes vLLM's block hashes; at another "
-                             "size none match)")
+                             f"equal the engine's block size {view.block_size} (llm-d recomputes vLLM's block "
+                             "hashes; at another size none match): a profile of "
+                             f"{self.block_size}-token blocks (kvroute profiles derive --block-size "
+                             f"{self.block_size}), or blockSize {view.block_size} in the config")
 
     def score(self, request, view, workers):
         matched = view.matched_blocks(request.block_hashes, request.request_id)

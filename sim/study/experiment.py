@@ -285,16 +285,20 @@ def _simulate_task(task: tuple[Trace, ClusterSpec, int]) -> RunResult:
 
 
 def format_table(comparison: Comparison, metrics: list[str] | None = None) -> str:
-    """A paper-style table: one row per metric, one column per policy (mean ± 95% half-width
+    """A paper-style table: one row per metric, one column per policy (named by
+    ``figure_style.short_names``; mean ± 95% half-width
     over rounds, or ``mean [low, high]`` where the interval was clipped to possible values), and
     after each non-baseline policy its change against the first: percent, or for a share
     (hit rate, goodput share) percentage points (``+3.8 pp``), never a percent of a percent."""
+    from kvroute.sim.study.figure_style import short_names
+
     metrics = metrics or list(SUMMARY_METRICS)
+    names = short_names(comparison.policies)  # a config file's path cut to its name
     header = ["metric"]
     for i, p in enumerate(comparison.policies):
-        header.append(p)
+        header.append(names[p])
         if i:
-            header.append(f"Δ vs {comparison.policies[0]}")
+            header.append(f"Δ vs {names[comparison.policies[0]]}")
     rows = [header]
     for m in metrics:
         row = [SUMMARY_METRICS[m]]

@@ -11,6 +11,7 @@ prediction and a measurement of one policy share the colour and differ by line s
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -46,6 +47,33 @@ def split_variant(label: str) -> tuple[str, str | None]:
         if label.endswith(f" {variant}"):
             return label[: -len(variant) - 1], variant
     return label, None
+
+
+def short_names(policies: Iterable[str]) -> dict[str, str]:
+    """Display names of policy specs for tables and legends: a config file's path cut to its file
+    name (``epp:/runs/a/precise.yaml`` -> ``epp:precise.yaml``) and a Markdown report's block to
+    its name (``epp:/x/report.md#precise-scheduling`` -> ``epp:precise-scheduling``); a spec
+    without a path as it is. Specs whose short names would read the same keep their whole text.
+    Variants (``"<spec> measured"``) are shortened as their spec.
+
+    Returns:
+        ``{spec: name}`` for every distinct spec given.
+    """
+    specs = list(dict.fromkeys(str(p) for p in policies))
+    short = {}
+    for spec in specs:
+        base, variant = split_variant(spec)
+        name = _SPEC_PATH.sub(lambda m: m.group("block") or m.group("file"), base)
+        short[spec] = name + (f" {variant}" if variant else "")
+    seen: dict[str, int] = {}
+    for name in short.values():
+        seen[name] = seen.get(name, 0) + 1
+    return {spec: name if seen[name] == 1 else spec for spec, name in short.items()}
+
+
+_SPEC_PATH = re.compile(r"(?<=[:=])[^,:=]*/(?P<file>[^,/#]+?(?:\.md|\.markdown)?)(?:#(?P<block>[^,]+))?(?=,|$)")
+"""A path in a policy spec's value (after ``:`` or ``=``, up to the next ``,``): its file name, and
+a Markdown report's ``#block``."""
 
 
 def policy_colors(policies: Iterable[str]) -> dict[str, str]:

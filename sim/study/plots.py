@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from kvroute.sim.study.figure_style import (figure_title, interval_errors, log_axis_if_spread, policy_colors,
-                                              series_style, spans_decades, split_variant)
+                                              series_style, short_names, spans_decades, split_variant)
 
 
 def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] | None = None) -> Figure:
@@ -38,6 +38,7 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
     ax_cdf, ax_turn = fig.subplots(1, 2)
     has_turns = ok["turn"].notna().any()
     colors = colors or policy_colors(ok["policy"].drop_duplicates())
+    names = short_names(ok["policy"])
     # Later policies are drawn thinner, so a policy whose results equal an earlier one's
     # (least_loaded and kv_aware often do in closed-loop bursts) stays visible.
     order = list(colors)
@@ -47,7 +48,7 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
         style = series_style(str(policy), colors)
         ttft = np.sort(group["ttft"].to_numpy(float))
         ax_cdf.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), lw=lw, color=style["color"], ls=style["ls"],
-                    label=policy)
+                    label=names[str(policy)])
         if has_turns:
             by = group.groupby("turn")["ttft"]
         else:  # no turns: TTFT against prompt length, in ten equal-count bins
@@ -55,8 +56,8 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
             by = group.groupby(bins, observed=True)["ttft"]
         mean, p90 = by.mean(), by.quantile(0.9)
         x = mean.index if has_turns else [interval.mid for interval in mean.index]
-        ax_turn.plot(x, mean.values, lw=lw, ms=3 + 2 * lw, label=f"{policy} mean", **style)
-        ax_turn.plot(x, p90.values, lw=max(0.8, lw - 1.2), ms=2 + lw, mfc="none", alpha=0.8, label=f"{policy} p90",
+        ax_turn.plot(x, mean.values, lw=lw, ms=3 + 2 * lw, label=f"{names[str(policy)]} mean", **style)
+        ax_turn.plot(x, p90.values, lw=max(0.8, lw - 1.2), ms=2 + lw, mfc="none", alpha=0.8, label=f"{names[str(policy)]} p90",
                      **style)
     if len(ok) and spans_decades([ok["ttft"].min(), ok["ttft"].max()]):
         _plain_log_axis(ax_cdf)
@@ -161,6 +162,7 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
     if "status" in rows:
         rows = rows[rows["status"] != "failed"]
     colors = colors or policy_colors(rows["policy"].drop_duplicates())
+    names = short_names(rows["policy"])
     fig = Figure(figsize=(13, 4.0))
     axes = fig.subplots(1, len(LOAD_PANELS))
     rates = rows["request_rate"].astype(float)
@@ -171,7 +173,7 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
             stats = by_rate[metric].agg(["mean", "min", "max"])
             ax.errorbar(stats.index, stats["mean"], yerr=interval_errors(stats["mean"], stats["min"], stats["max"],
                                                                          lower, upper),
-                        capsize=2, label=policy, **style)
+                        capsize=2, label=names[str(policy)], **style)
     for ax, (metric, label, unit, _bounds) in zip(axes, LOAD_PANELS):
         if not log_axis_if_spread(ax, rates.unique()):
             ax.set_xticks(sorted(rates.unique()))

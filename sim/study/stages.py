@@ -109,12 +109,17 @@ def stage_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def format_stage_table(table: pd.DataFrame) -> str:
-    """:func:`stage_table` as text: one line per stage and policy."""
-    head = (f"{'stage':>5}  {'policy':<18} {'rate':>6} {'req/s':>7} {'out tok/s':>10} {'TTFT mean':>10} "
+    """:func:`stage_table` as text: one line per stage and policy (named by
+    ``figure_style.short_names``), the policy column as wide as its longest name."""
+    from kvroute.sim.study.figure_style import short_names
+
+    names = short_names(table["policy"])
+    width = max([18, *map(len, names.values())])
+    head = (f"{'stage':>5}  {'policy':<{width}} {'rate':>6} {'req/s':>7} {'out tok/s':>10} {'TTFT mean':>10} "
             f"{'TTFT p90':>9} {'ITL mean':>9} {'requests':>9} {'failed':>7} {'timed out':>9}")
     lines = [head, "-" * len(head)]
     for row in table.itertuples(index=False):
-        lines.append(f"{row.stage:>5}  {row.policy:<18} {row.rate:>6g} {row.achieved_rate:>7.3f} "
+        lines.append(f"{row.stage:>5}  {names[str(row.policy)]:<{width}} {row.rate:>6g} {row.achieved_rate:>7.3f} "
                      f"{row.output_throughput:>10.1f} {_s(row.ttft_mean):>10} {_s(row.ttft_p90):>9} "
                      f"{_s(row.itl_mean, 4):>9} {row.requests:>9g} {row.failed:>7g} {row.timed_out:>9g}")
     return "\n".join(lines)
@@ -158,11 +163,12 @@ def stages_figure(table: pd.DataFrame, title: str = "", colors: dict[str, str] |
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    from kvroute.sim.study.figure_style import figure_title, plain_log_axis, policy_colors, series_style
+    from kvroute.sim.study.figure_style import figure_title, plain_log_axis, policy_colors, series_style, short_names
 
     if table.empty:
         raise ValueError("no stage rows to plot")
     colors = colors or policy_colors(table["policy"].drop_duplicates())
+    names = short_names(table["policy"])
     panels = [p for p in STAGE_PANELS if table[list(p[0])].notna().to_numpy().any()]
     fig = Figure(figsize=(5 * len(panels), 4.4))
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
@@ -176,14 +182,14 @@ def stages_figure(table: pd.DataFrame, title: str = "", colors: dict[str, str] |
         style = series_style(str(policy), colors)
         # later policies thinner, so one whose stages equal an earlier one's stays visible (as plots.ttft_figure)
         lw = max(1.0, 3.2 - 0.8 * k)
-        handles.append(Line2D([], [], lw=lw, ms=2 + 2 * lw, label=str(policy), **style))
+        handles.append(Line2D([], [], lw=lw, ms=2 + 2 * lw, label=names[str(policy)], **style))
         for ax, (columns, _name, _unit) in zip(axes, panels):
             if columns == ("ttft_mean", "ttft_p90"):
-                ax.plot(x, part["ttft_mean"], lw=lw, ms=2 + 2 * lw, label=f"{policy} mean", **style)
+                ax.plot(x, part["ttft_mean"], lw=lw, ms=2 + 2 * lw, label=f"{names[str(policy)]} mean", **style)
                 ax.plot(x, part["ttft_p90"], color=style["color"], ls="--", marker=style["marker"], mfc="none",
-                        lw=max(0.8, lw - 1.2), ms=2 + 2 * lw, label=f"{policy} p90")
+                        lw=max(0.8, lw - 1.2), ms=2 + 2 * lw, label=f"{names[str(policy)]} p90")
             else:
-                ax.plot(x, part[columns[0]], lw=lw, ms=2 + 2 * lw, label=str(policy), **style)
+                ax.plot(x, part[columns[0]], lw=lw, ms=2 + 2 * lw, label=names[str(policy)], **style)
     for ax, (columns, name, unit) in zip(axes, panels):
         ax.set_xticks(ticks, tick_labels, fontsize=7)
         ax.set_xlabel("stage (in the order run) and its rate (requests/s)")

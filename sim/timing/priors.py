@@ -239,7 +239,9 @@ def derive_profile(
             release's default.
         max_num_batched_tokens, max_num_seqs: scheduler limits; ``None`` takes
             :func:`get_batch_defaults` for this GPU and release.
-        block_size: tokens per KV block; None: the release's default (16; 64 from 0.34).
+        block_size: tokens per KV block; None: the release's default (16; 64 from 0.34). A
+            block size or a ``gpu_memory_utilization`` other than the release's is in the name
+            (``-block64``, ``-mem0.85``).
         max_model_len: longest sequence in tokens; ``None``: the model's
             ``max_position_embeddings`` (Qwen2.5-7B-Instruct's 32768).
         tp: tensor-parallel size: one worker spans ``tp`` GPUs.
@@ -343,7 +345,9 @@ def derive_profile(
         "-kvfp8" if kv_cache_dtype == "fp8" else "")
     # NOTE: a release other than the study's is in the name, so no note meant for the shipped prior matches it
     name = f"{gpu.short_name}-{model.short_name}{suffix}" + (
-        "" if family(vllm_version) == family(STUDY) else f"-vllm{family(vllm_version)}")
+        "" if family(vllm_version) == family(STUDY) else f"-vllm{family(vllm_version)}") + (
+        "" if block_size == release.block_size else f"-block{block_size}") + (
+        "" if gpu_memory_utilization == release.gpu_memory_utilization else f"-mem{gpu_memory_utilization:g}")
     eff_text = (
         f"linear {eff.linear_flops:g} of peak FLOP/s, prefill attention {eff.attention_flops:g}, "
         f"weights {eff.weight_bandwidth:g} of bandwidth, KV reads {eff.kv_bandwidth:g}"

@@ -67,6 +67,28 @@ def test_derive_takes_the_newest_releases_defaults_unless_told(tmp_path):
     assert profile.name == "h100-80gb-llama-3.1-70b-tp4-vllm0.34"  # not the name of a 0.11 prior
 
 
+def test_derive_takes_a_block_size_and_memory_share_and_names_them(tmp_path):
+    """The llm-d 37-capacity setting: vLLM 0.11 with 64-token blocks (the precise scorer's
+    blockSize) gives bench/published/REPORT.md's 7,375 blocks; a share of 0.85 of 1.0's memory."""
+    from kvroute.sim.timing.profile import load_profile
+
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "Llama-3.1-70B",
+                                      "--tp", "4", "--vllm-version", "0.11", "--block-size", "64", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "KV blocks per worker         7,375 of 64 tokens (472,000 tokens)" in result.output
+    profile = load_profile(out)
+    assert profile.engine.block_size == 64 and profile.name == "h100-80gb-llama-3.1-70b-tp4-block64"
+    result = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "Llama-3.1-70B",
+                                      "--tp", "4", "--gpu-memory-utilization", "0.85", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(out)
+    assert profile.gpu_memory_utilization == 0.85 and profile.name == "h100-80gb-llama-3.1-70b-tp4-vllm0.34-mem0.85"
+    bad = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "Llama-3.1-70B",
+                                   "--block-size", "0", "--out", str(out)])
+    assert bad.exit_code == 2 and "--block-size" in bad.output
+
+
 @pytest.mark.parametrize("version, message", [
     ("0.9", "0.9 is outside the releases read, 0.11.0 to 0.34.0"),
     ("latest", "a release such as 0.11 or 0.34.0, got 'latest'"),

@@ -383,8 +383,10 @@ def test_bad_configs_are_one_line_errors_naming_file_line_and_field(tmp_path, te
 
 def test_a_precise_block_size_other_than_the_engines_fails_at_build(tmp_path):
     path = write(tmp_path, PRECISE_GUIDE.replace("blockSize: 16", "blockSize: 64"))
-    with pytest.raises(ValueError, match=r"field 'plugins\[3\].parameters.tokenProcessorConfig.blockSize'"
-                                         r": block size 64 must equal the engine's block size 16"):
+    with pytest.raises(ValueError, match=r"epp.yaml:12: field 'plugins\[3\].parameters.tokenProcessorConfig.blockSize'"
+                                         r": block size 64 must equal the engine's block size 16 .*: a profile of "
+                                         r"64-token blocks \(kvroute profiles derive --block-size 64\), or "
+                                         r"blockSize 16 in the config$"):
         Cluster(generators.seed_chat(2, 1), ClusterSpec(small_profile(), num_workers=2, policy=f"epp:{path}"), 0)
 
 
@@ -443,3 +445,58 @@ def test_absolute_configs_keeps_the_specs_other_parameters():
         f"kv_aware,epp:config={here},kv_event_delay_s=0.05"
     assert absolute_configs("epp:no-such-file.yaml,round_robin") == "epp:no-such-file.yaml,round_robin"
     assert absolute_configs(f"epp:{relative},kv_event_delay_s=0.05") == f"epp:{here},kv_event_delay_s=0.05"
+
+
+LOAD_ONLY = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+  - type: queue-scorer
+  - type: max-score-picker
+"""
+
+
+def _report(tmp_path):
+    """A Markdown report as llm-d prints them: a bold name, then the config's ```yaml block."""
+    text = ("# Report\n\nSome prose.\n\n**precise-scheduling**\n\n```yaml\n" + PRECISE_GUIDE + "```\n\n"
+            "### load-scheduling\n\n```yaml\n" + LOAD_ONLY + "```\n")
+    return write(tmp_path, text, "report.md")
+
+
+def test_a_markdown_reports_config_is_read_by_the_name_above_its_block(tmp_path):
+    report = _report(tmp_path)
+    precise = read_endpoint_picker_config(f"{report}#precise-scheduling")
+    from_file = read_endpoint_picker_config(write(tmp_path, PRECISE_GUIDE))
+    assert [(type(s).__name__, w) for s, w in precise.scorers] == [(type(s).__name__, w) for s, w in from_file.scorers]
+    assert [(type(s).__name__, w) for s, w in read_endpoint_picker_config(f"{report}#load-scheduling").scorers] == \
+        [("QueueScorer", 1.0)]
+    with pytest.raises(InputError, match=r"report.md: 2 EndpointPickerConfig blocks \(precise-scheduling, "
+                                         r"load-scheduling\): name one, as epp:.*report.md#NAME$"):
+        read_endpoint_picker_config(report)
+    with pytest.raises(InputError, match=r"no EndpointPickerConfig block named 'random'; the file's: "
+                                         r"precise-scheduling, load-scheduling$"):
+        read_endpoint_picker_config(f"{report}#random")
+
+
+def test_a_markdown_reports_errors_name_the_reports_line(tmp_path):
+    """The block's lines count from the report's top: the precise block starts at line 8, so its
+    blockSize (line 12 of the block) is line 19 of the report; the load block starts at line 43."""
+    report = _report(tmp_path)
+    report.write_text(report.read_text().replace("blockSize: 16", "blockSize: 64"))
+    with pytest.raises(ValueError, match=r"report.md:19: field 'plugins\[3\].parameters.tokenProcessorConfig"):
+        Cluster(generators.seed_chat(2, 1), ClusterSpec(small_profile(), num_workers=2,
+                                                        policy=f"epp:{report}#precise-scheduling"), 0)
+    text = report.read_text()
+    at = text.rindex("max-score-picker")  # the load block's picker, its line 5
+    report.write_text(text[:at] + "nonsense-picker" + text[at + len("max-score-picker"):])
+    with pytest.raises(InputError, match=r"report.md:47: field 'plugins\[1\].type'"):
+        read_endpoint_picker_config(f"{report}#load-scheduling")
+
+
+def test_absolute_configs_keeps_a_reports_block_name(tmp_path, monkeypatch):
+    from kvroute.cli.provenance import absolute_configs
+
+    report = _report(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert absolute_configs("epp:report.md#load-scheduling,round_robin") == \
+        f"epp:{report.resolve()}#load-scheduling,round_robin"

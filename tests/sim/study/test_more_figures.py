@@ -344,3 +344,19 @@ def test_fit_figure_labels_a_narrow_log_axis_in_plain_numbers():
     labels = [t.get_text() for t in ax.yaxis.get_minorticklabels() if t.get_text()]
     assert labels and all(re.fullmatch(r"\d+(\.\d+)?", text) for text in labels), labels
     assert "2" in labels and "3" in labels
+
+
+def test_short_names_cut_config_paths_and_keep_clashes_whole():
+    from kvroute.sim.study.figure_style import short_names
+
+    assert short_names(["round_robin", "epp:/a/b/report.md#precise-scheduling",
+                        "epp:config=/x/y/p.yaml,kv_event_delay_s=0.05", "epp:/x/p.yaml measured", "epp:rel.yaml",
+                        "epp:/a/x.yaml", "epp:/b/x.yaml"]) == {
+        "round_robin": "round_robin",
+        "epp:/a/b/report.md#precise-scheduling": "epp:precise-scheduling",
+        "epp:config=/x/y/p.yaml,kv_event_delay_s=0.05": "epp:config=p.yaml,kv_event_delay_s=0.05",
+        "epp:/x/p.yaml measured": "epp:p.yaml measured",
+        "epp:rel.yaml": "epp:rel.yaml",
+        "epp:/a/x.yaml": "epp:/a/x.yaml",  # both would read epp:x.yaml
+        "epp:/b/x.yaml": "epp:/b/x.yaml",
+    }
