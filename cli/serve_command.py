@@ -47,6 +47,10 @@ SERVE_VALUES = {
               help="vLLM's share of each GPU, for all its workers together (GPU only; default: vLLM's).")
 @click.option("--workers-per-gpu", type=Number(Num(integer=True, minimum=1, maximum=64)), default=1, show_default=True,
               help="vLLM servers on each GPU, each with 1/N of the GPU's memory share (GPU only).")
+@click.option("--tp", "tensor_parallel_size", type=Number(Num(integer=True, minimum=1, maximum=1024)), default=1,
+              show_default=True,
+              help="GPUs per server (vLLM's --tensor-parallel-size): server i gets GPUs i*N to i*N+N-1; -n counts "
+                   "servers (default: GPUs / N). GPU only.")
 @click.option("--kv-cache-gib", type=Number(SERVE_VALUES["kv_cache_gib"]), default=1, show_default=True, help="KV cache per server on the CPU backend, whole GiB.")
 @click.option("--max-model-len", type=Number(TOKENS), default=None, help="vLLM --max-model-len.")
 @click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True)
@@ -69,7 +73,7 @@ SERVE_VALUES = {
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @check_values(rules=SERVE_VALUES)
 def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memory_utilization, workers_per_gpu,
-          kv_cache_gib, max_model_len, device, api_cores, kv_events_port_base, log_dir, vllm_args, timeout, extra):
+          tensor_parallel_size, kv_cache_gib, max_model_len, device, api_cores, kv_events_port_base, log_dir, vllm_args, timeout, extra):
     """Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up
     until Ctrl-C. Arguments after ``--`` go to vLLM as they are. On the CPU each engine gets a core
     that no running vLLM server's engine or API process is pinned to (another serve's); when none
@@ -95,6 +99,10 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
         args = shlex.split(vllm_args) + list(extra)
     except ValueError as exc:  # an unclosed quote
         raise click.BadParameter(f"{exc} in {vllm_args!r}", param_hint="'--vllm-args'") from None
+    flag = next((a for a in args if a.split("=", 1)[0] in ("--tensor-parallel-size", "-tp")), None)
+    if flag is not None:  # passed as it is, each server would still get one GPU
+        raise click.BadParameter(f"give the tensor-parallel size as --tp N, not {flag} to vLLM: serve then gives each "
+                                 "server N GPUs", param_hint="'--tp'")
     try:
         check_output(log_dir, 0, "--log-dir", is_dir=True)
     except ValueError as exc:
@@ -120,7 +128,8 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     try:
         specs = plan_servers(model_path, num_servers, port_base, served_model_name or model, block_size,
                              gpu_memory_utilization, kv_cache_gib, max_model_len, args, log_dir, device, api_cores,
-                             kv_events_port_base, workers_per_gpu=workers_per_gpu, taken=taken, api_taken=api_taken)
+                             kv_events_port_base, workers_per_gpu=workers_per_gpu, taken=taken, api_taken=api_taken,
+                             tensor_parallel_size=tensor_parallel_size)
         check_ports(specs)  # a taken port fails now, before any line says what starts where
     except (ValueError, ServerError) as exc:
         raise click.ClickException(str(exc))
@@ -135,7 +144,8 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     for line in core_notes(specs, taken, api_taken):
         click.echo(line, err=True)
     for s in specs:
-        where = (f"GPU {s.cuda_device}" + (f" ({s.gpu_memory_utilization:g} of its memory)"
+        where = (f"GPU{'s' if s.tensor_parallel_size > 1 else ''} {s.devices_text}"
+                 + (f" ({s.gpu_memory_utilization:g} of its memory)"
                                             if workers_per_gpu > 1 else "")
                  if s.cuda_device is not None else f"CPU core {s.cpu_core}")
         events = f", KV-cache events on {s.kv_events_endpoint}" if s.kv_events_endpoint else ""

@@ -46,8 +46,10 @@ def plan_servers(
     vllm_version: str | None = None,
     taken: Mapping[int, str] | None = None,
     api_taken: Mapping[tuple[int, ...], str] | None = None,
+    tensor_parallel_size: int = 1,
 ) -> list[ServerSpec]:
-    """Specs of one server per GPU (``workers_per_gpu`` per GPU), or one per CPU core without GPUs.
+    """Specs of one server per GPU (``workers_per_gpu`` per GPU; one per ``tensor_parallel_size``
+    consecutive GPUs), or one per CPU core without GPUs.
 
     On the CPU, server ``i``'s engine runs on the ``i``-th core no other server's engine or API
     process is pinned to (``taken``, ``api_taken``), once those run out on the cores of other
@@ -80,12 +82,20 @@ def plan_servers(
         api_taken: the core sets running servers' API processes are pinned to, with whose they
             are (``cores.api_cores_in_use``): engines go to their cores after the cores of neither
             (an engine slows down on an API process's core). None: none.
+        tensor_parallel_size: GPUs per server (vLLM's ``--tensor-parallel-size``): server ``i``
+            gets GPUs ``i * tp`` to ``i * tp + tp - 1`` of those found; ``num_servers`` counts
+            servers. GPUs only, and one server per group.
 
     Raises:
         ValueError: more servers than devices, ``device="gpu"`` without GPUs, an unknown
             ``api_cores``, ports outside 1..65535, ``workers_per_gpu`` below 1 or above 1
-            without GPUs, or a memory share below 0.01 per server.
+            without GPUs, a memory share below 0.01 per server, or a ``tensor_parallel_size``
+            below 1, above 1 without GPUs or with ``workers_per_gpu`` above 1, or larger than
+            the GPUs found.
     """
+    if type(tensor_parallel_size) is not int or tensor_parallel_size < 1:
+        raise ValueError(f"tensor parallel size must be an integer >= 1, got {tensor_parallel_size!r}")
+    tp = tensor_parallel_size
     if type(workers_per_gpu) is not int or workers_per_gpu < 1:
         raise ValueError(f"workers per GPU must be an integer >= 1, got {workers_per_gpu!r}")
     if api_cores not in API_CORES:
@@ -98,8 +108,17 @@ def plan_servers(
     if workers_per_gpu > 1 and not gpus:
         raise ValueError(f"{workers_per_gpu} workers per GPU, but no GPU is used (the CPU backend runs one server "
                          "per core)")
+    if tp > 1 and not gpus:
+        raise ValueError(f"tensor parallel size {tp}, but no GPU is used (the CPU backend runs one server per core)")
+    if tp > 1 and workers_per_gpu > 1:
+        raise ValueError(f"tensor parallel size {tp} with {workers_per_gpu} workers per GPU: one server spans "
+                         "several GPUs or several share one, not both")
+    if tp > len(gpus or [None]):
+        raise ValueError(f"tensor parallel size {tp}, but this machine has {len(gpus)} GPUs: {gpus}")
     taken = {} if gpus or taken is None else taken
-    if gpus:
+    if gpus and tp > 1:  # one device group per server; GPUs left over (fewer than tp) go unused
+        devices = [tuple(gpus[k * tp:(k + 1) * tp]) for k in range(len(gpus) // tp)]
+    elif gpus:
         devices = [g for g in gpus for _ in range(workers_per_gpu)]
     else:
         fronts = {c for front in (api_taken or {}) for c in front}
@@ -107,6 +126,8 @@ def plan_servers(
     free = sum(1 for c in devices if c not in taken)
     n = (free or len(devices)) if num_servers is None else num_servers
     if not 1 <= n <= len(devices):
+        if tp > 1:
+            raise ValueError(f"asked for {n} servers of {tp} GPUs but this machine has {len(gpus)} GPUs: {gpus}")
         kind = f"GPUs x {workers_per_gpu} workers" if workers_per_gpu > 1 else "GPUs" if gpus else "CPU cores"
         raise ValueError(f"asked for {n} servers but this machine has {len(gpus) or len(devices)} {kind}: "
                          f"{gpus or sorted(devices)}")
@@ -135,7 +156,7 @@ def plan_servers(
         )
         if gpus:
             specs.append(ServerSpec(**common, block_size=block_size, cuda_device=devices[i],
-                                    gpu_memory_utilization=share, kv_cache_gib=None))
+                                    gpu_memory_utilization=share, kv_cache_gib=None, tensor_parallel_size=tp))
         else:
             frontend = {"spare": spare or None, "own": (devices[i],), "any": None}[api_cores]
             specs.append(ServerSpec(**common, block_size=32 if block_size is None else block_size,

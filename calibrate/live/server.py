@@ -59,7 +59,10 @@ class ServerSpec:
             engine core busy-waits for its worker, and sharing a core with the API server made
             decode steps up to three times slower, at random.
         cuda_device: expose only this GPU (``CUDA_VISIBLE_DEVICES``): an index, or a UUID or MIG id
-            as ``CUDA_VISIBLE_DEVICES`` may name it; None: no change.
+            as ``CUDA_VISIBLE_DEVICES`` may name it, or a tuple of them for a tensor-parallel
+            server; None: no change.
+        tensor_parallel_size: GPUs one server spans (vLLM's ``--tensor-parallel-size``); 1: the
+            flag is not passed.
         kv_cache_gib: KV cache size on the CPU backend (``VLLM_CPU_KVCACHE_SPACE``), GiB.
         max_model_len: ``--max-model-len``; None: the model's own limit.
         extra_args: more vLLM command-line arguments, passed as they are.
@@ -79,7 +82,8 @@ class ServerSpec:
     gpu_memory_utilization: float | None = None
     cpu_core: int | None = None
     frontend_cores: tuple[int, ...] | None = None
-    cuda_device: int | str | None = None
+    cuda_device: int | str | tuple[int | str, ...] | None = None
+    tensor_parallel_size: int = 1
     kv_cache_gib: float | None = 1.0
     max_model_len: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -138,6 +142,8 @@ class ServerSpec:
             cmd += ["--gpu-memory-utilization", str(self.gpu_memory_utilization)]
         if self.max_model_len is not None:
             cmd += ["--max-model-len", str(self.max_model_len)]
+        if self.tensor_parallel_size > 1:
+            cmd += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         if self.kv_events_port is not None:
             cmd += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                                                       "endpoint": self.kv_events_publish})]
@@ -156,8 +162,14 @@ class ServerSpec:
         if self.kv_cache_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_gib:g}"
         if self.cuda_device is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(self.cuda_device)
+            env["CUDA_VISIBLE_DEVICES"] = self.devices_text
         return env
+
+    @property
+    def devices_text(self) -> str:
+        """The GPUs as ``CUDA_VISIBLE_DEVICES`` names them (``"0"``, ``"0,1,2,3"``); "" for none."""
+        devices = self.cuda_device if isinstance(self.cuda_device, tuple) else (self.cuda_device,)
+        return ",".join(str(d) for d in devices if d is not None)
 
 
 def _loopback(host: str) -> bool:

@@ -251,7 +251,7 @@ class Cluster:
                 spec.record_steps,
                 spec.fast_forward,
                 spec.record_series,
-                async_cpu_s=AsyncOverlap().cpu_s(prof.step_cost),
+                async_cpu_s=AsyncOverlap(prof.async_cpu_fraction).cpu_s(prof.step_cost),
                 admission=((lambda request, o=prof.overheads: o.engine_admission(request.num_prompt_tokens))
                            if prof.overheads.has_engine_admission else None),
             )

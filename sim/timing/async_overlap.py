@@ -27,9 +27,11 @@ output hand-off; "vLLM 0.11 does not overlap these by default"). The default ``c
 hides, which is what vLLM's async-scheduling design aims at (the sampler's device sync and the
 output copy move off the critical path, ``vllm/v1/worker/gpu_model_runner.py``: the async
 output copy). Calibration cannot see it: profiles are measured on vLLM's CPU backend, where
-async scheduling is off, and a sweep on a GPU server with async on would fold the hidden part
-into a smaller ``step_overhead_s``. A profile measured with async on should therefore set it to
-0 (nothing left to hide).
+async scheduling is off, and a sweep on a GPU server with async on folds the hidden part into a
+smaller ``step_overhead_s``. A profile carries its own as ``engine.async_cpu_fraction``
+(``Profile.async_cpu_fraction``): ``calibrate fit`` writes 0 for servers that scheduled
+asynchronously (nothing left to hide); a derived tensor-parallel prior writes the CPU part of
+its ``step_overhead_s``, whose all-reduce latency is GPU time (``kvroute.sim.timing.priors``).
 """
 
 from __future__ import annotations

@@ -377,6 +377,10 @@ def derive_profile(
         "engine.async_scheduling": (
             f"vLLM {vllm_version} default on CUDA: {'on' if release.async_scheduling_cuda else 'off'} "
             "(vllm/config/vllm.py: SchedulerConfig.async_scheduling None resolves to True from 0.14)"),
+        **({"engine.async_cpu_fraction": (
+            f"step_overhead_s's CPU part, {eff.step_overhead_s * 1e3:g} ms of {step_overhead_s * 1e3:.3g} ms: async "
+            "scheduling overlaps the host's work with the GPU, not the tensor-parallel all-reduce latency "
+            "(kvroute.sim.timing.async_overlap)")} if allreduce_step_s else {}),
         "engine.max_num_batched_tokens": (
             f"vllm serve default on {gpu.name}: {default_tokens} (vllm/engine/arg_utils.py: "
             "get_batch_defaults; >= 70 GiB and not A100: 8192, else 2048"
@@ -483,6 +487,8 @@ def derive_profile(
             "max_model_len": max_model_len,
             "gpu_memory_utilization": gpu_memory_utilization,
             "async_scheduling": release.async_scheduling("cuda"),
+            # async hides the step's CPU part; the all-reduce latency is GPU time (kvroute.sim.timing.async_overlap)
+            **({"async_cpu_fraction": eff.step_overhead_s / step_overhead_s} if allreduce_step_s else {}),
         },
         "memory": asdict(memory),
         "step_cost": {

@@ -41,6 +41,7 @@ from importlib import resources
 from pathlib import Path
 
 from kvroute.sim.engine.config import EngineConfig
+from kvroute.sim.timing.async_overlap import STATED_CPU_FRACTION
 from kvroute.sim.timing.cost_model import StepCost
 from kvroute.traces.inputs import (BLOCK_SIZE, BYTES, COST_SECONDS, COUNT, FRACTION, JSON_DECODER, KV_BLOCKS,
                                 POSITIVE_INT, TOKENS, DuplicateKeyError, InputError, Num, check_fields,
@@ -287,6 +288,11 @@ class Profile:
         host: the host's cores and their contention; None: steps never stretched.
         raw: the whole JSON document (hardware, model, provenance, sources), kept for reports.
         uncertainty: the fitted coefficients' uncertainty (``step_cost_uncertainty``), or None.
+        async_cpu_fraction: the share of ``step_cost.step_overhead_s`` that async scheduling
+            overlaps with the GPU (``engine.async_cpu_fraction``; ``kvroute.sim.timing.async_overlap``):
+            stated 1.0 by default; a derived tensor-parallel prior's is its CPU part (the
+            all-reduce is GPU time), a profile fitted to servers that scheduled asynchronously 0
+            (their measured steps have the overlap in them already).
     """
 
     name: str
@@ -299,6 +305,7 @@ class Profile:
     host: HostModel | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
     uncertainty: CoefficientUncertainty | None = field(default=None, compare=False, repr=False)
+    async_cpu_fraction: float = STATED_CPU_FRACTION
 
     @property
     def vllm_version(self) -> str | None:
@@ -462,6 +469,7 @@ ENGINE_SCHEMA = {
     "max_model_len": TOKENS,
     "long_prefill_token_threshold": COUNT,
     "gpu_memory_utilization": FRACTION,
+    "async_cpu_fraction": Num(minimum=0.0, maximum=1.0),
 }
 """Rules of a profile's ``engine`` section (block_size and num_gpu_blocks are required)."""
 
@@ -559,4 +567,5 @@ def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
         raw=doc,
         uncertainty=(uncertainty_from_dict(doc["step_cost_uncertainty"], where)
                      if doc.get("step_cost_uncertainty") is not None else None),
+        async_cpu_fraction=engine_doc.get("async_cpu_fraction", STATED_CPU_FRACTION),
     )

@@ -9,6 +9,7 @@ import json
 import math
 import threading
 import time
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -158,6 +159,11 @@ def test_profile_document_is_a_valid_profile():
     assert prof.step_cost == res.cost
     assert doc["provenance"]["kind"] == "measured" and doc["provenance"]["date"] == "2026-11-29"
     assert doc["provenance"]["fit"]["heldout"]["ttft"]["median_ape"] is not None
+    assert "async_cpu_fraction" not in doc["engine"] and prof.async_cpu_fraction == 1.0  # sync: stated
+    # servers that scheduled asynchronously: their steps have the overlap in them, nothing left to hide
+    doc = profile_document(res, replace(info, async_scheduling=True), {"urls": ["http://x:1"]}, "t")
+    assert doc["engine"]["async_cpu_fraction"] == 0.0
+    assert profile_from_dict(json.loads(json.dumps(doc))).async_cpu_fraction == 0.0
 
 
 # --------------------------------------------------------------------------------------------

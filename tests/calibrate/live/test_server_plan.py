@@ -118,6 +118,40 @@ def test_bad_worker_counts_are_refused(two_gpus, kw, message):
         plan_servers("m", **kw)
 
 
+def test_tensor_parallel_servers_take_consecutive_gpus(monkeypatch):
+    """8 GPUs, --tp 4: two servers on GPUs 0-3 and 4-7, each told its size; 7 GPUs leave 3 unused."""
+    monkeypatch.setattr(cores, "detect_gpus", lambda: list(range(8)))
+    specs = plan_servers("meta-llama/Llama-3.1-70B-Instruct", None, tensor_parallel_size=4)
+    assert [(s.cuda_device, s.port) for s in specs] == [((0, 1, 2, 3), 8100), ((4, 5, 6, 7), 8101)]
+    assert specs[1].environment({})["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    cmd = specs[0].command()
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "4"
+    assert "--tensor-parallel-size" not in plan_servers("m", 1)[0].command()  # tp 1: vLLM's default
+    monkeypatch.setattr(cores, "detect_gpus", lambda: list(range(7)))
+    assert [s.cuda_device for s in plan_servers("m", None, tensor_parallel_size=2)] == [(0, 1), (2, 3), (4, 5)]
+    with pytest.raises(ValueError, match=re.escape("asked for 2 servers of 4 GPUs but this machine has 7 GPUs")):
+        plan_servers("m", 2, tensor_parallel_size=4)
+    with pytest.raises(ValueError, match="tensor parallel size 8, but this machine has 7 GPUs"):
+        plan_servers("m", None, tensor_parallel_size=8)
+    with pytest.raises(ValueError, match="one server spans several GPUs or several share one, not both"):
+        plan_servers("m", None, tensor_parallel_size=2, workers_per_gpu=2)
+
+
+def test_tensor_parallel_needs_gpus(two_cores):
+    with pytest.raises(ValueError, match="tensor parallel size 2, but no GPU is used"):
+        plan_servers("m", 1, tensor_parallel_size=2)
+
+
+def test_serve_takes_the_tensor_parallel_size_as_tp_not_as_a_vllm_argument():
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["serve", "--model", "m", "--", "--tensor-parallel-size", "4"])
+    assert result.exit_code == 2
+    assert "give the tensor-parallel size as --tp N, not --tensor-parallel-size to vLLM" in result.output
+
+
 def test_workers_per_gpu_needs_a_gpu(two_cores):
     with pytest.raises(ValueError, match="2 workers per GPU, but no GPU is used"):
         plan_servers("m", 1, workers_per_gpu=2)

@@ -87,3 +87,35 @@ def test_the_stated_overlap_is_the_whole_step_overhead():
     assert AsyncOverlap(0.25).cpu_s(cost) == 0.0025
     with pytest.raises(ValueError, match="cpu_fraction"):
         AsyncOverlap(1.5)
+
+
+def test_a_profiles_async_cpu_fraction_sets_the_overlapped_part():
+    """engine.async_cpu_fraction 0.4: a step's CPU part is 4 ms of the 10 ms overhead. The prefill
+    (CPU 0.100-0.104, GPU to 0.210) gives the first token at 0.21; decode 1 (CPU 0.104-0.108)
+    runs 0.210-0.217 on the GPU and decode 2 (CPU 0.210-0.214) 0.217-0.224: ITL 7 ms, 7 ms. With
+    0 nothing is hidden and the steps take what synchronous ones do (11 ms)."""
+    p = async_profile()
+    assert p.async_cpu_fraction == STATED_CPU_FRACTION
+    trace = Trace([one(0, 100, 3)], block_size=16)
+
+    def run(profile):
+        return simulate(trace, ClusterSpec(profile, num_workers=1, arrival_spread_s=0.0), seed=0)
+
+    assert list(run(p).itl) == pytest.approx([0.01, 0.001])
+    part = run(replace(p, async_cpu_fraction=0.4))
+    assert list(part.itl) == pytest.approx([0.007, 0.007])
+    assert part.records.iloc[0]["ttft"] == pytest.approx(0.21) and part.records.iloc[0]["e2e"] == pytest.approx(0.224)
+    assert list(run(replace(p, async_cpu_fraction=0.0)).itl) == pytest.approx(list(run(simple_profile()).itl))
+    assert list(run(simple_profile()).itl) == pytest.approx([0.011, 0.011])
+
+
+def test_a_profile_reads_its_async_cpu_fraction_and_refuses_one_outside_0_1():
+    from kvroute.traces.inputs import InputError
+
+    doc = {"name": "t", "engine": {"block_size": 16, "num_gpu_blocks": 100, "async_cpu_fraction": 0.25},
+           "step_cost": {"step_overhead_s": 0.002, "weight_load_s": 0.02, "per_token_s": 0.001,
+                         "per_request_s": 0.0, "prefill_attn_s": 0.0, "decode_attn_s": 0.0}}
+    assert profile_from_dict(doc).async_cpu_fraction == 0.25
+    doc["engine"]["async_cpu_fraction"] = 1.5
+    with pytest.raises(InputError, match="engine.async_cpu_fraction"):
+        profile_from_dict(doc)

@@ -45,6 +45,10 @@ def test_llama_31_70b_tp4_by_hand():
     eff, pe = priors.Efficiency(), priors.ParallelEfficiency()
     c = doc["step_cost"]
     assert c["step_overhead_s"] == pytest.approx(0.002 + 2 * 80 * 8e-6)
+    # async scheduling hides the 2 ms of host work, not the 1.28 ms of all-reduce latency
+    assert doc["engine"]["async_cpu_fraction"] == pytest.approx(0.002 / (0.002 + 2 * 80 * 8e-6))
+    assert profile_from_dict(doc).async_cpu_fraction == pytest.approx(0.002 / 0.00328)
+    assert "async_cpu_fraction" not in priors.derive_profile("H100-SXM", "llama-3.1-8b")["engine"]  # tp 1: stated 1
     assert c["per_token_s"] == pytest.approx(
         2 * (linear + norms) / (989.4e12 * eff.linear_flops) + 3_932_160 / (450e9 * pe.allreduce_bandwidth))
     assert c["prefill_attn_s"] == pytest.approx(4 * 80 * 16 * 128 / (989.4e12 * eff.attention_flops))
