@@ -61,8 +61,9 @@ def _even(ctx: click.Context, param: click.Parameter, value: int) -> int:
 @click.option("--jitter-cv-range", default="0:0.6", show_default=True,
               help="LOW:HIGH of the overhead jitter CV when the profile has no fitted one.")
 @click.option("--kv-range", type=Number(OPEN_FRACTION), default=0.1, show_default=True, help="Relative half-width of the KV capacity.")
-@click.option("--spread-range", default="0:0.02", show_default=True,
-              help="LOW:HIGH of the start spread of root requests, s.")
+@click.option("--spread-range", default=None,
+              help="LOW:HIGH of the start spread of root requests, s [default: 0:0.02 for a burst (--arrival-spread "
+                   "up to 0.02 s), else the scenario's spread +- --prior-range of it].")
 @click.option("--groups", default=None,
               help="Comma-separated factor groups to vary (default: all; see kvroute.sim.study.sensitivity.FACTOR_GROUPS).")
 @click.option("--executor", type=click.Choice(["local", "sequential"]), default="local", show_default=True,
@@ -89,12 +90,15 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     from kvroute.sim.study.sensitivity import FACTOR_GROUPS, Ranges, base_profile, default_factors, run_sensitivity
 
     policies = parse_policies(policies_text)
+    scenario = scenario_from_options(options, policy=policies[0])
+    if spread_range is None:  # around the scenario's own spread, not a burst's, when it has one
+        spread = scenario.arrival_spread_s
+        spread_range = "0:0.02" if spread <= 0.02 else f"{spread * (1 - prior_range):g}:{spread * (1 + prior_range):g}"
     try:
         ranges = Ranges(prior_range, coverage, _pair(jitter_cv_range, "--jitter-cv-range", JITTER_CV), kv_range,
                         _pair(spread_range, "--spread-range", SECONDS))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    scenario = scenario_from_options(options, policy=policies[0])
     # a trace file is read once, the same records at every point (a generated workload is drawn
     # anew whenever a factor changes the scenario)
     trace = scenario_trace(scenario) if scenario.trace_file is not None else None

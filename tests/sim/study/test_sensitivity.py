@@ -132,3 +132,19 @@ def test_cli_writes_the_table_json_and_tornado(tmp_path):
     assert (out / "tornado.png").stat().st_size > 0
     bad = CliRunner().invoke(cli, ["sensitivity", "--spread-range", "0.1:0"])
     assert bad.exit_code != 0 and "Invalid value for '--spread-range': LOW must be below HIGH, got '0.1:0'" in bad.output
+
+
+@pytest.mark.parametrize("args, low, high", [
+    ((), 0.0, 0.02),  # the default 5 ms spread: a burst
+    (("--arrival-spread", "3"), 2.4, 3.6),  # the scenario's own spread +- --prior-range 0.2 of it
+    (("--arrival-spread", "3", "--spread-range", "1:5"), 1.0, 5.0),
+])
+def test_the_start_spread_varies_around_the_scenarios_own(args, low, high):
+    result = CliRunner().invoke(cli, ["sensitivity", "--chats", "4", "--turns", "2", "--workers", "2",
+                                      "--trajectories", "2", "--rounds", "1", "--noise-rounds", "2",
+                                      "--groups", "overheads,start_spread", "--executor", "sequential", "--json",
+                                      *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output[result.output.index("{"):])
+    spread = next(f for f in doc["factors"] if f["name"] == "arrival_spread_s")
+    assert (spread["low"], spread["high"]) == pytest.approx((low, high))
