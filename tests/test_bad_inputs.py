@@ -628,7 +628,7 @@ def test_llm_d_policy_parameters_are_checked_before_any_run(policies, expected):
 @pytest.mark.parametrize("policy, expected", [
     ("llmd-estimated:block_tokens=24",
      "policy llmd-estimated: prefix-cache-scorer: block size 24 tokens must be a multiple of the engine's block size 16"),
-    ("epp:{path}", "epp.yaml: field 'plugins[0].parameters.tokenProcessorConfig.blockSize': block size 64 must "
+    ("epp:{path}", "epp.yaml:7: field 'plugins[0].parameters.tokenProcessorConfig.blockSize': block size 64 must "
                    "equal the engine's block size 16"),
 ])
 def test_llm_d_block_sizes_the_engine_cannot_serve_are_one_line_errors(tmp_path, policy, expected):
