@@ -44,7 +44,7 @@ import numpy as np
 
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.inputs import InputError, Num, describe, MAX_TOKENS
-from kvroute.traces.yaml_doc import FENCED_YAML, MARKDOWN_SUFFIXES, line_of, parse_yaml, read_text
+from kvroute.traces.yaml_doc import MARKDOWN_SUFFIXES, YamlSource, markdown_yaml_blocks, parse_yaml, read_text
 
 DATA_TYPES = ("shared_prefix",)
 """``data.type`` values read (inference-perf has more: mock, shareGPT, random, ...)."""
@@ -203,7 +203,7 @@ def parse_workload_config(doc: object, where: str = "<config>", line_offset: int
             known, and why; a key inference-perf 0.7.0 does not know (``system_promt_len``), with
             the closest one it knows (:func:`_known_keys`).
     """
-    at = _Source(where, line_offset)
+    at = YamlSource(where, line_offset)
     if not isinstance(doc, dict):
         raise InputError(f"expected a mapping, got {describe(doc)}", where)
     _known_keys(doc, CONFIG_KEYS, at, "")
@@ -350,24 +350,7 @@ def _poisson_times(rng: np.random.Generator, n: int, rate: float) -> np.ndarray:
     return np.asarray(times[:n])
 
 
-@dataclass(frozen=True, slots=True)
-class _Source:
-    """Where a config came from: its file and the lines before its YAML (a Markdown report's)."""
-
-    where: str
-    offset: int = 0
-
-    def line(self, node: object, key: object = None) -> int | None:
-        """The file line of ``node[key]`` (of ``node`` itself when ``key`` is None or absent), or
-        None when ``node`` was not parsed with line tracking."""
-        line = line_of(node, key)
-        return None if line is None else line + self.offset
-
-    def error(self, reason: str, node: object = None, key: object = None, field: str | None = None) -> InputError:
-        return InputError(reason, self.where, self.line(node, key), field)
-
-
-def _section(doc: dict, name: str, at: _Source, prefix: str = "", required: bool = False) -> dict:
+def _section(doc: dict, name: str, at: YamlSource, prefix: str = "", required: bool = False) -> dict:
     value = doc.get(name)
     if value is None and not required:
         return {}
@@ -378,7 +361,7 @@ def _section(doc: dict, name: str, at: _Source, prefix: str = "", required: bool
     return value
 
 
-def _known_keys(node: dict, keys: tuple[str, ...], at: _Source, section: str) -> None:
+def _known_keys(node: dict, keys: tuple[str, ...], at: YamlSource, section: str) -> None:
     """Refuse a key of ``node`` that is not one of ``keys`` (inference-perf's fields of that
     section: its config models forbid any other), naming its line and the closest known key.
 
@@ -397,7 +380,7 @@ def _known_keys(node: dict, keys: tuple[str, ...], at: _Source, section: str) ->
                        f"{section}.{key}" if section else str(key))
 
 
-def _field(doc: dict, names: tuple[str, ...], default, rule: Num, at: _Source, prefix: str):
+def _field(doc: dict, names: tuple[str, ...], default, rule: Num, at: YamlSource, prefix: str):
     """The first of ``names`` present in ``doc`` (inference-perf's aliases), checked by ``rule``;
     ``default`` when none is (None: required)."""
     given = [name for name in names if doc.get(name) is not None]
@@ -417,7 +400,7 @@ def _field(doc: dict, names: tuple[str, ...], default, rule: Num, at: _Source, p
 def _yaml_block(text: str, where: str) -> tuple[str, int]:
     """The first fenced YAML block of a Markdown file with a top-level ``load:`` key, and the
     number of lines before it (for error lines)."""
-    for match in FENCED_YAML.finditer(text):
-        if re.search(r"^load:", match.group(1), re.M):
-            return match.group(1), text.count("\n", 0, match.start(1))
+    for block, offset, _ in markdown_yaml_blocks(text):
+        if re.search(r"^load:", block, re.M):
+            return block, offset
     raise InputError("no ```yaml block with a top-level 'load:' key", where)

@@ -10,6 +10,7 @@ still be overridden, as YAML allows), and, on request, remember their lines (:cl
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvroute.traces.inputs import DuplicateKeyError, InputError, check_regular_file
@@ -21,6 +22,37 @@ FENCED_YAML = re.compile(r"^```ya?ml[^\n]*\n(.*?)^```", re.M | re.S)
 
 MARKDOWN_SUFFIXES = (".md", ".markdown")
 """Files read as Markdown reports (their fenced YAML blocks), compared in lower case."""
+
+
+def markdown_yaml_blocks(text: str) -> list[tuple[str, int, str]]:
+    """The fenced YAML blocks of a Markdown text (:data:`FENCED_YAML`), in order:
+    ``(block text, lines before it, label)``, the label being the last non-blank line above the
+    block without its Markdown marks (``**precise-scheduling**``, ``### Workload`` ->
+    ``precise-scheduling``, ``Workload``), "" at the top of the file."""
+    blocks = []
+    for match in FENCED_YAML.finditer(text):
+        above = text[:match.start()].rstrip().rpartition("\n")[2]
+        blocks.append((match.group(1), text.count("\n", 0, match.start(1)), above.strip().strip("#*_` ").strip()))
+    return blocks
+
+
+@dataclass(frozen=True, slots=True)
+class YamlSource:
+    """Where a YAML document came from, for errors: its file (``where``) and the lines before the
+    document in that file (``offset``: a block cut out of a Markdown report)."""
+
+    where: str
+    offset: int = 0
+
+    def line(self, node: object, key: object = None) -> int | None:
+        """The file line of ``node[key]`` (of ``node`` itself when ``key`` is None or absent), or
+        None when ``node`` was not parsed with line tracking (:func:`line_of`)."""
+        line = line_of(node, key)
+        return None if line is None else line + self.offset
+
+    def error(self, reason: str, node: object = None, key: object = None, field: str | None = None) -> InputError:
+        """An :class:`InputError` at ``node[key]``'s file line, naming ``field``."""
+        return InputError(reason, self.where, self.line(node, key), field)
 
 
 class LineMap(dict):

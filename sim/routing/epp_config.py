@@ -44,7 +44,8 @@ from kvroute.sim.routing.epp_scorers import (DEFAULT_LRU_CAPACITY, DEFAULT_MAX_P
                                              LoadAwareScorer, PrecisePrefixCacheScorer, PrefixCacheScorer, QueueScorer,
                                              Scorer)
 from kvroute.traces.inputs import InputError
-from kvroute.traces.yaml_doc import FENCED_YAML, MARKDOWN_SUFFIXES, LineMap, line_of, parse_yaml, read_text
+from kvroute.traces.yaml_doc import (MARKDOWN_SUFFIXES, LineMap, YamlSource, markdown_yaml_blocks, parse_yaml,
+                                     read_text)
 
 API_VERSIONS = ("inference.networking.x-k8s.io/v1alpha1", "llm-d.ai/v1alpha1")
 PICKER_TYPES = {"max-score-picker": "max", "weighted-random-picker": "weighted", "random-picker": "random"}
@@ -67,18 +68,9 @@ class EndpointPickerConfig:
     picker: str
 
 
-class _Reader:
-    def __init__(self, path: str, offset: int = 0) -> None:
-        self.path = path
-        self.offset = offset  # lines before the YAML in its file (a Markdown report's block)
-
-    def line(self, node, key=None) -> int | None:
-        """The file's line of ``node[key]`` (``line_of``), or None."""
-        line = line_of(node, key)
-        return None if line is None else line + self.offset
-
+class _Reader(YamlSource):
     def fail(self, reason: str, node=None, field: str | None = None, key=None) -> InputError:
-        return InputError(reason, self.path, self.line(node, key), field)
+        return self.error(reason, node, key, field)
 
     def mapping(self, node, field: str, parent=None, key=None) -> LineMap:
         """``node`` if it is a mapping; else an error at ``parent[key]``'s line (a list index or a key)."""
@@ -114,22 +106,19 @@ def _markdown_config(text: str, where: str, name: str) -> tuple[str, int]:
     Raises:
         InputError: no such block; several and no name (listing their names).
     """
-    blocks = []
-    for match in FENCED_YAML.finditer(text):
-        if re.search(r"^kind:\s*EndpointPickerConfig\s*$", match.group(1), re.M):
-            above = text[:match.start()].rstrip().rpartition("\n")[2]
-            blocks.append((above.strip().strip("#*_` ").strip(), match.group(1), text.count("\n", 0, match.start(1))))
-    names = ", ".join(label or "(unnamed)" for label, _, _ in blocks)
+    blocks = [(block, offset, label) for block, offset, label in markdown_yaml_blocks(text)
+              if re.search(r"^kind:\s*EndpointPickerConfig\s*$", block, re.M)]
+    names = ", ".join(label or "(unnamed)" for _, _, label in blocks)
     if not blocks:
         raise InputError("no ```yaml block with 'kind: EndpointPickerConfig'", where)
     if name:
-        found = next((block for block in blocks if block[0] == name), None)
+        found = next((block for block in blocks if block[2] == name), None)
         if found is None:
             raise InputError(f"no EndpointPickerConfig block named {name!r}; the file's: {names}", where)
-        return found[1], found[2]
+        return found[0], found[1]
     if len(blocks) > 1:
         raise InputError(f"{len(blocks)} EndpointPickerConfig blocks ({names}): name one, as epp:{where}#NAME", where)
-    return blocks[0][1], blocks[0][2]
+    return blocks[0][0], blocks[0][1]
 
 
 def read_endpoint_picker_config(path: str | Path) -> EndpointPickerConfig:
@@ -275,5 +264,5 @@ def _precise(r: _Reader, params: LineMap, field: str) -> Scorer:
             line = r.line(tpc, "blockSize")
     # llm-d-kv-cache-manager's default token processor block size is 16 (kvblock/token_processor.go)
     scorer = PrecisePrefixCacheScorer(size or 16)
-    scorer.source = f"{r.path}:{line}: field '{where}'" if line is not None else f"{r.path}: field '{where}'"
+    scorer.source = f"{r.where}:{line}: field '{where}'" if line is not None else f"{r.where}: field '{where}'"
     return scorer
