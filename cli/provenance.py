@@ -89,7 +89,7 @@ def resolved_options(ctx: click.Context) -> dict:
             continue
         value = ctx.params[name]
         if name in POLICY_PARAMS and isinstance(value, str):
-            value = absolute_configs(value)  # epp:FILE -> epp:config=/abs/FILE
+            value = absolute_configs(value)  # epp:FILE -> epp:/abs/FILE
         elif isinstance(param.type, Axis) and value is not None:
             value = Axis.text(value)  # a sweep's comma list, as --config reads it back
         elif isinstance(value, Path):

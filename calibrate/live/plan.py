@@ -113,7 +113,7 @@ def plan_servers(
     if tp > 1 and workers_per_gpu > 1:
         raise ValueError(f"tensor parallel size {tp} with {workers_per_gpu} workers per GPU: one server spans "
                          "several GPUs or several share one, not both")
-    if tp > len(gpus or [None]):
+    if gpus and tp > len(gpus):
         raise ValueError(f"tensor parallel size {tp}, but this machine has {len(gpus)} GPUs: {gpus}")
     taken = {} if gpus or taken is None else taken
     if gpus and tp > 1:  # one device group per server; GPUs left over (fewer than tp) go unused
