@@ -217,7 +217,8 @@ def score(shape: str, profile_name: str, runs, validation, rounds: int, load: tu
     targets missed, and kept apart from the rounds' means in the coverage), with the host prior
     ``run_to_run_prior`` standing for the spread one round cannot show, as ``validate`` does
     (``ValidationSpec.run_to_run_prior``); a round cut short is not checked."""
-    from kvroute.calibrate.validation.rounds import change_pct, diff_interval, error_pct, finite
+    from kvroute.calibrate.validation.rounds import diff_interval, error_pct, finite
+    from kvroute.sim.cluster.metrics import change_pct
     from kvroute.calibrate.validation.validate_report import (change_interval, cut_short, metric_interval,
                                                               round_changes, round_values)
     from kvroute.sim.cluster.metrics import summarize

@@ -113,6 +113,12 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
                   "finished rounds ([low, high] where clipped to possible values)")
     spread_note = (f"{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo_ttft} s and "
                    f"TPOT <= {slo_tpot} s.")
+    model_note = (f"(seeds): mean ± 95% interval over {rounds} round(s), seeds {seed}..{seed + rounds - 1}, central "
+                  f"profile. With model unc.: 95% prediction interval of the mean of {rounds} run(s), centred on the "
+                  f"(seeds) mean, from its seeds' spread and that of {uncertainty} profiles drawn from "
+                  f"{uncertain.method}, each on its own seeds (times and rates in log space; "
+                  "docs/reference/intervals.md); changes of shares in percentage points (pp)."
+                  if uncertainty else spread_note)  # (an interrupted run drops the draws: uncertainty 0)
     fitted_seed = (trace_path is None and scenario.workload == "seed-chat" and scenario.reply is None
                    and scenario.workload_config is None)
     table = not json_out or out is not None  # (--json alone keeps pandas unimported: records are a DataFrame)
@@ -147,9 +153,9 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
         click.echo(json.dumps(doc, indent=2))
     elif uncertainty:
         click.echo(format_uncertain_table(uncertain))
-        click.echo(f"\n(seeds): mean ± 95% interval over {rounds} round(s), seeds {seed}..{seed + rounds - 1}, "
-                   f"central profile. With model unc.: 95% prediction interval of that mean from "
-                   f"{uncertainty} profiles drawn from {uncertain.method}, each on its own seeds.")
+        if staged is not None:
+            click.echo(stage_text(staged))
+        click.echo(f"\n{model_note}")
     else:
         click.echo(format_table(comparison))
         if staged is not None:
@@ -186,7 +192,8 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
             uncertain.summaries.to_csv(out / "uncertainty.csv", index=False)
             doc = {"scenario": header, **uncertain.to_dict()}
             (out / "compare.json").write_text(json.dumps(doc, indent=2))
-        _write_report(out, doc, header, comparison.policies, figures, notes, rounds, seed, spread_note, tables)
+        _write_report(out, doc, header, comparison.policies, figures, notes, rounds, seed,
+                      model_note if uncertainty else spread_note, tables)
         if not json_out:
             from kvroute.sim.study.bench_result import result_filename
 

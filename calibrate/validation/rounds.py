@@ -25,11 +25,6 @@ def error_pct(predicted: float, measured: float) -> float:
     return 100.0 * (predicted - measured) / measured
 
 
-def change_pct(value: float, base: float) -> float:
-    """Relative change of ``value`` against ``base``, percent; NaN when undefined."""
-    return error_pct(value, base)
-
-
 def finite(values) -> list[float]:
     """The finite values of ``values`` (None, NaN and infinities dropped), as floats."""
     out = []
@@ -78,7 +73,10 @@ def spread(values, metric: str | None = None) -> dict:
 
 
 def paired_changes(base, other) -> list[float]:
-    """Per round ``i`` where both are finite, the change of ``other[i]`` against ``base[i]``, percent."""
+    """Per round ``i`` where both are finite, the change of ``other[i]`` against ``base[i]``, percent
+    (``kvroute.sim.cluster.metrics.change_pct``)."""
+    from kvroute.sim.cluster.metrics import change_pct
+
     return finite(change_pct(o, b) for b, o in zip(base, other))
 
 

@@ -54,13 +54,13 @@ import pandas as pd
 
 from kvroute.calibrate.calibration.step_end import merge
 from kvroute.calibrate.validation.engine_times import convoy_rows, engine_rows, stamp_note
-from kvroute.calibrate.validation.rounds import change_pct, error_pct, finite, mean_interval, spread
+from kvroute.calibrate.validation.rounds import error_pct, finite, mean_interval, spread
 from kvroute.calibrate.validation.validate import PolicyRun, Validation, send_lags, servers_of_another_model
 from kvroute.sim.timing.heldout import heldout_log_sd, heldout_spreads
-from kvroute.sim.study.experiment import SHARE_METRICS, prediction_interval
+from kvroute.sim.study.experiment import prediction_interval
 from kvroute.sim.study.intervals import combined_interval, coverage, prior_sd_for
 from kvroute.sim.timing.drift import drift_exponent, metric_drift
-from kvroute.sim.cluster.metrics import CHANGE_BOUNDS, SUMMARY_METRICS
+from kvroute.sim.cluster.metrics import SHARE_METRICS, SUMMARY_METRICS, change_bounds, change_of
 
 #: Metrics of the per-policy table, in order.
 REPORT_METRICS = (
@@ -559,21 +559,6 @@ def _lag_summary(lags: np.ndarray) -> dict | None:
         return None
     return {"n": int(len(lags)), "median": _num(np.median(lags)), "p90": _num(np.percentile(lags, 90)),
             "max": _num(lags.max())}
-
-
-def change_of(metric: str):
-    """How a change of ``metric`` between two policies is measured, ``f(value, base)``: in
-    percentage points for a share (``SHARE_METRICS``: ``100 (value - base)``, as ``kvroute
-    compare`` gives it), else in percent (:func:`change_pct`)."""
-    if metric in SHARE_METRICS:
-        return lambda value, base: 100.0 * (value - base)
-    return change_pct
-
-
-def change_bounds(metric: str) -> tuple[float, float]:
-    """The possible values of :func:`change_of` ``metric``: a share's change in [-100, 100] pp,
-    else ``CHANGE_BOUNDS`` (no fall beyond -100 %)."""
-    return (-100.0, 100.0) if metric in SHARE_METRICS else CHANGE_BOUNDS
 
 
 def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi: bool = False,

@@ -365,6 +365,32 @@ CHANGE_BOUNDS: tuple[float, float] = (-100.0, math.inf)
 """Possible values of a relative change between two policies of a metric >= 0, percent: it cannot
 fall by more than 100 %."""
 
+SHARE_METRICS = ("hit_rate", "goodput_share")
+"""Metrics that are shares in [0, 1]: their changes are shown in percentage points."""
+
+
+def change_pct(value: float, base: float) -> float:
+    """Relative change of ``value`` against ``base``, percent: ``100 (value - base) / base``; NaN
+    when either is None or NaN or ``base`` is 0."""
+    if value is None or base is None or not base or math.isnan(base) or math.isnan(value):
+        return math.nan
+    return 100.0 * (value - base) / base
+
+
+def change_of(metric: str):
+    """How a change of ``metric`` between two policies is measured, ``f(value, base)``: in
+    percentage points for a share (``SHARE_METRICS``: ``100 (value - base)``), else in percent
+    (:func:`change_pct`), as ``kvroute compare`` and ``kvroute validate`` give it."""
+    if metric in SHARE_METRICS:
+        return lambda value, base: 100.0 * (value - base)
+    return change_pct
+
+
+def change_bounds(metric: str) -> tuple[float, float]:
+    """The possible values of :func:`change_of` ``metric``: a share's change in [-100, 100] pp,
+    else ``CHANGE_BOUNDS`` (no fall beyond -100 %)."""
+    return (-100.0, 100.0) if metric in SHARE_METRICS else CHANGE_BOUNDS
+
 
 def summarize_rounds(summaries: list[dict[str, float]], confidence: float = 0.95,
                      bounds: dict[str, tuple[float, float]] = METRIC_BOUNDS) -> pd.DataFrame:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvroute.sim.cluster.cluster import ClusterSpec, simulate
-from kvroute.sim.cluster.metrics import (METRIC_BOUNDS, SUMMARY_METRICS, RunResult, ServiceClass, clip_interval,
-                                 one_round_intervals, summarize, summarize_rounds)
+from kvroute.sim.cluster.metrics import (METRIC_BOUNDS, SHARE_METRICS, SUMMARY_METRICS, RunResult, ServiceClass,
+                                         change_bounds, change_of, one_round_intervals, summarize,
+                                         summarize_rounds)
 from kvroute.sim.timing.uncertainty import PRIOR_RANGE
 from kvroute.traces.format import Trace
 
@@ -311,10 +312,6 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
     return _tabulate(rows)
 
 
-SHARE_METRICS = ("hit_rate", "goodput_share")
-"""Metrics that are shares in [0, 1]: their changes are shown in percentage points."""
-
-
 def _fmt_change(comparison: Comparison, policy: str, metric: str) -> str:
     if metric in SHARE_METRICS:
         points = comparison.change_points(policy, metric)
@@ -383,34 +380,69 @@ class UncertainComparison:
         """Policy names; the first is the baseline."""
         return self.base.policies
 
-    def _draw_means(self, policy: str, metric: str) -> np.ndarray:
-        rows = self.summaries[self.summaries["policy"] == policy]
-        return rows.groupby("draw")[metric].mean().to_numpy(float)
+    def _runs(self, policy: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """``policy``'s values of ``metric``, the central profile's runs first, then the drawn
+        profiles'; and the draw of each (-1: the central profile)."""
+        central = self.base.summaries
+        central = central[central["policy"] == policy]
+        drawn = self.summaries[self.summaries["policy"] == policy]
+        return (np.concatenate([central[metric].to_numpy(float), drawn[metric].to_numpy(float)]),
+                np.concatenate([np.full(len(central), -1), drawn["draw"].to_numpy(int)]))
+
+    def _changes(self, policy: str, metric: str) -> tuple[list[float], list[int]]:
+        """The change of ``metric`` (``change_of``: percent, a share's in pp) from the baseline to
+        ``policy``, run by run: the two policies' runs of one round of one profile paired (the
+        same seed), the central profile's first; and the draw of each (-1: central)."""
+        change = change_of(metric)
+        first = self.policies[0]
+        values, draws = [], []
+        for frame in (self.base.summaries.assign(draw=-1), self.summaries):
+            base = frame[frame["policy"] == first].set_index(["draw", "round"])[metric]
+            other = frame[frame["policy"] == policy].set_index(["draw", "round"])[metric]
+            for (draw, round_), value in other.items():
+                if (draw, round_) in base.index:
+                    values.append(change(float(value), float(base[draw, round_])))
+                    draws.append(int(draw))
+        return values, draws
+
+    def _interval(self, policy: str, metric: str, coverage: float, future_runs: int) -> tuple[float, float]:
+        from kvroute.sim.study.intervals import combined_interval
+        from kvroute.sim.timing.drift import drift_exponent
+
+        values, draws = self._runs(policy, metric)
+        # a time or a rate combines in log space where every run has one (a goodput rate of 0 does not)
+        log_scale = drift_exponent(metric) != 0 and bool(np.all(values[np.isfinite(values)] > 0))
+        ci = combined_interval(values, draws, level=coverage, log_scale=log_scale,
+                               bounds=METRIC_BOUNDS.get(metric, (-math.inf, math.inf)), future_runs=future_runs)
+        return ci.low, ci.high
 
     def mean_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
-        """``coverage`` prediction interval (:func:`prediction_interval`) of the mean over
-        ``rounds`` runs, from the drawn profiles' means (each of which carries its own seeds'
-        noise, so the interval holds the model's and the seeds' share), clipped to the metric's
-        possible values (``METRIC_BOUNDS``: a time is never negative, a share lies in [0, 1])."""
-        return _clipped(metric, prediction_interval(self._draw_means(policy, metric), coverage))
+        """``coverage`` prediction interval of the mean over ``rounds`` runs
+        (``kvroute.sim.study.intervals.combined_interval``): centred on the central profile's mean
+        (the seeds-only table's value), wide by the seeds' spread and the spread between the
+        drawn profiles' means (the model's share); a time or a rate in log space; clipped to the
+        metric's possible values (``METRIC_BOUNDS``: a time is never negative, a share lies in
+        [0, 1]). ``(nan, nan)`` with no spread to work from."""
+        return self._interval(policy, metric, coverage, self.rounds)
 
     def run_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
-        """``coverage`` prediction interval of a single run's value, from every draw and round,
-        clipped like :meth:`mean_interval`."""
-        rows = self.summaries[self.summaries["policy"] == policy]
-        return _clipped(metric, prediction_interval(rows[metric].to_numpy(float), coverage))
+        """As :meth:`mean_interval`, of a single run's value."""
+        return self._interval(policy, metric, coverage, 1)
 
     def change_interval(self, policy: str, metric: str, coverage: float = 0.95) -> tuple[float, float]:
-        """``coverage`` prediction interval of the relative change (percent) of ``policy``'s mean
-        against the baseline's mean, from each draw's change (same profile and seeds for both);
-        for shares (``SHARE_METRICS``) the change in percentage points."""
-        base = self._draw_means(self.policies[0], metric)
-        value = self._draw_means(policy, metric)
-        if metric in SHARE_METRICS:
-            return prediction_interval(100.0 * (value - base), coverage)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            change = np.where(base != 0, 100.0 * (value - base) / base, np.nan)
-        return prediction_interval(change, coverage)
+        """``coverage`` prediction interval of the change of ``policy``'s mean over ``rounds`` runs
+        against the baseline's (percent; a share's, ``SHARE_METRICS``, in percentage points),
+        centred on the central profile's change of the means (the seeds-only table's), wide by
+        the spread of the paired per-run changes within and between profiles (:meth:`_changes`),
+        in linear space, clipped to ``change_bounds`` (no fall below -100 %)."""
+        from kvroute.sim.study.intervals import combined_interval
+
+        values, draws = self._changes(policy, metric)
+        point = (self.base.change_points(policy, metric) if metric in SHARE_METRICS
+                 else self.base.change(policy, metric))
+        ci = combined_interval(values, draws, level=coverage, log_scale=False, bounds=change_bounds(metric),
+                               future_runs=self.rounds, center=point if math.isfinite(point) else None)
+        return ci.low, ci.high
 
     def to_dict(self, coverage: float = 0.95) -> dict:
         """``base.to_dict()`` with, per metric, ``model_interval`` (mean over rounds, model
@@ -506,11 +538,6 @@ def compare_uncertain(
     return UncertainComparison(base, draws, rounds, summaries, method)
 
 
-def _clipped(metric: str, interval: tuple[float, float]) -> tuple[float, float]:
-    """``interval`` clipped to ``METRIC_BOUNDS[metric]`` (NaNs kept)."""
-    return clip_interval(*interval, METRIC_BOUNDS.get(metric, (-math.inf, math.inf)))
-
-
 def format_uncertain_table(result: UncertainComparison, metrics: list[str] | None = None,
                            coverage: float = 0.95) -> str:
     """``format_table``'s layout with, after each policy, its 95 % interval including model
@@ -529,18 +556,25 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
         for i, p in enumerate(result.policies):
             iv = base.interval_rows[p][m]
             row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"])))
-            row.append(_fmt_range(*result.mean_interval(p, m, coverage)))
+            row.append(format_range(*result.mean_interval(p, m, coverage)))
             if i:
                 row.append(_fmt_change(base, p, m))
-                lo, hi = result.change_interval(p, m, coverage)
-                unit = " pp" if m in SHARE_METRICS else "%"
-                row.append("" if math.isnan(lo) else f"[{lo:+.1f}, {hi:+.1f}]{unit}")
+                row.append(format_change_range(*result.change_interval(p, m, coverage), points=m in SHARE_METRICS))
         rows.append(row)
     return _tabulate(rows)
 
 
-def _fmt_range(lo: float, hi: float) -> str:
-    if math.isnan(lo):
+def format_range(lo: float | None, hi: float | None) -> str:
+    """``[lo, hi]`` with 3 decimals below 10 and 1 from there, ``-`` when undefined (None or NaN)."""
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
         return "-"
     digits = 3 if max(abs(lo), abs(hi)) < 10 else 1
     return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def format_change_range(lo: float | None, hi: float | None, points: bool = False) -> str:
+    """A change's interval, ``[-5.2, +1.0]%`` (``points``: ``[...] pp``, a share's), empty when
+    undefined (None or NaN)."""
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return ""
+    return f"[{lo:+.1f}, {hi:+.1f}]{' pp' if points else '%'}"

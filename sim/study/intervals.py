@@ -83,7 +83,8 @@ def _nan(level: float, log_scale: bool, why: str) -> CombinedInterval:
 def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift = NO_DRIFT, drift_power: int = 1,
                       level: float = DEFAULT_LEVEL, log_scale: bool = True,
                       bounds: tuple[float, float] = (-math.inf, math.inf), heldout_log_sd: float = 0.0,
-                      prior_sd: float = 0.0) -> CombinedInterval:
+                      prior_sd: float = 0.0, future_runs: int | None = None,
+                      center: float | None = None) -> CombinedInterval:
     """The ``level`` prediction interval of the mean of the live rounds (module doc).
 
     Args:
@@ -103,13 +104,20 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
             run on this host, in the combining scale (log for times, the metric's units for
             changes: :func:`change_prior_sd`); where it exceeds the seeds' spread it stands for
             the run-to-run term as a known variance (``parts["run_to_run_prior"]``). 0: none.
+        future_runs: how many runs the predicted mean averages when no live rounds say it (a
+            simulated comparison's ``--rounds``); None: the live rounds' number, at least 1.
+        center: the interval's centre in the metric's units in place of the central runs' mean
+            (``kvroute compare``'s change of the means, where ``sim_values`` are per-run changes);
+            moved by the drift like the mean. None: the central runs' mean.
 
     Returns:
         The interval; NaN ends when the runs give no spread to work from (fewer than two
         central runs and no other estimated term).
 
     Raises:
-        ValueError: ``level`` outside (0, 1), or ``sim_draws`` of another length than ``sim_values``.
+        ValueError: ``level`` outside (0, 1), ``sim_draws`` of another length than ``sim_values``,
+            ``future_runs`` below 1, or a ``center`` the scale cannot take (not finite; not
+            positive on the log scale).
     """
     from scipy.stats import t
 
@@ -119,6 +127,10 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
     d = np.full(len(x), -1) if sim_draws is None else np.asarray(list(sim_draws), int)
     if len(d) != len(x):
         raise ValueError(f"sim_draws has {len(d)} entries for {len(x)} simulated values")
+    if future_runs is not None and future_runs < 1:
+        raise ValueError(f"future_runs must be >= 1, got {future_runs!r}")
+    if center is not None and not (math.isfinite(center) and (center > 0 or not log_scale)):
+        raise ValueError(f"center must be finite{' and positive on the log scale' if log_scale else ''}, got {center!r}")
     ok = np.isfinite(x) & ((x > 0) if log_scale else True)
     x, d = x[ok], d[ok]
     live = np.asarray([v for v in live_values if v is not None], float)
@@ -128,11 +140,11 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
     if not len(central):
         return _nan(level, log_scale, "no simulated run")
     y = fwd(x)
-    center = float(fwd(np.mean(central)))
+    center = float(fwd(np.mean(central) if center is None else center))
     groups = [y[d == g] for g in np.unique(d)]
     sim_df = sum(len(g) - 1 for g in groups)
     sim_var = sum(float(np.sum((g - g.mean()) ** 2)) for g in groups) / sim_df if sim_df else math.nan
-    n_live = max(len(live), 1)
+    n_live = max(len(live), 1) if future_runs is None or len(live) else future_runs
     r0 = len(central)
     terms: list[tuple[str, float, float]] = []  # (name, variance, degrees of freedom)
     known_var = 0.0  # the host prior's, when it stands for the run-to-run term

@@ -14,13 +14,16 @@ def compare_table(doc: dict, note: str = "") -> Table:
     first its change against the first (``data-value``: ``change_vs_baseline_pct``, or ``_pp``
     for shares)."""
     from kvroute.sim.cluster.metrics import SUMMARY_METRICS
-    from kvroute.sim.study.experiment import format_interval
+    from kvroute.sim.study.experiment import format_change_range, format_interval
 
     policies = list(doc["policies"])
+    metrics = list(dict.fromkeys(m for p in policies for m in doc["policies"][p]))
+    uncertain = any("model_interval" in doc["policies"][p][m] for p in policies for m in doc["policies"][p])
     header = ["metric"]
     for i, policy in enumerate(policies):
-        header += [policy] + ([f"Δ vs {policies[0]}"] if i else [])
-    metrics = list(dict.fromkeys(m for p in policies for m in doc["policies"][p]))
+        header += [f"{policy} (seeds)" if uncertain else policy] + (["with model unc."] if uncertain else [])
+        if i:
+            header += [f"Δ vs {policies[0]}"] + (["Δ with model unc."] if uncertain else [])
     rows = []
     for metric in metrics:
         row: list[Cell | str] = [SUMMARY_METRICS.get(metric, metric)]
@@ -30,15 +33,30 @@ def compare_table(doc: dict, note: str = "") -> Table:
             row.append(Cell(format_interval(entry.get("mean"), entry.get("low"), entry.get("high"), n),
                             {"mean": entry.get("mean"), "low": entry.get("low"), "high": entry.get("high"),
                              "rounds": n}))
+            if uncertain:
+                row.append(_range_cell(entry.get("model_interval")))
             if i:
-                if "change_vs_baseline_pp" in entry:
-                    value, text = entry["change_vs_baseline_pp"], "{:+.1f} pp"
-                else:
-                    value, text = entry.get("change_vs_baseline_pct"), "{:+.1f}%"
-                row.append(Cell("" if value is None else text.format(value), {"value": value}))
+                pp = "change_vs_baseline_pp" in entry
+                value = entry.get("change_vs_baseline_pp" if pp else "change_vs_baseline_pct")
+                row.append(Cell("" if value is None else ("{:+.1f} pp" if pp else "{:+.1f}%").format(value),
+                                {"value": value}))
+                if uncertain:
+                    iv = entry.get("change_model_interval_pp" if pp else "change_model_interval_pct") or {}
+                    row.append(Cell(format_change_range(iv.get("low"), iv.get("high"), points=pp),
+                                    {"low": iv.get("low"), "high": iv.get("high")}))
         rows.append(row)
-    return Table("Summary per policy: mean and 95 % interval over rounds, change against the first policy", header,
-                 rows, table_id="compare-table", note=note)
+    title = ("Summary per policy: mean and 95 % interval over rounds (seeds) and the 95 % prediction interval with "
+             "the model's uncertainty, change against the first policy" if uncertain else
+             "Summary per policy: mean and 95 % interval over rounds, change against the first policy")
+    return Table(title, header, rows, table_id="compare-table", note=note)
+
+
+def _range_cell(interval: dict | None) -> Cell:
+    """A ``[low, high]`` cell (``data-low``, ``data-high``) from ``{"low", "high"}`` (None: ``-``)."""
+    from kvroute.sim.study.experiment import format_range
+
+    iv = interval or {}
+    return Cell(format_range(iv.get("low"), iv.get("high")), {"low": iv.get("low"), "high": iv.get("high")})
 
 
 ALWAYS_SHOWN = ("workload", "chats", "turns", "profile", "workers", "policy")

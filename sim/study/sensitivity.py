@@ -40,7 +40,7 @@ from kvroute.sim.timing.cost_model import StepCost
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass, summarize
 from kvroute.sim.routing import DEFAULT_POLICIES
 from kvroute.sim.timing.profile import Profile
-from kvroute.sim.study.experiment import SHARE_METRICS
+from kvroute.sim.cluster.metrics import SHARE_METRICS
 from kvroute.sim.study.scenario import Scenario
 from kvroute.sim.timing.uncertainty import PRIOR_RANGE, coefficient, with_coefficients
 from kvroute.traces.format import Trace

@@ -85,10 +85,19 @@ def compare_cells_equal_json(page: Page, doc: dict) -> int:
             assert (data["mean"], data["low"], data["high"]) == tuple(exact(entry[k]) for k in ("mean", "low", "high"))
             assert data["rounds"] == exact(len(entry["rounds"]))
             checked += 1
+            if "model_interval" in entry:  # --uncertainty: the prediction interval with the model's share
+                _text, data = next(cells)
+                assert (data["low"], data["high"]) == tuple(exact(entry["model_interval"][k]) for k in ("low", "high"))
+                checked += 1
             if i:
                 _text, data = next(cells)
                 key = "change_vs_baseline_pp" if "change_vs_baseline_pp" in entry else "change_vs_baseline_pct"
                 assert data["value"] == exact(entry.get(key))
+                if "model_interval" in entry:
+                    _text, data = next(cells)
+                    iv = entry[key.replace("change_vs_baseline", "change_model_interval")]
+                    assert (data["low"], data["high"]) == (exact(iv["low"]), exact(iv["high"]))
+        assert next(cells, None) is None
     return checked
 
 
@@ -125,7 +134,7 @@ def test_compare_report_numbers_match_an_uncertainty_run(tmp_path):
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "compare.json").read_text())
     assert "uncertainty" in doc
-    assert compare_cells_equal_json(Page((out / "report.html").read_text()), doc) == len(SUMMARY_METRICS) * 2
+    assert compare_cells_equal_json(Page((out / "report.html").read_text()), doc) == len(SUMMARY_METRICS) * 4
 
 
 def test_compare_report_holds_the_stage_table_of_a_staged_workload(tmp_path):

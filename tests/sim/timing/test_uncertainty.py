@@ -135,20 +135,14 @@ def test_each_draw_runs_on_its_own_seeds_shared_by_the_policies():
 
 
 def test_model_intervals_stay_within_possible_values_and_notes_stay_under_the_table():
-    import pandas as pd
     from click.testing import CliRunner
 
     from kvroute.cli.main import cli
-    from kvroute.sim.study.experiment import UncertainComparison
 
-    # two draws far apart: the normal interval of a share and of a time runs past their bounds
-    rows = pd.DataFrame({"draw": [0, 1], "policy": ["p", "p"], "round": [0, 0], "seed": [0, 1],
-                         "goodput_share": [0.05, 0.95], "ttft_mean_s": [0.1, 9.0]})
-    res = UncertainComparison(base=None, draws=2, rounds=1, summaries=rows, method="test")
+    # two draws far apart: the normal interval of a share runs past both its bounds
+    res = _uncertain({"p": {"goodput_share": [0.5, 0.5]}}, {"p": {"goodput_share": [[0.05, 0.06], [0.95, 0.96]]}})
     lo, hi = res.mean_interval("p", "goodput_share")
     assert (lo, hi) == (0.0, 1.0)
-    lo, hi = res.run_interval("p", "ttft_mean_s")
-    assert lo == 0.0 and hi > 9.0
     out = CliRunner().invoke(cli, ["compare", "--chats", "4", "--turns", "2", "--rounds", "2", "--uncertainty", "2",
                                    "--policies", "round_robin"], catch_exceptions=False).output
     assert "Note: a6000-qwen2.5-7b is a derived prior" in out
@@ -176,3 +170,92 @@ def test_draws_take_host_contention_in_the_range_the_burst_fit_allows_up_to_what
     # the step costs are still the bootstrap samples
     rows = {tuple(r) for r in walled.uncertainty.samples}
     assert all(tuple(coefficient(p, f) for f in walled.uncertainty.fields) in rows for p in draws)
+
+
+def _uncertain(central: dict, drawn: dict, rounds: int = 2):
+    """An ``UncertainComparison`` from values: ``central[policy][metric]`` one per round of the
+    central profile, ``drawn[policy][metric][d]`` one per round of drawn profile ``d``."""
+    import pandas as pd
+
+    from kvroute.sim.study.experiment import Comparison, UncertainComparison
+
+    policies = list(central)
+    rows = [{"policy": p, "round": r, "seed": r, **{m: v[r] for m, v in central[p].items()}}
+            for p in policies for r in range(rounds)]
+    means = {p: {m: {"mean": float(np.mean(v)), "low": np.nan, "high": np.nan, "rounds": rounds}
+                 for m, v in central[p].items()} for p in policies}
+    draws = len(next(iter(drawn[policies[0]].values())))
+    drawn_rows = [{"draw": d, "policy": p, "round": r, "seed": rounds * (d + 1) + r,
+                   **{m: v[d][r] for m, v in drawn[p].items()}}
+                  for d in range(draws) for p in policies for r in range(rounds)]
+    return UncertainComparison(Comparison(policies, {}, rows, means), draws, rounds, pd.DataFrame(drawn_rows), "test")
+
+
+def test_a_shares_model_interval_is_the_combined_closed_form():
+    from scipy.stats import t
+
+    # three profiles, each two rounds 0.45 and 0.55: seeds' variance 0.005 on 3 df, no model
+    # spread; the mean of 2 rounds: 0.005 (1/2 + 1/2) on 3 df
+    res = _uncertain({"p": {"hit_rate": [0.45, 0.55]}}, {"p": {"hit_rate": [[0.45, 0.55], [0.45, 0.55]]}})
+    half = float(t.ppf(0.975, 3)) * 0.005 ** 0.5
+    assert res.mean_interval("p", "hit_rate") == pytest.approx((0.5 - half, 0.5 + half), rel=1e-12)
+    # one run: 0.005 (1 + 1/2)
+    half = float(t.ppf(0.975, 3)) * (0.005 * 1.5) ** 0.5
+    assert res.run_interval("p", "hit_rate") == pytest.approx((0.5 - half, 0.5 + half), rel=1e-12)
+
+
+def test_model_intervals_are_centred_on_the_central_profiles_value_not_the_draws():
+    # the drawn profiles all run slower than the central one: the interval widens to reach them
+    # but stays around the value the table shows (before: centred on the draws' mean, 2.6 s,
+    # it missed the central 1.1 s)
+    res = _uncertain({"p": {"ttft_mean_s": [1.0, 1.2], "goodput_rps": [4.0, 4.4]}},
+                     {"p": {"ttft_mean_s": [[2.0, 2.2], [3.0, 3.2]], "goodput_rps": [[2.0, 2.2], [1.0, 1.2]]}})
+    for metric, point in (("ttft_mean_s", 1.1), ("goodput_rps", 4.2)):
+        lo, hi = res.mean_interval("p", metric)
+        assert lo < point < hi and (lo * hi) ** 0.5 == pytest.approx(point, rel=1e-12)  # log-symmetric about it
+
+
+def test_change_intervals_stop_at_minus_100_percent_and_hold_the_change_shown():
+    # preemptions fall to none under q in the central profile (-100 %) and nearly none in the draws:
+    # the normal interval of the per-run changes runs below -100 %, which no change can
+    res = _uncertain({"p": {"preemptions": [4.0, 6.0]}, "q": {"preemptions": [0.0, 0.0]}},
+                     {"p": {"preemptions": [[2.0, 10.0], [5.0, 5.0]]}, "q": {"preemptions": [[0.0, 1.0], [1.0, 0.0]]}})
+    lo, hi = res.change_interval("q", "preemptions")
+    assert lo == -100.0 and -100.0 < hi < 0.0
+    assert res.base.change("q", "preemptions") == -100.0
+    # a change of the means that differs from the mean of the per-run changes is the centre
+    res = _uncertain({"p": {"ttft_mean_s": [1.9, 2.1]}, "q": {"ttft_mean_s": [1.5, 1.5]}},
+                     {"p": {"ttft_mean_s": [[1.9, 2.1]]}, "q": {"ttft_mean_s": [[1.5, 1.5]]}})
+    point = res.base.change("q", "ttft_mean_s")  # 1.5 / 2 - 1: -25 %, where the runs' changes average -24.8 %
+    lo, hi = res.change_interval("q", "ttft_mean_s")
+    assert point == pytest.approx(-25.0, rel=1e-12) and (lo + hi) / 2 == pytest.approx(point, rel=1e-12)
+    assert -100.0 < lo < point < hi < 0.0
+
+
+def test_uncertainty_keeps_the_stage_table_and_puts_the_model_intervals_in_the_report(tmp_path):
+    import re
+
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import cli
+    from tests.support.workloads import SMALL_LADDER
+
+    config = tmp_path / "ip.yaml"
+    config.write_text(SMALL_LADDER)
+    out = tmp_path / "run"
+    args = ["compare", "--workload-config", str(config), "--policies", "round_robin,kv_aware", "--rounds", "2",
+            "--uncertainty", "2", "--executor", "sequential", "--quiet", "--out", str(out)]
+    text = CliRunner().invoke(cli, args, catch_exceptions=False).output
+    assert "\nper stage (inference-perf's counting" in text
+    assert "With model unc.: 95% prediction interval of the mean of 2 run(s), centred on the (seeds) mean" in text
+    page = (out / "report.html").read_text()
+    table = page[page.index('id="compare-table"'):]
+    table = table[:table.index("</table>")]
+    header = re.findall(r"<th[^>]*>([^<]*)</th>", table)
+    assert header == ["metric", "round_robin (seeds)", "with model unc.", "kv_aware (seeds)", "with model unc.",
+                      "Δ vs round_robin", "Δ with model unc."]
+    doc = json.loads((out / "compare.json").read_text())
+    ttc = doc["policies"]["kv_aware"]["time_to_complete_s"]
+    low, high = ttc["model_interval"]["low"], ttc["model_interval"]["high"]
+    assert f'data-low="{low!r}" data-high="{high!r}"' in table
+    assert "With model unc.: 95% prediction interval" in page
