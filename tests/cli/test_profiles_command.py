@@ -127,3 +127,18 @@ def test_derive_too_small_is_one_line(tmp_path):
                                       "--out", str(tmp_path / "x.json")])
     assert result.exit_code == 1
     assert result.output.count("\n") == 1 and result.output.startswith("Error: no KV cache fits"), result.output
+
+
+def test_derive_help_lists_every_release_read_from_the_version_rules():
+    from kvroute.cli.profiles_command import derive_command
+    from kvroute.sim.timing.vllm_versions import release_groups
+
+    assert [(first, last) for first, last, _ in release_groups()] == [
+        ("0.11", "0.13"), ("0.14", "0.19"), ("0.20", "0.33"), ("0.34", "0.34")]
+    helps = {p.name: p.help for p in derive_command.params}
+    assert helps["vllm_version"] == (
+        "The vLLM release whose defaults the prior takes: 0.11-0.13 (block 16, memory 0.9, sync scheduling), "
+        "0.14-0.19 (16, 0.9, async), 0.20-0.33 (16, 0.92, async), 0.34 (64, 1.0, async); the seed study ran 0.11 "
+        "[default: the newest release read, 0.34.0].")
+    assert "[default: the release's, 16; 64 from 0.34]" in helps["block_size"]
+    assert "[default: the release's, 0.9; 0.92 from 0.20; 1.0 from 0.34]" in helps["gpu_memory_utilization"]
