@@ -58,7 +58,7 @@ def calibrate():
 @click.option("--longest", type=Number(Num(integer=True, minimum=2, maximum=MAX_TOKENS, unit="tokens")), default=None,
               help="Also time sequences up to this many tokens (prompt plus output): longer cold prompts, a "
                    "cached prefix and a decode context near it, for runs whose histories go beyond the preset "
-                   "(16k tokens for 'full'); must fit the servers' max_model_len.")
+                   "(16k tokens for 'full'); must fit the servers' max_model_len and --max-len.")
 @click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
               help="Each server's KV-cache event endpoint (ipc://PATH or tcp://HOST:PORT, as kvroute serve "
                    "--kv-events-port-base prints it), "
@@ -91,6 +91,10 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     from kvroute.calibrate.calibration.sweep_plan import SweepPlan
     from kvroute.calibrate.live.cores import pinned
 
+    if longest is not None and max_len is not None and longest > max_len:  # --max-len would drop what --longest adds
+        raise click.BadParameter(f"{longest} tokens is more than --max-len {max_len}, which drops every sequence "
+                                 f"longer than that; give --longest at most {max_len}, or raise --max-len",
+                                 param_hint="'--longest'")
     plan = SweepPlan.preset(preset)
     if longest is not None:
         plan = plan.extended(longest)

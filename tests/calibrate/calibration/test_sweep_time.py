@@ -212,6 +212,18 @@ def test_measure_dry_run_needs_no_server_and_no_out_folder():
     assert refused.exit_code == 2 and "--servers" in refused.output and "--dry-run only" in refused.output
 
 
+def test_measure_refuses_a_longest_that_max_len_would_drop():
+    run = CliRunner().invoke
+    refused = run(cli, ["calibrate", "measure", "--dry-run", "--longest", "32768", "--max-len", "16384"])
+    assert refused.exit_code == 2
+    assert refused.output.strip().splitlines()[-1] == (
+        "Error: Invalid value for '--longest': 32768 tokens is more than --max-len 16384, which drops every "
+        "sequence longer than that; give --longest at most 16384, or raise --max-len")
+    ok = run(cli, ["calibrate", "measure", "--dry-run", "--longest", "16384", "--max-len", "16384",
+                   "--estimate-profile", "a6000-qwen2.5-7b"])
+    assert ok.exit_code == 0 and "longest sequence 16384 tokens (16383-token prompt" in ok.output, ok.output
+
+
 def test_measure_dry_run_estimates_local_servers_on_a_machine_without_a_gpu_with_the_cpu_profile(monkeypatch):
     """--dry-run contacts no server: servers on this machine (or none named) of a machine without
     an NVIDIA GPU are taken for CPU servers (cpu-tiny-qwen2, -x2 for several); a remote server
