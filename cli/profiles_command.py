@@ -140,6 +140,7 @@ def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, vllm_ve
     import json
 
     from kvroute.sim.timing import priors
+    from kvroute.sim.timing.profile import KVBlockTooLarge
     from kvroute.sim.timing.specs import gpu_spec, model_spec
     from kvroute.traces.outputs import write_text_atomic
 
@@ -171,6 +172,9 @@ def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, vllm_ve
         doc = priors.derive_profile(gpu_row, model_row, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                                     max_model_len=max_model_len, vllm_version=version, block_size=block_size,
                                     gpu_memory_utilization=gpu_memory_utilization)
+    except KVBlockTooLarge as exc:
+        raise click.ClickException(f"{exc} (a smaller --block-size, or fewer bytes per block: more GPUs with --tp, "
+                                   "fp8 with --kv-cache-dtype)") from None
     except ValueError as exc:
         raise click.ClickException(f"{exc} (more GPUs with --tp, fp8 with --dtype/--kv-cache-dtype, or a "
                                    "shorter --max-model-len)") from None
