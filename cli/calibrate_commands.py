@@ -58,7 +58,7 @@ def calibrate():
 @click.option("--longest", type=Number(Num(integer=True, minimum=2, maximum=MAX_TOKENS, unit="tokens")), default=None,
               help="Also time sequences up to this many tokens (prompt plus output): longer cold prompts, a "
                    "cached prefix and a decode context near it, for runs whose histories go beyond the preset "
-                   "(16k tokens for 'full'); must fit the servers' max_model_len.")
+                   "(16k tokens for 'full'); must fit the servers' max_model_len and --max-len.")
 @click.option("--kv-events", "kv_events", multiple=True, metavar="ENDPOINT",
               help="Each server's KV-cache event endpoint (ipc://PATH or tcp://HOST:PORT, as kvroute serve "
                    "--kv-events-port-base prints it), "
@@ -91,6 +91,10 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     from kvroute.calibrate.calibration.sweep_plan import SweepPlan
     from kvroute.calibrate.live.cores import pinned
 
+    if longest is not None and max_len is not None and longest > max_len:  # --max-len would drop what --longest adds
+        raise click.BadParameter(f"{longest} tokens is more than --max-len {max_len}, which drops every sequence "
+                                 f"longer than that; give --longest at most {max_len}, or raise --max-len",
+                                 param_hint="'--longest'")
     plan = SweepPlan.preset(preset)
     if longest is not None:
         plan = plan.extended(longest)
@@ -123,9 +127,10 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         click.echo(_plan_text(plan, n, seed, profile))
         click.echo(_estimate(plan, profile, n, seed, None, bool(kv_events)).line() + note)
         if not urls:  # what to run next (README: Calibrate on your GPUs)
-            click.echo(f"next: start the servers (kvroute serve --model MODEL{'' if n > 1 else ' -n 1'}), then this "
+            click.echo(f"next: start the servers ({_serve_command(given, n, longest)}), then this "
                        f"command with {'one --url per server' if n > 1 else '--url URL'} and --out DIR instead of "
-                       "--dry-run, then kvroute calibrate fit DIR --out PROFILE.json")
+                       f"--dry-run{'' if num_servers is None else f' and --servers {num_servers}'}, then kvroute "
+                       "calibrate fit DIR --out PROFILE.json")
         return
     # NOTE: the client, imported before --out is made: when it is missing, main() names the extras
     import aiohttp  # noqa: F401
@@ -171,6 +176,26 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
                    "measure --hardware names it", err=True)
     if summary.events_problem:
         click.echo(f"warning: {summary.events_problem}; no request was timed in the engine", err=True)
+
+
+def _serve_command(given, num_servers: int, longest: int | None) -> str:
+    """The ``kvroute serve`` command that starts the servers a ``measure --dry-run`` planned for:
+    ``num_servers`` of them (``-n``); from ``given`` (the ``--estimate-profile`` the user chose,
+    or None) its model and tensor-parallel size (``--tp``, a derived prior's
+    ``parallel.tensor_parallel_size``); with ``longest``, a ``--max-model-len`` that takes it."""
+    import shlex
+
+    raw = (given.raw or {}) if given is not None else {}
+    model = (raw.get("model") or {}).get("name") if isinstance(raw.get("model"), dict) else None
+    parallel = raw.get("parallel") if isinstance(raw.get("parallel"), dict) else {}
+    tp = parallel.get("tensor_parallel_size", 1)
+    args = ["kvroute", "serve", "--model", shlex.quote(model) if isinstance(model, str) and model else "MODEL"]
+    if type(tp) is int and tp > 1:
+        args += ["--tp", str(tp)]
+    args += ["-n", str(num_servers)]
+    if longest is not None:
+        args += ["--max-model-len", str(longest)]
+    return " ".join(args)
 
 
 def _plan_text(plan, num_servers: int, seed: int, profile) -> str:

@@ -10,6 +10,35 @@ from kvroute.cli.values import Number
 from kvroute.traces.inputs import BLOCK_SIZE, FRACTION, TOKENS, Num
 
 
+def _version_help() -> str:
+    """``--vllm-version``'s help, from ``vllm_versions``: every group of releases read with the
+    defaults the prior takes from it (block size, memory share, scheduling)."""
+    from kvroute.sim.timing.vllm_versions import CURRENT, STUDY, family, release_groups
+
+    parts = []
+    for n, (first, last, d) in enumerate(release_groups()):
+        span = first if first == last else f"{first}-{last}"
+        scheduling = "async" if d.async_scheduling_cuda else "sync"
+        what = (f"block {d.block_size}, memory {d.gpu_memory_utilization}, {scheduling} scheduling" if n == 0
+                else f"{d.block_size}, {d.gpu_memory_utilization}, {scheduling}")
+        parts.append(f"{span} ({what})")
+    return (f"The vLLM release whose defaults the prior takes: {', '.join(parts)}; the seed study ran "
+            f"{family(STUDY)} [default: the newest release read, {CURRENT}].")
+
+
+def _default_help(attribute: str) -> str:
+    """A release default's changes over the releases read, e.g. ``16; 64 from 0.34``."""
+    from kvroute.sim.timing.vllm_versions import release_groups
+
+    text, last = "", None
+    for first, _, d in release_groups():
+        value = getattr(d, attribute)
+        if value != last:
+            text += f"{value}" if last is None else f"; {value} from {first}"
+            last = value
+    return text
+
+
 def profile_fields(name: str) -> list[str]:
     """A shipped profile's fields for its line: name, source (measured/derived), hardware, model
     and its KV blocks per worker (``engine.num_gpu_blocks``) with the block size.
@@ -92,16 +121,13 @@ def models_command():
               help="KV cache: auto (bf16) or fp8.")
 @click.option("--max-model-len", type=Number(TOKENS), default=None,
               help="Longest sequence, tokens [default: the model's max_position_embeddings].")
-@click.option("--vllm-version", "vllm_version", default=None, metavar="VERSION",
-              help="The vLLM release whose defaults the prior takes: 0.11 (the seed study: block 16, memory 0.9, "
-                   "sync scheduling), 0.20-0.33 (block 16, 0.92, async), 0.34 (block 64, 1.0, async) "
-                   "[default: the newest release read, 0.34.0].")
+@click.option("--vllm-version", "vllm_version", default=None, metavar="VERSION", help=_version_help())
 @click.option("--block-size", type=Number(BLOCK_SIZE), default=None,
-              help="Tokens per KV block, as vLLM's --block-size [default: the release's, 16; 64 from 0.34]. "
+              help=f"Tokens per KV block, as vLLM's --block-size [default: the release's, {_default_help('block_size')}]. "
                    "llm-d's precise scorer (blockSize) needs the engine's.")
 @click.option("--gpu-memory-utilization", type=Number(FRACTION), default=None,
-              help="vLLM's share of each GPU, as its --gpu-memory-utilization [default: the release's, 0.9; "
-                   "0.92 from 0.20; 1.0 from 0.34].")
+              help="vLLM's share of each GPU, as its --gpu-memory-utilization [default: the release's, "
+                   f"{_default_help('gpu_memory_utilization')}].")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Profile JSON to write [default: <name>.json in the current directory].")
 def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, vllm_version, block_size,
@@ -114,6 +140,7 @@ def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, vllm_ve
     import json
 
     from kvroute.sim.timing import priors
+    from kvroute.sim.timing.profile import KVBlockTooLarge
     from kvroute.sim.timing.specs import gpu_spec, model_spec
     from kvroute.traces.outputs import write_text_atomic
 
@@ -145,6 +172,9 @@ def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, vllm_ve
         doc = priors.derive_profile(gpu_row, model_row, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                                     max_model_len=max_model_len, vllm_version=version, block_size=block_size,
                                     gpu_memory_utilization=gpu_memory_utilization)
+    except KVBlockTooLarge as exc:
+        raise click.ClickException(f"{exc} (a smaller --block-size, or fewer bytes per block: more GPUs with --tp, "
+                                   "fp8 with --kv-cache-dtype)") from None
     except ValueError as exc:
         raise click.ClickException(f"{exc} (more GPUs with --tp, fp8 with --dtype/--kv-cache-dtype, or a "
                                    "shorter --max-model-len)") from None

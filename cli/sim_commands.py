@@ -140,7 +140,8 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
     notes = [failures] if not served else [line for line in (
         failures, unmeasured_note(spec.profile, fitted_seed, uncertainty),
         frontend_note(spec.profile, peak, busiest) if table else "", run_note(spec.profile, records, peak) if table else "",
-        _speed_note(spec.profile, spec.num_workers), _model_note(trace, spec.profile)) if line]
+        _speed_note(spec.profile, spec.num_workers), _model_note(trace, spec.profile),
+        *_policy_notes(trace, policies)) if line]
     staged = stage_results(comparison, trace, spec)  # None unless the trace has load stages
     if json_out:
         doc = {"scenario": header, "rounds": rounds, "seed": seed,
@@ -502,6 +503,15 @@ def _failed_count_note(comparison) -> str:
         return ""
     return (f"Note: {failed} requests failed (all policies and rounds); the notes without --json, or --out's "
             "records, give the reasons")
+
+
+def _policy_notes(trace, policies: list[str]) -> list[str]:
+    """Each policy's own note on the workload (``Policy.workload_note``: e.g. session_affinity on
+    requests without a session id), once per policy name, in the order given."""
+    from kvroute.sim.routing import POLICIES, parse_spec
+
+    names = dict.fromkeys(parse_spec(spec)[0] for spec in policies)
+    return [POLICIES[name].workload_note(trace.records) for name in names]
 
 
 def _model_note(trace, profile) -> str:

@@ -164,6 +164,11 @@ class _Draws:
         return dist.sample(self._need(dist, what), n)
 
 
+AGENT_SYSTEM_TOKENS = 2000
+"""Tokens of the agent workload's shared system prompt (instructions and tool definitions), when
+the history range's low end leaves room for it."""
+
+
 def agent_sessions(
     rng: np.random.Generator,
     num_sessions: int = 16,
@@ -171,7 +176,7 @@ def agent_sessions(
     history_tokens: tuple[int, int] = (8000, 32000),
     new_tokens: tuple[int, int] | Dist | str = (200, 1000),
     reply_tokens: tuple[int, int] | Dist | str = (50, 300),
-    system_tokens: int = 2000,
+    system_tokens: int | None = None,
     think_time_ms: tuple[float, float] | Dist | str = (0, 2000),
     block_size: int = 16,
     max_tokens: int | None = None,
@@ -184,7 +189,8 @@ def agent_sessions(
 
     - turn 1 ``input_length ~ UniformInt[history_tokens]``: a shared system prompt of
       ``system_tokens`` tokens (same in every session) plus a history unique to the session
-      making up the rest;
+      making up the rest; ``system_tokens`` None (the default) is ``AGENT_SYSTEM_TOKENS``
+      (2,000) or the range's low end if that is shorter, so any history range has a default;
     - every turn's ``output_length ~ reply_tokens`` (tokens, at least 1), capped at
       ``max_tokens`` when given;
     - turn t >= 2 extends its parent by ``n ~ new_tokens`` new tokens (tool output or
@@ -208,7 +214,7 @@ def agent_sessions(
 
     Raises:
         ValueError: a range has low > high or a negative bound, ``num_sessions``/``num_turns``/
-            ``block_size`` < 1, or ``system_tokens`` > ``history_tokens[0]``.
+            ``block_size`` < 1, or a ``system_tokens`` given that is > ``history_tokens[0]``.
     """
     for name, value in (("num_sessions", num_sessions), ("num_turns", num_turns), ("block_size", block_size)):
         if value < 1:
@@ -220,6 +226,10 @@ def agent_sessions(
         (new_tokens, "new_tokens"), (reply_tokens, "reply_tokens"), (think_time_ms, "think_time_ms")))
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if system_tokens is None:
+        # NOTE: the shared prompt must fit in the shortest first prompt; a user who asks for
+        # short histories (--history 1000-2000) has no flag for it, so it shrinks to fit.
+        system_tokens = min(AGENT_SYSTEM_TOKENS, low)
     if not 0 <= system_tokens <= history_tokens[0]:
         raise ValueError(f"system_tokens must be in [0, history_tokens[0]={history_tokens[0]}], "
                          f"got {system_tokens}")

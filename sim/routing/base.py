@@ -90,6 +90,13 @@ class Policy:
             ValueError: the policy cannot run against the cluster behind ``view``.
         """
 
+    @classmethod
+    def workload_note(cls, records) -> str:
+        """A note for a run's reader when this policy routes ``records`` (trace records) in a
+        way its name does not suggest, e.g. by its fallback alone; "" (the default) when not.
+        It only describes: routing decisions are ``choose``'s."""
+        return ""
+
     def choose(self, request, view) -> int:
         """The worker index for ``request``.
 

@@ -37,6 +37,21 @@ class SessionAffinity(Policy):
             ranks = self._ranks[session] = sorted(range(num_workers), key=h, reverse=True)
         return ranks
 
+    @classmethod
+    def workload_note(cls, records) -> str:
+        """Says so when requests carry no session id: those are routed as least_loaded routes
+        them (the fallback), so on a workload without sessions this policy is least_loaded."""
+        records = list(records)
+        missing = sum(1 for rec in records if rec.session_id is None)
+        if not missing:
+            return ""
+        if missing == len(records):
+            return (f"Note: no request of this workload carries a session id, so {cls.name} routed every request "
+                    "as least_loaded does (its fallback for a request without a session); sticky sessions need a "
+                    "trace whose records give session_id.")
+        return (f"Note: {missing} of {len(records)} requests carry no session id; {cls.name} routed those as "
+                "least_loaded does (its fallback for a request without a session).")
+
     def choose(self, request, view) -> int:
         if request.session_id is None:
             return pick_min(view.alive_workers(), view.in_flight.__getitem__, self.rng)

@@ -182,7 +182,8 @@ class Scenario:
                     "agent: uniform:50:300].", flag="--reply-tokens", kind="length", sweep_flags=("--reply",)))
     history: int | tuple[int, int] | None = field(default=None, metadata=option(
         "workload", "Agent prompt tokens: H (meaning H/2-H) or a LOW-HIGH range; turn 1 is drawn in it, later "
-                    "turns grow until they would pass its top [8000-32000].", kind="history"))
+                    "turns grow until they would pass its top; the shared system prompt is 2000 tokens or LOW if shorter "
+                    "[8000-32000].", kind="history"))
     think_time_s: float | str = field(default=0.0, metadata=option(
         "workload", "Seconds between a reply's last token and the next turn: a number or a distribution.",
         flag="--think-time", kind="dist"))

@@ -171,7 +171,14 @@ class MemoryModel:
     kv_bytes_per_block: int
 
     def num_gpu_blocks(self, gpu_memory_utilization: float) -> int:
-        """Blocks vLLM would allocate at this utilisation; raises ValueError if none fit."""
+        """Blocks vLLM would allocate at this utilisation.
+
+        Raises:
+            KVBlockTooLarge: memory is left for the KV cache but fewer than 2 blocks fit in it
+                (naming one block's bytes and the memory left).
+            ValueError: no memory is left after weights and activations, or more blocks fit
+                than a worker may hold.
+        """
         free = (
             self.gpu_memory_bytes * gpu_memory_utilization
             - self.weight_bytes
@@ -182,14 +189,27 @@ class MemoryModel:
         if blocks > KV_BLOCKS.maximum:
             raise ValueError(f"{blocks:,} KV blocks fit, more than the {KV_BLOCKS.maximum:,} a worker may hold "
                              "(a 32-bit block id); check the memory section's byte counts")
+        budget = (f"{self.gpu_memory_bytes * gpu_memory_utilization / 2**30:.1f} GiB at utilisation "
+                  f"{gpu_memory_utilization} minus weights {self.weight_bytes / 2**30:.1f} GiB and activations "
+                  f"{(self.activation_peak_bytes + self.non_torch_bytes) / 2**30:.1f} GiB")
+        if blocks < 2 and free > 0:  # memory is left, but a block is too large for two of them to fit
+            raise KVBlockTooLarge(
+                f"no KV cache fits: one KV block takes {self.kv_bytes_per_block:,} bytes "
+                f"({_size(self.kv_bytes_per_block)}), and the memory left for the KV cache, {_size(free)} "
+                f"({budget}), holds {blocks} of them; at least 2 are needed (vLLM keeps one as its null block)")
         if blocks < 2:
-            raise ValueError(
-                f"no KV cache fits: {self.gpu_memory_bytes * gpu_memory_utilization / 2**30:.1f} GiB "
-                f"at utilisation {gpu_memory_utilization} minus weights "
-                f"{self.weight_bytes / 2**30:.1f} GiB and activations "
-                f"{(self.activation_peak_bytes + self.non_torch_bytes) / 2**30:.1f} GiB"
-            )
+            raise ValueError(f"no KV cache fits: {budget}")
         return blocks
+
+
+class KVBlockTooLarge(ValueError):
+    """The memory left for the KV cache is positive but holds fewer than two KV blocks
+    (:meth:`MemoryModel.num_gpu_blocks`): a smaller block size is one remedy."""
+
+
+def _size(num_bytes: float) -> str:
+    """Bytes as GiB (``"62.6 GiB"``), or MiB below 1 GiB (``"2.0 MiB"``)."""
+    return f"{num_bytes / 2**30:.1f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,24 @@ def defaults(version: str | None) -> VllmDefaults:
     )
 
 
+def release_groups() -> list[tuple[str, str, VllmDefaults]]:
+    """The minor releases of :data:`TESTED_RANGE` grouped where :func:`defaults` gives the same
+    block size, memory utilisation and async scheduling on CUDA: ``(first, last, defaults)``
+    with ``first``/``last`` as ``"major.minor"``, oldest first (``profiles derive --help``
+    lists them)."""
+    (major, low, _), (_, high, _) = (parse_version(v) for v in TESTED_RANGE)
+    groups: list[tuple[str, str, VllmDefaults]] = []
+    for minor in range(low, high + 1):
+        release, d = f"{major}.{minor}", defaults(f"{major}.{minor}.0")
+        key = (d.block_size, d.gpu_memory_utilization, d.async_scheduling_cuda)
+        if groups and (groups[-1][2].block_size, groups[-1][2].gpu_memory_utilization,
+                       groups[-1][2].async_scheduling_cuda) == key:
+            groups[-1] = (groups[-1][0], release, groups[-1][2])
+        else:
+            groups.append((release, release, d))
+    return groups
+
+
 def reports_zero_cached_tokens(version: str | None) -> bool:
     """Whether a server started with ``--enable-prompt-tokens-details`` sends ``cached_tokens``
     when it is 0: from 0.24 (``... and num_cached_tokens is not None``); through 0.23 the field is

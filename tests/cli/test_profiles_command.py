@@ -127,3 +127,45 @@ def test_derive_too_small_is_one_line(tmp_path):
                                       "--out", str(tmp_path / "x.json")])
     assert result.exit_code == 1
     assert result.output.count("\n") == 1 and result.output.startswith("Error: no KV cache fits"), result.output
+
+
+def test_derive_names_a_block_larger_than_the_kv_memory(tmp_path):
+    result = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "Llama-3.1-8B",
+                                      "--block-size", "1000000", "--out", str(tmp_path / "x.json")])
+    assert result.exit_code == 1 and not (tmp_path / "x.json").exists()
+    assert result.output == (
+        "Error: no KV cache fits: one KV block takes 131,072,000,000 bytes (122.1 GiB), and the memory left for the "
+        "KV cache, 62.7 GiB (79.6 GiB at utilisation 1.0 minus weights 15.0 GiB and activations 2.0 GiB), holds 0 "
+        "of them; at least 2 are needed (vLLM keeps one as its null block) (a smaller --block-size, or fewer bytes "
+        "per block: more GPUs with --tp, fp8 with --kv-cache-dtype)\n")
+
+
+def test_memory_model_tells_a_too_large_block_from_too_little_memory():
+    from dataclasses import replace
+
+    from kvroute.sim.timing.profile import KVBlockTooLarge, MemoryModel
+
+    model = MemoryModel(gpu_memory_bytes=10 * 2**30, weight_bytes=6 * 2**30, activation_peak_bytes=2**30,
+                        non_torch_bytes=0, kv_bytes_per_block=2 * 2**30)
+    with pytest.raises(KVBlockTooLarge, match=r"one KV block takes 2,147,483,648 bytes \(2\.0 GiB\), and the "
+                                              r"memory left for the KV cache, 3\.0 GiB \(10\.0 GiB .*holds 1 of them"):
+        model.num_gpu_blocks(1.0)
+    assert replace(model, kv_bytes_per_block=2**30).num_gpu_blocks(1.0) == 3
+    with pytest.raises(ValueError, match=r"^no KV cache fits: 5\.0 GiB at utilisation 0\.5 minus weights 6\.0 GiB") as info:
+        model.num_gpu_blocks(0.5)
+    assert not isinstance(info.value, KVBlockTooLarge)
+
+
+def test_derive_help_lists_every_release_read_from_the_version_rules():
+    from kvroute.cli.profiles_command import derive_command
+    from kvroute.sim.timing.vllm_versions import release_groups
+
+    assert [(first, last) for first, last, _ in release_groups()] == [
+        ("0.11", "0.13"), ("0.14", "0.19"), ("0.20", "0.33"), ("0.34", "0.34")]
+    helps = {p.name: p.help for p in derive_command.params}
+    assert helps["vllm_version"] == (
+        "The vLLM release whose defaults the prior takes: 0.11-0.13 (block 16, memory 0.9, sync scheduling), "
+        "0.14-0.19 (16, 0.9, async), 0.20-0.33 (16, 0.92, async), 0.34 (64, 1.0, async); the seed study ran 0.11 "
+        "[default: the newest release read, 0.34.0].")
+    assert "[default: the release's, 16; 64 from 0.34]" in helps["block_size"]
+    assert "[default: the release's, 0.9; 0.92 from 0.20; 1.0 from 0.34]" in helps["gpu_memory_utilization"]

@@ -157,3 +157,33 @@ def test_a_scenario_of_ones_own_policy_records_its_file_and_says_how_to_rerun(tm
     assert rerun.returncode == 0, rerun.stderr
     assert (f"warning: policy fewest_tokens's file {path} (sha256 {digest[:12]}... then, "
             f"{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}... now) differs from the --config run's") in rerun.stderr
+
+
+def _sessionless_trace(path: Path) -> Path:
+    import json
+
+    rows = [{"timestamp": 0.1 * i, "input_length": 200, "output_length": 10, "hash_ids": [i]} for i in range(4)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_compare_says_session_affinity_fell_back_on_a_trace_without_sessions(tmp_path):
+    trace = _sessionless_trace(tmp_path / "t.jsonl")
+    result = CliRunner().invoke(cli, ["compare", "--trace", str(trace), "--workers", "2", "--rounds", "1",
+                                      "--policies", "least_loaded,session_affinity"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == (
+        "Note: no request of this workload carries a session id, so session_affinity routed every request as "
+        "least_loaded does (its fallback for a request without a session); sticky sessions need a trace whose "
+        "records give session_id.")
+    assert "session id" not in CliRunner().invoke(cli, ["compare", "--trace", str(trace), "--workers", "2", "--rounds",
+                                                        "1", "--policies", "least_loaded"]).output
+
+
+def test_session_affinity_counts_the_requests_without_a_session():
+    cls = POLICIES["session_affinity"]
+    records = [type("R", (), {"session_id": s}) for s in (None, 7, None, 7)]
+    assert cls.workload_note(records) == ("Note: 2 of 4 requests carry no session id; session_affinity routed those "
+                                          "as least_loaded does (its fallback for a request without a session).")
+    assert cls.workload_note(records[1::2]) == ""
+    assert POLICIES["least_loaded"].workload_note(records) == ""

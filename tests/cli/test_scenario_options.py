@@ -86,6 +86,9 @@ def test_history_runs_on_compare_and_is_checked_as_the_scenario_checks_it():
     ok = CliRunner().invoke(cli, ["simulate", "--workload", "agent", "--chats", "2", "--turns", "2",
                                   "--history", "8000-9000", "--json"])
     assert ok.exit_code == 0, ok.output
+    short = CliRunner().invoke(cli, ["simulate", "--workload", "agent", "--chats", "2", "--turns", "2",
+                                     "--history", "1000-2000", "--json"])  # under the 2,000-token system prompt
+    assert short.exit_code == 0, short.output
     bad = CliRunner().invoke(cli, ["compare", "--history", "8000"])
     assert bad.exit_code == 2 and "Invalid value for '--history': applies to the agent workload only" in bad.output
     with pytest.raises(ScenarioError, match="history applies to the agent workload only") as info:

@@ -311,6 +311,17 @@ def test_agent_sessions_deterministic_and_within_bounds():
     assert trace_stats(a)["sessions"] == 16
 
 
+def test_agent_sessions_shrinks_the_default_system_prompt_to_a_short_history():
+    short = agent_sessions(np.random.default_rng(0), num_sessions=2, history_tokens=(1000, 2000))
+    assert short.metadata["params"]["system_tokens"] == 1000
+    assert [(r.input_length, len(r.hash_ids)) for r in short.records[:2]] == [(1851, 116), (1075, 68)]
+    assert short.records[0].hash_ids[:63] == tuple(range(63))              # 1000 // 16 = 62 blocks shared
+    assert short.records[1].hash_ids[:63] == tuple(range(62)) + (116,)
+    assert agent_sessions(np.random.default_rng(0)).metadata["params"]["system_tokens"] == 2000
+    with pytest.raises(ValueError, match=r"system_tokens must be in \[0, history_tokens\[0\]=1000\], got 2000"):
+        agent_sessions(np.random.default_rng(0), history_tokens=(1000, 2000), system_tokens=2000)
+
+
 def test_agent_sessions_validates_arguments():
     with pytest.raises(ValueError):
         agent_sessions(np.random.default_rng(0), system_tokens=9000)

@@ -199,17 +199,48 @@ def test_measure_dry_run_needs_no_server_and_no_out_folder():
                        "a6000-qwen2.5-7b"])
     assert "longest sequence 32768 tokens" in longer.output and "--longest N times" not in longer.output, longer.output
     assert result.output.strip().splitlines()[2] == (
-        "next: start the servers (kvroute serve --model MODEL), then this command with one --url per server and "
-        "--out DIR instead of --dry-run, then kvroute calibrate fit DIR --out PROFILE.json")
+        "next: start the servers (kvroute serve --model tiny-qwen2 -n 2), then this command with one --url per server "
+        "and --out DIR instead of --dry-run and --servers 2, then kvroute calibrate fit DIR --out PROFILE.json")
     one = run(cli, ["calibrate", "measure", "--dry-run", "--estimate-profile", "cpu-tiny-qwen2-x2"])
     assert one.exit_code == 0 and "on 1 server(s)" in one.output
-    assert "next: start the servers (kvroute serve --model MODEL -n 1), then this command with --url URL" in one.output
+    assert "next: start the servers (kvroute serve --model tiny-qwen2 -n 1), then this command with --url URL" in one.output
+    bare = run(cli, ["calibrate", "measure", "--dry-run"])  # the default estimate profile is not the user's model
+    assert "next: start the servers (kvroute serve --model MODEL -n 1), then this command with --url URL" in bare.output
     missing = run(cli, ["calibrate", "measure", "--out", "x"])
     assert missing.exit_code == 2 and "Missing option '--url' (only --dry-run runs without it)." in missing.output
     missing = run(cli, ["calibrate", "measure", "--url", "http://127.0.0.1:9"])
     assert missing.exit_code == 2 and "Missing option '--out'" in missing.output
     refused = run(cli, ["calibrate", "measure", "--url", "http://127.0.0.1:9", "--out", "x", "--servers", "2"])
     assert refused.exit_code == 2 and "--servers" in refused.output and "--dry-run only" in refused.output
+
+
+def test_measure_dry_run_next_line_carries_the_tensor_parallel_size_model_and_length(tmp_path):
+    """The suggested serve command takes --tp and the model from the chosen --estimate-profile
+    (a derived TP4 prior), -n from --servers and --max-model-len from --longest."""
+    run = CliRunner().invoke
+    prior = tmp_path / "tp4.json"
+    derived = run(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "llama-3.1-70b", "--tp", "4",
+                        "--out", str(prior)])
+    assert derived.exit_code == 0, derived.output
+    result = run(cli, ["calibrate", "measure", "--dry-run", "--servers", "2", "--longest", "32768",
+                       "--estimate-profile", str(prior)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        "next: start the servers (kvroute serve --model meta-llama/Llama-3.1-70B-Instruct --tp 4 -n 2 "
+        "--max-model-len 32768), then this command with one --url per server and --out DIR instead of --dry-run "
+        "and --servers 2, then kvroute calibrate fit DIR --out PROFILE.json")
+
+
+def test_measure_refuses_a_longest_that_max_len_would_drop():
+    run = CliRunner().invoke
+    refused = run(cli, ["calibrate", "measure", "--dry-run", "--longest", "32768", "--max-len", "16384"])
+    assert refused.exit_code == 2
+    assert refused.output.strip().splitlines()[-1] == (
+        "Error: Invalid value for '--longest': 32768 tokens is more than --max-len 16384, which drops every "
+        "sequence longer than that; give --longest at most 16384, or raise --max-len")
+    ok = run(cli, ["calibrate", "measure", "--dry-run", "--longest", "16384", "--max-len", "16384",
+                   "--estimate-profile", "a6000-qwen2.5-7b"])
+    assert ok.exit_code == 0 and "longest sequence 16384 tokens (16383-token prompt" in ok.output, ok.output
 
 
 def test_measure_dry_run_estimates_local_servers_on_a_machine_without_a_gpu_with_the_cpu_profile(monkeypatch):
