@@ -10,6 +10,8 @@ import click
 
 from kvroute.cli.config import config_option
 from kvroute.cli.profile_notes import frontend_note, unmeasured_note
+from kvroute.cli.run_notes import (failed_count_note, failure_note, kv_turnover_note, model_note, policy_notes,
+                                   speed_note)
 from kvroute.cli.signals import INTERRUPTED_EXIT, stops_on_sigterm
 from kvroute.cli.stage_output import stage_doc, stage_results, stage_text, write_stages
 from kvroute.cli.values import DRAWS, RELATIVE, Number, check_runs, check_values
@@ -113,12 +115,13 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
                   "finished rounds ([low, high] where clipped to possible values)")
     spread_note = (f"{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo_ttft} s and "
                    f"TPOT <= {slo_tpot} s.")
-    model_note = (f"(seeds): mean ± 95% interval over {rounds} round(s), seeds {seed}..{seed + rounds - 1}, central "
-                  f"profile. With model unc.: 95% prediction interval of the mean of {rounds} run(s), centred on the "
-                  f"(seeds) mean, from its seeds' spread and that of {uncertainty} profiles drawn from "
-                  f"{uncertain.method}, each on its own seeds (times and rates in log space; "
-                  "docs/reference/intervals.md); changes of shares in percentage points (pp)."
-                  if uncertainty else spread_note)  # (an interrupted run drops the draws: uncertainty 0)
+    uncertain_note = (f"(seeds): mean ± 95% interval over {rounds} round(s), seeds {seed}..{seed + rounds - 1}, "
+                      f"central profile. With model unc.: 95% prediction interval of the mean of {rounds} run(s), "
+                      f"centred on the (seeds) mean, from its seeds' spread and that of {uncertainty} profiles drawn "
+                      f"from {uncertain.method}, each on its own seeds (times and rates in log space; "
+                      "docs/reference/intervals.md); changes of shares in percentage points (pp); goodput at TTFT <= "
+                      f"{slo_ttft} s and TPOT <= {slo_tpot} s."
+                      if uncertainty else spread_note)  # (an interrupted run drops the draws: uncertainty 0)
     fitted_seed = (trace_path is None and scenario.workload == "seed-chat" and scenario.reply is None
                    and scenario.workload_config is None)
     table = not json_out or out is not None  # (--json alone keeps pandas unimported: records are a DataFrame)
@@ -132,16 +135,16 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
         at_peak = [p for p, n in peaks.items() if n == peak]  # the policies that piled the most on one worker
         busiest = ", ".join(at_peak) if len(at_peak) < len(peaks) else None
         served = bool((records["status"] == "ok").any())
-        failures = _failure_note(comparison)
+        failures = failure_note(comparison)
     else:  # the notes that need no per-request table; failures counted from the runs' summaries
-        served, failures = True, _failed_count_note(comparison)
+        served, failures = True, failed_count_note(comparison)
     # nothing served: the failure note is the whole story (a rejected request never finishes, so
     # peak_in_flight would count it in flight to the end, and a note on timing would be about no run)
     notes = [failures] if not served else [line for line in (
         failures, unmeasured_note(spec.profile, fitted_seed, uncertainty),
         frontend_note(spec.profile, peak, busiest) if table else "", run_note(spec.profile, records, peak) if table else "",
-        _speed_note(spec.profile, spec.num_workers), _model_note(trace, spec.profile),
-        *_policy_notes(trace, policies)) if line]
+        kv_turnover_note(comparison, spec.profile.engine.block_size), speed_note(spec.profile, spec.num_workers),
+        model_note(trace, spec.profile), *policy_notes(trace, policies)) if line]
     staged = stage_results(comparison, trace, spec)  # None unless the trace has load stages
     if json_out:
         doc = {"scenario": header, "rounds": rounds, "seed": seed,
@@ -156,7 +159,7 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
         click.echo(format_uncertain_table(uncertain))
         if staged is not None:
             click.echo(stage_text(staged))
-        click.echo(f"\n{model_note}")
+        click.echo(f"\n{uncertain_note}")
     else:
         click.echo(format_table(comparison))
         if staged is not None:
@@ -194,7 +197,7 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
             doc = {"scenario": header, **uncertain.to_dict()}
             (out / "compare.json").write_text(json.dumps(doc, indent=2))
         _write_report(out, doc, header, comparison.policies, figures, notes, rounds, seed,
-                      model_note if uncertainty else spread_note, tables)
+                      uncertain_note if uncertainty else spread_note, tables)
         if not json_out:
             from kvroute.sim.study.bench_result import result_filename
 
@@ -442,108 +445,6 @@ def simulate(policy, rounds, json_out, out, records_format, quiet, time_series, 
     with paused_collector():
         _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, scenario_from_options(options),
              slo_ttft, slo_tpot, quiet=quiet, time_series=time_series, figure_formats=figure_formats)
-
-
-NOT_SENT = "not sent:"
-TIMED_OUT = "timed out"
-"""How the errors of a request never sent (its parent failed) and of one its client abandoned
-begin (``kvroute.sim.cluster.cluster``); any other error is the engine's rejection."""
-
-
-FAILED_SHARE_WARNING = 0.1
-"""The share of failed requests from which ``_failure_note`` warns that the table's latencies are
-of the served requests only (below it, a note)."""
-
-
-def _failure_note(comparison) -> str:
-    """A warning under the table when requests failed: how many, and one reason. When every
-    request was rejected by the engine (and the later turns of their sessions not sent), it says
-    so and why (vLLM's error, and for a prompt too long what to change)."""
-    records = comparison.records()
-    failed = records[records["status"] != "ok"]
-    if failed.empty:
-        return ""
-    first = failed.iloc[0]
-    if len(failed) < len(records):
-        why = _advised(first["error"] or "no reason recorded")
-        share = len(failed) / len(records)
-        if share < FAILED_SHARE_WARNING:
-            return (f"Note: {len(failed)} of {len(records)} requests failed (all policies and rounds); e.g. request "
-                    f"{first['request_id']}: {why}")
-        return (f"Warning: {len(failed)} of {len(records)} requests ({100 * share:.0f} %) failed (all policies and "
-                f"rounds), so the table's latencies are of the {len(records) - len(failed)} served only; e.g. request "
-                f"{first['request_id']}: {why}")
-    errors = failed["error"].fillna("")
-    not_sent, timed_out = errors.str.startswith(NOT_SENT), errors.str.startswith(TIMED_OUT)
-    rejected = ~(not_sent | timed_out)
-    if not rejected.any() or timed_out.any():
-        return (f"Warning: every request failed (all policies and rounds); e.g. request {first['request_id']}: "
-                f"{first['error'] or 'no reason recorded'}")
-    one = failed[rejected].iloc[0]
-    why = _advised(one["error"])
-    text = (f"Warning: every request was rejected (all policies and rounds), so none was served and the table holds "
-            f"no latencies: {int(rejected.sum())} rejected by the engine, e.g. request {one['request_id']}: {why}")
-    if not_sent.any():
-        text += f"; the other {int(not_sent.sum())} were not sent, their parent request having been rejected"
-    return text
-
-
-def _advised(error: str) -> str:
-    """An engine's error with what to change, for a prompt longer than the model's context."""
-    if error.startswith("This model's maximum context length"):
-        return error + " (a prompt must be shorter than max_model_len: raise --max-model-len or shorten the prompts)"
-    return error
-
-
-def _failed_count_note(comparison) -> str:
-    """``--json``'s failure note, from the runs' summaries (no per-request table): how many
-    requests failed over all policies and rounds (``_failure_note`` gives one reason)."""
-    failed = sum(int(row.get("failed") or 0) for row in comparison.rows)
-    if not failed:
-        return ""
-    return (f"Note: {failed} requests failed (all policies and rounds); the notes without --json, or --out's "
-            "records, give the reasons")
-
-
-def _policy_notes(trace, policies: list[str]) -> list[str]:
-    """Each policy's own note on the workload (``Policy.workload_note``: e.g. session_affinity on
-    requests without a session id), once per policy name, in the order given."""
-    from kvroute.sim.routing import POLICIES, parse_spec
-
-    names = dict.fromkeys(parse_spec(spec)[0] for spec in policies)
-    return [POLICIES[name].workload_note(trace.records) for name in names]
-
-
-def _model_note(trace, profile) -> str:
-    """A note when the workload's own run served another model than the profile's (an
-    inference-perf config's ``server.model_name``): the times are the profile's model's."""
-    from kvroute.sim.timing.profile import model_key, profile_model_key
-
-    theirs = trace.metadata.get("model_name") if isinstance(trace.metadata, dict) else None
-    ours = (profile.raw.get("model") or {}).get("name")
-    if not theirs or not ours or model_key(theirs) == profile_model_key(profile):
-        return ""
-    return (f"Note: the workload config's run served {theirs}; the times here are those of the profile's model, "
-            f"{ours} ({profile.name}). To simulate {theirs}: `kvroute profiles derive --model {theirs} --gpu GPU "
-            "--tp N`, then --profile FILE.")
-
-
-def _speed_note(profile, num_workers: int) -> str:
-    """A note under the table when the workers step at drawn speeds (``host.engine_speed_sigma``):
-    a measured input that moves from sweep to sweep and that changes between policies hinge on."""
-    sigma = profile.host.engine_speed_sigma if profile.host is not None else 0.0
-    if sigma <= 0 or num_workers < 2:
-        return ""
-    period = profile.host.engine_speed_period_s
-    drawn = f"drawn anew every {period:.2g} s" if period > 0 else "drawn per round"
-    allowed = ""
-    interval = profile.speed_period_interval()
-    if interval is not None:
-        lo, hi = interval
-        allowed = f"; its sweep allows {lo:.2g} s to " + (f"{hi:.2g} s" if hi != float("inf") else "one speed per round")
-    return (f"Note: each worker steps at its own speed, {drawn} (log-spread {sigma:.2f}, from {profile.name}'s "
-            f"bursts{allowed}); the spread and how long a speed lasts move from sweep to sweep, and changes between "
-            "policies move with them (docs/design/timing-and-host-model.md).")
 
 
 @click.command("policies")

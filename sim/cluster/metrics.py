@@ -229,6 +229,12 @@ class RunResult:
             return self._rows
         return list(self._records.itertuples(index=False, name=None))
 
+    def worker_rows(self) -> list[dict]:
+        """The per-worker counters as one dict per worker (the rows of ``workers``)."""
+        if self._worker_rows is not None:
+            return self._worker_rows
+        return self._workers.to_dict("records")
+
     def __repr__(self) -> str:
         return f"RunResult(policy={self.policy!r}, seed={self.seed}, requests={len(self.record_rows())})"
 

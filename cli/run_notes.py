@@ -1,0 +1,140 @@
+"""The notes under a simulated comparison's table (``kvroute compare`` and ``simulate``): what
+a reader needs to know that the numbers alone do not say. Each function returns one note line, or
+"" when it has nothing to say."""
+
+from __future__ import annotations
+
+NOT_SENT = "not sent:"
+TIMED_OUT = "timed out"
+"""How the errors of a request never sent (its parent failed) and of one its client abandoned
+begin (``kvroute.sim.cluster.cluster``); any other error is the engine's rejection."""
+
+
+FAILED_SHARE_WARNING = 0.1
+"""The share of failed requests from which ``failure_note`` warns that the table's latencies are
+of the served requests only (below it, a note)."""
+
+
+def failure_note(comparison) -> str:
+    """A warning under the table when requests failed: how many, and one reason. When every
+    request was rejected by the engine (and the later turns of their sessions not sent), it says
+    so and why (vLLM's error, and for a prompt too long what to change)."""
+    records = comparison.records()
+    failed = records[records["status"] != "ok"]
+    if failed.empty:
+        return ""
+    first = failed.iloc[0]
+    if len(failed) < len(records):
+        why = advised(first["error"] or "no reason recorded")
+        share = len(failed) / len(records)
+        if share < FAILED_SHARE_WARNING:
+            return (f"Note: {len(failed)} of {len(records)} requests failed (all policies and rounds); e.g. request "
+                    f"{first['request_id']}: {why}")
+        return (f"Warning: {len(failed)} of {len(records)} requests ({100 * share:.0f} %) failed (all policies and "
+                f"rounds), so the table's latencies are of the {len(records) - len(failed)} served only; e.g. request "
+                f"{first['request_id']}: {why}")
+    errors = failed["error"].fillna("")
+    not_sent, timed_out = errors.str.startswith(NOT_SENT), errors.str.startswith(TIMED_OUT)
+    rejected = ~(not_sent | timed_out)
+    if not rejected.any() or timed_out.any():
+        return (f"Warning: every request failed (all policies and rounds); e.g. request {first['request_id']}: "
+                f"{first['error'] or 'no reason recorded'}")
+    one = failed[rejected].iloc[0]
+    why = advised(one["error"])
+    text = (f"Warning: every request was rejected (all policies and rounds), so none was served and the table holds "
+            f"no latencies: {int(rejected.sum())} rejected by the engine, e.g. request {one['request_id']}: {why}")
+    if not_sent.any():
+        text += f"; the other {int(not_sent.sum())} were not sent, their parent request having been rejected"
+    return text
+
+
+def advised(error: str) -> str:
+    """An engine's error with what to change, for a prompt longer than the model's context."""
+    if error.startswith("This model's maximum context length"):
+        return error + " (a prompt must be shorter than max_model_len: raise --max-model-len or shorten the prompts)"
+    return error
+
+
+def failed_count_note(comparison) -> str:
+    """``--json``'s failure note, from the runs' summaries (no per-request table): how many
+    requests failed over all policies and rounds (``failure_note`` gives one reason)."""
+    failed = sum(int(row.get("failed") or 0) for row in comparison.rows)
+    if not failed:
+        return ""
+    return (f"Note: {failed} requests failed (all policies and rounds); the notes without --json, or --out's "
+            "records, give the reasons")
+
+
+def policy_notes(trace, policies: list[str]) -> list[str]:
+    """Each policy's own note on the workload (``Policy.workload_note``: e.g. session_affinity on
+    requests without a session id), once per policy name, in the order given."""
+    from kvroute.sim.routing import POLICIES, parse_spec
+
+    names = dict.fromkeys(parse_spec(spec)[0] for spec in policies)
+    return [POLICIES[name].workload_note(trace.records) for name in names]
+
+
+def model_note(trace, profile) -> str:
+    """A note when the workload's own run served another model than the profile's (an
+    inference-perf config's ``server.model_name``): the times are the profile's model's."""
+    from kvroute.sim.timing.profile import model_key, profile_model_key
+
+    theirs = trace.metadata.get("model_name") if isinstance(trace.metadata, dict) else None
+    ours = (profile.raw.get("model") or {}).get("name")
+    if not theirs or not ours or model_key(theirs) == profile_model_key(profile):
+        return ""
+    return (f"Note: the workload config's run served {theirs}; the times here are those of the profile's model, "
+            f"{ours} ({profile.name}). To simulate {theirs}: `kvroute profiles derive --model {theirs} --gpu GPU "
+            "--tp N`, then --profile FILE.")
+
+
+def speed_note(profile, num_workers: int) -> str:
+    """A note under the table when the workers step at drawn speeds (``host.engine_speed_sigma``):
+    a measured input that moves from sweep to sweep and that changes between policies hinge on."""
+    sigma = profile.host.engine_speed_sigma if profile.host is not None else 0.0
+    if sigma <= 0 or num_workers < 2:
+        return ""
+    period = profile.host.engine_speed_period_s
+    drawn = f"drawn anew every {period:.2g} s" if period > 0 else "drawn per round"
+    allowed = ""
+    interval = profile.speed_period_interval()
+    if interval is not None:
+        lo, hi = interval
+        allowed = f"; its sweep allows {lo:.2g} s to " + (f"{hi:.2g} s" if hi != float("inf") else "one speed per round")
+    return (f"Note: each worker steps at its own speed, {drawn} (log-spread {sigma:.2f}, from {profile.name}'s "
+            f"bursts{allowed}); the spread and how long a speed lasts move from sweep to sweep, and changes between "
+            "policies move with them (docs/design/timing-and-host-model.md).")
+
+
+TURNOVER_NOTE = 1.0
+"""How many times over a run's evictions must replace the cluster's KV blocks (cached blocks
+evicted per run / blocks the workers hold) before ``kv_turnover_note`` speaks."""
+
+
+def kv_turnover_note(comparison, block_size: int) -> str:
+    """A note when the prefix cache turned over: for each policy whose runs evicted, on average,
+    at least ``TURNOVER_NOTE`` times the blocks the workers hold (vLLM's block pool evicts a
+    cached block when it hands the block out again, ``num_evictions``), how many and how many
+    times over; the hit rate and TTFT then depend on KV memory, which the preemption row does
+    not show. ``block_size``: tokens per block."""
+    parts, held = [], 0
+    for policy in comparison.policies:
+        runs = comparison.runs.get(policy) or []
+        if not runs:
+            continue
+        rows = [run.worker_rows() for run in runs]
+        held = sum(int(w["num_gpu_blocks"]) for w in rows[0])
+        evicted = sum(sum(int(w["num_evictions"]) for w in r) for r in rows) / len(rows)
+        if held and evicted >= TURNOVER_NOTE * held:
+            parts.append((policy, evicted, evicted / held))
+    if not parts:
+        return ""
+    (policy, evicted, times), rest = parts[0], parts[1:]
+    text = (f"Note: the KV cache turned over: per run (mean over rounds) the workers evicted {evicted:,.0f} cached "
+            f"blocks under {policy}, {times:.1f} times the {held:,} blocks of {block_size} tokens they hold "
+            f"({held * block_size:,} tokens)")
+    text += "".join(f"{', and' if k == len(rest) - 1 else ','} {e:,.0f} under {p} ({t:.1f} times)"
+                    for k, (p, e, t) in enumerate(rest))
+    return (text + ". Where a later request reuses an evicted prefix it is computed again, so hit rates and TTFT "
+            "can depend on KV memory (try --kv-blocks or --workers); the preemption row counts only requests "
+            "pushed out while running. Each worker's KV use over time: --time-series.")
