@@ -177,6 +177,9 @@ def test_sweep_report_tables_are_the_rows(tmp_path):
     page = Page((tmp_path / "sweep.report.html").read_text())
     assert_self_contained(page)
     assert len(page.images) == 1  # the load curve
+    assert ("Goodput (TTFT &lt;= 2.0 s and TPOT &lt;= 0.1 s), TTFT p50 and p90 (turns &gt;= 2, as the tables) and "
+            "output throughput against offered load (error bars: 95% interval over rounds, as the tables)"
+            in (tmp_path / "sweep.report.html").read_text())
     rows = pd.read_parquet(out)
     for metric in ("time_to_complete_s", "hit_rate"):
         iv = intervals(rows, [metric])
