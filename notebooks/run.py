@@ -28,7 +28,8 @@ def parameter_names(source: str) -> list[str]:
     """The names a parameters cell assigns at its top level, in order."""
     names = []
     for node in ast.parse(source).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
         names += [t.id for t in targets if isinstance(t, ast.Name)]
     return names
 

@@ -239,7 +239,8 @@ def lead_ttft(frame: pd.DataFrame, statistic: str) -> str:
     """
     later = f"later_ttft_{statistic}_s"
     if later not in SUMMARY_METRICS:
-        stats = [m.removeprefix("later_ttft_").removesuffix("_s") for m in SUMMARY_METRICS if m.startswith("later_ttft_")]
+        stats = [m.removeprefix("later_ttft_").removesuffix("_s") for m in SUMMARY_METRICS
+                 if m.startswith("later_ttft_")]
         raise ValueError(f"unknown TTFT statistic {statistic!r}; valid: {', '.join(stats)}")
     multi_turn = later in frame and bool(frame[later].notna().any())
     return later if multi_turn else f"ttft_{statistic}_s"
