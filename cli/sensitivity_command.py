@@ -87,7 +87,8 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     metric when the factor crosses its range (signed + / - for a monotone effect, ~ otherwise).
     """
     from kvroute.sim.cluster.metrics import ServiceClass
-    from kvroute.sim.study.sensitivity import FACTOR_GROUPS, Ranges, base_profile, default_factors, run_sensitivity
+    from kvroute.sim.study.sensitivity import (FACTOR_GROUPS, NOISE_MARK, NOISE_RULE, Ranges, base_profile,
+                                               default_factors, run_sensitivity)
 
     policies = parse_policies(policies_text)
     scenario = scenario_from_options(options, policy=policies[0])
@@ -126,8 +127,9 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     source = trace.source if trace is not None else f"{scenario.workload}: {chats} chats x {turns} turns"
     header = f"{source} | {scenario.workers} workers | profile {profile.name}"
     note = (f"mu*: mean |change| of the metric when the factor crosses its range (Morris, SALib); "
-            f"+/- the sign of a monotone effect, ~ mixed signs. Seed sd: {noise_rounds} seeds of the "
-            f"unperturbed scenario.")
+            f"+/- the sign of a monotone effect, ~ mixed signs; {NOISE_MARK} {NOISE_RULE}. Seed sd: {noise_rounds} "
+            "seeds of the unperturbed scenario"
+            + (" (one seed: no sd, so no effect is marked)." if noise_rounds == 1 else "."))
     if json_out:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
@@ -175,7 +177,8 @@ def _write_figure_and_report(result, out: Path, header: str, note: str, figure_f
                   f"{settings['rounds']} round(s) each, "
                   f"{settings['noise_rounds']} seeds of the base point, design seed {settings['seed']}"],
         tables=result.report_tables(),
-        figures=[("Tornado: mu* per factor and output, largest on top; dashed: the seed noise (sd)", fig)],
+        figures=[("Tornado: mu* per factor and output, largest on top; dashed: the seed noise (sd); hatched: an "
+                  "effect within it (? in the tables)", fig)],
         notes=[note],
         provenance=json.dumps(provenance, indent=2, default=str),
         files=files,

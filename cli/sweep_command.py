@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 import numpy as np
+from click.core import ParameterSource
 import pandas as pd
 
 from kvroute.cli.config import config_option
@@ -22,9 +23,19 @@ from kvroute.traces.inputs import RUNS
 from kvroute.traces.outputs import atomic_output, check_output
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass
 from kvroute.sim.timing.profile import load_profile
-from kvroute.sim.study.sweep import COUNTER_COLUMNS, Scenario, ScenarioError, SweepInterrupted, grid, intervals, sweep
+from kvroute.sim.study.sweep import (COUNTER_COLUMNS, Scenario, ScenarioError, SweepInterrupted, grid, intervals,
+                                    lead_ttft, sweep)
 
 DEFAULT_SHOW = "time_to_complete_s,later_ttft_mean_s,later_ttft_p90_s,hit_rate"
+"""``--show``'s default; on rows without later turns its later-turn TTFTs become all-turn ones
+(:func:`default_shown`)."""
+
+
+def default_shown(frame: pd.DataFrame) -> list[str]:
+    """The metrics ``sweep`` prints without ``--show``: time to complete, TTFT mean and p90 and hit
+    rate, the TTFTs chosen by ``sweep.lead_ttft`` (turns >= 2 when the rows have later turns, all
+    turns otherwise), the rule the load figure follows."""
+    return ["time_to_complete_s", lead_ttft(frame, "mean"), lead_ttft(frame, "p90"), "hit_rate"]
 
 
 def _choices(text: str, valid: tuple[str, ...] | list[str], hint: str) -> list[str]:
@@ -93,11 +104,14 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
 @click.option("--time-series", is_flag=True,
               help="Not recorded by sweeps (an error): run `kvroute compare --time-series --out DIR` on a grid point.")
 @click.option("--plot-load", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="With --request-rate: write a figure of goodput, TTFT p50/p90 and throughput against load per "
-                   "policy (FILE.png, .pdf or .svg; --figure-format adds the other formats beside it).")
+              help="With --request-rate: write a figure of goodput, TTFT p50/p90 (turns >= 2 when the workload has "
+                   "later turns, as the tables) and throughput against load per policy, means with the tables' "
+                   "95% intervals (FILE.png, .pdf or .svg; --figure-format adds the other formats beside it).")
 @figure_format_option
 @click.option("--show", default=DEFAULT_SHOW, show_default=True,
-              help=f"Metrics to print, comma list, of: {', '.join([*SUMMARY_METRICS, *COUNTER_COLUMNS])}.")
+              help="Metrics to print, comma list, of: "
+                   f"{', '.join([*SUMMARY_METRICS, *COUNTER_COLUMNS])}. The default's TTFTs are of turns >= 2 "
+                   "when the workload has later turns, of all turns when it has none (as --plot-load's).")
 @click.option("--no-progress", "--quiet", "no_progress", is_flag=True, help="Hide the progress bar.")
 @with_errors
 def sweep_command(policies_text, rounds, executor, address, max_workers, out, time_series, plot_load, show,
@@ -162,6 +176,9 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
     if len(failed):
         click.echo(f"{len(failed)} of {len(frame)} runs failed (infeasible; shown as -, reason in column error): "
                    f"{failed['error'].iloc[0]}", err=True)
+    if click.get_current_context().get_parameter_source("show") in (ParameterSource.DEFAULT,
+                                                                     ParameterSource.DEFAULT_MAP):
+        shown = default_shown(frame)
     empty = [m for m in shown if m in frame and frame[m].isna().all()]
     for metric in shown:
         if metric not in empty:
@@ -204,13 +221,14 @@ def _load_figure(frame: pd.DataFrame, scenarios: list[Scenario], rounds: int, pl
     """The load curve (``plots.load_figure``), written to ``plot_load`` (and beside it in the other
     ``figure_formats``) when given; returns ``(caption, Figure)`` for the report."""
     from kvroute.sim.study.figure_style import policy_colors, save_figure, scenario_title
-    from kvroute.sim.study.plots import load_figure
+    from kvroute.sim.study.plots import load_figure, slo_text
     from kvroute.sim.study.report_tables import grid_lines
 
     policies = list(dict.fromkeys(s.policy for s in scenarios))
     lines = [line for line in grid_lines(frame) if not line.startswith(("policy:", "request_rate:"))]
+    spread = "mean and 95% interval over rounds, as the tables" if rounds > 1 else "one round each"
     title = scenario_title(" | ".join(lines), policies,
-                           f"Load curves: {len(scenarios)} scenario(s) x {rounds} round(s), min-max over rounds")
+                           f"Load curves: {len(scenarios)} scenario(s) x {rounds} round(s), {spread}")
     fig = load_figure(frame, title, policy_colors(policies))
     if plot_load is not None:
         plot_load.parent.mkdir(parents=True, exist_ok=True)
@@ -218,7 +236,10 @@ def _load_figure(frame: pd.DataFrame, scenarios: list[Scenario], rounds: int, pl
         paths = save_figure(fig, plot_load.with_suffix(""), [suffix, *(f for f in figure_formats if f != suffix)],
                             dpi=110)
         click.echo(f"wrote {', '.join(map(str, paths))}", err=True)
-    return "Goodput, TTFT p50 and p90 and output throughput against offered load (error bars: min-max over rounds)", fig
+    ttft = ("turns >= 2" if lead_ttft(frame, "p50").startswith("later_") else "all turns")
+    caption = (f"Goodput ({slo_text(frame)}), TTFT p50 and p90 ({ttft}, as the tables) and output throughput "
+               "against offered load" + (" (error bars: 95% interval over rounds, as the tables)" if rounds > 1 else ""))
+    return caption, fig
 
 
 def _write_report(out: Path, frame: pd.DataFrame, scenarios: list[Scenario], rounds: int, metrics: list[str],

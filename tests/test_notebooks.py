@@ -296,3 +296,44 @@ def test_06_routers_tables_are_the_sweep(tmp_path):
     else:
         assert "section skipped" in printed(book)
     assert "2 turns: fastest" in printed(book)
+
+
+def _runner():
+    """``notebooks/run.py`` as a module (the notebooks folder is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("notebook_runner", NOTEBOOKS / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_run_py_sets_the_parameters_cells_names_and_refuses_others():
+    runner = _runner()
+    book = load("03_long_histories")
+    cell, index = runner.parameters_cell(book, ["SESSIONS=8", "HISTORY=(8000, 16000)", "EXECUTOR='sequential'"])
+    assert "parameters" in book.cells[index - 1].metadata["tags"]
+    assert cell.metadata["tags"] == ["injected-parameters"]
+    assert cell.source == ("# Parameters given on the command line\nSESSIONS = 8\nHISTORY = (8000, 16000)\n"
+                           "EXECUTOR = 'sequential'")
+    with pytest.raises(ValueError, match="'SESION' is not set by the parameters cell; valid names: PROFILE, "
+                                         "WORKERS, SESSIONS, TURNS, HISTORY, REPLY, THINK_TIME_S, KV_FRACTIONS, "
+                                         "POLICIES, ROUNDS, SEED, SLO_TTFT_S, SLO_TPOT_S, USD_PER_GPU_HOUR, "
+                                         "EXECUTOR, ADDRESS$"):
+        runner.parameters_cell(book, ["SESION=4"])
+    with pytest.raises(ValueError, match=r"EXECUTOR=local: VALUE must be a Python literal \(quote text"):
+        runner.parameters_cell(book, ["EXECUTOR=local"])
+
+
+def test_run_py_executes_a_notebook_with_the_values_given(tmp_path):
+    runner = _runner()
+    book = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("N = 1\nLABEL = 'x'", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("print(LABEL, N * 2)")])
+    source, out = tmp_path / "tiny.ipynb", tmp_path / "out" / "tiny.ipynb"
+    nbformat.write(book, source)
+    assert runner.main([str(source), str(out), "N=21", "LABEL='n'"]) == 0
+    ran = nbformat.read(out, as_version=4)
+    assert [c.metadata.get("tags") for c in ran.cells] == [["parameters"], ["injected-parameters"], None]
+    assert ran.cells[-1].outputs[0]["text"] == "n 42\n"
+    assert runner.main([str(source), str(out), "M=2"]) == 2

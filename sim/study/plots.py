@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -129,23 +128,51 @@ def token_axis(ax, axis: str = "x", unit: float = 1.0) -> None:
     target.set_minor_formatter(FuncFormatter(lambda value, _pos: ""))
 
 
-LOAD_PANELS = (
-    ("goodput_share", "goodput", "share of requests in SLO (0-1)", (0.0, 1.0)),
-    ("ttft_p50_s", "TTFT p50", "TTFT p50 (s)", (0.0, math.inf)),
-    ("ttft_p90_s", "TTFT p90", "TTFT p90 (s)", (0.0, math.inf)),
-    ("output_throughput_tps", "output throughput", "output tokens per second (tok/s)", (0.0, math.inf)),
-)
-"""The panels of :func:`load_figure` (the curves ``vllm bench serve`` users draw by hand): the
-column each draws, its title, its y label with the unit, and its possible values."""
+LOAD_UNITS = {"goodput_share": "share of requests (0-1)", "output_throughput_tps": "output tokens per second (tok/s)"}
+"""The y label of each :func:`load_figure` panel that is not a TTFT (those read ``TTFT (s)``)."""
+
+
+def load_panels(frame: pd.DataFrame) -> list[str]:
+    """The columns :func:`load_figure` draws, one panel each (the curves ``vllm bench serve`` users
+    draw by hand): goodput share, TTFT p50 and p90 and output throughput. The TTFTs are the ones
+    the sweep's tables show (``sweep.lead_ttft``): turns >= 2 when the rows have later turns, all
+    turns otherwise."""
+    from kvroute.sim.study.sweep import lead_ttft
+
+    return ["goodput_share", lead_ttft(frame, "p50"), lead_ttft(frame, "p90"), "output_throughput_tps"]
+
+
+def slo_text(frame: pd.DataFrame) -> str:
+    """The goodput bound of sweep rows as words: ``"TTFT <= 2.0 s and TPOT <= 0.1 s"`` (from their
+    ``slo_ttft_s`` and ``slo_tpot_s``).
+
+    Raises:
+        ValueError: the rows lack those columns, or hold more than one pair of bounds (their
+            goodputs are not one measure).
+    """
+    if not {"slo_ttft_s", "slo_tpot_s"} <= set(frame.columns):
+        raise ValueError("the rows have no slo_ttft_s and slo_tpot_s columns: their goodput's bounds are unknown")
+    bounds = frame[["slo_ttft_s", "slo_tpot_s"]].drop_duplicates()
+    if len(bounds) != 1:
+        pairs = "; ".join(f"TTFT <= {t} s, TPOT <= {p} s" for t, p in bounds.itertuples(index=False))
+        raise ValueError(f"the rows were measured against {len(bounds)} goodput bounds ({pairs}): draw one at a time")
+    ttft, tpot = bounds.iloc[0]
+    return f"TTFT <= {float(ttft)} s and TPOT <= {float(tpot)} s"
 
 
 def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | None = None) -> Figure:
     """Goodput, TTFT p50/p90 and output throughput against offered load, one line per policy.
 
+    The TTFT panels show the measure the sweep's tables show (:func:`load_panels`), each panel is
+    titled with its metric's ``SUMMARY_METRICS`` label (the goodput panel also with its SLO
+    bounds), and the legend sits under the panels, off the data.
+
     Args:
         frame: sweep rows (``kvroute.sim.study.sweep.sweep``) with ``request_rate`` (sessions/s),
-            ``policy`` and the ``LOAD_PANELS`` metrics; rounds are averaged, and the error bars
-            are the min and max over rounds (clipped to the metric's possible values).
+            ``policy``, ``slo_ttft_s``, ``slo_tpot_s`` and the :func:`load_panels` metrics; each
+            point is the mean over rounds with its 95 % Student-t interval as the error bar
+            (``sweep.intervals``, the tables' interval, clipped to the metric's possible values;
+            none with one round).
         title: figure title (``figure_style.scenario_title``).
         colors: ``{policy: colour}`` (default: ``figure_style.policy_colors`` over the rows).
 
@@ -154,40 +181,49 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
         when the rates span a decade or more (0.5 to 16 sessions/s), linear otherwise.
 
     Raises:
-        ValueError: no row has a ``request_rate``.
+        ValueError: no row has a ``request_rate``; or as :func:`slo_text`.
     """
+    from kvroute.sim.cluster.metrics import METRIC_BOUNDS, SUMMARY_METRICS
+    from kvroute.sim.study.sweep import intervals
+
     rows = frame[frame["request_rate"].notna()] if "request_rate" in frame else frame.iloc[0:0]
     if rows.empty:
         raise ValueError("the load curve needs rows with a request_rate (kvroute sweep --request-rate 1,2,4,...)")
-    if "status" in rows:
-        rows = rows[rows["status"] != "failed"]
+    slo = slo_text(rows)
+    rows = rows.assign(request_rate=rows["request_rate"].astype(float))
+    panels = load_panels(rows)
+    iv = intervals(rows, panels, by=["policy", "request_rate"])  # failed runs left out, as the tables
     colors = colors or policy_colors(rows["policy"].drop_duplicates())
     names = short_names(rows["policy"])
-    fig = Figure(figsize=(13, 4.0))
-    axes = fig.subplots(1, len(LOAD_PANELS))
-    rates = rows["request_rate"].astype(float)
-    for policy, group in rows.groupby("policy", sort=False):
-        by_rate = group.groupby(group["request_rate"].astype(float))
+    fig = Figure(figsize=(13, 4.4))
+    axes = fig.subplots(1, len(panels))
+    for policy, group in iv.groupby("policy", sort=False):
+        group = group.sort_values("request_rate")
         style = series_style(str(policy), colors)
-        for ax, (metric, _label, _unit, (lower, upper)) in zip(axes, LOAD_PANELS):
-            stats = by_rate[metric].agg(["mean", "min", "max"])
-            ax.errorbar(stats.index, stats["mean"], yerr=interval_errors(stats["mean"], stats["min"], stats["max"],
-                                                                         lower, upper),
+        for ax, metric in zip(axes, panels):
+            lower, upper = METRIC_BOUNDS[metric]
+            ax.errorbar(group["request_rate"], group[metric],
+                        yerr=interval_errors(group[metric], group[f"{metric}_low"], group[f"{metric}_high"],
+                                             lower, upper),
                         capsize=2, label=names[str(policy)], **style)
-    for ax, (metric, label, unit, _bounds) in zip(axes, LOAD_PANELS):
-        if not log_axis_if_spread(ax, rates.unique()):
-            ax.set_xticks(sorted(rates.unique()))
+    rates = rows["request_rate"].unique()
+    for ax, metric in zip(axes, panels):
+        if not log_axis_if_spread(ax, rates):
+            ax.set_xticks(sorted(rates))
         ax.set_xlabel("offered load (sessions started per s)")
-        ax.set_ylabel(unit)
-        ax.set_title(label, fontsize=10)
+        ax.set_ylabel(LOAD_UNITS.get(metric, "TTFT (s)"))
+        label = SUMMARY_METRICS[metric]
+        ax.set_title(f"{label}\nin SLO: {slo}" if metric == "goodput_share" else label, fontsize=10)
         ax.grid(alpha=0.3)
         if metric != "goodput_share":
             ax.set_ylim(bottom=0)
     axes[0].set_ylim(-0.02, 1.02)
-    axes[0].legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    # under the panels: a legend inside one sat on its curves
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
     if title:
         figure_title(fig, title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
 
 

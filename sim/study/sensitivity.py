@@ -364,6 +364,23 @@ class SensitivityResult:
         sel = self.indices[self.indices["output"] == output].sort_values("rank")
         return list(sel["factor"])
 
+    def noise_line(self, output: str) -> float:
+        """The seed noise of ``output``: its sd over the seeds of the unperturbed scenario, in the
+        output's unit (the tornado's dashed line); NaN when unknown (one noise round)."""
+        return self.noise.get(output, math.nan)
+
+    def within_noise(self, output: str, factor: str) -> bool:
+        """Whether ``factor``'s effect on ``output`` is within the seed noise
+        (:func:`within_noise` of its mu*, its ``mu_star_conf`` and :meth:`noise_line`): the table's
+        ``?`` and the tornado's hatched bar."""
+        row = self.indices[(self.indices["output"] == output) & (self.indices["factor"] == factor)].iloc[0]
+        return within_noise(row["mu_star"], row["mu_star_conf"], self.noise_line(output))
+
+    def _cell(self, output: str, row) -> str:
+        """A table cell: the signed mu* (:func:`_signed`), with ``?`` when within the seed noise."""
+        noisy = within_noise(row["mu_star"], row["mu_star_conf"], self.noise_line(output))
+        return _signed(row["mu"], row["mu_star"]) + (NOISE_MARK if noisy else "")
+
     def table(self, measure: str = "mu_star") -> pd.DataFrame:
         """``measure`` as a factor x output table (factors in design order)."""
         wide = self.indices.pivot(index="factor", columns="output", values=measure)
@@ -371,7 +388,8 @@ class SensitivityResult:
 
     def format_table(self, group: str | None = None) -> str:
         """Text tables, one per policy (and per change), rows = factors with their ranges,
-        cells = ``mu_star`` signed by ``mu`` (``~`` when the effects' signs disagree, |mu| < mu*/2)."""
+        cells = ``mu_star`` signed by ``mu`` (``~`` when the effects' signs disagree, |mu| < mu*/2),
+        ending in ``?`` when the effect is within the seed noise (:meth:`within_noise`)."""
         blocks = []
         groups = list(dict.fromkeys(o.split(":")[0] for o in self.outputs))
         for g in groups if group is None else [group]:
@@ -385,7 +403,7 @@ class SensitivityResult:
                 cells = [f.name, f"{_fmt(f.low)}..{_fmt(f.high)} {f.unit}".rstrip()]
                 for o in cols:
                     row = self.indices[(self.indices["output"] == o) & (self.indices["factor"] == f.name)].iloc[0]
-                    cells.append(_signed(row["mu"], row["mu_star"]))
+                    cells.append(self._cell(o, row))
                 rows.append(cells)
             widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
             lines = [f"{g}{' (change: %, pp for a share)' if change else ''}: mu* per factor (effect of crossing its range)"]
@@ -400,7 +418,7 @@ class SensitivityResult:
     def report_tables(self) -> list:
         """:meth:`format_table`'s tables for ``report.html`` (``kvroute.sim.study.report.Table``):
         one per policy and per change, a row per factor with its range, then a cell per output
-        showing the signed ``mu_star`` and carrying ``data-mu-star``, ``data-mu``, ``data-sigma``
+        showing the signed ``mu_star`` (``?`` within the seed noise, as the printed table) and carrying ``data-mu-star``, ``data-mu``, ``data-sigma``
         and ``data-conf`` (``indices.csv``'s values); the first row holds the base point and the
         seed sd (``data-value``, ``data-sd``). Then the factors with their ranges and sources."""
         from kvroute.sim.study.report import Cell, Table
@@ -416,13 +434,13 @@ class SensitivityResult:
                 cells: list = [f.name, f"{_fmt(f.low)}..{_fmt(f.high)} {f.unit}".rstrip()]
                 for o in cols:
                     row = self.indices[(self.indices["output"] == o) & (self.indices["factor"] == f.name)].iloc[0]
-                    cells.append(Cell(_signed(row["mu"], row["mu_star"]),
+                    cells.append(Cell(self._cell(o, row),
                                       {"mu-star": row["mu_star"], "mu": row["mu"], "sigma": row["sigma"],
                                        "conf": row["mu_star_conf"]}))
                 rows.append(cells)
             header = ["factor", "range", *(_label(o.split(":")[1], change) for o in cols)]
             tables.append(Table(f"{g}{' (change: %, pp for a share)' if change else ''}: mu* per factor (effect of crossing its range; "
-                                "+ raises the output, - lowers it, ~ mixed signs)", header, rows,
+                                f"+ raises the output, - lowers it, ~ mixed signs; {NOISE_MARK} {NOISE_RULE})", header, rows,
                                 table_id=f"sensitivity-{g.replace(' ', '-')}"))
         tables.append(Table("Factors: the range each input was varied over, and where the range comes from",
                             ["factor", "low", "high", "unit", "source"],
@@ -455,13 +473,16 @@ class SensitivityResult:
         """Tornado plot: per output, a horizontal bar of ``mu_star`` per factor, largest on top,
         red when the factor raises the output (``mu > mu*/2``), blue when it lowers it
         (``mu < -mu*/2``), grey when the signs disagree; the whisker is ``mu_star_conf`` (clipped
-        at 0); the dashed line is the seed noise (sd).
+        at 0); the dashed line is the seed noise (:meth:`noise_line`), and a bar whose effect is
+        within it (:meth:`within_noise`: its whisker reaches the line; the tables' ``?``) is
+        hatched.
 
         Args:
             outputs: outputs to plot, one panel each, a row per policy and per change (default:
-                every output but those of a metric no factor moved for any policy, such as a hit
-                rate no input changes; the title counts those left out, whose panels would hold
-                no bar).
+                every output a factor moved: a metric no factor moved for any policy, such as a
+                hit rate no input changes, loses its column, and an output no factor moved for
+                one policy (kv_aware's hit rate) its panel; the title counts those left out,
+                whose panels would hold no bar).
             top: show only the ``top`` factors of each panel.
             scenario: the run in one line (default :meth:`scenario_text`); the title names it and
                 the policies (``figure_style.scenario_title``).
@@ -479,11 +500,13 @@ class SensitivityResult:
 
         left_out = 0
         metrics = HEADLINE_METRICS
+        unmoved: set[str] = set()  # panels kept in the grid's place but not drawn
         if not outputs:
-            moved = {o.split(":")[1] for o in self.indices.loc[self.indices["mu_star"].fillna(0.0) > 0, "output"]}
-            metrics = tuple(m for m in HEADLINE_METRICS if m in moved) or HEADLINE_METRICS
+            moved = set(self.indices.loc[self.indices["mu_star"].fillna(0.0) > 0, "output"])
+            metrics = tuple(m for m in HEADLINE_METRICS if m in {o.split(":")[1] for o in moved}) or HEADLINE_METRICS
             outputs = [o for o in self.outputs if o.split(":")[1] in metrics]
-            left_out = len(self.outputs) - len(outputs)
+            unmoved = {o for o in outputs if o not in moved} if moved else set()
+            left_out = len(self.outputs) - len(outputs) + len(unmoved)
         ncols = min(len(metrics), len(outputs))
         nrows = math.ceil(len(outputs) / ncols)
         n = len(self.factors) if top is None else min(top, len(self.factors))
@@ -491,14 +514,22 @@ class SensitivityResult:
         fig = Figure(figsize=(4.4 * max(ncols, 2), 1.6 + 0.32 * n * nrows + 0.9 * nrows))
         axes = np.atleast_2d(fig.subplots(nrows, ncols, squeeze=False))
         for ax, out in zip(axes.flat, outputs):
+            if out in unmoved:
+                fig.delaxes(ax)
+                continue
             sel = self.indices[self.indices["output"] == out].sort_values("mu_star").tail(n)
             colors = [TORNADO_COLORS["raises"] if m > 0.5 * s else TORNADO_COLORS["lowers"] if m < -0.5 * s
                       else TORNADO_COLORS["mixed"] for m, s in zip(sel["mu"], sel["mu_star"])]
             mu_star = sel["mu_star"].to_numpy(float)
             conf = sel["mu_star_conf"].to_numpy(float)
-            ax.barh(sel["factor"], mu_star, xerr=interval_errors(mu_star, mu_star - conf, mu_star + conf),
-                    color=colors, capsize=2)
-            ax.axvline(self.noise.get(out, 0.0), color="k", ls="--", lw=0.8)
+            bars = ax.barh(sel["factor"], mu_star, xerr=interval_errors(mu_star, mu_star - conf, mu_star + conf),
+                           color=colors, capsize=2)
+            noise = self.noise_line(out)
+            for bar, star, c in zip(bars, mu_star, conf):
+                if within_noise(star, c, noise):
+                    bar.set(hatch=NOISE_HATCH, edgecolor="white", linewidth=0)
+            if not math.isnan(noise):
+                ax.axvline(noise, color="k", ls="--", lw=0.8)
             group, metric = out.split(":")
             change = " vs " in group
             ax.set_title(f"{group}\n{_label(metric, change)}", fontsize=9)
@@ -513,8 +544,10 @@ class SensitivityResult:
         handles = [Patch(color=TORNADO_COLORS["raises"], label="raises the output"),
                    Patch(color=TORNADO_COLORS["lowers"], label="lowers it"),
                    Patch(color=TORNADO_COLORS["mixed"], label="mixed signs"),
-                   _noise_legend_entry()]
-        fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8)
+                   _noise_legend_entry(),
+                   Patch(facecolor=TORNADO_COLORS["mixed"], edgecolor="white", linewidth=0, hatch=NOISE_HATCH,
+                         label="within the seed noise (whisker reaches the line; ? in the tables)")]
+        fig.legend(handles=handles, loc="lower center", ncol=5 if ncols > 2 else 3, fontsize=8)
         what = (f"Morris mu* per input ({self.settings['trajectories']} trajectories, {self.settings['levels']} "
                 f"levels, {self.settings['rounds']} round(s) per point): mean |change| of the output across the "
                 "input's range" + (f" ({left_out} output(s) no factor moved left out)" if left_out else ""))
@@ -534,6 +567,40 @@ class SensitivityResult:
         if path is not None:
             fig.savefig(path, dpi=90)
         return fig
+
+
+NOISE_MARK = "?"
+"""Ends a table's mu* cell whose effect is within the seed noise (:func:`within_noise`)."""
+
+NOISE_HATCH = "////"
+"""The tornado's hatching of a bar whose effect is within the seed noise."""
+
+NOISE_RULE = ("within the seeds' noise: mu* less its 95% interval (mu* - conf) is at most the seeds' sd, "
+              "the tornado's dashed line (its bar hatched, its whisker reaching the line)")
+""":func:`within_noise` in words, for the printed notes and the report's captions."""
+
+
+def within_noise(mu_star: float, conf: float, noise_sd: float) -> bool:
+    """Whether an effect is within the seed noise, the one rule of the tables' ``?`` and the
+    tornado's hatching: the low end of mu*'s 95 % interval, ``mu_star - conf`` (clipped at 0, as
+    the tornado's whisker), is at most ``noise_sd``, the output's sd over the seeds of the
+    unperturbed scenario (the tornado's dashed line), so the effect cannot be told from the
+    seeds' own spread.
+
+    Args:
+        mu_star: the effect's mu*, in the output's unit (percentage points for a change).
+        conf: SALib's ``mu_star_conf`` (95 % bootstrap half-width), same unit; NaN counts as 0.
+        noise_sd: the seeds' sd of the output, same unit; NaN (one noise round: unknown) gives
+            False.
+
+    Returns:
+        False for a mu* of exactly 0 (no factor value changed the output: no effect, not noise)
+        or NaN, and where the noise is unknown.
+    """
+    if math.isnan(noise_sd) or math.isnan(mu_star) or mu_star == 0:
+        return False
+    low = max(mu_star - (0.0 if math.isnan(conf) else conf), 0.0)
+    return low <= noise_sd
 
 
 TORNADO_COLORS = {"raises": "#b2182b", "lowers": "#2166ac", "mixed": "#999999"}

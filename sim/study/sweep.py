@@ -228,6 +228,24 @@ def sweep(
     return frame
 
 
+def lead_ttft(frame: pd.DataFrame, statistic: str) -> str:
+    """The TTFT column a sweep's tables and its load figure show for ``statistic`` (``mean``,
+    ``p50``, ``p90``, ``p99``): ``later_ttft_<statistic>_s`` (turns >= 2, the turns a prefix cache
+    can serve) when any row has a later-turn TTFT, a multi-turn workload; ``ttft_<statistic>_s``
+    (all turns) when none has, a workload without later turns.
+
+    Raises:
+        ValueError: ``statistic`` names no TTFT column of ``SUMMARY_METRICS``.
+    """
+    later = f"later_ttft_{statistic}_s"
+    if later not in SUMMARY_METRICS:
+        stats = [m.removeprefix("later_ttft_").removesuffix("_s") for m in SUMMARY_METRICS
+                 if m.startswith("later_ttft_")]
+        raise ValueError(f"unknown TTFT statistic {statistic!r}; valid: {', '.join(stats)}")
+    multi_turn = later in frame and bool(frame[later].notna().any())
+    return later if multi_turn else f"ttft_{statistic}_s"
+
+
 def group_columns(frame: pd.DataFrame) -> list[str]:
     """The scenario fields that vary in ``frame`` (the columns to group rounds by)."""
     return [c for c in SCENARIO_FIELDS if c in frame and c != "seed" and frame[c].nunique(dropna=False) > 1]

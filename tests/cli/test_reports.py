@@ -17,6 +17,7 @@ from kvroute.cli.main import cli
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS
 from kvroute.sim.study.report import exact
 from kvroute.sim.study.sweep import intervals
+from tests.support.paths import ROOT
 
 SMALL = ["--chats", "6", "--turns", "2", "--workers", "2"]
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -135,6 +136,18 @@ def test_compare_report_numbers_match_an_uncertainty_run(tmp_path):
     doc = json.loads((out / "compare.json").read_text())
     assert "uncertainty" in doc
     assert compare_cells_equal_json(Page((out / "report.html").read_text()), doc) == len(SUMMARY_METRICS) * 4
+    drawn = pd.read_csv(out / "uncertainty.csv")  # the draws' runs, on their own seeds: seed + (d + 1) * rounds
+    assert list(drawn.columns) == ["policy", "round", "seed", *SUMMARY_METRICS, "draw"]
+    assert drawn[["draw", "policy", "round", "seed"]].values.tolist() == [
+        [0, "round_robin", 0, 2], [0, "round_robin", 1, 3], [0, "kv_aware", 0, 2], [0, "kv_aware", 1, 3],
+        [1, "round_robin", 0, 4], [1, "round_robin", 1, 5], [1, "kv_aware", 0, 4], [1, "kv_aware", 1, 5]]
+    # every file of the run is a row of docs/reference/cli.md's output-files table
+    cli_md = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    table = cli_md.split("## Output files", 1)[1].split("\n## ", 1)[0]
+    documented = {name for line in table.splitlines() if line.startswith("| `")
+                  for name in re.findall(r"`([^`]+)`", line.split(" | ")[0])}
+    written = {re.sub(r"vllm-bench-\w+\.json", "vllm-bench-<policy>.json", p.name) for p in out.iterdir()}
+    assert written - documented == set()
 
 
 def test_compare_report_holds_the_stage_table_of_a_staged_workload(tmp_path):
@@ -177,6 +190,9 @@ def test_sweep_report_tables_are_the_rows(tmp_path):
     page = Page((tmp_path / "sweep.report.html").read_text())
     assert_self_contained(page)
     assert len(page.images) == 1  # the load curve
+    assert ("Goodput (TTFT &lt;= 2.0 s and TPOT &lt;= 0.1 s), TTFT p50 and p90 (turns &gt;= 2, as the tables) and "
+            "output throughput against offered load (error bars: 95% interval over rounds, as the tables)"
+            in (tmp_path / "sweep.report.html").read_text())
     rows = pd.read_parquet(out)
     for metric in ("time_to_complete_s", "hit_rate"):
         iv = intervals(rows, [metric])

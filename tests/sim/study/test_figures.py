@@ -169,3 +169,72 @@ def test_the_kv_capacity_legend_is_outside_the_kv_panel():
     assert legend.y1 <= kv.get_window_extent(renderer).y0  # below the panel: no stacked area under it
     for ax in fig.axes:  # and over no other panel
         assert not legend.overlaps(ax.get_window_extent(renderer)), ax.get_title()
+
+
+LATER_TTFT = ["later_ttft_mean_s", "later_ttft_p50_s", "later_ttft_p90_s", "later_ttft_p99_s"]
+
+
+def _bars(container) -> list[tuple[float, float]]:
+    """An errorbar container's bars as ``(low, high)`` per point, in drawing order."""
+    _data, _caps, (bars,) = container.lines
+    return [(float(seg[0, 1]), float(seg[1, 1])) for seg in bars.get_segments()]
+
+
+@pytest.fixture(scope="module")
+def three_round_rows():
+    """Load rows whose every round has later turns (``load_rows``' second round has none)."""
+    base = Scenario(workload="agent", chats=4, turns=3, workers=2, history=(2000, 8000))
+    return sweep(grid(base, request_rate=[0.5, 16], policy=["round_robin", "kv_aware"]), rounds=3,
+                 executor="sequential", progress=False)
+
+
+def test_load_figure_shows_the_tables_ttft_with_their_intervals_and_names_it(three_round_rows):
+    from kvroute.sim.study.sweep import intervals, lead_ttft
+
+    load_rows = three_round_rows
+    fig = load_figure(load_rows)
+    assert [ax.get_title() for ax in fig.axes] == [
+        "goodput (share of requests in SLO)\nin SLO: TTFT <= 2.0 s and TPOT <= 0.1 s",
+        "TTFT p50, turns >= 2 (s)", "TTFT p90, turns >= 2 (s)", "output throughput (tok/s)"]
+    assert lead_ttft(load_rows, "p90") == "later_ttft_p90_s"
+    iv = intervals(load_rows, ["later_ttft_p90_s"])  # the sweep table's rows: mean and 95 % interval
+    p90 = fig.axes[2]
+    for container in p90.containers:
+        want = iv[iv["policy"] == container.get_label()].sort_values("request_rate")
+        data = container.lines[0]
+        assert data.get_ydata().tolist() == want["later_ttft_p90_s"].tolist()
+        assert _bars(container) == list(zip(want["later_ttft_p90_s_low"], want["later_ttft_p90_s_high"]))
+    # the legend is the figure's, under the panels: none sits inside a panel on the curves
+    assert [ax.get_legend() for ax in fig.axes] == [None] * 4
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["round_robin", "kv_aware"]
+    assert legend.get_window_extent().y1 < min(ax.get_tightbbox().y0 for ax in fig.axes)  # below the x labels too
+
+
+def test_load_figure_of_a_workload_without_later_turns_shows_all_turns(load_rows):
+    single = load_rows.assign(**{m: math.nan for m in LATER_TTFT}, slo_ttft_s=0.5, slo_tpot_s=0.05)
+    fig = load_figure(single)
+    assert [ax.get_title() for ax in fig.axes] == [
+        "goodput (share of requests in SLO)\nin SLO: TTFT <= 0.5 s and TPOT <= 0.05 s",
+        "TTFT p50 (s)", "TTFT p90 (s)", "output throughput (tok/s)"]
+    kv = next(c for c in fig.axes[2].containers if c.get_label() == "kv_aware")
+    rows = single[single["policy"] == "kv_aware"]
+    assert kv.lines[0].get_ydata().tolist() == rows.groupby("request_rate")["ttft_p90_s"].mean().tolist()
+
+
+def test_load_figure_refuses_rows_of_several_goodput_bounds(load_rows):
+    mixed = load_rows.assign(slo_ttft_s=[1.0 if i % 2 else 2.0 for i in range(len(load_rows))])
+    with pytest.raises(ValueError, match=r"2 goodput bounds \(TTFT <= 2.0 s, TPOT <= 0.1 s; TTFT <= 1.0 s, "
+                                         r"TPOT <= 0.1 s\): draw one at a time"):
+        load_figure(mixed)
+
+
+def test_lead_ttft_is_later_turns_when_any_row_has_one():
+    from kvroute.sim.study.sweep import lead_ttft
+
+    multi = pd.DataFrame({"later_ttft_mean_s": [math.nan, 0.3], "ttft_mean_s": [0.1, 0.2]})
+    assert lead_ttft(multi, "mean") == "later_ttft_mean_s"
+    assert lead_ttft(multi.assign(later_ttft_mean_s=math.nan), "mean") == "ttft_mean_s"
+    assert lead_ttft(pd.DataFrame({"ttft_p50_s": [0.1]}), "p50") == "ttft_p50_s"
+    with pytest.raises(ValueError, match="unknown TTFT statistic 'p95'; valid: mean, p50, p90, p99"):
+        lead_ttft(multi, "p95")

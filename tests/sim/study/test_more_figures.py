@@ -134,8 +134,51 @@ def test_tornado_names_the_scenario_and_gives_mu_star_its_unit():
         noise = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
         assert len(noise) == 1 and list(noise[0].get_xdata()) == [0.25, 0.25]
     # the legend says what the colours and the dashed line mean
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["raises the output", "lowers it", "mixed signs",
-                                                                  "seed noise (sd)"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "raises the output", "lowers it", "mixed signs", "seed noise (sd)",
+        "within the seed noise (whisker reaches the line; ? in the tables)"]
+
+
+def test_effects_within_the_seed_noise_are_hatched_on_the_tornado_and_marked_in_the_tables():
+    """One rule (sensitivity.within_noise): c's mu* 0.6 less its conf 0.8 reaches the noise line
+    0.25; a (2.0 - 1.5 = 0.5) and b (1.0 - 0.2 = 0.8) stand clear of it."""
+    result = _result()
+    for ax in result.figure().axes:
+        hatches = {label.get_text(): patch.get_hatch() for label, patch in zip(ax.get_yticklabels(), ax.patches)}
+        assert hatches == {"a": None, "b": None, "c": "////"}, ax.get_title()
+    assert result.format_table("x").splitlines() == [
+        "x: mu* per factor (effect of crossing its range)",
+        "factor             range      time to complete (s)  hit rate",
+        "-----------------  ---------  --------------------  --------",
+        "at the base point  (seed sd)              1 (0.25)  1 (0.25)",
+        "a                  0..1 s                       +2        +2",
+        "b                  1..2 x                       -1        -1",
+        "c                  0..0.5                    ~0.6?     ~0.6?",
+    ]
+    (table, *_rest) = result.report_tables()
+    assert [row[-1].text for row in table.rows[1:]] == ["+2", "-1", "~0.6?"]
+    assert "? within the seeds' noise: mu* less its 95% interval (mu* - conf) is at most the seeds' sd" in table.caption
+
+
+def test_within_noise_compares_the_low_end_of_mu_stars_interval_with_the_seeds_sd():
+    from kvroute.sim.study.sensitivity import within_noise
+
+    # the fresh-user trial's cell: round_robin later-turn TTFT mean, step_overhead_s
+    assert within_noise(0.6534555896224712, 0.6315757954520161, 0.3944611703245579) is True
+    assert within_noise(1.62, 0.3, 0.394) is False  # 1.32 clear of 0.394
+    assert within_noise(0.394, 0.0, 0.394) is True  # at the line
+    assert within_noise(0.0, 0.0, 0.01) is False  # nothing moved: no effect, not noise
+    assert within_noise(0.3, math.nan, 0.394) is True  # no interval: mu* itself
+    assert within_noise(0.3, 0.1, math.nan) is False  # one noise round: unknown
+
+
+def test_tornado_leaves_out_the_panel_of_an_output_no_factor_moved_for_one_group():
+    result = _result()
+    result.indices.loc[result.indices["output"] == "y vs x:time_to_complete_s", ["mu", "mu_star", "mu_star_conf"]] = 0.0
+    fig = result.figure()
+    assert [ax.get_title() for ax in fig.axes] == ["x\ntime to complete (s)", "x\nhit rate"]
+    assert "(1 output(s) no factor moved left out)" in fig._suptitle.get_text()
+    assert len(result.figure(outputs=result.outputs).axes) == 3  # asked for: drawn
 
 
 def test_sensitivity_writes_each_format_and_a_report_whose_numbers_are_the_runs(tmp_path):

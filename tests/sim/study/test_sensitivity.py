@@ -126,6 +126,9 @@ def test_cli_writes_the_table_json_and_tornado(tmp_path):
     assert result.exit_code == 0, result.output
     assert "overheads.api_server_s" in result.output and "kv_aware vs round_robin (change: %, pp for a share)" in result.output
     assert "hit rate change pp" in result.output
+    assert ("~ mixed signs; ? within the seeds' noise: mu* less its 95% interval (mu* - conf) is at most the seeds' "
+            "sd, the tornado's dashed line (its bar hatched, its whisker reaching the line). Seed sd: 2 seeds of the "
+            "unperturbed scenario.") in result.output
     doc = json.loads((out / "sensitivity.json").read_text())
     assert [f["name"] for f in doc["factors"]] == ["overheads.api_server_s", "overheads.gateway_s",
                                                    "overheads.jitter_cv", "arrival_spread_s"]

@@ -326,9 +326,28 @@ def test_sweep_leaves_out_tables_no_run_has_a_value_and_says_why(tmp_path):
     trace = tmp_path / "flat.jsonl"  # Mooncake records without sessions: no later turns
     trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 600, "output_length": 8,
                                          "hash_ids": [i, 1000 + i]}) + "\n" for i in range(6)))
-    out = CliRunner().invoke(cli, ["sweep", "--trace", str(trace), "--workers", "1,2", "--policies", "round_robin",
-                                   "--rounds", "1", "--no-progress"], catch_exceptions=False).output
+    args = ["sweep", "--trace", str(trace), "--workers", "1,2", "--policies", "round_robin", "--rounds", "1",
+            "--no-progress"]
+    out = CliRunner().invoke(cli, [*args, "--show", "time_to_complete_s,later_ttft_mean_s,later_ttft_p90_s,hit_rate"],
+                             catch_exceptions=False).output
     assert "time to complete" in out and "hit rate" in out
     assert "TTFT mean, turns >= 2" not in out
     assert ("not shown, no run has a value: later_ttft_mean_s, later_ttft_p90_s (the trace has no later turns)"
             in out)
+
+
+def test_sweep_default_tables_show_all_turn_ttft_without_later_turns(tmp_path):
+    """Without --show the TTFT tables follow sweep.lead_ttft, as the load figure: all turns here."""
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import cli
+
+    trace = tmp_path / "flat.jsonl"  # Mooncake records without sessions: no later turns
+    trace.write_text("".join(json.dumps({"timestamp": 100 * i, "input_length": 600, "output_length": 8,
+                                         "hash_ids": [i, 1000 + i]}) + "\n" for i in range(6)))
+    out = CliRunner().invoke(cli, ["sweep", "--trace", str(trace), "--workers", "1,2", "--policies", "round_robin",
+                                   "--rounds", "1", "--no-progress"], catch_exceptions=False).output
+    assert out.startswith("2 scenario(s) x 1 round(s) on executor local\n")
+    tables = [block.split("\n")[0] for block in out.split("\n", 1)[1].split("\n\n")]
+    assert tables[:4] == ["time to complete (s)", "TTFT mean (s)", "TTFT p90 (s)", "hit rate (cached/prompt tokens)"]
+    assert "not shown" not in out and "turns >= 2" not in out
