@@ -295,6 +295,14 @@ def _kv_capacity_line(ax, capacity: int, peak: float) -> float:
     return max(peak, capacity) if in_view else (peak if peak > 0 else capacity * 0.01)
 
 
+def _fullest_worker(series: pd.DataFrame) -> str:
+    """Which worker came nearest its own KV capacity and how near (``vllm:kv_cache_usage_perc``'s
+    peak over its steps): the stacked panel shows the cluster, where one full worker hides."""
+    peaks = series.groupby("worker")["vllm:kv_cache_usage_perc"].max()
+    worker = int(peaks.idxmax())
+    return f"fullest: worker {worker}, {100 * float(peaks[worker]):.1f} % of its blocks at peak"
+
+
 def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200,
                   kv_capacity: int | None = None) -> Figure:
     """One run's per-worker time series as a figure: one panel per metric, stacked per worker.
@@ -308,7 +316,8 @@ def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200,
     stack) with the cluster's in black. The KV panel draws the cluster's KV capacity (the sum of
     the workers' usable blocks) as a dashed line and a right axis in percent of it (the axis
     reaches the line from a peak use of ``KV_CAPACITY_IN_VIEW`` on; below, the legend names it),
-    with its legend under the panel.
+    with its legend under the panel; with several workers its title names the fullest worker and
+    its peak use of its own blocks (one full worker hides in the cluster's stack).
 
     Args:
         series: ONE run's rows (``RunResult.series``, or ``Comparison.series()`` filtered to one
@@ -371,6 +380,8 @@ def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200,
                     ax.plot(edges, hits[i] / queries[i], lw=1.0, ls=("-", "--", ":", "-.")[i % 4], label=labels[i])
                 ax.plot(edges, hits.sum(0) / queries.sum(0), color="black", lw=2.0, label="cluster")
             ax.set_ylim(-0.02, 1.02)
+        if column == "kv_blocks_used" and len(workers) > 1:
+            label = f"{label} ({_fullest_worker(series)})"
         ax.set_title(label, fontsize=9)
         ax.set_ylabel(unit, fontsize=8)
         ax.grid(alpha=0.3)

@@ -112,8 +112,12 @@ def test_series_figure_leaves_out_empty_preemptions_and_draws_kv_capacity():
     assert calm["vllm:num_preemptions"].sum() == 0
     fig = series_figure(calm, title=scenario_title(HEADER, (), "round_robin, round 0"))
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert "preemptions (cumulative)" not in titles and "KV blocks used" in titles
-    kv = next(ax for ax in fig.axes if ax.get_title() == "KV blocks used")
+    assert "preemptions (cumulative)" not in titles
+    kv = next(ax for ax in fig.axes if ax.get_title().startswith("KV blocks used"))
+    peaks = calm.groupby("worker")["vllm:kv_cache_usage_perc"].max()
+    fullest = int(peaks.idxmax())
+    assert kv.get_title() == (f"KV blocks used (fullest: worker {fullest}, {100 * peaks[fullest]:.1f} % of its blocks "
+                              "at peak)")
     capacity = 2 * (profile.engine.num_gpu_blocks - 1)
     assert kv_capacity_blocks(calm) == {0: profile.engine.num_gpu_blocks - 1, 1: profile.engine.num_gpu_blocks - 1}
     (line,) = [ln for ln in kv.get_lines() if ln.get_label().startswith("KV capacity")]
@@ -127,7 +131,10 @@ def test_series_figure_leaves_out_empty_preemptions_and_draws_kv_capacity():
     assert tight["vllm:num_preemptions"].sum() > 0
     fig = series_figure(tight)
     assert "preemptions (cumulative)" in [ax.get_title() for ax in fig.axes]
-    kv = next(ax for ax in fig.axes if ax.get_title() == "KV blocks used")
+    kv = next(ax for ax in fig.axes if ax.get_title().startswith("KV blocks used"))
+    peaks = tight.groupby("worker")["vllm:kv_cache_usage_perc"].max()  # preempting: one worker near full
+    assert peaks.max() > 0.99 and kv.get_title() == (f"KV blocks used (fullest: worker {int(peaks.idxmax())}, "
+                                                     f"{100 * peaks.max():.1f} % of its blocks at peak)")
     (line,) = [ln for ln in kv.get_lines() if ln.get_label().startswith("KV capacity")]
     assert line.get_label() == "KV capacity (398 blocks)" and kv.get_ylim()[1] >= 398
 
@@ -164,7 +171,7 @@ def test_the_kv_capacity_legend_is_outside_the_kv_panel():
     FigureCanvasAgg(fig)
     renderer = fig.canvas.get_renderer()
     fig.draw(renderer)
-    kv = next(ax for ax in fig.axes if ax.get_title() == "KV blocks used")
+    kv = next(ax for ax in fig.axes if ax.get_title().startswith("KV blocks used"))
     legend = kv.get_legend().get_window_extent(renderer)
     assert legend.y1 <= kv.get_window_extent(renderer).y0  # below the panel: no stacked area under it
     for ax in fig.axes:  # and over no other panel
