@@ -142,7 +142,7 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "sensitivity.json").write_text(json.dumps(result.to_dict(), indent=2))
-        result.indices.to_csv(out / "indices.csv", index=False)
+        result.marked_indices().to_csv(out / "indices.csv", index=False)
         result.samples.to_csv(out / "samples.csv", index=False)
         figure_names = _write_figure_and_report(result, out, header, note, figure_formats, scenario, profile)
         if not json_out:

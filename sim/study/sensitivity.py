@@ -376,6 +376,13 @@ class SensitivityResult:
         row = self.indices[(self.indices["output"] == output) & (self.indices["factor"] == factor)].iloc[0]
         return within_noise(row["mu_star"], row["mu_star_conf"], self.noise_line(output))
 
+    def marked_indices(self) -> pd.DataFrame:
+        """``indices`` with a ``within_noise`` column (:func:`within_noise` of each row: the
+        tables' ``?`` and the tornado's hatched bars), as ``indices.csv`` and the JSON give them."""
+        return self.indices.assign(within_noise=[
+            within_noise(row["mu_star"], row["mu_star_conf"], self.noise_line(row["output"]))
+            for row in self.indices.to_dict("records")])
+
     def _cell(self, output: str, row) -> str:
         """A table cell: the signed mu* (:func:`_signed`), with ``?`` when within the seed noise."""
         noisy = within_noise(row["mu_star"], row["mu_star_conf"], self.noise_line(output))
@@ -449,7 +456,8 @@ class SensitivityResult:
         return tables
 
     def to_dict(self) -> dict:
-        """A JSON-ready dict: settings, factors (with ranges and sources), base, noise, indices."""
+        """A JSON-ready dict: settings, factors (with ranges and sources), base, noise, indices
+        (:meth:`marked_indices`, each row's ``within_noise`` a bool)."""
         return {
             "settings": self.settings,
             "policies": self.policies,
@@ -458,7 +466,7 @@ class SensitivityResult:
             "base": {k: _num(v) for k, v in self.base.items()},
             "noise_sd": {k: _num(v) for k, v in self.noise.items()},
             "indices": [{k: (_num(v) if isinstance(v, float) else v) for k, v in row.items()}
-                        for row in self.indices.to_dict("records")],
+                        for row in self.marked_indices().to_dict("records")],
         }
 
     def scenario_text(self) -> str:

@@ -1,6 +1,7 @@
 """Sensitivity (Morris screening): factors and their ranges, ranking, determinism, CLI."""
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -133,6 +134,17 @@ def test_cli_writes_the_table_json_and_tornado(tmp_path):
     assert [f["name"] for f in doc["factors"]] == ["overheads.api_server_s", "overheads.gateway_s",
                                                    "overheads.jitter_cv", "arrival_spread_s"]
     assert (out / "tornado.png").stat().st_size > 0
+    # the tables' ? per row, in the JSON and indices.csv: the one rule's verdict on each row's numbers
+    from kvroute.sim.study.sensitivity import within_noise
+
+    for row in doc["indices"]:
+        want = within_noise(*(math.nan if row[k] is None else row[k] for k in ("mu_star", "mu_star_conf")),
+                            math.nan if doc["noise_sd"][row["output"]] is None else doc["noise_sd"][row["output"]])
+        assert row["within_noise"] is want, row
+    import pandas as pd
+
+    csv = pd.read_csv(out / "indices.csv")
+    assert csv["within_noise"].tolist() == [row["within_noise"] for row in doc["indices"]]
     bad = CliRunner().invoke(cli, ["sensitivity", "--spread-range", "0.1:0"])
     assert bad.exit_code != 0 and "Invalid value for '--spread-range': LOW must be below HIGH, got '0.1:0'" in bad.output
 
