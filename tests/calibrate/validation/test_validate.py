@@ -1906,3 +1906,20 @@ def test_no_speed_hint_when_the_profile_is_another_models():
     assert any(n.startswith("the measured times are x") for n in report_dict(v)["notes"])
     v.servers[:] = [dataclasses.replace(s, model="opt-125m", model_root="/cache/opt-125m") for s in v.servers]
     assert not any(n.startswith("the measured times are x") for n in report_dict(v)["notes"])
+
+
+def test_a_prediction_outside_the_live_range_says_on_which_side_and_shows_digits_that_differ():
+    """Three decimals showed a predicted 0.02652 s against live rounds of 0.02736-0.02804 s as
+    0.027 against 0.027 - 0.028 with "no" beside it; the cell now says below, and by how much."""
+    from kvroute.calibrate.validation.validate_render import _live_range_cell, markdown_table
+    from kvroute.sim.study.report import Table
+
+    def cell(predicted, low, high, flag):
+        return _live_range_cell({"predicted": predicted, "measured_min": low, "measured_max": high,
+                                 "predicted_inside_live_range": flag})
+
+    assert cell(0.02652, 0.02736, 0.02804, False).text == "no: below (0.02652 < 0.02736)"
+    assert cell(2.5, 1.6, 1.9, False).text == "no: above"  # 2.500 against 1.900: the digits differ
+    assert cell(1.7, 1.6, 1.9, True).text == "yes" and cell(None, 1.6, 1.9, None).text == "-"
+    table = Table("t", ["prediction in live range"], [[cell(2.5, 1.6, 1.9, False)]])
+    assert markdown_table(table)[-1] == "| **no: above** |"
