@@ -19,7 +19,7 @@ from kvroute.cli.serve_command import SERVE_VALUES, serve
 from kvroute.cli.signals import stops_on_sigterm
 from kvroute.cli.values import Cores, Number, check_urls, check_values, token_id_range
 from kvroute.traces.inputs import MAX_TOKENS, SEED, TOKENS, Num
-from kvroute.traces.outputs import check_output, new_dirs_removed_on_failure, write_text_atomic
+from kvroute.traces.outputs import check_output, new_dirs_removed_on_failure
 
 
 # --------------------------------------------------------------------------------------------
@@ -176,37 +176,6 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
                    "measure --hardware names it", err=True)
     if summary.events_problem:
         click.echo(f"warning: {summary.events_problem}; no request was timed in the engine", err=True)
-    with pinned(client_cores):
-        _probe_after_sweep(list(urls), out, model, seed)
-
-
-def _probe_after_sweep(urls: list[str], out: Path, model, seed: int) -> None:
-    """The speed probe right after the sweep (``kvroute.calibrate.validation.probe``), written to
-    ``out/probe.json`` (``probe.calibration_probe``): ``calibrate fit`` keeps it in the profile and
-    ``validate --speed-probes`` measures the host's drift against it on the same servers. A probe
-    that fails is a warning: the sweep stands without it."""
-    import asyncio
-    import json
-    from datetime import datetime, timezone
-
-    from kvroute.calibrate.live.client import CalibrationError
-    from kvroute.calibrate.validation.probe import calibration_probe, probe_samples
-    from kvroute.calibrate.validation.validate import probe_text
-
-    taken = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    try:
-        samples = asyncio.run(probe_samples(urls, seed, model=model,
-                                            warn=lambda msg: click.echo(f"warning: {msg}", err=True)))
-    except (OSError, CalibrationError, ValueError) as exc:
-        click.echo(f"warning: the speed probe after the sweep failed ({exc}); validate --speed-probes will take "
-                   "the host's drift against the profile's prediction of the probe", err=True)
-        return
-    if not samples.get("ttft_s") or not samples.get("itl_s"):
-        click.echo("warning: the speed probe after the sweep timed no request; not written", err=True)
-        return
-    write_text_atomic(out / "probe.json", json.dumps(calibration_probe(samples, urls, taken), indent=2) + "\n")
-    click.echo(f"speed probe after the sweep: {probe_text(samples)} -> {out / 'probe.json'} (calibrate fit keeps it "
-               "in the profile; validate --speed-probes measures the host's drift against it)")
 
 
 def _serve_command(given, num_servers: int, longest: int | None) -> str:

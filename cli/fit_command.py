@@ -205,7 +205,6 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
     cap_admission(doc["overheads"])
     burst_text = (_fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline,
                               api_cores == "own", api_contention, client_core, stamp, step_s) if bursts else None)
-    _keep_calibration_probe(doc, run_dirs)
     try:  # the simulator must accept what is written: checked before writing it
         profile_from_dict(json.loads(json.dumps(doc)), str(out))
     except ValueError as exc:
@@ -351,24 +350,3 @@ def _model_doc(root: str) -> dict:
             "num_key_value_heads": "num_kv_heads", "intermediate_size": "intermediate_size", "vocab_size": "vocab_size",
             "torch_dtype": "dtype", "dtype": "dtype", "architectures": "architectures"}
     return {v: c[k] for k, v in keys.items() if k in c}
-
-
-def _keep_calibration_probe(doc: dict, run_dirs) -> None:
-    """Keep in the profile (``provenance.calibration_probe``) the speed probe ``calibrate measure``
-    took right after its sweep (``probe.json``): of the last of ``run_dirs`` that has one, the
-    latest probe of a pooled fit. ``validate --speed-probes`` on the same servers measures the
-    host's drift against it. A probe file that does not parse is a warning."""
-    for run_dir in reversed(list(run_dirs)):
-        path = Path(run_dir) / "probe.json"
-        if not path.exists():
-            continue
-        try:
-            probe = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            click.echo(f"warning: {path}: not read ({exc}); the profile holds no calibration probe", err=True)
-            return
-        if not isinstance(probe, dict) or not isinstance(probe.get("samples"), dict):
-            click.echo(f"warning: {path}: no 'samples' object; the profile holds no calibration probe", err=True)
-            return
-        doc.setdefault("provenance", {})["calibration_probe"] = probe
-        return

@@ -163,19 +163,11 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
             if not 0.0 <= client_lag <= 1e9:
                 raise click.BadParameter(f"must be a finite number >= 0 (seconds) or 'measured', got {client_lag!r}",
                                          param_hint="'--client-lag'")
-        reference = None
-        if speed_probes:  # the drift against the probe of the profile's own calibration, on these servers
-            from kvroute.calibrate.validation.probe import calibration_reference
-
-            reference, why = calibration_reference(profile.raw, list(urls))
-            click.echo(f"note: speed drift against {why}" if reference is not None else f"note: {why}; the "
-                       "host's speed drift is taken against the profile's prediction of the probe", err=True)
         spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread_s, router_block_tokens,
                               timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
                               prior_range, live_rounds=live_rounds, record_tokens=record_tokens,
                               kv_event_endpoints=tuple(kv_events), interval_level=interval_level,
-                              speed_probes=speed_probes, probe_reference=reference, speed_scale=speed_scale,
-                              run_to_run_prior=run_to_run_prior)
+                              speed_probes=speed_probes, speed_scale=speed_scale, run_to_run_prior=run_to_run_prior)
         try:
             with pinned(client_cores):
                 result = run_validation(trace, profile, spec, progress=lambda m: click.echo(m, err=True))

@@ -331,30 +331,3 @@ def drifts_against(before: dict[str, list[float]] | None, after: dict[str, list[
         return {}, None, label
     reference = predicted_probe(cluster, reps, seed=seed)
     return drifts(before, after, reference, label), reference, label
-
-
-def calibration_probe(samples: dict[str, list[float]], urls: list[str], taken_utc: str, reps: int = PROBE_REPS) -> dict:
-    """The probe taken right after a calibration sweep, as ``calibrate measure`` writes it
-    (``probe.json``) and ``calibrate fit`` keeps it in the profile (``provenance.calibration_probe``):
-    its ``samples`` (:func:`probe_samples`), the server ``urls`` it timed, when (``taken_utc``, ISO
-    8601) and its requests per server one at a time (``reps``)."""
-    return {"taken_utc": taken_utc, "urls": list(urls), "reps": reps, "samples": samples}
-
-
-def calibration_reference(profile_raw: dict | None, urls: list[str]) -> tuple[dict[str, list[float]] | None, str]:
-    """The probe a profile's calibration took right after its sweep (``provenance.calibration_probe``),
-    as the reference ``validate`` measures the host's drift against, when it timed the same servers
-    (the same set of ``urls``): ``(samples, note)``; ``(None, why)`` when the profile has none or it
-    timed other servers (then the drift is taken against the profile's prediction of the probe)."""
-    provenance = (profile_raw or {}).get("provenance") if isinstance(profile_raw, dict) else None
-    probe = (provenance or {}).get("calibration_probe") if isinstance(provenance, dict) else None
-    if not isinstance(probe, dict) or not isinstance(probe.get("samples"), dict):
-        return None, "the profile holds no calibration probe"
-    theirs = sorted(str(u).rstrip("/") for u in probe.get("urls") or [])
-    if theirs != sorted(str(u).rstrip("/") for u in urls):
-        return None, (f"the profile's calibration probe timed other servers ({', '.join(theirs) or 'none named'}), "
-                      "so it is not used")
-    samples = {q: [float(x) for x in v] for q, v in probe["samples"].items() if q in PROBE_QUANTITIES and v}
-    if not samples.get("ttft_s") or not samples.get("itl_s"):
-        return None, "the profile's calibration probe has no timed request"
-    return samples, f"the probe taken right after the profile's calibration sweep ({probe.get('taken_utc', '?')})"

@@ -154,22 +154,6 @@ def test_the_speed_probe_on_live_servers_and_the_profile_rescaled_to_it(servers)
     assert 0 <= scale.residual < 1.0 and "ttft 2" in scale.source
 
 
-def test_measure_probes_the_servers_after_its_sweep_for_validate_to_measure_drift_against(servers, tmp_path):
-    """``calibrate measure``'s last step: the speed probe on the same servers, in ``probe.json``,
-    which a profile fitted from the sweep carries and ``validate`` reads back for these servers."""
-    from kvroute.calibrate.validation.probe import PROBE_QUANTITIES, calibration_reference
-    from kvroute.cli.calibrate_commands import _probe_after_sweep
-
-    urls = [s.url for s in servers]
-    _probe_after_sweep(urls, tmp_path, None, 4)
-    probe = json.loads((tmp_path / "probe.json").read_text())
-    assert probe["urls"] == urls and probe["reps"] == 3 and probe["taken_utc"].endswith("+00:00")
-    assert {q: len(v) for q, v in probe["samples"].items()} == {
-        "ttft_s": 6, "itl_s": 6, "long_ttft_s": 2, "long_itl_s": 2, "burst_ttft_s": 8, "burst_itl_s": 8}
-    samples, why = calibration_reference({"provenance": {"calibration_probe": probe}}, urls)
-    assert set(samples) == set(PROBE_QUANTITIES) and why.startswith("the probe taken right after")
-
-
 def _successes(url: str) -> float:
     """``vllm:request_success_total`` of the server at ``url``, summed over its labels."""
     import urllib.request
