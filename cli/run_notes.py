@@ -117,7 +117,7 @@ def kv_turnover_note(comparison, block_size: int) -> str:
     cached block when it hands the block out again, ``num_evictions``), how many and how many
     times over; the hit rate and TTFT then depend on KV memory, which the preemption row does
     not show. ``block_size``: tokens per block."""
-    parts, held = [], 0
+    parts = []
     for policy in comparison.policies:
         runs = comparison.runs.get(policy) or []
         if not runs:
@@ -126,15 +126,15 @@ def kv_turnover_note(comparison, block_size: int) -> str:
         held = sum(int(w["num_gpu_blocks"]) for w in rows[0])
         evicted = sum(sum(int(w["num_evictions"]) for w in r) for r in rows) / len(rows)
         if held and evicted >= TURNOVER_NOTE * held:
-            parts.append((policy, evicted, evicted / held))
+            parts.append((policy, evicted, evicted / held, held))
     if not parts:
         return ""
-    (policy, evicted, times), rest = parts[0], parts[1:]
+    (policy, evicted, times, held), rest = parts[0], parts[1:]
     text = (f"Note: the KV cache turned over: per run (mean over rounds) the workers evicted {evicted:,.0f} cached "
             f"blocks under {policy}, {times:.1f} times the {held:,} blocks of {block_size} tokens they hold "
             f"({held * block_size:,} tokens)")
     text += "".join(f"{', and' if k == len(rest) - 1 else ','} {e:,.0f} under {p} ({t:.1f} times)"
-                    for k, (p, e, t) in enumerate(rest))
+                    for k, (p, e, t, _) in enumerate(rest))
     return (text + ". Where a later request reuses an evicted prefix it is computed again, so hit rates and TTFT "
             "can depend on KV memory (try --kv-blocks or --workers); the preemption row counts only requests "
             "pushed out while running. Each worker's KV use over time: --time-series.")
