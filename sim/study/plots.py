@@ -161,7 +161,10 @@ def slo_text(frame: pd.DataFrame) -> str:
 
 
 def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | None = None) -> Figure:
-    """Goodput, TTFT p50/p90 and output throughput against offered load, one line per policy.
+    """Goodput, TTFT p50/p90 and output throughput against offered load, one line per policy and
+    per combination of the other settings the rows sweep (``sweep.group_columns``: workers, KV
+    blocks, ...; colour is the policy, line style and marker the setting, named in the legend), so
+    no point pools runs of different settings.
 
     The TTFT panels show the measure the sweep's tables show (:func:`load_panels`), each panel is
     titled with its metric's ``SUMMARY_METRICS`` label (the goodput panel also with its SLO
@@ -184,7 +187,7 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
         ValueError: no row has a ``request_rate``; or as :func:`slo_text`.
     """
     from kvroute.sim.cluster.metrics import METRIC_BOUNDS, SUMMARY_METRICS
-    from kvroute.sim.study.sweep import intervals
+    from kvroute.sim.study.sweep import group_columns, intervals
 
     rows = frame[frame["request_rate"].notna()] if "request_rate" in frame else frame.iloc[0:0]
     if rows.empty:
@@ -192,20 +195,29 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
     slo = slo_text(rows)
     rows = rows.assign(request_rate=rows["request_rate"].astype(float))
     panels = load_panels(rows)
-    iv = intervals(rows, panels, by=["policy", "request_rate"])  # failed runs left out, as the tables
+    # other swept settings (workers, KV blocks, ...) get lines of their own, not a pooled mean
+    settings = [c for c in group_columns(rows) if c not in ("policy", "request_rate")]
+    iv = intervals(rows, panels, by=["policy", *settings, "request_rate"])  # failed runs left out, as the tables
     colors = colors or policy_colors(rows["policy"].drop_duplicates())
     names = short_names(rows["policy"])
+    variants = list(dict.fromkeys(iv[settings].itertuples(index=False, name=None))) if settings else [()]
     fig = Figure(figsize=(13, 4.4))
     axes = fig.subplots(1, len(panels))
-    for policy, group in iv.groupby("policy", sort=False):
+    for key, group in iv.groupby(["policy", *settings], sort=False):
+        policy, values = key[0], tuple(key[1:])
         group = group.sort_values("request_rate")
         style = series_style(str(policy), colors)
+        label = names[str(policy)]
+        if settings:
+            k = variants.index(values)
+            style |= {"ls": SETTING_LINES[k % len(SETTING_LINES)], "marker": SETTING_MARKERS[k % len(SETTING_MARKERS)]}
+            label += ", " + ", ".join(f"{c}={_setting_text(v)}" for c, v in zip(settings, values))
         for ax, metric in zip(axes, panels):
             lower, upper = METRIC_BOUNDS[metric]
             ax.errorbar(group["request_rate"], group[metric],
                         yerr=interval_errors(group[metric], group[f"{metric}_low"], group[f"{metric}_high"],
                                              lower, upper),
-                        capsize=2, label=names[str(policy)], **style)
+                        capsize=2, label=label, **style)
     rates = rows["request_rate"].unique()
     for ax, metric in zip(axes, panels):
         if not log_axis_if_spread(ax, rates):
@@ -220,11 +232,29 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
     axes[0].set_ylim(-0.02, 1.02)
     handles, labels = axes[0].get_legend_handles_labels()
     # under the panels: a legend inside one sat on its curves
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), LEGEND_COLUMNS), fontsize=9, frameon=False)
     if title:
         figure_title(fig, title)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    legend_rows = -(-len(labels) // LEGEND_COLUMNS)
+    fig.tight_layout(rect=(0, 0.06 * legend_rows, 1, 1))
     return fig
+
+
+SETTING_LINES = ("-", "--", ":", "-.")
+"""Line styles of :func:`load_figure`'s series by the other swept settings (colour is the policy's)."""
+
+SETTING_MARKERS = ("o", "s", "^", "D", "v")
+"""Markers of :func:`load_figure`'s series by the other swept settings."""
+
+LEGEND_COLUMNS = 6
+"""Most entries per row of :func:`load_figure`'s legend (more rows below the panels)."""
+
+
+def _setting_text(value) -> str:
+    """A swept setting's value as a legend shows it: ``8`` for ``8.0``, text as given."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def plot_load_curve(frame: pd.DataFrame, path: str | Path, title: str = "",

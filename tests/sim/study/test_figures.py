@@ -245,3 +245,21 @@ def test_lead_ttft_is_later_turns_when_any_row_has_one():
     assert lead_ttft(pd.DataFrame({"ttft_p50_s": [0.1]}), "p50") == "ttft_p50_s"
     with pytest.raises(ValueError, match="unknown TTFT statistic 'p95'; valid: mean, p50, p90, p99"):
         lead_ttft(multi, "p95")
+
+
+def test_load_figure_draws_each_other_swept_setting_as_its_own_line_not_a_pooled_mean():
+    from kvroute.sim.study.sweep import intervals
+
+    base = Scenario(workload="agent", chats=3, turns=2, history=(2000, 3000))
+    rows = sweep(grid(base, request_rate=[0.5, 2], workers=[1, 2], policy=["round_robin"]), rounds=1,
+                 executor="sequential", progress=False)
+    fig = load_figure(rows)
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["round_robin, workers=1", "round_robin, workers=2"]
+    throughput = {c.get_label(): c.lines[0] for c in fig.axes[3].containers}
+    iv = intervals(rows, ["output_throughput_tps"], by=["workers", "request_rate"])
+    for workers in (1, 2):
+        want = iv[iv["workers"] == workers].sort_values("request_rate")["output_throughput_tps"].tolist()
+        assert throughput[f"round_robin, workers={workers}"].get_ydata().tolist() == want
+    assert throughput["round_robin, workers=1"].get_linestyle() != throughput["round_robin, workers=2"].get_linestyle()
+    assert (throughput["round_robin, workers=1"].get_color() == throughput["round_robin, workers=2"].get_color())
