@@ -138,8 +138,7 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
         failures = failure_note(comparison)
     else:  # the notes that need no per-request table; failures counted from the runs' summaries
         served, failures = True, failed_count_note(comparison)
-    # nothing served: the failure note is the whole story (a rejected request never finishes, so
-    # peak_in_flight would count it in flight to the end, and a note on timing would be about no run)
+    # nothing served: the failure note is the whole story (a note on timing would be about no run)
     notes = [failures] if not served else [line for line in (
         failures, unmeasured_note(spec.profile, fitted_seed, uncertainty),
         frontend_note(spec.profile, peak, busiest) if table else "", run_note(spec.profile, records, peak) if table else "",

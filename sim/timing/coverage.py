@@ -120,15 +120,22 @@ def peak_in_flight(records) -> int:
     """Most requests sent but not finished at once on one worker, over every policy and round.
 
     Args:
-        records: per-request rows with ``worker``, ``arrival`` and ``finish``, and ``policy``,
-            ``round`` or ``seed`` where present (each group counted apart);
-            times in s (a NaN finish: never finished, in flight to the end).
+        records: per-request rows with ``worker``, ``arrival`` and ``finish`` (``first_token``
+            where present), and ``policy``, ``round`` or ``seed`` where present (each group
+            counted apart); times in s. A request never sent (``worker`` -1) is on no worker;
+            one without a finish failed (refused at its send, or cut off by a dead server) and
+            counts until its last known time: its first token, else its send. A timed-out
+            request's finish is its timeout.
     """
+    records = records[records["worker"] >= 0]
     keys = [k for k in ("policy", "round", "seed", "worker") if k in records.columns]
     peak = 0
     for _, g in records.groupby(keys):
         start = g["arrival"].to_numpy(float)
-        end = np.nan_to_num(g["finish"].to_numpy(float), nan=np.inf)
+        end = g["finish"].to_numpy(float)
+        if "first_token" in g:
+            end = np.where(np.isnan(end), g["first_token"].to_numpy(float), end)
+        end = np.where(np.isnan(end), start, end)
         start, end = start[np.isfinite(start)], end[np.isfinite(start)]
         if not len(start):
             continue

@@ -171,10 +171,24 @@ def test_peak_in_flight_counts_each_worker_and_round_apart():
     from kvroute.sim.timing.coverage import peak_in_flight
 
     rows = pd.DataFrame({"policy": ["p"] * 5, "round": [0, 0, 0, 1, 1], "worker": [0, 0, 0, 0, 1],
-                         "arrival": [0.0, 1.0, 2.0, 0.5, 0.5], "finish": [2.0, 3.0, float("nan"), 9.0, 9.0]})
-    # round 0, worker 0: [0, 2), [1, 3), [2, inf): two at once at most (a finish at 2.0 goes first)
+                         "arrival": [0.0, 1.0, 2.0, 0.5, 0.5], "finish": [2.0, 3.0, 4.0, 9.0, 9.0]})
+    # round 0, worker 0: [0, 2), [1, 3), [2, 4): two at once at most (a finish at 2.0 goes first)
     assert peak_in_flight(rows) == 2
     assert peak_in_flight(rows.assign(arrival=[0.0, 1.0, 1.5, 0.5, 0.5])) == 3
+
+
+def test_peak_in_flight_ends_a_failed_request_at_its_last_known_time_and_counts_no_unsent_one():
+    import pandas as pd
+
+    from kvroute.sim.timing.coverage import peak_in_flight
+
+    nan = float("nan")
+    rows = pd.DataFrame({"worker": [0, 0, 0, -1, -1], "arrival": [0.0, 1.0, 5.0, 0.5, 0.6],
+                         "first_token": [1.5, nan, 6.0, nan, nan], "finish": [2.0, nan, nan, nan, nan]})
+    # [0, 2); refused at its send: [1, 1); cut off after its first token: [5, 6); never sent: none
+    assert peak_in_flight(rows) == 1
+    assert peak_in_flight(rows.assign(arrival=[0.0, 1.0, 1.0, 0.5, 0.6])) == 2  # [1, 6) overlaps [0, 2)
+    assert peak_in_flight(rows.drop(columns="first_token").assign(arrival=[0.0, 1.0, 1.0, 0.5, 0.6])) == 1
 
 
 def test_failed_requests_are_counted_under_the_table_and_gpus_named():
