@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from kvroute.sim.study.figure_style import (figure_title, interval_errors, log_axis_if_spread, policy_colors,
-                                              series_style, short_names, spans_decades, split_variant)
+from kvroute.sim.study.figure_style import (figure_title, interval_errors, log_axis_if_spread, plain_log_axis,
+                                              policy_colors, series_style, short_names, split_variant)
 
 
 def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] | None = None) -> Figure:
@@ -27,8 +27,8 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
             ``figure_style.policy_colors`` over the records' policies).
 
     Returns:
-        A bare matplotlib Figure (no pyplot state). The CDF's time axis is logarithmic when the
-        TTFTs span a decade or more.
+        A bare matplotlib Figure (no pyplot state). The CDF's time axis, and the by-turn panel's
+        TTFT axis, are logarithmic when their TTFTs span a decade or more.
     """
     ok = records[records["status"] == "ok"]
     # NOTE: a bare Figure (no pyplot) draws with whatever backend is active and leaves a
@@ -41,6 +41,7 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
     # Later policies are drawn thinner, so a policy whose results equal an earlier one's
     # (least_loaded and kv_aware often do in closed-loop bursts) stays visible.
     order = list(colors)
+    turn_values: list[float] = []
     for policy, group in ok.groupby("policy", sort=False):
         base, _variant = split_variant(str(policy))
         lw = max(1.0, 3.2 - 0.8 * (order.index(base) if base in order else len(order)))
@@ -55,11 +56,12 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
             by = group.groupby(bins, observed=True)["ttft"]
         mean, p90 = by.mean(), by.quantile(0.9)
         x = mean.index if has_turns else [interval.mid for interval in mean.index]
+        turn_values += [*mean.values, *p90.values]
         ax_turn.plot(x, mean.values, lw=lw, ms=3 + 2 * lw, label=f"{names[str(policy)]} mean", **style)
         ax_turn.plot(x, p90.values, lw=max(0.8, lw - 1.2), ms=2 + lw, mfc="none", alpha=0.8, label=f"{names[str(policy)]} p90",
                      **style)
-    if len(ok) and spans_decades([ok["ttft"].min(), ok["ttft"].max()]):
-        _plain_log_axis(ax_cdf)
+    if len(ok):
+        plain_log_axis(ax_cdf, [ok["ttft"].min(), ok["ttft"].max()], "x")
     ax_cdf.set_xlabel("TTFT (s)")
     ax_cdf.set_ylabel("share of requests (cumulative, 0-1)")
     ax_cdf.set_ylim(0, 1.02)
@@ -72,7 +74,8 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
     ax_turn.set_xlabel("turn (1 = a session's first request)" if has_turns
                        else "prompt length (tokens, decile midpoints)")
     ax_turn.set_ylabel("TTFT (s): mean (filled), p90 (hollow)")
-    ax_turn.set_ylim(bottom=0)
+    if not plain_log_axis(ax_turn, turn_values):  # first turns of long prompts: 30 s against 0.3 s
+        ax_turn.set_ylim(bottom=0)
     ax_turn.set_title("TTFT by turn" if has_turns else "TTFT by prompt length", fontsize=10)
     ax_turn.grid(alpha=0.3)
     if ax_turn.get_legend_handles_labels()[0]:
@@ -81,17 +84,6 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
         figure_title(fig, title)
     fig.tight_layout()
     return fig
-
-
-def _plain_log_axis(ax, axis: str = "x") -> None:
-    """A base-10 log scale on ``ax``'s ``axis`` labelled ``0.05``, ``1``, ``20`` (not ``10^-1``)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator
-
-    getattr(ax, f"set_{axis}scale")("log")
-    target = getattr(ax, f"{axis}axis")
-    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    target.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
-    target.set_minor_formatter(FuncFormatter(lambda value, _pos: ""))
 
 
 def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "", colors: dict[str, str] | None = None) -> Path:
@@ -227,6 +219,12 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
         label = SUMMARY_METRICS[metric]
         ax.set_title(f"{label}\nin SLO: {slo}" if metric == "goodput_share" else label, fontsize=10)
         ax.grid(alpha=0.3)
+        if metric.startswith(("ttft_", "later_ttft_")) and plain_log_axis(ax, iv[metric]):
+            # TTFT past saturation (0.3 s against 10 s): the axis from the points, an error bar
+            # that reaches 0 runs off the bottom
+            top = np.nanmax([iv[metric].max(), iv[f"{metric}_high"].max()])
+            ax.set_ylim(iv[metric].min() / 2, top * 1.5)
+            continue
         if metric != "goodput_share":
             ax.set_ylim(bottom=0)
     axes[0].set_ylim(-0.02, 1.02)

@@ -70,6 +70,17 @@ def test_ttft_cdf_goes_log_when_ttft_spans_decades():
     assert ttft_figure(wide).axes[0].get_xscale() == "log"
 
 
+def test_ttft_by_turn_goes_log_when_its_means_and_p90s_span_decades():
+    records = _records(("round_robin",))
+    by_turn = records[records["status"] == "ok"].groupby("turn")["ttft"]
+    values = [*by_turn.mean(), *by_turn.quantile(0.9)]
+    assert ttft_figure(records).axes[1].get_yscale() == ("log" if max(values) / min(values) >= 10 else "linear")
+    slow_first = records.assign(ttft=np.where(records["turn"] == 1, 100 * records["ttft"].max(), records["ttft"]))
+    turn = ttft_figure(slow_first).axes[1]
+    assert turn.get_yscale() == "log"
+    assert turn.get_ylim()[0] > 0
+
+
 @pytest.fixture(scope="module")
 def load_rows():
     base = Scenario(workload="agent", chats=3, turns=2, workers=2, history=(2000, 3000))
@@ -227,6 +238,18 @@ def test_load_figure_of_a_workload_without_later_turns_shows_all_turns(load_rows
     kv = next(c for c in fig.axes[2].containers if c.get_label() == "kv_aware")
     rows = single[single["policy"] == "kv_aware"]
     assert kv.lines[0].get_ydata().tolist() == rows.groupby("request_rate")["ttft_p90_s"].mean().tolist()
+
+
+def test_load_figure_puts_ttft_on_a_log_axis_when_its_means_span_decades(load_rows):
+    fig = load_figure(load_rows)
+    ttft_means = load_rows.groupby(["policy", "request_rate"])["later_ttft_p50_s"].mean()
+    wide = ttft_means.max() / ttft_means.min() >= 10
+    assert fig.axes[1].get_yscale() == ("log" if wide else "linear")
+    slow = load_rows.assign(later_ttft_p50_s=np.where(load_rows["policy"] == "round_robin",
+                                                      1000 * load_rows["later_ttft_p50_s"], load_rows["later_ttft_p50_s"]))
+    axes = load_figure(slow).axes
+    assert axes[1].get_yscale() == "log" and axes[1].get_ylim()[0] > 0
+    assert axes[3].get_yscale() == "linear"  # throughput stays linear from 0
 
 
 def test_load_figure_refuses_rows_of_several_goodput_bounds(load_rows):
