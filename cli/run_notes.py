@@ -113,7 +113,9 @@ evicted per run / blocks the workers hold) before ``kv_turnover_note`` speaks.""
 
 def kv_turnover_note(comparison, block_size: int) -> str:
     """A note when the prefix cache turned over: for each policy whose runs evicted, on average,
-    at least ``TURNOVER_NOTE`` times the blocks the workers hold (vLLM's block pool evicts a
+    at least ``TURNOVER_NOTE`` times the blocks the workers can hold (``num_gpu_blocks`` less
+    vLLM's null block each, the capacity ``vllm:kv_cache_usage_perc`` and the time series' KV
+    panel count; vLLM's block pool evicts a
     cached block when it hands the block out again, ``num_evictions``), how many and how many
     times over; the hit rate and TTFT then depend on KV memory, which the preemption row does
     not show. ``block_size``: tokens per block."""
@@ -123,7 +125,7 @@ def kv_turnover_note(comparison, block_size: int) -> str:
         if not runs:
             continue
         rows = [run.worker_rows() for run in runs]
-        held = sum(int(w["num_gpu_blocks"]) for w in rows[0])
+        held = sum(int(w["num_gpu_blocks"]) - 1 for w in rows[0])  # vLLM's null block holds no cache
         evicted = sum(sum(int(w["num_evictions"]) for w in r) for r in rows) / len(rows)
         if held and evicted >= TURNOVER_NOTE * held:
             parts.append((policy, evicted, evicted / held, held))

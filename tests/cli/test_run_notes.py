@@ -16,20 +16,20 @@ def _run(evictions, blocks=(100, 100)):
 
 def test_turnover_note_names_each_policy_whose_runs_evicted_the_blocks_held_once_over():
     comparison = SimpleNamespace(policies=["round_robin", "kv_aware", "least_loaded"], runs={
-        "round_robin": [_run((150, 150)), _run((250, 250))],  # 400 per run: 2.0 times the 200 held
-        "kv_aware": [_run((100, 99)), _run((100, 99))],       # 199: under once over, left out
+        "round_robin": [_run((150, 150)), _run((250, 250))],  # 400 per run: 2.0 times the 198 held (null blocks out)
+        "kv_aware": [_run((99, 98)), _run((99, 98))],         # 197: under once over, left out
         "least_loaded": [_run((300, 0)), _run((0, 0))],       # 150 per run on average: under once over too
     })
     assert kv_turnover_note(comparison, 16) == (
         "Note: the KV cache turned over: per run (mean over rounds) the workers evicted 400 cached blocks under "
-        "round_robin, 2.0 times the 200 blocks of 16 tokens they hold (3,200 tokens). Where a later request reuses "
+        "round_robin, 2.0 times the 198 blocks of 16 tokens they hold (3,168 tokens). Where a later request reuses "
         "an evicted prefix it is computed again, so hit rates and TTFT can depend on KV memory (try --kv-blocks or "
         "--workers); the preemption row counts only requests pushed out while running. Each worker's KV use over "
         "time: --time-series.")
     comparison.runs["kv_aware"] = [_run((100, 100))]
     comparison.runs["least_loaded"] = [_run((1000, 1000))]
-    assert ("400 cached blocks under round_robin, 2.0 times the 200 blocks of 16 tokens they hold (3,200 tokens), "
-            "200 under kv_aware (1.0 times), and 2,000 under least_loaded (10.0 times). Where") in kv_turnover_note(
+    assert ("400 cached blocks under round_robin, 2.0 times the 198 blocks of 16 tokens they hold (3,168 tokens), "
+            "200 under kv_aware (1.0 times), and 2,000 under least_loaded (10.1 times). Where") in kv_turnover_note(
         comparison, 16)
     comparison.runs = {p: [_run((10, 10))] for p in comparison.policies}
     assert kv_turnover_note(comparison, 16) == ""
@@ -44,6 +44,6 @@ def test_compare_says_when_the_cache_turned_over_and_not_otherwise():
     assert not any("turned over" in n for n in roomy["notes"])
     tight = json.loads(CliRunner().invoke(cli, args + ["--kv-blocks", "300"], catch_exceptions=False).output)
     note = next(n for n in tight["notes"] if "turned over" in n)
-    evicted, times = re.search(r"evicted ([\d,]+) cached blocks under round_robin, ([\d.]+) times the 300 blocks of 16 "
-                               r"tokens they hold \(4,800 tokens\)", note).groups()
-    assert int(evicted.replace(",", "")) >= 300 and float(times) == round(int(evicted.replace(",", "")) / 300, 1)
+    evicted, times = re.search(r"evicted ([\d,]+) cached blocks under round_robin, ([\d.]+) times the 299 blocks of 16 "
+                               r"tokens they hold \(4,784 tokens\)", note).groups()
+    assert int(evicted.replace(",", "")) >= 299 and float(times) == round(int(evicted.replace(",", "")) / 299, 1)
