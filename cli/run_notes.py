@@ -140,3 +140,30 @@ def kv_turnover_note(comparison, block_size: int) -> str:
     return (text + ". Where a later request reuses an evicted prefix it is computed again, so hit rates and TTFT "
             "can depend on KV memory (try --kv-blocks or --workers); the preemption row counts only requests "
             "pushed out while running. Each worker's KV use over time: --time-series.")
+
+
+def same_routing_note(records) -> str:
+    """A note naming policies that routed alike: every request to the same worker as an earlier
+    policy of the table, in every round (so their rows differ by nothing but the policy's name).
+
+    Args:
+        records: per-request rows with ``policy``, ``round``, ``request_id`` and ``worker``
+            (``Comparison.records()``), policies in the table's order.
+    """
+    if "policy" not in records.columns or records["policy"].nunique() < 2:
+        return ""
+    routes = {}
+    for policy, rows in records.groupby("policy", sort=False):
+        routes[policy] = tuple(rows.sort_values(["round", "request_id"])[["round", "request_id", "worker"]]
+                               .itertuples(index=False, name=None))
+    alike, seen = [], {}
+    for policy, route in routes.items():
+        if route in seen:
+            alike.append((policy, seen[route]))
+        else:
+            seen[route] = policy
+    if not alike:
+        return ""
+    pairs = ", and ".join(f"{policy} routed every request to the worker {first} chose" for policy, first in alike)
+    return (f"Note: {pairs}, in every round, so their rows differ in nothing but the name (`kvroute policies` gives "
+            "each one's rule and thresholds).")

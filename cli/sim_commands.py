@@ -11,7 +11,7 @@ import click
 from kvroute.cli.config import config_option
 from kvroute.cli.profile_notes import frontend_note, unmeasured_note
 from kvroute.cli.run_notes import (failed_count_note, failure_note, kv_turnover_note, model_note, policy_notes,
-                                   speed_note)
+                                   same_routing_note, speed_note)
 from kvroute.cli.signals import INTERRUPTED_EXIT, stops_on_sigterm
 from kvroute.cli.stage_output import stage_doc, stage_results, stage_text, write_stages
 from kvroute.cli.values import DRAWS, RELATIVE, Number, check_runs, check_values
@@ -143,7 +143,8 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
         failures, unmeasured_note(spec.profile, fitted_seed, uncertainty),
         frontend_note(spec.profile, peak, busiest) if table else "", run_note(spec.profile, records, peak) if table else "",
         kv_turnover_note(comparison, spec.profile.engine.block_size), speed_note(spec.profile, spec.num_workers),
-        model_note(trace, spec.profile), *policy_notes(trace, policies)) if line]
+        model_note(trace, spec.profile), *policy_notes(trace, policies),
+        same_routing_note(records) if table else "") if line]
     staged = stage_results(comparison, trace, spec)  # None unless the trace has load stages
     if json_out:
         doc = {"scenario": header, "rounds": rounds, "seed": seed,

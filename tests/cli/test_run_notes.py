@@ -47,3 +47,20 @@ def test_compare_says_when_the_cache_turned_over_and_not_otherwise():
     evicted, times = re.search(r"evicted ([\d,]+) cached blocks under round_robin, ([\d.]+) times the 299 blocks of 16 "
                                r"tokens they hold \(4,784 tokens\)", note).groups()
     assert int(evicted.replace(",", "")) >= 299 and float(times) == round(int(evicted.replace(",", "")) / 299, 1)
+
+
+def test_same_routing_note_names_a_policy_that_sent_every_request_where_an_earlier_one_did():
+    import pandas as pd
+
+    from kvroute.cli.run_notes import same_routing_note
+
+    def rows(policy, workers):
+        return pd.DataFrame({"policy": policy, "round": [0, 0, 1, 1], "request_id": [0, 1, 0, 1], "worker": workers})
+
+    table = pd.concat([rows("round_robin", [0, 1, 0, 1]), rows("kv_aware", [0, 0, 1, 1]),
+                       rows("sglang", [0, 0, 1, 1]), rows("dynamo", [0, 0, 1, 0])])
+    assert same_routing_note(table) == (
+        "Note: sglang routed every request to the worker kv_aware chose, in every round, so their rows differ in "
+        "nothing but the name (`kvroute policies` gives each one's rule and thresholds).")
+    assert same_routing_note(table[table["policy"] != "sglang"]) == ""
+    assert same_routing_note(rows("kv_aware", [0, 0, 1, 1])) == ""
