@@ -70,6 +70,7 @@ def _even(ctx: click.Context, param: click.Parameter, value: int) -> int:
               help="local: a process pool; sequential: this process.")
 @click.option("--max-workers", type=Number(PROCESSES), default=None, help="Processes of the local pool [CPU count].")
 @click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the tables.")
+@click.option("--quiet", is_flag=True, help="No progress bar (it shows on a terminal only).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write sensitivity.json, indices.csv, samples.csv, tornado.png and report.html "
                    "(one self-contained page: scenario, tables, tornado, notes) here.")
@@ -77,7 +78,7 @@ def _even(ctx: click.Context, param: click.Parameter, value: int) -> int:
 @with_errors
 @stops_on_sigterm
 def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, design_seed, prior_range, coverage,
-                jitter_cv_range, kv_range, spread_range, groups, executor, max_workers, json_out, out,
+                jitter_cv_range, kv_range, spread_range, groups, executor, max_workers, json_out, quiet, out,
                 slo_ttft, slo_tpot, figure_formats=("png",), **options):
     """Rank the scenario's uncertain inputs by how much each moves the headline metrics.
 
@@ -120,7 +121,7 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     start = time.perf_counter()
     result = run_sensitivity(scenario, policies, factors, ranges, trajectories, levels, rounds, design_seed,
                              noise_rounds, profile, trace, None, executor, max_workers,
-                             progress=not json_out, slo=ServiceClass(slo_ttft, slo_tpot))
+                             progress=not (json_out or quiet), slo=ServiceClass(slo_ttft, slo_tpot))
     wall = time.perf_counter() - start
     result.settings["wall_s"] = round(wall, 2)
     chats, turns = scenario.sizes

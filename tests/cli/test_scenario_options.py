@@ -140,3 +140,8 @@ def test_a_scenario_file_may_use_the_earlier_parameter_names(tmp_path):
 
 def test_fields_are_the_scenario_fields():
     assert set(OPTION_FIELDS) == set(SCENARIO_FIELDS) - {"policy"}
+
+
+@pytest.mark.parametrize("name", ["simulate", "compare", "sweep", "sensitivity"])
+def test_every_simulating_command_takes_quiet_to_hide_its_progress_bar(name):
+    assert options(command(name))["--quiet"].is_flag
