@@ -284,7 +284,7 @@ def describe(trace: Trace, spec: ClusterSpec) -> str:
     tp = par.get("tensor_parallel_size", 1) if isinstance(par, dict) else 1
     if isinstance(tp, int) and tp > 1:  # a GPU of the scenario is one TP group of the profile
         on = f"{gpus} TP{tp} group{'s' if gpus > 1 else ''} ({gpus * tp} GPUs)"
-    return (f"trace {trace.source}: {len(trace.records)} requests | {spec.num_workers} workers on {on} | "
+    return (f"trace {trace.source}: {len(trace.records)} requests | {spec.num_workers} worker{'s' if spec.num_workers != 1 else ''} on {on} | "
             f"profile {spec.profile.name} ({'/'.join(map(str, blocks))} KV blocks of "
             f"{spec.profile.engine.block_size} tokens per worker"
             f"{', async scheduling' if spec.profile.engine.async_scheduling else ''})")

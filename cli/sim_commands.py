@@ -143,8 +143,8 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
         failures, unmeasured_note(spec.profile, fitted_seed, uncertainty),
         frontend_note(spec.profile, peak, busiest) if table else "", run_note(spec.profile, records, peak) if table else "",
         kv_turnover_note(comparison, spec.profile.engine.block_size), speed_note(spec.profile, spec.num_workers),
-        model_note(trace, spec.profile), *policy_notes(trace, policies),
-        same_routing_note(records) if table else "") if line]
+        model_note(trace, spec.profile), same_routing_note(records) if table else "",
+        *policy_notes(trace, policies)) if line]
     staged = stage_results(comparison, trace, spec)  # None unless the trace has load stages
     if json_out:
         doc = {"scenario": header, "rounds": rounds, "seed": seed,
@@ -458,5 +458,5 @@ def policies_command():
         raise click.ClickException(str(exc)) from None
     for name, cls in POLICIES.items():
         params = ",".join(f"{k}={v}" for k, v in policy_params(cls).items())
-        summary = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        summary = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split()) or "(no docstring)"
         click.echo(f"{name:<17} {summary}" + (f" [{params}]" if params else ""))

@@ -23,7 +23,7 @@ from tests.support.paths import CALIBRATE_DATA
 from tests.support.workloads import SMALL_LADDER
 
 ROOT = Path(__file__).resolve().parents[3]
-HEADER = "trace inference-perf:ladder.yaml: 1170 requests | 1 workers on 1 GPU | profile a6000-qwen2.5-7b"
+HEADER = "trace inference-perf:ladder.yaml: 1170 requests | 1 worker on 1 GPU | profile a6000-qwen2.5-7b"
 
 
 def _stage_table(itl=(0.03, 0.035, 0.07, 0.116)) -> pd.DataFrame:
