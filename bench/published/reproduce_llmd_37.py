@@ -921,6 +921,20 @@ the EPP's own latency per request, whether the gateway sent every request where 
 the order in which the four experiments ran on the same four pods (the plots name the same pod
 addresses in all four).
 
+One difference of deployment reproduces the published shape, and it is not adopted. Two EPP
+replicas, each with its own estimated index (`--gateways 2 --gateway-lb random`, the default
+configuration; checked 2026-12-06 with seeds 0 and 1) give default a mean TTFT of 0.18-0.23 s at
+3-8 QPS, 0.71-0.85 s at 10, 2.0-3.1 s at 15 and 7.7 s at 20 QPS (published 0.21-0.40, 0.47, 1.29,
+7.61), per-pod KV peaks of 87-100 % from 8 QPS on and a token hit rate of 0.93-0.96, while
+precise, which reads the KV events, is unchanged. But the chart of that version runs one EPP
+(gateway-api-inference-extension v0.5.1, `inferenceExtension.replicas: 1`; its issue #671: "epp
+runs as a single replica"), the default run's 53,096 EPP log points at two pod-listing lines per
+decision are 6,637 decisions, nearly every request of the ladder, and the result moves with how
+the gateway balances (round-robin over the two: 4.2 s at 10 QPS, 16.1 s at 20) and how many
+replicas there are (three: 38.8 s at 20 QPS). What would settle it: the run's per-request
+records (the pod of each request), vLLM's `prefix_cache_hits` per pod, or the EPP's replica
+count and restarts during the default run.
+
 The report's summary rows beside kvroute's (predicted: every worker's `vllm:num_requests_waiting`
 and `vllm:kv_cache_usage_perc` sampled every 0.1 s over the whole ladder, the last engine-step
 value as a scrape sees it, pooled over the four workers; published: the EPP log's pod metrics at
