@@ -308,19 +308,26 @@ below it the axis follows the use (readable) and the capacity line lies above it
 legend (under the panel, where no stacked area lies), with a right axis in percent of the capacity."""
 
 
-def _kv_capacity_line(ax, capacity: int, peak: float) -> float:
+def _kv_capacity_line(ax, capacity: int, peak: float, handles=()) -> float:
     """Draw the cluster's KV ``capacity`` (blocks) on the KV panel ``ax`` and a right axis in
-    percent of it; return the top the panel's axis should reach."""
+    percent of it, with a legend of ``handles`` and the capacity line; return the top the panel's
+    axis should reach."""
     share = peak / capacity
     in_view = share >= KV_CAPACITY_IN_VIEW
     label = (f"KV capacity ({capacity:,} blocks)" if in_view
-             else f"KV capacity ({capacity:,} blocks, above the axis: peak use {100 * share:.2g} %)")
+             else f"KV capacity ({capacity:,} blocks, above the axis: peak {100 * share:.2g} %)")
     line = ax.axhline(capacity, color="black", ls="--", lw=1.2, label=label)
-    # under the panel: the stacked areas fill it from below, so "best" still lands on them
-    ax.legend(handles=[line], fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.03), frameon=False)
+    _kv_legend(ax, [*handles, line])
     right = ax.secondary_yaxis("right", functions=(lambda b: 100.0 * b / capacity, lambda p: p * capacity / 100.0))
     right.set_ylabel("% of KV capacity", fontsize=8)
     return max(peak, capacity) if in_view else (peak if peak > 0 else capacity * 0.01)
+
+
+def _kv_legend(ax, handles) -> None:
+    """The KV panel's legend, under the panel: the stacked areas fill it from below, so "best"
+    still lands on them."""
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.03), frameon=False,
+              ncol=len(handles))
 
 
 def _fullest_worker(series: pd.DataFrame) -> str:
@@ -341,9 +348,11 @@ def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200,
     batched tokens per second are stacked the same way from the tokens each interval ran;
     preemptions are stacked cumulative counts (the panel is left out when there were none); the
     prefix-cache hit rate is one line per worker (cumulative hits / queries: a ratio does not
-    stack) with the cluster's in black. The KV panel draws the cluster's KV capacity (the sum of
-    the workers' usable blocks) as a dashed line and a right axis in percent of it (the axis
-    reaches the line from a peak use of ``KV_CAPACITY_IN_VIEW`` on; below, the legend names it),
+    stack) with the cluster's in black. The KV panel draws, over the blocks in use, the blocks the
+    prefix cache holds (``kv_blocks_cached``: in use or free and evictable, the cluster's sum, a
+    black line), and the cluster's KV capacity (the sum of the workers' usable blocks) as a dashed
+    line and a right axis in percent of it (the axis reaches the line from a peak of
+    ``KV_CAPACITY_IN_VIEW`` on; below, the legend names it),
     with its legend under the panel; with several workers its title names the fullest worker and
     its peak use of its own blocks (one full worker hides in the cluster's stack).
 
@@ -393,8 +402,17 @@ def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200,
             values = np.column_stack([values, values[:, -1]])  # step="post": the last interval's value to its end
             ax.stackplot(edges, values, labels=labels, step="post", alpha=0.85)
             top = float(values.sum(axis=0).max())
-            if column == "kv_blocks_used" and kv_capacity:
-                top = _kv_capacity_line(ax, kv_capacity, top)
+            if column == "kv_blocks_used":
+                # what the prefix cache holds, in use or free and evictable: a cache can be full
+                # (and turn over) while few blocks are in use
+                cached = gauge_mean(series, "kv_blocks_cached", edges).sum(axis=0)
+                (cached_line,) = ax.step(edges, np.append(cached, cached[-1]), where="post", color="black", lw=1.0,
+                                         label="blocks in the prefix cache (in use or free)")
+                top = max(top, float(cached.max()))
+                if kv_capacity:
+                    top = _kv_capacity_line(ax, kv_capacity, top, [cached_line])
+                else:
+                    _kv_legend(ax, [cached_line])
             ax.set_ylim(0, 1.05 * top if top > 0 else 1)
             if how == "rate":
                 token_axis(ax, "y")

@@ -150,6 +150,24 @@ def test_series_figure_leaves_out_empty_preemptions_and_draws_kv_capacity():
     assert line.get_label() == "KV capacity (398 blocks)" and kv.get_ylim()[1] >= 398
 
 
+def test_the_kv_panel_draws_the_blocks_the_prefix_cache_holds_over_those_in_use():
+    from kvroute.sim.cluster.timeseries import gauge_mean
+
+    trace = builtin_workload("seed-chat", 8, 3, seed=0)
+    series = simulate(trace, Scenario(chats=8, turns=3, workers=2, kv_blocks=200).spec(record_series=True),
+                      seed=0).series
+    fig = series_figure(series, bins=50)
+    kv = next(ax for ax in fig.axes if ax.get_title().startswith("KV blocks used"))
+    (cached,) = [ln for ln in kv.get_lines() if ln.get_label() == "blocks in the prefix cache (in use or free)"]
+    edges = np.linspace(float(series["start"].min()), float(series["end"].max()), 51)
+    want = gauge_mean(series, "kv_blocks_cached", edges).sum(axis=0)
+    assert cached.get_ydata().tolist() == [*want, want[-1]]
+    used = gauge_mean(series, "kv_blocks_used", edges).sum(axis=0)
+    assert want.max() > used.max()  # freed blocks stay cached (a request's partial last block is never cached)
+    assert [t.get_text() for t in kv.get_legend().get_texts()] == [
+        "blocks in the prefix cache (in use or free)", "KV capacity (398 blocks)"]
+
+
 def test_figure_formats_are_checked_and_written(tmp_path):
     assert parse_figure_formats("PNG, svg,png") == ("png", "svg")
     with pytest.raises(ValueError, match=r"unknown figure format 'jpg'; valid: png, pdf, svg"):
