@@ -111,14 +111,23 @@ TURNOVER_NOTE = 1.0
 evicted per run / blocks the workers hold) before ``kv_turnover_note`` speaks."""
 
 
-def kv_turnover_note(comparison, block_size: int) -> str:
+def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
     """A note when the prefix cache turned over: for each policy whose runs evicted, on average,
     at least ``TURNOVER_NOTE`` times the blocks the workers can hold (``num_gpu_blocks`` less
     vLLM's null block each, the capacity ``vllm:kv_cache_usage_perc`` and the time series' KV
-    panel count; vLLM's block pool evicts a
-    cached block when it hands the block out again, ``num_evictions``), how many and how many
-    times over; the hit rate and TTFT then depend on KV memory, which the preemption row does
-    not show. ``block_size``: tokens per block."""
+    panel count; vLLM's block pool evicts a cached block when it hands the block out again,
+    ``num_evictions``), how many and how many times over; with the run's ``trace``, also what
+    it cost: the share of the prompt tokens a later turn computed again that its worker had
+    cached for an earlier turn of the chat and evicted (a lower bound:
+    ``kvroute.sim.cluster.eviction``), and the hit rate with them. The hit rate and TTFT then
+    depend on KV memory, which the preemption row does not show. ``block_size``: tokens per
+    block; ``trace``: the runs' ``Trace``, or a function of a run's seed that returns its trace
+    (a generated workload's rounds)."""
+    from kvroute.sim.cluster.eviction import evicted_history_tokens
+
+    def parents(seed: int) -> dict:
+        rounds_trace = trace(seed) if callable(trace) else trace
+        return {rec.request_id: rec.parent for rec in rounds_trace.records}
     parts = []
     for policy in comparison.policies:
         runs = comparison.runs.get(policy) or []
@@ -127,19 +136,31 @@ def kv_turnover_note(comparison, block_size: int) -> str:
         rows = [run.worker_rows() for run in runs]
         held = sum(int(w["num_gpu_blocks"]) - 1 for w in rows[0])  # vLLM's null block holds no cache
         evicted = sum(sum(int(w["num_evictions"]) for w in r) for r in rows) / len(rows)
-        if held and evicted >= TURNOVER_NOTE * held:
-            parts.append((policy, evicted, evicted / held, held))
+        if not (held and evicted >= TURNOVER_NOTE * held):
+            continue
+        cost = None
+        if trace is not None:
+            counts = [evicted_history_tokens(run.record_rows(), parents(run.seed), block_size) for run in runs]
+            lost = sum(x / p for x, _, p in counts if p) / len(counts)
+            hit = sum(c / p for _, c, p in counts if p) / len(counts)
+            cost = (lost, hit)
+        parts.append((policy, evicted, evicted / held, held, cost))
     if not parts:
         return ""
-    (policy, evicted, times, held), rest = parts[0], parts[1:]
+    (policy, evicted, times, held, cost), rest = parts[0], parts[1:]
     text = (f"Note: the KV cache turned over: per run (mean over rounds) the workers evicted {evicted:,.0f} cached "
             f"blocks under {policy}, {times:.1f} times the {held:,} blocks of {block_size} tokens they hold "
             f"({held * block_size:,} tokens)")
-    text += "".join(f"{', and' if k == len(rest) - 1 else ','} {e:,.0f} under {p} ({t:.1f} times)"
-                    for k, (p, e, t, _) in enumerate(rest))
-    return (text + ". Where a later request reuses an evicted prefix it is computed again, so hit rates and TTFT "
-            "can depend on KV memory (try --kv-blocks or --workers); the preemption row counts only requests "
-            "pushed out while running. Each worker's KV use over time: --time-series.")
+    if cost is not None:
+        lost, hit = cost
+        text += (f", and later turns computed again {100 * lost:.1f} % of the prompt tokens that their worker had "
+                 f"cached for the chat's earlier turn and evicted (hit rate {hit:.3f}; {hit + lost:.3f} with them)")
+    for k, (p, e, t, _, c) in enumerate(rest):
+        text += f"{'; and' if k == len(rest) - 1 else ';'} {e:,.0f} under {p} ({t:.1f} times"
+        text += f"; {100 * c[0]:.1f} %: {c[1]:.3f}, {c[1] + c[0]:.3f} with them)" if c is not None else ")"
+    return (text + (". Those shares are lower bounds (blocks shared across chats are not counted)" if cost else "")
+            + ". Hit rates and TTFT then depend on KV memory (try --kv-blocks or --workers); the preemption row "
+            "counts only requests pushed out while running. Each worker's KV use over time: --time-series.")
 
 
 def same_routing_note(records) -> str:

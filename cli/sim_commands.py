@@ -142,7 +142,8 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
     notes = [failures] if not served else [line for line in (
         failures, unmeasured_note(spec.profile, fitted_seed, uncertainty),
         frontend_note(spec.profile, peak, busiest) if table else "", run_note(spec.profile, records, peak) if table else "",
-        kv_turnover_note(comparison, spec.profile.engine.block_size), speed_note(spec.profile, spec.num_workers),
+        kv_turnover_note(comparison, spec.profile.engine.block_size, rounds_trace),
+        speed_note(spec.profile, spec.num_workers),
         model_note(trace, spec.profile), same_routing_note(records) if table else "",
         *policy_notes(trace, policies)) if line]
     staged = stage_results(comparison, trace, spec)  # None unless the trace has load stages

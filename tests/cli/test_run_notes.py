@@ -22,14 +22,13 @@ def test_turnover_note_names_each_policy_whose_runs_evicted_the_blocks_held_once
     })
     assert kv_turnover_note(comparison, 16) == (
         "Note: the KV cache turned over: per run (mean over rounds) the workers evicted 400 cached blocks under "
-        "round_robin, 2.0 times the 198 blocks of 16 tokens they hold (3,168 tokens). Where a later request reuses "
-        "an evicted prefix it is computed again, so hit rates and TTFT can depend on KV memory (try --kv-blocks or "
-        "--workers); the preemption row counts only requests pushed out while running. Each worker's KV use over "
-        "time: --time-series.")
+        "round_robin, 2.0 times the 198 blocks of 16 tokens they hold (3,168 tokens). Hit rates and TTFT then depend "
+        "on KV memory (try --kv-blocks or --workers); the preemption row counts only requests pushed out while "
+        "running. Each worker's KV use over time: --time-series.")
     comparison.runs["kv_aware"] = [_run((100, 100))]
     comparison.runs["least_loaded"] = [_run((1000, 1000))]
-    assert ("400 cached blocks under round_robin, 2.0 times the 198 blocks of 16 tokens they hold (3,168 tokens), "
-            "200 under kv_aware (1.0 times), and 2,000 under least_loaded (10.1 times). Where") in kv_turnover_note(
+    assert ("400 cached blocks under round_robin, 2.0 times the 198 blocks of 16 tokens they hold (3,168 tokens); "
+            "200 under kv_aware (1.0 times); and 2,000 under least_loaded (10.1 times). Hit") in kv_turnover_note(
         comparison, 16)
     comparison.runs = {p: [_run((10, 10))] for p in comparison.policies}
     assert kv_turnover_note(comparison, 16) == ""

@@ -84,7 +84,7 @@ def test_kv_blocks_rows_equal_compare_with_the_same_override():
     trace = lambda seed: Scenario(workload="agent", turns=3, chats=4, seed=seed).trace()  # noqa: E731
     spec = Scenario(profile="a6000-qwen2.5-7b", workers=2, kv_blocks=2500).spec()
     expected = compare(trace, spec, ["round_robin", "kv_aware"], rounds=2, seed=2)
-    assert frame["num_evictions"].sum() > 0
+    assert frame["num_evictions"].sum() > 0 and frame["evicted_prefix_tokens"].sum() > 0
     for metric in ("time_to_complete_s", "later_ttft_p90_s", "hit_rate"):
         assert frame[metric].tolist() == expected.summaries[metric].tolist()
 
@@ -98,6 +98,7 @@ def test_row_has_scenario_fields_metrics_and_counters():
     assert row["prefill_tokens"] == pytest.approx(row["prompt_tokens"] * (1 - row["hit_rate"]))
     assert row["num_gpu_blocks"] == load_profile("a6000-qwen2.5-7b").engine.num_gpu_blocks
     assert row["num_evictions"] == 0 and row["num_preemptions"] == row["preemptions"] == 0
+    assert row["evicted_prefix_tokens"] == 0
 
 
 def test_kv_blocks_override_makes_evictions_appear():
