@@ -78,6 +78,37 @@ class _Ctx:
     events: Any = None  # LiveKVEvents of every server, or None
 
 
+KV_BLOCKS_TOLERANCE = 0.02
+"""Most relative difference between the servers' KV blocks that one calibration takes: GPU
+servers started one after another still differ a little (what each one's memory profiling
+found); more is a different KV cache."""
+
+
+def check_alike(infos: list[ServerInfo]) -> None:
+    """Refuse servers that one calibration cannot pool: a different model, vLLM release,
+    scheduling, block size or batch limits, or KV caches more than ``KV_BLOCKS_TOLERANCE`` apart.
+
+    Raises:
+        CalibrationError: naming the setting and both servers.
+    """
+    keys = ("model_root", "vllm_version", "async_scheduling", "block_size", "max_num_batched_tokens",
+            "max_num_seqs", "max_model_len")
+    for i in infos[1:]:
+        diff = [k for k in keys if getattr(i, k) != getattr(infos[0], k)]
+        if diff:
+            raise CalibrationError(
+                f"servers differ in {', '.join(diff)} ({infos[0].url} vs {i.url}); calibrate identical "
+                f"workers together and different ones separately"
+            )
+        blocks = (infos[0].num_gpu_blocks, i.num_gpu_blocks)
+        if abs(blocks[1] - blocks[0]) > KV_BLOCKS_TOLERANCE * max(blocks):
+            raise CalibrationError(
+                f"servers differ in KV cache: {blocks[0]} blocks at {infos[0].url}, {blocks[1]} at {i.url} (a "
+                "profile has one count per worker); servers sharing a GPU must start one after another "
+                "(`kvroute serve` does), or be given the same --kv-cache-memory-bytes"
+            )
+
+
 EVENT_WAIT_S = 0.005
 """How long a request alone waits after its stream before its row is written, when the sweep
 reads KV events: the engine publishes the step's batch before it hands the outputs on, but our
@@ -535,15 +566,7 @@ async def run_sweep(
             infos.append(await probe_server(c, f, plan))
         if hardware:
             infos = [replace(i, hardware=hardware, sources={**i.sources, "hardware": "--hardware"}) for i in infos]
-        keys = ("model_root", "vllm_version", "async_scheduling", "block_size", "max_num_batched_tokens",
-                "max_num_seqs", "max_model_len")
-        for i in infos[1:]:
-            diff = [k for k in keys if getattr(i, k) != getattr(infos[0], k)]
-            if diff:
-                raise CalibrationError(
-                    f"servers differ in {', '.join(diff)} ({infos[0].url} vs {i.url}); calibrate identical "
-                    f"workers together and different ones separately"
-                )
+        check_alike(infos)
         pace = on_start(infos) if on_start is not None else None
         meta = dict(
             status="running", started=started.isoformat(timespec="seconds"), seed=seed, urls=list(urls),

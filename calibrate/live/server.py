@@ -473,6 +473,12 @@ PR_SET_PDEATHSIG = 1
 def serve_many(specs: Sequence[ServerSpec], timeout_s: float = 600.0) -> Iterator[list[VllmServer]]:
     """Start every server, wait until all are healthy, yield them, stop them all on exit.
 
+    Servers on different GPUs start together; one that shares a GPU with a server still
+    starting waits until that server is healthy. vLLM sizes its KV cache from the device's free
+    memory while it loads and profiles (``gpu_worker.determine_available_memory``: memory taken
+    meanwhile by anything else, such as a second server loading its weights, counts as its own),
+    so two starting at once on one GPU would each get too little KV cache, and not the same.
+
     Raises:
         ServerError: a port is taken (:func:`check_ports`; nothing started), or a server failed to
             start (the others are stopped first).
@@ -480,14 +486,29 @@ def serve_many(specs: Sequence[ServerSpec], timeout_s: float = 600.0) -> Iterato
     check_ports(specs)
     servers = [VllmServer(s) for s in specs]
     try:
+        starting: list[VllmServer] = []
         for s in servers:
+            shared = [o for o in starting if _devices(o.spec) & _devices(s.spec)]
+            for other in shared:
+                other.wait_ready(timeout_s)
+                starting.remove(other)
             s.start()
+            starting.append(s)
         for s in servers:
             s.wait_ready(timeout_s)
         yield servers
     finally:
         for s in servers:
             s.stop()
+
+
+def _devices(spec: ServerSpec) -> set[str]:
+    """The GPUs ``spec``'s server sees (its ``cuda_device``, as ``CUDA_VISIBLE_DEVICES`` names
+    them); empty when not set (a CPU server, or a GPU server left to vLLM's own choice)."""
+    device = spec.cuda_device
+    if device is None:
+        return set()
+    return {str(d) for d in (device if isinstance(device, tuple) else (device,))}
 
 
 @contextlib.contextmanager

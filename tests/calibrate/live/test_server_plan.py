@@ -354,3 +354,36 @@ def test_the_api_processes_of_a_server_are_its_top_process_and_the_api_servers_b
     assert cores.api_processes(500, proc) == [500, 503, 504]
     assert cores.api_processes(600, proc) == [600, 601]
     assert cores.api_processes(500, tmp_path / "missing") == [500]
+
+
+def test_servers_sharing_a_gpu_start_one_after_another_and_others_together(monkeypatch):
+    from kvroute.calibrate.live import server
+
+    log = []
+
+    class Fake:
+        def __init__(self, spec):
+            self.spec = spec
+
+        def start(self):
+            log.append(("start", self.spec.port))
+
+        def wait_ready(self, timeout_s):
+            log.append(("ready", self.spec.port))
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(server, "VllmServer", Fake)
+    monkeypatch.setattr(server, "check_ports", lambda specs: None)
+    specs = [server.ServerSpec("m", port=8100, cuda_device=0), server.ServerSpec("m", port=8101, cuda_device=0),
+             server.ServerSpec("m", port=8102, cuda_device=1), server.ServerSpec("m", port=8103, cuda_device=(1, 2))]
+    with server.serve_many(specs):
+        pass
+    # 8101 waits for 8100 (GPU 0); 8102 starts beside them; 8103 (GPUs 1, 2) waits for 8102
+    assert log[:6] == [("start", 8100), ("ready", 8100), ("start", 8101), ("start", 8102), ("ready", 8102),
+                       ("start", 8103)]
+    log.clear()
+    with server.serve_many([server.ServerSpec("m", port=p) for p in (8100, 8101)]):  # CPU: no GPU named
+        pass
+    assert log[:2] == [("start", 8100), ("start", 8101)]
