@@ -163,6 +163,8 @@ class ServerSpec:
             env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.kv_cache_gib:g}"
         if self.cuda_device is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.devices_text
+            # the indices are nvidia-smi's (PCI bus order); CUDA's own default is fastest first
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         return env
 
     @property

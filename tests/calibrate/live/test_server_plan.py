@@ -124,6 +124,8 @@ def test_tensor_parallel_servers_take_consecutive_gpus(monkeypatch):
     specs = plan_servers("meta-llama/Llama-3.1-70B-Instruct", None, tensor_parallel_size=4)
     assert [(s.cuda_device, s.port) for s in specs] == [((0, 1, 2, 3), 8100), ((4, 5, 6, 7), 8101)]
     assert specs[1].environment({})["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert specs[1].environment({})["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # nvidia-smi's indices, not fastest first
+    assert specs[1].environment({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
     cmd = specs[0].command()
     assert cmd[cmd.index("--tensor-parallel-size") + 1] == "4"
     assert "--tensor-parallel-size" not in plan_servers("m", 1)[0].command()  # tp 1: vLLM's default
