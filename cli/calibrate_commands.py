@@ -289,7 +289,7 @@ def _gpu_models(infos, urls) -> list[str]:
     if infos:
         if infos[0].device != "cuda" or infos[0].hardware == "unknown":
             return []
-        return [re.sub(r"^\d+ x ", "", part.strip()) for part in infos[0].hardware.split(", ")]
+        return [re.sub(r"^(\d+ of )?\d+ x ", "", part.strip()) for part in infos[0].hardware.split(", ")]
     from kvroute.calibrate.live.cores import gpu_models
     from kvroute.calibrate.live.server import machine_key
 

@@ -220,13 +220,21 @@ class ServerInfo:
             raise InputError(exc.reason, where, None, exc.field) from None
 
 
-def _hardware_from_system_env(env: dict[str, Any]) -> tuple[str, str]:
+def _hardware_from_system_env(env: dict[str, Any], gpus_used: int | None = None) -> tuple[str, str]:
+    """``(hardware, device)`` from ``/server_info``'s ``system_env``. Its GPU list is the host's
+    (``nvidia-smi -L``, whatever ``CUDA_VISIBLE_DEVICES`` the server has), so ``gpus_used``
+    (tensor x pipeline parallel size) names the server's own: ``"1 x NVIDIA RTX A6000"`` for one
+    of four alike, ``"1 of 2 x A, 2 x B"`` where the host's differ."""
     gpus = env.get("nvidia_gpu_models") or env.get("intel_gpu_models")
     if gpus:
         models = [re.sub(r"^GPU \d+:\s*", "", l).split(" (UUID")[0].strip() for l in str(gpus).splitlines()]
         models = [m for m in models if m]
         if models:
             uniq = sorted(set(models))
+            if gpus_used and gpus_used < len(models):
+                if len(uniq) == 1:
+                    return f"{gpus_used} x {uniq[0]}", "cuda"
+                return f"{gpus_used} of " + ", ".join(f"{models.count(m)} x {m}" for m in uniq), "cuda"
             return (", ".join(f"{models.count(m)} x {m}" for m in uniq), "cuda")
     cpu = str(env.get("cpu_info") or "")
     name = re.search(r"Model name:\s*(.+)", cpu)
@@ -456,13 +464,18 @@ class VllmClient:
             dev_mode = True
             doc = json.loads(body)
             cfg = doc.get("vllm_config", {})
+            gpus_used = None
             if isinstance(cfg, dict):
+                par = cfg.get("parallel_config") or {}
+                if isinstance(par, dict):
+                    sizes = [par.get("tensor_parallel_size") or 1, par.get("pipeline_parallel_size") or 1]
+                    gpus_used = sizes[0] * sizes[1] if all(type(x) is int for x in sizes) else None
                 sched = cfg.get("scheduler_config", {}) or {}
                 dev_cfg = cfg.get("device_config") or {}
                 # NOTE: device_type is init=False in 0.11's DeviceConfig; its device is torch.device(type)
                 named = dev_cfg.get("device_type") or (dev_cfg.get("device") if dev_cfg.get("device") != "auto" else None)
                 device = str(named or device).split(":")[0]
-            hardware, dev2 = _hardware_from_system_env(doc.get("system_env", {}) or {})
+            hardware, dev2 = _hardware_from_system_env(doc.get("system_env", {}) or {}, gpus_used)
             device = device if device != "unknown" else dev2
         async_flag = None
         if sched:

@@ -269,3 +269,15 @@ def test_a_profile_names_another_release_in_a_note():
         "in the profile, on on the servers (defaults, step overlap and the live path differ across releases: "
         "docs/reference/vllm-versions.md)")
     assert math.isclose(prior.gpu_memory_utilization, 0.9)
+
+
+def test_a_servers_hardware_names_the_gpus_it_uses_not_the_hosts():
+    from kvroute.calibrate.live.client import _hardware_from_system_env
+
+    host = {"nvidia_gpu_models": "GPU 0: NVIDIA H100 80GB HBM3 (UUID: a)\n" + "\n".join(
+        f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {i})" for i in range(1, 8))}
+    assert _hardware_from_system_env(host) == ("8 x NVIDIA H100 80GB HBM3", "cuda")
+    assert _hardware_from_system_env(host, 4) == ("4 x NVIDIA H100 80GB HBM3", "cuda")  # a TP4 server
+    mixed = {"nvidia_gpu_models": "GPU 0: NVIDIA A100-SXM4-80GB\nGPU 1: NVIDIA RTX A6000\nGPU 2: NVIDIA RTX A6000"}
+    assert _hardware_from_system_env(mixed, 1) == ("1 of 1 x NVIDIA A100-SXM4-80GB, 2 x NVIDIA RTX A6000", "cuda")
+    assert _hardware_from_system_env(mixed, 3) == ("1 x NVIDIA A100-SXM4-80GB, 2 x NVIDIA RTX A6000", "cuda")
