@@ -41,6 +41,10 @@ SERVE_VALUES = {
               help="Servers to start (default: one per GPU, or one per CPU core that no running vLLM server's engine "
                    "is pinned to).")
 @click.option("--port-base", type=Number(PORT), default=8100, show_default=True, help="Server i listens on port-base + i.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address the servers listen on, and that their URLs name: the default is this machine only; give "
+                   "this machine's address on the network for a client (calibrate measure, validate) on another "
+                   "machine. KV-cache events then go over TCP to that address too.")
 @click.option("--block-size", type=Number(BLOCK_SIZE), default=None,
               help="KV block size (default: vLLM's on GPUs, 16 through 0.33 and 64 from 0.34; 32 on the CPU backend).")
 @click.option("--gpu-memory-utilization", type=Number(FRACTION), default=None,
@@ -70,10 +74,14 @@ SERVE_VALUES = {
 @click.option("--vllm-args", default="", help="More vLLM arguments, as one shell-quoted string.")
 @click.option("--timeout", type=Number(SERVE_VALUES["timeout"]), default=900.0, show_default=True,
               help="Seconds to wait for /health.")
+@click.option("--dry-run", is_flag=True,
+              help="Print each server's vLLM command line and the environment serve sets for it (GPUs, CPU core, "
+                   "vLLM's variables), then exit: nothing starts, and vLLM need not be installed.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @check_values(rules=SERVE_VALUES)
-def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memory_utilization, workers_per_gpu,
-          tensor_parallel_size, kv_cache_gib, max_model_len, device, api_cores, kv_events_port_base, log_dir, vllm_args, timeout, extra):
+def serve(model, served_model_name, num_servers, port_base, host, block_size, gpu_memory_utilization, workers_per_gpu,
+          tensor_parallel_size, kv_cache_gib, max_model_len, device, api_cores, kv_events_port_base, log_dir, vllm_args,
+          timeout, dry_run, extra):
     """Start vLLM OpenAI-compatible servers (one per GPU, or one per CPU core) and keep them up
     until Ctrl-C. Arguments after ``--`` go to vLLM as they are. On the CPU each engine gets a core
     that no running vLLM server's engine or API process is pinned to (another serve's); when none
@@ -86,7 +94,9 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
       kvroute serve --model tiny-qwen2 -n 1 -- --max-num-seqs 64  # CPU, engine on core 0
       kvroute serve --model Qwen/Qwen2.5-7B-Instruct -n 2 --workers-per-gpu 2  # two on GPU 0
       kvroute serve --model Qwen/Qwen2.5-7B-Instruct -- --api-server-count 2   # 2 API processes each
+      kvroute serve --model meta-llama/Llama-3.1-70B-Instruct --tp 4 --dry-run  # what would start
     """
+    import dataclasses
     import importlib.util
     import signal
     import time
@@ -103,11 +113,12 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
     if flag is not None:  # passed as it is, each server would still get one GPU
         raise click.BadParameter(f"give the tensor-parallel size as --tp N, not {flag} to vLLM: serve then gives each "
                                  "server N GPUs", param_hint="'--tp'")
-    try:
-        check_output(log_dir, 0, "--log-dir", is_dir=True)
-    except ValueError as exc:
-        raise click.ClickException(str(exc))
-    if importlib.util.find_spec("vllm") is None:
+    if not dry_run:
+        try:
+            check_output(log_dir, 0, "--log-dir", is_dir=True)
+        except ValueError as exc:
+            raise click.ClickException(str(exc))
+    if importlib.util.find_spec("vllm") is None and not dry_run:
         raise click.ClickException("vLLM is not installed in this Python, so no server can start: "
                                    "python -m pip install -e '.[gpu]' on GPU machines, '.[live]' for vLLM's CPU build")
 
@@ -130,6 +141,10 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
                              gpu_memory_utilization, kv_cache_gib, max_model_len, args, log_dir, device, api_cores,
                              kv_events_port_base, workers_per_gpu=workers_per_gpu, taken=taken, api_taken=api_taken,
                              tensor_parallel_size=tensor_parallel_size)
+        specs = [dataclasses.replace(s, host=host) for s in specs]
+        if dry_run:
+            _print_plan(specs)
+            return
         check_ports(specs)  # a taken port fails now, before any line says what starts where
     except (ValueError, ServerError) as exc:
         raise click.ClickException(str(exc))
@@ -161,6 +176,22 @@ def serve(model, served_model_name, num_servers, port_base, block_size, gpu_memo
         raise click.ClickException(str(exc))
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
+
+
+SERVE_ENV_PREFIXES = ("CUDA_", "VLLM_", "HF_HUB_OFFLINE", "DO_NOT_TRACK")
+"""The environment variables ``--dry-run`` prints: those ``ServerSpec.environment`` sets."""
+
+
+def _print_plan(specs) -> None:
+    """``--dry-run``: per server, its URL, the variables serve sets and its command line, one
+    shell line each (``env VAR=... python -m ...``, ready to paste)."""
+    for s in specs:
+        env = s.environment({})
+        shown = {k: v for k, v in env.items() if k.startswith(SERVE_ENV_PREFIXES)}
+        where = f"GPUs {s.devices_text}" if s.cuda_device is not None else (
+            f"CPU core {s.cpu_core}" if s.cpu_core is not None else "any core")
+        click.echo(f"# {s.url} on {where}, log {s.log_path}")
+        click.echo(shlex.join(["env", *(f"{k}={v}" for k, v in sorted(shown.items())), *s.command()]))
 
 
 def _watch(servers, sleep, interval: float = 1.0) -> None:

@@ -5,7 +5,7 @@ One :class:`VllmServer` is one ``vllm serve`` process (run with this Python thro
 command cannot find its own version) with its own log file: ``vllm serve`` is the
 entry point that honours ``--api-server-count`` (``entrypoints/cli/serve.py``; ``python -m
 vllm.entrypoints.openai.api_server`` runs one API process whatever it is told, and is deprecated
-from 0.34). :func:`serve_many` starts the servers of a plan
+by 0.32, where it warns). :func:`serve_many` starts the servers of a plan
 (:func:`kvroute.calibrate.live.plan.plan_servers`: one per GPU, ``CUDA_VISIBLE_DEVICES``, or several
 per GPU splitting its memory, or, on a machine without GPUs, one per CPU core,
 ``VLLM_CPU_OMP_THREADS_BIND``, the vLLM CPU build), waits until every ``GET /health`` answers 200,

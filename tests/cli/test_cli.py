@@ -280,3 +280,30 @@ def test_group_help_lists_each_commands_first_sentence_whole():
     text = " ".join(CliRunner().invoke(cli, ["trace", "--help"], terminal_width=80).output.split())
     assert ("import Convert a trace (Mooncake JSONL, Azure or BurstGPT CSV, ShareGPT conversations, vllm bench "
             "serve result) to kvroute's format, validating it.") in text
+
+
+def test_serve_dry_run_prints_each_servers_command_and_environment_and_starts_nothing(monkeypatch, tmp_path):
+    import importlib.util
+    import shlex
+
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.live import cores
+    from kvroute.cli.main import cli
+
+    monkeypatch.setattr(cores, "detect_gpus", lambda: list(range(8)))
+    real = importlib.util.find_spec  # no vLLM needed to look
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    result = CliRunner().invoke(cli, ["serve", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--tp", "4",
+                                      "--host", "10.0.0.5", "--kv-events-port-base", "8200", "--dry-run",
+                                      "--log-dir", str(tmp_path / "logs")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == f"# http://10.0.0.5:8100 on GPUs 0,1,2,3, log {tmp_path / 'logs' / 'vllm-8100.log'}"
+    argv = shlex.split(lines[1])
+    assert argv[:5] == ["env", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=0,1,2,3", "DO_NOT_TRACK=1",
+                        "VLLM_NO_USAGE_STATS=1"]
+    assert argv[argv.index("--host") + 1] == "10.0.0.5" and argv[argv.index("--tensor-parallel-size") + 1] == "4"
+    assert '"endpoint": "tcp://*:8200"' in argv[argv.index("--kv-events-config") + 1]  # not loopback: TCP
+    assert lines[2].startswith("# http://10.0.0.5:8101 on GPUs 4,5,6,7") and len(lines) == 4
+    assert not (tmp_path / "logs").exists()  # nothing made, nothing started
