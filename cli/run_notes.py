@@ -125,9 +125,14 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
     (a generated workload's rounds)."""
     from kvroute.sim.cluster.eviction import evicted_history_tokens
 
+    known: dict[int, dict] = {}  # seed -> parent links (a generated workload's trace is drawn per round)
+
     def parents(seed: int) -> dict:
-        rounds_trace = trace(seed) if callable(trace) else trace
-        return {rec.request_id: rec.parent for rec in rounds_trace.records}
+        if seed not in known:
+            rounds_trace = trace(seed) if callable(trace) else trace
+            known[seed] = {rec.request_id: rec.parent for rec in rounds_trace.records}
+        return known[seed]
+
     parts = []
     for policy in comparison.policies:
         runs = comparison.runs.get(policy) or []
@@ -158,7 +163,8 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
     for k, (p, e, t, _, c) in enumerate(rest):
         text += f"{'; and' if k == len(rest) - 1 else ';'} {e:,.0f} under {p} ({t:.1f} times"
         text += f"; {100 * c[0]:.1f} %: {c[1]:.3f}, {c[1] + c[0]:.3f} with them)" if c is not None else ")"
-    return (text + (". Those shares are lower bounds (blocks shared across chats are not counted)" if cost else "")
+    return (text + (". Those shares are lower bounds (blocks shared across chats are not counted)"
+                    if trace is not None else "")
             + ". Hit rates and TTFT then depend on KV memory (try --kv-blocks or --workers); the preemption row "
             "counts only requests pushed out while running. Each worker's KV use over time: --time-series.")
 
