@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -192,11 +193,12 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
     iv = intervals(rows, panels, by=["policy", *settings, "request_rate"])  # failed runs left out, as the tables
     colors = colors or policy_colors(rows["policy"].drop_duplicates())
     names = short_names(rows["policy"])
-    variants = list(dict.fromkeys(iv[settings].itertuples(index=False, name=None))) if settings else [()]
+    variants = list(dict.fromkeys(tuple(map(_setting_key, t)) for t in iv[settings].itertuples(index=False, name=None)))
     fig = Figure(figsize=(13, 4.4))
     axes = fig.subplots(1, len(panels))
-    for key, group in iv.groupby(["policy", *settings], sort=False):
-        policy, values = key[0], tuple(key[1:])
+    for key, group in iv.groupby(["policy", *settings], sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        policy, values = key[0], tuple(map(_setting_key, key[1:]))
         group = group.sort_values("request_rate")
         style = series_style(str(policy), colors)
         label = names[str(policy)]
@@ -248,8 +250,16 @@ LEGEND_COLUMNS = 6
 """Most entries per row of :func:`load_figure`'s legend (more rows below the panels)."""
 
 
+def _setting_key(value):
+    """A swept setting's value with NaN as None (NaN is not equal to itself)."""
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
 def _setting_text(value) -> str:
-    """A swept setting's value as a legend shows it: ``8`` for ``8.0``, text as given."""
+    """A swept setting's value as a legend shows it: ``8`` for ``8.0``, ``default`` for none
+    given (the profile's or the workload's own), text as given."""
+    if value is None:
+        return "default"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)

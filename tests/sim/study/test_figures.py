@@ -304,3 +304,7 @@ def test_load_figure_draws_each_other_swept_setting_as_its_own_line_not_a_pooled
         assert throughput[f"round_robin, workers={workers}"].get_ydata().tolist() == want
     assert throughput["round_robin, workers=1"].get_linestyle() != throughput["round_robin, workers=2"].get_linestyle()
     assert (throughput["round_robin, workers=1"].get_color() == throughput["round_robin, workers=2"].get_color())
+    kv = sweep(grid(base, request_rate=[0.5, 2], kv_blocks=[None, 3000], policy=["round_robin"]), rounds=1,
+               executor="sequential", progress=False)  # a setting left to the profile (None) keeps its line
+    assert [t.get_text() for t in load_figure(kv).legends[0].get_texts()] == [
+        "round_robin, kv_blocks=default", "round_robin, kv_blocks=3000"]
