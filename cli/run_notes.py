@@ -154,8 +154,8 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
         return ""
     (policy, evicted, times, held, cost), rest = parts[0], parts[1:]
     text = (f"Note: the KV cache turned over: per run (mean over rounds) the workers evicted {evicted:,.0f} cached "
-            f"blocks under {policy}, {times:.1f} times the {held:,} blocks of {block_size} tokens they hold "
-            f"({held * block_size:,} tokens)")
+            f"blocks under {policy}, {times:.1f} times the {held:,} blocks of {block_size} tokens they can cache in "
+            f"({held * block_size:,} tokens; vLLM keeps one block of each worker back)")
     if cost is not None:
         lost, hit = cost
         text += (f", and later turns computed again {100 * lost:.1f} % of the prompt tokens that their worker had "

@@ -94,7 +94,8 @@ def serve(model, served_model_name, num_servers, port_base, host, block_size, gp
       kvroute serve --model tiny-qwen2 -n 1 -- --max-num-seqs 64  # CPU, engine on core 0
       kvroute serve --model Qwen/Qwen2.5-7B-Instruct -n 2 --workers-per-gpu 2  # two on GPU 0
       kvroute serve --model Qwen/Qwen2.5-7B-Instruct -- --api-server-count 2   # 2 API processes each
-      kvroute serve --model meta-llama/Llama-3.1-70B-Instruct --tp 4 --dry-run  # what would start
+      CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7 kvroute serve --model meta-llama/Llama-3.1-70B-Instruct --tp 4 --dry-run
+                        # what would start on 8 GPUs (named, so it previews from any machine)
     """
     import dataclasses
     import importlib.util
@@ -147,7 +148,9 @@ def serve(model, served_model_name, num_servers, port_base, host, block_size, gp
             return
         check_ports(specs)  # a taken port fails now, before any line says what starts where
     except (ValueError, ServerError) as exc:
-        raise click.ClickException(str(exc))
+        hint = ("; to preview a GPU host from a machine without its GPUs, name them: CUDA_VISIBLE_DEVICES=0,1,2,3 "
+                "kvroute serve ... --dry-run" if dry_run and "GPU" in str(exc) else "")
+        raise click.ClickException(f"{exc}{hint}")
     if tiny:
         if not tiny_model_built():
             click.echo("building the tiny random-weight Qwen2 model ...", err=True)
@@ -184,7 +187,11 @@ SERVE_ENV_PREFIXES = ("CUDA_", "VLLM_", "HF_HUB_OFFLINE", "DO_NOT_TRACK")
 
 def _print_plan(specs) -> None:
     """``--dry-run``: per server, its URL, the variables serve sets and its command line, one
-    shell line each (``env VAR=... python -m ...``, ready to paste)."""
+    shell line each (``env VAR=... python -m ...``, ready to paste); first, when no GPU is
+    planned, a line saying so and how to preview a GPU host."""
+    if all(s.cuda_device is None for s in specs):
+        click.echo("# no GPU here: servers on vLLM's CPU backend; to preview a GPU host, name its GPUs: "
+                   "CUDA_VISIBLE_DEVICES=0,1,2,3 kvroute serve ... --dry-run")
     for s in specs:
         env = s.environment({})
         shown = {k: v for k, v in env.items() if k.startswith(SERVE_ENV_PREFIXES)}

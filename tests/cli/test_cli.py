@@ -307,3 +307,20 @@ def test_serve_dry_run_prints_each_servers_command_and_environment_and_starts_no
     assert '"endpoint": "tcp://*:8200"' in argv[argv.index("--kv-events-config") + 1]  # not loopback: TCP
     assert lines[2].startswith("# http://10.0.0.5:8101 on GPUs 4,5,6,7") and len(lines) == 4
     assert not (tmp_path / "logs").exists()  # nothing made, nothing started
+
+
+def test_serve_dry_run_without_gpus_says_it_plans_cpu_servers_and_how_to_preview_a_gpu_host(monkeypatch):
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.live import cores
+    from kvroute.cli.main import cli
+
+    monkeypatch.setattr(cores, "detect_gpus", lambda: [])
+    monkeypatch.setattr(cores, "cpu_cores", lambda: [0, 1])
+    cpu = CliRunner().invoke(cli, ["serve", "--model", "Qwen/Qwen2.5-7B-Instruct", "-n", "1", "--dry-run"])
+    assert cpu.exit_code == 0 and cpu.output.splitlines()[0] == (
+        "# no GPU here: servers on vLLM's CPU backend; to preview a GPU host, name its GPUs: "
+        "CUDA_VISIBLE_DEVICES=0,1,2,3 kvroute serve ... --dry-run")
+    tp = CliRunner().invoke(cli, ["serve", "--model", "m", "--tp", "4", "--dry-run"])
+    assert tp.exit_code == 1 and tp.output.strip().endswith(
+        "name them: CUDA_VISIBLE_DEVICES=0,1,2,3 kvroute serve ... --dry-run")

@@ -22,12 +22,14 @@ def test_turnover_note_names_each_policy_whose_runs_evicted_the_blocks_held_once
     })
     assert kv_turnover_note(comparison, 16) == (
         "Note: the KV cache turned over: per run (mean over rounds) the workers evicted 400 cached blocks under "
-        "round_robin, 2.0 times the 198 blocks of 16 tokens they hold (3,168 tokens). Hit rates and TTFT then depend "
+        "round_robin, 2.0 times the 198 blocks of 16 tokens they can cache in (3,168 tokens; vLLM keeps one block of "
+        "each worker back). Hit rates and TTFT then depend "
         "on KV memory (try --kv-blocks or --workers); the preemption row counts only requests pushed out while "
         "running. Each worker's KV use over time: --time-series.")
     comparison.runs["kv_aware"] = [_run((100, 100))]
     comparison.runs["least_loaded"] = [_run((1000, 1000))]
-    assert ("400 cached blocks under round_robin, 2.0 times the 198 blocks of 16 tokens they hold (3,168 tokens); "
+    assert ("400 cached blocks under round_robin, 2.0 times the 198 blocks of 16 tokens they can cache in (3,168 tokens; "
+            "vLLM keeps one block of each worker back); "
             "200 under kv_aware (1.0 times); and 2,000 under least_loaded (10.1 times). Hit") in kv_turnover_note(
         comparison, 16)
     comparison.runs = {p: [_run((10, 10))] for p in comparison.policies}
@@ -44,7 +46,7 @@ def test_compare_says_when_the_cache_turned_over_and_not_otherwise():
     tight = json.loads(CliRunner().invoke(cli, args + ["--kv-blocks", "300"], catch_exceptions=False).output)
     note = next(n for n in tight["notes"] if "turned over" in n)
     evicted, times = re.search(r"evicted ([\d,]+) cached blocks under round_robin, ([\d.]+) times the 299 blocks of 16 "
-                               r"tokens they hold \(4,784 tokens\)", note).groups()
+                               r"tokens they can cache in \(4,784 tokens; vLLM keeps one block of each worker back\)", note).groups()
     assert int(evicted.replace(",", "")) >= 299 and float(times) == round(int(evicted.replace(",", "")) / 299, 1)
 
 
