@@ -179,16 +179,17 @@ def same_routing_note(records) -> str:
     """
     if "policy" not in records.columns or records["policy"].nunique() < 2:
         return ""
-    routes = {}
+    import numpy as np
+
+    alike, seen = [], []  # seen: (policy, its (round, request id, worker) rows in order)
     for policy, rows in records.groupby("policy", sort=False):
-        routes[policy] = tuple(rows.sort_values(["round", "request_id"])[["round", "request_id", "worker"]]
-                               .itertuples(index=False, name=None))
-    alike, seen = [], {}
-    for policy, route in routes.items():
-        if route in seen:
-            alike.append((policy, seen[route]))
+        route = rows[["round", "request_id", "worker"]].to_numpy()
+        route = route[np.lexsort((route[:, 1], route[:, 0]))]
+        first = next((p for p, r in seen if r.shape == route.shape and np.array_equal(r, route)), None)
+        if first is not None:
+            alike.append((policy, first))
         else:
-            seen[route] = policy
+            seen.append((policy, route))
     if not alike:
         return ""
     pairs = ", and ".join(f"{policy} routed every request to the worker {first} chose" for policy, first in alike)
