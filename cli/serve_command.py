@@ -190,7 +190,7 @@ def _print_plan(specs) -> None:
     shell line each (``env VAR=... python -m ...``, ready to paste); first, when no GPU is
     planned, a line saying so and how to preview a GPU host."""
     if all(s.cuda_device is None for s in specs):
-        click.echo("# no GPU here: servers on vLLM's CPU backend; to preview a GPU host, name its GPUs: "
+        click.echo("# no GPU used: servers on vLLM's CPU backend; to preview a GPU host, name its GPUs: "
                    "CUDA_VISIBLE_DEVICES=0,1,2,3 kvroute serve ... --dry-run")
     for s in specs:
         env = s.environment({})

@@ -319,7 +319,7 @@ def test_serve_dry_run_without_gpus_says_it_plans_cpu_servers_and_how_to_preview
     monkeypatch.setattr(cores, "cpu_cores", lambda: [0, 1])
     cpu = CliRunner().invoke(cli, ["serve", "--model", "Qwen/Qwen2.5-7B-Instruct", "-n", "1", "--dry-run"])
     assert cpu.exit_code == 0 and cpu.output.splitlines()[0] == (
-        "# no GPU here: servers on vLLM's CPU backend; to preview a GPU host, name its GPUs: "
+        "# no GPU used: servers on vLLM's CPU backend; to preview a GPU host, name its GPUs: "
         "CUDA_VISIBLE_DEVICES=0,1,2,3 kvroute serve ... --dry-run")
     tp = CliRunner().invoke(cli, ["serve", "--model", "m", "--tp", "4", "--dry-run"])
     assert tp.exit_code == 1 and tp.output.strip().endswith(
