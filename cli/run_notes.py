@@ -123,14 +123,13 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
     depend on KV memory, which the preemption row does not show. ``block_size``: tokens per
     block; ``trace``: the runs' ``Trace``, or a function of a run's seed that returns its trace
     (a generated workload's rounds)."""
-    from kvroute.sim.cluster.eviction import evicted_history_tokens
+    from kvroute.sim.cluster.eviction import evicted_history_tokens, parent_links
 
     known: dict[int, dict] = {}  # seed -> parent links (a generated workload's trace is drawn per round)
 
     def parents(seed: int) -> dict:
         if seed not in known:
-            rounds_trace = trace(seed) if callable(trace) else trace
-            known[seed] = {rec.request_id: rec.parent for rec in rounds_trace.records}
+            known[seed] = parent_links(trace(seed) if callable(trace) else trace)
         return known[seed]
 
     parts = []

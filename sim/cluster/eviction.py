@@ -33,6 +33,12 @@ MAX_ANCESTORS = 1000
 """Turns walked back to find a request's nearest ancestor on its worker."""
 
 
+def parent_links(trace) -> dict[int, int | None]:
+    """Request id -> the id of the request its prompt extends, or None, for ``trace``'s records
+    (``TraceRecord.parent``): what :func:`evicted_history_tokens` walks."""
+    return {rec.request_id: rec.parent for rec in trace.records}
+
+
 def evicted_history_tokens(rows: Iterable[Sequence], parents: Mapping[int, int | None],
                            block_size: int) -> tuple[int, int, int]:
     """Prompt tokens lost to eviction in one run, with the cached and the prompt tokens of its
@@ -41,7 +47,7 @@ def evicted_history_tokens(rows: Iterable[Sequence], parents: Mapping[int, int |
     Args:
         rows: the run's records as tuples in ``RECORD_COLUMNS`` order (``RunResult.record_rows``).
         parents: request id -> the id of the request its prompt extends, or None
-            (``TraceRecord.parent`` of the run's trace).
+            (:func:`parent_links` of the run's trace).
         block_size: tokens per KV block.
 
     Returns:

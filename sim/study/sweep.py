@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from kvroute.sim.cluster.cluster import simulate
-from kvroute.sim.cluster.eviction import evicted_history_tokens
+from kvroute.sim.cluster.eviction import evicted_history_tokens, parent_links
 from kvroute.sim.study.executors import EXECUTORS, Stop, interrupts_as_keyboard, run_tasks
 from kvroute.sim.study.progress import progress_bar
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass, summarize, summarize_rounds
@@ -76,8 +76,8 @@ def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = Service
         "output_tokens": int(ok["output_tokens"].sum()),
         "num_gpu_blocks": int(workers["num_gpu_blocks"].min()),
         "num_evictions": int(workers["num_evictions"].sum()),
-        "evicted_prefix_tokens": evicted_history_tokens(
-            result.record_rows(), {r.request_id: r.parent for r in trace.records}, spec.profile.engine.block_size)[0],
+        "evicted_prefix_tokens": evicted_history_tokens(result.record_rows(), parent_links(trace),
+                                                        spec.profile.engine.block_size)[0],
         "num_preemptions": int(workers["num_preemptions"].sum()),
         "busy_time_s": float(workers["busy_time"].sum()),
     }

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from kvroute.cli.main import cli
 from kvroute.sim.cluster.cluster import ClusterSpec, simulate
-from kvroute.sim.cluster.eviction import evicted_history_tokens
+from kvroute.sim.cluster.eviction import evicted_history_tokens, parent_links
 from kvroute.sim.cluster.metrics import RECORD_COLUMNS
 from kvroute.traces.format import Trace, TraceRecord
 from tests.sim.cluster.test_cluster import simple_profile
@@ -50,7 +50,7 @@ def _turns(kv_blocks):
 
 def test_a_chat_turn_that_comes_back_after_its_blocks_were_evicted_loses_them():
     trace, tight = _turns(11)  # 10 usable blocks: the other chat's 9 push out three of turn 1's 4
-    parents = {r.request_id: r.parent for r in trace.records}
+    parents = parent_links(trace)
     assert list(tight.records["cached_tokens"]) == [0, 0, 16]  # a prefix goes last block first: block 0 stays
     # turn 1 computed 64 tokens (4 blocks), turn 2 reaches (80 - 1) // 16 = 4: hit 1, 3 lost
     assert evicted_history_tokens(tight.record_rows(), parents, 16) == (48, 16, 288)
