@@ -116,10 +116,10 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
     at least ``TURNOVER_NOTE`` times the blocks the workers can hold (``num_gpu_blocks`` less
     vLLM's null block each, the capacity ``vllm:kv_cache_usage_perc`` and the time series' KV
     panel count; vLLM's block pool evicts a cached block when it hands the block out again,
-    ``num_evictions``), how many and how many times over; with the run's ``trace``, also what
-    it cost: the share of the prompt tokens a later turn computed again that its worker had
-    cached for an earlier turn of the chat and evicted (a lower bound:
-    ``kvroute.sim.cluster.eviction``), and the hit rate with them. The hit rate and TTFT then
+    ``num_evictions``), how many and how many times over; with the run's ``trace``, when its
+    records have parent links, also what it cost: the share of the prompt tokens a later turn
+    computed again that its worker had cached for an earlier turn of the chat and evicted (a
+    lower bound: ``kvroute.sim.cluster.eviction``), and the hit rate with them. The hit rate and TTFT then
     depend on KV memory, which the preemption row does not show. ``block_size``: tokens per
     block; ``trace``: the runs' ``Trace``, or a function of a run's seed that returns its trace
     (a generated workload's rounds)."""
@@ -143,7 +143,8 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
         if not (held and evicted >= TURNOVER_NOTE * held):
             continue
         cost = None
-        if trace is not None:
+        # a trace without parent links (Mooncake's, Azure's) gives the rule nothing to read: no figure
+        if trace is not None and any(p is not None for p in parents(runs[0].seed).values()):
             counts = [evicted_history_tokens(run.record_rows(), parents(run.seed), block_size) for run in runs]
             lost = sum(x / p for x, _, p in counts if p) / len(counts)
             hit = sum(c / p for _, c, p in counts if p) / len(counts)
@@ -163,7 +164,7 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
         text += f"{'; and' if k == len(rest) - 1 else ';'} {e:,.0f} under {p} ({t:.1f} times"
         text += f"; {100 * c[0]:.1f} %: {c[1]:.3f}, {c[1] + c[0]:.3f} with them)" if c is not None else ")"
     return (text + (". Those shares are lower bounds (blocks shared across chats are not counted)"
-                    if trace is not None else "")
+                    if any(part[4] is not None for part in parts) else "")
             + ". Hit rates and TTFT then depend on KV memory (try --kv-blocks or --workers); the preemption row "
             "counts only requests pushed out while running. Each worker's KV use over time: --time-series.")
 

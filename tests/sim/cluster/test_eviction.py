@@ -72,3 +72,21 @@ def test_compare_says_what_share_of_the_prompt_tokens_the_turnover_cost():
     # one worker sees every turn of every chat: with the lost tokens back, the hit rate of a cache
     # that never evicts
     assert abs(with_them - roomy["policies"]["round_robin"]["hit_rate"]["mean"]) < 0.01
+
+
+def test_the_turnover_note_gives_no_cost_for_a_trace_without_parent_links():
+    from types import SimpleNamespace
+
+    from kvroute.cli.run_notes import kv_turnover_note
+
+    trace, run = _turns(11)
+    run = SimpleNamespace(seed=0, worker_rows=lambda: [{"num_gpu_blocks": 3, "num_evictions": 6}],
+                          record_rows=run.record_rows)
+    comparison = SimpleNamespace(policies=["round_robin"], runs={"round_robin": [run]})
+    linked = kv_turnover_note(comparison, 16, trace)
+    assert "later turns computed again 16.7 % of the prompt tokens" in linked and "lower bounds" in linked
+    unlinked = Trace([TraceRecord(r.request_id, r.timestamp_ms, r.input_length, r.output_length,
+                                  r.hash_ids or tuple(range(0, 4)) + (200,)) for r in trace.records], block_size=16)
+    note = kv_turnover_note(comparison, 16, unlinked)
+    assert "computed again" not in note and "lower bounds" not in note
+    assert note == kv_turnover_note(comparison, 16)  # as without a trace
