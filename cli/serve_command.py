@@ -7,6 +7,7 @@ on :mod:`kvroute.calibrate.live.cores` and :mod:`kvroute.calibrate.live.plan`.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -33,6 +34,27 @@ SERVE_VALUES = {
 """Rules of ``kvroute serve``'s numeric options (checked before vLLM is looked for)."""
 
 
+HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+"""One label of a host name (RFC 1123)."""
+
+
+def _host(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """``--host``: an IPv4 address or a host name (the servers' URLs are ``http://HOST:PORT``,
+    which an IPv6 literal would break)."""
+    import ipaddress
+
+    labels = value.split(".")
+    if all(label.isdigit() for label in labels):
+        try:
+            ipaddress.IPv4Address(value)
+            return value
+        except ValueError:
+            pass
+    elif ":" not in value and len(value) <= 253 and all(HOST_LABEL.match(label) for label in labels):
+        return value
+    raise click.BadParameter(f"not an IPv4 address or host name: {value!r}", ctx=ctx, param=param)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "ignore_unknown_options": True})
 @click.option("--model", required=True,
               help="Model directory or Hugging Face id; 'tiny-qwen2' builds the tiny random-weight test model.")
@@ -41,7 +63,7 @@ SERVE_VALUES = {
               help="Servers to start (default: one per GPU, or one per CPU core that no running vLLM server's engine "
                    "is pinned to).")
 @click.option("--port-base", type=Number(PORT), default=8100, show_default=True, help="Server i listens on port-base + i.")
-@click.option("--host", default="127.0.0.1", show_default=True,
+@click.option("--host", default="127.0.0.1", show_default=True, callback=_host,
               help="Address the servers listen on, and that their URLs name: the default is this machine only; give "
                    "this machine's address on the network for a client (calibrate measure, validate) on another "
                    "machine. KV-cache events then go over TCP to that address too.")

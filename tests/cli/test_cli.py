@@ -324,3 +324,15 @@ def test_serve_dry_run_without_gpus_says_it_plans_cpu_servers_and_how_to_preview
     tp = CliRunner().invoke(cli, ["serve", "--model", "m", "--tp", "4", "--dry-run"])
     assert tp.exit_code == 1 and tp.output.strip().endswith(
         "name them: CUDA_VISIBLE_DEVICES=0,1,2,3 kvroute serve ... --dry-run")
+
+
+@pytest.mark.parametrize("host", ["", "not a host", "::1", "999.1.1.1", "-bad", "a" * 64])
+def test_serve_refuses_a_host_that_is_no_ipv4_address_or_host_name(host):
+    from click.testing import CliRunner
+
+    from kvroute.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["serve", "--model", "m", "-n", "1", "--host", host, "--dry-run"])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (f"Error: Invalid value for '--host': not an IPv4 address or host name: "
+                                              f"{host!r}")
