@@ -145,13 +145,6 @@ def serve(model, served_model_name, num_servers, port_base, host, block_size, gp
         raise click.ClickException("vLLM is not installed in this Python, so no server can start: "
                                    "python -m pip install -e '.[gpu]' on GPU machines, '.[live]' for vLLM's CPU build")
 
-    def _stop(signum, frame):
-        raise KeyboardInterrupt
-
-    # Ctrl-C and SIGTERM both stop the servers cleanly, also when a script started us in the
-    # background (where SIGINT arrives ignored)
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
     from kvroute.calibrate.calibration.tiny_model import (TINY_MODEL_NAME, build_tiny_model, default_tiny_dir,
                                                           tiny_model_built)
 
@@ -173,6 +166,14 @@ def serve(model, served_model_name, num_servers, port_base, host, block_size, gp
         hint = ("; to preview a GPU host from a machine without its GPUs, name them: CUDA_VISIBLE_DEVICES=0,1,2,3 "
                 "kvroute serve ... --dry-run" if dry_run and "GPU" in str(exc) else "")
         raise click.ClickException(f"{exc}{hint}")
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+
+    # from here on, Ctrl-C and SIGTERM both stop the servers cleanly, also when a script started
+    # us in the background (where SIGINT arrives ignored)
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
     if tiny:
         if not tiny_model_built():
             click.echo("building the tiny random-weight Qwen2 model ...", err=True)

@@ -285,6 +285,7 @@ def test_group_help_lists_each_commands_first_sentence_whole():
 def test_serve_dry_run_prints_each_servers_command_and_environment_and_starts_nothing(monkeypatch, tmp_path):
     import importlib.util
     import shlex
+    import signal
 
     from click.testing import CliRunner
 
@@ -294,6 +295,7 @@ def test_serve_dry_run_prints_each_servers_command_and_environment_and_starts_no
     monkeypatch.setattr(cores, "detect_gpus", lambda: list(range(8)))
     real = importlib.util.find_spec  # no vLLM needed to look
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     result = CliRunner().invoke(cli, ["serve", "--model", "meta-llama/Llama-3.1-70B-Instruct", "--tp", "4",
                                       "--host", "10.0.0.5", "--kv-events-port-base", "8200", "--dry-run",
                                       "--log-dir", str(tmp_path / "logs")], catch_exceptions=False)
@@ -307,6 +309,7 @@ def test_serve_dry_run_prints_each_servers_command_and_environment_and_starts_no
     assert '"endpoint": "tcp://*:8200"' in argv[argv.index("--kv-events-config") + 1]  # not loopback: TCP
     assert lines[2].startswith("# http://10.0.0.5:8101 on GPUs 4,5,6,7") and len(lines) == 4
     assert not (tmp_path / "logs").exists()  # nothing made, nothing started
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # nothing to stop
 
 
 def test_serve_dry_run_without_gpus_says_it_plans_cpu_servers_and_how_to_preview_a_gpu_host(monkeypatch):
