@@ -115,7 +115,7 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
     from kvroute.calibrate.live.kv_events import check_endpoints
     from kvroute.calibrate.live.cores import pinned
     from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
-    from kvroute.calibrate.validation.validate_render import write_report
+    from kvroute.calibrate.validation.validate_render import write_measured_only, write_report
     from kvroute.cli.scenario import scenario_trace
     from kvroute.sim.cluster.cluster import REPLAY_MODES
     from kvroute.sim.timing.profile import load_profile
@@ -176,11 +176,19 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
         except KeyboardInterrupt:
             click.echo("interrupted before any live measurement; nothing written", err=True)
             sys.exit(130)
-        path = write_report(result, out_dir, figure_formats, provenance=_provenance(scenario, trace, profile))
+        if not result.predicted:  # Ctrl-C after the live rounds, before their prediction
+            path = write_measured_only(result, out_dir, provenance=_provenance(scenario, trace, profile))
+        else:
+            path = write_report(result, out_dir, figure_formats, provenance=_provenance(scenario, trace, profile))
     click.echo((Path(out_dir) / "report.md").read_text(encoding="utf-8"), nl=False)  # as written, not rebuilt
     figures = figure_formats[0] if len(figure_formats) == 1 else "{" + ",".join(figure_formats) + "}"
-    click.echo(f"wrote {path}, report.md, report.html, records_live.parquet, records_sim.parquet, "
-               f"ttft_*.{figures} in {out_dir}", err=True)
+    click.echo(f"wrote {path}, report.md, records_live.parquet in {out_dir} (no prediction)" if not result.predicted
+               else f"wrote {path}, report.md, report.html, records_live.parquet, records_sim.parquet, "
+                    f"ttft_*.{figures} in {out_dir}", err=True)
+    for run in result.runs:
+        for w, why in run.dead.items():
+            click.echo(f"warning: {run.policy}" + (f" (live round {run.live_round + 1})" if live_rounds > 1 else "")
+                       + f": worker {w} was lost ({why}); report.md says which requests failed", err=True)
     if result.interrupted:
         sys.exit(130)
     measured = sum(int((run.live.records["status"] == "ok").sum()) for run in result.runs if run.live is not None)

@@ -220,6 +220,8 @@ class Validation:
         runs: per policy and live round, in run order (round-major).
         notes: remarks for the report (engine settings that differ between servers, ...).
         interrupted: Ctrl-C stopped the validation.
+        predicted: every run has its prediction; False when Ctrl-C came after the live rounds,
+            before the prediction they wait for was made (the runs then hold measurements only).
         probes: the speed probes' samples (``"before"``, ``"after"``, and ``"predicted"``: the
             reference the profile predicts).
         drift: per probe quantity, the host's drift (``kvroute.sim.timing.drift.Drift``).
@@ -233,6 +235,7 @@ class Validation:
     runs: list[PolicyRun] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
+    predicted: bool = True
     client_lag_s: float = 0.0
     root_offsets_s: dict[int, float] | None = None
     probes: dict = field(default_factory=dict)
@@ -524,6 +527,10 @@ def predict(trace: Trace, cluster: ClusterSpec, policies: list[str], rounds: int
     return runs
 
 
+SILENT_BEFORE_THE_RUN = "did not answer before the run"
+"""How :func:`measure` ends the reason of a worker it marks dead before the replay starts."""
+
+
 async def measure(run: PolicyRun, replay: LiveReplay, urls: list[str]) -> None:
     """Reset caches, scrape, replay, scrape: fills ``run``'s live fields (not ``measured``).
 
@@ -534,7 +541,7 @@ async def measure(run: PolicyRun, replay: LiveReplay, urls: list[str]) -> None:
     run.before = await scrape(urls)
     for w, (reset, snap) in enumerate(zip(run.cache_reset, run.before)):
         if reset is None and snap is None:
-            replay.mark_dead(w, f"{urls[w]} did not answer before the run")
+            replay.mark_dead(w, f"{urls[w]} {SILENT_BEFORE_THE_RUN}")
     await replay.run()
     run.after = await settled_scrape(urls, run.before, _finished_per_server(replay, len(urls)))
 
@@ -679,6 +686,24 @@ def run_validation(
                      f"{run.predicted['time_to_complete_s']:.2f} s predicted")
         if validation.interrupted:
             break
+    try:
+        _after_live_rounds(validation, trace, urls, spec, cluster, rescale, measured_lag, progress)
+    except KeyboardInterrupt:
+        validation.interrupted = True
+        validation.notes.append("interrupted after the live rounds")
+    validation.predicted = all(run.sim_runs for run in validation.runs)
+    if not validation.predicted:
+        validation.notes.append("the live measurements are kept without a prediction: the validation was "
+                                "interrupted before it was made")
+    return validation
+
+
+def _after_live_rounds(validation: Validation, trace: Trace, urls: list[str], spec: ValidationSpec,
+                       cluster: ClusterSpec, rescale: bool, measured_lag: bool,
+                       progress: Callable[[str], None]) -> None:
+    """What follows the live rounds: the speed probe after them (with the profile rescaled to
+    the probes' speed and the host's drift) and, where it waits for them (a measured client lag,
+    a rescaled profile), the prediction of every run; then the profile's run note."""
     if spec.speed_probes > 0 and not validation.interrupted:
         validation.probes["after"] = _probe(urls, spec, progress, "after the live rounds")
         validation.notes.append(f"speed probe before the live rounds: {probe_text(validation.probes['before'])}; "
@@ -708,7 +733,8 @@ def run_validation(
         validation.client_lag_s, validation.root_offsets_s = lag, offsets
         progress(f"simulating {len(spec.policies)} policies x {spec.sim_rounds} rounds with the measured client "
                  f"lags ({len(lags)} drawn from, median {1000 * lag:.1f} ms) and root send offsets "
-                 f"up to {1000 * max(offsets.values(), default=0.0):.1f} ms")
+                 f"up to {1000 * max(offsets.values(), default=0.0):.1f} ms"
+                 + ("; Ctrl-C again keeps the measurements without it" if validation.interrupted else ""))
         predictions = predict(sim_trace, lagged, list(spec.policies), spec.sim_rounds, spec.seed,
                               spec.uncertainty, spec.prior_range)
         for run in validation.runs:
@@ -718,7 +744,6 @@ def run_validation(
         note = run_note(cluster.profile, simulated)
         if note:
             validation.notes.append(note.removeprefix("Note: "))
-    return validation
 
 
 def _probe(urls: list[str], spec: ValidationSpec, progress: Callable[[str], None], when: str) -> dict:

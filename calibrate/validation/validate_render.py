@@ -19,7 +19,9 @@ from pathlib import Path
 import pandas as pd
 
 from kvroute.calibrate.validation.validate import Validation
-from kvroute.calibrate.validation.validate_report import UNCHECKED_METRICS, _multi, _num, report_dict
+from kvroute.calibrate.validation.validate_report import (REPORT_METRICS, UNCHECKED_METRICS, _multi, _num,
+                                                          measured_only_dict, report_dict)
+from kvroute.sim.cluster.metrics import SUMMARY_METRICS
 from kvroute.sim.timing.drift import drift_exponent
 from kvroute.sim.study.report import Cell, Report, Table
 from kvroute.traces.outputs import atomic_output, write_text_atomic
@@ -487,21 +489,13 @@ def write_report(v: Validation, out_dir: str | Path, figure_formats=("png",), pr
         doc["provenance"] = provenance
     write_text_atomic(out / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
     write_text_atomic(out / "report.md", report_markdown(v, doc))
-    live = [r.live.records.assign(policy=r.policy, url=r.live.records["worker"].map(
-        lambda w: v.servers[w].url if 0 <= w < len(v.servers) else None),
-        **({"live_round": r.live_round} if _multi(v) else {})) for r in v.runs if r.live is not None]
+    _write_live(v, out)
     groups = v.policy_rounds()
     sim = [run.records.assign(policy=p, round=k) for p, rs in groups.items() for k, run in enumerate(rs[0].sim_runs)]
-    if live:
-        _parquet(pd.concat(live, ignore_index=True), out / "records_live.parquet")
     if sim:
         _parquet(pd.concat(sim, ignore_index=True), out / "records_sim.parquet")
-    live_tokens = [r.live.tokens.assign(policy=r.policy, **({"live_round": r.live_round} if _multi(v) else {}))
-                   for r in v.runs if r.live is not None and r.live.tokens is not None]
     sim_tokens = [run.tokens.assign(policy=p, round=k) for p, rs in groups.items() for k, run in enumerate(rs[0].sim_runs)
                   if run.tokens is not None]
-    if live_tokens:
-        _parquet(pd.concat(live_tokens, ignore_index=True), out / "tokens_live.parquet")
     if sim_tokens:
         _parquet(pd.concat(sim_tokens, ignore_index=True), out / "tokens_sim.parquet")
     both, figures = [], []
@@ -523,6 +517,54 @@ def write_report(v: Validation, out_dir: str | Path, figure_formats=("png",), pr
         save_figure(fig, out / "ttft_all", figure_formats)
         figures.insert(0, ("TTFT of every policy, predicted (solid) and measured (dashed)", fig))
     write_page(report_page(doc, figures), out / "report.html")
+    return out / "report.json"
+
+
+def _write_live(v: Validation, out: Path) -> None:
+    """``records_live.parquet`` (with ``policy``, ``url`` and, for several live rounds,
+    ``live_round``) and, where token times were kept, ``tokens_live.parquet``."""
+    multi = _multi(v)
+    live = [r.live.records.assign(policy=r.policy, url=r.live.records["worker"].map(
+        lambda w: v.servers[w].url if 0 <= w < len(v.servers) else None),
+        **({"live_round": r.live_round} if multi else {})) for r in v.runs if r.live is not None]
+    if live:
+        _parquet(pd.concat(live, ignore_index=True), out / "records_live.parquet")
+    tokens = [r.live.tokens.assign(policy=r.policy, **({"live_round": r.live_round} if multi else {}))
+              for r in v.runs if r.live is not None and r.live.tokens is not None]
+    if tokens:
+        _parquet(pd.concat(tokens, ignore_index=True), out / "tokens_live.parquet")
+
+
+def write_measured_only(v: Validation, out_dir: str | Path, provenance: dict | None = None) -> Path:
+    """Write what a validation interrupted before its prediction measured (``v.predicted``
+    False): ``report.json`` (:func:`~kvroute.calibrate.validation.validate_report.measured_only_dict`),
+    ``report.md`` (one table of every live run's measured values, then the notes),
+    ``records_live.parquet`` and, with token times, ``tokens_live.parquet``.
+
+    Returns:
+        The path of ``report.json``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = measured_only_dict(v)
+    if provenance:
+        doc["provenance"] = provenance
+    write_text_atomic(out / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
+    lines = [f"# Validation, measured only: {doc['trace']} ({doc['num_requests']} requests)", "",
+             "Interrupted before the prediction was made: what the live runs measured is kept here and in "
+             "records_live.parquet; nothing is compared.", ""]
+    if doc.get("live_rounds"):
+        lines.append(f"- live: {doc['live_rounds']} rounds per policy, interleaved (every policy once per round)")
+    lines += [f"- {line}" for line in scenario_lines(doc) if not line.startswith(("replay:", "live:"))]
+    header = ["metric", *(run["policy"] + (f", live round {run['live_round'] + 1}" if _multi(v) else "")
+                          for run in doc["runs"])]
+    rows = [[SUMMARY_METRICS[m], *(Cell(_fmt(run["measured"][m], 0 if m == "failed" else 3)) for run in doc["runs"])]
+            for m in REPORT_METRICS]
+    lines += ["", "## Measured", ""] + markdown_table(Table("measured", header, rows))
+    if doc["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
+    write_text_atomic(out / "report.md", "\n".join(lines) + "\n")
+    _write_live(v, out)
     return out / "report.json"
 
 

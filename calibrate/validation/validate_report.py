@@ -55,7 +55,8 @@ import pandas as pd
 from kvroute.calibrate.calibration.step_end import merge
 from kvroute.calibrate.validation.engine_times import convoy_rows, engine_rows, stamp_note
 from kvroute.calibrate.validation.rounds import error_pct, finite, mean_interval, spread
-from kvroute.calibrate.validation.validate import PolicyRun, Validation, send_lags, servers_of_another_model
+from kvroute.calibrate.validation.validate import (SILENT_BEFORE_THE_RUN, PolicyRun, Validation, send_lags,
+                                                   servers_of_another_model)
 from kvroute.sim.timing.heldout import heldout_log_sd, heldout_spreads
 from kvroute.sim.study.experiment import prediction_interval
 from kvroute.sim.study.intervals import combined_interval, coverage, prior_sd_for
@@ -430,8 +431,10 @@ def _policy_entry(v: Validation, runs: list[PolicyRun], multi: bool) -> dict:
     return entry
 
 
-def report_dict(v: Validation) -> dict:
-    """The machine-readable report."""
+def scenario_dict(v: Validation) -> dict:
+    """What ``report.json`` says of a validation before its values: trace, profile, workers,
+    replay, seeds, servers, failures, interruption and notes, with empty ``policies`` and
+    ``changes``."""
     spec = v.spec
     multi = _multi(v)
     doc: dict = {
@@ -466,7 +469,16 @@ def report_dict(v: Validation) -> dict:
         "policies": {},
         "changes": {},
     }
+    return doc
+
+
+def report_dict(v: Validation) -> dict:
+    """The machine-readable report: :func:`scenario_dict`, then per policy its measured and
+    predicted values (``policies``) and the changes from the first policy (``changes``)."""
+    spec = v.spec
+    doc = scenario_dict(v)
     groups = v.policy_rounds()
+    multi = _multi(v)
     for policy, runs in groups.items():
         doc["policies"][policy] = _policy_entry(v, runs, multi)
     base, *others = groups.values() if groups else [None]
@@ -503,6 +515,24 @@ def report_dict(v: Validation) -> dict:
             doc["notes"].append(note)
     if v.probes:
         doc["probes"] = v.probes  # the probe samples, s, so that the speed scale and drift can be refitted
+    return doc
+
+
+def measured_only_dict(v: Validation) -> dict:
+    """The machine-readable report of a validation interrupted before its prediction was made
+    (``v.predicted`` False): :func:`scenario_dict` with ``"predicted": false`` and, per live
+    run in run order, its policy, live round, measured ``REPORT_METRICS`` (s, share or count;
+    null where nothing was served), failed requests and whether it was interrupted."""
+    doc = scenario_dict(v)
+    doc["predicted"] = False
+    doc["notes"] = [n for n in doc["notes"] if n not in (ONE_ROUND_NOTE, TWO_ROUNDS_NOTE)]  # of intervals: none here
+    doc["runs"] = [{"policy": r.policy, "live_round": r.live_round,
+                    "measured": {m: _num(r.measured.get(m, math.nan)) for m in REPORT_METRICS},
+                    "failed_requests": len(failures(r)), "interrupted": r.interrupted}
+                   for r in v.runs if r.live is not None]
+    doc["failures"] = [f for r in v.runs for f in failures(r, _multi(v))][:MAX_LISTED_FAILURES]
+    if v.probes:
+        doc["probes"] = v.probes
     return doc
 
 
@@ -603,8 +633,12 @@ def run_notes(v: Validation) -> list[str]:
             notes.append(f"{name}: the prefix cache of {', '.join(bad) or 'some server'} could not be "
                          "reset, so the run started WARM (the simulation starts cold)")
         for w, why in run.dead.items():
-            notes.append(f"{name}: worker {w} ({v.servers[w].url}) died or timed out mid-replay and "
-                         f"the policy stopped sending to it; the replay finished on the others ({why})")
+            if why.endswith(SILENT_BEFORE_THE_RUN):  # lost in an earlier run
+                notes.append(f"{name}: worker {w} ({v.servers[w].url}) did not answer before the run, so the "
+                             "policy sent it nothing and the replay ran on the others")
+            else:
+                notes.append(f"{name}: worker {w} ({v.servers[w].url}) died or timed out mid-replay and "
+                             f"the policy stopped sending to it; the replay finished on the others ({why})")
         n_fail = len(failures(run))
         if n_fail and n_fail >= len(run.live.records):
             notes.append(f"{name}: none of the {len(run.live.records)} requests was served (all failed or were not "

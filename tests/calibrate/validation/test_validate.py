@@ -633,6 +633,43 @@ def test_ctrl_c_in_the_command_writes_what_was_measured(fakes, tmp_path, live_ro
     assert "interrupted" in (out / "report.md").read_text()
 
 
+def test_ctrl_c_while_predicting_keeps_the_live_measurements_without_a_prediction(fakes, tmp_path, monkeypatch):
+    """The measured client lag makes the prediction wait for the live rounds; Ctrl-C then (here:
+    the simulation raises it) keeps every live run's records and measured values, exit 130."""
+    import pandas as pd
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.validation import validate as validate_module
+    from kvroute.cli.validate_command import validate
+    from kvroute.traces.writer import write_trace
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(validate_module, "predict", interrupted)
+    servers = fakes(2)
+    trace_file = tmp_path / "chat.jsonl"
+    write_trace(small_chat(chats=3, turns=2), trace_file)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(validate, ["--trace", str(trace_file), "--url", servers[0].url, "--url", servers[1].url,
+                                        "--policies", "round_robin,kv_aware", "--profile", "a6000-qwen2.5-7b",
+                                        "--out", str(out), "--max-in-flight", "1", "--live-rounds", "2"])
+    assert res.exit_code == 130, res.output
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["interrupted"] is True and doc["predicted"] is False and doc["failed_requests"] == 0
+    assert [(r["policy"], r["live_round"]) for r in doc["runs"]] == [
+        ("round_robin", 0), ("kv_aware", 0), ("round_robin", 1), ("kv_aware", 1)]
+    live = pd.read_parquet(out / "records_live.parquet")
+    assert len(live) == 4 * 6 and (live["status"] == "ok").all()
+    first = live[(live["policy"] == "round_robin") & (live["live_round"] == 0)]
+    assert doc["runs"][0]["measured"]["ttft_mean_s"] == pytest.approx(first["ttft"].mean(), rel=1e-12)
+    text = (out / "report.md").read_text()
+    assert text.startswith("# Validation, measured only: ") and "nothing is compared" in text
+    assert "| metric | round_robin, live round 1 | kv_aware, live round 1 | round_robin, live round 2 |" in text
+    assert "the live measurements are kept without a prediction" in text
+    assert not (out / "records_sim.parquet").exists() and not (out / "report.html").exists()
+
+
 def test_cluster_spec_notes_a_profile_of_another_model():
     from kvroute.calibrate.live.client import ServerInfo
     from kvroute.calibrate.validation.validate import ValidationSpec, cluster_spec
@@ -1059,7 +1096,10 @@ def test_a_server_dying_in_one_live_round_leaves_the_next_round_running_on_the_o
     assert rr["failed_requests"] == len(first.live.records[first.live.records["status"] != "ok"]) > 0
     assert rr["rounds"][1]["dead_workers"].keys() == {"1"} and rr["workers"]["1"]["alive"] is False
     assert {f["live_round"] for f in doc["failures"]} == {0}
-    assert "round_robin (live round 2): worker 1" in report_markdown(v, doc)
+    text = report_markdown(v, doc)
+    assert "round_robin (live round 2): worker 1" in text
+    assert f"round_robin (live round 2): worker 1 ({servers[1].url}) did not answer before the run, so" in text
+    assert f"round_robin (live round 1): worker 1 ({servers[1].url}) died or timed out mid-replay" in text
 
 
 def test_validate_command_live_rounds(fakes, tmp_path):
