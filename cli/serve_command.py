@@ -226,8 +226,8 @@ def _print_plan(specs) -> None:
 
 def _watch(servers, sleep, interval: float = 1.0) -> None:
     """Keep ``servers`` up until every one has exited: a server that exits while others still run
-    is reported in one line (then its log's line saying its engine died, else its last lines) and
-    the others keep serving (a validate run finishes on the servers it has left); once none runs,
+    is reported in one line (then its log's line saying its engine died, else its last lines),
+    the processes it left are stopped (``VllmServer.stop``), and the others keep serving (a validate run finishes on the servers it has left); once none runs,
     fail. Ctrl-C and SIGTERM raise
     ``KeyboardInterrupt`` through ``sleep``, and the caller stops them all."""
     from kvroute.calibrate.live.server import exit_text
@@ -239,6 +239,7 @@ def _watch(servers, sleep, interval: float = 1.0) -> None:
             left = (f"; {len(running)} of {len(servers)} still serving" if running else "")
             how, log = exit_text(s)
             click.echo(f"server {s.url} {how}{left}; log {s.log_path}:\n{log}", err=True)
+            s.stop(grace_s=5.0)  # the engine processes it may have left running
         if not running:
             raise click.ClickException(f"every server has exited ({len(servers)}); see the lines above")
         sleep(interval)

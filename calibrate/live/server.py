@@ -391,30 +391,57 @@ class VllmServer:
         )
 
     def stop(self, grace_s: float = 20.0) -> int | None:
-        """Stop the server: SIGINT to its process group, then SIGTERM, then SIGKILL; once it has
-        exited, remove its ``ipc://`` KV-event socket file (vLLM leaves it behind).
+        """Stop the server and every process it started: SIGINT to its process group, then
+        SIGTERM, then SIGKILL, each until the group is empty or its wait (``grace_s``, 10 s, 10 s)
+        runs out. A server whose top process already exited (killed, or its API process died)
+        may have left its engine processes running in the group; they are stopped the same way.
+        Once it has exited, remove its ``ipc://`` KV-event socket file (vLLM leaves it behind).
 
         Returns:
-            The exit code, or None if it was never started.
+            The top process's exit code, or None if it was never started.
         """
         proc = self.process
         if proc is None:
             return None
         for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-            if proc.poll() is not None:
+            if proc.poll() is not None and not group_alive(proc.pid):
                 break
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
+            deadline = time.monotonic() + wait
+            while (proc.poll() is None or group_alive(proc.pid)) and time.monotonic() < deadline:
+                time.sleep(0.05)
         code = proc.poll()
         events = self.spec.kv_events_endpoint
         if code is not None and events is not None and events.startswith("ipc://"):
             with contextlib.suppress(OSError):
                 Path(events.removeprefix("ipc://")).unlink(missing_ok=True)
         return code
+
+
+def group_alive(pgid: int, proc: str | Path = "/proc") -> bool:
+    """Whether process group ``pgid`` still has a running member (not a zombie), read from
+    ``proc`` (Linux's ``/proc``: each ``PID/stat``'s state and process group); where ``proc``
+    cannot be read, whether the group can be signalled at all (zombies then count)."""
+    try:
+        entries = [e for e in Path(proc).iterdir() if e.name.isdigit()]
+    except OSError:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in entries:
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        state, _ppid, group = stat[stat.rindex(")") + 2:].split()[:3]  # the name may hold spaces and ')'
+        if int(group) == pgid and state not in ("Z", "X"):
+            return True
+    return False
 
 
 ENGINE_DEATH_MARKERS = (

@@ -29,7 +29,9 @@ class FakeProcess:
 
 def _fake(port: int, log: Path, text: str = "") -> SimpleNamespace:
     log.write_text(text)
-    return SimpleNamespace(url=f"http://127.0.0.1:{port}", process=FakeProcess(), log_path=log)
+    fake = SimpleNamespace(url=f"http://127.0.0.1:{port}", process=FakeProcess(), log_path=log, stopped=0)
+    fake.stop = lambda grace_s: setattr(fake, "stopped", fake.stopped + 1)
+    return fake
 
 
 def test_a_dead_server_leaves_the_others_serving(tmp_path, capsys):
@@ -53,6 +55,46 @@ def test_a_dead_server_leaves_the_others_serving(tmp_path, capsys):
     assert err.splitlines()[1] == "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup"
     assert "INFO ready" not in err and "8601" not in err
     assert len(ticks) == 5  # kept watching b after a had gone
+    assert (a.stopped, b.stopped) == (1, 0)  # what a left running is stopped once; b serves on
+
+
+def test_stop_ends_what_a_killed_server_left_running(tmp_path):
+    """A server's top process killed (kill -9) leaves its children in its process group; stop()
+    ends them too (as it must a vLLM server's engine processes)."""
+    from kvroute.calibrate.live.server import ServerSpec, VllmServer, group_alive
+
+    srv = VllmServer(ServerSpec("m", 8999, log_path=str(tmp_path / "log")))
+    pid_file = tmp_path / "child.pid"
+    srv.process = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; "
+         f"p = subprocess.Popen(['sleep', '300']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)"],
+        start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(srv.process.pid, signal.SIGKILL)
+    srv.process.wait(timeout=10)
+    assert group_alive(srv.process.pid)  # the child lives on in the group
+    assert srv.stop(grace_s=5.0) == -signal.SIGKILL
+    assert not group_alive(srv.process.pid)
+    try:  # a zombie until whoever adopted it reaps it, or gone
+        assert open(f"/proc/{child}/stat").read().rsplit(") ", 1)[1][0] == "Z"
+    except FileNotFoundError:
+        pass
+
+
+def test_group_alive_reads_state_and_group_from_proc(tmp_path):
+    from kvroute.calibrate.live.server import group_alive
+
+    for pid, name, state, group in ((10, "python", "S", 10), (11, "VLLM::Engine Core) x", "R", 10),
+                                    (12, "sleep", "Z", 20), (13, "other", "S", 30)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({name}) {state} 1 {group} {group} 0 -1 4194560\n")
+    (tmp_path / "self").mkdir()
+    assert group_alive(10, tmp_path) and group_alive(30, tmp_path)
+    assert not group_alive(20, tmp_path)  # a zombie only
+    assert not group_alive(99, tmp_path)
 
 
 def test_serve_fails_once_every_server_has_exited(tmp_path, capsys):
