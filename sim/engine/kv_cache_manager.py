@@ -68,7 +68,9 @@ class KVCacheManager(ManagerDecodeRuns):
         computed and a fully cached, block-aligned prompt recomputes its last block.
 
         Returns:
-            ``(hit block ids, hit tokens)``; nothing is taken or counted until ``allocate_slots``.
+            ``(hit block ids, hit tokens)``; nothing is taken until ``allocate_slots``, and
+            nothing is counted here: the scheduler records the hit in ``stats`` once the
+            admission's ``allocate_slots`` succeeds (``Scheduler._schedule_waiting``).
         """
         if not self.pool.enable_caching:
             return [], 0
