@@ -72,14 +72,6 @@ def spread(values, metric: str | None = None) -> dict:
     return {"n": len(x), "mean": statistics.fmean(x), "min": min(x), "max": max(x), "interval": interval}
 
 
-def paired_changes(base, other) -> list[float]:
-    """Per round ``i`` where both are finite, the change of ``other[i]`` against ``base[i]``, percent
-    (``kvroute.sim.cluster.metrics.change_pct``)."""
-    from kvroute.sim.cluster.metrics import change_pct
-
-    return finite(change_pct(o, b) for b, o in zip(base, other))
-
-
 def diff_interval(simulated: list[list[float]], live: list[list[float]], n: int = 2000,
                   seed: int = 0, coverage: float = 0.90) -> tuple[float, float]:
     """Bootstrap interval of (predicted - measured change), percentage points: resamples the

@@ -87,13 +87,6 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
     return fig
 
 
-def plot_ttft(records: pd.DataFrame, path: str | Path, title: str = "", colors: dict[str, str] | None = None) -> Path:
-    """Write :func:`ttft_figure` of ``records`` to a PNG at ``path``; return the path."""
-    path = Path(path)
-    ttft_figure(records, title, colors).savefig(path, dpi=120, format="png")
-    return path
-
-
 def integer_ticks(ax, axis: str = "x") -> None:
     """Ticks only at whole numbers on ``ax``'s ``axis`` (turns, workers: no "turn 2.5")."""
     from matplotlib.ticker import MaxNLocator

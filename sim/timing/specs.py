@@ -117,11 +117,6 @@ def load_gpu_table(path: Path | None = None) -> dict[str, GpuSpec]:
     return table
 
 
-def gpu_names() -> list[str]:
-    """The GPUs of the table, by the name ``--gpu`` takes."""
-    return list(load_gpu_table())
-
-
 def gpu_key(name: str) -> str:
     """A GPU name as :func:`gpu_spec` compares names: lower case, letters and digits only
     (``"NVIDIA A100-SXM4-80GB"`` -> ``"nvidiaa100sxm480gb"``)."""
