@@ -287,7 +287,7 @@ def derive_profile(
     other_params = model.other_layer_params_per_rank(tp)
     embedding_params = model.embedding_params_per_rank(tp)
     lm_head_params = model.lm_head_params_per_rank(tp)
-    non_embedding_params = linear_params + other_params
+    non_embedding_params = model.non_embedding_params_per_rank(tp)
     weight_bytes = linear_params * wbytes + (other_params + embedding_params + lm_head_params) * bf16
     kv_bytes_per_token = model.kv_bytes_per_token_per_rank(tp, kvbytes)
     kv_bytes_per_block = kv_bytes_per_token * block_size
