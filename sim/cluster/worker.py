@@ -62,6 +62,7 @@ class Worker:
             decode steps advanced at once: every request got one token at each time in
             ``step_ends`` (a sequence of floats); ``gaps`` are the differences of consecutive
             ends, an ``array("d")``.
+        record_steps: keep ``step_log``, one ``(start, duration, tokens, reqs)`` per step.
         fast_forward: advance runs of identical decode steps as one event where the step timer
             allows it (``StepTimer.fast_forward``) and the GPU is not shared.
         record_series: sample the engine's state after every step into ``series``
@@ -81,7 +82,8 @@ class Worker:
         busy_time: seconds spent running steps (not waiting for a shared GPU); with async
             scheduling, their GPU parts (the CPU parts overlap them).
         idle_since: when the engine last ran out of work, s (-inf: not yet).
-        step_log: when ``record_steps`` is set, ``(start, duration, tokens, reqs)`` per step.
+        step_log: when ``record_steps`` is set, ``(start, duration, tokens, reqs)`` per step,
+            flattened into one ``array("d")`` (seconds, seconds, tokens, requests); else None.
         series: the step samples when ``record_series`` is set, else None.
     """
 

@@ -183,6 +183,7 @@ class BlockHashToBlockMap:
         return found
 
     def clear(self) -> None:
+        """Forget every cached hash (for :meth:`BlockPool.reset_prefix_cache`)."""
         self._cache.clear()
 
 
