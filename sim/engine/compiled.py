@@ -1,7 +1,7 @@
 """The one place that chooses between the compiled and the pure-Python engine core.
 
 The core is four classes and a function, each with a pure-Python implementation (the reference
-the compiled one is tested against) and a Cython one built from ``sim/_*.pyx`` by ``pip install``:
+the compiled one is tested against) and a Cython one built from ``sim/engine/_*.pyx`` by ``pip install``:
 
 - ``BlockPool``: ``kvroute.sim.engine.block_pool`` or ``kvroute.sim.engine._block_pool``;
 - ``KVCacheManager``: ``kvroute.sim.engine.kv_cache_manager`` or ``kvroute.sim.engine._kv_cache_manager``
