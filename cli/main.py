@@ -41,8 +41,8 @@ def single_threaded_blas() -> Iterator[None]:
     user's ``OPENBLAS_NUM_THREADS`` says otherwise); the environment is restored after it.
 
     NOTE: OpenBLAS reads the variable once, when numpy loads it. A simulation makes no BLAS calls,
-    but the pool's start costs about 40 ms of a 1,000-request run's 0.3 s; child processes (a
-    sweep's workers) get the user's environment back."""
+    but starting the thread pool costs time on every run (docs/log/speed-passes.md); child
+    processes (a sweep's workers) get the user's environment back."""
     name = "OPENBLAS_NUM_THREADS"
     if name in os.environ or "numpy" in sys.modules:
         yield

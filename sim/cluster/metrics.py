@@ -165,7 +165,7 @@ class RunResult:
 
     ``records`` and ``workers`` may be given as DataFrames or, by ``from_rows``, as plain
     rows; the DataFrames are then built on first use, so a run summarised by ``summarize``
-    (the ``simulate`` command) never imports pandas (about 0.3 s of a short run's start-up).
+    (the ``simulate`` command) never imports pandas (its cost: docs/log/speed-passes.md).
 
     Attributes:
         records: per-request DataFrame (``RECORD_COLUMNS``), sorted by request id.
@@ -299,7 +299,7 @@ def _q(values: np.ndarray, q: float) -> float:
 
     NOTE: numpy's own steps (the same partition of a copy, the same interpolation, NaN when a
     value is NaN) without its ``np.unique`` of the partition points, which imports ``numpy.ma``
-    (about 8 ms of a short run's start-up); tests/sim/cluster/test_summary_rows.py compares the two."""
+    (its cost: docs/log/speed-passes.md); tests/sim/cluster/test_summary_rows.py compares the two."""
     n = len(values)
     if not n:
         return math.nan

@@ -11,8 +11,8 @@ is registered when imported. Two ways to have the CLI import it: an entry point 
 ``kvroute.policies`` of an installed package, or the environment variable
 ``KVROUTE_POLICY_FILES`` (``.py`` paths separated by ``os.pathsep``; sweep processes inherit it).
 They are imported when a spec names a policy that is not built in, and by ``kvroute policies``
-(``load_user_policies``): scanning the installed packages' entry points costs about 15 ms, which
-a run of built-in policies does not pay.
+(``load_user_policies``): a run of built-in policies does not pay for scanning the installed
+packages' entry points (docs/log/speed-passes.md).
 """
 
 from kvroute.sim.routing.policy_errors import PolicyError

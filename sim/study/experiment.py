@@ -32,7 +32,7 @@ class Comparison:
 
     Held as plain rows; the DataFrames ``summaries`` and ``intervals`` are built on first use,
     so a comparison printed as JSON or a table never imports pandas when it has one round
-    (about 0.3 s of a short run's start-up).
+    (its cost: docs/log/speed-passes.md).
 
     Args:
         policies: policy names in the order given (the first is the baseline).
