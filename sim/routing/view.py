@@ -36,7 +36,8 @@ class RouterView:
         num_workers: workers behind the router.
         block_size: engine tokens per block of ``RouteRequest.block_hashes``.
         router_block_tokens: granularity of the routed-prefix index, tokens (a multiple of
-            ``block_size``); coarser is cheaper and matches prefixes to that precision.
+            ``block_size``; at most one block indexes every block); coarser is cheaper and
+            matches prefixes to that precision.
         track_prefixes: keep the routed-prefix index (only cache-aware policies need it; without
             it the ``routed`` view's ``matched_blocks`` raises, so a policy that forgot
             ``Policy.uses_prefixes`` fails rather than reading an empty cache).
