@@ -50,7 +50,8 @@ class KVCacheManager(ManagerDecodeRuns):
         max_model_len: longest sequence; slots are never allocated past it.
 
     Attributes:
-        stats: prefix-cache counters (tokens).
+        stats: prefix-cache counters (:class:`PrefixCacheStats`: queries and hits in tokens,
+            admissions in requests).
     """
 
     def __init__(self, pool: BlockPool, block_size: int, max_model_len: int) -> None:
