@@ -399,7 +399,7 @@ class TimeLeft:
     The experiments differ by orders of magnitude (a cold 16-token prompt against 64 decodes of
     16k-token contexts) and the sweep runs the short ones first, so a count of experiments done
     says little of the time left; and the host's speed of the day moves every step cost alike
-    (2.1-2.4x on the CPU reference: docs/log/2026-12-05-calibration-time.md). So the time left is
+    (docs/log/2026-12-05-calibration-time.md has the measurements). So the time left is
     the estimate of what is not yet done at the pace, real seconds per estimated second,
     ``(E + K) / (D + K)``: ``D`` the estimated seconds of what is done (the warm-up, then each
     experiment's :attr:`SweepEstimate.experiment_s`) and ``E`` the seconds from the warm-up's
