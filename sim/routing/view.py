@@ -22,6 +22,8 @@ CACHE_VIEWS = ("routed", "events", "exact")
 worker's KV-cache events as received (possibly late), or the workers' prefix caches exactly."""
 
 SCRAPED_SIGNALS = ("running", "waiting", "queue", "kv_usage")
+"""The load signals read from the workers' scraped ``/metrics``: a policy that uses one sets
+``Policy.uses_metrics``."""
 
 LOAD_SIGNALS = ("in_flight", "tokens", "running", "waiting", "queue", "kv_usage")
 """Load signals ``RouterView.load`` gives: requests in flight at this gateway, prompt tokens
