@@ -14,7 +14,8 @@ from kvroute.sim.engine.request import Request
 
 @dataclass(slots=True)
 class PrefixCacheStats:
-    """Token counters as vLLM exports them, recorded once per admission.
+    """Prefix-cache counters as vLLM exports them, recorded once per admission: ``requests`` and
+    ``preempted_requests`` count requests, the others tokens.
 
     ``queries``/``hits`` are ``vllm:prefix_cache_queries_total``/``hits_total``: tokens of first
     admissions (``request.num_tokens``) and their cached tokens. Re-admissions after preemption

@@ -39,7 +39,8 @@ class Request:
             not yet processed (``num_in_flight_tokens``).
         num_stale_output_tokens: with async scheduling, in-flight tokens scheduled before the
             request's last preemption; their output is still delivered but changes no counter
-            (``num_stale_output_tokens``, set in ``Scheduler._preempt_request``).
+            (``num_stale_output_tokens``, set in vLLM's ``Scheduler._preempt_request``; here
+            ``Scheduler._preempt``).
         queued_ts: when the engine received it, s (vLLM's ``RequestStateStats.queued_ts``).
         scheduled_ts: when a step first scheduled it, s (``scheduled_ts``; None before).
         client: opaque slot for whoever submitted the request (the worker's record).
