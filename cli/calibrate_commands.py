@@ -144,6 +144,12 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         click.echo(estimate.line() + note, err=True)
         return TimeLeft(estimate)
 
+    from kvroute.calibrate.calibration.sweep_files import check_no_sweep
+
+    try:  # its rows stay as they are
+        check_no_sweep(out)
+    except CalibrationError as exc:
+        raise click.ClickException(f"--out {exc}") from None
     # a failure before anything is written (no server, a wrong --model) leaves no --out it made
     with new_dirs_removed_on_failure(out):
         try:  # before any work; a full sweep writes a few MB of rows

@@ -53,7 +53,8 @@ from typing import Any
 import numpy as np
 
 from kvroute.calibrate.calibration.prompt_factory import PromptFactory
-from kvroute.calibrate.calibration.sweep_files import EXPERIMENT_COLUMNS, REQUEST_COLUMNS, RowWriter, to_parquet
+from kvroute.calibrate.calibration.sweep_files import (EXPERIMENT_COLUMNS, REQUEST_COLUMNS, RowWriter, check_no_sweep,
+                                                      to_parquet)
 from kvroute.calibrate.calibration.sweep_plan import SweepPlan, sweep_schedule
 from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, VllmClient
 from kvroute.calibrate.live.prompts import chained_block_hashes
@@ -514,7 +515,8 @@ async def run_sweep(
 
     Args:
         urls: base URLs of identical servers (same hardware, model and settings).
-        out_dir: output directory (created; existing CSVs are appended to).
+        out_dir: output directory (created), holding no sweep yet (:func:`~kvroute.calibrate.calibration.
+            sweep_files.check_no_sweep`).
         plan: the sweep.
         model: served model name; None: each server's only model.
         seed: seeds the prompts (``numpy.random.default_rng(seed)``).
@@ -542,10 +544,12 @@ async def run_sweep(
         A :class:`MeasureSummary`.
 
     Raises:
-        CalibrationError: a bad server or plan (nothing measured yet), or a failure mid-sweep (the
+        CalibrationError: ``out_dir`` holds a sweep already, a bad server or plan (nothing measured
+            yet), or a failure mid-sweep (the
             rows measured so far are on disk; ``meta.json`` says ``failed``).
     """
     out = Path(out_dir)
+    check_no_sweep(out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     started = _dt.datetime.now(_dt.timezone.utc)

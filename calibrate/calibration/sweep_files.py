@@ -31,6 +31,39 @@ TEXT_COLUMNS = ("url", "kind", "role", "error", "warning", "token_times")
 """Columns of the two tables that hold text (``token_times``: a JSON list); the others hold numbers."""
 
 
+SWEEP_FILES = ("requests.csv", "experiments.csv", "meta.json")
+"""The files a sweep writes first; any of them in a directory means it holds a sweep."""
+
+
+def check_no_sweep(out_dir: str | os.PathLike[str]) -> None:
+    """Fail before a sweep into ``out_dir`` if it already holds one: the new rows would follow
+    the old ones in the same tables (experiment ids from 0 again) and ``meta.json`` would
+    describe the new sweep only.
+
+    Raises:
+        CalibrationError: one line naming ``out_dir``, what it holds (requests measured, the
+            earlier sweep's status) and what to do.
+    """
+    out = Path(out_dir)
+    found = [name for name in SWEEP_FILES if (out / name).exists()]
+    if not found:
+        return
+    try:
+        with open(out / "requests.csv", newline="") as fh:
+            rows = max(sum(1 for _ in csv.reader(fh)) - 1, 0)
+    except OSError:
+        rows = 0
+    try:
+        import json
+
+        status = json.loads((out / "meta.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        status = None
+    held = f"{rows} measured requests" + (f", status '{status}' in meta.json" if status else "")
+    raise CalibrationError(f"{out} already holds a sweep ({', '.join(found)}: {held}); a second sweep there would "
+                           "mix its rows with those: measure into a new directory, or remove this one first")
+
+
 class RowWriter:
     """Append rows to a CSV file, flushing after each so an interrupted sweep keeps them.
 

@@ -45,3 +45,29 @@ def test_a_wrong_model_leaves_no_out_directory(fake_server, tmp_path):  # noqa: 
     assert result.output == (f"Error: the server at {s.url} does not serve model 'llama'; it serves: "
                              "tiny-qwen2\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_holding_a_sweep_is_refused_and_kept_as_it_is(tmp_path):
+    """A second sweep would append its rows (experiment ids from 0 again) under the first's."""
+    import asyncio
+
+    import pytest
+
+    from kvroute.calibrate.calibration.measure import run_sweep
+    from kvroute.calibrate.calibration.sweep_plan import SweepPlan
+    from kvroute.calibrate.live.client import CalibrationError
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    rows = "url,exp_id\nhttp://a,0\nhttp://a,1\nhttp://a,2\n"
+    (out / "requests.csv").write_text(rows)
+    (out / "meta.json").write_text('{"status": "interrupted"}')
+    result = _measure(f"http://127.0.0.1:{_free_port()}", out)
+    assert result.exit_code == 1
+    assert result.output == (f"Error: --out {out} already holds a sweep (requests.csv, meta.json: 3 measured "
+                             "requests, status 'interrupted' in meta.json); a second sweep there would mix its rows "
+                             "with those: measure into a new directory, or remove this one first\n")
+    assert (out / "requests.csv").read_text() == rows and sorted(p.name for p in out.iterdir()) == [
+        "meta.json", "requests.csv"]
+    with pytest.raises(CalibrationError, match="already holds a sweep"):  # the library refuses as well
+        asyncio.run(run_sweep(["http://127.0.0.1:9"], out, SweepPlan.preset("quick")))
