@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,14 +40,20 @@ class StreamLost(RuntimeError):
 
 
 def error_message(body: bytes | str) -> str:
-    """The message of an error answer (OpenAI's ``{"error": {"message": ...}}`` or FastAPI's
-    ``{"detail": ...}``), else the body's first 500 characters."""
+    """The message of an error answer, on one line: OpenAI's ``{"error": {"message": ...}}`` or
+    FastAPI's ``{"detail": ...}``; an HTML page (another kind of server) by its title; else the
+    body's first 300 characters, whitespace runs made one space."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else body
     try:
-        doc = json.loads(body)
+        doc = json.loads(text)
         err = doc.get("error", doc.get("detail", doc))
-        return str(err.get("message", err) if isinstance(err, dict) else err)
+        text = str(err.get("message", err) if isinstance(err, dict) else err)
     except (ValueError, AttributeError):
-        return (body.decode(errors="replace") if isinstance(body, bytes) else body)[:500]
+        title = re.search(r"<title>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+        if title:
+            return f"an HTML page titled {' '.join(title.group(1).split())!r}, not a vLLM server's answer"
+    one = " ".join(text.split())
+    return one if len(one) <= 300 else one[:300] + " ..."
 
 
 class StreamEvents:

@@ -212,4 +212,9 @@ def test_error_message_reads_openai_fastapi_and_plain_bodies():
     assert error_message(b'{"detail": "Not Found"}') == "Not Found"  # FastAPI's, unwrapped as documented
     assert error_message(b'{"detail": {"message": "engine dead"}}') == "engine dead"
     assert error_message(b"Internal Server Error") == "Internal Server Error"
-    assert error_message("x" * 600) == "x" * 500
+    assert error_message("x" * 600) == "x" * 300 + " ..."
+    page = (b'<!DOCTYPE HTML>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>Error response</title>\n'
+            b'</head>\n<body>\n<h1>Error response</h1>\n<p>Error code: 404</p>\n</body>\n</html>\n')
+    assert error_message(page) == "an HTML page titled 'Error response', not a vLLM server's answer"  # http.server's
+    assert error_message(b"line one\n  line two\n") == "line one line two"
+    assert error_message(b'{"detail": "a\\nb"}') == "a b"
