@@ -465,7 +465,8 @@ def _pct_range(pair, unit: str = "%") -> str:
 
 
 def write_report(v: Validation, out_dir: str | Path, figure_formats=("png",), provenance: dict | None = None) -> Path:
-    """Write ``report.json``, ``report.md``, ``records_live.parquet`` (with a ``live_round``
+    """Replace what an earlier validation wrote into ``out_dir`` (:data:`OUTPUT_FILES` and
+    ``ttft_*`` figures; other files stay) with ``report.json``, ``report.md``, ``records_live.parquet`` (with a ``live_round``
     column for several live rounds), ``records_sim.parquet``, ``ttft_<policy>.<format>`` (every
     live round's requests; plus ``ttft_all.<format>`` for several policies; prediction and
     measurement in the policy's colour, solid and dashed) and ``report.html`` (one self-contained
@@ -485,6 +486,7 @@ def write_report(v: Validation, out_dir: str | Path, figure_formats=("png",), pr
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = report_dict(v)
+    _clear_earlier(out)
     if provenance:  # what produced it: the command's options, kvroute's version, the inputs' hashes
         doc["provenance"] = provenance
     write_text_atomic(out / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
@@ -520,6 +522,22 @@ def write_report(v: Validation, out_dir: str | Path, figure_formats=("png",), pr
     return out / "report.json"
 
 
+OUTPUT_FILES = ("report.json", "report.md", "report.html", "records_live.parquet", "records_sim.parquet",
+                "tokens_live.parquet", "tokens_sim.parquet")
+"""What a validation writes into its directory, besides its figures ``ttft_*.{png,pdf,svg}``."""
+
+
+def _clear_earlier(out: Path) -> None:
+    """Remove what an earlier validation wrote into ``out`` (:data:`OUTPUT_FILES` and its
+    figures), so that no figure or table of another run stays beside this one's report; other
+    files stay."""
+    for name in OUTPUT_FILES:
+        (out / name).unlink(missing_ok=True)
+    for ext in ("png", "pdf", "svg"):
+        for figure in out.glob(f"ttft_*.{ext}"):
+            figure.unlink(missing_ok=True)
+
+
 def _write_live(v: Validation, out: Path) -> None:
     """``records_live.parquet`` (with ``policy``, ``url`` and, for several live rounds,
     ``live_round``) and, where token times were kept, ``tokens_live.parquet``."""
@@ -536,8 +554,8 @@ def _write_live(v: Validation, out: Path) -> None:
 
 
 def write_measured_only(v: Validation, out_dir: str | Path, provenance: dict | None = None) -> Path:
-    """Write what a validation interrupted before its prediction measured (``v.predicted``
-    False): ``report.json`` (:func:`~kvroute.calibrate.validation.validate_report.measured_only_dict`),
+    """Replace what an earlier validation wrote into ``out_dir`` (as :func:`write_report`) with
+    what a validation interrupted before its prediction measured (``v.predicted`` False): ``report.json`` (:func:`~kvroute.calibrate.validation.validate_report.measured_only_dict`),
     ``report.md`` (one table of every live run's measured values, then the notes),
     ``records_live.parquet`` and, with token times, ``tokens_live.parquet``.
 
@@ -547,6 +565,7 @@ def write_measured_only(v: Validation, out_dir: str | Path, provenance: dict | N
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = measured_only_dict(v)
+    _clear_earlier(out)
     if provenance:
         doc["provenance"] = provenance
     write_text_atomic(out / "report.json", json.dumps(doc, indent=2, default=str) + "\n")

@@ -651,6 +651,9 @@ def test_ctrl_c_while_predicting_keeps_the_live_measurements_without_a_predictio
     trace_file = tmp_path / "chat.jsonl"
     write_trace(small_chat(chats=3, turns=2), trace_file)
     out = tmp_path / "out"
+    out.mkdir()
+    for name in ("records_sim.parquet", "report.html", "ttft_kv_aware.png", "ttft_all.svg", "notes.txt"):
+        (out / name).write_text("an earlier validation's, and the user's notes.txt")
     res = CliRunner().invoke(validate, ["--trace", str(trace_file), "--url", servers[0].url, "--url", servers[1].url,
                                         "--policies", "round_robin,kv_aware", "--profile", "a6000-qwen2.5-7b",
                                         "--out", str(out), "--max-in-flight", "1", "--live-rounds", "2"])
@@ -667,7 +670,7 @@ def test_ctrl_c_while_predicting_keeps_the_live_measurements_without_a_predictio
     assert text.startswith("# Validation, measured only: ") and "nothing is compared" in text
     assert "| metric | round_robin, live round 1 | kv_aware, live round 1 | round_robin, live round 2 |" in text
     assert "the live measurements are kept without a prediction" in text
-    assert not (out / "records_sim.parquet").exists() and not (out / "report.html").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "records_live.parquet", "report.json", "report.md"]
 
 
 def test_cluster_spec_notes_a_profile_of_another_model():
