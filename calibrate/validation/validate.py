@@ -686,15 +686,17 @@ def run_validation(
                      f"{run.predicted['time_to_complete_s']:.2f} s predicted")
         if validation.interrupted:
             break
+    during_rounds = validation.interrupted
     try:
         _after_live_rounds(validation, trace, urls, spec, cluster, rescale, measured_lag, progress)
     except KeyboardInterrupt:
         validation.interrupted = True
-        validation.notes.append("interrupted after the live rounds")
     validation.predicted = all(run.sim_runs for run in validation.runs)
     if not validation.predicted:
-        validation.notes.append("the live measurements are kept without a prediction: the validation was "
-                                "interrupted before it was made")
+        validation.notes.append("interrupted before the prediction was made: the live measurements are kept "
+                                "without one")
+    elif validation.interrupted and not during_rounds:
+        validation.notes.append("interrupted after the live rounds")
     return validation
 
 
