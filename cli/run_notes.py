@@ -169,6 +169,38 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
             "counts only requests pushed out while running. Each worker's KV use over time: --time-series.")
 
 
+def clamped_output_note(comparison, max_model_len: int, trace) -> str:
+    """A note when served requests asked for more output tokens than ``max_model_len`` leaves
+    after their prompt: vLLM's OpenAI server lowers ``max_tokens`` to what is left
+    (``kvroute.sim.engine.scheduler.clamp_max_tokens``) and the simulation does the same, so
+    their replies are shorter than the trace says. How many, over all policies and rounds, and
+    one example. ``trace``: the runs' ``Trace``, or a function of a run's seed that returns its
+    trace (a generated workload's rounds)."""
+    asked_by_seed: dict[int, dict[int, int]] = {}
+    cut = served = 0
+    example = None
+    for runs in comparison.runs.values():
+        for run in runs:
+            if run.seed not in asked_by_seed:
+                t = trace(run.seed) if callable(trace) else trace
+                asked_by_seed[run.seed] = {r.request_id: r.output_length for r in t.records}
+            ok = run.records[run.records["status"] == "ok"]
+            asked = ok["request_id"].map(asked_by_seed[run.seed])
+            short = ok[ok["output_tokens"] < asked]
+            served += len(ok)
+            cut += len(short)
+            if example is None and len(short):
+                row = short.iloc[0]
+                example = (int(row["request_id"]), int(row["prompt_tokens"]), int(asked[short.index[0]]),
+                           int(row["output_tokens"]))
+    if not cut:
+        return ""
+    rid, prompt, want, got = example
+    return (f"Note: {cut} of {served} served requests (all policies and rounds) asked for more output than "
+            f"max_model_len {max_model_len:,} leaves after their prompt and got what is left, as vLLM's OpenAI server "
+            f"lowers max_tokens; e.g. request {rid}: {prompt:,} prompt tokens, {want:,} asked, {got:,} generated")
+
+
 def same_routing_note(records) -> str:
     """A note naming policies that routed alike: every request to the same worker as an earlier
     policy of the table, in every round (so their rows differ by nothing but the policy's name).

@@ -10,7 +10,7 @@ import click
 
 from kvroute.cli.config import config_option
 from kvroute.cli.profile_notes import frontend_note, unmeasured_note
-from kvroute.cli.run_notes import (failed_count_note, failure_note, kv_turnover_note, model_note, policy_notes,
+from kvroute.cli.run_notes import (failed_count_note, failure_note, clamped_output_note, kv_turnover_note, model_note, policy_notes,
                                    same_routing_note, speed_note)
 from kvroute.cli.signals import INTERRUPTED_EXIT, stops_on_sigterm
 from kvroute.cli.stage_output import stage_doc, stage_results, stage_text, write_stages
@@ -143,6 +143,7 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
         failures, unmeasured_note(spec.profile, fitted_seed, uncertainty),
         frontend_note(spec.profile, peak, busiest) if table else "", run_note(spec.profile, records, peak) if table else "",
         kv_turnover_note(comparison, spec.profile.engine.block_size, rounds_trace),
+        clamped_output_note(comparison, spec.profile.engine.max_model_len, rounds_trace) if table else "",
         speed_note(spec.profile, spec.num_workers),
         model_note(trace, spec.profile), same_routing_note(records) if table else "",
         *policy_notes(trace, policies)) if line]

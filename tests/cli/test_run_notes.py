@@ -65,3 +65,27 @@ def test_same_routing_note_names_a_policy_that_sent_every_request_where_an_earli
         "nothing but the name (`kvroute policies` gives each one's rule and thresholds).")
     assert same_routing_note(table[table["policy"] != "sglang"]) == ""
     assert same_routing_note(rows("kv_aware", [0, 0, 1, 1])) == ""
+
+
+def test_a_reply_cut_to_the_context_left_is_noted_with_one_example(tmp_path):
+    """vLLM's OpenAI server lowers max_tokens to max_model_len - prompt (32,768 for the A6000
+    prior): the 30,000-token prompts asking 4,000 get 2,768; the 1,000-token ones all they ask."""
+    import math
+
+    trace = tmp_path / "t.jsonl"
+    with open(trace, "w") as fh:
+        for i in range(6):
+            n = 30000 if i % 2 else 1000
+            fh.write(json.dumps({"request_id": i, "timestamp": i * 100.0, "input_length": n, "output_length": 4000,
+                                 "hash_ids": list(range(i * 100, i * 100 + math.ceil(n / 512)))}) + "\n")
+    result = CliRunner().invoke(cli, ["compare", "--trace", str(trace), "--policies", "round_robin,kv_aware",
+                                      "--rounds", "2", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert ("Note: 12 of 24 served requests (all policies and rounds) asked for more output than max_model_len 32,768 "
+            "leaves after their prompt and got what is left, as vLLM's OpenAI server lowers max_tokens; e.g. request "
+            "1: 30,000 prompt tokens, 4,000 asked, 2,768 generated") in result.output
+    import pandas as pd
+
+    records = pd.read_parquet(tmp_path / "out" / "records.parquet")
+    assert sorted(records["output_tokens"].unique()) == [2768, 4000]
+    assert "asked for more output" not in CliRunner().invoke(cli, ["compare", "--rounds", "1"]).output
