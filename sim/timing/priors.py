@@ -31,12 +31,13 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from kvroute.traces.outputs import write_text_atomic
 from kvroute.sim.timing.cost_model import prefill_pairs
 from kvroute.sim.timing.profile import MemoryModel, profile_from_dict
 from kvroute.sim.timing.specs import GpuSpec, ModelSpec, gpu_spec, model_spec
-from kvroute.sim.timing.vllm_versions import STUDY, defaults as vllm_defaults, family, parse_version
+from kvroute.sim.timing.vllm_versions import STUDY, VllmDefaults, defaults as vllm_defaults, family, parse_version
 
 MiB = 2**20
 GiB = 2**30
@@ -262,6 +263,76 @@ def derive_profile(
     """
     gpu = gpu_spec(gpu) if isinstance(gpu, str) else gpu
     model = model if isinstance(model, ModelSpec) else model_spec(model)
+    settings = _settings(gpu, model, vllm_version, gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
+                         block_size, max_model_len, tp, dtype, kv_cache_dtype)
+    mem = _rank_memory(gpu, model, settings, par)
+    cost = _step_costs(gpu, model, settings, mem, eff, par)
+    return _document(gpu, model, settings, mem, cost, eff, par)
+
+
+# --------------------------------------------------------------------------------------------
+# The parts of derive_profile
+# --------------------------------------------------------------------------------------------
+
+
+class _Settings(NamedTuple):
+    """The engine settings a profile is derived for, the release's defaults filled in.
+
+    Attributes:
+        release: the defaults of ``vllm_version``.
+        vllm_version: the release as given (not normalised).
+        block_size: tokens per KV block.
+        gpu_memory_utilization: vLLM's share of each device.
+        max_model_len: longest sequence, tokens.
+        default_tokens, default_seqs: ``vllm serve``'s ``max_num_batched_tokens`` (tokens) and
+            ``max_num_seqs`` on this GPU for this release.
+        max_num_batched_tokens, max_num_seqs: the scheduler limits in force (tokens, sequences).
+        tp: tensor-parallel size.
+        dtype: weights, ``"bf16"`` or ``"fp8"``.
+        kv_cache_dtype: ``"auto"`` or ``"fp8"``.
+    """
+
+    release: VllmDefaults
+    vllm_version: str
+    block_size: int
+    gpu_memory_utilization: float
+    max_model_len: int
+    default_tokens: int
+    default_seqs: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    tp: int
+    dtype: str
+    kv_cache_dtype: str
+
+    @property
+    def plain(self) -> bool:
+        """tp 1 with bf16 weights and KV cache (the shipped priors' case): the step costs use the
+        model's whole, unpadded counts, and the document has no ``parallel`` section."""
+        return self.tp == 1 and self.dtype == "bf16" and self.kv_cache_dtype == "auto"
+
+
+def _settings(
+    gpu: GpuSpec,
+    model: ModelSpec,
+    vllm_version: str,
+    gpu_memory_utilization: float | None,
+    max_num_batched_tokens: int | None,
+    max_num_seqs: int | None,
+    block_size: int | None,
+    max_model_len: int | None,
+    tp: int,
+    dtype: str,
+    kv_cache_dtype: str,
+) -> _Settings:
+    """:func:`derive_profile`'s arguments checked, every None replaced by the release's default
+    (block size in tokens, memory share), the model's ``max_position_embeddings`` (tokens) or
+    :func:`get_batch_defaults` for this GPU.
+
+    Raises:
+        ValueError: a version that does not parse, an unknown ``dtype`` or ``kv_cache_dtype``, or a
+            ``tp`` that is not an integer or does not split the model (:meth:`ModelSpec.check_tp`).
+    """
     if parse_version(vllm_version) is None:
         raise ValueError(f"vLLM version must look like 0.11 or 0.34.0, got {vllm_version!r}")
     release = vllm_defaults(vllm_version)
@@ -274,12 +345,56 @@ def derive_profile(
     if type(tp) is not int:
         raise ValueError(f"tensor parallel size must be an integer, got {tp!r}")
     model.check_tp(tp)
-    plain = tp == 1 and dtype == "bf16" and kv_cache_dtype == "auto"
     max_model_len = model.max_position_embeddings if max_model_len is None else max_model_len
     default_tokens, default_seqs = get_batch_defaults(gpu, vllm_version)
-    tokens = default_tokens if max_num_batched_tokens is None else max_num_batched_tokens
-    seqs = default_seqs if max_num_seqs is None else max_num_seqs
-    wbytes, kvbytes, bf16 = DTYPES[dtype], KV_CACHE_DTYPES[kv_cache_dtype], model.dtype_bytes
+    return _Settings(
+        release=release,
+        vllm_version=vllm_version,
+        block_size=block_size,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len,
+        default_tokens=default_tokens,
+        default_seqs=default_seqs,
+        max_num_batched_tokens=default_tokens if max_num_batched_tokens is None else max_num_batched_tokens,
+        max_num_seqs=default_seqs if max_num_seqs is None else max_num_seqs,
+        tp=tp,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+    )
+
+
+class _RankMemory(NamedTuple):
+    """One rank's weights and KV cache, and the KV pool vLLM would allocate.
+
+    Attributes:
+        weight_bytes: weights on one rank, bytes.
+        embedding_params: input-embedding parameters on one rank (a count, not bytes).
+        non_embedding_params: decoder-layer parameters and the final norm on one rank (a count).
+        kv_bytes_per_token: KV-cache bytes one token takes on one rank.
+        ranks: the memory model of every rank, in rank order.
+        memory: the rank with the fewest KV blocks (it bounds the pool).
+        num_gpu_blocks: KV blocks of the pool (each of ``block_size`` tokens).
+    """
+
+    weight_bytes: int
+    embedding_params: int
+    non_embedding_params: int
+    kv_bytes_per_token: int
+    ranks: list[MemoryModel]
+    memory: MemoryModel
+    num_gpu_blocks: int
+
+
+def _rank_memory(gpu: GpuSpec, model: ModelSpec, s: _Settings, par: ParallelEfficiency) -> _RankMemory:
+    """Per-rank bytes (weights, activation peak, non-torch memory, KV per block) and vLLM's
+    KV-capacity rule applied to every rank; memory in bytes, capacity in blocks.
+
+    Raises:
+        ValueError: no KV cache fits (:meth:`MemoryModel.num_gpu_blocks`), or the usable blocks
+            (all but vLLM's null block) cannot hold one ``max_model_len`` request.
+    """
+    tp, block_size = s.tp, s.block_size
+    wbytes, kvbytes, bf16 = DTYPES[s.dtype], KV_CACHE_DTYPES[s.kv_cache_dtype], model.dtype_bytes
 
     # Per-rank parameters and bytes (every rank holds the same shard sizes: heads, MLP and the
     # padded vocabulary divide evenly, and KV heads are replicated below tp).
@@ -298,29 +413,78 @@ def derive_profile(
     # (vllm/v1/core/kv_cache_utils.py: get_kv_cache_configs, "Change the num_blocks of each
     # rank to the smallest among all ranks"). Under this model every rank holds the same shard
     # sizes, so the counts are equal; the list keeps the rule visible.
-    rank_memory = [
+    ranks = [
         MemoryModel(
             gpu_memory_bytes=gpu.memory_bytes,
             weight_bytes=weight_bytes,
-            activation_peak_bytes=activation_peak_bytes(model, tokens, seqs, tp),
+            activation_peak_bytes=activation_peak_bytes(model, s.max_num_batched_tokens, s.max_num_seqs, tp),
             non_torch_bytes=non_torch,
             kv_bytes_per_block=kv_bytes_per_block,
         )
         for _ in range(tp)
     ]
-    memory = min(rank_memory, key=lambda m: m.num_gpu_blocks(gpu_memory_utilization))
-    num_gpu_blocks = memory.num_gpu_blocks(gpu_memory_utilization)
-    if (num_gpu_blocks - 1) * block_size < max_model_len:
+    memory = min(ranks, key=lambda m: m.num_gpu_blocks(s.gpu_memory_utilization))
+    num_gpu_blocks = memory.num_gpu_blocks(s.gpu_memory_utilization)
+    if (num_gpu_blocks - 1) * block_size < s.max_model_len:
         raise ValueError(
             f"{gpu.name}: {num_gpu_blocks - 1} usable blocks of {block_size} tokens cannot hold "
-            f"one request of max_model_len {max_model_len}"
+            f"one request of max_model_len {s.max_model_len}"
         )
+    return _RankMemory(
+        weight_bytes=weight_bytes,
+        embedding_params=embedding_params,
+        non_embedding_params=non_embedding_params,
+        kv_bytes_per_token=kv_bytes_per_token,
+        ranks=ranks,
+        memory=memory,
+        num_gpu_blocks=num_gpu_blocks,
+    )
 
+
+class _StepCosts(NamedTuple):
+    """The step-cost coefficients of one rank (ranks run in lockstep) and the all-reduce terms
+    in them.
+
+    Attributes:
+        step_overhead_s, weight_load_s, per_token_s, per_request_s, prefill_attn_s,
+            decode_attn_s: the ``step_cost`` section, seconds (per step, per step, per token, per
+            request, per causal pair, per context token).
+        fp8_compute: the linear layers run on fp8 tensor cores (fp8 weights and a GPU that has them).
+        link_kind, link_bw: the link a ``tp``-way all-reduce runs over (``"nvlink"`` or
+            ``"pcie"``) and its one-direction bandwidth, bytes/s (also computed for tp 1).
+        ar_bytes: bytes one rank sends per token in its all-reduces (0 for tp 1).
+        ar_latency: fixed seconds of one all-reduce over ``link_kind``.
+        allreduce_per_token_s: all-reduce seconds per token (0.0 for tp 1).
+        allreduce_step_s: all-reduce latency per step, seconds (0.0 for tp 1).
+    """
+
+    step_overhead_s: float
+    weight_load_s: float
+    per_token_s: float
+    per_request_s: float
+    prefill_attn_s: float
+    decode_attn_s: float
+    fp8_compute: bool
+    link_kind: str
+    link_bw: float
+    ar_bytes: int
+    ar_latency: float
+    allreduce_per_token_s: float
+    allreduce_step_s: float
+
+
+def _step_costs(
+    gpu: GpuSpec, model: ModelSpec, s: _Settings, mem: _RankMemory, eff: Efficiency, par: ParallelEfficiency
+) -> _StepCosts:
+    """Step-cost coefficients in seconds from the roofline of one rank: FLOPs over stated shares of
+    peak FLOP/s, bytes over stated shares of memory or link bandwidth (:class:`_StepCosts`)."""
+    tp, plain = s.tp, s.plain
+    bf16 = model.dtype_bytes
     # Step-cost coefficients (seconds), per rank (ranks run in lockstep).
     bw, peak = gpu.memory_bandwidth_bytes_per_s, gpu.peak_bf16_flops
-    fp8_compute = dtype == "fp8" and gpu.peak_fp8_flops is not None
+    fp8_compute = s.dtype == "fp8" and gpu.peak_fp8_flops is not None
     linear_peak = gpu.peak_fp8_flops * par.fp8_linear_flops if fp8_compute else peak * eff.linear_flops
-    streamed_weight_bytes = weight_bytes - embedding_params * bf16
+    streamed_weight_bytes = mem.weight_bytes - mem.embedding_params * bf16
     weight_load_s = streamed_weight_bytes / (bw * eff.weight_bandwidth)
     link_kind, link_bw = gpu.interconnect(tp)
     ar_bytes = allreduce_bytes_per_token(model, tp)
@@ -330,7 +494,7 @@ def derive_profile(
     if plain:
         per_token_s = 2 * model.non_embedding_params / (peak * eff.linear_flops)
     else:
-        per_token_s = 2 * non_embedding_params / linear_peak + allreduce_per_token_s
+        per_token_s = 2 * mem.non_embedding_params / linear_peak + allreduce_per_token_s
     lm_head_s = 2 * model.hidden_size * model.vocab_per_rank(tp) / (peak * eff.linear_flops)
     if plain:
         lm_head_s = 2 * model.hidden_size * model.vocab_size / (peak * eff.linear_flops)
@@ -338,25 +502,73 @@ def derive_profile(
     per_request_s = lm_head_s + sampling_s + eff.per_request_overhead_s
     attn_flops_per_pair = 4 * model.num_layers * (model.num_attention_heads // tp) * model.head_dim
     prefill_attn_s = attn_flops_per_pair / (peak * eff.attention_flops)
-    decode_attn_s = kv_bytes_per_token / (bw * eff.kv_bandwidth)
+    decode_attn_s = mem.kv_bytes_per_token / (bw * eff.kv_bandwidth)
     step_overhead_s = eff.step_overhead_s + allreduce_step_s
+    return _StepCosts(
+        step_overhead_s=step_overhead_s,
+        weight_load_s=weight_load_s,
+        per_token_s=per_token_s,
+        per_request_s=per_request_s,
+        prefill_attn_s=prefill_attn_s,
+        decode_attn_s=decode_attn_s,
+        fp8_compute=fp8_compute,
+        link_kind=link_kind,
+        link_bw=link_bw,
+        ar_bytes=ar_bytes,
+        ar_latency=ar_latency,
+        allreduce_per_token_s=allreduce_per_token_s,
+        allreduce_step_s=allreduce_step_s,
+    )
 
+
+def _profile_name(gpu: GpuSpec, model: ModelSpec, s: _Settings) -> str:
+    """The profile's name: ``<gpu>-<model>``, then ``-tp<N>``, ``-fp8``, ``-kvfp8``, ``-vllm<x.y>``,
+    ``-block<N>`` and ``-mem<u>`` for each setting that is not the plain or the release's default."""
+    tp, dtype, kv_cache_dtype, release = s.tp, s.dtype, s.kv_cache_dtype, s.release
     suffix = (f"-tp{tp}" if tp > 1 else "") + ("-fp8" if dtype == "fp8" else "") + (
         "-kvfp8" if kv_cache_dtype == "fp8" else "")
     # NOTE: a release other than the study's is in the name, so no note meant for the shipped prior matches it
-    name = f"{gpu.short_name}-{model.short_name}{suffix}" + (
-        "" if family(vllm_version) == family(STUDY) else f"-vllm{family(vllm_version)}") + (
-        "" if block_size == release.block_size else f"-block{block_size}") + (
-        "" if gpu_memory_utilization == release.gpu_memory_utilization else f"-mem{gpu_memory_utilization:g}")
+    return f"{gpu.short_name}-{model.short_name}{suffix}" + (
+        "" if family(s.vllm_version) == family(STUDY) else f"-vllm{family(s.vllm_version)}") + (
+        "" if s.block_size == release.block_size else f"-block{s.block_size}") + (
+        "" if s.gpu_memory_utilization == release.gpu_memory_utilization else f"-mem{s.gpu_memory_utilization:g}")
+
+
+def _weight_dtype_text(dtype: str) -> str:
+    """How the weights are stored, in words (``"bf16"``, or which weights are fp8)."""
+    return "bf16" if dtype == "bf16" else "fp8 linear weights, bf16 embedding/LM head/norms/biases"
+
+
+def _provenance_notes(gpu: GpuSpec, model: ModelSpec, s: _Settings, cost: _StepCosts, eff: Efficiency,
+                      par: ParallelEfficiency) -> str:
+    """``provenance.notes``: what the prior stands for and the stated efficiencies it assumes."""
+    tp, plain = s.tp, s.plain
     eff_text = (
         f"linear {eff.linear_flops:g} of peak FLOP/s, prefill attention {eff.attention_flops:g}, "
         f"weights {eff.weight_bandwidth:g} of bandwidth, KV reads {eff.kv_bandwidth:g}"
     )
     if not plain:
         eff_text += (f", fp8 GEMMs {par.fp8_linear_flops:g} of fp8 peak, all-reduce "
-                     f"{par.allreduce_bandwidth:g} of link bandwidth + {ar_latency * 1e6:g} us each")
+                     f"{par.allreduce_bandwidth:g} of link bandwidth + {cost.ar_latency * 1e6:g} us each")
+    return (
+        f"Roofline prior for {model.name} "
+        f"({'bf16' if plain else _weight_dtype_text(s.dtype) + ', KV ' + s.kv_cache_dtype}"
+        f"{'' if tp == 1 else f', tensor parallel {tp}'}) on {gpu.name} under vLLM {s.vllm_version}, "
+        f"from spec sheets and config.json with stated efficiencies ({eff_text}); not fitted "
+        "to any measurement. Replace with a calibrated profile once the worker is measured."
+    )
+
+
+def _sources(gpu: GpuSpec, model: ModelSpec, s: _Settings, cost: _StepCosts, eff: Efficiency,
+             par: ParallelEfficiency) -> dict[str, str]:
+    """The document's ``sources`` section: for each field (dotted path), where its value comes from
+    or the rule that computes it, in words."""
+    tp, plain, vllm_version, release = s.tp, s.plain, s.vllm_version, s.release
+    block_size, gpu_memory_utilization, max_model_len = s.block_size, s.gpu_memory_utilization, s.max_model_len
+    kv_cache_dtype, kvbytes = s.kv_cache_dtype, KV_CACHE_DTYPES[s.kv_cache_dtype]
+    link_kind, link_bw, ar_bytes, ar_latency = cost.link_kind, cost.link_bw, cost.ar_bytes, cost.ar_latency
     model_id = model.name.rstrip("/").split("/")[-1]
-    dtype_text = "bf16" if dtype == "bf16" else "fp8 linear weights, bf16 embedding/LM head/norms/biases"
+    dtype_text = _weight_dtype_text(s.dtype)
     sources = {
         "hardware.gpu": "device name as CUDA reports it",
         "hardware.gpu_memory_bytes": gpu.memory_source,
@@ -378,16 +590,16 @@ def derive_profile(
             f"vLLM {vllm_version} default on CUDA: {'on' if release.async_scheduling_cuda else 'off'} "
             "(vllm/config/vllm.py: SchedulerConfig.async_scheduling None resolves to True from 0.14)"),
         **({"engine.async_cpu_fraction": (
-            f"step_overhead_s's CPU part, {eff.step_overhead_s * 1e3:g} ms of {step_overhead_s * 1e3:.3g} ms: async "
-            "scheduling overlaps the host's work with the GPU, not the tensor-parallel all-reduce latency "
-            "(kvroute.sim.timing.async_overlap)")} if allreduce_step_s else {}),
+            f"step_overhead_s's CPU part, {eff.step_overhead_s * 1e3:g} ms of {cost.step_overhead_s * 1e3:.3g} ms: "
+            "async scheduling overlaps the host's work with the GPU, not the tensor-parallel all-reduce latency "
+            "(kvroute.sim.timing.async_overlap)")} if cost.allreduce_step_s else {}),
         "engine.max_num_batched_tokens": (
-            f"vllm serve default on {gpu.name}: {default_tokens} (vllm/engine/arg_utils.py: "
+            f"vllm serve default on {gpu.name}: {s.default_tokens} (vllm/engine/arg_utils.py: "
             "get_batch_defaults; >= 70 GiB and not A100: 8192, else 2048"
             + ("; >= 160 GiB: 16384 from 0.32" if release.large_gpu_tier else "") + ")"
         ),
         "engine.max_num_seqs": (
-            f"vllm serve default on {gpu.name}: {default_seqs} (vllm/engine/arg_utils.py: "
+            f"vllm serve default on {gpu.name}: {s.default_seqs} (vllm/engine/arg_utils.py: "
             "get_batch_defaults; >= 70 GiB and not A100: 1024, else 256)"
         ),
         "engine.max_model_len": (
@@ -427,7 +639,7 @@ def derive_profile(
         ),
         "step_cost.per_token_s": f"2 x non_embedding_params FLOPs / (peak bf16 x {eff.linear_flops:g})" if plain else (
             f"2 x one rank's non_embedding_params FLOPs / ("
-            + (f"peak fp8 x {par.fp8_linear_flops:g}" if fp8_compute else f"peak bf16 x {eff.linear_flops:g}")
+            + (f"peak fp8 x {par.fp8_linear_flops:g}" if cost.fp8_compute else f"peak bf16 x {eff.linear_flops:g}")
             + ")" + ("" if tp == 1 else
                      f" + all-reduce bytes per token {ar_bytes} (2 x layers x 2 (tp-1)/tp x hidden x 2 bytes) / "
                      f"({link_kind} {link_bw / 1e9:g} GB/s one direction x {par.allreduce_bandwidth:g})")
@@ -456,6 +668,39 @@ def derive_profile(
             "RowParallelLinear o, down, each followed by an all-reduce; VocabParallelEmbedding and "
             "ParallelLMHead); stated factors in provenance.parallel_efficiency"
         )
+    return sources
+
+
+def _parallel_section(gpu: GpuSpec, model: ModelSpec, s: _Settings, mem: _RankMemory, cost: _StepCosts,
+                      par: ParallelEfficiency) -> dict:
+    """The document's ``parallel`` section (tensor parallelism and fp8): bytes per rank or per
+    token, seconds per token or per step, and each rank's KV blocks; the link is None for tp 1."""
+    tp = s.tp
+    return {
+        "tensor_parallel_size": tp,
+        "interconnect": cost.link_kind if tp > 1 else None,
+        "interconnect_bytes_per_s": cost.link_bw if tp > 1 else None,
+        "kv_heads_per_rank": model.kv_heads_per_rank(tp),
+        "weight_bytes_per_rank": mem.weight_bytes,
+        "kv_bytes_per_token_per_rank": mem.kv_bytes_per_token,
+        "allreduce_buffer_bytes_per_token": allreduce_buffer_bytes_per_token(model) if tp > 1 else 0,
+        "allreduce_bytes_per_token": cost.ar_bytes,
+        "allreduce_per_token_s": cost.allreduce_per_token_s,
+        "allreduce_latency_per_step_s": cost.allreduce_step_s,
+        "nccl_bytes_per_rank": par.nccl_bytes if tp > 1 else 0,
+        "linear_compute": "fp8" if cost.fp8_compute else "bf16",
+        "blocks_per_rank": [m.num_gpu_blocks(s.gpu_memory_utilization) for m in mem.ranks],
+    }
+
+
+def _document(gpu: GpuSpec, model: ModelSpec, s: _Settings, mem: _RankMemory, cost: _StepCosts, eff: Efficiency,
+              par: ParallelEfficiency) -> dict:
+    """The profile document :func:`derive_profile` returns, its sections in their order; fp8
+    peak, KV cache dtype, ``parallel`` and ``provenance.parallel_efficiency`` only when not plain."""
+    plain = s.plain
+    name = _profile_name(gpu, model, s)
+    notes = _provenance_notes(gpu, model, s, cost, eff, par)
+    sources = _sources(gpu, model, s, cost, eff, par)
     doc = {
         "name": name,
         "hardware": {
@@ -466,7 +711,7 @@ def derive_profile(
         },
         "model": {
             "name": model.name,
-            "dtype": "bfloat16" if dtype == "bf16" else "fp8",
+            "dtype": "bfloat16" if s.dtype == "bf16" else "fp8",
             "num_layers": model.num_layers,
             "hidden_size": model.hidden_size,
             "num_attention_heads": model.num_attention_heads,
@@ -479,25 +724,25 @@ def derive_profile(
             "non_embedding_params": model.non_embedding_params,
         },
         "engine": {
-            "vllm_version": vllm_version,
-            "block_size": block_size,
-            "num_gpu_blocks": num_gpu_blocks,
-            "max_num_batched_tokens": tokens,
-            "max_num_seqs": seqs,
-            "max_model_len": max_model_len,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "async_scheduling": release.async_scheduling("cuda"),
+            "vllm_version": s.vllm_version,
+            "block_size": s.block_size,
+            "num_gpu_blocks": mem.num_gpu_blocks,
+            "max_num_batched_tokens": s.max_num_batched_tokens,
+            "max_num_seqs": s.max_num_seqs,
+            "max_model_len": s.max_model_len,
+            "gpu_memory_utilization": s.gpu_memory_utilization,
+            "async_scheduling": s.release.async_scheduling("cuda"),
             # async hides the step's CPU part; the all-reduce latency is GPU time (kvroute.sim.timing.async_overlap)
-            **({"async_cpu_fraction": eff.step_overhead_s / step_overhead_s} if allreduce_step_s else {}),
+            **({"async_cpu_fraction": eff.step_overhead_s / cost.step_overhead_s} if cost.allreduce_step_s else {}),
         },
-        "memory": asdict(memory),
+        "memory": asdict(mem.memory),
         "step_cost": {
-            "step_overhead_s": step_overhead_s,
-            "weight_load_s": weight_load_s,
-            "per_token_s": per_token_s,
-            "per_request_s": per_request_s,
-            "prefill_attn_s": prefill_attn_s,
-            "decode_attn_s": decode_attn_s,
+            "step_overhead_s": cost.step_overhead_s,
+            "weight_load_s": cost.weight_load_s,
+            "per_token_s": cost.per_token_s,
+            "per_request_s": cost.per_request_s,
+            "prefill_attn_s": cost.prefill_attn_s,
+            "decode_attn_s": cost.decode_attn_s,
         },
         "overheads": {
             "api_server_s": eff.api_server_s,
@@ -508,34 +753,15 @@ def derive_profile(
             "kind": "derived",
             "source": "kvroute.sim.timing.priors",
             "date": PROVENANCE_DATE,
-            "notes": (
-                f"Roofline prior for {model.name} ({'bf16' if plain else dtype_text + ', KV ' + kv_cache_dtype}"
-                f"{'' if tp == 1 else f', tensor parallel {tp}'}) on {gpu.name} under vLLM {vllm_version}, "
-                f"from spec sheets and config.json with stated efficiencies ({eff_text}); not fitted "
-                "to any measurement. Replace with a calibrated profile once the worker is measured."
-            ),
+            "notes": notes,
             "efficiency": asdict(eff),
         },
         "sources": sources,
     }
     if not plain:
         doc["hardware"]["peak_fp8_dense_flops"] = gpu.peak_fp8_flops
-        doc["model"]["kv_cache_dtype"] = kv_cache_dtype
-        doc["parallel"] = {
-            "tensor_parallel_size": tp,
-            "interconnect": link_kind if tp > 1 else None,
-            "interconnect_bytes_per_s": link_bw if tp > 1 else None,
-            "kv_heads_per_rank": model.kv_heads_per_rank(tp),
-            "weight_bytes_per_rank": weight_bytes,
-            "kv_bytes_per_token_per_rank": kv_bytes_per_token,
-            "allreduce_buffer_bytes_per_token": allreduce_buffer_bytes_per_token(model) if tp > 1 else 0,
-            "allreduce_bytes_per_token": ar_bytes,
-            "allreduce_per_token_s": allreduce_per_token_s,
-            "allreduce_latency_per_step_s": allreduce_step_s,
-            "nccl_bytes_per_rank": par.nccl_bytes if tp > 1 else 0,
-            "linear_compute": "fp8" if fp8_compute else "bf16",
-            "blocks_per_rank": [m.num_gpu_blocks(gpu_memory_utilization) for m in rank_memory],
-        }
+        doc["model"]["kv_cache_dtype"] = s.kv_cache_dtype
+        doc["parallel"] = _parallel_section(gpu, model, s, mem, cost, par)
         doc["provenance"]["parallel_efficiency"] = asdict(par)
     return doc
 
