@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -22,6 +24,9 @@ from kvroute.cli.scenario import (describe, executor_options, parse_policies, po
                                  scenario_options, scenario_spec, scenario_trace, with_errors)
 from kvroute.sim.routing import DEFAULT_POLICIES
 from kvroute.sim.cluster.metrics import ServiceClass
+
+if TYPE_CHECKING:
+    from kvroute.sim.study.experiment import CompareInterrupted, Comparison, UncertainComparison
 
 
 class _RunProgress:
@@ -47,9 +52,11 @@ class _RunProgress:
 
 def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
          quiet=False, time_series=False, executor=("sequential", None, None), figure_formats=("png",)):
-    from kvroute.sim.study.experiment import CompareInterrupted, format_table
-    from kvroute.sim.study.experiment import compare as run_compare
+    """The body of ``kvroute compare`` and ``kvroute simulate``: check the options, run the
+    comparison, print it (table or JSON) with its notes and write ``--out``.
 
+    Exits with :data:`INTERRUPTED_EXIT` when interrupted, after reporting and writing the runs that
+    finished."""
     if time_series and out is None:
         raise click.UsageError("--time-series writes its files under --out: give --out DIR")
     if figure_formats != ("png",) and out is None:
@@ -75,25 +82,66 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
     if not json_out:
         click.echo(f"{header} | {rounds} round(s) per policy"
                    + (f", plus {uncertainty} drawn profile(s) x {rounds} round(s)" if uncertainty else ""))
+
+    slo = ServiceClass(slo_ttft, slo_tpot)
+    result = _run_comparison(rounds_trace, spec, policies, rounds, seed, slo, uncertainty, prior_range,
+                             len(trace.records), quiet or json_out, executor)
+    interval_note = _interval_note(result, policies, rounds, seed, slo)
+    notes = _gather_notes(result, scenario, trace, rounds_trace, spec, policies,
+                          table=not json_out or out is not None)  # (--json alone keeps pandas unimported)
+    staged = stage_results(result.comparison, trace, spec)  # None unless the trace has load stages
+    _print_results(result, header, rounds, seed, slo, staged, notes, interval_note, json_out)
+    if out is not None:
+        _write_output_set(out, result, header, staged, notes, interval_note, scenario, spec, trace_for, rounds, slo,
+                          json_out, records_format, time_series, figure_formats)
+    if result.interrupted is not None:
+        sys.exit(INTERRUPTED_EXIT)
+
+
+@dataclass(frozen=True)
+class _RunResult:
+    """What :func:`_run_comparison` ran: the comparison, its drawn profiles' and, when it was
+    stopped, the interruption."""
+
+    comparison: Comparison
+    """The ``Comparison`` of the finished runs (the central profile's under ``--uncertainty``)."""
+    uncertain: UncertainComparison | None
+    """The ``UncertainComparison`` under ``--uncertainty``; None without it, or when interrupted."""
+    interrupted: CompareInterrupted | None
+    """The ``CompareInterrupted`` when Ctrl-C or SIGTERM stopped the runs, else None."""
+    draws: int
+    """The drawn profiles reported: ``--uncertainty``, or 0 when interrupted (the draws are dropped)."""
+
+
+def _run_comparison(rounds_trace, spec, policies, rounds, seed, slo, uncertainty, prior_range, num_records,
+                    no_bars, executor) -> _RunResult:
+    """Run every policy's rounds (and ``uncertainty`` drawn profiles' rounds) with progress bars
+    unless ``no_bars``.
+
+    Ctrl-C or SIGTERM ends the runs: the finished ones are kept, the draws dropped, and a line on
+    stderr says how many finished; when none did, the command exits here with
+    :data:`INTERRUPTED_EXIT`."""
+    from kvroute.sim.study.experiment import CompareInterrupted
+    from kvroute.sim.study.experiment import compare as run_compare
     from kvroute.sim.study.progress import progress_bar
 
     # a bar on a terminal or in a notebook; in a pipe or a file only a plain line a minute, if it runs that long
-    bar = progress_bar(len(policies) * rounds * (1 + uncertainty), "simulating", "run", enabled=not (quiet or json_out))
-    inside = _RunProgress(len(trace.records), disable=quiet or json_out)
-    interrupted = None  # Ctrl-C or SIGTERM: the finished runs are reported and written, marked incomplete
+    bar = progress_bar(len(policies) * rounds * (1 + uncertainty), "simulating", "run", enabled=not no_bars)
+    inside = _RunProgress(num_records, disable=no_bars)
+    uncertain = interrupted = None  # Ctrl-C or SIGTERM: the finished runs are reported and written, marked incomplete
     try:
         if uncertainty:
-            from kvroute.sim.study.experiment import compare_uncertain, format_uncertain_table
+            from kvroute.sim.study.experiment import compare_uncertain
 
             uncertain = compare_uncertain(rounds_trace, spec, policies, uncertainty, rounds, seed, prior_range,
-                                          ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update())
+                                          slo, progress=lambda p, r: bar.update())
             comparison = uncertain.base
         else:
             where, address, max_workers = executor
             if where == "local" and len(policies) * rounds == 1:
                 where = "sequential"  # one run: a pool would only add its start-up
             comparison = run_compare(rounds_trace, spec, policies, rounds=rounds, seed=seed,
-                                     slo=ServiceClass(slo_ttft, slo_tpot), progress=lambda p, r: bar.update(),
+                                     slo=slo, progress=lambda p, r: bar.update(),
                                      run_progress=inside if not inside.disable else None, executor=where,
                                      address=address, max_workers=max_workers)
     except CompareInterrupted as stop:
@@ -105,26 +153,43 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
                    "finished" + ("" if comparison is not None else "; nothing written"), err=True)
         if comparison is None:
             sys.exit(INTERRUPTED_EXIT)
+    return _RunResult(comparison, uncertain, interrupted, uncertainty)
+
+
+def _interval_note(result: _RunResult, policies, rounds: int, seed: int, slo: ServiceClass) -> str:
+    """The note printed under the table (and in ``report.html``): what ± means (rounds, seeds,
+    finished rounds of an interrupted run, the drawn profiles' share), the units of changes and the
+    goodput bound."""
+    comparison = result.comparison
     spread = ("one round per policy, seed {seed}: no interval (--rounds 2 or more gives one)".format(seed=seed)
               if rounds == 1 else
               f"{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}; ± is the 95% interval over rounds "
               "([low, high] where clipped to possible values)")
-    if interrupted is not None and comparison is not None and rounds > 1:
+    if result.interrupted is not None and rounds > 1:
         done = ", ".join(f"{p} {len(comparison.runs.get(p, []))}" for p in policies)
         spread = (f"interrupted: rounds finished of {rounds} per policy: {done}; ± is the 95% interval over the "
                   "finished rounds ([low, high] where clipped to possible values)")
-    spread_note = (f"{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo_ttft} s and "
-                   f"TPOT <= {slo_tpot} s.")
-    uncertain_note = (f"(seeds): mean ± 95% interval over {rounds} round(s), seeds {seed}..{seed + rounds - 1}, "
-                      f"central profile. With model unc.: 95% prediction interval of the mean of {rounds} run(s), "
-                      f"centred on the (seeds) mean, from its seeds' spread and that of {uncertainty} profiles drawn "
-                      f"from {uncertain.method}, each on its own seeds (times and rates in log space; "
-                      "docs/reference/intervals.md); changes of shares in percentage points (pp); goodput at TTFT <= "
-                      f"{slo_ttft} s and TPOT <= {slo_tpot} s."
-                      if uncertainty else spread_note)  # (an interrupted run drops the draws: uncertainty 0)
-    fitted_seed = (trace_path is None and scenario.workload == "seed-chat" and scenario.reply is None
+    if not result.draws:  # (an interrupted run drops the draws)
+        return (f"{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo.ttft_s} s and "
+                f"TPOT <= {slo.tpot_s} s.")
+    return (f"(seeds): mean ± 95% interval over {rounds} round(s), seeds {seed}..{seed + rounds - 1}, "
+            f"central profile. With model unc.: 95% prediction interval of the mean of {rounds} run(s), "
+            f"centred on the (seeds) mean, from its seeds' spread and that of {result.draws} profiles drawn "
+            f"from {result.uncertain.method}, each on its own seeds (times and rates in log space; "
+            "docs/reference/intervals.md); changes of shares in percentage points (pp); goodput at TTFT <= "
+            f"{slo.ttft_s} s and TPOT <= {slo.tpot_s} s.")
+
+
+def _gather_notes(result: _RunResult, scenario, trace, rounds_trace, spec, policies, table: bool) -> list[str]:
+    """The notes printed under the table, in ``--json``'s ``notes`` and in ``report.html``.
+
+    With ``table`` (the table is printed or ``--out`` writes the records) they read the per-request
+    records; without it (``--json`` alone) only the notes that need no per-request table are given,
+    failures counted from the runs' summaries, so pandas stays unimported (the records are a
+    DataFrame). When nothing was served, the failure note is the only one."""
+    comparison = result.comparison
+    fitted_seed = (scenario.trace_file is None and scenario.workload == "seed-chat" and scenario.reply is None
                    and scenario.workload_config is None)
-    table = not json_out or out is not None  # (--json alone keeps pandas unimported: records are a DataFrame)
     if table:
         from kvroute.sim.timing.coverage import peak_in_flight, run_note
 
@@ -139,82 +204,108 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
     else:  # the notes that need no per-request table; failures counted from the runs' summaries
         served, failures = True, failed_count_note(comparison)
     # nothing served: the failure note is the whole story (a note on timing would be about no run)
-    notes = [failures] if not served else [line for line in (
-        failures, unmeasured_note(spec.profile, fitted_seed, uncertainty),
+    if not served:
+        return [failures]
+    return [line for line in (
+        failures, unmeasured_note(spec.profile, fitted_seed, result.draws),
         frontend_note(spec.profile, peak, busiest) if table else "", run_note(spec.profile, records, peak) if table else "",
         kv_turnover_note(comparison, spec.profile.engine.block_size, rounds_trace),
         clamped_output_note(comparison, spec.profile.engine.max_model_len, rounds_trace) if table else "",
         speed_note(spec.profile, spec.num_workers),
         model_note(trace, spec.profile), same_routing_note(records) if table else "",
         *policy_notes(trace, policies)) if line]
-    staged = stage_results(comparison, trace, spec)  # None unless the trace has load stages
+
+
+def _print_results(result: _RunResult, header: str, rounds: int, seed: int, slo: ServiceClass, staged,
+                   notes: list[str], interval_note: str, json_out: bool) -> None:
+    """Print the comparison: with ``json_out`` one JSON document (scenario, rounds, seed, SLO, the
+    missing runs of an interrupted run, the results, the per-stage table, the notes); else the
+    table, the per-stage table, ``interval_note`` and the notes."""
+    comparison, uncertain = result.comparison, result.uncertain
     if json_out:
         doc = {"scenario": header, "rounds": rounds, "seed": seed,
-               "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot},
-               **({"incomplete": {"missing_runs": interrupted.missing}} if interrupted is not None else {}),
-               **(uncertain.to_dict() if uncertainty else comparison.to_dict())}
+               "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+               **({"incomplete": {"missing_runs": result.interrupted.missing}} if result.interrupted is not None
+                  else {}),
+               **(uncertain.to_dict() if result.draws else comparison.to_dict())}
         if staged is not None:  # a trace with load stages: the per-stage table too
             doc.update(stage_doc(staged))
         doc["notes"] = notes
         click.echo(json.dumps(doc, indent=2))
-    elif uncertainty:
+        return
+    if result.draws:
+        from kvroute.sim.study.experiment import format_uncertain_table
+
         click.echo(format_uncertain_table(uncertain))
-        if staged is not None:
-            click.echo(stage_text(staged))
-        click.echo(f"\n{uncertain_note}")
     else:
+        from kvroute.sim.study.experiment import format_table
+
         click.echo(format_table(comparison))
-        if staged is not None:
-            click.echo(stage_text(staged))
-        click.echo(f"\n{spread_note}")
+    if staged is not None:
+        click.echo(stage_text(staged))
+    click.echo(f"\n{interval_note}")
+    for line in notes:
+        click.echo(line)
+
+
+def _write_output_set(out: Path, result: _RunResult, header: str, staged, notes: list[str], interval_note: str,
+                      scenario, spec, trace_for, rounds: int, slo: ServiceClass, json_out: bool, records_format: str,
+                      time_series: bool, figure_formats) -> None:
+    """Write the output set under ``--out``: records, summary, ``compare.json``, figures, time
+    series, per-stage files, ``vllm bench serve``-style results, ``scenario.yaml``, under
+    ``--uncertainty`` ``uncertainty.csv`` (and its ``compare.json``), and ``report.html`` last.
+
+    :data:`INCOMPLETE_MARKER` is written first and removed after the last file; an interrupted run's
+    names the runs not finished."""
+    comparison, uncertain, interrupted = result.comparison, result.uncertain, result.interrupted
+    # INCOMPLETE marks the set until its last file is written; an interrupted run's names the runs not finished
+    marker = out / INCOMPLETE_MARKER
+    write_text_atomic(marker, _incomplete_text(None))
+    doc, figures = _write_outputs(comparison, out, header, json_out, records_format,
+                                  incomplete=None if interrupted is None else {"missing_runs": interrupted.missing},
+                                  figure_formats=figure_formats)
+    if time_series:
+        figures += _write_series(comparison, out, header, json_out, figure_formats)
+    _write_bench_results(comparison, out, spec, slo, scenario.request_rate, scenario.arrival)
+    tables = []
+    if staged is not None:
+        table, figure = _write_stage_files(staged, out, header, comparison.policies, json_out, figure_formats)
+        tables.append(table)
+        figures.append(figure)
+    _write_provenance(out, scenario.trace_file, trace_for, spec, scenario.seed, rounds)
+    if result.draws:
+        uncertain.summaries.to_csv(out / "uncertainty.csv", index=False)
+        doc = {"scenario": header, **uncertain.to_dict()}
+        (out / "compare.json").write_text(json.dumps(doc, indent=2))
+    _write_report(out, doc, header, comparison.policies, figures, notes, rounds, scenario.seed, interval_note, tables)
     if not json_out:
-        for line in notes:
-            click.echo(line)
-    if out is not None:
-        # INCOMPLETE marks the set until its last file is written; an interrupted run's names the runs not finished
-        marker = out / INCOMPLETE_MARKER
-        write_text_atomic(marker, _incomplete_text(None))
-        doc, figures = _write_outputs(comparison, out, header, json_out, records_format,
-                                      incomplete=None if interrupted is None else {"missing_runs": interrupted.missing},
-                                      figure_formats=figure_formats)
-        if time_series:
-            figures += _write_series(comparison, out, header, json_out, figure_formats)
-        _write_bench_results(comparison, out, spec, ServiceClass(slo_ttft, slo_tpot), scenario.request_rate,
-                             scenario.arrival)
-        tables = []
-        if staged is not None:
-            from kvroute.sim.study.figure_style import policy_colors, scenario_title
-            from kvroute.sim.study.report_tables import frame_table
+        from kvroute.sim.study.bench_result import result_filename
 
-            names, stage_fig = write_stages(
-                staged, out, scenario_title(header, comparison.policies, "Per stage: TTFT, output throughput and ITL"),
-                figure_formats, policy_colors(comparison.policies))
-            if not json_out:
-                click.echo(f"wrote {', '.join(str(out / name) for name in names)}")
-            tables.append(frame_table(staged[1], "Per stage (inference-perf's counting), means over rounds", "stages"))
-            figures.append(("Per stage: TTFT, output throughput and ITL, one line per policy", stage_fig))
-        _write_provenance(out, trace_path, trace_for, spec, seed, rounds)
-        if uncertainty:
-            uncertain.summaries.to_csv(out / "uncertainty.csv", index=False)
-            doc = {"scenario": header, **uncertain.to_dict()}
-            (out / "compare.json").write_text(json.dumps(doc, indent=2))
-        _write_report(out, doc, header, comparison.policies, figures, notes, rounds, seed,
-                      uncertain_note if uncertainty else spread_note, tables)
-        if not json_out:
-            from kvroute.sim.study.bench_result import result_filename
+        more = ["scenario.yaml", *(result_filename(p) for p in comparison.policies), "report.html"]
+        if result.draws:
+            more.append("uncertainty.csv")
+        click.echo(f"wrote {', '.join(str(out / name) for name in more)}")
+    if interrupted is None:
+        marker.unlink()
+    else:
+        write_text_atomic(marker, _incomplete_text(interrupted.missing))
+        click.echo(f"the set in {out} is incomplete: {marker.name} names the {len(interrupted.missing)} runs "
+                   "not finished", err=True)
 
-            more = ["scenario.yaml", *(result_filename(p) for p in comparison.policies), "report.html"]
-            if uncertainty:
-                more.append("uncertainty.csv")
-            click.echo(f"wrote {', '.join(str(out / name) for name in more)}")
-        if interrupted is None:
-            marker.unlink()
-        else:
-            write_text_atomic(marker, _incomplete_text(interrupted.missing))
-            click.echo(f"the set in {out} is incomplete: {marker.name} names the {len(interrupted.missing)} runs "
-                       "not finished", err=True)
-    if interrupted is not None:
-        sys.exit(INTERRUPTED_EXIT)
+
+def _write_stage_files(staged, out: Path, header: str, policies, quiet: bool, figure_formats) -> tuple:
+    """The per-stage files of a trace with load stages under ``out`` (``write_stages``); returns the
+    per-stage table and ``(caption, Figure)`` for the report."""
+    from kvroute.sim.study.figure_style import policy_colors, scenario_title
+    from kvroute.sim.study.report_tables import frame_table
+
+    names, stage_fig = write_stages(
+        staged, out, scenario_title(header, policies, "Per stage: TTFT, output throughput and ITL"),
+        figure_formats, policy_colors(policies))
+    if not quiet:
+        click.echo(f"wrote {', '.join(str(out / name) for name in names)}")
+    return (frame_table(staged[1], "Per stage (inference-perf's counting), means over rounds", "stages"),
+            ("Per stage: TTFT, output throughput and ITL, one line per policy", stage_fig))
 
 
 INCOMPLETE_MARKER = "INCOMPLETE"
