@@ -483,13 +483,8 @@ def write_report(v: Validation, out_dir: str | Path, figure_formats=("png",), pr
     from kvroute.sim.study.plots import ttft_figure
     from kvroute.sim.study.report import write_report as write_page
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     doc = report_dict(v)
-    _clear_earlier(out)
-    if provenance:  # what produced it: the command's options, kvroute's version, the inputs' hashes
-        doc["provenance"] = provenance
-    write_text_atomic(out / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
+    out = _start_report(out_dir, doc, provenance)
     write_text_atomic(out / "report.md", report_markdown(v, doc))
     _write_live(v, out)
     groups = v.policy_rounds()
@@ -527,6 +522,19 @@ OUTPUT_FILES = ("report.json", "report.md", "report.html", "records_live.parquet
 """What a validation writes into its directory, besides its figures ``ttft_*.{png,pdf,svg}``."""
 
 
+def _start_report(out_dir: str | Path, doc: dict, provenance: dict | None) -> Path:
+    """Make ``out_dir``, clear what an earlier validation wrote there (:func:`_clear_earlier`)
+    and write ``doc`` as ``report.json``, with ``provenance`` (what produced it: the command's
+    options, kvroute's version, the inputs' hashes) when given; returns the directory."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _clear_earlier(out)
+    if provenance:
+        doc["provenance"] = provenance
+    write_text_atomic(out / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
+    return out
+
+
 def _clear_earlier(out: Path) -> None:
     """Remove what an earlier validation wrote into ``out`` (:data:`OUTPUT_FILES` and its
     figures), so that no figure or table of another run stays beside this one's report; other
@@ -562,13 +570,8 @@ def write_measured_only(v: Validation, out_dir: str | Path, provenance: dict | N
     Returns:
         The path of ``report.json``.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     doc = measured_only_dict(v)
-    _clear_earlier(out)
-    if provenance:
-        doc["provenance"] = provenance
-    write_text_atomic(out / "report.json", json.dumps(doc, indent=2, default=str) + "\n")
+    out = _start_report(out_dir, doc, provenance)
     lines = [f"# Validation, measured only: {doc['trace']} ({doc['num_requests']} requests)", "",
              "Interrupted before the prediction was made: what the live runs measured is kept here and in "
              "records_live.parquet; nothing is compared.", ""]
