@@ -8,6 +8,7 @@ arrives, so an interrupted sweep keeps what it measured, and copied to Parquet w
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -54,8 +55,6 @@ def check_no_sweep(out_dir: str | os.PathLike[str]) -> None:
     except OSError:
         rows = 0
     try:
-        import json
-
         status = json.loads((out / "meta.json").read_text()).get("status")
     except (OSError, ValueError, AttributeError):
         status = None
