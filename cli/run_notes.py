@@ -201,6 +201,18 @@ def clamped_output_note(comparison, max_model_len: int, trace) -> str:
             f"lowers max_tokens; e.g. request {rid}: {prompt:,} prompt tokens, {want:,} asked, {got:,} generated")
 
 
+def flat_goodput_note(comparison, slo_ttft_s: float, slo_tpot_s: float) -> str:
+    """A note when goodput cannot tell runs apart: its share is 1 in every run (every request met
+    the service class) or 0 in every run (none did), so the bound, not the policies, sets it.
+    ``slo_ttft_s``, ``slo_tpot_s``: the bounds, s."""
+    shares = {row.get("goodput_share") for row in comparison.rows}
+    if len(shares) != 1 or (share := shares.pop()) not in (0.0, 1.0):
+        return ""
+    return (f"Note: goodput share is {share:.3f} in every run: {'every' if share else 'no'} request met TTFT <= "
+            f"{slo_ttft_s:g} s and TPOT <= {slo_tpot_s:g} s, so goodput does not tell the runs apart; --slo-ttft "
+            "and --slo-tpot set your service's bounds.")
+
+
 def same_routing_note(records) -> str:
     """A note naming policies that routed alike: every request to the same worker as an earlier
     policy of the table, in every round (so their rows differ by nothing but the policy's name).

@@ -12,8 +12,8 @@ import click
 
 from kvroute.cli.config import config_option
 from kvroute.cli.profile_notes import frontend_note, unmeasured_note
-from kvroute.cli.run_notes import (failed_count_note, failure_note, clamped_output_note, kv_turnover_note, model_note, policy_notes,
-                                   same_routing_note, speed_note)
+from kvroute.cli.run_notes import (clamped_output_note, failed_count_note, failure_note, flat_goodput_note,
+                                   kv_turnover_note, model_note, policy_notes, same_routing_note, speed_note)
 from kvroute.cli.signals import INTERRUPTED_EXIT, stops_on_sigterm
 from kvroute.cli.stage_output import stage_doc, stage_results, stage_text, write_stages
 from kvroute.cli.values import DRAWS, RELATIVE, Number, check_runs, check_values
@@ -87,7 +87,7 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
     result = _run_comparison(rounds_trace, spec, policies, rounds, seed, slo, uncertainty, prior_range,
                              len(trace.records), quiet or json_out, executor)
     interval_note = _interval_note(result, policies, rounds, seed, slo)
-    notes = _gather_notes(result, scenario, trace, rounds_trace, spec, policies,
+    notes = _gather_notes(result, scenario, trace, rounds_trace, spec, policies, slo,
                           table=not json_out or out is not None)  # (--json alone keeps pandas unimported)
     staged = stage_results(result.comparison, trace, spec)  # None unless the trace has load stages
     _print_results(result, header, rounds, seed, slo, staged, notes, interval_note, json_out)
@@ -180,7 +180,8 @@ def _interval_note(result: _RunResult, policies, rounds: int, seed: int, slo: Se
             f"{slo.ttft_s} s and TPOT <= {slo.tpot_s} s.")
 
 
-def _gather_notes(result: _RunResult, scenario, trace, rounds_trace, spec, policies, table: bool) -> list[str]:
+def _gather_notes(result: _RunResult, scenario, trace, rounds_trace, spec, policies, slo: ServiceClass,
+                  table: bool) -> list[str]:
     """The notes printed under the table, in ``--json``'s ``notes`` and in ``report.html``.
 
     With ``table`` (the table is printed or ``--out`` writes the records) they read the per-request
@@ -212,7 +213,8 @@ def _gather_notes(result: _RunResult, scenario, trace, rounds_trace, spec, polic
         kv_turnover_note(comparison, spec.profile.engine.block_size, rounds_trace),
         clamped_output_note(comparison, spec.profile.engine.max_model_len, rounds_trace) if table else "",
         speed_note(spec.profile, spec.num_workers),
-        model_note(trace, spec.profile), same_routing_note(records) if table else "",
+        model_note(trace, spec.profile), flat_goodput_note(comparison, slo.ttft_s, slo.tpot_s),
+        same_routing_note(records) if table else "",
         *policy_notes(trace, policies)) if line]
 
 

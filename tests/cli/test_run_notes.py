@@ -89,3 +89,21 @@ def test_a_reply_cut_to_the_context_left_is_noted_with_one_example(tmp_path):
     records = pd.read_parquet(tmp_path / "out" / "records.parquet")
     assert sorted(records["output_tokens"].unique()) == [2768, 4000]
     assert "asked for more output" not in CliRunner().invoke(cli, ["compare", "--rounds", "1"]).output
+
+
+def test_goodput_that_cannot_tell_runs_apart_is_noted():
+    from kvroute.cli.run_notes import flat_goodput_note
+
+    def comparison(*shares):
+        return SimpleNamespace(rows=[{"policy": "p", "goodput_share": s} for s in shares])
+
+    assert flat_goodput_note(comparison(1.0, 1.0, 1.0), 2.0, 0.1) == (
+        "Note: goodput share is 1.000 in every run: every request met TTFT <= 2 s and TPOT <= 0.1 s, so goodput "
+        "does not tell the runs apart; --slo-ttft and --slo-tpot set your service's bounds.")
+    assert flat_goodput_note(comparison(0.0, 0.0), 0.05, 0.01).startswith(
+        "Note: goodput share is 0.000 in every run: no request met TTFT <= 0.05 s and TPOT <= 0.01 s")
+    assert flat_goodput_note(comparison(1.0, 0.98), 2.0, 0.1) == ""
+    assert flat_goodput_note(comparison(0.5, 0.5), 2.0, 0.1) == ""  # alike, but the bound binds
+    tight = CliRunner().invoke(cli, ["compare", "--rounds", "1", "--slo-ttft", "0.3"]).output
+    assert "goodput share is" not in tight and "goodput share is 1.000 in every run" in CliRunner().invoke(
+        cli, ["compare", "--rounds", "1"]).output
