@@ -93,13 +93,63 @@ def plan_servers(
             below 1, above 1 without GPUs or with ``workers_per_gpu`` above 1, or larger than
             the GPUs found.
     """
+    _check_server_shape(tensor_parallel_size, workers_per_gpu, api_cores)
+    tp = tensor_parallel_size
+    gpus = _usable_gpus(device, workers_per_gpu, tp)
+    taken = {} if gpus or taken is None else taken
+    devices = _device_slots(gpus, tp, workers_per_gpu, taken, api_taken)
+    n = _server_count(num_servers, devices, gpus, taken, tp, workers_per_gpu)
+    share = _memory_share(gpus, workers_per_gpu, gpu_memory_utilization, vllm_version)
+    _check_ports(n, port_base, kv_events_port_base)
+    frontends = _api_process_cores(api_cores, devices, n, taken) if not gpus else []
+    specs = []
+    for i in range(n):
+        common = dict(
+            model=model,
+            port=port_base + i,
+            served_model_name=served_model_name,
+            max_model_len=max_model_len,
+            extra_args=tuple(extra_args),
+            kv_events_port=None if kv_events_port_base is None else kv_events_port_base + i,
+            log_path=Path(log_dir) / f"vllm-{port_base + i}.log",
+        )
+        if gpus:
+            specs.append(ServerSpec(**common, block_size=block_size, cuda_device=devices[i],
+                                    gpu_memory_utilization=share, kv_cache_gib=None, tensor_parallel_size=tp))
+        else:
+            specs.append(ServerSpec(**common, block_size=32 if block_size is None else block_size,
+                                    cpu_core=devices[i], frontend_cores=frontends[i], kv_cache_gib=kv_cache_gib))
+    return specs
+
+
+def _check_server_shape(tensor_parallel_size: int, workers_per_gpu: int, api_cores: str) -> None:
+    """Refuse a ``tensor_parallel_size`` (GPUs per server) or ``workers_per_gpu`` (servers per GPU)
+    that is not an integer >= 1, and an ``api_cores`` not in :data:`API_CORES`, in that order;
+    checked before the host is read.
+
+    Raises:
+        ValueError: the first of these that applies.
+    """
     if type(tensor_parallel_size) is not int or tensor_parallel_size < 1:
         raise ValueError(f"tensor parallel size must be an integer >= 1, got {tensor_parallel_size!r}")
-    tp = tensor_parallel_size
     if type(workers_per_gpu) is not int or workers_per_gpu < 1:
         raise ValueError(f"workers per GPU must be an integer >= 1, got {workers_per_gpu!r}")
     if api_cores not in API_CORES:
         raise ValueError(f"api_cores must be one of {sorted(API_CORES)}, got {api_cores!r}")
+
+
+def _usable_gpus(device: str, workers_per_gpu: int, tp: int) -> list[int | str]:
+    """The GPUs the servers may use (``cores.detect_gpus()`` for ``device`` ``"auto"`` or ``"gpu"``,
+    else none), checked against ``device``, ``workers_per_gpu`` (servers per GPU) and ``tp`` (GPUs
+    per server).
+
+    Returns:
+        The GPUs as ``CUDA_VISIBLE_DEVICES`` names them; empty: the servers run on CPU cores.
+
+    Raises:
+        ValueError: in this order, ``device="gpu"`` without GPUs, ``workers_per_gpu`` above 1 or
+            ``tp`` above 1 without GPUs, both above 1, or ``tp`` above the GPUs found.
+    """
     gpus = cores.detect_gpus() if device in ("auto", "gpu") else []
     if device == "gpu" and not gpus:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -115,14 +165,35 @@ def plan_servers(
                          "several GPUs or several share one, not both")
     if gpus and tp > len(gpus):
         raise ValueError(f"tensor parallel size {tp}, but this machine has {len(gpus)} GPUs: {gpus}")
-    taken = {} if gpus or taken is None else taken
+    return gpus
+
+
+def _device_slots(gpus: list[int | str], tp: int, workers_per_gpu: int, taken: Mapping[int, str],
+                  api_taken: Mapping[tuple[int, ...], str] | None) -> list:
+    """Where servers may go, in the order they take them: server ``i`` gets slot ``i``.
+
+    With GPUs: a tuple of ``tp`` consecutive GPUs per slot when ``tp`` > 1 (GPUs left over, fewer
+    than ``tp``, go unused), else each GPU ``workers_per_gpu`` times in a row. Without: every CPU
+    core (``cores.cpu_cores()``), those in neither ``taken`` (running engines' cores) nor
+    ``api_taken`` (running API processes' core sets) first, then those of API processes only,
+    then engines' cores, in core order within each.
+    """
     if gpus and tp > 1:  # one device group per server; GPUs left over (fewer than tp) go unused
-        devices = [tuple(gpus[k * tp:(k + 1) * tp]) for k in range(len(gpus) // tp)]
-    elif gpus:
-        devices = [g for g in gpus for _ in range(workers_per_gpu)]
-    else:
-        fronts = {c for front in (api_taken or {}) for c in front}
-        devices = sorted(cores.cpu_cores(), key=lambda c: (c in taken, c in fronts))  # stable: in order within each
+        return [tuple(gpus[k * tp:(k + 1) * tp]) for k in range(len(gpus) // tp)]
+    if gpus:
+        return [g for g in gpus for _ in range(workers_per_gpu)]
+    fronts = {c for front in (api_taken or {}) for c in front}
+    return sorted(cores.cpu_cores(), key=lambda c: (c in taken, c in fronts))  # stable: in order within each
+
+
+def _server_count(num_servers: int | None, devices: list, gpus: list[int | str], taken: Mapping[int, str],
+                  tp: int, workers_per_gpu: int) -> int:
+    """How many servers start: ``num_servers``, or when None every slot of ``devices``
+    (:func:`_device_slots`) not in ``taken`` (every slot when all are taken).
+
+    Raises:
+        ValueError: the count is below 1 or above the slots.
+    """
     free = sum(1 for c in devices if c not in taken)
     n = (free or len(devices)) if num_servers is None else num_servers
     if not 1 <= n <= len(devices):
@@ -131,6 +202,19 @@ def plan_servers(
         kind = f"GPUs x {workers_per_gpu} workers" if workers_per_gpu > 1 else "GPUs" if gpus else "CPU cores"
         raise ValueError(f"asked for {n} servers but this machine has {len(gpus) or len(devices)} {kind}: "
                          f"{gpus or sorted(devices)}")
+    return n
+
+
+def _memory_share(gpus: list[int | str], workers_per_gpu: int, gpu_memory_utilization: float | None,
+                  vllm_version: str | None) -> float | None:
+    """Each GPU server's ``--gpu-memory-utilization`` (a fraction of its GPU's memory): with
+    several servers per GPU, the GPU's share (``gpu_memory_utilization``, or vLLM's default for
+    ``vllm_version``) split evenly among them and rounded to 6 significant digits; else
+    ``gpu_memory_utilization`` as given (None: vLLM's default).
+
+    Raises:
+        ValueError: a split share below 0.01.
+    """
     share = gpu_memory_utilization
     if gpus and workers_per_gpu > 1:
         share = (gpu_memory_utilization if gpu_memory_utilization is not None
@@ -138,30 +222,31 @@ def plan_servers(
         if share < 0.01:
             raise ValueError(f"{workers_per_gpu} workers per GPU leave each {share:.4f} of the GPU's memory")
         share = float(f"{share:.6g}")
+    return share
+
+
+def _check_ports(n: int, port_base: int, kv_events_port_base: int | None) -> None:
+    """Refuse a ``port_base`` or ``kv_events_port_base`` (None: unchecked) whose ``n`` consecutive
+    TCP ports, ``base`` to ``base + n - 1``, do not all lie in 1..65535; the API ports first.
+
+    Raises:
+        ValueError: naming the first base out of range.
+    """
     for option, base in (("port base", port_base), ("KV-events port base", kv_events_port_base)):
         if base is not None and not (1 <= base and base + n - 1 <= 65535):
             raise ValueError(f"{option} {base}: {n} server(s) need ports {base}..{base + n - 1}, "
                              f"which must lie in 1..65535")
-    specs = []
-    spare = tuple(sorted(c for c in devices if c not in devices[:n] and c not in taken)) if not gpus else ()
-    for i in range(n):
-        common = dict(
-            model=model,
-            port=port_base + i,
-            served_model_name=served_model_name,
-            max_model_len=max_model_len,
-            extra_args=tuple(extra_args),
-            kv_events_port=None if kv_events_port_base is None else kv_events_port_base + i,
-            log_path=Path(log_dir) / f"vllm-{port_base + i}.log",
-        )
-        if gpus:
-            specs.append(ServerSpec(**common, block_size=block_size, cuda_device=devices[i],
-                                    gpu_memory_utilization=share, kv_cache_gib=None, tensor_parallel_size=tp))
-        else:
-            frontend = {"spare": spare or None, "own": (devices[i],), "any": None}[api_cores]
-            specs.append(ServerSpec(**common, block_size=32 if block_size is None else block_size,
-                                    cpu_core=devices[i], frontend_cores=frontend, kv_cache_gib=kv_cache_gib))
-    return specs
+
+
+def _api_process_cores(api_cores: str, devices: list[int], n: int,
+                       taken: Mapping[int, str]) -> list[tuple[int, ...] | None]:
+    """Each of the first ``n`` CPU servers' API-process cores (``ServerSpec.frontend_cores``;
+    ``devices``: the cores, in the order servers take them), by ``api_cores``: ``spare``, the
+    cores left without an engine of ours or ``taken``'s (None, every core, when there is none);
+    ``own``, the server's engine core; ``any``, None.
+    """
+    spare = tuple(sorted(c for c in devices if c not in devices[:n] and c not in taken))
+    return [{"spare": spare or None, "own": (devices[i],), "any": None}[api_cores] for i in range(n)]
 
 
 def core_notes(specs: Sequence[ServerSpec], taken: Mapping[int, str],
