@@ -119,8 +119,41 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
             ``future_runs`` below 1, or a ``center`` the scale cannot take (not finite; not
             positive on the log scale).
     """
-    from scipy.stats import t
+    x, d, live = _usable_values(sim_values, sim_draws, live_values, level=level, log_scale=log_scale,
+                                future_runs=future_runs, center=center)
+    fwd, inv = (np.log, np.exp) if log_scale else ((lambda v: v), (lambda v: v))
+    central = x[d < 0] if (d < 0).any() else x
+    if not len(central):
+        return _nan(level, log_scale, "no simulated run")
+    y = fwd(x)
+    center = float(fwd(np.mean(central) if center is None else center))
+    sim_var, sim_df = _seeds_variance(y, d)
+    n_live = max(len(live), 1) if future_runs is None or len(live) else future_runs
+    r0 = len(central)
+    terms, known_var, run_source = _run_to_run_terms(sim_var, sim_df, fwd, live, n_live, r0, prior_sd)
+    draw_ids, model_term = _model_term(y, d, sim_var)
+    if model_term is not None:
+        terms.append(model_term)
+    if not terms and not known_var:
+        return _nan(level, log_scale, "fewer than two runs: no spread")
+    drift_var, heldout_var, shift = _log_space_known_terms(drift, drift_power, heldout_log_sd, log_scale)
+    total, df, q = _combine(terms, drift_var, heldout_var, known_var, level)
+    low, high = _ends(center, shift, q, total, inv, bounds)
+    parts = {name: v for name, v, _ in terms}
+    if known_var:
+        parts["run_to_run_prior"] = known_var
+    parts.update(run_source=run_source, drift_factor=drift.factor if log_scale else 1.0,
+                 drift_var=drift_var, heldout_var=heldout_var, df=df, quantile=q, central_runs=r0, live_rounds=len(live),
+                 draws=len(draw_ids))
+    return CombinedInterval(low, high, level, log_scale, parts)
 
+
+def _usable_values(sim_values, sim_draws, live_values, *, level: float, log_scale: bool,
+                   future_runs: int | None, center: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The arguments checked (the errors :func:`combined_interval` raises, in this order), and
+    the values it combines, in the metric's units: the simulated runs and their draw ids (-1:
+    the central profile) with non-finite runs dropped, and the live rounds with None and
+    non-finite ones dropped; on the log scale non-positive values are dropped too (no log)."""
     if not 0.0 < level < 1.0:
         raise ValueError(f"interval level must be in (0, 1), got {level!r}")
     x = np.asarray(list(sim_values), float)
@@ -135,17 +168,30 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
     x, d = x[ok], d[ok]
     live = np.asarray([v for v in live_values if v is not None], float)
     live = live[np.isfinite(live) & ((live > 0) if log_scale else True)]
-    fwd, inv = (np.log, np.exp) if log_scale else ((lambda v: v), (lambda v: v))
-    central = x[d < 0] if (d < 0).any() else x
-    if not len(central):
-        return _nan(level, log_scale, "no simulated run")
-    y = fwd(x)
-    center = float(fwd(np.mean(central) if center is None else center))
+    return x, d, live
+
+
+def _seeds_variance(y: np.ndarray, d: np.ndarray) -> tuple[float, int]:
+    """The seeds' variance within one profile, in the combining scale (log space for times,
+    squared units otherwise): the runs' ``y`` squared deviations from their own profile's mean
+    (grouped by draw id ``d``), pooled over the profiles and divided by their degrees of freedom
+    ``sum(runs - 1)``; returns ``(variance, degrees of freedom)``, NaN variance with none."""
     groups = [y[d == g] for g in np.unique(d)]
     sim_df = sum(len(g) - 1 for g in groups)
     sim_var = sum(float(np.sum((g - g.mean()) ** 2)) for g in groups) / sim_df if sim_df else math.nan
-    n_live = max(len(live), 1) if future_runs is None or len(live) else future_runs
-    r0 = len(central)
+    return sim_var, sim_df
+
+
+def _run_to_run_terms(sim_var: float, sim_df: int, fwd, live: np.ndarray, n_live: int, r0: int,
+                      prior_sd: float) -> tuple[list[tuple[str, float, float]], float, str]:
+    """The run-to-run and prediction-seeds variance terms, in the combining scale (``fwd`` takes
+    the live rounds there): the live rounds' variance over ``n_live`` (df ``N - 1``) where it
+    exceeds the seeds' ``sim_var``; else, with fewer than two live rounds, the host prior
+    ``prior_sd ** 2 / n_live`` as a known variance where it exceeds it; else the seeds'
+    ``sim_var * (1 / n_live + 1 / r0)`` (df ``sim_df``). The first two add the seeds' own
+    ``sim_var / r0`` for the prediction's mean of ``r0`` central runs. Returns the estimated
+    terms ``(name, variance, degrees of freedom)``, the known variance (0 unless the prior
+    stands) and the run-to-run term's source."""
     terms: list[tuple[str, float, float]] = []  # (name, variance, degrees of freedom)
     known_var = 0.0  # the host prior's, when it stands for the run-to-run term
     live_var = float(np.var(fwd(live), ddof=1)) if len(live) >= 2 else math.nan
@@ -162,33 +208,59 @@ def combined_interval(sim_values, sim_draws=None, live_values=(), drift: Drift =
             terms.append(("prediction_seeds", sim_var / r0, sim_df))
     elif math.isfinite(sim_var):
         terms.append(("run_to_run_and_prediction_seeds", sim_var * (1 / n_live + 1 / r0), sim_df))
+    return terms, known_var, run_source
+
+
+def _model_term(y: np.ndarray, d: np.ndarray, sim_var: float) -> tuple[list, tuple[str, float, float] | None]:
+    """The model term, in the combining scale: the variance between the drawn profiles' means of
+    ``y`` (draw ids ``d >= 0``) less the seeds' share of it (``sim_var`` times the mean of ``1 /
+    runs per draw``), floored at 0, with ``draws - 1`` degrees of freedom. Returns the draw ids
+    and ``("model", variance, df)``, or None with fewer than two drawn profiles."""
     draw_ids = [g for g in np.unique(d) if g >= 0]
-    model_var = 0.0
-    if len(draw_ids) >= 2:
-        means = np.array([y[d == g].mean() for g in draw_ids])
-        sizes = np.array([(d == g).sum() for g in draw_ids])
-        seeds_share = (sim_var if math.isfinite(sim_var) else 0.0) * float(np.mean(1.0 / sizes))
-        model_var = max(0.0, float(np.var(means, ddof=1)) - seeds_share)
-        terms.append(("model", model_var, len(draw_ids) - 1))
-    if not terms and not known_var:
-        return _nan(level, log_scale, "fewer than two runs: no spread")
+    if len(draw_ids) < 2:
+        return draw_ids, None
+    means = np.array([y[d == g].mean() for g in draw_ids])
+    sizes = np.array([(d == g).sum() for g in draw_ids])
+    seeds_share = (sim_var if math.isfinite(sim_var) else 0.0) * float(np.mean(1.0 / sizes))
+    model_var = max(0.0, float(np.var(means, ddof=1)) - seeds_share)
+    return draw_ids, ("model", model_var, len(draw_ids) - 1)
+
+
+def _log_space_known_terms(drift: Drift, drift_power: int, heldout_log_sd: float,
+                           log_scale: bool) -> tuple[float, float, float]:
+    """The terms counted as known, on the log scale only (all 0 in linear space): the drift's
+    variance ``(drift_power * log_sd) ** 2`` and the held-out error's ``heldout_log_sd ** 2``
+    (log space squared), and the centre's shift ``drift_power * log(factor)`` (log space).
+    Returns ``(drift_var, heldout_var, shift)``."""
     drift_var = (drift_power * drift.log_sd) ** 2 if log_scale else 0.0
     heldout_var = heldout_log_sd ** 2 if log_scale else 0.0
     shift = drift_power * drift.log_factor if log_scale else 0.0
+    return drift_var, heldout_var, shift
+
+
+def _combine(terms: list[tuple[str, float, float]], drift_var: float, heldout_var: float, known_var: float,
+             level: float) -> tuple[float, float, float]:
+    """The combination, in the combining scale: the total variance ``V`` (the estimated
+    ``terms`` plus the known drift, held-out and prior variances), its Welch-Satterthwaite
+    degrees of freedom ``V ** 2 / sum(v ** 2 / df)`` over the estimated terms with ``v, df > 0``
+    (inf with none) and Student's t quantile at ``(1 + level) / 2`` (the normal's at inf df).
+    Returns ``(V, df, q)``."""
+    from scipy.stats import t
+
     total = sum(v for _, v, _ in terms) + drift_var + heldout_var + known_var
     denom = sum(v * v / df for _, v, df in terms if v > 0 and df > 0)
     df = total * total / denom if denom > 0 else math.inf
     q = float(t.ppf(0.5 + level / 2, df)) if math.isfinite(df) else float(_z(level))
+    return total, df, q
+
+
+def _ends(center: float, shift: float, q: float, total: float, inv,
+          bounds: tuple[float, float]) -> tuple[float, float]:
+    """The interval's ends in the metric's units: ``inv(center + shift -/+ q * sqrt(total))``
+    (``inv``: exp from log space, identity in linear space), clipped to ``bounds``."""
     half = q * math.sqrt(total)
     low, high = float(inv(center + shift - half)), float(inv(center + shift + half))
-    low, high = max(low, bounds[0]), min(high, bounds[1])
-    parts = {name: v for name, v, _ in terms}
-    if known_var:
-        parts["run_to_run_prior"] = known_var
-    parts.update(run_source=run_source, drift_factor=drift.factor if log_scale else 1.0,
-                 drift_var=drift_var, heldout_var=heldout_var, df=df, quantile=q, central_runs=r0, live_rounds=len(live),
-                 draws=len(draw_ids))
-    return CombinedInterval(low, high, level, log_scale, parts)
+    return max(low, bounds[0]), min(high, bounds[1])
 
 
 def prior_sd_for(metric: str, run_log_sd: float, change_pct: float | None = None) -> float:
