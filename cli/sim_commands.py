@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
 
     seed, trace_path = scenario.seed, scenario.trace_file
 
+    @functools.cache  # drawn once per round: the runs, the notes and the provenance read it
     def trace_for(run_seed: int):
         return scenario_trace(scenario, run_seed - seed)
 
