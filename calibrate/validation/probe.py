@@ -46,7 +46,7 @@ PREDICTED_ROUNDS = 8
 
 async def probe_samples(urls: list[str], seed: int, reps: int = PROBE_REPS, model: str | None = None,
                         warn=lambda msg: None, burst: int = PROBE_BURST,
-                        long: int = PROBE_LONG_REPS) -> dict[str, list[float]]:
+                        long: int = PROBE_LONG_REPS, timeout_s: float = 600.0) -> dict[str, list[float]]:
     """Time the probe on every server (module doc).
 
     Args:
@@ -57,10 +57,15 @@ async def probe_samples(urls: list[str], seed: int, reps: int = PROBE_REPS, mode
         warn: called with a one-line message for a request that failed or returned < 2 tokens.
         burst: requests per server in the burst; 0: no burst.
         long: long requests per server (none on a server whose context is too short, :func:`fits_long`); 0: none.
+        timeout_s: limit on each request, s.
 
     Returns:
         ``{quantity: [...]}`` for every one of :data:`PROBE_QUANTITIES`: one value per successful
         request, s.
+
+    Raises:
+        CalibrationError: a server is unreachable, a connection broke or a request took longer
+            than ``timeout_s`` (a request the server rejects is only warned of).
     """
     import asyncio
     import contextlib
@@ -82,7 +87,7 @@ async def probe_samples(urls: list[str], seed: int, reps: int = PROBE_REPS, mode
         out[prefix + "itl_s"].append(float((times[-1] - times[0]) / (len(times) - 1)))
 
     async with contextlib.AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(VllmClient(url, model)) for url in urls]
+        clients = [await stack.enter_async_context(VllmClient(url, model, timeout_s)) for url in urls]
         for client in clients:
             info = await client.probe()
             await client.reset_prefix_cache()

@@ -268,18 +268,20 @@ async def probe_servers(urls: list[str], model: str | None = None) -> list[Serve
     return infos
 
 
-async def reset_prefix_cache(url: str) -> bool | None:
-    """Reset one server's prefix cache; see ``VllmClient.reset_prefix_cache`` for the result."""
-    async with VllmClient(url, timeout_s=30.0) as client:
+async def reset_prefix_cache(url: str, timeout_s: float = 30.0) -> bool | None:
+    """Reset one server's prefix cache; see ``VllmClient.reset_prefix_cache`` for the result.
+    ``timeout_s``: limit on each request of the reset (a reset sends two or three), s."""
+    async with VllmClient(url, timeout_s=timeout_s) as client:
         return await client.reset_prefix_cache()
 
 
-async def scrape(urls: list[str]) -> list[MetricsSnapshot | None]:
-    """``/metrics`` of every server; None for a server that does not answer."""
+async def scrape(urls: list[str], timeout_s: float = 10.0) -> list[MetricsSnapshot | None]:
+    """``/metrics`` of every server; None for a server that does not answer within ``timeout_s``
+    (s)."""
 
     async def one(url: str) -> MetricsSnapshot | None:
         try:
-            async with VllmClient(url, timeout_s=10.0) as client:
+            async with VllmClient(url, timeout_s=timeout_s) as client:
                 return await client.metrics()
         except Exception:  # noqa: BLE001 - a dead server has no metrics; the report says so
             return None
@@ -531,19 +533,23 @@ SILENT_BEFORE_THE_RUN = "did not answer before the run"
 """How :func:`measure` ends the reason of a worker it marks dead before the replay starts."""
 
 
-async def measure(run: PolicyRun, replay: LiveReplay, urls: list[str]) -> None:
+async def measure(run: PolicyRun, replay: LiveReplay, urls: list[str], timeout_s: float = 600.0) -> None:
     """Reset caches, scrape, replay, scrape: fills ``run``'s live fields (not ``measured``).
 
     A server that answers neither the reset nor ``/metrics`` (it died in an earlier run) starts
-    the replay marked dead. Cancellation (Ctrl-C) propagates after the replay recorded what it had.
+    the replay marked dead. ``timeout_s`` (the live requests' limit, s) also bounds each reset
+    request (at most 30 s) and scrape (at most 10 s), so a stopped server costs a round about
+    what its requests do. Cancellation (Ctrl-C) propagates after the replay recorded what it had.
     """
-    run.cache_reset = list(await asyncio.gather(*(reset_prefix_cache(u) for u in urls)))
-    run.before = await scrape(urls)
+    reset_s, scrape_s = min(30.0, timeout_s), min(10.0, timeout_s)
+    run.cache_reset = list(await asyncio.gather(*(reset_prefix_cache(u, reset_s) for u in urls)))
+    run.before = await scrape(urls, scrape_s)
     for w, (reset, snap) in enumerate(zip(run.cache_reset, run.before)):
         if reset is None and snap is None:
             replay.mark_dead(w, f"{urls[w]} {SILENT_BEFORE_THE_RUN}")
     await replay.run()
-    run.after = await settled_scrape(urls, run.before, _finished_per_server(replay, len(urls)))
+    run.after = await settled_scrape(urls, run.before, _finished_per_server(replay, len(urls)),
+                                     scrape_s=scrape_s)
 
 
 def _finished_per_server(replay: LiveReplay, num_servers: int) -> list[int]:
@@ -557,15 +563,15 @@ def _finished_per_server(replay: LiveReplay, num_servers: int) -> list[int]:
 
 
 async def settled_scrape(urls: list[str], before: list[MetricsSnapshot | None], finished: list[int],
-                         timeout_s: float = 2.0) -> list[MetricsSnapshot | None]:
-    """``/metrics`` of every server, scraped again (up to ``timeout_s``) until each server's
-    request histograms count the ``finished`` requests sent to it since ``before``: the API
-    server records a request's times just after streaming its last token, so a scrape at once
-    can miss the last ones."""
+                         timeout_s: float = 2.0, scrape_s: float = 10.0) -> list[MetricsSnapshot | None]:
+    """``/metrics`` of every server, scraped again (up to ``timeout_s``, each scrape up to
+    ``scrape_s``) until each server's request histograms count the ``finished`` requests sent to
+    it since ``before``: the API server records a request's times just after streaming its last
+    token, so a scrape at once can miss the last ones."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        after = await scrape(urls)
+        after = await scrape(urls, scrape_s)
         short = [a.delta(b, COUNTED) < n for a, b, n in zip(after, before, finished)
                  if a is not None and b is not None and math.isfinite(a.delta(b, COUNTED))]
         if not any(short) or loop.time() > deadline:
@@ -666,7 +672,7 @@ def run_validation(
                  + f": live run {runs_done + 1} of {runs}"
                  + (f", about {_left(time.monotonic() - started, runs_done, runs)} left" if runs_done else ""))
         try:
-            asyncio.run(measure(run, replay, urls))
+            asyncio.run(measure(run, replay, urls, spec.timeout_s))
         except KeyboardInterrupt:
             validation.interrupted = run.interrupted = True
             run.after = _scrape_quietly(urls)
@@ -707,17 +713,24 @@ def _after_live_rounds(validation: Validation, trace: Trace, urls: list[str], sp
     the probes' speed and the host's drift) and, where it waits for them (a measured client lag,
     a rescaled profile), the prediction of every run; then the profile's run note."""
     if spec.speed_probes > 0 and not validation.interrupted:
-        validation.probes["after"] = _probe(urls, spec, progress, "after the live rounds")
-        validation.notes.append(f"speed probe before the live rounds: {probe_text(validation.probes['before'])}; "
-                                f"after them: {probe_text(validation.probes['after'])}")
+        try:
+            validation.probes["after"] = _probe(urls, spec, progress, "after the live rounds")
+            validation.notes.append(f"speed probe before the live rounds: {probe_text(validation.probes['before'])}; "
+                                    f"after them: {probe_text(validation.probes['after'])}")
+        except CalibrationError as exc:  # a server lost in the rounds: the measurements stand without it
+            validation.notes.append(
+                f"speed probe before the live rounds: {probe_text(validation.probes['before'])}; the one after them "
+                f"failed ({exc}), so " + ("the profile is rescaled to the probe before them alone and " if rescale
+                                          else "") + "the host's drift is not measured (the intervals hold none)")
+            progress(f"warning: {validation.notes[-1]}")
         if rescale:
-            validation.speed_scale = speed_scale(cluster, validation.probes.get("before"), validation.probes["after"])
+            validation.speed_scale = speed_scale(cluster, validation.probes.get("before"), validation.probes.get("after"))
             cluster = dataclasses.replace(cluster, profile=scaled_profile(cluster.profile, validation.speed_scale))
             validation.sim_spec = cluster
             validation.notes.append(f"predicted with the profile rescaled to the host's speed the probes measured: "
                                     f"{validation.speed_scale.describe()}")
             progress(validation.notes[-1])
-        validation.drift, reference, _ = drifts_against(validation.probes.get("before"), validation.probes["after"],
+        validation.drift, reference, _ = drifts_against(validation.probes.get("before"), validation.probes.get("after"),
                                                         cluster, spec.probe_reference, spec.speed_probes, spec.seed)
         if not spec.probe_reference and reference is not None:
             validation.probes["predicted"] = reference
@@ -752,7 +765,8 @@ def _probe(urls: list[str], spec: ValidationSpec, progress: Callable[[str], None
     """A speed probe of ``spec.speed_probes`` requests per server (``probe.probe_samples``)."""
     from kvroute.calibrate.validation.probe import probe_samples
 
-    samples = asyncio.run(probe_samples(urls, spec.seed, spec.speed_probes, spec.model, progress))
+    samples = asyncio.run(probe_samples(urls, spec.seed, spec.speed_probes, spec.model, progress,
+                                        timeout_s=spec.timeout_s))
     progress(f"speed probe {when}: {probe_text(samples)}")
     return samples
 

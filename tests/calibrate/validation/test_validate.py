@@ -55,8 +55,10 @@ class FakeVllm:
 
     def __init__(self, die_after: int | None = None, hang: bool = False, token_delay_s: float = 0.0005,
                  block_size: int = BLOCK, token_ids: bool = True, fail_after: int | None = None,
-                 fail_body: bytes = ENGINE_DEAD, cut_after_tokens: int | None = None) -> None:
+                 fail_body: bytes = ENGINE_DEAD, cut_after_tokens: int | None = None,
+                 freeze_after: int | None = None) -> None:
         self.die_after, self.hang, self.delay, self.block_size = die_after, hang, token_delay_s, block_size
+        self.freeze_after = freeze_after  # after this many completions, answer nothing (a SIGSTOPped server)
         self.fail_after, self.fail_body, self.cut_after_tokens = fail_after, fail_body, cut_after_tokens
         self.failed = 0
         self.token_ids = token_ids
@@ -98,6 +100,8 @@ class FakeVllm:
 
     async def _handle(self, reader, writer) -> None:
         try:
+            if self.freeze_after is not None and self.started >= self.freeze_after:
+                await asyncio.sleep(3600)
             line = await reader.readline()
             if not line:
                 return
@@ -1105,6 +1109,34 @@ def test_a_server_dying_in_one_live_round_leaves_the_next_round_running_on_the_o
     assert f"round_robin (live round 1): worker 1 ({servers[1].url}) died or timed out mid-replay" in text
 
 
+def test_a_stopped_server_costs_each_round_its_request_timeout_not_the_housekeepings(fakes, monkeypatch):
+    """A server that accepts connections and answers nothing (SIGSTOP): every reset, scrape and
+    request of the later rounds waits at most the live requests' limit, not the reset's 30 s and
+    the scrape's 10 s."""
+    from kvroute.calibrate.validation import validate
+    from kvroute.sim.timing.profile import load_profile
+
+    waits: list[float] = []
+
+    class Recording(validate.VllmClient):
+        def __init__(self, url, model=None, timeout_s=600.0):
+            super().__init__(url, model, timeout_s)
+            waits.append(timeout_s)
+
+    monkeypatch.setattr(validate, "VllmClient", Recording)
+    servers = fakes(2, s1={"freeze_after": 2, "token_delay_s": 0.002})
+    trace = small_chat(chats=4, turns=2)
+    spec = validate.ValidationSpec(tuple(s.url for s in servers), ("round_robin",), max_in_flight=2, sim_rounds=1,
+                                   live_rounds=2, timeout_s=0.5)
+    v = validate.run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    first, second = v.runs
+    assert list(first.dead) == [1] and "within 0.5 s" in first.dead[1]
+    assert second.cache_reset == [True, None] and "did not answer before the run" in second.dead[1]
+    assert second.before[1] is None and second.after[1] is None
+    assert waits[:2] == [30.0, 30.0]  # identifying the servers, before any live request
+    assert set(waits[2:]) == {0.5}
+
+
 def test_validate_command_live_rounds(fakes, tmp_path):
     from click.testing import CliRunner
 
@@ -1405,6 +1437,30 @@ def test_speed_probes_around_the_live_rounds_give_the_drift_the_intervals_use(fa
     assert (f"speed probe before the live rounds: {probe_text(v.probes['before'])}; after them: "
             f"{probe_text(v.probes['after'])}") in doc["notes"]
     assert doc["probes"]["before"]["ttft_s"] == v.probes["before"]["ttft_s"]
+
+
+@pytest.mark.parametrize("fault, why", [("die_after", "Cannot connect"), ("freeze_after", "TimeoutError")])
+def test_a_server_lost_in_the_rounds_fails_the_probe_after_them_and_loses_nothing(fakes, tmp_path, fault, why):
+    """--speed-probes with a server killed (or stopped) during the live rounds: the probe after
+    them cannot reach it, so the profile is rescaled to the probe before them alone, no drift is
+    measured, a note says so, and the live rounds are reported with their prediction."""
+    from kvroute.calibrate.validation.validate import ValidationSpec, run_validation
+    from kvroute.calibrate.validation.validate_render import write_report
+    from kvroute.sim.timing.profile import load_profile
+
+    servers = fakes(2, s1={fault: 7})  # the probe before the rounds sends each server 2 + 4 requests
+    spec = ValidationSpec(tuple(s.url for s in servers), ("round_robin",), max_in_flight=2, sim_rounds=1,
+                          speed_probes=2, timeout_s=1.0)
+    v = run_validation(small_chat(chats=4, turns=2), load_profile("cpu-tiny-qwen2"), spec)
+    assert set(v.probes) == {"before"} and v.drift == {} and v.predicted and not v.interrupted
+    assert v.speed_scale is not None and list(v.runs[0].dead) == [1]
+    note = next(n for n in v.notes if "the one after them failed" in n)
+    assert why in note and note.endswith("so the profile is rescaled to the probe before them alone and the host's "
+                                         "drift is not measured (the intervals hold none)")
+    doc = json.loads(write_report(v, tmp_path).read_text())
+    rr = doc["policies"]["round_robin"]
+    assert rr["failed_requests"] > 0 and rr["dead_workers"].keys() == {"1"}
+    assert rr["metrics"]["time_to_complete_s"]["measured"] > 0 and rr["metrics"]["time_to_complete_s"]["predicted"] > 0
 
 
 def test_the_html_page_states_the_reports_own_level_and_what_the_intervals_hold():
