@@ -194,6 +194,13 @@ def _yes_cell(flag, not_checked: str | None = None) -> Cell:
     return Cell("-" if flag is None else ("yes" if flag else "no"), numeric=False)
 
 
+def _live_min_max(m: dict) -> str:
+    """The live rounds' min - max, or one value and "every round" when they are equal (a hit rate
+    the same in every round read "0.812 - 0.812")."""
+    low, high = _num(m.get("measured_min")), _num(m.get("measured_max"))
+    return f"{_fmt(low)} in every round" if low is not None and low == high else _range([low, high])
+
+
 def _live_range_cell(m: dict) -> Cell:
     """Whether the prediction lies in the live rounds' min-max; a "no" says on which side, with
     both numbers to four significant digits where three decimals would show them equal (a
@@ -223,7 +230,7 @@ def policy_tables(doc: dict, policy: str, p: dict) -> list[Table]:
     header += ["inside", "error %"]
     rows = []
     for m in p["metrics"].values():
-        live = [Cell(_range([m["measured_min"], m["measured_max"]]), {"low": m["measured_min"], "high": m["measured_max"]}),
+        live = [Cell(_live_min_max(m), {"low": m["measured_min"], "high": m["measured_max"]}),
                 Cell(_range(m["measured_interval"] or [None, None])),
                 _live_range_cell(m)] if n_live else []
         rows.append([m["label"], Cell(_fmt(m["predicted"]) + _with_drift(m), {"predicted": m["predicted"]}),

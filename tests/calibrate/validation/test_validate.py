@@ -2022,3 +2022,14 @@ def test_a_prediction_outside_the_live_range_says_on_which_side_and_shows_digits
     assert cell(1.7, 1.6, 1.9, True).text == "yes" and cell(None, 1.6, 1.9, None).text == "-"
     table = Table("t", ["prediction in live range"], [[cell(2.5, 1.6, 1.9, False)]])
     assert markdown_table(table)[-1] == "| **no: above** |"
+
+
+def test_a_live_range_of_one_value_reads_as_one_value():
+    """A hit rate of 0.8125 in every round read "0.812 - 0.812" beside "no: below (0.8118 < 0.8125)"."""
+    from kvroute.calibrate.validation.validate_render import _live_min_max, _live_range_cell
+
+    m = {"predicted": 0.8118, "measured_min": 0.8125, "measured_max": 0.8125, "predicted_inside_live_range": False}
+    assert _live_min_max(m) == "0.812 in every round"
+    assert _live_range_cell(m).text == "no: below (0.8118 < 0.8125)"
+    assert _live_min_max({"measured_min": 1.6, "measured_max": 1.9}) == "1.600 - 1.900"
+    assert _live_min_max({"measured_min": None, "measured_max": None}) == "-"
