@@ -250,7 +250,11 @@ def test_validate_with_0_11_events_moves_every_stamp_or_counts_it(stub, tmp_path
                                            "--policies", "round_robin", "--profile", "cpu-tiny-qwen2", "--out",
                                            str(out), "--rounds", "1", "--kv-events", events, "--tokens"])
     assert result.exit_code == 0, result.output
-    entry = json.loads((out / "report.json").read_text())["policies"]["round_robin"]
+    doc = json.loads((out / "report.json").read_text())
+    entry = doc["policies"]["round_robin"]
+    # NOTE: it failed once with a KeyError here, on a loaded host, and never again in 12 runs under
+    # two busy loops: the notes say why the next time (a feed that gave nothing names itself there)
+    assert "convoys_stamp_correction" in entry, doc["notes"]
     fix = entry["convoys_stamp_correction"]  # row 5: stamped when scheduled, so none marks the step's end
     assert (entry["convoys_kv_event_stamp"], fix["stamp"], fix["as_stamped"]) == ("step_start", "step_start", 0)
     assert fix["timed"] > 0 and fix["num_corrected"] + fix["uncorrected"] == fix["timed"]
