@@ -252,7 +252,7 @@ def test_validate_with_0_11_events_moves_every_stamp_or_counts_it(stub, tmp_path
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "report.json").read_text())
     entry = doc["policies"]["round_robin"]
-    # NOTE: it failed once with a KeyError here, on a loaded host, and never again in 12 runs under
+    # NOTE: it failed once with a KeyError here, on a loaded host, and not in 6 runs beside
     # two busy loops: the notes say why the next time (a feed that gave nothing names itself there)
     assert "convoys_stamp_correction" in entry, doc["notes"]
     fix = entry["convoys_stamp_correction"]  # row 5: stamped when scheduled, so none marks the step's end
