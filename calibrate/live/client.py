@@ -45,6 +45,10 @@ class CalibrationError(RuntimeError):
     """A measurement cannot go on: one clear message naming the server and the cause."""
 
 
+class ServerUnreachable(CalibrationError):
+    """No answer from a server: connection refused or broken, or none within the time limit."""
+
+
 # --------------------------------------------------------------------------------------------
 # Prometheus text format
 # --------------------------------------------------------------------------------------------
@@ -322,7 +326,7 @@ class VllmClient:
         """``(status, body)`` of one plain request.
 
         Raises:
-            CalibrationError: the server is unreachable or did not answer within ``timeout_s``.
+            ServerUnreachable: the server is unreachable or did not answer within ``timeout_s``.
         """
         import aiohttp
 
@@ -331,7 +335,7 @@ class VllmClient:
                 async with self._session.request(method, f"{self.url}{path}", params=params or None) as resp:
                     return resp.status, await resp.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise CalibrationError(
+            raise ServerUnreachable(
                 f"cannot reach the vLLM server at {self.url}: {type(exc).__name__}: "
                 f"{' '.join(str(exc).split()) or 'no answer'}"
             ) from exc
@@ -365,10 +369,10 @@ class VllmClient:
         """
         self.reset_note = "not tried"
         for _ in range(attempts):
-            busy_before = await self._held_requests()
             try:
+                busy_before = await self._held_requests()
                 status, body = await self._request("POST", "/reset_prefix_cache")
-            except CalibrationError:
+            except ServerUnreachable:  # a stopped server would cost the POST's timeout again
                 self.reset_note = "unreachable"
                 return None
             if status != 200:
@@ -381,7 +385,10 @@ class VllmClient:
                 ok = None
             if ok is None:  # vLLM <= 0.25: 200 with an empty body, reset or not
                 # idle before and after the call: no request could hold a block when it reset
-                after = await self._held_requests()
+                try:
+                    after = await self._held_requests()
+                except ServerUnreachable:
+                    after = math.nan
                 busy = math.nan if math.isnan(busy_before) or math.isnan(after) else max(busy_before, after)
                 if busy == 0:
                     self.reset_note = "reset: empty answer (vLLM <= 0.25) while /metrics showed the engine idle"
@@ -398,9 +405,16 @@ class VllmClient:
         return False
 
     async def _held_requests(self) -> float:
-        """Requests running or waiting on the engine per ``/metrics`` (NaN when unknown)."""
+        """Requests running or waiting on the engine per ``/metrics`` (NaN when unknown: an error
+        status, or no load gauges).
+
+        Raises:
+            ServerUnreachable: no answer (the reset that asks is then not tried).
+        """
         try:
             snap = await self.metrics()
+        except ServerUnreachable:
+            raise
         except CalibrationError:
             return math.nan
         return snap.get("vllm:num_requests_running") + snap.get("vllm:num_requests_waiting")

@@ -18,7 +18,7 @@ import asyncio
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -275,18 +275,21 @@ async def reset_prefix_cache(url: str, timeout_s: float = 30.0) -> bool | None:
         return await client.reset_prefix_cache()
 
 
-async def scrape(urls: list[str], timeout_s: float = 10.0) -> list[MetricsSnapshot | None]:
+async def scrape(urls: list[str], timeout_s: float = 10.0,
+                 skip: Collection[int] = ()) -> list[MetricsSnapshot | None]:
     """``/metrics`` of every server; None for a server that does not answer within ``timeout_s``
-    (s)."""
+    (s) and for the servers of ``skip`` (indices into ``urls``, not asked)."""
 
     async def one(url: str) -> MetricsSnapshot | None:
+        if url is None:
+            return None
         try:
             async with VllmClient(url, timeout_s=timeout_s) as client:
                 return await client.metrics()
         except Exception:  # noqa: BLE001 - a dead server has no metrics; the report says so
             return None
 
-    return list(await asyncio.gather(*(one(u) for u in urls)))
+    return list(await asyncio.gather(*(one(None if w in skip else u) for w, u in enumerate(urls))))
 
 
 # --------------------------------------------------------------------------------------------
@@ -537,19 +540,19 @@ async def measure(run: PolicyRun, replay: LiveReplay, urls: list[str], timeout_s
     """Reset caches, scrape, replay, scrape: fills ``run``'s live fields (not ``measured``).
 
     A server that answers neither the reset nor ``/metrics`` (it died in an earlier run) starts
-    the replay marked dead. ``timeout_s`` (the live requests' limit, s) also bounds each reset
-    request (at most 30 s) and scrape (at most 10 s), so a stopped server costs a round about
-    what its requests do. Cancellation (Ctrl-C) propagates after the replay recorded what it had.
+    the replay marked dead, and is not scraped after it. ``timeout_s`` (the live requests' limit,
+    s) also bounds each reset request (at most 30 s) and scrape (at most 10 s), so a stopped
+    server costs a run about twice ``timeout_s``. Cancellation (Ctrl-C) propagates after the replay recorded what it had.
     """
     reset_s, scrape_s = min(30.0, timeout_s), min(10.0, timeout_s)
     run.cache_reset = list(await asyncio.gather(*(reset_prefix_cache(u, reset_s) for u in urls)))
     run.before = await scrape(urls, scrape_s)
-    for w, (reset, snap) in enumerate(zip(run.cache_reset, run.before)):
-        if reset is None and snap is None:
-            replay.mark_dead(w, f"{urls[w]} {SILENT_BEFORE_THE_RUN}")
+    silent = [w for w, (reset, snap) in enumerate(zip(run.cache_reset, run.before)) if reset is None and snap is None]
+    for w in silent:
+        replay.mark_dead(w, f"{urls[w]} {SILENT_BEFORE_THE_RUN}")
     await replay.run()
     run.after = await settled_scrape(urls, run.before, _finished_per_server(replay, len(urls)),
-                                     scrape_s=scrape_s)
+                                     scrape_s=scrape_s, skip=silent)
 
 
 def _finished_per_server(replay: LiveReplay, num_servers: int) -> list[int]:
@@ -563,15 +566,16 @@ def _finished_per_server(replay: LiveReplay, num_servers: int) -> list[int]:
 
 
 async def settled_scrape(urls: list[str], before: list[MetricsSnapshot | None], finished: list[int],
-                         timeout_s: float = 2.0, scrape_s: float = 10.0) -> list[MetricsSnapshot | None]:
-    """``/metrics`` of every server, scraped again (up to ``timeout_s``, each scrape up to
-    ``scrape_s``) until each server's request histograms count the ``finished`` requests sent to
-    it since ``before``: the API server records a request's times just after streaming its last
-    token, so a scrape at once can miss the last ones."""
+                         timeout_s: float = 2.0, scrape_s: float = 10.0,
+                         skip: Collection[int] = ()) -> list[MetricsSnapshot | None]:
+    """``/metrics`` of every server but those of ``skip`` (:func:`scrape`), scraped again (up to
+    ``timeout_s``, each scrape up to ``scrape_s``) until each server's request histograms count
+    the ``finished`` requests sent to it since ``before``: the API server records a request's
+    times just after streaming its last token, so a scrape at once can miss the last ones."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        after = await scrape(urls, scrape_s)
+        after = await scrape(urls, scrape_s, skip)
         short = [a.delta(b, COUNTED) < n for a, b, n in zip(after, before, finished)
                  if a is not None and b is not None and math.isfinite(a.delta(b, COUNTED))]
         if not any(short) or loop.time() > deadline:

@@ -1112,29 +1112,38 @@ def test_a_server_dying_in_one_live_round_leaves_the_next_round_running_on_the_o
 def test_a_stopped_server_costs_each_round_its_request_timeout_not_the_housekeepings(fakes, monkeypatch):
     """A server that accepts connections and answers nothing (SIGSTOP): every reset, scrape and
     request of the later rounds waits at most the live requests' limit, not the reset's 30 s and
-    the scrape's 10 s."""
+    the scrape's 10 s, and the round after the one that lost it asks it twice (/metrics before
+    the reset, which is then not sent, and the scrape before the run), not after the run."""
     from kvroute.calibrate.validation import validate
     from kvroute.sim.timing.profile import load_profile
 
     waits: list[float] = []
+    asked: list[str] = []
 
     class Recording(validate.VllmClient):
         def __init__(self, url, model=None, timeout_s=600.0):
             super().__init__(url, model, timeout_s)
             waits.append(timeout_s)
 
+        async def _request(self, method, path, **params):
+            asked.append(f"{self.url} {method} {path}")
+            return await super()._request(method, path, **params)
+
     monkeypatch.setattr(validate, "VllmClient", Recording)
     servers = fakes(2, s1={"freeze_after": 2, "token_delay_s": 0.002})
     trace = small_chat(chats=4, turns=2)
     spec = validate.ValidationSpec(tuple(s.url for s in servers), ("round_robin",), max_in_flight=2, sim_rounds=1,
                                    live_rounds=2, timeout_s=0.5)
-    v = validate.run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec)
+    v = validate.run_validation(trace, load_profile("a6000-qwen2.5-7b"), spec,
+                                progress=lambda msg: asked.append(msg) if "live run 2 of 2" in msg else None)
     first, second = v.runs
     assert list(first.dead) == [1] and "within 0.5 s" in first.dead[1]
     assert second.cache_reset == [True, None] and "did not answer before the run" in second.dead[1]
     assert second.before[1] is None and second.after[1] is None
     assert waits[:2] == [30.0, 30.0]  # identifying the servers, before any live request
     assert set(waits[2:]) == {0.5}
+    later = asked[next(i for i, a in enumerate(asked) if "live run 2 of 2" in a):]
+    assert [a for a in later if a.startswith(servers[1].url)] == [f"{servers[1].url} GET /metrics"] * 2
 
 
 def test_validate_command_live_rounds(fakes, tmp_path):
