@@ -469,6 +469,230 @@ async def _sweep_one(ctx: _Ctx, exps: list[dict], plan: SweepPlan, begin: Callab
         tick(exp)
 
 
+# --------------------------------------------------------------------------------------------
+# The whole sweep: run_sweep and its steps
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Sweep:
+    """What one :func:`run_sweep` has opened and how it is going, for closing it however it ends.
+
+    ``meta`` stays empty until the servers are probed and found alike, when ``meta.json`` is
+    first written; ``status`` is ``"failed"`` until the sweep completes or its end is named.
+    """
+
+    out: Path
+    clients: list[VllmClient]
+    t_wall: float  # time.monotonic() at the start, s
+    infos: list[ServerInfo] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    writers: list[RowWriter] = field(default_factory=list)  # requests.csv, experiments.csv
+    ctxs: list[_Ctx] = field(default_factory=list)
+    feed: Any = None  # LiveKVEvents, or None
+    subscriber: asyncio.Task | None = None  # the feed's reader, once it started
+    status: str = "failed"
+    done: int = 0  # experiments and bursts done (_Progress.close)
+    events_meta: dict[str, Any] | None = None  # meta.json's kv_events, once the feed is stopped
+    warnings: tuple[str, ...] = ()
+
+
+async def _probe_servers(clients: list[VllmClient], factories: list[PromptFactory], plan: SweepPlan,
+                         hardware: str | None) -> list[ServerInfo]:
+    """Every server's settings (:func:`probe_server`, one after another), with ``hardware`` in place
+    of what they report when given.
+
+    Raises:
+        CalibrationError: a server unreachable or unfit for ``plan``, or the servers not alike
+            (:func:`check_alike`).
+    """
+    infos = [await probe_server(c, f, plan) for c, f in zip(clients, factories)]
+    if hardware:
+        infos = [replace(i, hardware=hardware, sources={**i.sources, "hardware": "--hardware"}) for i in infos]
+    check_alike(infos)
+    return infos
+
+
+def _write_first_meta(out: Path, urls: Sequence[str], plan: SweepPlan, seed: int, token_range: tuple[int, int],
+                      infos: list[ServerInfo], started: _dt.datetime) -> dict[str, Any]:
+    """Write ``out/meta.json`` of a sweep about to measure (status ``running``) and return its contents."""
+    meta = dict(
+        status="running", started=started.isoformat(timespec="seconds"), seed=seed, urls=list(urls),
+        token_range=list(token_range), plan=asdict(plan), servers=[i.to_dict() for i in infos],
+        client_host=dict(cores=os.cpu_count(), loadavg_start=list(os.getloadavg())),
+    )
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+async def _open_measurement(sweep: _Sweep, factories: list[PromptFactory], kv_events: Sequence[str]) -> None:
+    """Open ``requests.csv`` and ``experiments.csv``, make each server's :class:`_Ctx` (its times
+    from now), reset every server's prefix cache (a refusal is a warning), and start the KV-event
+    feed of ``kv_events`` when there are any."""
+    req_w = RowWriter(sweep.out / "requests.csv", REQUEST_COLUMNS)
+    exp_w = RowWriter(sweep.out / "experiments.csv", EXPERIMENT_COLUMNS)
+    sweep.writers = [req_w, exp_w]
+    t0 = time.perf_counter()
+    sweep.ctxs = [_Ctx(c, i, f, req_w, exp_w, t0, worker=k)
+                  for k, (c, i, f) in enumerate(zip(sweep.clients, sweep.infos, factories))]
+    await _reset_prefix_caches(sweep.ctxs)
+    if kv_events:
+        await _start_kv_events(sweep, kv_events)
+
+
+async def _reset_prefix_caches(ctxs: list[_Ctx]) -> None:
+    """Reset every server's prefix cache; a reset refused or not confirmed is one of that
+    server's ``errors`` (a warning, not a failure)."""
+    for ctx in ctxs:
+        if not await ctx.client.reset_prefix_cache():
+            ctx.errors.append(f"could not reset the prefix cache ({ctx.client.reset_note}; start the server "
+                              "with VLLM_SERVER_DEV_MODE=1)")
+
+
+async def _start_kv_events(sweep: _Sweep, endpoints: Sequence[str]) -> None:
+    """Subscribe to the servers' KV-cache events at ``endpoints`` and give the feed to every server's context."""
+    from kvroute.calibrate.live.kv_events import LiveKVEvents
+
+    sweep.feed = LiveKVEvents(endpoints, sweep.infos[0].block_size)
+    sweep.subscriber = await sweep.feed.start()
+    for ctx in sweep.ctxs:
+        ctx.events = sweep.feed
+
+
+class _Progress:
+    """The sweep's progress and time left: :meth:`begin` and :meth:`tick` around the warm-up (key
+    ``"start"``) and around each experiment and burst (its ``exp_id``); the bar counts experiments
+    and bursts, not the warm-up. Times given to ``pace`` are seconds since this was made.
+
+    Args:
+        total: experiments and bursts.
+        pace: what ``on_start`` returned; it gives the time left when it has ``begin``, ``done``
+            and ``left_s`` (else the time left is by count).
+        show: show a bar, refreshed every ``REFRESH_S`` seconds; without it nothing is shown and
+            ``pace`` is not called.
+    """
+
+    def __init__(self, total: int, pace: Any, show: bool) -> None:
+        self.total = total
+        self.bar = self.left = self._refresher = None
+        self._t0 = time.monotonic()
+        if show:
+            from kvroute.sim.study.progress import REFRESH_S, keep_refreshed, progress_bar
+
+            self.left = pace if all(hasattr(pace, m) for m in ("begin", "done", "left_s")) else None
+            self.bar = progress_bar(total, "calibration sweep", "experiment",
+                                    time_left=None if self.left is None else self.left.left_s)
+            self._refresher = asyncio.create_task(keep_refreshed(self.bar, REFRESH_S))
+
+    def begin(self, key: int | str) -> None:
+        """``key`` begins."""
+        if self.left is not None:
+            self.left.begin(key, time.monotonic() - self._t0)
+
+    def tick(self, key: int | str) -> None:
+        """``key`` is done."""
+        if self.left is not None:
+            self.left.done(key, time.monotonic() - self._t0)
+        if self.bar is not None and key != "start":
+            self.bar.update(1)
+
+    async def close(self, complete: bool) -> int:
+        """Stop the refreshing and close the bar; returns the experiments and bursts done: the
+        bar's count, or without a bar ``total`` when ``complete``, else 0."""
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+        if self.bar is None:
+            return self.total if complete else 0
+        done = self.bar.n
+        self.bar.close()
+        return done
+
+
+async def _measure(sweep: _Sweep, plan: SweepPlan, seed: int, show_progress: bool, pace: Any) -> None:
+    """Run the plan's experiments and bursts that fit the smallest server's KV cache, with
+    progress (:class:`_Progress`); ``sweep.status`` becomes ``"complete"`` once all are done, and
+    ``sweep.done`` is set however it ends (:meth:`_Progress.close`)."""
+    capacity = min((i.num_gpu_blocks - 1) * i.block_size for i in sweep.infos)
+    exps = plan.experiments(capacity, seed)
+    bursts = plan.bursts(len(sweep.ctxs), len(exps), capacity)
+    progress = _Progress(len(exps) + len(bursts), pace, show_progress)
+    try:
+        await _run_schedule(sweep.ctxs, plan, exps, bursts, seed, progress)
+        sweep.status = "complete"
+    finally:
+        sweep.done = await progress.close(sweep.status == "complete")
+
+
+async def _run_schedule(ctxs: list[_Ctx], plan: SweepPlan, exps: list[dict], bursts: list[dict], seed: int,
+                        progress: _Progress) -> None:
+    """Warm every server up (:func:`warm_up`, concurrently), then deal ``exps`` round-robin to the
+    servers and run them in the segments of :func:`sweep_schedule` (each server its share one at
+    a time, the servers concurrently), each segment followed by its chunk of ``bursts``, one at a
+    time."""
+    shares = [exps[k::len(ctxs)] for k in range(len(ctxs))]
+    progress.begin("start")
+    await asyncio.gather(*(warm_up(ctx, plan) for ctx in ctxs))
+    progress.tick("start")
+    for segments, chunk in sweep_schedule(shares, bursts, plan.burst_slots, seed):
+        await asyncio.gather(*(_sweep_one(ctx, seg, plan, lambda e: progress.begin(e["exp_id"]),
+                                          lambda e: progress.tick(e["exp_id"]))
+                               for ctx, seg in zip(ctxs, segments)))
+        for exp in chunk:
+            progress.begin(exp["exp_id"])
+            await _burst(ctxs, exp)
+            progress.tick(exp["exp_id"])
+
+
+async def _close(sweep: _Sweep, kv_events: Sequence[str]) -> None:
+    """End the sweep, in this order: stop the KV-event feed, close the row writers and the clients;
+    then, when ``meta.json`` was written, write its final state and the Parquet copies of the rows."""
+    sweep.events_meta = await _stop_kv_events(sweep, kv_events)
+    for w in sweep.writers:
+        w.close()
+    for c in sweep.clients:
+        await c.__aexit__(None, None, None)
+    sweep.warnings = tuple(f"{c.info.url}: {e}" for c in sweep.ctxs for e in c.errors)
+    if sweep.meta:
+        _write_final_meta(sweep)
+        to_parquet(sweep.out / "requests.csv")
+        to_parquet(sweep.out / "experiments.csv")
+
+
+async def _stop_kv_events(sweep: _Sweep, endpoints: Sequence[str]) -> dict[str, Any] | None:
+    """Stop the KV-event feed; returns what ``meta.json`` says of it (endpoints, batches, the
+    release's stamp and what it marks, and ``problem`` when it timed nothing), or None when no
+    feed started."""
+    if sweep.subscriber is None:
+        return None
+    sweep.subscriber.cancel()
+    (outcome,) = await asyncio.gather(sweep.subscriber, return_exceptions=True)
+    from kvroute.sim.timing.vllm_versions import KV_EVENT_STAMPS, kv_event_stamp
+
+    stamp = kv_event_stamp(sweep.infos[0].vllm_version, sweep.infos[0].async_scheduling)
+    events_meta = {"endpoints": list(endpoints), "batches": sweep.feed.num_batches, "stamp": stamp,
+                   "stamp_marks": KV_EVENT_STAMPS[stamp]}
+    problem = sweep.feed.problem(outcome)
+    if problem is not None:
+        events_meta["problem"] = problem
+    return events_meta
+
+
+def _write_final_meta(sweep: _Sweep) -> None:
+    """Rewrite ``meta.json`` with how the sweep ended: its KV-event feed, warnings, status, finish
+    time, wall time (s) and the client host's load average."""
+    meta = sweep.meta
+    if sweep.events_meta is not None:
+        meta["kv_events"] = sweep.events_meta
+    if sweep.warnings:
+        meta["warnings"] = list(sweep.warnings)
+    meta["status"] = sweep.status
+    meta["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    meta["elapsed_s"] = round(time.monotonic() - sweep.t_wall, 1)
+    meta.setdefault("client_host", {})["loadavg_end"] = list(os.getloadavg())
+    (sweep.out / "meta.json").write_text(json.dumps(meta, indent=2))
+
+
 @dataclass(frozen=True, slots=True)
 class MeasureSummary:
     """What a sweep left on disk.
@@ -554,127 +778,23 @@ async def run_sweep(
     rng = np.random.default_rng(seed)
     started = _dt.datetime.now(_dt.timezone.utc)
     t_wall = time.monotonic()
-    clients = [VllmClient(u, model, timeout_s) for u in urls]
-    for c in clients:
+    sweep = _Sweep(out, [VllmClient(u, model, timeout_s) for u in urls], t_wall)
+    for c in sweep.clients:
         await c.__aenter__()
-    writers: list[RowWriter] = []
-    meta: dict[str, Any] = {}
-    infos: list[ServerInfo] = []
-    status = "failed"
-    done = 0
-    subscriber = feed = None
-    ctxs: list[_Ctx] = []
     try:
-        factories = [PromptFactory(np.random.default_rng(rng.integers(2**63)), *token_range) for _ in clients]
-        for c, f in zip(clients, factories):
-            infos.append(await probe_server(c, f, plan))
-        if hardware:
-            infos = [replace(i, hardware=hardware, sources={**i.sources, "hardware": "--hardware"}) for i in infos]
-        check_alike(infos)
-        pace = on_start(infos) if on_start is not None else None
-        meta = dict(
-            status="running", started=started.isoformat(timespec="seconds"), seed=seed, urls=list(urls),
-            token_range=list(token_range), plan=asdict(plan), servers=[i.to_dict() for i in infos],
-            client_host=dict(cores=os.cpu_count(), loadavg_start=list(os.getloadavg())),
-        )
-        (out / "meta.json").write_text(json.dumps(meta, indent=2))
-        req_w = RowWriter(out / "requests.csv", REQUEST_COLUMNS)
-        exp_w = RowWriter(out / "experiments.csv", EXPERIMENT_COLUMNS)
-        writers = [req_w, exp_w]
-        t0 = time.perf_counter()
-        ctxs = [_Ctx(c, i, f, req_w, exp_w, t0, worker=k) for k, (c, i, f) in enumerate(zip(clients, infos, factories))]
-        for ctx in ctxs:
-            if not await ctx.client.reset_prefix_cache():
-                ctx.errors.append(f"could not reset the prefix cache ({ctx.client.reset_note}; start the server "
-                                  "with VLLM_SERVER_DEV_MODE=1)")
-        if kv_events:
-            from kvroute.calibrate.live.kv_events import LiveKVEvents
-
-            feed = LiveKVEvents(kv_events, infos[0].block_size)
-            subscriber = await feed.start()
-            for ctx in ctxs:
-                ctx.events = feed
-        capacity = min((i.num_gpu_blocks - 1) * i.block_size for i in infos)
-        exps = plan.experiments(capacity, seed)
-        bursts = plan.bursts(len(ctxs), len(exps), capacity)
-        shares = [exps[k::len(ctxs)] for k in range(len(ctxs))]
-        bar = left = refresher = None
-        t_sweep = time.monotonic()  # the bar's elapsed time and ``left``'s times count from here
-        if progress:
-            from kvroute.sim.study.progress import REFRESH_S, keep_refreshed, progress_bar
-
-            left = pace if all(hasattr(pace, m) for m in ("begin", "done", "left_s")) else None
-            bar = progress_bar(len(exps) + len(bursts), "calibration sweep", "experiment",
-                               time_left=None if left is None else left.left_s)
-            refresher = asyncio.create_task(keep_refreshed(bar, REFRESH_S))
-
-        def begin(key: int | str) -> None:
-            if left is not None:
-                left.begin(key, time.monotonic() - t_sweep)
-
-        def tick(key: int | str) -> None:
-            if left is not None:
-                left.done(key, time.monotonic() - t_sweep)
-            if bar is not None and key != "start":
-                bar.update(1)
-
-        try:
-            begin("start")
-            await asyncio.gather(*(warm_up(ctx, plan) for ctx in ctxs))
-            tick("start")
-            for segments, chunk in sweep_schedule(shares, bursts, plan.burst_slots, seed):
-                await asyncio.gather(*(_sweep_one(ctx, seg, plan, lambda e: begin(e["exp_id"]),
-                                                  lambda e: tick(e["exp_id"]))
-                                       for ctx, seg in zip(ctxs, segments)))
-                for exp in chunk:
-                    begin(exp["exp_id"])
-                    await _burst(ctxs, exp)
-                    tick(exp["exp_id"])
-            status = "complete"
-        finally:
-            if refresher is not None:
-                refresher.cancel()
-                await asyncio.gather(refresher, return_exceptions=True)
-            if bar is not None:
-                done = bar.n
-                bar.close()
-            else:
-                done = len(exps) + len(bursts) if status == "complete" else 0
+        factories = [PromptFactory(np.random.default_rng(rng.integers(2**63)), *token_range) for _ in sweep.clients]
+        sweep.infos = await _probe_servers(sweep.clients, factories, plan, hardware)
+        pace = on_start(sweep.infos) if on_start is not None else None
+        sweep.meta = _write_first_meta(out, urls, plan, seed, token_range, sweep.infos, started)
+        await _open_measurement(sweep, factories, kv_events)
+        await _measure(sweep, plan, seed, progress, pace)
     except (asyncio.CancelledError, KeyboardInterrupt):
-        status = "interrupted"
+        sweep.status = "interrupted"
         raise
     except CalibrationError as exc:
-        status = f"failed: {exc}"
+        sweep.status = f"failed: {exc}"
         raise
     finally:
-        events_meta = None
-        if subscriber is not None:
-            subscriber.cancel()
-            (outcome,) = await asyncio.gather(subscriber, return_exceptions=True)
-            from kvroute.sim.timing.vllm_versions import KV_EVENT_STAMPS, kv_event_stamp
-
-            stamp = kv_event_stamp(infos[0].vllm_version, infos[0].async_scheduling)
-            events_meta = {"endpoints": list(kv_events), "batches": feed.num_batches, "stamp": stamp,
-                           "stamp_marks": KV_EVENT_STAMPS[stamp]}
-            problem = feed.problem(outcome)
-            if problem is not None:
-                events_meta["problem"] = problem
-        for w in writers:
-            w.close()
-        for c in clients:
-            await c.__aexit__(None, None, None)
-        warnings = tuple(f"{c.info.url}: {e}" for c in ctxs for e in c.errors)
-        if meta:
-            if events_meta is not None:
-                meta["kv_events"] = events_meta
-            if warnings:
-                meta["warnings"] = list(warnings)
-            meta["status"] = status
-            meta["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-            meta["elapsed_s"] = round(time.monotonic() - t_wall, 1)
-            meta.setdefault("client_host", {})["loadavg_end"] = list(os.getloadavg())
-            (out / "meta.json").write_text(json.dumps(meta, indent=2))
-            to_parquet(out / "requests.csv")
-            to_parquet(out / "experiments.csv")
-    return MeasureSummary(out, infos, writers[0].rows if writers else 0, done, status,
-                          time.monotonic() - t_wall, (events_meta or {}).get("problem"), warnings)
+        await _close(sweep, kv_events)
+    return MeasureSummary(out, sweep.infos, sweep.writers[0].rows if sweep.writers else 0, sweep.done, sweep.status,
+                          time.monotonic() - sweep.t_wall, (sweep.events_meta or {}).get("problem"), sweep.warnings)
