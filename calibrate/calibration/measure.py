@@ -309,8 +309,7 @@ async def _decode_like(ctx: _Ctx, exp: dict, context_len: int, batch: int, max_t
             ctx.requests.write(pf_row)
         results = await asyncio.gather(*tasks)
     except BaseException:
-        for t in tasks:
-            t.cancel()
+        await _cancel_all(tasks)
         raise
     t_end = time.perf_counter() - ctx.t0
     expected = (L - bs)
@@ -368,8 +367,7 @@ async def _burst(ctxs: list[_Ctx], exp: dict) -> None:
     try:
         results = [await asyncio.gather(*ts) for ts in tasks]
     except BaseException:
-        for t in (t for ts in tasks for t in ts):
-            t.cancel()
+        await _cancel_all([t for ts in tasks for t in ts])
         raise
     t_end = time.perf_counter() - targets[0].t0
     for ctx, before, ps, res_list, cost, scraped in zip(targets, befores, prompts, results, scrape_cpu, scrapes):
@@ -450,11 +448,24 @@ async def warm_up(ctx: _Ctx, plan: SweepPlan) -> None:
     for B in sorted({*plan.decode_batches, *plan.mixed_batches, 1}):
         prompts = [ctx.factory.unique(2 * bs) for _ in range(B)]
         tasks = [asyncio.create_task(ctx.client.complete(p, 24)) for p in prompts]
-        await asyncio.sleep(0.005)
-        for L in sorted({64, *plan.mixed_prefills}):
-            await ctx.client.complete(ctx.factory.unique(L), 1)
-        for r in await asyncio.gather(*tasks):
+        try:
+            await asyncio.sleep(0.005)
+            for L in sorted({64, *plan.mixed_prefills}):
+                await ctx.client.complete(ctx.factory.unique(L), 1)
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            await _cancel_all(tasks)
+            raise
+        for r in results:
             _check(ctx, r, 2 * bs)
+
+
+async def _cancel_all(tasks: list[asyncio.Task]) -> None:
+    """Cancel ``tasks`` and wait for them, so that none is left running (or with an exception
+    nobody reads) after the request that failed or the cancellation that stopped their batch."""
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _sweep_one(ctx: _Ctx, exps: list[dict], plan: SweepPlan, begin: Callable[[dict], None],
