@@ -24,6 +24,7 @@ from kvroute.sim.cluster.collector import paused_collector
 from kvroute.sim.engine.compiled import Request, engine_classes  # Request: the annotations' type
 from kvroute.sim.timing.async_overlap import AsyncOverlap
 from kvroute.sim.timing.host import Host
+from kvroute.sim.timing.step_timer import StepTimer
 from kvroute.sim.cluster.metrics import RequestRecord, RunResult
 from kvroute.sim.cluster.timeseries import series_frame
 from kvroute.sim.timing.profile import Profile
@@ -202,18 +203,43 @@ class Cluster:
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.env = simpy.Environment()
-        num_gpus = spec.num_gpus or spec.num_workers
-        self.profiles = [spec.profile.shared(spec.workers_on_gpu(spec.gpu_of(w))) for w in range(spec.num_workers)]
-        for profile in {p.engine.num_gpu_blocks: p for p in self.profiles}.values():
-            check_capacity(trace, profile)
-        gpus = [simpy.Resource(self.env, capacity=1) for _ in range(num_gpus)]
-        prof = spec.profile
+        self.profiles = self._worker_profiles(trace)
         # the engine's request class: compiled, or pure-Python with async scheduling
-        self._request_class = engine_classes(prof.engine)[0]
-        # the API lanes, the host's load and one step timer per worker (kvroute.sim.timing.host)
-        self.host = Host(prof.frontend, prof.host, spec.num_workers, lambda: self.env.now)
+        self._request_class = engine_classes(spec.profile.engine)[0]
+        step_timers = self._build_host(seed)
+        on_token, on_decode_run = self._token_callbacks()
+        on_finish = self._finish_callback()
+        self.workers = self._build_workers(step_timers, on_token, on_finish, on_decode_run)
+        self.host.engines = self.workers
+        self.workload = Workload(trace, spec.profile.engine.block_size, spec.profile.engine.max_model_len)
+        self._build_gateways(seed)
+        self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
+        self.records: list[RequestRecord] = []
+        self._plan_stages(trace)
+        self._build_client(seed)
+
+    def _worker_profiles(self, trace: Trace) -> list[Profile]:
+        """Each worker's profile (its GPU's memory split between the workers sharing it), in
+        worker order; raises ValueError (``check_capacity``) when a request of ``trace`` can
+        never fit in one of their KV caches."""
+        spec = self.spec
+        profiles = [spec.profile.shared(spec.workers_on_gpu(spec.gpu_of(w))) for w in range(spec.num_workers)]
+        for profile in {p.engine.num_gpu_blocks: p for p in profiles}.values():
+            check_capacity(trace, profile)
+        return profiles
+
+    def _build_host(self, seed: int) -> list[StepTimer]:
+        """The API lanes, the host's load and one step timer per worker (kvroute.sim.timing.host);
+        returns the step timers, in worker order."""
+        prof = self.spec.profile
+        self.host = Host(prof.frontend, prof.host, self.spec.num_workers, lambda: self.env.now)
         self.frontends = self.host.frontends
-        step_timers = self.host.step_timers(prof.step_cost, seed)
+        return self.host.step_timers(prof.step_cost, seed)
+
+    def _token_callbacks(self) -> tuple[Callable[[Request, float], None], Callable[..., None]]:
+        """The workers' ``on_token`` and ``on_decode_run``, chosen once for the run's options
+        (time series, client timeout); sets up ``itl_gaps``, the gaps they fill, and with a
+        timeout the record of whose gaps they are."""
         # every inter-token gap, s, in the order the client got them (an array: 3.8 M on Mooncake);
         # the result keeps those of the requests served (``_served_gaps``)
         self.itl_gaps = array("d")
@@ -222,23 +248,33 @@ class Cluster:
         # The owning ones wrap the plain ones; the timed ones wrap either (``_token``, ``_decode_run``).
         self._gap_owners: list[int] | None = None
         self._token, self._decode_run = self._on_token, self._on_decode_run
-        if spec.request_timeout_s is not None:
+        if self.spec.request_timeout_s is not None:
             # itl_gaps in runs of one request's gaps: its index in self.records, and the run's length
             # (lists: array("q").append parses its argument, 3x the time of list.append)
             self._gap_owners, self._gap_counts = [], []
             self._record_index: dict[int, int] = {}  # request id -> index in self.records
             self._token, self._decode_run = _owning(self._on_token, self._on_decode_run, self.itl_gaps,
                                                     self._gap_owners, self._gap_counts, self._record_index)
-        on_token, on_decode_run = self._token, self._decode_run
-        if spec.record_series:
-            on_token, on_decode_run = self._on_token_timed, self._on_decode_run_timed
-        on_finish = self._on_finish
+        if self.spec.record_series:
+            return self._on_token_timed, self._on_decode_run_timed
+        return self._token, self._decode_run
+
+    def _finish_callback(self) -> Callable[[Request, float], None]:
+        """The workers' ``on_finish``; with a client timeout it also keeps ``_in_engine``."""
         # the engine's requests by id while in an engine, to abort them (a run with a timeout)
         self._in_engine: dict[int, Request] | None = None
-        if spec.request_timeout_s is not None:
-            self._in_engine = {}
-            on_finish = _forgetting(on_finish, self._in_engine)
-        self.workers = [
+        if self.spec.request_timeout_s is None:
+            return self._on_finish
+        self._in_engine = {}
+        return _forgetting(self._on_finish, self._in_engine)
+
+    def _build_workers(self, step_timers: list[StepTimer], on_token: Callable[[Request, float], None],
+                       on_finish: Callable[[Request, float], None], on_decode_run: Callable[..., None]) -> list[Worker]:
+        """One worker per index, each with its profile's engine and its step timer; the workers
+        sharing a GPU take turns on it (one SimPy resource of capacity 1 per GPU)."""
+        spec, prof = self.spec, self.spec.profile
+        gpus = [simpy.Resource(self.env, capacity=1) for _ in range(spec.num_gpus or spec.num_workers)]
+        return [
             Worker(
                 self.env,
                 w,
@@ -257,32 +293,6 @@ class Cluster:
             )
             for w in range(spec.num_workers)
         ]
-        self.host.engines = self.workers
-        self.workload = Workload(trace, spec.profile.engine.block_size, spec.profile.engine.max_model_len)
-        self._build_gateways(seed)
-        self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
-        self.records: list[RequestRecord] = []
-        # an open-loop trace with load stages (kvroute.traces.inference_perf): each stage is sent
-        # once every request of the one before it is done, the trace's stage gap later
-        self._stage_left: list[int] | None = None
-        stages = trace.metadata.get("stages") if not self.closed_loop else None
-        if stages and all(rec.stage is not None for rec in trace.records):
-            self._stage_records: list[list[TraceRecord]] = [[] for _ in stages]
-            for rec in trace.records:
-                self._stage_records[rec.stage].append(rec)
-            self._stage_left = [len(recs) for recs in self._stage_records]
-            self._stage_starts_ms = [stage["start_ms"] for stage in stages]
-            self._stage_gap_s = float(trace.metadata.get("stage_gap_s", 0.0))
-        self._slots = simpy.Resource(self.env, spec.max_in_flight) if spec.max_in_flight else None
-        self._held: dict[int, simpy.resources.resource.Request] = {}
-        self._overheads = spec.profile.overheads
-        # NOTE: the seed's children 0-3 seed the router, the gateway balancer and the engine speeds
-        self._lag_rng = np.random.default_rng(seed).spawn(5)[4] if spec.client_lag_s else None
-        self._sigma = math.sqrt(math.log1p(self._overheads.jitter_cv**2))
-        # the time after each token's step (Overheads.post_engine_delay_s), or None: none; with
-        # API lanes, lane work on a request's first output, else a pure delay of every token
-        self._post = (lambda request: self._overheads.post_engine_delay_s(prof.frontend, request.num_prompt_tokens)) \
-            if self._overheads.has_post_engine else None
 
     def _build_gateways(self, seed: int) -> None:
         """Policies and views of the gateway replicas, and the worker signals they read."""
@@ -349,6 +359,37 @@ class Cluster:
             self._pending_events[worker][stored].extend(hashes)
 
         return later
+
+    def _plan_stages(self, trace: Trace) -> None:
+        """The load stages of an open-loop trace that has them (kvroute.traces.inference_perf):
+        each stage is sent once every request of the one before it is done, the trace's stage gap
+        later. ``_stage_left`` (requests not yet done, per stage) stays None without stages."""
+        self._stage_left: list[int] | None = None
+        stages = trace.metadata.get("stages") if not self.closed_loop else None
+        if stages and all(rec.stage is not None for rec in trace.records):
+            self._stage_records: list[list[TraceRecord]] = [[] for _ in stages]
+            for rec in trace.records:
+                self._stage_records[rec.stage].append(rec)
+            self._stage_left = [len(recs) for recs in self._stage_records]
+            self._stage_starts_ms = [stage["start_ms"] for stage in stages]
+            self._stage_gap_s = float(trace.metadata.get("stage_gap_s", 0.0))
+
+    def _build_client(self, seed: int) -> None:
+        """The client's side: its concurrency slots, the overheads around the engine (a seeded
+        lognormal factor of spread ``_sigma``, the delay after each token's step) and the
+        generator of later turns' send lags."""
+        spec = self.spec
+        prof = spec.profile
+        self._slots = simpy.Resource(self.env, spec.max_in_flight) if spec.max_in_flight else None
+        self._held: dict[int, simpy.resources.resource.Request] = {}
+        self._overheads = spec.profile.overheads
+        # NOTE: the seed's children 0-3 seed the router, the gateway balancer and the engine speeds
+        self._lag_rng = np.random.default_rng(seed).spawn(5)[4] if spec.client_lag_s else None
+        self._sigma = math.sqrt(math.log1p(self._overheads.jitter_cv**2))
+        # the time after each token's step (Overheads.post_engine_delay_s), or None: none; with
+        # API lanes, lane work on a request's first output, else a pure delay of every token
+        self._post = (lambda request: self._overheads.post_engine_delay_s(prof.frontend, request.num_prompt_tokens)) \
+            if self._overheads.has_post_engine else None
 
     def _gateway(self) -> int:
         """The replica the front load balancer sends the next request to."""
