@@ -710,13 +710,41 @@ def run_sensitivity(
 
     Raises:
         ValueError: no policy, fewer than two factors, duplicate factor names, trajectories < 2,
-            levels < 2 or odd, rounds < 1, an unknown executor, or any simulation error.
+            levels < 2 or odd, rounds or noise_rounds < 1, an unknown executor, or any simulation error.
     """
-    from SALib.analyze import morris as morris_analyze
     from SALib.sample import morris as morris_sample
-    from kvroute.sim.study.progress import progress_bar
 
     policies = list(policies)
+    _check_settings(policies, trajectories, levels, rounds, noise_rounds, executor)
+    profile = profile or base_profile(scenario)
+    closed_loop = REPLAY_MODES[scenario.replay] if closed_loop is None else closed_loop
+    factors = default_factors(scenario, profile, ranges) if factors is None else list(factors)
+    names = [f.name for f in factors]
+    _check_factor_names(names)
+    problem = {"num_vars": len(factors), "names": names, "bounds": [[f.low, f.high] for f in factors]}
+    X = morris_sample.sample(problem, trajectories, num_levels=levels, seed=seed)
+    unperturbed = _Point(scenario, profile, tuple(policies), rounds, slo, closed_loop, trace)
+    noise_points = _noise_points(unperturbed, noise_rounds)
+    points = _design_points(unperturbed, factors, X) + noise_points
+    results = _evaluate_points(points, executor, max_workers, progress)
+    outputs = output_names(policies)
+    design = pd.DataFrame(X, columns=names)
+    values = pd.DataFrame(results[: len(X)], columns=outputs)
+    noise_frame = pd.DataFrame(results[len(X):], columns=outputs)
+    rows = _morris_rows(problem, X, values, outputs, levels, seed)
+    settings = {"scenario": scenario.label(), "profile": profile.name, "trajectories": trajectories, "levels": levels,
+                "rounds": rounds, "noise_rounds": noise_rounds, "seed": seed, "executor": executor,
+                "points": len(X), "ranges": asdict(ranges)}
+    return SensitivityResult(factors, policies, outputs, pd.concat([design, values], axis=1), pd.DataFrame(rows),
+                             {o: float(noise_frame[o].mean()) for o in outputs},
+                             {o: float(noise_frame[o].std(ddof=1)) if noise_rounds > 1 else math.nan for o in outputs},
+                             settings)
+
+
+def _check_settings(policies: list[str], trajectories: int, levels: int, rounds: int, noise_rounds: int,
+                    executor: str) -> None:
+    """Raise ValueError for a setting :func:`run_sensitivity` cannot take, the first in this order:
+    no policy, trajectories < 2, levels < 2 or odd, rounds or noise_rounds < 1, an unknown executor."""
     if not policies:
         raise ValueError("sensitivity needs at least one policy")
     if trajectories < 2:
@@ -727,26 +755,45 @@ def run_sensitivity(
         raise ValueError(f"rounds and noise_rounds must be >= 1, got {rounds} and {noise_rounds}")
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; valid executors: {', '.join(EXECUTORS)}")
-    profile = profile or base_profile(scenario)
-    closed_loop = REPLAY_MODES[scenario.replay] if closed_loop is None else closed_loop
-    factors = default_factors(scenario, profile, ranges) if factors is None else list(factors)
-    names = [f.name for f in factors]
-    if len(factors) < 2:
+
+
+def _check_factor_names(names: list[str]) -> None:
+    """Raise ValueError for fewer than two factors or a name given twice."""
+    if len(names) < 2:
         raise ValueError("Morris screening needs at least two factors")
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate factor names: {names}")
-    problem = {"num_vars": len(factors), "names": names, "bounds": [[f.low, f.high] for f in factors]}
-    X = morris_sample.sample(problem, trajectories, num_levels=levels, seed=seed)
 
-    def point(values) -> _Point:
-        sc, pr = scenario, profile
+
+def _design_points(unperturbed: _Point, factors: list[Factor], X: np.ndarray) -> list[_Point]:
+    """One point per row of the Morris design ``X`` (one column per factor, in ``factors``
+    order): the factors applied in turn to the unperturbed scenario and profile, the scenario's
+    seed kept (every point runs the same seeds)."""
+    scenario = unperturbed.scenario
+    points = []
+    for values in X:
+        sc, pr = scenario, unperturbed.profile
         for f, v in zip(factors, values):
             sc, pr = f.apply(sc, pr, float(v))
-        return _Point(replace(sc, seed=scenario.seed), pr, tuple(policies), rounds, slo, closed_loop, trace)
+        points.append(replace(unperturbed, scenario=replace(sc, seed=scenario.seed), profile=pr))
+    return points
 
-    noise_points = [_Point(replace(scenario, seed=scenario.seed + s), profile, tuple(policies), 1, slo, closed_loop,
-                           trace) for s in range(noise_rounds)]
-    points = [point(x) for x in X] + noise_points
+
+def _noise_points(unperturbed: _Point, noise_rounds: int) -> list[_Point]:
+    """The unperturbed point on seeds ``scenario.seed + 0 .. noise_rounds - 1``, one round each
+    (the result's ``base`` and ``noise``)."""
+    scenario = unperturbed.scenario
+    return [replace(unperturbed, scenario=replace(scenario, seed=scenario.seed + s), rounds=1)
+            for s in range(noise_rounds)]
+
+
+def _evaluate_points(points: list[_Point], executor: str, max_workers: int | None,
+                     progress: bool) -> list[dict[str, float]]:
+    """Every point's outputs (:func:`evaluate`), in the order of ``points``: in this process
+    (``"sequential"``) or on a process pool of ``max_workers`` (default: one per CPU, at most one
+    per point); a progress bar on stderr when ``progress``."""
+    from kvroute.sim.study.progress import progress_bar
+
     bar = progress_bar(len(points), "sensitivity", "point", enabled=progress)
     try:
         if executor == "sequential":
@@ -763,29 +810,36 @@ def run_sensitivity(
                     bar.update()
     finally:
         bar.close()
-    outputs = output_names(policies)
-    design = pd.DataFrame(X, columns=names)
-    values = pd.DataFrame(results[: len(X)], columns=outputs)
-    noise_frame = pd.DataFrame(results[len(X):], columns=outputs)
+    return results
+
+
+def _morris_rows(problem: dict[str, Any], X: np.ndarray, values: pd.DataFrame, outputs: list[str], levels: int,
+                 seed: int) -> list[dict[str, Any]]:
+    """One row per (output, factor), outputs in ``outputs`` order and factors in design order:
+    SALib's Morris indices of that output's column of ``values`` (1,000 bootstrap resamples
+    seeded ``seed``; all NaN when the column has a non-finite value) and the factor's rank."""
+    from SALib.analyze import morris as morris_analyze
+
+    names = problem["names"]
     rows = []
     for out in outputs:
         y = values[out].to_numpy(float)
         if not np.all(np.isfinite(y)):
-            res = {k: [math.nan] * len(factors) for k in ("mu", "mu_star", "sigma", "mu_star_conf")}
+            res = {k: [math.nan] * len(names) for k in ("mu", "mu_star", "sigma", "mu_star_conf")}
         else:
             res = morris_analyze.analyze(problem, X, y, num_levels=levels, num_resamples=1000, seed=seed,
                                          print_to_console=False)
-        order = np.argsort(-np.nan_to_num(np.asarray(res["mu_star"], float), nan=-1.0), kind="stable")
-        rank = np.empty(len(factors), int)
-        rank[order] = np.arange(1, len(factors) + 1)
+        rank = _ranks(res["mu_star"])
         for i, name in enumerate(names):
             rows.append({"output": out, "factor": name, "mu": float(res["mu"][i]), "mu_star": float(res["mu_star"][i]),
                          "sigma": float(res["sigma"][i]), "mu_star_conf": float(res["mu_star_conf"][i]),
                          "rank": int(rank[i])})
-    settings = {"scenario": scenario.label(), "profile": profile.name, "trajectories": trajectories, "levels": levels,
-                "rounds": rounds, "noise_rounds": noise_rounds, "seed": seed, "executor": executor,
-                "points": len(X), "ranges": asdict(ranges)}
-    return SensitivityResult(factors, policies, outputs, pd.concat([design, values], axis=1), pd.DataFrame(rows),
-                             {o: float(noise_frame[o].mean()) for o in outputs},
-                             {o: float(noise_frame[o].std(ddof=1)) if noise_rounds > 1 else math.nan for o in outputs},
-                             settings)
+    return rows
+
+
+def _ranks(mu_star) -> np.ndarray:
+    """Each factor's rank by ``mu_star``: 1 for the largest, ties in factor order, NaN last."""
+    order = np.argsort(-np.nan_to_num(np.asarray(mu_star, float), nan=-1.0), kind="stable")
+    rank = np.empty(len(order), int)
+    rank[order] = np.arange(1, len(order) + 1)
+    return rank
