@@ -31,8 +31,9 @@ use into its own venv (``--peer-venv``) from PyPI with the pins below; newer ais
 builds do not match that runtime's schema and the 0.13.0 release is a stub. The shared trace
 files are read from ``../shared/traces`` (beside the clone); cases that need them are skipped
 with a message when they are absent. The reference kvroute for ``--reference-ref`` is exported
-with ``git archive`` into a temporary folder and imported through ``PYTHONPATH`` with this
-Python (its dependencies must match).
+with ``git archive`` into a temporary folder, its compiled engine core built there
+(``setup.py build_ext --inplace``, when it has one) and imported through ``PYTHONPATH`` with
+this Python (its dependencies must match); the run prints which engine core each side imports.
 """
 
 from __future__ import annotations
@@ -120,12 +121,23 @@ def export_reference(ref: str, into: Path) -> dict[str, str]:
     src.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    if (src / "setup.py").exists():  # its compiled engine core, built as pip builds it for this checkout
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=src, capture_output=True)
     pkg = into / "path" / "kvroute"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     for name in ("sim", "traces", "calibrate", "cli"):
         (pkg / name).symlink_to(src / name)
     return {**os.environ, "PYTHONPATH": str(into / "path")}
+
+
+def engine_core(python: str, env: dict[str, str] | None = None) -> str:
+    """Which engine core ``python`` (with ``env``) imports: "compiled" or "pure Python (why)"."""
+    code = ("import warnings; warnings.simplefilter('ignore')\n"
+            "from kvroute.sim.engine import compiled as c\n"
+            "print('compiled' if c.COMPILED else f'pure Python ({c.REASON})')")
+    done = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True)
+    return done.stdout.strip() or f"unknown ({done.stderr.strip().splitlines()[-1:]})"
 
 
 def precompile(python: str, folders: list[Path]) -> None:
@@ -250,6 +262,9 @@ def main() -> None:
             precompile(ref_python, [tmp_path / "ref" / "src"])
         label_ref = "reference"
         print(f"load average {os.getloadavg()[0]:.2f}; {args.runs} pairs per case; times in s (min / median / max)")
+        if any(c in ("seed20", "help") for c in cases):
+            print(f"this kvroute's engine core: {engine_core(here)}; the reference's "
+                  f"({args.reference_python or args.reference_ref}): {engine_core(ref_python, ref_env)}")
         if against_peer:
             print(f"against the peer: kvroute run by {installed}, the peer by {peer}")
         print(f"{'case':<13} {'kvroute wall':>22} {'peak MB':>7} | {'vs':<9} {'wall':>22} {'peak MB':>7} | "
@@ -282,8 +297,9 @@ def main() -> None:
                 print(f"{'':<13} target: 4x within 4.5x the time of one copy (median {statistics.median(row['ratio']):.2f}x); "
                       f"peak for one copy {row['other_mb']:.0f} MB, target < 1024 MB")
                 rows.append(row)
-        print("speedup = 1 / median(kvroute/other); target >= 2x against the peer (full-*, first1000-*) "
-              "and against the reference kvroute (seed20)")
+        print("speedup = 1 / median(kvroute/other); target >= 2x against the peer (full-*, first1000-*); "
+              "against the reference kvroute (seed20, help) it is this checkout's gain over that version "
+              "(about 1.0 for the same code)")
 
 
 if __name__ == "__main__":
