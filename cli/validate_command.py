@@ -189,7 +189,8 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
     for run in result.runs:
         for w, why in run.dead.items():
             click.echo(f"warning: {run.policy}" + (f" (live round {run.live_round + 1})" if live_rounds > 1 else "")
-                       + f": worker {w} was lost ({why}); report.md says which requests failed", err=True)
+                       + f": worker {w} was lost ({why}); report.md counts the requests that failed, "
+                       "records_live.parquet (status, error) lists them", err=True)
     if result.interrupted:
         sys.exit(130)
     measured = sum(int((run.live.records["status"] == "ok").sum()) for run in result.runs if run.live is not None)

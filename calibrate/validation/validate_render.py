@@ -195,10 +195,12 @@ def _yes_cell(flag, not_checked: str | None = None) -> Cell:
 
 
 def _live_min_max(m: dict) -> str:
-    """The live rounds' min - max, or one value and "every round" when they are equal (a hit rate
-    the same in every round read "0.812 - 0.812")."""
-    low, high = _num(m.get("measured_min")), _num(m.get("measured_max"))
-    return f"{_fmt(low)} in every round" if low is not None and low == high else _range([low, high])
+    """The min - max of the live rounds in the mean (``live_rounds`` of them), or one value when
+    they are equal: "0.812 in all 3 rounds" (it read "0.812 - 0.812"), "0.812 (one round)"."""
+    low, high, n = _num(m.get("measured_min")), _num(m.get("measured_max")), m.get("live_rounds")
+    if low is None or low != high:
+        return _range([low, high])
+    return f"{_fmt(low)} (one round)" if n == 1 else f"{_fmt(low)} in all {n} rounds"
 
 
 def _live_range_cell(m: dict) -> Cell:
@@ -367,7 +369,8 @@ def coverage_text(doc: dict) -> str:
         parts.append("for times, the fit's error on the experiments it held out (log sd "
                      + ", ".join(f"{sd:.2f} {kind.upper()}" for kind, sd in heldout.items())
                      + (f"; their rms, {rms:.2f}, for the other times" if len(heldout) > 1 else "") + ")")
-    of = f"the mean of {n_live} live rounds" if n_live else "one live run"
+    of = ("one live run" if not n_live else f"the mean of {n_live} live rounds" if not _any_cut(doc)
+          else f"the mean of the live rounds it counts (of the {n_live} run, those cut short are left out)")
     text = (f"{k} of {n} measured values fall inside their {level} prediction interval. Each interval is of {of} "
             "and combines " + "; ".join(parts) + " (docs/reference/intervals.md).")
     return " ".join([text, *_unchecked_text(doc), *_width_text(doc), *_live_range_text(doc)])

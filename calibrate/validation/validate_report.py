@@ -30,7 +30,8 @@ of the mean of K runs (the live rounds' spread from two whole rounds on, the hos
 and each metric also gives ``live_rounds`` (K, the rounds in the mean), ``measured_rounds`` (every
 round's value, those cut short too), ``left_out`` (per round cut short, ``{"live_round", "why"}``),
 ``measured_min``, ``measured_max``, ``measured_interval`` (95 % Student-t interval of the mean
-from 3 rounds on, else null) and ``predicted_inside_live_range`` (min <= predicted <= max); min,
+from 3 rounds on, else null) and ``predicted_inside_live_range`` (min <= predicted <= max; null
+with one round in the mean, which has no range); min,
 max and that interval are of the rounds in the mean, so a round cut short moves none of them. A
 change is that of the round means over the pairs of rounds (round ``i`` of the policy, round ``i``
 of the base) whole on both sides; ``measured_rounds`` holds every pair's change, ``left_out`` the
@@ -360,7 +361,7 @@ def _metric_entry(v: Validation, runs: list[PolicyRun], metric: str, multi: bool
         entry.update(live_rounds=live["n"], measured_rounds=[_num(r.measured.get(metric, math.nan)) for r in runs],
                      left_out=rounds.left_out, measured_min=lo, measured_max=hi,
                      measured_interval=live["interval"] and [_num(x) for x in live["interval"]],
-                     predicted_inside_live_range=None if None in (p, lo, hi) else bool(lo <= p <= hi))
+                     predicted_inside_live_range=None if None in (p, lo, hi) or live["n"] < 2 else bool(lo <= p <= hi))
     return entry
 
 

@@ -1861,6 +1861,8 @@ def test_a_live_round_cut_short_is_left_out_of_the_mean_the_others_are_checked_o
     assert ("15 value(s) are checked over the live rounds that ran whole only, the rounds cut short (named under each "
             "table) left out, each against the interval of the mean of the rounds left.") in md
     assert "| 90 % interval of the mean of the live rounds that ran whole |" in md
+    assert ("Each interval is of the mean of the live rounds it counts (of the 3 run, those cut short are left out) "
+            "and combines") in md  # it read "of the mean of 3 live rounds" before saying they were left out
     assert doc["inside_interval"]["checked"] == whole["inside_interval"]["checked"]
 
 
@@ -1924,6 +1926,7 @@ def test_with_every_live_round_cut_short_nothing_is_checked():
                                                             ("kv_aware", 0): dead})
     rr, kv = (doc["policies"][p]["metrics"]["time_to_complete_s"] for p in ("round_robin", "kv_aware"))
     assert (rr["measured"], rr["live_rounds"], rr["interval_terms"]["run_source"]) == (1.0, 1, "host prior")
+    assert rr["predicted_inside_live_range"] is None  # one round: no range to lie in
     assert (kv["measured"], kv["live_rounds"]) == (pytest.approx(2.1), 2)
     assert rr["inside"] is False and kv["inside"] is True
     assert all(c["inside"] is None and c["not_checked"] == "worker 1 died" for c in doc["changes"]["kv_aware"].values())
@@ -2034,11 +2037,14 @@ def test_a_prediction_outside_the_live_range_says_on_which_side_and_shows_digits
 
 
 def test_a_live_range_of_one_value_reads_as_one_value():
-    """A hit rate of 0.8125 in every round read "0.812 - 0.812" beside "no: below (0.8118 < 0.8125)"."""
+    """A hit rate of 0.8125 in every round read "0.812 - 0.812" beside "no: below (0.8118 < 0.8125)";
+    with one round left in the mean (the others cut short) it is that round's value."""
     from kvroute.calibrate.validation.validate_render import _live_min_max, _live_range_cell
 
-    m = {"predicted": 0.8118, "measured_min": 0.8125, "measured_max": 0.8125, "predicted_inside_live_range": False}
-    assert _live_min_max(m) == "0.812 in every round"
+    m = {"predicted": 0.8118, "measured_min": 0.8125, "measured_max": 0.8125, "predicted_inside_live_range": False,
+         "live_rounds": 3}
+    assert _live_min_max(m) == "0.812 in all 3 rounds"
+    assert _live_min_max({**m, "live_rounds": 1}) == "0.812 (one round)"
     assert _live_range_cell(m).text == "no: below (0.8118 < 0.8125)"
     assert _live_min_max({"measured_min": 1.6, "measured_max": 1.9}) == "1.600 - 1.900"
     assert _live_min_max({"measured_min": None, "measured_max": None}) == "-"
