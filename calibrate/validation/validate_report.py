@@ -36,7 +36,8 @@ max and that interval are of the rounds in the mean, so a round cut short moves 
 change is that of the round means over the pairs of rounds (round ``i`` of the policy, round ``i``
 of the base) whole on both sides; ``measured_rounds`` holds every pair's change, ``left_out`` the
 pairs with a side cut short, and ``measured_interval`` the 95 % Student-t interval of the counted
-pairs' mean. Per-policy counts (failures, errors, dead workers) add up every round; ``workers``
+pairs' mean. Per-policy counts (failures, errors, dead workers) add up every round, and the
+``failed`` metric (never checked) is the mean over every round; ``workers``
 (hit and query tokens, requests, preemptions), ``live_wall_time_s`` and ``client_cpu_share`` are
 means over the rounds in the metrics' means (the whole trace, as predicted); ``rounds`` lists each
 round's cache reset, dead workers, wall time and ``cut_short`` (why, or null). With one live round (the default) every measured value is
@@ -350,6 +351,9 @@ def _metric_entry(v: Validation, runs: list[PolicyRun], metric: str, multi: bool
     rounds; those cut short left out: :func:`round_values`)."""
     pred = runs[0]
     rounds = round_values(runs, metric)
+    if metric in UNCHECKED_METRICS:  # a count, never checked: every round's, those cut short too
+        values = [r.measured.get(metric, math.nan) for r in runs]
+        rounds = CheckedRounds(values, spread(values)["mean"], [], None, list(runs))
     live = spread(rounds.values, metric)
     checked = (_combined_inside(v, pred, metric, rounds.values, rounds.measured) if metric not in UNCHECKED_METRICS
                else {"run_interval": [None, None], "inside": None})

@@ -1866,6 +1866,22 @@ def test_a_live_round_cut_short_is_left_out_of_the_mean_the_others_are_checked_o
     assert doc["inside_interval"]["checked"] == whole["inside_interval"]["checked"]
 
 
+def test_the_failed_requests_row_counts_every_round_those_cut_short_too():
+    """A fresh user killed a server in round 2 of 3: 107 requests failed, and the row read 0.000
+    ("0.000 in every round"), the mean of the whole rounds; it is a count, never checked, so it is
+    the mean of every round, as the policy's failure count is their sum."""
+    from kvroute.calibrate.validation.validate_report import report_dict
+
+    v = constructed_validation({"round_robin": [{"time_to_complete_s": 1.0, "failed": f} for f in (0, 107, 0)],
+                                "kv_aware": [{"time_to_complete_s": 0.9, "failed": 0}] * 3}, live_rounds=3)
+    cut = next(r for r in v.runs if r.policy == "round_robin" and r.live_round == 1)
+    cut.dead = {1: "gone"}
+    m = json.loads(json.dumps(report_dict(v), default=str))["policies"]["round_robin"]["metrics"]
+    assert m["failed"]["measured"] == pytest.approx(107 / 3) and m["failed"]["measured_rounds"] == [0, 107, 0]
+    assert m["failed"]["live_rounds"] == 3 and m["failed"]["left_out"] == [] and m["failed"]["inside"] is None
+    assert m["time_to_complete_s"]["live_rounds"] == 2  # the checked ones leave the round out
+
+
 def test_a_policys_whole_trace_totals_are_of_the_rounds_that_ran_whole():
     """round_robin's second round lost a worker after 0.4 s with 10 hit tokens on worker 0: the
     wall time, the client's CPU share and the workers' means are of rounds 1 and 3, as the metrics'
