@@ -56,7 +56,8 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
                    "of live rounds (with --client-lag measured it draws from every round's measured lags).")
 @click.option("--timeout", type=Number(POSITIVE_SECONDS), default=600.0, show_default=True,
               help="Limit on one live request or speed-probe request, s; a worker that passes it is treated as dead. "
-                   "Cache resets and /metrics scrapes wait at most this too (and at most 30 s and 10 s).")
+                   "Identifying the servers, cache resets and /metrics scrapes wait at most this too "
+                   "(and at most 30 s, 30 s and 10 s).")
 @click.option("--router-block-tokens", type=Number(TOKENS), default=256, show_default=True, help="Router prefix-index granularity.")
 @click.option("--model", default=None, help="Served model name (default: each server's only model).")
 @click.option("--token-range", default=None, help="LO:HI prompt token ids (default: from the model's tokenizer).")

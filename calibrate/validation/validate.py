@@ -255,15 +255,16 @@ class Validation:
 # --------------------------------------------------------------------------------------------
 
 
-async def probe_servers(urls: list[str], model: str | None = None) -> list[ServerInfo]:
-    """Identify every server and read its engine settings.
+async def probe_servers(urls: list[str], model: str | None = None, timeout_s: float = 30.0) -> list[ServerInfo]:
+    """Identify every server and read its engine settings, each request waiting at most
+    ``timeout_s`` (s).
 
     Raises:
         CalibrationError: a server is unreachable or does not serve ``model``.
     """
     infos = []
     for url in urls:
-        async with VllmClient(url, model, timeout_s=30.0) as client:
+        async with VllmClient(url, model, timeout_s=timeout_s) as client:
             infos.append(await client.probe())
     return infos
 
@@ -639,7 +640,7 @@ def run_validation(
     if spec.live_rounds < 1:
         raise ValueError(f"live rounds must be >= 1, got {spec.live_rounds}")
     urls = list(spec.urls)
-    servers = asyncio.run(probe_servers(urls, spec.model))
+    servers = asyncio.run(probe_servers(urls, spec.model, min(30.0, spec.timeout_s)))
     cluster, notes = cluster_spec(profile, servers, spec)
     validation = Validation(trace, spec, servers, cluster, notes=notes)
     if not all(s.dev_mode for s in servers):
