@@ -183,148 +183,228 @@ def parse_trace_lines(
 ) -> Trace:
     """Parse JSON Lines already in memory; same rules and errors as :func:`read_trace`.
 
+    Each non-blank line holds a JSON object (:func:`_decoding_error` when not). The first may be
+    the metadata line (:func:`_parse_metadata`), which settles the block size; every other one is
+    a record, whose fields are checked on their own (:func:`_parse_record`), then against the
+    records before it (:meth:`_Records.add`).
+
     Args:
         lines: the file's lines (with or without newlines), line 1 first.
         source: the name used in error messages and stored as ``Trace.source``.
         block_size: as in :func:`read_trace`.
     """
     lines = list(lines)
-    if block_size is not None:
-        try:
-            BLOCK_SIZE.check(block_size)
-        except InputError as exc:
-            raise TraceError(f"block_size argument {exc.reason}", source, None, "block_size") from None
-    records: list[TraceRecord] = []
-    by_id: dict[int, TraceRecord] = {}
-    # request_id -> (trace ids, how many of them name full blocks of this record's prompt)
-    known_blocks: dict[int, tuple[tuple[int, ...], int]] = {}
+    _check_block_size_argument(block_size, source)
+    records = _Records(source, lines)
     metadata: dict = {}
-    declared: int | None = None
-    seen_content = False
-    loads = JSON_DECODER.decode
-    max_ms = MILLISECONDS.maximum
-
+    declared: int | None = None  # the trace's block size, settled by its first non-blank line
     for lineno, text in enumerate(lines, start=1):
         if not text.strip():
             continue
-        try:
-            obj = loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceError(_malformed(exc), source, lineno) from None
-        except DuplicateKeyError as exc:  # json would keep the last value silently
-            raise TraceError(exc.reason, source, lineno, exc.field) from None
-        except ValueError as exc:  # an int of over 4300 digits
-            raise TraceError(f"unreadable JSON: {' '.join(str(exc).split(';')[0].split())}", source, lineno) from None
+        try:  # NOTE: in this frame: a helper's frame would lower the nesting reached before the recursion limit
+            obj = JSON_DECODER.decode(text)
+        except ValueError as exc:
+            raise _decoding_error(exc, source, lineno) from None
         if type(obj) is not dict:
             raise TraceError(f"expected a JSON object, got {type(obj).__name__}", source, lineno)
-
         if "kvroute_trace" in obj:
-            if seen_content:
+            if declared is not None:
                 raise TraceError("metadata line must be the first line of the file",
                                  source, lineno, "kvroute_trace")
-            seen_content = True
-            declared = _parse_metadata(obj, source, lineno, block_size)
-            metadata = {k: v for k, v in obj.items() if k not in ("kvroute_trace", "block_size")}
+            declared, metadata = _parse_metadata(obj, source, lineno, block_size)
             continue
-        if not seen_content:
-            seen_content = True
+        if declared is None:
             declared = block_size if block_size is not None else MOONCAKE_BLOCK_SIZE
-        bs = declared
-
-        # required fields
-        try:
-            ts = obj["timestamp"]
-            n_in = obj["input_length"]
-            n_out = obj["output_length"]
-        except KeyError as exc:
-            raise TraceError(_missing_reason(exc.args[0], obj), source, lineno, exc.args[0]) from None
-        if (type(ts) is not int and type(ts) is not float) or not 0 <= ts <= max_ms:  # NaN fails too
-            _check_ms(ts, source, lineno, "timestamp")
-        for name, value in (("input_length", n_in), ("output_length", n_out)):
-            if type(value) is not int:
-                raise TraceError(f"expected an int (tokens), got {describe(value)}", source, lineno, name)
-            if value < 1:  # a request sends at least one token and asks for at least one
-                raise TraceError(f"length must be >= 1, got {value}", source, lineno, name)
-            if value > MAX_TOKENS:
-                raise TraceError(f"length must be <= {MAX_TOKENS:,} tokens, got {value}", source, lineno, name)
-
-        hash_ids = obj.get("hash_ids")
-        if hash_ids is not None:
-            if type(hash_ids) is not list:
-                raise TraceError(f"expected a list of ints, got {describe(hash_ids)}",
-                                 source, lineno, "hash_ids")
-            if not {*map(type, hash_ids)} <= {int}:  # every id an int (not a bool), at C speed
-                i, bad = next((i, h) for i, h in enumerate(hash_ids) if type(h) is not int)
-                raise TraceError(f"entry {i} is {describe(bad)}, expected an int", source, lineno, "hash_ids")
-            if hash_ids and min(hash_ids) < 0:
-                i, bad = next((i, h) for i, h in enumerate(hash_ids) if h < 0)
-                raise TraceError(f"entry {i} is negative ({bad}); hash ids must be >= 0",
-                                 source, lineno, "hash_ids")
-            need = -(-n_in // bs)
-            if len(hash_ids) != need:
-                raise TraceError(
-                    f"has {len(hash_ids)} ids but input_length {n_in} at block size {bs} "
-                    f"needs ceil({n_in}/{bs}) = {need}", source, lineno, "hash_ids")
-            hash_ids = tuple(hash_ids)
-
-        # optional fields (JSON null means absent)
-        request_id: int = len(records)
-        session_id = turn = parent = None
-        think = 0.0
-        if len(obj) > 4 or hash_ids is None:
-            rid = obj.get("request_id")
-            if rid is not None:
-                if type(rid) is not int or not -MAX_ID <= rid <= MAX_ID:
-                    raise TraceError(f"expected an int within +-{MAX_ID:,} (int64), got {describe(rid)}", source,
-                                     lineno, "request_id")
-                request_id = rid
-            session_id = obj.get("session_id")
-            if session_id is not None and (type(session_id) not in (int, str)
-                                           or type(session_id) is int and not -MAX_ID <= session_id <= MAX_ID):
-                raise TraceError(f"expected a string or an int within +-{MAX_ID:,} (int64), got "
-                                 f"{describe(session_id)}", source, lineno, "session_id")
-            turn = obj.get("turn")
-            if turn is not None and (type(turn) is not int or not 1 <= turn <= MAX_ID):
-                raise TraceError(f"expected an int >= 1, got {turn!r}", source, lineno, "turn")
-            think = obj.get("think_time")
-            if think is None:
-                think = 0.0
-            elif (type(think) is not int and type(think) is not float) or not 0 <= think <= max_ms:
-                _check_ms(think, source, lineno, "think_time")
-            parent = obj.get("parent")
-            if parent is not None:
-                if type(parent) is not int:
-                    raise TraceError(f"expected an int request_id, got {describe(parent)}",
-                                     source, lineno, "parent")
-                prec = by_id.get(parent)
-                if prec is None:
-                    raise TraceError(_missing_parent_reason(parent, request_id, lines, lineno, len(records)),
-                                     source, lineno, "parent")
-                floor = prec.input_length + prec.output_length
-                if n_in < floor:
-                    raise TraceError(
-                        f"{n_in} is shorter than its parent's prompt plus output "
-                        f"({prec.input_length} + {prec.output_length} = {floor}); a record with a "
-                        f"parent extends the parent's prompt and output", source, lineno, "input_length")
-                if hash_ids is not None:
-                    _check_parent_prefix(hash_ids, parent, known_blocks[parent], source, lineno)
-            elif hash_ids is None:
-                raise TraceError("record has neither hash_ids nor a parent; one is required",
-                                 source, lineno, "hash_ids")
-
-        if request_id in by_id:
-            raise TraceError(f"duplicate request_id {request_id}", source, lineno, "request_id")
-        rec = TraceRecord(request_id, float(ts), n_in, n_out, hash_ids, session_id, turn, parent, float(think))
-        by_id[request_id] = rec
-        records.append(rec)
-        if hash_ids is not None:
-            known_blocks[request_id] = (hash_ids, n_in // bs)
-        elif parent is not None:
-            known_blocks[request_id] = known_blocks[parent]
-
-    if not records:
+        records.add(_parse_record(obj, len(records.items), declared, source, lineno), declared, lineno)
+    if not records.items:
         raise TraceError("the trace has no records (an empty file, or only a metadata line)", source)
-    return Trace(records=records, block_size=declared, source=source, metadata=metadata)
+    return Trace(records=records.items, block_size=declared, source=source, metadata=metadata)
+
+
+def _check_block_size_argument(block_size: int | None, source: str) -> None:
+    """Check the ``block_size`` argument of :func:`parse_trace_lines` (None: not given).
+
+    Raises:
+        TraceError: naming ``source`` and the field ``block_size``.
+    """
+    if block_size is None:
+        return
+    try:
+        BLOCK_SIZE.check(block_size)
+    except InputError as exc:
+        raise TraceError(f"block_size argument {exc.reason}", source, None, "block_size") from None
+
+
+def _decoding_error(exc: ValueError, source: str, lineno: int) -> TraceError:
+    """The error for line ``lineno``, which :data:`~kvroute.traces.inputs.JSON_DECODER` refused
+    with ``exc``: malformed JSON, a key given twice (json would keep the last value silently), an
+    int of over 4300 digits or nesting too deep."""
+    if isinstance(exc, json.JSONDecodeError):
+        return TraceError(_malformed(exc), source, lineno)
+    if isinstance(exc, DuplicateKeyError):
+        return TraceError(exc.reason, source, lineno, exc.field)
+    return TraceError(f"unreadable JSON: {' '.join(str(exc).split(';')[0].split())}", source, lineno)
+
+
+def _parse_record(obj: dict, position: int, block_size: int, source: str, lineno: int) -> TraceRecord:
+    """The record on line ``lineno``, each field checked on its own (not against other records).
+
+    ``position`` is the record's 0-based index in the trace, its ``request_id`` when the line
+    gives none. JSON null means absent for the optional fields. ``timestamp_ms`` and
+    ``think_time_ms`` come out as floats, ``hash_ids`` as a tuple or None.
+
+    Raises:
+        TraceError: naming the field (see :func:`read_trace`).
+    """
+    ts, n_in, n_out = _required_fields(obj, source, lineno)
+    hash_ids = obj.get("hash_ids")
+    if hash_ids is not None:
+        hash_ids = _parse_hash_ids(hash_ids, n_in, block_size, source, lineno)
+    if len(obj) <= 4 and hash_ids is not None:  # NOTE: the required fields and hash_ids, nothing else
+        return TraceRecord(position, float(ts), n_in, n_out, hash_ids, None, None, None, 0.0)
+    request_id, session_id, turn, parent, think = _optional_fields(obj, position, source, lineno)
+    if parent is None and hash_ids is None:
+        raise TraceError("record has neither hash_ids nor a parent; one is required",
+                         source, lineno, "hash_ids")
+    return TraceRecord(request_id, float(ts), n_in, n_out, hash_ids, session_id, turn, parent, float(think))
+
+
+def _required_fields(obj: dict, source: str, lineno: int) -> tuple[int | float, int, int]:
+    """``(timestamp, input_length, output_length)`` of a record: ms, tokens, tokens.
+
+    Raises:
+        TraceError: a field is missing (naming a near miss among the line's keys), of the wrong
+            type, or out of range.
+    """
+    try:
+        ts = obj["timestamp"]
+        n_in = obj["input_length"]
+        n_out = obj["output_length"]
+    except KeyError as exc:
+        raise TraceError(_missing_reason(exc.args[0], obj), source, lineno, exc.args[0]) from None
+    if (type(ts) is not int and type(ts) is not float) or not 0 <= ts <= MILLISECONDS.maximum:  # NaN fails too
+        _check_ms(ts, source, lineno, "timestamp")
+    for name, value in (("input_length", n_in), ("output_length", n_out)):
+        if type(value) is not int:
+            raise TraceError(f"expected an int (tokens), got {describe(value)}", source, lineno, name)
+        if value < 1:  # a request sends at least one token and asks for at least one
+            raise TraceError(f"length must be >= 1, got {value}", source, lineno, name)
+        if value > MAX_TOKENS:
+            raise TraceError(f"length must be <= {MAX_TOKENS:,} tokens, got {value}", source, lineno, name)
+    return ts, n_in, n_out
+
+
+def _parse_hash_ids(hash_ids: object, n_in: int, block_size: int, source: str, lineno: int) -> tuple[int, ...]:
+    """A record's ``hash_ids`` as a tuple: ``ceil(n_in / block_size)`` ints, each >= 0.
+
+    Raises:
+        TraceError: not a list, an entry that is not an int (bools are not), a negative entry
+            (naming its index), or the wrong number of ids.
+    """
+    if type(hash_ids) is not list:
+        raise TraceError(f"expected a list of ints, got {describe(hash_ids)}", source, lineno, "hash_ids")
+    if not {*map(type, hash_ids)} <= {int}:  # every id an int (not a bool), at C speed
+        i, bad = next((i, h) for i, h in enumerate(hash_ids) if type(h) is not int)
+        raise TraceError(f"entry {i} is {describe(bad)}, expected an int", source, lineno, "hash_ids")
+    if hash_ids and min(hash_ids) < 0:
+        i, bad = next((i, h) for i, h in enumerate(hash_ids) if h < 0)
+        raise TraceError(f"entry {i} is negative ({bad}); hash ids must be >= 0", source, lineno, "hash_ids")
+    need = -(-n_in // block_size)
+    if len(hash_ids) != need:
+        raise TraceError(
+            f"has {len(hash_ids)} ids but input_length {n_in} at block size {block_size} "
+            f"needs ceil({n_in}/{block_size}) = {need}", source, lineno, "hash_ids")
+    return tuple(hash_ids)
+
+
+def _optional_fields(obj: dict, position: int, source: str, lineno: int
+                     ) -> tuple[int, int | str | None, int | None, int | None, int | float]:
+    """``(request_id, session_id, turn, parent, think_time)`` of a record, each checked on its own.
+
+    JSON null means absent: ``request_id`` is then ``position``, ``think_time`` 0.0 (ms), the
+    others None.
+
+    Raises:
+        TraceError: a field of the wrong type or out of range (ids within int64, ``turn`` >= 1,
+            ``think_time`` by the :data:`~kvroute.traces.inputs.MILLISECONDS` rule).
+    """
+    request_id = obj.get("request_id")
+    if request_id is None:
+        request_id = position
+    elif type(request_id) is not int or not -MAX_ID <= request_id <= MAX_ID:
+        raise TraceError(f"expected an int within +-{MAX_ID:,} (int64), got {describe(request_id)}", source,
+                         lineno, "request_id")
+    session_id = obj.get("session_id")
+    if session_id is not None and (type(session_id) not in (int, str)
+                                   or type(session_id) is int and not -MAX_ID <= session_id <= MAX_ID):
+        raise TraceError(f"expected a string or an int within +-{MAX_ID:,} (int64), got "
+                         f"{describe(session_id)}", source, lineno, "session_id")
+    turn = obj.get("turn")
+    if turn is not None and (type(turn) is not int or not 1 <= turn <= MAX_ID):
+        raise TraceError(f"expected an int >= 1, got {turn!r}", source, lineno, "turn")
+    think = obj.get("think_time")
+    if think is None:
+        think = 0.0
+    elif (type(think) is not int and type(think) is not float) or not 0 <= think <= MILLISECONDS.maximum:
+        _check_ms(think, source, lineno, "think_time")
+    parent = obj.get("parent")
+    if parent is not None and type(parent) is not int:
+        raise TraceError(f"expected an int request_id, got {describe(parent)}", source, lineno, "parent")
+    return request_id, session_id, turn, parent, think
+
+
+class _Records:
+    """The records of one trace read so far: in file order (:attr:`items`), by ``request_id``,
+    and, for the parent-prefix rule, the trace ids each one's prompt is known to start with."""
+
+    __slots__ = ("source", "lines", "items", "by_id", "known_blocks")
+
+    def __init__(self, source: str, lines: list[str]) -> None:
+        self.source = source
+        self.lines = lines  # read again only to explain a missing parent
+        self.items: list[TraceRecord] = []
+        self.by_id: dict[int, TraceRecord] = {}
+        # request_id -> (trace ids, how many of them name full blocks of this record's prompt)
+        self.known_blocks: dict[int, tuple[tuple[int, ...], int]] = {}
+
+    def add(self, rec: TraceRecord, block_size: int, lineno: int) -> None:
+        """Append ``rec`` (from line ``lineno``) once it agrees with the records before it.
+
+        Raises:
+            TraceError: its parent is not an earlier record or its prompt does not extend the
+                parent's (:meth:`_check_parent`); its ``request_id`` is taken.
+        """
+        if rec.parent is not None:
+            self._check_parent(rec, lineno)
+        if rec.request_id in self.by_id:
+            raise TraceError(f"duplicate request_id {rec.request_id}", self.source, lineno, "request_id")
+        self.by_id[rec.request_id] = rec
+        self.items.append(rec)
+        if rec.hash_ids is not None:
+            self.known_blocks[rec.request_id] = (rec.hash_ids, rec.input_length // block_size)
+        elif rec.parent is not None:
+            self.known_blocks[rec.request_id] = self.known_blocks[rec.parent]
+
+    def _check_parent(self, rec: TraceRecord, lineno: int) -> None:
+        """``rec.parent`` is an earlier record, and ``rec``'s prompt extends its prompt and output.
+
+        Raises:
+            TraceError: naming ``parent`` (no such earlier record: why not), ``input_length``
+                (shorter than the parent's prompt plus output) or ``hash_ids`` (ids that
+                contradict the parent's full prompt blocks).
+        """
+        parent = self.by_id.get(rec.parent)
+        if parent is None:
+            reason = _missing_parent_reason(rec.parent, rec.request_id, self.lines, lineno, len(self.items))
+            raise TraceError(reason, self.source, lineno, "parent")
+        floor = parent.input_length + parent.output_length
+        if rec.input_length < floor:
+            raise TraceError(
+                f"{rec.input_length} is shorter than its parent's prompt plus output "
+                f"({parent.input_length} + {parent.output_length} = {floor}); a record with a "
+                f"parent extends the parent's prompt and output", self.source, lineno, "input_length")
+        if rec.hash_ids is not None:
+            _check_parent_prefix(rec.hash_ids, rec.parent, self.known_blocks[rec.parent], self.source, lineno)
 
 
 def _check_ms(value: object, source: str, lineno: int, field: str) -> None:
@@ -335,22 +415,31 @@ def _check_ms(value: object, source: str, lineno: int, field: str) -> None:
         raise TraceError(exc.reason, source, lineno, field) from None
 
 
-def _parse_metadata(obj: dict, source: str, lineno: int, block_size: int | None) -> int:
-    """Validate a metadata line and return the block size it settles on."""
+def _parse_metadata(obj: dict, source: str, lineno: int, block_size: int | None) -> tuple[int, dict]:
+    """Validate a metadata line; return the block size it settles on and its extra keys.
+
+    ``block_size`` is the caller's (None: not given): the block size when the line declares
+    none, else it must agree with the line's.
+
+    Raises:
+        TraceError: an unsupported ``kvroute_trace`` version, or a ``block_size`` that is not an
+            int between 1 and ``MAX_BLOCK_SIZE`` or differs from the caller's.
+    """
     version = obj["kvroute_trace"]
     if version != FORMAT_VERSION or type(version) is not int:
         raise TraceError(f"unsupported trace format version {version!r} (this reader knows {FORMAT_VERSION})",
                          source, lineno, "kvroute_trace")
+    extra = {k: v for k, v in obj.items() if k not in ("kvroute_trace", "block_size")}
     declared = obj.get("block_size")
     if declared is None:
-        return block_size if block_size is not None else MOONCAKE_BLOCK_SIZE
+        return (block_size if block_size is not None else MOONCAKE_BLOCK_SIZE), extra
     if type(declared) is not int or not 0 < declared <= MAX_BLOCK_SIZE:
         raise TraceError(f"expected an int between 1 and {MAX_BLOCK_SIZE:,} (tokens), got {declared!r}",
                          source, lineno, "block_size")
     if block_size is not None and block_size != declared:
         raise TraceError(f"file declares block size {declared} but {block_size} was given",
                          source, lineno, "block_size")
-    return declared
+    return declared, extra
 
 
 def _check_parent_prefix(hash_ids: tuple[int, ...], parent: int, known: tuple[tuple[int, ...], int],
