@@ -248,6 +248,41 @@ def _hardware_from_system_env(env: dict[str, Any], gpus_used: int | None = None)
     return ("unknown", "unknown")
 
 
+_BATCH_SETTINGS = ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold")
+"""The scheduler's settings :meth:`VllmClient.probe` reads from ``/server_info`` (or defaults)."""
+
+
+def _gpus_used(par: Any) -> int | None:
+    """GPUs the server runs on (tensor x pipeline parallel size) from ``/server_info``'s
+    ``parallel_config``; None when it does not say (not an object, or sizes that are not ints)."""
+    if not isinstance(par, dict):
+        return None
+    sizes = [par.get("tensor_parallel_size") or 1, par.get("pipeline_parallel_size") or 1]
+    return sizes[0] * sizes[1] if all(type(x) is int for x in sizes) else None
+
+
+def _configured_device(dev_cfg: Any) -> str:
+    """The device ``/server_info``'s ``device_config`` names (``"cuda"``, ``"cpu"``, ...;
+    ``"unknown"`` when it names none or says ``"auto"``).
+
+    Raises:
+        AttributeError: ``dev_cfg`` is not an object.
+    """
+    # NOTE: device_type is init=False in 0.11's DeviceConfig; its device is torch.device(type)
+    named = dev_cfg.get("device_type") or (dev_cfg.get("device") if dev_cfg.get("device") != "auto" else None)
+    return str(named or "unknown").split(":")[0]
+
+
+def _default_async_scheduling(version: str, device: str) -> tuple[bool, str]:
+    """Whether vLLM ``version`` schedules asynchronously on ``device`` by default, and the
+    source to record for it (for a server whose ``/server_info`` did not say)."""
+    from kvroute.sim.timing.vllm_versions import defaults
+
+    return defaults(version).async_scheduling(device), (
+        f"vLLM {version}'s default on {device} (kvroute.sim.timing.vllm_versions; "
+        "on CUDA from 0.14, never on the CPU backend); /server_info did not say")
+
+
 # --------------------------------------------------------------------------------------------
 # Streaming results
 # --------------------------------------------------------------------------------------------
@@ -439,82 +474,22 @@ class VllmClient:
                                    f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
 
     async def _probe(self) -> ServerInfo:
-        status, body = await self._request("GET", "/v1/models")
-        if status != 200:
-            raise CalibrationError(f"{self.url}/v1/models answered {status}: {error_message(body)}")
-        models = json.loads(body).get("data", [])
-        names = tuple(m["id"] for m in models)
-        if self.model is None:
-            if len(names) != 1:
-                raise CalibrationError(f"{self.url} serves {len(names)} models {list(names)}; choose one with --model")
-            self.model = names[0]
-        if self.model not in names:
-            raise CalibrationError(
-                f"the server at {self.url} does not serve model {self.model!r}; it serves: {', '.join(names)}"
-            )
-        entry = next(m for m in models if m["id"] == self.model)
-        sources: dict[str, str] = {}
-        version = "unknown"
-        status, body = await self._request("GET", "/version")
-        if status == 200:
-            version = str(json.loads(body).get("version", "unknown"))
-        snap = await self.metrics()
-        cache = snap.info.get("vllm:cache_config_info", {})
-        if not cache:
-            raise CalibrationError(f"{self.url}/metrics has no vllm:cache_config_info; is this a vLLM v1 server?")
-        block_size = int(cache.get("block_size", "0") or 0)
-        num_blocks = int(cache.get("num_gpu_blocks", "0") or 0)
-        prefix = cache.get("enable_prefix_caching", "True") == "True"
-        util = cache.get("gpu_memory_utilization")
-        for k in ("block_size", "num_gpu_blocks", "enable_prefix_caching", "gpu_memory_utilization"):
-            sources[k] = f"{self.url}/metrics vllm:cache_config_info"
+        """:meth:`probe` without its translation of errors: ``/v1/models``, ``/version``,
+        ``/metrics`` and ``/server_info`` are asked in that order, each answer checked as it comes.
+        """
+        names, entry = await self._served_model()
+        version = await self._vllm_version()
+        block_size, num_blocks, prefix, util = await self._cache_config()
+        sources = dict.fromkeys(("block_size", "num_gpu_blocks", "enable_prefix_caching", "gpu_memory_utilization"),
+                                f"{self.url}/metrics vllm:cache_config_info")
         max_model_len = int(entry.get("max_model_len") or 0)
         sources["max_model_len"] = f"{self.url}/v1/models max_model_len"
-        hardware, device = "unknown", "unknown"
-        sched: dict[str, Any] = {}
-        dev_mode = False
-        status, body = await self._request("GET", "/server_info", config_format="json")
-        if status == 200:
-            dev_mode = True
-            doc = json.loads(body)
-            cfg = doc.get("vllm_config", {})
-            gpus_used = None
-            if isinstance(cfg, dict):
-                par = cfg.get("parallel_config") or {}
-                if isinstance(par, dict):
-                    sizes = [par.get("tensor_parallel_size") or 1, par.get("pipeline_parallel_size") or 1]
-                    gpus_used = sizes[0] * sizes[1] if all(type(x) is int for x in sizes) else None
-                sched = cfg.get("scheduler_config", {}) or {}
-                dev_cfg = cfg.get("device_config") or {}
-                # NOTE: device_type is init=False in 0.11's DeviceConfig; its device is torch.device(type)
-                named = dev_cfg.get("device_type") or (dev_cfg.get("device") if dev_cfg.get("device") != "auto" else None)
-                device = str(named or device).split(":")[0]
-            hardware, dev2 = _hardware_from_system_env(doc.get("system_env", {}) or {}, gpus_used)
-            device = device if device != "unknown" else dev2
-        async_flag = None
-        if sched:
-            mnbt, mns = int(sched["max_num_batched_tokens"]), int(sched["max_num_seqs"])
-            lptt = int(sched.get("long_prefill_token_threshold") or 0)
-            for k in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold"):
-                sources[k] = f"{self.url}/server_info scheduler_config"
-            if type(sched.get("async_scheduling")) is bool:
-                async_flag = sched["async_scheduling"]
-                sources["async_scheduling"] = f"{self.url}/server_info scheduler_config.async_scheduling"
-            sources["hardware"] = (f"{self.url}/server_info system_env" if hardware != "unknown" else
-                                   f"{self.url}/server_info has no system_env (vLLM before 0.16): hardware unknown, "
-                                   "give it with --hardware")
-        else:
-            mnbt, mns = CPU_BATCH_DEFAULTS if device == "cpu" else GPU_BATCH_DEFAULTS
-            lptt = 0
-            note = "vLLM 0.32 vllm-serve default (engine/arg_utils.py: get_batch_defaults); /server_info unavailable"
-            for k in ("max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold"):
-                sources[k] = note
+        server_info = await self._server_info()
+        sched, hardware, device = server_info or ({}, "unknown", "unknown")
+        mnbt, mns, lptt, async_flag, sched_sources = self._scheduler_settings(sched, hardware, device)
+        sources.update(sched_sources)
         if async_flag is None and version != "unknown" and device != "unknown":
-            from kvroute.sim.timing.vllm_versions import defaults
-
-            async_flag = defaults(version).async_scheduling(device)
-            sources["async_scheduling"] = (f"vLLM {version}'s default on {device} (kvroute.sim.timing.vllm_versions; "
-                                           "on CUDA from 0.14, never on the CPU backend); /server_info did not say")
+            async_flag, sources["async_scheduling"] = _default_async_scheduling(version, device)
         return ServerInfo(
             url=self.url,
             model=self.model,
@@ -531,10 +506,111 @@ class VllmClient:
             gpu_memory_utilization=float(util) if util not in (None, "None") else None,
             hardware=hardware,
             device=device,
-            dev_mode=dev_mode,
+            dev_mode=server_info is not None,
             sources=sources,
             async_scheduling=async_flag,
         )
+
+    async def _served_model(self) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """Every model name ``/v1/models`` lists, and its entry for :attr:`model` (set to the only
+        name listed when None).
+
+        Raises:
+            CalibrationError: an error status; several models and none chosen; :attr:`model` not
+                among them (the message lists them).
+            ValueError, TypeError, KeyError, AttributeError: an answer not shaped as vLLM's.
+        """
+        status, body = await self._request("GET", "/v1/models")
+        if status != 200:
+            raise CalibrationError(f"{self.url}/v1/models answered {status}: {error_message(body)}")
+        models = json.loads(body).get("data", [])
+        names = tuple(m["id"] for m in models)
+        if self.model is None:
+            if len(names) != 1:
+                raise CalibrationError(f"{self.url} serves {len(names)} models {list(names)}; choose one with --model")
+            self.model = names[0]
+        if self.model not in names:
+            raise CalibrationError(
+                f"the server at {self.url} does not serve model {self.model!r}; it serves: {', '.join(names)}"
+            )
+        return names, next(m for m in models if m["id"] == self.model)
+
+    async def _vllm_version(self) -> str:
+        """The vLLM release ``/version`` names; ``"unknown"`` when it answers with an error status.
+
+        Raises:
+            ValueError, AttributeError: an answer that is not JSON, or not an object.
+        """
+        status, body = await self._request("GET", "/version")
+        if status != 200:
+            return "unknown"
+        return str(json.loads(body).get("version", "unknown"))
+
+    async def _cache_config(self) -> tuple[int, int, bool, str | None]:
+        """``(block_size, num_gpu_blocks, enable_prefix_caching, gpu_memory_utilization)`` from
+        ``/metrics``' ``vllm:cache_config_info``: tokens, blocks (0 when absent), the flag (True
+        when absent), and the utilisation's label text as given (None when absent).
+
+        Raises:
+            CalibrationError: ``/metrics`` answers with an error status or has no
+                ``vllm:cache_config_info``.
+            ValueError: a block size or count that is not an int.
+        """
+        snap = await self.metrics()
+        cache = snap.info.get("vllm:cache_config_info", {})
+        if not cache:
+            raise CalibrationError(f"{self.url}/metrics has no vllm:cache_config_info; is this a vLLM v1 server?")
+        return (int(cache.get("block_size", "0") or 0), int(cache.get("num_gpu_blocks", "0") or 0),
+                cache.get("enable_prefix_caching", "True") == "True", cache.get("gpu_memory_utilization"))
+
+    async def _server_info(self) -> tuple[Any, str, str] | None:
+        """``(scheduler_config, hardware, device)`` from ``/server_info``, which answers only with
+        ``VLLM_SERVER_DEV_MODE=1`` (None on an error status). The scheduler config is ``{}`` when
+        the answer has none; hardware and device are ``"unknown"`` when neither the device config
+        nor ``system_env`` names them.
+
+        Raises:
+            ValueError, AttributeError: an answer that is not JSON, or not shaped as vLLM's.
+        """
+        status, body = await self._request("GET", "/server_info", config_format="json")
+        if status != 200:
+            return None
+        doc = json.loads(body)
+        cfg = doc.get("vllm_config", {})
+        sched: Any = {}
+        device, gpus_used = "unknown", None
+        if isinstance(cfg, dict):
+            gpus_used = _gpus_used(cfg.get("parallel_config") or {})
+            sched = cfg.get("scheduler_config", {}) or {}
+            device = _configured_device(cfg.get("device_config") or {})
+        hardware, env_device = _hardware_from_system_env(doc.get("system_env", {}) or {}, gpus_used)
+        return sched, hardware, device if device != "unknown" else env_device
+
+    def _scheduler_settings(self, sched: Any, hardware: str, device: str
+                            ) -> tuple[int, int, int, bool | None, dict[str, str]]:
+        """``(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, async_scheduling,
+        sources)``: from ``/server_info``'s ``scheduler_config`` ``sched`` when it has one, else
+        vLLM's defaults on ``device`` (``async_scheduling`` then None).
+
+        Raises:
+            KeyError, ValueError, TypeError: a scheduler config without the two batch limits, or
+                with values that are not ints.
+        """
+        if not sched:
+            mnbt, mns = CPU_BATCH_DEFAULTS if device == "cpu" else GPU_BATCH_DEFAULTS
+            note = "vLLM 0.32 vllm-serve default (engine/arg_utils.py: get_batch_defaults); /server_info unavailable"
+            return mnbt, mns, 0, None, dict.fromkeys(_BATCH_SETTINGS, note)
+        mnbt, mns = int(sched["max_num_batched_tokens"]), int(sched["max_num_seqs"])
+        lptt = int(sched.get("long_prefill_token_threshold") or 0)
+        sources = dict.fromkeys(_BATCH_SETTINGS, f"{self.url}/server_info scheduler_config")
+        async_flag = None
+        if type(sched.get("async_scheduling")) is bool:
+            async_flag = sched["async_scheduling"]
+            sources["async_scheduling"] = f"{self.url}/server_info scheduler_config.async_scheduling"
+        sources["hardware"] = (f"{self.url}/server_info system_env" if hardware != "unknown" else
+                               f"{self.url}/server_info has no system_env (vLLM before 0.16): hardware unknown, "
+                               "give it with --hardware")
+        return mnbt, mns, lptt, async_flag, sources
 
     async def complete(
         self, prompt: Sequence[int], max_tokens: int, on_token: Callable[[int], None] | None = None
