@@ -194,7 +194,7 @@ def parse_trace_lines(
         block_size: as in :func:`read_trace`.
     """
     lines = list(lines)
-    _check_block_size_argument(block_size, source)
+    block_size = _block_size_argument(block_size, source)
     records = _Records(source, lines)
     metadata: dict = {}
     declared: int | None = None  # the trace's block size, settled by its first non-blank line
@@ -221,16 +221,17 @@ def parse_trace_lines(
     return Trace(records=records.items, block_size=declared, source=source, metadata=metadata)
 
 
-def _check_block_size_argument(block_size: int | None, source: str) -> None:
-    """Check the ``block_size`` argument of :func:`parse_trace_lines` (None: not given).
+def _block_size_argument(block_size: int | None, source: str) -> int | None:
+    """The ``block_size`` argument of :func:`parse_trace_lines` checked: an int (a float with an
+    integral value comes back as that int), or None when not given.
 
     Raises:
         TraceError: naming ``source`` and the field ``block_size``.
     """
     if block_size is None:
-        return
+        return None
     try:
-        BLOCK_SIZE.check(block_size)
+        return BLOCK_SIZE.check(block_size)
     except InputError as exc:
         raise TraceError(f"block_size argument {exc.reason}", source, None, "block_size") from None
 

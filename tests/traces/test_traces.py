@@ -161,6 +161,17 @@ def test_block_size_sources(tmp_path):
     assert (info.value.line, info.value.field) == (1, "block_size")
 
 
+def test_a_block_size_argument_given_as_an_integral_float_is_that_int(tmp_path):
+    """16.0 passes the block-size rule as 16, so the trace's block size is the int, and a child
+    with its own hash_ids is checked against its parent's full blocks (a float count of them
+    made the check raise TypeError)."""
+    parent = {"timestamp": 0, "input_length": 20, "output_length": 1, "hash_ids": [0, 1]}
+    child = {"timestamp": 1, "input_length": 40, "output_length": 1, "parent": 0, "hash_ids": [0, 1, 2]}
+    trace = read_trace(_write_lines(tmp_path, [parent, child]), block_size=16.0)
+    assert type(trace.block_size) is int and trace.block_size == 16
+    assert trace.records[1].hash_ids == (0, 1, 2)
+
+
 # ---------------------------------------------------------------- malformed files
 
 GOOD = {"timestamp": 0, "input_length": 20, "output_length": 5, "hash_ids": [0]}
