@@ -25,9 +25,6 @@ MOONCAKE_BLOCK_SIZE = 512
 FORMAT_VERSION = 1
 """Value of ``kvroute_trace`` in the metadata line this reader understands."""
 
-_INT_FIELDS = ("input_length", "output_length")
-_OPTIONAL_FIELDS = ("request_id", "session_id", "turn", "parent", "think_time")
-
 
 class TraceError(InputError):
     """A trace (file or in-memory) is malformed, or two block sizes cannot be mapped.
