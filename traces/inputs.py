@@ -69,8 +69,9 @@ MAX_SEED = 2**32 - 1
 """Largest seed (numpy's legacy ``RandomState`` bound; ``seed + round`` stays exact)."""
 
 MAX_JSON_DEPTH = 1_000
-"""Nesting beyond which a JSON or YAML document is refused (none of kvroute's formats nests
-more than five levels); deeper documents exhaust Python's recursion limit."""
+"""About the nesting at which a JSON document is refused (none of kvroute's formats nests more
+than five levels): the decoder stops where it exhausts Python's recursion limit (1,000 frames),
+a few levels earlier when the call that reads it is already deep."""
 
 
 class InputError(ValueError):
@@ -243,7 +244,8 @@ class _Decoder(json.JSONDecoder):
         try:
             return super().decode(s, *args, **kwargs)
         except RecursionError:
-            raise ValueError(f"nested more than {MAX_JSON_DEPTH:,} levels deep") from None
+            raise ValueError(f"nested too deep to read (about {MAX_JSON_DEPTH:,} levels, Python's recursion "
+                             "limit)") from None
 
 
 JSON_DECODER = _Decoder(object_pairs_hook=unique_keys)
