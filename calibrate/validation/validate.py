@@ -255,7 +255,13 @@ class Validation:
 # --------------------------------------------------------------------------------------------
 
 
-async def probe_servers(urls: list[str], model: str | None = None, timeout_s: float = 30.0) -> list[ServerInfo]:
+IDENTIFY_WAIT_S, RESET_WAIT_S, SCRAPE_WAIT_S = 30.0, 30.0, 10.0
+"""The longest wait, s, for each request identifying a server, resetting its prefix cache and
+scraping its ``/metrics``; ``run_validation`` waits less when the live requests' limit is lower."""
+
+
+async def probe_servers(urls: list[str], model: str | None = None,
+                        timeout_s: float = IDENTIFY_WAIT_S) -> list[ServerInfo]:
     """Identify every server and read its engine settings, each request waiting at most
     ``timeout_s`` (s).
 
@@ -269,14 +275,14 @@ async def probe_servers(urls: list[str], model: str | None = None, timeout_s: fl
     return infos
 
 
-async def reset_prefix_cache(url: str, timeout_s: float = 30.0) -> bool | None:
+async def reset_prefix_cache(url: str, timeout_s: float = RESET_WAIT_S) -> bool | None:
     """Reset one server's prefix cache; see ``VllmClient.reset_prefix_cache`` for the result.
     ``timeout_s``: limit on each request of the reset (a reset sends two or three), s."""
     async with VllmClient(url, timeout_s=timeout_s) as client:
         return await client.reset_prefix_cache()
 
 
-async def scrape(urls: list[str], timeout_s: float = 10.0,
+async def scrape(urls: list[str], timeout_s: float = SCRAPE_WAIT_S,
                  skip: Collection[int] = ()) -> list[MetricsSnapshot | None]:
     """``/metrics`` of every server; None for a server that does not answer within ``timeout_s``
     (s) and for the servers of ``skip`` (indices into ``urls``, not asked)."""
@@ -542,10 +548,11 @@ async def measure(run: PolicyRun, replay: LiveReplay, urls: list[str], timeout_s
 
     A server that answers neither the reset nor ``/metrics`` (it died in an earlier run) starts
     the replay marked dead, and is not scraped after it. ``timeout_s`` (the live requests' limit,
-    s) also bounds each reset request (at most 30 s) and scrape (at most 10 s), so a stopped
-    server costs a run about twice ``timeout_s``. Cancellation (Ctrl-C) propagates after the replay recorded what it had.
+    s) also bounds each reset request (at most :data:`RESET_WAIT_S`) and scrape (at most
+    :data:`SCRAPE_WAIT_S`), so a stopped server costs a run about twice ``timeout_s``.
+    Cancellation (Ctrl-C) propagates after the replay recorded what it had.
     """
-    reset_s, scrape_s = min(30.0, timeout_s), min(10.0, timeout_s)
+    reset_s, scrape_s = min(RESET_WAIT_S, timeout_s), min(SCRAPE_WAIT_S, timeout_s)
     run.cache_reset = list(await asyncio.gather(*(reset_prefix_cache(u, reset_s) for u in urls)))
     run.before = await scrape(urls, scrape_s)
     silent = [w for w, (reset, snap) in enumerate(zip(run.cache_reset, run.before)) if reset is None and snap is None]
@@ -567,7 +574,7 @@ def _finished_per_server(replay: LiveReplay, num_servers: int) -> list[int]:
 
 
 async def settled_scrape(urls: list[str], before: list[MetricsSnapshot | None], finished: list[int],
-                         timeout_s: float = 2.0, scrape_s: float = 10.0,
+                         timeout_s: float = 2.0, scrape_s: float = SCRAPE_WAIT_S,
                          skip: Collection[int] = ()) -> list[MetricsSnapshot | None]:
     """``/metrics`` of every server but those of ``skip`` (:func:`scrape`), scraped again (up to
     ``timeout_s``, each scrape up to ``scrape_s``) until each server's request histograms count
@@ -640,7 +647,7 @@ def run_validation(
     if spec.live_rounds < 1:
         raise ValueError(f"live rounds must be >= 1, got {spec.live_rounds}")
     urls = list(spec.urls)
-    servers = asyncio.run(probe_servers(urls, spec.model, min(30.0, spec.timeout_s)))
+    servers = asyncio.run(probe_servers(urls, spec.model, min(IDENTIFY_WAIT_S, spec.timeout_s)))
     cluster, notes = cluster_spec(profile, servers, spec)
     validation = Validation(trace, spec, servers, cluster, notes=notes)
     if not all(s.dev_mode for s in servers):
