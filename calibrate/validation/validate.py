@@ -725,15 +725,15 @@ def _after_live_rounds(validation: Validation, trace: Trace, urls: list[str], sp
     the probes' speed and the host's drift) and, where it waits for them (a measured client lag,
     a rescaled profile), the prediction of every run; then the profile's run note."""
     if spec.speed_probes > 0 and not validation.interrupted:
+        before = f"speed probe before the live rounds: {probe_text(validation.probes['before'])}"
         try:
             validation.probes["after"] = _probe(urls, spec, progress, "after the live rounds")
-            validation.notes.append(f"speed probe before the live rounds: {probe_text(validation.probes['before'])}; "
-                                    f"after them: {probe_text(validation.probes['after'])}")
+            validation.notes.append(f"{before}; after them: {probe_text(validation.probes['after'])}")
         except CalibrationError as exc:  # a server lost in the rounds: the measurements stand without it
             validation.notes.append(
-                f"speed probe before the live rounds: {probe_text(validation.probes['before'])}; the one after them "
-                f"failed ({exc}), so " + ("the profile is rescaled to the probe before them alone and " if rescale
-                                          else "") + "the host's drift is not measured (the intervals hold none)")
+                f"{before}; the one after them failed ({exc}), so "
+                + ("the profile is rescaled to the probe before them alone and " if rescale else "")
+                + "the host's drift is not measured (the intervals hold none)")
             progress(f"warning: {validation.notes[-1]}")
         if rescale:
             validation.speed_scale = speed_scale(cluster, validation.probes.get("before"), validation.probes.get("after"))
