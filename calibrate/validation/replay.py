@@ -219,21 +219,21 @@ class LiveReplay:
             Exception: the first error a request's client raised (not a failed request, which is
                 recorded), after the other clients were cancelled.
         """
-        self._wall0, self._t0 = time.time(), time.perf_counter()
-        cpu0 = time.process_time()
-        self.client_cpu = [(0.0, 0.0)]
-        sampler = asyncio.get_running_loop().create_task(self._sample_cpu(cpu0))
         self._slots = FifoSlots(self.spec.max_in_flight) if self.spec.max_in_flight else None
         sent = self.workload.roots if self.closed_loop else self.trace.records
-        poller = None
-        if self.policy.uses_metrics:
-            await self.metrics.first_poll()  # the gateway knows the servers' state before the first request
-            poller = asyncio.get_running_loop().create_task(self.metrics.run())
-        subscriber = None
-        if self.kv_events is not None:
-            subscriber = await self.kv_events.start()
+        poller = subscriber = sampler = None
         self._session = new_session()
+        cpu0 = self._start_clock()  # started again below; an error in the set-up is timed from here
         try:
+            if self.policy.uses_metrics:
+                await self.metrics.first_poll()  # the gateway knows the servers' state before the first request
+                poller = asyncio.get_running_loop().create_task(self.metrics.run())
+            if self.kv_events is not None:
+                subscriber = await self.kv_events.start()
+            # t = 0 is when the replay is ready to send (its HTTP client loaded, the servers' load
+            # polled, the KV-event feeds joined): the trace's first arrival, as in the simulator
+            cpu0 = self._start_clock()
+            sampler = asyncio.get_running_loop().create_task(self._sample_cpu(cpu0))
             for rec in sent:
                 self._spawn(rec, rec.timestamp_ms / 1000.0)
             while self._tasks:
@@ -264,6 +264,13 @@ class LiveReplay:
             self.client_cpu.append((self.elapsed_s, self.client_cpu_s))
             await self._session.close()
             self._session = None
+
+    def _start_clock(self) -> float:
+        """Set t = 0 of :meth:`now` and the servers' event clock to now; returns the process's
+        CPU time now, s."""
+        self._wall0, self._t0 = time.time(), time.perf_counter()
+        self.client_cpu = [(0.0, 0.0)]
+        return time.process_time()
 
     async def _sample_cpu(self, cpu0: float) -> None:
         """Append ``(now, CPU seconds since cpu0)`` to :attr:`client_cpu` every ``CPU_SAMPLE_S``."""

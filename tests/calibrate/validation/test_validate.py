@@ -48,6 +48,7 @@ class FakeVllm:
         fail_after: once this many completions have started, answer every later one HTTP 500 with
             ``fail_body`` (vLLM's API process after its engine died).
         cut_after_tokens: break every stream's connection after this many tokens.
+        metrics_delay_s: time before each ``/metrics`` answer.
     """
 
     ENGINE_DEAD = (b'{"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root '
@@ -56,8 +57,9 @@ class FakeVllm:
     def __init__(self, die_after: int | None = None, hang: bool = False, token_delay_s: float = 0.0005,
                  block_size: int = BLOCK, token_ids: bool = True, fail_after: int | None = None,
                  fail_body: bytes = ENGINE_DEAD, cut_after_tokens: int | None = None,
-                 freeze_after: int | None = None) -> None:
+                 freeze_after: int | None = None, metrics_delay_s: float = 0.0) -> None:
         self.die_after, self.hang, self.delay, self.block_size = die_after, hang, token_delay_s, block_size
+        self.metrics_delay_s = metrics_delay_s
         self.freeze_after = freeze_after  # after this many completions, answer nothing (a SIGSTOPped server)
         self.fail_after, self.fail_body, self.cut_after_tokens = fail_after, fail_body, cut_after_tokens
         self.failed = 0
@@ -123,7 +125,9 @@ class FakeVllm:
             elif path == "/version":
                 self._json(writer, {"version": "0.32.0"})
             elif path == "/metrics":
-                text = (f'vllm:cache_config_info{{block_size="{self.block_size}",num_gpu_blocks="100000",'
+                await asyncio.sleep(self.metrics_delay_s)
+                text = ("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+                        f'vllm:cache_config_info{{block_size="{self.block_size}",num_gpu_blocks="100000",'
                         f'enable_prefix_caching="True"}} 1.0\n'
                         f"vllm:prefix_cache_queries_total {self.queries}\n"
                         f"vllm:prefix_cache_hits_total {self.hits}\nvllm:num_preemptions_total 0\n")
@@ -539,6 +543,17 @@ def test_open_loop_sends_at_timestamps(fakes):
     assert (df["status"] == "ok").all()
     assert np.all(np.diff(df["arrival"].to_numpy()) > 0.08)
     assert df["cached_tokens"].iloc[1:].max() == 64  # the shared two blocks hit after the first
+
+
+def test_the_clock_starts_when_the_replay_is_ready_to_send(fakes):
+    """t = 0 is the first send: the servers' first /metrics poll (0.3 s here) and the HTTP
+    client's set-up come before it, so open-loop arrivals keep the trace's spacing."""
+    servers = fakes(2, s0={"metrics_delay_s": 0.3}, s1={"metrics_delay_s": 0.3})
+    recs = [TraceRecord(i, 100.0 * i, 70, 4, hash_ids=(0, 1, 10 + i)) for i in range(3)]
+    replay = _replay(Trace(recs, 32), servers, policy="least_loaded:load=waiting", scrape_interval_s=0.05)
+    assert replay.metrics.num_scrapes >= 1
+    arrival = replay.result().records.sort_values("request_id")["arrival"].to_numpy()
+    assert arrival[0] < 0.08 and np.all(np.abs(arrival - [0.0, 0.1, 0.2]) < 0.08)
 
 
 def test_open_loop_child_before_its_parent_replied(fakes):
