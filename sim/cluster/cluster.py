@@ -215,6 +215,7 @@ class Cluster:
         self._build_gateways(seed)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []
+        self._num_done = 0  # requests finished, failed or skipped so far
         self._plan_stages(trace)
         self._build_client(seed)
 
@@ -336,7 +337,6 @@ class Cluster:
         self._lb_rng = np.random.default_rng(seed).spawn(2)[1]
         self._lb_next = 0
         self._view_of: dict[int, RouterView] = {}
-        self._num_done = 0
 
     def _event_listener(self, worker: int):
         events, delay, env, n = self.events, self._event_delay_s, self.env, self.spec.num_workers
