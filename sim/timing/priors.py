@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvroute.traces.outputs import write_text_atomic
-from kvroute.sim.timing.cost_model import prefill_pairs
+from kvroute.sim.timing.cost_model import StepCost, prefill_pairs
 from kvroute.sim.timing.profile import MemoryModel, profile_from_dict
 from kvroute.sim.timing.specs import GpuSpec, ModelSpec, gpu_spec, model_spec
 from kvroute.sim.timing.vllm_versions import STUDY, VllmDefaults, defaults as vllm_defaults, family, parse_version
@@ -446,9 +446,8 @@ class _StepCosts(NamedTuple):
     in them.
 
     Attributes:
-        step_overhead_s, weight_load_s, per_token_s, per_request_s, prefill_attn_s,
-            decode_attn_s: the ``step_cost`` section, seconds (per step, per step, per token, per
-            request, per causal pair, per context token).
+        step: the ``step_cost`` section (its coefficients in seconds; ``step_overhead_s``
+            includes ``allreduce_step_s``, ``per_token_s`` includes ``allreduce_per_token_s``).
         fp8_compute: the linear layers run on fp8 tensor cores (fp8 weights and a GPU that has them).
         link_kind, link_bw: the link a ``tp``-way all-reduce runs over (``"nvlink"`` or
             ``"pcie"``) and its one-direction bandwidth, bytes/s (also computed for tp 1).
@@ -458,12 +457,7 @@ class _StepCosts(NamedTuple):
         allreduce_step_s: all-reduce latency per step, seconds (0.0 for tp 1).
     """
 
-    step_overhead_s: float
-    weight_load_s: float
-    per_token_s: float
-    per_request_s: float
-    prefill_attn_s: float
-    decode_attn_s: float
+    step: StepCost
     fp8_compute: bool
     link_kind: str
     link_bw: float
@@ -504,13 +498,10 @@ def _step_costs(
     prefill_attn_s = attn_flops_per_pair / (peak * eff.attention_flops)
     decode_attn_s = mem.kv_bytes_per_token / (bw * eff.kv_bandwidth)
     step_overhead_s = eff.step_overhead_s + allreduce_step_s
+    step = StepCost(step_overhead_s=step_overhead_s, weight_load_s=weight_load_s, per_token_s=per_token_s,
+                    per_request_s=per_request_s, prefill_attn_s=prefill_attn_s, decode_attn_s=decode_attn_s)
     return _StepCosts(
-        step_overhead_s=step_overhead_s,
-        weight_load_s=weight_load_s,
-        per_token_s=per_token_s,
-        per_request_s=per_request_s,
-        prefill_attn_s=prefill_attn_s,
-        decode_attn_s=decode_attn_s,
+        step=step,
         fp8_compute=fp8_compute,
         link_kind=link_kind,
         link_bw=link_bw,
@@ -590,7 +581,7 @@ def _sources(gpu: GpuSpec, model: ModelSpec, s: _Settings, cost: _StepCosts, eff
             f"vLLM {vllm_version} default on CUDA: {'on' if release.async_scheduling_cuda else 'off'} "
             "(vllm/config/vllm.py: SchedulerConfig.async_scheduling None resolves to True from 0.14)"),
         **({"engine.async_cpu_fraction": (
-            f"step_overhead_s's CPU part, {eff.step_overhead_s * 1e3:g} ms of {cost.step_overhead_s * 1e3:.3g} ms: "
+            f"step_overhead_s's CPU part, {eff.step_overhead_s * 1e3:g} ms of {cost.step.step_overhead_s * 1e3:.3g} ms: "
             "async scheduling overlaps the host's work with the GPU, not the tensor-parallel all-reduce latency "
             "(kvroute.sim.timing.async_overlap)")} if cost.allreduce_step_s else {}),
         "engine.max_num_batched_tokens": (
@@ -733,17 +724,10 @@ def _document(gpu: GpuSpec, model: ModelSpec, s: _Settings, mem: _RankMemory, co
             "gpu_memory_utilization": s.gpu_memory_utilization,
             "async_scheduling": s.release.async_scheduling("cuda"),
             # async hides the step's CPU part; the all-reduce latency is GPU time (kvroute.sim.timing.async_overlap)
-            **({"async_cpu_fraction": eff.step_overhead_s / cost.step_overhead_s} if cost.allreduce_step_s else {}),
+            **({"async_cpu_fraction": eff.step_overhead_s / cost.step.step_overhead_s} if cost.allreduce_step_s else {}),
         },
         "memory": asdict(mem.memory),
-        "step_cost": {
-            "step_overhead_s": cost.step_overhead_s,
-            "weight_load_s": cost.weight_load_s,
-            "per_token_s": cost.per_token_s,
-            "per_request_s": cost.per_request_s,
-            "prefill_attn_s": cost.prefill_attn_s,
-            "decode_attn_s": cost.decode_attn_s,
-        },
+        "step_cost": asdict(cost.step),
         "overheads": {
             "api_server_s": eff.api_server_s,
             "gateway_s": eff.gateway_s,
