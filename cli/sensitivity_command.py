@@ -137,7 +137,8 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
         click.echo(f"{header} | {len(factors)} factors, "
                    f"{trajectories} trajectories x ({len(factors)} factors + 1) = {result.settings['points']} points "
                    f"on {levels} levels, "
-                   f"{rounds} round(s) each, policies {', '.join(policies)}\n")
+                   f"{rounds} round(s) each, and the base point on {noise_rounds} seeds "
+                   f"({result.settings['points'] + noise_rounds} runs), policies {', '.join(policies)}\n")
         click.echo(result.format_table())
         click.echo(f"\n{note}\nwall time {wall:.1f} s")
     if out is not None:

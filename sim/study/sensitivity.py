@@ -791,10 +791,11 @@ def _evaluate_points(points: list[_Point], executor: str, max_workers: int | Non
                      progress: bool) -> list[dict[str, float]]:
     """Every point's outputs (:func:`evaluate`), in the order of ``points``: in this process
     (``"sequential"``) or on a process pool of ``max_workers`` (default: one per CPU, at most one
-    per point); a progress bar on stderr when ``progress``."""
+    per point); a progress bar of runs (design points and the base point's seeds) on stderr when
+    ``progress``."""
     from kvroute.sim.study.progress import progress_bar
 
-    bar = progress_bar(len(points), "sensitivity", "point", enabled=progress)
+    bar = progress_bar(len(points), "sensitivity", "run", enabled=progress)
     try:
         if executor == "sequential":
             results = []
