@@ -32,7 +32,7 @@ class PolicyError(ValueError):
     ``KVROUTE_POLICY_FILES`` or of an entry point's module, or ``built in: kvroute/...`` for
     kvroute's own policies, whose errors are kvroute bugs) and what went wrong::
 
-        policy 'minus_one' (negpol.py) returned -1 from choose(): a worker must be an int in range(4)
+        policy 'minus_one' (negpol.py, choose() defined at line 9) returned -1 from choose(): a worker must be an int in range(4)
         policy 'boom' (negpol.py line 12) raised AttributeError in choose(): ...
 
     Pickles with its attributes (a process pool sends it back to the parent).
@@ -41,7 +41,8 @@ class PolicyError(ValueError):
         policy: the policy's registered name.
         where: the file of the policy's class as the message shows it, or None.
         line: the line that raised, in ``where`` (in another file when the method that raised
-            is inherited from a class there: the message names that file), or None.
+            is inherited from a class there: the message names that file); for a value
+            ``choose`` returned, the line of its ``def``; or None.
     """
 
     def __init__(self, message: str, policy: str = "", where: str | None = None, line: int | None = None) -> None:
@@ -75,9 +76,18 @@ def checked_worker(policy, worker: object, num_workers: int) -> int:
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
     if worker.__class__ is not int:
         shown += f" (a {type(worker).__qualname__})"
-    where = _class_file(type(policy))
-    raise PolicyError(f"policy {policy.name!r} ({where}) returned {shown} from choose(): a worker must be an int "
-                      f"in range({num_workers})", policy.name, where)
+    cls = type(policy)
+    where, line = _class_file(cls), None
+    location = where
+    owner = next((c for c in cls.__mro__ if "choose" in vars(c)), cls)
+    code = getattr(vars(owner).get("choose"), "__code__", None)
+    if code is not None:  # the line of its def: the value returned has no line of its own
+        line = code.co_firstlineno
+        defined_in = _class_file(owner)
+        location = (f"{where}, choose() defined at line {line}" if defined_in == where
+                    else f"{where}; choose() defined at {defined_in} line {line}")
+    raise PolicyError(f"policy {policy.name!r} ({location}) returned {shown} from choose(): a worker must be an int "
+                      f"in range({num_workers})", policy.name, where, line)
 
 
 def raise_policy_error(policy, exc: BaseException, method: str) -> NoReturn:

@@ -117,12 +117,14 @@ def test_a_user_policy_that_returns_no_worker_or_raises_is_a_one_line_error(tmp_
     negative = subprocess.run([kvroute, "simulate", *small, "--policy", "minus_one"], env=env, capture_output=True,
                               text=True)
     assert (negative.returncode, negative.stderr) == (
-        1, f"Error: policy 'minus_one' ({path}) returned -1 from choose(): a worker must be an int in range(4)\n")
+        1, f"Error: policy 'minus_one' ({path}, choose() defined at line 7) returned -1 from choose(): a worker must be "
+           "an int in range(4)\n")
     # a sweep stops on it too: a policy's bug is not an infeasible grid point to mark failed and pass
     swept = subprocess.run([kvroute, "sweep", "--chats", "3,4", "--turns", "2", "--workers", "2", "--rounds", "1",
                             "--no-progress", "--policies", "minus_one"], env=env, capture_output=True, text=True)
     assert (swept.returncode, swept.stderr.splitlines()[-1]) == (
-        1, f"Error: policy 'minus_one' ({path}) returned -1 from choose(): a worker must be an int in range(2)")
+        1, f"Error: policy 'minus_one' ({path}, choose() defined at line 7) returned -1 from choose(): a worker must be "
+           "an int in range(2)")
 
 
 def test_a_scenario_of_ones_own_policy_records_its_file_and_says_how_to_rerun(tmp_path: Path):

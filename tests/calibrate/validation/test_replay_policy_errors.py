@@ -54,8 +54,8 @@ def test_a_choice_that_is_not_a_worker_stops_the_replay(registered, value, shown
     streamed = []
     with pytest.raises(PolicyError) as caught:
         asyncio.run(replay("bad_choice", streamed).run())
-    assert str(caught.value) == (f"policy 'bad_choice' ({__file__}) returned {shown} from choose(): "
-                                 "a worker must be an int in range(2)")
+    assert str(caught.value) == (f"policy 'bad_choice' ({__file__}, choose() defined at line 19) returned {shown} "
+                                 "from choose(): a worker must be an int in range(2)")
     assert streamed == []
 
 

@@ -94,9 +94,11 @@ def test_a_choice_that_is_not_a_worker_stops_the_run_naming_the_policy(registere
     registered("bad_choice", Returns, value=value)
     with pytest.raises(PolicyError) as caught:
         run("bad_choice")
-    assert str(caught.value) == (f"policy 'bad_choice' ({__file__}) returned {shown} from choose(): "
-                                 "a worker must be an int in range(2)")
-    assert (caught.value.policy, caught.value.where, caught.value.line) == ("bad_choice", __file__, None)
+    line = Returns.choose.__code__.co_firstlineno  # a value has no line: the one of choose's def is named
+    assert line == 22
+    assert str(caught.value) == (f"policy 'bad_choice' ({__file__}, choose() defined at line 22) returned {shown} "
+                                 "from choose(): a worker must be an int in range(2)")
+    assert (caught.value.policy, caught.value.where, caught.value.line) == ("bad_choice", __file__, 22)
     assert isinstance(caught.value, ValueError)  # the CLI prints it as a one-line Error:
 
 
@@ -115,7 +117,7 @@ def test_checked_worker_converts_integers_and_refuses_the_rest():
         assert got == int(value) and got.__class__ is int
     for value in (4, -1, np.int64(-1), 2.0, np.float64(1.0), True, np.True_, "1", [1]):
         with pytest.raises(PolicyError, match=r"^policy 'round_robin' \(built in: kvroute/sim/routing/"
-                                              r"round_robin\.py\) returned .* from choose\(\): a worker must "
+                                              r"round_robin\.py, choose\(\) defined at line \d+\) returned .* from choose\(\): a worker must "
                                               r"be an int in range\(4\)$"):
             checked_worker(policy, value, 4)
 
