@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from dataclasses import replace
 
@@ -32,6 +33,7 @@ def with_async(spec, on: bool):
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=None, help="turns per chat (default: the workload's)")
     parser.add_argument("--rounds", type=int, default=3)

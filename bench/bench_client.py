@@ -26,6 +26,7 @@ import asyncio
 import json
 import multiprocessing
 import statistics
+import sys
 import time
 from urllib.parse import urlsplit
 
@@ -210,6 +211,7 @@ async def one_round(reader: Reader, url: str, model: str, requests: int, tokens:
 
 
 def main() -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", help="a vLLM server's base URL (default: start a fake SSE server)")
     ap.add_argument("--model", default="fake")

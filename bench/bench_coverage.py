@@ -204,6 +204,7 @@ def _width(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     first, _, rest = __doc__.partition("\n\n")
     parser = argparse.ArgumentParser(description=first, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=rest)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -92,6 +93,7 @@ def refit(variant: str, bound: float) -> dict:
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"Comma-separated (default: all: {','.join(VARIANTS)}).")
     parser.add_argument("--bound", type=float, default=64.0, help="Contention bound of the refits (default 64).")

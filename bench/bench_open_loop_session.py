@@ -18,6 +18,7 @@ engine looks up every block of it; that growth is the engine's, not the builder'
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from kvroute.sim.cluster.cluster import ClusterSpec, simulate
@@ -34,6 +35,7 @@ def session(turns: int) -> Trace:
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", default="1000,2000,5000", help="comma-separated session lengths")
     args = parser.parse_args()

@@ -222,6 +222,7 @@ def pair(name: str, a: list[str], b: list[str], runs: int, env_b: dict[str, str]
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
     parser.add_argument("--runs", type=int, default=3, help="measured pairs per case (default 3)")

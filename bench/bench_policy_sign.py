@@ -141,6 +141,7 @@ def probe_scaled(profile, validation, probes: dict, compute: float | None):
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", type=Path, help="A bench_validate.py --out folder with <shape>/live.pickle.")
     parser.add_argument("--profile", default="cpu-tiny-qwen2-x2-bursts", help="Profile to vary (default: %(default)s).")

@@ -30,6 +30,7 @@ def _parse_only(path: Path) -> None:
 
 
 def main() -> int:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     if not TRACE.exists():
         print(f"skipped: {TRACE} not found")
         return 0

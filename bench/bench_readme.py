@@ -44,6 +44,7 @@ def cases(with_tests: bool) -> list[tuple[str, list[str] | None, str]]:
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="Runs per command (default 3).")
     parser.add_argument("--tests", action="store_true", help="Also time the test command.")

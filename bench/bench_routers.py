@@ -59,6 +59,7 @@ def _value(text: str):
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policies", default=",".join(NEW), help="Policies to time against kv_aware.")
     parser.add_argument("--runs", type=int, default=1, help="Runs per policy (median wall time).")

@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import itertools
 import math
+import sys
 import time
 
 from kvroute.sim.cluster.cluster import ClusterSpec
@@ -97,6 +98,7 @@ def predict(rounds: int) -> None:
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--refit", action="store_true", help="Run the grid search.")

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 TARGET_S = 120.0
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     from kvroute.sim.cluster.cluster import simulate
     from kvroute.sim.study.sensitivity import run_sensitivity
     from kvroute.sim.study.sweep import Scenario

@@ -47,6 +47,7 @@ print(json.dumps({
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", choices=[*CASES, "all"], default="all")
     parser.add_argument("--policy", default="kv_aware")

@@ -590,6 +590,7 @@ def _saved_rounds(saved):
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", action="append", default=[], help="Use running servers instead of starting two.")
     parser.add_argument("--port-base", type=int, default=8300, help="First port of the servers started here.")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "tests" / "data" / "inference-per
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", required=True, help="profile JSON (kvroute profiles derive ... --out FILE)")
     parser.add_argument("--config", default=str(CONFIG), help="inference-perf YAML config [llm-d 37-capacity]")

@@ -497,6 +497,7 @@ HEADER = ["model", "GPU", "TP", "dtype", "source", "scope", "measure", "unit", "
 
 def main(argv: list[str] | None = None) -> int:
     """Print the table (``--extract`` first rebuilds the CSV from the fetched repositories)."""
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--extract", action="store_true", help="rebuild the CSV from the fetched repositories")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")

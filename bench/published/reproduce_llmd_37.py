@@ -441,6 +441,7 @@ def main() -> None:
     parser.add_argument("--save", type=Path, help="also keep the runs' results in this pickle file")
     parser.add_argument("--load", type=Path, help="write the report from a --save file, without running")
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # each policy's line as it finishes, also into a file or pipe
     if args.load:
         args.report.write_text(render(pd.read_pickle(args.load)))
         print(f"wrote {args.report} from {args.load}")
