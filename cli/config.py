@@ -12,11 +12,13 @@ a flag given on the command line overrides it. The ``kvroute`` provenance block 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
 
-from kvroute.cli.provenance import NOT_SCENARIO, ONCE_SAVED, PROVENANCE_KEY, policy_configs, policy_files
+from kvroute.cli.provenance import (NOT_SCENARIO, ONCE_SAVED, POLICY_PARAMS, PROVENANCE_KEY, policy_configs,
+                                    policy_files)
 from kvroute.cli.values import InputFile
 from kvroute.traces.inputs import JSON_DECODER, DuplicateKeyError, InputError
 from kvroute.traces.yaml_doc import parse_yaml
@@ -111,10 +113,28 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None,
             try:
                 params[names[key]].type_cast_value(ctx, value)
             except click.BadParameter as exc:
-                raise click.BadParameter(f"{where}: option {key!r}: {exc.message}",
+                hint = _saved_policy_files(doc.get(PROVENANCE_KEY)) if names[key] in POLICY_PARAMS else ""
+                raise click.BadParameter(f"{where}: option {key!r}: {exc.message}{hint}",
                                          param_hint="'--config'") from None
         values[names[key]] = value
     return values
+
+
+def _saved_policy_files(saved: object) -> str:
+    """For policies of one's own that the file's run imported and this one has not (the ``kvroute``
+    block's ``policy_files``): where from, so that the re-run imports them too; "" otherwise."""
+    from kvroute.sim.routing import POLICIES
+
+    files = saved.get("policy_files") if isinstance(saved, dict) else None
+    if not isinstance(files, dict):
+        return ""
+    missing = {name: then["path"] for name, then in files.items()
+               if name not in POLICIES and isinstance(then, dict) and isinstance(then.get("path"), str)}
+    if not missing:
+        return ""
+    paths = os.pathsep.join(dict.fromkeys(missing.values()))
+    return (f"; its run imported {', '.join(missing)} from {paths}: re-run with KVROUTE_POLICY_FILES={paths}, "
+            "as the file's first line says")
 
 
 SCENARIO_COMMANDS = ("compare", "simulate", "sweep")

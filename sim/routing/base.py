@@ -170,6 +170,26 @@ def load_user_policies() -> None:
             raise ValueError(f"KVROUTE_POLICY_FILES: {path} failed to import: {exc}") from exc
 
 
+def _user_files_note() -> str:
+    """What ``KVROUTE_POLICY_FILES`` gave, for an unknown policy's error: each file and the
+    policies it registered, or how to name one when it is unset."""
+    import os
+
+    from kvroute.sim.routing.policy_errors import user_policy_file
+
+    paths = [p for p in os.environ.get("KVROUTE_POLICY_FILES", "").split(os.pathsep) if p]
+    if not paths:
+        return "a policy of your own is imported from its file: KVROUTE_POLICY_FILES=FILE.py"
+    registered: dict[str, list[str]] = {}
+    for name, cls in POLICIES.items():
+        file = user_policy_file(cls)
+        if file is not None:
+            registered.setdefault(file, []).append(name)
+    return "KVROUTE_POLICY_FILES: " + "; ".join(
+        f"{p} registers {', '.join(registered.get(os.path.realpath(p), [])) or 'no policy (no @register)'}"
+        for p in paths)
+
+
 def policy_params(cls: type[Policy]) -> dict[str, object]:
     """A policy's settable parameters and their defaults, in constructor order."""
     sig = inspect.signature(cls.__init__)
@@ -223,8 +243,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
     if cls is None:
         close = difflib.get_close_matches(name, POLICIES, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown policy {name!r}{hint}; valid policies: {', '.join(POLICIES)} (a policy of your "
-                         "own is imported from its file: KVROUTE_POLICY_FILES=FILE.py)")
+        raise ValueError(f"unknown policy {name!r}{hint}; valid policies: {', '.join(POLICIES)} ({_user_files_note()})")
     defaults = policy_params(cls)
     params: dict[str, object] = {}
     for n, item in enumerate(filter(None, (s.strip() for s in rest.split(",")))):

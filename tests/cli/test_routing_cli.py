@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from kvroute.cli.main import cli
@@ -153,12 +154,29 @@ def test_a_scenario_of_ones_own_policy_records_its_file_and_says_how_to_rerun(tm
                           text=True)
     assert lost.returncode == 2 and "unknown policy 'fewest_tokens'" in lost.stderr
     assert "(a policy of your own is imported from its file: KVROUTE_POLICY_FILES=FILE.py)" in lost.stderr
+    assert " ".join(lost.stderr.split()).endswith(  # the file's run says where its policy came from
+        f"; its run imported fewest_tokens from {path}: re-run with KVROUTE_POLICY_FILES={path}, as the file's "
+        "first line says")
     path.write_text(USER_POLICY + "# edited\n")
     rerun = subprocess.run([kvroute, "compare", "--config", str(out / "scenario.yaml"), "--out", str(again)], env=env,
                            capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr
     assert (f"warning: policy fewest_tokens's file {path} (sha256 {digest[:12]}... then, "
             f"{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}... now) differs from the --config run's") in rerun.stderr
+
+
+def test_an_unknown_policy_says_what_each_policy_file_registered(tmp_path: Path, monkeypatch):
+    """A file that registers nothing (no @register) made the error say how to import a file, as if
+    KVROUTE_POLICY_FILES were unset."""
+    from kvroute.sim.routing import parse_spec
+
+    bare = tmp_path / "unregistered_policy.py"
+    bare.write_text("from kvroute.sim.routing import Policy\n\n\nclass Mine(Policy):\n"
+                    "    def choose(self, request, view):\n        return 0\n")
+    monkeypatch.setenv("KVROUTE_POLICY_FILES", str(bare))
+    with pytest.raises(ValueError) as caught:
+        parse_spec("mine")
+    assert str(caught.value).endswith(f"(KVROUTE_POLICY_FILES: {bare} registers no policy (no @register))")
 
 
 def _sessionless_trace(path: Path) -> Path:
