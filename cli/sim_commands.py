@@ -283,9 +283,9 @@ def _write_output_set(out: Path, result: _RunResult, header: str, staged, notes:
         (out / "compare.json").write_text(json.dumps(doc, indent=2))
     _write_report(out, doc, header, comparison.policies, figures, notes, rounds, scenario.seed, interval_note, tables)
     if not json_out:
-        from kvroute.sim.study.bench_result import result_filename
+        from kvroute.sim.study.bench_result import result_filenames
 
-        more = ["scenario.yaml", *(result_filename(p) for p in comparison.policies), "report.html"]
+        more = ["scenario.yaml", *result_filenames(comparison.policies).values(), "report.html"]
         if result.draws:
             more.append("uncertainty.csv")
         click.echo(f"wrote {', '.join(str(out / name) for name in more)}")
@@ -414,15 +414,15 @@ def _write_report(out: Path, doc: dict, header: str, policies, figures: list, no
 
 def _write_bench_results(comparison, out: Path, spec, slo: ServiceClass, request_rate, arrival: str) -> None:
     """One ``vllm bench serve``-style result JSON per policy (its round 0) beside the outputs."""
-    from kvroute.sim.study.bench_result import result_filename, vllm_bench_result
+    from kvroute.sim.study.bench_result import result_filenames, vllm_bench_result
     from kvroute.traces.arrivals import parse_arrival
 
     process, cv = parse_arrival(arrival)
     burstiness = "inf" if process == "constant" else 1.0 / cv ** 2  # vLLM's burstiness: gamma shape 1/CV^2
     model = (spec.profile.raw.get("model") or {}).get("name", spec.profile.name)
-    for policy in comparison.policies:
+    for policy, name in result_filenames(comparison.policies).items():
         doc = vllm_bench_result(comparison.runs[policy][0], slo, model, policy, request_rate, burstiness)
-        write_text_atomic(out / result_filename(policy), json.dumps(doc))
+        write_text_atomic(out / name, json.dumps(doc))
 
 
 def _warn_changed_inputs(trace_path, spec) -> None:

@@ -22,6 +22,7 @@ use the run's pooled gaps either way, as vLLM does); ``max_output_tokens_per_s``
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from datetime import datetime
 
 import numpy as np
@@ -136,7 +137,12 @@ def _itls(run: RunResult, ok: np.ndarray) -> list[list[float]]:
             for rid, o in zip(df["request_id"].tolist(), ok)]
 
 
-def result_filename(policy: str) -> str:
-    """``vllm-bench-<policy>.json`` with the policy spec's ``:``, ``,`` and ``=`` made file-safe."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in policy)
-    return f"vllm-bench-{safe}.json"
+def result_filenames(policies: Iterable[str]) -> dict[str, str]:
+    """``{spec: "vllm-bench-<name>.json"}`` for each policy spec: its name as tables and legends
+    show it (``figure_style.short_names``: a config file's path cut to its file name or Markdown
+    block), with ``:``, ``,``, ``=`` and any other character but letters, digits, ``-``, ``_``
+    and ``.`` made ``_``."""
+    from kvroute.sim.study.figure_style import short_names
+
+    return {spec: "vllm-bench-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in name) + ".json"
+            for spec, name in short_names(policies).items()}

@@ -103,9 +103,9 @@ def scenario_title(scenario: str, policies: Sequence[str] = (), what: str = "", 
     """A figure title naming the run: ``what`` first, then the scenario (trace, workers,
     profile: ``kvroute.cli.scenario.describe``'s header) and the policies, each wrapped at
     ``width`` characters (default :data:`TITLE_WIDTH`, for a figure 11 inches wide) so no line
-    runs off the figure."""
+    runs off the figure. The policies are named as the legends name them (:func:`short_names`)."""
     parts = textwrap.wrap(what, width, break_on_hyphens=False) if what else []
-    text = scenario + (f" | policies {', '.join(policies)}" if policies else "")
+    text = scenario + (f" | policies {', '.join(short_names(policies).values())}" if policies else "")
     parts += textwrap.wrap(text, width, break_on_hyphens=False) or [""]
     return "\n".join(parts)
 

@@ -215,3 +215,19 @@ def test_sharegpt_tokens_counted_by_a_local_tokenizer(tmp_path):
     conv = [{"conversations": [{"from": "human", "value": "hello world"}, {"from": "gpt", "value": "hello"}]}]
     trace = read_sharegpt(_write(tmp_path, "s.json", conv), 16, count)
     assert [(r.input_length, r.output_length) for r in trace.records] == [(2, 1)]
+
+
+def test_bench_result_files_and_titles_name_a_config_policy_by_its_file():
+    """``epp:../x/report.md#precise`` wrote ``vllm-bench-epp_.._x_report.md_precise.json`` and put
+    the whole path in the figures' titles; tables and legends already showed ``epp:precise``."""
+    from kvroute.sim.study.bench_result import result_filenames
+    from kvroute.sim.study.figure_style import scenario_title
+
+    specs = ["epp:../x/report.md#precise", "epp:/runs/a/load.yaml", "dynamo:overlap_weight=2", "epp:/b/load.yaml"]
+    assert result_filenames(specs) == {
+        "epp:../x/report.md#precise": "vllm-bench-epp_precise.json",
+        "epp:/runs/a/load.yaml": "vllm-bench-epp__runs_a_load.yaml.json",  # two load.yaml: kept whole
+        "dynamo:overlap_weight=2": "vllm-bench-dynamo_overlap_weight_2.json",
+        "epp:/b/load.yaml": "vllm-bench-epp__b_load.yaml.json"}
+    assert scenario_title("seed-chat", specs[:3]) == (
+        "seed-chat | policies epp:precise, epp:load.yaml, dynamo:overlap_weight=2")
