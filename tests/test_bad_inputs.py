@@ -85,6 +85,14 @@ def test_azure_huge_context(tmp_path):
                  "a.csv:2: field 'ContextTokens': length must be <= 134,217,728 tokens")
 
 
+def test_azure_counts_that_are_not_a_positive_int_say_so_alike(tmp_path):
+    """'x' read "expected a non-negative int", but 0 is refused too (a request has >= 1 token)."""
+    for text, reason in (("x", "expected an int >= 1 (tokens), got 'x'"), ("0", "length must be >= 1, got 0")):
+        csv = write(tmp_path / "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                        f"2023-11-16 18:15:46.6805900,{text},10\n")
+        assert_error(run("simulate", "--trace", csv), f"a.csv:2: field 'ContextTokens': {reason}")
+
+
 def test_azure_long_context_is_rejected_by_max_model_len_without_expanding(tmp_path):
     csv = write(tmp_path / "a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
                                     "2023-11-16 18:15:46.6805900,100000000,10\n"
