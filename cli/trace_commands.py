@@ -32,13 +32,13 @@ def _check_out(out: Path) -> None:
 @trace.command()
 @click.argument("kind", type=click.Choice(["seed-chat", "agent"]))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
-@scenario_options(groups=("workload",), exclude=("workload",), include=("speedup",), slo=False)
+@scenario_options(groups=("workload",), exclude=("workload",), slo=False)
 @click.option("--seed", type=Number(SEED), default=0, show_default=True,
               help="Seed of the length draws (the same as a simulation round with this seed draws).")
 @click.option("--block-size", type=Number(BLOCK_SIZE), default=16, show_default=True, help="Tokens per hash_ids block.")
 @check_values
 @stops_on_sigterm
-def generate(kind, out, seed, block_size, speedup, **options):
+def generate(kind, out, seed, block_size, **options):
     """Write a generated workload as a kvroute trace, with every drawn length written out.
 
     The file replays exactly: `kvroute simulate --trace FILE` gives the records of the built-in
@@ -48,8 +48,6 @@ def generate(kind, out, seed, block_size, speedup, **options):
     from kvroute.traces.writer import write_trace
 
     _check_out(out)
-    if speedup is not None:
-        raise click.UsageError("--speedup rescales a trace file (kvroute simulate --trace FILE --speedup X)")
     scenario = scenario_from_options(options, workload=kind, seed=seed)  # its checks, its sizes
     chats, turns = scenario.sizes
     result = generators.builtin_workload(kind, chats, turns, scenario.think_time_s, seed, scenario.reply,
