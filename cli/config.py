@@ -102,8 +102,10 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None,
                                          f"what it runs: give --{output} on the command line", param_hint="'--config'")
             elsewhere = _sibling_with(ctx, command, key)
             if elsewhere is not None:  # a scenario saved by compare, run by sweep: the rest still applies
-                click.echo(f"warning: {where}: {key!r} is an option of {elsewhere}, not of {command.name}; "
-                           f"{command.name} runs the scenario without it", err=True)
+                other, option = elsewhere
+                if _plain(value) != option.default:  # at its default it changed nothing
+                    click.echo(f"warning: {where}: {key!r} is an option of {other}, not of {command.name}; "
+                               f"{command.name} runs the scenario without it", err=True)
                 continue
             valid = sorted(shown)
             raise click.BadParameter(f"{where}: unknown option {key!r} for {command.name}; valid: {', '.join(valid)}",
@@ -141,9 +143,9 @@ SCENARIO_COMMANDS = ("compare", "simulate", "sweep")
 """The commands whose ``--out`` writes a scenario file the others may be given."""
 
 
-def _sibling_with(ctx: click.Context | None, command: click.Command, key: str) -> str | None:
+def _sibling_with(ctx: click.Context | None, command: click.Command, key: str) -> tuple[str, click.Option] | None:
     """The first other scenario command (``SCENARIO_COMMANDS``) with a scenario option named
-    ``key`` (long name), or None."""
+    ``key`` (long name), and that option; or None."""
     if ctx is None or command.name not in SCENARIO_COMMANDS:
         return None
     root = ctx.find_root()
@@ -152,9 +154,10 @@ def _sibling_with(ctx: click.Context | None, command: click.Command, key: str) -
         return None
     for name in SCENARIO_COMMANDS:
         other = group.get_command(root, name) if name != command.name else None
-        if other is not None and any(isinstance(q, click.Option) and (q.name not in NOT_SCENARIO or q.name in ONCE_SAVED)
-                                     and f"--{key}" in q.opts for q in other.params):
-            return name
+        for q in other.params if other is not None else ():
+            if isinstance(q, click.Option) and (q.name not in NOT_SCENARIO or q.name in ONCE_SAVED) \
+                    and f"--{key}" in q.opts:
+                return name, q
     return None
 
 
