@@ -318,7 +318,7 @@ def _kv_capacity_line(ax, capacity: int, peak: float, handles=()) -> float:
     share = peak / capacity
     in_view = share >= KV_CAPACITY_IN_VIEW
     label = (f"KV capacity ({capacity:,} blocks)" if in_view
-             else f"KV capacity ({capacity:,} blocks, above the axis: peak {100 * share:.2g} %)")
+             else f"KV capacity ({capacity:,} blocks: off the top, the axis reaches {100 * share:.2g} % of it)")
     line = ax.axhline(capacity, color="black", ls="--", lw=1.2, label=label)
     _kv_legend(ax, [*handles, line])
     right = ax.secondary_yaxis("right", functions=(lambda b: 100.0 * b / capacity, lambda p: p * capacity / 100.0))
@@ -338,7 +338,7 @@ def _fullest_worker(series: pd.DataFrame) -> str:
     peak over its steps): the stacked panel shows the cluster, where one full worker hides."""
     peaks = series.groupby("worker")["vllm:kv_cache_usage_perc"].max()
     worker = int(peaks.idxmax())
-    return f"fullest: worker {worker}, {100 * float(peaks[worker]):.1f} % of its blocks at peak"
+    return f"the fullest, worker {worker}, peaked at {100 * float(peaks[worker]):.1f} % of its own blocks"
 
 
 def series_figure(series: pd.DataFrame, title: str = "", bins: int = 200,

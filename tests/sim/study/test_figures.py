@@ -127,13 +127,13 @@ def test_series_figure_leaves_out_empty_preemptions_and_draws_kv_capacity():
     kv = next(ax for ax in fig.axes if ax.get_title().startswith("KV blocks used"))
     peaks = calm.groupby("worker")["vllm:kv_cache_usage_perc"].max()
     fullest = int(peaks.idxmax())
-    assert kv.get_title() == (f"KV blocks used (fullest: worker {fullest}, {100 * peaks[fullest]:.1f} % of its blocks "
-                              "at peak)")
+    assert kv.get_title() == (f"KV blocks used (the fullest, worker {fullest}, peaked at {100 * peaks[fullest]:.1f} % "
+                              "of its own blocks)")
     capacity = 2 * (profile.engine.num_gpu_blocks - 1)
     assert kv_capacity_blocks(calm) == {0: profile.engine.num_gpu_blocks - 1, 1: profile.engine.num_gpu_blocks - 1}
     (line,) = [ln for ln in kv.get_lines() if ln.get_label().startswith("KV capacity")]
     assert line.get_ydata()[0] == capacity
-    assert "above the axis" in line.get_label()  # a few hundred blocks used of 65k: the axis follows the use
+    assert "off the top, the axis reaches" in line.get_label()  # a few hundred blocks used of 65k: the axis follows the use
     for ax in fig.axes:
         if ax.get_title():
             assert ax.get_ylabel(), ax.get_title()
@@ -144,8 +144,8 @@ def test_series_figure_leaves_out_empty_preemptions_and_draws_kv_capacity():
     assert "preemptions (cumulative)" in [ax.get_title() for ax in fig.axes]
     kv = next(ax for ax in fig.axes if ax.get_title().startswith("KV blocks used"))
     peaks = tight.groupby("worker")["vllm:kv_cache_usage_perc"].max()  # preempting: one worker near full
-    assert peaks.max() > 0.99 and kv.get_title() == (f"KV blocks used (fullest: worker {int(peaks.idxmax())}, "
-                                                     f"{100 * peaks.max():.1f} % of its blocks at peak)")
+    assert peaks.max() > 0.99 and kv.get_title() == (f"KV blocks used (the fullest, worker {int(peaks.idxmax())}, "
+                                                     f"peaked at {100 * peaks.max():.1f} % of its own blocks)")
     (line,) = [ln for ln in kv.get_lines() if ln.get_label().startswith("KV capacity")]
     assert line.get_label() == "KV capacity (398 blocks)" and kv.get_ylim()[1] >= 398
 
