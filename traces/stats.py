@@ -58,6 +58,11 @@ def resolve_hash_ids(trace: Trace) -> list[tuple[int, ...]]:
     return out
 
 
+NO_PREFIX_ORIGINS = ("azure_csv", "burstgpt", "vllm_bench_serve")
+"""``Trace.metadata["origin"]`` of the formats whose files carry lengths but no prefix (no hash
+ids, no text): their readers give each request fresh block ids, so no block repeats."""
+
+
 def trace_stats(trace: Trace) -> dict:
     """Summary figures of a trace.
 
@@ -71,7 +76,8 @@ def trace_stats(trace: Trace) -> dict:
         A dict (insertion-ordered for :func:`format_stats`) with keys ``source``, ``records``,
         ``sessions`` (distinct non-None ``session_id``; only present when any record has one),
         ``block_size`` (tokens), ``input_tokens_{mean,p50,p90,max}``,
-        ``output_tokens_{mean,p50,p90,max}`` (tokens), ``distinct_block_ids``,
+        ``output_tokens_{mean,p50,p90,max}`` (tokens), ``block_ids`` (only for a format without
+        prefix information, :data:`NO_PREFIX_ORIGINS`: its ids are made up), ``distinct_block_ids``,
         ``block_references`` (total ids over all records), ``repeated_references``,
         ``repeat_share_pct`` (= 100 * repeated / references; 0.0 for no references) and
         ``duration_s`` (last minus first ``timestamp_ms``, in s; 0.0 for closed-loop traces
@@ -100,6 +106,8 @@ def trace_stats(trace: Trace) -> dict:
         references += len(ids)
         repeated += sum(1 for h in ids if h in seen)
         seen.update(ids)
+    if trace.metadata.get("origin") in NO_PREFIX_ORIGINS:
+        stats["block_ids"] = "fresh per request (the file has no prefix information)"
     stats["distinct_block_ids"] = len(seen)
     stats["block_references"] = references
     stats["repeated_references"] = repeated
@@ -122,6 +130,7 @@ _LABELS = {
     "output_tokens_p50": "output tokens, p50",
     "output_tokens_p90": "output tokens, p90",
     "output_tokens_max": "output tokens, max",
+    "block_ids": "block ids",
     "distinct_block_ids": "distinct block ids",
     "block_references": "block references",
     "repeated_references": "repeat an earlier request",

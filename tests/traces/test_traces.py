@@ -66,6 +66,7 @@ def test_azure_conv_loads():
     stats = trace_stats(trace)
     assert stats["repeated_references"] == 0  # no prefix information: nothing shared
     assert stats["distinct_block_ids"] == stats["block_references"]
+    assert stats["block_ids"] == "fresh per request (the file has no prefix information)"  # the ids are made up
 
 
 def test_azure_errors_name_line_and_field(tmp_path):
