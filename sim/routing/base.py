@@ -167,7 +167,17 @@ def load_user_policies() -> None:
             spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[name]
-            raise ValueError(f"KVROUTE_POLICY_FILES: {path} failed to import: {exc}") from exc
+            lines = [tb.tb_lineno for tb in _frames(exc.__traceback__)
+                     if os.path.realpath(tb.tb_frame.f_code.co_filename) == os.path.realpath(path)]
+            at = f" at line {lines[-1]}" if lines and not isinstance(exc, SyntaxError) else ""  # a SyntaxError says it
+            raise ValueError(f"KVROUTE_POLICY_FILES: {path} failed to import{at}: {exc}") from exc
+
+
+def _frames(tb):
+    """The frames of a traceback, outermost first."""
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
 
 
 def _user_files_note() -> str:

@@ -75,6 +75,11 @@ def test_a_missing_or_broken_user_policy_file_is_a_one_line_error(tmp_path: Path
     result = CliRunner().invoke(cli, ["policies"], env={"KVROUTE_POLICY_FILES": str(broken)})
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: KVROUTE_POLICY_FILES: {broken} failed to import: invalid syntax")
+    unimportable = tmp_path / "unimportable.py"  # the line of a failed import (a SyntaxError names its own)
+    unimportable.write_text("import os\n\nimport kvroute_no_such_module\n")
+    result = CliRunner().invoke(cli, ["policies"], env={"KVROUTE_POLICY_FILES": str(unimportable)})
+    assert (result.exit_code, result.output) == (1, f"Error: KVROUTE_POLICY_FILES: {unimportable} failed to import at "
+                                                    "line 3: No module named 'kvroute_no_such_module'\n")
     (tmp_path / "notes.txt").write_text("x = 1\n")
     for path, reason in ((tmp_path, "is a folder, not a file"), (tmp_path / "notes.txt", "is not a Python file (.py)")):
         result = CliRunner().invoke(cli, ["policies"], env={"KVROUTE_POLICY_FILES": str(path)})
