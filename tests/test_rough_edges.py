@@ -46,6 +46,23 @@ def test_table_shows_share_changes_in_points_and_others_in_percent():
     assert lines[3].split()[-1] == "-50.0%"
 
 
+def test_a_metric_no_policy_has_is_left_out_of_the_tables():
+    """Single-turn requests printed four later-turn TTFT rows of '-' under every policy."""
+    from kvroute.sim.study.experiment import Comparison, format_table
+    from kvroute.sim.study.report_tables import compare_table
+
+    def iv(hit):
+        return summarize_rounds([{"hit_rate": hit, "later_ttft_mean_s": math.nan}])
+    summaries = pd.DataFrame([{"policy": p, "hit_rate": 0.4, "later_ttft_mean_s": math.nan} for p in "ab"])
+    comparison = Comparison(["a", "b"], {}, summaries, {"a": iv(0.4), "b": iv(0.5)})
+    lines = format_table(comparison, ["hit_rate", "later_ttft_mean_s"]).splitlines()
+    assert [line.split("  ")[0] for line in lines[2:]] == ["hit rate (cached/prompt tokens)"]
+    doc = {"policies": {p: {"hit_rate": {"mean": h, "low": h, "high": h, "rounds": [h]},
+                            "later_ttft_mean_s": {"mean": None, "low": None, "high": None, "rounds": [None]}}
+                        for p, h in (("a", 0.4), ("b", 0.5))}}
+    assert [row[0] for row in compare_table(doc).rows] == ["hit rate (cached/prompt tokens)"]
+
+
 def test_table_shows_a_clipped_interval_as_its_ends():
     from kvroute.sim.study.experiment import _fmt_interval
 

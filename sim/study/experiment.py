@@ -290,7 +290,8 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
     ``figure_style.short_names``; mean ± 95% half-width
     over rounds, or ``mean [low, high]`` where the interval was clipped to possible values), and
     after each non-baseline policy its change against the first: percent, or for a share
-    (hit rate, goodput share) percentage points (``+3.8 pp``), never a percent of a percent."""
+    (hit rate, goodput share) percentage points (``+3.8 pp``), never a percent of a percent. A
+    metric no policy has a value of (later-turn TTFT on single-turn requests) is left out."""
     from kvroute.sim.study.figure_style import short_names
 
     metrics = metrics or list(SUMMARY_METRICS)
@@ -302,6 +303,8 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
             header.append(f"Δ vs {names[comparison.policies[0]]}")
     rows = [header]
     for m in metrics:
+        if all(math.isnan(comparison.interval_rows[p][m]["mean"]) for p in comparison.policies):
+            continue
         row = [SUMMARY_METRICS[m]]
         for i, p in enumerate(comparison.policies):
             iv = comparison.interval_rows[p][m]
@@ -543,15 +546,20 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
     """``format_table``'s layout with, after each policy, its 95 % interval including model
     uncertainty (``UncertainComparison.mean_interval``), and after each change, the change's
     (``UncertainComparison.change_interval``)."""
+    from kvroute.sim.study.figure_style import short_names
+
     metrics = metrics or list(SUMMARY_METRICS)
-    base, first = result.base, result.policies[0]
+    base = result.base
+    names = short_names(result.policies)  # a config file's path cut to its name
     header = ["metric"]
     for i, p in enumerate(result.policies):
-        header += [f"{p} (seeds)", "with model unc."]
+        header += [f"{names[p]} (seeds)", "with model unc."]
         if i:
-            header += [f"Δ vs {first}", "Δ with model unc."]
+            header += [f"Δ vs {names[result.policies[0]]}", "Δ with model unc."]
     rows = [header]
     for m in metrics:
+        if all(math.isnan(base.interval_rows[p][m]["mean"]) for p in result.policies):
+            continue
         row = [SUMMARY_METRICS[m]]
         for i, p in enumerate(result.policies):
             iv = base.interval_rows[p][m]

@@ -12,7 +12,7 @@ def compare_table(doc: dict, note: str = "") -> Table:
     a row per metric, a column per policy (``mean ± half`` or ``mean [low, high]``, cells carrying
     ``data-mean``, ``data-low``, ``data-high`` and ``data-rounds``), and after each policy but the
     first its change against the first (``data-value``: ``change_vs_baseline_pct``, or ``_pp``
-    for shares)."""
+    for shares). A metric no policy has a value of is left out."""
     from kvroute.sim.cluster.metrics import SUMMARY_METRICS
     from kvroute.sim.study.experiment import format_change_range, format_interval
 
@@ -26,6 +26,8 @@ def compare_table(doc: dict, note: str = "") -> Table:
             header += [f"Δ vs {policies[0]}"] + (["Δ with model unc."] if uncertain else [])
     rows = []
     for metric in metrics:
+        if all(doc["policies"][p].get(metric, {}).get("mean") is None for p in policies):
+            continue  # no policy has a value (later-turn TTFT on single-turn requests), as the printed table
         row: list[Cell | str] = [SUMMARY_METRICS.get(metric, metric)]
         for i, policy in enumerate(policies):
             entry = doc["policies"][policy].get(metric, {})
