@@ -514,7 +514,8 @@ def _step_costs(
 
 def _profile_name(gpu: GpuSpec, model: ModelSpec, s: _Settings) -> str:
     """The profile's name: ``<gpu>-<model>``, then ``-tp<N>``, ``-fp8``, ``-kvfp8``, ``-vllm<x.y>``,
-    ``-block<N>`` and ``-mem<u>`` for each setting that is not the plain or the release's default."""
+    ``-block<N>``, ``-mem<u>`` and ``-len<N>`` for each setting that is not the plain or the
+    release's default (``max_model_len``'s: the model's ``max_position_embeddings``)."""
     tp, dtype, kv_cache_dtype, release = s.tp, s.dtype, s.kv_cache_dtype, s.release
     suffix = (f"-tp{tp}" if tp > 1 else "") + ("-fp8" if dtype == "fp8" else "") + (
         "-kvfp8" if kv_cache_dtype == "fp8" else "")
@@ -522,7 +523,8 @@ def _profile_name(gpu: GpuSpec, model: ModelSpec, s: _Settings) -> str:
     return f"{gpu.short_name}-{model.short_name}{suffix}" + (
         "" if family(s.vllm_version) == family(STUDY) else f"-vllm{family(s.vllm_version)}") + (
         "" if s.block_size == release.block_size else f"-block{s.block_size}") + (
-        "" if s.gpu_memory_utilization == release.gpu_memory_utilization else f"-mem{s.gpu_memory_utilization:g}")
+        "" if s.gpu_memory_utilization == release.gpu_memory_utilization else f"-mem{s.gpu_memory_utilization:g}") + (
+        "" if s.max_model_len == model.max_position_embeddings else f"-len{s.max_model_len}")
 
 
 def _weight_dtype_text(dtype: str) -> str:

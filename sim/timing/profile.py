@@ -190,8 +190,9 @@ class MemoryModel:
             raise ValueError(f"{blocks:,} KV blocks fit, more than the {KV_BLOCKS.maximum:,} a worker may hold "
                              "(a 32-bit block id); check the memory section's byte counts")
         budget = (f"{self.gpu_memory_bytes * gpu_memory_utilization / 2**30:.1f} GiB at utilisation "
-                  f"{gpu_memory_utilization} minus weights {self.weight_bytes / 2**30:.1f} GiB and activations "
-                  f"{(self.activation_peak_bytes + self.non_torch_bytes) / 2**30:.1f} GiB")
+                  f"{gpu_memory_utilization} minus weights {self.weight_bytes / 2**30:.1f} GiB, activations "
+                  f"{self.activation_peak_bytes / 2**30:.1f} GiB and non-torch memory "
+                  f"{self.non_torch_bytes / 2**30:.1f} GiB")
         if blocks < 2 and free > 0:  # memory is left, but a block is too large for two of them to fit
             raise KVBlockTooLarge(
                 f"no KV cache fits: one KV block takes {self.kv_bytes_per_block:,} bytes "

@@ -67,7 +67,7 @@ def test_derive_takes_the_newest_releases_defaults_unless_told(tmp_path):
     assert profile.name == "h100-80gb-llama-3.1-70b-tp4-vllm0.34"  # not the name of a 0.11 prior
 
 
-def test_derive_takes_a_block_size_and_memory_share_and_names_them(tmp_path):
+def test_derive_takes_a_block_size_memory_share_and_length_and_names_them(tmp_path):
     """The llm-d 37-capacity setting: vLLM 0.11 with 64-token blocks (the precise scorer's
     blockSize) gives bench/published/REPORT.md's 7,375 blocks; a share of 0.85 of 1.0's memory."""
     from kvroute.sim.timing.profile import load_profile
@@ -84,6 +84,10 @@ def test_derive_takes_a_block_size_and_memory_share_and_names_them(tmp_path):
     assert result.exit_code == 0, result.output
     profile = load_profile(out)
     assert profile.gpu_memory_utilization == 0.85 and profile.name == "h100-80gb-llama-3.1-70b-tp4-vllm0.34-mem0.85"
+    result = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "Llama-3.1-70B",
+                                      "--tp", "4", "--max-model-len", "16384", "--out", str(out)])
+    assert result.exit_code == 0, result.output  # two lengths wrote one file name
+    assert load_profile(out).name == "h100-80gb-llama-3.1-70b-tp4-vllm0.34-len16384"
     bad = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "Llama-3.1-70B",
                                    "--block-size", "0", "--out", str(out)])
     assert bad.exit_code == 2 and "--block-size" in bad.output
@@ -135,8 +139,8 @@ def test_derive_names_a_block_larger_than_the_kv_memory(tmp_path):
     assert result.exit_code == 1 and not (tmp_path / "x.json").exists()
     assert result.output == (
         "Error: no KV cache fits: one KV block takes 131,072,000,000 bytes (122.1 GiB), and the memory left for the "
-        "KV cache, 62.7 GiB (79.6 GiB at utilisation 1.0 minus weights 15.0 GiB and activations 2.0 GiB), holds 0 "
-        "of them; at least 2 are needed (vLLM keeps one as its null block) (a smaller --block-size, or fewer bytes "
+        "KV cache, 62.7 GiB (79.6 GiB at utilisation 1.0 minus weights 15.0 GiB, activations 1.5 GiB and non-torch "
+        "memory 0.5 GiB), holds 0 of them; at least 2 are needed (vLLM keeps one as its null block) (a smaller --block-size, or fewer bytes "
         "per block: more GPUs with --tp, fp8 with --kv-cache-dtype)\n")
 
 
