@@ -213,6 +213,12 @@ def test_03_long_histories_evictions_goodput_and_cost(tmp_path):
                     "'lowest': [lowest_interval(fig_kv), lowest_interval(fig_cost)], "
                     "'overflowing': overflowing_labels(fig_kv) + overflowing_labels(fig_cost)}")
     assert min(out["lowest"]) >= 0, "an interval below zero"
+    # the tables show the figures' intervals: a cost and a count clipped at zero as a time is
+    assert min(r[f"{m}_low"] for r in out["iv"] for m in ("num_evictions", "usd_per_mtok_output",
+                                                          "usd_per_mtok_total")) == 0.0
+    cost_cell = next(c for c in book.cells if "cost = iv.assign(" in c.source)
+    shown = "".join(o["data"]["text/plain"] for o in cost_cell.outputs if o.output_type == "display_data")
+    assert "$ / M output tokens" in shown and "[-" not in shown
     assert out["overflowing"] == []
     sweep_cell = next(c for c in book.cells if "frame = sweep(" in c.source)
     assert [o["data"]["text/plain"].split(" in ")[0] for o in sweep_cell.outputs if o.output_type == "display_data"

@@ -33,7 +33,7 @@ from kvroute.sim.cluster.cluster import simulate
 from kvroute.sim.cluster.eviction import evicted_history_tokens, parent_links
 from kvroute.sim.study.executors import EXECUTORS, Stop, interrupts_as_keyboard, run_tasks
 from kvroute.sim.study.progress import progress_bar
-from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass, summarize, summarize_rounds
+from kvroute.sim.cluster.metrics import METRIC_BOUNDS, SUMMARY_METRICS, ServiceClass, summarize, summarize_rounds
 from kvroute.sim.routing.policy_errors import PolicyError
 from kvroute.sim.study.scenario import (  # noqa: F401 - Scenario's names, also this module's
     GENERATOR_FIELDS, SCENARIO_FIELDS, WORKLOADS, Scenario, ScenarioError,
@@ -52,6 +52,10 @@ COUNTER_COLUMNS: dict[str, str] = {
     "busy_time_s": "GPU busy time, all workers (s)",
 }
 """Columns a row has besides the scenario fields and ``SUMMARY_METRICS``."""
+
+COLUMN_BOUNDS: dict[str, tuple[float, float]] = {**METRIC_BOUNDS, **dict.fromkeys(COUNTER_COLUMNS, (0.0, math.inf))}
+"""Possible values of a row's metrics: ``METRIC_BOUNDS`` and the counters' (counts and a busy time,
+never below 0); :func:`intervals` clips to them."""
 
 
 def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = ServiceClass()) -> dict[str, Any]:
@@ -257,7 +261,7 @@ def group_columns(frame: pd.DataFrame) -> list[str]:
 
 
 def intervals(frame: pd.DataFrame, metrics: list[str] | None = None, by: list[str] | None = None,
-              confidence: float = 0.95) -> pd.DataFrame:
+              confidence: float = 0.95, bounds: dict[str, tuple[float, float]] | None = None) -> pd.DataFrame:
     """Mean and Student-t interval over rounds of ``metrics`` for each scenario of a sweep.
 
     Args:
@@ -265,6 +269,9 @@ def intervals(frame: pd.DataFrame, metrics: list[str] | None = None, by: list[st
         metrics: columns to summarise (default: every ``SUMMARY_METRICS`` key).
         by: columns naming a scenario (default: the scenario fields that vary, without seed).
         confidence: two-sided confidence of the interval.
+        bounds: possible values of columns added to the rows, ``{column: (low, high)}`` (a cost
+            from :func:`cost_per_million_tokens`: ``(0, math.inf)``), over :data:`COLUMN_BOUNDS`;
+            a column in neither is not clipped.
 
     Returns:
         One row per scenario: the ``by`` columns, ``rounds`` (runs that did not fail), and
@@ -274,6 +281,7 @@ def intervals(frame: pd.DataFrame, metrics: list[str] | None = None, by: list[st
     """
     metrics = metrics or list(SUMMARY_METRICS)
     by = group_columns(frame) if by is None else by
+    bounds = {**COLUMN_BOUNDS, **(bounds or {})}
     out = []
     groups = frame.groupby(by, sort=False, dropna=False) if by else [((), frame)]
     for key, group in groups:
@@ -281,7 +289,7 @@ def intervals(frame: pd.DataFrame, metrics: list[str] | None = None, by: list[st
         if "status" in group:  # failed runs (infeasible grid points) have no metrics
             group = group[group["status"] != "failed"]
         records = group[metrics].to_dict("records") or [dict.fromkeys(metrics, math.nan)]
-        iv = summarize_rounds(records, confidence)
+        iv = summarize_rounds(records, confidence, bounds)
         row = dict(zip(by, key))
         row["rounds"] = len(group)
         for m in metrics:

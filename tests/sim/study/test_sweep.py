@@ -144,6 +144,21 @@ def test_intervals_use_summarize_rounds():
     assert iv.loc[0, "time_to_complete_s"] == expected.loc["time_to_complete_s", "mean"]
 
 
+def test_intervals_clip_counters_and_given_columns_to_their_possible_values():
+    from scipy.stats import t
+
+    # two rounds, 0 and 30: mean 15 and a half-width of 15 t(0.975, 1) = 190.6, far below zero
+    frame = pd.DataFrame({"policy": ["kv_aware"] * 2, "num_evictions": [0, 30], "usd_per_mtok_output": [0.0, 30.0]})
+    high = 15.0 + 15.0 * t.ppf(0.975, 1)
+    iv = intervals(frame, ["num_evictions", "usd_per_mtok_output"], by=["policy"],
+                   bounds={"usd_per_mtok_output": (0.0, math.inf)})  # a cost, as notebook 03 gives it
+    for column in ("num_evictions", "usd_per_mtok_output"):
+        assert iv.loc[0, column] == 15.0 and iv.loc[0, f"{column}_low"] == 0.0
+        assert iv.loc[0, f"{column}_high"] == pytest.approx(high, rel=1e-12)
+    unknown = intervals(frame, ["usd_per_mtok_output"], by=["policy"])  # a column of no known bounds
+    assert unknown.loc[0, "usd_per_mtok_output_low"] == pytest.approx(15.0 - 15.0 * t.ppf(0.975, 1), rel=1e-12)
+
+
 def test_cost_per_million_tokens():
     frame = pd.DataFrame({"workers": [2, 2], "gpus": [None, 1], "time_to_complete_s": [3600.0, 1800.0],
                           "output_tokens": [500_000, 0], "prompt_tokens": [1_500_000, 0]})
