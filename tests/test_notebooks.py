@@ -15,6 +15,7 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 from kvroute.cli.sim_commands import compare as compare_command  # noqa: E402
+from kvroute.sim.study.experiment import format_interval  # noqa: E402
 from kvroute.sim.study.sweep import Scenario, cost_per_million_tokens, grid, intervals, sweep  # noqa: E402
 from tests.support.paths import ROOT, SHARED_TRACES  # noqa: E402
 
@@ -282,7 +283,8 @@ def test_06_routers_tables_are_the_sweep(tmp_path):
     mooncake = SHARED_TRACES / "mooncake" / "conversation_trace.jsonl"
     params = SMALL["06_routers"] + f"MOONCAKE = {str(mooncake)!r}\n"
     book, out = run("06_routers", tmp_path, params,
-                    "{'policies': policies_iv.to_dict('records'), 'delay': delay_iv.to_dict('records'), "
+                    "{'policies': policies_iv.to_dict('records'), 'policies_table': policies_table.to_dict('records'), "
+                    "'delay': delay_iv.to_dict('records'), "
                     "'gateways': gateway_iv.to_dict('records'), "
                     "'mooncake': None if mooncake is None else mooncake.to_dict('records')}")
     assert not any(tmp_path.iterdir())
@@ -293,6 +295,11 @@ def test_06_routers_tables_are_the_sweep(tmp_path):
     for row, want in zip(out["policies"], expected.to_dict("records")):
         assert (row["policy"], row["time_to_complete_s"], row["hit_rate"]) == (
             want["policy"], want["time_to_complete_s"], want["hit_rate"])
+    # the table's cells are kvroute compare's: a time's interval clipped at zero shows its ends, not a ±
+    for row, want in zip(out["policies_table"], expected.to_dict("records")):
+        for m in ("time_to_complete_s", "hit_rate"):
+            assert row[m] == format_interval(want[m], want[f"{m}_low"], want[f"{m}_high"], 2), (row["policy"], m)
+    assert all(row["time_to_complete_s"].endswith("]") for row in out["policies_table"])  # 2 rounds reach 0 s
     assert [(r["policy"], r["delay_ms"]) for r in out["delay"]] == [("dynamo", 0), ("dynamo", 200)]
     arrangements = [r["arrangement"] for r in out["gateways"]]
     assert arrangements == ["1 gateway", "2 gateways, local state", "2 gateways, shared store 50 ms",
