@@ -69,6 +69,17 @@ def overflowing_labels(fig):
             if outside or longer:
                 bad.append(text.get_text())
     return bad
+
+
+def tick_labels(ax, axis="y"):
+    # The labels ``ax`` shows on ``axis``: its major and minor ticks' inside its limits, drawn off screen.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(ax.figure).draw()
+    low, high = sorted(getattr(ax, f"get_{axis}lim")())
+    along = 0 if axis == "x" else 1
+    return [t.get_text() for minor in (False, True) for t in getattr(ax, f"get_{axis}ticklabels")(minor=minor)
+            if t.get_text() and low <= t.get_position()[along] <= high]
 '''
 
 
@@ -246,9 +257,14 @@ def test_03_long_histories_evictions_goodput_and_cost(tmp_path):
 
 
 def test_04_calibration_runs_with_or_without_the_profile(tmp_path):
-    book, out = run("04_calibration", tmp_path, check="{'found': profile is not None, 'rows': list(coefficients.index)}")
+    book, out = run("04_calibration", tmp_path, check="{'found': profile is not None, 'rows': list(coefficients.index), "
+                                                       "'ticks': [tick_labels(ax_prefill), tick_labels(ax_decode)]}")
     assert out["rows"] == ["step_overhead_s", "weight_load_s", "per_token_s", "per_request_s",
                            "prefill_attn_s", "decode_attn_s"]
+    # step times on log axes labelled as plain numbers, no minor tick labelled 2×10^0
+    assert not any("times" in label or "^" in label for labels in out["ticks"] for label in labels)
+    if out["found"]:
+        assert out["ticks"] == [["2", "5", "10", "20", "50", "100", "200"], ["2", "5", "10", "20", "50"]]
     if not out["found"]:
         assert "not yet available" in printed(book)
     assert not any(tmp_path.iterdir())
