@@ -15,6 +15,7 @@ import base64
 import html
 import io
 import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -81,9 +82,12 @@ class Report:
 
 
 def exact(value) -> str:
-    """A number as the JSON writer writes it (``repr`` of the float; ``null`` for None or NaN)."""
+    """A number as the JSON writer writes it: an integer's digits (``3``, a count of rounds), the
+    ``repr`` of a float (``3.0``); ``null`` for None or NaN."""
     if value is None:
         return "null"
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))
     value = float(value)
     return "null" if math.isnan(value) else repr(value)
 

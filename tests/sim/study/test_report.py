@@ -2,9 +2,10 @@
 
 import math
 
+import numpy as np
 from matplotlib.figure import Figure
 
-from kvroute.sim.study.report import Cell, Report, Table, exact, render
+from kvroute.sim.study.report import Cell, Report, Table, exact, render, table_html
 from kvroute.sim.study.report_tables import compare_table
 
 
@@ -15,7 +16,8 @@ def _figure() -> Figure:
 
 
 def test_exact_writes_numbers_as_json_does():
-    assert [exact(0.1 + 0.2), exact(3), exact(None), exact(math.nan)] == ["0.30000000000000004", "3.0", "null", "null"]
+    assert [exact(0.1 + 0.2), exact(3), exact(3.0), exact(np.int64(3)), exact(None), exact(math.nan)] == [
+        "0.30000000000000004", "3", "3.0", "3", "null", "null"]
 
 
 def test_page_is_self_contained_and_escapes_text():
@@ -43,4 +45,5 @@ def test_compare_table_cells_are_the_json_values():
     assert row[0] == "hit rate (cached/prompt tokens)"
     assert [c.text for c in row[1:]] == ["0.500 ± 0.100", "0.700 ± 0.050", "+20.0 pp"]
     assert row[2].values == {"mean": 0.7, "low": 0.65, "high": 0.75, "rounds": 2}
+    assert '<td class="num" data-mean="0.7" data-low="0.65" data-high="0.75" data-rounds="2">' in table_html(table)
     assert row[3].values == {"value": 20.0}
