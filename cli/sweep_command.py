@@ -23,8 +23,9 @@ from kvroute.traces.inputs import RUNS
 from kvroute.traces.outputs import atomic_output, check_output
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass
 from kvroute.sim.timing.profile import load_profile
-from kvroute.sim.study.sweep import (COUNTER_COLUMNS, Scenario, ScenarioError, SweepInterrupted, grid, intervals,
-                                    lead_ttft, sweep)
+from kvroute.sim.study.experiment import format_interval, whole_counts
+from kvroute.sim.study.sweep import (COUNT_COLUMNS, COUNTER_COLUMNS, Scenario, ScenarioError, SweepInterrupted, grid,
+                                    intervals, lead_ttft, sweep)
 
 DEFAULT_SHOW = "time_to_complete_s,later_ttft_mean_s,later_ttft_p90_s,hit_rate"
 """``--show``'s default; on rows without later turns its later-turn TTFTs become all-turn ones
@@ -57,24 +58,14 @@ def _check_profiles(names: list[str]) -> None:
 
 
 def pivot_table(frame: pd.DataFrame, metric: str) -> str:
-    """``metric``'s mean ± 95% half-width over rounds: a row per scenario, a column per policy."""
+    """``metric``'s mean ± 95% half-width over rounds (``mean [low, high]`` where clipped to possible
+    values; a count's whole means without decimals: ``experiment.format_interval``, as compare's
+    table): a row per scenario, a column per policy."""
     iv = intervals(frame, [metric])
     by = [c for c in iv.columns if c not in ("rounds", metric, f"{metric}_low", f"{metric}_high")]
-    values = iv[metric].dropna()
-    integral = len(values) > 0 and bool((values == values.round()).all())
-
-    def cell(row) -> str:
-        if math.isnan(row[metric]):
-            return "-"
-        mean, low, high = row[metric], row[f"{metric}_low"], row[f"{metric}_high"]
-        digits = 0 if integral else 3 if abs(mean) < 10 else 1  # per cell, as compare's table
-        if row["rounds"] > 1 and not math.isclose(mean - low, high - mean, rel_tol=1e-9, abs_tol=1e-12):
-            return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"  # clipped to possible values
-        if row["rounds"] > 1:
-            return f"{mean:.{digits}f} ± {high - mean:.{digits}f}"
-        return f"{mean:.{digits}f}"
-
-    iv["cell"] = iv.apply(cell, axis=1)
+    whole = whole_counts(metric, iv[metric], COUNT_COLUMNS)
+    iv["cell"] = [format_interval(row[metric], row[f"{metric}_low"], row[f"{metric}_high"], int(row["rounds"]), whole)
+                  for _, row in iv.iterrows()]
     index = [c for c in by if c != "policy"]
     if "policy" in by and index:
         table = iv.pivot(index=index, columns="policy", values="cell")[list(dict.fromkeys(iv["policy"]))]

@@ -71,6 +71,23 @@ def test_table_shows_a_clipped_interval_as_its_ends():
     assert _fmt_interval(0.9, 0.6, 1.0, 1) == "0.900"
 
 
+def test_tables_show_whole_counts_without_decimals():
+    from kvroute.sim.study.experiment import Comparison, format_table, whole_counts
+
+    rounds = {"a": [{"failed": 320.0, "preemptions": 0.0, "ttft_mean_s": 2.0}] * 2,
+              "b": [{"failed": 320.0, "preemptions": 1.0, "ttft_mean_s": 1.0},
+                    {"failed": 320.0, "preemptions": 2.0, "ttft_mean_s": 1.0}]}
+    summaries = pd.DataFrame([{"policy": p, **r} for p, rows in rounds.items() for r in rows])
+    comparison = Comparison(["a", "b"], {}, summaries, {p: summarize_rounds(rows) for p, rows in rounds.items()})
+    lines = format_table(comparison, ["failed", "preemptions", "ttft_mean_s"]).splitlines()
+    assert lines[2].split() == ["failed", "requests", "320", "±", "0", "320", "±", "0", "+0.0%"]  # was 320.0 ± 0.0
+    # a count whose rounds disagree (1.5 preemptions on average) keeps its digits in the whole row
+    assert lines[3].split() == ["preemptions", "0.000", "±", "0.000", "1.500", "[0.000,", "7.853]"]
+    assert lines[4].split() == ["TTFT", "mean", "(s)", "2.000", "±", "0.000", "1.000", "±", "0.000", "-50.0%"]
+    assert whole_counts("failed", [320.0, math.nan, None]) and not whole_counts("failed", [math.nan])
+    assert not whole_counts("ttft_mean_s", [2.0, 1.0])  # a time that happens to be whole is not a count
+
+
 def test_infeasible_grid_points_are_failed_rows_and_the_sweep_goes_on():
     from kvroute.sim.study.sweep import Scenario, grid, intervals, sweep
 

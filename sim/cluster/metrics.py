@@ -374,6 +374,10 @@ fall by more than 100 %."""
 SHARE_METRICS = ("hit_rate", "goodput_share")
 """Metrics that are shares in [0, 1]: their changes are shown in percentage points."""
 
+COUNT_METRICS = ("preemptions", "failed")
+"""Metrics that count (preemptions, failed requests): a table shows their whole means without
+decimals (``kvroute.sim.study.experiment.whole_counts``)."""
+
 
 def change_pct(value: float, base: float) -> float:
     """Relative change of ``value`` against ``base``, percent: ``100 (value - base) / base``; NaN

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvroute.sim.cluster.cluster import ClusterSpec, simulate
-from kvroute.sim.cluster.metrics import (METRIC_BOUNDS, SHARE_METRICS, SUMMARY_METRICS, RunResult, ServiceClass,
+from kvroute.sim.cluster.metrics import (COUNT_METRICS, METRIC_BOUNDS, SHARE_METRICS, SUMMARY_METRICS, RunResult,
+                                         ServiceClass,
                                          change_bounds, change_of, one_round_intervals, summarize,
                                          summarize_rounds)
 from kvroute.sim.timing.uncertainty import PRIOR_RANGE
@@ -306,9 +307,10 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
         if all(math.isnan(comparison.interval_rows[p][m]["mean"]) for p in comparison.policies):
             continue
         row = [SUMMARY_METRICS[m]]
+        whole = whole_counts(m, [comparison.interval_rows[p][m]["mean"] for p in comparison.policies])
         for i, p in enumerate(comparison.policies):
             iv = comparison.interval_rows[p][m]
-            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"])))
+            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"]), whole))
             if i:
                 row.append(_fmt_change(comparison, p, m))
         rows.append(row)
@@ -338,19 +340,31 @@ def _tabulate(rows: list[list[str]]) -> str:
                     colalign=("left",) + ("right",) * (len(rows[0]) - 1))
 
 
-def format_interval(mean: float | None, low: float | None, high: float | None, rounds: int) -> str:
-    """A table cell as :func:`format_table` writes it (``-`` for a missing mean; None reads as NaN)."""
+def format_interval(mean: float | None, low: float | None, high: float | None, rounds: int,
+                    whole: bool = False) -> str:
+    """A table cell as :func:`format_table` writes it (``-`` for a missing mean; None reads as NaN;
+    ``whole``: without decimals, :func:`whole_counts`)."""
     nan = math.nan
     return _fmt_interval(nan if mean is None else mean, nan if low is None else low, nan if high is None else high,
-                         rounds)
+                         rounds, whole)
 
 
-def _fmt_interval(mean: float, low: float, high: float, rounds: int) -> str:
+def whole_counts(metric: str, means, counts=COUNT_METRICS) -> bool:
+    """Whether a table shows ``metric`` without decimals (``320 ± 0``, not ``320.0 ± 0.0``): it is
+    one of ``counts`` (``COUNT_METRICS``; a sweep's, ``sweep.COUNT_COLUMNS``) and every one of its
+    ``means`` in the table (None and NaN aside, at least one) is a whole number. A count whose
+    rounds disagree on a mean between whole numbers keeps the usual digits in all its cells."""
+    values = [float(v) for v in means if v is not None and not math.isnan(float(v))]
+    return metric in counts and bool(values) and all(v.is_integer() for v in values)
+
+
+def _fmt_interval(mean: float, low: float, high: float, rounds: int, whole: bool = False) -> str:
     """``mean ± half`` for a symmetric interval; ``mean [low, high]`` for one clipped to the
-    metric's possible values (``summarize_rounds``)."""
+    metric's possible values (``summarize_rounds``); 3 decimals below 10, 1 from 10, none when
+    ``whole``."""
     if math.isnan(mean):
         return "-"
-    digits = 3 if abs(mean) < 10 else 1
+    digits = 0 if whole else 3 if abs(mean) < 10 else 1
     if rounds <= 1:
         return f"{mean:.{digits}f}"
     if math.isclose(mean - low, high - mean, rel_tol=1e-9, abs_tol=1e-12):

@@ -14,7 +14,7 @@ def compare_table(doc: dict, note: str = "") -> Table:
     first its change against the first (``data-value``: ``change_vs_baseline_pct``, or ``_pp``
     for shares). A metric no policy has a value of is left out."""
     from kvroute.sim.cluster.metrics import SUMMARY_METRICS
-    from kvroute.sim.study.experiment import format_change_range, format_interval
+    from kvroute.sim.study.experiment import format_change_range, format_interval, whole_counts
 
     policies = list(doc["policies"])
     metrics = list(dict.fromkeys(m for p in policies for m in doc["policies"][p]))
@@ -29,10 +29,11 @@ def compare_table(doc: dict, note: str = "") -> Table:
         if all(doc["policies"][p].get(metric, {}).get("mean") is None for p in policies):
             continue  # no policy has a value (later-turn TTFT on single-turn requests), as the printed table
         row: list[Cell | str] = [SUMMARY_METRICS.get(metric, metric)]
+        whole = whole_counts(metric, [doc["policies"][p].get(metric, {}).get("mean") for p in policies])
         for i, policy in enumerate(policies):
             entry = doc["policies"][policy].get(metric, {})
             n = len(entry.get("rounds") or [])
-            row.append(Cell(format_interval(entry.get("mean"), entry.get("low"), entry.get("high"), n),
+            row.append(Cell(format_interval(entry.get("mean"), entry.get("low"), entry.get("high"), n, whole),
                             {"mean": entry.get("mean"), "low": entry.get("low"), "high": entry.get("high"),
                              "rounds": n}))
             if uncertain:
@@ -87,11 +88,13 @@ def grid_lines(rows) -> list[str]:
 def sweep_table(frame, metric: str, label: str) -> Table:
     """One metric of a sweep as a table: a row per scenario (the fields that vary, but the policy),
     a column per policy, each cell ``mean [low, high]`` over rounds (``sweep.intervals``, clipped
-    to possible values) with ``data-mean``, ``data-low``, ``data-high`` and ``data-rounds``."""
-    from kvroute.sim.study.experiment import format_interval
-    from kvroute.sim.study.sweep import intervals
+    to possible values; a count's whole means without decimals) with ``data-mean``, ``data-low``,
+    ``data-high`` and ``data-rounds``."""
+    from kvroute.sim.study.experiment import format_interval, whole_counts
+    from kvroute.sim.study.sweep import COUNT_COLUMNS, intervals
 
     iv = intervals(frame, [metric])
+    whole = whole_counts(metric, iv[metric], COUNT_COLUMNS)
     by = [c for c in iv.columns if c not in ("rounds", metric, f"{metric}_low", f"{metric}_high")]
     index = [c for c in by if c != "policy"]
     policies = list(dict.fromkeys(iv["policy"])) if "policy" in by else [metric]
@@ -101,7 +104,7 @@ def sweep_table(frame, metric: str, label: str) -> Table:
         key = tuple(row[c] for c in index)
         column = row["policy"] if "policy" in by else metric
         cells[key, column] = Cell(format_interval(row[metric], row[f"{metric}_low"], row[f"{metric}_high"],
-                                                  int(row["rounds"])),
+                                                  int(row["rounds"]), whole),
                                   {"mean": row[metric], "low": row[f"{metric}_low"], "high": row[f"{metric}_high"],
                                    "rounds": int(row["rounds"])})
     rows = [[*(str(k) for k in key), *(cells.get((key, p), "-") for p in policies)] for key in keys]

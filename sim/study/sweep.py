@@ -33,7 +33,8 @@ from kvroute.sim.cluster.cluster import simulate
 from kvroute.sim.cluster.eviction import evicted_history_tokens, parent_links
 from kvroute.sim.study.executors import EXECUTORS, Stop, interrupts_as_keyboard, run_tasks
 from kvroute.sim.study.progress import progress_bar
-from kvroute.sim.cluster.metrics import METRIC_BOUNDS, SUMMARY_METRICS, ServiceClass, summarize, summarize_rounds
+from kvroute.sim.cluster.metrics import (COUNT_METRICS, METRIC_BOUNDS, SUMMARY_METRICS, ServiceClass, summarize,
+                                         summarize_rounds)
 from kvroute.sim.routing.policy_errors import PolicyError
 from kvroute.sim.study.scenario import (  # noqa: F401 - Scenario's names, also this module's
     GENERATOR_FIELDS, SCENARIO_FIELDS, WORKLOADS, Scenario, ScenarioError,
@@ -52,6 +53,10 @@ COUNTER_COLUMNS: dict[str, str] = {
     "busy_time_s": "GPU busy time, all workers (s)",
 }
 """Columns a row has besides the scenario fields and ``SUMMARY_METRICS``."""
+
+COUNT_COLUMNS = (*COUNT_METRICS, *(c for c in COUNTER_COLUMNS if c != "busy_time_s"))
+"""A row's metrics that count (requests, tokens, blocks, evictions, preemptions): its tables show
+their whole means without decimals (``kvroute.sim.study.experiment.whole_counts``)."""
 
 COLUMN_BOUNDS: dict[str, tuple[float, float]] = {**METRIC_BOUNDS, **dict.fromkeys(COUNTER_COLUMNS, (0.0, math.inf))}
 """Possible values of a row's metrics: ``METRIC_BOUNDS`` and the counters' (counts and a busy time,

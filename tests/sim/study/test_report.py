@@ -47,3 +47,10 @@ def test_compare_table_cells_are_the_json_values():
     assert row[2].values == {"mean": 0.7, "low": 0.65, "high": 0.75, "rounds": 2}
     assert '<td class="num" data-mean="0.7" data-low="0.65" data-high="0.75" data-rounds="2">' in table_html(table)
     assert row[3].values == {"value": 20.0}
+
+
+def test_compare_table_shows_whole_counts_without_decimals():
+    doc = {"policies": {p: {"failed": {"mean": 320.0, "low": 320.0, "high": 320.0, "rounds": [320.0, 320.0]}}
+                        for p in ("round_robin", "kv_aware")}}
+    (row,) = compare_table(doc).rows
+    assert [c.text for c in row[1:]] == ["320 ± 0", "320 ± 0", ""]  # was 320.0 ± 0.0

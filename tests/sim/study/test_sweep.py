@@ -159,6 +159,28 @@ def test_intervals_clip_counters_and_given_columns_to_their_possible_values():
     assert unknown.loc[0, "usd_per_mtok_output_low"] == pytest.approx(15.0 - 15.0 * t.ppf(0.975, 1), rel=1e-12)
 
 
+COUNTS = pd.DataFrame({"workers": [2, 2, 4, 4] * 2, "policy": ["round_robin"] * 4 + ["kv_aware"] * 4,
+                       "num_evictions": [829, 829, 0, 30, 12, 12, 0, 0], "status": ["ok"] * 8})
+"""Two rounds per scenario of a counter: whole means, and one (15, rounds 0 and 30) whose interval
+reaches below zero."""
+
+
+def test_sweep_tables_show_whole_counts_without_decimals_and_clipped_at_zero():
+    from kvroute.cli.sweep_command import pivot_table
+    from kvroute.sim.study.report_tables import sweep_table
+
+    assert pivot_table(COUNTS, "num_evictions").splitlines() == [
+        "cached blocks evicted, all workers",
+        "         round_robin kv_aware",
+        "workers                      ",
+        "2            829 ± 0   12 ± 0",
+        "4        15 [0, 206]    0 ± 0",
+    ]
+    table = sweep_table(COUNTS, "num_evictions", "evicted")
+    assert [[c if isinstance(c, str) else c.text for c in row] for row in table.rows] == [
+        ["2", "829 ± 0", "12 ± 0"], ["4", "15 [0, 206]", "0 ± 0"]]
+
+
 def test_cost_per_million_tokens():
     frame = pd.DataFrame({"workers": [2, 2], "gpus": [None, 1], "time_to_complete_s": [3600.0, 1800.0],
                           "output_tokens": [500_000, 0], "prompt_tokens": [1_500_000, 0]})
