@@ -23,7 +23,7 @@ from kvroute.traces.inputs import RUNS
 from kvroute.traces.outputs import atomic_output, check_output
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass
 from kvroute.sim.timing.profile import load_profile
-from kvroute.sim.study.experiment import format_interval, whole_counts
+from kvroute.sim.study.experiment import format_interval, tabulate_rows, whole_counts
 from kvroute.sim.study.sweep import (COUNT_COLUMNS, COUNTER_COLUMNS, Scenario, ScenarioError, SweepInterrupted, grid,
                                     intervals, lead_ttft, sweep)
 
@@ -67,19 +67,15 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
     iv["cell"] = [format_interval(row[metric], row[f"{metric}_low"], row[f"{metric}_high"], int(row["rounds"]), whole)
                   for _, row in iv.iterrows()]
     index = [c for c in by if c != "policy"]
-    if "policy" in by and index:
+    label = SUMMARY_METRICS.get(metric) or COUNTER_COLUMNS.get(metric, metric)
+    if not index:  # one scenario: no row to label, its cells under a rule as compare's table
+        header = list(iv["policy"]) if "policy" in by else [metric]
+        return f"{label}\n{tabulate_rows([header, list(iv['cell'])], left=0)}"
+    if "policy" in by:
         table = iv.pivot(index=index, columns="policy", values="cell")[list(dict.fromkeys(iv["policy"]))]
         table.columns.name = None
-    elif "policy" in by:
-        table = iv.set_index("policy")[["cell"]].T
-        table.index = [""]
-    elif index:
-        table = iv.set_index(index)[["cell"]]
     else:
-        table = iv[["cell"]]
-        table.index = [""]
-    table = table.rename(columns={"cell": metric})
-    label = SUMMARY_METRICS.get(metric) or COUNTER_COLUMNS.get(metric, metric)
+        table = iv.set_index(index)[["cell"]].rename(columns={"cell": metric})
     return f"{label}\n{table.to_string()}"
 
 

@@ -314,7 +314,7 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
             if i:
                 row.append(_fmt_change(comparison, p, m))
         rows.append(row)
-    return _tabulate(rows)
+    return tabulate_rows(rows)
 
 
 def _fmt_change(comparison: Comparison, policy: str, metric: str) -> str:
@@ -325,9 +325,10 @@ def _fmt_change(comparison: Comparison, policy: str, metric: str) -> str:
     return "" if math.isnan(change) else f"{change:+.1f}%"
 
 
-def _tabulate(rows: list[list[str]]) -> str:
+def tabulate_rows(rows: list[list[str]], left: int = 1) -> str:
     """Rows (the first is the header) as a plain-text table: ``tabulate``'s ``simple`` format,
-    the metric column left-aligned, the others right-aligned, cells kept as written."""
+    the first ``left`` columns (the row labels: the metric) left-aligned, the others
+    right-aligned, cells kept as written."""
     from tabulate import SEPARATING_LINE, DataRow, Line, TableFormat, tabulate
 
     # NOTE: the header goes in as a row above a separating line, since tabulate pads headers by
@@ -337,7 +338,7 @@ def _tabulate(rows: list[list[str]]) -> str:
     fmt = TableFormat(lineabove=None, linebelowheader=rule, linebetweenrows=None, linebelow=None,
                       headerrow=row, datarow=row, padding=0, with_header_hide=None)
     return tabulate([rows[0], SEPARATING_LINE, *rows[1:]], tablefmt=fmt, disable_numparse=True,
-                    colalign=("left",) + ("right",) * (len(rows[0]) - 1))
+                    colalign=("left",) * left + ("right",) * (len(rows[0]) - left))
 
 
 def format_interval(mean: float | None, low: float | None, high: float | None, rounds: int,
@@ -583,7 +584,7 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
                 row.append(_fmt_change(base, p, m))
                 row.append(format_change_range(*result.change_interval(p, m, coverage), points=m in SHARE_METRICS))
         rows.append(row)
-    return _tabulate(rows)
+    return tabulate_rows(rows)
 
 
 def format_range(lo: float | None, hi: float | None) -> str:

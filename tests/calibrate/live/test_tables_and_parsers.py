@@ -5,14 +5,14 @@ from __future__ import annotations
 import math
 
 from kvroute.calibrate.live.client import MetricsSnapshot, parse_prometheus
-from kvroute.sim.study.experiment import _tabulate
+from kvroute.sim.study.experiment import tabulate_rows
 
 
 def test_table_layout_is_the_hand_written_one():
     rows = [["metric", "round_robin", "Δ vs round_robin"],
             ["TTFT mean (s)", "0.231 ± 0.008", "-1.7%"],
             ["preemptions", "0.000", ""]]
-    assert _tabulate(rows).splitlines() == [
+    assert tabulate_rows(rows).splitlines() == [
         "metric           round_robin  Δ vs round_robin",
         "-------------  -------------  ----------------",
         "TTFT mean (s)  0.231 ± 0.008             -1.7%",

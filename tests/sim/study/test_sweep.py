@@ -181,6 +181,21 @@ def test_sweep_tables_show_whole_counts_without_decimals_and_clipped_at_zero():
         ["2", "829 ± 0", "12 ± 0"], ["4", "15 [0, 206]", "0 ± 0"]]
 
 
+def test_a_one_scenario_pivot_names_every_column_it_prints():
+    from kvroute.cli.sweep_command import pivot_table
+
+    policies = COUNTS[COUNTS["workers"] == 2]  # only the policy varies: one row, no index to label
+    assert pivot_table(policies, "num_evictions").splitlines() == [
+        "cached blocks evicted, all workers",
+        "round_robin  kv_aware",
+        "-----------  --------",
+        "    829 ± 0    12 ± 0",
+    ]
+    one = policies[policies["policy"] == "kv_aware"]  # nothing varies
+    assert pivot_table(one, "num_evictions").splitlines() == [
+        "cached blocks evicted, all workers", "num_evictions", "-------------", "       12 ± 0"]
+
+
 def test_cost_per_million_tokens():
     frame = pd.DataFrame({"workers": [2, 2], "gpus": [None, 1], "time_to_complete_s": [3600.0, 1800.0],
                           "output_tokens": [500_000, 0], "prompt_tokens": [1_500_000, 0]})
