@@ -1,14 +1,9 @@
 """The notes under a simulated comparison's table (``kvroute compare`` and ``simulate``): what
 a reader needs to know that the numbers alone do not say. Each function returns one note line, or
-"" when it has nothing to say."""
+"" when it has nothing to say. ``kvroute sweep`` words its failure, turnover and same-routing notes
+with the same functions (``kvroute.cli.sweep_notes``)."""
 
 from __future__ import annotations
-
-NOT_SENT = "not sent:"
-TIMED_OUT = "timed out"
-"""How the errors of a request never sent (its parent failed) and of one its client abandoned
-begin (``kvroute.sim.cluster.cluster``); any other error is the engine's rejection."""
-
 
 FAILED_SHARE_WARNING = 0.1
 """The share of failed requests from which ``failure_note`` warns that the table's latencies are
@@ -16,35 +11,45 @@ of the served requests only (below it, a note)."""
 
 
 def failure_note(comparison) -> str:
-    """A warning under the table when requests failed: how many, and one reason. When every
-    request was rejected by the engine (and the later turns of their sessions not sent), it says
-    so and why (vLLM's error, and for a prompt too long what to change)."""
-    records = comparison.records()
-    failed = records[records["status"] != "ok"]
-    if failed.empty:
+    """A warning under the table when requests failed: how many, and one reason
+    (:func:`failure_text` of every run's ``kvroute.sim.cluster.metrics.failures``)."""
+    from kvroute.sim.cluster.metrics import Failures, failures
+
+    total = sum((failures(run.record_rows()) for runs in comparison.runs.values() for run in runs), Failures())
+    return failure_text(total, "all policies and rounds")
+
+
+def failure_text(failed, scope: str, latencies: str = "the table's latencies are",
+                 no_latencies: str = "the table holds no latencies") -> str:
+    """The failure note of the runs whose failed requests ``failed`` counts (a
+    ``kvroute.sim.cluster.metrics.Failures``): how many, and one reason; a warning from
+    ``FAILED_SHARE_WARNING`` of the requests, which says the latencies are of the served ones
+    only. When every request was rejected by the engine (and the later turns of their sessions
+    not sent), it says so and why (vLLM's error, and for a prompt too long what to change); ""
+    when none failed.
+
+    Args:
+        failed: the runs' ``Failures``.
+        scope: which runs, in the note's parentheses (``"all policies and rounds"``).
+        latencies, no_latencies: what the latencies shown are (``"... are"``: of the served
+            only), and that there are none, in the words of the command's table or tables.
+    """
+    if not failed.failed:
         return ""
-    first = failed.iloc[0]
-    if len(failed) < len(records):
-        why = advised(first["error"] or "no reason recorded")
-        share = len(failed) / len(records)
+    rid, error = failed.example
+    example = f"e.g. request {rid}: {advised(error or 'no reason recorded')}"
+    if failed.failed < failed.requests:
+        share = failed.failed / failed.requests
         if share < FAILED_SHARE_WARNING:
-            return (f"Note: {len(failed)} of {len(records)} requests failed (all policies and rounds); e.g. request "
-                    f"{first['request_id']}: {why}")
-        return (f"Warning: {len(failed)} of {len(records)} requests ({100 * share:.0f} %) failed (all policies and "
-                f"rounds), so the table's latencies are of the {len(records) - len(failed)} served only; e.g. request "
-                f"{first['request_id']}: {why}")
-    errors = failed["error"].fillna("")
-    not_sent, timed_out = errors.str.startswith(NOT_SENT), errors.str.startswith(TIMED_OUT)
-    rejected = ~(not_sent | timed_out)
-    if not rejected.any() or timed_out.any():
-        return (f"Warning: every request failed (all policies and rounds); e.g. request {first['request_id']}: "
-                f"{first['error'] or 'no reason recorded'}")
-    one = failed[rejected].iloc[0]
-    why = advised(one["error"])
-    text = (f"Warning: every request was rejected (all policies and rounds), so none was served and the table holds "
-            f"no latencies: {int(rejected.sum())} rejected by the engine, e.g. request {one['request_id']}: {why}")
-    if not_sent.any():
-        text += f"; the other {int(not_sent.sum())} were not sent, their parent request having been rejected"
+            return f"Note: {failed.failed} of {failed.requests} requests failed ({scope}); {example}"
+        return (f"Warning: {failed.failed} of {failed.requests} requests ({100 * share:.0f} %) failed ({scope}), so "
+                f"{latencies} of the {failed.requests - failed.failed} served only; {example}")
+    if not failed.rejected or failed.timed_out:
+        return f"Warning: every request failed ({scope}); {example}"
+    text = (f"Warning: every request was rejected ({scope}), so none was served and {no_latencies}: "
+            f"{failed.rejected} rejected by the engine, {example}")
+    if failed.not_sent:
+        text += f"; the other {failed.not_sent} were not sent, their parent request having been rejected"
     return text
 
 
@@ -110,6 +115,20 @@ TURNOVER_NOTE = 1.0
 """How many times over a run's evictions must replace the cluster's KV blocks (cached blocks
 evicted per run / blocks the workers hold) before ``kv_turnover_note`` speaks."""
 
+KV_MEMORY_ADVICE = "Hit rates and TTFT then depend on KV memory (try --kv-blocks or --workers)"
+"""What the turnover notes say a turned-over cache means."""
+
+
+def turnover(evicted: float, held: int) -> float | None:
+    """How many times over the workers' evictions replaced the blocks they can cache in, when at
+    least ``TURNOVER_NOTE`` times (else None, and for no blocks).
+
+    Args:
+        evicted: cached blocks evicted per run, all workers (mean over rounds).
+        held: blocks the workers can cache in (``kvroute.sim.cluster.eviction.cacheable_blocks``).
+    """
+    return evicted / held if held and evicted >= TURNOVER_NOTE * held else None
+
 
 def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
     """A note when the prefix cache turned over: for each policy whose runs evicted, on average,
@@ -123,7 +142,7 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
     depend on KV memory, which the preemption row does not show. ``block_size``: tokens per
     block; ``trace``: the runs' ``Trace``, or a function of a run's seed that returns its trace
     (a generated workload's rounds)."""
-    from kvroute.sim.cluster.eviction import evicted_history_tokens, parent_links
+    from kvroute.sim.cluster.eviction import cacheable_blocks, evicted_history_tokens, parent_links
 
     known: dict[int, dict] = {}  # seed -> parent links (a generated workload's trace is drawn per round)
 
@@ -138,9 +157,10 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
         if not runs:
             continue
         rows = [run.worker_rows() for run in runs]
-        held = sum(int(w["num_gpu_blocks"]) - 1 for w in rows[0])  # vLLM's null block holds no cache
+        held = cacheable_blocks(rows[0])
         evicted = sum(sum(int(w["num_evictions"]) for w in r) for r in rows) / len(rows)
-        if not (held and evicted >= TURNOVER_NOTE * held):
+        times = turnover(evicted, held)
+        if times is None:
             continue
         cost = None
         # a trace without parent links (Mooncake's, Azure's) gives the rule nothing to read: no figure
@@ -149,7 +169,7 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
             lost = sum(x / p for x, _, p in counts if p) / len(counts)
             hit = sum(c / p for _, c, p in counts if p) / len(counts)
             cost = (lost, hit)
-        parts.append((policy, evicted, evicted / held, held, cost))
+        parts.append((policy, evicted, times, held, cost))
     if not parts:
         return ""
     (policy, evicted, times, held, cost), rest = parts[0], parts[1:]
@@ -165,8 +185,8 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
         text += f"; {100 * c[0]:.1f} %: {c[1]:.3f}, {c[1] + c[0]:.3f} with them)" if c is not None else ")"
     return (text + (". Those shares are lower bounds (blocks shared across chats are not counted)"
                     if any(part[4] is not None for part in parts) else "")
-            + ". Hit rates and TTFT then depend on KV memory (try --kv-blocks or --workers); the preemption row "
-            "counts only requests pushed out while running. Each worker's KV use over time: --time-series.")
+            + f". {KV_MEMORY_ADVICE}; the preemption row counts only requests pushed out while running. Each "
+            "worker's KV use over time: --time-series.")
 
 
 def clamped_output_note(comparison, max_model_len: int, trace) -> str:
@@ -223,19 +243,41 @@ def same_routing_note(records) -> str:
     """
     if "policy" not in records.columns or records["policy"].nunique() < 2:
         return ""
-    import numpy as np
+    from kvroute.sim.cluster.metrics import route_digest
 
-    alike, seen = [], []  # seen: (policy, its (round, request id, worker) rows in order)
-    for policy, rows in records.groupby("policy", sort=False):
-        route = rows[["round", "request_id", "worker"]].to_numpy()
-        route = route[np.lexsort((route[:, 1], route[:, 0]))]
-        first = next((p for p, r in seen if r.shape == route.shape and np.array_equal(r, route)), None)
-        if first is not None:
-            alike.append((policy, first))
+    routes = {policy: tuple(sorted((round_, route_digest(run["request_id"], run["worker"]))
+                                   for round_, run in rows.groupby("round")))
+              for policy, rows in records.groupby("policy", sort=False)}
+    return same_routing_text([(policy, first, "") for policy, first in alike_policies(routes)])
+
+
+def alike_policies(routes: dict) -> list[tuple[str, str]]:
+    """``(policy, first)`` for each policy whose route equals that of an earlier one, ``first``
+    the earliest such.
+
+    Args:
+        routes: policy -> its runs' routes, comparable (e.g. a ``(round, route_digest)`` tuple),
+            in the table's order.
+    """
+    alike, seen = [], {}  # seen: route -> the first policy that took it
+    for policy, route in routes.items():
+        if route in seen:
+            alike.append((policy, seen[route]))
         else:
-            seen.append((policy, route))
+            seen[route] = policy
+    return alike
+
+
+def same_routing_text(alike: list[tuple[str, str, str]]) -> str:
+    """The note of :func:`same_routing_note` (and of a sweep's), "" for none.
+
+    Args:
+        alike: ``(policy, first, where)``: ``policy`` routed every request as ``first`` did, in
+            every round, at ``where`` (``" at workers=4"``; "" for the one scenario of a table).
+    """
     if not alike:
         return ""
-    pairs = ", and ".join(f"{policy} routed every request to the worker {first} chose" for policy, first in alike)
+    pairs = ", and ".join(f"{policy} routed every request to the worker {first} chose{where}"
+                          for policy, first, where in alike)
     return (f"Note: {pairs}, in every round, so their rows differ in nothing but the name (`kvroute policies` gives "
             "each one's rule and thresholds).")

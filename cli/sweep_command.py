@@ -15,6 +15,7 @@ import pandas as pd
 from kvroute.cli.config import config_option
 from kvroute.cli.profile_notes import frontend_note, unmeasured_note
 from kvroute.cli.sim_commands import figure_format_option
+from kvroute.cli.sweep_notes import sweep_notes
 from kvroute.sim.study.figure_style import FIGURE_FORMATS
 from kvroute.cli.scenario import (SCENARIO_FIELDS, click_error, executor_options, parse_policies, policies_option,
                                  scenario_options, scenario_trace, with_errors)
@@ -177,8 +178,8 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
                    "possible values); "
                    f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
     click.echo(spread_note)
-    profile_notes = _profile_notes(scenarios)
-    for note in profile_notes:
+    notes = sweep_notes(frame) + _profile_notes(scenarios)
+    for note in notes:
         click.echo(note)
     figures = []
     if options["request_rate"] and (plot_load is not None or out is not None):
@@ -187,7 +188,7 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
         _write_rows(frame, out)
         _write_provenance(out, scenarios, rounds, trace_path)
         notes = ([f"{len(failed)} of {len(frame)} runs failed (infeasible; shown as -): {failed['error'].iloc[0]}"]
-                 if len(failed) else []) + profile_notes
+                 if len(failed) else []) + notes
         _write_report(out, frame, scenarios, rounds, [m for m in shown if m not in empty], spread_note, figures, notes)
         click.echo(f"wrote {len(frame)} rows to {out}, its scenario to {out.with_name(out.stem + '.scenario.yaml')} "
                    f"and its report to {out.with_name(out.stem + '.report.html')}", err=True)

@@ -33,6 +33,16 @@ MAX_ANCESTORS = 1000
 """Turns walked back to find a request's nearest ancestor on its worker."""
 
 
+def cacheable_blocks(worker_rows: Iterable[Mapping]) -> int:
+    """The KV blocks the workers can cache in, all workers: each one's ``num_gpu_blocks`` less
+    vLLM's null block, which holds no cache (the capacity ``vllm:kv_cache_usage_perc`` counts).
+
+    Args:
+        worker_rows: one mapping per worker with ``num_gpu_blocks`` (``RunResult.worker_rows``).
+    """
+    return sum(int(w["num_gpu_blocks"]) - 1 for w in worker_rows)
+
+
 def parent_links(trace) -> dict[int, int | None]:
     """Request id -> the id of the request its prompt extends, or None, for ``trace``'s records
     (``TraceRecord.parent``): what :func:`evicted_history_tokens` walks."""

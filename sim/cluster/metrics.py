@@ -269,6 +269,76 @@ class ServiceClass:
     tpot_s: float = 0.1
 
 
+NOT_SENT = "not sent:"
+"""How the error of a request never sent begins (its parent failed; ``kvroute.sim.cluster.cluster``)."""
+TIMED_OUT = "timed out"
+"""How the error of a request its client abandoned begins (``kvroute.sim.cluster.cluster``); any
+other error is the engine's rejection."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failures:
+    """The failed requests of one run or of several, by kind, with one example.
+
+    Attributes:
+        requests: requests of the runs, served and failed.
+        failed: requests that failed.
+        rejected: failed requests the engine rejected (any error but ``NOT_SENT`` and ``TIMED_OUT``).
+        not_sent: later turns never sent, their parent having failed.
+        timed_out: requests their client abandoned.
+        example: ``(request id, error)`` of the first request the engine rejected (its error
+            says what to change), else of the first that failed; None when none failed. The
+            error is "" when none was recorded.
+    """
+
+    requests: int = 0
+    failed: int = 0
+    rejected: int = 0
+    not_sent: int = 0
+    timed_out: int = 0
+    example: tuple[int, str] | None = None
+
+    def __add__(self, other: Failures) -> Failures:
+        """Both runs' counts summed; the example is the first rejection of the two (self's first),
+        else the first failure."""
+        example = (self.example if self.rejected or not other.rejected else other.example) or other.example
+        return Failures(self.requests + other.requests, self.failed + other.failed, self.rejected + other.rejected,
+                        self.not_sent + other.not_sent, self.timed_out + other.timed_out, example)
+
+
+def failures(rows: list[tuple]) -> Failures:
+    """The failed requests of one run, from its records as tuples in ``RECORD_COLUMNS`` order
+    (``RunResult.record_rows``), in request-id order."""
+    counts = {NOT_SENT: 0, TIMED_OUT: 0, None: 0}  # None: rejected by the engine
+    first = rejection = None
+    for row in rows:
+        if row[14] == "ok":  # status
+            continue
+        error = row[15] if isinstance(row[15], str) else ""  # error: None, or NaN read back from a frame
+        kind = NOT_SENT if error.startswith(NOT_SENT) else TIMED_OUT if error.startswith(TIMED_OUT) else None
+        counts[kind] += 1
+        first = first or (int(row[0]), error)
+        if kind is None and rejection is None:
+            rejection = (int(row[0]), error)
+    failed = sum(counts.values())
+    return Failures(len(rows), failed, counts[None], counts[NOT_SENT], counts[TIMED_OUT], rejection or first)
+
+
+def route_digest(request_ids, workers) -> str:
+    """A digest of the worker each request of a run went to (32 hex digits): two runs of the same
+    trace have the same digest when they routed every request alike.
+
+    Args:
+        request_ids, workers: a request id and its worker (-1: never sent) per request of the
+            run, in any order (sequences of ints of one length).
+    """
+    import hashlib
+
+    pairs = np.column_stack([np.asarray(request_ids, dtype=np.int64), np.asarray(workers, dtype=np.int64)])
+    pairs = pairs[np.argsort(pairs[:, 0], kind="stable")]
+    return hashlib.blake2b(pairs.tobytes(), digest_size=16).hexdigest()
+
+
 SUMMARY_METRICS: dict[str, str] = {
     "time_to_complete_s": "time to complete (s)",
     "ttft_mean_s": "TTFT mean (s)",

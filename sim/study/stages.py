@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvroute.sim.cluster.metrics import TIMED_OUT
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -33,9 +35,6 @@ if TYPE_CHECKING:
 STAGE_COLUMNS = ["policy", "round", "stage", "rate", "duration_s", "requests", "failed", "timed_out",
                  "achieved_rate", "output_throughput", "ttft_mean", "ttft_p90", "itl_mean", "benchmark_time"]
 """Columns of :func:`stage_rows`: rates in requests/s, throughput in output tokens/s, times in s."""
-
-TIMED_OUT = "timed out"
-"""How a request its client abandoned begins its ``error`` (``kvroute.sim.cluster.cluster``)."""
 
 
 def has_stages(trace: Trace) -> bool:

@@ -30,11 +30,11 @@ from typing import Any, Iterable
 import pandas as pd
 
 from kvroute.sim.cluster.cluster import simulate
-from kvroute.sim.cluster.eviction import evicted_history_tokens, parent_links
+from kvroute.sim.cluster.eviction import cacheable_blocks, evicted_history_tokens, parent_links
 from kvroute.sim.study.executors import EXECUTORS, Stop, interrupts_as_keyboard, run_tasks
 from kvroute.sim.study.progress import progress_bar
-from kvroute.sim.cluster.metrics import (COUNT_METRICS, METRIC_BOUNDS, SUMMARY_METRICS, ServiceClass, summarize,
-                                         summarize_rounds)
+from kvroute.sim.cluster.metrics import (COUNT_METRICS, METRIC_BOUNDS, SUMMARY_METRICS, Failures, ServiceClass,
+                                         failures, route_digest, summarize, summarize_rounds)
 from kvroute.sim.routing.policy_errors import PolicyError
 from kvroute.sim.study.scenario import (  # noqa: F401 - Scenario's names, also this module's
     GENERATOR_FIELDS, SCENARIO_FIELDS, WORKLOADS, Scenario, ScenarioError,
@@ -51,8 +51,19 @@ COUNTER_COLUMNS: dict[str, str] = {
                              "and evicted (a lower bound: kvroute.sim.cluster.eviction)",
     "num_preemptions": "engine preemptions, all workers",
     "busy_time_s": "GPU busy time, all workers (s)",
+    "cacheable_blocks": "KV blocks the workers can cache in, all workers (vLLM's null block out)",
+    "rejected": "requests the engine rejected",
+    "not_sent": "later turns not sent, their parent having failed",
+    "timed_out": "requests their client abandoned (timed out)",
 }
-"""Columns a row has besides the scenario fields and ``SUMMARY_METRICS``."""
+"""Numeric columns a row has besides the scenario fields and ``SUMMARY_METRICS``."""
+
+EXAMPLE_COLUMNS: dict[str, str] = {
+    "failed_request": "the id of the first request the engine rejected, else of the first that failed (NaN: none)",
+    "failed_reason": "that request's error",
+    "route_digest": "a digest of the worker each request went to: equal in two runs that routed alike",
+}
+"""The other columns of a row, for the notes under a sweep's tables (``kvroute.cli.sweep_notes``)."""
 
 COUNT_COLUMNS = (*COUNT_METRICS, *(c for c in COUNTER_COLUMNS if c != "busy_time_s"))
 """A row's metrics that count (requests, tokens, blocks, evictions, preemptions): its tables show
@@ -68,7 +79,7 @@ def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = Service
 
     Returns:
         The scenario's fields, ``round``, ``run_seed``, the SLO bounds, every
-        ``SUMMARY_METRICS`` key and the ``COUNTER_COLUMNS``.
+        ``SUMMARY_METRICS`` key, the ``COUNTER_COLUMNS`` and the ``EXAMPLE_COLUMNS``.
 
     Raises:
         ValueError: from building the trace or spec, or from ``simulate``.
@@ -78,6 +89,8 @@ def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = Service
     result = simulate(trace, spec, seed=scenario.seed + round)
     ok = result.records[result.records["status"] == "ok"]
     workers = result.workers
+    rows = result.record_rows()
+    failed = failures(rows)
     counters = {
         "num_requests": len(result.records),
         "prompt_tokens": int(ok["prompt_tokens"].sum()),
@@ -85,16 +98,34 @@ def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = Service
         "output_tokens": int(ok["output_tokens"].sum()),
         "num_gpu_blocks": int(workers["num_gpu_blocks"].min()),
         "num_evictions": int(workers["num_evictions"].sum()),
-        "evicted_prefix_tokens": evicted_history_tokens(result.record_rows(), parent_links(trace),
+        "evicted_prefix_tokens": evicted_history_tokens(rows, parent_links(trace),
                                                         spec.profile.engine.block_size)[0],
         "num_preemptions": int(workers["num_preemptions"].sum()),
         "busy_time_s": float(workers["busy_time"].sum()),
+        "cacheable_blocks": cacheable_blocks(result.worker_rows()),
+        "rejected": failed.rejected,
+        "not_sent": failed.not_sent,
+        "timed_out": failed.timed_out,
+    }
+    examples = {
+        "failed_request": failed.example[0] if failed.example else math.nan,
+        "failed_reason": failed.example[1] if failed.example else None,
+        "route_digest": route_digest(result.records["request_id"], result.records["worker"]),
     }
     return {
         **scenario.label(), "round": round, "run_seed": scenario.seed + round,
         "slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s,
-        **summarize(result, slo), **counters,
+        **summarize(result, slo), **counters, **examples,
     }
+
+
+def row_failures(row) -> Failures:
+    """The failed requests of a run from its row (``run_scenario``'s; a mapping or a pandas
+    Series): what ``kvroute.sim.cluster.metrics.failures`` gave of its records."""
+    reason = row["failed_reason"] if isinstance(row["failed_reason"], str) else ""
+    example = None if pd.isna(row["failed_request"]) else (int(row["failed_request"]), reason)
+    return Failures(int(row["num_requests"]), int(row["failed"]), int(row["rejected"]), int(row["not_sent"]),
+                    int(row["timed_out"]), example)
 
 
 def _run_task(task: tuple[Scenario, int, ServiceClass]) -> dict[str, Any]:
@@ -180,10 +211,11 @@ def sweep(
 
     Returns:
         A DataFrame with the scenario fields, ``round``, ``run_seed``, ``slo_ttft_s``,
-        ``slo_tpot_s``, the ``SUMMARY_METRICS``, the ``COUNTER_COLUMNS``, ``status``
-        (``"ok"``/``"failed"``) and ``error``. An infeasible grid point (its cluster cannot be
-        built, or a run raises ValueError, e.g. a request larger than a worker's KV cache) is a
-        failed row per round with the reason in ``error`` and NaN metrics; the sweep goes on.
+        ``slo_tpot_s``, the ``SUMMARY_METRICS``, the ``COUNTER_COLUMNS``, the
+        ``EXAMPLE_COLUMNS``, ``status`` (``"ok"``/``"failed"``) and ``error``. An infeasible
+        grid point (its cluster cannot be built, or a run raises ValueError, e.g. a request
+        larger than a worker's KV cache) is a failed row per round with the reason in ``error``
+        and NaN metrics; the sweep goes on.
 
     Raises:
         ValueError: an unknown executor, rounds < 1, an address without Dask, an unreachable
@@ -236,7 +268,7 @@ def sweep(
     finally:
         bar.close()
     frame = pd.DataFrame(rows)
-    for column in (*SUMMARY_METRICS, *COUNTER_COLUMNS):  # NaN when every run failed
+    for column in (*SUMMARY_METRICS, *COUNTER_COLUMNS, *EXAMPLE_COLUMNS):  # NaN when every run failed
         if column not in frame:
             frame[column] = math.nan
     return frame

@@ -63,3 +63,33 @@ def test_round_intervals_are_student_t():
     assert out["rounds"] == 3
     single = summarize_rounds([{"x": 5.0}]).loc["x"]
     assert (single["low"], single["mean"], single["high"]) == (5.0, 5.0, 5.0)
+
+
+def test_failures_count_each_kind_and_prefer_a_rejection_as_the_example():
+    from kvroute.sim.cluster.metrics import Failures, failures
+
+    def failed(rid, error):
+        record = list(row(rid, 1, 0.0, 0.0, 0.0, 10, 0, 0, status="failed"))
+        record[RECORD_COLUMNS.index("error")] = error
+        return tuple(record)
+
+    rows = [failed(0, "timed out: no full reply 60 s after it was sent"), row(1, 1, 0.0, 0.5, 1.0, 10, 0, 2),
+            failed(2, "This model's maximum context length is 8 tokens."),
+            failed(3, "not sent: its parent request 2 failed"), failed(4, None)]
+    one = failures(rows)
+    assert one == Failures(5, 4, 2, 1, 1, (2, "This model's maximum context length is 8 tokens."))
+    assert failures(rows[:2]) == Failures(2, 1, 0, 0, 1, (0, "timed out: no full reply 60 s after it was sent"))
+    assert failures(rows[1:2]) == Failures(1, 0, 0, 0, 0, None)
+    # summed over runs, the example is the first rejection of either
+    assert failures(rows[:2]) + one == Failures(7, 5, 2, 1, 2, one.example)
+    assert (Failures() + failures(rows[:2])).example == (0, "timed out: no full reply 60 s after it was sent")
+    read_back = list(frame(rows).itertuples(index=False, name=None))  # a missing error reads back as NaN or None
+    assert failures(read_back) == one
+
+
+def test_route_digest_is_equal_for_runs_that_routed_alike_in_any_order():
+    from kvroute.sim.cluster.metrics import route_digest
+
+    assert route_digest([0, 1, 2], [1, 0, -1]) == route_digest([2, 0, 1], [-1, 1, 0])
+    assert route_digest([0, 1, 2], [1, 0, -1]) != route_digest([0, 1, 2], [1, 1, -1])
+    assert len(route_digest([], [])) == 32

@@ -15,7 +15,8 @@ from kvroute.sim.study.experiment import compare
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, summarize_rounds
 from kvroute.sim.timing.profile import load_profile
 from kvroute.sim.study.sweep import (
-    COUNTER_COLUMNS, SCENARIO_FIELDS, Scenario, cost_per_million_tokens, grid, intervals, run_scenario, sweep,
+    COUNTER_COLUMNS, EXAMPLE_COLUMNS, SCENARIO_FIELDS, Scenario, cost_per_million_tokens, grid, intervals, run_scenario,
+    sweep,
 )
 from tests.support.paths import GOLDEN
 from tests.support.shared_traces import shared_trace
@@ -91,7 +92,7 @@ def test_kv_blocks_rows_equal_compare_with_the_same_override():
 
 def test_row_has_scenario_fields_metrics_and_counters():
     row = run_scenario(Scenario(chats=4, turns=2, workers=2, policy="kv_aware", reply=128), round=1)
-    assert set(SCENARIO_FIELDS) | set(SUMMARY_METRICS) | set(COUNTER_COLUMNS) <= set(row)
+    assert set(SCENARIO_FIELDS) | set(SUMMARY_METRICS) | set(COUNTER_COLUMNS) | set(EXAMPLE_COLUMNS) <= set(row)
     assert row["round"] == 1 and row["run_seed"] == 1
     assert row["num_requests"] == 8
     assert row["output_tokens"] == 8 * 128
@@ -99,6 +100,9 @@ def test_row_has_scenario_fields_metrics_and_counters():
     assert row["num_gpu_blocks"] == load_profile("a6000-qwen2.5-7b").engine.num_gpu_blocks
     assert row["num_evictions"] == 0 and row["num_preemptions"] == row["preemptions"] == 0
     assert row["evicted_prefix_tokens"] == 0
+    assert row["cacheable_blocks"] == 2 * (row["num_gpu_blocks"] - 1)  # vLLM's null block holds no cache
+    assert row["rejected"] == row["not_sent"] == row["timed_out"] == row["failed"] == 0
+    assert math.isnan(row["failed_request"]) and row["failed_reason"] is None and len(row["route_digest"]) == 32
 
 
 def test_kv_blocks_override_makes_evictions_appear():
