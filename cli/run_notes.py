@@ -10,6 +10,19 @@ FAILED_SHARE_WARNING = 0.1
 of the served requests only (below it, a note)."""
 
 
+def named_as_tables(notes: list[str], policies) -> list[str]:
+    """``notes`` with each policy spec that carries a config file's path named as the tables and
+    legends name it (``figure_style.short_names``: ``epp:../x/report.md#precise`` as
+    ``epp:precise``)."""
+    from kvroute.sim.study.figure_style import short_names
+
+    renames = sorted(((spec, name) for spec, name in short_names(policies).items() if spec != name),
+                     key=lambda pair: -len(pair[0]))  # a spec that holds another goes first
+    for spec, name in renames:
+        notes = [note.replace(spec, name) for note in notes]
+    return notes
+
+
 def failure_note(comparison) -> str:
     """A warning under the table when requests failed: how many, and one reason
     (:func:`failure_text` of every run's ``kvroute.sim.cluster.metrics.failures``)."""

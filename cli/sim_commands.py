@@ -14,7 +14,8 @@ import click
 from kvroute.cli.config import config_option
 from kvroute.cli.profile_notes import frontend_note, unmeasured_note
 from kvroute.cli.run_notes import (clamped_output_note, failed_count_note, failure_note, flat_goodput_note,
-                                   kv_turnover_note, model_note, policy_notes, same_routing_note, speed_note)
+                                   kv_turnover_note, model_note, named_as_tables, policy_notes, same_routing_note,
+                                   speed_note)
 from kvroute.cli.signals import INTERRUPTED_EXIT, stops_on_sigterm
 from kvroute.cli.stage_output import stage_doc, stage_results, stage_text, write_stages
 from kvroute.cli.values import DRAWS, RELATIVE, Number, check_runs, check_values
@@ -209,7 +210,7 @@ def _gather_notes(result: _RunResult, scenario, trace, rounds_trace, spec, polic
     # nothing served: the failure note is the whole story (a note on timing would be about no run)
     if not served:
         return [failures]
-    return [line for line in (
+    return named_as_tables([line for line in (
         failures, unmeasured_note(spec.profile, fitted_seed, result.draws),
         frontend_note(spec.profile, peak, busiest) if table else "", run_note(spec.profile, records, peak) if table else "",
         kv_turnover_note(comparison, spec.profile.engine.block_size, rounds_trace),
@@ -217,7 +218,7 @@ def _gather_notes(result: _RunResult, scenario, trace, rounds_trace, spec, polic
         speed_note(spec.profile, spec.num_workers),
         model_note(trace, spec.profile), flat_goodput_note(comparison, slo.ttft_s, slo.tpot_s),
         same_routing_note(records) if table else "",
-        *policy_notes(trace, policies)) if line]
+        *policy_notes(trace, policies)) if line], comparison.policies)
 
 
 def _print_results(result: _RunResult, header: str, rounds: int, seed: int, slo: ServiceClass, staged,

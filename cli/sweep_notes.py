@@ -10,7 +10,8 @@ import math
 
 import pandas as pd
 
-from kvroute.cli.run_notes import KV_MEMORY_ADVICE, alike_policies, failure_text, same_routing_text, turnover
+from kvroute.cli.run_notes import (KV_MEMORY_ADVICE, alike_policies, failure_text, named_as_tables,
+                                   same_routing_text, turnover)
 from kvroute.sim.study.sweep import group_columns, row_failures
 
 
@@ -23,8 +24,8 @@ def sweep_notes(frame: pd.DataFrame) -> list[str]:
         return []
     fields = group_columns(frame)
     grid = _Grid(fields, _points(frame, fields))
-    return [note for note in (*failure_notes(ok, grid), turnover_note(ok, grid), same_routing_note(ok, grid))
-            if note]
+    notes = [note for note in (*failure_notes(ok, grid), turnover_note(ok, grid), same_routing_note(ok, grid)) if note]
+    return named_as_tables(notes, frame["policy"].unique()) if "policy" in frame else notes
 
 
 class _Grid:

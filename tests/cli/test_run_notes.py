@@ -107,3 +107,13 @@ def test_goodput_that_cannot_tell_runs_apart_is_noted():
     tight = CliRunner().invoke(cli, ["compare", "--rounds", "1", "--slo-ttft", "0.3"]).output
     assert "goodput share is" not in tight and "goodput share is 1.000 in every run" in CliRunner().invoke(
         cli, ["compare", "--rounds", "1"]).output
+
+
+def test_notes_name_a_config_policy_as_the_tables_do():
+    """The turnover and front-end notes named epp:../shared/published/...md#random-scheduling where
+    the table's column read epp:random-scheduling."""
+    from kvroute.cli.run_notes import named_as_tables
+
+    specs = ["epp:../p/report.md#precise", "epp:../p/report.md#precise-load", "kv_aware"]
+    notes = ["Note: 9 under epp:../p/report.md#precise-load and 3 under epp:../p/report.md#precise; kv_aware none"]
+    assert named_as_tables(notes, specs) == ["Note: 9 under epp:precise-load and 3 under epp:precise; kv_aware none"]
