@@ -128,6 +128,11 @@ TURNOVER_NOTE = 1.0
 """How many times over a run's evictions must replace the cluster's KV blocks (cached blocks
 evicted per run / blocks the workers hold) before ``kv_turnover_note`` speaks."""
 
+LOST_HISTORY_NOTE = 0.01
+"""The share of a run's prompt tokens that later turns computed again after their worker evicted
+them (``kvroute.sim.cluster.eviction.evicted_history_tokens``) from which ``kv_turnover_note``
+also names a policy whose evictions stayed under ``TURNOVER_NOTE`` times the blocks."""
+
 KV_MEMORY_ADVICE = "Hit rates and TTFT then depend on KV memory (try --kv-blocks or --workers)"
 """What the turnover notes say a turned-over cache means."""
 
@@ -143,7 +148,7 @@ def turnover(evicted: float, held: int) -> float | None:
     return evicted / held if held and evicted >= TURNOVER_NOTE * held else None
 
 
-def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
+def kv_turnover_note(comparison, block_size: int, trace=None, time_series: bool = False) -> str:
     """A note when the prefix cache turned over: for each policy whose runs evicted, on average,
     at least ``TURNOVER_NOTE`` times the blocks the workers can hold (``num_gpu_blocks`` less
     vLLM's null block each, the capacity ``vllm:kv_cache_usage_perc`` and the time series' KV
@@ -151,10 +156,12 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
     ``num_evictions``), how many and how many times over; with the run's ``trace``, when its
     records have parent links, also what it cost: the share of the prompt tokens a later turn
     computed again that its worker had cached for an earlier turn of the chat and evicted (a
-    lower bound: ``kvroute.sim.cluster.eviction``), and the hit rate with them. The hit rate and TTFT then
-    depend on KV memory, which the preemption row does not show. ``block_size``: tokens per
-    block; ``trace``: the runs' ``Trace``, or a function of a run's seed that returns its trace
-    (a generated workload's rounds)."""
+    lower bound: ``kvroute.sim.cluster.eviction``), and the hit rate with them; a policy that
+    evicted fewer blocks but lost at least ``LOST_HISTORY_NOTE`` of its prompt tokens so is named
+    too. The hit rate and TTFT then depend on KV memory, which the preemption row does not show.
+    ``block_size``: tokens per block; ``trace``: the runs' ``Trace``, or a function of a run's
+    seed that returns its trace (a generated workload's rounds); ``time_series``: the run drew
+    each worker's KV use (the note then points to those figures, not to the option)."""
     from kvroute.sim.cluster.eviction import cacheable_blocks, evicted_history_tokens, parent_links
 
     known: dict[int, dict] = {}  # seed -> parent links (a generated workload's trace is drawn per round)
@@ -172,8 +179,7 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
         rows = [run.worker_rows() for run in runs]
         held = cacheable_blocks(rows[0])
         evicted = sum(sum(int(w["num_evictions"]) for w in r) for r in rows) / len(rows)
-        times = turnover(evicted, held)
-        if times is None:
+        if not (held and evicted):
             continue
         cost = None
         # a trace without parent links (Mooncake's, Azure's) gives the rule nothing to read: no figure
@@ -182,24 +188,35 @@ def kv_turnover_note(comparison, block_size: int, trace=None) -> str:
             lost = sum(x / p for x, _, p in counts if p) / len(counts)
             hit = sum(c / p for _, c, p in counts if p) / len(counts)
             cost = (lost, hit)
-        parts.append((policy, evicted, times, held, cost))
+        if turnover(evicted, held) is None and (cost is None or cost[0] < LOST_HISTORY_NOTE):
+            continue
+        parts.append((policy, evicted, evicted / held, held, cost))
     if not parts:
         return ""
     (policy, evicted, times, held, cost), rest = parts[0], parts[1:]
-    text = (f"Note: the KV cache turned over: per run (mean over rounds) the workers evicted {evicted:,.0f} cached "
-            f"blocks under {policy}, {times:.1f} times the {held:,} blocks of {block_size} tokens they can cache in "
+    lead = ("the KV cache turned over" if any(part[2] >= TURNOVER_NOTE for part in parts)
+            else "the KV cache evicted history that later turns needed")
+    text = (f"Note: {lead}: per run (mean over rounds) the workers evicted {evicted:,.0f} cached "
+            f"blocks under {policy}, {_times(times)} times the {held:,} blocks of {block_size} tokens they can cache in "
             f"({held * block_size:,} tokens; vLLM keeps one block of each worker back)")
     if cost is not None:
         lost, hit = cost
         text += (f", and later turns computed again {100 * lost:.1f} % of the prompt tokens that their worker had "
                  f"cached for the chat's earlier turn and evicted (hit rate {hit:.3f}; {hit + lost:.3f} with them)")
     for k, (p, e, t, _, c) in enumerate(rest):
-        text += f"{'; and' if k == len(rest) - 1 else ';'} {e:,.0f} under {p} ({t:.1f} times"
+        text += f"{'; and' if k == len(rest) - 1 else ';'} {e:,.0f} under {p} ({_times(t)} times"
         text += f"; {100 * c[0]:.1f} %: {c[1]:.3f}, {c[1] + c[0]:.3f} with them)" if c is not None else ")"
+    where = "the timeseries-<policy> figures" if time_series else "--time-series"
     return (text + (". Those shares are lower bounds (blocks shared across chats are not counted)"
                     if any(part[4] is not None for part in parts) else "")
             + f". {KV_MEMORY_ADVICE}; the preemption row counts only requests pushed out while running. Each "
-            "worker's KV use over time: --time-series.")
+            f"worker's KV use over time: {where}.")
+
+
+def _times(ratio: float) -> str:
+    """A turnover ratio as the note prints it: one decimal, two under ``TURNOVER_NOTE`` (0.95,
+    not a 1.0 that did not turn over)."""
+    return f"{ratio:.1f}" if ratio >= TURNOVER_NOTE else f"{ratio:.2f}"
 
 
 def clamped_output_note(comparison, max_model_len: int, trace) -> str:

@@ -213,7 +213,7 @@ def _gather_notes(result: _RunResult, scenario, trace, rounds_trace, spec, polic
     return named_as_tables([line for line in (
         failures, unmeasured_note(spec.profile, fitted_seed, result.draws),
         frontend_note(spec.profile, peak, busiest) if table else "", run_note(spec.profile, records, peak) if table else "",
-        kv_turnover_note(comparison, spec.profile.engine.block_size, rounds_trace),
+        kv_turnover_note(comparison, spec.profile.engine.block_size, rounds_trace, spec.record_series),
         clamped_output_note(comparison, spec.profile.engine.max_model_len, rounds_trace) if table else "",
         speed_note(spec.profile, spec.num_workers),
         model_note(trace, spec.profile), flat_goodput_note(comparison, slo.ttft_s, slo.tpot_s),

@@ -90,3 +90,25 @@ def test_the_turnover_note_gives_no_cost_for_a_trace_without_parent_links():
     note = kv_turnover_note(comparison, 16, unlinked)
     assert "computed again" not in note and "lower bounds" not in note
     assert note == kv_turnover_note(comparison, 16)  # as without a trace
+
+
+def test_a_policy_under_once_over_that_lost_history_is_named_with_what_it_lost():
+    """A policy that evicted 0.92 times the blocks and computed 2.2 M prompt tokens again was left
+    out of the note: only evictions of at least the blocks held made it speak."""
+    from types import SimpleNamespace
+
+    from kvroute.cli.run_notes import kv_turnover_note
+
+    trace, run = _turns(11)
+    run = SimpleNamespace(seed=0, worker_rows=lambda: [{"num_gpu_blocks": 11, "num_evictions": 6}],
+                          record_rows=run.record_rows)
+    comparison = SimpleNamespace(policies=["round_robin"], runs={"round_robin": [run]})
+    assert kv_turnover_note(comparison, 16, trace, time_series=True) == (
+        "Note: the KV cache evicted history that later turns needed: per run (mean over rounds) the workers evicted 6 "
+        "cached blocks under round_robin, 0.60 times the 10 blocks of 16 tokens they can cache in (160 tokens; vLLM "
+        "keeps one block of each worker back), and later turns computed again 16.7 % of the prompt tokens that their "
+        "worker had cached for the chat's earlier turn and evicted (hit rate 0.056; 0.222 with them). Those shares are "
+        "lower bounds (blocks shared across chats are not counted). Hit rates and TTFT then depend on KV memory (try "
+        "--kv-blocks or --workers); the preemption row counts only requests pushed out while running. Each worker's KV "
+        "use over time: the timeseries-<policy> figures.")
+    assert kv_turnover_note(comparison, 16) == ""  # no trace: nothing lost to read, and under once over
