@@ -362,15 +362,15 @@ def whole_counts(metric: str, means, counts=COUNT_METRICS) -> bool:
 def _fmt_interval(mean: float, low: float, high: float, rounds: int, whole: bool = False) -> str:
     """``mean ± half`` for a symmetric interval; ``mean [low, high]`` for one clipped to the
     metric's possible values (``summarize_rounds``); 3 decimals below 10, 1 from 10, none when
-    ``whole``."""
+    ``whole`` or from 10,000, where thousands are separated (``5,644,517 ± 1,949,599``)."""
     if math.isnan(mean):
         return "-"
-    digits = 0 if whole else 3 if abs(mean) < 10 else 1
+    form = ",.0f" if whole or abs(mean) >= 10_000 else ".3f" if abs(mean) < 10 else ".1f"
     if rounds <= 1:
-        return f"{mean:.{digits}f}"
+        return f"{mean:{form}}"
     if math.isclose(mean - low, high - mean, rel_tol=1e-9, abs_tol=1e-12):
-        return f"{mean:.{digits}f} ± {high - mean:.{digits}f}"
-    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+        return f"{mean:{form}} ± {high - mean:{form}}"
+    return f"{mean:{form}} [{low:{form}}, {high:{form}}]"
 
 
 @dataclass(slots=True)
