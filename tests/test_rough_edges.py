@@ -71,7 +71,7 @@ def test_table_shows_a_clipped_interval_as_its_ends():
     assert _fmt_interval(0.9, 0.6, 1.0, 1) == "0.900"
     # a token count over rounds read 5644517.3 ± 1949599.1
     assert _fmt_interval(5644517.3, 3694918.2, 7594116.4, 3) == "5,644,517 ± 1,949,599"
-    assert _fmt_interval(9999.94, 9000.0, 10999.88, 3) == "9999.9 ± 1000.0"
+    assert _fmt_interval(9999.94, 8999.94, 10999.94, 3) == "9999.9 ± 1000.0"
 
 
 def test_tables_show_whole_counts_without_decimals():
