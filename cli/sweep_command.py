@@ -92,9 +92,9 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
 @click.option("--time-series", is_flag=True,
               help="Not recorded by sweeps (an error): run `kvroute compare --time-series --out DIR` on a grid point.")
 @click.option("--plot-load", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="With --request-rate: write a figure of goodput, TTFT p50/p90 (turns >= 2 when the workload has "
-                   "later turns, as the tables) and throughput against load per policy, means with the tables' "
-                   "95% intervals (FILE.png, .pdf or .svg; --figure-format adds the other formats beside it).")
+              help="With --request-rate, or a --chats list (sessions): write a figure of goodput, TTFT p50/p90 "
+                   "(turns >= 2 when the workload has later turns, as the tables) and throughput against that load "
+                   "per policy, means with the tables' 95% intervals (FILE.png, .pdf or .svg; --figure-format adds the other formats beside it).")
 @figure_format_option
 @click.option("--show", default=DEFAULT_SHOW, show_default=True,
               help="Metrics to print, comma list, of: "
@@ -115,8 +115,9 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
     if time_series:
         raise click.UsageError("sweep does not record time series; run kvroute compare --time-series --out DIR "
                                "with the grid point's options")
-    if plot_load is not None and not options["request_rate"]:
-        raise click.UsageError("--plot-load draws against --request-rate: give --request-rate 1,2,4,...")
+    load_error = _load_axis_error(options)
+    if plot_load is not None and load_error:
+        raise click.UsageError(load_error)
     if plot_load is not None and plot_load.suffix.lower().lstrip(".") not in FIGURE_FORMATS:
         raise click.BadParameter(f"{plot_load} must end in {', '.join('.' + f for f in FIGURE_FORMATS)}",
                                  param_hint="'--plot-load'")
@@ -182,7 +183,7 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
     for note in notes:
         click.echo(note)
     figures = []
-    if options["request_rate"] and (plot_load is not None or out is not None):
+    if not load_error and (plot_load is not None or out is not None):
         figures.append(_load_figure(frame, scenarios, rounds, plot_load, figure_formats))
     if out is not None:
         _write_rows(frame, out)
@@ -192,6 +193,19 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
         _write_report(out, frame, scenarios, rounds, [m for m in shown if m not in empty], spread_note, figures, notes)
         click.echo(f"wrote {len(frame)} rows to {out}, its scenario to {out.with_name(out.stem + '.scenario.yaml')} "
                    f"and its report to {out.with_name(out.stem + '.report.html')}", err=True)
+
+
+def _load_axis_error(options: dict) -> str:
+    """Why ``--plot-load`` has no load to draw against (``plots.load_axis``'s reason: no
+    ``--request-rate`` and no ``--chats`` list, or both lists), or "" when it has one."""
+    from kvroute.sim.study.plots import load_axis
+
+    axes = {name: options.get(name) or [] for name in ("request_rate", "chats")}
+    try:
+        load_axis(pd.DataFrame({name: pd.Series(values, dtype=float) for name, values in axes.items()}))
+    except ValueError as exc:
+        return f"--plot-load: {exc}"
+    return ""
 
 
 def _profile_notes(scenarios: list[Scenario]) -> list[str]:
@@ -209,11 +223,12 @@ def _load_figure(frame: pd.DataFrame, scenarios: list[Scenario], rounds: int, pl
     """The load curve (``plots.load_figure``), written to ``plot_load`` (and beside it in the other
     ``figure_formats``) when given; returns ``(caption, Figure)`` for the report."""
     from kvroute.sim.study.figure_style import policy_colors, save_figure, scenario_title
-    from kvroute.sim.study.plots import load_figure, slo_text
+    from kvroute.sim.study.plots import load_axis, load_figure, slo_text
     from kvroute.sim.study.report_tables import grid_lines
 
     policies = list(dict.fromkeys(s.policy for s in scenarios))
-    lines = [line for line in grid_lines(frame) if not line.startswith(("policy:", "request_rate:"))]
+    axis = load_axis(frame)
+    lines = [line for line in grid_lines(frame) if not line.startswith(("policy:", f"{axis}:"))]
     spread = "mean and 95% interval over rounds, as the tables" if rounds > 1 else "one round each"
     title = scenario_title(" | ".join(lines), policies,
                            f"Load curves: {len(scenarios)} scenario(s) x {rounds} round(s), {spread}")
@@ -226,7 +241,8 @@ def _load_figure(frame: pd.DataFrame, scenarios: list[Scenario], rounds: int, pl
         click.echo(f"wrote {', '.join(map(str, paths))}", err=True)
     ttft = ("turns >= 2" if lead_ttft(frame, "p50").startswith("later_") else "all turns")
     caption = (f"Goodput ({slo_text(frame)}), TTFT p50 and p90 ({ttft}, as the tables) and output throughput "
-               "against offered load" + (" (error bars: 95% interval over rounds, as the tables)" if rounds > 1 else ""))
+               f"against {'offered load' if axis == 'request_rate' else 'the number of sessions'}"
+               + (" (error bars: 95% interval over rounds, as the tables)" if rounds > 1 else ""))
     return caption, fig
 
 

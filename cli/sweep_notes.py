@@ -1,5 +1,6 @@
 """The notes under a sweep's tables that the numbers alone do not say: requests that failed, a KV
-cache that turned over, policies that routed alike. They are ``kvroute compare``'s
+cache that turned over, policies that routed alike, a request rate past which every session was
+already in flight. The first three are ``kvroute compare``'s
 (``kvroute.cli.run_notes``), each naming the grid points it concerns, and read the sweep's rows
 (``kvroute.sim.study.sweep.run_scenario``: its counters and ``EXAMPLE_COLUMNS``), not records,
 which a sweep does not keep."""
@@ -17,14 +18,16 @@ from kvroute.sim.study.sweep import group_columns, row_failures
 
 def sweep_notes(frame: pd.DataFrame) -> list[str]:
     """The notes of a sweep's rows (``sweep.sweep``'s frame): one per distinct failure of its grid
-    points (:func:`failure_notes`), then the turnover and the same-routing notes, where they apply.
+    points (:func:`failure_notes`), then the turnover, the same-routing and the request-rate
+    (:func:`rate_note`) notes, where they apply.
     Rows of runs that could not run (``status = failed``) are left out: the sweep names those."""
     ok = frame[frame["status"] == "ok"] if "status" in frame else frame
     if ok.empty:
         return []
     fields = group_columns(frame)
     grid = _Grid(fields, _points(frame, fields))
-    notes = [note for note in (*failure_notes(ok, grid), turnover_note(ok, grid), same_routing_note(ok, grid)) if note]
+    notes = [note for note in (*failure_notes(ok, grid), turnover_note(ok, grid), same_routing_note(ok, grid),
+                               rate_note(ok, grid)) if note]
     return named_as_tables(notes, frame["policy"].unique()) if "policy" in frame else notes
 
 
@@ -157,3 +160,58 @@ def same_routing_note(ok: pd.DataFrame, grid: _Grid) -> str:
         where = " and at ".join(places.where(points))
         alike.append((policy, first, f" at {where}" if where else " at every grid point" if others else ""))
     return same_routing_text(alike)
+
+
+def saturated_points(ok: pd.DataFrame, grid: _Grid) -> list[tuple]:
+    """The grid points from whose request rate on the rate raised no concurrency.
+
+    Criterion: at a point's rate and at every higher rate swept with the same other settings,
+    every run that ran had all its sessions in flight at once (``peak_sessions ==
+    num_sessions``, ``sweep.sessions_in_flight``: each session had started before any ended).
+    The peak cannot rise past the number of sessions, so from there a higher rate only starts
+    them sooner. A rate whose peak reached it but a higher one's did not is left out (the rate
+    still changed the concurrency there). [] when ``request_rate`` is not swept or the rows have
+    no session counts (rows written before them).
+
+    Args:
+        ok: the rows of the runs that ran.
+        grid: the sweep's grid (``request_rate`` in its fields to apply).
+
+    Returns:
+        The points (tuples of ``grid.fields``' values), in grid order.
+    """
+    if "request_rate" not in grid.fields or not {"peak_sessions", "num_sessions"} <= set(ok):
+        return []
+    full: dict[tuple, bool] = {}  # point -> every run of it had all its sessions in flight at once
+    for point, peak, sessions in zip(_points(ok, grid.fields), ok["peak_sessions"], ok["num_sessions"]):
+        full[point] = full.get(point, True) and peak == sessions
+    i = grid.fields.index("request_rate")
+    ranked = sorted((p for p in grid.points if p in full and p[i] is not None), key=lambda p: p[i], reverse=True)
+    saturated, broken = [], set()  # broken: other settings where a higher rate fell short
+    for point in ranked:  # highest rate first
+        others = point[:i] + point[i + 1:]
+        if others in broken or not full[point]:
+            broken.add(others)
+        else:
+            saturated.append(point)
+    return [p for p in grid.points if p in saturated]
+
+
+def rate_note(ok: pd.DataFrame, grid: _Grid) -> str:
+    """The note naming the request rates from which the rate added no load
+    (:func:`saturated_points`), with how to load further: ``--chats``, sessions all at once
+    (``--plot-load`` draws a ``--chats`` sweep too); "" when no point is saturated. ``ok``: the
+    rows of the runs that ran."""
+    points = saturated_points(ok, grid)
+    if not points:
+        return ""
+    where = " or with ".join(grid.where(points)) or "every grid point"
+    counts = {int(n) for p, n in zip(_points(ok, grid.fields), ok["num_sessions"]) if p in points}
+    n = counts.pop() if len(counts) == 1 else None
+    traced = "trace_file" in ok and ok["trace_file"].notna().any()
+    more = ("use a trace with more sessions" if traced else
+            "sweep --chats without --request-rate (every session at once; --plot-load draws it)"
+            + (f", e.g. --chats {n},{2 * n},{4 * n}" if n else ""))
+    return (f"Note: the request rate stopped raising the load at {where}: every run there had "
+            f"{f'all {n}' if n else 'all its'} sessions in flight at once (peak_sessions = num_sessions), so a higher rate only starts them sooner and adds no "
+            f"concurrency. To load the workers further, {more}.")

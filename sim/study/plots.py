@@ -114,6 +114,39 @@ def token_axis(ax, axis: str = "x", unit: float = 1.0) -> None:
     target.set_minor_formatter(FuncFormatter(lambda value, _pos: ""))
 
 
+def load_axis(frame: pd.DataFrame) -> str:
+    """The column of sweep rows :func:`load_figure` draws against: ``"chats"`` when the rows sweep
+    the number of sessions (more than one ``chats`` value), else ``"request_rate"`` (sessions
+    started per s).
+
+    Raises:
+        ValueError: the rows sweep both (the curve would mix them: hold one fixed), or neither a
+            ``chats`` sweep nor any ``request_rate``.
+    """
+    rates = frame["request_rate"].dropna().nunique() if "request_rate" in frame else 0
+    chats = frame["chats"].dropna().nunique() if "chats" in frame else 0
+    if rates > 1 and chats > 1:
+        raise ValueError("the rows sweep both request_rate and chats: hold one fixed (one --request-rate, or one "
+                         "--chats) to draw the load curve against the other")
+    if chats > 1:
+        return "chats"
+    if rates:
+        return "request_rate"
+    raise ValueError("the load curve needs rows with a request_rate (kvroute sweep --request-rate 1,2,4,...) or a "
+                     "chats sweep (--chats 32,64,128)")
+
+
+def load_label(rows: pd.DataFrame, axis: str) -> str:
+    """The x label of :func:`load_figure` against ``axis`` (:func:`load_axis`) with its unit:
+    sessions started per s; or sessions, all started at once (no ``request_rate``) or at the
+    rows' one rate."""
+    if axis == "request_rate":
+        return "offered load (sessions started per s)"
+    rates = rows["request_rate"].dropna().unique() if "request_rate" in rows else []
+    return (f"sessions (started at {float(rates[0]):g} per s)" if len(rates) == 1
+            else "sessions (all started at once)")
+
+
 LOAD_UNITS = {"goodput_share": "share of requests (0-1)", "output_throughput_tps": "output tokens per second (tok/s)"}
 """The y label of each :func:`load_figure` panel that is not a TTFT (those read ``TTFT (s)``)."""
 
@@ -147,7 +180,8 @@ def slo_text(frame: pd.DataFrame) -> str:
 
 
 def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | None = None) -> Figure:
-    """Goodput, TTFT p50/p90 and output throughput against offered load, one line per policy and
+    """Goodput, TTFT p50/p90 and output throughput against load (:func:`load_axis`: sessions
+    started per s, or the number of sessions of a ``chats`` sweep), one line per policy and
     per combination of the other settings the rows sweep (``sweep.group_columns``: workers, KV
     blocks, ...; colour is the policy, line style and marker the setting, named in the legend), so
     no point pools runs of different settings.
@@ -157,8 +191,8 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
     bounds), and the legend sits under the panels, off the data.
 
     Args:
-        frame: sweep rows (``kvroute.sim.study.sweep.sweep``) with ``request_rate`` (sessions/s),
-            ``policy``, ``slo_ttft_s``, ``slo_tpot_s`` and the :func:`load_panels` metrics; each
+        frame: sweep rows (``kvroute.sim.study.sweep.sweep``) with ``request_rate`` (sessions/s)
+            or several ``chats`` (sessions), ``policy``, ``slo_ttft_s``, ``slo_tpot_s`` and the :func:`load_panels` metrics; each
             point is the mean over rounds with its 95 % Student-t interval as the error bar
             (``sweep.intervals``, the tables' interval, clipped to the metric's possible values;
             none with one round).
@@ -166,24 +200,24 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
         colors: ``{policy: colour}`` (default: ``figure_style.policy_colors`` over the rows).
 
     Returns:
-        A bare matplotlib Figure. The load axis is logarithmic (base 2, ticks at the rates swept)
-        when the rates span a decade or more (0.5 to 16 sessions/s), linear otherwise.
+        A bare matplotlib Figure. The load axis (:func:`load_label`) is logarithmic (base 2, ticks
+        at the loads swept) when they span a decade or more (0.5 to 16 sessions/s), linear
+        otherwise.
 
     Raises:
-        ValueError: no row has a ``request_rate``; or as :func:`slo_text`.
+        ValueError: as :func:`load_axis` and :func:`slo_text`.
     """
     from kvroute.sim.cluster.metrics import METRIC_BOUNDS, SUMMARY_METRICS
     from kvroute.sim.study.sweep import group_columns, intervals
 
-    rows = frame[frame["request_rate"].notna()] if "request_rate" in frame else frame.iloc[0:0]
-    if rows.empty:
-        raise ValueError("the load curve needs rows with a request_rate (kvroute sweep --request-rate 1,2,4,...)")
+    x = load_axis(frame)
+    rows = frame[frame[x].notna()]
     slo = slo_text(rows)
-    rows = rows.assign(request_rate=rows["request_rate"].astype(float))
+    rows = rows.assign(**{x: rows[x].astype(float)})
     panels = load_panels(rows)
     # other swept settings (workers, KV blocks, ...) get lines of their own, not a pooled mean
-    settings = [c for c in group_columns(rows) if c not in ("policy", "request_rate")]
-    iv = intervals(rows, panels, by=["policy", *settings, "request_rate"])  # failed runs left out, as the tables
+    settings = [c for c in group_columns(rows) if c not in ("policy", x)]
+    iv = intervals(rows, panels, by=["policy", *settings, x])  # failed runs left out, as the tables
     colors = colors or policy_colors(rows["policy"].drop_duplicates())
     names = short_names(rows["policy"])
     variants = list(dict.fromkeys(tuple(map(_setting_key, t)) for t in iv[settings].itertuples(index=False, name=None)))
@@ -192,7 +226,7 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
     for key, group in iv.groupby(["policy", *settings], sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         policy, values = key[0], tuple(map(_setting_key, key[1:]))
-        group = group.sort_values("request_rate")
+        group = group.sort_values(x)
         style = series_style(str(policy), colors)
         label = names[str(policy)]
         if settings:
@@ -201,15 +235,15 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
             label += ", " + ", ".join(f"{c}={_setting_text(v)}" for c, v in zip(settings, values))
         for ax, metric in zip(axes, panels):
             lower, upper = METRIC_BOUNDS[metric]
-            ax.errorbar(group["request_rate"], group[metric],
+            ax.errorbar(group[x], group[metric],
                         yerr=interval_errors(group[metric], group[f"{metric}_low"], group[f"{metric}_high"],
                                              lower, upper),
                         capsize=2, label=label, **style)
-    rates = rows["request_rate"].unique()
+    loads, x_label = rows[x].unique(), load_label(rows, x)
     for ax, metric in zip(axes, panels):
-        if not log_axis_if_spread(ax, rates):
-            ax.set_xticks(sorted(rates))
-        ax.set_xlabel("offered load (sessions started per s)")
+        if not log_axis_if_spread(ax, loads):
+            ax.set_xticks(sorted(loads))
+        ax.set_xlabel(x_label)
         ax.set_ylabel(LOAD_UNITS.get(metric, "TTFT (s)"))
         label = SUMMARY_METRICS[metric]
         ax.set_title(f"{label}\nin SLO: {slo}" if metric == "goodput_share" else label, fontsize=10)

@@ -117,3 +117,41 @@ def test_sweep_names_the_points_where_the_kv_cache_turned_over(tmp_path):
             "TTFT then depend on KV memory (try --kv-blocks or --workers); --show num_evictions,cacheable_blocks "
             "tables both, and `kvroute compare --time-series` on a point draws each worker's KV use over "
             "time.\n") in result.output
+
+
+def _rate_row(rate, policy, peak, seed=0):
+    """A run of 64 sessions at ``rate`` whose peak in flight was ``peak``."""
+    return {**_row(2, policy, run_seed=seed, digest=f"{policy}{rate}"), "request_rate": rate, "num_sessions": 64,
+            "peak_sessions": peak}
+
+
+def test_rate_note_names_the_rates_from_which_every_session_was_in_flight():
+    peaks = {"round_robin": {0.5: 30, 2: 64, 4: 64, 16: 64}, "kv_aware": {0.5: 20, 2: 64, 4: 63, 16: 64}}
+    rows = pd.DataFrame([_rate_row(r, p, peaks[p][r], s) for r in (0.5, 2, 4, 16) for p in peaks for s in (0, 1)])
+    # kv_aware's 2/s reached 64 but its 4/s did not: the rate still changed the concurrency there
+    assert sweep_notes(rows) == [
+        "Note: the request rate stopped raising the load at request_rate=2 or 4, policy=round_robin or with "
+        "request_rate=16: every run there had all 64 sessions in flight at once (peak_sessions = num_sessions), so "
+        "a higher rate only starts them sooner and adds no concurrency. To load the workers further, sweep --chats "
+        "without --request-rate (every session at once; --plot-load draws it), e.g. --chats 64,128,256."]
+    below = rows.assign(peak_sessions=rows["peak_sessions"].clip(upper=63))
+    assert sweep_notes(below) == []  # the peak still rose with the rate
+    one_rate = rows[rows["request_rate"] == 16]
+    assert sweep_notes(one_rate) == []  # no rate swept
+
+
+def test_sweep_plots_load_against_a_chats_list_and_reports_it(tmp_path):
+    out = tmp_path / "grid.parquet"
+    small = ["sweep", "--turns", "2", "--workers", "2", "--policies", "round_robin", "--rounds", "1",
+             "--executor", "sequential", "--no-progress"]
+    result = CliRunner().invoke(cli, [*small, "--chats", "2,4", "--plot-load", str(tmp_path / "c.png"),
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "c.png").stat().st_size > 10_000
+    page = (tmp_path / "grid.report.html").read_text()
+    assert "output throughput against the number of sessions" in page and page.count("data:image/png") == 1
+    both = CliRunner().invoke(cli, [*small, "--chats", "2,4", "--request-rate", "1,2", "--plot-load",
+                                    str(tmp_path / "b.png")])
+    assert both.exit_code != 0
+    assert ("Error: --plot-load: the rows sweep both request_rate and chats: hold one fixed (one --request-rate, "
+            "or one --chats) to draw the load curve against the other") in both.output

@@ -308,3 +308,25 @@ def test_load_figure_draws_each_other_swept_setting_as_its_own_line_not_a_pooled
                executor="sequential", progress=False)  # a setting left to the profile (None) keeps its line
     assert [t.get_text() for t in load_figure(kv).legends[0].get_texts()] == [
         "round_robin, kv_blocks=default", "round_robin, kv_blocks=3000"]
+
+
+def test_load_figure_draws_a_chats_sweep_against_sessions_all_started_at_once():
+    from kvroute.sim.study.plots import load_axis
+
+    base = Scenario(workload="agent", turns=2, workers=2, history=(2000, 3000))
+    rows = sweep(grid(base, chats=[2, 4, 8], policy=["round_robin", "kv_aware"]), executor="sequential",
+                 progress=False)
+    assert load_axis(rows) == "chats"
+    fig = load_figure(rows)
+    assert len(fig.axes) == 4
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "sessions (all started at once)"
+        assert [c.get_label() for c in ax.containers] == ["round_robin", "kv_aware"]
+        assert [c.lines[0].get_xdata().tolist() for c in ax.containers] == [[2.0, 4.0, 8.0]] * 2
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["round_robin", "kv_aware"]
+    at_a_rate = load_figure(rows.assign(request_rate=2.0))
+    assert at_a_rate.axes[0].get_xlabel() == "sessions (started at 2 per s)"
+    both = rows.assign(request_rate=[1.0, 2.0] * (len(rows) // 2))
+    with pytest.raises(ValueError, match=r"^the rows sweep both request_rate and chats: hold one fixed \(one "
+                                         r"--request-rate, or one --chats\) to draw the load curve against the other$"):
+        load_figure(both)

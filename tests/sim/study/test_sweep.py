@@ -408,3 +408,18 @@ def test_sweep_default_tables_show_all_turn_ttft_without_later_turns(tmp_path):
     tables = [block.split("\n")[0] for block in out.split("\n", 1)[1].split("\n\n")]
     assert tables[:4] == ["time to complete (s)", "TTFT mean (s)", "TTFT p90 (s)", "hit rate (cached/prompt tokens)"]
     assert "not shown" not in out and "turns >= 2" not in out
+
+
+def test_sessions_in_flight_counts_the_peak_of_sessions_started_and_not_ended():
+    from kvroute.sim.study.sweep import sessions_in_flight
+
+    nan = math.nan
+    records = pd.DataFrame({
+        "request_id": [0, 1, 2, 3, 4, 5, 6],
+        "session_id": [0, 0, 1, 2, nan, nan, 1],
+        "arrival": [0.0, 5.0, 1.0, 9.0, 2.0, 20.0, 6.0],
+        "finish": [3.0, 9.0, 4.0, 12.0, 2.5, 21.0, nan],  # request 6 failed unfinished: it ends when sent
+    })
+    # sessions 0: 0-9 s, 1: 1-6 s, 2: 9-12 s (starts as 0 ends: no overlap), request 4: 2-2.5 s, 5: 20-21 s
+    assert sessions_in_flight(records) == (5, 3)
+    assert sessions_in_flight(records.iloc[:0]) == (0, 0)
