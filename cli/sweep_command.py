@@ -115,7 +115,8 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
     if time_series:
         raise click.UsageError("sweep does not record time series; run kvroute compare --time-series --out DIR "
                                "with the grid point's options")
-    load_error = _load_axis_error(options)
+    # only a run that draws asks (plots imports matplotlib: half a second)
+    load_error = _load_axis_error(options) if plot_load is not None or out is not None else ""
     if plot_load is not None and load_error:
         raise click.UsageError(load_error)
     if plot_load is not None and plot_load.suffix.lower().lstrip(".") not in FIGURE_FORMATS:

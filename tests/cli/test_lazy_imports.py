@@ -57,3 +57,12 @@ def test_simulate_json_carries_its_notes_and_stays_light():
     assert notes[0] == ("Note: 20 requests failed (all policies and rounds); the notes without --json, or --out's "
                         "records, give the reasons")
     assert notes[1].startswith("Note: a6000-qwen2.5-7b is a derived prior, not a measurement")
+
+
+def test_a_sweep_that_draws_nothing_leaves_matplotlib_unimported():
+    """Checking whether --plot-load had a load axis imported the plots (matplotlib, about half a
+    second) on every sweep, drawn or not."""
+    args = ["sweep", "--chats", "2", "--turns", "2", "--workers", "2", "--rounds", "1", "--policies", "round_robin",
+            "--executor", "sequential", "--no-progress"]
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, check=True).stdout
+    assert "matplotlib" not in out.strip().splitlines()[-1], out[-300:]
