@@ -228,6 +228,11 @@ def test_one_round_says_it_has_no_interval():
     assert "± is the 95% interval" not in one.output
     two = invoke("simulate", "--chats", "4", "--turns", "2", "--rounds", "2")
     assert "2 round(s) per policy, seeds 0..1; ± is the 95% interval over rounds" in two.output
+    # two rounds give intervals such as [0.0, 1028.3]: the note says why
+    assert ("clipped to possible values): with two rounds Student's t has one degree of freedom, 12.7 standard errors "
+            "wide each way (4.3 with three);") in two.output
+    three = invoke("simulate", "--chats", "4", "--turns", "2", "--rounds", "3")
+    assert "degree of freedom" not in three.output
 
 
 def test_the_front_end_note_names_the_stated_api_contention_of_a_per_core_profile(tmp_path):
