@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from kvroute.sim.routing.policy_errors import raise_policy_error
+from kvroute.sim.routing.policy_errors import raise_policy_error, raised_at
 from kvroute.traces.inputs import C_INT_MAX, InputError, Num
 
 
@@ -167,17 +167,9 @@ def load_user_policies() -> None:
             spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[name]
-            lines = [tb.tb_lineno for tb in _frames(exc.__traceback__)
-                     if os.path.realpath(tb.tb_frame.f_code.co_filename) == os.path.realpath(path)]
-            at = f" at line {lines[-1]}" if lines and not isinstance(exc, SyntaxError) else ""  # a SyntaxError says it
+            raised = raised_at(exc, {os.path.realpath(path)})
+            at = f" at line {raised[0]}" if raised and not isinstance(exc, SyntaxError) else ""  # a SyntaxError says it
             raise ValueError(f"KVROUTE_POLICY_FILES: {path} failed to import{at}: {exc}") from exc
-
-
-def _frames(tb):
-    """The frames of a traceback, outermost first."""
-    while tb is not None:
-        yield tb
-        tb = tb.tb_next
 
 
 def _user_files_note() -> str:

@@ -112,13 +112,8 @@ def raise_policy_error(policy, exc: BaseException, method: str) -> NoReturn:
         path = getattr(sys.modules.get(base.__module__), "__file__", None)
         if path:
             files.setdefault(os.path.realpath(path), base)
-    line, owner = None, cls
-    tb = exc.__traceback__
-    while tb is not None:  # the innermost frame in one of the policy's files
-        found = files.get(os.path.realpath(tb.tb_frame.f_code.co_filename))
-        if found is not None:
-            line, owner = tb.tb_lineno, found
-        tb = tb.tb_next
+    at = raised_at(exc, files)
+    line, owner = (at[0], files[at[1]]) if at is not None else (None, cls)
     where = _class_file(cls)
     if line is None:
         location = where
@@ -130,6 +125,19 @@ def raise_policy_error(policy, exc: BaseException, method: str) -> NoReturn:
     reason = f": {reason[:300]}" if reason else ""
     raise PolicyError(f"policy {cls.name!r} ({location}) raised {type(exc).__name__} in {method}(){reason}",
                       cls.name, where, line) from exc
+
+
+def raised_at(exc: BaseException, paths) -> tuple[int, str] | None:
+    """Where in ``paths`` (real paths: ``os.path.realpath``) ``exc`` was raised: ``(line, path)``
+    of the innermost frame of its traceback in one of them, or None when no frame is."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        path = os.path.realpath(tb.tb_frame.f_code.co_filename)
+        if path in paths:
+            found = (tb.tb_lineno, path)
+        tb = tb.tb_next
+    return found
 
 
 def prepare_policy(policy, view) -> None:
