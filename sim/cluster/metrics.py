@@ -269,6 +269,9 @@ class ServiceClass:
     tpot_s: float = 0.1
 
 
+_ID, _STATUS, _ERROR = (RECORD_COLUMNS.index(c) for c in ("request_id", "status", "error"))
+"""Where :func:`failures` reads a record row (``RECORD_COLUMNS`` order)."""
+
 NOT_SENT = "not sent:"
 """How the error of a request never sent begins (its parent failed; ``kvroute.sim.cluster.cluster``)."""
 TIMED_OUT = "timed out"
@@ -312,14 +315,14 @@ def failures(rows: list[tuple]) -> Failures:
     counts = {NOT_SENT: 0, TIMED_OUT: 0, None: 0}  # None: rejected by the engine
     first = rejection = None
     for row in rows:
-        if row[14] == "ok":  # status
+        if row[_STATUS] == "ok":
             continue
-        error = row[15] if isinstance(row[15], str) else ""  # error: None, or NaN read back from a frame
+        error = row[_ERROR] if isinstance(row[_ERROR], str) else ""  # None, or NaN read back from a frame
         kind = NOT_SENT if error.startswith(NOT_SENT) else TIMED_OUT if error.startswith(TIMED_OUT) else None
         counts[kind] += 1
-        first = first or (int(row[0]), error)
+        first = first or (int(row[_ID]), error)
         if kind is None and rejection is None:
-            rejection = (int(row[0]), error)
+            rejection = (int(row[_ID]), error)
     failed = sum(counts.values())
     return Failures(len(rows), failed, counts[None], counts[NOT_SENT], counts[TIMED_OUT], rejection or first)
 
