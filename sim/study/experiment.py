@@ -304,7 +304,7 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
             header.append(f"Δ vs {names[comparison.policies[0]]}")
     rows = [header]
     for m in metrics:
-        if all(math.isnan(comparison.interval_rows[p][m]["mean"]) for p in comparison.policies):
+        if not _has_value(comparison, m):
             continue
         row = [SUMMARY_METRICS[m]]
         whole = whole_counts(m, [comparison.interval_rows[p][m]["mean"] for p in comparison.policies])
@@ -315,6 +315,12 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
                 row.append(_fmt_change(comparison, p, m))
         rows.append(row)
     return tabulate_rows(rows)
+
+
+def _has_value(comparison: Comparison, metric: str) -> bool:
+    """Whether any policy of ``comparison`` has a mean of ``metric`` (later-turn TTFT has none on
+    single-turn requests): a table leaves a metric without one out."""
+    return not all(math.isnan(comparison.interval_rows[p][metric]["mean"]) for p in comparison.policies)
 
 
 def _fmt_change(comparison: Comparison, policy: str, metric: str) -> str:
@@ -573,7 +579,7 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
             header += [f"Δ vs {names[result.policies[0]]}", "Δ with model unc."]
     rows = [header]
     for m in metrics:
-        if all(math.isnan(base.interval_rows[p][m]["mean"]) for p in result.policies):
+        if not _has_value(base, m):
             continue
         row = [SUMMARY_METRICS[m]]
         for i, p in enumerate(result.policies):
