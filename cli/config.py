@@ -131,7 +131,8 @@ def _saved_policy_files(saved: object) -> str:
     if not isinstance(files, dict):
         return ""
     missing = {name: then["path"] for name, then in files.items()
-               if name not in POLICIES and isinstance(then, dict) and isinstance(then.get("path"), str)}
+               if name not in POLICIES and isinstance(then, dict) and isinstance(then.get("path"), str)
+               and then["path"]}
     if not missing:
         return ""
     paths = os.pathsep.join(dict.fromkeys(missing.values()))

@@ -212,3 +212,16 @@ def test_session_affinity_counts_the_requests_without_a_session():
                                           "as least_loaded does (its fallback for a request without a session).")
     assert cls.workload_note(records[1::2]) == ""
     assert POLICIES["least_loaded"].workload_note(records) == ""
+
+
+def test_a_saved_runs_policy_file_is_named_only_when_its_block_gives_a_path():
+    """A hand-edited block with an empty path made the hint read "imported x from : re-run with
+    KVROUTE_POLICY_FILES=,"."""
+    from kvroute.cli.config import _saved_policy_files
+
+    assert _saved_policy_files({"policy_files": {"mine": {"path": "/p/mine.py"}}}) == (
+        "; its run imported mine from /p/mine.py: re-run with KVROUTE_POLICY_FILES=/p/mine.py, as the file's first "
+        "line says")
+    for block in ({"mine": {"path": ""}}, {"mine": {"path": 7}}, {"mine": None}, [1, 2], "x"):
+        assert _saved_policy_files({"policy_files": block}) == ""
+    assert _saved_policy_files({"policy_files": {"round_robin": {"path": "/p/rr.py"}}}) == ""  # built in: no hint
