@@ -91,6 +91,27 @@ def test_tables_show_whole_counts_without_decimals():
     assert not whole_counts("ttft_mean_s", [2.0, 1.0])  # a time that happens to be whole is not a count
 
 
+def test_uncertain_tables_show_whole_counts_and_their_ranges_without_decimals():
+    """``compare --uncertainty`` printed ``0.000 ± 0.000  [0.000, 0.000]`` where the plain table
+    printed ``0 ± 0``."""
+    from kvroute.sim.study.experiment import format_range
+    from kvroute.sim.study.report_tables import compare_table
+
+    assert format_range(0.0, 0.0, whole=True) == "[0, 0]"
+    assert format_range(0.0, 0.0) == "[0.000, 0.000]"
+
+    def entry(mean, low, high):
+        return {"mean": mean, "low": mean, "high": mean, "rounds": [mean, mean],
+                "model_interval": {"low": low, "high": high}}
+    doc = {"policies": {p: {"failed": entry(0.0, 0.0, 0.0), "preemptions": entry(2.0, 1.0, hi),
+                            "ttft_mean_s": entry(1.0, 1.0, 1.0)} for p, hi in (("a", 3.0), ("b", 3.5))}}
+    rows = {row[0]: [c.text for c in row[1:]] for row in compare_table(doc).rows}
+    assert rows["failed requests"] == ["0 ± 0", "[0, 0]", "0 ± 0", "[0, 0]", "", ""]
+    # an end between whole numbers keeps the digits in the whole row, as the plain table's means
+    assert rows["preemptions"][:4] == ["2.000 ± 0.000", "[1.000, 3.000]", "2.000 ± 0.000", "[1.000, 3.500]"]
+    assert rows["TTFT mean (s)"][:2] == ["1.000 ± 0.000", "[1.000, 1.000]"]  # a time is not a count
+
+
 def test_infeasible_grid_points_are_failed_rows_and_the_sweep_goes_on():
     from kvroute.sim.study.sweep import Scenario, grid, intervals, sweep
 

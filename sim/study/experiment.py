@@ -582,10 +582,13 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
         if not _has_value(base, m):
             continue
         row = [SUMMARY_METRICS[m]]
+        ranges = {p: result.mean_interval(p, m, coverage) for p in result.policies}
+        whole = whole_counts(m, [base.interval_rows[p][m]["mean"] for p in result.policies]
+                             + [end for p in result.policies for end in ranges[p]])
         for i, p in enumerate(result.policies):
             iv = base.interval_rows[p][m]
-            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"])))
-            row.append(format_range(*result.mean_interval(p, m, coverage)))
+            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"]), whole))
+            row.append(format_range(*ranges[p], whole=whole))
             if i:
                 row.append(_fmt_change(base, p, m))
                 row.append(format_change_range(*result.change_interval(p, m, coverage), points=m in SHARE_METRICS))
@@ -593,11 +596,12 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
     return tabulate_rows(rows)
 
 
-def format_range(lo: float | None, hi: float | None) -> str:
-    """``[lo, hi]`` with 3 decimals below 10 and 1 from there, ``-`` when undefined (None or NaN)."""
+def format_range(lo: float | None, hi: float | None, whole: bool = False) -> str:
+    """``[lo, hi]`` with 3 decimals below 10 and 1 from there, none when ``whole`` (a count whose
+    means and ends are whole numbers, ``whole_counts``), ``-`` when undefined (None or NaN)."""
     if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
         return "-"
-    digits = 3 if max(abs(lo), abs(hi)) < 10 else 1
+    digits = 0 if whole else 3 if max(abs(lo), abs(hi)) < 10 else 1
     return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
 
 

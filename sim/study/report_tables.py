@@ -29,7 +29,10 @@ def compare_table(doc: dict, note: str = "") -> Table:
         if all(doc["policies"][p].get(metric, {}).get("mean") is None for p in policies):
             continue  # no policy has a value (later-turn TTFT on single-turn requests), as the printed table
         row: list[Cell | str] = [SUMMARY_METRICS.get(metric, metric)]
-        whole = whole_counts(metric, [doc["policies"][p].get(metric, {}).get("mean") for p in policies])
+        entries = [doc["policies"][p].get(metric, {}) for p in policies]
+        ranges = [entry.get("model_interval") or {} for entry in entries]
+        whole = whole_counts(metric, [entry.get("mean") for entry in entries]
+                             + [iv.get(end) for iv in ranges for end in ("low", "high")])
         for i, policy in enumerate(policies):
             entry = doc["policies"][policy].get(metric, {})
             n = len(entry.get("rounds") or [])
@@ -37,7 +40,7 @@ def compare_table(doc: dict, note: str = "") -> Table:
                             {"mean": entry.get("mean"), "low": entry.get("low"), "high": entry.get("high"),
                              "rounds": n}))
             if uncertain:
-                row.append(_range_cell(entry.get("model_interval")))
+                row.append(_range_cell(entry.get("model_interval"), whole))
             if i:
                 pp = "change_vs_baseline_pp" in entry
                 value = entry.get("change_vs_baseline_pp" if pp else "change_vs_baseline_pct")
@@ -54,12 +57,14 @@ def compare_table(doc: dict, note: str = "") -> Table:
     return Table(title, header, rows, table_id="compare-table", note=note)
 
 
-def _range_cell(interval: dict | None) -> Cell:
-    """A ``[low, high]`` cell (``data-low``, ``data-high``) from ``{"low", "high"}`` (None: ``-``)."""
+def _range_cell(interval: dict | None, whole: bool = False) -> Cell:
+    """A ``[low, high]`` cell (``data-low``, ``data-high``) from ``{"low", "high"}`` (None: ``-``),
+    without decimals when ``whole`` (``format_range``)."""
     from kvroute.sim.study.experiment import format_range
 
     iv = interval or {}
-    return Cell(format_range(iv.get("low"), iv.get("high")), {"low": iv.get("low"), "high": iv.get("high")})
+    return Cell(format_range(iv.get("low"), iv.get("high"), whole),
+                {"low": iv.get("low"), "high": iv.get("high")})
 
 
 ALWAYS_SHOWN = ("workload", "chats", "turns", "profile", "workers", "policy")

@@ -114,6 +114,8 @@ def test_compare_uncertainty_keeps_the_seed_only_results_and_adds_model_interval
     text = CliRunner().invoke(cli, args[:-1] + ["--uncertainty", "3"], catch_exceptions=False).output
     hit_row = next(line for line in text.splitlines() if line.lstrip().startswith("hit"))
     assert " pp" in hit_row, hit_row
+    failed_row = next(line for line in text.splitlines() if line.startswith("failed requests"))
+    assert failed_row.split()[2:] == ["0", "±", "0", "[0,", "0]", "0", "±", "0", "[0,", "0]"]  # not 0.000
     bad = CliRunner().invoke(cli, args + ["--uncertainty", "-1"])
     assert bad.exit_code != 0 and "--uncertainty" in bad.output
 
