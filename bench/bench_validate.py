@@ -589,8 +589,9 @@ def _saved_rounds(saved):
     return merged
 
 
-def main() -> None:
-    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``parser.error`` on a bad value); ``api_cores`` and
+    ``run_to_run_prior`` are filled in with their defaults when not given."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", action="append", default=[], help="Use running servers instead of starting two.")
     parser.add_argument("--port-base", type=int, default=8300, help="First port of the servers started here.")
@@ -649,7 +650,7 @@ def main() -> None:
     parser.add_argument("--rescore", type=Path, default=None, metavar="DIR",
                         help="Score the profiles against the live rounds saved in DIR by an earlier run "
                              "(DIR/<shape>/live.pickle or live.pickle.gz), without servers.")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.api_cores is None:
         args.api_cores = "spare" if args.url else "own"
     if args.sweeps < 1:
@@ -667,11 +668,163 @@ def main() -> None:
     if args.kv_events and (args.url or args.rescore):
         parser.error("--kv-events configures the servers this script starts; it cannot be used with --url or "
                      "--rescore (live rounds saved with engine first-token times are split when rescored)")
+    if args.client_cores:
+        import click
 
+        from kvroute.cli.values import Cores
+
+        try:  # as calibrate measure reads it: cores this process may run on
+            args.client_cores_set = Cores().convert(args.client_cores, None, None)
+        except click.BadParameter as exc:
+            parser.error(f"--client-cores: {exc.message}")
+    else:
+        args.client_cores_set = None
+    return args
+
+
+class Run:
+    """What one run of the script gathers across its shapes: scored rows, the targets missed,
+    notes, the time splits and convoy lines, and the host's CPU shares per shape."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+        self.missed = 0
+        self.notes: list[str] = []
+        self.splits: list[str] = []
+        self.convoys: list[str] = []
+        self.host_cpu: dict[str, dict | None] = {}
+
+
+class ProbeChain:
+    """The speed probes between the shapes' live rounds: the probe after one shape's rounds is
+    the next one's before.
+
+    Attributes:
+        by_shape: the medians of the probe before each shape's rounds (``{"ttft_s", "itl_s"}``, s).
+        last: the samples of the probe taken last (None before the first).
+        first: the samples of the first probe.
+    """
+
+    def __init__(self) -> None:
+        self.by_shape: dict[str, dict[str, float]] = {}
+        self.last: dict[str, list[float]] | None = None
+        self.first: dict[str, list[float]] | None = None
+
+    def before(self, urls: list[str], shape: str, k: int) -> dict[str, list[float]]:
+        """The samples before ``shape``'s rounds (the ``k``-th shape): a new probe for the first,
+        else the one taken after the rounds before."""
+        from kvroute.calibrate.validation.probe import median
+
+        if self.last is None:
+            self.by_shape[shape], self.last = speed_probe(urls, seed=k)
+            self.first = self.first or self.last
+        else:
+            self.by_shape[shape] = median(self.last)
+        return self.last
+
+    def after(self, urls: list[str], k: int) -> dict[str, list[float]]:
+        """Probe after the ``k``-th shape's rounds; the samples."""
+        self.last = speed_probe(urls, seed=100 + k)[1]
+        return self.last
+
+
+def saved_shape(folder: Path, shape: str):
+    """A shape's live rounds saved by an earlier run in ``folder``: ``(validation, load,
+    probes)`` from ``<shape>/live.pickle`` (or ``.gz``) and ``probes.json`` (``{}`` without one).
+    Exits with an error naming the file when there are no rounds."""
+    saved = folder / shape / "live.pickle"
+    packed = saved.with_name("live.pickle.gz")  # as bench_coverage.py --keep archives it
+    if not saved.exists() and not packed.exists():
+        sys.exit(f"error: {saved}: no saved live rounds for shape {shape!r}")
+    data = saved.read_bytes() if saved.exists() else gzip.decompress(packed.read_bytes())
+    validation, load = pickle.loads(data)
+    probe_file = folder / shape / "probes.json"
+    return _saved_rounds(validation), load, json.loads(probe_file.read_text()) if probe_file.exists() else {}
+
+
+def live_shape(shape: str, k: int, first_shape: str, trace, urls: list[str], profile, args, kv_endpoints,
+               chain: ProbeChain, run: Run):
+    """``shape``'s live rounds (the ``k``-th shape) between two speed probes, saved under
+    ``args.out/<shape>/``; notes the probe before and the host's CPU shares in ``run``.
+
+    Returns:
+        ``(validation, load, probes)`` as :func:`saved_shape` reads them back.
+    """
+    before = chain.before(urls, shape, k)
+    run.notes.append(probe_note(f"before {shape}", chain.by_shape[shape], chain.by_shape[first_shape] if k else None))
+    print(run.notes[-1], file=sys.stderr)
+    cpu_before = host_cpu_times()
+    validation, load = _live_rounds(shape, trace, urls, profile, args, kv_endpoints)
+    probes = {"before": before, "after": chain.after(urls, k), "reference": chain.first if args.calibrate else None}
+    (args.out / shape / "probes.json").write_text(json.dumps(probes, indent=2))
+    run.host_cpu[shape] = host_cpu_shares(cpu_before, host_cpu_times())
+    if run.host_cpu[shape] is not None:
+        run.notes.append(f"{shape}: the host's CPU in the live rounds: busy {run.host_cpu[shape]['busy']:.0f} %, "
+                         f"stolen by the hypervisor {run.host_cpu[shape]['steal']:.2f} %")
+    return validation, load, probes
+
+
+def score_shape(shape: str, trace, validation, load, saved_probes: dict, profiles: list, checks: list, args,
+                run: Run) -> None:
+    """Simulate ``shape`` with each profile (and each of ``checks``, not counted as targets),
+    rescaled to the probes' speed unless ``--no-speed-scale`` or calibrated here, and score it
+    against the live rounds; rows, targets missed, notes and splits go to ``run``."""
     from dataclasses import replace
 
     from kvroute.calibrate.validation.validate import cluster_spec, predict, with_measured_client
     from kvroute.sim.timing.coverage import run_note
+
+    spec = validation.spec
+    sim_trace, lags, lag, offsets = with_measured_client(
+        trace, validation.runs, slot_limited=validation.spec.max_in_flight is not None)
+    run.notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median of "
+                     f"{len(lags)} later turns, each simulated turn draws one), root send offsets "
+                     f"up to {1000 * max(offsets.values(), default=0):.1f} ms")
+    run.notes.append(client_cpu_note(shape, validation))
+    for profile in profiles + checks:
+        cluster, _ = cluster_spec(profile, validation.servers, spec)
+        if args.speed_scale and saved_probes.get("before") and not saved_probes.get("reference"):
+            cluster = probe_scaled(shape, cluster, saved_probes, run.notes)
+            profile = cluster.profile
+        validation.drift = probe_drift_of(shape, profile.name, saved_probes, cluster, run.notes)
+        cluster = replace(cluster, client_lag_s=lags)
+        runs = predict(sim_trace, cluster, list(spec.policies), args.rounds, spec.seed, args.uncertainty)
+        beyond = run_note(cluster.profile, [r.records for sim in runs for r in sim.sim_runs])
+        if beyond:
+            run.notes.append(f"{shape}: {beyond.removeprefix('Note: ')}")
+        rows, m = score(shape, profile.name, runs, validation, args.rounds, load, args.interval_level,
+                        profile.raw, args.one_round, args.run_to_run_prior)
+        run.rows += rows
+        run.missed += m if profile not in checks else 0
+        run.splits += time_split(shape, profile.name, runs, validation)
+        run.convoys += convoy_split(shape, profile.name, runs, validation)
+
+
+def print_run(run: Run) -> None:
+    """The scored rows, the coverage lines, the time splits, the convoy lines and the notes."""
+    print()
+    print_rows(run.rows)
+    print()
+    for line in coverage_lines(run.rows):
+        print(line)
+    if run.splits:
+        print("\nwhere a request's time goes, predicted/measured ms (engine times from vLLM's request histograms; "
+              "front_end = TTFT - queue - prefill; api_front_end and client split it, measured only):")
+        for line in run.splits:
+            print(f"  {line}")
+    if run.convoys:
+        print("\nlater turns by position in their convoy, predicted/measured ms (engine = engine first token - send, "
+              "out = client first token - engine first token; measured from the servers' KV-cache events):")
+        for line in run.convoys:
+            print(f"  {line}")
+    for note in run.notes:
+        print(f"note: {note}")
+
+
+def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
+    args = parse_args()
+    from kvroute.calibrate.live.cores import pinned
     from kvroute.sim.timing.profile import load_profile
 
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
@@ -679,111 +832,37 @@ def main() -> None:
     names = list(args.profile or DEFAULT_PROFILES)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    all_rows, missed, notes, splits, convoys, probes, host_cpu = [], 0, [], [], [], {}, {}
-    after = first = None  # speed-probe samples: the last one taken, and the first (after --calibrate)
-    from kvroute.calibrate.validation.probe import median
-    import click
-
-    from kvroute.calibrate.live.cores import pinned
-    from kvroute.cli.values import Cores
-
-    try:  # as calibrate measure reads it: cores this process may run on
-        cores = Cores().convert(args.client_cores, None, None) if args.client_cores else None
-    except click.BadParameter as exc:
-        parser.error(f"--client-cores: {exc.message}")
+    run, chain = Run(), ProbeChain()
     servers = contextlib.nullcontext(([], [])) if args.rescore else _servers(args.url, args.out, args.port_base,
                                                                               args.api_cores, args.kv_events)
-    with servers as (urls, kv_endpoints), pinned(cores):
+    with servers as (urls, kv_endpoints), pinned(args.client_cores_set):
         t1 = time.perf_counter()
         if args.calibrate and not args.rescore:
             names.insert(0, str(calibrate_here(urls, args.out / "calibration", args.longest, args.sweeps,
                                                  args.api_cores, args.client_cores, kv_endpoints)))
-            notes.append(f"calibrated on these servers in {time.perf_counter() - t1:.0f} s: {names[0]}")
+            run.notes.append(f"calibrated on these servers in {time.perf_counter() - t1:.0f} s: {names[0]}")
             t1 = time.perf_counter()
         profiles = [load_profile(p) for p in names]
         checks = period_variants(profiles[0]) if args.period_range else []
         if checks:
-            notes.append(f"{profiles[0].name}'s engine-speed period {profiles[0].host.engine_speed_period_s:.3g} s; "
-                         f"also scored at the ends of the interval its sweep allows: {', '.join(p.name for p in checks)} "
-                         "(not counted in the targets missed)")
+            run.notes.append(f"{profiles[0].name}'s engine-speed period {profiles[0].host.engine_speed_period_s:.3g} s; "
+                             f"also scored at the ends of the interval its sweep allows: "
+                             f"{', '.join(p.name for p in checks)} (not counted in the targets missed)")
         for k, shape in enumerate(shapes):
-            trace = traces[shape]
             if args.rescore:
-                saved = args.rescore / shape / "live.pickle"
-                packed = saved.with_name("live.pickle.gz")  # as bench_coverage.py --keep archives it
-                if not saved.exists() and not packed.exists():
-                    sys.exit(f"error: {saved}: no saved live rounds for shape {shape!r}")
-                data = saved.read_bytes() if saved.exists() else gzip.decompress(packed.read_bytes())
-                validation, load = pickle.loads(data)
-                validation = _saved_rounds(validation)
-                probe_file = args.rescore / shape / "probes.json"
-                saved_probes = json.loads(probe_file.read_text()) if probe_file.exists() else {}
+                validation, load, probes = saved_shape(args.rescore, shape)
             else:
-                if after is None:  # the probe after the previous shape's rounds is this one's before
-                    probes[shape], after = speed_probe(urls, seed=k)
-                    first = first or after
-                else:
-                    probes[shape] = median(after)
-                notes.append(probe_note(f"before {shape}", probes[shape], probes[shapes[0]] if k else None))
-                print(notes[-1], file=sys.stderr)
-                before = after
-                cpu_before = host_cpu_times()
-                validation, load = _live_rounds(shape, trace, urls, profiles[0], args, kv_endpoints)
-                after = speed_probe(urls, seed=100 + k)[1]
-                saved_probes = {"before": before, "after": after, "reference": first if args.calibrate else None}
-                (args.out / shape / "probes.json").write_text(json.dumps(saved_probes, indent=2))
-                host_cpu[shape] = host_cpu_shares(cpu_before, host_cpu_times())
-                if host_cpu[shape] is not None:
-                    notes.append(f"{shape}: the host's CPU in the live rounds: busy {host_cpu[shape]['busy']:.0f} %, "
-                                 f"stolen by the hypervisor {host_cpu[shape]['steal']:.2f} %")
-            spec = validation.spec
-            sim_trace, lags, lag, offsets = with_measured_client(
-                trace, validation.runs, slot_limited=validation.spec.max_in_flight is not None)
-            notes.append(f"{shape}: {len(trace.records)} requests; measured client lag {1000 * lag:.1f} ms (median of "
-                         f"{len(lags)} later turns, each simulated turn draws one), root send offsets "
-                         f"up to {1000 * max(offsets.values(), default=0):.1f} ms")
-            notes.append(client_cpu_note(shape, validation))
-            for profile in profiles + checks:
-                cluster, _ = cluster_spec(profile, validation.servers, spec)
-                if args.speed_scale and saved_probes.get("before") and not saved_probes.get("reference"):
-                    cluster = probe_scaled(shape, cluster, saved_probes, notes)
-                    profile = cluster.profile
-                validation.drift = probe_drift_of(shape, profile.name, saved_probes, cluster, notes)
-                cluster = replace(cluster, client_lag_s=lags)
-                runs = predict(sim_trace, cluster, list(spec.policies), args.rounds, spec.seed, args.uncertainty)
-                beyond = run_note(cluster.profile, [r.records for run in runs for r in run.sim_runs])
-                if beyond:
-                    notes.append(f"{shape}: {beyond.removeprefix('Note: ')}")
-                rows, m = score(shape, profile.name, runs, validation, args.rounds, load, args.interval_level,
-                                profile.raw, args.one_round, args.run_to_run_prior)
-                all_rows += rows
-                missed += m if profile not in checks else 0
-                splits += time_split(shape, profile.name, runs, validation)
-                convoys += convoy_split(shape, profile.name, runs, validation)
+                validation, load, probes = live_shape(shape, k, shapes[0], traces[shape], urls, profiles[0], args,
+                                                      kv_endpoints, chain, run)
+            score_shape(shape, traces[shape], validation, load, probes, profiles, checks, args, run)
     t2 = time.perf_counter()
-    print()
-    print_rows(all_rows)
-    print()
-    for line in coverage_lines(all_rows):
-        print(line)
-    if splits:
-        print("\nwhere a request's time goes, predicted/measured ms (engine times from vLLM's request histograms; "
-              "front_end = TTFT - queue - prefill; api_front_end and client split it, measured only):")
-        for line in splits:
-            print(f"  {line}")
-    if convoys:
-        print("\nlater turns by position in their convoy, predicted/measured ms (engine = engine first token - send, "
-              "out = client first token - engine first token; measured from the servers' KV-cache events):")
-        for line in convoys:
-            print(f"  {line}")
-    for note in notes:
-        print(f"note: {note}")
+    print_run(run)
     print(f"\nwall time: {t2 - t0:.0f} s ({t1 - t0:.0f} s server start-up); reports in {args.out}/<shape>/")
-    (args.out / "summary.json").write_text(json.dumps({"rows": all_rows, "notes": notes, "missed": missed,
-                                                        "wall_s": t2 - t0, "speed_probes": probes,
-                                                        "host_cpu": host_cpu, "api_cores": args.api_cores},
+    (args.out / "summary.json").write_text(json.dumps({"rows": run.rows, "notes": run.notes, "missed": run.missed,
+                                                        "wall_s": t2 - t0, "speed_probes": chain.by_shape,
+                                                        "host_cpu": run.host_cpu, "api_cores": args.api_cores},
                                                        indent=2, default=str))
-    print(f"targets missed: {missed} (counted over every profile)")
+    print(f"targets missed: {run.missed} (counted over every profile)")
 
 
 if __name__ == "__main__":
