@@ -181,7 +181,10 @@ def _interval_note(result: _RunResult, policies, rounds: int, seed: int, slo: Se
             f"central profile. With model unc.: 95% prediction interval of the mean of {rounds} run(s), "
             f"centred on the (seeds) mean, from its seeds' spread and that of {result.draws} profiles drawn "
             f"from {result.uncertain.method}, each on its own seeds (times and rates in log space; "
-            "docs/reference/intervals.md); changes of shares in percentage points (pp); goodput at TTFT <= "
+            "docs/reference/intervals.md)" + (
+                f"; the seeds' spread is pooled over the runs of all {result.draws + 1} profiles, so with {rounds} "
+                f"rounds it can come out narrower than (seeds), whose t has {rounds - 1} degree{'s' if rounds > 2 else ''} of freedom"
+                if rounds < 4 else "") + "; changes of shares in percentage points (pp); goodput at TTFT <= "
             f"{slo.ttft_s} s and TPOT <= {slo.tpot_s} s.")
 
 

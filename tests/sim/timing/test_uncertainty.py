@@ -250,6 +250,9 @@ def test_uncertainty_keeps_the_stage_table_and_puts_the_model_intervals_in_the_r
     text = CliRunner().invoke(cli, args, catch_exceptions=False).output
     assert "\nper stage (inference-perf's counting" in text
     assert "With model unc.: 95% prediction interval of the mean of 2 run(s), centred on the (seeds) mean" in text
+    # why a model-uncertainty interval can be narrower than the seeds-only one with few rounds
+    assert ("the seeds' spread is pooled over the runs of all 3 profiles, so with 2 rounds it can come out "
+            "narrower than (seeds), whose t has 1 degree of freedom;" in " ".join(text.split()))
     page = (out / "report.html").read_text()
     table = page[page.index('id="compare-table"'):]
     table = table[:table.index("</table>")]
