@@ -61,7 +61,7 @@ from kvroute.calibrate.validation.validate import (SILENT_BEFORE_THE_RUN, Policy
                                                    servers_of_another_model)
 from kvroute.sim.timing.heldout import heldout_log_sd, heldout_spreads
 from kvroute.sim.study.experiment import prediction_interval
-from kvroute.sim.study.intervals import combined_interval, coverage, prior_sd_for
+from kvroute.sim.study.intervals import combined_interval, coverage, prior_sd_for, within
 from kvroute.sim.timing.drift import drift_exponent, metric_drift
 from kvroute.sim.cluster.metrics import SHARE_METRICS, SUMMARY_METRICS, change_bounds, change_of
 
@@ -109,7 +109,7 @@ def _inside(values, measured, future: int = 1) -> dict:
     ``future`` runs) and whether ``measured`` falls inside it (None when either is undefined)."""
     lo, hi = prediction_interval(values, future=max(future, 1)) if len(values) else (math.nan, math.nan)
     m = _num(measured)
-    inside = None if m is None or _num(lo) is None else bool(lo <= m <= hi)
+    inside = within(m, lo, hi)
     return {"run_interval": [_num(lo), _num(hi)], "inside": inside}
 
 
@@ -365,7 +365,7 @@ def _metric_entry(v: Validation, runs: list[PolicyRun], metric: str, multi: bool
         entry.update(live_rounds=live["n"], measured_rounds=[_num(r.measured.get(metric, math.nan)) for r in runs],
                      left_out=rounds.left_out, measured_min=lo, measured_max=hi,
                      measured_interval=live["interval"] and [_num(x) for x in live["interval"]],
-                     predicted_inside_live_range=None if None in (p, lo, hi) or live["n"] < 2 else bool(lo <= p <= hi))
+                     predicted_inside_live_range=None if live["n"] < 2 else within(p, lo, hi))
     return entry
 
 
@@ -619,7 +619,7 @@ def change_pair(base: list[PolicyRun], runs: list[PolicyRun], metric: str, multi
         lo, hi = (_num(x) for x in mean_interval(rounds.values, bounds=change_bounds(metric)))
         out.update(live_rounds=len(finite(rounds.values)), measured_rounds=[_num(x) for x in every],
                    left_out=rounds.left_out, measured_interval=None if lo is None else [lo, hi],
-                   predicted_inside_measured_interval=None if lo is None or _num(p) is None else bool(lo <= p <= hi))
+                   predicted_inside_measured_interval=within(p, lo, hi))
     return out
 
 

@@ -63,17 +63,25 @@ class CombinedInterval:
     parts: dict = field(default_factory=dict)
 
     def contains(self, value) -> bool | None:
-        """Whether ``value`` lies in ``[low, high]``, widened by 1e-12 of the value's size (an
-        interval of identical runs, e.g. a deterministic hit rate, is its mean computed two ways,
-        which can differ in the last bit); None when either is undefined."""
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            return None
-        if not math.isfinite(v) or math.isnan(self.low) or math.isnan(self.high):
-            return None
-        slack = 1e-12 * max(1.0, abs(v))
-        return bool(self.low - slack <= v <= self.high + slack)
+        """Whether ``value`` lies in ``[low, high]`` (:func:`within`: widened by 1e-12 of the
+        value's size; an interval of identical runs, e.g. a deterministic hit rate, is its mean
+        computed two ways, which can differ in the last bit); None when either is undefined."""
+        return within(value, self.low, self.high)
+
+
+def within(value, low, high) -> bool | None:
+    """Whether ``value`` lies in ``[low, high]``, widened by 1e-12 of the value's size (a value
+    computed two ways, e.g. a deterministic hit rate predicted and measured, can differ in the
+    last bit: 0.7907181671317375 against 0.7907181671317374); None when any of the three is
+    undefined (None, NaN, not a number) or ``value`` is infinite."""
+    try:
+        v, lo, hi = float(value), float(low), float(high)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(v) or math.isnan(lo) or math.isnan(hi):
+        return None
+    slack = 1e-12 * max(1.0, abs(v))
+    return bool(lo - slack <= v <= hi + slack)
 
 
 def _nan(level: float, log_scale: bool, why: str) -> CombinedInterval:

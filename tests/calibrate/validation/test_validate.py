@@ -2078,3 +2078,23 @@ def test_a_live_range_of_one_value_reads_as_one_value():
     assert _live_range_cell(m).text == "no: below (0.8118 < 0.8125)"
     assert _live_min_max({"measured_min": 1.6, "measured_max": 1.9}) == "1.600 - 1.900"
     assert _live_min_max({"measured_min": None, "measured_max": None}) == "-"
+
+
+def test_a_prediction_equal_to_the_live_rounds_but_for_the_last_bit_lies_in_their_range():
+    """A hit rate exact to the token read "no: above (0.7907 > 0.7907)": predicted
+    0.7907181671317375 against a measured 0.7907181671317374, each computed its own way."""
+    import math
+
+    from kvroute.calibrate.validation.validate_report import report_dict
+    from kvroute.sim.study.intervals import within
+
+    predicted = float(np.mean([0.5, 0.55, 0.6]))  # constructed_validation's round_robin prediction
+    below = math.nextafter(predicted, 0.0)
+    v = constructed_validation({"round_robin": [{"hit_rate": below}] * 2, "kv_aware": [{"hit_rate": 0.6}] * 2},
+                               live_rounds=2)
+    m = report_dict(v)["policies"]["round_robin"]["metrics"]["hit_rate"]
+    assert m["predicted"] == predicted and m["measured_max"] == below < predicted
+    assert m["predicted_inside_live_range"] is True  # was False
+    assert within(predicted, below, below) is True
+    assert within(predicted * (1 + 1e-9), below, below) is False  # a real difference still counts
+    assert within(None, 0.0, 1.0) is None and within(0.5, math.nan, 1.0) is None and within(math.inf, 0, 1) is None
