@@ -181,7 +181,7 @@ def serve(model, served_model_name, num_servers, port_base, host, block_size, gp
             build_tiny_model(model_path)
         except ImportError as exc:
             raise click.ClickException(f"building {TINY_MODEL_NAME} needs torch, transformers and tokenizers "
-                  f"(pip install 'kvroute[live]'): {exc}")
+                                       f"(pip install 'kvroute[live]'), importable: {exc}")
     for line in core_notes(specs, taken, api_taken):
         click.echo(line, err=True)
     for s in specs:

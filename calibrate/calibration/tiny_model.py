@@ -78,6 +78,24 @@ def tiny_model_built(out_dir: str | Path | None = None, spec: TinySpec = TinySpe
         return False
 
 
+TORCH_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+"""Packages vLLM's CPU wheel brings along that the tiny model does not use; builds of them that
+do not match the installed torch break transformers' model imports."""
+
+
+def torch_extras_hint() -> str:
+    """``"; ..."``: the command that uninstalls the :data:`TORCH_EXTRAS` installed here, with why
+    (docs/guide/calibrate-on-cpu.md), or ``""`` when none is."""
+    import importlib.util
+
+    found = [name for name in TORCH_EXTRAS if importlib.util.find_spec(name) is not None]
+    if not found:
+        return ""
+    return (f"; {', '.join(found)} {'is' if len(found) == 1 else 'are'} installed, and vLLM's CPU wheel brings "
+            "builds of them that break transformers' model imports: python -m pip uninstall -y "
+            f"{' '.join(found)} (docs/guide/calibrate-on-cpu.md)")
+
+
 def build_tiny_model(out_dir: str | Path | None = None, spec: TinySpec = TinySpec()) -> Path:
     """Build (or reuse) the tiny Qwen2 model and tokenizer in ``out_dir``.
 
@@ -89,7 +107,10 @@ def build_tiny_model(out_dir: str | Path | None = None, spec: TinySpec = TinySpe
         The directory, loadable by ``transformers`` and by vLLM (``--model DIR``).
 
     Raises:
-        ImportError: when torch, transformers or tokenizers are missing (the ``live`` extra).
+        ImportError: when torch, transformers or tokenizers are missing (the ``live`` extra), or
+            do not import; with torchvision, torchaudio or torchcodec installed the message says
+            to uninstall them (vLLM's CPU wheel brings builds of them that break transformers'
+            Qwen2 import, ``ModuleNotFoundError: Could not import module 'Qwen2ForCausalLM'``).
     """
     out = Path(out_dir) if out_dir is not None else default_tiny_dir()
     marker = out / _MARKER
@@ -97,9 +118,12 @@ def build_tiny_model(out_dir: str | Path | None = None, spec: TinySpec = TinySpe
     if tiny_model_built(out, spec):
         return out
     os.environ.setdefault("RAYON_NUM_THREADS", "1")  # deterministic BPE training
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    try:
+        import torch
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    except ImportError as exc:
+        raise ImportError(f"{exc}{torch_extras_hint()}") from exc
 
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
