@@ -320,6 +320,10 @@ def burst_table(bursts: list[Burst], profile: Profile, seeds: tuple[int, ...] = 
     return pd.DataFrame(rows)
 
 
+WORSE_MARGIN = 1.05
+"""How much worse (ratio of :meth:`FrontendFit.latency_misfit`) the terms may fit the cold bursts'
+latencies than the profile without them before the fit summary says so."""
+
 SCOPES = {"burst": "one server", "burst_all": "all servers", "burst_cached": "one server, cached prefix",
           "burst_all_cached": "all servers, cached prefix"}
 """Report scopes of :func:`error_summary`: the burst kind, ``_cached`` for a cached prefix."""
@@ -394,8 +398,36 @@ class FrontendFit:
                             if kind.endswith("_cached") else ""))
         from kvroute.calibrate.calibration.walls import summary_lines
 
+        worse = self.worse_note()
+        lines += [worse] if worse else []
         lines += summary_lines(self.walls, self.scatter)  # terms at a bound; repeats that scatter (walls.py)
         return "\n".join(lines)
+
+    def latency_misfit(self) -> tuple[float, float, int]:
+        """The cold bursts' latency misfit without and with the terms: sums of squared log ratios
+        of predicted to measured over the figures both profiles predict (``api_cpu_s`` is not
+        among them: the profile without terms predicts none), and how many figures. The terms
+        are fitted to these figures, ``api_cpu_s`` and the bursts' engine times together, with
+        the stated host terms (:func:`fit_frontend`)."""
+        keys = ["exp_id", "metric"]
+        cold = [t[t["prefix_len"] == 0][keys + ["error_pct"]] if len(t) else pd.DataFrame(columns=keys + ["error_pct"])
+                for t in (self.before, self.after)]
+        both = cold[0].merge(cold[1], on=keys, suffixes=("_before", "_after"))
+        misfit = [float((np.log1p(both[f"error_pct_{w}"] / 100.0) ** 2).sum()) for w in ("before", "after")]
+        return misfit[0], misfit[1], len(both)
+
+    def worse_note(self) -> str | None:
+        """A ``WORSE:`` line when the terms fit the cold bursts' latencies more than
+        ``WORSE_MARGIN`` times worse than the profile without them (:meth:`latency_misfit`);
+        None otherwise."""
+        before, after, n = self.latency_misfit()
+        if not n or not after > WORSE_MARGIN * before:
+            return None
+        bursts = int(self.after.loc[self.after["prefix_len"] == 0, "exp_id"].nunique())
+        return (f"WORSE: the cold bursts' latencies fit worse with these terms than with none (sum of squared log "
+                f"ratios over the {n} figures both predict: {before:.3g} -> {after:.3g}): the fit weighs them with "
+                f"the API process's CPU seconds and carries the stated host terms; {bursts} cold bursts may be too few "
+                "to fit them (a sweep with more bursts, measure --preset full, fits them from more)")
 
 
 def _span(low: float, high: float) -> str:
@@ -613,6 +645,11 @@ def contention_interval(loss, best: float, best_loss: float, num_terms: int,
     return float(low), float(high)
 
 
+def _misfit_doc(before: float, after: float, figures: int) -> dict:
+    """:meth:`FrontendFit.latency_misfit` for the profile (six significant digits)."""
+    return {"without_terms": float(f"{before:.6g}"), "with_terms": float(f"{after:.6g}"), "figures": figures}
+
+
 def profile_sections(ff: FrontendFit) -> dict:
     """The profile's ``frontend`` and ``host`` sections, with their sources and burst errors."""
     f, h = ff.frontend, ff.host
@@ -638,6 +675,7 @@ def profile_sections(ff: FrontendFit) -> dict:
             "at_bound": [w.to_dict() for w in ff.walls],
             "median_abs_error_pct_without_terms": _rounded(error_summary(ff.before)),
             "median_abs_error_pct_with_terms": _rounded(error_summary(ff.after)),
+            "cold_latency_misfit": _misfit_doc(*ff.latency_misfit()),
         },
         "sources": {
             "frontend": "fitted to the concurrency sweep's bursts (kvroute.calibrate.calibration.bursts), with the API "
