@@ -275,11 +275,14 @@ def executor_options(func):
 
 
 def describe(trace: Trace, spec: ClusterSpec) -> str:
-    """One line naming the scenario (KV blocks per worker after any GPU sharing)."""
+    """One line naming the scenario (KV blocks per worker after any GPU sharing; a profile measured
+    on vLLM's CPU backend, ``hardware.device`` ``"cpu"``, has CPU devices in place of GPUs)."""
     gpus = spec.num_gpus or spec.num_workers
     blocks = sorted({spec.profile.shared(spec.workers_on_gpu(spec.gpu_of(w))).engine.num_gpu_blocks
                      for w in range(spec.num_workers)})
-    on = f"{gpus} GPU" if gpus == 1 else f"{gpus} GPUs"
+    hardware = spec.profile.raw.get("hardware") if isinstance(spec.profile.raw, dict) else None
+    device = "CPU device" if isinstance(hardware, dict) and hardware.get("device") == "cpu" else "GPU"
+    on = f"{gpus} {device}" + ("" if gpus == 1 else "s")
     par = spec.profile.raw.get("parallel") if isinstance(spec.profile.raw, dict) else None
     tp = par.get("tensor_parallel_size", 1) if isinstance(par, dict) else 1
     if isinstance(tp, int) and tp > 1:  # a GPU of the scenario is one TP group of the profile

@@ -86,6 +86,16 @@ def test_the_scenario_line_counts_the_gpus_of_tensor_parallel_workers():
     assert "4 workers on 4 GPUs" in describe(scenario.trace(), scenario.spec())
 
 
+def test_the_scenario_line_names_cpu_devices_for_a_profile_measured_on_vllms_cpu_backend():
+    """A CPU profile's header read "2 workers on 2 GPUs"."""
+    from kvroute.sim.timing.profile import load_profile
+
+    scenario = Scenario(chats=2, turns=1, workers=2)
+    assert " | 2 workers on 2 CPU devices | " in describe(scenario.trace(), scenario.spec(load_profile("cpu-tiny-qwen2-x2")))
+    one = Scenario(chats=2, turns=1, workers=1)
+    assert " | 1 worker on 1 CPU device | " in describe(one.trace(), one.spec(load_profile("cpu-tiny-qwen2")))
+
+
 def test_a_sweep_rerun_from_its_scenario_leaves_the_first_runs_load_curve_alone(tmp_path):
     """``--plot-load``'s path is an output, not a scenario value: kept, ``--config`` would draw the
     re-run over the first run's figure. The header prints it as FILE.svg; a file that still has
