@@ -60,12 +60,12 @@ def _check_profiles(names: list[str]) -> None:
 
 def pivot_table(frame: pd.DataFrame, metric: str) -> str:
     """``metric``'s mean ± 95% half-width over rounds (``mean [low, high]`` where clipped to possible
-    values; a count's whole means without decimals: ``experiment.format_interval``, as compare's
-    table): a row per scenario, a column per policy."""
+    values; a count's whole mean without decimals, cell by cell: ``experiment.format_interval``, as
+    compare's table): a row per scenario, a column per policy."""
     iv = intervals(frame, [metric])
     by = [c for c in iv.columns if c not in ("rounds", metric, f"{metric}_low", f"{metric}_high")]
-    whole = whole_counts(metric, iv[metric], COUNT_COLUMNS)
-    iv["cell"] = [format_interval(row[metric], row[f"{metric}_low"], row[f"{metric}_high"], int(row["rounds"]), whole)
+    iv["cell"] = [format_interval(row[metric], row[f"{metric}_low"], row[f"{metric}_high"], int(row["rounds"]),
+                                  whole_counts(metric, [row[metric]], COUNT_COLUMNS))
                   for _, row in iv.iterrows()]
     index = [c for c in by if c != "policy"]
     label = SUMMARY_METRICS.get(metric) or COUNTER_COLUMNS.get(metric, metric)

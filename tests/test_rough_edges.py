@@ -84,10 +84,11 @@ def test_tables_show_whole_counts_without_decimals():
     comparison = Comparison(["a", "b"], {}, summaries, {p: summarize_rounds(rows) for p, rows in rounds.items()})
     lines = format_table(comparison, ["failed", "preemptions", "ttft_mean_s"]).splitlines()
     assert lines[2].split() == ["failed", "requests", "320", "±", "0", "320", "±", "0", "+0.0%"]  # was 320.0 ± 0.0
-    # a count whose rounds disagree (1.5 preemptions on average) keeps its digits in the whole row
-    assert lines[3].split() == ["preemptions", "0.000", "±", "0.000", "1.500", "[0.000,", "7.853]"]
+    # cell by cell: an exact 0 beside a mean between whole numbers (1.5 preemptions) that keeps its digits
+    assert lines[3].split() == ["preemptions", "0", "±", "0", "1.500", "[0.000,", "7.853]"]
     assert lines[4].split() == ["TTFT", "mean", "(s)", "2.000", "±", "0.000", "1.000", "±", "0.000", "-50.0%"]
     assert whole_counts("failed", [320.0, math.nan, None]) and not whole_counts("failed", [math.nan])
+    assert not whole_counts("failed", [2.0, 4.484])  # a range's end between whole numbers
     assert not whole_counts("ttft_mean_s", [2.0, 1.0])  # a time that happens to be whole is not a count
 
 
@@ -107,8 +108,8 @@ def test_uncertain_tables_show_whole_counts_and_their_ranges_without_decimals():
                             "ttft_mean_s": entry(1.0, 1.0, 1.0)} for p, hi in (("a", 3.0), ("b", 3.5))}}
     rows = {row[0]: [c.text for c in row[1:]] for row in compare_table(doc).rows}
     assert rows["failed requests"] == ["0 ± 0", "[0, 0]", "0 ± 0", "[0, 0]", "", ""]
-    # an end between whole numbers keeps the digits in the whole row, as the plain table's means
-    assert rows["preemptions"][:4] == ["2.000 ± 0.000", "[1.000, 3.000]", "2.000 ± 0.000", "[1.000, 3.500]"]
+    # a range with an end between whole numbers keeps its digits; the cells beside it do not
+    assert rows["preemptions"][:4] == ["2 ± 0", "[1, 3]", "2 ± 0", "[1.000, 3.500]"]
     assert rows["TTFT mean (s)"][:2] == ["1.000 ± 0.000", "[1.000, 1.000]"]  # a time is not a count
 
 

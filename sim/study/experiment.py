@@ -307,10 +307,9 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
         if not _has_value(comparison, m):
             continue
         row = [SUMMARY_METRICS[m]]
-        whole = whole_counts(m, [comparison.interval_rows[p][m]["mean"] for p in comparison.policies])
         for i, p in enumerate(comparison.policies):
             iv = comparison.interval_rows[p][m]
-            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"]), whole))
+            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"]), whole_counts(m, [iv["mean"]])))
             if i:
                 row.append(_fmt_change(comparison, p, m))
         rows.append(row)
@@ -357,10 +356,12 @@ def format_interval(mean: float | None, low: float | None, high: float | None, r
 
 
 def whole_counts(metric: str, means, counts=COUNT_METRICS) -> bool:
-    """Whether a table shows ``metric`` without decimals (``320 ± 0``, not ``320.0 ± 0.0``): it is
-    one of ``counts`` (``COUNT_METRICS``; a sweep's, ``sweep.COUNT_COLUMNS``) and every one of its
-    ``means`` in the table (None and NaN aside, at least one) is a whole number. A count whose
-    rounds disagree on a mean between whole numbers keeps the usual digits in all its cells."""
+    """Whether a table cell shows ``metric`` without decimals (``320 ± 0``, not ``320.0 ± 0.0``):
+    it is one of ``counts`` (``COUNT_METRICS``; a sweep's, ``sweep.COUNT_COLUMNS``) and every one
+    of ``means`` (the cell's mean; for a model-uncertainty range, its ends too; None and NaN aside,
+    at least one) is a whole number. Decided cell by cell, so a count's exact ``0 ± 0`` is not
+    written ``0.000 ± 0.000`` beside another cell's mean between whole numbers (``1.500 [0.000,
+    7.853]``), and a cell reads the same in ``compare`` and in a sweep."""
     values = [float(v) for v in means if v is not None and not math.isnan(float(v))]
     return metric in counts and bool(values) and all(v.is_integer() for v in values)
 
@@ -582,13 +583,11 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
         if not _has_value(base, m):
             continue
         row = [SUMMARY_METRICS[m]]
-        ranges = {p: result.mean_interval(p, m, coverage) for p in result.policies}
-        whole = whole_counts(m, [base.interval_rows[p][m]["mean"] for p in result.policies]
-                             + [end for p in result.policies for end in ranges[p]])
         for i, p in enumerate(result.policies):
             iv = base.interval_rows[p][m]
-            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"]), whole))
-            row.append(format_range(*ranges[p], whole=whole))
+            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"]), whole_counts(m, [iv["mean"]])))
+            lo, hi = result.mean_interval(p, m, coverage)
+            row.append(format_range(lo, hi, whole=whole_counts(m, [iv["mean"], lo, hi])))
             if i:
                 row.append(_fmt_change(base, p, m))
                 row.append(format_change_range(*result.change_interval(p, m, coverage), points=m in SHARE_METRICS))
@@ -598,7 +597,7 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
 
 def format_range(lo: float | None, hi: float | None, whole: bool = False) -> str:
     """``[lo, hi]`` with 3 decimals below 10 and 1 from there, none when ``whole`` (a count whose
-    means and ends are whole numbers, ``whole_counts``), ``-`` when undefined (None or NaN)."""
+    mean and ends are whole numbers, ``whole_counts``), ``-`` when undefined (None or NaN)."""
     if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
         return "-"
     digits = 0 if whole else 3 if max(abs(lo), abs(hi)) < 10 else 1

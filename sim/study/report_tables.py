@@ -29,18 +29,17 @@ def compare_table(doc: dict, note: str = "") -> Table:
         if all(doc["policies"][p].get(metric, {}).get("mean") is None for p in policies):
             continue  # no policy has a value (later-turn TTFT on single-turn requests), as the printed table
         row: list[Cell | str] = [SUMMARY_METRICS.get(metric, metric)]
-        entries = [doc["policies"][p].get(metric, {}) for p in policies]
-        ranges = [entry.get("model_interval") or {} for entry in entries]
-        whole = whole_counts(metric, [entry.get("mean") for entry in entries]
-                             + [iv.get(end) for iv in ranges for end in ("low", "high")])
         for i, policy in enumerate(policies):
             entry = doc["policies"][policy].get(metric, {})
             n = len(entry.get("rounds") or [])
+            whole = whole_counts(metric, [entry.get("mean")])
             row.append(Cell(format_interval(entry.get("mean"), entry.get("low"), entry.get("high"), n, whole),
                             {"mean": entry.get("mean"), "low": entry.get("low"), "high": entry.get("high"),
                              "rounds": n}))
             if uncertain:
-                row.append(_range_cell(entry.get("model_interval"), whole))
+                model = entry.get("model_interval") or {}
+                row.append(_range_cell(model, whole_counts(metric, [entry.get("mean"), model.get("low"),
+                                                                    model.get("high")])))
             if i:
                 pp = "change_vs_baseline_pp" in entry
                 value = entry.get("change_vs_baseline_pp" if pp else "change_vs_baseline_pct")
@@ -93,13 +92,12 @@ def grid_lines(rows) -> list[str]:
 def sweep_table(frame, metric: str, label: str) -> Table:
     """One metric of a sweep as a table: a row per scenario (the fields that vary, but the policy),
     a column per policy, each cell ``mean [low, high]`` over rounds (``sweep.intervals``, clipped
-    to possible values; a count's whole means without decimals) with ``data-mean``, ``data-low``,
+    to possible values; a count's whole mean without decimals, cell by cell) with ``data-mean``, ``data-low``,
     ``data-high`` and ``data-rounds``."""
     from kvroute.sim.study.experiment import format_interval, whole_counts
     from kvroute.sim.study.sweep import COUNT_COLUMNS, intervals
 
     iv = intervals(frame, [metric])
-    whole = whole_counts(metric, iv[metric], COUNT_COLUMNS)
     by = [c for c in iv.columns if c not in ("rounds", metric, f"{metric}_low", f"{metric}_high")]
     index = [c for c in by if c != "policy"]
     policies = list(dict.fromkeys(iv["policy"])) if "policy" in by else [metric]
@@ -109,7 +107,7 @@ def sweep_table(frame, metric: str, label: str) -> Table:
         key = tuple(row[c] for c in index)
         column = row["policy"] if "policy" in by else metric
         cells[key, column] = Cell(format_interval(row[metric], row[f"{metric}_low"], row[f"{metric}_high"],
-                                                  int(row["rounds"]), whole),
+                                                  int(row["rounds"]), whole_counts(metric, [row[metric]], COUNT_COLUMNS)),
                                   {"mean": row[metric], "low": row[f"{metric}_low"], "high": row[f"{metric}_high"],
                                    "rounds": int(row["rounds"])})
     rows = [[*(str(k) for k in key), *(cells.get((key, p), "-") for p in policies)] for key in keys]
