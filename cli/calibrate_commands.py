@@ -84,25 +84,12 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
     (batch x context grid), mixed steps; rows go to OUT/requests.csv as they arrive. Ctrl-C or SIGTERM
     stops the sweep with meta.json saying "interrupted" and the rows kept (exit code 130)."""
     import asyncio
-    from dataclasses import replace
 
     from kvroute.calibrate.live.client import CalibrationError
     from kvroute.calibrate.calibration.measure import run_sweep
-    from kvroute.calibrate.calibration.sweep_plan import SweepPlan
     from kvroute.calibrate.live.cores import pinned
 
-    if longest is not None and max_len is not None and longest > max_len:  # --max-len would drop what --longest adds
-        raise click.BadParameter(f"{longest} tokens is more than --max-len {max_len}, which drops every sequence "
-                                 f"longer than that; give --longest at most {max_len}, or raise --max-len",
-                                 param_hint="'--longest'")
-    plan = SweepPlan.preset(preset)
-    if longest is not None:
-        plan = plan.extended(longest)
-    if max_len is not None:
-        plan = plan.clipped(max_len)
-    if not bursts:
-        plan = plan.without_bursts()
-    plan = replace(plan, burst_slots=burst_slots)
+    plan = _sweep_plan(preset, longest, max_len, bursts, burst_slots)
     lo, hi = token_id_range(token_range)
     if num_servers is not None and not dry_run:
         raise click.BadParameter("applies with --dry-run only (a sweep runs on its --url servers)",
@@ -122,15 +109,7 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
             raise click.BadParameter(str(exc), param_hint="'--kv-events'") from exc
     given = _load_estimate_profile(estimate_profile) if estimate_profile else None
     if dry_run:
-        n = num_servers or len(urls) or 1
-        profile, note = _estimate_profile(given, None, n, urls)
-        click.echo(_plan_text(plan, n, seed, profile))
-        click.echo(_estimate(plan, profile, n, seed, None, bool(kv_events)).line() + note)
-        if not urls:  # what to run next (README: Calibrate on your GPUs)
-            click.echo(f"next: start the servers ({_serve_command(given, n, longest)}), then this "
-                       f"command with {'one --url per server' if n > 1 else '--url URL'} and --out DIR instead of "
-                       f"--dry-run{'' if num_servers is None else f' and --servers {num_servers}'}, then kvroute "
-                       "calibrate fit DIR --out PROFILE.json")
+        _print_dry_run(plan, given, urls, num_servers, seed, bool(kv_events), longest)
         return
     # NOTE: the client, imported before --out is made: when it is missing, main() names the extras
     import aiohttp  # noqa: F401
@@ -169,6 +148,51 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
             click.echo(f"\ninterrupted: {kept} measured requests are kept in {out / 'requests.csv'}" if kept
                        else "\ninterrupted before any request was measured", err=True)
             sys.exit(130)
+    _print_measured(summary, out)
+
+
+def _sweep_plan(preset: str, longest: int | None, max_len: int | None, bursts: bool, burst_slots: int):
+    """The preset's ``SweepPlan`` extended to ``longest`` tokens, clipped to ``max_len``, with or
+    without its bursts, spread over ``burst_slots``.
+
+    Raises:
+        click.BadParameter: ``longest`` above ``max_len`` (which would drop what it adds).
+    """
+    from dataclasses import replace
+
+    from kvroute.calibrate.calibration.sweep_plan import SweepPlan
+
+    if longest is not None and max_len is not None and longest > max_len:  # --max-len would drop what --longest adds
+        raise click.BadParameter(f"{longest} tokens is more than --max-len {max_len}, which drops every sequence "
+                                 f"longer than that; give --longest at most {max_len}, or raise --max-len",
+                                 param_hint="'--longest'")
+    plan = SweepPlan.preset(preset)
+    if longest is not None:
+        plan = plan.extended(longest)
+    if max_len is not None:
+        plan = plan.clipped(max_len)
+    if not bursts:
+        plan = plan.without_bursts()
+    return replace(plan, burst_slots=burst_slots)
+
+
+def _print_dry_run(plan, given, urls, num_servers: int | None, seed: int, kv_events: bool,
+                   longest: int | None) -> None:
+    """``--dry-run``: the plan, the estimate of its time on ``--servers`` (or the ``--url``)
+    servers and, without servers, the commands to run next (README: Calibrate on your GPUs)."""
+    n = num_servers or len(urls) or 1
+    profile, note = _estimate_profile(given, None, n, urls)
+    click.echo(_plan_text(plan, n, seed, profile))
+    click.echo(_estimate(plan, profile, n, seed, None, kv_events).line() + note)
+    if not urls:
+        click.echo(f"next: start the servers ({_serve_command(given, n, longest)}), then this "
+                   f"command with {'one --url per server' if n > 1 else '--url URL'} and --out DIR instead of "
+                   f"--dry-run{'' if num_servers is None else f' and --servers {num_servers}'}, then kvroute "
+                   "calibrate fit DIR --out PROFILE.json")
+
+
+def _print_measured(summary, out: Path) -> None:
+    """What a finished sweep measured (stdout), then its warnings and notes (stderr)."""
     s = summary.servers[0]
     click.echo(
         f"measured {summary.num_requests} requests in {summary.num_experiments} experiments in "

@@ -154,19 +154,9 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
             raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="'--uncertainty'")
         if not 0.0 <= prior_range < 1.0:
             raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="'--prior-range'")
-        if client_lag == "measured":
-            client_lag = None
-        else:
-            try:
-                client_lag = float(client_lag)
-            except ValueError:
-                raise click.BadParameter(f"expected seconds or 'measured', got {client_lag!r}",
-                                         param_hint="'--client-lag'") from None
-            if not 0.0 <= client_lag <= 1e9:
-                raise click.BadParameter(f"must be a finite number >= 0 (seconds) or 'measured', got {client_lag!r}",
-                                         param_hint="'--client-lag'")
         spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread_s, router_block_tokens,
-                              timeout, rounds, seed, model, _token_range(token_range), client_lag, uncertainty,
+                              timeout, rounds, seed, model, _token_range(token_range), _client_lag(client_lag),
+                              uncertainty,
                               prior_range, live_rounds=live_rounds, record_tokens=record_tokens,
                               kv_event_endpoints=tuple(kv_events), interval_level=interval_level,
                               speed_probes=speed_probes, speed_scale=speed_scale, run_to_run_prior=run_to_run_prior)
@@ -182,6 +172,30 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
             path = write_measured_only(result, out_dir, provenance=_provenance(scenario, trace, profile))
         else:
             path = write_report(result, out_dir, figure_formats, provenance=_provenance(scenario, trace, profile))
+    _print_outcome(result, out_dir, path, figure_formats, live_rounds)
+
+
+def _client_lag(text: str) -> float | None:
+    """``--client-lag``: seconds, or None for ``measured``.
+
+    Raises:
+        click.BadParameter: neither ``measured`` nor a number of seconds in [0, 1e9].
+    """
+    if text == "measured":
+        return None
+    try:
+        lag = float(text)
+    except ValueError:
+        raise click.BadParameter(f"expected seconds or 'measured', got {text!r}", param_hint="'--client-lag'") from None
+    if not 0.0 <= lag <= 1e9:
+        raise click.BadParameter(f"must be a finite number >= 0 (seconds) or 'measured', got {text!r}",
+                                 param_hint="'--client-lag'")
+    return lag
+
+
+def _print_outcome(result, out_dir: str, path, figure_formats, live_rounds: int) -> None:
+    """The report as written, the files written (in ``out_dir`` as given), a warning per lost
+    worker; exits 130 when the run was interrupted and 1 when no live request was measured."""
     click.echo((Path(out_dir) / "report.md").read_text(encoding="utf-8"), nl=False)  # as written, not rebuilt
     figures = figure_formats[0] if len(figure_formats) == 1 else "{" + ",".join(figure_formats) + "}"
     click.echo(f"wrote {path}, report.md, records_live.parquet in {out_dir} (no prediction)" if not result.predicted
