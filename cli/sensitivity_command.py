@@ -109,10 +109,12 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
     names = [g.strip() for g in groups.split(",") if g.strip()] if groups else None
-    if names is None and trace is not None:
-        names = [g for g in FACTOR_GROUPS if g != "workload"]  # a trace file's lengths are given
-    elif trace is not None and "workload" in names:
-        raise click.BadParameter("the workload group varies the generated workload's lengths; a --trace file's "
+    given = ("a --trace file's" if trace is not None else
+             "a --workload-config's" if scenario.workload_config is not None else None)
+    if names is None and given:
+        names = [g for g in FACTOR_GROUPS if g != "workload"]  # the lengths are given
+    elif given and "workload" in names:
+        raise click.BadParameter(f"the workload group varies the generated workload's lengths; {given} "
                                  "are given (leave it out)", param_hint="'--groups'")
     factors = default_factors(scenario, profile, ranges, names)
     check_runs((trajectories * (len(factors) + 1) * rounds + noise_rounds) * len(policies),

@@ -217,7 +217,8 @@ def _reply_dist(scenario: Scenario) -> Dist:
 
 
 def workload_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -> list[Factor]:
-    """Where replies stop and how long user turns are (generated workloads only).
+    """Where replies stop and how long user turns are (generated workloads only: none for a
+    trace file or an inference-perf ``workload_config``, whose lengths are given).
 
     A lognormal reply stop point (the seed-chat default) varies its median by
     ``±reply_median_range`` and its CV over ``reply_cv``; other reply distributions are left
@@ -225,6 +226,8 @@ def workload_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -> li
     ``user_sd``. The seed-chat default was fitted to the lab's run (docs/reference/seed-study-fit.md), so these ranges state
     how far that fit might be off.
     """
+    if scenario.trace_file is not None or scenario.workload_config is not None:
+        return []
     factors = []
     reply = _reply_dist(scenario)
     if reply.kind == "lognormal":

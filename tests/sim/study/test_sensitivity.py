@@ -163,3 +163,23 @@ def test_the_start_spread_varies_around_the_scenarios_own(args, low, high):
     doc = json.loads(result.output[result.output.index("{"):])
     spread = next(f for f in doc["factors"] if f["name"] == "arrival_spread_s")
     assert (spread["low"], spread["high"]) == pytest.approx((low, high))
+
+
+def test_a_workload_config_is_ranked_without_the_generated_workloads_factors(tmp_path):
+    """``sensitivity --workload-config`` built seed-chat's reply factors and failed on them:
+    "--reply-tokens does not apply with --workload-config", an option never given."""
+    from kvroute.sim.study.scenario import Scenario
+    from kvroute.sim.study.sensitivity import workload_factors
+    from tests.support.workloads import SMALL_LADDER
+
+    config = tmp_path / "ladder.yaml"
+    config.write_text(SMALL_LADDER)
+    assert workload_factors(Scenario(workload_config=str(config)), None, None) == []
+    base = ["sensitivity", "--workload-config", str(config), "--workers", "2", "--trajectories", "2", "--rounds",
+            "1", "--noise-rounds", "2", "--executor", "sequential", "--json"]
+    result = CliRunner().invoke(cli, base + ["--policies", "round_robin,kv_aware"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output  # every group but the workload's
+    doc = json.loads(result.output[result.output.index("{"):])
+    assert doc["factors"] and not any(f["name"].startswith(("reply.", "user_tokens.")) for f in doc["factors"])
+    bad = CliRunner().invoke(cli, base + ["--groups", "workload"])
+    assert bad.exit_code == 2 and "a --workload-config's are given (leave it out)" in bad.output
