@@ -283,12 +283,14 @@ def split_specs(text: str) -> list[str]:
 
 
 def check_spec(spec: str) -> str:
-    """Validate a policy spec and return it unchanged (for config fields).
+    """Validate a policy spec and return it unchanged (for config fields): its name and
+    parameters, and their values as the policy's ``__init__`` checks them (a policy is made with a
+    throwaway generator).
 
     Raises:
-        ValueError: as ``parse_spec``.
+        ValueError: as ``make_policy`` (``PolicyError`` is one).
     """
-    parse_spec(spec)
+    make_policy(spec, np.random.default_rng(0))
     return spec
 
 

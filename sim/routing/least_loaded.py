@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvroute.sim.routing.view import SCRAPED_SIGNALS
+from kvroute.sim.routing.view import SCRAPED_SIGNALS, checked_load
 from kvroute.sim.routing.base import Policy, pick_min, register
 
 
@@ -16,11 +16,14 @@ class LeastLoaded(Policy):
         rng: the router's generator (ties).
         load: the load signal (``RouterView.load``): ``in_flight`` (this gateway's requests in
             flight, the default), ``tokens``, or a scraped ``/metrics`` signal.
+
+    Raises:
+        ValueError: a ``load`` not in ``LOAD_SIGNALS``.
     """
 
     def __init__(self, rng: np.random.Generator, load: str = "in_flight") -> None:
         super().__init__(rng)
-        self.load = load
+        self.load = checked_load("least_loaded", load)
         self.uses_metrics = load in SCRAPED_SIGNALS
 
     def choose(self, request, view) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvroute.sim.routing.view import SCRAPED_SIGNALS
+from kvroute.sim.routing.view import SCRAPED_SIGNALS, checked_load
 from kvroute.sim.routing.base import Policy, register
 
 
@@ -20,11 +20,14 @@ class PowerOfTwo(Policy):
     Args:
         rng: the router's generator.
         load: the load signal compared (``RouterView.load``).
+
+    Raises:
+        ValueError: a ``load`` not in ``LOAD_SIGNALS``.
     """
 
     def __init__(self, rng: np.random.Generator, load: str = "in_flight") -> None:
         super().__init__(rng)
-        self.load = load
+        self.load = checked_load("power_of_two", load)
         self.uses_metrics = load in SCRAPED_SIGNALS
 
     def choose(self, request, view) -> int:

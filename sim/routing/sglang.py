@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvroute.sim.routing.view import SCRAPED_SIGNALS
+from kvroute.sim.routing.view import SCRAPED_SIGNALS, checked_load
 from kvroute.sim.routing.base import Policy, pick_max, pick_min, register
 
 
@@ -43,7 +43,7 @@ class SGLangCacheAware(Policy):
         load: the load signal (``RouterView.load``); SGLang's is ``in_flight``.
 
     Raises:
-        ValueError: a threshold out of range.
+        ValueError: a threshold out of range, or a ``load`` not in ``LOAD_SIGNALS``.
     """
 
     uses_prefixes = True
@@ -59,7 +59,7 @@ class SGLangCacheAware(Policy):
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
-        self.load = load
+        self.load = checked_load("sglang", load)
         self.uses_metrics = load in SCRAPED_SIGNALS
 
     def is_imbalanced(self, loads: list) -> bool:

@@ -31,6 +31,18 @@ this gateway sent and not yet prefilled, and the scraped ``/metrics``: running, 
 running + waiting requests and KV usage (0..1)."""
 
 
+def checked_load(policy: str, load: str) -> str:
+    """``load`` when it is one of :data:`LOAD_SIGNALS`, for ``policy``'s ``load`` parameter.
+
+    Raises:
+        ValueError: another value, naming the policy, the parameter and the valid signals (a
+            misspelt ``least_loaded:load=queu`` failed only at its first request).
+    """
+    if load not in LOAD_SIGNALS:
+        raise ValueError(f"{policy}: load must be one of {', '.join(LOAD_SIGNALS)}; got {load!r}")
+    return load
+
+
 class RouterView:
     """The gateway's knowledge: in-flight counts, liveness, and what it routed where.
 

@@ -124,3 +124,16 @@ def test_no_live_worker_is_an_error():
     v.mark_dead(0)
     with pytest.raises(RuntimeError, match="no live worker"):
         make_policy("least_loaded", np.random.default_rng(0)).choose(rr(0, []), v)
+
+
+@pytest.mark.parametrize("policy", ["least_loaded", "power_of_two", "sglang"])
+def test_a_misspelt_load_signal_is_refused_when_the_policy_is_made(policy):
+    """``least_loaded:load=queu`` was accepted and failed at its first request, as a kvroute bug."""
+    from kvroute.sim.routing import check_spec
+
+    with pytest.raises(ValueError, match=rf"^{policy}: load must be one of in_flight, tokens, running, waiting, "
+                                         r"queue, kv_usage; got 'queu'$"):
+        make_policy(f"{policy}:load=queu", np.random.default_rng(0))
+    with pytest.raises(ValueError, match="got 'queu'"):
+        check_spec(f"{policy}:load=queu")
+    assert make_policy(f"{policy}:load=queue", np.random.default_rng(0)).load == "queue"
