@@ -15,7 +15,7 @@ Plain classes: the cluster (or the live replay) feeds them; no clock here.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Sequence
 
 
 class MetricsScrape:
@@ -62,21 +62,22 @@ class KVEventIndex:
         self._held: list[set[int]] = [set() for _ in range(num_workers)]
         self._extra: list[dict[int, int]] = [{} for _ in range(num_workers)]  # copies beyond the first
 
-    def apply(self, worker: int, stored: bool, block_hashes: Iterable[int]) -> None:
-        """Apply one ``BlockStored`` (``stored``) or ``BlockRemoved`` event of ``worker``."""
+    def apply(self, worker: int, stored: bool, block_hashes: Sequence[int]) -> None:
+        """Apply one ``BlockStored`` (``stored``) or ``BlockRemoved`` event of ``worker``; a hash
+        already held, or repeated within ``block_hashes`` (a delayed feed merges one instant's
+        events), adds a copy."""
         held, extra = self._held[worker], self._extra[worker]
         if stored:
+            num_held = len(held)
             again = held.intersection(block_hashes)
-            if again:  # a second copy of a cached block (vLLM does not merge them)
+            held.update(block_hashes)
+            if again or len(held) - num_held != len(block_hashes):  # copies (vLLM does not merge them)
                 seen = set()
                 for h in block_hashes:
                     if h in again or h in seen:
                         extra[h] = extra.get(h, 0) + 1
                     else:
                         seen.add(h)
-                held.update(block_hashes)
-            else:
-                held.update(block_hashes)
         elif extra:
             for h in block_hashes:
                 n = extra.get(h)

@@ -171,3 +171,17 @@ def test_kv_event_index_counts_copies():
     idx.apply(0, False, [2])
     assert idx.matched_blocks([1, 2, 3]) == [1, 1]
     assert idx.cached(0) == {1, 3}
+
+
+def test_kv_event_index_counts_copies_within_one_batch():
+    """A delayed feed merges one instant's stores into one batch: its repeats are copies too
+    (two copies in one batch, one removed, read as none)."""
+    idx = KVEventIndex(1)
+    idx.apply(0, True, [5, 5, 6])
+    assert (idx.copies(0, 5), idx.copies(0, 6)) == (2, 1)
+    idx.apply(0, False, [5])
+    assert idx.copies(0, 5) == 1  # was 0
+    idx.apply(0, True, [6, 7, 7, 7])  # one held before, one repeated
+    assert (idx.copies(0, 6), idx.copies(0, 7)) == (2, 3)
+    idx.apply(0, False, [5, 6, 7, 7])
+    assert idx.cached(0) == {6, 7} and idx.copies(0, 7) == 1
