@@ -173,12 +173,14 @@ def check_capacity(trace: Trace, profile: Profile) -> None:
     for rec in trace.records:
         if admission_error(rec.input_length, engine.max_model_len):
             continue
-        tokens = rec.input_length + clamp_max_tokens(rec.input_length, rec.output_length, engine.max_model_len)
-        need = math.ceil(tokens / engine.block_size)
+        output = clamp_max_tokens(rec.input_length, rec.output_length, engine.max_model_len)
+        need = math.ceil((rec.input_length + output) / engine.block_size)
         if need > usable:
+            cut = f" (of {rec.output_length} asked, cut at max_model_len {engine.max_model_len})" \
+                if output < rec.output_length else ""
             raise ValueError(
                 f"{trace.source}: request {rec.request_id} needs {need} KV blocks "
-                f"({rec.input_length} prompt + {rec.output_length} output tokens at "
+                f"({rec.input_length} prompt + {output} output tokens{cut} at "
                 f"{engine.block_size} tokens per block) but a worker of profile "
                 f"{profile.name!r} has only {usable} usable blocks "
                 f"({usable * engine.block_size} tokens)"

@@ -130,6 +130,12 @@ def test_a_cache_too_small_for_one_request_fails_before_the_run():
     trace = Trace([one(0, 1000, 100)], block_size=16, source="tiny.jsonl")
     with pytest.raises(ValueError, match=r"tiny.jsonl: request 0 needs 69 KV blocks .* only 9 usable blocks"):
         simulate(trace, ClusterSpec(simple_profile(num_gpu_blocks=10), num_workers=1))
+    # the output counted is the one vLLM leaves room for: it read "4000 prompt + 500 output tokens"
+    # for the 4096 - 4000 = 96 that made the 256 blocks
+    long = Trace([one(0, 4000, 500)], block_size=16, source="long.jsonl")
+    with pytest.raises(ValueError, match=r"^long.jsonl: request 0 needs 256 KV blocks \(4000 prompt \+ 96 output "
+                                         r"tokens \(of 500 asked, cut at max_model_len 4096\) at 16 tokens per block\)"):
+        simulate(long, ClusterSpec(simple_profile(num_gpu_blocks=10, max_model_len=4096), num_workers=1))
 
 
 def test_block_size_mismatch_names_the_sizes_that_work():
