@@ -612,6 +612,14 @@ schedulingProfiles:
     (EPP_CONFIG + "- name: prefill\n  plugins: []\n",
      "field 'schedulingProfiles': more than one scheduling profile"),
     ("kind: [", "epp.yaml:1: not valid YAML"),
+    # a second picker, named where it is taken (it read "epp.yaml:1: field 'schedulingProfiles'", also
+    # in a file without that field)
+    (EPP_CONFIG.replace("- type: queue-scorer", "- type: max-score-picker\n- type: random-picker")
+     .replace("  - pluginRef: queue-scorer", "  - pluginRef: max-score-picker\n  - pluginRef: random-picker"),
+     "epp.yaml:16: field 'schedulingProfiles[0].plugins[2]': a second picker ('random-picker'); the profile takes one"),
+    (EPP_CONFIG.split("schedulingProfiles:")[0].replace("- type: queue-scorer",
+                                                        "- type: max-score-picker\n- type: random-picker"),
+     "epp.yaml:9: field 'plugins[2]': a second picker ('random-picker'); the profile takes one"),
 ])
 def test_a_bad_endpoint_picker_config_names_file_line_and_field(tmp_path, text, expected):
     path = write(tmp_path / "epp.yaml", text)

@@ -152,6 +152,7 @@ def read_endpoint_picker_config(path: str | Path) -> EndpointPickerConfig:
     if not isinstance(plugins, list) or not plugins:
         raise r.fail("must be a non-empty list of {type, name, parameters}", doc, "plugins", "plugins")
     specs: dict[str, tuple[str, LineMap, str]] = {}  # name -> (type, parameters, field)
+    defined: dict[str, tuple[LineMap, str]] = {}  # name -> (its plugins entry, that entry's field)
     for i, item in enumerate(plugins):
         field = f"plugins[{i}]"
         item = r.mapping(item, field, plugins, i)
@@ -168,10 +169,11 @@ def read_endpoint_picker_config(path: str | Path) -> EndpointPickerConfig:
         params = item.get("parameters")
         params = LineMap() if params is None else r.mapping(params, f"{field}.parameters", item, "parameters")
         specs[name] = (kind, params, f"{field}.parameters")
+        defined[name] = (item, field)
     producers = [(p, f) for k, p, f in specs.values() if k in PRODUCER_TYPES]
     profiles = doc.get("schedulingProfiles")
     if profiles is None:
-        refs = [(name, 1.0, None) for name, (kind, _, _) in specs.items()
+        refs = [(name, 1.0, *defined[name]) for name, (kind, _, _) in specs.items()
                 if kind in SCORER_TYPES or kind in PICKER_TYPES]
     else:
         if not isinstance(profiles, list) or not profiles:
@@ -196,14 +198,14 @@ def read_endpoint_picker_config(path: str | Path) -> EndpointPickerConfig:
                 raise r.fail(f"names no plugin defined under plugins ({', '.join(specs)})", entry, f"{field}.pluginRef",
                              "pluginRef")
             weight = r.number(entry, "weight", field, 1.0, integer=False)
-            refs.append((ref, float(weight), field))
+            refs.append((ref, float(weight), entry, field))
     scorers: list[tuple[Scorer, float]] = []
     picker = None
-    for ref, weight, _ in refs:
+    for ref, weight, where, where_field in refs:
         kind, params, field = specs[ref]
         if kind in PICKER_TYPES:
-            if picker is not None:
-                raise r.fail("more than one picker in the profile", doc, "schedulingProfiles")
+            if picker is not None:  # named at the second picker's entry (the profile's, else its plugin's)
+                raise r.fail(f"a second picker ({ref!r}); the profile takes one", where, where_field)
             count = r.number(params, "maxNumOfEndpoints", field, 1, minimum=1)
             if count != 1:
                 raise r.fail("only 1 endpoint per request is simulated", params, f"{field}.maxNumOfEndpoints",
