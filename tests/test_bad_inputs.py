@@ -634,8 +634,17 @@ def test_a_bad_endpoint_picker_config_names_file_line_and_field(tmp_path, text, 
     ("llmd-precise:normalize=max", "precise-prefix-cache-scorer: unknown normalize 'max'; valid: minmax, absolute"),
     ("llmd-precise:kv_event_delay_s=-3", "llmd-precise: kv_event_delay_s must be -1 (the run's --kv-event-delay) "
                                          "or 0 to 1e9 s, got -3.0"),
-    ("llmd-estimated:max_blocks=0", "prefix-cache-scorer: max blocks must be >= 1, got 0"),
+    ("llmd-estimated:max_blocks=0", "llmd-estimated: max_blocks must be >= 1, got 0"),
     ("llmd-load:picker=best", "llmd-load: unknown picker 'best'; valid: max, weighted, random"),
+    # each names its parameter and value (they read "block size and LRU capacity must be >= 0",
+    # "overlap_weight and temperature must be >= 0", "weights must be >= 0")
+    ("llmd-estimated:block_tokens=-16", "llmd-estimated: block_tokens must be >= 0, got -16"),
+    ("llmd-estimated:lru_capacity=-1", "llmd-estimated: lru_capacity must be >= 0, got -1"),
+    ("llmd-estimated:prefix_weight=-1", "llmd-estimated: the weight of prefix-cache-scorer must be >= 0, got -1"),
+    ("dynamo:temperature=-1", "dynamo: temperature must be >= 0, got -1"),
+    ("llmd:kv_weight=-2", "llmd: kv_weight must be >= 0, got -2"),
+    ("llmd:load_threshold=0", "llmd: load_threshold must be >= 1, got 0"),
+    ("sglang:balance_rel_threshold=0.5", "sglang: balance_rel_threshold must be >= 1, got 0.5"),
 ])
 def test_llm_d_policy_parameters_are_checked_before_any_run(policies, expected):
     assert_error(run("compare", "--chats", 2, "--turns", 1, "--policies", policies), expected)

@@ -229,6 +229,18 @@ PARAMETER_FLOAT = Num(minimum=-1e9, maximum=1e9)
 """The bounds of any policy parameter before the policy's own checks: a finite number within +-1e9."""
 
 
+def check_at_least(owner: str, minimum: float, **values: float) -> None:
+    """Check a policy's (or scorer's) parameters against their lower bound.
+
+    Raises:
+        ValueError: the first of ``values`` below ``minimum``, naming ``owner``, the parameter
+            and its value (``dynamo: temperature must be >= 0, got -1``).
+    """
+    for name, value in values.items():
+        if value < minimum:
+            raise ValueError(f"{owner}: {name} must be >= {minimum:g}, got {value:g}")
+
+
 def parse_spec(spec: str) -> tuple[str, dict[str, object]]:
     """Split ``name:key=value,key=value`` into the registered name and typed parameters.
 

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from kvroute.sim.routing.base import Policy, pick_min, register
+from kvroute.sim.routing.base import Policy, check_at_least, pick_min, register
 
 
 def softmax_probabilities(logits: list[float], temperature: float) -> list[float]:
@@ -60,8 +60,7 @@ class DynamoKVRouter(Policy):
 
     def __init__(self, rng: np.random.Generator, overlap_weight: float = 1.0, temperature: float = 0.0) -> None:
         super().__init__(rng)
-        if overlap_weight < 0 or temperature < 0:
-            raise ValueError("dynamo: overlap_weight and temperature must be >= 0")
+        check_at_least("dynamo", 0, overlap_weight=overlap_weight, temperature=temperature)
         self.overlap_weight = overlap_weight
         self.temperature = temperature
 

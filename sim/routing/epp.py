@@ -55,8 +55,9 @@ class EndpointPicker(Policy):
     def __init__(self, rng: np.random.Generator, scorers: list[tuple[Scorer, float]], picker: str = "max",
                  kv_event_delay_s: float | None = None) -> None:
         super().__init__(rng)
-        if any(w < 0 for _, w in scorers):
-            raise ValueError(f"{self.name or 'epp'}: weights must be >= 0")
+        for scorer, weight in scorers:
+            if weight < 0:
+                raise ValueError(f"{self.name or 'epp'}: the weight of {scorer.type} must be >= 0, got {weight:g}")
         if picker not in PICKERS:
             raise ValueError(f"{self.name or 'epp'}: unknown picker {picker!r}; valid: {', '.join(PICKERS)}")
         views = {s.cache_view for s, _ in scorers if s.cache_view is not None}
@@ -142,13 +143,20 @@ class LLMDEstimated(EndpointPicker):
         lru_capacity: index entries per server; 0: each worker's num_gpu_blocks (auto-tuned).
         max_blocks: prompt blocks looked at (llm-d's maxPrefixBlocksToMatch).
         picker: ``max``, ``weighted`` or ``random``.
+
+    Raises:
+        ValueError: a negative weight, block size or capacity, ``max_blocks`` < 1, or an unknown
+            picker, naming this policy.
     """
 
     def __init__(self, rng: np.random.Generator, queue_weight: float = 2.0, kv_weight: float = 2.0,
                  prefix_weight: float = 3.0, block_tokens: int = 0, lru_capacity: int = 0,
                  max_blocks: int = DEFAULT_MAX_PREFIX_BLOCKS, picker: str = "max") -> None:
-        scorers = [(QueueScorer(), queue_weight), (KVCacheUtilizationScorer(), kv_weight),
-                   (PrefixCacheScorer(block_tokens, lru_capacity, max_blocks), prefix_weight)]
+        try:
+            prefix = PrefixCacheScorer(block_tokens, lru_capacity, max_blocks)
+        except ValueError as exc:  # its parameters are this policy's
+            raise ValueError(f"{self.name}: {str(exc).removeprefix(PrefixCacheScorer.type + ': ')}") from None
+        scorers = [(QueueScorer(), queue_weight), (KVCacheUtilizationScorer(), kv_weight), (prefix, prefix_weight)]
         super().__init__(rng, scorers, picker)
 
 

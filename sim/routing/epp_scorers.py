@@ -164,10 +164,12 @@ class PrefixCacheScorer(Scorer):
     def __init__(self, block_tokens: int = 0, lru_capacity: int = 0,
                  max_blocks: int = DEFAULT_MAX_PREFIX_BLOCKS, max_tokens: int = 0,
                  fallback_capacity: int = DEFAULT_LRU_CAPACITY) -> None:
-        if min(block_tokens, lru_capacity, max_tokens) < 0 or fallback_capacity < 1:
-            raise ValueError("prefix-cache-scorer: block size and LRU capacity must be >= 0 (0: auto-tune)")
-        if max_blocks < 1:
-            raise ValueError(f"prefix-cache-scorer: max blocks must be >= 1, got {max_blocks}")
+        from kvroute.sim.routing.base import check_at_least
+
+        # 0: auto-tuned (block size, LRU capacity) or no limit (tokens)
+        check_at_least("prefix-cache-scorer", 0, block_tokens=block_tokens, lru_capacity=lru_capacity,
+                       max_tokens=max_tokens)
+        check_at_least("prefix-cache-scorer", 1, max_blocks=max_blocks, fallback_capacity=fallback_capacity)
         self.block_tokens = block_tokens
         self.lru_capacity = lru_capacity
         self.max_blocks = max_blocks

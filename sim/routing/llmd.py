@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvroute.sim.routing.base import Policy, pick_max, register
+from kvroute.sim.routing.base import Policy, check_at_least, pick_max, register
 from kvroute.sim.routing.epp_scorers import load_aware_score, queue_scores
 
 PICKERS = ("max", "weighted", "random")
@@ -54,10 +54,9 @@ class LLMDScheduler(Policy):
                  kv_weight: float = 2.0, load_weight: float = 0.0, load_threshold: int = 128,
                  picker: str = "max") -> None:
         super().__init__(rng)
-        if min(prefix_weight, queue_weight, kv_weight, load_weight) < 0:
-            raise ValueError("llmd: weights must be >= 0")
-        if load_threshold < 1:
-            raise ValueError("llmd: load_threshold must be >= 1")
+        check_at_least("llmd", 0, prefix_weight=prefix_weight, queue_weight=queue_weight, kv_weight=kv_weight,
+                       load_weight=load_weight)
+        check_at_least("llmd", 1, load_threshold=load_threshold)
         if picker not in PICKERS:
             raise ValueError(f"llmd: unknown picker {picker!r}; valid: {', '.join(PICKERS)}")
         self.prefix_weight = prefix_weight

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvroute.sim.routing.view import SCRAPED_SIGNALS, checked_load
-from kvroute.sim.routing.base import Policy, pick_max, pick_min, register
+from kvroute.sim.routing.base import Policy, check_at_least, pick_max, pick_min, register
 
 
 @register("sglang")
@@ -54,8 +54,8 @@ class SGLangCacheAware(Policy):
         super().__init__(rng)
         if not 0.0 <= cache_threshold <= 1.0:
             raise ValueError(f"sglang: cache_threshold must be in [0, 1], got {cache_threshold}")
-        if balance_abs_threshold < 0 or balance_rel_threshold < 1.0:
-            raise ValueError("sglang: balance_abs_threshold must be >= 0 and balance_rel_threshold >= 1")
+        check_at_least("sglang", 0, balance_abs_threshold=balance_abs_threshold)
+        check_at_least("sglang", 1, balance_rel_threshold=balance_rel_threshold)
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
