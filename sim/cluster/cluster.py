@@ -51,8 +51,9 @@ class ClusterSpec:
             baseline of ``kvroute.sim.routing.DEFAULT_POLICIES``, round_robin.
         closed_loop: send a later turn when its parent finished (plus think time); None picks
             closed loop for traces with sessions and open loop (timestamps) otherwise.
-        arrival_spread_s: each root request's send time gets a uniform jitter in
-            ``[0, arrival_spread_s]`` (the lab's burst started within a few ms, not at once).
+        arrival_spread_s: each request the client sends at its timestamp (the roots in closed
+            loop; every request in open loop) gets a uniform jitter in ``[0, arrival_spread_s]``
+            on its send time (the lab's burst started within a few ms, not at once).
         router_block_tokens: granularity of the router's routed-prefix index, tokens.
         record_steps: keep a per-step log on each worker.
         record_series: sample each worker's state after every engine step
@@ -73,7 +74,9 @@ class ClusterSpec:
         gateways: gateway replicas behind a front load balancer.
         gateway_lb: the front balancer: ``round_robin`` or ``random`` over replicas.
         gateway_state: ``local`` (each replica keeps its own in-flight counts, sessions and
-            routed-prefix index) or ``shared`` (one store for all replicas).
+            routed-prefix index) or ``shared`` (one store of those for all replicas). State a
+            policy keeps itself stays per replica either way: llm-d's approximate prefix index
+            (``llmd-estimated``, ``epp``) lives in the policy, one per replica.
         store_latency_s: with shared state, seconds each request waits on the store (read
             before the decision, write after) before it is forwarded. The lab's Redis: 0.05
             before its fix (writes one after another), about 0.001 after.
@@ -193,8 +196,9 @@ class Cluster:
     Args:
         trace: the requests.
         spec: what to simulate.
-        seed: seeds the run's random generator (jitter, overheads) and, through a spawned
-            child, the router's (ties, random choices).
+        seed: seeds the run's random generator (jitter, overheads) and, through children
+            spawned from it, the router's (ties, random choices), the gateway balancer's, the
+            engine speeds' (``kvroute.sim.timing.host``) and the client lags'.
 
     Raises:
         ValueError, PolicyError: as :func:`simulate` (building the cluster, or :meth:`run`).
@@ -413,7 +417,8 @@ class Cluster:
         """Simulate until every request has finished; return the records and counters.
 
         ``progress(now_s, sent, total)`` (optional) is called every ``PROGRESS_EVERY`` events
-        and at the end with the simulated time, the requests sent so far and the trace's size;
+        and at the end with the simulated time, the requests dealt with so far (sent, or recorded
+        as not sent after a parent failed) and the trace's size;
         the events and their order are the same with or without it.
 
         Raises:
@@ -799,7 +804,8 @@ def simulate(trace: Trace, spec: ClusterSpec, seed: int = 0,
     Args:
         trace: the requests.
         spec: profile, workers, GPUs, policy and replay mode.
-        seed: seeds the run's one random generator; the same seed gives the same result.
+        seed: seeds the run's generators (its own and those spawned from the seed: :class:`Cluster`);
+            the same seed gives the same result.
         progress: optional ``progress(now_s, sent, total)`` reporter (:meth:`Cluster.run`).
 
     Returns:

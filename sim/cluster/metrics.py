@@ -487,22 +487,23 @@ def summarize_rounds(summaries: list[dict[str, float]], confidence: float = 0.95
     Returns:
         DataFrame indexed by metric with columns ``mean``, ``low``, ``high``, ``rounds``; with
         one round the interval is the value itself.
+
+    Raises:
+        ValueError: no summary.
     """
     import pandas as pd
 
+    if not summaries:
+        raise ValueError("summarize_rounds: no round to summarize")
     if len(summaries) == 1:
         plain = one_round_intervals(summaries[0], bounds)
         return pd.DataFrame.from_dict(plain, orient="index", columns=["mean", "low", "high", "rounds"])
+    from scipy import stats as sps
+
     frame = pd.DataFrame(summaries)
     n = len(frame)
     mean = frame.mean()
-    if n > 1:
-        sem = frame.std(ddof=1) / math.sqrt(n)
-        from scipy import stats as sps
-
-        half = sem * sps.t.ppf(0.5 + confidence / 2, n - 1)
-    else:
-        half = mean * 0.0
+    half = frame.std(ddof=1) / math.sqrt(n) * sps.t.ppf(0.5 + confidence / 2, n - 1)
     lower = pd.Series([bounds.get(m, (-math.inf, math.inf))[0] for m in mean.index], index=mean.index)
     upper = pd.Series([bounds.get(m, (-math.inf, math.inf))[1] for m in mean.index], index=mean.index)
     low = (mean - half).where(lambda v: v.isna() | (v >= lower), lower)

@@ -31,7 +31,9 @@ requests cross block boundaries) and cached are not reported for the run's inner
   cached by the row's first admissions (a preempted request's re-admission is not counted, as in
   vLLM). Counters as increments per row: their cumulative sum is vLLM's ``..._total``, and their
   sum over a worker equals the ``prompt_tokens`` and ``cached_tokens`` of the records it served
-  (a prompt rejected for ``max_model_len`` never reaches the engine).
+  (a prompt rejected for ``max_model_len`` never reaches the engine), unless a client timeout
+  (``request_timeout_s``) failed a request the engine had admitted: it counts in the engine's
+  queries, not in a served record.
 - ``vllm:num_preemptions``: requests preempted in the row (an increment, as above).
 """
 

@@ -119,7 +119,8 @@ def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
     """Class decorator: register a Policy subclass under ``name`` (its CLI name).
 
     Raises:
-        ValueError: the name is taken by another class or contains ``:``, ``,`` or ``=``.
+        ValueError: the name is empty, contains ``:``, ``,``, ``=`` or a space, or is taken by
+            another class.
     """
     if not name or any(c in name for c in ":,= "):
         raise ValueError(f"policy name {name!r} must be non-empty and free of ':', ',', '=' and spaces")

@@ -198,7 +198,8 @@ def compare(
         slo: the service class goodput is measured against.
         progress: optional callable ``progress(policy, round)`` called after each run.
         run_progress: optional callable ``run_progress(policy, round, now_s, sent, total)``
-            called inside each run (``Cluster.run``): simulated time, requests sent, trace size;
+            called inside each run (``Cluster.run``): simulated time, requests dealt with (sent, or
+            recorded as not sent), trace size;
             with ``executor="sequential"`` only (runs elsewhere report when they end).
         executor, address, max_workers: where the policy x round runs execute
             (``kvroute.sim.study.executors.run_tasks``: ``sequential``, ``local`` process pool or

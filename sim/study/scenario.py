@@ -129,7 +129,8 @@ class Scenario:
             of ``kvroute.sim.routing.DEFAULT_POLICIES``, round_robin.
         kv_blocks: override of each worker's ``num_gpu_blocks``; None keeps the profile's.
             Not allowed with shared GPUs (there vLLM's memory rule sets the blocks).
-        arrival_spread_s: uniform start jitter of root requests, s.
+        arrival_spread_s: uniform start jitter of the requests sent at their timestamps (roots
+            in closed loop, every request in open loop), s.
         seed: round r runs with seed ``seed + r``, and random workload lengths are drawn for
             that seed (``kvroute.traces.generators.workload_rng``).
         scrape_interval_s: seconds between the gateway's ``/metrics`` scrapes (0: live).
@@ -215,7 +216,8 @@ class Scenario:
         "cluster", "Override the profile's num_gpu_blocks per worker (KV capacity).", type=int,
         check=KV_BLOCKS))
     arrival_spread_s: float = field(default=0.005, metadata=option(
-        "cluster", "Uniform start jitter of root requests, s.", flag="--arrival-spread", type=float, check=SECONDS))
+        "cluster", "Uniform start jitter of the requests sent at their timestamps (roots in closed loop, "
+                   "every request in open loop), s.", flag="--arrival-spread", type=float, check=SECONDS))
     seed: int = field(default=0, metadata=option(
         "cluster", "Seed of round 0 (round r uses seed + r).", type=int, check=SEED, sweep_flags=("--seeds",)))
     scrape_interval_s: float = field(default=0.0, metadata=option(

@@ -98,7 +98,8 @@ class Ranges:
         jitter_cv: absolute range of the per-request overhead's coefficient of variation (when
             the profile has no fitted one).
         kv_range: relative half-width of the KV capacity (``num_gpu_blocks``).
-        arrival_spread_s: absolute range of the start spread of root requests, s.
+        arrival_spread_s: absolute range of the start spread of the requests sent at their
+            timestamps (roots in closed loop), s.
         reply_median_range: relative half-width of a lognormal reply stop point's median.
         reply_cv: absolute range of that lognormal's coefficient of variation.
         user_sd: absolute range of the standard deviation of user-message tokens (seed-chat; the
@@ -202,7 +203,7 @@ def _set_spread(scenario: Scenario, profile: Profile, value: float) -> tuple[Sce
 
 
 def start_spread_factors(scenario: Scenario, profile: Profile, ranges: Ranges) -> list[Factor]:
-    """The uniform start spread of root requests (``arrival_spread_s``)."""
+    """The uniform start spread of the requests sent at their timestamps (``arrival_spread_s``)."""
     lo, hi = ranges.arrival_spread_s
     return [Factor("arrival_spread_s", lo, hi, _set_spread, "s", "stated range")]
 
