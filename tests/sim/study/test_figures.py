@@ -330,3 +330,14 @@ def test_load_figure_draws_a_chats_sweep_against_sessions_all_started_at_once():
     with pytest.raises(ValueError, match=r"^the rows sweep both request_rate and chats: hold one fixed \(one "
                                          r"--request-rate, or one --chats\) to draw the load curve against the other$"):
         load_figure(both)
+
+
+def test_dodged_series_sit_symmetrically_around_their_x_on_a_log_axis():
+    from kvroute.sim.study.figure_style import dodged
+
+    x = [0.0625, 1.0]
+    assert list(dodged(x, 1, 3)) == x  # the middle one stays
+    left, right = dodged(x, 0, 3), dodged(x, 2, 3)
+    assert left * right == pytest.approx(np.square(x), rel=1e-12)  # symmetric in log space
+    assert right / np.asarray(x) == pytest.approx([2 ** 0.06] * 2)
+    assert list(dodged(x, 0, 1)) == x  # one series: not moved
