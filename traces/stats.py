@@ -135,7 +135,7 @@ _LABELS = {
     "block_references": "block references",
     "repeated_references": "repeat an earlier request",
     "repeat_share_pct": "repeat share (%)",
-    "duration_s": "duration (s)",
+    "duration_s": "timestamps span (s)",  # 0 for a closed-loop burst: its turns are sent as parents end
 }
 
 
