@@ -294,7 +294,10 @@ def _burst_deviations(requests: pd.DataFrame) -> tuple[list[float], list[float],
 def _burst_likelihood(requests: pd.DataFrame) -> tuple[list[tuple[float, float, float, float]], int]:
     """``[(period_s, negative log-likelihood, sigma**2, nan), ...]`` over ``SPEED_PERIODS`` from
     one figure per burst, and the bursts used; an empty list without bursts on two or more
-    servers or when the deviations are all zero."""
+    servers or when the deviations are all zero. Each deviation is normal with variance
+    ``sigma**2 * window_variance(span, period)``; at the best ``sigma**2`` the negative
+    log-likelihood is ``0.5 * sum(log(variance))`` less constants, on the scale
+    ``PERIOD_INTERVAL_DROP`` reads (as :func:`_window_nll`)."""
     devs, spans, used = _burst_deviations(requests)
     if not used:
         return [], 0
@@ -305,7 +308,7 @@ def _burst_likelihood(requests: pd.DataFrame) -> tuple[list[tuple[float, float, 
         var = float(np.mean(e2 / f))
         if var <= 0.0:
             return [], used
-        out.append((period, float(np.sum(np.log(var * f))), var, math.nan))
+        out.append((period, 0.5 * float(np.sum(np.log(var * f))), var, math.nan))
     return out, used
 
 

@@ -96,3 +96,21 @@ def test_without_token_times_one_figure_per_burst():
     rows["token_times"] = [f"{t.split()[0]} {t.split()[-1]}" for t in rows["token_times"]]
     fit = fit_speed(rows)
     assert fit.method == "bursts" and math.isnan(fit.lag_s)
+
+
+def test_the_one_figure_per_burst_likelihood_is_a_negative_log_likelihood():
+    """It was twice one, so the 1.92 drop of the period interval cut an 83 % interval, not 95 %."""
+    from scipy.stats import norm
+
+    from kvroute.calibrate.calibration.speed import _burst_deviations, _burst_likelihood, window_variance
+
+    rows = _sweep(0.3, 0.2, 0.0)
+    rows["token_times"] = [f"{t.split()[0]} {t.split()[-1]}" for t in rows["token_times"]]
+    devs, spans, _ = _burst_deviations(rows)
+    curve, _ = _burst_likelihood(rows)
+    exact = []
+    for period, _, var, _ in curve:  # the normal NLL at each period's fitted variance, constants kept
+        sd = np.sqrt([var * window_variance(d, period) for d in spans])
+        exact.append(-float(np.sum(norm.logpdf(devs, scale=sd))))
+    constant = 0.5 * len(devs) * (1 + math.log(2 * math.pi))
+    assert [c[1] + constant for c in curve] == pytest.approx(exact, rel=1e-9)
