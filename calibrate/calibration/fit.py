@@ -88,6 +88,8 @@ class FitResult:
             ``"heldout_raw"`` and ``"fit_raw"`` every single measurement.
         method: e.g. ``"nnls"`` or ``"least_squares/soft_l1"``.
         holdout: share of experiments held out; ``seed``: split seed.
+        folds: configurations' folds of the cross validation (``quality["crossval"]``; below 2:
+            none).
         bootstrap_samples: ``(N, len(UNCERTAIN_FIELDS))`` coefficient vectors refitted on
             bootstrap resamples (:func:`bootstrap_coefficients`), or None.
     """
@@ -109,6 +111,7 @@ class FitResult:
     bootstrap_samples: np.ndarray | None = None
     walls: list = field(default_factory=list)
     scatter: list = field(default_factory=list)
+    folds: int = 4
 
     def summary(self) -> str:
         """A few lines: coefficients and held-out errors."""
@@ -257,7 +260,9 @@ def fit_cost(
     over = np.array([o.overhead_s for o in ttft if o.overhead_s == o.overhead_s])
     over_L = np.array([o.desc.get("prompt_len", 0) for o in ttft if o.overhead_s == o.overhead_s], float)
     a_o, b_o = robust_line(over_L, over, per_token_overhead)
-    jitter = lognormal_cv(over / (a_o + b_o * over_L)) if len(over) > 1 and a_o > 0 else 0.0
+    line = a_o + b_o * over_L  # the fitted API-server time at each measured prompt, s
+    # (a proportional line, intercept clipped to 0, is positive wherever prompts were measured)
+    jitter = lognormal_cv(over / line) if len(over) > 1 and bool(np.all(line > 0)) else 0.0
 
     meas = np.array([o.measured_s for o in sel])
     is_ttft = np.array([o.kind in TTFT_KINDS for o in sel], float)
@@ -439,7 +444,8 @@ def bootstrap_coefficients(
     """Coefficients refitted on ``num_samples`` bootstrap resamples of ``obs[mask]``.
 
     Each resample draws, for every kind of experiment (cold, cached, decode, mixed), as many
-    configurations as that kind has, with replacement (``numpy.random.default_rng(seed)``), and
+    configurations as that kind has, with replacement (``numpy.random.default_rng(seed +
+    2_000_003)``: apart from the hold-out split's draws), and
     keeps every repetition of a drawn configuration; :func:`fit_cost` is rerun on it with the same
     options, API-server line and jitter CV included. A configuration whose repeated experiments
     scatter by more than ``scatter_limit`` (2x; ``walls.repeat_scatter``) has its experiments drawn
@@ -548,7 +554,7 @@ def fit(
                      holdout, seed, api_server_per_token_s=cf.api_server_per_token_s, parts=cf.parts,
                      bootstrap_samples=samples,
                      walls=cost_walls(obs, ~held, cf.cost, cf.overhead_source, per_token_overhead),
-                     scatter=repeat_scatter([o for o, h in zip(obs, held) if not h]))
+                     scatter=repeat_scatter([o for o, h in zip(obs, held) if not h]), folds=folds)
 
 
 def uncertainty_document(result: FitResult) -> dict | None:
@@ -643,8 +649,9 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
                    if "crossval" in result.quality else {}),
                 "note": ("heldout/fitted: each configuration's median over its repetitions against the "
                          "prediction of the profile's coefficients (fitted without the held-out share); "
-                         "crossval: 4-fold cross validation over configurations; *_single_measurements: "
-                         "every measurement"),
+                         + (f"crossval: {result.folds}-fold cross validation over configurations; "
+                            if "crossval" in result.quality else "")
+                         + "*_single_measurements: every measurement"),
             },
         },
         "sources": {

@@ -164,6 +164,11 @@ def test_profile_document_is_a_valid_profile():
     doc = profile_document(res, replace(info, async_scheduling=True), {"urls": ["http://x:1"]}, "t")
     assert doc["engine"]["async_cpu_fraction"] == 0.0
     assert profile_from_dict(json.loads(json.dumps(doc))).async_cpu_fraction == 0.0
+    # the note names the folds the fit used (it said 4-fold whatever --folds was), and none without them
+    assert "crossval: 4-fold cross validation" in doc["provenance"]["fit"]["note"]
+    for folds, text in ((6, "crossval: 6-fold cross validation"), (0, None)):
+        note = profile_document(fit(_synthetic(0.01), seed=0, folds=folds), info, {}, "t")["provenance"]["fit"]["note"]
+        assert (text in note) if text else ("crossval" not in note)
 
 
 # --------------------------------------------------------------------------------------------
@@ -620,3 +625,24 @@ def test_concurrency_sweep_writes_bursts_on_one_and_all_servers(fake_server, tmp
     # once the settling scrapes' 0.125 s each (timed back to back per server) are taken off
     assert [x.measured["api_cpu_s"] for x in bursts] == [0.25, 0.25, 0.75, 0.75, 0.5, 0.5]
     assert set(exp.loc[exp["kind"].str.startswith("burst"), "scrape_cpu_s"]) == {0.125}
+
+
+def test_a_proportional_api_server_time_keeps_its_jitter():
+    """An API-server line through 0 (intercept clipped to 0, slope > 0) gave jitter_cv 0: the CV
+    was taken only with an intercept above 0, though the line is positive at every prompt."""
+    from dataclasses import replace
+
+    from kvroute.calibrate.calibration.fit import fit_cost
+
+    rng = np.random.default_rng(1)
+    obs = []
+    for o in _synthetic(0.0):
+        if o.kind in ("cold", "cached"):
+            # a line whose intercept lies below 0 (-50 us), positive at every measured prompt
+            over = (1.1e-5 * o.desc["prompt_len"] - 5e-5) * float(rng.lognormal(0, 0.1))
+            o = replace(o, measured_s=o.engine_s + over, overhead_s=over)
+        obs.append(o)
+    assert min(o.desc["prompt_len"] for o in obs if o.kind == "cold") * 1.1e-5 > 5e-5
+    fitted = fit_cost(obs)
+    assert fitted.parts["api_server_from_metrics_s"] == 0.0  # the intercept, clipped
+    assert 0.05 < fitted.jitter_cv < 0.2  # was 0.0; about the 0.1 drawn
