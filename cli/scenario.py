@@ -29,8 +29,6 @@ from kvroute.sim.routing import make_policy, parse_spec, split_specs
 from kvroute.sim.study.scenario import OPTION_GROUPS, SCENARIO_FIELDS, Scenario, ScenarioError
 from kvroute.traces.format import Trace, truncate  # noqa: F401 - truncate: also kvroute.cli.scenario's
 
-from kvroute.traces.generators import BUILTIN_WORKLOADS as WORKLOADS  # noqa: F401 - also this module's
-
 OPTION_FIELDS = {f.name: f for f in dataclasses.fields(Scenario) if f.metadata.get("option", True)}
 """The ``Scenario`` fields that are command-line options, by name (parameter name = field name)."""
 
@@ -179,8 +177,9 @@ def scenario_spec(scenario: Scenario, **changes) -> ClusterSpec:
 
 
 def read_any_trace(path: Path, block_size: int | None, fmt: str = "auto", count_tokens=None,
-                   tokens_note: str | None = None) -> Trace:
-    """Read a trace in any format :mod:`kvroute.traces.detect` knows (``auto``: by suffix/content).
+                   tokens_note: str | None = None, param_hint: str = "'--trace'") -> Trace:
+    """Read a trace in any format :mod:`kvroute.traces.detect` knows (``auto``: by suffix/content);
+    a missing or unreadable file is named under ``param_hint`` (the option or argument that gave it).
 
     Raises:
         click.BadParameter: the file is missing or malformed (the message names line and field).
@@ -188,13 +187,13 @@ def read_any_trace(path: Path, block_size: int | None, fmt: str = "auto", count_
     from kvroute.traces.detect import read_any
 
     if not path.exists():
-        raise click.BadParameter(f"{path} does not exist", param_hint="'--trace'")
+        raise click.BadParameter(f"{path} does not exist", param_hint=param_hint)
     try:
         return read_any(path, block_size, fmt, count_tokens, tokens_note)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     except OSError as exc:
-        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint="'--trace'") from None
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror or exc}", param_hint=param_hint) from None
 
 
 def parse_policies(text: str, param_hint: str = "--policies") -> list[str]:

@@ -107,7 +107,7 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
     """Run a grid of scenarios (every combination of the comma lists) and print pivot tables.
 
     Takes every scenario option of `kvroute compare` (same names and defaults); each but --trace,
-    --trace-block-size and the SLO bounds takes a comma list, one axis of the grid.
+    --trace-block-size, --workload-config and the SLO bounds takes a comma list, one axis of the grid.
 
     Example: kvroute sweep --workload agent --workers 2,4,8 --policies round_robin,kv_aware
     --history 8000,16000 --reply-tokens 64,128 --chats 32 --rounds 3 --out sweep.parquet

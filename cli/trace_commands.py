@@ -88,7 +88,7 @@ def import_(source, out, fmt, block_size, tokenizer, chars_per_token):
             count, note = char_estimate(chars_per_token), f"estimated at {chars_per_token:g} characters per token"
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--tokenizer'" if tokenizer else "'--chars-per-token'") from None
-    result = read_any_trace(source, block_size, fmt, count, note)
+    result = read_any_trace(source, block_size, fmt, count, note, param_hint="'SOURCE'")
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(result, out)
     click.echo(f"wrote {len(result.records)} requests to {out}")
@@ -96,7 +96,8 @@ def import_(source, out, fmt, block_size, tokenizer, chars_per_token):
 
 @trace.command()
 @click.argument("source", type=InputFile())
-@click.option("--block-size", type=Number(BLOCK_SIZE), default=None, help="Block size of the source's hash_ids [512].")
+@click.option("--block-size", type=Number(BLOCK_SIZE), default=None,
+              help="Block size of the source's hash_ids [512; ShareGPT 16].")
 @click.option("--json", "json_out", is_flag=True, help="Print JSON.")
 @check_values
 @stops_on_sigterm
@@ -104,5 +105,5 @@ def stats(source, block_size, json_out):
     """Print a trace's size, token and prefix-sharing figures."""
     from kvroute.traces.stats import format_stats, trace_stats
 
-    figures = trace_stats(read_any_trace(source, block_size))
+    figures = trace_stats(read_any_trace(source, block_size, param_hint="'SOURCE'"))
     click.echo(json.dumps(figures, indent=2, default=float) if json_out else format_stats(figures))

@@ -936,3 +936,24 @@ def test_no_speed_scale_without_speed_probes_names_the_flag(tmp_path):
     (checked before any server is contacted)."""
     assert_error(run("validate", "--url", "http://127.0.0.1:9", "--out", tmp_path / "v", "--no-speed-scale"),
                  "Invalid value for '--no-speed-scale': applies with --speed-probes N (N >= 1)")
+
+
+@pytest.mark.parametrize("history, expected", [
+    ("0-0", "Invalid value for '--history': a (low, high) token range needs ints 1 <= low <= high, got (0, 0)"),
+    ("0-10", "Invalid value for '--history': a (low, high) token range needs ints 1 <= low <= high, got (0, 10)"),
+    ("1", "Invalid value for '--history': expected tokens H >= 2 (meaning H/2-H) or a (low, high) range, got 1"),
+])
+def test_an_agent_history_leaves_every_first_prompt_a_token(tmp_path, history, expected):
+    """--history 0-0 wrote a trace with input_length 0, which `trace stats` then refused."""
+    assert_error(run("trace", "generate", "agent", "--history", history, "--chats", 1, "--turns", 2,
+                     "--out", tmp_path / "a.jsonl"), expected)
+    assert not (tmp_path / "a.jsonl").exists()
+
+
+def test_the_agent_generator_refuses_an_empty_first_prompt():
+    import numpy as np
+
+    from kvroute.traces.generators import agent_sessions
+
+    with pytest.raises(ValueError, match=r"history_tokens must be a range 1 <= low <= high, got \(0, 5\)"):
+        agent_sessions(num_sessions=1, num_turns=1, history_tokens=(0, 5), rng=np.random.default_rng(0))

@@ -121,7 +121,8 @@ def seed_chat(
                 output_length=int(replies[c, t - 1]), session_id=c, turn=t, parent=parent.request_id,
                 think_time_ms=float(thinks[c, t - 2]),
             ))
-    user_fixed = round(user_words * tokens_per_word) + template
+    # a fixed user turn as drawn (rounded, at least 1), with its template tokens
+    user_fixed = int(users[0, 0]) + template if user.is_fixed else None
     metadata = {"generator": "seed_chat", "params": {
         "num_chats": num_chats, "num_turns": num_turns, "system_words": system_words,
         "user_words": user_words, "reply_tokens": _param(reply), "tokens_per_word": tokens_per_word,
@@ -213,15 +214,16 @@ def agent_sessions(
         in ``metadata``.
 
     Raises:
-        ValueError: a range has low > high or a negative bound, ``num_sessions``/``num_turns``/
+        ValueError: a range has low > high or a negative bound (``history_tokens`` a low bound
+            below 1), ``num_sessions``/``num_turns``/
             ``block_size`` < 1, or a ``system_tokens`` given that is > ``history_tokens[0]``.
     """
     for name, value in (("num_sessions", num_sessions), ("num_turns", num_turns), ("block_size", block_size)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     low, high = history_tokens
-    if low < 0 or low > high:
-        raise ValueError(f"history_tokens must be a range 0 <= low <= high, got {(low, high)}")
+    if low < 1 or low > high:  # a first prompt has at least one token
+        raise ValueError(f"history_tokens must be a range 1 <= low <= high, got {(low, high)}")
     new_dist, reply_dist, think_dist = (_range_dist(value, name) for value, name in (
         (new_tokens, "new_tokens"), (reply_tokens, "reply_tokens"), (think_time_ms, "think_time_ms")))
     if max_tokens is not None and max_tokens < 1:

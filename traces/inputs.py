@@ -172,7 +172,6 @@ WORKERS = Num(integer=True, minimum=1, maximum=MAX_WORKERS)
 RECORDS = Num(integer=True, minimum=1, maximum=MAX_RECORDS)
 RUNS = Num(integer=True, minimum=1, maximum=MAX_RUNS)
 SEED = Num(integer=True, minimum=0, maximum=MAX_SEED)
-ID = Num(integer=True, minimum=-MAX_ID, maximum=MAX_ID)
 TOKENS = Num(integer=True, minimum=1, maximum=MAX_TOKENS, unit="tokens")
 BLOCK_SIZE = Num(integer=True, minimum=1, maximum=MAX_BLOCK_SIZE, unit="tokens")
 SECONDS = Num(minimum=0.0, maximum=1e9, unit="s")  # up to ~31 years: later times lose all precision

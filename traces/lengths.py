@@ -9,7 +9,8 @@ Syntax (numbers in the quantity's own unit: tokens for lengths, seconds for time
 ===========================  ==============================================================
 ``V`` or ``fixed:V``         always ``V``
 ``uniform:LO:HI``            uniform on ``[LO, HI]``; integers inclusive for token lengths
-``normal:MEAN:SD``           normal, truncated at 0 (redrawn values below 0 are clipped)
+``normal:MEAN:SD``           normal, draws below 0 clipped to 0 (not redrawn), so with SD
+                             near MEAN the mean drawn is above MEAN
 ``lognormal:MEDIAN:CV``      lognormal with that median and coefficient of variation
                              (``sigma = sqrt(ln(1 + CV^2))``, ``mu = ln(MEDIAN)``)
 ``exponential:MEAN``         exponential with that mean
@@ -44,7 +45,8 @@ class Dist:
         kind: one of ``KINDS``.
         params: the numbers after the kind, in the syntax's order.
         values: the sample of an ``empirical`` distribution (empty otherwise).
-        text: the canonical text, as :func:`parse_dist` reads it back.
+        text: the canonical text, as :func:`parse_dist` reads it back (a scaled ``empirical``
+            sample's: its own text and `` x FACTOR``, which names it but does not parse).
     """
 
     kind: str
@@ -59,7 +61,8 @@ class Dist:
 
     @property
     def mean(self) -> float:
-        """The distribution's mean (before any cap or rounding)."""
+        """The distribution's mean (before any cap or rounding); for ``normal``, its ``MEAN``
+        parameter, before draws below 0 are clipped."""
         if self.kind == "fixed":
             return self.params[0]
         if self.kind == "uniform":
@@ -114,7 +117,12 @@ class Dist:
         else:
             params = tuple(p * factor for p in self.params)
         values = tuple(v * factor for v in self.values)
-        text = self.text if factor == 1 else f"{self.text} x {factor:g}"
+        if factor == 1:
+            text = self.text
+        elif self.kind == "empirical":  # a file's sample has no text of its own once scaled
+            text = f"{self.text} x {factor:g}"
+        else:
+            text = f"{self.kind}:" + ":".join(_num(p) for p in params)
         return Dist(self.kind, params, values, text)
 
     def __str__(self) -> str:
@@ -201,7 +209,9 @@ def _num(value: float) -> str:
 def _read_sample(path: Path, what: str) -> tuple[float, ...]:
     try:
         check_regular_file(path)  # /dev/zero or a FIFO would never end
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines: \x0c would shift line numbers
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what}: empirical sample {path}: not UTF-8 text (byte {exc.start})") from None
     except InputError as exc:
         raise ValueError(f"{what}: empirical sample {exc.reason}") from None
     except OSError as exc:

@@ -159,7 +159,10 @@ def read_trace(path: str | os.PathLike[str], block_size: int | None = None) -> T
         line = data.count(b"\n", 0, exc.start) + 1
         raise TraceError(f"not UTF-8 text (byte {data[exc.start]:#04x}); a trace is JSON Lines",
                          source, line) from None
-    return parse_trace_lines(text.splitlines(), source=source, block_size=block_size)
+    # JSON Lines end at "\n" only: str.splitlines would also split inside a JSON string at U+2028 and
+    # count a form feed as a line, shifting every later error's line number
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    return parse_trace_lines(lines, source=source, block_size=block_size)
 
 
 REQUIRED_FIELDS = ("timestamp", "input_length", "output_length")

@@ -239,7 +239,7 @@ class Scenario:
         "trace", "Trace file: kvroute/Mooncake JSONL, Azure or BurstGPT CSV, ShareGPT or vllm bench serve JSON.",
         flag="--trace", type="path", axis=False, aliases=("trace_path",)))
     trace_block_size: int | None = field(default=None, metadata=option(
-        "trace", "Tokens per hash_ids block when the trace file does not declare it [512].", type=int,
+        "trace", "Tokens per hash_ids block when the trace file does not declare it [512; ShareGPT 16].", type=int,
         check=BLOCK_SIZE, axis=False))
     max_requests: int | None = field(default=None, metadata=option(
         "trace", "Use only the first N records of the trace.", type=int, check=RECORDS))
@@ -433,11 +433,12 @@ def check_scenario(scenario: Scenario) -> None:
             except ValueError as exc:
                 raise ScenarioError(str(exc), name, str(exc).removeprefix(f"{name}: ")) from None
         elif kind in ("length", "history") and isinstance(value, tuple):
-            if not (len(value) == 2 and all(type(v) is int for v in value) and 0 <= value[0] <= value[1]):
-                reason = f"a (low, high) token range needs ints 0 <= low <= high, got {value!r}"
+            least = 1 if kind == "history" else 0  # a prompt has at least one token
+            if not (len(value) == 2 and all(type(v) is int for v in value) and least <= value[0] <= value[1]):
+                reason = f"a (low, high) token range needs ints {least} <= low <= high, got {value!r}"
                 raise ScenarioError(f"{name}: {reason}", name, reason)
-        elif kind == "history" and not (type(value) is int and 1 <= value <= MAX_TOKENS):
-            reason = f"expected tokens H (meaning H/2-H) or a (low, high) range, got {value!r}"
+        elif kind == "history" and not (type(value) is int and 2 <= value <= MAX_TOKENS):
+            reason = f"expected tokens H >= 2 (meaning H/2-H) or a (low, high) range, got {value!r}"
             raise ScenarioError(f"{name}: {reason}", name, reason)
         elif kind == "arrival":
             try:

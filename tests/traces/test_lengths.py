@@ -60,6 +60,14 @@ def test_empirical_resamples_the_file_and_names_bad_lines(tmp_path):
         parse_dist(f"empirical:{path}", "--reply-tokens")
     with pytest.raises(ValueError, match="cannot read empirical sample"):
         parse_dist(f"empirical:{tmp_path / 'missing.txt'}")
+    # a form feed is no line break (str.splitlines counted it, shifting the line named), and a
+    # file that is not UTF-8 is named (it read "'utf-8' codec can't decode byte 0xff")
+    path.write_text("10\x0c\nabc\n")
+    with pytest.raises(ValueError, match=r"replies.csv:2: --reply-tokens: 'abc' is not a number"):
+        parse_dist(f"empirical:{path}", "--reply-tokens")
+    path.write_bytes(b"10\n\xff\n")
+    with pytest.raises(ValueError, match=r"^--reply-tokens: empirical sample .*replies.csv: not UTF-8 text \(byte 3\)$"):
+        parse_dist(f"empirical:{path}", "--reply-tokens")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -80,6 +88,20 @@ def test_bad_text_is_a_clear_error(text, message):
 def test_scaled_keeps_the_shape():
     assert parse_dist("lognormal:2:0.5").scaled(1000).params == (2000.0, 0.5)
     assert parse_dist("uniform:0:0.005").scaled(1000).params == (0.0, 5.0)
+    # its text parses back to it (it read "fixed:2 x 1000", which parse_dist refused)
+    for text in ("fixed:2", "uniform:0:0.005", "normal:1:0.5", "lognormal:2:0.5", "exponential:0.25"):
+        scaled = parse_dist(text).scaled(1000)
+        assert parse_dist(scaled.text).params == pytest.approx(scaled.params, rel=1e-12), text
+
+
+def test_seed_chat_states_the_fixed_user_turn_it_drew():
+    """Its metadata gave the user_words turn (199 tokens, first prompt 986) for --user-tokens 300."""
+    params = seed_chat(num_chats=1, num_turns=2, user_tokens=300).metadata["params"]
+    trace = seed_chat(num_chats=1, num_turns=2, user_tokens=300)
+    assert (params["user_tokens_total"], params["first_input_tokens"], params["new_tokens_per_turn"]) == (304, 1091, 307)
+    first, second = trace.records
+    assert first.input_length == 1091 and second.input_length - first.input_length - first.output_length == 307
+    assert seed_chat(num_chats=1, num_turns=2).metadata["params"]["first_input_tokens"] == 986  # the default
 
 
 def test_fixed_seed_chat_gives_todays_trace_and_records():

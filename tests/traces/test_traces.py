@@ -103,6 +103,20 @@ def test_malformed_json_names_line_and_column(tmp_path, line, message):
     assert str(info.value) == f"{path}:3: {message}"  # the blank line 2 is skipped, and counted
 
 
+def test_json_lines_end_at_newline_only(tmp_path):
+    """str.splitlines also broke lines at U+2028 (inside a JSON string: valid JSON Lines, refused)
+    and at a form feed (every later line number one off)."""
+    path = tmp_path / "t.jsonl"
+    good = '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1], "note": "a\u2028b"}'
+    path.write_text(good + "\r\n\x0c\n" + '{"timestamp": 1, "input_length": 10, "output_length": 5, "hash_ids": "x"}\n',
+                    encoding="utf-8")
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    assert (info.value.line, info.value.field) == (3, "hash_ids")
+    path.write_text(good + "\r\n", encoding="utf-8")
+    assert [r.input_length for r in read_trace(path).records] == [10]
+
+
 # ---------------------------------------------------------------- round trip
 
 def _sample_trace() -> Trace:
