@@ -281,7 +281,7 @@ def _estimate_profile(given, infos, num_servers: int, urls=()):
     hardware = (profile.raw or {}).get("hardware") or {}
     model = ((profile.raw or {}).get("model") or {}).get("name", "?")
     other = "; --estimate-profile NAME|PATH estimates with another"
-    if hardware.get("device") == "cpu":
+    if profile.on_cpu:
         return profile, (f". {profile.name} is the default for CPU servers, measured with {model} on "
                          f"{hardware.get('description', 'the CPU reference host')}{other}")
     gpu = hardware.get("gpu", "?")

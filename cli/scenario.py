@@ -279,9 +279,7 @@ def describe(trace: Trace, spec: ClusterSpec) -> str:
     gpus = spec.num_gpus or spec.num_workers
     blocks = sorted({spec.profile.shared(spec.workers_on_gpu(spec.gpu_of(w))).engine.num_gpu_blocks
                      for w in range(spec.num_workers)})
-    hardware = spec.profile.raw.get("hardware") if isinstance(spec.profile.raw, dict) else None
-    device = "CPU device" if isinstance(hardware, dict) and hardware.get("device") == "cpu" else "GPU"
-    on = f"{gpus} {device}" + ("" if gpus == 1 else "s")
+    on = f"{gpus} {'CPU device' if spec.profile.on_cpu else 'GPU'}" + ("" if gpus == 1 else "s")
     par = spec.profile.raw.get("parallel") if isinstance(spec.profile.raw, dict) else None
     tp = par.get("tensor_parallel_size", 1) if isinstance(par, dict) else 1
     if isinstance(tp, int) and tp > 1:  # a GPU of the scenario is one TP group of the profile

@@ -336,6 +336,12 @@ class Profile:
         return version if isinstance(version, str) else None
 
     @property
+    def on_cpu(self) -> bool:
+        """Whether the profile was measured on vLLM's CPU backend (``hardware.device`` ``"cpu"``)."""
+        hardware = self.raw.get("hardware") if isinstance(self.raw, dict) else None
+        return isinstance(hardware, dict) and hardware.get("device") == "cpu"
+
+    @property
     def async_scheduling(self) -> bool | None:
         """Whether the profiled engine scheduled asynchronously (``engine.async_scheduling``),
         or None when the profile does not say (profiles written before issue 33)."""
