@@ -152,10 +152,7 @@ class LLMDEstimated(EndpointPicker):
     def __init__(self, rng: np.random.Generator, queue_weight: float = 2.0, kv_weight: float = 2.0,
                  prefix_weight: float = 3.0, block_tokens: int = 0, lru_capacity: int = 0,
                  max_blocks: int = DEFAULT_MAX_PREFIX_BLOCKS, picker: str = "max") -> None:
-        try:
-            prefix = PrefixCacheScorer(block_tokens, lru_capacity, max_blocks)
-        except ValueError as exc:  # its parameters are this policy's
-            raise ValueError(f"{self.name}: {str(exc).removeprefix(PrefixCacheScorer.type + ': ')}") from None
+        prefix = PrefixCacheScorer(block_tokens, lru_capacity, max_blocks, owner=self.name)  # its parameters are ours
         scorers = [(QueueScorer(), queue_weight), (KVCacheUtilizationScorer(), kv_weight), (prefix, prefix_weight)]
         super().__init__(rng, scorers, picker)
 

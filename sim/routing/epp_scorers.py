@@ -153,6 +153,8 @@ class PrefixCacheScorer(Scorer):
             (``maxPrefixTokensToMatch``, which takes precedence in llm-d).
         fallback_capacity: the LRU capacity when auto-tuning and the view does not know the
             workers' ``num_gpu_blocks`` (the live replay): ``lruCapacityPerServer``.
+        owner: who the arguments came from, as a bad one's error names it (a policy whose
+            parameters they are, e.g. ``llmd-estimated``); None: this scorer's ``type``.
 
     Raises:
         ValueError: a negative size or capacity, max_blocks < 1; at ``prepare``, a block size
@@ -163,13 +165,13 @@ class PrefixCacheScorer(Scorer):
 
     def __init__(self, block_tokens: int = 0, lru_capacity: int = 0,
                  max_blocks: int = DEFAULT_MAX_PREFIX_BLOCKS, max_tokens: int = 0,
-                 fallback_capacity: int = DEFAULT_LRU_CAPACITY) -> None:
+                 fallback_capacity: int = DEFAULT_LRU_CAPACITY, owner: str | None = None) -> None:
         from kvroute.sim.routing.base import check_at_least
 
+        owner = owner or self.type
         # 0: auto-tuned (block size, LRU capacity) or no limit (tokens)
-        check_at_least("prefix-cache-scorer", 0, block_tokens=block_tokens, lru_capacity=lru_capacity,
-                       max_tokens=max_tokens)
-        check_at_least("prefix-cache-scorer", 1, max_blocks=max_blocks, fallback_capacity=fallback_capacity)
+        check_at_least(owner, 0, block_tokens=block_tokens, lru_capacity=lru_capacity, max_tokens=max_tokens)
+        check_at_least(owner, 1, max_blocks=max_blocks, fallback_capacity=fallback_capacity)
         self.block_tokens = block_tokens
         self.lru_capacity = lru_capacity
         self.max_blocks = max_blocks
