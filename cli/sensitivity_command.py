@@ -88,7 +88,7 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     metric when the factor crosses its range (signed + / - for a monotone effect, ~ otherwise).
     """
     from kvroute.sim.cluster.metrics import ServiceClass
-    from kvroute.sim.study.sensitivity import (FACTOR_GROUPS, NOISE_MARK, NOISE_RULE, Ranges, base_profile,
+    from kvroute.sim.study.sensitivity import (NOISE_MARK, NOISE_RULE, Ranges, base_profile,
                                                default_factors, run_sensitivity)
 
     policies = parse_policies(policies_text)
@@ -109,11 +109,10 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
     names = [g.strip() for g in groups.split(",") if g.strip()] if groups else None
+    # by default the workload group gives no factor where the lengths are given (workload_factors)
     given = ("a --trace file's" if trace is not None else
              "a --workload-config's" if scenario.workload_config is not None else None)
-    if names is None and given:
-        names = [g for g in FACTOR_GROUPS if g != "workload"]  # the lengths are given
-    elif given and "workload" in names:
+    if given and names is not None and "workload" in names:
         raise click.BadParameter(f"the workload group varies the generated workload's lengths; {given} "
                                  "are given (leave it out)", param_hint="'--groups'")
     factors = default_factors(scenario, profile, ranges, names)
