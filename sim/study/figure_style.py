@@ -99,6 +99,31 @@ def dodged(x, k: int, n: int, spread: float = 0.06) -> np.ndarray:
     return np.asarray(x, float) * 2.0 ** (spread * (k - (n - 1) / 2))
 
 
+def spread_along(x, k: int, n: int, ticks, log: bool, share: float = 0.2) -> np.ndarray:
+    """``x`` moved apart for the ``k``-th of ``n`` series drawn at the same ``ticks`` (the x values
+    the series share), so that series with equal values stay visible side by side.
+
+    The ``n`` series together span ``share`` of the narrowest gap between neighbouring ticks,
+    centred on each tick: on a log axis (``log``) the gap is measured in powers of two and the
+    series are :func:`dodged` by that factor, on a linear axis they are shifted by that length.
+    With one tick the gap is the tick's own size (1 for a tick at 0). Only the drawing moves; the
+    values and the axis ticks stay where they are.
+
+    Returns:
+        ``x`` as floats, moved; ``x`` itself when ``n`` is 1.
+    """
+    x = np.asarray(x, float)
+    if n < 2:
+        return x
+    marks = np.unique(np.asarray([t for t in np.asarray(ticks, float).ravel() if np.isfinite(t)]))
+    if log:
+        marks = np.log2(marks[marks > 0])
+    gaps = np.diff(marks)
+    gap = gaps.min() if len(gaps) else (abs(marks[0]) if len(marks) and marks[0] != 0 else 1.0)
+    step = share * gap / (n - 1)
+    return dodged(x, k, n, spread=step) if log else x + step * (k - (n - 1) / 2)
+
+
 def series_style(label: str, colors: dict[str, str]) -> dict:
     """Matplotlib keyword arguments (``color``, ``ls``, ``marker``) for a series named ``label``
     (a policy, or ``"<policy> predicted"`` / ``"<policy> measured"``) under ``colors``."""

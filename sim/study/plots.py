@@ -11,7 +11,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from kvroute.sim.study.figure_style import (figure_title, interval_errors, log_axis_if_spread, plain_log_axis,
-                                              policy_colors, series_style, short_names, split_variant)
+                                              policy_colors, series_style, short_names, split_variant,
+                                              spans_decades, spread_along)
 
 
 def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] | None = None) -> Figure:
@@ -188,7 +189,10 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
 
     The TTFT panels show the measure the sweep's tables show (:func:`load_panels`), each panel is
     titled with its metric's ``SUMMARY_METRICS`` label (the goodput panel also with its SLO
-    bounds), and the legend sits under the panels, off the data.
+    bounds), and the legend sits under the panels, off the data. The series sit a little apart
+    along the load axis (``figure_style.spread_along``, a fifth of the narrowest gap between loads
+    for all of them) so that equal values, such as every policy's goodput of 1 at a low load, stay
+    visible; the ticks stay at the loads swept.
 
     Args:
         frame: sweep rows (``kvroute.sim.study.sweep.sweep``) with ``request_rate`` (sessions/s)
@@ -223,7 +227,9 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
     variants = list(dict.fromkeys(tuple(map(_setting_key, t)) for t in iv[settings].itertuples(index=False, name=None)))
     fig = Figure(figsize=(13, 4.4))
     axes = fig.subplots(1, len(panels))
-    for key, group in iv.groupby(["policy", *settings], sort=False, dropna=False):
+    loads, x_label = rows[x].unique(), load_label(rows, x)
+    series = iv.groupby(["policy", *settings], sort=False, dropna=False)
+    for k, (key, group) in enumerate(series):
         key = key if isinstance(key, tuple) else (key,)
         policy, values = key[0], tuple(map(_setting_key, key[1:]))
         group = group.sort_values(x)
@@ -233,13 +239,14 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
             k = variants.index(values)
             style |= {"ls": SETTING_LINES[k % len(SETTING_LINES)], "marker": SETTING_MARKERS[k % len(SETTING_MARKERS)]}
             label += ", " + ", ".join(f"{c}={_setting_text(v)}" for c, v in zip(settings, values))
+        # each series a little apart along x: equal values (goodput 1 at low load) stay visible
+        at = spread_along(group[x], k, series.ngroups, loads, log=spans_decades(loads))
         for ax, metric in zip(axes, panels):
             lower, upper = METRIC_BOUNDS[metric]
-            ax.errorbar(group[x], group[metric],
+            ax.errorbar(at, group[metric],
                         yerr=interval_errors(group[metric], group[f"{metric}_low"], group[f"{metric}_high"],
                                              lower, upper),
                         capsize=2, label=label, **style)
-    loads, x_label = rows[x].unique(), load_label(rows, x)
     for ax, metric in zip(axes, panels):
         if not log_axis_if_spread(ax, loads):
             ax.set_xticks(sorted(loads))

@@ -322,7 +322,10 @@ def test_load_figure_draws_a_chats_sweep_against_sessions_all_started_at_once():
     for ax in fig.axes:
         assert ax.get_xlabel() == "sessions (all started at once)"
         assert [c.get_label() for c in ax.containers] == ["round_robin", "kv_aware"]
-        assert [c.lines[0].get_xdata().tolist() for c in ax.containers] == [[2.0, 4.0, 8.0]] * 2
+        # two series a fifth of the narrowest gap (2 sessions) apart, centred on the loads
+        drawn = [c.lines[0].get_xdata().tolist() for c in ax.containers]
+        assert drawn == [pytest.approx([1.8, 3.8, 7.8], abs=1e-12), pytest.approx([2.2, 4.2, 8.2], abs=1e-12)]
+        assert ax.get_xticks().tolist() == [2.0, 4.0, 8.0]
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["round_robin", "kv_aware"]
     at_a_rate = load_figure(rows.assign(request_rate=2.0))
     assert at_a_rate.axes[0].get_xlabel() == "sessions (started at 2 per s)"
@@ -341,3 +344,19 @@ def test_dodged_series_sit_symmetrically_around_their_x_on_a_log_axis():
     assert left * right == pytest.approx(np.square(x), rel=1e-12)  # symmetric in log space
     assert right / np.asarray(x) == pytest.approx([2 ** 0.06] * 2)
     assert list(dodged(x, 0, 1)) == x  # one series: not moved
+
+
+def test_spread_along_spans_a_fifth_of_the_narrowest_gap_between_ticks():
+    from kvroute.sim.study.figure_style import spread_along
+
+    linear = [spread_along([2, 4, 10], k, 3, [2, 4, 10], log=False).tolist() for k in range(3)]
+    assert linear == [pytest.approx([1.8, 3.8, 9.8], abs=1e-12), [2.0, 4.0, 10.0],
+                      pytest.approx([2.2, 4.2, 10.2], abs=1e-12)]
+    # log axis: the narrowest gap is one power of two (0.5 -> 1), so the outer series sit
+    # 2 ** +-0.1 from the middle one
+    left, right = (spread_along([0.5, 1, 16], k, 3, [0.5, 1, 16], log=True) for k in (0, 2))
+    assert right / np.array([0.5, 1, 16]) == pytest.approx([2 ** 0.1] * 3, rel=1e-12)
+    assert left * right == pytest.approx(np.square([0.5, 1, 16]), rel=1e-12)
+    assert spread_along([3.0], 0, 1, [3.0], log=False).tolist() == [3.0]  # one series: not moved
+    assert spread_along([3.0], 0, 2, [3.0], log=False).tolist() == pytest.approx([2.7])  # one tick: its size
+    assert spread_along([0.0], 1, 2, [0.0], log=False).tolist() == pytest.approx([0.1])  # a tick at 0: 1
