@@ -56,7 +56,8 @@ from kvroute.calibrate.calibration.prompt_factory import PromptFactory
 from kvroute.calibrate.calibration.sweep_files import (EXPERIMENT_COLUMNS, REQUEST_COLUMNS, RowWriter, check_no_sweep,
                                                       to_parquet)
 from kvroute.calibrate.calibration.sweep_plan import SweepPlan, sweep_schedule
-from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, VllmClient
+from kvroute.calibrate.live.client import (CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, VllmClient,
+                                           kv_blocks_alike)
 from kvroute.calibrate.live.prompts import chained_block_hashes
 
 # --------------------------------------------------------------------------------------------
@@ -79,15 +80,9 @@ class _Ctx:
     events: Any = None  # LiveKVEvents of every server, or None
 
 
-KV_BLOCKS_TOLERANCE = 0.02
-"""Most relative difference between the servers' KV blocks that one calibration takes: GPU
-servers started one after another still differ a little (what each one's memory profiling
-found); more is a different KV cache."""
-
-
 def check_alike(infos: list[ServerInfo]) -> None:
     """Refuse servers that one calibration cannot pool: a different model, vLLM release,
-    scheduling, block size or batch limits, or KV caches more than ``KV_BLOCKS_TOLERANCE`` apart.
+    scheduling, block size or batch limits, or KV caches more than ``client.KV_BLOCKS_TOLERANCE`` apart.
 
     Raises:
         CalibrationError: naming the setting and both servers.
@@ -102,7 +97,7 @@ def check_alike(infos: list[ServerInfo]) -> None:
                 f"workers together and different ones separately"
             )
         blocks = (infos[0].num_gpu_blocks, i.num_gpu_blocks)
-        if abs(blocks[1] - blocks[0]) > KV_BLOCKS_TOLERANCE * max(blocks):
+        if not kv_blocks_alike(*blocks):
             raise CalibrationError(
                 f"servers differ in KV cache: {blocks[0]} blocks at {infos[0].url}, {blocks[1]} at {i.url} (a "
                 "profile has one count per worker); servers sharing a GPU must start one after another "
@@ -398,6 +393,8 @@ async def _burst(ctxs: list[_Ctx], exp: dict) -> None:
         errs = [r.error for r in res_list if r.error]
         erow["error"] = errs[0] if errs else None
         ctx.experiments.write(erow)
+    # every server's rows are written before a failed request stops the sweep
+    for ctx, res_list in zip(targets, results):
         for res in res_list:
             _check(ctx, res, L)
 
@@ -407,8 +404,10 @@ async def probe_server(client: VllmClient, factory: PromptFactory, plan: SweepPl
     two-block prompt must hit the cache).
 
     Raises:
-        CalibrationError: unreachable, wrong model, a plan that does not fit, or prefix caching
-            off (detected from ``vllm:cache_config_info`` or from the repeated prompt).
+        CalibrationError: unreachable, wrong model, a plan that does not fit, prefix caching
+            off (detected from ``vllm:cache_config_info`` or from the repeated prompt), or no way
+            to count the repeated prompt's hits (no ``cached_tokens`` in the responses and no
+            ``vllm:prefix_cache_hits_total`` in ``/metrics``).
     """
     info = await client.probe()
     if plan is not None:
@@ -433,7 +432,13 @@ async def probe_server(client: VllmClient, factory: PromptFactory, plan: SweepPl
     info = replace(info, reports_cached_tokens=hits is not None)
     if hits is None:
         hits = after.delta(before, "vllm:prefix_cache_hits_total")
-    if not hits or hits < info.block_size:
+        if math.isnan(hits):
+            raise CalibrationError(
+                f"cannot tell whether prefix caching works on the server at {info.url}: its responses carry "
+                f"no cached_tokens and its /metrics no vllm:prefix_cache_hits_total; start it with "
+                f"--enable-prompt-tokens-details (kvroute serve does)"
+            )
+    if not hits >= info.block_size:
         raise CalibrationError(
             f"prefix caching is off on the server at {info.url}: the same {len(prompt)}-token prompt sent "
             f"twice found no cached tokens the second time; restart it without --no-enable-prefix-caching"
@@ -466,6 +471,18 @@ async def _cancel_all(tasks: list[asyncio.Task]) -> None:
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _together(coros: Sequence[Any]) -> list:
+    """Run ``coros`` concurrently, as ``asyncio.gather``; when one raises, cancel the others and
+    wait for them (:func:`_cancel_all`) before raising its exception, so that no server goes on
+    measuring, or writing rows, after the sweep has failed."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        await _cancel_all(tasks)
+        raise
 
 
 async def _sweep_one(ctx: _Ctx, exps: list[dict], plan: SweepPlan, begin: Callable[[dict], None],
@@ -585,6 +602,7 @@ class _Progress:
 
     def __init__(self, total: int, pace: Any, show: bool) -> None:
         self.total = total
+        self.done = 0  # experiments and bursts done
         self.bar = self.left = self._refresher = None
         self._t0 = time.monotonic()
         if show:
@@ -604,20 +622,20 @@ class _Progress:
         """``key`` is done."""
         if self.left is not None:
             self.left.done(key, time.monotonic() - self._t0)
-        if self.bar is not None and key != "start":
+        if key == "start":
+            return
+        self.done += 1
+        if self.bar is not None:
             self.bar.update(1)
 
-    async def close(self, complete: bool) -> int:
-        """Stop the refreshing and close the bar; returns the experiments and bursts done: the
-        bar's count, or without a bar ``total`` when ``complete``, else 0."""
+    async def close(self) -> int:
+        """Stop the refreshing and close the bar; returns the experiments and bursts done."""
         if self._refresher is not None:
             self._refresher.cancel()
             await asyncio.gather(self._refresher, return_exceptions=True)
-        if self.bar is None:
-            return self.total if complete else 0
-        done = self.bar.n
-        self.bar.close()
-        return done
+        if self.bar is not None:
+            self.bar.close()
+        return self.done
 
 
 async def _measure(sweep: _Sweep, plan: SweepPlan, seed: int, show_progress: bool, pace: Any) -> None:
@@ -632,7 +650,7 @@ async def _measure(sweep: _Sweep, plan: SweepPlan, seed: int, show_progress: boo
         await _run_schedule(sweep.ctxs, plan, exps, bursts, seed, progress)
         sweep.status = "complete"
     finally:
-        sweep.done = await progress.close(sweep.status == "complete")
+        sweep.done = await progress.close()
 
 
 async def _run_schedule(ctxs: list[_Ctx], plan: SweepPlan, exps: list[dict], bursts: list[dict], seed: int,
@@ -640,15 +658,15 @@ async def _run_schedule(ctxs: list[_Ctx], plan: SweepPlan, exps: list[dict], bur
     """Warm every server up (:func:`warm_up`, concurrently), then deal ``exps`` round-robin to the
     servers and run them in the segments of :func:`sweep_schedule` (each server its share one at
     a time, the servers concurrently), each segment followed by its chunk of ``bursts``, one at a
-    time."""
+    time. When one server's experiment fails, the others' are cancelled (:func:`_together`)."""
     shares = [exps[k::len(ctxs)] for k in range(len(ctxs))]
     progress.begin("start")
-    await asyncio.gather(*(warm_up(ctx, plan) for ctx in ctxs))
+    await _together([warm_up(ctx, plan) for ctx in ctxs])
     progress.tick("start")
     for segments, chunk in sweep_schedule(shares, bursts, plan.burst_slots, seed):
-        await asyncio.gather(*(_sweep_one(ctx, seg, plan, lambda e: progress.begin(e["exp_id"]),
-                                          lambda e: progress.tick(e["exp_id"]))
-                               for ctx, seg in zip(ctxs, segments)))
+        await _together([_sweep_one(ctx, seg, plan, lambda e: progress.begin(e["exp_id"]),
+                                    lambda e: progress.tick(e["exp_id"]))
+                         for ctx, seg in zip(ctxs, segments)])
         for exp in chunk:
             progress.begin(exp["exp_id"])
             await _burst(ctxs, exp)
@@ -690,14 +708,16 @@ async def _stop_kv_events(sweep: _Sweep, endpoints: Sequence[str]) -> dict[str, 
 
 
 def _write_final_meta(sweep: _Sweep) -> None:
-    """Rewrite ``meta.json`` with how the sweep ended: its KV-event feed, warnings, status, finish
-    time, wall time (s) and the client host's load average."""
+    """Rewrite ``meta.json`` with how the sweep ended: its KV-event feed, warnings, status, the
+    experiments and bursts done (``experiments_done``; all of them when complete), finish time,
+    wall time (s) and the client host's load average."""
     meta = sweep.meta
     if sweep.events_meta is not None:
         meta["kv_events"] = sweep.events_meta
     if sweep.warnings:
         meta["warnings"] = list(sweep.warnings)
     meta["status"] = sweep.status
+    meta["experiments_done"] = sweep.done
     meta["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     meta["elapsed_s"] = round(time.monotonic() - sweep.t_wall, 1)
     meta.setdefault("client_host", {})["loadavg_end"] = list(os.getloadavg())
@@ -712,8 +732,9 @@ class MeasureSummary:
         out_dir: the output directory.
         servers: each server's settings.
         num_requests: rows in ``requests.csv`` written by this run.
-        num_experiments: experiments finished.
-        status: ``"complete"``, ``"interrupted"`` or ``"failed: <message>"``.
+        num_experiments: experiments and bursts finished (all of the plan's that fit).
+        status: ``"complete"``: :func:`run_sweep` raises on a sweep interrupted or failed, whose
+            ``meta.json`` says how it ended (``status``, ``experiments_done``).
         elapsed_s: wall time, s.
         events_problem: why the KV-event feeds timed nothing, or None (also when not asked for).
         warnings: what went wrong without stopping the sweep (a prefix-cache reset refused or

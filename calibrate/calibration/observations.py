@@ -32,7 +32,7 @@ import pandas as pd
 
 from kvroute.traces.inputs import JSON_DECODER, SECONDS, DuplicateKeyError, InputError, describe
 from kvroute.calibrate.calibration.sweep_files import EXPERIMENT_COLUMNS, REQUEST_COLUMNS, TEXT_COLUMNS
-from kvroute.calibrate.live.client import ServerInfo
+from kvroute.calibrate.live.client import ServerInfo, kv_blocks_alike
 from kvroute.calibrate.calibration.steps import Step, decode_context, decode_step, mixed_steps, prefill_steps
 from kvroute.sim.engine.config import EngineConfig
 
@@ -131,7 +131,10 @@ def load_sweep(run_dir: str | Path) -> tuple[dict, list[ServerInfo], pd.DataFram
 
 SAME_ENGINE = ("model", "block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
                "enable_prefix_caching", "long_prefill_token_threshold")
-"""``ServerInfo`` fields that must agree between sweeps pooled by :func:`load_sweeps`."""
+"""``ServerInfo`` fields that must agree between sweeps pooled by :func:`load_sweeps`: each one
+exactly, except ``num_gpu_blocks``, which may differ by ``client.KV_BLOCKS_TOLERANCE`` (servers
+restarted between the sweeps find a few blocks more or less, as servers started one after
+another in one sweep do)."""
 
 
 def load_sweeps(run_dirs) -> tuple[dict, list[ServerInfo], pd.DataFrame, pd.DataFrame]:
@@ -152,8 +155,9 @@ def load_sweeps(run_dirs) -> tuple[dict, list[ServerInfo], pd.DataFrame, pd.Data
     Raises:
         FileNotFoundError, InputError: as :func:`load_sweep`, for the folder at fault.
         InputError: no folder, a folder given twice or a copy of the first sweep (same start
-            time), or sweeps of different engines (model, block size, block count, token budget,
-            ...) or of a different number of servers; names the folder and the field.
+            time), or sweeps of different engines (model, block size, token budget, block counts
+            more than ``client.KV_BLOCKS_TOLERANCE`` apart, ...) or of a different number of servers;
+            names the folder and the field.
     """
     dirs = [Path(d) for d in run_dirs]
     if not dirs:
@@ -182,7 +186,7 @@ def load_sweeps(run_dirs) -> tuple[dict, list[ServerInfo], pd.DataFrame, pd.Data
         if s and servers:
             for name in SAME_ENGINE:
                 a, b = getattr(servers[0], name), getattr(s[0], name)
-                if a != b:
+                if a != b and not (name == "num_gpu_blocks" and kv_blocks_alike(a, b)):
                     raise InputError(f"{name} {b!r}, where {dirs[0]} has {a!r}: pool sweeps of one engine only",
                                      where, None, f"servers[0].{name}")
         reqs.append(r.assign(sweep=k, exp_id=r["exp_id"] + offset))

@@ -27,19 +27,21 @@ class PromptFactory:
         self._count = 0
 
     def unique(self, n: int) -> list[int]:
-        """A prompt of ``n`` tokens sharing no block with any other unique prompt of this factory.
+        """A prompt of ``n`` tokens sharing no block with any other unique prompt of this factory
+        (its first two tokens are a header no other prompt has).
 
         Raises:
-            ValueError: ``n < 1`` or the factory has used up its ``(hi - lo)**2`` headers.
+            ValueError: ``n < 2`` (one token cannot hold the header) or the factory has used up
+                its ``(hi - lo)**2`` headers.
         """
-        if n < 1:
-            raise ValueError("a prompt needs at least one token")
+        if n < 2:
+            raise ValueError(f"a unique prompt needs at least two tokens (its header), got {n}")
         span = self.hi - self.lo
         if self._count >= span * span:
             raise ValueError("prompt factory exhausted its unique headers")
         head = [self.lo + self._count // span, self.lo + self._count % span]
         self._count += 1
-        return (head + self.tail(max(0, n - 2)))[:n]
+        return head + self.tail(n - 2)
 
     def tail(self, n: int) -> list[int]:
         """``n`` random token ids (to append to a prefix)."""

@@ -145,7 +145,9 @@ class SweepPlan:
                     )
 
     def clipped(self, max_len: int) -> "SweepPlan":
-        """The plan without the lengths whose sequences exceed ``max_len`` tokens."""
+        """The plan without the lengths whose sequences exceed ``max_len`` tokens; a cached prefix
+        stays only where it fits with the largest new-token count (its experiments pair it with
+        each of them)."""
         keep = lambda xs, extra: tuple(x for x in xs if x + extra <= max_len)  # noqa: E731
         return replace(
             self,
@@ -200,7 +202,7 @@ class SweepPlan:
         and N (ascending), a burst on one server (servers taken in turn) then on all servers;
         cold shapes first, then the cached-prefix shapes (``prefix_len`` > 0; none without
         ``burst_sizes``). Bursts whose N sequences do not fit in 90 % of ``capacity_tokens``
-        are left out."""
+        (a shared prefix counted once, as its blocks are) are left out."""
         cap = math.inf if capacity_tokens is None else 0.9 * capacity_tokens
         shapes = [(0, L, T, self.burst_sizes) for L, T in self.burst_shapes]
         if self.burst_sizes:
@@ -209,8 +211,8 @@ class SweepPlan:
         k = 0
         for rep in range(self.burst_reps):
             for P, L, T, sizes in shapes:
-                for N in sizes:
-                    if N * (L + T) > cap:
+                for N in sorted(sizes):
+                    if P + N * (L - P + T) > cap:
                         continue
                     exps.append(dict(kind="burst", rep=rep, batch=N, prompt_len=L, prefix_len=P, max_tokens=T,
                                      server=k % num_servers))

@@ -132,6 +132,17 @@ CPU_BATCH_DEFAULTS = (2048, 128)
 GPU_BATCH_DEFAULTS = (2048, 256)
 
 
+KV_BLOCKS_TOLERANCE = 0.02
+"""Most relative difference between two servers' KV blocks that one calibration takes: GPU
+servers started one after another still differ a little (what each one's memory profiling
+found); more is a different KV cache."""
+
+
+def kv_blocks_alike(a: int, b: int) -> bool:
+    """Whether KV caches of ``a`` and ``b`` blocks are one size within :data:`KV_BLOCKS_TOLERANCE`."""
+    return abs(a - b) <= KV_BLOCKS_TOLERANCE * max(a, b)
+
+
 @dataclass(frozen=True, slots=True)
 class ServerInfo:
     """What a server says about itself.

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -55,7 +56,8 @@ def _share(x) -> str:
 
 def _fmt(x, digits: int = 3) -> str:
     """``x`` with ``digits`` decimals, and at least two significant ones below 1 (an ITL of
-    0.0021 s, not 0.002); thousands with separators; '-' for None or NaN."""
+    0.0021 s, not 0.002); at most one from 100 (``523.3``; none when ``digits`` is 0); thousands
+    with separators; '-' for None or NaN."""
     x = _num(x)
     if x is None:
         return "-"
@@ -63,12 +65,21 @@ def _fmt(x, digits: int = 3) -> str:
         return f"{x:,.0f}"
     if 0 < abs(x) < 1 and digits:
         digits = max(digits, 1 - math.floor(math.log10(abs(x))))
-    return f"{x:.{digits}f}" if abs(x) < 100 else f"{x:.1f}"
+    if abs(round(x, digits)) >= 100:
+        digits = min(digits, 1)
+    return f"{x:.{digits}f}"
 
 
-def _range(pair) -> str:
+def _count(x) -> str:
+    """A count, or a mean of counts: no decimals when whole (``0``, ``12``), else one (``0.5``);
+    '-' for None or NaN."""
+    x = _num(x)
+    return "-" if x is None else _fmt(x, 0 if x == round(x) else 1)
+
+
+def _range(pair, fmt: Callable = _fmt) -> str:
     lo, hi = (_num(x) for x in pair)
-    return "-" if lo is None or hi is None else f"{_fmt(lo)} - {_fmt(hi)}"
+    return "-" if lo is None or hi is None else f"{fmt(lo)} - {fmt(hi)}"
 
 
 def _pct(x, unit: str = "%") -> str:
@@ -96,7 +107,7 @@ def _lag_text(lag: dict | None, simulated_s: float, measured: bool = False) -> s
 def policy_line(doc: dict, p: dict) -> str:
     """One policy's live run in a sentence: wall time, the client's CPU share, failed requests,
     a warm cache, and the client's send lag against what the simulation does with it."""
-    whole = sum(r["cut_short"] is None for r in p.get("rounds", [])) or p.get("live_rounds")
+    whole = sum(not r.get("cut_short") for r in p.get("rounds", [])) or p.get("live_rounds")
     rounds = (f" (mean of {whole} rounds{' that ran whole' if whole < p['live_rounds'] else ''})"
               if doc.get("live_rounds") else "")
     return (f"live wall time {_fmt(p['live_wall_time_s'], 1)} s{rounds}, client CPU "
@@ -179,7 +190,7 @@ def _any_cut(doc: dict) -> bool:
 
 
 def _interval_header(doc: dict) -> str:
-    level = f"{100 * doc.get('interval_level', 0.95):g} %"
+    level = f"{100 * doc['interval_level']:g} %"
     n_live = doc.get("live_rounds")
     if n_live and _any_cut(doc):
         return f"{level} interval of the mean of the live rounds that ran whole"
@@ -194,13 +205,13 @@ def _yes_cell(flag, not_checked: str | None = None) -> Cell:
     return Cell("-" if flag is None else ("yes" if flag else "no"), numeric=False)
 
 
-def _live_min_max(m: dict) -> str:
+def _live_min_max(m: dict, fmt: Callable = _fmt) -> str:
     """The min - max of the live rounds in the mean (``live_rounds`` of them), or one value when
     they are equal: "0.812 in all 3 rounds" (it read "0.812 - 0.812"), "0.812 (one round)"."""
     low, high, n = _num(m.get("measured_min")), _num(m.get("measured_max")), m.get("live_rounds")
     if low is None or low != high:
-        return _range([low, high])
-    return f"{_fmt(low)} (one round)" if n == 1 else f"{_fmt(low)} in all {n} rounds"
+        return _range([low, high], fmt)
+    return f"{fmt(low)} (one round)" if n == 1 else f"{fmt(low)} in all {n} rounds"
 
 
 def _live_range_cell(m: dict) -> Cell:
@@ -231,20 +242,21 @@ def policy_tables(doc: dict, policy: str, p: dict) -> list[Table]:
     header += ["live min - max", "95 % interval of the live mean", "prediction in live range"] if n_live else []
     header += ["inside", "error %"]
     rows = []
-    for m in p["metrics"].values():
-        live = [Cell(_live_min_max(m), {"low": m["measured_min"], "high": m["measured_max"]}),
-                Cell(_range(m["measured_interval"] or [None, None])),
+    for key, m in p["metrics"].items():
+        fmt = _count if key == "failed" else _fmt  # failed requests: a count
+        live = [Cell(_live_min_max(m, fmt), {"low": m["measured_min"], "high": m["measured_max"]}),
+                Cell(_range(m["measured_interval"] or [None, None], fmt)),
                 _live_range_cell(m)] if n_live else []
-        rows.append([m["label"], Cell(_fmt(m["predicted"]) + _with_drift(m), {"predicted": m["predicted"]}),
-                     Cell(_range(m["predicted_interval"])),
-                     Cell(_range(m["run_interval"]), {"low": m["run_interval"][0], "high": m["run_interval"][1]}),
-                     Cell(_fmt(m["measured"]), {"measured": m["measured"]}), *live, _yes_cell(m["inside"], m.get("not_checked")),
+        rows.append([m["label"], Cell(fmt(m["predicted"]) + _with_drift(m), {"predicted": m["predicted"]}),
+                     Cell(_range(m["predicted_interval"], fmt)),
+                     Cell(_range(m["run_interval"], fmt), {"low": m["run_interval"][0], "high": m["run_interval"][1]}),
+                     Cell(fmt(m["measured"]), {"measured": m["measured"]}), *live, _yes_cell(m["inside"], m.get("not_checked")),
                      Cell(_error_text(m), {"error_pct": m["error_pct"]})])
     for w, row in p["workers"].items():
         h = row["hit_tokens"]
         rows.append([f"hit tokens, worker {w}" + ("" if row["alive"] else " (died)"),
-                     Cell(_fmt(h["predicted"], 0), {"predicted": h["predicted"]}), Cell("-"), Cell("-"),
-                     Cell(_fmt(h["measured"], 0), {"measured": h["measured"]}), *[Cell("-")] * (3 if n_live else 0),
+                     Cell(_count(h["predicted"]), {"predicted": h["predicted"]}), Cell("-"), Cell("-"),
+                     Cell(_count(h["measured"]), {"measured": h["measured"]}), *[Cell("-")] * (3 if n_live else 0),
                      Cell("-", numeric=False), Cell(_pct(h["error_pct"]), {"error_pct": h["error_pct"]})])
     tables = [Table(f"{policy}: predicted against measured", header, rows, table_id=f"policy-{policy}",
                     note=policy_line(doc, p))]
@@ -346,7 +358,7 @@ def coverage_text(doc: dict) -> str:
     """The report's closing paragraph: how many measured values fall inside their prediction
     interval, and what each interval is of and made of (``docs/reference/intervals.md``)."""
     k, n = doc["inside_interval"]["inside"], doc["inside_interval"]["checked"]
-    level = f"{100 * doc.get('interval_level', 0.95):g} %"
+    level = f"{100 * doc['interval_level']:g} %"
     n_live = doc.get("live_rounds")
     parts = [f"the spread of {doc['sim_rounds']} seeded simulation round(s)"
              + (f" on the central profile and on each of {doc['uncertainty_draws']} profiles drawn from the fit's "
@@ -590,7 +602,8 @@ def write_measured_only(v: Validation, out_dir: str | Path, provenance: dict | N
     lines += [f"- {line}" for line in scenario_lines(doc) if not line.startswith(("replay:", "live:"))]
     header = ["metric", *(run["policy"] + (f", live round {run['live_round'] + 1}" if _multi(v) else "")
                           for run in doc["runs"])]
-    rows = [[SUMMARY_METRICS[m], *(Cell(_fmt(run["measured"][m], 0 if m == "failed" else 3)) for run in doc["runs"])]
+    rows = [[SUMMARY_METRICS[m], *(Cell(_count(run["measured"][m]) if m == "failed" else _fmt(run["measured"][m]))
+                                   for run in doc["runs"])]
             for m in REPORT_METRICS]
     lines += ["", "## Measured", ""] + markdown_table(Table("measured", header, rows))
     if doc["notes"]:

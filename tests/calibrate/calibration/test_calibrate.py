@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, ServerInfo, parse_prometheus
+from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, parse_prometheus
 from kvroute.calibrate.calibration.fit import fit, lognormal_cv, profile_document, split_holdout
 from kvroute.calibrate.calibration.measure import run_sweep
 from kvroute.calibrate.calibration.prompt_factory import PromptFactory
@@ -249,7 +249,9 @@ def test_prompt_factory_is_seeded_unique_and_in_range():
     assert pa == [b.unique(64) for _ in range(50)]
     assert len({tuple(p[:32]) for p in pa}) == 50  # no two share a first block
     assert all(100 <= t < 200 for p in pa for t in p)
-    assert len(a.unique(1)) == 1
+    assert len(a.unique(2)) == 2
+    with pytest.raises(ValueError, match=r"^a unique prompt needs at least two tokens \(its header\), got 1$"):
+        a.unique(1)  # one token cannot hold the header: it would repeat the 100th prompt's first token
 
 
 def _info(**kw) -> ServerInfo:
@@ -456,6 +458,87 @@ def test_server_dying_mid_sweep_keeps_the_rows(fake_server, tmp_path):
         _sweep(s.url, tmp_path)
     meta, _, req, _ = load_sweep(tmp_path)
     assert len(req) == 4 and meta["status"].startswith("failed")
+    # the 4 measured requests were 3 whole experiments (seed 0's order: the cached one sends two)
+    assert meta["experiments_done"] == 3 == req["exp_id"].nunique()
+
+
+class _ScriptedClient:
+    """A stand-in for ``VllmClient``: every completion answers at once, HTTP 500 when ``fail``;
+    ``cached_tokens`` as given (None: not reported); ``/metrics`` empty."""
+
+    def __init__(self, fail=False, cached_tokens=0):
+        self.fail, self.cached_tokens, self.num_scrapes = fail, cached_tokens, 0
+
+    async def complete(self, prompt, max_tokens, *_):
+        t = time.perf_counter()
+        if self.fail:
+            return StreamResult(t_send=t, error="boom", status=500)
+        return StreamResult(t_send=t, token_times=[0.01] * max_tokens, prompt_tokens=len(prompt),
+                            cached_tokens=self.cached_tokens, completion_tokens=max_tokens, t_done=0.02, status=200)
+
+    async def metrics(self):
+        return MetricsSnapshot(values={}, info={}, taken_at=0.0)
+
+    async def probe(self):
+        return _info()
+
+
+def test_a_failed_request_in_a_burst_on_all_servers_keeps_every_servers_rows(tmp_path):
+    from kvroute.calibrate.calibration import measure
+    from kvroute.calibrate.calibration.sweep_files import EXPERIMENT_COLUMNS, REQUEST_COLUMNS, RowWriter
+
+    requests = RowWriter(tmp_path / "requests.csv", REQUEST_COLUMNS)
+    experiments = RowWriter(tmp_path / "experiments.csv", EXPERIMENT_COLUMNS)
+    ctxs = [measure._Ctx(_ScriptedClient(fail=k == 0), _info(url=f"http://s{k}"),
+                         PromptFactory(np.random.default_rng(k)), requests, experiments, time.perf_counter(),
+                         metrics_ok=False, worker=k) for k in range(2)]
+    burst = dict(kind="burst_all", rep=0, batch=3, prompt_len=64, prefix_len=0, max_tokens=4, exp_id=7)
+    with pytest.raises(CalibrationError, match=r"^the server at http://s0 answered HTTP 500: boom$"):
+        asyncio.run(measure._burst(ctxs, burst))
+    requests.close()
+    experiments.close()
+    # the second server's three answers and its experiment row are kept beside the first's failure
+    assert pd.read_csv(tmp_path / "requests.csv").groupby("url").size().to_dict() == {"http://s0": 3, "http://s1": 3}
+    exp = pd.read_csv(tmp_path / "experiments.csv")
+    assert exp["url"].tolist() == ["http://s0", "http://s1"] and exp["error"].fillna("").tolist() == ["boom", ""]
+
+
+def test_one_servers_failure_cancels_the_other_servers_experiments():
+    from kvroute.calibrate.calibration import measure
+
+    written = []
+
+    async def fails():
+        await asyncio.sleep(0.01)
+        raise CalibrationError("server 0 failed")
+
+    async def measures():
+        for k in range(5):
+            await asyncio.sleep(0.02)
+            written.append(k)
+
+    async def sweep():
+        with pytest.raises(CalibrationError, match="server 0 failed"):
+            await measure._together([fails(), measures()])
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        await asyncio.sleep(0.1)  # a sibling left running would write on
+        return left
+
+    assert asyncio.run(sweep()) == [] and written == []
+
+
+def test_a_server_that_cannot_show_its_cache_hits_is_refused():
+    from kvroute.calibrate.calibration.measure import probe_server
+
+    with pytest.raises(CalibrationError, match=r"^cannot tell whether prefix caching works on the server at "
+                                               r"http://s:1: its responses carry no cached_tokens and its "
+                                               r"/metrics no vllm:prefix_cache_hits_total; start it with "
+                                               r"--enable-prompt-tokens-details \(kvroute serve does\)$"):
+        asyncio.run(probe_server(_ScriptedClient(cached_tokens=None), PromptFactory(np.random.default_rng(0))))
+    info = asyncio.run(probe_server(_ScriptedClient(cached_tokens=64), PromptFactory(np.random.default_rng(0))))
+    assert info.reports_cached_tokens
+    with pytest.raises(CalibrationError, match="found no cached tokens the second time"):
+        asyncio.run(probe_server(_ScriptedClient(cached_tokens=0), PromptFactory(np.random.default_rng(0))))
 
 
 def test_fit_command_writes_a_loadable_profile_and_report(tmp_path):
@@ -568,6 +651,24 @@ def test_pooled_sweeps_of_different_engines_or_one_sweep_twice_name_the_folder_a
         load_sweeps([tmp_path / "a", tmp_path / "b"])
 
 
+def test_pooled_sweeps_of_servers_restarted_between_them_may_differ_by_a_few_kv_blocks(tmp_path):
+    from kvroute.calibrate.calibration.observations import load_sweeps
+
+    _write_synthetic_run(tmp_path / "a")
+    _write_synthetic_run(tmp_path / "b")
+    meta = json.loads((tmp_path / "b" / "meta.json").read_text())
+    meta["started"] = "2026-11-30T00:00:00+00:00"
+    meta["servers"][0]["num_gpu_blocks"] = 65536 + 1310  # 2.0 % more: what a restart found, one cache
+    (tmp_path / "b" / "meta.json").write_text(json.dumps(meta))
+    pooled, servers, _, _ = load_sweeps([tmp_path / "a", tmp_path / "b"])
+    assert servers[0].num_gpu_blocks == 65536 and len(pooled["sweeps"]) == 2  # the first sweep's count
+    meta["servers"][0]["num_gpu_blocks"] = 65536 + 1338  # 2.04 % more: another cache
+    (tmp_path / "b" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"field 'servers\[0\]\.num_gpu_blocks': num_gpu_blocks 66874, where "
+                                         r".*/a has 65536: pool sweeps of one engine only"):
+        load_sweeps([tmp_path / "a", tmp_path / "b"])
+
+
 def _write_synthetic_run(d: Path) -> None:
     d.mkdir(parents=True)
     info = _info()
@@ -595,6 +696,16 @@ def _write_synthetic_run(d: Path) -> None:
             e += 1
     pd.DataFrame(rows).to_csv(d / "requests.csv", index=False)
     pd.DataFrame(exps).to_csv(d / "experiments.csv", index=False)
+
+
+def test_bursts_run_in_ascending_size_and_count_a_shared_prefix_once_against_the_cache():
+    plan = SweepPlan(burst_sizes=(16, 1, 4), burst_shapes=((64, 4),), burst_reps=1, burst_cached_sizes=(8, 2),
+                     burst_cached_shapes=((2048, 16, 4),))
+    shape = lambda bursts: [(b["batch"], b["prefix_len"]) for b in bursts]  # noqa: E731
+    # 90 % of 2,500 tokens = 2,250: eight 2,068-token prompts sharing a 2,048-token prefix take
+    # 2,048 + 8 x (16 + 4) = 2,208 of it
+    assert shape(plan.bursts(1, 0, capacity_tokens=2500)) == [(1, 0), (4, 0), (16, 0), (2, 2048), (8, 2048)]
+    assert shape(plan.bursts(1, 0, capacity_tokens=2400)) == [(1, 0), (4, 0), (16, 0), (2, 2048)]  # 2,160
 
 
 def test_concurrency_sweep_writes_bursts_on_one_and_all_servers(fake_server, tmp_path):
