@@ -104,7 +104,7 @@ def measure(urls, out_dir, model, preset, max_len, seed, token_range, hardware, 
         from kvroute.calibrate.live.kv_events import check_endpoints
 
         try:
-            check_endpoints(kv_events, len(urls))
+            check_endpoints(kv_events, len(urls) or (num_servers or 1 if dry_run else 0))
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="'--kv-events'") from exc
     given = _load_estimate_profile(estimate_profile) if estimate_profile else None

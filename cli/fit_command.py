@@ -14,7 +14,7 @@ import click
 from kvroute.cli.signals import stops_on_sigterm
 from kvroute.cli.values import Number, check_values
 from kvroute.traces.inputs import MAX_RUNS, SECONDS, SEED, Num
-from kvroute.traces.outputs import atomic_output, write_text_atomic
+from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
 
 
 FIT_VALUES = {
@@ -44,8 +44,7 @@ def _prefill_step_s(cost, info):
 def left_out_summary(notes: list[str], meta: dict) -> str:
     """What the fit left out, counted by reason (numbers in a reason count as one), and whether
     the sweep says it was interrupted, e.g. ``"left out: 12 x request failed or sent no
-    token, 3 x a stream had fewer than N tokens; the sweep finished (meta.json status
-    complete)"``."""
+    token, 3 x a stream had fewer than N tokens; meta.json status 'complete'"``."""
     import collections
     import re
 
@@ -143,7 +142,7 @@ def _figure_formats(ctx, param, value):
 def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl_source, per_token_overhead, folds,
             bootstrap, bursts, api_server_count, client_busy, engine_spin, stream_baseline, api_cores, api_contention,
             client_core, front_end_split, base_profile, figure_formats=("png",)):
-    """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and a PNG report.
+    """Fit the step-cost model to a sweep in RUN_DIR and write a profile JSON and the fit's figure.
 
     Several RUN_DIRs (sweeps of the same servers, taken one after another) are pooled into one
     fit: each sweep's scatter from the host's load of the moment then weighs less."""
@@ -171,12 +170,20 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
         raise click.ClickException(str(exc))
     if not servers:
         raise click.ClickException(f"{run_dirs[0]}/meta.json names no server")
+    if client_core >= len(meta.get("urls") or servers):
+        raise click.BadParameter(f"server {client_core} of a sweep of {len(meta.get('urls') or servers)} server(s) "
+                                 "(0, 1, ...)", param_hint="'--client-core'")
     info = servers[0]
     out = Path(out_path) if out_path else Path(run_dir) / "profile.json"
+    # before the work: the profile, the fit's figures and its points (tens of kB to a few MB)
+    check_output(out, 4 << 20, "--out" if out_path else "RUN_DIR")
+    if report is not None:
+        check_output(report, 1 << 20, "--report")
     stamp = kv_event_stamp(info.vllm_version, info.async_scheduling)
     if base_profile is not None:
+        _refuse_fit_options_with_a_base_profile()
         _fit_bursts_only(base_profile, run_dir, out, name or out.stem, meta, req, exp, api_server_count, client_busy,
-                         engine_spin, stream_baseline, api_cores == "own", api_contention, client_core, stamp)
+                         engine_spin, stream_baseline, api_cores == "own", api_contention, client_core, stamp, info)
         return
     try:
         obs, notes = build_observations(req, exp, engine_config(info), itl_source)
@@ -230,31 +237,68 @@ def fit_cmd(run_dirs, out_path, name, report, holdout, seed, overhead, loss, itl
     click.echo(f"profile {out}\nreport  {', '.join(str(path) for path in figures)}\npoints  {points}")
 
 
+BASE_PROFILE_KEEPS = ("report", "figure_formats", "holdout", "seed", "overhead", "loss", "itl_source",
+                      "per_token_overhead", "folds", "bootstrap", "bursts", "front_end_split")
+"""``calibrate fit``'s options of the step-cost fit and its outputs, which ``--base-profile``
+(the base's step costs kept, the burst terms alone fitted) has no use for."""
+
+
+def _refuse_fit_options_with_a_base_profile() -> None:
+    """Refuse, naming it, an option of :data:`BASE_PROFILE_KEEPS` given with ``--base-profile``.
+
+    Raises:
+        click.UsageError: one line naming the first such option given.
+    """
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    for param in ctx.command.params:
+        if param.name in BASE_PROFILE_KEEPS and ctx.get_parameter_source(param.name) not in (
+                ParameterSource.DEFAULT, None):
+            raise click.UsageError(f"{'/'.join(param.opts + param.secondary_opts)} does not apply with --base-profile, which keeps the "
+                                   "base's step costs and fits the burst terms alone (and writes no figure)")
+
+
 def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, exp, api_server_count: int,
                      client_busy: float, engine_spin: float, stream_baseline: bool = True,
                      own_cores: bool = False, api_contention: float = 1.0, client_core: int = -1,
-                     stamp: str = "step_end") -> None:
-    """Write ``base`` (its step costs and overheads) with burst terms fitted to RUN_DIR as ``name``."""
+                     stamp: str = "step_end", info=None) -> None:
+    """Write ``base`` (its step costs and overheads) with burst terms fitted to RUN_DIR as ``name``;
+    ``info`` (the sweep's first server) gives the token budget of the prefill step ends that the
+    KV-event stamps of requests sent alone are moved to (:func:`_prefill_step_s` of the base's
+    step costs).
+
+    Raises:
+        click.BadParameter: ``base`` is no profile.
+        click.ClickException: RUN_DIR holds no bursts, or the profile made is not valid (nothing
+            is written).
+    """
     import copy
 
-    from kvroute.sim.timing.profile import load_profile
+    from kvroute.sim.timing.profile import load_profile, profile_from_dict
 
     try:
-        doc = copy.deepcopy(load_profile(base).raw)
+        profile = load_profile(base)
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="'--base-profile'") from exc
+    doc = copy.deepcopy(profile.raw)
     doc["name"] = name
     doc.setdefault("provenance", {}).setdefault("fit", {})
     doc.setdefault("sources", {})
     doc["provenance"]["base_profile"] = (f"step costs and overheads of {base} ({doc['provenance'].get('date', '?')}); "
                                          f"front-end and host terms fitted to the bursts in {run_dir} "
                                          f"({meta.get('started')} - {meta.get('finished')})")
+    step_s = _prefill_step_s(profile.step_cost, info) if info is not None else None
     text = _fit_bursts(doc, meta, req, exp, api_server_count, client_busy, engine_spin, stream_baseline, own_cores,
-                       api_contention, client_core, stamp)
+                       api_contention, client_core, stamp, step_s)
     if text is None:
         raise click.ClickException(f"{run_dir} holds no bursts to fit")
+    try:  # the simulator must accept what is written: checked before writing it
+        profile_from_dict(json.loads(json.dumps(doc)), str(out))
+    except ValueError as exc:
+        raise click.ClickException(f"the burst fit of {run_dir} gives no valid profile, so nothing is written: {exc}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
     load_profile(out)
     click.echo(f"one request at a time: kept from {base}\n{text}\nprofile {out}")
 

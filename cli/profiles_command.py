@@ -152,14 +152,10 @@ def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, vllm_ve
         model_row = model_spec(model)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--model'") from None
-    if tp < 1:
-        raise click.BadParameter(f"must be >= 1, got {tp}", param_hint="'--tp'")
     try:
         model_row.check_tp(tp)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--tp'") from None
-    if max_model_len is not None and max_model_len < 1:
-        raise click.BadParameter(f"must be >= 1, got {max_model_len}", param_hint="'--max-model-len'")
     from kvroute.sim.timing.vllm_versions import CURRENT, TESTED_RANGE, parse_version
 
     version = CURRENT if vllm_version is None else vllm_version

@@ -6,7 +6,8 @@ defaults, ``--config`` file and command line were merged (keyed by the options' 
 the command, kvroute's version, the seeds and rounds, the profile's content hash (sha256 of its
 canonical JSON: keys sorted, no spaces), the trace's hash (sha256 of the file's bytes, or of
 the canonical JSON of each generated round's records) and the output options that chose the
-files (``outputs``: ``--time-series``, ``--figure-format``, ``sweep --plot-load``); for a routing
+files (``outputs``: ``--time-series``, ``--figure-format``, ``sweep --plot-load``,
+``--records-format``); for a routing
 policy of one's own, its file and the file's hash (``policy_files``; the header's command imports
 it again with ``KVROUTE_POLICY_FILES``); for a policy that reads a config file (``epp:FILE``),
 that file's path and hash (``policy_configs``).
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import click
 
-from kvroute.cli.values import Axis
+from kvroute.cli.values import Axis, Cores
 
 SCENARIO_FILE = "scenario.yaml"
 """Name of the scenario file written into an output directory."""
@@ -97,7 +98,7 @@ def resolved_options(ctx: click.Context) -> dict:
         elif name in ("profile", "profile_name") and isinstance(value, str) and Path(value).is_file():
             value = str(Path(value).resolve())  # a profile file, not a shipped name
         elif isinstance(value, tuple) and not param.multiple and len(value) == 2 and \
-                all(isinstance(v, (int, float)) for v in value):
+                not isinstance(param.type, Cores) and all(isinstance(v, (int, float)) for v in value):
             value = Axis.text([value])  # a (low, high) range as "low-high": a list would be a sweep's two values
         elif isinstance(value, tuple):
             value = list(value)

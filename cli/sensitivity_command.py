@@ -14,6 +14,7 @@ from kvroute.cli.signals import stops_on_sigterm
 from kvroute.cli.sim_commands import figure_format_option
 from kvroute.cli.values import OPEN_FRACTION, PROCESSES, Number, check_runs
 from kvroute.traces.inputs import MAX_RUNS, RUNS, SECONDS, SEED, InputError, Num
+from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
 
 
 JITTER_CV = Num(minimum=0.0, maximum=10.0)
@@ -115,10 +116,17 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     if given and names is not None and "workload" in names:
         raise click.BadParameter(f"the workload group varies the generated workload's lengths; {given} "
                                  "are given (leave it out)", param_hint="'--groups'")
-    factors = default_factors(scenario, profile, ranges, names)
-    check_runs((trajectories * (len(factors) + 1) * rounds + noise_rounds) * len(policies),
-               f"(--trajectories {trajectories} x {len(factors) + 1} points x --rounds {rounds} + --noise-rounds "
-               f"{noise_rounds}) x {len(policies)} policies")
+    try:
+        factors = default_factors(scenario, profile, ranges, names)
+    except ValueError as exc:
+        if names is None or "factor group" not in str(exc):
+            raise
+        raise click.BadParameter(str(exc), param_hint="'--groups'") from None
+    runs = (trajectories * (len(factors) + 1) * rounds + noise_rounds) * len(policies)
+    check_runs(runs, f"(--trajectories {trajectories} x {len(factors) + 1} points x --rounds {rounds} + --noise-rounds "
+                     f"{noise_rounds}) x {len(policies)} policies")
+    if out is not None:  # before the work: the samples (~200 bytes a run), the tables, a figure and a page
+        check_output(out, 200 * runs + (4 << 20), is_dir=True)
     start = time.perf_counter()
     result = run_sensitivity(scenario, policies, factors, ranges, trajectories, levels, rounds, design_seed,
                              noise_rounds, profile, trace, None, executor, max_workers,
@@ -138,15 +146,16 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
         click.echo(f"{header} | {len(factors)} factors, "
                    f"{trajectories} trajectories x ({len(factors)} factors + 1) = {result.settings['points']} points "
                    f"on {levels} levels, "
-                   f"{rounds} round(s) each, and the base point on {noise_rounds} seeds "
-                   f"({result.settings['points'] + noise_rounds} runs), policies {', '.join(policies)}\n")
+                   f"{rounds} round(s) each, and the base point on {noise_rounds} seeds, "
+                   f"for each of {len(policies)} policies ({runs} runs): {', '.join(policies)}\n")
         click.echo(result.format_table())
         click.echo(f"\n{note}\nwall time {wall:.1f} s")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "sensitivity.json").write_text(json.dumps(result.to_dict(), indent=2))
-        result.marked_indices().to_csv(out / "indices.csv", index=False)
-        result.samples.to_csv(out / "samples.csv", index=False)
+        write_text_atomic(out / "sensitivity.json", json.dumps(result.to_dict(), indent=2))
+        for name, table in (("indices.csv", result.marked_indices()), ("samples.csv", result.samples)):
+            with atomic_output(out / name) as tmp:
+                table.to_csv(tmp, index=False)
         figure_names = _write_figure_and_report(result, out, header, note, figure_formats, scenario, profile)
         if not json_out:
             click.echo(f"wrote {out / 'sensitivity.json'}, indices.csv, samples.csv, {', '.join(figure_names)}, "
@@ -156,8 +165,9 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
 def _write_figure_and_report(result, out: Path, header: str, note: str, figure_formats, scenario,
                              profile) -> list[str]:
     """``tornado.<format>`` for each of ``figure_formats`` and ``report.html`` (scenario, the mu*
-    tables, the tornado, the note, and as provenance the resolved options, the settings and the
-    profile and trace hashes) under ``out``; returns the figure files' names."""
+    tables, the tornado, the note, the files this run wrote, and as provenance the resolved
+    options, the settings and the profile and trace hashes) under ``out``; returns the figure
+    files' names."""
     from kvroute.cli.provenance import canonical_sha256, kvroute_version, resolved_options, trace_file_record
     from kvroute.sim.study.figure_style import save_figure
     from kvroute.sim.study.report import Report, write_report
@@ -170,8 +180,7 @@ def _write_figure_and_report(result, out: Path, header: str, note: str, figure_f
     provenance = {"command": ctx.command_path, "version": kvroute_version(), "options": resolved_options(ctx),
                   "profile": {"name": profile.name, "sha256": canonical_sha256(profile.raw)}, **trace,
                   "settings": settings}
-    files = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith(".")
-                   and p.name != "report.html")
+    files = ["sensitivity.json", "indices.csv", "samples.csv", *names]  # not a file an earlier run left
     report = Report(
         title=f"kvroute sensitivity: {', '.join(result.policies)}",
         scenario=[*header.split(" | "), f"policies {', '.join(result.policies)} (changes against {result.policies[0]})",

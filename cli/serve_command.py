@@ -209,19 +209,36 @@ SERVE_ENV_PREFIXES = ("CUDA_", "VLLM_", "HF_HUB_OFFLINE", "DO_NOT_TRACK")
 
 
 def _print_plan(specs) -> None:
-    """``--dry-run``: per server, its URL, the variables serve sets and its command line, one
-    shell line each (``env VAR=... python -m ...``, ready to paste); first, when no GPU is
-    planned, a line saying so and how to preview a GPU host."""
+    """``--dry-run``: per server, a comment line (its URL, where its engine and API process run,
+    its log) and its command line, one shell line (``env VAR=... python -m ...``, ready to paste);
+    first, when no GPU is planned, a line saying so and how to preview a GPU host.
+
+    A server pinned to a CPU core gets ``taskset -c CORE`` before its line, as serve starts it
+    (engine and API process on that core); where serve then moves the API process to other cores
+    (``--api-cores spare`` or ``any``), the comment line gives the ``taskset`` that does it once
+    the server is up, which a pasted line does not do."""
+    from kvroute.calibrate.live.cores import cpu_cores
+
     if all(s.cuda_device is None for s in specs):
         click.echo("# no GPU used: servers on vLLM's CPU backend; to preview a GPU host, name its GPUs: "
                    "CUDA_VISIBLE_DEVICES=0,1,2,3 kvroute serve ... --dry-run")
     for s in specs:
         env = s.environment({})
         shown = {k: v for k, v in env.items() if k.startswith(SERVE_ENV_PREFIXES)}
-        where = f"GPUs {s.devices_text}" if s.cuda_device is not None else (
-            f"CPU core {s.cpu_core}" if s.cpu_core is not None else "any core")
+        pin = []
+        if s.cuda_device is not None:
+            where = f"GPUs {s.devices_text}"
+        elif s.cpu_core is None:
+            where = "any core"
+        else:
+            pin = ["taskset", "-c", str(s.cpu_core)]
+            api = tuple(s.frontend_cores or cpu_cores())
+            where = f"CPU core {s.cpu_core}, " + (
+                "its API process too" if api == (s.cpu_core,) else
+                f"its API process moved to core(s) {','.join(map(str, api))} once up "
+                f"(taskset -p -c {','.join(map(str, api))} API_PID; this line does not)")
         click.echo(f"# {s.url} on {where}, log {s.log_path}")
-        click.echo(shlex.join(["env", *(f"{k}={v}" for k, v in sorted(shown.items())), *s.command()]))
+        click.echo(shlex.join([*pin, "env", *(f"{k}={v}" for k, v in sorted(shown.items())), *s.command()]))
 
 
 def _watch(servers, sleep, interval: float = 1.0) -> None:

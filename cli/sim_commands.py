@@ -18,7 +18,7 @@ from kvroute.cli.run_notes import (clamped_output_note, failed_count_note, failu
                                    speed_note)
 from kvroute.cli.signals import INTERRUPTED_EXIT, stops_on_sigterm
 from kvroute.cli.stage_output import stage_doc, stage_results, stage_text, write_stages
-from kvroute.cli.values import DRAWS, RELATIVE, Number, check_runs, check_values
+from kvroute.cli.values import DRAWS, PRIOR_RANGE, Number, check_runs, check_values
 from kvroute.traces.inputs import RUNS
 from kvroute.sim.cluster.collector import paused_collector
 from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
@@ -53,9 +53,10 @@ class _RunProgress:
 
 
 def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, slo_tpot, uncertainty=0, prior_range=0.2,
-         quiet=False, time_series=False, executor=("sequential", None, None), figure_formats=("png",)):
-    """The body of ``kvroute compare`` and ``kvroute simulate``: check the options, run the
-    comparison, print it (table or JSON) with its notes and write ``--out``.
+         quiet=False, time_series=False, executor=("sequential", None, None), figure_formats=("png",),
+         command="compare"):
+    """The body of ``kvroute compare`` and ``kvroute simulate`` (``command``): check the options,
+    run the comparison, print it (table or JSON) with its notes and write ``--out``.
 
     Exits with :data:`INTERRUPTED_EXIT` when interrupted, after reporting and writing the runs that
     finished."""
@@ -78,10 +79,6 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
     if out is not None:  # before the work: ~300 bytes per record row, plus a plot
         check_output(out, 300 * len(trace.records) * len(policies) * rounds + (1 << 20), is_dir=True)
     header = describe(trace, spec)
-    if uncertainty < 0:
-        raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="'--uncertainty'")
-    if not 0.0 <= prior_range < 1.0:
-        raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="'--prior-range'")
     if not json_out:
         click.echo(f"{header} | {rounds} round(s) per policy"
                    + (f", plus {uncertainty} drawn profile(s) x {rounds} round(s)" if uncertainty else ""))
@@ -91,7 +88,7 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
                              len(trace.records), quiet or json_out, executor)
     interval_note = _interval_note(result, policies, rounds, seed, slo)
     notes = _gather_notes(result, scenario, trace, rounds_trace, spec, policies, slo,
-                          table=not json_out or out is not None)  # (--json alone keeps pandas unimported)
+                          table=not json_out or out is not None, command=command)  # (--json alone keeps pandas unimported)
     staged = stage_results(result.comparison, trace, spec)  # None unless the trace has load stages
     _print_results(result, header, rounds, seed, slo, staged, notes, interval_note, json_out)
     if out is not None:
@@ -189,8 +186,9 @@ def _interval_note(result: _RunResult, policies, rounds: int, seed: int, slo: Se
 
 
 def _gather_notes(result: _RunResult, scenario, trace, rounds_trace, spec, policies, slo: ServiceClass,
-                  table: bool) -> list[str]:
-    """The notes printed under the table, in ``--json``'s ``notes`` and in ``report.html``.
+                  table: bool, command: str = "compare") -> list[str]:
+    """The notes printed under the table, in ``--json``'s ``notes`` and in ``report.html``, of
+    ``command`` (``compare`` or ``simulate``: the advice names the options it has).
 
     With ``table`` (the table is printed or ``--out`` writes the records) they read the per-request
     records; without it (``--json`` alone) only the notes that need no per-request table are given,
@@ -216,7 +214,7 @@ def _gather_notes(result: _RunResult, scenario, trace, rounds_trace, spec, polic
     if not served:
         return [failures]
     return named_as_tables([line for line in (
-        failures, unmeasured_note(spec.profile, fitted_seed, result.draws),
+        failures, unmeasured_note(spec.profile, fitted_seed, result.draws, command),
         frontend_note(spec.profile, peak, busiest) if table else "", run_note(spec.profile, records, peak) if table else "",
         kv_turnover_note(comparison, spec.profile.engine.block_size, rounds_trace, spec.record_series),
         clamped_output_note(comparison, spec.profile.engine.max_model_len, rounds_trace) if table else "",
@@ -511,7 +509,7 @@ def output_options(func):
               help="Also run N profiles drawn from the profile's coefficient uncertainty (bootstrap refits of a "
                    "measured profile, --prior-range for a derived prior), N x rounds runs per policy, and report "
                    "intervals that include it next to the seed-only ones.")
-@click.option("--prior-range", type=Number(RELATIVE), default=0.2, show_default=True,
+@click.option("--prior-range", type=Number(PRIOR_RANGE), default=0.2, show_default=True,
               help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
 @executor_options
 @output_options
@@ -547,7 +545,8 @@ def simulate(policy, rounds, json_out, out, records_format, quiet, time_series, 
     """Simulate one routing policy and print its summary."""
     with paused_collector():
         _run(parse_policies(policy, "--policy"), rounds, json_out, out, records_format, scenario_from_options(options),
-             slo_ttft, slo_tpot, quiet=quiet, time_series=time_series, figure_formats=figure_formats)
+             slo_ttft, slo_tpot, quiet=quiet, time_series=time_series, figure_formats=figure_formats,
+             command="simulate")
 
 
 @click.command("policies")

@@ -13,8 +13,8 @@ import click
 from kvroute.cli.scenario import DEFAULT_POLICIES, scenario_from_options, scenario_options
 from kvroute.cli.signals import stops_on_sigterm
 from kvroute.cli.sim_commands import figure_format_option
-from kvroute.cli.values import (DRAWS, OPEN_FRACTION, POSITIVE_SECONDS, RELATIVE, Cores, Number, check_runs,
-                                check_urls, check_values, token_id_range)
+from kvroute.cli.values import (DRAWS, OPEN_FRACTION, POSITIVE_SECONDS, PRIOR_RANGE, RELATIVE, Cores, Number,
+                                check_runs, check_urls, check_values, token_id_range)
 from kvroute.sim.study.intervals import HOST_RUN_TO_RUN_LOG_SD
 from kvroute.traces.inputs import POSITIVE_INT, RUNS, SECONDS, SEED, TOKENS
 from kvroute.traces.outputs import check_output, new_dirs_removed_on_failure
@@ -41,7 +41,7 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
               help="Profile (shipped name or JSON file) for step costs and overheads; engine settings come from the servers.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory for report.json, report.md, report.html (one self-contained page), "
-                   "records_*.parquet and ttft_*.png.")
+                   "records_*.parquet and the ttft_* figures (--figure-format).")
 @click.option("--max-in-flight", type=Number(POSITIVE_INT), default=None, help="Most requests outstanding at the client (1: one at a time).")
 @click.option("--replay", type=click.Choice(["auto", "closed", "open"]), default="auto", show_default=True,
               help="closed: later turns wait for their parent; open: trace timestamps.")
@@ -70,7 +70,7 @@ def _token_range(text: str | None) -> tuple[int, int] | None:
 @click.option("--uncertainty", type=Number(DRAWS), default=0, show_default=True,
               help="Also simulate N profiles drawn from the profile's coefficient uncertainty (x --rounds each), so "
                    "each measured value is checked against an interval that includes the model's share.")
-@click.option("--prior-range", type=Number(RELATIVE), default=0.2, show_default=True,
+@click.option("--prior-range", type=Number(PRIOR_RANGE), default=0.2, show_default=True,
               help="Relative half-width of a derived prior's step costs and API-server time for --uncertainty.")
 @click.option("--interval-level", type=Number(OPEN_FRACTION), default=0.90, show_default=True,
               help="Level of the prediction interval each measured value is checked against (it combines the seeds', "
@@ -150,10 +150,6 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
         except (FileNotFoundError, ValueError) as exc:
             raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
         closed = REPLAY_MODES[replay]
-        if uncertainty < 0:
-            raise click.BadParameter(f"must be >= 0, got {uncertainty}", param_hint="'--uncertainty'")
-        if not 0.0 <= prior_range < 1.0:
-            raise click.BadParameter(f"must be in [0, 1), got {prior_range}", param_hint="'--prior-range'")
         spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread_s, router_block_tokens,
                               timeout, rounds, seed, model, _token_range(token_range), _client_lag(client_lag),
                               uncertainty,
@@ -198,8 +194,11 @@ def _print_outcome(result, out_dir: str, path, figure_formats, live_rounds: int)
     worker; exits 130 when the run was interrupted and 1 when no live request was measured."""
     click.echo((Path(out_dir) / "report.md").read_text(encoding="utf-8"), nl=False)  # as written, not rebuilt
     figures = figure_formats[0] if len(figure_formats) == 1 else "{" + ",".join(figure_formats) + "}"
-    click.echo(f"wrote {path}, report.md, records_live.parquet in {out_dir} (no prediction)" if not result.predicted
-               else f"wrote {path}, report.md, report.html, records_live.parquet, records_sim.parquet, "
+    tokens = (", tokens_live.parquet" + (", tokens_sim.parquet" if result.predicted else "")
+              if result.spec.record_tokens else "")
+    click.echo(f"wrote {path}, report.md, records_live.parquet{tokens} in {out_dir} (no prediction)"
+               if not result.predicted
+               else f"wrote {path}, report.md, report.html, records_live.parquet, records_sim.parquet{tokens}, "
                     f"ttft_*.{figures} in {out_dir}", err=True)
     for run in result.runs:
         for w, why in run.dead.items():

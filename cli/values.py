@@ -26,7 +26,10 @@ PROCESSES = Num(integer=True, minimum=1, maximum=1024)
 DRAWS = Num(integer=True, minimum=0, maximum=MAX_RUNS)
 """Profiles drawn from a profile's priors (``--uncertainty``; 0: none): each is a set of runs."""
 RELATIVE = Num(minimum=0.0, maximum=1.0)
-"""A relative half-width (``--prior-range`` of compare and validate): 0 to 1 (100 %)."""
+"""A relative size from 0 to 1 (100 %): validate's ``--run-to-run-prior``."""
+PRIOR_RANGE = Num(minimum=0.0, maximum=1.0, below=True)
+"""A relative half-width below 1 (``--prior-range`` of compare and validate): a prior's range
+``1 -+ it`` stays positive."""
 OPEN_FRACTION = Num(minimum=0.0, above=True, maximum=1.0, below=True)
 """A share strictly between 0 and 1 (sensitivity's ``--prior-range``, ``--coverage``, ``--kv-range``)."""
 
@@ -45,7 +48,7 @@ SCENARIO_VALUES: dict[str, Num] = {
     "client_lag": SECONDS,
     "max_len": TOKENS,
     "uncertainty": DRAWS,
-    "prior_range": RELATIVE,
+    "prior_range": PRIOR_RANGE,
 }
 """Rules of the numeric options of every command, by parameter name, but the scenario's: those
 are its fields' (``kvroute.cli.scenario.FIELD_RULES``, which ``scenario_options`` adds). A

@@ -431,6 +431,24 @@ def test_bad_host_terms_for_fit_name_their_flag(tmp_path, flag, value, expected)
     assert not out.exists()
 
 
+@pytest.mark.parametrize("args, expected", [
+    (["--base-profile", "cpu-tiny-qwen2-x2", "--no-bursts"],
+     "Error: --bursts/--no-bursts does not apply with --base-profile, which keeps the base's step costs and fits "
+     "the burst terms alone (and writes no figure)"),
+    (["--base-profile", "cpu-tiny-qwen2-x2", "--folds", "2"], "Error: --folds does not apply with --base-profile"),
+    (["--api-cores", "own", "--client-core", "2"],
+     "Invalid value for '--client-core': server 2 of a sweep of 2 server(s) (0, 1, ...)"),
+    (["--out", "/proc/no/p.json"], "Error: --out /proc/no/p.json: cannot write there"),
+])
+def test_fit_refuses_before_the_work_what_it_cannot_do(tmp_path, args, expected):
+    """Options the burst-only fit has no use for, a client core past the sweep's servers and an
+    --out that cannot be written: one line each, before the fit, and nothing written."""
+    bursts = CALIBRATE_DATA / "calibrate-cpu-tiny-qwen2-x2-bursts"
+    out = ["--out", str(tmp_path / "p.json")] if "--out" not in args else []
+    assert_error(run("calibrate", "fit", bursts, *out, *args), expected)
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_a_missing_optional_module_names_its_extra(tmp_path):
     import subprocess
     import sys

@@ -119,6 +119,10 @@ def test_a_derived_prior_is_flagged_under_the_table():
     result = invoke("compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin")
     assert "Note: a6000-qwen2.5-7b is a derived prior, not a measurement" in result.output
     assert "later-turn TTFT about 1.5x the measured value" in result.output
+    assert ". `--uncertainty 10` adds their share to the intervals;" in result.output
+    # simulate has no --uncertainty: its note sends the user to compare
+    one = invoke("simulate", "--chats", "4", "--turns", "2", "--rounds", "1")
+    assert ". `kvroute compare --uncertainty 10` adds their share to the intervals;" in one.output
     measured = invoke("compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies", "round_robin",
                       "--profile", "cpu-tiny-qwen2")
     assert "derived prior" not in measured.output
@@ -332,6 +336,27 @@ def test_serve_dry_run_without_gpus_says_it_plans_cpu_servers_and_how_to_preview
     tp = CliRunner().invoke(cli, ["serve", "--model", "m", "--tp", "4", "--dry-run"])
     assert tp.exit_code == 1 and tp.output.strip().endswith(
         "name them: CUDA_VISIBLE_DEVICES=0,1,2,3 kvroute serve ... --dry-run")
+
+
+@pytest.mark.parametrize("api_cores, where", [
+    ("own", "CPU core 0, its API process too"),
+    ("spare", "CPU core 0, its API process moved to core(s) 1 once up (taskset -p -c 1 API_PID; this line does not)"),
+    ("any", "CPU core 0, its API process moved to core(s) 0,1 once up (taskset -p -c 0,1 API_PID; this line does "
+            "not)")])
+def test_serve_dry_run_pins_each_line_as_serve_pins_the_server(monkeypatch, api_cores, where):
+    """A pasted line runs where serve would start the server (taskset on its engine's core); where
+    serve moves the API process after start, the comment says how."""
+    from click.testing import CliRunner
+
+    from kvroute.calibrate.live import cores
+    from kvroute.cli.main import cli
+
+    monkeypatch.setattr(cores, "detect_gpus", lambda: [])
+    monkeypatch.setattr(cores, "cpu_cores", lambda: [0, 1])
+    out = CliRunner().invoke(cli, ["serve", "--model", "m", "-n", "1", "--api-cores", api_cores,
+                                   "--dry-run"]).output.splitlines()
+    assert out[1] == f"# http://127.0.0.1:8100 on {where}, log vllm-8100.log"
+    assert out[2].startswith("taskset -c 0 env ")
 
 
 @pytest.mark.parametrize("host", ["", "not a host", "::1", "999.1.1.1", "-bad", "a" * 64])

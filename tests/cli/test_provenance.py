@@ -186,3 +186,25 @@ def test_a_sweep_prints_and_reports_the_notes_compare_gives_about_its_profile(tm
     assert "Note: a6000-qwen2.5-7b has no front-end terms: vLLM's API process and the host's CPU are taken as " \
            "unlimited" in result.output
     assert "a6000-qwen2.5-7b is a derived prior, not a measurement" in (tmp_path / "g.report.html").read_text()
+
+
+def test_a_list_of_two_cores_is_recorded_as_the_cores_not_a_range():
+    """``--client-cores 0,2`` means cores 0 and 2; "0-2" would read back as 0, 1 and 2."""
+    import os
+
+    import click
+
+    from kvroute.cli.provenance import resolved_options
+    from kvroute.cli.values import Cores, Number
+    from kvroute.traces.inputs import SECONDS
+
+    @click.command()
+    @click.option("--client-cores", type=Cores(), default=None)
+    @click.option("--arrival-spread", type=Number(SECONDS), default=None)
+    @click.option("--history", type=(int, int), default=(2, 5))
+    def command(client_cores, arrival_spread, history):
+        click.echo(json.dumps(resolved_options(click.get_current_context())))
+
+    result = CliRunner().invoke(command, ["--client-cores", "0,1" if len(os.sched_getaffinity(0)) < 3 else "0,2"])
+    recorded = json.loads(result.output)
+    assert recorded["client-cores"] in ([0, 1], [0, 2]) and recorded["history"] == "2-5"

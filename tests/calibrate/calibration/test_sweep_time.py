@@ -212,6 +212,11 @@ def test_measure_dry_run_needs_no_server_and_no_out_folder():
     assert missing.exit_code == 2 and "Missing option '--out'" in missing.output
     refused = run(cli, ["calibrate", "measure", "--url", "http://127.0.0.1:9", "--out", "x", "--servers", "2"])
     assert refused.exit_code == 2 and "--servers" in refused.output and "--dry-run only" in refused.output
+    # a dry run's KV-event endpoints are counted against its --servers (one without)
+    events = ["--kv-events", "tcp://127.0.0.1:5557", "--kv-events", "tcp://127.0.0.1:5558"]
+    assert run(cli, ["calibrate", "measure", "--dry-run", "--servers", "2", *events]).exit_code == 0
+    one = run(cli, ["calibrate", "measure", "--dry-run", *events])
+    assert one.exit_code == 2 and "one endpoint per server: 2 for 1 server(s)" in one.output
 
 
 def test_measure_dry_run_next_line_carries_the_tensor_parallel_size_model_and_length(tmp_path):
