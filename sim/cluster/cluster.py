@@ -567,6 +567,8 @@ class Cluster:
         request = self._in_engine.pop(rec.request_id, None)
         if request is not None:
             self.workers[record.worker].abort_request(request)
+        if self.frontends is not None:
+            self.frontends.release(rec.request_id)
         self._num_done += 1
         self._release_slot(rec.request_id)
         self._release_children(rec)
@@ -704,6 +706,7 @@ class Cluster:
         record.engine_last_token = now
         if self.frontends is not None:
             now = record.last_token  # the client has the reply when the API streamed its last token
+            self.frontends.release(request.request_id)
         elif self._post is not None:
             now += self._post(request)
         record.finish = now

@@ -96,7 +96,8 @@ cdef class KVCacheManager:
         computed and a fully cached, block-aligned prompt recomputes its last block.
 
         Returns:
-            ``(hit block ids, hit tokens)``; nothing is taken or counted until ``allocate_slots``.
+            ``(hit block ids, hit tokens)``; nothing is taken until ``allocate_slots``, and the
+            scheduler counts the lookup in ``stats`` only once the request is admitted.
         """
         if not self.pool.enable_caching:
             return [], 0

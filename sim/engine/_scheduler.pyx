@@ -109,8 +109,9 @@ cdef class Scheduler:
         Raises:
             ValueError: if ``finished_status`` is not a finished status.
         """
-        if finished_status < FINISHED_LENGTH_CAPPED:
+        if finished_status not in (FINISHED_LENGTH_CAPPED, FINISHED_ABORTED):
             raise ValueError(f"finish_requests: {finished_status!r} is not a finished status")
+        finished_status = RequestStatus(finished_status)
         cdef list valid = []
         cdef set seen = set()
         cdef set from_running = set()
@@ -260,9 +261,11 @@ cdef class Scheduler:
             waiting.popleft()
             running.append(req)
             if looked_up:
-                # vLLM records prefix-cache stats at admission only, not on failed lookups.
-                kv.stats.record(req.num_prompt_tokens + req.num_output_tokens, num_hit,
-                                preempted=req.num_preemptions > 0)
+                # vLLM records prefix-cache stats at admission only, not on failed lookups, and
+                # none with prefix caching off (KVCacheManager.record_prefix_cache_stats).
+                if self.pool.enable_caching:
+                    kv.stats.record(req.num_prompt_tokens + req.num_output_tokens, num_hit,
+                                    preempted=req.num_preemptions > 0)
                 if req.num_cached_tokens is None:
                     req.num_cached_tokens = num_hit
             req.status = RUNNING
@@ -304,8 +307,8 @@ cdef class Scheduler:
         cdef Request req
         for r in requests:
             req = <Request>r
-            if req.num_output_tokens < 1:
-                return 0
+            if req.num_output_tokens < 1 or req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
+                return 0  # a recomputing request (one token of a replayed prompt per step) samples nothing
             left = req.max_tokens - req.num_output_tokens - 2
             room = max_model_len - req.num_prompt_tokens - req.num_output_tokens - 2
             n = min(n, left, room)

@@ -43,7 +43,9 @@ class SchedulerDecodeRuns:
         """How many steps after ``out`` would repeat its composition exactly.
 
         ``out`` must be the step just scheduled. A run exists when the step only decodes (every
-        running request, one token each, none admitted or preempted, nothing waiting); it lasts
+        running request, one token each, none admitted or preempted, nothing waiting, and each
+        request samples a token in it: not a preempted request recomputing its prompt and
+        output one token per step, as a ``long_prefill_token_threshold`` of 1 lets it); it lasts
         while no request finishes (after ``out`` and the returned number of steps, every request
         still has a token to generate) and the free queue covers every block the run's requests
         cross into. Returns 0 when ``out`` is not such a step. Arrivals are the caller's concern.
@@ -55,7 +57,7 @@ class SchedulerDecodeRuns:
         max_model_len = self.config.max_model_len
         n = 1 << 62
         for req in out.requests:
-            if req.num_output_tokens < 1:
+            if req.num_output_tokens < 1 or req.num_computed_tokens < req.num_prompt_tokens + req.num_output_tokens:
                 return 0
             left = req.max_tokens - req.num_output_tokens - 2
             room = max_model_len - req.num_prompt_tokens - req.num_output_tokens - 2

@@ -103,8 +103,9 @@ class Scheduler(SchedulerDecodeRuns):
         Raises:
             ValueError: if ``finished_status`` is not a finished status.
         """
-        if finished_status < RequestStatus.FINISHED_LENGTH_CAPPED:
+        if finished_status not in (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_ABORTED):
             raise ValueError(f"finish_requests: {finished_status!r} is not a finished status")
+        finished_status = RequestStatus(finished_status)
         valid: list[Request] = []
         seen: set[int] = set()
         from_running: set[int] = set()
@@ -212,8 +213,10 @@ class Scheduler(SchedulerDecodeRuns):
             waiting.popleft()
             running.append(req)
             if looked_up:
-                # vLLM records prefix-cache stats at admission only, not on failed lookups.
-                kv.stats.record(req.num_tokens, num_hit, preempted=req.num_preemptions > 0)
+                # vLLM records prefix-cache stats at admission only, not on failed lookups, and
+                # none with prefix caching off (KVCacheManager.record_prefix_cache_stats).
+                if self.pool.enable_caching:
+                    kv.stats.record(req.num_tokens, num_hit, preempted=req.num_preemptions > 0)
                 if req.num_cached_tokens is None:
                     req.num_cached_tokens = num_hit
             req.status = RequestStatus.RUNNING

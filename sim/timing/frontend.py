@@ -335,6 +335,11 @@ class Frontends:
         factor = 1.0 if self.slowdown is None else self.slowdown(worker, now)
         return lane.submit(now, service, factor)[1]
 
+    def release(self, request_id: int) -> None:
+        """Forget which lane serves ``request_id``: it is finished or abandoned, and streams no
+        more tokens (so the map holds the requests in flight, not every request of the run)."""
+        self._lane_of.pop(request_id, None)
+
     def num_busy(self, now: float) -> int:
         """API lanes (all servers) with unfinished work at ``now``."""
         return sum(lane.busy(now) for lanes in self.lanes for lane in lanes)

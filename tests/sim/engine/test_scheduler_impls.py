@@ -145,3 +145,75 @@ def test_aborts_take_the_same_steps_as_the_python_scheduler(seed, pure_core, com
         got = _run(compiled_core.Scheduler, compiled_core.Request, config, stream, decode_runs, aborts)
         assert got == want
         assert sum(1 for t in want if t[0] == "aborted" and t[1]) > 0  # some aborts hit a live request
+
+
+def _states_by_step(core, config, stream, decode_runs: bool) -> dict[int, list]:
+    """Every request's state after each step (``update``), stepping one at a time or, with
+    ``decode_runs``, jumping each decode run whole (``advance_decode_run``): then only the steps
+    a run ends on are recorded."""
+    sched = core.Scheduler(config)
+    requests = [core.Request(rid, prompt, max_tokens, list(hashes)) for rid, (prompt, max_tokens, hashes)
+                in enumerate(stream)]
+    for req in requests:
+        sched.add_request(req)
+    states, step = {}, 0
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        run = sched.decode_run_length(out) if decode_runs else 0
+        result = sched.update(out)
+        step += 1
+        if run and not result.finished:
+            sched.advance_decode_run(list(out.requests), run)
+            step += run
+        states[step] = ([_state(r) for r in requests], sched.pool.num_free_blocks)
+        assert step < 100_000
+    return states
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_decode_runs_with_one_token_prefill_chunks_end_where_stepping_does(seed, pure_core, compiled_core):
+    """``long_prefill_token_threshold`` 1: a preempted request recomputes its prompt and output one
+    token per step, a step of one token that samples nothing. It is not a decode: a run that took
+    it for one gave it output tokens it never sampled."""
+    rng = random.Random(seed)
+    block_size = rng.choice([2, 4])
+    config = EngineConfig(block_size=block_size, num_gpu_blocks=rng.randint(8, 40), max_num_batched_tokens=12,
+                          max_num_seqs=rng.randint(2, 6), max_model_len=80, long_prefill_token_threshold=1)
+    stream = []
+    for _ in range(rng.randint(2, 6)):
+        prompt, max_tokens = rng.randint(1, 15), rng.randint(1, 30)
+        stream.append((prompt, max_tokens, [rng.randint(0, 3) * 1000 + k
+                                            for k in range((prompt + max_tokens) // block_size)]))
+    usable = config.num_gpu_blocks - 1
+    stream = [s for s in stream if -(-(s[0] + s[1]) // block_size) <= usable]
+    for core in (pure_core, compiled_core):
+        stepped = _states_by_step(core, config, stream, decode_runs=False)
+        jumped = _states_by_step(core, config, stream, decode_runs=True)
+        assert jumped == {step: stepped[step] for step in jumped}
+
+
+@pytest.mark.parametrize("caching, counted", [(True, (1, 40, 0)), (False, (0, 0, 0))])
+def test_prefix_cache_counters_count_nothing_with_prefix_caching_off(caching, counted, pure_core, compiled_core):
+    """vLLM 0.32 records a lookup at admission only where prefix caching is on
+    (``KVCacheManager.record_prefix_cache_stats``): with it off, the queries counter stays at 0."""
+    for core in (pure_core, compiled_core):
+        sched = core.Scheduler(EngineConfig(enable_prefix_caching=caching))
+        sched.add_request(core.Request(0, 40, 4, []))
+        sched.update(sched.schedule())
+        stats = sched.kv_cache_manager.stats
+        assert (stats.requests, stats.queries, stats.hits) == counted
+
+
+@pytest.mark.parametrize("status", [4, RequestStatus.FINISHED_ABORTED])
+def test_a_finished_status_given_as_its_number_is_the_status(status, pure_core, compiled_core):
+    """``finish_requests(..., 4)`` aborts as ``FINISHED_ABORTED`` does in both schedulers: the step in
+    flight samples nothing for it; a number that is no finished status is refused."""
+    for core in (pure_core, compiled_core):
+        sched = core.Scheduler(EngineConfig(async_scheduling=True))
+        req = core.Request(0, 40, 4, [])
+        sched.add_request(req)
+        out = sched.schedule()
+        assert sched.finish_requests([req], status) == [req] and req.status is RequestStatus.FINISHED_ABORTED
+        assert sched.update(out).emitted == [] and req.num_output_tokens == 0
+        with pytest.raises(ValueError, match=r"^finish_requests: 5 is not a finished status$"):
+            sched.finish_requests([req], 5)

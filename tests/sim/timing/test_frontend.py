@@ -538,3 +538,20 @@ def test_bench_validate_keeps_single_round_coverage_apart_from_the_means():
         "long-chats 1/1 (3 live rounds)",
         "coverage p: 2 of 3 single live rounds inside their one-round 90 % interval (67 %; target >= 85 %): "
         "long-chats 2/3 (single rounds)"]
+
+
+def test_a_request_leaves_the_lane_map_when_its_reply_is_done():
+    """``Frontends`` keeps which lane streams a request while it is in flight only: a finished
+    request is forgotten, so a long trace does not grow the map."""
+    from kvroute.sim.cluster.cluster import Cluster
+
+    frontends = Frontends(FrontendModel(per_output_token_s=0.01), num_workers=1)
+    frontends.admit(0, 7, 0.0, 100)
+    assert frontends.deliver(0, 7, 0.1) == pytest.approx(0.11)
+    frontends.release(7)
+    frontends.release(7)  # twice: nothing left to forget
+    assert frontends._lane_of == {}
+    prof = profile(frontend={"per_output_token_s": 0.01})
+    cluster = Cluster(Trace([rec(i, 100, 4) for i in range(6)], block_size=16), ClusterSpec(prof, num_workers=2), 0)
+    cluster.run()
+    assert cluster.frontends._lane_of == {} and all(r.output_tokens == 4 for r in cluster.records)
