@@ -253,17 +253,13 @@ def _default_estimate_profile(infos, num_servers: int, urls=()):
     without ``infos`` (``--dry-run``), when every server of ``urls`` (or none given) is on this
     machine and it shows no NVIDIA GPU (``kvroute.calibrate.live.cores.detect_gpus``, which plans
     the servers `serve` starts); else the a6000-qwen2.5-7b prior."""
-    from urllib.parse import urlsplit
-
     from kvroute.calibrate.live.cores import detect_gpus
-    from kvroute.calibrate.live.server import machine_key
     from kvroute.sim.timing.profile import load_profile
 
     if infos:
         on_cpu = infos[0].device == "cpu"
     else:
-        local = all(machine_key(urlsplit(u).hostname or "") == "loopback" for u in urls)
-        on_cpu = local and not detect_gpus()
+        on_cpu = _all_on_this_machine(urls) and not detect_gpus()
     return load_profile(("cpu-tiny-qwen2-x2" if num_servers > 1 else "cpu-tiny-qwen2") if on_cpu
                         else "a6000-qwen2.5-7b")
 
@@ -314,18 +310,23 @@ def _gpu_models(infos, urls) -> list[str]:
     """The GPU models of the servers as ``infos``' hardware names them (``"2 x NVIDIA A100-SXM4-80GB"``),
     or, without ``infos``, this machine's when every server of ``urls`` (or none given) is on it."""
     import re
-    from urllib.parse import urlsplit
 
     if infos:
         if infos[0].device != "cuda" or infos[0].hardware == "unknown":
             return []
         return [re.sub(r"^(\d+ of )?\d+ x ", "", part.strip()) for part in infos[0].hardware.split(", ")]
     from kvroute.calibrate.live.cores import gpu_models
+
+    return gpu_models() if _all_on_this_machine(urls) else []
+
+
+def _all_on_this_machine(urls) -> bool:
+    """Whether every server of ``urls`` (or none given) runs on this machine (a loopback host)."""
+    from urllib.parse import urlsplit
+
     from kvroute.calibrate.live.server import machine_key
 
-    if all(machine_key(urlsplit(u).hostname or "") == "loopback" for u in urls):
-        return gpu_models()
-    return []
+    return all(machine_key(urlsplit(u).hostname or "") == "loopback" for u in urls)
 
 
 def _load_estimate_profile(name: str):

@@ -27,10 +27,6 @@ def _policies(single: tuple[str, ...], joined: str | None) -> list[str]:
     return parse_policies(",".join(names) or DEFAULT_POLICIES)
 
 
-def _token_range(text: str | None) -> tuple[int, int] | None:
-    return token_id_range(text)
-
-
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @scenario_options(groups=("workload", "trace"), exclude=("workload_config",), slo=False)
 @click.option("--url", "urls", multiple=True, required=True, help="vLLM server base URL; repeat, one per worker.")
@@ -151,7 +147,7 @@ def validate(urls, policy, policies_text, profile_name, out_dir, max_in_flight, 
             raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
         closed = REPLAY_MODES[replay]
         spec = ValidationSpec(tuple(urls), tuple(names), max_in_flight, closed, arrival_spread_s, router_block_tokens,
-                              timeout, rounds, seed, model, _token_range(token_range), _client_lag(client_lag),
+                              timeout, rounds, seed, model, token_id_range(token_range), _client_lag(client_lag),
                               uncertainty,
                               prior_range, live_rounds=live_rounds, record_tokens=record_tokens,
                               kv_event_endpoints=tuple(kv_events), interval_level=interval_level,
