@@ -12,7 +12,7 @@ from kvroute.traces.inputs import BLOCK_SIZE, FRACTION, TOKENS, Num
 
 def _version_help() -> str:
     """``--vllm-version``'s help, from ``vllm_versions``: every group of releases read with the
-    defaults the prior takes from it (block size, memory share, scheduling)."""
+    defaults the prior takes from it (block size, memory share, scheduling, CUDA-graph memory)."""
     from kvroute.sim.timing.vllm_versions import CURRENT, STUDY, family, release_groups
 
     parts = []
@@ -21,6 +21,7 @@ def _version_help() -> str:
         scheduling = "async" if d.async_scheduling_cuda else "sync"
         what = (f"block {d.block_size}, memory {d.gpu_memory_utilization}, {scheduling} scheduling" if n == 0
                 else f"{d.block_size}, {d.gpu_memory_utilization}, {scheduling}")
+        what += ", CUDA graphs' memory set aside" if d.cudagraph_memory_profiled else ""
         parts.append(f"{span} ({what})")
     return (f"The vLLM release whose defaults the prior takes: {', '.join(parts)}; the seed study ran "
             f"{family(STUDY)} [default: the newest release read, {CURRENT}].")
@@ -128,10 +129,15 @@ def models_command():
 @click.option("--gpu-memory-utilization", type=Number(FRACTION), default=None,
               help="vLLM's share of each GPU, as its --gpu-memory-utilization [default: the release's, "
                    f"{_default_help('gpu_memory_utilization')}].")
+@click.option("--cudagraph-memory-gib", "cudagraph_gib", type=Number(Num(minimum=0.0, maximum=1024.0, unit="GiB")),
+              default=None,
+              help="Memory vLLM sets aside per GPU for CUDA graphs before the KV cache, as a server logs it "
+                   "('Estimated CUDA graph memory: X GiB total'); 0 with --enforce-eager or "
+                   "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 [default: 1 GiB (stated) from vLLM 0.21, 0 before].")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Profile JSON to write [default: <name>.json in the current directory].")
 def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, vllm_version, block_size,
-                   gpu_memory_utilization, out):
+                   gpu_memory_utilization, cudagraph_gib, out):
     """Derive a profile for a GPU and a model from spec sheets, print its summary and write it.
 
     The profile is a roofline prior with stated efficiencies (docs/guide/derive-a-profile.md);
@@ -167,7 +173,8 @@ def derive_command(gpu, model, tp, dtype, kv_cache_dtype, max_model_len, vllm_ve
     try:
         doc = priors.derive_profile(gpu_row, model_row, tp=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                                     max_model_len=max_model_len, vllm_version=version, block_size=block_size,
-                                    gpu_memory_utilization=gpu_memory_utilization)
+                                    gpu_memory_utilization=gpu_memory_utilization,
+                                    cudagraph_bytes=None if cudagraph_gib is None else round(cudagraph_gib * 2**30))
     except KVBlockTooLarge as exc:
         raise click.ClickException(f"{exc} (a smaller --block-size, or fewer bytes per block: more GPUs with --tp, "
                                    "fp8 with --kv-cache-dtype)") from None

@@ -51,6 +51,15 @@ PROVENANCE_DATE = "2026-11-29"
 #: lower end of the 0.5-1 GiB range this project assumes.
 NON_TORCH_BYTES = 512 * MiB
 
+#: Memory vLLM sets aside for CUDA graphs before sizing the KV cache, from 0.21 (``v1/worker/
+#: gpu_worker.py: determine_available_memory`` subtracts ``cudagraph_memory_estimate_applied``),
+#: per rank, in bytes; a stated constant. vLLM measures it at start-up and logs it ("Estimated CUDA
+#: graph memory: X GiB total"): public logs show 0.17-0.36 GiB for a few to 16 captured sizes, and
+#: vLLM's earlier start-up note said graphs "can take additional 1~3 GiB memory per GPU"; 1 GiB,
+#: for the default capture sizes, is stated, not measured. ``profiles derive
+#: --cudagraph-memory-gib`` takes the figure a server logged.
+CUDAGRAPH_BYTES = GiB
+
 
 # --------------------------------------------------------------------------------------------
 # Specs
@@ -222,6 +231,7 @@ def derive_profile(
     dtype: str = "bf16",
     kv_cache_dtype: str = "auto",
     par: ParallelEfficiency = ParallelEfficiency(),
+    cudagraph_bytes: int | None = None,
 ) -> dict:
     """A profile document (the layout of ``kvroute.sim.timing.profile``) derived from specs.
 
@@ -249,6 +259,10 @@ def derive_profile(
         dtype: weights, ``"bf16"`` or ``"fp8"``.
         kv_cache_dtype: ``"auto"`` (bf16) or ``"fp8"``.
         par: stated factors of tensor parallelism and fp8.
+        cudagraph_bytes: memory vLLM sets aside for CUDA graphs on each rank before sizing the
+            KV cache, bytes (the "Estimated CUDA graph memory" a server logs); None: the
+            release's, :data:`CUDAGRAPH_BYTES` from 0.21 (stated), 0 before. A value other than
+            the release's is in the name (``-cg0.5``, GiB).
 
     Returns:
         A dict with sections name, hardware, model, engine, memory, step_cost, overheads,
@@ -264,7 +278,7 @@ def derive_profile(
     gpu = gpu_spec(gpu) if isinstance(gpu, str) else gpu
     model = model if isinstance(model, ModelSpec) else model_spec(model)
     settings = _settings(gpu, model, vllm_version, gpu_memory_utilization, max_num_batched_tokens, max_num_seqs,
-                         block_size, max_model_len, tp, dtype, kv_cache_dtype)
+                         block_size, max_model_len, tp, dtype, kv_cache_dtype, cudagraph_bytes)
     mem = _rank_memory(gpu, model, settings, par)
     cost = _step_costs(gpu, model, settings, mem, eff, par)
     return _document(gpu, model, settings, mem, cost, eff, par)
@@ -290,6 +304,8 @@ class _Settings(NamedTuple):
         tp: tensor-parallel size.
         dtype: weights, ``"bf16"`` or ``"fp8"``.
         kv_cache_dtype: ``"auto"`` or ``"fp8"``.
+        cudagraph_bytes: CUDA-graph memory set aside per rank before the KV cache, bytes.
+        cudagraph_given: whether ``cudagraph_bytes`` was given (else the release's default).
     """
 
     release: VllmDefaults
@@ -304,6 +320,8 @@ class _Settings(NamedTuple):
     tp: int
     dtype: str
     kv_cache_dtype: str
+    cudagraph_bytes: int = 0
+    cudagraph_given: bool = False
 
     @property
     def plain(self) -> bool:
@@ -324,14 +342,16 @@ def _settings(
     tp: int,
     dtype: str,
     kv_cache_dtype: str,
+    cudagraph_bytes: int | None = None,
 ) -> _Settings:
     """:func:`derive_profile`'s arguments checked, every None replaced by the release's default
-    (block size in tokens, memory share), the model's ``max_position_embeddings`` (tokens) or
-    :func:`get_batch_defaults` for this GPU.
+    (block size in tokens, memory share, CUDA-graph memory: :data:`CUDAGRAPH_BYTES` from 0.21, else
+    0), the model's ``max_position_embeddings`` (tokens) or :func:`get_batch_defaults` for this GPU.
 
     Raises:
-        ValueError: a version that does not parse, an unknown ``dtype`` or ``kv_cache_dtype``, or a
-            ``tp`` that is not an integer or does not split the model (:meth:`ModelSpec.check_tp`).
+        ValueError: a version that does not parse, an unknown ``dtype`` or ``kv_cache_dtype``, a
+            ``tp`` that is not an integer or does not split the model (:meth:`ModelSpec.check_tp`),
+            or a negative ``cudagraph_bytes``.
     """
     if parse_version(vllm_version) is None:
         raise ValueError(f"vLLM version must look like 0.11 or 0.34.0, got {vllm_version!r}")
@@ -347,6 +367,8 @@ def _settings(
     model.check_tp(tp)
     max_model_len = model.max_position_embeddings if max_model_len is None else max_model_len
     default_tokens, default_seqs = get_batch_defaults(gpu, vllm_version)
+    if cudagraph_bytes is not None and not (type(cudagraph_bytes) is int and cudagraph_bytes >= 0):
+        raise ValueError(f"CUDA-graph memory must be a whole number of bytes >= 0, got {cudagraph_bytes!r}")
     return _Settings(
         release=release,
         vllm_version=vllm_version,
@@ -360,6 +382,9 @@ def _settings(
         tp=tp,
         dtype=dtype,
         kv_cache_dtype=kv_cache_dtype,
+        cudagraph_bytes=(CUDAGRAPH_BYTES if release.cudagraph_memory_profiled else 0) if cudagraph_bytes is None
+        else cudagraph_bytes,
+        cudagraph_given=cudagraph_bytes is not None,
     )
 
 
@@ -420,6 +445,7 @@ def _rank_memory(gpu: GpuSpec, model: ModelSpec, s: _Settings, par: ParallelEffi
             activation_peak_bytes=activation_peak_bytes(model, s.max_num_batched_tokens, s.max_num_seqs, tp),
             non_torch_bytes=non_torch,
             kv_bytes_per_block=kv_bytes_per_block,
+            cudagraph_bytes=s.cudagraph_bytes,
         )
         for _ in range(tp)
     ]
@@ -478,7 +504,9 @@ def _step_costs(
     bw, peak = gpu.memory_bandwidth_bytes_per_s, gpu.peak_bf16_flops
     fp8_compute = s.dtype == "fp8" and gpu.peak_fp8_flops is not None
     linear_peak = gpu.peak_fp8_flops * par.fp8_linear_flops if fp8_compute else peak * eff.linear_flops
-    streamed_weight_bytes = mem.weight_bytes - mem.embedding_params * bf16
+    # every weight is read each step but the input embedding, whose rows are only gathered; a
+    # tied LM head reads that same matrix whole, so then nothing is left out
+    streamed_weight_bytes = mem.weight_bytes - (0 if model.tie_word_embeddings else mem.embedding_params * bf16)
     weight_load_s = streamed_weight_bytes / (bw * eff.weight_bandwidth)
     link_kind, link_bw = gpu.interconnect(tp)
     ar_bytes = allreduce_bytes_per_token(model, tp)
@@ -514,7 +542,7 @@ def _step_costs(
 
 def _profile_name(gpu: GpuSpec, model: ModelSpec, s: _Settings) -> str:
     """The profile's name: ``<gpu>-<model>``, then ``-tp<N>``, ``-fp8``, ``-kvfp8``, ``-vllm<x.y>``,
-    ``-block<N>``, ``-mem<u>`` and ``-len<N>`` for each setting that is not the plain or the
+    ``-block<N>``, ``-mem<u>``, ``-cg<GiB>`` and ``-len<N>`` for each setting that is not the plain or the
     release's default (``max_model_len``'s: the model's ``max_position_embeddings``)."""
     tp, dtype, kv_cache_dtype, release = s.tp, s.dtype, s.kv_cache_dtype, s.release
     suffix = (f"-tp{tp}" if tp > 1 else "") + ("-fp8" if dtype == "fp8" else "") + (
@@ -524,6 +552,8 @@ def _profile_name(gpu: GpuSpec, model: ModelSpec, s: _Settings) -> str:
         "" if family(s.vllm_version) == family(STUDY) else f"-vllm{family(s.vllm_version)}") + (
         "" if s.block_size == release.block_size else f"-block{s.block_size}") + (
         "" if s.gpu_memory_utilization == release.gpu_memory_utilization else f"-mem{s.gpu_memory_utilization:g}") + (
+        "" if not s.cudagraph_given or s.cudagraph_bytes == (CUDAGRAPH_BYTES if release.cudagraph_memory_profiled
+                                                             else 0) else f"-cg{s.cudagraph_bytes / GiB:g}") + (
         "" if s.max_model_len == model.max_position_embeddings else f"-len{s.max_model_len}")
 
 
@@ -601,7 +631,8 @@ def _sources(gpu: GpuSpec, model: ModelSpec, s: _Settings, cost: _StepCosts, eff
         ),
         "engine.num_gpu_blocks": (
             "floor((gpu_memory_bytes x gpu_memory_utilization - weight_bytes - activation_peak_bytes "
-            "- non_torch_bytes) / kv_bytes_per_block) (vllm/v1/worker/gpu_worker.py: "
+            "- non_torch_bytes" + (" - cudagraph_bytes" if s.cudagraph_bytes else "")
+            + ") / kv_bytes_per_block) (vllm/v1/worker/gpu_worker.py: "
             "determine_available_memory; kvroute.sim.timing.profile.MemoryModel)"
             + ("" if tp == 1 else "; per rank, the smallest rank's count bounds the pool "
                "(vllm/v1/core/kv_cache_utils.py: get_kv_cache_configs)")
@@ -619,6 +650,12 @@ def _sources(gpu: GpuSpec, model: ModelSpec, s: _Settings, cost: _StepCosts, eff
         ),
         "memory.non_torch_bytes": "stated constant 0.5 GiB (CUDA/cuBLAS workspaces, allocator slack)" + (
             "" if tp == 1 else f" + {par.nccl_bytes / GiB:g} GiB per rank for NCCL and custom all-reduce buffers (stated)"),
+        **({"memory.cudagraph_bytes": (
+            f"given: {s.cudagraph_bytes / GiB:g} GiB" if s.cudagraph_given else
+            f"stated {CUDAGRAPH_BYTES / GiB:g} GiB: vLLM {vllm_version} sets aside its CUDA graphs' estimated memory "
+            "before the KV cache (v1/worker/gpu_worker.py: determine_available_memory, "
+            "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 by default since 0.21); the server logs its figure "
+            "(\"Estimated CUDA graph memory\"): give it with --cudagraph-memory-gib")} if s.cudagraph_bytes else {}),
         "memory.kv_bytes_per_block": "2 (K,V) x layers x kv_heads x head_dim x 2 bytes x block_size" if plain else (
             f"2 (K,V) x layers x KV heads per rank ({model.kv_heads_per_rank(tp)}: max(1, kv_heads / tp), "
             f"vLLM replicates KV heads below tp) x head_dim x {kvbytes} bytes ({kv_cache_dtype}) x block_size"
@@ -627,8 +664,10 @@ def _sources(gpu: GpuSpec, model: ModelSpec, s: _Settings, cost: _StepCosts, eff
             "" if tp == 1 else f" + 2 all-reduces x {model.num_layers} layers x {ar_latency * 1e6:g} us latency "
                                f"over {link_kind} (stated)"),
         "step_cost.weight_load_s": (
-            "streamed weight bytes (all weights but the input embedding, which is only gathered) / "
-            f"(bandwidth x {eff.weight_bandwidth:g})" + ("" if plain else ", one rank's share")
+            ("streamed weight bytes (all weights: the tied LM head reads the embedding matrix whole) / "
+             if model.tie_word_embeddings else
+             "streamed weight bytes (all weights but the input embedding, which is only gathered) / ")
+            + f"(bandwidth x {eff.weight_bandwidth:g})" + ("" if plain else ", one rank's share")
         ),
         "step_cost.per_token_s": f"2 x non_embedding_params FLOPs / (peak bf16 x {eff.linear_flops:g})" if plain else (
             f"2 x one rank's non_embedding_params FLOPs / ("
@@ -728,7 +767,8 @@ def _document(gpu: GpuSpec, model: ModelSpec, s: _Settings, mem: _RankMemory, co
             # async hides the step's CPU part; the all-reduce latency is GPU time (kvroute.sim.timing.async_overlap)
             **({"async_cpu_fraction": eff.step_overhead_s / cost.step.step_overhead_s} if cost.allreduce_step_s else {}),
         },
-        "memory": asdict(mem.memory),
+        # cudagraph_bytes only where it is set aside (0.21 on), so earlier releases' documents stay as they were
+        "memory": {k: v for k, v in asdict(mem.memory).items() if k != "cudagraph_bytes" or v},
         "step_cost": asdict(cost.step),
         "overheads": {
             "api_server_s": eff.api_server_s,
@@ -831,7 +871,9 @@ def derive_summary(doc: dict, context_tokens: int = 1000, prompt_tokens: int = 1
          f"{eng['max_num_seqs']}, max_model_len {eng['max_model_len']:,}"),
         ("vLLM", f"{eng.get('vllm_version', '?')}: block size {eng['block_size']}, gpu_memory_utilization "
          f"{eng['gpu_memory_utilization']:g}, async scheduling "
-         f"{ {True: 'on', False: 'off'}.get(eng.get('async_scheduling'), 'not stated')}"),
+         f"{ {True: 'on', False: 'off'}.get(eng.get('async_scheduling'), 'not stated')}"
+         + (f", {mem['cudagraph_bytes'] / gib:g} GiB per rank set aside for CUDA graphs"
+            if mem.get("cudagraph_bytes") else "")),
     ]
     for batch in (1, 16, 64):
         step = decode_step_s(doc, batch, context_tokens)

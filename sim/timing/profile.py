@@ -159,9 +159,10 @@ class MemoryModel:
     """vLLM's KV-capacity rule inputs, so shared GPUs can be re-derived.
 
     ``num_gpu_blocks = (gpu_memory_bytes * gpu_memory_utilization - weight_bytes
-    - activation_peak_bytes - non_torch_bytes) // kv_bytes_per_block``
+    - activation_peak_bytes - non_torch_bytes - cudagraph_bytes) // kv_bytes_per_block``
     (``vllm/v1/worker/gpu_worker.py: determine_available_memory``; the utilisation is the
-    share of the whole device this one instance may take).
+    share of the whole device this one instance may take; ``cudagraph_bytes``, 0 unless given,
+    is the CUDA-graph memory vLLM sets aside from 0.21, ``cudagraph_memory_estimate_applied``).
     """
 
     gpu_memory_bytes: int
@@ -169,6 +170,7 @@ class MemoryModel:
     activation_peak_bytes: int
     non_torch_bytes: int
     kv_bytes_per_block: int
+    cudagraph_bytes: int = 0
 
     def num_gpu_blocks(self, gpu_memory_utilization: float) -> int:
         """Blocks vLLM would allocate at this utilisation.
@@ -184,6 +186,7 @@ class MemoryModel:
             - self.weight_bytes
             - self.activation_peak_bytes
             - self.non_torch_bytes
+            - self.cudagraph_bytes
         )
         blocks = int(free // self.kv_bytes_per_block)
         if blocks > KV_BLOCKS.maximum:
@@ -191,8 +194,10 @@ class MemoryModel:
                              "(a 32-bit block id); check the memory section's byte counts")
         budget = (f"{self.gpu_memory_bytes * gpu_memory_utilization / 2**30:.1f} GiB at utilisation "
                   f"{gpu_memory_utilization} minus weights {self.weight_bytes / 2**30:.1f} GiB, activations "
-                  f"{self.activation_peak_bytes / 2**30:.1f} GiB and non-torch memory "
-                  f"{self.non_torch_bytes / 2**30:.1f} GiB")
+                  f"{self.activation_peak_bytes / 2**30:.1f} GiB"
+                  + (f", non-torch memory {self.non_torch_bytes / 2**30:.1f} GiB and CUDA graphs "
+                     f"{self.cudagraph_bytes / 2**30:.1f} GiB" if self.cudagraph_bytes else
+                     f" and non-torch memory {self.non_torch_bytes / 2**30:.1f} GiB"))
         if blocks < 2 and free > 0:  # memory is left, but a block is too large for two of them to fit
             raise KVBlockTooLarge(
                 f"no KV cache fits: one KV block takes {self.kv_bytes_per_block:,} bytes "
@@ -517,7 +522,8 @@ OVERHEADS_SCHEMA = {
 
 MEMORY_SCHEMA = ({name: BYTES for name in MemoryModel.__dataclass_fields__}
                  | {"kv_bytes_per_block": Num(integer=True, minimum=1, maximum=BYTES.maximum, unit="bytes")})
-"""Rules of the optional ``memory`` section (every field required when it is present)."""
+"""Rules of the optional ``memory`` section (every field but ``cudagraph_bytes``, 0 when left out,
+required when it is present)."""
 
 
 def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
@@ -549,7 +555,8 @@ def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
     over_doc = section("overheads", OVERHEADS_SCHEMA, ()) if doc.get("overheads") is not None else {}
     memory = None
     if doc.get("memory"):
-        memory = MemoryModel(**section("memory", MEMORY_SCHEMA, tuple(MEMORY_SCHEMA)))
+        required = tuple(k for k in MEMORY_SCHEMA if k != "cudagraph_bytes")
+        memory = MemoryModel(**section("memory", MEMORY_SCHEMA, required))
     enable = doc["engine"].get("enable_prefix_caching", True)
     if type(enable) is not bool:
         raise InputError(f"expected true or false, got {describe(enable)}", where, None,

@@ -297,6 +297,9 @@ def params_from_shapes(cfg: dict, head_dim: int, qkv_bias: bool, o_bias: bool, q
     return L * layer + h + emb + (0 if cfg["tie_word_embeddings"] else emb)
 
 
+MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+"""``config.json`` fields that mark a mixture-of-experts model (Mixtral, Qwen-MoE, DeepSeek)."""
+
 REQUIRED_INT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                        "vocab_size", "max_position_embeddings")
 """``config.json`` fields every model needs (positive integers)."""
@@ -312,10 +315,21 @@ def model_from_config(cfg: object, where: str, short_name: str | None = None) ->
 
     Raises:
         InputError: a field is missing or not a positive integer (or bool), naming ``where``
-            and the field.
+            and the field; ``num_key_value_heads`` that does not divide ``num_attention_heads``
+            (no vLLM attention takes it); or a model the roofline does not model, naming the
+            field: mixture-of-experts (``num_local_experts``, ``num_experts``,
+            ``n_routed_experts``) or sliding-window attention in use (``sliding_window`` set,
+            unless ``use_sliding_window`` is false, as in Qwen2's configs).
     """
     if not isinstance(cfg, dict):
         raise InputError("a config.json is a JSON object", where)
+    for key in MOE_FIELDS:
+        if cfg.get(key) not in (None, 0, 1):
+            raise InputError(f"{cfg[key]!r} experts: a mixture-of-experts model, which the derived prior does "
+                             "not model (dense decoders only)", where, None, key)
+    if cfg.get("sliding_window") is not None and cfg.get("use_sliding_window", True) is not False:
+        raise InputError(f"sliding-window attention ({cfg['sliding_window']!r} tokens), which the derived prior "
+                         "does not model (full attention only)", where, None, "sliding_window")
     fields: dict = {}
     for key in (*REQUIRED_INT_FIELDS, "num_key_value_heads", "head_dim"):
         value = cfg.get(key)
@@ -325,6 +339,10 @@ def model_from_config(cfg: object, where: str, short_name: str | None = None) ->
             raise InputError(f"expected a positive integer, got {value!r}", where, None, key)
         fields[key] = value
     fields.setdefault("num_key_value_heads", fields["num_attention_heads"])
+    if fields["num_attention_heads"] % fields["num_key_value_heads"]:
+        raise InputError(f"{fields['num_key_value_heads']} KV heads do not divide the {fields['num_attention_heads']} "
+                         "attention heads (grouped-query attention needs whole groups)", where, None,
+                         "num_key_value_heads")
     tie = cfg.get("tie_word_embeddings", False)
     if type(tie) is not bool:
         raise InputError(f"expected true or false, got {tie!r}", where, None, "tie_word_embeddings")

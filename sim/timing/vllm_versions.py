@@ -68,6 +68,11 @@ class VllmDefaults:
             On vLLM's CPU backend it is always off (``platforms/cpu.py``).
         large_gpu_tier: whether GPUs of >= 160 GiB get 16384 batched tokens (``engine/arg_utils.py:
             get_batch_defaults``; present in 0.32-0.34, absent in 0.26).
+        cudagraph_memory_profiled: whether the KV cache is sized after the memory CUDA graphs
+            will take on CUDA (``v1/worker/gpu_worker.py: determine_available_memory`` subtracts
+            ``cudagraph_memory_estimate_applied``; ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``
+            defaults to 1, and vLLM logs "CUDA graph memory profiling is enabled (default since
+            v0.21.0)"); False before 0.21.
     """
 
     version: str
@@ -75,6 +80,7 @@ class VllmDefaults:
     gpu_memory_utilization: float
     async_scheduling_cuda: bool
     large_gpu_tier: bool
+    cudagraph_memory_profiled: bool = False
 
     def async_scheduling(self, device: str = "cuda") -> bool:
         """Async scheduling by default on ``device`` (``"cuda"`` or ``"cpu"``)."""
@@ -102,25 +108,30 @@ def defaults(version: str | None) -> VllmDefaults:
         gpu_memory_utilization=1.0 if v >= (0, 34, 0) else 0.92 if v >= (0, 20, 0) else 0.9,
         async_scheduling_cuda=v >= (0, 14, 0),
         large_gpu_tier=v >= (0, 32, 0),
+        cudagraph_memory_profiled=v >= (0, 21, 0),
     )
 
 
 def release_groups() -> list[tuple[str, str, VllmDefaults]]:
     """The minor releases of :data:`TESTED_RANGE` grouped where :func:`defaults` gives the same
-    block size, memory utilisation and async scheduling on CUDA: ``(first, last, defaults)``
+    block size, memory utilisation, async scheduling on CUDA and CUDA-graph memory profiling:
+    ``(first, last, defaults)``
     with ``first``/``last`` as ``"major.minor"``, oldest first (``profiles derive --help``
     lists them)."""
     (major, low, _), (_, high, _) = (parse_version(v) for v in TESTED_RANGE)
     groups: list[tuple[str, str, VllmDefaults]] = []
     for minor in range(low, high + 1):
         release, d = f"{major}.{minor}", defaults(f"{major}.{minor}.0")
-        key = (d.block_size, d.gpu_memory_utilization, d.async_scheduling_cuda)
-        if groups and (groups[-1][2].block_size, groups[-1][2].gpu_memory_utilization,
-                       groups[-1][2].async_scheduling_cuda) == key:
+        if groups and _memory_and_scheduling(groups[-1][2]) == _memory_and_scheduling(d):
             groups[-1] = (groups[-1][0], release, groups[-1][2])
         else:
             groups.append((release, release, d))
     return groups
+
+
+def _memory_and_scheduling(d: VllmDefaults) -> tuple:
+    """The defaults :func:`release_groups` groups releases by."""
+    return d.block_size, d.gpu_memory_utilization, d.async_scheduling_cuda, d.cudagraph_memory_profiled
 
 
 def reports_zero_cached_tokens(version: str | None) -> bool:

@@ -59,7 +59,7 @@ def test_derive_takes_the_newest_releases_defaults_unless_told(tmp_path):
     result = CliRunner().invoke(cli, ["profiles", "derive", "--gpu", "H100-SXM", "--model", "Llama-3.1-70B",
                                       "--tp", "4", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert "KV blocks per worker         9,006 of 64 tokens (576,384 tokens)" in result.output
+    assert "KV blocks per worker         8,802 of 64 tokens (563,328 tokens)" in result.output
     assert "vLLM                         0.34.0: block size 64, gpu_memory_utilization 1, async scheduling on" in result.output
     profile = load_profile(out)
     assert (profile.vllm_version, profile.async_scheduling, profile.gpu_memory_utilization) == ("0.34.0", True, 1.0)
@@ -139,8 +139,8 @@ def test_derive_names_a_block_larger_than_the_kv_memory(tmp_path):
     assert result.exit_code == 1 and not (tmp_path / "x.json").exists()
     assert result.output == (
         "Error: no KV cache fits: one KV block takes 131,072,000,000 bytes (122.1 GiB), and the memory left for the "
-        "KV cache, 62.7 GiB (79.6 GiB at utilisation 1.0 minus weights 15.0 GiB, activations 1.5 GiB and non-torch "
-        "memory 0.5 GiB), holds 0 of them; at least 2 are needed (vLLM keeps one as its null block) (a smaller --block-size, or fewer bytes "
+        "KV cache, 61.7 GiB (79.6 GiB at utilisation 1.0 minus weights 15.0 GiB, activations 1.5 GiB, non-torch "
+        "memory 0.5 GiB and CUDA graphs 1.0 GiB), holds 0 of them; at least 2 are needed (vLLM keeps one as its null block) (a smaller --block-size, or fewer bytes "
         "per block: more GPUs with --tp, fp8 with --kv-cache-dtype)\n")
 
 
@@ -165,11 +165,12 @@ def test_derive_help_lists_every_release_read_from_the_version_rules():
     from kvroute.sim.timing.vllm_versions import release_groups
 
     assert [(first, last) for first, last, _ in release_groups()] == [
-        ("0.11", "0.13"), ("0.14", "0.19"), ("0.20", "0.33"), ("0.34", "0.34")]
+        ("0.11", "0.13"), ("0.14", "0.19"), ("0.20", "0.20"), ("0.21", "0.33"), ("0.34", "0.34")]
     helps = {p.name: p.help for p in derive_command.params}
     assert helps["vllm_version"] == (
         "The vLLM release whose defaults the prior takes: 0.11-0.13 (block 16, memory 0.9, sync scheduling), "
-        "0.14-0.19 (16, 0.9, async), 0.20-0.33 (16, 0.92, async), 0.34 (64, 1.0, async); the seed study ran 0.11 "
+        "0.14-0.19 (16, 0.9, async), 0.20 (16, 0.92, async), 0.21-0.33 (16, 0.92, async, CUDA graphs' memory set "
+        "aside), 0.34 (64, 1.0, async, CUDA graphs' memory set aside); the seed study ran 0.11 "
         "[default: the newest release read, 0.34.0].")
     assert "[default: the release's, 16; 64 from 0.34]" in helps["block_size"]
     assert "[default: the release's, 0.9; 0.92 from 0.20; 1.0 from 0.34]" in helps["gpu_memory_utilization"]

@@ -128,6 +128,38 @@ def test_shipped_models_derive_on_h100_tp4(name):
     profile_from_dict(doc)
 
 
+def test_a_tied_lm_head_streams_the_embedding_matrix_every_step(tmp_path):
+    """With ``tie_word_embeddings`` the LM head reads the embedding's matrix at every step: the
+    weights streamed per step are all of them (untied: all but the input embedding)."""
+    cfg = json.loads((priors.Path(priors.__file__).parent / "data" / "models" / "qwen3-8b.json").read_text())
+    for tied in (False, True):
+        cfg["tie_word_embeddings"] = tied
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        doc = priors.derive_profile("A100-80GB-SXM", str(tmp_path / "config.json"))
+        streamed = doc["memory"]["weight_bytes"] - (0 if tied else cfg["vocab_size"] * cfg["hidden_size"] * 2)
+        bandwidth = gpu_spec("A100-80GB-SXM").memory_bandwidth_bytes_per_s * priors.Efficiency().weight_bandwidth
+        assert doc["step_cost"]["weight_load_s"] == pytest.approx(streamed / bandwidth, rel=1e-12)
+
+
+@pytest.mark.parametrize("change, field, reason", [
+    ({"num_local_experts": 8}, "num_local_experts", "8 experts: a mixture-of-experts model"),
+    ({"n_routed_experts": 64}, "n_routed_experts", "64 experts: a mixture-of-experts model"),
+    ({"sliding_window": 4096}, "sliding_window", "sliding-window attention (4096 tokens)"),
+    ({"num_key_value_heads": 5}, "num_key_value_heads", "5 KV heads do not divide the 32 attention heads"),
+])
+def test_a_config_the_prior_cannot_model_is_refused_naming_the_field(tmp_path, change, field, reason):
+    """A Mixtral config read as a dense model gave 7.2 B parameters for 46.7 B; a sliding window or
+    KV heads in broken groups were taken silently."""
+    cfg = json.loads((priors.Path(priors.__file__).parent / "data" / "models" / "qwen3-8b.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(InputError) as err:
+        model_spec(str(path))
+    assert str(err.value).startswith(f"{path}: field '{field}': {reason}")
+    path.write_text(json.dumps({**cfg, "sliding_window": 131072, "use_sliding_window": False}))  # Qwen2's configs
+    assert model_spec(str(path)).total_params == model_spec("qwen3-8b").total_params
+
+
 def test_read_config_errors_name_file_and_field(tmp_path):
     cfg = json.loads((priors.Path(priors.__file__).parent / "data" / "models" / "qwen3-8b.json").read_text())
     path = tmp_path / "config.json"
@@ -151,7 +183,8 @@ def test_read_config_errors_name_file_and_field(tmp_path):
 @pytest.mark.parametrize("version, block, memory, async_on, blocks", [
     ("0.11.0", 16, 0.9, False, 32_817),   # the shipped prior, the seed study's release
     ("0.20.0", 16, 0.92, True, 33_941),
-    ("0.34.0", 64, 1.0, True, 9_608),     # 614,912 tokens: +17 % over 0.11's 525,072
+    ("0.21.0", 16, 0.92, True, 32_770),   # 1 GiB per GPU set aside for CUDA graphs: 1,171 blocks of 57,344 x 16 B
+    ("0.34.0", 64, 1.0, True, 9_315),     # 596,160 tokens: +14 % over 0.11's 525,072
 ])
 def test_derived_priors_take_their_releases_defaults(version, block, memory, async_on, blocks):
     """Issue 33, item 2: block size, memory share and async scheduling as that vLLM picks them."""
@@ -160,6 +193,23 @@ def test_derived_priors_take_their_releases_defaults(version, block, memory, asy
     assert (engine["vllm_version"], engine["block_size"], engine["gpu_memory_utilization"],
             engine["async_scheduling"], engine["num_gpu_blocks"]) == (version, block, memory, async_on, blocks)
     assert "engine.async_scheduling" in doc["sources"]
+
+
+def test_cuda_graph_memory_is_set_aside_before_the_kv_cache_from_0_21_as_given():
+    """vLLM 0.21 on subtracts its CUDA graphs' estimated memory from the KV budget
+    (``determine_available_memory``); the prior states 1 GiB, and takes a server's logged figure."""
+    kv_block = 57_344 * 16  # Qwen2.5-7B, bytes
+    stated = priors.derive_profile("RTX-A6000", vllm_version="0.21.0")
+    logged = priors.derive_profile("RTX-A6000", vllm_version="0.21.0", cudagraph_bytes=0)
+    assert stated["memory"]["cudagraph_bytes"] == 2**30 and "cudagraph_bytes" not in logged["memory"]
+    assert logged["name"] == "a6000-qwen2.5-7b-vllm0.21-cg0" and stated["name"] == "a6000-qwen2.5-7b-vllm0.21"
+    # floor((free - 1 GiB) / block) against floor(free / block): 1,170.3 blocks' worth, 1,171 fewer here
+    assert logged["engine"]["num_gpu_blocks"] - stated["engine"]["num_gpu_blocks"] == 1_171 == -(-2**30 // kv_block)
+    assert "cudagraph_bytes" not in priors.derive_profile("RTX-A6000", vllm_version="0.20.0")["memory"]
+    profile = profile_from_dict(json.loads(json.dumps(stated)))
+    assert profile.memory.num_gpu_blocks(0.92) == profile.engine.num_gpu_blocks == 32_770  # re-derived alike
+    with pytest.raises(ValueError, match=r"^CUDA-graph memory must be a whole number of bytes >= 0, got -1$"):
+        priors.derive_profile("RTX-A6000", vllm_version="0.21.0", cudagraph_bytes=-1)
 
 
 def test_b200_batch_defaults_follow_the_release():
