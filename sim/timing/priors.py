@@ -36,7 +36,7 @@ from typing import NamedTuple
 from kvroute.traces.outputs import write_text_atomic
 from kvroute.sim.timing.cost_model import StepCost, prefill_pairs
 from kvroute.sim.timing.profile import MemoryModel, profile_from_dict
-from kvroute.sim.timing.specs import GpuSpec, ModelSpec, gpu_spec, model_spec
+from kvroute.sim.timing.specs import VOCAB_PADDING, GpuSpec, ModelSpec, gpu_spec, model_spec
 from kvroute.sim.timing.vllm_versions import STUDY, VllmDefaults, defaults as vllm_defaults, family, parse_version
 
 MiB = 2**20
@@ -188,6 +188,15 @@ class ParallelEfficiency:
     allreduce_latency_pcie_s: float = 25e-6
     nccl_bytes: int = GiB
     fp8_linear_flops: float = 0.6
+
+    def __post_init__(self) -> None:
+        for name in ("allreduce_bandwidth", "fp8_linear_flops"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"ParallelEfficiency.{name} must be in (0, 1], got {value!r}")
+        for name, value in asdict(self).items():
+            if not (value >= 0.0 and math.isfinite(value)):
+                raise ValueError(f"ParallelEfficiency.{name} must be finite and >= 0, got {value!r}")
 
 
 DTYPES = {"bf16": 2, "fp8": 1}
@@ -351,7 +360,8 @@ def _settings(
     Raises:
         ValueError: a version that does not parse, an unknown ``dtype`` or ``kv_cache_dtype``, a
             ``tp`` that is not an integer or does not split the model (:meth:`ModelSpec.check_tp`),
-            or a negative ``cudagraph_bytes``.
+            a negative ``cudagraph_bytes``, a size or limit below 1, or a memory share outside
+            (0, 1].
     """
     if parse_version(vllm_version) is None:
         raise ValueError(f"vLLM version must look like 0.11 or 0.34.0, got {vllm_version!r}")
@@ -369,6 +379,12 @@ def _settings(
     default_tokens, default_seqs = get_batch_defaults(gpu, vllm_version)
     if cudagraph_bytes is not None and not (type(cudagraph_bytes) is int and cudagraph_bytes >= 0):
         raise ValueError(f"CUDA-graph memory must be a whole number of bytes >= 0, got {cudagraph_bytes!r}")
+    for name, value in (("block_size", block_size), ("max_num_batched_tokens", max_num_batched_tokens),
+                        ("max_num_seqs", max_num_seqs), ("max_model_len", max_model_len)):
+        if value is not None and not (type(value) is int and value >= 1):
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if not (isinstance(gpu_memory_utilization, (int, float)) and 0.0 < gpu_memory_utilization <= 1.0):
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     return _Settings(
         release=release,
         vllm_version=vllm_version,
@@ -542,8 +558,9 @@ def _step_costs(
 
 def _profile_name(gpu: GpuSpec, model: ModelSpec, s: _Settings) -> str:
     """The profile's name: ``<gpu>-<model>``, then ``-tp<N>``, ``-fp8``, ``-kvfp8``, ``-vllm<x.y>``,
-    ``-block<N>``, ``-mem<u>``, ``-cg<GiB>`` and ``-len<N>`` for each setting that is not the plain or the
-    release's default (``max_model_len``'s: the model's ``max_position_embeddings``)."""
+    ``-block<N>``, ``-mem<u>``, ``-cg<GiB>``, ``-len<N>``, ``-tokens<N>`` and ``-seqs<N>`` for each
+    setting that is not the plain or the release's default (``max_model_len``'s: the model's
+    ``max_position_embeddings``; the batch limits': ``vllm serve``'s on this GPU)."""
     tp, dtype, kv_cache_dtype, release = s.tp, s.dtype, s.kv_cache_dtype, s.release
     suffix = (f"-tp{tp}" if tp > 1 else "") + ("-fp8" if dtype == "fp8" else "") + (
         "-kvfp8" if kv_cache_dtype == "fp8" else "")
@@ -554,7 +571,9 @@ def _profile_name(gpu: GpuSpec, model: ModelSpec, s: _Settings) -> str:
         "" if s.gpu_memory_utilization == release.gpu_memory_utilization else f"-mem{s.gpu_memory_utilization:g}") + (
         "" if not s.cudagraph_given or s.cudagraph_bytes == (CUDAGRAPH_BYTES if release.cudagraph_memory_profiled
                                                              else 0) else f"-cg{s.cudagraph_bytes / GiB:g}") + (
-        "" if s.max_model_len == model.max_position_embeddings else f"-len{s.max_model_len}")
+        "" if s.max_model_len == model.max_position_embeddings else f"-len{s.max_model_len}") + (
+        "" if s.max_num_batched_tokens == s.default_tokens else f"-tokens{s.max_num_batched_tokens}") + (
+        "" if s.max_num_seqs == s.default_seqs else f"-seqs{s.max_num_seqs}")
 
 
 def _weight_dtype_text(dtype: str) -> str:
@@ -620,10 +639,13 @@ def _sources(gpu: GpuSpec, model: ModelSpec, s: _Settings, cost: _StepCosts, eff
             f"vllm serve default on {gpu.name}: {s.default_tokens} (vllm/engine/arg_utils.py: "
             "get_batch_defaults; >= 70 GiB and not A100: 8192, else 2048"
             + ("; >= 160 GiB: 16384 from 0.32" if release.large_gpu_tier else "") + ")"
+            if s.max_num_batched_tokens == s.default_tokens else f"given: {s.max_num_batched_tokens}"
         ),
         "engine.max_num_seqs": (
             f"vllm serve default on {gpu.name}: {s.default_seqs} (vllm/engine/arg_utils.py: "
-            "get_batch_defaults; >= 70 GiB and not A100: 1024, else 256)"
+            "get_batch_defaults; >= 70 GiB and not A100: 1024, else 256"
+            + ("; >= 160 GiB: 1024 from 0.32" if release.large_gpu_tier else "") + ")"
+            if s.max_num_seqs == s.default_seqs else f"given: {s.max_num_seqs}"
         ),
         "engine.max_model_len": (
             f"max_position_embeddings {model.max_position_embeddings} in {model_id}'s config.json"
@@ -638,7 +660,9 @@ def _sources(gpu: GpuSpec, model: ModelSpec, s: _Settings, cost: _StepCosts, eff
                "(vllm/v1/core/kv_cache_utils.py: get_kv_cache_configs)")
         ),
         "memory.gpu_memory_bytes": gpu.memory_source,
-        "memory.weight_bytes": "total_params x 2 bytes (bf16)" if plain else (
+        "memory.weight_bytes": "total_params x 2 bytes (bf16)" + (
+            "" if model.vocab_size % VOCAB_PADDING == 0 else
+            f", the embedding and LM head at the vocabulary padded to a multiple of {VOCAB_PADDING}") if plain else (
             f"one rank's share ({dtype_text}): q/o/MLP weights / tp, k/v by KV heads per rank, "
             "embedding and LM head by padded vocab / tp, norms and o bias whole"
         ),
@@ -648,7 +672,7 @@ def _sources(gpu: GpuSpec, model: ModelSpec, s: _Settings, cost: _StepCosts, eff
             "logits), for vLLM's profile_run (vllm/v1/worker/gpu_model_runner.py)"
             + ("" if tp == 1 else "; intermediate / tp on each rank")
         ),
-        "memory.non_torch_bytes": "stated constant 0.5 GiB (CUDA/cuBLAS workspaces, allocator slack)" + (
+        "memory.non_torch_bytes": f"stated constant {NON_TORCH_BYTES / GiB:g} GiB (CUDA/cuBLAS workspaces, allocator slack)" + (
             "" if tp == 1 else f" + {par.nccl_bytes / GiB:g} GiB per rank for NCCL and custom all-reduce buffers (stated)"),
         **({"memory.cudagraph_bytes": (
             f"given: {s.cudagraph_bytes / GiB:g} GiB" if s.cudagraph_given else

@@ -200,15 +200,6 @@ class ModelSpec:
         """Parameters of the decoder layers and final norm (no embedding, no LM head)."""
         return self.total_params - self.embedding_params - self.lm_head_params
 
-    def qwen2_param_count(self) -> int:
-        """Parameters implied by the shapes for a Qwen2 layer (q/k/v with bias, o without,
-        SwiGLU MLP without bias, two RMSNorms per layer, a final RMSNorm)."""
-        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
-        attn = (h * h + h) + 2 * (h * kv + kv) + h * h
-        mlp = 3 * h * self.intermediate_size
-        layer = attn + mlp + 2 * h
-        return self.num_layers * layer + h + self.embedding_params + self.lm_head_params
-
     @property
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token takes: K and V x layers x kv_heads x head_dim x dtype bytes."""

@@ -212,6 +212,30 @@ def test_cuda_graph_memory_is_set_aside_before_the_kv_cache_from_0_21_as_given()
         priors.derive_profile("RTX-A6000", vllm_version="0.21.0", cudagraph_bytes=-1)
 
 
+def test_batch_limits_other_than_vllm_serves_are_named_and_stated_as_given():
+    doc = priors.derive_profile("A100-80GB-SXM", max_num_batched_tokens=8192, max_num_seqs=512)
+    assert doc["name"] == "a100-80gb-qwen2.5-7b-tokens8192-seqs512"  # not the shipped prior's name
+    assert (doc["sources"]["engine.max_num_batched_tokens"], doc["sources"]["engine.max_num_seqs"]) == (
+        "given: 8192", "given: 512")
+    assert priors.derive_profile("A100-80GB-SXM", max_num_batched_tokens=2048)["name"] == "a100-80gb-qwen2.5-7b"
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"block_size": 0}, "block_size must be a whole number >= 1, got 0"),
+    ({"max_num_batched_tokens": -5}, "max_num_batched_tokens must be a whole number >= 1, got -5"),
+    ({"gpu_memory_utilization": 1.5}, r"gpu_memory_utilization must be in \(0, 1\], got 1.5"),
+    ({"par": "allreduce"}, r"ParallelEfficiency.allreduce_bandwidth must be in \(0, 1\], got 0"),
+])
+def test_derive_profile_from_python_checks_its_settings(setting, message):
+    """The CLI's checks hold for a caller from Python too (a block size of 0 divided by zero)."""
+    if setting == {"par": "allreduce"}:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            priors.ParallelEfficiency(allreduce_bandwidth=0)
+        return
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        priors.derive_profile("A100-80GB-SXM", **setting)
+
+
 def test_b200_batch_defaults_follow_the_release():
     assert priors.get_batch_defaults(priors.gpu_spec("B200"), "0.11.0") == (8192, 1024)
     assert priors.get_batch_defaults(priors.gpu_spec("B200"), "0.34.0") == (16384, 1024)

@@ -22,7 +22,10 @@ def test_kv_bytes_per_block_qwen25_7b():
 
 def test_param_count_matches_config_shapes():
     m = priors.QWEN25_7B
-    assert m.qwen2_param_count() == m.total_params == 7_615_616_512
+    # a Qwen2 layer: q/k/v with bias, o without, SwiGLU MLP, two RMSNorms; a final norm; untied LM head
+    h, kv = m.hidden_size, m.num_kv_heads * m.head_dim
+    layer = (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * m.intermediate_size + 2 * h
+    assert m.num_layers * layer + h + 2 * m.vocab_size * h == m.total_params == 7_615_616_512
     assert m.non_embedding_params == 6_525_621_760
     assert m.hidden_size == m.num_attention_heads * m.head_dim
 
