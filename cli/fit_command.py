@@ -80,9 +80,9 @@ def _figure_formats(ctx, param, value):
 @click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True,
                 type=click.Path(exists=True, file_okay=False))
 @click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
-              help="Profile JSON to write, with <stem>.fit.png and <stem>.fit_points.csv beside it; RUN_DIR is then "
-                   "left untouched (default RUN_DIR/profile.json and RUN_DIR/fit_points.csv; required with several "
-                   "RUN_DIRs).")
+              help="Profile JSON to write, with <stem>.fit.png and <stem>.fit_points.csv beside it (the profile "
+                   "alone with --base-profile); RUN_DIR is then left untouched (default RUN_DIR/profile.json and "
+                   "RUN_DIR/fit_points.csv; required with several RUN_DIRs).")
 @click.option("--name", default=None, help="Profile name (default: the output file's stem).")
 @click.option("--report", default=None, type=click.Path(dir_okay=False),
               help="The fit's figure: .png, .pdf or .svg (default: beside the profile, <stem>.fit.png); "

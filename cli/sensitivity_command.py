@@ -149,7 +149,7 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
                    f"{rounds} round(s) each, and the base point on {noise_rounds} seeds, "
                    f"for each of {len(policies)} policies ({runs} runs): {', '.join(policies)}\n")
         click.echo(result.format_table())
-        click.echo(f"\n{note}\nwall time {wall:.1f} s")
+        click.echo(f"\n{note}\nwall time of the runs {wall:.1f} s (start-up, tables and figures aside)")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out / "sensitivity.json", json.dumps(result.to_dict(), indent=2))

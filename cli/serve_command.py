@@ -160,6 +160,12 @@ def serve(model, served_model_name, num_servers, port_base, host, block_size, gp
         specs = [dataclasses.replace(s, host=host) for s in specs]
         if dry_run:
             _print_plan(specs)
+            # after the plan: what serve would warn of, and what this Python lacks to run it
+            for line in core_notes(specs, taken, api_taken):
+                click.echo(f"# {line}")
+            if importlib.util.find_spec("vllm") is None:
+                click.echo("# vLLM is not installed in this Python, so these lines cannot run here: python -m pip "
+                           "install -e '.[gpu]' on GPU machines, '.[live]' for vLLM's CPU build (README)")
             return
         check_ports(specs)  # a taken port fails now, before any line says what starts where
     except (ValueError, ServerError) as exc:

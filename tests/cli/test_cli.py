@@ -316,7 +316,9 @@ def test_serve_dry_run_prints_each_servers_command_and_environment_and_starts_no
                         "VLLM_NO_USAGE_STATS=1"]
     assert argv[argv.index("--host") + 1] == "10.0.0.5" and argv[argv.index("--tensor-parallel-size") + 1] == "4"
     assert '"endpoint": "tcp://*:8200"' in argv[argv.index("--kv-events-config") + 1]  # not loopback: TCP
-    assert lines[2].startswith("# http://10.0.0.5:8101 on GPUs 4,5,6,7") and len(lines) == 4
+    assert lines[2].startswith("# http://10.0.0.5:8101 on GPUs 4,5,6,7") and len(lines) == 5
+    assert lines[4] == ("# vLLM is not installed in this Python, so these lines cannot run here: python -m pip install "
+                        "-e '.[gpu]' on GPU machines, '.[live]' for vLLM's CPU build (README)")  # a preview still runs
     assert not (tmp_path / "logs").exists()  # nothing made, nothing started
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers  # nothing to stop
 
