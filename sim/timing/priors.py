@@ -118,13 +118,23 @@ class Efficiency:
     jitter_cv: float = 0.1
 
     def __post_init__(self) -> None:
-        for name in ("linear_flops", "attention_flops", "weight_bandwidth", "kv_bandwidth"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"Efficiency.{name} must be in (0, 1], got {value!r}")
-        for name, value in asdict(self).items():
-            if not (value >= 0.0 and math.isfinite(value)):
-                raise ValueError(f"Efficiency.{name} must be finite and >= 0, got {value!r}")
+        _check_factors(self, ("linear_flops", "attention_flops", "weight_bandwidth", "kv_bandwidth"))
+
+
+def _check_factors(factors, shares: tuple[str, ...]) -> None:
+    """Every field of the dataclass ``factors`` finite and >= 0, and each of ``shares`` in (0, 1].
+
+    Raises:
+        ValueError: naming the class and the field.
+    """
+    kind = type(factors).__name__
+    for name in shares:
+        value = getattr(factors, name)
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"{kind}.{name} must be in (0, 1], got {value!r}")
+    for name, value in asdict(factors).items():
+        if not (value >= 0.0 and math.isfinite(value)):
+            raise ValueError(f"{kind}.{name} must be finite and >= 0, got {value!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,13 +200,7 @@ class ParallelEfficiency:
     fp8_linear_flops: float = 0.6
 
     def __post_init__(self) -> None:
-        for name in ("allreduce_bandwidth", "fp8_linear_flops"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"ParallelEfficiency.{name} must be in (0, 1], got {value!r}")
-        for name, value in asdict(self).items():
-            if not (value >= 0.0 and math.isfinite(value)):
-                raise ValueError(f"ParallelEfficiency.{name} must be finite and >= 0, got {value!r}")
+        _check_factors(self, ("allreduce_bandwidth", "fp8_linear_flops"))
 
 
 DTYPES = {"bf16": 2, "fp8": 1}
