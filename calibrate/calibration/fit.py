@@ -603,8 +603,10 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
         "long_prefill_token_threshold": info.long_prefill_token_threshold,
         "enable_prefix_caching": info.enable_prefix_caching,
     }
-    if info.async_scheduling is not None:
-        engine["async_scheduling"] = info.async_scheduling
+    # a sweep from before servers reported it: vLLM's CPU backend never schedules asynchronously
+    cpu_sync = info.async_scheduling is None and info.device == "cpu"
+    if info.async_scheduling is not None or cpu_sync:
+        engine["async_scheduling"] = bool(info.async_scheduling)
     if info.async_scheduling:  # the measured steps have the overlap in them: nothing left to hide
         engine["async_cpu_fraction"] = 0.0
     if info.gpu_memory_utilization is not None:
@@ -657,6 +659,9 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
         "sources": {
             **{f"engine.{k}": v for k, v in info.sources.items() if k in engine},
             "engine.vllm_version": f"{info.url}/version",
+            **({"engine.async_scheduling": "vLLM's CPU backend never schedules asynchronously (vllm/platforms/cpu.py "
+                "sets scheduler_config.async_scheduling = False); the sweep predates the servers' report of it"}
+               if cpu_sync else {}),
             "step_cost": "fitted to the sweep's TTFT and ITL (kvroute.calibrate.calibration.fit)",
             "overheads.api_server_s": (
                 "intercept of a robust line through client TTFT minus the engine's queue + prefill time "

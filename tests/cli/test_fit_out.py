@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -29,3 +30,6 @@ def test_fit_with_out_leaves_the_run_directory_untouched(tmp_path):
     assert result.exit_code == 0, result.output
     assert _listing(run) == before
     assert sorted(p.name for p in out.parent.iterdir()) == ["p.fit.png", "p.fit_points.csv", "p.json"]
+    # the sweep predates the servers' report of async scheduling; a CPU server never schedules so
+    doc = json.loads(out.read_text())
+    assert doc["engine"]["async_scheduling"] is False and "CPU backend" in doc["sources"]["engine.async_scheduling"]
