@@ -1,8 +1,8 @@
 """An async client of one vLLM OpenAI-compatible server, for measuring.
 
 - :meth:`VllmClient.complete`: a streaming ``/v1/completions`` request whose prompt is a list of
-  token ids (prefix sharing is exact), ``ignore_eos`` and ``max_tokens`` (exactly that many tokens
-  come back), with the client-side arrival time of every streamed token and the usage block
+  token ids (prefix sharing is exact), ``ignore_eos`` and ``max_tokens`` (so that many tokens are
+  asked for; a usage count that disagrees with the stream is flagged), with the client-side arrival time of every streamed token and the usage block
   (prompt and cached prompt tokens).
 - :meth:`VllmClient.probe`: the engine's settings and the server's identity from ``/v1/models``,
   ``/version``, ``/metrics`` (``vllm:cache_config_info``) and, where the server runs with
@@ -626,7 +626,8 @@ class VllmClient:
     async def complete(
         self, prompt: Sequence[int], max_tokens: int, on_token: Callable[[int], None] | None = None
     ) -> StreamResult:
-        """Stream one completion of a token-id prompt; exactly ``max_tokens`` tokens come back.
+        """Stream one completion of a token-id prompt, asking for ``max_tokens`` tokens with
+        ``ignore_eos`` (the count that came back is in the result; nothing here checks it).
 
         Read by the shared reader (:func:`kvroute.calibrate.live.stream.read_completion`) on this
         client's connections.
@@ -634,7 +635,7 @@ class VllmClient:
         Args:
             prompt: prompt token ids.
             max_tokens: output tokens (``ignore_eos`` is set).
-            on_token: called with the number of tokens received so far, after each chunk.
+            on_token: called with the number of tokens received so far, after each chunk with output.
 
         Returns:
             The stream's timings and usage; a server-side rejection (HTTP 4xx/5xx) is returned

@@ -2,7 +2,8 @@
 
 vLLM exports Prometheus gauges per engine: ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` (a fraction 0..1; releases before
-0.10 named it ``vllm:gpu_cache_usage_perc``). ``LiveMetrics`` polls every server's ``/metrics``
+0.10 named it ``vllm:gpu_cache_usage_perc``, read only where the new name is absent). Requests
+are summed over a server's engines, the KV usage averaged, so it stays a fraction. ``LiveMetrics`` polls every server's ``/metrics``
 every ``interval_s`` (back to back at 0) and keeps the last values, which the router reads through
 the same ``MetricsScrape`` object the simulator uses.
 """
@@ -10,6 +11,7 @@ the same ``MetricsScrape`` object the simulator uses.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,35 +21,44 @@ from kvroute.sim.routing import MetricsScrape
 #: Limit on one scrape of one server, s.
 SCRAPE_TIMEOUT_S = 5.0
 
-GAUGES = {
-    "vllm:num_requests_running": 0,
-    "vllm:num_requests_waiting": 1,
-    "vllm:kv_cache_usage_perc": 2,
-    "vllm:gpu_cache_usage_perc": 2,
-}
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+          "vllm:gpu_cache_usage_perc")
+"""The gauges :func:`parse_vllm_metrics` reads (the last: the KV usage's name before vLLM 0.10)."""
 
 
 def parse_vllm_metrics(text: str) -> tuple[int, int, float]:
-    """``(num_running, num_waiting, kv_usage)`` from a Prometheus text page, summed over the
-    engines a server reports (one line per engine label set).
+    """``(num_running, num_waiting, kv_usage)`` from a Prometheus text page: the requests summed
+    over the engines a server reports (one line per engine label set), the KV usage their mean
+    (a fraction; the old gauge name only where the new one is absent). A sample's optional
+    timestamp (``name{labels} value timestamp``) is not its value.
 
     Raises:
-        ValueError: a page without ``vllm:num_requests_running`` (not a vLLM server).
+        ValueError: a page without ``vllm:num_requests_running`` (not a vLLM server), or one of
+            these gauges without a finite number for its value.
     """
-    values = [0.0, 0.0, 0.0]
-    seen = set()
+    sums: dict[str, list[float]] = {}
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        slot = GAUGES.get(name)
-        if slot is None:
+        if name not in GAUGES:
             continue
-        values[slot] += float(line.rsplit(" ", 1)[1])
-        seen.add(name)
-    if "vllm:num_requests_running" not in seen:
+        rest = line[line.rfind("}") + 1:] if "{" in line else line[len(name):]
+        fields = rest.split()
+        try:
+            value = float(fields[0])
+        except (IndexError, ValueError):
+            raise ValueError(f"the /metrics line {line[:80]!r} has no value") from None
+        if not math.isfinite(value):
+            raise ValueError(f"the /metrics line {line[:80]!r} has no finite value")
+        total = sums.setdefault(name, [0.0, 0])
+        total[0] += value
+        total[1] += 1
+    if "vllm:num_requests_running" not in sums:
         raise ValueError("the /metrics page has no vllm:num_requests_running gauge")
-    return int(values[0]), int(values[1]), values[2]
+    usage = sums.get("vllm:kv_cache_usage_perc") or sums.get("vllm:gpu_cache_usage_perc") or [0.0, 1]
+    return (int(sums["vllm:num_requests_running"][0]), int(sums.get("vllm:num_requests_waiting", [0.0])[0]),
+            usage[0] / usage[1])
 
 
 class LiveMetrics:

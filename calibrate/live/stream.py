@@ -97,22 +97,32 @@ class StreamEvents:
         """Apply one event's payload; returns ``(tokens it carried, their ids or None)``.
 
         Raises:
-            ValueError: the payload is not JSON or not an object (the server is broken).
+            ValueError: the payload is not JSON or not an object, its ``choices`` not a list, or
+                its ``token_ids`` not a list of integers (the server is broken).
         """
         if data == b"[DONE]":
             self.done = True
             return 0, None
-        chunk = json.loads(data)
+        try:
+            chunk = json.loads(data)
+        except RecursionError:
+            raise ValueError("a stream event is nested too deep to be a completion chunk") from None
         if type(chunk) is not dict:
             raise ValueError(f"a stream event is {describe(chunk)}, expected a JSON object")
         if "error" in chunk:
-            self.error = error_message(data)
+            self.error = error_message(data) or "an error event without a message"
+        choices = chunk.get("choices") or []
+        if type(choices) is not list:
+            raise ValueError(f"a stream event's choices is {describe(choices)}, expected a list")
         n, ids_out = 0, []
-        for choice in chunk.get("choices") or ():
+        for choice in choices:
             ids = choice.get("token_ids") if type(choice) is dict else None
             if type(ids) is list and ids:
+                bad = next((i for i in ids if type(i) is not int), None)
+                if bad is not None or None in ids:
+                    raise ValueError(f"a stream event's token_ids holds {describe(bad)}, expected token ids (integers)")
                 n += len(ids)
-                ids_out.extend(int(i) for i in ids)
+                ids_out.extend(ids)
             elif type(choice) is dict and choice.get("text"):  # content without ids: one token
                 n += 1
                 ids_out = None
@@ -253,6 +263,8 @@ async def _events(content, res: Stream, events: StreamEvents,
     async for data in content.iter_any():
         now = time.perf_counter()
         buf += data
+        if b"\r" in buf:  # CRLF line ends (valid SSE; some proxies send them), also split across reads
+            buf = buf.replace(b"\r\n", b"\n")
         while b"\n\n" in buf:
             event, buf = buf.split(b"\n\n", 1)
             event = event.strip()

@@ -151,6 +151,34 @@ def test_a_bad_event_names_the_server():
         _run([_data(b"[1, 2]")])
 
 
+@pytest.mark.parametrize("event, reason", [
+    (b'{"choices": [{"index": 0, "token_ids": [null]}]}', r"token_ids holds null, expected token ids"),
+    (b'{"choices": [{"index": 0, "token_ids": [1.7, true]}]}', r"token_ids holds .*1\.7.*, expected token ids"),
+    (b'{"choices": 5}', r"choices is int \(5\), expected a list"),
+    (b"[" * 100_000 + b"]" * 100_000, r"nested too deep"),
+])
+def test_a_malformed_chunk_loses_the_stream_naming_the_server_not_the_run(event, reason):
+    """Each crashed the replay with a TypeError or RecursionError that nothing caught, so a
+    validate run wrote nothing; ids 1.7 and true were taken as 1 and 1."""
+    with pytest.raises(StreamLost, match=rf"^lost the vLLM server at http://127.0.0.1:\d+: ValueError: a stream "
+                                         rf"event.*{reason}"):
+        _run([_data(_text("a", [5])), _data(event)])
+
+
+def test_an_error_event_without_a_message_is_an_error():
+    events = [_data(_text("a", [5])), _data({"error": {"message": ""}})]
+    _, _, (res,) = _run(events, done=False)
+    assert res.error == "an error event without a message" and res.token_ids == [5]
+
+
+def test_crlf_line_ends_split_events_too():
+    """Valid SSE, as some proxies send it; a CRLF split across two reads still counts."""
+    whole = (_data(_text("a", [5])) + _data(USAGE) + b"data: [DONE]\n\n").replace(b"\n", b"\r\n")
+    cut = whole.index(b"\r\n") + 1  # between a CR and its LF
+    _, _, (res,) = _run([whole[:cut], whole[cut:]], done=False, gap_s=0.01)
+    assert res.token_ids == [5] and res.completion_tokens == 3
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -111,6 +111,21 @@ vllm:prefix_cache_hits_total{engine="0",model_name="m"} 4096.0
         parse_vllm_metrics("up 1\n")
 
 
+def test_two_engines_sum_their_requests_and_average_their_kv_usage():
+    """A fraction stays a fraction (0.6 and 0.7 summed read 1.3); the old gauge name counts only
+    without the new one; a timestamp is not the value; a line without a finite value is refused."""
+    from kvroute.calibrate.live.metrics_scrape import parse_vllm_metrics
+
+    page = ('vllm:num_requests_running{engine="0"} 3 1700000000000\nvllm:num_requests_running{engine="1"} 4\n'
+            'vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:kv_cache_usage_perc{engine="1"} 0.75\n'
+            'vllm:gpu_cache_usage_perc{engine="0"} 0.5\nvllm:gpu_cache_usage_perc{engine="1"} 0.75\n')
+    assert parse_vllm_metrics(page) == (7, 0, 0.625)
+    assert parse_vllm_metrics("vllm:num_requests_running 1\nvllm:gpu_cache_usage_perc 0.5\n") == (1, 0, 0.5)
+    for bad in ("vllm:num_requests_running\n", "vllm:num_requests_running +Inf\n"):
+        with pytest.raises(ValueError, match="has no (finite )?value"):
+            parse_vllm_metrics(bad)
+
+
 def test_policies_say_whether_they_read_metrics():
     from kvroute.sim.routing import make_policy, router_rng
 
