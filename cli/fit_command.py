@@ -255,8 +255,9 @@ def _refuse_fit_options_with_a_base_profile() -> None:
     for param in ctx.command.params:
         if param.name in BASE_PROFILE_KEEPS and ctx.get_parameter_source(param.name) not in (
                 ParameterSource.DEFAULT, None):
-            raise click.UsageError(f"{'/'.join(param.opts + param.secondary_opts)} does not apply with --base-profile, which keeps the "
-                                   "base's step costs and fits the burst terms alone (and writes no figure)")
+            raise click.UsageError(f"{'/'.join(param.opts + param.secondary_opts)} does not apply with "
+                                   "--base-profile, which keeps the base's step costs and fits the burst terms "
+                                   "alone (and writes no figure)")
 
 
 def _fit_bursts_only(base: str, run_dir, out: Path, name: str, meta: dict, req, exp, api_server_count: int,

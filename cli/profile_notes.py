@@ -5,6 +5,13 @@
 from __future__ import annotations
 
 
+UNCERTAINTY_ADVICE = {
+    "compare": "`--uncertainty 10` adds their share to the intervals",
+    "sweep": "`kvroute compare --uncertainty 10` on one point adds their share to its intervals",
+}
+"""What :func:`unmeasured_note` advises by command; any other (``simulate``) is sent to ``compare``."""
+
+
 def unmeasured_note(profile, fitted_seed_workload: bool = False, uncertainty: int = 0, command: str = "compare") -> str:
     """A note under the table when the prediction rests on inputs nobody measured (with the
     advice to draw ``--uncertainty`` profiles unless ``uncertainty`` already did; for a
@@ -12,10 +19,8 @@ def unmeasured_note(profile, fitted_seed_workload: bool = False, uncertainty: in
     a sweep)."""
     if (profile.raw.get("provenance") or {}).get("kind") != "derived":
         return ""
-    advice = ("the `with model unc.` intervals include their share" if uncertainty
-              else "`--uncertainty 10` adds their share to the intervals" if command == "compare"
-              else "`kvroute compare --uncertainty 10` on one point adds their share to its intervals"
-              if command == "sweep" else "`kvroute compare --uncertainty 10` adds their share to the intervals")
+    advice = ("the `with model unc.` intervals include their share" if uncertainty else
+              UNCERTAINTY_ADVICE.get(command, "`kvroute compare --uncertainty 10` adds their share to the intervals"))
     note = (f"Note: {profile.name} is a derived prior, not a measurement: absolute times rest on its stated step "
             f"costs and API-server time ({profile.overheads.api_server_s * 1000:.0f} ms). "
             f"{advice[0].upper() + advice[1:]}; `kvroute sensitivity` ranks them.")

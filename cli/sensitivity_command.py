@@ -89,7 +89,7 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     metric when the factor crosses its range (signed + / - for a monotone effect, ~ otherwise).
     """
     from kvroute.sim.cluster.metrics import ServiceClass
-    from kvroute.sim.study.sensitivity import (NOISE_MARK, NOISE_RULE, Ranges, base_profile,
+    from kvroute.sim.study.sensitivity import (NOISE_MARK, NOISE_RULE, Ranges, base_profile, check_groups,
                                                default_factors, run_sensitivity)
 
     policies = parse_policies(policies_text)
@@ -110,18 +110,17 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
     names = [g.strip() for g in groups.split(",") if g.strip()] if groups else None
+    try:
+        check_groups(names or [])
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--groups'") from None
     # by default the workload group gives no factor where the lengths are given (workload_factors)
     given = ("a --trace file's" if trace is not None else
              "a --workload-config's" if scenario.workload_config is not None else None)
     if given and names is not None and "workload" in names:
         raise click.BadParameter(f"the workload group varies the generated workload's lengths; {given} "
                                  "are given (leave it out)", param_hint="'--groups'")
-    try:
-        factors = default_factors(scenario, profile, ranges, names)
-    except ValueError as exc:
-        if names is None or "factor group" not in str(exc):
-            raise
-        raise click.BadParameter(str(exc), param_hint="'--groups'") from None
+    factors = default_factors(scenario, profile, ranges, names)
     runs = (trajectories * (len(factors) + 1) * rounds + noise_rounds) * len(policies)
     check_runs(runs, f"(--trajectories {trajectories} x {len(factors) + 1} points x --rounds {rounds} + --noise-rounds "
                      f"{noise_rounds}) x {len(policies)} policies")

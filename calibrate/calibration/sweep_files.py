@@ -29,7 +29,8 @@ EXPERIMENT_COLUMNS = [
     "engine_queue_s", "engine_prefill_s", "engine_count", "api_cpu_s", "scrape_cpu_s",
 ]
 TEXT_COLUMNS = ("url", "kind", "role", "error", "warning", "token_times")
-"""Columns of the two tables that hold text (``token_times``: each token's arrival, s after the send, separated by spaces); the others hold numbers."""
+"""Columns of the two tables that hold text (``token_times``: each token's arrival, s after the
+send, separated by spaces); the others hold numbers."""
 
 
 SWEEP_FILES = ("requests.csv", "experiments.csv", "meta.json")

@@ -2,8 +2,8 @@
 
 - :meth:`VllmClient.complete`: a streaming ``/v1/completions`` request whose prompt is a list of
   token ids (prefix sharing is exact), ``ignore_eos`` and ``max_tokens`` (so that many tokens are
-  asked for; a usage count that disagrees with the stream is flagged), with the client-side arrival time of every streamed token and the usage block
-  (prompt and cached prompt tokens).
+  asked for; a usage count that disagrees with the stream is flagged), with the client-side
+  arrival time of every streamed token and the usage block (prompt and cached prompt tokens).
 - :meth:`VllmClient.probe`: the engine's settings and the server's identity from ``/v1/models``,
   ``/version``, ``/metrics`` (``vllm:cache_config_info``) and, where the server runs with
   ``VLLM_SERVER_DEV_MODE=1``, ``/server_info`` (scheduler settings and hardware).

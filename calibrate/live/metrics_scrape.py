@@ -3,9 +3,10 @@
 vLLM exports Prometheus gauges per engine: ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` (a fraction 0..1; releases before
 0.10 named it ``vllm:gpu_cache_usage_perc``, read only where the new name is absent). Requests
-are summed over a server's engines, the KV usage averaged, so it stays a fraction. ``LiveMetrics`` polls every server's ``/metrics``
-every ``interval_s`` (back to back at 0) and keeps the last values, which the router reads through
-the same ``MetricsScrape`` object the simulator uses.
+are summed over a server's engines, the KV usage averaged, so it stays a fraction.
+``LiveMetrics`` polls every server's ``/metrics`` every ``interval_s`` (back to back at 0) and
+keeps the last values, which the router reads through the same ``MetricsScrape`` object the
+simulator uses.
 """
 
 from __future__ import annotations

@@ -118,9 +118,10 @@ class StreamEvents:
         for choice in choices:
             ids = choice.get("token_ids") if type(choice) is dict else None
             if type(ids) is list and ids:
-                bad = next((i for i in ids if type(i) is not int), None)
-                if bad is not None or None in ids:
-                    raise ValueError(f"a stream event's token_ids holds {describe(bad)}, expected token ids (integers)")
+                bad = [i for i in ids if type(i) is not int]
+                if bad:
+                    raise ValueError(f"a stream event's token_ids holds {describe(bad[0])}, expected token ids "
+                                     "(integers)")
                 n += len(ids)
                 ids_out.extend(ids)
             elif type(choice) is dict and choice.get("text"):  # content without ids: one token

@@ -283,10 +283,19 @@ def default_factors(scenario: Scenario, profile: Profile | None = None, ranges: 
     """
     profile = profile or base_profile(scenario)
     groups = list(FACTOR_GROUPS) if groups is None else groups
+    check_groups(groups)
+    return [f for g in groups for f in FACTOR_GROUPS[g](scenario, profile, ranges)]
+
+
+def check_groups(groups: list[str]) -> None:
+    """Refuse a name that is not one of :data:`FACTOR_GROUPS`.
+
+    Raises:
+        ValueError: naming the unknown groups and listing the valid ones.
+    """
     unknown = [g for g in groups if g not in FACTOR_GROUPS]
     if unknown:
         raise ValueError(f"unknown factor group(s) {', '.join(unknown)}; valid groups: {', '.join(FACTOR_GROUPS)}")
-    return [f for g in groups for f in FACTOR_GROUPS[g](scenario, profile, ranges)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -192,12 +192,12 @@ class MemoryModel:
         if blocks > KV_BLOCKS.maximum:
             raise ValueError(f"{blocks:,} KV blocks fit, more than the {KV_BLOCKS.maximum:,} a worker may hold "
                              "(a 32-bit block id); check the memory section's byte counts")
+        taken = [("weights", self.weight_bytes), ("activations", self.activation_peak_bytes),
+                 ("non-torch memory", self.non_torch_bytes)] + (
+            [("CUDA graphs", self.cudagraph_bytes)] if self.cudagraph_bytes else [])
+        parts = [f"{what} {size / 2**30:.1f} GiB" for what, size in taken]
         budget = (f"{self.gpu_memory_bytes * gpu_memory_utilization / 2**30:.1f} GiB at utilisation "
-                  f"{gpu_memory_utilization} minus weights {self.weight_bytes / 2**30:.1f} GiB, activations "
-                  f"{self.activation_peak_bytes / 2**30:.1f} GiB"
-                  + (f", non-torch memory {self.non_torch_bytes / 2**30:.1f} GiB and CUDA graphs "
-                     f"{self.cudagraph_bytes / 2**30:.1f} GiB" if self.cudagraph_bytes else
-                     f" and non-torch memory {self.non_torch_bytes / 2**30:.1f} GiB"))
+                  f"{gpu_memory_utilization} minus {', '.join(parts[:-1])} and {parts[-1]}")
         if blocks < 2 and free > 0:  # memory is left, but a block is too large for two of them to fit
             raise KVBlockTooLarge(
                 f"no KV cache fits: one KV block takes {self.kv_bytes_per_block:,} bytes "
