@@ -681,7 +681,8 @@ async def _close(sweep: _Sweep, kv_events: Sequence[str]) -> None:
         w.close()
     for c in sweep.clients:
         await c.__aexit__(None, None, None)
-    sweep.warnings = tuple(f"{c.info.url}: {e}" for c in sweep.ctxs for e in c.errors)
+    sweep.warnings = (tuple(f"{c.info.url}: {e}" for c in sweep.ctxs for e in c.errors)
+                      + tuple((sweep.events_meta or {}).get("losses", ())))
     if sweep.meta:
         _write_final_meta(sweep)
         to_parquet(sweep.out / "requests.csv")
@@ -690,8 +691,8 @@ async def _close(sweep: _Sweep, kv_events: Sequence[str]) -> None:
 
 async def _stop_kv_events(sweep: _Sweep, endpoints: Sequence[str]) -> dict[str, Any] | None:
     """Stop the KV-event feed; returns what ``meta.json`` says of it (endpoints, batches, the
-    release's stamp and what it marks, and ``problem`` when it timed nothing), or None when no
-    feed started."""
+    release's stamp and what it marks, ``problem`` when it timed nothing, and ``losses`` when
+    batches were lost or skipped: :meth:`LiveKVEvents.losses`), or None when no feed started."""
     if sweep.subscriber is None:
         return None
     sweep.subscriber.cancel()
@@ -704,6 +705,8 @@ async def _stop_kv_events(sweep: _Sweep, endpoints: Sequence[str]) -> dict[str, 
     problem = sweep.feed.problem(outcome)
     if problem is not None:
         events_meta["problem"] = problem
+    if losses := sweep.feed.losses():
+        events_meta["losses"] = losses
     return events_meta
 
 
@@ -738,7 +741,8 @@ class MeasureSummary:
         elapsed_s: wall time, s.
         events_problem: why the KV-event feeds timed nothing, or None (also when not asked for).
         warnings: what went wrong without stopping the sweep (a prefix-cache reset refused or
-            not confirmed), each naming the server; also in ``meta.json`` as ``warnings``.
+            not confirmed, KV-event batches lost or skipped), each naming the server; also in
+            ``meta.json`` as ``warnings``.
     """
 
     out_dir: Path

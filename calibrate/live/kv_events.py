@@ -178,7 +178,13 @@ class LiveKVEvents:
 
     Attributes:
         index: the ``KVEventIndex`` to give the ``RouterView``.
-        num_batches: event batches received, all servers.
+        num_batches: event batches received and applied, all servers.
+        num_lost: per server, batches missed between the sequence numbers received (ZeroMQ PUB
+            drops what a slow subscriber cannot take; vLLM numbers its batches from 0, one by
+            one: ``ZmqEventPublisher``). Their stores and removals never reach ``index``, and
+            blocks chained on a missed store cannot be named (``translators[i].num_unnamed``).
+        num_undecodable: per server, payloads :func:`decode_batch` refused; the feed skips
+            them and goes on (``first_undecodable`` keeps the first reason per server).
     """
 
     def __init__(self, endpoints: Sequence[str], block_size: int) -> None:
@@ -190,6 +196,10 @@ class LiveKVEvents:
         self._batch_ts: list[list[float]] = [[] for _ in self.endpoints]
         self._joined: list[asyncio.Event] = []  # one per endpoint, set by run() on its handshake
         self.num_joined = 0
+        self.num_lost = [0] * len(self.endpoints)
+        self.num_undecodable = [0] * len(self.endpoints)
+        self.first_undecodable: list[str | None] = [None] * len(self.endpoints)
+        self._last_seq: list[int | None] = [None] * len(self.endpoints)
 
     def stored_at(self, worker: int, block_hash: int) -> float | None:
         """Wall-clock time (``time.time()``, s) of the last batch of ``worker`` that stored the
@@ -255,12 +265,51 @@ class LiveKVEvents:
             await asyncio.sleep(JOIN_GRACE_S)
         return task
 
+    def receive(self, worker: int, frames: Sequence[bytes]) -> None:
+        """Take one ZeroMQ message of ``worker``: ``[topic, sequence, payload]`` (the sequence
+        8 bytes big-endian), or any message whose last frame is the payload. A jump in the
+        sequence adds the batches skipped to ``num_lost``; a payload :func:`decode_batch`
+        refuses is counted in ``num_undecodable`` and skipped, so one bad batch costs that batch
+        only."""
+        if len(frames) >= 3 and len(frames[-2]) == 8:
+            seq = int.from_bytes(frames[-2], "big")
+            last = self._last_seq[worker]
+            if last is not None and seq > last + 1:
+                self.num_lost[worker] += seq - last - 1
+            if last is None or seq > last:
+                self._last_seq[worker] = seq
+        try:
+            ts, events = decode_batch(frames[-1])
+        except KVEventFormatError as exc:
+            self.num_undecodable[worker] += 1
+            if self.first_undecodable[worker] is None:
+                self.first_undecodable[worker] = str(exc)
+            return
+        self.apply(worker, events, ts)
+
+    def losses(self) -> list[str]:
+        """One line per server whose feed lost batches or skipped payloads (empty when none
+        did), naming its endpoint and the counts: what a run's notes and ``meta.json`` say of
+        an index that may have missed stores and removals."""
+        lines = []
+        for endpoint, lost, bad, first in zip(self.endpoints, self.num_lost, self.num_undecodable,
+                                              self.first_undecodable):
+            parts = ([f"{lost} KV-event batch(es) lost (gaps in the sequence numbers)"] if lost else []) + (
+                [f"{bad} undecodable payload(s) skipped (first: {first})"] if bad else [])
+            if parts:
+                lines.append(f"{endpoint}: " + "; ".join(parts) + "; the KV-event index may miss their blocks")
+        return lines
+
     def problem(self, outcome) -> str | None:
         """Why the feed (its task ended with ``outcome``: its exception, or None) gave nothing,
         or None when it received batches."""
         endpoints = ", ".join(self.endpoints)
         if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
             return f"reading the KV-cache events of {endpoints} failed: {type(outcome).__name__}: {outcome}"
+        if self.num_batches == 0 and any(self.num_undecodable):
+            first = next(reason for reason in self.first_undecodable if reason is not None)
+            return (f"no KV-cache event batch from {endpoints} could be read ({sum(self.num_undecodable)} "
+                    f"undecodable; first: {first})")
         if self.num_batches == 0:
             joined = "" if self.num_joined else "; no subscription connected"
             return (f"no KV-cache event arrived from {endpoints} (servers started without --kv-events-config, "
@@ -290,9 +339,7 @@ class LiveKVEvents:
 
             async def receive(worker: int, sock) -> None:
                 while True:
-                    parts = await sock.recv_multipart()
-                    ts, events = decode_batch(parts[-1])
-                    self.apply(worker, events, ts)
+                    self.receive(worker, await sock.recv_multipart())
 
             await asyncio.gather(*(watch(w, m) for w, m in enumerate(monitors)),
                                  *(receive(w, s) for w, s in enumerate(sockets)))

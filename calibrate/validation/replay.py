@@ -182,6 +182,7 @@ class LiveReplay:
         self.warnings: list[str] = []  # the stream reader's notes (usage vs counted tokens)
         self._no_ids: set[int] = set()  # replies streamed without token ids whose later turns were skipped
         self.events_problem: str | None = None  # why the KV-cache events timed nothing, if they did not
+        self.events_losses: list[str] = []  # servers whose KV-event feed lost or skipped batches
         self._t0 = 0.0
         self._wall0 = 0.0  # time.time() at self._t0: the servers' event clock
         self._last_block: dict[int, int] = {}  # request id -> router hash of its last full prompt block
@@ -259,6 +260,7 @@ class LiveReplay:
                     (outcome,) = await asyncio.gather(task, return_exceptions=True)
                     if task is subscriber:
                         self.events_problem = self.kv_events.problem(outcome)
+                        self.events_losses = self.kv_events.losses()
             self.elapsed_s = self.now()
             self.client_cpu_s = time.process_time() - cpu0
             self.client_cpu.append((self.elapsed_s, self.client_cpu_s))

@@ -693,6 +693,7 @@ def run_validation(
             if replay.events_problem:
                 validation.notes.append(f"{run.policy}: {replay.events_problem}; its live records have no engine "
                                         "first-token times")
+            validation.notes.extend(f"{run.policy}: {loss}" for loss in replay.events_losses)
             if replay.no_token_ids_note:
                 validation.notes.append(f"{run.policy}: {replay.no_token_ids_note}")
             if replay.warnings:

@@ -229,3 +229,74 @@ def test_the_feed_waits_for_a_late_publisher_and_sees_its_first_batch(tmp_path):
 
     joined, batches, ts = asyncio.run(main())
     assert (joined, batches, ts) == (1, 1, TS)
+
+
+def _frames(seq: int, payload: bytes) -> list[bytes]:
+    return [b"kv", seq.to_bytes(8, "big"), payload]
+
+
+def test_sequence_gaps_count_the_batches_lost_and_nothing_else():
+    feed = LiveKVEvents(["ipc:///a", "ipc:///b"], block_size=4)
+    empty = msgspec.msgpack.encode([1.0, []])
+    for seq in (7, 8, 11, 12, 20):  # joined at 7: 9-10 and 13-19 lost
+        feed.receive(0, _frames(seq, empty))
+    feed.receive(0, _frames(9, empty))  # a late or repeated number is no gap and moves nothing
+    feed.receive(0, _frames(21, empty))
+    feed.receive(1, [empty])  # a message without a sequence frame is taken as it is
+    assert (feed.num_lost, feed.num_batches) == ([9, 0], 8)
+    assert feed.losses() == ["ipc:///a: 9 KV-event batch(es) lost (gaps in the sequence numbers); "
+                             "the KV-event index may miss their blocks"]
+
+
+def test_an_undecodable_payload_costs_that_batch_only():
+    """The batch after a bad one is read and indexed, and the bad one is counted and named (a bad
+    payload used to end the feed of every server)."""
+    feed = LiveKVEvents(["ipc:///a", "ipc:///b"], block_size=4)
+    feed.receive(0, _frames(0, b"\xc1"))
+    feed.receive(0, _frames(1, WIRE["0.34.0"]))
+    feed.receive(0, _frames(2, msgspec.msgpack.encode([1.0, [7]])))
+    assert (feed.num_undecodable, feed.num_lost, feed.num_batches) == ([2, 0], [0, 0], 1)
+    assert len(feed.index.cached(0)) == 0  # 0.34.0's batch stores three blocks, removes one, clears all
+    assert feed.stored_at(0, next(iter(feed._stored_ts[0]))) == TS
+    (line,) = feed.losses()
+    assert line.startswith("ipc:///a: 2 undecodable payload(s) skipped (first: not a msgpack KV-event batch")
+    assert feed.problem(None) is None
+
+
+def test_a_feed_of_only_undecodable_payloads_is_a_problem_that_says_why():
+    feed = LiveKVEvents(["ipc:///a"], block_size=4)
+    feed.receive(0, _frames(0, msgspec.msgpack.encode([1.0])))
+    assert feed.problem(None) == ("no KV-cache event batch from ipc:///a could be read (1 undecodable; "
+                                  "first: a KV-event batch is [ts, events, ...])")
+
+
+def test_a_bad_payload_on_the_wire_does_not_stop_the_feed(tmp_path):
+    """Over a real ZeroMQ socket: a bad payload, then a good one that skips a sequence number;
+    the feed task is still running after both and has read the second."""
+    import asyncio
+
+    zmq = pytest.importorskip("zmq")
+    import zmq.asyncio
+
+    endpoint = f"ipc://{tmp_path}/kv-events"
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.bind(endpoint)
+        feed = LiveKVEvents([endpoint], block_size=4)
+        task = await feed.start()
+        await pub.send_multipart(_frames(0, b"\xc1"))
+        await pub.send_multipart(_frames(2, WIRE["0.11.0"]))
+        for _ in range(100):
+            if feed.num_batches:
+                break
+            await asyncio.sleep(0.02)
+        running = not task.done()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        pub.close(linger=0)
+        ctx.term()
+        return running, feed.num_batches, feed.num_undecodable, feed.num_lost
+
+    assert asyncio.run(main()) == (True, 1, [1], [1])

@@ -1344,8 +1344,13 @@ def test_convoy_rows_split_later_turns_at_the_engines_first_token():
               "ModuleNotFoundError: No module named 'msgspec'"),
     ("silent", "no KV-cache event arrived from tcp://127.0.0.1:1, tcp://127.0.0.1:2"),
     ("works", None),
+    ("lossy", None),
 ])
 def test_a_kv_event_feed_that_gives_nothing_is_reported(fakes, monkeypatch, behaviour, expected):
+    """A feed that fails or stays silent is the run's events problem; one that loses batches on
+    the way is not, and its losses are kept for the run's notes."""
+    import msgspec
+
     from kvroute.calibrate.live.kv_events import LiveKVEvents
 
     async def run(self):
@@ -1353,6 +1358,9 @@ def test_a_kv_event_feed_that_gives_nothing_is_reported(fakes, monkeypatch, beha
             raise ModuleNotFoundError("No module named 'msgspec'")
         if behaviour == "works":
             self.apply(0, [], ts=0.0)
+        if behaviour == "lossy":
+            for seq in (0, 3):
+                self.receive(1, [b"", seq.to_bytes(8, "big"), msgspec.msgpack.encode([0.0, []])])
         await asyncio.Event().wait()  # subscribed until cancelled
 
     monkeypatch.setattr(LiveKVEvents, "run", run)
@@ -1362,6 +1370,9 @@ def test_a_kv_event_feed_that_gives_nothing_is_reported(fakes, monkeypatch, beha
         assert replay.events_problem is None
     else:
         assert replay.events_problem.startswith(expected)
+    assert replay.events_losses == ([] if behaviour != "lossy" else [
+        "tcp://127.0.0.1:2: 2 KV-event batch(es) lost (gaps in the sequence numbers); the KV-event index may "
+        "miss their blocks"])
     assert replay.result().records["engine_first_token"].isna().all()  # no block was ever stored
 
 
