@@ -975,3 +975,18 @@ def test_the_agent_generator_refuses_an_empty_first_prompt():
 
     with pytest.raises(ValueError, match=r"history_tokens must be a range 1 <= low <= high, got \(0, 5\)"):
         agent_sessions(num_sessions=1, num_turns=1, history_tokens=(0, 5), rng=np.random.default_rng(0))
+
+
+# -- engine settings vLLM refuses to start with (vLLM 0.32 SchedulerConfig.verify_max_model_len) --
+
+def test_profile_whose_batch_budget_is_below_max_num_seqs(tmp_path):
+    path = profile_file(tmp_path, engine__max_num_batched_tokens=128, engine__max_num_seqs=256)
+    assert_error(run("simulate", "--chats", 2, "--turns", 1, "--profile", path),
+                 "field 'engine.max_num_batched_tokens': 128 is below max_num_seqs (256): vLLM refuses to start")
+
+
+def test_max_model_len_below_the_profiles_long_prefill_threshold(tmp_path):
+    path = profile_file(tmp_path, engine__long_prefill_token_threshold=4096)
+    assert run("simulate", "--chats", 2, "--turns", 1, "--profile", path).exit_code == 0
+    assert_error(run("simulate", "--chats", 2, "--turns", 1, "--profile", path, "--max-model-len", 2048),
+                 "engine.long_prefill_token_threshold 4096 is above max_model_len (2048): vLLM refuses to start")

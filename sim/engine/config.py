@@ -53,6 +53,20 @@ class EngineConfig:
         if self.long_prefill_token_threshold < 0:
             raise ValueError("EngineConfig.long_prefill_token_threshold must be >= 0")
 
+    def vllm_refusal(self) -> tuple[str, str] | None:
+        """``(field, reason)`` when vLLM 0.32 would refuse to start with these settings
+        (``SchedulerConfig.verify_max_model_len``, chunked prefill on): ``max_num_batched_tokens``
+        below ``max_num_seqs``, or ``long_prefill_token_threshold`` above ``max_model_len``;
+        None when it would start. The simulator runs such settings (small ones exercise the
+        scheduler in tests); a profile or an option that asks for them is refused with this."""
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            return ("max_num_batched_tokens", f"{self.max_num_batched_tokens} is below max_num_seqs "
+                    f"({self.max_num_seqs}): vLLM refuses to start with it")
+        if self.long_prefill_token_threshold > self.max_model_len:
+            return ("long_prefill_token_threshold", f"{self.long_prefill_token_threshold} is above max_model_len "
+                    f"({self.max_model_len}): vLLM refuses to start with it")
+        return None
+
     @property
     def num_usable_blocks(self) -> int:
         """Blocks a request can use: all but the reserved null block 0."""

@@ -430,11 +430,18 @@ def with_overrides(profile: Profile, max_model_len: int | None = None, kv_blocks
 
     An overridden block count drops the memory model, so that nothing re-derives the blocks
     (workers sharing a GPU then cannot be split by vLLM's memory rule).
+
+    Raises:
+        ValueError: an engine vLLM would refuse to start (:meth:`EngineConfig.vllm_refusal`: a
+            ``max_model_len`` below the profile's ``long_prefill_token_threshold``).
     """
     overrides = {k: v for k, v in (("max_model_len", max_model_len), ("num_gpu_blocks", kv_blocks)) if v is not None}
     if not overrides:
         return profile
-    profile = replace(profile, engine=replace(profile.engine, **overrides))
+    engine = replace(profile.engine, **overrides)
+    if refusal := engine.vllm_refusal():
+        raise ValueError(f"{profile.name}: engine.{refusal[0]} {refusal[1]}")
+    profile = replace(profile, engine=engine)
     return replace(profile, memory=None) if kv_blocks is not None else profile
 
 
@@ -581,6 +588,8 @@ def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
         )
     except ValueError as exc:
         raise InputError(str(exc), where, None, "engine") from None
+    if refusal := engine.vllm_refusal():
+        raise InputError(refusal[1], where, None, f"engine.{refusal[0]}")
     name = doc.get("name", where)
     if type(name) is not str:
         raise InputError(f"expected a string, got {describe(name)}", where, None, "name")
