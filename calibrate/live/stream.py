@@ -28,6 +28,10 @@ from kvroute.traces.inputs import COUNT, InputError, check_fields, describe
 USAGE_SCHEMA = {"prompt_tokens": COUNT, "completion_tokens": COUNT}
 """Rules of a streamed ``usage`` block (``prompt_tokens_details.cached_tokens`` is a COUNT too)."""
 
+DRAIN_S = 0.05
+"""Seconds :func:`read_completion` waits at most after ``[DONE]`` for the end of the body, so
+that the connection is kept for the next request (:func:`_drain`)."""
+
 #: Seconds an idle pooled connection is kept: under the 5 s after which vLLM's API server
 #: (uvicorn, ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``) closes it, so a request is never written to a
 #: connection the server is closing.
@@ -281,6 +285,21 @@ async def _events(content, res: Stream, events: StreamEvents,
                 return
 
 
+async def _drain(content) -> None:
+    """Read what follows ``[DONE]`` (the end of the chunked body) for at most :data:`DRAIN_S`:
+    aiohttp returns a connection to the pool only when its response was read to the end, and
+    vLLM's server sends that end in a write of its own after ``[DONE]``. A server that sends
+    more, or keeps the body open, costs that connection only (it is closed, as before)."""
+    import aiohttp
+
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            while await content.readany():
+                pass
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        pass
+
+
 async def read_completion(
     session: Any, url: str, body: dict, timeout_s: float,
     on_tokens: Callable[[int, float], None] | None = None,
@@ -311,7 +330,7 @@ async def read_completion(
     res = Stream(t_send=time.perf_counter())
     sent = _Sent()
     try:
-        async with asyncio.timeout(timeout_s):
+        async with asyncio.timeout(timeout_s) as limit:
             async with session.post(f"{url}/v1/completions", data=payload, trace_request_ctx=sent,
                                     headers={"Content-Type": "application/json"}) as resp:
                 if sent.t is not None:
@@ -325,6 +344,9 @@ async def read_completion(
                     if not events.done and events.error is None:
                         raise ConnectionResetError(
                             f"the stream ended before [DONE], after {len(res.token_times)} tokens")
+                    res.t_done = time.perf_counter()
+                    limit.reschedule(None)  # the answer is whole: the drain below cannot lose it
+                    await _drain(resp.content)
                     res.error = events.error
                     res.prompt_tokens, res.completion_tokens = events.prompt_tokens, events.completion_tokens
                     res.cached_tokens, res.usage_error = events.cached_tokens, events.usage_error
@@ -336,5 +358,6 @@ async def read_completion(
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         raise StreamLost(f"lost the vLLM server at {url}: {type(exc).__name__}: "
                          f"{' '.join(str(exc).split()) or 'no answer'}") from exc
-    res.t_done = time.perf_counter()
+    if math.isnan(res.t_done):
+        res.t_done = time.perf_counter()
     return res

@@ -22,9 +22,11 @@ def _data(obj) -> bytes:
     return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
 
 
-async def _server(events: list[bytes], status: int = 200, done: bool = True, gap_s: float = 0.0):
-    """An aiohttp.web server answering every POST /v1/completions with ``events``; returns
-    ``(runner, url, peers)`` where ``peers`` collects each request's client port."""
+async def _server(events: list[bytes], status: int = 200, done: bool = True, gap_s: float = 0.0,
+                  tail_s: float = 0.0):
+    """An aiohttp.web server answering every POST /v1/completions with ``events``, ending the
+    body ``tail_s`` after ``[DONE]``; returns ``(runner, url, peers)`` where ``peers`` collects
+    each request's client port."""
     peers: list[int] = []
 
     async def complete(request):
@@ -40,6 +42,7 @@ async def _server(events: list[bytes], status: int = 200, done: bool = True, gap
             await asyncio.sleep(gap_s)
         if done:
             await resp.write(b"data: [DONE]\n\n")
+        await asyncio.sleep(tail_s)
         await resp.write_eof()
         return resp
 
@@ -51,12 +54,12 @@ async def _server(events: list[bytes], status: int = 200, done: bool = True, gap
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}", peers
 
 
-def _run(events, requests: int = 1, **kw):
+def _run(events, requests: int = 1, timeout_s: float = 30.0, **kw):
     async def main():
         runner, url, peers = await _server(events, **kw)
         try:
             async with new_session() as session:
-                results = [await read_completion(session, url, BODY, 30.0) for _ in range(requests)]
+                results = [await read_completion(session, url, BODY, timeout_s) for _ in range(requests)]
             return url, peers, results
         finally:
             await runner.cleanup()
@@ -85,6 +88,24 @@ def test_ids_usage_and_one_pooled_connection():
         assert (res.prompt_tokens, res.completion_tokens, res.cached_tokens) == (2, 3, 0)
         assert res.t_send <= res.token_times[0] <= res.t_done
     assert len(peers) == 3 and len(set(peers)) == 1  # keep-alive: one connection served all three
+
+
+def test_the_connection_is_kept_when_the_body_ends_after_done():
+    """vLLM ends the chunked body in a write of its own after [DONE]: the reader waits for that
+    end, so the pooled connection serves the next request (it used to be closed: one connection
+    per request)."""
+    url, peers, results = _run([_data(_text("a", [5])), _data(USAGE)], requests=4, tail_s=0.005)
+    assert [r.token_ids for r in results] == [[5]] * 4
+    assert len(peers) == 4 and len(set(peers)) == 1
+
+
+def test_a_body_held_open_after_done_costs_its_connection_not_the_answer():
+    """A server that holds the body open past [DONE] (and past the request's whole timeout):
+    the answer is kept, ended at [DONE]; its connection is not reused."""
+    url, peers, results = _run([_data(_text("a", [5])), _data(USAGE)], requests=2, tail_s=0.5, timeout_s=0.3)
+    assert [(r.status, r.error, r.token_ids) for r in results] == [(200, None, [5])] * 2
+    assert all(r.t_done >= r.token_times[-1] for r in results)
+    assert len(set(peers)) == 2
 
 
 def test_send_time_is_when_the_request_was_written_on_any_session():
