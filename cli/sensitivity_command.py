@@ -89,8 +89,8 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
     metric when the factor crosses its range (signed + / - for a monotone effect, ~ otherwise).
     """
     from kvroute.sim.cluster.metrics import ServiceClass
-    from kvroute.sim.study.sensitivity import (NOISE_MARK, NOISE_RULE, Ranges, base_profile, check_groups,
-                                               default_factors, run_sensitivity)
+    from kvroute.sim.study.sensitivity import (FACTOR_GROUPS, NOISE_MARK, NOISE_RULE, Ranges, base_profile,
+                                               check_groups, default_factors, run_sensitivity)
 
     policies = parse_policies(policies_text)
     scenario = scenario_from_options(options, policy=policies[0])
@@ -109,8 +109,10 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
         profile = base_profile(scenario)
     except (FileNotFoundError, ValueError) as exc:
         raise click.BadParameter(str(exc), param_hint="'--profile'") from exc
-    names = [g.strip() for g in groups.split(",") if g.strip()] if groups else None
+    names = [g.strip() for g in groups.split(",") if g.strip()] if groups is not None else None
     try:
+        if names == []:
+            raise ValueError(f"names no factor group ({groups!r}); valid groups: {', '.join(FACTOR_GROUPS)}")
         check_groups(names or [])
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--groups'") from None
@@ -121,6 +123,9 @@ def sensitivity(policies_text, trajectories, levels, rounds, noise_rounds, desig
         raise click.BadParameter(f"the workload group varies the generated workload's lengths; {given} "
                                  "are given (leave it out)", param_hint="'--groups'")
     factors = default_factors(scenario, profile, ranges, names)
+    if names is not None and len(factors) < 2:
+        raise click.BadParameter(f"{', '.join(names)}: {len(factors)} factor(s) to vary here; Morris screening needs at "
+                                 "least two (add a group)", param_hint="'--groups'")
     runs = (trajectories * (len(factors) + 1) * rounds + noise_rounds) * len(policies)
     check_runs(runs, f"(--trajectories {trajectories} x {len(factors) + 1} points x --rounds {rounds} + --noise-rounds "
                      f"{noise_rounds}) x {len(policies)} policies")

@@ -118,6 +118,18 @@ def test_bad_settings_are_refused():
         Ranges(kv_range=1.5)
 
 
+@pytest.mark.parametrize("groups, message", [
+    (",", "Invalid value for '--groups': names no factor group (','); valid groups: step_cost, overheads, "
+          "kv_capacity, start_spread, workload"),
+    ("start_spread", "Invalid value for '--groups': start_spread: 1 factor(s) to vary here; Morris screening needs "
+                     "at least two (add a group)"),
+])
+def test_cli_groups_that_give_fewer_than_two_factors_name_the_option(groups, message):
+    result = CliRunner().invoke(cli, ["sensitivity", "--chats", "2", "--turns", "1", "--trajectories", "2",
+                                      "--rounds", "1", "--noise-rounds", "1", "--groups", groups])
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+
+
 def test_cli_writes_the_table_json_and_tornado(tmp_path):
     out = tmp_path / "sens"
     result = CliRunner().invoke(cli, ["sensitivity", "--chats", "6", "--turns", "2", "--workers", "2",
