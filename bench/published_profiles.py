@@ -60,7 +60,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvroute.sim.timing.cost_model import prefill_pairs
+from kvroute.sim.engine.scheduler_output import prefill_pairs
 from kvroute.sim.timing.priors import derive_profile
 from kvroute.sim.timing.profile import profile_from_dict
 from kvroute.sim.timing.specs import gpu_spec, model_spec

@@ -29,7 +29,7 @@ FIT_VALUES = {
 def _prefill_step_s(cost, info):
     """``step_s(prompt_len, cached)``: the fitted time of the last step of one prefill alone (its
     last chunk of at most ``max_num_batched_tokens`` new tokens), s."""
-    from kvroute.sim.timing.cost_model import prefill_pairs
+    from kvroute.sim.engine.scheduler_output import prefill_pairs
 
     budget = info.max_num_batched_tokens
 

@@ -44,7 +44,7 @@ from typing import Any
 
 from kvroute.calibrate.calibration.measure import EVENT_WAIT_S, SCRAPES_TIMED
 from kvroute.calibrate.calibration.sweep_plan import SweepPlan, sweep_schedule
-from kvroute.sim.timing.cost_model import prefill_pairs
+from kvroute.sim.engine.scheduler_output import prefill_pairs
 from kvroute.sim.timing.profile import Profile
 
 SCRAPE_S = 0.011

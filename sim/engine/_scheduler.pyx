@@ -467,6 +467,6 @@ cdef inline void _add_to_output(list requests, vector[Py_ssize_t]& num_scheduled
     if num_new == 1:
         sums.decode_context_tokens += computed + 1
     else:
-        # the Python scheduler's num_new * (computed + (num_new + 1) / 2), operation by operation
+        # scheduler_output.prefill_pairs(computed, num_new), operation by operation
         sums.prefill_token_pairs += <double>num_new * (<double>computed + <double>(num_new + 1) / 2.0)
 

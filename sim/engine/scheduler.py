@@ -20,7 +20,7 @@ from kvroute.sim.engine.block_pool import BlockPool
 from kvroute.sim.engine.fast_forward import SchedulerDecodeRuns
 from kvroute.sim.engine.kv_cache_manager import KVCacheManager
 from kvroute.sim.engine.request import Request, RequestStatus
-from kvroute.sim.engine.scheduler_output import SchedulerOutput, StepResult
+from kvroute.sim.engine.scheduler_output import SchedulerOutput, StepResult, prefill_pairs
 
 __all__ = ["Scheduler", "SchedulerOutput", "StepResult", "admission_error", "clamp_max_tokens"]
 
@@ -233,7 +233,7 @@ class Scheduler(SchedulerDecodeRuns):
         if num_new == 1:
             out.decode_context_tokens += computed + 1
         else:
-            out.prefill_token_pairs += num_new * (computed + (num_new + 1) / 2)
+            out.prefill_token_pairs += prefill_pairs(computed, num_new)
 
     def _preempt(self, req: Request) -> None:
         """Free a running request's blocks and put it at the front of the waiting queue."""

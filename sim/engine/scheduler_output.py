@@ -9,6 +9,15 @@ from dataclasses import dataclass, field
 from kvroute.sim.engine.request import Request
 
 
+def prefill_pairs(num_computed: int, num_new: int) -> float:
+    """Causal attention pairs (query token x context token) of a chunk of ``num_new`` tokens
+    after ``num_computed`` tokens: ``num_new * (num_computed + (num_new + 1) / 2)``. The one
+    definition of :attr:`SchedulerOutput.prefill_token_pairs`'s terms; the compiled scheduler
+    (``_scheduler.pyx``) repeats its float operations in C, in the same order, and the parity
+    tests compare the two cores' outputs."""
+    return num_new * (num_computed + (num_new + 1) / 2)
+
+
 @dataclass(slots=True)
 class SchedulerOutput:
     """What one step runs, in vLLM's order (running requests first, then admitted ones).
@@ -17,7 +26,8 @@ class SchedulerOutput:
         requests: scheduled requests.
         num_scheduled_tokens: tokens scheduled per request, parallel to ``requests``.
         num_batched_tokens: sum of ``num_scheduled_tokens``.
-        prefill_token_pairs: causal attention pairs of chunks longer than one token.
+        prefill_token_pairs: causal attention pairs of chunks longer than one token, summed
+            (:func:`prefill_pairs`).
         decode_context_tokens: context tokens read by one-token requests.
         preempted: requests preempted in this step, in preemption order.
         admitted: requests moved from waiting to running in this step.

@@ -11,7 +11,8 @@ The model is a roofline in a form that a least-squares fit can recover from meas
 - ``weight_load_s`` is the floor set by streaming every weight once per step (small batches
   are memory-bound); ``per_token_s`` is the linear layers' compute per batched token.
 - ``prefill_token_pairs`` sums, over requests scheduled for more than one token, the causal
-  attention pairs of the chunk: ``new * (computed + (new + 1) / 2)``; it grows with context.
+  attention pairs of the chunk: ``new * (computed + (new + 1) / 2)``
+  (``kvroute.sim.engine.scheduler_output.prefill_pairs``); it grows with context.
 - ``decode_context_tokens`` sums, over requests scheduled for one token, the context read
   (``computed + 1``): decode attention is bound by reading the KV cache.
 - ``per_request_s`` covers per-sequence work (the LM head on the sampled position, sampling).
@@ -104,6 +105,3 @@ class StepCost:
         return [base + attn * c for c in range(context_tokens + num_reqs, stop, num_reqs)]
 
 
-def prefill_pairs(num_computed: int, num_new: int) -> float:
-    """Causal attention pairs of a chunk of ``num_new`` tokens after ``num_computed`` tokens."""
-    return num_new * (num_computed + (num_new + 1) / 2)

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvroute.traces.outputs import write_text_atomic
-from kvroute.sim.timing.cost_model import StepCost, prefill_pairs
+from kvroute.sim.engine.scheduler_output import prefill_pairs
+from kvroute.sim.timing.cost_model import StepCost
 from kvroute.sim.timing.profile import MemoryModel, profile_from_dict
 from kvroute.sim.timing.specs import VOCAB_PADDING, GpuSpec, ModelSpec, gpu_spec, model_spec
 from kvroute.sim.timing.vllm_versions import STUDY, VllmDefaults, defaults as vllm_defaults, family, parse_version

@@ -26,7 +26,8 @@ from kvroute.calibrate.calibration.observations import Observation, build_observ
 from kvroute.calibrate.calibration.steps import (COEFFICIENTS, decode_context, decode_step, expected_cached_tokens,
                                                  mixed_steps, predict, prefill_steps)
 from kvroute.sim.engine.config import EngineConfig
-from kvroute.sim.timing.cost_model import StepCost, prefill_pairs
+from kvroute.sim.engine.scheduler_output import prefill_pairs
+from kvroute.sim.timing.cost_model import StepCost
 from kvroute.sim.timing.profile import profile_from_dict
 from kvroute.sim.engine.request import Request
 from kvroute.sim.engine.scheduler import Scheduler

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from kvroute.sim.timing import priors
-from kvroute.sim.timing.cost_model import StepCost, prefill_pairs
+from kvroute.sim.engine.scheduler_output import prefill_pairs
+from kvroute.sim.timing.cost_model import StepCost
 from kvroute.sim.timing.profile import load_profile, shipped_profiles
 
 NAMES = ["a6000-qwen2.5-7b", "a100-40gb-qwen2.5-7b", "a100-80gb-qwen2.5-7b", "h100-80gb-qwen2.5-7b"]
