@@ -165,7 +165,8 @@ class LiveReplay:
                                track_prefixes=self.policy.uses_prefixes,
                                metrics=self.metrics.scrape if self.policy.uses_metrics else None,
                                cache_view=cache_view,
-                               events=self.kv_events.index if cache_view == "events" else None)
+                               events=self.kv_events.index if cache_view == "events" else None,
+                               track_active_blocks=self.policy.uses_active_blocks)
         prepare_policy(self.policy, self.view)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []

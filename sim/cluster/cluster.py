@@ -332,7 +332,7 @@ class Cluster:
             RouterView(n, spec.profile.engine.block_size, spec.router_block_tokens,
                        track_prefixes=self.policies[0].uses_prefixes, cache_view=cache_view,
                        metrics=self.metrics if self.policies[0].uses_metrics else None, events=self.events,
-                       exact=exact)
+                       exact=exact, track_active_blocks=self.policies[0].uses_active_blocks)
             for _ in range(num_views)
         ]
         for g, policy in enumerate(self.policies):

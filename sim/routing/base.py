@@ -59,6 +59,8 @@ class Policy:
         uses_metrics: whether the policy reads the workers' scraped ``/metrics`` (the live
             replay polls the servers only then; ``RouterView.load`` of a scraped signal raises
             without it).
+        uses_active_blocks: whether the policy reads the prompt blocks in flight per worker
+            (``RouterView.active_blocks``, ``new_blocks``), kept only then.
         cache_view: the cache view this policy reads (one of ``view.CACHE_VIEWS``), whatever the
             run's ``cache_view``; None (the default) takes the run's. So policies that read
             different sources (llm-d's precise and estimated scorers) compare in one table.
@@ -69,6 +71,7 @@ class Policy:
     name = ""
     uses_prefixes = False
     uses_metrics = False
+    uses_active_blocks = False
     cache_view: str | None = None
     kv_event_delay_s: float | None = None
 

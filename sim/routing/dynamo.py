@@ -5,12 +5,16 @@ Mirrored from ``lib/llm/src/kv_router/scheduler.rs`` (``DefaultWorkerSelector::w
 (``lib/llm/src/kv_router/sequence.rs``). Per worker, with ``bs`` the block size::
 
     prefill_blocks = (outstanding prefill tokens + prompt tokens - overlap blocks * bs) / bs
-    decode_blocks  = active blocks + prompt blocks - overlap blocks
+    decode_blocks  = active blocks + new blocks
     logit          = overlap_weight * prefill_blocks + decode_blocks
 
-Outstanding prefill tokens and active blocks are the router's own bookkeeping of what it sent
-(``RouterView.outstanding_tokens``/``active_blocks``); the overlap comes from the view's cache
-source (Dynamo's default is KV events, ``--no-kv-events`` the routed-prefix approximation).
+Outstanding prefill tokens, active blocks and new blocks are the router's own bookkeeping of
+what it sent (``RouterView.outstanding_tokens``, ``active_blocks``, ``new_blocks``): the
+distinct prompt blocks of the requests in flight on the worker, and the prompt's blocks past
+the longest prefix one of them holds. The cache overlap enters the prefill term only; it
+comes from the view's cache source (Dynamo's default is KV events, ``--no-kv-events`` the
+routed-prefix approximation). A prefix cached but no longer in flight (an earlier turn of a
+chat) lowers the prefill term and leaves the decode term whole, as in Dynamo.
 Temperature 0 takes the lowest logit (ties: Dynamo prefers the smaller radix tree, then random;
 here random). Otherwise logits are min-max normalised and a worker is drawn with probability
 proportional to ``exp(-normalised / temperature)`` (uniform when all logits are equal).
@@ -57,6 +61,7 @@ class DynamoKVRouter(Policy):
     """
 
     uses_prefixes = True
+    uses_active_blocks = True
 
     def __init__(self, rng: np.random.Generator, overlap_weight: float = 1.0, temperature: float = 0.0) -> None:
         super().__init__(rng)
@@ -68,12 +73,11 @@ class DynamoKVRouter(Policy):
         """The cost of sending ``request`` to each of ``workers`` (blocks)."""
         bs = view.block_size
         matched = view.matched_blocks(request.block_hashes, request.request_id)
-        num_blocks = len(request.block_hashes)
         out = []
         for w in workers:
             overlap = matched[w]
             prefill = view.outstanding_tokens[w] + max(request.num_prompt_tokens - overlap * bs, 0)
-            decode = view.active_blocks[w] + num_blocks - overlap
+            decode = view.active_blocks[w] + view.new_blocks(w, request.block_hashes)
             out.append(self.overlap_weight * prefill / bs + decode)
         return out
 

@@ -61,13 +61,17 @@ class RouterView:
         events: the KV-event index; needed for ``cache_view="events"``.
         exact: per-worker longest cached prefix of a hash list, read from the workers
             themselves; needed for ``cache_view="exact"``.
+        track_active_blocks: keep each worker's prompt blocks in flight (``active_blocks``,
+            :meth:`new_blocks`), for a policy that sets ``Policy.uses_active_blocks``.
 
     Attributes:
         outstanding_tokens: per worker, prompt tokens this gateway routed there that are not
             yet prefilled (prompt minus the match seen at routing, until the first token):
             Dynamo's ``ActiveSequences`` prefill tokens.
-        active_blocks: per worker, prompt blocks of this gateway's requests in flight there
-            (each request's own blocks; Dynamo also merges blocks shared by requests in flight).
+        active_blocks: per worker, the distinct prompt blocks of this gateway's requests in
+            flight there, a block shared by several counted once (Dynamo's
+            ``ActiveSequences::active_blocks``, its ``unique_blocks``); kept only with
+            ``track_active_blocks`` (zeros otherwise).
         num_gpu_blocks: per worker, its KV-cache blocks as its ``vllm:cache_config_info``
             reports them, or None where unknown (the cluster sets it; llm-d's auto-tuned
             approximate prefix index sizes its LRUs by it).
@@ -86,6 +90,7 @@ class RouterView:
         metrics: MetricsScrape | None = None,
         events: KVEventIndex | None = None,
         exact: Callable[[list[int]], list[int]] | None = None,
+        track_active_blocks: bool = False,
     ) -> None:
         if num_workers < 1:
             raise ValueError("a router needs at least one worker")
@@ -100,7 +105,10 @@ class RouterView:
         self.outstanding_tokens = [0] * num_workers
         self.active_blocks = [0] * num_workers
         self.num_gpu_blocks: list[int] | None = None
-        self._active: dict[int, list[int]] = {}  # request id -> [worker, unprefilled tokens, blocks]
+        self._active: dict[int, list] = {}  # request id -> [worker, unprefilled tokens, block hashes or None]
+        # per worker, block hash -> requests in flight there holding it (Dynamo's unique_blocks)
+        self._in_flight_blocks: list[dict[int, int]] | None = (
+            [{} for _ in range(num_workers)] if track_active_blocks else None)
         self._last_match: tuple[int, list[int]] | None = None
         self.num_workers = num_workers
         self.block_size = block_size
@@ -201,10 +209,16 @@ class RouterView:
         last = self._last_match
         hit = last[1][worker] if last is not None and last[0] == request.request_id else 0
         tokens = max(request.num_prompt_tokens - hit * self.block_size, 0)
-        blocks = len(request.block_hashes)
         self.outstanding_tokens[worker] += tokens
-        self.active_blocks[worker] += blocks
-        self._active[request.request_id] = [worker, tokens, blocks]
+        hashes = None
+        if self._in_flight_blocks is not None:
+            hashes = request.block_hashes
+            held = self._in_flight_blocks[worker]
+            get = held.get
+            for h in hashes:
+                held[h] = get(h, 0) + 1
+            self.active_blocks[worker] = len(held)
+        self._active[request.request_id] = [worker, tokens, hashes]
         if request.session_id is not None:
             self.sessions[request.session_id] = worker
         if self.track_prefixes:
@@ -227,7 +241,33 @@ class RouterView:
         entry = self._active.pop(request_id, None) if request_id is not None else None
         if entry is not None:
             self.outstanding_tokens[entry[0]] -= entry[1]
-            self.active_blocks[entry[0]] -= entry[2]
+            if entry[2] is not None:
+                held = self._in_flight_blocks[entry[0]]
+                for h in entry[2]:
+                    left = held[h] - 1
+                    if left:
+                        held[h] = left
+                    else:
+                        del held[h]
+                self.active_blocks[entry[0]] = len(held)
+
+    def new_blocks(self, worker: int, block_hashes: list[int]) -> int:
+        """Blocks of ``block_hashes`` past their longest prefix that a request in flight on
+        ``worker`` holds: what a new request adds to the worker's active blocks (Dynamo's
+        ``ActiveSequences::new_blocks``; chained hashes make its per-block test a prefix).
+
+        Raises:
+            RuntimeError: the view does not track active blocks (``track_active_blocks``).
+        """
+        if self._in_flight_blocks is None:
+            raise RuntimeError("this view does not track the blocks in flight (track_active_blocks)")
+        held = self._in_flight_blocks[worker]
+        depth = 0
+        for h in block_hashes:
+            if h not in held:
+                break
+            depth += 1
+        return len(block_hashes) - depth
 
     def mark_dead(self, worker: int) -> None:
         """Stop routing to ``worker`` (it failed or timed out)."""

@@ -55,28 +55,59 @@ def test_sglang_thresholds_are_parameters():
 # -- Dynamo KV router ------------------------------------------------------------------------
 
 def dynamo_view():
-    """Worker 0: 4 of the 8 prompt blocks cached, 32 tokens still to prefill, 10 active blocks.
-    Worker 1: nothing cached, nothing outstanding, 2 active blocks."""
-    v = view(2)
-    v.on_routed(0, rr(0, [1, 2, 3, 4]))
-    v.outstanding_tokens[:] = [32, 0]
-    v.active_blocks[:] = [10, 2]
+    """Built through the view's own bookkeeping. Worker 0: blocks 1-4 cached by a finished
+    request (an earlier turn: not in flight), 10 blocks in flight prefilled and 2 in flight
+    not yet (32 tokens to prefill): 12 active blocks. Worker 1: 2 blocks in flight, prefilled."""
+    v = RouterView(2, block_size=16, router_block_tokens=16, track_active_blocks=True)
+    for rid, worker, hashes in ((10, 0, [1, 2, 3, 4]), (11, 0, range(40, 50)), (12, 0, [60, 61]), (13, 1, [70, 71])):
+        v.on_routed(worker, rr(rid, hashes))
+    for rid in (10, 11, 13):
+        v.on_first_token(rid)
+    v.on_finished(0, 10)
+    assert (v.outstanding_tokens, v.active_blocks) == ([32, 0], [12, 2])
     return v
 
 
 def test_dynamo_cost_on_a_hand_computed_two_worker_case():
+    """Dynamo's decode term counts the blocks in flight and the prompt's blocks no request in
+    flight holds; the cached prefix lowers the prefill term only (``sequence.rs``
+    ``potential_blocks_and_tokens``: ``new_blocks + active_blocks``)."""
     req = rr(1, range(1, 9))  # 8 blocks, 128 tokens
-    # w0: prefill (32 + 128 - 64) / 16 = 6, decode 10 + 8 - 4 = 14; w1: prefill 8, decode 10
+    # w0: prefill (32 + 128 - 4 * 16) / 16 = 6, decode 12 + 8 = 20; w1: prefill 8, decode 2 + 8 = 10
     policy = make_policy("dynamo", router_rng(0))
-    assert policy.logits(req, dynamo_view(), [0, 1]) == [20.0, 18.0]
+    assert policy.logits(req, dynamo_view(), [0, 1]) == [26.0, 18.0]
     assert policy.choose(req, dynamo_view()) == 1
-    heavy = make_policy("dynamo:overlap_weight=3", router_rng(0))
-    assert heavy.logits(req, dynamo_view(), [0, 1]) == [32.0, 34.0]
+    heavy = make_policy("dynamo:overlap_weight=6", router_rng(0))
+    assert heavy.logits(req, dynamo_view(), [0, 1]) == [56.0, 58.0]
     assert heavy.choose(req, dynamo_view()) == 0
-    tie = make_policy("dynamo:overlap_weight=2", router_rng(0))
-    assert tie.logits(req, dynamo_view(), [0, 1]) == [26.0, 26.0]
-    assert {make_policy("dynamo:overlap_weight=2", router_rng(s)).choose(req, dynamo_view())
+    tie = make_policy("dynamo:overlap_weight=5", router_rng(0))
+    assert tie.logits(req, dynamo_view(), [0, 1]) == [50.0, 50.0]
+    assert {make_policy("dynamo:overlap_weight=5", router_rng(s)).choose(req, dynamo_view())
             for s in range(10)} == {0, 1}
+
+
+def test_dynamo_prefix_in_flight_lowers_the_decode_term():
+    """A request in flight on worker 0 holding blocks 1-5: the new prompt's first 5 blocks add
+    nothing to worker 0's active blocks (5 of them are already counted)."""
+    v = dynamo_view()
+    v.on_routed(0, rr(14, range(1, 6)))
+    v.on_first_token(14)
+    assert v.active_blocks == [17, 2] and v.new_blocks(0, list(range(1, 9))) == 3
+    # w0: prefill (32 + 128 - 5 * 16) / 16 = 5, decode 17 + 3 = 20; w1 as before, 18
+    assert make_policy("dynamo", router_rng(0)).logits(rr(1, range(1, 9)), v, [0, 1]) == [25.0, 18.0]
+
+
+def test_blocks_shared_by_requests_in_flight_count_once():
+    v = RouterView(1, block_size=16, router_block_tokens=16, track_active_blocks=True)
+    v.on_routed(0, rr(1, [1, 2, 3]))
+    v.on_routed(0, rr(2, [1, 2, 9]))
+    assert v.active_blocks == [4] and v.new_blocks(0, [1, 2, 3, 8]) == 1 and v.new_blocks(0, [5, 1]) == 2
+    v.on_finished(0, 1)
+    assert v.active_blocks == [3] and v.new_blocks(0, [1, 2, 3]) == 1
+    v.on_finished(0, 2)
+    assert v.active_blocks == [0] and v._in_flight_blocks == [{}]
+    with pytest.raises(RuntimeError, match="track_active_blocks"):
+        view(1).new_blocks(0, [1])
 
 
 def test_dynamo_softmax_temperature():
