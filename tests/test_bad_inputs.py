@@ -663,6 +663,8 @@ def test_a_bad_endpoint_picker_config_names_file_line_and_field(tmp_path, text, 
     ("llmd:kv_weight=-2", "llmd: kv_weight must be >= 0, got -2"),
     ("llmd:load_threshold=0", "llmd: load_threshold must be >= 1, got 0"),
     ("sglang:balance_rel_threshold=0.5", "sglang: balance_rel_threshold must be >= 1, got 0.5"),
+    ("prefix_balanced:abs_threshold=-5", "prefix_balanced: abs_threshold must be >= 0, got -5"),
+    ("prefix_balanced:rel_threshold=0.5", "prefix_balanced: rel_threshold must be >= 1, got 0.5"),
 ])
 def test_llm_d_policy_parameters_are_checked_before_any_run(policies, expected):
     assert_error(run("compare", "--chats", 2, "--turns", 1, "--policies", policies), expected)

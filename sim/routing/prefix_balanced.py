@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvroute.sim.routing.base import Policy, register
+from kvroute.sim.routing.base import Policy, check_at_least, register
 from kvroute.sim.routing.kv_aware import KVAware
 
 
@@ -25,12 +25,18 @@ class PrefixBalanced(Policy):
         rng: the router's generator.
         abs_threshold: in-flight gap above which the preferred worker may be left, requests.
         rel_threshold: ratio above which the preferred worker may be left.
+
+    Raises:
+        ValueError: a negative ``abs_threshold`` or a ``rel_threshold`` below 1 (either would
+            leave the cache's choice whenever another worker is less loaded), naming it.
     """
 
     uses_prefixes = True
 
     def __init__(self, rng: np.random.Generator, abs_threshold: int = 4, rel_threshold: float = 1.5) -> None:
         super().__init__(rng)
+        check_at_least("prefix_balanced", 0, abs_threshold=abs_threshold)
+        check_at_least("prefix_balanced", 1, rel_threshold=rel_threshold)
         self.abs_threshold = abs_threshold
         self.rel_threshold = rel_threshold
         self._kv = KVAware(rng)

@@ -12,9 +12,11 @@ select_worker``) and ``sgl-router/src/policies/tree.rs`` (``Tree::prefix_match``
    ``cache_threshold``, the worker holding that match wins; else the least loaded worker
    (current gateway; the older ``sgl-router`` sent it to the worker with the smallest tree).
 
-Defaults are the gateway's current ``CacheAwareConfig`` defaults as the issue states them:
-``cache_threshold`` 0.3, ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5 (older
-``sglang_router`` releases used 0.5, 32 and 1.0001).
+Defaults are those of the gateway's command line, which a deployment starts it with
+(``--cache-threshold`` 0.3, ``--balance-abs-threshold`` 64, ``--balance-rel-threshold`` 1.5:
+``default_value_t`` in its ``main.rs``). The library's ``impl Default for CacheAwareConfig``
+(``src/policies/mod.rs``), used only when code builds the config, has 0.5, 32 and 1.1; older
+``sglang_router`` releases used 0.5, 32 and 1.0001.
 
 Ties: the tree returns the first tenant of the deepest matched node in hash-map order, and
 ``min_by_key`` the first least loaded worker; here both are uniform among the tied workers.
