@@ -484,9 +484,13 @@ def summarize_rounds(summaries: list[dict[str, float]], confidence: float = 0.95
     rounds); ``low`` and ``high`` are clipped to ``bounds[metric]`` (metrics not in ``bounds``
     are left as they are). The mean is never changed.
 
+    A round where a metric has no value (NaN: later-turn TTFT when every later turn failed,
+    TPOT when every reply was one token) is left out of that metric's mean, spread and degrees
+    of freedom alike; ``rounds`` counts the rounds that have a value, per metric.
+
     Returns:
         DataFrame indexed by metric with columns ``mean``, ``low``, ``high``, ``rounds``; with
-        one round the interval is the value itself.
+        one round (or one round with a value) the interval is the value itself.
 
     Raises:
         ValueError: no summary.
@@ -500,10 +504,12 @@ def summarize_rounds(summaries: list[dict[str, float]], confidence: float = 0.95
         return pd.DataFrame.from_dict(plain, orient="index", columns=["mean", "low", "high", "rounds"])
     from scipy import stats as sps
 
-    frame = pd.DataFrame(summaries)
-    n = len(frame)
+    frame = pd.DataFrame(summaries).astype(float)
+    n = frame.count()  # per metric: the rounds with a value
     mean = frame.mean()
-    half = frame.std(ddof=1) / math.sqrt(n) * sps.t.ppf(0.5 + confidence / 2, n - 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = pd.Series(sps.t.ppf(0.5 + confidence / 2, (n - 1).clip(lower=1)), index=n.index)
+        half = (frame.std(ddof=1) / np.sqrt(n) * t).where(n >= 2, mean * 0.0)
     lower = pd.Series([bounds.get(m, (-math.inf, math.inf))[0] for m in mean.index], index=mean.index)
     upper = pd.Series([bounds.get(m, (-math.inf, math.inf))[1] for m in mean.index], index=mean.index)
     low = (mean - half).where(lambda v: v.isna() | (v >= lower), lower)

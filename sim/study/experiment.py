@@ -73,6 +73,10 @@ class Comparison:
             intervals = {p: iv.to_dict("index") if p in frames else iv for p, iv in intervals.items()}
         self.interval_rows = intervals
 
+    def num_rounds(self, policy: str) -> int:
+        """Rounds run of ``policy`` (the rows of its summaries)."""
+        return sum(1 for row in self.rows if row["policy"] == policy)
+
     @property
     def summaries(self) -> pd.DataFrame:
         """One row per (policy, round) with every summary metric."""
@@ -310,7 +314,8 @@ def format_table(comparison: Comparison, metrics: list[str] | None = None) -> st
         row = [SUMMARY_METRICS[m]]
         for i, p in enumerate(comparison.policies):
             iv = comparison.interval_rows[p][m]
-            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"]), whole_counts(m, [iv["mean"]])))
+            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"]), whole_counts(m, [iv["mean"]]),
+                                     of=comparison.num_rounds(p)))
             if i:
                 row.append(_fmt_change(comparison, p, m))
         rows.append(row)
@@ -367,18 +372,22 @@ def whole_counts(metric: str, means, counts=COUNT_METRICS) -> bool:
     return metric in counts and bool(values) and all(v.is_integer() for v in values)
 
 
-def _fmt_interval(mean: float, low: float, high: float, rounds: int, whole: bool = False) -> str:
+def _fmt_interval(mean: float, low: float, high: float, rounds: int, whole: bool = False,
+                  of: int | None = None) -> str:
     """``mean ± half`` for a symmetric interval; ``mean [low, high]`` for one clipped to the
     metric's possible values (``summarize_rounds``); 3 decimals below 10, 1 from 10, none when
-    ``whole`` or from 10,000, where thousands are separated (``5,644,517 ± 1,949,599``)."""
+    ``whole`` or from 10,000, where thousands are separated (``5,644,517 ± 1,949,599``). When
+    only ``rounds`` of ``of`` rounds have a value, the cell says so (``0.292 ± 0.021 (2 of 4
+    rounds)``)."""
     if math.isnan(mean):
         return "-"
     form = ",.0f" if whole or abs(mean) >= 10_000 else ".3f" if abs(mean) < 10 else ".1f"
+    some = f" ({rounds} of {of} rounds)" if of is not None and rounds < of else ""
     if rounds <= 1:
-        return f"{mean:{form}}"
+        return f"{mean:{form}}{some}"
     if math.isclose(mean - low, high - mean, rel_tol=1e-9, abs_tol=1e-12):
-        return f"{mean:{form}} ± {high - mean:{form}}"
-    return f"{mean:{form}} [{low:{form}}, {high:{form}}]"
+        return f"{mean:{form}} ± {high - mean:{form}}{some}"
+    return f"{mean:{form}} [{low:{form}}, {high:{form}}]{some}"
 
 
 @dataclass(slots=True)
@@ -586,7 +595,8 @@ def format_uncertain_table(result: UncertainComparison, metrics: list[str] | Non
         row = [SUMMARY_METRICS[m]]
         for i, p in enumerate(result.policies):
             iv = base.interval_rows[p][m]
-            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"]), whole_counts(m, [iv["mean"]])))
+            row.append(_fmt_interval(iv["mean"], iv["low"], iv["high"], int(iv["rounds"]), whole_counts(m, [iv["mean"]]),
+                                     of=base.num_rounds(p)))
             lo, hi = result.mean_interval(p, m, coverage)
             row.append(format_range(lo, hi, whole=whole_counts(m, [iv["mean"], lo, hi])))
             if i:

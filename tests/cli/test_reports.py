@@ -386,3 +386,22 @@ def test_progress_takes_its_time_left_from_the_caller_where_given():
     assert re.search(r"\| 0/3 \[[0-9:]+, about 5 min left\]$", first)  # tqdm's bar, the caller's time left
     assert re.search(r"\| 0/3 \[[0-9:]+, about 2 min left\]$", refreshed)
     assert re.search(r"\| 3/3 \[[0-9:]+\]$", last)  # none once all are done
+
+
+def test_a_cell_says_when_only_some_rounds_have_a_value():
+    """Turn 2 of a 1-chat run fails in two rounds of four (its prompt passes max_model_len with
+    the longer replies): its later-turn TTFT is the mean and t interval of the two rounds that
+    have one, and the cell says so."""
+    result = CliRunner().invoke(cli, ["compare", "--chats", "1", "--turns", "2", "--rounds", "4", "--max-model-len",
+                                      "1290", "--policies", "round_robin", "--executor", "sequential", "--json"])
+    assert result.exit_code == 0, result.output
+    rounds = json.loads(result.output[result.output.index("{"):])["policies"]["round_robin"]["later_ttft_mean_s"]
+    values = [v for v in rounds["rounds"] if v is not None]
+    assert len(rounds["rounds"]) == 4 and len(values) == 2
+    table = CliRunner().invoke(cli, ["compare", "--chats", "1", "--turns", "2", "--rounds", "4", "--max-model-len",
+                                     "1290", "--policies", "round_robin", "--executor", "sequential"]).output
+    from scipy import stats
+
+    half = abs(values[0] - values[1]) / 2 * stats.t.ppf(0.975, 1)  # sd / sqrt(2) of two values
+    line = next(line for line in table.splitlines() if line.startswith("TTFT mean, turns >= 2"))
+    assert line.endswith(f"{sum(values) / 2:.3f} ± {half:.3f} (2 of 4 rounds)"), line

@@ -65,6 +65,19 @@ def test_round_intervals_are_student_t():
     assert (single["low"], single["mean"], single["high"]) == (5.0, 5.0, 5.0)
 
 
+def test_rounds_without_a_value_count_for_nothing():
+    """A metric with no value in some rounds (NaN) has its interval over the rounds that have
+    one: n, sqrt(n) and the t degrees of freedom alike (the missing rounds used to count in n)."""
+    nan = math.nan
+    out = summarize_rounds([{"x": 1.0, "y": 3.0, "z": nan}, {"x": 2.0, "y": nan, "z": nan},
+                            {"x": nan, "y": nan, "z": nan}])
+    half = np.std([1, 2], ddof=1) / math.sqrt(2) * stats.t.ppf(0.975, 1)  # 6.353
+    assert out.loc["x", "mean"] == 1.5 and out.loc["x", "rounds"] == 2
+    assert (out.loc["x", "low"], out.loc["x", "high"]) == pytest.approx((1.5 - half, 1.5 + half))
+    assert (out.loc["y", "low"], out.loc["y", "mean"], out.loc["y", "high"], out.loc["y", "rounds"]) == (3.0, 3.0, 3.0, 1)
+    assert out.loc[["z"], ["mean", "low", "high"]].isna().all(axis=None) and out.loc["z", "rounds"] == 0
+
+
 def test_failures_count_each_kind_and_prefer_a_rejection_as_the_example():
     from kvroute.sim.cluster.metrics import Failures, failures
 
