@@ -51,6 +51,9 @@ COUNTER_COLUMNS: dict[str, str] = {
     "evicted_prefix_tokens": "prompt tokens a later turn computed again that its worker had cached for the chat "
                              "and evicted (a lower bound: kvroute.sim.cluster.eviction)",
     "num_preemptions": "engine preemptions, all workers",
+    "prefix_cache_queries": "prompt tokens the engines looked up in the prefix cache, all workers (vLLM's "
+                            "prefix_cache_queries counter: first admissions, finished or not)",
+    "prefix_cache_hits": "of those, tokens found cached (vLLM's prefix_cache_hits counter)",
     "busy_time_s": "GPU busy time, all workers (s)",
     "cacheable_blocks": "KV blocks the workers can cache in, all workers (vLLM's null block out)",
     "rejected": "requests the engine rejected",
@@ -104,6 +107,8 @@ def run_scenario(scenario: Scenario, round: int = 0, slo: ServiceClass = Service
         "evicted_prefix_tokens": evicted_history_tokens(rows, parent_links(trace),
                                                         spec.profile.engine.block_size)[0],
         "num_preemptions": int(workers["num_preemptions"].sum()),
+        "prefix_cache_queries": int(workers["prefix_cache_queries"].sum()),
+        "prefix_cache_hits": int(workers["prefix_cache_hits"].sum()),
         "busy_time_s": float(workers["busy_time"].sum()),
         "cacheable_blocks": cacheable_blocks(result.worker_rows()),
         "rejected": failed.rejected,

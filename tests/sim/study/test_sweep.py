@@ -99,10 +99,23 @@ def test_row_has_scenario_fields_metrics_and_counters():
     assert row["prefill_tokens"] == pytest.approx(row["prompt_tokens"] * (1 - row["hit_rate"]))
     assert row["num_gpu_blocks"] == load_profile("a6000-qwen2.5-7b").engine.num_gpu_blocks
     assert row["num_evictions"] == 0 and row["num_preemptions"] == row["preemptions"] == 0
+    # nothing failed: the engines' prefix-cache counters are the finished requests' tokens
+    assert row["prefix_cache_queries"] == row["prompt_tokens"]
+    assert row["prefix_cache_hits"] == row["prompt_tokens"] - row["prefill_tokens"]
     assert row["evicted_prefix_tokens"] == 0
     assert row["cacheable_blocks"] == 2 * (row["num_gpu_blocks"] - 1)  # vLLM's null block holds no cache
     assert row["rejected"] == row["not_sent"] == row["timed_out"] == row["failed"] == 0
     assert math.isnan(row["failed_request"]) and row["failed_reason"] is None and len(row["route_digest"]) == 32
+
+
+def test_engine_counters_also_count_requests_admitted_and_then_lost():
+    """Requests timed out after admission: vLLM's counters (prefix_cache_*, num_preemptions)
+    count them, the table's hit rate and preemptions (over finished requests) do not."""
+    row = run_scenario(Scenario(chats=32, turns=2, workers=1, kv_blocks=300, request_timeout_s=3.0), round=0)
+    assert row["timed_out"] > 0
+    assert row["prefix_cache_queries"] > row["prompt_tokens"]
+    assert row["prefix_cache_hits"] / row["prefix_cache_queries"] != row["hit_rate"]
+    assert row["num_preemptions"] > row["preemptions"]
 
 
 def test_kv_blocks_override_makes_evictions_appear():
