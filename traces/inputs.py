@@ -36,6 +36,12 @@ and would be expanded into ``len / block_size`` hash ids before ``max_model_len`
 MAX_BLOCK_SIZE = 1 << 20
 """Largest KV or trace block, tokens (vLLM's blocks are 16-256 tokens, Mooncake's 512)."""
 
+MAX_HASH_ID = (1 << 48) - 1
+"""Largest trace ``hash_id``: the simulator names generated tokens (replies, new turns) with
+content ids from ``MAX_HASH_ID + 1`` on (``kvroute.sim.engine.content.GENERATED_CONTENT_BASE``),
+so a larger trace id would share blocks with a reply it never saw. Mooncake's ids are dense
+counts (under 200,000 in its conversation trace)."""
+
 C_INT_MAX = 2**31 - 1
 """Largest value of a C ``int`` (int32): the compiled core's block ids and block counts
 (``sim/engine/_block_pool.pyx``). The bound of every integer :class:`Num` that states none."""

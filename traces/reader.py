@@ -15,8 +15,8 @@ import math
 import os
 from collections.abc import Iterable
 
-from kvroute.traces.inputs import (BLOCK_SIZE, JSON_DECODER, MAX_BLOCK_SIZE, MAX_ID, MAX_TOKENS, MILLISECONDS,
-                                   DuplicateKeyError, InputError, describe)
+from kvroute.traces.inputs import (BLOCK_SIZE, JSON_DECODER, MAX_BLOCK_SIZE, MAX_HASH_ID, MAX_ID, MAX_TOKENS,
+                                   MILLISECONDS, DuplicateKeyError, InputError, describe)
 from kvroute.traces.format import Trace, TraceRecord
 
 MOONCAKE_BLOCK_SIZE = 512
@@ -296,11 +296,12 @@ def _required_fields(obj: dict, source: str, lineno: int) -> tuple[int | float, 
 
 
 def _parse_hash_ids(hash_ids: object, n_in: int, block_size: int, source: str, lineno: int) -> tuple[int, ...]:
-    """A record's ``hash_ids`` as a tuple: ``ceil(n_in / block_size)`` ints, each >= 0.
+    """A record's ``hash_ids`` as a tuple: ``ceil(n_in / block_size)`` ints, each in
+    ``0 .. MAX_HASH_ID``.
 
     Raises:
-        TraceError: not a list, an entry that is not an int (bools are not), a negative entry
-            (naming its index), or the wrong number of ids.
+        TraceError: not a list, an entry that is not an int (bools are not), a negative entry or
+            one above ``MAX_HASH_ID`` (naming its index), or the wrong number of ids.
     """
     if type(hash_ids) is not list:
         raise TraceError(f"expected a list of ints, got {describe(hash_ids)}", source, lineno, "hash_ids")
@@ -310,6 +311,10 @@ def _parse_hash_ids(hash_ids: object, n_in: int, block_size: int, source: str, l
     if hash_ids and min(hash_ids) < 0:
         i, bad = next((i, h) for i, h in enumerate(hash_ids) if h < 0)
         raise TraceError(f"entry {i} is negative ({bad}); hash ids must be >= 0", source, lineno, "hash_ids")
+    if hash_ids and max(hash_ids) > MAX_HASH_ID:
+        i, bad = next((i, h) for i, h in enumerate(hash_ids) if h > MAX_HASH_ID)
+        raise TraceError(f"entry {i} is {bad}, above the largest hash id 2**48 - 1 (the simulator's own content "
+                         "ids start there); renumber the ids densely", source, lineno, "hash_ids")
     need = -(-n_in // block_size)
     if len(hash_ids) != need:
         raise TraceError(

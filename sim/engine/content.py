@@ -22,12 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvroute.traces.inputs import MAX_HASH_ID
+
 Segment = tuple[int, int, int]
 """``(content_id, start, length)``; tokens ``start .. start + length - 1`` of stream ``content_id``."""
 
 ROOT_HASH = 0x6B76726F757465  # parent hash of block 0 (vLLM seeds it with NONE_HASH)
 INT64_MAX = (1 << 63) - 1  # every key is in [-2**63, 2**63 - 1]
-GENERATED_CONTENT_BASE = 1 << 48  # run-allocated content ids start here, above any trace id
+GENERATED_CONTENT_BASE = MAX_HASH_ID + 1  # run-allocated content ids start here, above any trace id
 
 
 @dataclass(slots=True)

@@ -103,6 +103,18 @@ def test_malformed_json_names_line_and_column(tmp_path, line, message):
     assert str(info.value) == f"{path}:3: {message}"  # the blank line 2 is skipped, and counted
 
 
+def test_hash_ids_from_the_simulators_own_range_are_refused(tmp_path):
+    """An id of 2**48 or more would name the same blocks as a reply the simulator generated (a
+    false cache hit); 2**48 - 1 is the largest id read."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 281474976710655]}\n'
+                    '{"timestamp": 1, "input_length": 1000, "output_length": 5, "hash_ids": [0, 281474976710656]}\n')
+    with pytest.raises(TraceError) as info:
+        read_trace(path)
+    assert (info.value.line, info.value.field) == (2, "hash_ids")
+    assert "entry 1 is 281474976710656, above the largest hash id 2**48 - 1" in str(info.value)
+
+
 def test_json_lines_end_at_newline_only(tmp_path):
     """str.splitlines also broke lines at U+2028 (inside a JSON string: valid JSON Lines, refused)
     and at a form feed (every later line number one off)."""
