@@ -255,6 +255,9 @@ def parse_workload_config(doc: object, where: str = "<config>", line_offset: int
                                prefix + name)
         stages.append(Stage(_field(raw, ("rate",), None, _RATE, at, prefix),
                             _field(raw, ("duration",), None, _DURATION, at, prefix)))
+    if not any(stage.num_requests for stage in stages):
+        raise at.error("every stage sends int(rate x duration) = 0 requests (inference-perf's run_stage): no "
+                       "request to run; raise a rate or a duration", load, "stages", "load.stages")
     server = _section(doc, "server", at)
     _known_keys(server, SERVER_KEYS, at, "server")
     ignore_eos = server.get("ignore_eos", True)

@@ -149,6 +149,8 @@ def test_request_timeout_and_interval_are_read():
      "expected an int (s), got 2.5"),
     (lambda d: d["load"].update(stages=[{"rate": 1}]), "load.stages[0].duration", "required field missing"),
     (lambda d: d["load"].update(stages=[]), "load.stages", "expected a list of stages"),
+    (lambda d: d["load"].update(stages=[{"rate": 0.01, "duration": 10}, {"rate": 0.5, "duration": 1}]), "load.stages",
+     "every stage sends int(rate x duration) = 0 requests"),
     (lambda d: d["load"]["stages"][0].update(num_requests=5), "load.stages[0].num_requests",
      "should not be set for poisson load"),
     (lambda d: d["load"].update(request_timeout=0), "load.request_timeout", "must be > 0.0, got 0"),
