@@ -209,7 +209,9 @@ def _num(value: float) -> str:
 def _read_sample(path: Path, what: str) -> tuple[float, ...]:
     try:
         check_regular_file(path)  # /dev/zero or a FIFO would never end
-        lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines: \x0c would shift line numbers
+        # utf-8-sig: a byte-order mark (Excel's CSV) is not part of the first value;
+        # not splitlines: \x0c would shift line numbers
+        lines = path.read_text(encoding="utf-8-sig").split("\n")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{what}: empirical sample {path}: not UTF-8 text (byte {exc.start})") from None
     except InputError as exc:
@@ -224,8 +226,8 @@ def _read_sample(path: Path, what: str) -> tuple[float, ...]:
         try:
             value = float(field)
         except ValueError:
-            if not values and number == 1:
-                continue  # a CSV header
+            if number == 1 and not any(c.isdigit() for c in field):
+                continue  # a CSV header ("output_tokens"); "5OO" is a typo, refused below
             raise ValueError(f"{path}:{number}: {what}: {field!r} is not a number") from None
         values.append(_check(value, f"{path}:{number}: {what}", "sample value"))
     if not values:

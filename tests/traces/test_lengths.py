@@ -70,6 +70,19 @@ def test_empirical_resamples_the_file_and_names_bad_lines(tmp_path):
         parse_dist(f"empirical:{path}", "--reply-tokens")
 
 
+def test_empirical_first_value_is_kept_after_a_byte_order_mark_and_a_typo_is_no_header(tmp_path):
+    """A byte-order mark (Excel's CSV) made the first value unreadable, and any unreadable first
+    line was taken for a header and dropped: 500 of (500, 10, 10) was lost, and '5OO' too."""
+    path = tmp_path / "replies.csv"
+    path.write_bytes(b"\xef\xbb\xbf500\n10\n10\n")
+    assert parse_dist(f"empirical:{path}").values == (500.0, 10.0, 10.0)
+    path.write_bytes(b"\xef\xbb\xbfoutput_tokens\n10\n")
+    assert parse_dist(f"empirical:{path}").values == (10.0,)
+    path.write_text("5OO\n10\n")
+    with pytest.raises(ValueError, match=r"replies.csv:1: --reply-tokens: '5OO' is not a number"):
+        parse_dist(f"empirical:{path}", "--reply-tokens")
+
+
 @pytest.mark.parametrize("text, message", [
     ("gamma:1:2", "unknown distribution 'gamma'"),
     ("uniform:9:3", "uniform low 9 > high 3"),
