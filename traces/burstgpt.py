@@ -2,9 +2,13 @@
 
 The CSV (``BurstGPT_1.csv`` and later releases) has columns ``Timestamp`` (seconds since the
 trace start), ``Model``, ``Request tokens``, ``Response tokens``, ``Total tokens`` and
-``Log Type``. Rows whose request or response is 0 tokens are failed requests in the log; they are
-skipped and counted. Like Azure's, the trace carries no prefix information: every record gets
-fresh hash ids, so a prefix cache only hits within a request.
+``Log Type``; release 1.2 adds ``Session ID`` (rows of one conversation share it) and
+``Elapsed time``. Rows whose request or response is 0 tokens are failed requests in the log; they
+are skipped and counted. Like Azure's, the trace carries no prefix information: every record gets
+fresh hash ids, so a prefix cache only hits within a request. A ``Session ID`` is kept as the
+record's ``session_id`` (session-affinity routing and ``--request-rate``'s session starts read
+it); no record is made to extend another (no ``parent``), since the log does not say which tokens
+a later request repeats.
 """
 
 from __future__ import annotations
@@ -18,7 +22,11 @@ from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError, check_trace_block_size
 
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
-"""The columns read; the others (``Model``, ``Total tokens``, ``Log Type``) are ignored."""
+"""The columns every release has and the reader needs; ``Session ID`` is read when present, the
+others (``Model``, ``Total tokens``, ``Log Type``, ``Elapsed time``) are ignored."""
+
+SESSION_COLUMN = "Session ID"
+"""BurstGPT 1.2's conversation id column (optional)."""
 
 
 def is_burstgpt_header(header: list[str]) -> bool:
@@ -38,7 +46,8 @@ def read_burstgpt(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOCK
         A :class:`Trace`, one record per kept row in file order: ``request_id`` counts kept rows
         from 0, ``timestamp_ms`` = 1000 x (``Timestamp`` - the first row's), ``input_length`` =
         ``Request tokens``, ``output_length`` = ``Response tokens``, ``hash_ids`` a ``range`` of
-        fresh ids. ``metadata``: ``{"origin": "burstgpt", "skipped_failed_rows": n}``.
+        fresh ids, ``session_id`` the ``Session ID`` text where the column is present and the
+        cell not empty (else None). ``metadata``: ``{"origin": "burstgpt", "skipped_failed_rows": n}``.
 
     Raises:
         TraceError (a ValueError) naming path, line (1 = header) and column: a missing column, a
@@ -59,6 +68,7 @@ def read_burstgpt(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOCK
                 if column not in header:
                     raise TraceError(f"column missing from header {header}", source, 1, column)
             index = [header.index(c) for c in BURSTGPT_COLUMNS]
+            session = header.index(SESSION_COLUMN) if SESSION_COLUMN in header else None
             t0: float | None = None
             for row in reader:
                 line = reader.line_num
@@ -77,8 +87,9 @@ def read_burstgpt(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOCK
                     skipped += 1
                     continue
                 n_blocks = -(-n_in // block_size)
+                sid = row[session].strip() or None if session is not None and session < len(row) else None
                 records.append(TraceRecord(len(records), (stamp - t0) * 1000.0, n_in, n_out,
-                                           range(next_id, next_id + n_blocks)))
+                                           range(next_id, next_id + n_blocks), session_id=sid))
                 next_id += n_blocks
     except UnicodeDecodeError as exc:
         raise TraceError(f"not UTF-8 text ({exc.reason}); BurstGPT is a CSV file", source) from None

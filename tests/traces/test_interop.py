@@ -96,6 +96,18 @@ def test_burstgpt_rows_skip_failures_and_start_at_zero(tmp_path):
     assert [(r.request_id, r.timestamp_ms, r.input_length, r.output_length, list(r.hash_ids))
             for r in trace.records] == [(0, 0.0, 472, 18, [0]), (1, 2250.0, 20, 3, [1])]
     assert trace.metadata == {"origin": "burstgpt", "skipped_failed_rows": 1}
+    assert [r.session_id for r in trace.records] == [None, None]
+
+
+def test_burstgpt_1_2_session_ids_are_kept_and_no_parent_made(tmp_path):
+    path = _write(tmp_path, "b.csv", "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,"
+                                     "Total tokens,Log Type\n"
+                                     "5,abc123,1.2,ChatGPT,472,18,490,Conversation log\n"
+                                     "6,abc123,0.8,ChatGPT,530,20,550,Conversation log\n"
+                                     "7,,0.1,GPT-4,20,3,23,API log\n")
+    assert detect_format(path) == "burstgpt"
+    trace = read_burstgpt(path, 512)
+    assert [(r.session_id, r.parent) for r in trace.records] == [("abc123", None), ("abc123", None), (None, None)]
 
 
 def test_burstgpt_errors_name_line_and_column(tmp_path):
