@@ -115,10 +115,10 @@ _MICROSECOND = timedelta(microseconds=1)
 
 def _count(text: str, source: str, lineno: int, field: str) -> int:
     """Parse a token count of 1 to ``MAX_TOKENS`` or raise a TraceError naming the field."""
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise TraceError(f"expected an int >= 1 (tokens), got {text!r}", source, lineno, field) from None
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()):  # int() also takes "1_000", "+5" and other scripts' digits
+        raise TraceError(f"expected an int >= 1 (tokens), got {text!r}", source, lineno, field)
+    value = int(digits)
     if value < 1:  # a request sends at least one token and asks for at least one
         raise TraceError(f"length must be >= 1, got {value}", source, lineno, field)
     if value > MAX_TOKENS:

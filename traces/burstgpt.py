@@ -112,10 +112,10 @@ def _seconds(text: str, source: str, line: int) -> float:
 
 
 def _count(text: str, source: str, line: int, field: str) -> int:
-    try:
-        value = int(float(text.strip())) if text.strip().endswith(".0") else int(text.strip())
-    except ValueError:
-        raise TraceError(f"expected an int (tokens), got {text!r}", source, line, field) from None
+    digits = text.strip().removesuffix(".0")
+    if not (digits.isascii() and digits.isdigit()):  # int() also takes "1_000", "+5" and other scripts' digits
+        raise TraceError(f"expected an int (tokens), got {text!r}", source, line, field)
+    value = int(digits)
     if not 0 <= value <= MAX_TOKENS:
         raise TraceError(f"must be between 0 and {MAX_TOKENS:,} tokens, got {value}", source, line, field)
     return value

@@ -14,16 +14,22 @@ from kvroute.traces.generators import builtin_workload
 
 
 def test_constant_arrivals_are_exact():
-    assert arrival_times(4, 2.0, "constant", None).tolist() == [0.0, 0.5, 1.0, 1.5]
+    """As vllm bench serve sends them: the k-th after k gaps of 1 / rate."""
+    assert arrival_times(4, 2.0, "constant", None).tolist() == [0.5, 1.0, 1.5, 2.0]
 
 
 @pytest.mark.parametrize("process, cv", [("poisson", 1.0), ("gamma:2", 2.0), ("gamma:0.5", 0.5)])
 def test_random_gaps_have_the_rate_and_cv(process, cv):
-    times = arrival_times(40001, 4.0, process, np.random.default_rng(0))
-    gaps = np.diff(times)
-    assert times[0] == 0.0
-    assert gaps.mean() == pytest.approx(0.25, rel=0.03)
-    assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.05)
+    """vllm bench serve's get_request: n gaps, their sums rescaled so the last is at n / rate
+    exactly, whatever the seed."""
+    for seed in range(3):
+        times = arrival_times(40000, 4.0, process, np.random.default_rng(seed))
+        gaps = np.diff(times, prepend=0.0)
+        assert times[-1] == pytest.approx(10_000.0, rel=1e-12) and times[0] > 0
+        assert gaps.mean() == pytest.approx(0.25, rel=1e-12)
+        assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.05)
+    assert arrival_times(1, 4.0, "poisson", np.random.default_rng(0)).tolist() == [0.25]
+    assert arrival_times(0, 4.0, "poisson", np.random.default_rng(0)).tolist() == []
 
 
 @pytest.mark.parametrize("text, message", [("weibull", "unknown arrival process"), ("gamma:0", "CV must be"),
@@ -38,7 +44,7 @@ def test_bad_processes_are_clear_errors(text, message):
 def test_sessions_start_at_their_arrival_and_later_turns_keep_the_stamp():
     trace = builtin_workload("seed-chat", 3, 2, seed=0, reply=128, request_rate=2.0, arrival="constant")
     assert [(r.session_id, r.turn, r.timestamp_ms) for r in trace.records] == [
-        (0, 1, 0.0), (1, 1, 500.0), (2, 1, 1000.0), (0, 2, 0.0), (1, 2, 500.0), (2, 2, 1000.0)]
+        (0, 1, 500.0), (1, 1, 1000.0), (2, 1, 1500.0), (0, 2, 500.0), (1, 2, 1000.0), (2, 2, 1500.0)]
     # the lengths are drawn first, so a rate leaves them as they were
     plain = builtin_workload("seed-chat", 3, 2, seed=0)
     timed = builtin_workload("seed-chat", 3, 2, seed=0, request_rate=2.0)
@@ -79,7 +85,8 @@ def test_cli_rate_options_and_the_load_curve(tmp_path):
     assert sorted(rows["request_rate"].unique().tolist()) == [1.0, 50.0]
     slow = rows[rows["request_rate"] == 1.0]["time_to_complete_s"]
     fast = rows[rows["request_rate"] == 50.0]["time_to_complete_s"]
-    assert (slow.to_numpy() > fast.to_numpy() + 4.0).all()  # 6 sessions 1 s apart take 5 s longer to start
+    # 6 sessions at 1/s: the last starts at 6 s, the first after one gap (here 2.1 s): 3.9 s longer
+    assert (slow.to_numpy() > fast.to_numpy() + 3.0).all()
     assert (tmp_path / "load.png").stat().st_size > 10_000
     bad = runner.invoke(cli, ["compare", "--speedup", "2"])
     assert bad.exit_code != 0 and "--speedup rescales a --trace file" in bad.output

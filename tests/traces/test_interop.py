@@ -113,6 +113,9 @@ def test_burstgpt_1_2_session_ids_are_kept_and_no_parent_made(tmp_path):
 def test_burstgpt_errors_name_line_and_column(tmp_path):
     with pytest.raises(TraceError, match=r"b.csv:3: field 'Response tokens': expected an int"):
         read_burstgpt(_write(tmp_path, "b.csv", BURST.replace(",0,1000", ",lots,1000")))
+    with pytest.raises(TraceError, match=r"b.csv:2: field 'Request tokens': expected an int"):
+        read_burstgpt(_write(tmp_path, "b.csv", BURST.replace(",472,", ",4_72,")))
+    assert read_burstgpt(_write(tmp_path, "b.csv", BURST.replace(",472,", ",472.0,"))).records[0].input_length == 472
     with pytest.raises(TraceError, match=r"b.csv:1: field 'Request tokens': column missing"):
         read_burstgpt(_write(tmp_path, "b.csv", "Timestamp,Response tokens\n1,2\n"))
     with pytest.raises(TraceError, match=r"b.csv:3: field 'Timestamp': 1.0 s is earlier"):

@@ -89,6 +89,13 @@ def test_azure_errors_name_line_and_field(tmp_path):
         read_azure_csv(path)
     assert (info.value.line, info.value.field) == (1, "GeneratedTokens")
 
+    for count in ("1_000", "+5", "\u0661\u0662"):  # int() reads each: 1000, 5, 12
+        path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,{count},44\n",
+                        encoding="utf-8")
+        with pytest.raises(TraceError, match="expected an int >= 1") as info:
+            read_azure_csv(path)
+        assert (info.value.line, info.value.field) == (2, "ContextTokens")
+
 
 
 @pytest.mark.parametrize("line,message", [
