@@ -261,8 +261,8 @@ def executor_options(func):
     from kvroute.sim.study.executors import EXECUTORS
 
     options = [
-        click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
-                     help="local: process pool; sequential: this process; dask: a Dask cluster."),
+        click.option("--executor", type=click.Choice(EXECUTORS), default=None,
+                     help="local: process pool; sequential: this process; dask: a Dask cluster [local]."),
         click.option("--address", default=None,
                      help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask) "
                           "[dask without it: a temporary local cluster]."),
@@ -271,6 +271,27 @@ def executor_options(func):
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def resolve_executor(executor: str | None, address: str | None, sequential_only: str | None = None) -> str:
+    """Where a command's runs execute, from ``--executor`` (None: not given) and ``--address``:
+    ``dask`` with an address, else the executor given, else ``local``.
+
+    Args:
+        sequential_only: why the command runs in this process whatever is asked (``--uncertainty``),
+            or None.
+
+    Raises:
+        click.UsageError: ``--address`` with another ``--executor`` than dask, or either option
+            where ``sequential_only`` says they do not apply.
+    """
+    if address is not None and executor not in (None, "dask"):
+        raise click.UsageError(f"--address sends the runs to a Dask cluster and --executor {executor} runs them "
+                               "here: give one")
+    if sequential_only and (address is not None or executor not in (None, "sequential")):
+        given = f"--address {address}" if address is not None else f"--executor {executor}"
+        raise click.UsageError(f"{sequential_only} runs in this process; {given} does not apply (leave it out)")
+    return "dask" if address is not None else executor or "local"
 
 
 def describe(trace: Trace, spec: ClusterSpec) -> str:

@@ -22,8 +22,8 @@ from kvroute.cli.values import DRAWS, PRIOR_RANGE, Number, check_runs, check_val
 from kvroute.traces.inputs import RUNS
 from kvroute.sim.cluster.collector import paused_collector
 from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
-from kvroute.cli.scenario import (describe, executor_options, parse_policies, policies_option, scenario_from_options,
-                                 scenario_options, scenario_spec, scenario_trace, with_errors)
+from kvroute.cli.scenario import (describe, executor_options, parse_policies, policies_option, resolve_executor,
+                                 scenario_from_options, scenario_options, scenario_spec, scenario_trace, with_errors)
 from kvroute.sim.routing import DEFAULT_POLICIES
 from kvroute.sim.cluster.metrics import ServiceClass
 
@@ -519,8 +519,7 @@ def output_options(func):
 def compare(policies_text, rounds, uncertainty, prior_range, executor, address, max_workers, json_out, out,
             records_format, quiet, time_series, slo_ttft, slo_tpot, figure_formats=("png",), **options):
     """Compare routing policies on the same trace and cluster (default: the seed study's burst)."""
-    if address is not None:
-        executor = "dask"
+    executor = resolve_executor(executor, address, "--uncertainty" if uncertainty else None)
     policies = parse_policies(policies_text)
     check_runs(len(policies) * rounds * (uncertainty + 1),
                f"{len(policies)} policies x --rounds {rounds} x (--uncertainty {uncertainty} + 1)")

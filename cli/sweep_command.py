@@ -18,7 +18,7 @@ from kvroute.cli.sim_commands import figure_format_option
 from kvroute.cli.sweep_notes import sweep_notes
 from kvroute.sim.study.figure_style import FIGURE_FORMATS
 from kvroute.cli.scenario import (SCENARIO_FIELDS, click_error, executor_options, parse_policies, policies_option,
-                                 scenario_options, scenario_trace, with_errors)
+                                 resolve_executor, scenario_options, scenario_trace, with_errors)
 from kvroute.cli.values import Number, check_runs
 from kvroute.traces.inputs import RUNS
 from kvroute.traces.outputs import atomic_output, check_output
@@ -128,8 +128,7 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
         raise click.BadParameter(f"{out} must end in .parquet or .csv", param_hint="'--out'")
     if figure_formats != ("png",) and out is None and plot_load is None:
         raise click.UsageError("--figure-format sets the figures written with --out or --plot-load: give one")
-    if address is not None:
-        executor = "dask"
+    executor = resolve_executor(executor, address)
     _check_profiles(options["profile"])
     trace_path = options["trace_file"]
     if trace_path is not None:  # read once here: a bad file is one error, not a failed row per point
