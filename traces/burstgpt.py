@@ -44,7 +44,7 @@ def read_burstgpt(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOCK
 
     Returns:
         A :class:`Trace`, one record per kept row in file order: ``request_id`` counts kept rows
-        from 0, ``timestamp_ms`` = 1000 x (``Timestamp`` - the first row's), ``input_length`` =
+        from 0, ``timestamp_ms`` = 1000 x (``Timestamp`` - the first kept row's), ``input_length`` =
         ``Request tokens``, ``output_length`` = ``Response tokens``, ``hash_ids`` a ``range`` of
         fresh ids, ``session_id`` the ``Session ID`` text where the column is present and the
         cell not empty (else None). ``metadata``: ``{"origin": "burstgpt", "skipped_failed_rows": n}``.
@@ -69,7 +69,8 @@ def read_burstgpt(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOCK
                     raise TraceError(f"column missing from header {header}", source, 1, column)
             index = [header.index(c) for c in BURSTGPT_COLUMNS]
             session = header.index(SESSION_COLUMN) if SESSION_COLUMN in header else None
-            t0: float | None = None
+            t0: float | None = None  # the first row's Timestamp: no later row may be earlier
+            start = 0.0  # the first kept row's: the trace's time 0
             for row in reader:
                 line = reader.line_num
                 if not row or (len(row) == 1 and not row[0].strip()):
@@ -88,7 +89,9 @@ def read_burstgpt(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOCK
                     continue
                 n_blocks = -(-n_in // block_size)
                 sid = row[session].strip() or None if session is not None and session < len(row) else None
-                records.append(TraceRecord(len(records), (stamp - t0) * 1000.0, n_in, n_out,
+                if not records:  # a failed row sends nothing: time 0 is the first kept row's
+                    start = stamp
+                records.append(TraceRecord(len(records), (stamp - start) * 1000.0, n_in, n_out,
                                            range(next_id, next_id + n_blocks), session_id=sid))
                 next_id += n_blocks
     except UnicodeDecodeError as exc:

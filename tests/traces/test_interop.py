@@ -97,6 +97,10 @@ def test_burstgpt_rows_skip_failures_and_start_at_zero(tmp_path):
             for r in trace.records] == [(0, 0.0, 472, 18, [0]), (1, 2250.0, 20, 3, [1])]
     assert trace.metadata == {"origin": "burstgpt", "skipped_failed_rows": 1}
     assert [r.session_id for r in trace.records] == [None, None]
+    # a failed first row sends nothing: time 0 is the first kept row's (it added 0.5 s of idle time)
+    failed_first = BURST.replace("Log Type\n", "Log Type\n4,ChatGPT,900,0,900,Conversation log\n")
+    late = read_burstgpt(_write(tmp_path, "b2.csv", failed_first), 512)
+    assert [r.timestamp_ms for r in late.records] == [0.0, 2250.0] and late.metadata["skipped_failed_rows"] == 2
 
 
 def test_burstgpt_1_2_session_ids_are_kept_and_no_parent_made(tmp_path):
