@@ -78,8 +78,9 @@ def read_sharegpt(path: str | os.PathLike[str], block_size: int, count_tokens: C
 
     Returns:
         A :class:`Trace`: records in conversation order, turns in order; ``request_id`` counts
-        from 0, ``session_id`` is the conversation's ``id`` (or its 0-based index), ``turn``
-        1-based, ``parent`` the previous turn, ``timestamp_ms`` and ``think_time_ms`` 0. A
+        from 0, ``session_id`` is the conversation's ``id`` (or its 0-based index; an ``id`` an
+        earlier conversation has is made ``"<id>#<index>"``, and such conversations are counted
+        in ``metadata["repeated_ids"]``), ``turn`` 1-based, ``parent`` the previous turn, ``timestamp_ms`` and ``think_time_ms`` 0. A
         conversation without a user message answered by an assistant gives no record and is
         counted in ``metadata["skipped_conversations"]``. ``metadata["origin"]`` is ``"sharegpt"``.
 
@@ -98,12 +99,16 @@ def read_sharegpt(path: str | os.PathLike[str], block_size: int, count_tokens: C
         raise TraceError(f"expected a JSON list of conversations, got {type(doc).__name__}", source)
     records: list[TraceRecord] = []
     next_id = 0
-    skipped = 0
+    skipped = repeated = 0
+    seen: set[object] = set()
     for i, entry in enumerate(doc):
         messages = _messages(entry, source, i)
         session = entry.get("id", i)
         if type(session) not in (int, str):
             session = i
+        if session in seen:  # two conversations are two sessions (session affinity, --request-rate)
+            session, repeated = f"{session}#{i}", repeated + 1
+        seen.add(session)
         before = len(records)
         next_id = _session(messages, session, records, next_id, block_size, count_tokens, source, i)
         skipped += len(records) == before
@@ -111,7 +116,7 @@ def read_sharegpt(path: str | os.PathLike[str], block_size: int, count_tokens: C
         raise TraceError("no conversation has a user message answered by an assistant", source)
     return Trace(records, block_size, source,
                  {"origin": "sharegpt", "tokens": tokens_note or "counted by the caller",
-                  "skipped_conversations": skipped})
+                  "skipped_conversations": skipped, "repeated_ids": repeated})
 
 
 def _messages(entry: object, source: str, i: int) -> list[tuple[str, str]]:

@@ -46,8 +46,15 @@ def test_sharegpt_turns_are_a_session_with_parents(tmp_path):
         (1, "a", 2, 0, 7, 1, None),   # 2 + 3 history + 2 new
         (2, "b", 1, None, 11, 1, [1, 2, 3]),
     ]
-    assert trace.metadata["skipped_conversations"] == 1
+    assert trace.metadata["skipped_conversations"] == 1 and trace.metadata["repeated_ids"] == 0
     assert "4 characters per token" in trace.metadata["tokens"]
+
+
+def test_sharegpt_conversations_with_one_id_stay_two_sessions(tmp_path):
+    twice = [SHAREGPT[0], {**SHAREGPT[1], "id": "a"}]
+    trace = read_sharegpt(_write(tmp_path, "s.json", twice), block_size=4)
+    assert [(r.session_id, r.turn) for r in trace.records] == [("a", 1), ("a", 2), ("a#1", 1)]
+    assert trace.metadata["repeated_ids"] == 1
 
 
 def test_sharegpt_custom_counter_and_round_trip_through_import(tmp_path):
