@@ -112,8 +112,11 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None,
                                      param_hint="'--config'")
         value = _plain(value)
         if ctx is not None and value is not None:
+            param = params[names[key]]
             try:
-                params[names[key]].type_cast_value(ctx, value)
+                cast = param.type_cast_value(ctx, value)
+                if param.callback is not None:  # its checks too (a length distribution's), so the error names the file
+                    param.callback(ctx, param, cast)
             except click.BadParameter as exc:
                 hint = _saved_policy_files(doc.get(PROVENANCE_KEY)) if names[key] in POLICY_PARAMS else ""
                 raise click.BadParameter(f"{where}: option {key!r}: {exc.message}{hint}",
