@@ -581,7 +581,7 @@ def test_rescaled_trace_arrivals_stay_in_the_seconds_bound(tmp_path, args, expec
 
 def test_generated_arrivals_stay_in_the_seconds_bound():
     assert_error(run("simulate", "--chats", 3, "--turns", 1, "--request-rate", "1e-300", "--arrival", "constant"),
-                 "--request-rate 1e-300 puts the last of 3 sessions at 2e+300 s, past the 1e+09 s any time may be")
+                 "--request-rate 1e-300 puts the last of 3 sessions at 3e+300 s, past the 1e+09 s any time may be")
 
 
 def test_malformed_whole_file_json_still_names_its_line(tmp_path):
@@ -992,3 +992,30 @@ def test_max_model_len_below_the_profiles_long_prefill_threshold(tmp_path):
     assert run("simulate", "--chats", 2, "--turns", 1, "--profile", path).exit_code == 0
     assert_error(run("simulate", "--chats", 2, "--turns", 1, "--profile", path, "--max-model-len", 2048),
                  "engine.long_prefill_token_threshold 4096 is above max_model_len (2048): vLLM refuses to start")
+
+
+@pytest.mark.parametrize("command, expected", [
+    (("compare", "--executor", "sequential", "--address", "tcp://127.0.0.1:9"),
+     "--address sends the runs to a Dask cluster and --executor sequential runs them here: give one"),
+    (("sweep", "--policies", "round_robin", "--executor", "local", "--address", "tcp://127.0.0.1:9"),
+     "--address sends the runs to a Dask cluster and --executor local runs them here: give one"),
+    (("compare", "--uncertainty", "2", "--executor", "dask"),
+     "--uncertainty runs in this process; --executor dask does not apply (leave it out)"),
+    (("compare", "--uncertainty", "2", "--address", "tcp://127.0.0.1:9"),
+     "--uncertainty runs in this process; --address tcp://127.0.0.1:9 does not apply (leave it out)"),
+])
+def test_executor_options_that_would_be_ignored_are_refused(command, expected):
+    """They were silently overridden: --address won over --executor, and --uncertainty ran in
+    this process whatever --executor or --address said."""
+    assert_error(run(*command, "--chats", 2, "--turns", 1), expected)
+
+
+@pytest.mark.parametrize("line, expected", [
+    ('reply_tokens: "lognormal:3"', "c.yaml:2: option 'reply_tokens': lognormal takes 2 number(s), got 1"),
+    ("think_time: abc", "c.yaml:2: option 'think_time': cannot read 'abc'"),
+])
+def test_a_config_files_length_distribution_is_checked_naming_the_file_and_line(tmp_path, line, expected):
+    """A distribution's own check (the option's callback) ran only when click applied the file,
+    so the error named the option as if typed, not the file and line."""
+    path = write(tmp_path / "c.yaml", f"chats: 2\n{line}\n")
+    assert_error(run("compare", "--config", path), f"Invalid value for '--config': {tmp_path}/{expected}")

@@ -9,8 +9,11 @@ An arrival process is named by a short text shared by the CLI (``--arrival``), s
 ``constant``   evenly spaced gaps of ``1 / rate``
 =============  ===========================================================================
 
-The first arrival is at time 0 and later ones follow the drawn gaps, as ``vllm bench serve``
-sends its first request at once.
+As ``vllm bench serve`` of vLLM 0.32 times its requests (``vllm/benchmarks/serve.py:
+get_request``, without ramp-up): ``n`` gaps are drawn, the ``k``-th arrival is after the first
+``k`` of them, and the arrivals are rescaled so that the last is at exactly ``n / rate`` s (its
+note: this keeps the throughput of different seeds alike). The first arrival is after one gap,
+not at 0; a run's time to complete counts from its first request.
 """
 
 from __future__ import annotations
@@ -53,7 +56,9 @@ def parse_arrival(text: str) -> tuple[str, float]:
 
 
 def arrival_times(n: int, rate: float, process: str, rng: np.random.Generator | None) -> np.ndarray:
-    """``n`` arrival times, seconds, shape ``(n,)``: 0 then cumulative gaps of mean ``1 / rate``.
+    """``n`` arrival times, seconds, shape ``(n,)``: the cumulative sums of ``n`` gaps of mean
+    ``1 / rate``, rescaled so that the last is ``n / rate`` (``vllm bench serve``'s
+    ``get_request``; no rescaling when every gap drew 0).
 
     Args:
         n: arrivals.
@@ -68,16 +73,18 @@ def arrival_times(n: int, rate: float, process: str, rng: np.random.Generator | 
     if not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"--request-rate must be a finite number > 0, got {rate!r}")
     kind, cv = parse_arrival(process)
-    if n <= 1:
-        return np.zeros(max(n, 0))
+    if n <= 0:
+        return np.zeros(0)
     if kind == "constant":
-        gaps = np.full(n - 1, 1.0 / rate)
+        gaps = np.full(n, 1.0 / rate)
     else:
         if rng is None:
             raise ValueError(f"arrival process {process!r} is random: pass rng (a seeded numpy Generator)")
         shape = 1.0 / (cv * cv)
-        gaps = rng.gamma(shape, 1.0 / (rate * shape), n - 1)
-    times = np.concatenate(([0.0], np.cumsum(gaps)))
+        gaps = rng.gamma(shape, 1.0 / (rate * shape), n)
+    times = np.cumsum(gaps)
+    if times[-1] > 0:
+        times *= (n / rate) / times[-1]
     if not times[-1] <= MILLISECONDS.maximum / 1000.0:  # inf too: the later sessions would never start
         raise ValueError(f"--request-rate {rate:g} puts the last of {n} sessions at {times[-1]:.3g} s, past the "
                          f"{MILLISECONDS.maximum / 1000:g} s any time may be")
