@@ -15,6 +15,7 @@ import numpy as np
 from typing import Callable
 
 from kvroute.sim.routing.base import RouteRequest, pick_min
+from kvroute.sim.routing.in_flight import InFlightPrompts
 from kvroute.sim.routing.signals import KVEventIndex, MetricsScrape
 
 CACHE_VIEWS = ("routed", "events", "exact")
@@ -106,9 +107,9 @@ class RouterView:
         self.active_blocks = [0] * num_workers
         self.num_gpu_blocks: list[int] | None = None
         self._active: dict[int, list] = {}  # request id -> [worker, unprefilled tokens, block hashes or None]
-        # per worker, block hash -> requests in flight there holding it (Dynamo's unique_blocks)
-        self._in_flight_blocks: list[dict[int, int]] | None = (
-            [{} for _ in range(num_workers)] if track_active_blocks else None)
+        # per worker, the prompt blocks of its requests in flight (Dynamo's unique_blocks)
+        self._in_flight_blocks: list[InFlightPrompts] | None = (
+            [InFlightPrompts() for _ in range(num_workers)] if track_active_blocks else None)
         self._last_match: tuple[int, list[int]] | None = None
         self.num_workers = num_workers
         self.block_size = block_size
@@ -214,10 +215,8 @@ class RouterView:
         if self._in_flight_blocks is not None:
             hashes = request.block_hashes
             held = self._in_flight_blocks[worker]
-            get = held.get
-            for h in hashes:
-                held[h] = get(h, 0) + 1
-            self.active_blocks[worker] = len(held)
+            held.add(hashes)
+            self.active_blocks[worker] = held.num_blocks
         self._active[request.request_id] = [worker, tokens, hashes]
         if request.session_id is not None:
             self.sessions[request.session_id] = worker
@@ -243,31 +242,21 @@ class RouterView:
             self.outstanding_tokens[entry[0]] -= entry[1]
             if entry[2] is not None:
                 held = self._in_flight_blocks[entry[0]]
-                for h in entry[2]:
-                    left = held[h] - 1
-                    if left:
-                        held[h] = left
-                    else:
-                        del held[h]
-                self.active_blocks[entry[0]] = len(held)
+                held.remove(entry[2])
+                self.active_blocks[entry[0]] = held.num_blocks
 
     def new_blocks(self, worker: int, block_hashes: list[int]) -> int:
         """Blocks of ``block_hashes`` past their longest prefix that a request in flight on
         ``worker`` holds: what a new request adds to the worker's active blocks (Dynamo's
-        ``ActiveSequences::new_blocks``; chained hashes make its per-block test a prefix).
+        ``ActiveSequences::new_blocks``; chained hashes make its per-block test a prefix:
+        :class:`~kvroute.sim.routing.in_flight.InFlightPrompts`).
 
         Raises:
             RuntimeError: the view does not track active blocks (``track_active_blocks``).
         """
         if self._in_flight_blocks is None:
             raise RuntimeError("this view does not track the blocks in flight (track_active_blocks)")
-        held = self._in_flight_blocks[worker]
-        depth = 0
-        for h in block_hashes:
-            if h not in held:
-                break
-            depth += 1
-        return len(block_hashes) - depth
+        return self._in_flight_blocks[worker].new_blocks(block_hashes)
 
     def mark_dead(self, worker: int) -> None:
         """Stop routing to ``worker`` (it failed or timed out)."""

@@ -105,7 +105,7 @@ def test_blocks_shared_by_requests_in_flight_count_once():
     v.on_finished(0, 1)
     assert v.active_blocks == [3] and v.new_blocks(0, [1, 2, 3]) == 1
     v.on_finished(0, 2)
-    assert v.active_blocks == [0] and v._in_flight_blocks == [{}]
+    assert v.active_blocks == [0] and v.new_blocks(0, [1, 2, 9]) == 3
     with pytest.raises(RuntimeError, match="track_active_blocks"):
         view(1).new_blocks(0, [1])
 
