@@ -25,7 +25,7 @@ from kvroute.traces.outputs import atomic_output, check_output, write_text_atomi
 from kvroute.cli.scenario import (describe, executor_options, parse_policies, policies_option, resolve_executor,
                                  scenario_from_options, scenario_options, scenario_spec, scenario_trace, with_errors)
 from kvroute.sim.routing import DEFAULT_POLICIES
-from kvroute.sim.cluster.metrics import ServiceClass
+from kvroute.sim.cluster.metrics import COUNT_METRICS, ServiceClass
 
 if TYPE_CHECKING:
     from kvroute.sim.study.experiment import CompareInterrupted, Comparison, UncertainComparison
@@ -349,8 +349,10 @@ def _write_outputs(comparison, out: Path, header: str, quiet: bool, records_form
             records.to_csv(tmp, index=False)
         else:
             records.to_parquet(tmp, index=False)
-    with atomic_output(out / "summary.csv") as tmp:
-        comparison.summaries.to_csv(tmp, index=False)
+    with atomic_output(out / "summary.csv") as tmp:  # counts written whole: 16, not 16.0
+        summaries = comparison.summaries
+        counts = [c for c in COUNT_METRICS if c in summaries and summaries[c].notna().all()]
+        summaries.astype(dict.fromkeys(counts, "int64")).to_csv(tmp, index=False)
     doc = {"scenario": header, **comparison.to_dict(), **({"incomplete": incomplete} if incomplete else {})}
     write_text_atomic(out / "compare.json", json.dumps(doc, indent=2))
     fig = ttft_figure(records, scenario_title(header, comparison.policies, "TTFT per policy, all rounds"),

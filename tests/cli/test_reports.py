@@ -405,3 +405,14 @@ def test_a_cell_says_when_only_some_rounds_have_a_value():
     half = abs(values[0] - values[1]) / 2 * stats.t.ppf(0.975, 1)  # sd / sqrt(2) of two values
     line = next(line for line in table.splitlines() if line.startswith("TTFT mean, turns >= 2"))
     assert line.endswith(f"{sum(values) / 2:.3f} ± {half:.3f} (2 of 4 rounds)"), line
+
+
+def test_summary_csv_writes_counts_whole(tmp_path):
+    result = CliRunner().invoke(cli, ["compare", *SMALL, "--rounds", "1", "--max-model-len", "1290",
+                                      "--executor", "sequential", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "out" / "summary.csv")))
+    assert all(row["failed"].isdigit() and row["preemptions"].isdigit() for row in rows), rows[0]
+    assert any(int(row["failed"]) > 0 for row in rows)  # a count that is not 0 too (prompts past 1,290 tokens)
