@@ -11,6 +11,7 @@ a flag given on the command line overrides it. The ``kvroute`` provenance block 
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from pathlib import Path
@@ -108,8 +109,10 @@ def read_config(path: Path, command: click.Command, meta: dict | None = None,
                                f"{command.name} runs the scenario without it", err=True)
                 continue
             valid = sorted(shown)
-            raise click.BadParameter(f"{where}: unknown option {key!r} for {command.name}; valid: {', '.join(valid)}",
-                                     param_hint="'--config'")
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise click.BadParameter(f"{where}: unknown option {key!r} for {command.name}{hint}; valid: "
+                                     f"{', '.join(valid)}", param_hint="'--config'")
         value = _plain(value)
         if ctx is not None and value is not None:
             param = params[names[key]]

@@ -92,6 +92,10 @@ def import_(source, out, fmt, block_size, tokenizer, chars_per_token):
     out.parent.mkdir(parents=True, exist_ok=True)
     write_trace(result, out)
     click.echo(f"wrote {len(result.records)} requests to {out}")
+    for key, what in (("skipped_conversations", "conversation(s) without an answered user message skipped"),
+                      ("repeated_ids", "conversation(s) whose id an earlier one has became session '<id>#<index>'")):
+        if result.metadata.get(key):
+            click.echo(f"note: {result.metadata[key]} {what}", err=True)
 
 
 @trace.command()

@@ -58,7 +58,8 @@ def test_config_errors_name_the_file_and_option(tmp_path):
     bad = tmp_path / "s.yaml"
     bad.write_text("workerz: 2\n")
     result = CliRunner().invoke(cli, ["compare", "--config", str(bad)])
-    assert result.exit_code == 2 and "unknown option 'workerz' for compare" in result.output
+    assert result.exit_code == 2 and "unknown option 'workerz' for compare (did you mean 'workers'?)" in \
+        " ".join(result.output.split())
     valid = result.output.split("valid: ")[1].replace("\n", " ").split(", ")
     assert "reply-tokens" in valid and "reply" not in valid and "user" not in valid  # long names only
     bad.write_text("chats: 4\nworkers: 0\n")   # checked like the flag, and named with its file and line

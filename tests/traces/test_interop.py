@@ -55,6 +55,10 @@ def test_sharegpt_conversations_with_one_id_stay_two_sessions(tmp_path):
     trace = read_sharegpt(_write(tmp_path, "s.json", twice), block_size=4)
     assert [(r.session_id, r.turn) for r in trace.records] == [("a", 1), ("a", 2), ("a#1", 1)]
     assert trace.metadata["repeated_ids"] == 1
+    result = CliRunner().invoke(cli, ["trace", "import", str(_write(tmp_path, "t.json", twice)), "--out",
+                                      str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 0 and "note: 1 conversation(s) whose id an earlier one has became session" in \
+        result.output, result.output
 
 
 def test_sharegpt_custom_counter_and_round_trip_through_import(tmp_path):
