@@ -268,6 +268,18 @@ def test_gzip_and_binary_traces(tmp_path):
     assert_error(run("simulate", "--trace", binary), "b.jsonl:2: not UTF-8 text (byte 0xff)")
 
 
+@pytest.mark.parametrize("fmt, header", [
+    ("azure", b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"),
+    ("burstgpt", b"Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,ChatGPT,472,18,490,x\n"),
+])
+def test_a_gzip_compressed_csv_is_said_to_be_one(tmp_path, fmt, header):
+    """It read "not UTF-8 text (invalid start byte)", without a line or what to do."""
+    gz = tmp_path / "t.csv"
+    gz.write_bytes(gzip.compress(header))
+    assert_error(run("trace", "import", gz, "--format", fmt, "--out", tmp_path / "o.jsonl"),
+                 "t.csv:1: is gzip-compressed; decompress it first (gunzip)")
+
+
 def test_a_file_in_no_trace_format_names_the_formats_kvroute_reads(tmp_path):
     readme = write(tmp_path / "README.md", "# kvroute\n\nA discrete-event simulator of vLLM workers.\n")
     result = run("compare", "--trace", readme, "--rounds", 1, "--policies", "round_robin")

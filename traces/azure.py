@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from kvroute.traces.inputs import BLOCK_SIZE, MAX_TOKENS, InputError
 from kvroute.traces.format import Trace, TraceRecord
-from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError
+from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError, check_not_gzip
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
@@ -41,10 +41,12 @@ def read_azure_csv(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOC
         TraceError (a ValueError) naming path, line (1 = header) and field: a missing column, a
             short row, an unparsable timestamp, one earlier than the first row's or one with a
             time zone when the first row has none (or the reverse), a count that is not an int
-            between 1 and ``MAX_TOKENS``, a file that is not UTF-8 text, a file with no data row;
-            a ``block_size`` that is not an int between 1 and ``MAX_BLOCK_SIZE``.
+            between 1 and ``MAX_TOKENS``, a file that is not UTF-8 text (gzip-compressed: said so),
+            a file with no data row; a ``block_size`` that is not an int between 1 and
+            ``MAX_BLOCK_SIZE``.
         OSError: the file cannot be opened.
     """
+    check_not_gzip(path)
     try:
         BLOCK_SIZE.check(block_size, "block_size", str(path))
     except InputError as exc:

@@ -19,7 +19,7 @@ import os
 
 from kvroute.traces.inputs import MAX_TOKENS, SECONDS, InputError
 from kvroute.traces.format import Trace, TraceRecord
-from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError, check_trace_block_size
+from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError, check_not_gzip, check_trace_block_size
 
 BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
 """The columns every release has and the reader needs; ``Session ID`` is read when present, the
@@ -52,12 +52,14 @@ def read_burstgpt(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOCK
     Raises:
         TraceError (a ValueError) naming path, line (1 = header) and column: a missing column, a
             short row, a timestamp that is not a finite number between 0 and 1e9 s
-            (:data:`~kvroute.traces.inputs.SECONDS`) or is earlier than the first row's, a token count that is not an int between 0 and ``MAX_TOKENS``, a file that is
-            not UTF-8 text, no kept row; a bad ``block_size``.
+            (:data:`~kvroute.traces.inputs.SECONDS`) or is earlier than the first row's, a token
+            count that is not an int between 0 and ``MAX_TOKENS``, a file that is not UTF-8 text
+            (gzip-compressed: said so), no kept row; a bad ``block_size``.
         OSError: the file cannot be opened.
     """
     source = str(path)
     check_trace_block_size(block_size, path)
+    check_not_gzip(path)
     records: list[TraceRecord] = []
     next_id = skipped = 0
     try:

@@ -68,6 +68,18 @@ def check_trace_block_size(block_size: int, path: str | os.PathLike[str]) -> Non
         raise TraceError(exc.reason, path, None, "block_size") from None
 
 
+def check_not_gzip(path: str | os.PathLike[str]) -> None:
+    """Refuse a gzip-compressed file (its first two bytes ``1f 8b``) before it is read as text.
+
+    Raises:
+        TraceError: naming the file, line 1, and what to do.
+        OSError: the file cannot be opened.
+    """
+    with open(path, "rb") as handle:
+        if handle.read(2) == b"\x1f\x8b":
+            raise TraceError("is gzip-compressed; decompress it first (gunzip)", str(path), 1)
+
+
 def load_json_document(path: str | os.PathLike[str]):
     """The JSON document in ``path`` (a whole-file format: ShareGPT, ``vllm bench serve`` results).
 
@@ -149,10 +161,9 @@ def read_trace(path: str | os.PathLike[str], block_size: int | None = None) -> T
         OSError: the file cannot be opened.
     """
     source = str(path)
+    check_not_gzip(path)
     with open(path, "rb") as handle:
         data = handle.read()
-    if data[:2] == b"\x1f\x8b":
-        raise TraceError("is gzip-compressed; decompress it first (gunzip)", source, 1)
     try:
         text = data.decode("utf-8-sig")  # a leading BOM is dropped
     except UnicodeDecodeError as exc:
