@@ -166,7 +166,8 @@ class LiveReplay:
                                metrics=self.metrics.scrape if self.policy.uses_metrics else None,
                                cache_view=cache_view,
                                events=self.kv_events.index if cache_view == "events" else None,
-                               track_active_blocks=self.policy.uses_active_blocks)
+                               track_active_blocks=self.policy.uses_active_blocks,
+                               routed_ttl_s=self.policy.routed_ttl_s, clock=self.now)
         prepare_policy(self.policy, self.view)
         self.closed_loop = self.workload.has_sessions if spec.closed_loop is None else spec.closed_loop
         self.records: list[RequestRecord] = []

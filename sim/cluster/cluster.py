@@ -332,7 +332,8 @@ class Cluster:
             RouterView(n, spec.profile.engine.block_size, spec.router_block_tokens,
                        track_prefixes=self.policies[0].uses_prefixes, cache_view=cache_view,
                        metrics=self.metrics if self.policies[0].uses_metrics else None, events=self.events,
-                       exact=exact, track_active_blocks=self.policies[0].uses_active_blocks)
+                       exact=exact, track_active_blocks=self.policies[0].uses_active_blocks,
+                       routed_ttl_s=self.policies[0].routed_ttl_s, clock=lambda: self.env.now)
             for _ in range(num_views)
         ]
         for g, policy in enumerate(self.policies):

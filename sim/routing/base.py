@@ -61,6 +61,8 @@ class Policy:
             without it).
         uses_active_blocks: whether the policy reads the prompt blocks in flight per worker
             (``RouterView.active_blocks``, ``new_blocks``), kept only then.
+        routed_ttl_s: seconds a routed prefix stays in the routed cache view after the last
+            request routed with it (``RouterView(routed_ttl_s=...)``); None (the default): for good.
         cache_view: the cache view this policy reads (one of ``view.CACHE_VIEWS``), whatever the
             run's ``cache_view``; None (the default) takes the run's. So policies that read
             different sources (llm-d's precise and estimated scorers) compare in one table.
@@ -72,6 +74,7 @@ class Policy:
     uses_prefixes = False
     uses_metrics = False
     uses_active_blocks = False
+    routed_ttl_s: float | None = None
     cache_view: str | None = None
     kv_event_delay_s: float | None = None
 

@@ -55,19 +55,26 @@ class DynamoKVRouter(Policy):
         overlap_weight: weight of the prefill term (``--kv-overlap-score-weight``); 0 ignores
             the cache.
         temperature: ``--router-temperature``; 0 takes the cheapest worker.
+        ttl_s: seconds a routed prefix counts in the routed cache view (``--no-kv-events``)
+            after the last request routed with it (``--router-ttl``; ``KvRouterConfig``'s
+            ``router_ttl_secs`` 120 s); the KV-event and exact views do not expire.
 
     Raises:
-        ValueError: a negative weight or temperature.
+        ValueError: a negative weight or temperature, a ``ttl_s`` not above 0.
     """
 
     uses_prefixes = True
     uses_active_blocks = True
 
-    def __init__(self, rng: np.random.Generator, overlap_weight: float = 1.0, temperature: float = 0.0) -> None:
+    def __init__(self, rng: np.random.Generator, overlap_weight: float = 1.0, temperature: float = 0.0,
+                 ttl_s: float = 120.0) -> None:
         super().__init__(rng)
         check_at_least("dynamo", 0, overlap_weight=overlap_weight, temperature=temperature)
+        if not ttl_s > 0:
+            raise ValueError(f"dynamo: ttl_s must be > 0 s, got {ttl_s:g}")
         self.overlap_weight = overlap_weight
         self.temperature = temperature
+        self.routed_ttl_s = ttl_s
 
     def logits(self, request, view, workers: list[int]) -> list[float]:
         """The cost of sending ``request`` to each of ``workers`` (blocks)."""

@@ -64,6 +64,11 @@ class RouterView:
             themselves; needed for ``cache_view="exact"``.
         track_active_blocks: keep each worker's prompt blocks in flight (``active_blocks``,
             :meth:`new_blocks`), for a policy that sets ``Policy.uses_active_blocks``.
+        routed_ttl_s: seconds a routed prefix stays in the routed-prefix index after the last
+            request that routed it to a worker (Dynamo's ``--no-kv-events`` mode expires its
+            entries: ``KvRouterConfig.router_ttl_secs``, 120 s); None keeps them for good (the
+            other routers' approximate trees evict only past a size none of these runs reach).
+        clock: the current time, s (needed with ``routed_ttl_s``).
 
     Attributes:
         outstanding_tokens: per worker, prompt tokens this gateway routed there that are not
@@ -92,6 +97,8 @@ class RouterView:
         events: KVEventIndex | None = None,
         exact: Callable[[list[int]], list[int]] | None = None,
         track_active_blocks: bool = False,
+        routed_ttl_s: float | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if num_workers < 1:
             raise ValueError("a router needs at least one worker")
@@ -99,6 +106,8 @@ class RouterView:
             raise ValueError(f"unknown cache view {cache_view!r}; valid: {', '.join(CACHE_VIEWS)}")
         if (cache_view == "events" and events is None) or (cache_view == "exact" and exact is None):
             raise ValueError(f"cache view {cache_view!r} needs its source")
+        if routed_ttl_s is not None and (clock is None or not routed_ttl_s > 0):
+            raise ValueError(f"routed_ttl_s needs a clock and a time > 0 s, got {routed_ttl_s!r}")
         self.cache_view = cache_view
         self.metrics = metrics
         self.events = events
@@ -118,6 +127,9 @@ class RouterView:
         self.stride = max(1, router_block_tokens // block_size)
         self.track_prefixes = track_prefixes and cache_view == "routed"
         self._index: dict[int, int] = {}  # sampled block hash -> bitmask of workers
+        self.routed_ttl_s = routed_ttl_s if self.track_prefixes else None
+        self._clock = clock
+        self._expiry: dict[int, list[float]] = {}  # with a TTL: sampled block hash -> expiry per worker
         self.sessions: dict[object, int] = {}  # session id -> worker of its latest request
 
     def alive_workers(self) -> list[int]:
@@ -184,9 +196,15 @@ class RouterView:
         get, stride = self._index.get, self.stride
         live = (1 << self.num_workers) - 1
         length = 0  # engine blocks matched by every worker still in ``live``
+        ttl, now = self.routed_ttl_s is not None, self._clock() if self.routed_ttl_s is not None else 0.0
         # the sampled blocks are those at positions stride - 1, 2 * stride - 1, ...
         for h in block_hashes[stride - 1::stride]:
             mask = get(h, 0) & live
+            if ttl and mask:  # entries past their time are gone (Dynamo prunes them)
+                expiry = self._expiry[h]
+                for w in range(self.num_workers):
+                    if mask >> w & 1 and expiry[w] <= now:
+                        mask &= ~(1 << w)
             if mask != live:
                 lost = live & ~mask
                 w = 0
@@ -224,8 +242,13 @@ class RouterView:
             bit = 1 << worker
             index = self._index
             get = index.get
-            for h in request.block_hashes[self.stride - 1::self.stride]:
+            sampled = request.block_hashes[self.stride - 1::self.stride]
+            for h in sampled:
                 index[h] = get(h, 0) | bit
+            if self.routed_ttl_s is not None:
+                until, expiry, never = self._clock() + self.routed_ttl_s, self._expiry, [-1.0] * self.num_workers
+                for h in sampled:
+                    expiry.setdefault(h, never[:])[worker] = until
 
     def on_first_token(self, request_id: int) -> None:
         """Record that a request's prefill is done (its first token arrived)."""

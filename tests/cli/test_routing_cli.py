@@ -28,7 +28,7 @@ class FewestTokens(Policy):
 def test_policies_lists_every_policy_on_one_line():
     out = CliRunner().invoke(cli, ["policies"]).output.splitlines()
     assert [line.split()[0] for line in out] == list(POLICIES)
-    assert any(line.startswith("dynamo ") and "[overlap_weight=1.0,temperature=0.0]" in line for line in out)
+    assert any(line.startswith("dynamo ") and "[overlap_weight=1.0,temperature=0.0,ttl_s=120.0]" in line for line in out)
 
 
 def test_compare_takes_policies_with_parameters():

@@ -97,6 +97,31 @@ def test_dynamo_prefix_in_flight_lowers_the_decode_term():
     assert make_policy("dynamo", router_rng(0)).logits(rr(1, range(1, 9)), v, [0, 1]) == [25.0, 18.0]
 
 
+def test_the_routed_view_forgets_a_prefix_its_ttl_after_the_last_routing():
+    """Dynamo's --no-kv-events index expires entries (router_ttl_secs, 120 s): a prefix routed to
+    worker 0 at t = 0 matches until t = 120 and not after; routing it again renews it."""
+    now = [0.0]
+    v = RouterView(2, block_size=16, router_block_tokens=16, routed_ttl_s=120.0, clock=lambda: now[0])
+    v.on_routed(0, rr(1, [1, 2, 3]))
+    v.on_routed(1, rr(2, [1, 2]))
+    now[0] = 119.0
+    assert v.matched_blocks([1, 2, 3]) == [3, 2]
+    v.on_routed(1, rr(3, [1, 2]))  # worker 1's blocks 1-2 renewed until 239 s
+    now[0] = 120.0
+    assert v.matched_blocks([1, 2, 3]) == [0, 2]
+    now[0] = 239.0
+    assert v.matched_blocks([1, 2, 3]) == [0, 0]
+    plain = view(1)
+    plain.on_routed(0, rr(1, [1, 2]))
+    assert plain.routed_ttl_s is None and plain.matched_blocks([1, 2]) == [2]  # other policies keep them
+    policy = make_policy("dynamo:ttl_s=30", router_rng(0))
+    assert (policy.routed_ttl_s, make_policy("dynamo", router_rng(0)).routed_ttl_s) == (30.0, 120.0)
+    with pytest.raises(ValueError, match="ttl_s must be > 0 s, got 0"):
+        make_policy("dynamo:ttl_s=0", router_rng(0))
+    with pytest.raises(ValueError, match="needs a clock"):
+        RouterView(1, block_size=16, routed_ttl_s=120.0)
+
+
 def test_blocks_shared_by_requests_in_flight_count_once():
     v = RouterView(1, block_size=16, router_block_tokens=16, track_active_blocks=True)
     v.on_routed(0, rr(1, [1, 2, 3]))
