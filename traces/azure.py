@@ -12,7 +12,7 @@ import csv
 import os
 from datetime import datetime, timedelta
 
-from kvroute.traces.inputs import BLOCK_SIZE, MAX_TOKENS, InputError
+from kvroute.traces.inputs import BLOCK_SIZE, MAX_TOKENS, InputError, ascii_int
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError, check_not_gzip
 
@@ -117,10 +117,9 @@ _MICROSECOND = timedelta(microseconds=1)
 
 def _count(text: str, source: str, lineno: int, field: str) -> int:
     """Parse a token count of 1 to ``MAX_TOKENS`` or raise a TraceError naming the field."""
-    digits = text.strip()
-    if not (digits.isascii() and digits.isdigit()):  # int() also takes "1_000", "+5" and other scripts' digits
+    value = ascii_int(text)
+    if value is None:
         raise TraceError(f"expected an int >= 1 (tokens), got {text!r}", source, lineno, field)
-    value = int(digits)
     if value < 1:  # a request sends at least one token and asks for at least one
         raise TraceError(f"length must be >= 1, got {value}", source, lineno, field)
     if value > MAX_TOKENS:

@@ -17,7 +17,7 @@ import csv
 import math
 import os
 
-from kvroute.traces.inputs import MAX_TOKENS, SECONDS, InputError
+from kvroute.traces.inputs import MAX_TOKENS, SECONDS, InputError, ascii_int
 from kvroute.traces.format import Trace, TraceRecord
 from kvroute.traces.reader import MOONCAKE_BLOCK_SIZE, TraceError, check_not_gzip, check_trace_block_size
 
@@ -90,7 +90,7 @@ def read_burstgpt(path: str | os.PathLike[str], block_size: int = MOONCAKE_BLOCK
                     skipped += 1
                     continue
                 n_blocks = -(-n_in // block_size)
-                sid = row[session].strip() or None if session is not None and session < len(row) else None
+                sid = (row[session].strip() or None) if session is not None and session < len(row) else None
                 if not records:  # a failed row sends nothing: time 0 is the first kept row's
                     start = stamp
                 records.append(TraceRecord(len(records), (stamp - start) * 1000.0, n_in, n_out,
@@ -117,10 +117,9 @@ def _seconds(text: str, source: str, line: int) -> float:
 
 
 def _count(text: str, source: str, line: int, field: str) -> int:
-    digits = text.strip().removesuffix(".0")
-    if not (digits.isascii() and digits.isdigit()):  # int() also takes "1_000", "+5" and other scripts' digits
+    value = ascii_int(text.strip().removesuffix(".0"))
+    if value is None:
         raise TraceError(f"expected an int (tokens), got {text!r}", source, line, field)
-    value = int(digits)
     if not 0 <= value <= MAX_TOKENS:
         raise TraceError(f"must be between 0 and {MAX_TOKENS:,} tokens, got {value}", source, line, field)
     return value

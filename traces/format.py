@@ -19,8 +19,9 @@ parent's full prompt blocks; for a parent without ids, those of its nearest ance
 or the reader rejects it naming the line and ``hash_ids``. Its later ids are not used.
 
 Limits (:mod:`kvroute.traces.inputs`): lengths at most ``MAX_TOKENS``, block sizes at most
-``MAX_BLOCK_SIZE``, hash ids at most ``MAX_HASH_ID`` (2**48 - 1), ``timestamp`` and ``think_time`` finite and between 0 and 1e12 ms
-(``MILLISECONDS``, the ``SECONDS`` bound); each key once per line; a trace has at least one record.
+``MAX_BLOCK_SIZE``, hash ids at most ``MAX_HASH_ID`` (2**48 - 1), ``timestamp`` and
+``think_time`` finite and between 0 and 1e12 ms (``MILLISECONDS``, the ``SECONDS`` bound); each
+key once per line; a trace has at least one record.
 
 An optional first line declares the trace's block size: ``{"kvroute_trace": 1, "block_size": 16}``.
 """

@@ -279,6 +279,14 @@ def check_regular_file(path: str | os.PathLike[str], flag: str | None = None) ->
     raise InputError(f"{path} is {kind}, not a regular file", flag)
 
 
+def ascii_int(text: str) -> int | None:
+    """``text``, spaces around it aside, as an int when it is plain ASCII digits, else None
+    (``int()`` also reads ``1_000``, ``+5`` and other scripts' digits, which no count in a
+    trace file is)."""
+    digits = text.strip()
+    return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
 def describe(value: object) -> str:
     """A JSON-ish name for a value's type, for error messages."""
     if value is None:

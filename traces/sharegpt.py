@@ -80,9 +80,9 @@ def read_sharegpt(path: str | os.PathLike[str], block_size: int, count_tokens: C
         A :class:`Trace`: records in conversation order, turns in order; ``request_id`` counts
         from 0, ``session_id`` is the conversation's ``id`` (or its 0-based index; an ``id`` an
         earlier conversation has is made ``"<id>#<index>"``, and such conversations are counted
-        in ``metadata["repeated_ids"]``), ``turn`` 1-based, ``parent`` the previous turn, ``timestamp_ms`` and ``think_time_ms`` 0. A
-        conversation without a user message answered by an assistant gives no record and is
-        counted in ``metadata["skipped_conversations"]``. ``metadata["origin"]`` is ``"sharegpt"``.
+        in ``metadata["repeated_ids"]``), ``turn`` 1-based, ``parent`` the previous turn,
+        ``timestamp_ms`` and ``think_time_ms`` 0. A conversation without a user message answered
+        by an assistant gives no record and is counted in ``metadata["skipped_conversations"]``. ``metadata["origin"]`` is ``"sharegpt"``.
 
     Raises:
         TraceError (a ValueError) naming path and field (``[i].conversations[j].from``): not

@@ -196,7 +196,8 @@ class RouterView:
         get, stride = self._index.get, self.stride
         live = (1 << self.num_workers) - 1
         length = 0  # engine blocks matched by every worker still in ``live``
-        ttl, now = self.routed_ttl_s is not None, self._clock() if self.routed_ttl_s is not None else 0.0
+        ttl = self.routed_ttl_s is not None
+        now = self._clock() if ttl else 0.0
         # the sampled blocks are those at positions stride - 1, 2 * stride - 1, ...
         for h in block_hashes[stride - 1::stride]:
             mask = get(h, 0) & live
@@ -246,9 +247,12 @@ class RouterView:
             for h in sampled:
                 index[h] = get(h, 0) | bit
             if self.routed_ttl_s is not None:
-                until, expiry, never = self._clock() + self.routed_ttl_s, self._expiry, [-1.0] * self.num_workers
+                until, expiry = self._clock() + self.routed_ttl_s, self._expiry
                 for h in sampled:
-                    expiry.setdefault(h, never[:])[worker] = until
+                    times = expiry.get(h)
+                    if times is None:
+                        times = expiry[h] = [-1.0] * self.num_workers
+                    times[worker] = until
 
     def on_first_token(self, request_id: int) -> None:
         """Record that a request's prefill is done (its first token arrived)."""
