@@ -271,31 +271,9 @@ def same_routing_note(records) -> str:
         records: per-request rows with ``policy``, ``round``, ``request_id`` and ``worker``
             (``Comparison.records()``), policies in the table's order.
     """
-    if "policy" not in records.columns or records["policy"].nunique() < 2:
-        return ""
-    from kvroute.sim.cluster.metrics import route_digest
+    from kvroute.sim.cluster.metrics import routed_alike
 
-    routes = {policy: tuple(sorted((round_, route_digest(run["request_id"], run["worker"]))
-                                   for round_, run in rows.groupby("round")))
-              for policy, rows in records.groupby("policy", sort=False)}
-    return same_routing_text([(policy, first, "") for policy, first in alike_policies(routes)])
-
-
-def alike_policies(routes: dict) -> list[tuple[str, str]]:
-    """``(policy, first)`` for each policy whose route equals that of an earlier one, ``first``
-    the earliest such.
-
-    Args:
-        routes: policy -> its runs' routes, comparable (e.g. a ``(round, route_digest)`` tuple),
-            in the table's order.
-    """
-    alike, seen = [], {}  # seen: route -> the first policy that took it
-    for policy, route in routes.items():
-        if route in seen:
-            alike.append((policy, seen[route]))
-        else:
-            seen[route] = policy
-    return alike
+    return same_routing_text([(policy, first, "") for policy, first in routed_alike(records).items()])
 
 
 def same_routing_text(alike: list[tuple[str, str, str]]) -> str:

@@ -11,8 +11,9 @@ import math
 
 import pandas as pd
 
-from kvroute.cli.run_notes import (KV_MEMORY_ADVICE, alike_policies, failure_text, named_as_tables,
+from kvroute.cli.run_notes import (KV_MEMORY_ADVICE, failure_text, named_as_tables,
                                    same_routing_text, turnover)
+from kvroute.sim.cluster.metrics import alike_policies
 from kvroute.sim.study.sweep import group_columns, row_failures
 
 

@@ -342,6 +342,41 @@ def route_digest(request_ids, workers) -> str:
     return hashlib.blake2b(pairs.tobytes(), digest_size=16).hexdigest()
 
 
+def alike_policies(routes: dict) -> list[tuple[str, str]]:
+    """``(policy, first)`` for each policy whose route equals that of an earlier one, ``first``
+    the earliest such.
+
+    Args:
+        routes: policy -> its runs' routes, comparable (e.g. a ``(round, route_digest)`` tuple),
+            in the table's order.
+    """
+    alike, seen = [], {}  # seen: route -> the first policy that took it
+    for policy, route in routes.items():
+        if route in seen:
+            alike.append((policy, seen[route]))
+        else:
+            seen[route] = policy
+    return alike
+
+
+def routed_alike(records) -> dict[str, str]:
+    """``{policy: first}`` for each policy of simulated records that sent every request to the worker
+    an earlier policy (``first``, in the records' order) chose, in every round: in a simulation
+    such runs are the same run under two names.
+
+    Args:
+        records: per-request rows with ``policy``, ``round``, ``request_id`` and ``worker``
+            (``Comparison.records()``); without those columns, or with fewer than two
+            policies, the answer is ``{}``.
+    """
+    if not {"policy", "round", "request_id", "worker"} <= set(records.columns) or records["policy"].nunique() < 2:
+        return {}
+    routes = {policy: tuple(sorted((round_, route_digest(run["request_id"], run["worker"]))
+                                   for round_, run in rows.groupby("round")))
+              for policy, rows in records.groupby("policy", sort=False)}
+    return dict(alike_policies(routes))
+
+
 SUMMARY_METRICS: dict[str, str] = {
     "time_to_complete_s": "time to complete (s)",
     "ttft_mean_s": "TTFT mean (s)",

@@ -30,7 +30,10 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
 
     Returns:
         A bare matplotlib Figure (no pyplot state). The CDF's time axis, and the by-turn panel's
-        TTFT axis, are logarithmic when their TTFTs span a decade or more.
+        TTFT axis, are logarithmic when their TTFTs span a decade or more. A simulated policy that
+        routed every request as an earlier one did (``metrics.routed_alike``, when the records
+        carry ``round``, ``request_id`` and ``worker``) is named so in the legend: its lines lie
+        on the earlier policy's.
     """
     ok = records[records["status"] == "ok"]
     # NOTE: a bare Figure (no pyplot) draws with whatever backend is active and leaves a
@@ -39,7 +42,7 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
     ax_cdf, ax_turn = fig.subplots(1, 2)
     has_turns = ok["turn"].notna().any()
     colors = colors or policy_colors(ok["policy"].drop_duplicates())
-    names = short_names(ok["policy"])
+    names = legend_names(records)
     # Later policies are drawn thinner, so a policy whose results equal an earlier one's
     # (least_loaded and kv_aware often do in closed-loop bursts) stays visible.
     order = list(colors)
@@ -86,6 +89,19 @@ def ttft_figure(records: pd.DataFrame, title: str = "", colors: dict[str, str] |
         figure_title(fig, title)
     fig.tight_layout()
     return fig
+
+
+def legend_names(records: pd.DataFrame) -> dict[str, str]:
+    """``{policy: legend name}``: :func:`figure_style.short_names`, and for a simulated policy that
+    routed alike with an earlier one (``metrics.routed_alike``; measured and predicted variants are
+    not simulations of one another and are left out) ``"<name> (routed as <first>)"``."""
+    from kvroute.sim.cluster.metrics import routed_alike
+
+    names = short_names(records["policy"])
+    simulated = records[[split_variant(str(p))[1] is None for p in records["policy"]]]
+    for policy, first in routed_alike(simulated).items():
+        names[str(policy)] += f" (routed as {names[str(first)]})"
+    return names
 
 
 def integer_ticks(ax, axis: str = "x") -> None:
@@ -192,7 +208,9 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
     bounds), and the legend sits under the panels, off the data. The series sit a little apart
     along the load axis (``figure_style.spread_along``, a fifth of the narrowest gap between loads
     for all of them) so that equal values, such as every policy's goodput of 1 at a low load, stay
-    visible; the ticks stay at the loads swept.
+    visible; the ticks stay at the loads swept. A series that routed every request as an earlier
+    policy's series with the same settings did, in every run at every load (equal
+    ``route_digest``), is named so in the legend: "least_loaded (routed as kv_aware)".
 
     Args:
         frame: sweep rows (``kvroute.sim.study.sweep.sweep``) with ``request_rate`` (sessions/s)
@@ -224,6 +242,7 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
     iv = intervals(rows, panels, by=["policy", *settings, x])  # failed runs left out, as the tables
     colors = colors or policy_colors(rows["policy"].drop_duplicates())
     names = short_names(rows["policy"])
+    routed_as = _routed_as(rows, settings, x)
     variants = list(dict.fromkeys(tuple(map(_setting_key, t)) for t in iv[settings].itertuples(index=False, name=None)))
     fig = Figure(figsize=(13, 4.4))
     axes = fig.subplots(1, len(panels))
@@ -235,6 +254,8 @@ def load_figure(frame: pd.DataFrame, title: str = "", colors: dict[str, str] | N
         group = group.sort_values(x)
         style = series_style(str(policy), colors)
         label = names[str(policy)]
+        if (first := routed_as.get((policy, values))) is not None:
+            label += f" (routed as {names[str(first)]})"
         if settings:
             k = variants.index(values)
             style |= {"ls": SETTING_LINES[k % len(SETTING_LINES)], "marker": SETTING_MARKERS[k % len(SETTING_MARKERS)]}
@@ -282,6 +303,24 @@ SETTING_MARKERS = ("o", "s", "^", "D", "v")
 
 LEGEND_COLUMNS = 6
 """Most entries per row of :func:`load_figure`'s legend (more rows below the panels)."""
+
+
+def _routed_as(rows: pd.DataFrame, settings: list[str], x: str) -> dict[tuple, str]:
+    """``{(policy, settings' values): first}`` for each series of :func:`load_figure` that routed
+    every request of every run at every load as the series of an earlier policy with the same
+    settings did (equal ``route_digest`` per load and ``run_seed``); ``{}`` for rows without
+    those columns."""
+    from kvroute.sim.cluster.metrics import alike_policies
+
+    if not {"route_digest", "run_seed"} <= set(rows.columns):
+        return {}
+    routes: dict[tuple, dict] = {}  # settings' values -> policy -> its runs' (load, seed, digest)
+    for row in rows[["policy", *settings, x, "run_seed", "route_digest"]].itertuples(index=False, name=None):
+        policy, values, (load, seed, digest) = row[0], tuple(map(_setting_key, row[1:-3])), row[-3:]
+        routes.setdefault(values, {}).setdefault(policy, []).append((load, seed, str(digest)))
+    return {(policy, values): first
+            for values, by_policy in routes.items()
+            for policy, first in alike_policies({p: tuple(sorted(r)) for p, r in by_policy.items()})}
 
 
 def _setting_key(value):

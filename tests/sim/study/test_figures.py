@@ -360,3 +360,30 @@ def test_spread_along_spans_a_fifth_of_the_narrowest_gap_between_ticks():
     assert spread_along([3.0], 0, 1, [3.0], log=False).tolist() == [3.0]  # one series: not moved
     assert spread_along([3.0], 0, 2, [3.0], log=False).tolist() == pytest.approx([2.7])  # one tick: its size
     assert spread_along([0.0], 1, 2, [0.0], log=False).tolist() == pytest.approx([0.1])  # a tick at 0: 1
+
+
+def test_a_policy_that_routed_alike_is_named_so_in_the_ttft_legend():
+    records = _records(("round_robin", "kv_aware")).assign(round=0)
+    twin = records[records["policy"] == "kv_aware"].assign(policy="least_loaded")
+    fig = ttft_figure(pd.concat([records, twin], ignore_index=True))
+    ax_cdf, ax_turn = fig.axes
+    assert [line.get_label() for line in ax_cdf.get_lines()] == [
+        "round_robin", "kv_aware", "least_loaded (routed as kv_aware)"]
+    assert "least_loaded (routed as kv_aware) mean" in _line_colors(ax_turn)
+    moved = twin.assign(worker=np.where(twin["request_id"] == twin["request_id"].max(), 1 - twin["worker"], twin["worker"]))
+    assert "least_loaded" in _line_colors(ttft_figure(pd.concat([records, moved])).axes[0])
+    # measured and predicted runs of one policy are not one simulation under two names
+    variants = _records(("kv_aware predicted", "kv_aware measured")).assign(round=0)
+    assert set(_line_colors(ttft_figure(variants).axes[0])) == {"kv_aware predicted", "kv_aware measured"}
+
+
+def test_a_series_that_routed_alike_at_every_load_is_named_so_in_the_load_legend():
+    base = Scenario(workload="agent", chats=3, turns=2, history=(2000, 3000))
+    rows = sweep(grid(base, request_rate=[0.5, 2], workers=[1, 2], policy=["round_robin", "kv_aware"]), rounds=1,
+                 executor="sequential", progress=False)
+    labels = [t.get_text() for t in load_figure(rows).legends[0].get_texts()]
+    # one worker: every policy sends every request to it; two: kv_aware keeps sessions together
+    assert labels == ["round_robin, workers=1", "kv_aware (routed as round_robin), workers=1",
+                      "round_robin, workers=2", "kv_aware, workers=2"]
+    one_load = rows[(rows["workers"] == 1) & ~((rows["policy"] == "kv_aware") & (rows["request_rate"] == 2))]
+    assert [t.get_text() for t in load_figure(one_load).legends[0].get_texts()] == ["round_robin", "kv_aware"]
