@@ -195,7 +195,7 @@ class Worker:
                     f"free blocks {scheduler.pool.num_free_blocks})"
                 )
             tokens, reqs = out.num_batched_tokens, len(out.requests)
-            dt = cost.step_time(tokens, reqs, out.prefill_token_pairs, out.decode_context_tokens)
+            dt = cost.step_time(tokens, reqs, out.prefill_token_pairs, out.decode_context_tokens, out.num_decodes)
             if extra:
                 dt += extra
             if self.fast_forward:
@@ -255,8 +255,8 @@ class Worker:
                     self._mark_scheduled(out.admitted, env.now)
                 dt = 0.0
                 if out.requests:
-                    dt = cost.step_time(out.num_batched_tokens, len(out.requests),
-                                        out.prefill_token_pairs, out.decode_context_tokens) + extra
+                    dt = cost.step_time(out.num_batched_tokens, len(out.requests), out.prefill_token_pairs,
+                                        out.decode_context_tokens, out.num_decodes) + extra
                     # NOTE: the CPU part cannot exceed the step (a step timer may give less)
                     cpu_done += cpu_s if cpu_s < dt else dt
                 elif not any(q[0].requests for q in queue):

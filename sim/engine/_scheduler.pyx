@@ -35,6 +35,7 @@ cdef struct StepSums:
     Py_ssize_t num_batched_tokens
     double prefill_token_pairs
     Py_ssize_t decode_context_tokens
+    Py_ssize_t num_decodes
 
 
 cdef inline Py_ssize_t first_run_step(Py_ssize_t c, Py_ssize_t block_size):
@@ -153,6 +154,7 @@ cdef class Scheduler:
         sums.num_batched_tokens = 0
         sums.prefill_token_pairs = 0.0
         sums.decode_context_tokens = 0
+        sums.num_decodes = 0
         cdef Py_ssize_t budget = self._max_num_batched_tokens
         cdef Py_ssize_t num_eligible = len(self.running) + len(self.waiting)
         # NOTE: the long-prefill cap applies only when another request competes for the step.
@@ -184,6 +186,7 @@ cdef class Scheduler:
         out.num_batched_tokens = sums.num_batched_tokens
         out.prefill_token_pairs = sums.prefill_token_pairs
         out.decode_context_tokens = sums.decode_context_tokens
+        out.num_decodes = sums.num_decodes
         out.preempted = preempted
         out.admitted = admitted
         out.samples = samples
@@ -466,6 +469,7 @@ cdef inline void _add_to_output(list requests, vector[Py_ssize_t]& num_scheduled
     sums.num_batched_tokens += num_new
     if num_new == 1:
         sums.decode_context_tokens += computed + 1
+        sums.num_decodes += 1
     else:
         # scheduler_output.prefill_pairs(computed, num_new), operation by operation
         sums.prefill_token_pairs += <double>num_new * (<double>computed + <double>(num_new + 1) / 2.0)

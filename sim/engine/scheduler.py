@@ -232,6 +232,7 @@ class Scheduler(SchedulerDecodeRuns):
         out.num_batched_tokens += num_new
         if num_new == 1:
             out.decode_context_tokens += computed + 1
+            out.num_decodes += 1
         else:
             out.prefill_token_pairs += prefill_pairs(computed, num_new)
 

@@ -29,6 +29,7 @@ class SchedulerOutput:
         prefill_token_pairs: causal attention pairs of chunks longer than one token, summed
             (:func:`prefill_pairs`).
         decode_context_tokens: context tokens read by one-token requests.
+        num_decodes: one-token requests (decodes; a prompt's last single token counts too).
         preempted: requests preempted in this step, in preemption order.
         admitted: requests moved from waiting to running in this step.
         samples: with async scheduling, parallel to ``requests``: whether the request samples
@@ -42,6 +43,7 @@ class SchedulerOutput:
     num_batched_tokens: int = 0
     prefill_token_pairs: float = 0.0
     decode_context_tokens: int = 0
+    num_decodes: int = 0
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
     samples: list[bool] | None = None

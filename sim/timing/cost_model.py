@@ -62,6 +62,7 @@ class StepCost:
         num_reqs: int,
         prefill_token_pairs: float,
         decode_context_tokens: int,
+        num_decodes: int | None = None,
     ) -> float:
         """Seconds one engine step takes.
 
@@ -70,6 +71,8 @@ class StepCost:
             num_reqs: requests scheduled in the step.
             prefill_token_pairs: causal attention pairs of the step's prefill chunks.
             decode_context_tokens: context tokens read by the step's decodes.
+            num_decodes: the step's one-token requests (``StepTimer``'s argument); the GPU step
+                cost does not depend on it beyond the tokens and requests above.
         """
         linear = self.per_token_s * num_batched_tokens
         if linear < self.weight_load_s:

@@ -101,6 +101,11 @@ MAX_ENGINE_SPEED_SIGMA = 2.0
 """Largest accepted ``HostModel.engine_speed_sigma``: one standard deviation is then a factor
 e**2 = 7.4 between engines, far beyond any measured spread."""
 
+MIN_ENGINE_SPEED_PERIOD_S = 0.001
+"""Shortest accepted ``HostModel.engine_speed_period_s`` other than 0, s: the fit tries 20 ms and
+longer (``calibrate.calibration.speed.WINDOW_PERIODS``), and each worker draws one factor per
+period up to its step's start, so a period of nanoseconds would draw billions."""
+
 
 @dataclass(frozen=True, slots=True)
 class HostModel:
@@ -159,7 +164,8 @@ class HostModel:
             server ``i`` of ``kvroute serve`` runs on core ``i``): that worker's steps count the
             client's share of its core (``client_busy`` times the busiest API lane's share of
             the step) as fair sharing, ``1 + share`` times as long whatever the fitted
-            ``contention``, and the other workers none of it. -1: the client floats, its share
+            ``contention``, and the other workers none of it (a run with fewer workers than
+            ``client_core + 1`` has the client on a core none of its workers runs on). -1: the client floats, its share
             counted with the other busy processes and spread over the cores. Stated, not
             fitted. A pinned client slows the worker on its core alone, so that worker's
             later-turn TTFT and TPOT run longer than the other's; counted as spread over the
@@ -188,6 +194,9 @@ class HostModel:
         _check_terms(self, "host", "cores", skip=("client_core",))
         if self.client_core < -1:
             raise ValueError(f"host.client_core must be a worker index or -1 (floating), got {self.client_core!r}")
+        if 0.0 < self.engine_speed_period_s < MIN_ENGINE_SPEED_PERIOD_S:
+            raise ValueError(f"host.engine_speed_period_s must be 0 (one draw per run) or >= "
+                             f"{MIN_ENGINE_SPEED_PERIOD_S} s, got {self.engine_speed_period_s!r}")
         if self.engine_speed_sigma > MAX_ENGINE_SPEED_SIGMA:
             raise ValueError(f"host.engine_speed_sigma must be <= {MAX_ENGINE_SPEED_SIGMA} (a log-spread; 0.2-0.4 "
                              f"measured on a shared 2-core host), got {self.engine_speed_sigma!r}")
@@ -390,12 +399,13 @@ class ContendedStepCost:
         self.per_token_s = frontend.per_output_token_s if streams else 0.0
 
     def step_time(self, num_batched_tokens: int, num_reqs: int, prefill_token_pairs: float,
-                  decode_context_tokens: int) -> float:
+                  decode_context_tokens: int, num_decodes: int | None = None) -> float:
         """The calibrated step time ``d`` times the speed factor now times
         ``host.stretch(busy(d), host.baseline(d, streaming))``, s. The streaming behind a step's
-        calibration: ``per_step_s + per_output_token_s`` times its decoding requests (all of them
-        in a decode-only step, all but one beside a prefill), none for a step without decodes;
-        times ``1 + client(d)`` beside a pinned client."""
+        calibration: ``per_step_s + per_output_token_s`` times its ``num_decodes`` decoding
+        requests (when None, as the sweep's steps have them: all in a decode-only step, all but
+        one beside a prefill chunk), none for a step without decodes; times ``1 + client(d)``
+        beside a pinned client."""
         base = self.cost.step_time(num_batched_tokens, num_reqs, prefill_token_pairs, decode_context_tokens)
         if self.speed is not None:
             factor = self.speed.at(self.now())
@@ -403,7 +413,8 @@ class ContendedStepCost:
                 base *= factor
         stream = 0.0
         if decode_context_tokens > 0 and (self.per_step_s > 0.0 or self.per_token_s > 0.0):
-            decoding = num_reqs if num_batched_tokens == num_reqs else num_reqs - 1
+            decoding = num_decodes if num_decodes is not None else (
+                num_reqs if num_batched_tokens == num_reqs else num_reqs - 1)
             stream = self.per_step_s + self.per_token_s * decoding
         stretched = base * self.host.stretch(self.busy(base), self.host.baseline(base, stream))
         if self.client is not None:
@@ -449,14 +460,12 @@ def _build(cls, doc, where: str, section: str, ints: tuple[str, ...], bools: tup
                 raise ValueError(f"{where}: {section}.{k} must be true or false, got {v!r}")
             kw[k] = v
         elif k in fields:
-            if isinstance(v, bool):  # float(True) is 1.0: a JSON true is no number
+            # float(True) is 1.0 and float("2") 2.0: a JSON true or string is no number
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise ValueError(f"{where}: {section}.{k} must be a number, got {v!r}")
-            try:
-                kw[k] = int(v) if k in ints else float(v)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{where}: {section}.{k} must be a number, got {v!r} ({exc})") from None
             if k in ints and isinstance(v, float) and not v.is_integer():  # int(1.5) is 1: counts are whole
                 raise ValueError(f"{where}: {section}.{k} must be a whole number, got {v!r}")
+            kw[k] = int(v) if k in ints else float(v)
     try:
         return cls(**kw)
     except (TypeError, ValueError) as exc:

@@ -36,7 +36,7 @@ class StepTimer(Protocol):
     def fast_forward(self) -> bool: ...
 
     def step_time(self, num_batched_tokens: int, num_reqs: int, prefill_token_pairs: float,
-                  decode_context_tokens: int) -> float:
+                  decode_context_tokens: int, num_decodes: int | None = None) -> float:
         """Seconds the step takes when it starts now.
 
         Args:
@@ -44,5 +44,8 @@ class StepTimer(Protocol):
             num_reqs: requests scheduled in the step.
             prefill_token_pairs: causal attention pairs of the step's prefill chunks.
             decode_context_tokens: context tokens read by the step's decodes.
+            num_decodes: the step's one-token requests (``SchedulerOutput.num_decodes``); None
+                for a step of the calibration sweep's shapes (all decodes, or beside one
+                prefill chunk: ``num_reqs`` or ``num_reqs - 1``).
         """
         ...

@@ -158,3 +158,19 @@ def test_prompt_at_or_over_max_model_len_is_rejected_and_long_outputs_clamped():
     assert admission_error(99, 100) is None
     assert clamp_max_tokens(90, 50, 100) == 10
     assert clamp_max_tokens(10, 50, 100) == 50
+
+
+def test_a_step_counts_its_one_token_requests_as_decodes():
+    """``num_decodes``: the one-token requests of a step beside any number of prefill chunks
+    (a contended step timer's streaming share counts them)."""
+    sched = Scheduler(EngineConfig(block_size=16, num_gpu_blocks=64, max_num_batched_tokens=64))
+    for i in range(3):
+        sched.add_request(req(i, [(10 + i, 0, 5)], 4))
+    first = sched.schedule()
+    assert (first.num_decodes, first.num_reqs, first.decode_context_tokens) == (0, 3, 0)
+    sched.update(first)
+    for i in range(3, 5):
+        sched.add_request(req(i, [(10 + i, 0, 20)], 4))
+    mixed = sched.schedule()
+    assert [n for n in mixed.num_scheduled_tokens] == [1, 1, 1, 20, 20]
+    assert (mixed.num_decodes, mixed.num_batched_tokens, mixed.decode_context_tokens) == (3, 43, 3 * 6)

@@ -393,6 +393,10 @@ def test_contended_step_takes_its_streaming_baseline_from_its_decoding_requests(
     share = (0.002 + 4 * 0.0005) / d
     assert step.step_time(104, 5, 5050.0, 400) == pytest.approx(d * (1 + (3.5 - 2 - 3 * share) / 2))
     assert step.step_time(100, 1, 5050.0, 0) == pytest.approx(0.11 * (1 + 1.5 / 2))
+    # two 50-token prefill chunks beside 3 decodes: the engine says 3 decode, not num_reqs - 1 = 4
+    d = 0.01 + 0.103
+    share = (0.002 + 3 * 0.0005) / d
+    assert step.step_time(103, 5, 2550.0, 300, 3) == pytest.approx(d * (1 + (3.5 - 2 - 3 * share) / 2))
     old = ContendedStepCost(cost, HostModel(cores=2, contention=1.0, baseline_busy=2), lambda d: 3.5, frontend=fe)
     assert old.step_time(4, 4, 0.0, 400) == pytest.approx(0.014 * (1 + 1.5 / 2))  # profiles without the term
 
@@ -402,7 +406,11 @@ def test_contended_step_takes_its_streaming_baseline_from_its_decoding_requests(
     ("frontend", {"api_server_count": 0}, "frontend.api_server_count must be >= 1"),
     ("frontend", {"per_output_token_s": -1}, "frontend.per_output_token_s must be finite and >= 0"),
     ("host", {"contention": 1.0}, "section 'host' lacks 'cores'"),
-    ("host", {"cores": "two"}, "invalid literal"),
+    ("host", {"cores": "two"}, "host.cores must be a number, got 'two'"),
+    ("host", {"cores": "2"}, "host.cores must be a number, got '2'"),
+    ("host", {"cores": float("inf")}, "host.cores must be a whole number, got inf"),
+    ("host", {"cores": 2, "engine_speed_period_s": 1e-12}, "host.engine_speed_period_s must be 0 (one draw per run) or >= 0.001 s"),
+    ("frontend", {"per_step_s": "0.001"}, "frontend.per_step_s must be a number, got '0.001'"),
     ("host", {"cores": 2, "engine_speed_sigma": -0.1}, "host.engine_speed_sigma must be finite and >= 0"),
     ("host", {"cores": 2, "engine_speed_sigma": 50}, "host.engine_speed_sigma must be <= 2.0"),
     ("host", {"cores": 2, "engine_speed_sigma": "abc"}, "host.engine_speed_sigma must be a number, got 'abc'"),
@@ -555,3 +563,18 @@ def test_a_request_leaves_the_lane_map_when_its_reply_is_done():
     cluster = Cluster(Trace([rec(i, 100, 4) for i in range(6)], block_size=16), ClusterSpec(prof, num_workers=2), 0)
     cluster.run()
     assert cluster.frontends._lane_of == {} and all(r.output_tokens == 4 for r in cluster.records)
+
+
+@pytest.mark.parametrize("memory,message", [
+    ({}, "field 'memory.gpu_memory_bytes': required field missing"),
+    (False, "field 'memory': missing or invalid section (expected an object, got a boolean)"),
+])
+def test_an_empty_or_false_memory_section_is_refused_not_skipped(memory, message):
+    import json
+    from pathlib import Path
+
+    import kvroute.sim.timing.profile as profiles
+
+    doc = json.loads((Path(profiles.__file__).parent / "profiles" / "a6000-qwen2.5-7b.json").read_text())
+    with pytest.raises(ValueError, match="x.json: " + __import__("re").escape(message)):
+        profiles.profile_from_dict({**doc, "memory": memory}, "x.json")
