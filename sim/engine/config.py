@@ -19,7 +19,7 @@ class EngineConfig:
         max_num_seqs: most requests in the running queue (256 under 70 GiB, 1024 on H100-class).
         max_model_len: longest sequence (prompt + output) the server accepts, in tokens.
         long_prefill_token_threshold: cap on one prefill chunk when more than one request is
-            running or waiting; 0 disables it (vLLM default when ``max_num_partial_prefills`` is 1).
+            running or waiting; 0 disables it (vLLM 0.32's default, ``vllm/config/scheduler.py``).
         enable_prefix_caching: vLLM's prefix caching; on by default in the v1 engine.
         async_scheduling: vLLM's ``SchedulerConfig.async_scheduling``: the engine core
             schedules step N+1 before it processes step N's output (``vllm/v1/engine/core.py:

@@ -85,7 +85,7 @@ cdef class DecodeRunTimes:
         return lo
 
     def busy_s(self, Py_ssize_t num_steps) -> float:
-        """Summed duration of steps ``0 .. num_steps - 1``, s (left to right, as ``sum``)."""
+        """Summed duration of steps ``0 .. num_steps - 1``, s (left to right from 0.0)."""
         cdef double total = 0.0
         cdef Py_ssize_t j
         for j in range(min(max(num_steps, 0), <Py_ssize_t>self._durations.size())):

@@ -3,9 +3,10 @@
 Step 0 is the pure-decode step just scheduled (its time ``first_s`` from ``StepCost.step_time``);
 steps ``1 .. num_steps`` follow it, step ``j`` reading ``num_reqs * j`` more context tokens
 (``StepCost.decode_run_times``). Durations, end times (their running sum from ``start``, one
-float addition per step, left to right), busy time (``sum`` of durations) and inter-token
-gaps (differences of consecutive end times) are the same float operations, in the same order,
-as stepping one at a time, so every value is equal bit for bit.
+float addition per step, left to right) and inter-token gaps (differences of consecutive end
+times) are the same float operations, in the same order, as stepping one at a time, so they are
+equal bit for bit. Busy time is the durations summed left to right, which the worker adds to its
+own at once: within rounding (1e-15 relative) of stepping's one addition per step.
 
 This is the pure-Python implementation, the reference for the compiled one
 (``sim/timing/_decode_run.pyx``, same API and values; ``kvroute.sim.engine.compiled`` chooses).
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
+from functools import reduce
 from itertools import accumulate
-from operator import sub
+from operator import add, sub
 
 from kvroute.sim.timing.cost_model import StepCost
 
@@ -56,8 +58,9 @@ class DecodeRunTimes:
         return bisect_left(self._ends, now)
 
     def busy_s(self, num_steps: int) -> float:
-        """Summed duration of steps ``0 .. num_steps - 1``, s (``sum``, left to right)."""
-        return sum(self._durations[:num_steps])
+        """Summed duration of steps ``0 .. num_steps - 1``, s (left to right from 0.0, as the
+        compiled version; ``sum`` compensates its rounding from Python 3.12)."""
+        return reduce(add, self._durations[:num_steps], 0.0)
 
     def ends(self, num_steps: int) -> list[float]:
         """End times of steps ``0 .. num_steps - 1``, s."""

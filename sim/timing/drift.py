@@ -144,8 +144,8 @@ def probe_drift(before, after, reference=None, reference_label: str = "after cal
 
 def drift_exponent(metric: str) -> int:
     """How ``metric`` scales with the host's speed factor f: 1 (a time, times f), -1 (a rate,
-    divided by f) or 0 (a share or a count)."""
-    if metric in RATE_METRICS:
+    divided by f: :data:`RATE_METRICS` and any ``*_per_s``) or 0 (a share or a count)."""
+    if metric in RATE_METRICS or metric.endswith("_per_s"):
         return -1
     return 1 if metric.endswith("_s") else 0
 

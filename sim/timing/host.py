@@ -121,7 +121,7 @@ class Host:
         a client pinned to one core (``host.client_core``) counts there as a fair share instead
         (:meth:`client_share`, :class:`~kvroute.sim.timing.frontend.ContendedStepCost`).
         Times ``cores``, so that :meth:`HostModel.stretch` turns it into the per-core stretch
-        ``1 + contention * max(0, load - max(1, baseline / cores))``."""
+        ``1 + contention * max(0, load + other_busy / cores - max(1, baseline / cores))``."""
         now = self.now()
         host = self.host
         engine = float(self.engines[worker].holds_core(now, host.engine_spin_s))

@@ -533,6 +533,27 @@ MEMORY_SCHEMA = ({name: BYTES for name in MemoryModel.__dataclass_fields__}
 required when it is present)."""
 
 
+def _check_fit_notes(notes: object, where: str) -> None:
+    """A profile's ``fit_notes`` (``kvroute.calibrate.calibration.walls.fit_notes_document``), when
+    present: an object whose ``at_bound`` and ``scatter`` are lists of objects, as the
+    uncertainty's term ranges (``kvroute.sim.timing.uncertainty.term_ranges``) read them.
+
+    Raises:
+        InputError: naming ``where`` and the field.
+    """
+    if notes is None:
+        return
+    if type(notes) is not dict:
+        raise InputError(f"expected an object, got {describe(notes)}", where, None, "fit_notes")
+    for key in ("at_bound", "scatter"):
+        entries = notes.get(key, [])
+        if type(entries) is not list:
+            raise InputError(f"expected a list, got {describe(entries)}", where, None, f"fit_notes.{key}")
+        for i, entry in enumerate(entries):
+            if type(entry) is not dict:
+                raise InputError(f"expected an object, got {describe(entry)}", where, None, f"fit_notes.{key}[{i}]")
+
+
 def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
     """Build a Profile from a parsed profile document, checking every value once.
 
@@ -561,7 +582,7 @@ def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
     cost_doc = section("step_cost", STEP_COST_SCHEMA, tuple(STEP_COST_SCHEMA))
     over_doc = section("overheads", OVERHEADS_SCHEMA, ()) if doc.get("overheads") is not None else {}
     memory = None
-    if doc.get("memory"):
+    if doc.get("memory") is not None:  # an empty or false section is checked, not skipped
         required = tuple(k for k in MEMORY_SCHEMA if k != "cudagraph_bytes")
         memory = MemoryModel(**section("memory", MEMORY_SCHEMA, required))
     enable = doc["engine"].get("enable_prefix_caching", True)
@@ -590,6 +611,7 @@ def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
         raise InputError(str(exc), where, None, "engine") from None
     if refusal := engine.vllm_refusal():
         raise InputError(refusal[1], where, None, f"engine.{refusal[0]}")
+    _check_fit_notes(doc.get("fit_notes"), where)
     name = doc.get("name", where)
     if type(name) is not str:
         raise InputError(f"expected a string, got {describe(name)}", where, None, "name")

@@ -47,7 +47,8 @@ def test_metrics_take_the_drift_of_their_probe_and_shares_none():
     assert both.factor == pytest.approx(math.sqrt(1.2 * 1.1))
     assert both.log_sd == pytest.approx(math.sqrt(0.05 ** 2 + math.log(1.2 / 1.1) ** 2 / 12), rel=1e-12)
     assert metric_drift("hit_rate", drifts) is NO_DRIFT and metric_drift("ttft_mean_s", {}) is NO_DRIFT
-    assert [drift_exponent(m) for m in ("e2e_mean_s", "output_throughput_tps", "failed", "hit_rate")] == [1, -1, 0, 0]
+    assert [drift_exponent(m) for m in ("e2e_mean_s", "output_throughput_tps", "failed", "hit_rate",
+                                        "max_output_tokens_per_s")] == [1, -1, 0, 0, -1]
 
 
 def test_a_metric_combines_the_single_and_burst_probes_of_its_kind():

@@ -61,6 +61,20 @@ def test_draws_of_a_derived_prior_stay_in_the_stated_range():
     assert {coefficient(p, "overheads.gateway_s") for p in draws} == {profile.overheads.gateway_s}
 
 
+@pytest.mark.parametrize("notes,field,message", [
+    (["x"], "fit_notes", "expected an object, got a list"),
+    ({"at_bound": {}}, "fit_notes.at_bound", "expected a list, got an object"),
+    ({"at_bound": ["x"]}, "fit_notes.at_bound[0]", "expected an object, got a string ('x')"),
+])
+def test_a_malformed_fit_notes_section_is_refused_where_it_is_read(notes, field, message):
+    """The term ranges read ``fit_notes.at_bound`` when drawing profiles; a malformed section was
+    accepted and crashed there with an AttributeError."""
+    doc = json.loads((ROOT / "sim" / "timing" / "profiles" / "cpu-tiny-qwen2-x2-bursts.json").read_text())
+    with pytest.raises(ValueError) as err:
+        profile_from_dict(dict(doc, fit_notes=notes), "x.json")
+    assert str(err.value) == f"x.json: field {field!r}: {message}"
+
+
 def test_uncertainty_section_errors_name_the_file_and_field():
     doc = json.loads((ROOT / "sim" / "timing" / "profiles" / "cpu-tiny-qwen2.json").read_text())
     bad = dict(doc, step_cost_uncertainty={"fields": ["step_cost.nope"], "samples": [[1.0]]})
