@@ -59,6 +59,7 @@ from kvroute.calibrate.calibration.sweep_plan import SweepPlan, sweep_schedule
 from kvroute.calibrate.live.client import (CalibrationError, MetricsSnapshot, ServerInfo, StreamResult, VllmClient,
                                            kv_blocks_alike)
 from kvroute.calibrate.live.prompts import chained_block_hashes
+from kvroute.calibrate.live.server_features import unmodeled_note
 
 # --------------------------------------------------------------------------------------------
 # One server's sweep
@@ -681,7 +682,9 @@ async def _close(sweep: _Sweep, kv_events: Sequence[str]) -> None:
         w.close()
     for c in sweep.clients:
         await c.__aexit__(None, None, None)
-    sweep.warnings = (tuple(f"{c.info.url}: {e}" for c in sweep.ctxs for e in c.errors)
+    sweep.warnings = (tuple(unmodeled_note(c.info.url, c.info.unmodeled, "the fit folds their effect into the step costs")
+                            for c in sweep.ctxs if c.info.unmodeled)
+                      + tuple(f"{c.info.url}: {e}" for c in sweep.ctxs for e in c.errors)
                       + tuple((sweep.events_meta or {}).get("losses", ())))
     if sweep.meta:
         _write_final_meta(sweep)

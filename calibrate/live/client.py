@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import MISSING, asdict, dataclass, field
 from typing import Any
 
+from kvroute.calibrate.live.server_features import unmodeled_features
 from kvroute.calibrate.live.stream import StreamLost, error_message, new_session, read_completion
 from kvroute.traces.inputs import (BLOCK_SIZE, COUNT, FRACTION, POSITIVE_INT, TOKENS, InputError, check_fields,
                                 describe)
@@ -172,6 +173,9 @@ class ServerInfo:
             (``--enable-prompt-tokens-details``), as a probe request found; None: not probed. A
             server that reports them leaves the field out for a zero hit through vLLM 0.23, so a
             missing field from it means 0.
+        unmodeled: serving features the server runs that kvroute's engine does not model, one
+            phrase each (:func:`kvroute.calibrate.live.server_features.unmodeled_features` of
+            ``/server_info``'s config); ``()`` on vLLM's defaults or without ``/server_info``.
     """
 
     url: str
@@ -193,6 +197,7 @@ class ServerInfo:
     sources: dict[str, str] = field(default_factory=dict)
     async_scheduling: bool | None = None
     reports_cached_tokens: bool | None = None
+    unmodeled: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Check the engine settings once, where they enter (a server's answer or a meta.json).
@@ -208,6 +213,7 @@ class ServerInfo:
         """JSON-ready dict."""
         d = asdict(self)
         d["served_models"] = list(self.served_models)
+        d["unmodeled"] = list(self.unmodeled)
         return d
 
     @classmethod
@@ -225,6 +231,10 @@ class ServerInfo:
             if flag in d and d[flag] is not None and type(d[flag]) is not bool:
                 raise InputError(f"expected true, false or null, got {describe(d[flag])}", where, None, flag)
         d["served_models"] = tuple(d.get("served_models") or ())
+        unmodeled = d.get("unmodeled") or ()
+        if type(unmodeled) not in (list, tuple) or not all(type(x) is str for x in unmodeled):
+            raise InputError(f"expected a list of strings, got {describe(unmodeled)}", where, None, "unmodeled")
+        d["unmodeled"] = tuple(unmodeled)
         missing = [k for k, f in cls.__dataclass_fields__.items()
                    if k not in d and f.default is MISSING and f.default_factory is MISSING]
         if missing:
@@ -496,7 +506,7 @@ class VllmClient:
         max_model_len = int(entry.get("max_model_len") or 0)
         sources["max_model_len"] = f"{self.url}/v1/models max_model_len"
         server_info = await self._server_info()
-        sched, hardware, device = server_info or ({}, "unknown", "unknown")
+        sched, hardware, device, unmodeled = server_info or ({}, "unknown", "unknown", ())
         mnbt, mns, lptt, async_flag, sched_sources = self._scheduler_settings(sched, hardware, device)
         sources.update(sched_sources)
         if async_flag is None and version != "unknown" and device != "unknown":
@@ -520,6 +530,7 @@ class VllmClient:
             dev_mode=server_info is not None,
             sources=sources,
             async_scheduling=async_flag,
+            unmodeled=unmodeled,
         )
 
     async def _served_model(self) -> tuple[tuple[str, ...], dict[str, Any]]:
@@ -574,11 +585,12 @@ class VllmClient:
         return (int(cache.get("block_size", "0") or 0), int(cache.get("num_gpu_blocks", "0") or 0),
                 cache.get("enable_prefix_caching", "True") == "True", cache.get("gpu_memory_utilization"))
 
-    async def _server_info(self) -> tuple[Any, str, str] | None:
-        """``(scheduler_config, hardware, device)`` from ``/server_info``, which answers only with
-        ``VLLM_SERVER_DEV_MODE=1`` (None on an error status). The scheduler config is ``{}`` when
-        the answer has none; hardware and device are ``"unknown"`` when neither the device config
-        nor ``system_env`` names them.
+    async def _server_info(self) -> tuple[Any, str, str, tuple[str, ...]] | None:
+        """``(scheduler_config, hardware, device, unmodeled)`` from ``/server_info``, which answers
+        only with ``VLLM_SERVER_DEV_MODE=1`` (None on an error status). The scheduler config is
+        ``{}`` when the answer has none; hardware and device are ``"unknown"`` when neither the
+        device config nor ``system_env`` names them; ``unmodeled``:
+        :func:`~kvroute.calibrate.live.server_features.unmodeled_features` of the config.
 
         Raises:
             ValueError, AttributeError: an answer that is not JSON, or not shaped as vLLM's.
@@ -595,7 +607,7 @@ class VllmClient:
             sched = cfg.get("scheduler_config", {}) or {}
             device = _configured_device(cfg.get("device_config") or {})
         hardware, env_device = _hardware_from_system_env(doc.get("system_env", {}) or {}, gpus_used)
-        return sched, hardware, device if device != "unknown" else env_device
+        return sched, hardware, device if device != "unknown" else env_device, unmodeled_features(cfg)
 
     def _scheduler_settings(self, sched: Any, hardware: str, device: str
                             ) -> tuple[int, int, int, bool | None, dict[str, str]]:

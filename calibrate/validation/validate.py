@@ -27,6 +27,7 @@ import pandas as pd
 
 from kvroute.calibrate.live.client import CalibrationError, MetricsSnapshot, ServerInfo, VllmClient
 from kvroute.calibrate.live.prompts import DEFAULT_TOKEN_RANGE, TokenSynth
+from kvroute.calibrate.live.server_features import unmodeled_note
 from kvroute.calibrate.validation.probe import drifts_against, speed_scale
 from kvroute.sim.study.intervals import HOST_RUN_TO_RUN_LOG_SD
 from kvroute.sim.timing.speed_scale import SpeedScale, scaled_profile
@@ -650,6 +651,9 @@ def run_validation(
     servers = asyncio.run(probe_servers(urls, spec.model, min(IDENTIFY_WAIT_S, spec.timeout_s)))
     cluster, notes = cluster_spec(profile, servers, spec)
     validation = Validation(trace, spec, servers, cluster, notes=notes)
+    for s in servers:
+        if s.unmodeled:
+            validation.notes.append(unmodeled_note(s.url, s.unmodeled, "the predictions leave it out"))
     if not all(s.dev_mode for s in servers):
         validation.notes.append("some server runs without VLLM_SERVER_DEV_MODE=1; its prefix cache "
                                 "cannot be reset, so its runs may start warm")

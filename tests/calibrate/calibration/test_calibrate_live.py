@@ -58,7 +58,9 @@ def test_quick_sweep_completes_and_reads_engine_settings(sweep):
     assert info.max_num_batched_tokens == 2048 and info.max_num_seqs == 128  # vLLM 0.32 CPU defaults
     assert info.max_model_len == 32768 and info.device == "cpu"
     assert info.async_scheduling is False and info.reports_cached_tokens is True  # the CPU backend: sync
+    assert info.unmodeled == ()  # kvroute serve's server runs nothing the engine model leaves out
     meta = json.loads((out / "meta.json").read_text())
+    assert meta["servers"][0]["unmodeled"] == [] and not any("does not model" in w for w in meta.get("warnings", []))
     assert meta["kv_events"]["stamp"] == "step_end"  # events as maps (0.24+), published after the step
     assert meta["status"] == "complete"
     import pandas as pd
