@@ -4,6 +4,7 @@ engine's time split, measured against predicted, from live rounds saved by ``ben
 
     python bench/bench_policy_sign.py /tmp/bv4                       # both chat shapes, a few seconds
     python bench/bench_policy_sign.py /tmp/bv3 --compute 1.85 --shapes short-replies
+    python bench/bench_policy_sign.py bench/data/live-rounds/2026-12-06-0000   # an archived run
 
 For each closed-loop shape saved in ``RUN/<shape>/live.pickle`` it simulates the same trace with
 the live client's lags (as ``bench_validate.py --rescore`` does) under variants of the profile:
@@ -30,9 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import math
-import pickle
 import sys
 from pathlib import Path
 
@@ -143,7 +142,8 @@ def probe_scaled(profile, validation, probes: dict, compute: float | None):
 def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)  # each line as it is printed, also into a file or pipe
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", type=Path, help="A bench_validate.py --out folder with <shape>/live.pickle.")
+    parser.add_argument("run", type=Path, help="A bench_validate.py --out folder with <shape>/live.pickle, or an "
+                                                "archived run in bench/data/live-rounds/ (live.pickle.gz).")
     parser.add_argument("--profile", default="cpu-tiny-qwen2-x2-bursts", help="Profile to vary (default: %(default)s).")
     parser.add_argument("--shapes", default="short-replies,long-chats", help="Closed-loop shapes (default: %(default)s).")
     parser.add_argument("--compute", type=float, default=None, metavar="F",
@@ -157,12 +157,8 @@ def main() -> None:
 
     base = load_profile(args.profile)
     for shape in [s.strip() for s in args.shapes.split(",") if s.strip()]:
-        saved = args.run / shape / "live.pickle"
-        if not saved.exists():
-            sys.exit(f"error: {saved}: no saved live rounds for shape {shape!r}")
-        validation = bench_validate._saved_rounds(pickle.loads(saved.read_bytes())[0])
-        probe_file = args.run / shape / "probes.json"
-        probes = json.loads(probe_file.read_text()) if probe_file.exists() else {}
+        # an archived run (bench/data/live-rounds/) keeps live.pickle.gz, a fresh --out live.pickle
+        validation, _load, probes = bench_validate.saved_shape(args.run, shape)
         fast, label = probe_scaled(base, validation, probes, args.compute)
         variants = {"shipped": base, label: fast}
         for c in filter(None, (x.strip() for x in args.contention.split(","))):

@@ -1,7 +1,7 @@
 """Wall time of the routing policies on the Mooncake conversation trace, 8 workers, as ratios to
 kv_aware's measured in the same call (each run in a fresh subprocess).
 
-    python bench/bench_routers.py                       # every policy, 1 run each
+    python bench/bench_routers.py                       # kv_aware and the five new policies, 1 run each
     python bench/bench_routers.py --policies llmd,sglang --runs 3
     python bench/bench_routers.py --one dynamo          # one run, for farm-bench:
     farm-bench --vs 'python bench/bench_routers.py --one kv_aware' -- python bench/bench_routers.py --one llmd
