@@ -52,12 +52,18 @@ class Quality:
         n: observations.
         r2: coefficient of determination of predicted vs measured (NaN for n < 2).
         median_ape, p90_ape: median and 90th percentile of ``|pred - meas| / meas`` (fractions).
+        median_abs_log, p90_abs_log: median and 90th percentile of ``|log(pred / meas)|`` over
+            the observations with both positive (NaN without any): the spread a prediction
+            interval needs (``kvroute.sim.timing.heldout``), which the percentage error tells
+            only with the error's sign.
     """
 
     n: int
     r2: float
     median_ape: float
     p90_ape: float
+    median_abs_log: float = math.nan
+    p90_abs_log: float = math.nan
 
 
 def quality(measured: np.ndarray, predicted: np.ndarray) -> Quality:
@@ -68,7 +74,10 @@ def quality(measured: np.ndarray, predicted: np.ndarray) -> Quality:
     ape = np.abs(p - m) / m
     ss = float(np.sum((m - m.mean()) ** 2))
     r2 = 1.0 - float(np.sum((p - m) ** 2)) / ss if len(m) > 1 and ss > 0 else math.nan
-    return Quality(len(m), r2, float(np.median(ape)), float(np.percentile(ape, 90)))
+    both = (p > 0) & (m > 0)
+    ale = np.abs(np.log(p[both] / m[both]))
+    logs = (float(np.median(ale)), float(np.percentile(ale, 90))) if len(ale) else (math.nan, math.nan)
+    return Quality(len(m), r2, float(np.median(ape)), float(np.percentile(ape, 90)), *logs)
 
 
 @dataclass
@@ -589,7 +598,8 @@ def profile_document(result: FitResult, info, meta: dict, name: str, model_doc: 
         model_doc: extra model facts (e.g. shapes read from its ``config.json``).
     """
     def q(x: Quality) -> dict:
-        return {"n": x.n, "r2": _r(x.r2), "median_ape": _r(x.median_ape), "p90_ape": _r(x.p90_ape)}
+        return {"n": x.n, "r2": _r(x.r2), "median_ape": _r(x.median_ape), "p90_ape": _r(x.p90_ape),
+                "median_abs_log_error": _r(x.median_abs_log), "p90_abs_log_error": _r(x.p90_abs_log)}
 
     urls = meta.get("urls", [info.url])
     date = (meta.get("started") or _dt.date.today().isoformat())[:10]

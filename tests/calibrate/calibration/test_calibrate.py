@@ -758,3 +758,15 @@ def test_a_proportional_api_server_time_keeps_its_jitter():
     fitted = fit_cost(obs)
     assert fitted.parts["api_server_from_metrics_s"] == 0.0  # the intercept, clipped
     assert 0.05 < fitted.jitter_cv < 0.2  # was 0.0; about the 0.1 drawn
+
+
+def test_fit_quality_records_absolute_log_errors_beside_percentage_errors():
+    """An under-prediction by half and an over-prediction by 2x are the same log error (log 2)
+    but 50 % and 100 % as percentages; the profile's held-out spread reads the log errors."""
+    from kvroute.calibrate.calibration.fit import quality
+
+    q = quality(np.array([2.0, 1.0, 1.0, 4.0]), np.array([1.0, 2.0, 1.0, 4.0]))
+    assert (q.median_ape, q.p90_ape) == (0.25, pytest.approx(0.85))
+    assert q.median_abs_log == pytest.approx(math.log(2) / 2) and q.p90_abs_log == pytest.approx(math.log(2))
+    none = quality(np.array([1.0]), np.array([0.0]))  # no positive prediction: no log error
+    assert math.isnan(none.median_abs_log) and math.isnan(none.p90_abs_log)
