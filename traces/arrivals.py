@@ -120,11 +120,17 @@ def rescale_conflict(from_file: bool, speedup: float | None, rate: float | None)
     return None
 
 
-def rescaled(trace: Trace, speedup: float | None = None, rate: float | None = None) -> Trace:
-    """``trace`` with its timestamps divided by ``speedup``, or scaled to a mean rate of ``rate``.
+def rescaled(trace: Trace, speedup: float | None = None, rate: float | None = None,
+             sessions: bool = False) -> Trace:
+    """``trace`` with its timestamps divided by ``speedup``, or scaled to a mean rate of ``rate``
+    per second.
 
-    The mean rate of a trace is (records - 1) / (last timestamp - first timestamp). Closed-loop
-    gaps (``think_time``) are not scaled: they belong to the client, not to the load.
+    The mean rate of a trace is (records - 1) / (last timestamp - first timestamp), timestamps in
+    seconds; with ``sessions`` (a closed-loop replay, where a later turn is sent when its parent
+    finishes and its own timestamp is not used) it counts the records without a parent, the
+    sessions' first turns, so that ``rate`` is sessions started per second as a generated
+    workload's ``request_rate`` is. Closed-loop gaps (``think_time``) are not scaled: they belong
+    to the client, not to the load.
 
     Raises:
         ValueError: both or neither given, a value not finite and > 0, ``rate`` asked of a
@@ -135,10 +141,12 @@ def rescaled(trace: Trace, speedup: float | None = None, rate: float | None = No
     if rate is not None:
         if not (math.isfinite(rate) and rate > 0):
             raise ValueError(f"--request-rate must be a finite number > 0, got {rate!r}")
-        stamps = [r.timestamp_ms for r in trace.records]
+        counted = [r for r in trace.records if r.parent is None] if sessions else trace.records
+        stamps = [r.timestamp_ms for r in counted]
         span_s = (max(stamps) - min(stamps)) / 1000.0 if stamps else 0.0
         if span_s <= 0:
-            raise ValueError(f"{trace.source}: all requests share one timestamp; --request-rate cannot rescale it "
+            what = "sessions start" if sessions else "requests share"
+            raise ValueError(f"{trace.source}: all {what} at one timestamp; --request-rate cannot rescale it "
                              "(use a generated workload's --request-rate, or --arrival-spread)")
         speedup = rate / ((len(stamps) - 1) / span_s)
     if not (math.isfinite(speedup) and speedup > 0):

@@ -13,8 +13,9 @@ turn: its prompt is the whole conversation so far (earlier messages and replies,
 message), its output the reply. Turn ``k > 1`` has turn ``k - 1`` as ``parent``, so a prefix
 cache can reuse the history; turn 1 gets fresh hash ids no other session shares. No chat template
 is modelled: a prompt is the sum of its messages' token counts. Timestamps are 0 and think times
-0: sessions start together and each turn follows its parent (closed loop); ``--request-rate`` /
-``--arrival-spread`` of the commands that replay the trace spread them out.
+0: sessions start together and each turn follows its parent (closed loop); ``--arrival-spread``
+of the commands that replay the trace spreads their starts (``--request-rate`` rescales
+timestamps, and these are all equal: it refuses them).
 """
 
 from __future__ import annotations

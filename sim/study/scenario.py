@@ -120,7 +120,8 @@ class Scenario:
             or a distribution); None keeps the default.
         start_s: seed-chat: each chat's first send, s (a number or a distribution).
         request_rate: sessions started per second (None: all at once); later turns follow
-            closed-loop. With a ``trace_file``: its timestamps rescaled to this mean rate.
+            closed-loop. With a ``trace_file``: its timestamps rescaled to this mean rate, of
+            sessions in a closed-loop replay (``traces.arrivals.rescaled``), of requests in an open one.
         arrival: the sessions' arrival process (``poisson``, ``gamma:CV``, ``constant``).
         profile: shipped profile name or profile JSON path.
         workers: vLLM workers behind the router.
@@ -199,8 +200,9 @@ class Scenario:
         flag="--start", kind="dist"))
     request_rate: float | None = field(default=None, metadata=option(
         "workload", "Load: sessions started per second for a generated workload (later turns follow "
-                    "closed-loop); for a --trace file, its timestamps rescaled to this mean request rate "
-                    "[generated: all at once].", type=float, kind="positive", check=RATE))
+                    "closed-loop); for a --trace file, its timestamps rescaled to this mean rate (of "
+                    "sessions in a closed-loop replay, of requests in an open one) [generated: all at once].",
+        type=float, kind="positive", check=RATE))
     arrival: str = field(default="poisson", metadata=option(
         "workload", "Arrival process of --request-rate: poisson, gamma:CV (CV > 1 burstier), constant.",
         kind="arrival"))
@@ -312,7 +314,9 @@ class Scenario:
         elif self.trace_file is not None:
             trace = _file_trace(str(self.trace_file), self.trace_block_size, _file_stamp(self.trace_file))
             if self.speedup is not None or self.request_rate is not None:
-                trace = rescaled(trace, self.speedup, self.request_rate)
+                closed = REPLAY_MODES[self.replay]  # None: closed loop when some record extends another
+                sessions = any(r.parent is not None for r in trace.records) if closed is None else closed
+                trace = rescaled(trace, self.speedup, self.request_rate, sessions)
         else:
             chats, turns = self.sizes
             trace = _trace(self.workload, chats, turns, self.reply, self.history_range, self.think_time_s,
@@ -473,6 +477,10 @@ def check_scenario(scenario: Scenario) -> None:
     if scenario.history is not None and scenario.workload != "agent":
         reason = "applies to the agent workload only (--workload agent only); seed-chat histories grow with turns"
         raise ScenarioError(f"history {reason}", "history", reason)
+    if scenario.workload == "agent" and not _is_default("start_s", scenario.start_s):
+        reason = ("applies to the seed-chat workload only; agent sessions start together (give --request-rate "
+                  "or --arrival-spread to spread them)")
+        raise ScenarioError(f"start_s {reason}", "start_s", reason)
     if 0 < scenario.scrape_interval_s < MIN_SCRAPE_INTERVAL_S:
         reason = f"must be 0 (live) or >= {MIN_SCRAPE_INTERVAL_S:g} s, got {scenario.scrape_interval_s!r}"
         raise ScenarioError(f"scrape_interval_s {reason}", "scrape_interval_s", reason)

@@ -94,6 +94,12 @@ def test_history_runs_on_compare_and_is_checked_as_the_scenario_checks_it():
     with pytest.raises(ScenarioError, match="history applies to the agent workload only") as info:
         Scenario(history=8000)
     assert info.value.field == "history"
+    # --start shapes seed-chat's first sends only: the agent generator had ignored it silently
+    bad = CliRunner().invoke(cli, ["trace", "generate", "agent", "--start", "5", "--chats", "2", "--out", "/dev/null"])
+    assert bad.exit_code == 2 and "Invalid value for '--start': applies to the seed-chat workload only" in bad.output
+    with pytest.raises(ScenarioError, match="start_s applies to the seed-chat workload only") as info:
+        Scenario(workload="agent", start_s="uniform:0:5")
+    assert info.value.field == "start_s"
     with pytest.raises(ValueError, match="kv_blocks must be >= 2, got 1"):
         Scenario(kv_blocks=1)
     bad = CliRunner().invoke(cli, ["simulate", "--kv-blocks", "1"])

@@ -69,6 +69,24 @@ def test_rescaled_by_speedup_and_to_a_rate():
         rescaled(trace, speedup=0.0)
 
 
+def test_a_closed_loop_rate_counts_sessions_not_turns():
+    """A generated session trace at 2 sessions/s, rescaled to 2/s for a closed-loop replay, keeps
+    its session starts; counting every turn (their own timestamps unused) gave about 2/turns."""
+    from kvroute.traces.generators import builtin_workload
+
+    trace = builtin_workload("seed-chat", 16, 6, seed=0, request_rate=2.0)
+    roots = [r.timestamp_ms for r in trace.records if r.parent is None]
+    again = rescaled(trace, rate=2.0, sessions=True)
+    # (16 - 1) sessions over the span of their starts: the same rate
+    assert [r.timestamp_ms for r in again.records if r.parent is None] == pytest.approx(
+        [t * (15 / (max(roots) - min(roots)) * 1000 / 2.0) for t in roots])
+    per_request = rescaled(trace, rate=2.0)
+    last = max(r.timestamp_ms for r in per_request.records if r.parent is None)
+    assert last > 5 * max(r.timestamp_ms for r in again.records if r.parent is None)
+    with pytest.raises(ValueError, match="all sessions start at one timestamp"):
+        rescaled(builtin_workload("seed-chat", 4, 2, seed=0), rate=1.0, sessions=True)
+
+
 def test_session_starts_for_records_without_sessions():
     shifted = with_session_starts(_trace([0, 0, 10]), np.array([1.0, 2.0, 3.0]))
     assert [r.timestamp_ms for r in shifted.records] == [1000.0, 2000.0, 3010.0]
