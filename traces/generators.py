@@ -167,7 +167,8 @@ class _Draws:
 
 AGENT_SYSTEM_TOKENS = 2000
 """Tokens of the agent workload's shared system prompt (instructions and tool definitions), when
-the history range's low end leaves room for it."""
+the history range's low end leaves room for it. A stated round figure, not a measurement: give
+``system_tokens`` for a deployment's own."""
 
 
 def agent_sessions(
@@ -361,7 +362,8 @@ def builtin_workload(
         turns: turns per chat (the agent generator may stop a session earlier); None: the
             workload's default.
         think_time_s: seconds between a reply's last token and the next turn: a number or a
-            distribution (:mod:`kvroute.traces.lengths`).
+            distribution (:mod:`kvroute.traces.lengths`); 0 for both workloads unless given, as
+            on the CLI (``agent_sessions`` called directly defaults to 0-2 s).
         seed: the run's seed; random lengths are drawn from ``workload_rng(seed)``, so every
             round of a comparison draws its own workload and a fixed workload is the same in all.
         reply: where replies stop, tokens: a number, a distribution, or (agent) a ``(low, high)``
