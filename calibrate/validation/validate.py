@@ -656,7 +656,8 @@ def run_validation(
             validation.notes.append(unmodeled_note(s.url, s.unmodeled, "the predictions leave it out"))
     if not all(s.dev_mode for s in servers):
         validation.notes.append("some server runs without VLLM_SERVER_DEV_MODE=1; its prefix cache "
-                                "cannot be reset, so its runs may start warm")
+                                "cannot be reset, so its runs may start warm, and its serving features cannot be "
+                                "read, so none that kvroute does not model is named")
     measured_lag = spec.client_lag_s is None
     rescale = spec.speed_probes > 0 and spec.speed_scale and not spec.probe_reference
     if not measured_lag and not rescale:

@@ -461,8 +461,8 @@ def _width_text(doc: dict) -> list[str]:
         text += (f" These intervals are wide, mostly from {TERM_NAMES[largest[0][0]]}: a value inside one says little "
                  "(the prediction's own distance from the measurement is the error column)")
         text += "." if largest[0][0] != "heldout_var" else (
-            "; a profile fitted on the full sweep (kvroute calibrate measure, then fit) misses its held-out "
-            "experiments less.")
+            "; that is the profile's error on its own sweep's held-out experiments: one from a quick sweep "
+            "narrows with a full one (kvroute calibrate measure, then fit), one from a full sweep does not.")
     return [text]
 
 

@@ -568,20 +568,38 @@ _HINT_METRICS = ("time_to_complete_s", "ttft_mean_s", "itl_mean_s", "e2e_mean_s"
 
 
 def speed_hint(doc: dict) -> str | None:
-    """A note for a report without speed probes whose measured times are all off the predicted
-    ones by the same factor, at least :data:`SPEED_HINT_RATIO` either way (the geometric mean of
-    measured / predicted over every policy's time to complete, TTFT, ITL and E2E): the mark of a
-    host running at another speed than the profile describes, which the probes
-    measure and the profile can be rescaled to. None when it is not so."""
-    ratios = [m["measured"] / m["predicted"] for p in doc["policies"].values()
-              for key, m in p["metrics"].items() if key in _HINT_METRICS
-              and (m.get("measured") or 0) > 0 and (m.get("predicted") or 0) > 0]
-    if len(ratios) < 2:
+    """A note for a report without speed probes whose measured times are off the predicted ones
+    as a host at another speed puts them, which the probes measure and the profile can be
+    rescaled to; None when they are not:
+
+    - all off the same way, by at least :data:`SPEED_HINT_RATIO` on average (the geometric mean
+      of measured / predicted over every policy's time to complete, TTFT, ITL and E2E);
+    - or TTFT and ITL each off by at least that much (geometric mean over the policies), in
+      opposite directions: prefill and decode at other speeds than the profile's, which the
+      probes tell apart (their rescaling takes the attention terms apart from the step and token
+      terms).
+    """
+    by_key: dict[str, list[float]] = {}
+    for p in doc["policies"].values():
+        for key, m in p["metrics"].items():
+            if key in _HINT_METRICS and (m.get("measured") or 0) > 0 and (m.get("predicted") or 0) > 0:
+                by_key.setdefault(key, []).append(math.log(m["measured"] / m["predicted"]))
+    logs = [x for values in by_key.values() for x in values]
+    if len(logs) < 2:
         return None
-    logs = [math.log(r) for r in ratios]
     ratio = math.exp(sum(logs) / len(logs))
     alike = all(x * logs[0] > 0 for x in logs)  # every time off the same way
-    if not alike or 1 / SPEED_HINT_RATIO < ratio < SPEED_HINT_RATIO:
+    if not alike:
+        mean = {key: math.exp(sum(v) / len(v)) for key, v in by_key.items()}
+        ttft, itl = mean.get("ttft_mean_s"), mean.get("itl_mean_s")
+        far = math.log(SPEED_HINT_RATIO)
+        if ttft is None or itl is None or min(abs(math.log(ttft)), abs(math.log(itl))) < far or (ttft > 1) == (itl > 1):
+            return None
+        return (f"the measured TTFT is x{ttft:.2f} the predicted and the measured ITL x{itl:.2f}: prefill and decode "
+                "run at other speeds than the profile describes (another day's speed, other work on the machine, or "
+                "a profile that misprices this workload). --speed-probes 3 measures both and rescales the profile's "
+                "attention terms apart from its step and token terms (docs/guide/validate-live.md)")
+    if 1 / SPEED_HINT_RATIO < ratio < SPEED_HINT_RATIO:
         return None
     return (f"the measured times are x{ratio:.2f} the predicted ones on average, all off the same way: the host "
             "runs at another speed than the profile describes (another day's speed, other work on the machine, or a "

@@ -1547,6 +1547,11 @@ def test_a_report_without_probes_says_when_every_time_is_off_by_one_factor():
     assert speed_hint(doc((1.0, 1.4), (0.1, 0.14))) is None  # within x1.5
     assert speed_hint(doc((1.0, 4.0), (0.1, 0.05))) is None  # not all off the same way
     assert speed_hint(doc((1.0, 4.0))) is None  # one time is not a pattern
+    # TTFT and ITL off in opposite directions, each by x1.5 or more: prefill and decode at other speeds
+    mixed = speed_hint(doc((1.0, 1.1), (0.5, 0.1), (0.01, 0.02)))
+    assert mixed.startswith("the measured TTFT is x0.20 the predicted and the measured ITL x2.00") and \
+        "--speed-probes 3" in mixed
+    assert speed_hint(doc((1.0, 1.1), (0.5, 0.1), (0.01, 0.014))) is None  # ITL within x1.5
 
 
 def test_servers_sharing_a_machine_under_a_profile_without_a_host_model_get_a_note():
@@ -1599,7 +1604,8 @@ def test_the_coverage_paragraph_gives_the_widths_the_largest_term_and_the_live_r
     # times x8, x5, x2 (the hit rate is a share): median x5; changes 50 and 150 pp: median 100
     assert text.startswith("Median width: x5.00 (high / low) for times, 100 pp for changes. These intervals are wide, "
                            "mostly from the fit's held-out error")
-    assert text.endswith("misses its held-out experiments less.")
+    assert text.endswith("one from a quick sweep narrows with a full one (kvroute calibrate measure, then fit), one "
+                         "from a full sweep does not.")
     doc["policies"]["round_robin"]["metrics"]["time_to_complete_s"]["run_interval"] = [1.0, 2.0]
     assert _width_text(doc) == ["Median width: x2.00 (high / low) for times, 100 pp for changes."]
     assert _live_range_text(doc) == ["The prediction itself lies within the live rounds' min - max for 2 of 4 values."]
