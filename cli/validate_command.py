@@ -54,7 +54,8 @@ def _policies(single: tuple[str, ...], joined: str | None) -> list[str]:
               help="Limit on one live request or speed-probe request, s; a worker that passes it is treated as dead. "
                    "Identifying the servers, cache resets and /metrics scrapes wait at most this too "
                    "(and at most 30 s, 30 s and 10 s).")
-@click.option("--router-block-tokens", type=Number(TOKENS), default=256, show_default=True, help="Router prefix-index granularity.")
+@click.option("--router-block-tokens", type=Number(TOKENS), default=None,
+              help="Router prefix-index granularity, tokens (default: the trace's block, at most 256).")
 @click.option("--model", default=None, help="Served model name (default: each server's only model).")
 @click.option("--token-range", default=None, help="LO:HI prompt token ids (default: from the model's tokenizer).")
 @click.option("--client-cores", type=Cores(), default=None, help="Run this client on these CPU cores (e.g. '1'), off the engines'.")

@@ -40,6 +40,7 @@ from kvroute.calibrate.live.metrics_scrape import LiveMetrics
 from kvroute.calibrate.live.stream import new_session
 from kvroute.sim.cluster.metrics import RequestRecord, RunResult, records_frame, tokens_frame
 from kvroute.sim.routing import RouteRequest, RouterView, make_policy, router_rng
+from kvroute.sim.routing.view import routed_index_tokens
 from kvroute.sim.routing.policy_errors import checked_worker, prepare_policy, raise_policy_error
 from kvroute.sim.engine.scheduler import clamp_max_tokens
 from kvroute.sim.cluster.workload import Workload
@@ -64,7 +65,8 @@ class ReplaySpec:
         closed_loop: later turns wait for their parent; None: closed loop when the trace has
             sessions, as the simulator decides.
         max_in_flight: most requests outstanding at once (1: one at a time); None: no limit.
-        router_block_tokens: granularity of the router's routed-prefix index, tokens.
+        router_block_tokens: granularity of the router's routed-prefix index, tokens; None: the
+            trace's, as the simulator's (``kvroute.sim.routing.view.routed_index_tokens``).
         timeout_s: limit on one request from send to its last token, s; passing it marks the
             worker dead.
         seed: seeds the router's generator (ties, random choices).
@@ -82,7 +84,7 @@ class ReplaySpec:
     policy: str = "round_robin"
     closed_loop: bool | None = None
     max_in_flight: int | None = None
-    router_block_tokens: int = 256
+    router_block_tokens: int | None = None
     timeout_s: float = 600.0
     seed: int = 0
     scrape_interval_s: float = 0.0
@@ -161,7 +163,8 @@ class LiveReplay:
             self.kv_events = LiveKVEvents(spec.kv_event_endpoints, block_size)
         if cache_view == "exact":
             raise ValueError(f"policy {spec.policy!r} reads the exact cache view, which a live gateway cannot see")
-        self.view = RouterView(len(endpoints), block_size, spec.router_block_tokens,
+        index_tokens = spec.router_block_tokens or routed_index_tokens(trace.block_size, block_size)
+        self.view = RouterView(len(endpoints), block_size, index_tokens,
                                track_prefixes=self.policy.uses_prefixes,
                                metrics=self.metrics.scrape if self.policy.uses_metrics else None,
                                cache_view=cache_view,

@@ -58,7 +58,8 @@ class ValidationSpec:
         closed_loop: later turns wait for their parent; None: closed loop for traces with sessions.
         arrival_spread_s: the simulator's start jitter of root requests, s (the live client sends
             a burst's roots within milliseconds; 0 compares one-at-a-time runs exactly).
-        router_block_tokens: the router's prefix-index granularity, tokens.
+        router_block_tokens: the router's prefix-index granularity, tokens; None: the trace's
+            (``kvroute.sim.routing.view.routed_index_tokens``).
         timeout_s: limit on one live request, s; passing it marks the worker dead.
         sim_rounds: seeded simulation rounds averaged into the prediction.
         seed: first simulation seed; also seeds prompt tokens and the ``random`` policy.
@@ -110,7 +111,7 @@ class ValidationSpec:
     max_in_flight: int | None = None
     closed_loop: bool | None = None
     arrival_spread_s: float = 0.0
-    router_block_tokens: int = 256
+    router_block_tokens: int | None = None
     timeout_s: float = 600.0
     sim_rounds: int = 10
     seed: int = 0

@@ -28,6 +28,7 @@ from kvroute.sim.timing.step_timer import StepTimer
 from kvroute.sim.cluster.metrics import RequestRecord, RunResult
 from kvroute.sim.cluster.timeseries import series_frame
 from kvroute.sim.timing.profile import Profile
+from kvroute.sim.routing.view import routed_index_tokens
 from kvroute.sim.routing import (CACHE_VIEWS, DEFAULT_POLICIES, KVEventIndex, MetricsScrape, RouteRequest, RouterView,
                                  make_policy, router_rng)
 from kvroute.sim.routing.policy_errors import checked_worker, prepare_policy, raise_policy_error
@@ -54,7 +55,8 @@ class ClusterSpec:
         arrival_spread_s: each request the client sends at its timestamp (the roots in closed
             loop; every request in open loop) gets a uniform jitter in ``[0, arrival_spread_s]``
             on its send time (the lab's burst started within a few ms, not at once).
-        router_block_tokens: granularity of the router's routed-prefix index, tokens.
+        router_block_tokens: granularity of the router's routed-prefix index, tokens; None: the
+            trace's (``kvroute.sim.routing.view.routed_index_tokens``).
         record_steps: keep a per-step log on each worker.
         record_series: sample each worker's state after every engine step
             (``kvroute.sim.cluster.timeseries``) and keep every output token's arrival time; off, the
@@ -103,7 +105,7 @@ class ClusterSpec:
     policy: str = DEFAULT_POLICIES[0]
     closed_loop: bool | None = None
     arrival_spread_s: float = 0.005
-    router_block_tokens: int = 256
+    router_block_tokens: int | None = None
     record_steps: bool = False
     record_series: bool = False
     fast_forward: bool = True
@@ -130,8 +132,8 @@ class ClusterSpec:
         if not 0 <= self.arrival_spread_s < math.inf:
             raise ValueError(f"arrival_spread_s must be a finite number >= 0, got {self.arrival_spread_s}")
         block_size = self.profile.engine.block_size
-        if self.router_block_tokens < 1 or (self.router_block_tokens > block_size
-                                            and self.router_block_tokens % block_size):
+        if self.router_block_tokens is not None and (self.router_block_tokens < 1 or (
+                self.router_block_tokens > block_size and self.router_block_tokens % block_size)):
             raise ValueError(f"router_block_tokens must be a multiple of the block size {block_size} "
                              f"(or at most one block), got {self.router_block_tokens}")
         for name in ("scrape_interval_s", "kv_event_delay_s", "store_latency_s"):
@@ -328,8 +330,10 @@ class Cluster:
             pools = [w.scheduler.pool for w in workers]
             exact = lambda hashes: [len(p.longest_cache_hit(hashes, len(hashes))) for p in pools]  # noqa: E731
         num_views = 1 if spec.gateway_state == "shared" else spec.gateways
+        trace_block = self.workload.trace.block_size
+        index_tokens = spec.router_block_tokens or routed_index_tokens(trace_block, spec.profile.engine.block_size)
         self.views = [
-            RouterView(n, spec.profile.engine.block_size, spec.router_block_tokens,
+            RouterView(n, spec.profile.engine.block_size, index_tokens,
                        track_prefixes=self.policies[0].uses_prefixes, cache_view=cache_view,
                        metrics=self.metrics if self.policies[0].uses_metrics else None, events=self.events,
                        exact=exact, track_active_blocks=self.policies[0].uses_active_blocks,

@@ -26,6 +26,27 @@ SCRAPED_SIGNALS = ("running", "waiting", "queue", "kv_usage")
 """The load signals read from the workers' scraped ``/metrics``: a policy that uses one sets
 ``Policy.uses_metrics``."""
 
+ROUTED_INDEX_MAX_TOKENS = 256
+"""The coarsest default granularity of the routed-prefix index, tokens (:func:`routed_index_tokens`)."""
+
+
+def routed_index_tokens(trace_block_size: int, engine_block_size: int) -> int:
+    """The routed-prefix index's default granularity for a trace, tokens: the trace's own content
+    granularity (its ``hash_ids`` block: two prompts can part only there) up to
+    :data:`ROUTED_INDEX_MAX_TOKENS`, rounded down to whole engine blocks, at least one.
+
+    The real routers match finer than any fixed coarse step: Dynamo's approximate index hashes
+    each KV block, SGLang's tree characters. A coarser index leaves a prompt's last partial step
+    out, so a later turn whose history ends inside it matches only the prefix every worker shares:
+    on the seed burst (16-token blocks, a 784-token shared system prompt, 986-token first turns) a
+    256-token step scattered the chats of the worker SGLang's rule piles them on (time to complete
+    24.5 s against 36.3 s at 16 tokens). On the Mooncake trace (512-token blocks) 16 and 256 tokens
+    route alike to three digits of TTFT and hit rate, and 256 costs 1.6-2.8x less time.
+    """
+    tokens = min(trace_block_size, ROUTED_INDEX_MAX_TOKENS)
+    return max(1, tokens // engine_block_size) * engine_block_size
+
+
 LOAD_SIGNALS = ("in_flight", "tokens", "running", "waiting", "queue", "kv_usage")
 """Load signals ``RouterView.load`` gives: requests in flight at this gateway, prompt tokens
 this gateway sent and not yet prefilled, and the scraped ``/metrics``: running, waiting,

@@ -137,3 +137,24 @@ def test_a_misspelt_load_signal_is_refused_when_the_policy_is_made(policy):
     with pytest.raises(ValueError, match="got 'queu'"):
         check_spec(f"{policy}:load=queu")
     assert make_policy(f"{policy}:load=queue", np.random.default_rng(0)).load == "queue"
+
+
+def test_the_routed_index_defaults_to_the_traces_block_so_sglang_keeps_a_chat_on_its_worker():
+    """``routed_index_tokens``: the trace's block up to 256 tokens, in whole engine blocks. At a
+    fixed 256-token step a seed-chat first turn (986 tokens: 784 shared, the rest the chat's own)
+    left its own part out of the index, so its later turns matched only the shared prefix that
+    every worker held and SGLang's rule scattered them."""
+    from kvroute.sim.cluster.cluster import ClusterSpec, simulate
+    from kvroute.sim.routing.view import routed_index_tokens
+    from kvroute.sim.timing.profile import load_profile
+    from kvroute.traces.generators import builtin_workload
+
+    assert [routed_index_tokens(t, e) for t, e in ((16, 16), (16, 32), (512, 16), (100, 16), (64, 64))] == [
+        16, 32, 256, 96, 64]
+    trace = builtin_workload("seed-chat", 128, 6, seed=0)
+    whole = {}
+    for tokens in (None, 256):
+        spec = ClusterSpec(load_profile("a6000-qwen2.5-7b"), 8, policy="sglang", router_block_tokens=tokens)
+        records = simulate(trace, spec, seed=0).records
+        whole[tokens] = int((records.groupby("session_id")["worker"].nunique() == 1).sum())
+    assert whole == {None: 106, 256: 35}
