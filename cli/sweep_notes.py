@@ -13,7 +13,7 @@ import pandas as pd
 
 from kvroute.cli.run_notes import (KV_MEMORY_ADVICE, failure_text, named_as_tables,
                                    same_routing_text, turnover)
-from kvroute.sim.cluster.metrics import alike_policies
+from kvroute.sim.cluster.metrics import alike_by_point
 from kvroute.sim.study.sweep import group_columns, row_failures
 
 
@@ -149,12 +149,11 @@ def same_routing_note(ok: pd.DataFrame, grid: _Grid) -> str:
         return ""
     places = grid.without("policy")
     others = places.fields
-    routes: dict[tuple, dict[str, list]] = {}  # point but its policy -> policy -> (run seed, digest) of its runs
-    for point, row in zip(_points(ok, others), ok.to_dict("records")):
-        routes.setdefault(point, {}).setdefault(row["policy"], []).append((row["run_seed"], row["route_digest"]))
+    runs = ((point, row["policy"], (row["run_seed"], row["route_digest"]))
+            for point, row in zip(_points(ok, others), ok.to_dict("records")))
     pairs: dict[tuple[str, str], list[tuple]] = {}
-    for point, by_policy in routes.items():
-        for pair in alike_policies({policy: tuple(sorted(runs)) for policy, runs in by_policy.items()}):
+    for point, alike in alike_by_point(runs).items():
+        for pair in alike:
             pairs.setdefault(pair, []).append(point)
     alike = []
     for (policy, first), points in pairs.items():

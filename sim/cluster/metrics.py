@@ -359,6 +359,23 @@ def alike_policies(routes: dict) -> list[tuple[str, str]]:
     return alike
 
 
+def alike_by_point(runs) -> dict[object, list[tuple[str, str]]]:
+    """:func:`alike_policies` at each point of a grid: ``{point: [(policy, first), ...]}`` for the
+    points where some policy's runs all routed as an earlier policy's did.
+
+    Args:
+        runs: ``(point, policy, route)`` per run, ``point`` the run's settings but its policy
+            (hashable), ``route`` what identifies its routing (e.g. ``(run_seed, route_digest)``),
+            in the grid's policy order; a policy's routes are compared as a sorted tuple.
+    """
+    by_point: dict[object, dict[str, list]] = {}
+    for point, policy, route in runs:
+        by_point.setdefault(point, {}).setdefault(policy, []).append(route)
+    alike = {point: alike_policies({p: tuple(sorted(r)) for p, r in by_policy.items()})
+             for point, by_policy in by_point.items()}
+    return {point: pairs for point, pairs in alike.items() if pairs}
+
+
 def routed_alike(records) -> dict[str, str]:
     """``{policy: first}`` for each policy of simulated records that sent every request to the worker
     an earlier policy (``first``, in the records' order) chose, in every round: in a simulation
@@ -371,10 +388,9 @@ def routed_alike(records) -> dict[str, str]:
     """
     if not {"policy", "round", "request_id", "worker"} <= set(records.columns) or records["policy"].nunique() < 2:
         return {}
-    routes = {policy: tuple(sorted((round_, route_digest(run["request_id"], run["worker"]))
-                                   for round_, run in rows.groupby("round")))
-              for policy, rows in records.groupby("policy", sort=False)}
-    return dict(alike_policies(routes))
+    runs = ((None, policy, (round_, route_digest(run["request_id"], run["worker"])))
+            for (policy, round_), run in records.groupby(["policy", "round"], sort=False))
+    return dict(alike_by_point(runs).get(None, []))
 
 
 SUMMARY_METRICS: dict[str, str] = {

@@ -310,17 +310,15 @@ def _routed_as(rows: pd.DataFrame, settings: list[str], x: str) -> dict[tuple, s
     every request of every run at every load as the series of an earlier policy with the same
     settings did (equal ``route_digest`` per load and ``run_seed``); ``{}`` for rows without
     those columns."""
-    from kvroute.sim.cluster.metrics import alike_policies
+    from kvroute.sim.cluster.metrics import alike_by_point
 
     if not {"route_digest", "run_seed"} <= set(rows.columns):
         return {}
-    routes: dict[tuple, dict] = {}  # settings' values -> policy -> its runs' (load, seed, digest)
-    for row in rows[["policy", *settings, x, "run_seed", "route_digest"]].itertuples(index=False, name=None):
-        policy, values, (load, seed, digest) = row[0], tuple(map(_setting_key, row[1:-3])), row[-3:]
-        routes.setdefault(values, {}).setdefault(policy, []).append((load, seed, str(digest)))
+    columns = ["policy", *settings, x, "run_seed", "route_digest"]
+    runs = ((tuple(map(_setting_key, values)), policy, (load, seed, str(digest)))
+            for policy, *values, load, seed, digest in rows[columns].itertuples(index=False, name=None))
     return {(policy, values): first
-            for values, by_policy in routes.items()
-            for policy, first in alike_policies({p: tuple(sorted(r)) for p, r in by_policy.items()})}
+            for values, pairs in alike_by_point(runs).items() for policy, first in pairs}
 
 
 def _setting_key(value):

@@ -36,6 +36,7 @@ Layout of a profile file::
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -554,6 +555,40 @@ def _check_fit_notes(notes: object, where: str) -> None:
                 raise InputError(f"expected an object, got {describe(entry)}", where, None, f"fit_notes.{key}[{i}]")
 
 
+HELDOUT_ERRORS = ("median_ape", "p90_ape", "median_abs_log_error", "p90_abs_log_error")
+"""The fit's held-out error fields per kind that prediction intervals read
+(``kvroute.sim.timing.heldout``)."""
+
+
+def _check_heldout_errors(doc: dict, where: str) -> None:
+    """A profile's held-out fit errors (``provenance.fit.heldout`` and
+    ``heldout_single_measurements``, per kind: :data:`HELDOUT_ERRORS`), when present: each a
+    finite number >= 0, or null (the fit writes null for an error it could not compute).
+
+    Raises:
+        InputError: naming ``where`` and the field.
+    """
+    provenance = doc.get("provenance")
+    fit = provenance.get("fit") if isinstance(provenance, dict) else None
+    if not isinstance(fit, dict):
+        return
+    for block in ("heldout", "heldout_single_measurements"):
+        kinds = fit.get(block)
+        if kinds is None:
+            continue
+        if type(kinds) is not dict:
+            raise InputError(f"expected an object, got {describe(kinds)}", where, None, f"provenance.fit.{block}")
+        for kind, errors in kinds.items():
+            field = f"provenance.fit.{block}.{kind}"
+            if type(errors) is not dict:
+                raise InputError(f"expected an object, got {describe(errors)}", where, None, field)
+            for key in HELDOUT_ERRORS:
+                value = errors.get(key)
+                if value is not None and not (type(value) in (int, float) and math.isfinite(value) and value >= 0):
+                    raise InputError(f"expected a finite number >= 0 or null, got {describe(value)}", where, None,
+                                     f"{field}.{key}")
+
+
 def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
     """Build a Profile from a parsed profile document, checking every value once.
 
@@ -612,6 +647,7 @@ def profile_from_dict(doc: object, where: str = "<dict>") -> Profile:
     if refusal := engine.vllm_refusal():
         raise InputError(refusal[1], where, None, f"engine.{refusal[0]}")
     _check_fit_notes(doc.get("fit_notes"), where)
+    _check_heldout_errors(doc, where)
     name = doc.get("name", where)
     if type(name) is not str:
         raise InputError(f"expected a string, got {describe(name)}", where, None, "name")

@@ -75,6 +75,24 @@ def test_a_malformed_fit_notes_section_is_refused_where_it_is_read(notes, field,
     assert str(err.value) == f"x.json: field {field!r}: {message}"
 
 
+@pytest.mark.parametrize("value,message", [
+    ("abc", "expected a finite number >= 0 or null, got a string ('abc')"),
+    (float("nan"), "expected a finite number >= 0 or null, got a float (nan)"),
+    (True, "expected a finite number >= 0 or null, got a boolean"),
+])
+def test_a_bad_held_out_error_is_refused_where_the_profile_is_read(value, message):
+    """The intervals read the fit's held-out errors; a bad one was skipped silently, which
+    narrowed them."""
+    doc = json.loads((ROOT / "sim" / "timing" / "profiles" / "cpu-tiny-qwen2-x2.json").read_text())
+    doc["provenance"]["fit"]["heldout_single_measurements"]["itl"]["p90_abs_log_error"] = value
+    with pytest.raises(ValueError) as err:
+        profile_from_dict(doc, "x.json")
+    field = "provenance.fit.heldout_single_measurements.itl.p90_abs_log_error"
+    assert str(err.value) == f"x.json: field {field!r}: {message}"
+    doc["provenance"]["fit"]["heldout_single_measurements"]["itl"]["p90_abs_log_error"] = None  # the fit's NaN
+    assert profile_from_dict(doc, "x.json").name == "cpu-tiny-qwen2-x2"
+
+
 def test_uncertainty_section_errors_name_the_file_and_field():
     doc = json.loads((ROOT / "sim" / "timing" / "profiles" / "cpu-tiny-qwen2.json").read_text())
     bad = dict(doc, step_cost_uncertainty={"fields": ["step_cost.nope"], "samples": [[1.0]]})
