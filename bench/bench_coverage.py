@@ -3,6 +3,7 @@ values fall inside their prediction interval, per profile, pooled over runs, and
 and measure, each with the runs and live rounds behind it (issue 37).
 
     python bench/bench_coverage.py                        # every run in bench/data/live-rounds/, ~30 s each
+    python bench/bench_coverage.py --jobs 1               # one run at a time (default: a run per core)
     python bench/bench_coverage.py --keep /tmp/bv5 --label 2026-12-05c   # archive a run, then score all
     python bench/bench_coverage.py --no-speed-scale      # the profiles as they are
     python bench/bench_coverage.py --one-round           # also each live round on its own
@@ -33,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -217,10 +219,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-to-run-prior", type=float, metavar="LOG_SD",
                         help="Passed to bench_validate.py (used with --one-round, and by a figure left with one "
                              "whole live round when the others were cut short).")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="N",
+                        help="Runs rescored at once, each in its own process (default: the cores, %(default)s).")
     parser.add_argument("--one-round", action="store_true",
                         help="Also score every live round on its own against its one-round interval (kvroute "
                              "validate's default of one live round); printed after the rounds' means.")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs: at least 1, got {args.jobs}")
     if args.run_to_run_prior is not None and not 0 <= args.run_to_run_prior < math.inf:
         parser.error(f"--run-to-run-prior: a finite number >= 0, got {args.run_to_run_prior}")
     for name in args.profile or []:
@@ -245,10 +251,9 @@ def main(argv: list[str] | None = None) -> None:
              + (["--run-to-run-prior", str(args.run_to_run_prior)] if args.run_to_run_prior is not None else [])
              + [a for p in args.profile or [] for a in ("--profile", p)])
     behind = runs_behind(runs)  # before the rescoring: a bad run.json stops it at once
-    rows = []
-    for run in runs:
-        print(f"rescoring {run.name} ...", file=sys.stderr)
-        rows += rescore(run, extra)
+    print(f"rescoring {len(runs)} run(s), {min(args.jobs, len(runs))} at a time ...", file=sys.stderr)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each rescore is its own process
+        rows = [row for rows in pool.map(lambda run: rescore(run, extra), runs) for row in rows]
     print(behind)
     for line in coverage_report(rows):
         print(line)
