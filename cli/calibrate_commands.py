@@ -17,7 +17,7 @@ from kvroute.cli.fit_command import fit_cmd
 from kvroute.cli.help_text import HelpfulGroup
 from kvroute.cli.serve_command import SERVE_VALUES, serve
 from kvroute.cli.signals import stops_on_sigterm
-from kvroute.cli.values import Cores, Number, check_urls, check_values, token_id_range
+from kvroute.cli.values import Choice, Cores, Number, check_urls, check_values, token_id_range
 from kvroute.traces.inputs import MAX_TOKENS, SEED, TOKENS, Num
 from kvroute.traces.outputs import check_output, new_dirs_removed_on_failure
 
@@ -37,7 +37,7 @@ def calibrate():
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Directory for the raw rows (required but with --dry-run).")
 @click.option("--model", default=None, help="Served model name (default: the server's only model).")
-@click.option("--preset", type=click.Choice(["full", "quick"]), default="full", show_default=True, help="Sweep size.")
+@click.option("--preset", type=Choice(["full", "quick"]), default="full", show_default=True, help="Sweep size.")
 @click.option("--max-len", type=Number(TOKENS), default=None, help="Drop sweep lengths whose sequences exceed this many tokens.")
 @click.option("--seed", type=Number(SEED), default=0, show_default=True, help="Seeds the prompts' token ids.")
 @click.option("--token-range", default="100:1700", show_default=True, help="LO:HI range of prompt token ids.")

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from kvroute.cli.signals import stops_on_sigterm
-from kvroute.cli.values import Number, check_values
+from kvroute.cli.values import Choice, Number, check_values
 from kvroute.traces.inputs import MAX_RUNS, SECONDS, SEED, Num
 from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
 
@@ -91,11 +91,11 @@ def _figure_formats(ctx, param, value):
               help="Formats of the fit's figure, comma list of png, pdf, svg (vector for papers).")
 @click.option("--holdout", type=Number(Num(minimum=0.0, maximum=1.0, below=True)), default=0.25, show_default=True, help="Share of experiments held out.")
 @click.option("--seed", type=Number(SEED), default=0, show_default=True, help="Seed of the hold-out split.")
-@click.option("--overhead", type=click.Choice(["auto", "metrics", "fit"]), default="auto", show_default=True,
+@click.option("--overhead", type=Choice(["auto", "metrics", "fit"]), default="auto", show_default=True,
               help="API-server time from the server's /metrics or fitted.")
-@click.option("--loss", type=click.Choice(["linear", "soft_l1", "huber", "cauchy"]), default="soft_l1",
+@click.option("--loss", type=Choice(["linear", "soft_l1", "huber", "cauchy"]), default="soft_l1",
               show_default=True, help="linear: NNLS; else a robust least_squares refinement.")
-@click.option("--itl-source", type=click.Choice(["auto", "engine", "stream"]), default="auto", show_default=True,
+@click.option("--itl-source", type=Choice(["auto", "engine", "stream"]), default="auto", show_default=True,
               help="Decode and mixed step times from the server's histograms or the client's streams.")
 @click.option("--per-token-overhead/--no-per-token-overhead", default=True, show_default=True,
               help="Fit the per-prompt-token part of the API-server time.")
@@ -115,7 +115,7 @@ def _figure_formats(ctx, param, value):
 @click.option("--stream-baseline/--no-stream-baseline", default=True, show_default=True,
               help="Count the API processes and the client, which streamed while the decode steps were timed, in "
                    "those steps' contention baseline (host.baseline_stream_busy); off: engines only, as before.")
-@click.option("--api-cores", type=click.Choice(["spare", "own"]), default="spare", show_default=True,
+@click.option("--api-cores", type=Choice(["spare", "own"]), default="spare", show_default=True,
               help="Where the sweep's servers ran their API processes (kvroute serve --api-cores): own: each on its "
                    "engine's core, so the host model counts load per core (host.api_on_engine_core) and the API "
                    "process's work beside a busy engine takes twice as long (host.api_contention 1); spare: the "

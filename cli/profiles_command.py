@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from kvroute.cli.help_text import HelpfulGroup
-from kvroute.cli.values import Number
+from kvroute.cli.values import Choice, Number
 from kvroute.traces.inputs import BLOCK_SIZE, FRACTION, TOKENS, Num
 
 
@@ -116,9 +116,9 @@ def models_command():
 @click.option("--model", "model", required=True,
               help="Shipped model (kvroute profiles models), e.g. Llama-3.1-70B, or the path of a Hugging Face config.json.")
 @click.option("--tp", type=Number(Num(integer=True, minimum=1, maximum=1024)), default=1, show_default=True, help="Tensor-parallel size: GPUs per worker.")
-@click.option("--dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
+@click.option("--dtype", type=Choice(["bf16", "fp8"]), default="bf16", show_default=True,
               help="Weights: bf16, or fp8 linear layers (embedding, LM head and norms stay bf16).")
-@click.option("--kv-cache-dtype", type=click.Choice(["auto", "fp8"]), default="auto", show_default=True,
+@click.option("--kv-cache-dtype", type=Choice(["auto", "fp8"]), default="auto", show_default=True,
               help="KV cache: auto (bf16) or fp8.")
 @click.option("--max-model-len", type=Number(TOKENS), default=None,
               help="Longest sequence, tokens [default: the model's max_position_embeddings].")

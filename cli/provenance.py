@@ -260,7 +260,7 @@ def write_scenario(out_dir: Path, ctx: click.Context, provenance: dict, name: st
     if flags:
         given = shlex.join(flags)
         header += (f"# Output options are not scenario values and --config does not set them: this run also had "
-                   f"{given};\n# to write the same files again: {ctx.command_path} --config {path} "
+                   f"{given};\n# to write the same files again: {env}{ctx.command_path} --config {path} "
                    f"--out {_out_metavar(ctx)} {given}\n")
     header += f"# The '{PROVENANCE_KEY}' block records what produced the outputs; --config ignores it.\n"
     write_text_atomic(path, header + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import click
 
-from kvroute.cli.values import (POSITIVE_SECONDS, PROCESSES, SCENARIO_VALUES, AliasedOption, Number, Opt,
-                                InputFile, apply_options, check_values)
+from kvroute.cli.values import (POSITIVE_SECONDS, PROCESSES, SCENARIO_VALUES, AliasedOption, Choice, InputFile, Number,
+                                Opt, apply_options, check_values)
 from kvroute.cli.lengths import (TOKEN_RANGE, arrival_option, dist_option, dist_value, history_value, length_value,
                                  positive_option)
 from kvroute.sim.cluster.cluster import ClusterSpec
@@ -54,7 +54,7 @@ def field_option(name: str) -> Opt:
     attrs = {"default": f.default, "show_default": f.default is not None, "help": meta["help"]}
     axis = meta.get("axis", True)
     if "choices" in meta:
-        attrs["type"] = click.Choice(list(meta["choices"]))
+        attrs["type"] = Choice(list(meta["choices"]))
     elif meta.get("type") == "path":
         attrs["type"] = InputFile(exists=False)  # a regular file; scenario_trace says when it is missing
     elif "kind" in meta:
@@ -261,7 +261,7 @@ def executor_options(func):
     from kvroute.sim.study.executors import EXECUTORS
 
     options = [
-        click.option("--executor", type=click.Choice(EXECUTORS), default=None,
+        click.option("--executor", type=Choice(EXECUTORS), default=None,
                      help="local: process pool; sequential: this process; dask: a Dask cluster [local]."),
         click.option("--address", default=None,
                      help="Dask scheduler address, e.g. tcp://host:8786 (implies --executor dask) "

@@ -12,7 +12,7 @@ from kvroute.cli.scenario import (parse_policies, policies_option, scenario_from
                                  scenario_trace, with_errors)
 from kvroute.cli.signals import stops_on_sigterm
 from kvroute.cli.sim_commands import figure_format_option
-from kvroute.cli.values import OPEN_FRACTION, PROCESSES, Number, check_runs
+from kvroute.cli.values import OPEN_FRACTION, PROCESSES, Choice, Number, check_runs
 from kvroute.traces.inputs import MAX_RUNS, RUNS, SECONDS, SEED, InputError, Num
 from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
 
@@ -67,7 +67,7 @@ def _even(ctx: click.Context, param: click.Parameter, value: int) -> int:
                    "up to 0.02 s), else the scenario's spread +- --prior-range of it].")
 @click.option("--groups", default=None,
               help="Comma-separated factor groups to vary (default: all; see kvroute.sim.study.sensitivity.FACTOR_GROUPS).")
-@click.option("--executor", type=click.Choice(["local", "sequential"]), default="local", show_default=True,
+@click.option("--executor", type=Choice(["local", "sequential"]), default="local", show_default=True,
               help="local: a process pool; sequential: this process.")
 @click.option("--max-workers", type=Number(PROCESSES), default=None, help="Processes of the local pool [CPU count].")
 @click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the tables.")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from kvroute.cli.values import Number, check_values
+from kvroute.cli.values import Choice, Number, check_values
 from kvroute.traces.inputs import BLOCK_SIZE, FRACTION, SECONDS, TOKENS, Num
 from kvroute.traces.outputs import check_output
 
@@ -79,8 +79,8 @@ def _host(ctx: click.Context, param: click.Parameter, value: str) -> str:
                    "servers (default: GPUs / N). GPU only.")
 @click.option("--kv-cache-gib", type=Number(SERVE_VALUES["kv_cache_gib"]), default=1, show_default=True, help="KV cache per server on the CPU backend, whole GiB.")
 @click.option("--max-model-len", type=Number(TOKENS), default=None, help="vLLM --max-model-len.")
-@click.option("--device", type=click.Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True)
-@click.option("--api-cores", type=click.Choice(["spare", "own", "any"]), default="spare", show_default=True,
+@click.option("--device", type=Choice(["auto", "gpu", "cpu"]), default="auto", show_default=True)
+@click.option("--api-cores", type=Choice(["spare", "own", "any"]), default="spare", show_default=True,
               help="CPU backend: where each server's API process runs. spare: the cores no engine uses (every core "
                    "when none is spare); own: its own engine's core, so each engine shares its core with its own "
                    "API process alone and decode speed does not flip with where the kernel puts the API processes; "

@@ -18,7 +18,7 @@ from kvroute.cli.run_notes import (clamped_output_note, failed_count_note, failu
                                    speed_note)
 from kvroute.cli.signals import INTERRUPTED_EXIT, stops_on_sigterm
 from kvroute.cli.stage_output import stage_doc, stage_results, stage_text, write_stages
-from kvroute.cli.values import DRAWS, PRIOR_RANGE, Number, check_runs, check_values
+from kvroute.cli.values import DRAWS, PRIOR_RANGE, Choice, Number, check_runs, check_values
 from kvroute.traces.inputs import RUNS
 from kvroute.sim.cluster.collector import paused_collector
 from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
@@ -488,7 +488,7 @@ def output_options(func):
                           "scenario, for --config), a vllm bench serve-style vllm-bench-<policy>.json per policy "
                           "(round 0) and report.html (one self-contained page: scenario, table, figures, notes, "
                           "provenance) here."),
-        click.option("--records-format", type=click.Choice(["parquet", "csv"]), default="parquet",
+        click.option("--records-format", type=Choice(["parquet", "csv"]), default="parquet",
                      show_default=True, help="Format of the per-request records written with --out."),
         click.option("--quiet", is_flag=True, help="No progress bars (they show on a terminal only)."),
         figure_format_option,

@@ -10,7 +10,7 @@ import click
 from kvroute.cli.help_text import HelpfulGroup
 from kvroute.cli.scenario import read_any_trace, scenario_from_options, scenario_options
 from kvroute.cli.signals import stops_on_sigterm
-from kvroute.cli.values import InputFile, Number, check_values
+from kvroute.cli.values import Choice, InputFile, Number, check_values
 from kvroute.traces.inputs import BLOCK_SIZE, SEED, Num
 
 
@@ -30,7 +30,7 @@ def _check_out(out: Path) -> None:
 
 
 @trace.command()
-@click.argument("kind", type=click.Choice(["seed-chat", "agent"]))
+@click.argument("kind", type=Choice(["seed-chat", "agent"]))
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
 @scenario_options(groups=("workload",), exclude=("workload",), slo=False)
 @click.option("--seed", type=Number(SEED), default=0, show_default=True,
@@ -62,7 +62,7 @@ def generate(kind, out, seed, block_size, **options):
 @trace.command("import")
 @click.argument("source", type=InputFile())
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="JSONL file to write.")
-@click.option("--format", "fmt", type=click.Choice(["auto", "kvroute", "azure", "burstgpt", "sharegpt", "vllm-bench"]),
+@click.option("--format", "fmt", type=Choice(["auto", "kvroute", "azure", "burstgpt", "sharegpt", "vllm-bench"]),
               default="auto", show_default=True,
               help="Source format; auto: .csv by header (Azure/BurstGPT), .json by content (ShareGPT list / "
                    "vllm bench serve result), else JSONL.")

@@ -13,7 +13,7 @@ import click
 from kvroute.cli.scenario import DEFAULT_POLICIES, scenario_from_options, scenario_options
 from kvroute.cli.signals import stops_on_sigterm
 from kvroute.cli.sim_commands import figure_format_option
-from kvroute.cli.values import (DRAWS, OPEN_FRACTION, POSITIVE_SECONDS, PRIOR_RANGE, RELATIVE, Cores, Number,
+from kvroute.cli.values import (DRAWS, OPEN_FRACTION, POSITIVE_SECONDS, PRIOR_RANGE, RELATIVE, Choice, Cores, Number,
                                 check_runs, check_urls, check_values, token_id_range)
 from kvroute.sim.study.intervals import HOST_RUN_TO_RUN_LOG_SD
 from kvroute.traces.inputs import POSITIVE_INT, RUNS, SECONDS, SEED, TOKENS
@@ -39,7 +39,7 @@ def _policies(single: tuple[str, ...], joined: str | None) -> list[str]:
               help="Directory for report.json, report.md, report.html (one self-contained page), "
                    "records_*.parquet and the ttft_* figures (--figure-format).")
 @click.option("--max-in-flight", type=Number(POSITIVE_INT), default=None, help="Most requests outstanding at the client (1: one at a time).")
-@click.option("--replay", type=click.Choice(["auto", "closed", "open"]), default="auto", show_default=True,
+@click.option("--replay", type=Choice(["auto", "closed", "open"]), default="auto", show_default=True,
               help="closed: later turns wait for their parent; open: trace timestamps.")
 @click.option("--arrival-spread", "arrival_spread_s", type=Number(SECONDS), default=0.0, show_default=True,
               help="The simulation's start jitter of root requests, s.")

@@ -13,6 +13,7 @@ the type of a file option: it must be a regular file (no FIFO, no ``/dev/zero``)
 
 from __future__ import annotations
 
+import difflib
 import functools
 
 import click
@@ -195,6 +196,22 @@ class InputFile(click.Path):
         except InputError as exc:
             self.fail(exc.reason, param, ctx)
         return path
+
+
+class Choice(click.Choice):
+    """``click.Choice`` that names the closest choice of a misspelt value, as the policy and
+    ``--config`` errors do: ``Invalid value for '--workload': 'seedchat' is not one of
+    'seed-chat', 'agent' (did you mean 'seed-chat'?).``"""
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as exc:
+            names = {str(c).lower(): str(c) for c in self.choices}
+            close = difflib.get_close_matches(str(value).lower(), list(names), n=1)
+            if not close:
+                raise
+            self.fail(f"{exc.message.rstrip('.')} (did you mean {names[close[0]]!r}?).", param, ctx)
 
 
 class Axis(click.ParamType):

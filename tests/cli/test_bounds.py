@@ -12,7 +12,7 @@ import click
 import pytest
 
 from kvroute.cli.main import LAZY_COMMANDS, cli
-from kvroute.cli.values import Axis, Number
+from kvroute.cli.values import Axis, Choice, Number
 from kvroute.sim.study.scenario import Scenario
 from kvroute.traces.inputs import C_INT_MAX, Num
 
@@ -44,6 +44,28 @@ def unbounded(param: click.Parameter) -> bool:
 def test_every_numeric_option_declares_its_bounds(path, command):
     bare = [max(p.opts, key=len) for p in command.params if unbounded(p)]
     assert bare == [], f"kvroute {path}: numeric options without a Number(rule) type: {bare}"
+
+
+@pytest.mark.parametrize("path, command", sorted(all_commands(), key=lambda pc: pc[0]), ids=lambda v: str(v))
+def test_every_choice_option_names_the_closest_choice(path, command):
+    bare = [max(p.opts, key=len) for p in command.params
+            if isinstance(p.type, click.Choice) and not isinstance(p.type, Choice)]
+    assert bare == [], f"kvroute {path}: click.Choice options without the did-you-mean of values.Choice: {bare}"
+
+
+def test_a_misspelt_choice_names_the_closest_one_and_a_far_one_only_the_list():
+    from click.testing import CliRunner
+
+    near = CliRunner().invoke(cli, ["simulate", "--workload", "seedchat"])
+    assert near.exit_code == 2
+    assert ("Invalid value for '--workload': 'seedchat' is not one of 'seed-chat', 'agent' "
+            "(did you mean 'seed-chat'?).") in near.output
+    far = CliRunner().invoke(cli, ["calibrate", "fit", "--loss", "zzz"])
+    assert far.exit_code == 2 and "'zzz' is not one of 'linear', 'soft_l1', 'huber', 'cauchy'." in far.output
+    assert "did you mean" not in far.output
+    cased = Choice(["Linear", "Huber"])
+    with pytest.raises(click.BadParameter, match=r"did you mean 'Linear'\?"):
+        cased.convert("linar", None, None)
 
 
 def test_an_integer_rule_always_has_an_upper_bound():

@@ -147,11 +147,15 @@ def test_a_scenario_of_ones_own_policy_records_its_file_and_says_how_to_rerun(tm
     env = {**os.environ, "KVROUTE_POLICY_FILES": str(path)}
     out, again = tmp_path / "a", tmp_path / "b"
     run = subprocess.run([kvroute, "compare", "--chats", "4", "--turns", "2", "--rounds", "1", "--policies",
-                          "round_robin,fewest_tokens", "--out", str(out)], env=env, capture_output=True, text=True)
+                          "round_robin,fewest_tokens", "--out", str(out), "--records-format", "csv"], env=env,
+                         capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     text = (out / "scenario.yaml").read_text()
     assert text.splitlines()[0] == (f"# KVROUTE_POLICY_FILES={path} kvroute compare --config {out / 'scenario.yaml'} "
                                     "re-runs this scenario; command-line flags override these values.")
+    # the line for the output flags sets it too (it left it out, and failed as printed)
+    assert text.splitlines()[2] == (f"# to write the same files again: KVROUTE_POLICY_FILES={path} kvroute compare "
+                                    f"--config {out / 'scenario.yaml'} --out DIR --records-format csv")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     assert yaml.safe_load(text)["kvroute"]["policy_files"] == {"fewest_tokens": {"path": str(path), "sha256": digest}}
     bare = {k: v for k, v in os.environ.items() if k != "KVROUTE_POLICY_FILES"}
