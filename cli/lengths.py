@@ -41,15 +41,16 @@ def length_value(item) -> int | tuple[int, int] | float | str:
     if ":" in text:
         return dist_value(text)
     try:
-        if "-" in text:
-            low, high = (int(part) for part in text.split("-", 1))
-            if 0 <= low <= high:
-                return (low, high)
-        elif 1 <= int(text) <= MAX_TOKENS:
-            return int(text)
+        parts = [int(part) for part in text.split("-", 1)]
     except ValueError:
-        pass
-    raise ValueError(f"{text!r} is neither a token count nor a range LOW-HIGH")
+        raise ValueError(f"{text!r} is neither a token count nor a range LOW-HIGH") from None
+    if len(parts) == 2:
+        if 0 <= parts[0] <= parts[1]:
+            return (parts[0], parts[1])
+        raise ValueError(f"{text!r}: a range LOW-HIGH needs 0 <= LOW <= HIGH")
+    if 1 <= parts[0] <= MAX_TOKENS:
+        return parts[0]
+    raise ValueError(f"{text!r}: a token count is 1 to {MAX_TOKENS}")
 
 
 def history_value(item) -> int | tuple[int, int]:

@@ -161,6 +161,7 @@ def _interval_note(result: _RunResult, policies, rounds: int, seed: int, slo: Se
     finished rounds of an interrupted run, the drawn profiles' share), the units of changes and the
     goodput bound."""
     comparison = result.comparison
+    changes = "; changes of shares in percentage points (pp)" if len(policies) > 1 else ""  # change columns only then
     spread = ("one round per policy, seed {seed}: no interval (--rounds 2 or more gives one)".format(seed=seed)
               if rounds == 1 else
               f"{rounds} round(s) per policy, seeds {seed}..{seed + rounds - 1}; ± is the 95% interval over rounds "
@@ -172,8 +173,7 @@ def _interval_note(result: _RunResult, policies, rounds: int, seed: int, slo: Se
         spread = (f"interrupted: rounds finished of {rounds} per policy: {done}; ± is the 95% interval over the "
                   "finished rounds ([low, high] where clipped to possible values)")
     if not result.draws:  # (an interrupted run drops the draws)
-        return (f"{spread}; changes of shares in percentage points (pp); goodput at TTFT <= {slo.ttft_s} s and "
-                f"TPOT <= {slo.tpot_s} s.")
+        return f"{spread}{changes}; goodput at TTFT <= {slo.ttft_s} s and TPOT <= {slo.tpot_s} s."
     return (f"(seeds): mean ± 95% interval over {rounds} round(s), seeds {seed}..{seed + rounds - 1}, "
             f"central profile. With model unc.: 95% prediction interval of the mean of {rounds} run(s), "
             f"centred on the (seeds) mean, from its seeds' spread and that of {result.draws} profiles drawn "
@@ -181,8 +181,7 @@ def _interval_note(result: _RunResult, policies, rounds: int, seed: int, slo: Se
             "docs/reference/intervals.md)" + (
                 f"; the seeds' spread is pooled over the runs of all {result.draws + 1} profiles, so with {rounds} "
                 f"rounds it can come out narrower than (seeds), whose t has {rounds - 1} degree{'s' if rounds > 2 else ''} of freedom"
-                if rounds < 4 else "") + "; changes of shares in percentage points (pp); goodput at TTFT <= "
-            f"{slo.ttft_s} s and TPOT <= {slo.tpot_s} s.")
+                if rounds < 4 else "") + f"{changes}; goodput at TTFT <= {slo.ttft_s} s and TPOT <= {slo.tpot_s} s.")
 
 
 def _gather_notes(result: _RunResult, scenario, trace, rounds_trace, spec, policies, slo: ServiceClass,

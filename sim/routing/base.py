@@ -164,6 +164,8 @@ def load_user_policies() -> None:
             continue
         if not os.path.isfile(path):
             reason = "is a folder, not a file" if os.path.isdir(path) else "does not exist"
+            if "," in path and os.pathsep != ",":
+                reason += f" (the files are separated by {os.pathsep!r}, not ',')"
             raise ValueError(f"KVROUTE_POLICY_FILES: {path} {reason}")
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None:  # importlib knows no loader for the suffix

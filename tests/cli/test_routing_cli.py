@@ -70,6 +70,9 @@ def test_a_missing_or_broken_user_policy_file_is_a_one_line_error(tmp_path: Path
     result = CliRunner().invoke(cli, ["policies"], env={"KVROUTE_POLICY_FILES": str(missing)})
     assert result.exit_code == 1
     assert result.output == f"Error: KVROUTE_POLICY_FILES: {missing} does not exist\n"
+    listed = f"{tmp_path / 'a.py'},{tmp_path / 'b.py'}"  # a list in the wrong separator
+    result = CliRunner().invoke(cli, ["policies"], env={"KVROUTE_POLICY_FILES": listed})
+    assert result.output == f"Error: KVROUTE_POLICY_FILES: {listed} does not exist (the files are separated by ':', not ',')\n"
     broken = tmp_path / "broken.py"
     broken.write_text("def (:\n")
     result = CliRunner().invoke(cli, ["policies"], env={"KVROUTE_POLICY_FILES": str(broken)})

@@ -151,3 +151,23 @@ def test_fields_are_the_scenario_fields():
 @pytest.mark.parametrize("name", ["simulate", "compare", "sweep", "sensitivity"])
 def test_every_simulating_command_takes_quiet_to_hide_its_progress_bar(name):
     assert options(command(name))["--quiet"].is_flag
+
+
+@pytest.mark.parametrize("value, message", [
+    ("40000-30000", "'40000-30000': a range LOW-HIGH needs 0 <= LOW <= HIGH"),
+    ("0", "'0': a token count is 1 to 134217728"),
+    ("200000000", "'200000000': a token count is 1 to 134217728"),
+    ("abc", "'abc' is neither a token count nor a range LOW-HIGH"),
+    ("-5", "'-5' is neither a token count nor a range LOW-HIGH"),
+])
+def test_a_bad_history_says_what_is_wrong_with_it(value, message):
+    """It said "neither a token count nor a range" of a reversed range or a count of 0 too."""
+    result = CliRunner().invoke(cli, ["compare", "--workload", "agent", "--history", value])
+    assert result.exit_code == 2
+    assert f"Invalid value for '--history': {message}" in result.output
+
+
+def test_a_good_history_is_a_count_or_a_range():
+    from kvroute.cli.lengths import history_value
+
+    assert (history_value("3000"), history_value("0-5"), history_value([100, 200])) == (3000, (0, 5), (100, 200))
