@@ -338,6 +338,14 @@ def workload_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng([seed, 1])
 
 
+def arrival_rng(seed: int) -> np.random.Generator:
+    """The generator a built-in workload draws its sessions' arrival gaps from for run seed
+    ``seed`` (``--request-rate``): a stream of its own (``SeedSequence([seed, 2])``), apart from the
+    lengths' and think times' (:func:`workload_rng`), so that a sweep over lengths or think times
+    at one rate keeps the same arrivals at each point (common random numbers)."""
+    return np.random.default_rng([seed, 2])
+
+
 def builtin_workload(
     name: str,
     chats: int | None,
@@ -364,8 +372,9 @@ def builtin_workload(
         think_time_s: seconds between a reply's last token and the next turn: a number or a
             distribution (:mod:`kvroute.traces.lengths`); 0 for both workloads unless given, as
             on the CLI (``agent_sessions`` called directly defaults to 0-2 s).
-        seed: the run's seed; random lengths are drawn from ``workload_rng(seed)``, so every
-            round of a comparison draws its own workload and a fixed workload is the same in all.
+        seed: the run's seed; random lengths are drawn from ``workload_rng(seed)`` and arrival
+            gaps from ``arrival_rng(seed)``, so every round of a comparison draws its own workload
+            and a fixed workload is the same in all.
         reply: where replies stop, tokens: a number, a distribution, or (agent) a ``(low, high)``
             range; None keeps the default (seed-chat ``SEED_CHAT_REPLY``, agent 50-300).
         history: agent history range in tokens; None keeps the default (8,000-32,000).
@@ -393,7 +402,7 @@ def builtin_workload(
     if request_rate is None:
         return trace
     sessions = len({rec.session_id for rec in trace.records})
-    return with_session_starts(trace, arrival_times(sessions, request_rate, arrival, rng))
+    return with_session_starts(trace, arrival_times(sessions, request_rate, arrival, arrival_rng(seed)))
 
 
 def _generate(name, chats, turns, think_time_s, rng, reply, history, max_tokens, user, start_s, block_size) -> Trace:

@@ -132,8 +132,9 @@ class Scenario:
             Not allowed with shared GPUs (there vLLM's memory rule sets the blocks).
         arrival_spread_s: uniform start jitter of the requests sent at their timestamps (roots
             in closed loop, every request in open loop), s.
-        seed: round r runs with seed ``seed + r``, and random workload lengths are drawn for
-            that seed (``kvroute.traces.generators.workload_rng``).
+        seed: round r runs with seed ``seed + r``, and random workload lengths and session
+            arrivals are drawn for that seed (``kvroute.traces.generators.workload_rng`` and
+            ``arrival_rng``).
         scrape_interval_s: seconds between the gateway's ``/metrics`` scrapes (0: live).
         cache_view: ``routed``, ``events`` or ``exact`` (see ``ClusterSpec``).
         kv_event_delay_s: seconds before a KV-cache event reaches the gateway.

@@ -112,3 +112,24 @@ def test_cli_rate_options_and_the_load_curve(tmp_path):
     assert bad.exit_code != 0 and "unknown arrival process" in bad.output
     with pytest.raises(ValueError, match="needs rows with a request_rate"):
         plot_load_curve(rows.assign(request_rate=None), tmp_path / "x.png")
+
+
+def _starts(trace: Trace) -> list[float]:
+    return [r.timestamp_ms for r in trace.records if r.parent is None]
+
+
+def test_arrivals_are_common_across_lengths_and_lengths_across_rates():
+    """The sessions' arrival gaps come from a stream of their own: before, they were drawn after
+    the lengths from the same one, so a sweep of reply lengths or think times at one rate also
+    drew new arrivals at every point."""
+    from kvroute.traces.generators import arrival_rng
+
+    short = builtin_workload("agent", 8, 3, seed=0, reply=(50, 100), request_rate=2.0)
+    long = builtin_workload("agent", 8, 3, seed=0, reply=(500, 1000), request_rate=2.0, think_time_s="exponential:3")
+    assert _starts(short) == _starts(long)
+    assert [r.output_length for r in short.records] != [r.output_length for r in long.records]
+    assert _starts(short) == (1000.0 * arrival_times(8, 2.0, "poisson", arrival_rng(0))).tolist()
+    faster = builtin_workload("agent", 8, 3, seed=0, reply=(50, 100), request_rate=4.0)
+    assert [r.input_length for r in faster.records] == [r.input_length for r in short.records]
+    assert _starts(faster) != _starts(short)
+    assert _starts(builtin_workload("agent", 8, 3, seed=1, reply=(50, 100), request_rate=2.0)) != _starts(short)
