@@ -416,6 +416,10 @@ def _is_default(name: str, value: Any) -> bool:
     return False
 
 
+NO_EMPTY_REPLY = "must allow a reply of at least 1 token (vLLM samples at least one: max_tokens >= 1)"
+"""Why a reply length fixed below 1 token is refused (the generator raised every draw to 1)."""
+
+
 def check_scenario(scenario: Scenario) -> None:
     """The checks of a scenario's fields (each by its metadata) and of their combinations.
 
@@ -434,14 +438,18 @@ def check_scenario(scenario: Scenario) -> None:
                 raise ScenarioError(f"{name} {exc.reason}", name, exc.reason) from None
         if kind in ("dist", "length") and not isinstance(value, tuple):
             try:
-                parse_dist(value, name)
+                dist = parse_dist(value, name)
             except ValueError as exc:
                 raise ScenarioError(str(exc), name, str(exc).removeprefix(f"{name}: ")) from None
+            if name == "reply" and dist.is_fixed and dist.mean < 1:
+                raise ScenarioError(f"reply {NO_EMPTY_REPLY}, got {value!r}", name, f"{NO_EMPTY_REPLY}, got {value!r}")
         elif kind in ("length", "history") and isinstance(value, tuple):
             least = 1 if kind == "history" else 0  # a prompt has at least one token
             if not (len(value) == 2 and all(type(v) is int for v in value) and least <= value[0] <= value[1]):
                 reason = f"a (low, high) token range needs ints {least} <= low <= high, got {value!r}"
                 raise ScenarioError(f"{name}: {reason}", name, reason)
+            if name == "reply" and value[1] < 1:
+                raise ScenarioError(f"reply {NO_EMPTY_REPLY}, got {value!r}", name, f"{NO_EMPTY_REPLY}, got {value!r}")
         elif kind == "history" and not (type(value) is int and 2 <= value <= MAX_TOKENS):
             reason = f"expected tokens H >= 2 (meaning H/2-H) or a (low, high) range, got {value!r}"
             raise ScenarioError(f"{name}: {reason}", name, reason)
