@@ -92,6 +92,16 @@ def machine_of(meta: dict) -> str:
     return f"{host.get('machine')} {host.get('cpu')} x{host.get('cores')}"
 
 
+def place_of(meta: dict) -> str:
+    """An archived run's UTC day and machine, from its ``run.json``, as the coverage's "by day and
+    machine" line names them: ``2026-12-05 vm/3d1219c7`` (the machine id cut to 8 characters), or
+    ``unknown`` without a date."""
+    machine = machine_of(meta)
+    name, sep, ident = machine.partition("/")
+    short = machine if not sep else name if ident == "None" else f"{name}/{ident[:8]}"
+    return f"{meta['measured'][:10]} {short}" if meta.get("measured") else "unknown"
+
+
 def runs_behind(runs: list[Path]) -> str:
     """One line: the days (UTC, from each ``run.json``'s ``measured``) and machines
     (:func:`machine_of`) the archived ``runs`` come from, and how many distinct (day, machine)
@@ -184,6 +194,9 @@ def coverage_report(rows: list[dict], one_round: bool = False) -> list[str]:
             return text + (f" ({_width(sub)})" if width else "")
 
         lines.append("  by run:     " + ", ".join(part("run", v) for v in runs))
+        if all("place" in r for r in mine):  # issue 37's unit: runs on different days or machines
+            places = sorted({r["place"] for r in mine})
+            lines.append("  by day and machine: " + ", ".join(part("place", v) for v in places))
         lines.append("  by shape:   " + ", ".join(part("shape", v) for v in dict.fromkeys(r["shape"] for r in mine)))
         lines.append("  by measure (median interval width: high / low for times, percentage points for changes, absolute for shares): "
                      + ", ".join(part("metric", v, True) for v in dict.fromkeys(r["metric"] for r in mine)))
@@ -254,6 +267,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"rescoring {len(runs)} run(s), {min(args.jobs, len(runs))} at a time ...", file=sys.stderr)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each rescore is its own process
         rows = [row for rows in pool.map(lambda run: rescore(run, extra), runs) for row in rows]
+    places = {run.name: place_of(_run_meta(run)) for run in runs}
+    for row in rows:
+        row["place"] = places[row["run"]]
     print(behind)
     for line in coverage_report(rows):
         print(line)

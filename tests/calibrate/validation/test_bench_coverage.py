@@ -57,3 +57,22 @@ def test_a_bad_run_json_is_a_one_line_error_before_any_rescoring(tmp_path):
         bench.runs_behind([bad])
     (bad / "run.json").unlink()
     assert bench.runs_behind([bad]).startswith("1 runs on 0 day(s) (unknown) and 0 machine(s)")
+
+
+def test_the_coverage_is_also_counted_by_day_and_machine():
+    """Issue 37's condition is about runs on different days or machines: a line counts each pair."""
+    bench = _bench_coverage()
+    vm = {"machine": "x86_64", "cpu": "AMD EPYC", "cores": 2, "hostname": "vm", "machine_id": "3d1219c7c4c5404a"}
+    assert bench.place_of({"measured": "2026-12-07T00:06+00:00", "host": vm}) == "2026-12-07 vm/3d1219c7"
+    assert bench.place_of({"host": vm}) == "unknown"
+    assert bench.place_of({"measured": "2026-12-07T00:06+00:00", "host": {**vm, "machine_id": None}}) == \
+        "2026-12-07 vm"
+    row = {"profile": "p", "level": 0.9, "shape": "s", "metric": "hit_rate", "interval": [0.1, 0.2], "live_rounds": 3}
+    rows = [{**row, "run": "a", "place": "2026-12-05 vm/1", "inside": True},
+            {**row, "run": "b", "place": "2026-12-05 vm/1", "inside": False},
+            {**row, "run": "c", "place": "2026-12-06 vm/1", "inside": True}]
+    lines = bench.coverage_report(rows)
+    assert lines[1] == "  by run:     a 1/1, b 0/1, c 1/1"
+    assert lines[2] == "  by day and machine: 2026-12-05 vm/1 1/2, 2026-12-06 vm/1 1/1"
+    assert not any("by day" in line for line in bench.coverage_report([{k: v for k, v in r.items() if k != "place"}
+                                                                       for r in rows]))
