@@ -201,7 +201,12 @@ class InputFile(click.Path):
 class Choice(click.Choice):
     """``click.Choice`` that names the closest choice of a misspelt value, as the policy and
     ``--config`` errors do: ``Invalid value for '--workload': 'seedchat' is not one of
-    'seed-chat', 'agent' (did you mean 'seed-chat'?).``"""
+    'seed-chat', 'agent' (did you mean 'seed-chat'?).``
+
+    Raises:
+        click.BadParameter: a value not among the choices (click's message, with the closest
+            choice by ``difflib``, case ignored, where one is close).
+    """
 
     def convert(self, value, param, ctx):
         try:
