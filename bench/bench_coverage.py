@@ -96,10 +96,14 @@ def place_of(meta: dict) -> str:
     """An archived run's UTC day and machine, from its ``run.json``, as the coverage's "by day and
     machine" line names them: ``2026-12-05 vm/3d1219c7`` (the machine id cut to 8 characters), or
     ``unknown`` without a date."""
-    machine = machine_of(meta)
-    name, sep, ident = machine.partition("/")
-    short = machine if not sep else name if ident == "None" else f"{name}/{ident[:8]}"
-    return f"{meta['measured'][:10]} {short}" if meta.get("measured") else "unknown"
+    if not meta.get("measured"):
+        return "unknown"
+    host = meta.get("host") or {}
+    if host.get("machine_id"):
+        machine = f"{host.get('hostname')}/{host['machine_id'][:8]}"
+    else:  # the host name alone, else what the CPU says (machine_of)
+        machine = host.get("hostname") or machine_of(meta)
+    return f"{meta['measured'][:10]} {machine}"
 
 
 def runs_behind(runs: list[Path]) -> str:

@@ -340,10 +340,12 @@ def workload_rng(seed: int) -> np.random.Generator:
 
 def arrival_rng(seed: int) -> np.random.Generator:
     """The generator a built-in workload draws its sessions' arrival gaps from for run seed
-    ``seed`` (``--request-rate``): a stream of its own (``SeedSequence([seed, 2])``), apart from the
-    lengths' and think times' (:func:`workload_rng`), so that a sweep over lengths or think times
-    at one rate keeps the same arrivals at each point (common random numbers)."""
-    return np.random.default_rng([seed, 2])
+    ``seed`` (``--request-rate``): a stream of its own (``SeedSequence([seed, 3])``), apart from the
+    lengths' and think times' (:func:`workload_rng`, ``[seed, 1]``), the uncertainty draws' of
+    ``compare --uncertainty`` (``[seed, 2]``) and the simulator's (``default_rng(seed)``), so that a
+    sweep over lengths or think times at one rate keeps the same arrivals at each point (common
+    random numbers)."""
+    return np.random.default_rng([seed, 3])
 
 
 def builtin_workload(

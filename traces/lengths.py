@@ -76,6 +76,22 @@ class Dist:
             return self.params[0]
         return float(np.mean(self.values))
 
+    @property
+    def largest_tokens(self) -> float:
+        """The largest token count :meth:`draw_tokens` can give before its ``minimum`` and ``cap``
+        (``inf`` where the draws are unbounded): what decides whether every draw would be raised
+        to the minimum."""
+        if self.is_fixed:
+            return float(np.rint(self.params[0]))
+        if self.kind == "uniform":
+            lo, hi = math.ceil(self.params[0]), math.floor(self.params[1])
+            return float(hi if hi >= lo else lo)
+        if self.kind in ("normal", "exponential") and self.params[-1] == 0:  # no spread: its mean
+            return float(np.rint(self.params[0]))
+        if self.kind == "empirical":
+            return float(np.rint(max(self.values)))
+        return math.inf
+
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` real-valued draws, shape ``(n,)``; a fixed distribution uses no random numbers."""
         if self.is_fixed:

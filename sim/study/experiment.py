@@ -537,7 +537,7 @@ def compare_uncertain(
     Draw ``d`` runs every policy on seeds ``seed + (d + 1) * rounds ..`` (its own seeds, so the
     spread of the draws' means holds both the model's and the seeds' share; policies share them,
     so changes keep common random numbers). The profiles are drawn with
-    ``numpy.random.default_rng([seed, 2])`` (the workload lengths use ``[seed, 1]``). Runs: ``(draws + 1) * rounds`` per policy.
+    ``numpy.random.default_rng([seed, 2])`` (the workload lengths use ``[seed, 1]``, its arrivals ``[seed, 3]``). Runs: ``(draws + 1) * rounds`` per policy.
 
     Raises:
         ValueError: ``draws < 1``, or as ``compare``.

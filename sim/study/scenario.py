@@ -417,7 +417,7 @@ def _is_default(name: str, value: Any) -> bool:
 
 
 NO_EMPTY_REPLY = "must allow a reply of at least 1 token (vLLM samples at least one: max_tokens >= 1)"
-"""Why a reply length fixed below 1 token is refused (the generator raised every draw to 1)."""
+"""Why a reply whose every draw rounds below 1 token is refused (the generator raised each to 1)."""
 
 
 def check_scenario(scenario: Scenario) -> None:
@@ -441,7 +441,7 @@ def check_scenario(scenario: Scenario) -> None:
                 dist = parse_dist(value, name)
             except ValueError as exc:
                 raise ScenarioError(str(exc), name, str(exc).removeprefix(f"{name}: ")) from None
-            if name == "reply" and dist.is_fixed and dist.mean < 1:
+            if name == "reply" and dist.largest_tokens < 1:
                 raise ScenarioError(f"reply {NO_EMPTY_REPLY}, got {value!r}", name, f"{NO_EMPTY_REPLY}, got {value!r}")
         elif kind in ("length", "history") and isinstance(value, tuple):
             least = 1 if kind == "history" else 0  # a prompt has at least one token

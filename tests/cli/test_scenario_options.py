@@ -173,13 +173,16 @@ def test_a_good_history_is_a_count_or_a_range():
     assert (history_value("3000"), history_value("0-5"), history_value([100, 200])) == (3000, (0, 5), (100, 200))
 
 
-@pytest.mark.parametrize("reply", [0, "fixed:0", "0.5", (0, 0)])
-def test_a_reply_fixed_below_one_token_is_refused(reply):
+@pytest.mark.parametrize("reply", [0, "fixed:0", "0.5", (0, 0), "uniform:0:0.9", "normal:0.4:0", "exponential:0"])
+def test_a_reply_whose_every_draw_rounds_below_one_token_is_refused(reply):
+    from kvroute.traces.lengths import parse_dist
+
     """The generator raised such a reply to 1 token without a word (vLLM samples at least one)."""
     with pytest.raises(ScenarioError) as info:
         Scenario(workload="agent" if isinstance(reply, tuple) else "seed-chat", reply=reply)
     assert info.value.field == "reply" and "must allow a reply of at least 1 token" in str(info.value)
-    assert Scenario(reply="uniform:0:4").reply == "uniform:0:4"  # draws below 1 stay possible, raised to 1
+    for fine in ("uniform:0:4", "0.7", "uniform:0.2:0.8", "normal:0:1", "exponential:1"):  # a draw of 1 or more
+        assert Scenario(reply=fine).reply == fine and parse_dist(fine, "reply").largest_tokens >= 1  # 0.7 rounds to 1
     result = CliRunner().invoke(cli, ["compare", "--reply-tokens", "0"])
     assert result.exit_code == 2 and ("Invalid value for '--reply-tokens': must allow a reply of at least 1 token "
                                       "(vLLM samples at least one: max_tokens >= 1), got 'fixed:0'") in result.output

@@ -168,3 +168,13 @@ def test_agent_reply_and_new_tokens_accept_distributions():
             parent = trace.records[rec.parent]
             assert rec.input_length - parent.input_length - parent.output_length == 300
             assert 0 <= rec.think_time_ms <= 1000
+
+
+@pytest.mark.parametrize("text, largest", [("0.5", 0), ("0.7", 1), ("uniform:0:0.9", 0), ("uniform:0.2:0.8", 1),
+                                           ("uniform:3:9.5", 9), ("normal:2.6:0", 3), ("exponential:0", 0),
+                                           ("normal:5:1", math.inf), ("lognormal:90:1", math.inf)])
+def test_largest_tokens_is_the_largest_draw_before_the_minimum(text, largest):
+    dist = parse_dist(text, "reply")
+    assert dist.largest_tokens == largest
+    drawn = dist.draw_tokens(np.random.default_rng(0), 4000, minimum=0).max()
+    assert drawn == largest if math.isfinite(largest) else drawn > 5

@@ -76,3 +76,12 @@ def test_the_coverage_is_also_counted_by_day_and_machine():
     assert lines[2] == "  by day and machine: 2026-12-05 vm/1 1/2, 2026-12-06 vm/1 1/1"
     assert not any("by day" in line for line in bench.coverage_report([{k: v for k, v in r.items() if k != "place"}
                                                                        for r in rows]))
+
+
+def test_a_place_named_by_its_cpu_keeps_a_slash_in_the_name_whole():
+    """It split the CPU's name at its first '/', so two machines differing after it became one."""
+    bench = _bench_coverage()
+    cpu = {"machine": "x86_64", "cpu": "AMD Ryzen 7 PRO 4750U w/ Radeon Graphics"}
+    eight = bench.place_of({"measured": "2026-12-05T01:00+00:00", "host": {**cpu, "cores": 8}})
+    assert eight == "2026-12-05 x86_64 AMD Ryzen 7 PRO 4750U w/ Radeon Graphics x8"
+    assert eight != bench.place_of({"measured": "2026-12-05T01:00+00:00", "host": {**cpu, "cores": 16}})
