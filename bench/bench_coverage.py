@@ -268,10 +268,10 @@ def main(argv: list[str] | None = None) -> None:
              + (["--run-to-run-prior", str(args.run_to_run_prior)] if args.run_to_run_prior is not None else [])
              + [a for p in args.profile or [] for a in ("--profile", p)])
     behind = runs_behind(runs)  # before the rescoring: a bad run.json stops it at once
+    places = {run.name: place_of(_run_meta(run)) for run in runs}
     print(f"rescoring {len(runs)} run(s), {min(args.jobs, len(runs))} at a time ...", file=sys.stderr)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each rescore is its own process
         rows = [row for rows in pool.map(lambda run: rescore(run, extra), runs) for row in rows]
-    places = {run.name: place_of(_run_meta(run)) for run in runs}
     for row in rows:
         row["place"] = places[row["run"]]
     print(behind)
