@@ -113,7 +113,16 @@ def _pool_worker_init() -> None:
 
 
 def stop_pool(pool: ProcessPoolExecutor) -> None:
-    """Terminate a pool's processes now (no waiting for running tasks) and reap them."""
+    """Terminate a pool's processes now (no waiting for running tasks) and reap them.
+
+    A process terminated while it was sending its result leaves the pool's manager thread reading
+    the rest of that message, which never comes: the parent's own write end of the result pipe
+    keeps it open, so the read blocks for ever and so would ``shutdown`` and the interpreter's
+    exit, which join that thread (CPython 3.11's ``concurrent.futures.process``; seen as a
+    ``compare --executor local`` that SIGTERM left hanging). With every process gone nothing else
+    writes to that pipe: closing the parent's write end ends the read (end of file), and the
+    manager thread, seeing a broken pool, ends.
+    """
     processes = list((getattr(pool, "_processes", None) or {}).values())
     for process in processes:
         with contextlib.suppress(Exception):
@@ -123,6 +132,10 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=1.0)
+    writer = getattr(getattr(pool, "_result_queue", None), "_writer", None)
+    if writer is not None and not any(process.is_alive() for process in processes):
+        with contextlib.suppress(OSError):
+            writer.close()
     # With every process gone the pool's manager thread sees a broken pool and ends at once;
     # waiting for it avoids a race with the interpreter's exit hook on its closed pipe.
     pool.shutdown(wait=True, cancel_futures=True)

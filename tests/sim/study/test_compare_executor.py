@@ -1,5 +1,9 @@
 """compare runs its policy x round grid on the executors sweep uses, with identical results."""
 
+import subprocess
+import sys
+import textwrap
+
 import pandas as pd
 import pytest
 from click.testing import CliRunner
@@ -24,6 +28,29 @@ def test_run_tasks_hands_every_result_to_its_index():
         run_tasks(_square, [1], print, "threads")
     with pytest.raises(ValueError, match="an address is for executor='dask'"):
         run_tasks(_square, [1], print, "local", address="tcp://127.0.0.1:1")
+
+
+STUCK_POOL = textwrap.dedent("""
+    import os, struct
+    from concurrent.futures import ProcessPoolExecutor
+    from kvroute.sim.study import executors
+    pool = ProcessPoolExecutor(max_workers=2, initializer=executors._pool_worker_init)
+    assert pool.submit(abs, -1).result() == 1
+    # what a process terminated while sending its result leaves in the pipe: a message header
+    # announcing 1,000 bytes, then 10 of them; the pool's manager thread waits for the rest
+    os.write(pool._result_queue._writer.fileno(), struct.pack("!i", 1000) + bytes(10))
+    executors.stop_pool(pool)
+    print("stopped")
+""")
+
+
+def test_stop_pool_ends_a_pool_whose_result_was_cut_mid_message():
+    """The hang behind a SIGTERM'd ``compare --executor local`` that never exited: a worker
+    terminated mid-result left the manager thread reading for ever, and ``shutdown`` joined it.
+    In a child process, so that the old behaviour fails the test rather than hanging pytest's exit
+    (the timeout only guards against that hang)."""
+    done = subprocess.run([sys.executable, "-c", STUCK_POOL], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "stopped\n"), done.stderr
 
 
 def test_compare_on_a_process_pool_equals_compare_in_process():
