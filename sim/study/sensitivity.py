@@ -27,8 +27,6 @@ From Python, any list of :class:`Factor` can be passed to :func:`run_sensitivity
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
@@ -36,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from kvroute.sim.cluster.cluster import REPLAY_MODES, simulate
+from kvroute.sim.study.executors import interrupts_as_keyboard, run_tasks
 from kvroute.sim.timing.cost_model import StepCost
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass, summarize
 from kvroute.sim.routing import DEFAULT_POLICIES
@@ -804,24 +803,21 @@ def _evaluate_points(points: list[_Point], executor: str, max_workers: int | Non
                      progress: bool) -> list[dict[str, float]]:
     """Every point's outputs (:func:`evaluate`), in the order of ``points``: in this process
     (``"sequential"``) or on a process pool of ``max_workers`` (default: one per CPU, at most one
-    per point); a progress bar of runs (design points and the base point's seeds) on stderr when
-    ``progress``."""
+    per point; ``kvroute.sim.study.executors.run_tasks``, so Ctrl-C or SIGTERM terminates the
+    pool's processes at once); a progress bar of runs (design points and the base point's seeds)
+    on stderr when ``progress``."""
     from kvroute.sim.study.progress import progress_bar
+
+    results: list[dict[str, float] | None] = [None] * len(points)
+
+    def done(i: int, outputs: dict[str, float]) -> None:
+        results[i] = outputs
+        bar.update()
 
     bar = progress_bar(len(points), "sensitivity", "run", enabled=progress)
     try:
-        if executor == "sequential":
-            results = []
-            for p in points:
-                results.append(evaluate(p))
-                bar.update()
-        else:
-            workers = max_workers or min(len(points), os.cpu_count() or 1)
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                results = []
-                for r in pool.map(evaluate, points, chunksize=max(1, len(points) // (8 * workers))):
-                    results.append(r)
-                    bar.update()
+        with interrupts_as_keyboard():
+            run_tasks(evaluate, points, done, executor, max_workers=max_workers)
     finally:
         bar.close()
     return results
