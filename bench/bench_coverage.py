@@ -72,13 +72,15 @@ def keep(run: Path, label: str, archive: Path = ARCHIVE) -> Path:
 
 
 def this_host() -> dict:
-    """Where a run is measured: architecture, CPU name, cores, host name and ``/etc/machine-id``
-    (None where the system has none), the last two telling machines apart (:func:`machine_of`)."""
+    """Where a run is measured: architecture, CPU name, cores, the CPU's vector and matrix
+    extensions (:data:`ISA_FLAGS` it reports; a VM keeps its name and id on other hardware, and
+    vLLM's CPU speed follows these), host name and ``/etc/machine-id`` (None where the system has
+    none), the last two telling machines apart (:func:`machine_of`)."""
     try:
         machine_id = Path("/etc/machine-id").read_text().strip() or None
     except OSError:
         machine_id = None
-    return {"machine": platform.machine(), "cpu": _cpu_name(), "cores": os.cpu_count(),
+    return {"machine": platform.machine(), "cpu": _cpu_name(), "cores": os.cpu_count(), "isa": _cpu_isa(),
             "hostname": platform.node() or None, "machine_id": machine_id}
 
 
@@ -140,6 +142,23 @@ def _run_meta(run: Path) -> dict:
     if not isinstance(meta, dict):
         sys.exit(f"error: {path}: a run.json is a JSON object, got {type(meta).__name__}")
     return meta
+
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
+"""The ``/proc/cpuinfo`` flags a run records: what decides whether vLLM's CPU backend runs a
+bf16 model's matrix products in oneDNN (AVX-512 BF16, AMX) or falls back to slower paths."""
+
+
+def _cpu_isa() -> list[str] | None:
+    """The :data:`ISA_FLAGS` the first processor of ``/proc/cpuinfo`` reports; None without one."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return [f for f in ISA_FLAGS if f in flags]
+    except OSError:
+        pass
+    return None
 
 
 def _cpu_name() -> str:

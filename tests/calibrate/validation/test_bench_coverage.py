@@ -40,7 +40,9 @@ def test_the_runs_behind_the_coverage_count_distinct_days_and_machines(tmp_path)
     assert bench.machine_of({"host": {"machine": "x86_64", "cpu": "AMD EPYC", "cores": 2}}) == "x86_64 AMD EPYC x2"
     assert bench.machine_of({"host": vm}) == "vm/abc"
     host = bench.this_host()
-    assert set(host) == {"machine", "cpu", "cores", "hostname", "machine_id"} and host["cores"] >= 1
+    assert set(host) == {"machine", "cpu", "cores", "isa", "hostname", "machine_id"} and host["cores"] >= 1
+    assert host["isa"] is None or (set(host["isa"]) <= set(bench.ISA_FLAGS)
+                                   and host["isa"] == [f for f in bench.ISA_FLAGS if f in host["isa"]])
 
 
 def test_a_bad_run_json_is_a_one_line_error_before_any_rescoring(tmp_path):
