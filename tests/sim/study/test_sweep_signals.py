@@ -58,12 +58,11 @@ def _read(master: int, buffer: bytearray, timeout: float = 0.1) -> bool:
     return bool(chunk)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_signal_stops_local_sweep_and_keeps_finished_rows(tmp_path, signum):
-    out = tmp_path / "rows.csv"
-    cmd = [sys.executable, "-c", "from kvroute.cli.main import main; main()", "sweep",
-           "--workload", "agent", "--chats", "16", "--turns", "10", "--workers", "2,4,8", "--policies", "kv_aware",
-           "--rounds", "20", "--max-workers", "2", "--out", str(out)]
+def signal_after_first_run(cmd: list[str], signum: int, group: bool = False) -> tuple[int, str, list[int]]:
+    """Run ``cmd`` (a local-pool command) with standard error on a pseudo-terminal; once its bar
+    shows a finished run, send ``signum`` to it (``group``: to its whole process group, as a
+    terminal's Ctrl-C does). Returns its exit code, what it wrote to standard error and the pool
+    processes it had when signalled."""
     master, terminal = pty.openpty()
     err = bytearray()
     try:
@@ -72,13 +71,16 @@ def test_signal_stops_local_sweep_and_keeps_finished_rows(tmp_path, signum):
         deadline = time.monotonic() + HANG_GUARD_S
         while not re.search(rb"\| *[1-9]\d*/\d+ ", err):
             assert proc.poll() is None, err.decode(errors="replace")
-            assert time.monotonic() < deadline, "the sweep finished no run"
+            assert time.monotonic() < deadline, "the command finished no run"
             _read(master, err)
         children = _children(proc.pid)
         assert children, "the local executor runs a process pool"
-        proc.send_signal(signum)
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
         while proc.poll() is None and time.monotonic() < deadline + HANG_GUARD_S:
-            _read(master, err)  # keep reading: a full terminal would block the sweep's last lines
+            _read(master, err)  # keep reading: a full terminal would block the command's last lines
         while _read(master, err, 0.5):
             pass
         code = proc.wait(timeout=HANG_GUARD_S)
@@ -87,7 +89,16 @@ def test_signal_stops_local_sweep_and_keeps_finished_rows(tmp_path, signum):
             proc.kill()
             proc.wait()
         os.close(master)
-    text = err.decode(errors="replace")
+    return code, err.decode(errors="replace"), children
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_local_sweep_and_keeps_finished_rows(tmp_path, signum):
+    out = tmp_path / "rows.csv"
+    cmd = [sys.executable, "-c", "from kvroute.cli.main import main; main()", "sweep",
+           "--workload", "agent", "--chats", "16", "--turns", "10", "--workers", "2,4,8", "--policies", "kv_aware",
+           "--rounds", "20", "--max-workers", "2", "--out", str(out)]
+    code, text, children = signal_after_first_run(cmd, signum)
     assert code == 130, text
     name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
     assert f"interrupted ({name}):" in text
