@@ -21,6 +21,7 @@ from kvroute.cli.stage_output import stage_doc, stage_results, stage_text, write
 from kvroute.cli.values import DRAWS, PRIOR_RANGE, Choice, Number, check_runs, check_values
 from kvroute.traces.inputs import RUNS
 from kvroute.sim.cluster.collector import paused_collector
+from kvroute.sim.study.executors import interrupts_deferred
 from kvroute.traces.outputs import atomic_output, check_output, write_text_atomic
 from kvroute.cli.scenario import (describe, executor_options, parse_policies, policies_option, resolve_executor,
                                  scenario_from_options, scenario_options, scenario_spec, scenario_trace, with_errors)
@@ -86,15 +87,20 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
     slo = ServiceClass(slo_ttft, slo_tpot)
     result = _run_comparison(rounds_trace, spec, policies, rounds, seed, slo, uncertainty, prior_range,
                              len(trace.records), quiet or json_out, executor)
-    interval_note = _interval_note(result, policies, rounds, seed, slo)
-    notes = _gather_notes(result, scenario, trace, rounds_trace, spec, policies, slo,
-                          table=not json_out or out is not None, command=command)  # (--json alone keeps pandas unimported)
-    staged = stage_results(result.comparison, trace, spec)  # None unless the trace has load stages
-    _print_results(result, header, rounds, seed, slo, staged, notes, interval_note, json_out)
-    if out is not None:
-        _write_output_set(out, result, header, staged, notes, interval_note, scenario, spec, trace_for, rounds, slo,
-                          json_out, records_format, time_series, figure_formats)
-    if result.interrupted is not None:
+    # every result is in: a stop now is held until they are reported and written (a second one stops at once)
+    with interrupts_deferred() as held:
+        interval_note = _interval_note(result, policies, rounds, seed, slo)
+        notes = _gather_notes(result, scenario, trace, rounds_trace, spec, policies, slo,
+                              table=not json_out or out is not None, command=command)  # (--json alone keeps pandas unimported)
+        staged = stage_results(result.comparison, trace, spec)  # None unless the trace has load stages
+        _print_results(result, header, rounds, seed, slo, staged, notes, interval_note, json_out)
+        if out is not None:
+            _write_output_set(out, result, header, staged, notes, interval_note, scenario, spec, trace_for, rounds,
+                              slo, json_out, records_format, time_series, figure_formats)
+    if held and result.interrupted is None and not result.stopped:
+        click.echo(f"\ninterrupted ({held[0]}) after every run finished: the results above"
+                   + (f" and in {out} are whole" if out is not None else " are whole"), err=True)
+    if result.interrupted is not None or result.stopped or held:
         sys.exit(INTERRUPTED_EXIT)
 
 
@@ -111,6 +117,9 @@ class _RunResult:
     """The ``CompareInterrupted`` when Ctrl-C or SIGTERM stopped the runs, else None."""
     draws: int
     """The drawn profiles reported: ``--uncertainty``, or 0 when interrupted (the draws are dropped)."""
+    stopped: bool = False
+    """Ctrl-C or SIGTERM came after every run finished, while they were summarised: the results
+    are whole (``interrupted`` is None) and the command exits as interrupted once they are written."""
 
 
 def _run_comparison(rounds_trace, spec, policies, rounds, seed, slo, uncertainty, prior_range, num_records,
@@ -145,7 +154,13 @@ def _run_comparison(rounds_trace, spec, policies, rounds, seed, slo, uncertainty
                                      run_progress=inside if not inside.disable else None, executor=where,
                                      address=address, max_workers=max_workers)
     except CompareInterrupted as stop:
-        interrupted, comparison, uncertainty = stop, stop.comparison, 0
+        if stop.missing:
+            interrupted, comparison, uncertainty = stop, stop.comparison, 0
+        else:  # after the last run: the set is whole
+            inside.close()
+            bar.close()
+            click.echo(f"\ninterrupted after all {stop.total} runs finished: their results are whole", err=True)
+            return _RunResult(stop.comparison, None, None, 0, stopped=True)
     inside.close()
     bar.close()
     if interrupted is not None:

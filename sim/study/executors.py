@@ -72,6 +72,35 @@ def interrupts_as_keyboard(sigint: bool = True):
             signal.signal(signum, handler)
 
 
+@contextlib.contextmanager
+def interrupts_deferred():
+    """While active, the first Ctrl-C or SIGTERM is held, not raised: for work whose results are all
+    in and only need reporting and writing, which a stop must not lose. Yields a list that gets the
+    held signal's name (``"SIGINT"`` or ``"SIGTERM"``); the caller checks it after the block (and
+    exits as interrupted). A second signal raises at once (``KeyboardInterrupt``, :class:`Stop`
+    for SIGTERM): whoever insists is not made to wait.
+
+    The previous handlers are restored after. A no-op outside the main thread (yields an empty
+    list that stays empty).
+    """
+    held: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+
+    def hold(signum, frame) -> None:
+        if held:
+            raise Stop if signum == signal.SIGTERM else KeyboardInterrupt
+        held.append(signal.Signals(signum).name)
+
+    previous = [(signum, signal.signal(signum, hold)) for signum in (signal.SIGINT, signal.SIGTERM)]
+    try:
+        yield held
+    finally:
+        for signum, handler in reversed(previous):
+            signal.signal(signum, handler)
+
+
 def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], done: Callable[[int, Any], None],
               executor: str = "local", address: str | None = None, max_workers: int | None = None) -> None:
     """Call ``done(i, fn(tasks[i]))`` for every task, as each finishes.

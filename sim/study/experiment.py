@@ -211,8 +211,9 @@ def compare(
 
     Raises:
         ValueError: no policy, fewer than one round, or any error ``simulate`` raises.
-        CompareInterrupted (a KeyboardInterrupt): Ctrl-C or SIGTERM (as ``KeyboardInterrupt``)
-            before every run finished; carries the finished runs.
+        CompareInterrupted (a KeyboardInterrupt): Ctrl-C or SIGTERM (as ``KeyboardInterrupt``);
+            carries the finished runs (all of them when it came after the last one finished,
+            while they were summarised: ``missing`` is then empty).
     """
     if not policies:
         raise ValueError("compare needs at least one policy")
@@ -238,16 +239,17 @@ def compare(
             tasks = [(traces[r], replace(spec, policy=policy), seed + r) for policy, r in grid]
             with interrupts_as_keyboard():
                 run_tasks(_simulate_task, tasks, done, executor, address, max_workers)
-    except KeyboardInterrupt:
+        return _comparison(list(policies), grid, results, seed, slo)
+    except KeyboardInterrupt:  # during the runs, or after them (then no run is missing)
         missing = [f"{policy} round {r}" for (policy, r), result in zip(grid, results) if result is None]
         finished = [p for p in policies if any(res is not None for (q, _), res in zip(grid, results) if q == p)]
         partial = _comparison(finished, grid, results, seed, slo) if finished else None
         raise CompareInterrupted(partial, missing, len(grid)) from None
-    return _comparison(list(policies), grid, results, seed, slo)
 
 
 class CompareInterrupted(KeyboardInterrupt):
-    """``compare`` was stopped (Ctrl-C, SIGTERM) before every run finished.
+    """``compare`` was stopped (Ctrl-C, SIGTERM) before it returned: before every run finished, or
+    after the last one, while they were summarised (``missing`` empty, ``comparison`` whole).
 
     Attributes:
         comparison: the finished runs as a :class:`Comparison` (the policies with at least one

@@ -191,3 +191,85 @@ def test_a_finished_compare_leaves_no_marker(tmp_path):
     res = CliRunner().invoke(sim_commands.compare, ["--chats", "2", "--turns", "2", "--rounds", "1", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert not (out / "INCOMPLETE").exists() and (out / "compare.json").exists()
+
+
+def test_a_stop_after_the_last_run_keeps_every_run(monkeypatch):
+    """In-process: a KeyboardInterrupt while the finished runs are summarised gives them all in the
+    CompareInterrupted, none missing (it lost them all before)."""
+    from kvroute.sim.study import experiment
+    from kvroute.sim.cluster.cluster import ClusterSpec
+    from kvroute.sim.timing.profile import load_profile
+    from kvroute.traces.generators import seed_chat
+
+    real, calls = experiment._comparison, {"n": 0}
+
+    def summarise(*args):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(experiment, "_comparison", summarise)
+    spec = ClusterSpec(profile=load_profile("a6000-qwen2.5-7b"), num_workers=2)
+    with pytest.raises(experiment.CompareInterrupted) as info:
+        experiment.compare(seed_chat(num_chats=2, num_turns=2), spec, ["round_robin", "kv_aware"], rounds=2)
+    stop = info.value
+    assert (stop.total, stop.missing) == (4, [])
+    assert len(stop.comparison.summaries) == 4 and stop.comparison.policies == ["round_robin", "kv_aware"]
+
+
+def test_interrupts_deferred_holds_the_first_signal_and_raises_on_the_second():
+    from kvroute.sim.study.executors import Stop, interrupts_deferred
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with interrupts_deferred() as held:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # the handler runs at the next bytecode; the sleep gives it one
+        assert held == ["SIGTERM"]
+        with pytest.raises(Stop):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+    assert held == ["SIGTERM"]
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+@pytest.mark.parametrize("when", ["summarising", "writing"])
+def test_compare_stopped_after_its_runs_writes_the_whole_set(tmp_path, monkeypatch, when):
+    """``kvroute compare --out``: SIGTERM after every run finished (while compare summarises them,
+    or while the CLI writes the set) leaves the whole set, no INCOMPLETE file, exit 130."""
+    from click.testing import CliRunner
+
+    from kvroute.cli import sim_commands
+    from kvroute.cli.main import cli
+    from kvroute.sim.study import experiment
+
+    def sigterm_then(real):
+        calls = {"n": 0}
+
+        def wrapped(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.01)
+            return real(*args, **kwargs)
+        return wrapped
+
+    if when == "summarising":
+        monkeypatch.setattr(experiment, "_comparison", sigterm_then(experiment._comparison))
+    else:
+        monkeypatch.setattr(sim_commands, "_write_outputs", sigterm_then(sim_commands._write_outputs))
+    out = tmp_path / "out"
+    done = CliRunner().invoke(cli, ["compare", "--chats", "4", "--turns", "3", "--workers", "2", "--rounds", "2",
+                                    "--executor", "sequential", "--out", str(out)])
+    assert done.exit_code == 130, done.output
+    said = {"summarising": "interrupted after all 6 runs finished: their results are whole",
+            "writing": f"interrupted (SIGTERM) after every run finished: the results above and in {out} are whole"}
+    assert said[when] in done.output, done.output
+    assert not (out / "INCOMPLETE").exists()
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(summary) == 2 * 3  # three default policies x two rounds, all of them
+    assert "incomplete" not in json.loads((out / "compare.json").read_text())
+    assert (out / "report.html").exists() and (out / "scenario.yaml").exists()
