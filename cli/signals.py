@@ -33,6 +33,16 @@ def sigterm_as_sigint() -> contextlib.AbstractContextManager[None]:
     return interrupts_as_keyboard(sigint=False)
 
 
+def exit_if_held(held: list[str], out=None) -> None:
+    """After an ``interrupts_deferred`` block that finished its work (``held``: the stop it held, if
+    any): say the results are whole, printed and under ``out`` when given, and exit with
+    :data:`INTERRUPTED_EXIT`; nothing when no stop came."""
+    if held:
+        click.echo(f"\ninterrupted ({held[0]}) after every run finished: the results above"
+                   + (f" and in {out} are whole" if out is not None else " are whole"), err=True)
+        sys.exit(INTERRUPTED_EXIT)
+
+
 def stops_on_sigterm(func):
     """Decorate a click command's function: SIGTERM is handled as SIGINT while it runs, and an
     interrupt the command does not handle itself ends it with "interrupted" and exit code 130

@@ -16,7 +16,7 @@ from kvroute.cli.profile_notes import frontend_note, unmeasured_note
 from kvroute.cli.run_notes import (clamped_output_note, failed_count_note, failure_note, flat_goodput_note,
                                    kv_turnover_note, model_note, named_as_tables, policy_notes, same_routing_note,
                                    speed_note)
-from kvroute.cli.signals import INTERRUPTED_EXIT, stops_on_sigterm
+from kvroute.cli.signals import INTERRUPTED_EXIT, exit_if_held, stops_on_sigterm
 from kvroute.cli.stage_output import stage_doc, stage_results, stage_text, write_stages
 from kvroute.cli.values import DRAWS, PRIOR_RANGE, Choice, Number, check_runs, check_values
 from kvroute.traces.inputs import RUNS
@@ -97,9 +97,8 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
         if out is not None:
             _write_output_set(out, result, header, staged, notes, interval_note, scenario, spec, trace_for, rounds,
                               slo, json_out, records_format, time_series, figure_formats)
-    if held and result.interrupted is None and not result.stopped:
-        click.echo(f"\ninterrupted ({held[0]}) after every run finished: the results above"
-                   + (f" and in {out} are whole" if out is not None else " are whole"), err=True)
+    if result.interrupted is None and not result.stopped:
+        exit_if_held(held, out)
     if result.interrupted is not None or result.stopped or held:
         sys.exit(INTERRUPTED_EXIT)
 

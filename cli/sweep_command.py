@@ -15,6 +15,7 @@ import pandas as pd
 from kvroute.cli.config import config_option
 from kvroute.cli.profile_notes import frontend_note, unmeasured_note
 from kvroute.cli.sim_commands import figure_format_option
+from kvroute.cli.signals import exit_if_held
 from kvroute.cli.sweep_notes import sweep_notes
 from kvroute.sim.study.figure_style import FIGURE_FORMATS
 from kvroute.cli.scenario import (SCENARIO_FIELDS, click_error, executor_options, parse_policies, policies_option,
@@ -24,6 +25,7 @@ from kvroute.traces.inputs import RUNS
 from kvroute.traces.outputs import atomic_output, check_output
 from kvroute.sim.cluster.metrics import SUMMARY_METRICS, ServiceClass
 from kvroute.sim.timing.profile import load_profile
+from kvroute.sim.study.executors import interrupts_deferred
 from kvroute.sim.study.experiment import format_interval, tabulate_rows, whole_counts
 from kvroute.sim.study.sweep import (COUNT_COLUMNS, COUNTER_COLUMNS, Scenario, ScenarioError, SweepInterrupted, grid,
                                     intervals, lead_ttft, sweep)
@@ -157,42 +159,45 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
             _write_rows(stop.frame, out)
             click.echo(f"wrote {len(stop.frame)} finished rows to {out} (column partial = true)", err=True)
         sys.exit(130)
-    failed = frame[frame["status"] == "failed"] if "status" in frame else frame.iloc[:0]
-    if len(failed) == len(frame):
+    # every run is in: a stop now is held until the tables and files are out (a second one stops at once)
+    with interrupts_deferred() as held:
+        failed = frame[frame["status"] == "failed"] if "status" in frame else frame.iloc[:0]
+        if len(failed) == len(frame):
+            if out is not None:
+                _write_rows(frame, out)
+            raise click.ClickException(f"every run failed (infeasible): {failed['error'].iloc[0]}")
+        if len(failed):
+            click.echo(f"{len(failed)} of {len(frame)} runs failed (infeasible; shown as -, reason in column error): "
+                       f"{failed['error'].iloc[0]}", err=True)
+        if click.get_current_context().get_parameter_source("show") in (ParameterSource.DEFAULT,
+                                                                         ParameterSource.DEFAULT_MAP):
+            shown = default_shown(frame)
+        empty = [m for m in shown if m in frame and frame[m].isna().all()]
+        for metric in shown:
+            if metric not in empty:
+                click.echo(pivot_table(frame, metric) + "\n")
+        if empty:
+            click.echo(f"not shown, no run has a value: {', '.join(empty)}"
+                       + (" (the trace has no later turns)" if any(m.startswith("later_") for m in empty) else ""))
+        spread_note = (f"{rounds} round(s) per scenario; ± is the 95% interval over rounds ([low, high] where clipped to "
+                       "possible values); "
+                       f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
+        click.echo(spread_note)
+        notes = sweep_notes(frame) + _profile_notes(scenarios)
+        for note in notes:
+            click.echo(note)
+        figures = []
+        if not load_error and (plot_load is not None or out is not None):
+            figures.append(_load_figure(frame, scenarios, rounds, plot_load, figure_formats))
         if out is not None:
             _write_rows(frame, out)
-        raise click.ClickException(f"every run failed (infeasible): {failed['error'].iloc[0]}")
-    if len(failed):
-        click.echo(f"{len(failed)} of {len(frame)} runs failed (infeasible; shown as -, reason in column error): "
-                   f"{failed['error'].iloc[0]}", err=True)
-    if click.get_current_context().get_parameter_source("show") in (ParameterSource.DEFAULT,
-                                                                     ParameterSource.DEFAULT_MAP):
-        shown = default_shown(frame)
-    empty = [m for m in shown if m in frame and frame[m].isna().all()]
-    for metric in shown:
-        if metric not in empty:
-            click.echo(pivot_table(frame, metric) + "\n")
-    if empty:
-        click.echo(f"not shown, no run has a value: {', '.join(empty)}"
-                   + (" (the trace has no later turns)" if any(m.startswith("later_") for m in empty) else ""))
-    spread_note = (f"{rounds} round(s) per scenario; ± is the 95% interval over rounds ([low, high] where clipped to "
-                   "possible values); "
-                   f"goodput at TTFT <= {slo_ttft} s and TPOT <= {slo_tpot} s.")
-    click.echo(spread_note)
-    notes = sweep_notes(frame) + _profile_notes(scenarios)
-    for note in notes:
-        click.echo(note)
-    figures = []
-    if not load_error and (plot_load is not None or out is not None):
-        figures.append(_load_figure(frame, scenarios, rounds, plot_load, figure_formats))
-    if out is not None:
-        _write_rows(frame, out)
-        _write_provenance(out, scenarios, rounds, trace_path)
-        notes = ([f"{len(failed)} of {len(frame)} runs failed (infeasible; shown as -): {failed['error'].iloc[0]}"]
-                 if len(failed) else []) + notes
-        _write_report(out, frame, scenarios, rounds, [m for m in shown if m not in empty], spread_note, figures, notes)
-        click.echo(f"wrote {len(frame)} rows to {out}, its scenario to {out.with_name(out.stem + '.scenario.yaml')} "
-                   f"and its report to {out.with_name(out.stem + '.report.html')}", err=True)
+            _write_provenance(out, scenarios, rounds, trace_path)
+            notes = ([f"{len(failed)} of {len(frame)} runs failed (infeasible; shown as -): {failed['error'].iloc[0]}"]
+                     if len(failed) else []) + notes
+            _write_report(out, frame, scenarios, rounds, [m for m in shown if m not in empty], spread_note, figures, notes)
+            click.echo(f"wrote {len(frame)} rows to {out}, its scenario to {out.with_name(out.stem + '.scenario.yaml')} "
+                       f"and its report to {out.with_name(out.stem + '.report.html')}", err=True)
+    exit_if_held(held, out)
 
 
 def _load_axis_error(options: dict) -> str:

@@ -131,3 +131,30 @@ def test_sweep_api_raises_with_finished_rows(monkeypatch):
     assert len(info.value.frame) == 2 and info.value.total == 4
     assert info.value.frame["partial"].all()
     assert info.value.signal_name == "SIGINT"
+
+
+def test_sweep_stopped_after_its_runs_writes_every_row(tmp_path, monkeypatch):
+    """In-process: SIGTERM while ``sweep --out`` writes its rows is held until the rows, scenario
+    and report are written; then exit 130 with a line saying the results are whole (before, the
+    write was cut and the runs lost)."""
+    from click.testing import CliRunner
+
+    from kvroute.cli import sweep_command
+    from kvroute.cli.main import cli
+
+    real = sweep_command._write_rows
+
+    def write_rows(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # the handler runs at the next bytecode
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sweep_command, "_write_rows", write_rows)
+    out = tmp_path / "rows.csv"
+    done = CliRunner().invoke(cli, ["sweep", "--chats", "2", "--turns", "2", "--workers", "1,2", "--rounds", "2",
+                                    "--executor", "sequential", "--out", str(out)])
+    assert done.exit_code == 130, done.output
+    assert f"interrupted (SIGTERM) after every run finished: the results above and in {out} are whole" in done.output
+    rows = pd.read_csv(out)
+    assert len(rows) == 2 * 2 * 3 and not rows.get("partial", pd.Series([False])).any()  # 2 sizes x 2 rounds x 3 policies
+    assert out.with_name("rows.report.html").exists() and out.with_name("rows.scenario.yaml").exists()
