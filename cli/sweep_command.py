@@ -15,7 +15,7 @@ import pandas as pd
 from kvroute.cli.config import config_option
 from kvroute.cli.profile_notes import frontend_note, unmeasured_note
 from kvroute.cli.sim_commands import figure_format_option
-from kvroute.cli.signals import exit_if_held
+from kvroute.cli.signals import exit_if_held, stops_on_sigterm
 from kvroute.cli.sweep_notes import sweep_notes
 from kvroute.sim.study.figure_style import FIGURE_FORMATS
 from kvroute.cli.scenario import (SCENARIO_FIELDS, click_error, executor_options, parse_policies, policies_option,
@@ -104,6 +104,7 @@ def pivot_table(frame: pd.DataFrame, metric: str) -> str:
                    "when the workload has later turns, of all turns when it has none (as --plot-load's).")
 @click.option("--no-progress", "--quiet", "no_progress", is_flag=True, help="Hide the progress bar.")
 @with_errors
+@stops_on_sigterm
 def sweep_command(policies_text, rounds, executor, address, max_workers, out, time_series, plot_load, show,
                   no_progress, slo_ttft, slo_tpot, figure_formats=("png",), **options):
     """Run a grid of scenarios (every combination of the comma lists) and print pivot tables.
@@ -156,7 +157,8 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
         click.echo(f"\ninterrupted ({stop.signal_name}): {len(stop.frame)} of {stop.total} runs finished",
                    err=True)
         if out is not None and len(stop.frame):
-            _write_rows(stop.frame, out)
+            with interrupts_deferred():  # the finished rows are written whole (a second stop ends at once)
+                _write_rows(stop.frame, out)
             click.echo(f"wrote {len(stop.frame)} finished rows to {out} (column partial = true)", err=True)
         sys.exit(130)
     # every run is in: a stop now is held until the tables and files are out (a second one stops at once)

@@ -156,15 +156,17 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
     for process in processes:
         with contextlib.suppress(Exception):
             process.terminate()
-    for process in processes:
-        process.join(timeout=1.0)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=1.0)
     writer = getattr(getattr(pool, "_result_queue", None), "_writer", None)
-    if writer is not None and not any(process.is_alive() for process in processes):
-        with contextlib.suppress(OSError):
-            writer.close()
+    try:
+        for process in processes:
+            process.join(timeout=1.0)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=1.0)
+    finally:  # also when a second Ctrl-C cut the reaping short
+        if writer is not None and not any(process.is_alive() for process in processes):
+            with contextlib.suppress(OSError):
+                writer.close()
     # With every process gone the pool's manager thread sees a broken pool and ends at once;
     # waiting for it avoids a race with the interpreter's exit hook on its closed pipe.
     pool.shutdown(wait=True, cancel_futures=True)
