@@ -159,7 +159,9 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
         if out is not None and len(stop.frame):
             with interrupts_deferred():  # the finished rows are written whole (a second stop ends at once)
                 _write_rows(stop.frame, out)
-            click.echo(f"wrote {len(stop.frame)} finished rows to {out} (column partial = true)", err=True)
+                _write_provenance(out, scenarios, rounds, trace_path)  # how to run the rest
+            click.echo(f"wrote {len(stop.frame)} finished rows to {out} (column partial = true) and its scenario "
+                       f"to {out.with_name(out.stem + '.scenario.yaml')}", err=True)
         sys.exit(130)
     # every run is in: a stop now is held until the tables and files are out (a second one stops at once)
     with interrupts_deferred() as held:

@@ -108,6 +108,7 @@ def test_signal_stops_local_sweep_and_keeps_finished_rows(tmp_path, signum):
     rows = pd.read_csv(out)
     assert 1 <= len(rows) < 60
     assert rows["partial"].all()
+    assert out.with_name("rows.scenario.yaml").exists()  # how to run the rest
     assert list(out.parent.glob(".*tmp*")) == []  # no temporary file left behind
 
 
