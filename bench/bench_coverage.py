@@ -149,26 +149,27 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
 bf16 model's matrix products in oneDNN (AVX-512 BF16, AMX) or falls back to slower paths."""
 
 
-def _cpu_isa() -> list[str] | None:
-    """The :data:`ISA_FLAGS` the first processor of ``/proc/cpuinfo`` reports; None without one."""
+def _cpuinfo(field: str) -> str | None:
+    """The first processor's ``field`` in ``/proc/cpuinfo`` (``model name``, ``flags``); None
+    where the file or the field is missing."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return [f for f in ISA_FLAGS if f in flags]
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return None
 
 
+def _cpu_isa() -> list[str] | None:
+    """The :data:`ISA_FLAGS` the first processor of ``/proc/cpuinfo`` reports; None without one."""
+    flags = _cpuinfo("flags")
+    return None if flags is None else [f for f in ISA_FLAGS if f in flags.split()]
+
+
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    name = _cpuinfo("model name")
+    return name if name is not None else platform.processor() or "unknown"
 
 
 def rescore(run: Path, extra: list[str]) -> list[dict]:

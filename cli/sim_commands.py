@@ -97,10 +97,9 @@ def _run(policies, rounds, json_out, out, records_format, scenario, slo_ttft, sl
         if out is not None:
             _write_output_set(out, result, header, staged, notes, interval_note, scenario, spec, trace_for, rounds,
                               slo, json_out, records_format, time_series, figure_formats)
-    if result.interrupted is None and not result.stopped:
-        exit_if_held(held, out)
-    if result.interrupted is not None or result.stopped or held:
+    if result.interrupted is not None or result.stopped:  # its line was printed when the runs stopped
         sys.exit(INTERRUPTED_EXIT)
+    exit_if_held(held, out)
 
 
 @dataclass(frozen=True)
@@ -137,6 +136,7 @@ def _run_comparison(rounds_trace, spec, policies, rounds, seed, slo, uncertainty
     bar = progress_bar(len(policies) * rounds * (1 + uncertainty), "simulating", "run", enabled=not no_bars)
     inside = _RunProgress(num_records, disable=no_bars)
     uncertain = interrupted = None  # Ctrl-C or SIGTERM: the finished runs are reported and written, marked incomplete
+    late = None  # Ctrl-C or SIGTERM after the last run (the runs are whole)
     try:
         if uncertainty:
             from kvroute.sim.study.experiment import compare_uncertain
@@ -153,21 +153,21 @@ def _run_comparison(rounds_trace, spec, policies, rounds, seed, slo, uncertainty
                                      run_progress=inside if not inside.disable else None, executor=where,
                                      address=address, max_workers=max_workers)
     except CompareInterrupted as stop:
+        comparison, uncertainty = stop.comparison, 0
         if stop.missing:
-            interrupted, comparison, uncertainty = stop, stop.comparison, 0
+            interrupted = stop
         else:  # after the last run: the set is whole
-            inside.close()
-            bar.close()
-            click.echo(f"\ninterrupted after all {stop.total} runs finished: their results are whole", err=True)
-            return _RunResult(stop.comparison, None, None, 0, stopped=True)
+            late = stop
     inside.close()
     bar.close()
+    if late is not None:
+        click.echo(f"\ninterrupted after all {late.total} runs finished: their results are whole", err=True)
     if interrupted is not None:
         click.echo(f"\ninterrupted: {interrupted.total - len(interrupted.missing)} of {interrupted.total} runs "
                    "finished" + ("" if comparison is not None else "; nothing written"), err=True)
         if comparison is None:
             sys.exit(INTERRUPTED_EXIT)
-    return _RunResult(comparison, uncertain, interrupted, uncertainty)
+    return _RunResult(comparison, uncertain, interrupted, uncertainty, stopped=late is not None)
 
 
 def _interval_note(result: _RunResult, policies, rounds: int, seed: int, slo: ServiceClass) -> str:

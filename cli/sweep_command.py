@@ -15,7 +15,7 @@ import pandas as pd
 from kvroute.cli.config import config_option
 from kvroute.cli.profile_notes import frontend_note, unmeasured_note
 from kvroute.cli.sim_commands import figure_format_option
-from kvroute.cli.signals import exit_if_held, stops_on_sigterm
+from kvroute.cli.signals import INTERRUPTED_EXIT, exit_if_held, stops_on_sigterm
 from kvroute.cli.sweep_notes import sweep_notes
 from kvroute.sim.study.figure_style import FIGURE_FORMATS
 from kvroute.cli.scenario import (SCENARIO_FIELDS, click_error, executor_options, parse_policies, policies_option,
@@ -162,7 +162,7 @@ def sweep_command(policies_text, rounds, executor, address, max_workers, out, ti
                 _write_provenance(out, scenarios, rounds, trace_path)  # how to run the rest
             click.echo(f"wrote {len(stop.frame)} finished rows to {out} (column partial = true) and its scenario "
                        f"to {out.with_name(out.stem + '.scenario.yaml')}", err=True)
-        sys.exit(130)
+        sys.exit(INTERRUPTED_EXIT)
     # every run is in: a stop now is held until the tables and files are out (a second one stops at once)
     with interrupts_deferred() as held:
         failed = frame[frame["status"] == "failed"] if "status" in frame else frame.iloc[:0]
